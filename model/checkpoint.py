@@ -1,0 +1,181 @@
+"""Checkpoints: directories of config.json, safetensors weights, tokenizer models, training state.
+
+A run directory holds complete checkpoints `step-NNNNNNNN/` and two symbolic links, `last` and
+`best`, that point at them. A checkpoint is written into a temporary directory and renamed into
+place, then a link is swapped with os.replace; both are atomic on POSIX, so killing the process at
+any moment leaves `last` pointing at a complete checkpoint. Loading never unpickles.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig
+from .tokenizer import SOURCE_MODEL, TARGET_MODEL, Tokenizer
+from .transformer import Transformer
+
+CONFIG, WEIGHTS, STATE, OPTIMIZER = "config.json", "model.safetensors", "train_state.json", "optimizer.safetensors"
+REQUIRED = (CONFIG, WEIGHTS, SOURCE_MODEL, TARGET_MODEL)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, incomplete or does not match its config."""
+
+
+def _unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """state_dict without aliases (tied embeddings appear once: safetensors refuses shared memory)."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        out[name] = tensor.detach().contiguous().cpu()
+    return out
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint directory from itself or from a run directory (its `last`)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint directory; give a run directory or one of its step-*/last/best")
+    if path.is_dir() and not (path / CONFIG).exists() and (path / "last").exists():
+        path = path / "last"
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: is not a directory; a checkpoint is a directory with {', '.join(REQUIRED)}")
+    missing = [name for name in REQUIRED if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"{path}: not a complete checkpoint, missing {', '.join(missing)}; "
+            f"a checkpoint directory holds {', '.join(REQUIRED)} (written by `seq2onnx train`)"
+        )
+    return path.resolve()
+
+
+def load(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer, Path]:
+    """Loads (model in eval mode, tokenizer, resolved directory); CheckpointError names what is wrong."""
+    path = resolve(path)
+    try:
+        cfg = ModelConfig.load(path / CONFIG)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{path / CONFIG}: not a valid model config: {e}") from e
+    model = Transformer(cfg)
+    try:
+        weights = load_file(str(path / WEIGHTS))
+    except Exception as e:  # safetensors raises its own error types for damaged headers
+        raise CheckpointError(f"{path / WEIGHTS}: cannot be read as safetensors: {e}") from e
+    expected = {k: v.shape for k, v in _unique_state(model).items()}
+    problems = [f"missing {k} {tuple(s)}" for k, s in expected.items() if k not in weights]
+    problems += [f"unexpected {k}" for k in weights if k not in expected]
+    problems += [
+        f"{k} has shape {tuple(weights[k].shape)}, config.json implies {tuple(s)}"
+        for k, s in expected.items() if k in weights and weights[k].shape != s
+    ]
+    if problems:
+        shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
+        raise CheckpointError(f"{path / WEIGHTS} does not match {path / CONFIG}: {shown}")
+    model.load_state_dict(weights, strict=False)
+    tokenizer = Tokenizer.load(path)
+    if (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) != (cfg.src_vocab_size, cfg.tgt_vocab_size):
+        raise CheckpointError(
+            f"{path}: tokenizer vocabularies ({tokenizer.src_vocab_size}, {tokenizer.tgt_vocab_size}) "
+            f"differ from config.json ({cfg.src_vocab_size}, {cfg.tgt_vocab_size})"
+        )
+    return model.to(device).eval(), tokenizer, path
+
+
+def save(
+    run_dir: str | Path,
+    model: Transformer,
+    tokenizer: Tokenizer,
+    state: dict,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    best: bool = False,
+    keep: int = 1,
+) -> Path:
+    """Writes step-NNNNNNNN/ atomically, points `last` (and `best`) at it, drops older ones."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    final = run_dir / f"step-{state['step']:08d}"
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=run_dir))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is shared like any output
+    try:
+        model.cfg.save(tmp / CONFIG)
+        save_file(_unique_state(model), str(tmp / WEIGHTS))
+        tokenizer.save(tmp)
+        if optimizer is not None:
+            tensors, meta = _optimizer_state(optimizer)
+            save_file(tensors, str(tmp / OPTIMIZER))
+            state = {**state, "optimizer": meta}
+        (tmp / STATE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        for f in tmp.iterdir():  # data on disk before the rename makes it visible
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _point(run_dir / "last", final.name)
+    if best:
+        _point(run_dir / "best", final.name)
+    _prune(run_dir)
+    return final
+
+
+def _point(link: Path, target: str) -> None:
+    tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def _prune(run_dir: Path) -> None:
+    """Removes checkpoints that neither link points at, and temporary leftovers of a killed run."""
+    keep = {os.readlink(run_dir / n) for n in ("last", "best") if (run_dir / n).is_symlink()}
+    for child in run_dir.iterdir():
+        if child.name.startswith("step-") and child.name not in keep:
+            shutil.rmtree(child, ignore_errors=True)
+        elif child.name.startswith(".tmp-") or child.name.startswith(".last.tmp") or child.name.startswith(".best.tmp"):
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    sd = optimizer.state_dict()
+    tensors, meta = {}, {"param_groups": sd["param_groups"], "state": {}}
+    for pid, st in sd["state"].items():
+        meta["state"][str(pid)] = {}
+        for key, value in st.items():
+            if torch.is_tensor(value):
+                tensors[f"{pid}.{key}"] = value.detach().contiguous().cpu()
+            else:
+                meta["state"][str(pid)][key] = value
+    return tensors, meta
+
+
+def load_training_state(path: Path, optimizer: torch.optim.Optimizer | None) -> dict:
+    """train_state.json of a checkpoint; restores the optimizer's moments when it is given."""
+    state = json.loads((path / STATE).read_text())
+    meta = state.pop("optimizer", None)
+    if optimizer is not None and meta is not None:
+        tensors = load_file(str(path / OPTIMIZER))
+        sd = {"param_groups": meta["param_groups"], "state": {}}
+        for pid, scalars in meta["state"].items():
+            sd["state"][int(pid)] = dict(scalars)
+        for key, value in tensors.items():
+            pid, name = key.split(".", 1)
+            sd["state"].setdefault(int(pid), {})[name] = value
+        optimizer.load_state_dict(sd)
+    return state

@@ -1,0 +1,226 @@
+"""Training with teacher forcing: Adam (beta2 0.98), inverse-square-root warm-up, label smoothing,
+dropout, gradient clipping; periodic validation loss and BLEU on reference greedy decodes."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from . import checkpoint
+from .config import ModelConfig
+from .corpus import DEFAULT_PAIRS, generate_pairs
+from .data import Split, filter_by_length, read_pairs, split_pairs, token_batches
+from .search import translate_ids
+from .tokenizer import Tokenizer
+from .transformer import Transformer
+
+
+@dataclass
+class TrainOptions:
+    out: str  # run directory: step-*/ checkpoints and the `last`/`best` links
+    data: str | None = None  # TSV corpus; None trains on the generated corpus
+    src_col: int = 0
+    tgt_col: int = 1
+    skip_bad_lines: bool = False
+    generated_pairs: int = DEFAULT_PAIRS
+    valid_size: int = 500
+    test_size: int = 500
+    vocab_size: int = 1000
+    joint_vocab: bool = False
+    max_len: int = 64  # longest source or target in tokens kept for training
+    d_model: int = 256
+    n_heads: int = 4
+    layers: int = 3
+    d_ff: int = 1024
+    dropout: float = 0.1
+    pre_norm: bool = False
+    tie_embeddings: bool = True
+    max_tokens: int = 4096  # tokens per batch (padding included)
+    lr: float = 1.0  # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    warmup: int = 800
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    max_steps: int = 4000
+    max_minutes: float | None = None  # stop early at this wall time (a checkpoint is written)
+    eval_every: int = 500
+    bleu_sentences: int = 200  # valid sentences decoded for BLEU at each evaluation
+    seed: int = 1
+    device: str = "auto"
+    resume: bool = False
+    force: bool = False
+    progress: bool = True
+
+
+class TrainError(ValueError):
+    """A training run that cannot start: the message names the problem and the fix."""
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TrainError("--device cuda, but torch sees no CUDA device; use --device cpu or auto")
+    return torch.device(name)
+
+
+def load_split(opts: TrainOptions) -> Split:
+    """The corpus (a TSV file or the generated one) split deterministically by opts.seed."""
+    if opts.data is None:
+        pairs = generate_pairs(opts.generated_pairs, seed=opts.seed)
+    else:
+        path = Path(opts.data)
+        if not path.is_file():
+            raise TrainError(f"--data {path}: no such file; give a tab-separated corpus")
+        pairs, skipped = read_pairs(path, src_col=opts.src_col, tgt_col=opts.tgt_col, skip_bad=opts.skip_bad_lines)
+        if skipped:
+            print(f"skipped {skipped} malformed lines of {path} (--skip-bad-lines)")
+    return split_pairs(pairs, valid_size=opts.valid_size, test_size=opts.test_size, seed=opts.seed)
+
+
+def encode_pairs(tok: Tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    return [(tok.encode_source(s), tok.encode_target(t)) for s, t in pairs]
+
+
+def make_batch(examples, indices, cfg: ModelConfig, device):
+    """Padded (src, src_mask, tgt_in, tgt_out): tgt_in = start + y, tgt_out = y + end."""
+    src_len = max(len(examples[i][0]) for i in indices)
+    tgt_len = max(len(examples[i][1]) for i in indices) + 1
+    src = torch.full((len(indices), src_len), cfg.pad_id, dtype=torch.long)
+    tgt_in = torch.full((len(indices), tgt_len), cfg.pad_id, dtype=torch.long)
+    tgt_out = torch.full((len(indices), tgt_len), cfg.pad_id, dtype=torch.long)
+    for row, i in enumerate(indices):
+        s, t = examples[i]
+        src[row, : len(s)] = torch.tensor(s)
+        tgt_in[row, : len(t) + 1] = torch.tensor([cfg.decoder_start_id] + t)
+        tgt_out[row, : len(t) + 1] = torch.tensor(t + [cfg.eos_id])
+    src, tgt_in, tgt_out = src.to(device), tgt_in.to(device), tgt_out.to(device)
+    return src, src != cfg.pad_id, tgt_in, tgt_out
+
+
+def inverse_sqrt(step: int, d_model: int, warmup: int, scale: float) -> float:
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def bleu(hypotheses: list[str], references: list[str]) -> float:
+    import sacrebleu
+
+    cjk = any("\u4e00" <= c <= "\u9fff" for r in references[:50] for c in r)
+    return sacrebleu.corpus_bleu(hypotheses, [references], tokenize="zh" if cjk else "13a").score
+
+
+@torch.no_grad()
+def evaluate(model, tok, examples, pairs, cfg, device, max_tokens, bleu_sentences) -> dict:
+    """Validation loss per target token (no smoothing) and BLEU of greedy decodes."""
+    model.eval()
+    total, count = 0.0, 0
+    for batch in token_batches([(len(s), len(t) + 1) for s, t in examples], max_tokens=max_tokens, shuffle=False):
+        src, mask, tgt_in, tgt_out = make_batch(examples, batch, cfg, device)
+        logits = model(src, mask, tgt_in)
+        total += F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=cfg.pad_id, reduction="sum").item()
+        count += int((tgt_out != cfg.pad_id).sum())
+    n = min(bleu_sentences, len(pairs))
+    hyps = translate_ids(model, [tok.encode_source(s) for s, _ in pairs[:n]], beam_size=1)
+    texts = [tok.decode_target(h[0].tokens) for h in hyps]
+    model.train()
+    return {"valid_loss": total / max(count, 1), "valid_bleu": bleu(texts, [t for _, t in pairs[:n]]) if n else 0.0,
+            "samples": list(zip([s for s, _ in pairs[:3]], texts[:3]))}
+
+
+def train(opts: TrainOptions) -> Path:
+    """Trains (or resumes) a run in opts.out; returns the run directory."""
+    out = Path(opts.out)
+    device = pick_device(opts.device)
+    state: dict = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_valid_loss": None, "history": []}
+    if opts.resume:
+        if not (out / "last").exists():
+            raise TrainError(f"--resume: {out} has no checkpoint (no {out / 'last'}); start without --resume")
+        model, tok, ckpt = checkpoint.load(out / "last", device)
+        saved = json.loads((ckpt / checkpoint.STATE).read_text())["options"]
+        # Data, split and model shape come from the run; only limits and logging may change.
+        keep = ("max_steps", "max_minutes", "eval_every", "progress", "device", "resume", "force", "out")
+        opts = TrainOptions(**{**saved, **{k: getattr(opts, k) for k in keep}})
+        cfg = model.cfg
+    elif out.exists() and any(out.iterdir()):
+        if not opts.force:
+            raise TrainError(f"{out} already holds a run; pass --resume to continue it or --force to start over")
+        import shutil
+        shutil.rmtree(out)
+    random.seed(opts.seed)
+    torch.manual_seed(opts.seed)
+    split = load_split(opts)
+    if not opts.resume:
+        tok = Tokenizer.train(split.train, opts.vocab_size, joint=opts.joint_vocab)
+        cfg = ModelConfig(
+            src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, d_model=opts.d_model,
+            n_heads=opts.n_heads, n_encoder_layers=opts.layers, n_decoder_layers=opts.layers, d_ff=opts.d_ff,
+            dropout=opts.dropout, max_positions=max(opts.max_len + 2, 128), pre_norm=opts.pre_norm,
+            tie_embeddings=opts.tie_embeddings, share_vocab=opts.joint_vocab,
+        )
+        model = Transformer(cfg).to(device)
+    train_ex = encode_pairs(tok, split.train)
+    keep, dropped = filter_by_length(train_ex, max_len=opts.max_len)
+    train_ex = [train_ex[i] for i in keep]
+    valid_ex = encode_pairs(tok, split.valid)
+    valid_ex = [(s[: cfg.max_positions], t[: cfg.max_positions - 1]) for s, t in valid_ex]
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    if opts.resume:
+        state = checkpoint.load_training_state(ckpt, optimizer)
+    state["options"] = dataclasses.asdict(opts)
+    model.train()
+    lengths = [(len(s), len(t) + 1) for s, t in train_ex]
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    start, tokens_seen, t0 = state["step"], 0, time.time()
+    bar = tqdm(total=opts.max_steps, initial=start, disable=not opts.progress, unit="step", dynamic_ncols=True)
+    if not opts.resume:
+        print(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {device}: "
+              f"{len(train_ex)} pairs ({dropped} longer than {opts.max_len} tokens dropped), "
+              f"vocabularies {cfg.src_vocab_size}/{cfg.tgt_vocab_size}")
+    stop = False
+    while not stop:
+        batches = token_batches(lengths, max_tokens=opts.max_tokens, shuffle=True, seed=opts.seed + state["epoch"])
+        for b in range(state["batch_in_epoch"], len(batches)):
+            src, mask, tgt_in, tgt_out = make_batch(train_ex, batches[b], cfg, device)
+            step = state["step"] + 1
+            for group in optimizer.param_groups:
+                group["lr"] = inverse_sqrt(step, cfg.d_model, opts.warmup, opts.lr)
+            with amp:
+                logits = model(src, mask, tgt_in)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=cfg.pad_id,
+                                   label_smoothing=opts.label_smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
+            optimizer.step()
+            state.update(step=step, batch_in_epoch=b + 1)
+            tokens_seen += int((tgt_out != cfg.pad_id).sum())
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens_seen / max(time.time() - t0, 1e-9):,.0f}")
+            timed_out = opts.max_minutes is not None and time.time() - t0 > 60 * opts.max_minutes
+            if step % opts.eval_every == 0 or step >= opts.max_steps or timed_out:
+                metrics = evaluate(model, tok, valid_ex, split.valid, cfg, device, opts.max_tokens, opts.bleu_sentences)
+                best = state["best_valid_loss"] is None or metrics["valid_loss"] < state["best_valid_loss"]
+                if best:
+                    state["best_valid_loss"] = metrics["valid_loss"]
+                state["history"].append({"step": step, "train_loss": loss.item(), "valid_loss": metrics["valid_loss"],
+                                         "valid_bleu": metrics["valid_bleu"], "elapsed_s": time.time() - t0})
+                bar.write(f"step {step}: train loss {loss.item():.3f}, valid loss {metrics['valid_loss']:.3f}, "
+                          f"valid BLEU {metrics['valid_bleu']:.1f}" + (" (best)" if best else ""))
+                for s, h in metrics["samples"]:
+                    bar.write(f"  {s}  ->  {h}")
+                checkpoint.save(out, model, tok, state, optimizer, best=best)
+            if step >= opts.max_steps or timed_out:
+                stop = True
+                break
+        else:
+            state.update(epoch=state["epoch"] + 1, batch_in_epoch=0)
+    bar.close()
+    return out

@@ -1,0 +1,257 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need", written out by hand.
+
+Shape legend: B batch (sentences), R decoder rows (B x live beams), H heads, S source length,
+T target length, P past (cached) length, D d_model, Dh head size, V vocabulary.
+
+Attention is plain MatMul/Softmax rather than nn.MultiheadAttention: the fused eval fast path of
+the latter fixes sequence lengths in exported graphs. Three entry points map onto the two ONNX
+graphs: `encode` + `cross_kv` (encoder.onnx) and `decode_step` (decoder.onnx); `forward` is the
+teacher-forced pass used for training.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+KV = tuple[Tensor, Tensor]
+
+
+def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
+    """PE[pos, 2k] = sin(pos * w_k), PE[pos, 2k+1] = cos(pos * w_k), w_k = 1/10000^(2k/d)."""
+    position = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)
+    omega = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * omega)
+    table[:, 1::2] = torch.cos(position * omega[: d_model // 2])
+    return table.float()
+
+
+def padding_bias(mask: Tensor) -> Tensor:
+    """(B, S) bool, True for real tokens -> (B, 1, 1, S) additive bias, 0 or -inf."""
+    zero = torch.zeros((), dtype=torch.float32, device=mask.device)
+    return torch.where(mask, zero, float("-inf"))[:, None, None, :]
+
+
+def causal_bias(t: int, device: torch.device) -> Tensor:
+    """(T, T) additive bias: position i attends to positions <= i only."""
+    return torch.full((t, t), float("-inf"), device=device).triu(1)
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm computed in fp32 whatever the weights' dtype, so fp16 graphs cannot overflow."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(
+            x.float(), self.normalized_shape, self.weight.float(), self.bias.float(), self.eps
+        ).to(x.dtype)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.w_q = nn.Linear(cfg.d_model, cfg.d_model)
+        self.w_k = nn.Linear(cfg.d_model, cfg.d_model)
+        self.w_v = nn.Linear(cfg.d_model, cfg.d_model)
+        self.w_o = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def project_kv(self, x: Tensor) -> KV:
+        return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))  # 2 x (B, H, S, Dh)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+        """softmax(Q K^T / sqrt(d_k) + bias) V, heads merged and projected: -> (B, T, D)."""
+        # 1. scores: (B, H, T, Dh) @ (B, H, Dh, S) -> (B, H, T, S)
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        # 2. masks: padding (B, 1, 1, S) and/or causal (T, S) broadcast over heads
+        if bias is not None:
+            scores = scores + bias
+        # 3. softmax in fp32: fp16 exponentials overflow
+        weights = self.dropout(F.softmax(scores.float(), dim=-1).to(v.dtype))
+        # 4. weighted values: (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh)
+        context = torch.matmul(weights, v)
+        b, _, t, _ = context.shape
+        context = context.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, D)
+        return self.w_o(context)
+
+    def forward(self, x: Tensor, kv: KV, bias: Tensor | None) -> Tensor:
+        return self.attend(self.split_heads(self.w_q(x)), kv[0], kv[1], bias)
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied at each position alike."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_2(self.dropout(F.relu(self.w_1(x))))
+
+
+class Sublayer(nn.Module):
+    """Residual Add & Norm around one sublayer: post-LN norm(x + f(x)) or pre-LN x + f(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.pre_norm = cfg.pre_norm
+
+    def forward(self, x: Tensor, f) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(f(self.norm(x)))
+        return self.norm(x + self.dropout(f(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg)
+        self.feed_forward = FeedForward(cfg)
+        self.sub_attn, self.sub_ff = Sublayer(cfg), Sublayer(cfg)
+
+    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+        x = self.sub_attn(x, lambda y: self.self_attn(y, self.self_attn.project_kv(y), bias))
+        return self.sub_ff(x, self.feed_forward)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg)
+        self.cross_attn = MultiHeadAttention(cfg)
+        self.feed_forward = FeedForward(cfg)
+        self.sub_self, self.sub_cross, self.sub_ff = Sublayer(cfg), Sublayer(cfg), Sublayer(cfg)
+
+    def forward(self, x: Tensor, self_bias: Tensor, cross: KV, cross_bias: Tensor) -> Tensor:
+        """Teacher-forced: x (B, T, D), all target positions at once under the causal mask."""
+        x = self.sub_self(x, lambda y: self.self_attn(y, self.self_attn.project_kv(y), self_bias))
+        x = self.sub_cross(x, lambda y: self.cross_attn(y, cross, cross_bias))
+        return self.sub_ff(x, self.feed_forward)
+
+    def step(self, x: Tensor, past: KV, cross: KV, cross_bias: Tensor) -> tuple[Tensor, KV]:
+        """One new position: x (R, 1, D); past 2 x (R, H, P, Dh) already reordered to the rows."""
+        present: list[KV] = []
+
+        def self_attention(y: Tensor) -> Tensor:
+            k_new, v_new = self.self_attn.project_kv(y)  # 2 x (R, H, 1, Dh)
+            kv = (torch.cat([past[0], k_new], dim=2), torch.cat([past[1], v_new], dim=2))
+            present.append(kv)  # 2 x (R, H, P+1, Dh); the newest position needs no mask
+            return self.self_attn(y, kv, None)
+
+        def cross_attention(y: Tensor) -> Tensor:
+            # The R rows of a sentence (its live beams) share its keys and values: query them as
+            # (B, R/B, D) against (B, H, S, Dh) instead of copying the cross cache per beam.
+            r, _, d = y.shape
+            b = cross[0].shape[0]
+            out = self.cross_attn(y.reshape(b, r // b, d), cross, cross_bias)  # (B, R/B, D)
+            return out.reshape(r, 1, d)
+
+        x = self.sub_self(x, self_attention)
+        x = self.sub_cross(x, cross_attention)
+        return self.sub_ff(x, self.feed_forward), present[0]
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=cfg.pad_id)
+        self.tgt_embed = (
+            self.src_embed
+            if cfg.share_vocab
+            else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
+        )
+        self.register_buffer("positions", sinusoid_table(cfg.max_positions, d), persistent=False)
+        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        # Pre-LN leaves the residual stream unnormalised: one more norm at the top of each stack.
+        self.encoder_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
+        self.decoder_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
+        self.generator = nn.Linear(d, cfg.tgt_vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.generator.weight = self.tgt_embed.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+            elif "bias" in name:
+                nn.init.zeros_(p)
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, std=self.cfg.d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[self.cfg.pad_id].zero_()
+
+    def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor) -> Tensor:
+        return self.embed_dropout(table(ids) * math.sqrt(self.cfg.d_model) + positions)
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
+        """src (B, S) ids, src_mask (B, S) True for real tokens -> memory (B, S, D)."""
+        x = self.embed(self.src_embed, src, self.positions[: src.shape[1]])
+        bias = padding_bias(src_mask)
+        for layer in self.encoder_layers:
+            x = layer(x, bias)
+        return self.encoder_norm(x)
+
+    def cross_kv(self, memory: Tensor) -> list[KV]:
+        """Each decoder layer's cross-attention keys and values, 2 x (B, H, S, Dh): once per source."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+
+    def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing: tgt_in (B, T) starts with decoder_start_id -> logits (B, T, V)."""
+        cross = self.cross_kv(self.encode(src, src_mask))
+        x = self.embed(self.tgt_embed, tgt_in, self.positions[: tgt_in.shape[1]])
+        self_bias, cross_bias = causal_bias(tgt_in.shape[1], src.device), padding_bias(src_mask)
+        for layer, kv in zip(self.decoder_layers, cross):
+            x = layer(x, self_bias, kv, cross_bias)
+        return self.generator(self.decoder_norm(x))
+
+    def decode_step(
+        self,
+        tokens: Tensor,
+        step: Tensor,
+        cache_indices: Tensor,
+        past: list[KV],
+        cross: list[KV],
+        src_mask: Tensor,
+    ) -> tuple[Tensor, list[KV]]:
+        """One decoding step for R rows grouped by sentence (R = B x beams, beams contiguous).
+
+        tokens (R, 1) the newest token of each row; step (1,) its position; cache_indices (R,)
+        the row of `past` each new row continues (beam reordering, dropping finished rows);
+        past per layer 2 x (R_prev, H, P, Dh); cross per layer 2 x (B, H, S, Dh); src_mask (B, S).
+        Returns log-probabilities (R, V) in fp32 and the new cache, per layer 2 x (R, H, P+1, Dh).
+        """
+        positions = self.positions.index_select(0, step)  # (1, D)
+        x = self.embed(self.tgt_embed, tokens, positions)  # (R, 1, D)
+        cross_bias = padding_bias(src_mask)
+        present: list[KV] = []
+        for layer, (pk, pv), kv in zip(self.decoder_layers, past, cross):
+            reordered = (pk.index_select(0, cache_indices), pv.index_select(0, cache_indices))
+            x, new = layer.step(x, reordered, kv, cross_bias)
+            present.append(new)
+        logits = self.generator(self.decoder_norm(x))[:, 0]  # (R, V)
+        return F.log_softmax(logits.float(), dim=-1), present
+
+    def empty_cache(self, rows: int, device: torch.device | None = None) -> list[KV]:
+        """The past before the first step: per layer 2 x (rows, H, 0, Dh)."""
+        p = next(self.parameters())
+        shape = (rows, self.cfg.n_heads, 0, self.cfg.head_dim)
+        z = torch.zeros(shape, dtype=p.dtype, device=device or p.device)
+        return [(z, z) for _ in self.decoder_layers]

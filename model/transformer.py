@@ -33,7 +33,7 @@ def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
 
 def padding_bias(mask: Tensor) -> Tensor:
     """(B, S) bool, True for real tokens -> (B, 1, 1, S) additive bias, 0 or -inf."""
-    zero = torch.zeros((), dtype=torch.float32, device=mask.device)
+    zero = torch.zeros((), device=mask.device)
     return torch.where(mask, zero, float("-inf"))[:, None, None, :]
 
 
@@ -42,12 +42,17 @@ def causal_bias(t: int, device: torch.device) -> Tensor:
     return torch.full((t, t), float("-inf"), device=device).triu(1)
 
 
+def wide(x: Tensor) -> Tensor:
+    """x in at least fp32: fp16 overflows in LayerNorm, softmax and large sums; fp64 stays fp64."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 class LayerNorm(nn.LayerNorm):
-    """LayerNorm computed in fp32 whatever the weights' dtype, so fp16 graphs cannot overflow."""
+    """LayerNorm computed in at least fp32 whatever the weights' dtype (fp16 graphs cannot overflow)."""
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(
-            x.float(), self.normalized_shape, self.weight.float(), self.bias.float(), self.eps
+            wide(x), self.normalized_shape, wide(self.weight), wide(self.bias), self.eps
         ).to(x.dtype)
 
 
@@ -76,7 +81,7 @@ class MultiHeadAttention(nn.Module):
         if bias is not None:
             scores = scores + bias
         # 3. softmax in fp32: fp16 exponentials overflow
-        weights = self.dropout(F.softmax(scores.float(), dim=-1).to(v.dtype))
+        weights = self.dropout(F.softmax(wide(scores), dim=-1).to(v.dtype))
         # 4. weighted values: (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh)
         context = torch.matmul(weights, v)
         b, _, t, _ = context.shape
@@ -247,7 +252,7 @@ class Transformer(nn.Module):
             x, new = layer.step(x, reordered, kv, cross_bias)
             present.append(new)
         logits = self.generator(self.decoder_norm(x))[:, 0]  # (R, V)
-        return F.log_softmax(logits.float(), dim=-1), present
+        return F.log_softmax(wide(logits), dim=-1).float(), present
 
     def empty_cache(self, rows: int, device: torch.device | None = None) -> list[KV]:
         """The past before the first step: per layer 2 x (rows, H, 0, Dh)."""

@@ -1,0 +1,139 @@
+"""Checkpoint -> bundle directory: the two graphs, the tokenizers and bundle.json, written atomically."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from model import checkpoint
+from model.tokenizer import SOURCE_MODEL, TARGET_MODEL
+from runtime import bundle as fmt
+
+from .graphs import OPSET, export_graphs
+
+DECODING_DEFAULTS = {"beam_size": 4, "length_penalty": 1.0, "max_length_a": 1.5, "max_length_b": 10, "min_length": 0}
+# What `verify` holds each kind of bundle to. fp32 is held to 1e-4 on log-probabilities (we aim for
+# 1e-5); reduced precision is judged by its own bounds plus agreement with the fp32 model.
+TOLERANCES = {
+    "float32": {"tensor_atol": 1e-4, "min_greedy_agreement": 1.0, "max_bleu_drop": 0.0},
+    "float16": {"tensor_atol": 5e-2, "min_greedy_agreement": 0.9, "max_bleu_drop": 2.0},
+    "int8": {"tensor_atol": 1.0, "min_greedy_agreement": 0.8, "max_bleu_drop": 5.0},
+}
+
+
+class ExportError(ValueError):
+    """An export that cannot be done: the message names the problem and the fix."""
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def variant(dtype: str, quantize: str | None) -> str:
+    return "int8" if quantize == "int8" else dtype
+
+
+def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", quantize: str | None = None,
+                  force: bool = False) -> Path:
+    """Exports a checkpoint (a step-* directory or a run directory's `last`) into the bundle `out`.
+
+    dtype "float16" keeps LayerNorm, softmax and log-softmax in fp32 (for CUDA); quantize "int8"
+    applies onnxruntime dynamic quantization to the fp32 graphs (for the CPU). The bundle is
+    validated (hashes, graph loading, one decoding step) before it is moved into place.
+    Raises ExportError for an existing output without force, or an unwritable location;
+    CheckpointError for a bad checkpoint.
+    """
+    if dtype not in ("float32", "float16"):
+        raise ExportError(f"--dtype {dtype}: choose float32 or float16")
+    if quantize not in (None, "int8"):
+        raise ExportError(f"--quantize {quantize}: only int8 is supported")
+    if quantize and dtype != "float32":
+        raise ExportError("--quantize int8 starts from float32 graphs; drop --dtype float16")
+    out = Path(out)
+    if out.exists() and not force:
+        raise ExportError(f"{out} already exists; pass --force to replace it")
+    model, _, ckpt_dir = checkpoint.load(ckpt)
+    parent = out.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+    except OSError as e:
+        raise ExportError(f"cannot write the bundle at {out}: {e.strerror}; choose a writable directory") from e
+    try:
+        os.chmod(tmp, 0o755)
+        export_graphs(model, tmp, dtype=torch.float16 if dtype == "float16" else torch.float32)
+        if quantize == "int8":
+            _quantize_int8(tmp)
+        shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
+        shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
+        _write_json(tmp, model, ckpt_dir, dtype, quantize)
+        _validate(tmp)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _quantize_int8(directory: Path) -> None:
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process is for CNNs
+    for name in (fmt.ENCODER_FILE, fmt.DECODER_FILE):
+        src = directory / f"fp32-{name}"
+        os.rename(directory / name, src)
+        quantize_dynamic(str(src), str(directory / name), weight_type=QuantType.QInt8)
+        src.unlink()
+
+
+def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: str | None) -> None:
+    cfg = model.cfg
+    files = {key: {"path": path, "sha256": fmt.sha256(directory / path)} for key, path in fmt.FILE_KEYS.items()}
+    meta = {
+        "format": fmt.FORMAT,
+        "format_version": fmt.FORMAT_VERSION,
+        "model": cfg.to_dict(),
+        "special_ids": {"pad": cfg.pad_id, "unk": cfg.unk_id, "bos": cfg.bos_id, "eos": cfg.eos_id,
+                        "decoder_start": cfg.decoder_start_id},
+        "max_positions": cfg.max_positions,
+        "dtype": dtype,
+        "quantization": quantize,
+        "variant": variant(dtype, quantize),
+        "tolerances": TOLERANCES[variant(dtype, quantize)],
+        "files": files,
+        "graphs": fmt.graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype),
+        "decoding": DECODING_DEFAULTS,
+        "source_checkpoint": ckpt_dir.name,
+        "producer": {
+            "seq2onnx": _version("seq2onnx"), "torch": torch.__version__, "onnx": _version("onnx"),
+            "onnxruntime": _version("onnxruntime-gpu") or _version("onnxruntime"), "opset": OPSET,
+            "python": platform.python_version(),
+        },
+    }
+    (directory / fmt.BUNDLE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    model.cfg.save(directory / "config.json")  # the same config, beside the graphs, for humans
+
+
+def _validate(directory: Path) -> None:
+    """The bundle reads, its graphs load on the CPU, and one short decode runs."""
+    from runtime.translator import Translator
+
+    translator = Translator(directory, device="cpu")
+    translator.translate_batch([[4, 5, 6]], beam_size=2, max_decoding_length=3)

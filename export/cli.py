@@ -1,0 +1,333 @@
+"""The `seq2onnx` command: train, export, verify, translate, bench, demo.
+
+`translate` needs only the runtime (onnxruntime, numpy, sentencepiece); the other commands import
+torch when they run and say how to install it when it is missing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+EXIT_USAGE, EXIT_FAIL = 2, 1
+
+
+class CommandError(Exception):
+    """An error meant for the user: printed as one line, exit status 1."""
+
+
+def _needs_torch(command: str) -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise CommandError(
+            f"`seq2onnx {command}` needs PyTorch, which this install lacks: pip install 'seq2onnx[train]'"
+        ) from None
+
+
+# -- train ---------------------------------------------------------------------------------------
+
+def add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a Transformer on a parallel corpus (or the generated one)",
+                       description="Train an encoder-decoder Transformer with teacher forcing. Checkpoints go to "
+                       "OUT/step-*/ with OUT/last and OUT/best pointing at them; --resume continues a run.")
+    p.add_argument("out", help="run directory (checkpoints, `last` and `best`)")
+    p.add_argument("--data", help="tab-separated corpus; default: the generated corpus of `seq2onnx demo`")
+    p.add_argument("--src-col", type=int, default=0, help="0-based column of the source text (default 0)")
+    p.add_argument("--tgt-col", type=int, default=1, help="0-based column of the target text (default 1)")
+    p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of failing")
+    p.add_argument("--pairs", type=int, default=20000, help="size of the generated corpus when --data is not given")
+    p.add_argument("--valid-size", type=int, default=500)
+    p.add_argument("--test-size", type=int, default=500)
+    p.add_argument("--vocab-size", type=int, default=1000, help="SentencePiece pieces per side")
+    p.add_argument("--joint-vocab", action="store_true", help="one SentencePiece model for both sides")
+    p.add_argument("--max-len", type=int, default=64, help="drop training pairs longer than this many tokens")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
+    p.add_argument("--d-ff", type=int, default=1024)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--pre-norm", action="store_true", help="pre-LN instead of the paper's post-LN")
+    p.add_argument("--untied", action="store_true", help="separate target embedding and output projection")
+    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch, padding included")
+    p.add_argument("--lr", type=float, default=1.0, help="scale of the inverse-square-root schedule")
+    p.add_argument("--warmup", type=int, default=800)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--clip-norm", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=4000)
+    p.add_argument("--max-minutes", type=float, help="stop (with a checkpoint) after this much wall time")
+    p.add_argument("--eval-every", type=int, default=500, help="steps between validation and checkpoints")
+    p.add_argument("--bleu-sentences", type=int, default=200)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--resume", action="store_true", help="continue the run in OUT from its last checkpoint")
+    p.add_argument("--force", action="store_true", help="replace an existing run in OUT")
+    p.set_defaults(func=cmd_train)
+
+
+def train_options(args):
+    from model.train import TrainOptions
+
+    return TrainOptions(
+        out=args.out, data=args.data, src_col=args.src_col, tgt_col=args.tgt_col, skip_bad_lines=args.skip_bad_lines,
+        generated_pairs=args.pairs, valid_size=args.valid_size, test_size=args.test_size, vocab_size=args.vocab_size,
+        joint_vocab=args.joint_vocab, max_len=args.max_len, d_model=args.d_model, n_heads=args.heads,
+        layers=args.layers, d_ff=args.d_ff, dropout=args.dropout, pre_norm=args.pre_norm,
+        tie_embeddings=not args.untied, max_tokens=args.max_tokens, lr=args.lr, warmup=args.warmup,
+        label_smoothing=args.label_smoothing, clip_norm=args.clip_norm, max_steps=args.max_steps,
+        max_minutes=args.max_minutes, eval_every=args.eval_every, bleu_sentences=args.bleu_sentences,
+        seed=args.seed, device=args.device, resume=args.resume, force=args.force,
+    )
+
+
+def cmd_train(args) -> int:
+    _needs_torch("train")
+    from model.train import train
+
+    t0 = time.time()
+    out = train(train_options(args))
+    print(f"trained in {time.time() - t0:.0f} s; checkpoints: {out}/last and {out}/best")
+    return 0
+
+
+# -- export / verify -----------------------------------------------------------------------------
+
+def add_export(sub) -> None:
+    p = sub.add_parser("export", help="turn a checkpoint into an ONNX bundle",
+                       description="Export CHECKPOINT (a run directory or one of its step-*/last/best) into the "
+                       "bundle OUT_DIR: encoder.onnx, decoder.onnx (one step with a key/value cache), the "
+                       "tokenizers and bundle.json. Written atomically; validated before success is reported.")
+    p.add_argument("checkpoint")
+    p.add_argument("out_dir")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16"],
+                   help="float16 for the CUDA provider (LayerNorm and softmax stay fp32)")
+    p.add_argument("--quantize", choices=["int8"], help="int8 dynamic quantization, for the CPU")
+    p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR")
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_export(args) -> int:
+    _needs_torch("export")
+    from export.bundle import export_bundle
+
+    out = export_bundle(args.checkpoint, args.out_dir, dtype=args.dtype, quantize=args.quantize, force=args.force)
+    print(f"bundle written to {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
+    return 0
+
+
+def add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="prove a bundle computes what its checkpoint computes",
+                       description="Compare the bundle with the PyTorch checkpoint in tiers: tensors step by step "
+                       "(along teacher-forced targets and the greedy path), greedy token ids, BLEU. Exit 1 when "
+                       "any check fails.")
+    p.add_argument("checkpoint")
+    p.add_argument("bundle")
+    p.add_argument("--sentences", type=int, default=100, help="test sentences to compare (default 100)")
+    p.add_argument("--data", help="TSV of sentences to use instead of the checkpoint's test split")
+    p.add_argument("--src-col", type=int, default=0)
+    p.add_argument("--tgt-col", type=int, default=1)
+    p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="onnxruntime provider")
+    p.add_argument("--json", help="also write the report as JSON to this file")
+    p.set_defaults(func=cmd_verify)
+
+
+def cmd_verify(args) -> int:
+    _needs_torch("verify")
+    from export.parity import format_report, verify
+
+    report = verify(args.checkpoint, args.bundle, sentences=args.sentences, device=args.device, data=args.data,
+                    src_col=args.src_col, tgt_col=args.tgt_col)
+    print(format_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["passed"] else EXIT_FAIL
+
+
+# -- translate -----------------------------------------------------------------------------------
+
+class Progress:
+    """A one-line progress bar on stderr (tqdm is not a runtime dependency)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done, self.t0, self.enabled = total, 0, time.time(), enabled and total > 0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.enabled:
+            elapsed = time.time() - self.t0
+            rate = self.done / elapsed if elapsed > 0 else 0.0
+            left = (self.total - self.done) / rate if rate else 0.0
+            width = 30
+            filled = int(width * self.done / self.total)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} lines "
+                             f"{rate:.1f}/s, {left:.0f} s left ")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def add_translate(sub) -> None:
+    p = sub.add_parser("translate", help="translate lines with a bundle (no torch needed)",
+                       description="Read lines from --input (default stdin), write translations in input order "
+                       "to --output (default stdout). Batched internally by length.")
+    p.add_argument("bundle")
+    p.add_argument("-i", "--input", help="file of source lines (default: stdin)")
+    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    p.add_argument("--beam", type=int, default=None, help="beam size; 1 is greedy (default: the bundle's, 4)")
+    p.add_argument("--n-best", type=int, default=1, help="hypotheses per line, written as 'LINE ||| TEXT ||| SCORE'")
+    p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' (sum of log-probabilities)")
+    p.add_argument("--length-penalty", type=float, default=None)
+    p.add_argument("--max-length", type=int, default=None, help="maximum target tokens (default: relative to the source)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: all cores)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--truncate", action="store_true", help="cut sources longer than the model's positions")
+    p.set_defaults(func=cmd_translate)
+
+
+def cmd_translate(args) -> int:
+    from runtime.translator import Translator
+
+    translator = Translator(args.bundle, device=args.device, intra_threads=args.threads)
+    if args.input:
+        path = Path(args.input)
+        if not path.is_file():
+            raise CommandError(f"--input {path}: no such file")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    else:
+        lines = sys.stdin.read().splitlines()
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    progress = Progress(len(lines), enabled=bool(args.input) and sys.stderr.isatty() or bool(os.environ.get("SEQ2ONNX_PROGRESS")))
+    try:
+        chunk = 256
+        for start in range(0, len(lines), chunk):
+            results = translator.translate_batch(
+                lines[start : start + chunk], beam_size=args.beam, num_hypotheses=args.n_best,
+                length_penalty=args.length_penalty, max_decoding_length=args.max_length, return_scores=True,
+                truncate=args.truncate, max_batch_size=args.batch_size)
+            for offset, r in enumerate(results):
+                if args.n_best > 1:
+                    for text, score in zip(r.hypotheses, r.scores):
+                        out.write(f"{start + offset} ||| {text} ||| {score:.4f}\n")
+                elif args.scores:
+                    out.write(f"{r.scores[0]:.4f}\t{r.hypotheses[0]}\n")
+                else:
+                    out.write(r.hypotheses[0] + "\n")
+            progress.update(len(results))
+    finally:
+        progress.close()
+        if args.output:
+            out.close()
+    return 0
+
+
+# -- demo ----------------------------------------------------------------------------------------
+
+def add_demo(sub) -> None:
+    p = sub.add_parser("demo", help="train, export, verify and translate on the generated corpus (~4 min on 2 cores)",
+                       description="The whole path on data the project makes itself: train a small Transformer, "
+                       "show reference translations, export the bundle, verify parity, translate with onnxruntime.")
+    p.add_argument("--out", default="seq2onnx-demo", help="working directory (default ./seq2onnx-demo)")
+    p.add_argument("--steps", type=int, default=1000, help="training steps (default 1000, about 3 minutes)")
+    p.add_argument("--force", action="store_true", help="replace an existing demo directory")
+    p.set_defaults(func=cmd_demo)
+
+
+DEMO_SENTENCES = [
+    "the big dogs saw a cat in the house",
+    "a small bird sleeps",
+    "three old kings carry the red boxes",
+    "the farmer liked 12 green cows",
+    "quiet women bring a white horse near the river",
+]
+
+
+def cmd_demo(args) -> int:
+    _needs_torch("demo")
+    import torch
+
+    from export.bundle import export_bundle
+    from export.parity import format_report, verify
+    from model import checkpoint
+    from model.search import translate_ids
+    from model.train import TrainOptions, train
+    from runtime.translator import Translator
+
+    root = Path(args.out)
+    if root.exists() and not args.force:
+        raise CommandError(f"{root} already exists; pass --force to replace it or --out DIR for another place")
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    t0 = time.time()
+    print(f"1/4 training a small Transformer on the generated English -> Lirish corpus ({args.steps} steps)")
+    run = root / "run"
+    train(TrainOptions(out=str(run), d_model=128, n_heads=4, layers=2, d_ff=256, vocab_size=400, max_steps=args.steps,
+                       eval_every=max(args.steps // 4, 1), warmup=200, lr=1.5, max_tokens=3000, bleu_sentences=100,
+                       force=True))
+    t_train = time.time() - t0
+    model, tok, ckpt = checkpoint.load(run / "best")
+    print(f"\n2/4 reference decoding in PyTorch (beam 4), after {t_train:.0f} s of training:")
+    hyps = translate_ids(model, [tok.encode_source(s) for s in DEMO_SENTENCES], beam_size=4)
+    for s, h in zip(DEMO_SENTENCES, hyps):
+        print(f"  {s}\n    -> {tok.decode_target(h[0].tokens)}")
+    bundle = root / "bundle"
+    export_bundle(ckpt, bundle, force=True)
+    print(f"\n3/4 exported {bundle}; verifying parity with the checkpoint:")
+    report = verify(ckpt, bundle, sentences=100)
+    print(format_report(report))
+    translator = Translator(bundle)
+    print(f"\n4/4 translating with onnxruntime ({translator.device}: {translator.device_reason}), beam 4:")
+    for s, r in zip(DEMO_SENTENCES, translator.translate_batch(DEMO_SENTENCES, beam_size=4)):
+        print(f"  {s}\n    -> {r.hypotheses[0]}")
+    print(f"\ndemo done in {time.time() - t0:.0f} s. Try: seq2onnx translate {bundle} <<< 'the old cat sees two birds'")
+    return 0 if report["passed"] else EXIT_FAIL
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="seq2onnx",
+        description="Train a Transformer in PyTorch, export it as two ONNX graphs, verify parity, translate without torch.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (add_train, add_export, add_verify, add_translate, add_demo):
+        add(sub)
+    try:
+        from export.benchcli import add_bench
+        add_bench(sub)
+    except ImportError:
+        pass
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for the user; the traceback with --debug
+        if args.debug:
+            raise
+        from runtime.bundle import BundleError
+
+        known = (CommandError, BundleError, ValueError, TypeError, FileNotFoundError, PermissionError, RuntimeError, OSError)
+        kind = "" if isinstance(e, known) else f"unexpected {type(e).__name__} (rerun with --debug for the traceback): "
+        print(f"seq2onnx {args.command}: error: {kind}{e}", file=sys.stderr)
+        return EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

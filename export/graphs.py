@@ -1,0 +1,120 @@
+"""The Transformer as two ONNX graphs: encoder.onnx (encode + cross_kv) and decoder.onnx (decode_step).
+
+Traced with the TorchScript exporter at sizes that are all distinct and >= 2 (sizes traced at 0
+or 1 are specialised to constants), opset 17, attention as explicit MatMul/Softmax.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import onnx
+import torch
+from torch import Tensor, nn
+
+from model.transformer import Transformer
+from runtime import bundle as names
+
+OPSET = 17
+
+
+class EncoderGraph(nn.Module):
+    """(src_ids (B, S), src_lengths (B,)) -> src_mask (B, S), then per layer key, value (B, H, S, Dh)."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids: Tensor, src_lengths: Tensor) -> tuple[Tensor, ...]:
+        positions = torch.arange(src_ids.shape[1], device=src_ids.device)
+        src_mask = positions[None, :] < src_lengths[:, None]  # (B, S)
+        cross = self.model.cross_kv(self.model.encode(src_ids, src_mask))
+        return (src_mask, *[t for kv in cross for t in kv])
+
+
+class DecoderGraph(nn.Module):
+    """One step: decode_step with its lists flattened in the order of runtime.bundle's names."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+        self.n_layers = model.cfg.n_decoder_layers
+
+    def forward(self, tokens: Tensor, step: Tensor, cache_indices: Tensor, *rest: Tensor) -> tuple[Tensor, ...]:
+        n = self.n_layers
+        past = [(rest[2 * i], rest[2 * i + 1]) for i in range(n)]
+        cross = [(rest[2 * n + 2 * i], rest[2 * n + 2 * i + 1]) for i in range(n)]
+        src_mask = rest[4 * n]
+        log_probs, present = self.model.decode_step(tokens, step, cache_indices, past, cross, src_mask)
+        return (log_probs, *[t for kv in present for t in kv])
+
+
+def example_inputs(model: Transformer, dtype: torch.dtype) -> tuple[tuple, tuple]:
+    """Tracing inputs with every dynamic size distinct and >= 2: batch 2, src 5, rows 6, prev 4, past 3."""
+    cfg = model.cfg
+    batch, src_len, rows, prev_rows, past = 2, 5, 6, 4, 3
+    src_ids = torch.randint(4, cfg.src_vocab_size, (batch, src_len))
+    src_lengths = torch.tensor([src_len, src_len - 2])
+    enc = (src_ids, src_lengths)
+    with torch.no_grad():
+        src_mask, *cross = EncoderGraph(model)(*enc)
+    cache = torch.randn(prev_rows, cfg.n_heads, past, cfg.head_dim, dtype=dtype)
+    dec = (
+        torch.randint(4, cfg.tgt_vocab_size, (rows, 1)),
+        torch.tensor([past]),
+        torch.tensor([0, 1, 1, 2, 3, 3]),
+        *[cache.clone() for _ in range(2 * cfg.n_decoder_layers)],
+        *cross,
+        src_mask,
+    )
+    return enc, dec
+
+
+def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = torch.float32) -> tuple[Path, Path]:
+    """Writes encoder.onnx and decoder.onnx into out_dir; returns their paths."""
+    model = model.to(dtype).eval()
+    n = model.cfg.n_decoder_layers
+    enc_inputs, dec_inputs = example_inputs(model, dtype)
+    enc_path, dec_path = out_dir / names.ENCODER_FILE, out_dir / names.DECODER_FILE
+    cross_axes = {name: {0: "batch", 2: "src_len"} for name in names.cross_names(n)}
+    with torch.no_grad():
+        _export(
+            EncoderGraph(model), enc_inputs, enc_path,
+            inputs=[names.SRC_IDS, names.SRC_LENGTHS],
+            outputs=[names.SRC_MASK, *names.cross_names(n)],
+            axes={names.SRC_IDS: {0: "batch", 1: "src_len"}, names.SRC_LENGTHS: {0: "batch"},
+                  names.SRC_MASK: {0: "batch", 1: "src_len"}, **cross_axes},
+        )
+        _export(
+            DecoderGraph(model), dec_inputs, dec_path,
+            inputs=[names.TOKENS, names.STEP, names.CACHE_INDICES, *names.past_names(n), *names.cross_names(n), names.SRC_MASK],
+            outputs=[names.LOG_PROBS, *names.present_names(n)],
+            axes={
+                names.TOKENS: {0: "rows"}, names.CACHE_INDICES: {0: "rows"}, names.LOG_PROBS: {0: "rows"},
+                **{p: {0: "prev_rows", 2: "past"} for p in names.past_names(n)},
+                **{p: {0: "rows", 2: "past_plus_1"} for p in names.present_names(n)},
+                **cross_axes, names.SRC_MASK: {0: "batch", 1: "src_len"},
+            },
+        )
+    return enc_path, dec_path
+
+
+def _export(module: nn.Module, args: tuple, path: Path, *, inputs: list[str], outputs: list[str], axes: dict) -> None:
+    buffer = io.BytesIO()
+    torch.onnx.export(
+        module, args, buffer, input_names=inputs, output_names=outputs, dynamic_axes=axes,
+        opset_version=OPSET, do_constant_folding=True, dynamo=False,
+    )
+    proto = onnx.load_from_string(buffer.getvalue())
+    check_graph(proto, path.name)
+    onnx.save(proto, str(path))
+
+
+def check_graph(proto: onnx.ModelProto, label: str) -> None:
+    """onnx.checker with full check, strict shape inference, and no training-only nodes."""
+    onnx.checker.check_model(proto, full_check=True)
+    onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    training = {"Dropout", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"}
+    found = sorted({node.op_type for node in proto.graph.node} & training)
+    if found:
+        raise RuntimeError(f"{label}: training-only nodes {found} in the exported graph")

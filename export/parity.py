@@ -1,0 +1,190 @@
+"""`verify`: does a bundle compute what the PyTorch checkpoint computes?
+
+Checked in tiers and reported per output against one named tolerance each: tensors (encoder
+outputs; decoder log-probabilities and cache, step by step along teacher-forced targets and along
+the reference greedy path), then greedy token ids, then BLEU. A failure is an error with the
+numbers in it, never only a warning.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from model import checkpoint
+from model.search import translate_ids
+from model.train import TrainOptions, bleu, load_split
+from model.corpus import generate_pairs
+from runtime import bundle as fmt
+from runtime.translator import Translator
+
+
+@dataclass
+class Check:
+    tier: str  # tensor | tokens | text
+    name: str
+    value: float
+    bound: float
+    passed: bool
+    detail: str = ""
+
+
+class ParityError(AssertionError):
+    """The bundle does not compute what the checkpoint computes, within the stated tolerance."""
+
+
+def test_sentences(ckpt_dir: Path, n: int, data: str | None = None, src_col: int = 0, tgt_col: int = 1) -> list[tuple[str, str]]:
+    """The test split of the corpus the checkpoint was trained on (or of `data` when given)."""
+    state = json.loads((ckpt_dir / checkpoint.STATE).read_text()) if (ckpt_dir / checkpoint.STATE).exists() else {}
+    options = state.get("options")
+    if data is not None:
+        from model.data import read_pairs
+
+        pairs, _ = read_pairs(data, src_col=src_col, tgt_col=tgt_col, skip_bad=True)
+        return pairs[:n]
+    if options is None:
+        return generate_pairs(n, seed=12345)
+    opts = TrainOptions(**options)
+    if opts.data is not None and not Path(opts.data).is_file():
+        raise FileNotFoundError(
+            f"the checkpoint was trained on {opts.data}, which is not here; pass --data FILE with test sentences"
+        )
+    return load_split(opts).test[:n]
+
+
+def _diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    finite = np.isfinite(b)
+    if not np.array_equal(np.isfinite(a), finite):
+        return float("inf"), float("inf")
+    d = np.abs(a[finite] - b[finite])
+    if d.size == 0:
+        return 0.0, 0.0
+    big = np.abs(b[finite]) >= 1e-3  # relative error is meaningless near zero
+    rel = float((d[big] / np.abs(b[finite][big])).max()) if big.any() else 0.0
+    return float(d.max()), rel
+
+
+def _providers(device: str) -> list[str]:
+    return ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+
+
+@torch.no_grad()
+def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float, batch_size: int = 16) -> list[Check]:
+    cfg = model.cfg
+    n = cfg.n_decoder_layers
+    enc = ort.InferenceSession(str(bundle_dir / fmt.ENCODER_FILE), providers=_providers(device))
+    dec = ort.InferenceSession(str(bundle_dir / fmt.DECODER_FILE), providers=_providers(device))
+    half = enc.get_outputs()[1].type == "tensor(float16)"
+    worst = {"encoder cross K/V": [0.0, 0.0], "decoder log_probs (teacher-forced)": [0.0, 0.0],
+             "decoder log_probs (greedy path)": [0.0, 0.0], "decoder cache": [0.0, 0.0]}
+    mask_ok = True
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        srcs = [tok.encode_source(s)[: cfg.max_positions] for s, _ in chunk]
+        lengths = torch.tensor([len(s) for s in srcs])
+        src = torch.full((len(srcs), int(lengths.max())), cfg.pad_id, dtype=torch.long)
+        for i, s in enumerate(srcs):
+            src[i, : len(s)] = torch.tensor(s)
+        mask = src != cfg.pad_id
+        cross = model.cross_kv(model.encode(src, mask))
+        ort_out = enc.run(None, {fmt.SRC_IDS: src.numpy(), fmt.SRC_LENGTHS: lengths.numpy()})
+        mask_ok &= bool(np.array_equal(ort_out[0], mask.numpy()))
+        for got, want in zip(ort_out[1:], [t for kv in cross for t in kv]):
+            _update(worst["encoder cross K/V"], _diff(got, want.numpy()))
+        greedy = translate_ids(model, srcs, beam_size=1)
+        paths = {
+            "decoder log_probs (teacher-forced)": [tok.encode_target(t)[: cfg.max_positions - 1] for _, t in chunk],
+            "decoder log_probs (greedy path)": [h[0].tokens for h in greedy],
+        }
+        for label, targets in paths.items():
+            # Compare only real positions: the start token and each row's target, end included.
+            # Positions after a row's end see pad tokens, out of distribution, and their
+            # log-probabilities are ill-conditioned even between fp32 and fp64 PyTorch.
+            valid = [min(len(t) + 1, cfg.max_positions) for t in targets]
+            steps = max(valid)
+            tgt_in = torch.full((len(srcs), steps), cfg.pad_id, dtype=torch.long)
+            for i, t in enumerate(targets):
+                seq = ([cfg.decoder_start_id] + t)[:steps]
+                tgt_in[i, : len(seq)] = torch.tensor(seq)
+            past = model.empty_cache(len(srcs))
+            ort_past = [np.zeros((len(srcs), cfg.n_heads, 0, cfg.head_dim), np.float16 if half else np.float32)] * (2 * n)
+            rows = torch.arange(len(srcs))
+            feed_const = {**dict(zip(fmt.cross_names(n), ort_out[1:])), fmt.SRC_MASK: ort_out[0]}
+            for t in range(steps):
+                tokens = tgt_in[:, t : t + 1]
+                log_probs, past = model.decode_step(tokens, torch.tensor([t]), rows, past, cross, mask)
+                out = dec.run(None, {fmt.TOKENS: tokens.numpy(), fmt.STEP: np.array([t], np.int64),
+                                     fmt.CACHE_INDICES: rows.numpy(), **dict(zip(fmt.past_names(n), ort_past)),
+                                     **feed_const})
+                live = np.array([t < v for v in valid])
+                _update(worst[label], _diff(out[0][live], log_probs.numpy()[live]))
+                ort_past = out[1:]
+            for got, want in zip(ort_past, [x for kv in past for x in kv]):
+                for i, v in enumerate(valid):
+                    _update(worst["decoder cache"], _diff(got[i, :, :v], want[i, :, :v].numpy()))
+    checks = [Check("tensor", "encoder src_mask equal", float(not mask_ok), 0.0, mask_ok)]
+    for name, (abs_, rel) in worst.items():
+        checks.append(Check("tensor", f"{name} max abs", abs_, atol, abs_ <= atol, f"max rel {rel:.2e}"))
+    return checks
+
+
+def _update(acc: list[float], d: tuple[float, float]) -> None:
+    acc[0], acc[1] = max(acc[0], d[0]), max(acc[1], d[1])
+
+
+def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, device: str = "cpu",
+           data: str | None = None, src_col: int = 0, tgt_col: int = 1) -> dict:
+    """Runs every tier; returns a report dict with `passed` and the checks (see format_report)."""
+    bundle_dir = Path(bundle_dir)
+    meta = fmt.read_bundle(bundle_dir).meta
+    model, tok, ckpt_dir = checkpoint.load(ckpt)
+    tol = meta["tolerances"]
+    pairs = test_sentences(ckpt_dir, sentences, data, src_col, tgt_col)
+    translator = Translator(bundle_dir, device=device)
+    checks = tensor_checks(model, tok, bundle_dir, pairs, translator.device, tol["tensor_atol"])
+    srcs = [tok.encode_source(s)[: model.cfg.max_positions] for s, _ in pairs]
+    want = [h[0].tokens for h in translate_ids(model, srcs, beam_size=1)]
+    want = [w[:-1] if w and w[-1] == model.cfg.eos_id else w for w in want]
+    got = translator.translate_batch(srcs, beam_size=1)
+    agree = sum(g.token_ids[0] == w for g, w in zip(got, want))
+    rate = agree / max(len(pairs), 1)
+    checks.append(Check("tokens", "greedy token ids identical", rate, tol["min_greedy_agreement"],
+                        rate >= tol["min_greedy_agreement"], f"{agree}/{len(pairs)} sentences"))
+    refs = [t for _, t in pairs]
+    torch_bleu = bleu([tok.decode_target(w) for w in want], refs)
+    bundle_bleu = bleu([g.hypotheses[0] for g in got], refs)
+    drop = torch_bleu - bundle_bleu
+    checks.append(Check("text", "BLEU drop (torch - bundle)", drop, tol["max_bleu_drop"], drop <= tol["max_bleu_drop"] + 1e-9,
+                        f"torch {torch_bleu:.2f}, bundle {bundle_bleu:.2f}"))
+    # The tensor bound of a reduced-precision bundle is informative; its verdict rests on tokens and text.
+    judged = [c for c in checks if c.tier != "tensor" or meta["dtype"] == "float32" and not meta.get("quantization")]
+    return {
+        "bundle": str(bundle_dir), "checkpoint": str(ckpt_dir), "variant": meta.get("variant", meta["dtype"]),
+        "provider": translator.device.upper() if translator.device == "cpu" else "CUDA",
+        "sentences": len(pairs), "passed": all(c.passed for c in judged),
+        "checks": [asdict(c) | {"judged": c in judged} for c in checks],
+    }
+
+
+def format_report(report: dict) -> str:
+    lines = [
+        f"verify {report['bundle']} against {report['checkpoint']}",
+        f"variant {report['variant']}, {report['provider']} provider, {report['sentences']} test sentences",
+        f"{'tier':<7} {'check':<42} {'value':>10} {'bound':>10}  result",
+    ]
+    for c in report["checks"]:
+        if c["tier"] == "tokens":
+            value, bound = f"{c['value']:.1%}", f">= {c['bound']:.0%}"
+        elif c["tier"] == "text":
+            value, bound = f"{c['value']:.2f}", f"<= {c['bound']:.1f}"
+        else:
+            value, bound = f"{c['value']:.2e}", f"<= {c['bound']:.0e}"
+        verdict = ("ok" if c["passed"] else "FAIL") if c["judged"] else ("(within)" if c["passed"] else "(info)")
+        lines.append(f"{c['tier']:<7} {c['name']:<42} {value:>10} {bound:>10}  {verdict}  {c['detail']}")
+    lines.append("PASSED" if report["passed"] else "FAILED: see the checks marked FAIL")
+    return "\n".join(lines)

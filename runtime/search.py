@@ -1,0 +1,257 @@
+"""Greedy, beam and sampling search in numpy, batched over sentences, over a step callable.
+
+The convention is ../shared/DECODING.md's, the same as model/search.py (the PyTorch oracle that
+this code is tested against token for token): scores are sums of log-probabilities, end token
+included; n-best ranked by score / len^alpha; 2K candidates per sentence; an end token finishes
+only within the top K; at a sentence's last allowed step every top-K candidate finishes; ties go
+to the lower flat index (beam x V + token).
+
+    step(tokens (R, 1) int64, cache_indices (R,) int64, t, keep) -> log_probs (R, V)
+
+Rows are grouped by sentence, beams contiguous. Row r continues row cache_indices[r] of the
+previous step. `keep` is None, or the indices (into the previous step's sentences) of the
+sentences still decoding: finished sentences are dropped so that they cost no more compute.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+Step = Callable[[np.ndarray, np.ndarray, int, "np.ndarray | None"], np.ndarray]
+
+
+@dataclass
+class SearchResult:
+    """One sentence's n-best, best first: token ids (end token included when produced) and scores."""
+
+    hypotheses: list[list[int]] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+
+
+def _check(beam_size: int, max_lengths: np.ndarray, min_length: int) -> None:
+    if beam_size < 1:
+        raise ValueError(f"beam_size={beam_size}; it must be at least 1 (1 is greedy search)")
+    if max_lengths.size and max_lengths.min() < 1:
+        raise ValueError(f"max_decoding_length={int(max_lengths.min())}; it must be at least 1")
+    if min_length < 0 or (max_lengths.size and min_length >= max_lengths.min()):
+        raise ValueError(
+            f"min_decoding_length={min_length} must lie in [0, max_decoding_length="
+            f"{int(max_lengths.min()) if max_lengths.size else '?'})"
+        )
+
+
+def greedy_search(
+    step: Step, batch: int, *, start_id: int, eos_id: int, max_lengths: np.ndarray, min_length: int = 0,
+) -> list[SearchResult]:
+    """Argmax at each step (first index on ties); a sentence stops at its end token or its max length."""
+    max_lengths = np.asarray(max_lengths, dtype=np.int64)
+    _check(1, max_lengths, min_length)
+    out = np.zeros((batch, int(max_lengths.max(initial=0))), dtype=np.int64)
+    lengths = np.zeros(batch, dtype=np.int64)
+    scores = np.zeros(batch, dtype=np.float64)
+    alive = np.arange(batch)  # sentences still decoding, in row order
+    tokens = np.full((batch, 1), start_id, dtype=np.int64)
+    cache_indices = np.arange(batch, dtype=np.int64)
+    keep = None
+    t = 0
+    while alive.size:
+        log_probs = step(tokens, cache_indices, t, keep)
+        if t < min_length:
+            log_probs = log_probs.copy()
+            log_probs[:, eos_id] = -np.inf
+        best = log_probs.argmax(axis=1)
+        out[alive, t] = best
+        scores[alive] += log_probs[np.arange(alive.size), best].astype(np.float64)
+        lengths[alive] = t + 1
+        t += 1
+        still = (best != eos_id) & (max_lengths[alive] > t)
+        if still.all():
+            keep = None
+            cache_indices = np.arange(alive.size, dtype=np.int64)
+        else:
+            keep = np.flatnonzero(still)
+            cache_indices = keep
+            alive = alive[keep]
+        tokens = best[still][:, None] if keep is not None else best[:, None]
+    return [SearchResult([out[b, : lengths[b]].tolist()], [float(scores[b])]) for b in range(batch)]
+
+
+def _top_candidates(total: np.ndarray, n: int) -> np.ndarray:
+    """Per row, the flat indices of the n largest values, ordered by (value desc, index asc)."""
+    if n < total.shape[1]:
+        part = np.argpartition(-total, n - 1, axis=1)[:, :n]
+        chosen = np.take_along_axis(total, part, axis=1)
+        threshold = chosen.min(axis=1, keepdims=True)
+        # A tie at the threshold may have taken a higher index over a lower one: redo those rows
+        # with a full stable sort (rare: exact float ties or -inf from a forbidden end token).
+        tied = (total == threshold).sum(axis=1) != (chosen == threshold).sum(axis=1)
+        for row in np.flatnonzero(tied):
+            part[row] = np.argsort(-total[row], kind="stable")[:n]
+    else:
+        part = np.broadcast_to(np.arange(total.shape[1]), total.shape).copy()
+    values = np.take_along_axis(total, part, axis=1)
+    order = np.lexsort((part, -values), axis=1)
+    return np.take_along_axis(part, order, axis=1)
+
+
+def beam_search(
+    step: Step,
+    batch: int,
+    *,
+    beam_size: int,
+    start_id: int,
+    eos_id: int,
+    max_lengths: np.ndarray,
+    min_length: int = 0,
+    length_penalty: float = 1.0,
+    num_hypotheses: int = 1,
+) -> list[SearchResult]:
+    """Beam search over `batch` sentences at once; each sentence finishes on its own."""
+    max_lengths = np.asarray(max_lengths, dtype=np.int64)
+    _check(beam_size, max_lengths, min_length)
+    k = beam_size
+    if not 1 <= num_hypotheses <= k:
+        raise ValueError(f"num_hypotheses={num_hypotheses} must lie in [1, beam_size={k}]")
+    longest = int(max_lengths.max(initial=0))
+    fin_tokens = np.zeros((batch, k, longest), dtype=np.int64)
+    fin_lengths = np.zeros((batch, k), dtype=np.int64)
+    fin_scores = np.full((batch, k), -np.inf)
+    n_finished = np.zeros(batch, dtype=np.int64)
+
+    alive = np.arange(batch)  # sentence ids still decoding
+    beams = 1  # live beams per sentence: one on the first step
+    scores = np.zeros((batch, 1))  # (B, beams) cumulative log-probabilities
+    history = np.zeros((batch, 1, 0), dtype=np.int64)  # (B, beams, t) tokens so far
+    tokens = np.full((batch, 1), start_id, dtype=np.int64)
+    cache_indices = np.arange(batch, dtype=np.int64)
+    keep = None
+    t = 0
+    while alive.size:
+        b = alive.size
+        log_probs = step(tokens, cache_indices, t, keep).astype(np.float64)
+        vocab = log_probs.shape[1]
+        if vocab < 2 * k:
+            raise ValueError(f"beam_size={k} needs a vocabulary of at least {2 * k} tokens, this one has {vocab}")
+        if t < min_length:
+            log_probs[:, eos_id] = -np.inf
+        total = (scores[:, :, None] + log_probs.reshape(b, beams, vocab)).reshape(b, beams * vocab)
+        cand = _top_candidates(total, 2 * k)  # (b, 2K) flat indices, best first
+        cand_scores = np.take_along_axis(total, cand, axis=1)
+        cand_beam, cand_token = cand // vocab, cand % vocab
+        last = (max_lengths[alive] == t + 1)[:, None]  # (b, 1)
+        is_eos = cand_token == eos_id
+        in_top_k = np.arange(2 * k)[None, :] < k
+
+        # 1. finish: top-K candidates that end (all top-K at the last step), while room remains
+        finishing = in_top_k & (is_eos | last)
+        accepted = finishing & (np.cumsum(finishing, axis=1) + n_finished[alive, None] <= k)
+        for row, rank in zip(*np.nonzero(accepted)):
+            sent, slot = alive[row], n_finished[alive[row]]
+            fin_tokens[sent, slot, :t] = history[row, cand_beam[row, rank]]
+            fin_tokens[sent, slot, t] = cand_token[row, rank]
+            fin_lengths[sent, slot] = t + 1
+            fin_scores[sent, slot] = cand_scores[row, rank]
+            n_finished[sent] += 1
+
+        # 2. continue: the first K candidates that do not end
+        cont = ~is_eos
+        pick = cont & (np.cumsum(cont, axis=1) <= k)
+        # at least K non-end candidates exist: each beam contributes at most one end token
+        next_beam = cand_beam[pick].reshape(b, k)
+        next_token = cand_token[pick].reshape(b, k)
+        next_scores = cand_scores[pick].reshape(b, k)
+
+        # 3. drop sentences that are done
+        t += 1
+        still = (n_finished[alive] < k) & ~last[:, 0]
+        rows_prev = np.arange(b)[:, None] * beams  # first row of each sentence in this step
+        origin = rows_prev + next_beam  # (b, K) rows of this step the new beams continue
+        history = np.concatenate(
+            [np.take_along_axis(history, next_beam[:, :, None], axis=1), next_token[:, :, None]], axis=2
+        )
+        if still.all():
+            keep = None
+        else:
+            keep = np.flatnonzero(still)
+            alive, origin, history = alive[keep], origin[keep], history[keep]
+            next_token, next_scores = next_token[keep], next_scores[keep]
+        beams = k
+        scores = next_scores
+        tokens = next_token.reshape(-1, 1)
+        cache_indices = origin.reshape(-1)
+
+    results = []
+    for sent in range(batch):
+        n = n_finished[sent]
+        norm = fin_scores[sent, :n] / fin_lengths[sent, :n].astype(np.float64) ** length_penalty
+        order = np.argsort(-norm, kind="stable")[:num_hypotheses]
+        results.append(SearchResult(
+            [fin_tokens[sent, i, : fin_lengths[sent, i]].tolist() for i in order],
+            [float(fin_scores[sent, i]) for i in order],
+        ))
+    return results
+
+
+def sample(
+    step: Step, batch: int, *, start_id: int, eos_id: int, max_lengths: np.ndarray, min_length: int = 0,
+    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+) -> list[SearchResult]:
+    """Random sampling from softmax(log_probs / temperature), restricted to the top_k tokens
+    (0: all) and to the smallest set whose probability reaches top_p. Scores are the model's
+    log-probabilities of the sampled tokens. Reproducible with `seed`."""
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature}; it must be > 0 (use beam_size=1 for greedy)")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} must lie in (0, 1]")
+    if top_k < 0:
+        raise ValueError(f"top_k={top_k} must be >= 0 (0 keeps every token)")
+    rng = np.random.default_rng(seed)
+
+    def sampled_step(tokens, cache_indices, t, keep):
+        log_probs = step(tokens, cache_indices, t, keep).astype(np.float64)
+        if t < min_length:
+            log_probs[:, eos_id] = -np.inf
+        logits = log_probs / temperature
+        if top_k:
+            kth = np.partition(logits, -top_k, axis=1)[:, -top_k][:, None]
+            logits = np.where(logits < kth, -np.inf, logits)
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        if top_p < 1:
+            order = np.argsort(-probs, axis=1, kind="stable")
+            sorted_p = np.take_along_axis(probs, order, axis=1)
+            outside = np.cumsum(sorted_p, axis=1) - sorted_p >= top_p  # mass before it already enough
+            mask = np.zeros_like(probs, dtype=bool)
+            np.put_along_axis(mask, order, outside, axis=1)
+            probs = np.where(mask, 0.0, probs)
+            probs /= probs.sum(axis=1, keepdims=True)
+        choice = (probs.cumsum(axis=1) > rng.random((probs.shape[0], 1))).argmax(axis=1)
+        # Greedy search below takes the argmax: hand it a one-hot of the choice, scored by the model.
+        out = np.full_like(log_probs, -np.inf)
+        rows = np.arange(log_probs.shape[0])
+        out[rows, choice] = log_probs[rows, choice]
+        return out
+
+    return greedy_search(sampled_step, batch, start_id=start_id, eos_id=eos_id, max_lengths=max_lengths,
+                         min_length=0)
+
+
+def stream_greedy(
+    step: Step, *, start_id: int, eos_id: int, max_length: int, min_length: int = 0,
+) -> Iterator[int]:
+    """Greedy decoding of one sentence, yielding each token as soon as it is chosen (end token excluded)."""
+    _check(1, np.array([max_length]), min_length)
+    tokens = np.array([[start_id]], dtype=np.int64)
+    cache_indices = np.zeros(1, dtype=np.int64)
+    for t in range(max_length):
+        log_probs = step(tokens, cache_indices, t, None)
+        if t < min_length:
+            log_probs = log_probs.copy()
+            log_probs[:, eos_id] = -np.inf
+        token = int(log_probs[0].argmax())
+        if token == eos_id:
+            return
+        yield token
+        tokens = np.array([[token]], dtype=np.int64)

@@ -6,6 +6,7 @@ or 1 are specialised to constants), opset 17, attention as explicit MatMul/Softm
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 
 import onnx
@@ -101,10 +102,14 @@ def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = tor
 
 def _export(module: nn.Module, args: tuple, path: Path, *, inputs: list[str], outputs: list[str], axes: dict) -> None:
     buffer = io.BytesIO()
-    torch.onnx.export(
-        module, args, buffer, input_names=inputs, output_names=outputs, dynamic_axes=axes,
-        opset_version=OPSET, do_constant_folding=True, dynamo=False,
-    )
+    # The TorchScript exporter on purpose: its dynamic_axes give the named axes of bundle.json
+    # directly, and it emits plain MatMul/Softmax at opset 17. It warns that it is legacy.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            module, args, buffer, input_names=inputs, output_names=outputs, dynamic_axes=axes,
+            opset_version=OPSET, do_constant_folding=True, dynamo=False,
+        )
     proto = onnx.load_from_string(buffer.getvalue())
     check_graph(proto, path.name)
     onnx.save(proto, str(path))

@@ -119,7 +119,7 @@ def save(
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         if final.exists():
-            shutil.rmtree(final)
+            _remove(final)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -139,12 +139,19 @@ def _point(link: Path, target: str) -> None:
     os.replace(tmp, link)
 
 
+def _remove(path: Path) -> None:
+    """Deletes a directory so that no half-deleted checkpoint is ever visible: rename, then delete."""
+    doomed = path.with_name(f".tmp-del-{path.name}-{os.getpid()}")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 def _prune(run_dir: Path) -> None:
     """Removes checkpoints that neither link points at, and temporary leftovers of a killed run."""
     keep = {os.readlink(run_dir / n) for n in ("last", "best") if (run_dir / n).is_symlink()}
     for child in run_dir.iterdir():
         if child.name.startswith("step-") and child.name not in keep:
-            shutil.rmtree(child, ignore_errors=True)
+            _remove(child)
         elif child.name.startswith(".tmp-") or child.name.startswith(".last.tmp") or child.name.startswith(".best.tmp"):
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child, ignore_errors=True)

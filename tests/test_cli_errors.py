@@ -1,0 +1,72 @@
+"""Every command error exits non-zero with one line naming the problem and the fix; no traceback."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tiny import scratch, tiny_bundle, tiny_run
+
+
+def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "export.cli", *args], input=stdin, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _cases():
+    d = scratch("cli")
+    existing = d / "existing"
+    existing.mkdir()
+    (existing / "file").write_text("x")
+    ckpt = str(tiny_run() / "last")
+    bundle = str(tiny_bundle())
+    return [
+        ("train", [str(d / "t1"), "--data", str(d / "missing.tsv")], "no such file"),
+        ("train", [str(existing)], "--force"),
+        ("train", [str(d / "t2"), "--resume"], "no checkpoint"),
+        ("export", [str(d / "nope"), str(d / "b1")], "no such checkpoint"),
+        ("export", [str(existing), str(d / "b2")], "not a complete checkpoint"),
+        ("export", [ckpt, str(existing)], "--force"),
+        ("verify", [ckpt, str(d / "nobundle")], "not a bundle directory"),
+        ("translate", [str(d / "nobundle")], "not a bundle directory"),
+        ("translate", [bundle, "-i", str(d / "missing.txt")], "no such file"),
+        ("demo", ["--out", str(existing)], "--force"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return _cases()
+
+
+def test_each_command_error_is_one_line_without_traceback(cases):
+    seen = set()
+    for command, args, needle in cases:
+        result = run(command, *args)
+        lines = result.stderr.strip().splitlines()
+        where = f"seq2onnx {command} {' '.join(args)}: {result.stderr!r}"
+        assert result.returncode == 1, where
+        assert len(lines) == 1 and lines[0].startswith(f"seq2onnx {command}: error:"), where
+        assert needle in lines[0], where
+        assert "Traceback" not in result.stderr, where
+        seen.add(command)
+    assert seen == {"train", "export", "verify", "translate", "demo"}
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = run("--debug", "translate", str(tmp_path / "nobundle"))
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_usage_errors_exit_2():
+    assert run("translate").returncode == 2  # missing BUNDLE: argparse's usage message
+    assert run().returncode == 2  # no command: help, exit 2
+
+
+def test_help_explains_every_command():
+    for command in ("train", "export", "verify", "translate", "demo"):
+        result = run(command, "--help")
+        assert result.returncode == 0 and "usage: seq2onnx " + command in result.stdout
+    assert "--force" in run("export", "--help").stdout

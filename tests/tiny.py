@@ -1,0 +1,54 @@
+"""Tiny trained models and bundles shared by the test files, built once per test process.
+
+Not a conftest fixture on purpose: several test files import these builders, and an lru_cache
+keeps each variant to one build per process whichever file asks first.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+
+_ROOT = Path(tempfile.mkdtemp(prefix="seq2onnx-tests-"))
+atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
+
+
+def tiny_run(pre_norm: bool = False, tie: bool = True, steps: int = 300) -> Path:
+    """A run directory with a small model trained briefly on the generated corpus (a few seconds)."""
+    return _run(bool(pre_norm), bool(tie), int(steps))
+
+
+def tiny_bundle(pre_norm: bool = False, tie: bool = True, quantize: str | None = None) -> Path:
+    """The bundle exported from tiny_run(pre_norm, tie)."""
+    return _bundle(bool(pre_norm), bool(tie), quantize)
+
+
+# lru_cache keys on how arguments are passed (f() and f(False) differ): normalise first.
+@functools.lru_cache(maxsize=None)
+def _run(pre_norm: bool, tie: bool, steps: int) -> Path:
+    from model.train import TrainOptions, train
+
+    out = _ROOT / f"run-pre{int(pre_norm)}-tie{int(tie)}-{steps}"
+    train(TrainOptions(
+        out=str(out), generated_pairs=3000, valid_size=50, test_size=50, vocab_size=120, max_len=40,
+        d_model=32, n_heads=4, layers=2, d_ff=64, dropout=0.0, pre_norm=pre_norm, tie_embeddings=tie,
+        max_tokens=1500, warmup=100, lr=2.0, max_steps=steps, eval_every=steps, bleu_sentences=10,
+        seed=3, device="cpu", progress=False,
+    ))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _bundle(pre_norm: bool, tie: bool, quantize: str | None) -> Path:
+    from export.bundle import export_bundle
+
+    out = _ROOT / f"bundle-pre{int(pre_norm)}-tie{int(tie)}-{quantize or 'fp32'}"
+    return export_bundle(tiny_run(pre_norm, tie) / "last", out, quantize=quantize)
+
+
+def scratch(name: str) -> Path:
+    """A fresh directory under the shared temporary root."""
+    path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=_ROOT))
+    return path

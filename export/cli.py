@@ -198,10 +198,16 @@ def cmd_translate(args) -> int:
         path = Path(args.input)
         if not path.is_file():
             raise CommandError(f"--input {path}: no such file")
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            text = f.read()
     else:
-        lines = sys.stdin.read().splitlines()
+        text = sys.stdin.read()
+    # Lines end at "\n" only: str.splitlines would also split at form feeds, U+2028 and other
+    # separators inside a line, and every later translation would land on the wrong line.
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     progress = Progress(len(lines), enabled=bool(args.input) and sys.stderr.isatty() or bool(os.environ.get("SEQ2ONNX_PROGRESS")))
     try:

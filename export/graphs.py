@@ -111,8 +111,27 @@ def _export(module: nn.Module, args: tuple, path: Path, *, inputs: list[str], ou
             opset_version=OPSET, do_constant_folding=True, dynamo=False,
         )
     proto = onnx.load_from_string(buffer.getvalue())
+    if names.LOG_PROBS in outputs:
+        add_top_k(proto)
     check_graph(proto, path.name)
     onnx.save(proto, str(path))
+
+
+def add_top_k(proto: onnx.ModelProto) -> None:
+    """Appends TopK(log_probs, top_k) to the decoder: outputs topk_log_probs and topk_ids.
+
+    Written as an ONNX node rather than traced, because tracing torch.topk freezes k to the
+    traced value. ONNX TopK breaks ties towards the lower index, the search's own rule.
+    """
+    from onnx import TensorProto, helper
+
+    graph = proto.graph
+    graph.input.append(helper.make_tensor_value_info(names.TOP_K, TensorProto.INT64, [1]))
+    graph.node.append(helper.make_node(
+        "TopK", [names.LOG_PROBS, names.TOP_K], [names.TOPK_LOG_PROBS, names.TOPK_IDS],
+        axis=-1, largest=1, sorted=1, name="top_k"))
+    graph.output.append(helper.make_tensor_value_info(names.TOPK_LOG_PROBS, TensorProto.FLOAT, ["rows", "k"]))
+    graph.output.append(helper.make_tensor_value_info(names.TOPK_IDS, TensorProto.INT64, ["rows", "k"]))
 
 
 def check_graph(proto: onnx.ModelProto, label: str) -> None:

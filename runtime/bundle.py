@@ -23,6 +23,9 @@ FILE_KEYS = {"encoder": ENCODER_FILE, "decoder": DECODER_FILE,
 SRC_IDS, SRC_LENGTHS, SRC_MASK = "src_ids", "src_lengths", "src_mask"
 # Decoder step graph.
 TOKENS, STEP, CACHE_INDICES, LOG_PROBS = "tokens", "step", "cache_indices", "log_probs"
+# The k best log-probabilities of each row, best first (ties: lower token id first), so that a
+# search can download [rows, k] instead of [rows, vocab]. `top_k` is an input: 1 <= k <= vocab.
+TOP_K, TOPK_LOG_PROBS, TOPK_IDS = "top_k", "topk_log_probs", "topk_ids"
 
 
 def key_cross(i: int) -> str:
@@ -78,12 +81,15 @@ def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str) -> d
                 {"name": TOKENS, "dtype": "int64", "shape": ["rows", 1]},
                 {"name": STEP, "dtype": "int64", "shape": [1]},
                 {"name": CACHE_INDICES, "dtype": "int64", "shape": ["rows"]},
+                {"name": TOP_K, "dtype": "int64", "shape": [1]},
             ]
             + [kv(n, "prev_rows", "past") for n in past_names(n_layers)]
             + [kv(n, "batch", "src_len") for n in cross_names(n_layers)]
             + [{"name": SRC_MASK, "dtype": "bool", "shape": ["batch", "src_len"]}],
             "outputs": [{"name": LOG_PROBS, "dtype": "float32", "shape": ["rows", "vocab"]}]
-            + [kv(n, "rows", "past_plus_1") for n in present_names(n_layers)],
+            + [kv(n, "rows", "past_plus_1") for n in present_names(n_layers)]
+            + [{"name": TOPK_LOG_PROBS, "dtype": "float32", "shape": ["rows", "k"]},
+               {"name": TOPK_IDS, "dtype": "int64", "shape": ["rows", "k"]}],
         },
     }
 

@@ -6,8 +6,11 @@ included; n-best ranked by score / len^alpha; 2K candidates per sentence; an end
 only within the top K; at a sentence's last allowed step every top-K candidate finishes; ties go
 to the lower flat index (beam x V + token).
 
-    step(tokens (R, 1) int64, cache_indices (R,) int64, t, keep) -> log_probs (R, V)
+    step(tokens (R, 1) int64, cache_indices (R,) int64, t, keep) -> log_probs (R, V) or TopK
 
+A step may return every row's full log-probabilities, or only its k best (TopK, from the
+decoder graph's TopK node): the search needs at most 2K candidates per row (2K + 1 while the
+end token is forbidden, one of them possibly the end token), so both give the same hypotheses.
 Rows are grouped by sentence, beams contiguous. Row r continues row cache_indices[r] of the
 previous step. `keep` is None, or the indices (into the previous step's sentences) of the
 sentences still decoding: finished sentences are dropped so that they cost no more compute.
@@ -15,11 +18,26 @@ sentences still decoding: finished sentences are dropped so that they cost no mo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
-Step = Callable[[np.ndarray, np.ndarray, int, "np.ndarray | None"], np.ndarray]
+
+
+class TopK(NamedTuple):
+    """The k best log-probabilities of each row, best first (ties: lower id first), and their ids."""
+
+    values: np.ndarray  # (R, k)
+    ids: np.ndarray  # (R, k) int64
+    vocab: int  # V, for the flat index beam x V + token that breaks ties
+
+
+Step = Callable[[np.ndarray, np.ndarray, int, "np.ndarray | None"], "np.ndarray | TopK"]
+
+
+def candidates_needed(beam_size: int, min_length: int) -> int:
+    """How many candidates per row a step must return for a search to be exact."""
+    return 2 * beam_size + (1 if min_length > 0 else 0)
 
 
 @dataclass
@@ -57,13 +75,9 @@ def greedy_search(
     keep = None
     t = 0
     while alive.size:
-        log_probs = step(tokens, cache_indices, t, keep)
-        if t < min_length:
-            log_probs = log_probs.copy()
-            log_probs[:, eos_id] = -np.inf
-        best = log_probs.argmax(axis=1)
+        best, best_lp = _argmax(step(tokens, cache_indices, t, keep), eos_id, forbid_eos=t < min_length)
         out[alive, t] = best
-        scores[alive] += log_probs[np.arange(alive.size), best].astype(np.float64)
+        scores[alive] += best_lp
         lengths[alive] = t + 1
         t += 1
         still = (best != eos_id) & (max_lengths[alive] > t)
@@ -76,6 +90,23 @@ def greedy_search(
             alive = alive[keep]
         tokens = best[still][:, None] if keep is not None else best[:, None]
     return [SearchResult([out[b, : lengths[b]].tolist()], [float(scores[b])]) for b in range(batch)]
+
+
+def _argmax(out: "np.ndarray | TopK", eos_id: int, forbid_eos: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's best token (first index on ties) and its log-probability as float64."""
+    rows = np.arange(out.values.shape[0] if isinstance(out, TopK) else out.shape[0])
+    if isinstance(out, TopK):
+        values = out.values.astype(np.float64)
+        if forbid_eos:
+            values = np.where(out.ids == eos_id, -np.inf, values)
+        j = values.argmax(axis=1)  # sorted best first: the first that is not a forbidden end token
+        return out.ids[rows, j].astype(np.int64), values[rows, j]
+    log_probs = out
+    if forbid_eos:
+        log_probs = log_probs.copy()
+        log_probs[:, eos_id] = -np.inf
+    best = log_probs.argmax(axis=1)
+    return best, log_probs[rows, best].astype(np.float64)
 
 
 def _top_candidates(total: np.ndarray, n: int) -> np.ndarray:
@@ -130,15 +161,29 @@ def beam_search(
     t = 0
     while alive.size:
         b = alive.size
-        log_probs = step(tokens, cache_indices, t, keep).astype(np.float64)
-        vocab = log_probs.shape[1]
+        out = step(tokens, cache_indices, t, keep)
+        vocab = out.vocab if isinstance(out, TopK) else out.shape[1]
         if vocab < 2 * k:
             raise ValueError(f"beam_size={k} needs a vocabulary of at least {2 * k} tokens, this one has {vocab}")
-        if t < min_length:
-            log_probs[:, eos_id] = -np.inf
-        total = (scores[:, :, None] + log_probs.reshape(b, beams, vocab)).reshape(b, beams * vocab)
-        cand = _top_candidates(total, 2 * k)  # (b, 2K) flat indices, best first
-        cand_scores = np.take_along_axis(total, cand, axis=1)
+        if isinstance(out, TopK):
+            values = out.values.astype(np.float64)
+            if t < min_length:
+                values = np.where(out.ids == eos_id, -np.inf, values)
+            kk = values.shape[1]
+            if kk < 2 * k:
+                raise ValueError(f"the step returned {kk} candidates per row; beam_size={k} needs {2 * k}")
+            total = (scores[:, :, None] + values.reshape(b, beams, kk)).reshape(b, beams * kk)
+            flat = (np.arange(beams)[None, :, None] * vocab + out.ids.reshape(b, beams, kk)).reshape(b, beams * kk)
+            order = np.lexsort((flat, -total), axis=1)[:, : 2 * k]
+            cand = np.take_along_axis(flat, order, axis=1)
+            cand_scores = np.take_along_axis(total, order, axis=1)
+        else:
+            log_probs = out.astype(np.float64)
+            if t < min_length:
+                log_probs[:, eos_id] = -np.inf
+            total = (scores[:, :, None] + log_probs.reshape(b, beams, vocab)).reshape(b, beams * vocab)
+            cand = _top_candidates(total, 2 * k)  # (b, 2K) flat indices, best first
+            cand_scores = np.take_along_axis(total, cand, axis=1)
         cand_beam, cand_token = cand // vocab, cand % vocab
         last = (max_lengths[alive] == t + 1)[:, None]  # (b, 1)
         is_eos = cand_token == eos_id
@@ -207,6 +252,7 @@ def sample(
         raise ValueError(f"top_p={top_p} must lie in (0, 1]")
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0 (0 keeps every token)")
+    _check(1, np.asarray(max_lengths, dtype=np.int64), min_length)
     rng = np.random.default_rng(seed)
 
     def sampled_step(tokens, cache_indices, t, keep):
@@ -214,9 +260,12 @@ def sample(
         if t < min_length:
             log_probs[:, eos_id] = -np.inf
         logits = log_probs / temperature
-        if top_k:
-            kth = np.partition(logits, -top_k, axis=1)[:, -top_k][:, None]
-            logits = np.where(logits < kth, -np.inf, logits)
+        if 0 < top_k < logits.shape[1]:
+            # keep exactly top_k tokens per row, ties to the lower id (as greedy does)
+            order = np.argsort(-logits, axis=1, kind="stable")
+            outside = np.zeros_like(logits, dtype=bool)
+            np.put_along_axis(outside, order[:, top_k:], True, axis=1)
+            logits = np.where(outside, -np.inf, logits)
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)
         if top_p < 1:
@@ -246,11 +295,8 @@ def stream_greedy(
     tokens = np.array([[start_id]], dtype=np.int64)
     cache_indices = np.zeros(1, dtype=np.int64)
     for t in range(max_length):
-        log_probs = step(tokens, cache_indices, t, None)
-        if t < min_length:
-            log_probs = log_probs.copy()
-            log_probs[:, eos_id] = -np.inf
-        token = int(log_probs[0].argmax())
+        best, _ = _argmax(step(tokens, cache_indices, t, None), eos_id, forbid_eos=t < min_length)
+        token = int(best[0])
         if token == eos_id:
             return
         yield token

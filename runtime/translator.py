@@ -18,7 +18,7 @@ import sentencepiece as spm
 
 from . import bundle as names
 from .bundle import BundleError, read_bundle
-from .search import SearchResult, beam_search, greedy_search, sample, stream_greedy
+from .search import SearchResult, TopK, beam_search, candidates_needed, greedy_search, sample, stream_greedy
 
 _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
 
@@ -69,6 +69,7 @@ class Translator:
         cfg = self.bundle.model
         self.n_layers, self.n_heads, self.head_dim = cfg["n_decoder_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
         self.max_positions = cfg["max_positions"]
+        self.tgt_vocab = cfg["tgt_vocab_size"]
         ids = self.bundle.special_ids
         self.pad_id, self.eos_id, self.start_id = ids["pad"], ids["eos"], ids["decoder_start"]
         self.cache_dtype = _NP_DTYPE[self.bundle.dtype]
@@ -160,8 +161,12 @@ class Translator:
             raise TypeError("translate_batch takes a list of sources; for one string use translate(text)")
         if beam_size < 1:
             raise ValueError(f"beam_size={beam_size}; it must be at least 1 (1 is greedy search)")
-        if not 1 <= num_hypotheses <= beam_size:
+        if sampling_temperature is None and not 1 <= num_hypotheses <= beam_size:
             raise ValueError(f"num_hypotheses={num_hypotheses} must lie in [1, beam_size={beam_size}]")
+        if num_hypotheses < 1:
+            raise ValueError(f"num_hypotheses={num_hypotheses}; it must be at least 1")
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size={max_batch_size}; it must be at least 1")
         if max_decoding_length is not None and not 1 <= max_decoding_length <= self.max_positions:
             raise ValueError(
                 f"max_decoding_length={max_decoding_length}; this model has {self.max_positions} positions "
@@ -194,7 +199,8 @@ class Translator:
         if ids is None:
             return
         limit = self._max_lengths([ids], max_decoding_length)[0]
-        step = self._step_fn(np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64))
+        step = self._step_fn(np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64),
+                             top_k=candidates_needed(1, min_decoding_length))
         for token in stream_greedy(step, start_id=self.start_id, eos_id=self.eos_id, max_length=int(limit),
                                    min_length=min_decoding_length):
             yield self.target_tokenizer.id_to_piece(token)
@@ -248,11 +254,22 @@ class Translator:
 
     def _search(self, sources: list[list[int]], *, beam_size, num_hypotheses, length_penalty, max_decoding_length,
                 min_decoding_length, sampling_temperature, sampling_topk, sampling_topp, seed) -> list[SearchResult]:
+        if sampling_temperature is not None and num_hypotheses > 1:
+            # n independent samples per source: each source decoded n times in one batch
+            flat = self._search([s for s in sources for _ in range(num_hypotheses)], beam_size=1, num_hypotheses=1,
+                                length_penalty=length_penalty, max_decoding_length=max_decoding_length,
+                                min_decoding_length=min_decoding_length, sampling_temperature=sampling_temperature,
+                                sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed)
+            n = num_hypotheses
+            return [SearchResult([h for r in flat[i * n:(i + 1) * n] for h in r.hypotheses],
+                                 [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(len(sources))]
         lengths = np.array([len(s) for s in sources], dtype=np.int64)
         src = np.full((len(sources), int(lengths.max())), self.pad_id, dtype=np.int64)
         for row, s in enumerate(sources):
             src[row, : len(s)] = s
-        step = self._step_fn(src, lengths)
+        # Sampling needs the whole distribution; searches need only their candidates.
+        top_k = None if sampling_temperature is not None else candidates_needed(beam_size, min_decoding_length)
+        step = self._step_fn(src, lengths, top_k=min(top_k, self.tgt_vocab) if top_k else None)
         common = dict(start_id=self.start_id, eos_id=self.eos_id, max_lengths=self._max_lengths(sources, max_decoding_length),
                       min_length=min_decoding_length)
         if sampling_temperature is not None:
@@ -266,8 +283,11 @@ class Translator:
     def _to_device(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(array, self._ort_device, 0)
 
-    def _step_fn(self, src: np.ndarray, lengths: np.ndarray):
-        """Encodes the sources once and returns the search's step over the decoder graph."""
+    def _step_fn(self, src: np.ndarray, lengths: np.ndarray, top_k: int | None):
+        """Encodes the sources once and returns the search's step over the decoder graph.
+
+        With top_k the step downloads the graph's TopK outputs ([rows, top_k]); without, the full
+        log-probabilities ([rows, vocab])."""
         binding = self.encoder.io_binding()
         binding.bind_cpu_input(names.SRC_IDS, src)
         binding.bind_cpu_input(names.SRC_LENGTHS, lengths)
@@ -277,6 +297,8 @@ class Translator:
         src_mask, *cross = binding.get_outputs()
         empty = np.zeros((src.shape[0], self.n_heads, 0, self.head_dim), dtype=self.cache_dtype)
         state = {"past": [self._to_device(empty) for _ in range(2 * self.n_layers)], "cross": cross, "mask": src_mask}
+        wanted = [names.LOG_PROBS] if top_k is None else [names.TOPK_LOG_PROBS, names.TOPK_IDS]
+        k_input = np.array([top_k or 1], dtype=np.int64)
         cross_names, past_names, present_names = (names.cross_names(self.n_layers), names.past_names(self.n_layers),
                                                   names.present_names(self.n_layers))
 
@@ -290,16 +312,21 @@ class Translator:
             b.bind_cpu_input(names.TOKENS, np.ascontiguousarray(tokens, dtype=np.int64))
             b.bind_cpu_input(names.STEP, np.array([t], dtype=np.int64))
             b.bind_cpu_input(names.CACHE_INDICES, np.ascontiguousarray(cache_indices, dtype=np.int64))
+            b.bind_cpu_input(names.TOP_K, k_input)
             for name, value in zip(past_names, state["past"]):
                 b.bind_ortvalue_input(name, value)
             for name, value in zip(cross_names, state["cross"]):
                 b.bind_ortvalue_input(name, value)
             b.bind_ortvalue_input(names.SRC_MASK, state["mask"])
-            b.bind_output(names.LOG_PROBS, "cpu")
             for name in present_names:
                 b.bind_output(name, self._ort_device)
+            for name in wanted:
+                b.bind_output(name, "cpu")  # only what the search needs comes down
             self.decoder.run_with_iobinding(b)
-            log_probs, *state["past"] = b.get_outputs()
-            return log_probs.numpy()
+            outputs = b.get_outputs()
+            state["past"] = outputs[: len(present_names)]
+            if top_k is None:
+                return outputs[-1].numpy()
+            return TopK(outputs[-2].numpy(), outputs[-1].numpy(), self.tgt_vocab)
 
         return step

@@ -396,8 +396,6 @@ def test_sample_bad_arguments(kw):
         _sample(random_fn(0, 6), 2, **kw)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG runtime/search.py sample(): top_k=1 keeps every token tied at the "
-                   "maximum (logits < kth), so it samples among ties instead of taking the first index like greedy")
 def test_sample_top_k_one_equals_greedy_with_ties():
     fn = lambda s, p: np.array([NEG, NEG, NEG, -3.0, -0.5, -0.5, -4.0])  # 4 and 5 tie; never ends
     greedy = greedy_search(Fake(fn, 40).step, 40, start_id=START, eos_id=EOS, max_lengths=np.full(40, 3))
@@ -405,15 +403,11 @@ def test_sample_top_k_one_equals_greedy_with_ties():
     assert [r.hypotheses for r in got] == [r.hypotheses for r in greedy]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG runtime/search.py sample(): min_length is never checked against "
-                   "max_lengths (greedy_search is called with min_length=0), so an impossible min length is ignored")
 def test_sample_checks_min_length_like_greedy():
     with pytest.raises(ValueError, match="min_decoding_length"):
         _sample(random_fn(0, 6), 2, min_length=9, max_lengths=np.full(2, 5))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG runtime/search.py sample(): top_k larger than the vocabulary fails "
-                   "inside np.partition ('kth(=-..) out of bounds') instead of keeping every token or naming top_k")
 def test_sample_top_k_beyond_vocabulary():
     try:
         res = _sample(random_fn(0, 6), 2, top_k=50, seed=0)

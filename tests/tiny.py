@@ -11,6 +11,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
+
+# Tiny models run fastest on one thread, and on a shared 2-core machine more threads thrash.
+torch.set_num_threads(1)
+
 _ROOT = Path(tempfile.mkdtemp(prefix="seq2onnx-tests-"))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 

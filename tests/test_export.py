@@ -1,0 +1,525 @@
+"""Export: the encoder and decoder-step ONNX graphs, and the bundle around them."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from tiny import scratch, tiny_bundle, tiny_run
+
+from export.bundle import DECODING_DEFAULTS, TOLERANCES, ExportError, export_bundle
+from export.graphs import OPSET
+from export.parity import test_sentences as split_sentences
+from model import checkpoint
+from model.checkpoint import CheckpointError
+from model.search import translate_ids
+from runtime import bundle as fmt
+from runtime.translator import Translator
+
+REPO = Path(__file__).resolve().parents[1]
+ATOL = 1e-4
+GRAPHS = (fmt.ENCODER_FILE, fmt.DECODER_FILE)
+
+
+def run_dir() -> Path:
+    return tiny_run(False, True)
+
+
+def fp32_bundle() -> Path:
+    return tiny_bundle()
+
+
+def load_model():
+    model, tok, ckpt = checkpoint.load(run_dir() / "last")
+    return model, tok, ckpt
+
+
+def session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def proto(bundle: Path, name: str) -> onnx.ModelProto:
+    return onnx.load(str(bundle / name))
+
+
+def real_inputs(p: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    initializers = {i.name for i in p.graph.initializer}
+    return [i for i in p.graph.input if i.name not in initializers]
+
+
+def all_ops(graph: onnx.GraphProto) -> Counter:
+    """Op types of a graph and of every subgraph inside it (If/Loop bodies)."""
+    ops: Counter = Counter()
+    for node in graph.node:
+        ops[node.op_type] += 1
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                ops.update(all_ops(attr.g))
+            for g in attr.graphs:
+                ops.update(all_ops(g))
+    return ops
+
+
+def dtype_name(value: onnx.ValueInfoProto) -> str:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)).name
+
+
+def dims(value: onnx.ValueInfoProto) -> list:
+    return [d.dim_param if d.HasField("dim_param") else d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+def max_abs(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert np.isfinite(a).all() and np.isfinite(b).all()
+    return float(np.abs(a - b).max()) if a.size else 0.0
+
+
+def run_decoder(dec: ort.InferenceSession, feed: dict, top_k: int = 1) -> dict[str, np.ndarray]:
+    """Runs the decoder graph (plain session.run), feeding top_k where the graph takes it."""
+    if fmt.TOP_K in {i.name for i in dec.get_inputs()}:
+        feed = {**feed, fmt.TOP_K: np.array([top_k], np.int64)}
+    names = [o.name for o in dec.get_outputs()]
+    return dict(zip(names, dec.run(None, feed)))
+
+
+# -- the graphs -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", GRAPHS)
+def test_graph_is_valid_opset17_inference_graph(name):
+    p = proto(fp32_bundle(), name)
+    onnx.checker.check_model(p, full_check=True)
+    onnx.shape_inference.infer_shapes(p, check_type=True, strict_mode=True)
+    opsets = {o.domain: o.version for o in p.opset_import}
+    assert opsets.get("", opsets.get("ai.onnx")) == OPSET == 17
+    ops = all_ops(p.graph)
+    assert not {"Dropout", "If", "Loop", "Scan"} & set(ops), ops
+    # attention written out: MatMul + Softmax, not a fused Attention op
+    assert ops["MatMul"] > 0 and ops["Softmax"] > 0, ops
+    assert not {"Attention", "MultiHeadAttention"} & set(ops)
+
+
+def test_bundle_has_exactly_one_decoder_graph():
+    bundle = fp32_bundle()
+    assert sorted(p.name for p in bundle.glob("*.onnx")) == sorted(GRAPHS)
+    meta = json.loads((bundle / fmt.BUNDLE_JSON).read_text())
+    assert set(meta["graphs"]) == {"encoder", "decoder"}
+    onnx_files = [e["path"] for e in meta["files"].values() if e["path"].endswith(".onnx")]
+    assert sorted(onnx_files) == sorted(GRAPHS)
+
+
+@pytest.mark.parametrize("label", ["encoder", "decoder"])
+def test_graph_io_names_and_dtypes_equal_bundle_json(label):
+    bundle = fp32_bundle()
+    spec = json.loads((bundle / fmt.BUNDLE_JSON).read_text())["graphs"][label]
+    p = proto(bundle, f"{label}.onnx")
+    # hosts bind inputs and outputs by name: each name once, with bundle.json's dtype and rank
+    for kind, values in (("inputs", real_inputs(p)), ("outputs", list(p.graph.output))):
+        got = {v.name: (dtype_name(v), len(dims(v))) for v in values}
+        want = {s["name"]: (s["dtype"], len(s["shape"])) for s in spec[kind]}
+        assert len(got) == len(values) and len(want) == len(spec[kind]), kind
+        assert got == want, kind
+
+
+@pytest.mark.parametrize("label", ["encoder", "decoder"])
+def test_graph_axes_equal_bundle_json(label):
+    """A named axis in bundle.json is a dim_param of that name in the graph; a number is that size."""
+    bundle = fp32_bundle()
+    spec = json.loads((bundle / fmt.BUNDLE_JSON).read_text())["graphs"][label]
+    p = proto(bundle, f"{label}.onnx")
+    got = {v.name: dims(v) for v in [*real_inputs(p), *p.graph.output]}
+    want = {s["name"]: s["shape"] for s in spec["inputs"] + spec["outputs"]}
+    wrong = {name: (want[name], got[name]) for name in want if got[name] != want[name]}
+    assert not wrong, f"bundle.json shape vs graph shape: {wrong}"
+
+
+# -- dynamic sizes against PyTorch ----------------------------------------------------------------
+
+def encode_both(model, enc, sources: list[list[int]]):
+    """Pads sources; returns (torch cross, torch mask, ort cross, ort mask), compared already."""
+    cfg = model.cfg
+    lengths = np.array([len(s) for s in sources], np.int64)
+    src = np.full((len(sources), int(lengths.max())), cfg.pad_id, np.int64)
+    for i, s in enumerate(sources):
+        src[i, : len(s)] = s
+    mask_ort, *cross_ort = enc.run(None, {fmt.SRC_IDS: src, fmt.SRC_LENGTHS: lengths})
+    src_t = torch.from_numpy(src)
+    mask_t = src_t != cfg.pad_id
+    with torch.no_grad():
+        cross_t = model.cross_kv(model.encode(src_t, mask_t))
+    assert mask_ort.dtype == np.bool_ and np.array_equal(mask_ort, mask_t.numpy())
+    flat_t = [x for kv in cross_t for x in kv]
+    assert len(cross_ort) == len(flat_t)
+    for got, want in zip(cross_ort, flat_t):
+        assert got.shape == (len(sources), cfg.n_heads, src.shape[1], cfg.head_dim)
+        assert max_abs(got, want.numpy()) <= ATOL
+    return cross_t, mask_t, cross_ort, mask_ort
+
+
+class Both:
+    """Steps the ONNX decoder and decode_step side by side, each fed its own previous cache."""
+
+    def __init__(self, model, dec, cross_t, mask_t, cross_ort, mask_ort):
+        self.model, self.dec, self.n = model, dec, model.cfg.n_decoder_layers
+        self.cross_t, self.mask_t, self.cross_ort, self.mask_ort = cross_t, mask_t, cross_ort, mask_ort
+        batch = mask_ort.shape[0]
+        self.past_t = model.empty_cache(batch)
+        self.past_ort = [np.zeros((batch, model.cfg.n_heads, 0, model.cfg.head_dim), np.float32)] * (2 * self.n)
+        self.t = 0
+        self.top_k = 5
+
+    def keep_sentences(self, keep: list[int]) -> None:
+        """Finished sentences leave: their cross keys/values and mask rows go."""
+        idx = torch.tensor(keep)
+        self.cross_t = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.cross_t]
+        self.mask_t = self.mask_t.index_select(0, idx)
+        self.cross_ort = [np.ascontiguousarray(c[keep]) for c in self.cross_ort]
+        self.mask_ort = np.ascontiguousarray(self.mask_ort[keep])
+
+    def step(self, tokens: np.ndarray, cache_indices: np.ndarray) -> tuple[np.ndarray, float]:
+        tokens, cache_indices = tokens.astype(np.int64).reshape(-1, 1), cache_indices.astype(np.int64)
+        rows, cfg = tokens.shape[0], self.model.cfg
+        self.top_k = (1, 5, cfg.tgt_vocab_size)[self.t % 3]  # k is dynamic: 1 .. vocab
+        out = run_decoder(self.dec, {
+            fmt.TOKENS: tokens, fmt.STEP: np.array([self.t], np.int64), fmt.CACHE_INDICES: cache_indices,
+            **dict(zip(fmt.past_names(self.n), self.past_ort)),
+            **dict(zip(fmt.cross_names(self.n), self.cross_ort)), fmt.SRC_MASK: self.mask_ort,
+        }, top_k=self.top_k)
+        with torch.no_grad():
+            lp_t, self.past_t = self.model.decode_step(
+                torch.from_numpy(tokens), torch.tensor([self.t]), torch.from_numpy(cache_indices),
+                self.past_t, self.cross_t, self.mask_t)
+        log_probs = out[fmt.LOG_PROBS]
+        self.past_ort = [out[name] for name in fmt.present_names(self.n)]
+        assert log_probs.dtype == np.float32 and log_probs.shape == (rows, cfg.tgt_vocab_size)
+        if fmt.TOPK_IDS in out:  # the k best of each row, best first, ties to the lower id
+            ids, values = out[fmt.TOPK_IDS], out[fmt.TOPK_LOG_PROBS]
+            assert ids.shape == values.shape == (rows, self.top_k)
+            order = np.argsort(-log_probs, axis=1, kind="stable")[:, : self.top_k]
+            assert np.array_equal(ids, order)
+            assert np.array_equal(values, np.take_along_axis(log_probs, order, axis=1))
+        worst = max_abs(log_probs, lp_t.numpy())
+        for got, want in zip(self.past_ort, [x for kv in self.past_t for x in kv]):
+            assert got.shape == (rows, cfg.n_heads, self.t + 1, cfg.head_dim)
+            worst = max(worst, max_abs(got, want.numpy()))
+        self.t += 1
+        return log_probs, worst
+
+
+def sources(tok, n: int) -> list[list[int]]:
+    _, _, ckpt = load_model()
+    return [tok.encode_source(s) for s, _ in split_sentences(ckpt, n)]
+
+
+def test_batch1_src1_first_step_then_past_7():
+    model, tok, _ = load_model()
+    enc, dec = session(fp32_bundle() / fmt.ENCODER_FILE), session(fp32_bundle() / fmt.DECODER_FILE)
+    real = tok.encode_source("the cat")[0]
+    assert real >= 4  # a real piece, not a special id
+    both = Both(model, dec, *encode_both(model, enc, [[real]]))  # batch 1, src_len 1
+    token = model.cfg.decoder_start_id
+    worst = []
+    for _ in range(9):  # past 0 (first step) .. past 8: 7 included
+        log_probs, diff = both.step(np.array([[token]]), np.array([0]))
+        worst.append(diff)
+        log_probs[0, : 4] = -np.inf  # keep feeding real pieces
+        token = int(log_probs[0].argmax())
+    assert max(worst) <= ATOL, worst
+
+
+def test_beams_reordering_and_dropping_rows_with_padding():
+    """batch 3 padded sources; rows = 3 x 3 beams; cache_indices reorder; a sentence leaves."""
+    model, tok, _ = load_model()
+    enc, dec = session(fp32_bundle() / fmt.ENCODER_FILE), session(fp32_bundle() / fmt.DECODER_FILE)
+    srcs = sorted(sources(tok, 30), key=len)
+    batch = [srcs[-1], srcs[0], srcs[len(srcs) // 2]]  # different lengths: padding
+    assert len({len(s) for s in batch}) == 3 and max(len(s) for s in batch) not in (1, 5)
+    both = Both(model, dec, *encode_both(model, enc, batch))
+    rng = np.random.default_rng(0)
+    vocab, beams = model.cfg.tgt_vocab_size, 3
+    worst = []
+    # first step: rows = batch, past 0, cache_indices = arange(batch)
+    _, d = both.step(np.full(3, model.cfg.decoder_start_id), np.arange(3))
+    worst.append(d)
+    # every sentence's one row becomes 3 beams (rows 9, prev_rows 3)
+    _, d = both.step(rng.integers(4, vocab, 9), np.repeat(np.arange(3), beams))
+    worst.append(d)
+    for _ in range(6):  # beams reordered within their sentence, past 2 .. 7
+        idx = np.concatenate([s * beams + rng.integers(0, beams, beams) for s in range(3)])
+        _, d = both.step(rng.integers(4, vocab, 9), idx)
+        worst.append(d)
+    # sentence 1 finishes: rows 6 continue rows of sentences 0 and 2 (prev_rows 9, batch 2)
+    both.keep_sentences([0, 2])
+    idx = np.array([2, 0, 1, 8, 8, 6])
+    _, d = both.step(rng.integers(4, vocab, 6), idx)
+    worst.append(d)
+    assert both.t == 9
+    assert max(worst) <= ATOL, worst
+
+
+def test_padding_does_not_change_a_sentence():
+    """A short sentence padded in a batch gets the log-probabilities it gets alone."""
+    model, tok, _ = load_model()
+    enc, dec = session(fp32_bundle() / fmt.ENCODER_FILE), session(fp32_bundle() / fmt.DECODER_FILE)
+    srcs = sorted(sources(tok, 30), key=len)
+    short, long_ = srcs[0], srcs[-1]
+    assert len(short) < len(long_)
+    start = model.cfg.decoder_start_id
+    together = Both(model, dec, *encode_both(model, enc, [long_, short]))
+    alone = Both(model, dec, *encode_both(model, enc, [short]))
+    lp_together, _ = together.step(np.array([start, start]), np.arange(2))
+    lp_alone, _ = alone.step(np.array([start]), np.arange(1))
+    assert max_abs(lp_together[1:], lp_alone) <= ATOL
+
+
+# -- bundle.json ----------------------------------------------------------------------------------
+
+def test_bundle_json_describes_the_bundle():
+    bundle = fp32_bundle()
+    meta = json.loads((bundle / fmt.BUNDLE_JSON).read_text())
+    model, _, ckpt = load_model()
+    cfg = model.cfg
+    assert meta["format"] == fmt.FORMAT == "seq2onnx-bundle"
+    assert meta["format_version"] == fmt.FORMAT_VERSION == 1
+    assert meta["model"] == cfg.to_dict() == json.loads((ckpt / checkpoint.CONFIG).read_text())
+    assert meta["special_ids"] == {"pad": cfg.pad_id, "unk": cfg.unk_id, "bos": cfg.bos_id, "eos": cfg.eos_id,
+                                   "decoder_start": cfg.decoder_start_id}
+    assert meta["max_positions"] == cfg.max_positions
+    assert meta["dtype"] == "float32" and meta["quantization"] is None and meta["variant"] == "float32"
+    assert meta["tolerances"] == TOLERANCES["float32"]
+    assert meta["decoding"] == DECODING_DEFAULTS
+    assert set(meta["decoding"]) == {"beam_size", "length_penalty", "max_length_a", "max_length_b", "min_length"}
+    assert meta["graphs"] == fmt.graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, "float32")
+    for label in ("encoder", "decoder"):
+        for value in meta["graphs"][label]["inputs"] + meta["graphs"][label]["outputs"]:
+            assert set(value) == {"name", "dtype", "shape"} and value["shape"]
+    producer = meta["producer"]
+    assert producer["torch"] == torch.__version__
+    assert producer["onnx"] == onnx.__version__
+    assert producer["onnxruntime"] == ort.__version__
+    assert producer["opset"] == OPSET
+    assert producer["seq2onnx"] and producer["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert meta["source_checkpoint"] == ckpt.name
+
+
+def test_bundle_json_hashes_are_the_files_hashes():
+    bundle = fp32_bundle()
+    meta = json.loads((bundle / fmt.BUNDLE_JSON).read_text())
+    assert set(meta["files"]) == set(fmt.FILE_KEYS)
+    for key, entry in meta["files"].items():
+        assert entry["path"] == fmt.FILE_KEYS[key]
+        assert entry["sha256"] == hashlib.sha256((bundle / entry["path"]).read_bytes()).hexdigest(), key
+    # the tokenizers are the checkpoint's
+    _, _, ckpt = load_model()
+    assert (bundle / fmt.SOURCE_SPM).read_bytes() == (ckpt / "source.spm.model").read_bytes()
+    assert (bundle / fmt.TARGET_SPM).read_bytes() == (ckpt / "target.spm.model").read_bytes()
+    assert fmt.read_bundle(bundle).meta == meta
+
+
+# -- writing the bundle ---------------------------------------------------------------------------
+
+def leftovers(parent: Path, name: str) -> list[str]:
+    return [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.tmp-") or p.name.startswith(f".{name}.old-")]
+
+
+def test_export_refuses_to_overwrite_without_force_and_replaces_with_it():
+    out = scratch("overwrite") / "bundle"
+    export_bundle(run_dir() / "last", out)
+    (out / "marker").write_text("old")
+    with pytest.raises(ExportError, match="--force"):
+        export_bundle(run_dir() / "last", out)
+    assert (out / "marker").exists()  # untouched
+    assert export_bundle(run_dir() / "last", out, force=True) == out
+    assert not (out / "marker").exists()
+    fmt.read_bundle(out)
+    assert leftovers(out.parent, out.name) == []
+
+
+def test_export_to_an_unwritable_place_names_it():
+    parent = scratch("unwritable")
+    blocker = parent / "a-file"
+    blocker.write_text("not a directory")
+    for out in (blocker / "bundle", blocker / "deeper" / "bundle"):
+        with pytest.raises(ExportError) as info:
+            export_bundle(run_dir() / "last", out)
+        assert str(out) in str(info.value)
+    assert sorted(p.name for p in parent.iterdir()) == ["a-file"]
+
+
+def test_failed_export_leaves_no_temporary_directory(monkeypatch):
+    import export.bundle as export_module
+
+    def broken(directory):
+        raise RuntimeError("validation failed on purpose")
+
+    parent = scratch("failed")
+    monkeypatch.setattr(export_module, "_validate", broken)
+    with pytest.raises(RuntimeError, match="on purpose"):
+        export_bundle(run_dir() / "last", parent / "bundle")
+    assert list(parent.iterdir()) == []
+    # a failed --force export keeps the old bundle whole
+    monkeypatch.undo()
+    export_bundle(run_dir() / "last", parent / "bundle")
+    before = {p.name: p.read_bytes() for p in (parent / "bundle").iterdir()}
+    monkeypatch.setattr(export_module, "_validate", broken)
+    with pytest.raises(RuntimeError, match="on purpose"):
+        export_bundle(run_dir() / "last", parent / "bundle", force=True)
+    assert {p.name: p.read_bytes() for p in (parent / "bundle").iterdir()} == before
+    assert leftovers(parent, "bundle") == []
+
+
+# -- bad checkpoints ------------------------------------------------------------------------------
+
+def checkpoint_copy(name: str) -> Path:
+    copy = scratch(name) / "ckpt"
+    shutil.copytree((run_dir() / "last").resolve(), copy)
+    return copy
+
+
+def bad_checkpoints() -> dict[str, tuple[Path, str]]:
+    missing = checkpoint_copy("missing")
+    (missing / checkpoint.WEIGHTS).unlink()
+    shapes = checkpoint_copy("shapes")
+    config = json.loads((shapes / checkpoint.CONFIG).read_text())
+    config["d_ff"] *= 2
+    (shapes / checkpoint.CONFIG).write_text(json.dumps(config))
+    damaged = checkpoint_copy("damaged")
+    (damaged / checkpoint.WEIGHTS).write_bytes((damaged / checkpoint.WEIGHTS).read_bytes()[:100])
+    not_ckpt = scratch("notckpt")
+    (not_ckpt / "notes.txt").write_text("hello")
+    return {
+        "missing weights": (missing, r"missing model\.safetensors"),
+        "mismatched shapes": (shapes, r"model\.safetensors does not match .*config\.json.*w_1\.weight has shape"),
+        "damaged weights": (damaged, r"model\.safetensors: cannot be read"),
+        "not a checkpoint": (not_ckpt, r"not a complete checkpoint, missing config\.json"),
+        "does not exist": (not_ckpt / "nowhere", r"nowhere: no such checkpoint directory"),
+    }
+
+
+def test_bad_checkpoints_raise_checkpoint_error_naming_the_problem():
+    out_parent = scratch("bad-out")
+    for label, (path, pattern) in bad_checkpoints().items():
+        with pytest.raises(CheckpointError, match=pattern):
+            export_bundle(path, out_parent / "bundle")
+        assert list(out_parent.iterdir()) == [], label  # nothing written, no temporary left
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "export.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_export_errors_are_one_line():
+    cases = bad_checkpoints()
+    out = scratch("cli-out") / "bundle"
+    for label in ("missing weights", "does not exist"):
+        path, pattern = cases[label]
+        r = cli("export", str(path), str(out))
+        assert r.returncode == 1, (label, r.stderr)
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, r.stderr
+        assert lines[0].startswith("seq2onnx export: error:") and "Traceback" not in r.stderr
+        assert re.search(pattern, lines[0]), lines[0]
+        assert not out.exists()
+    existing = fp32_bundle()
+    r = cli("export", str(run_dir()), str(existing))
+    assert r.returncode == 1
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("seq2onnx export: error:") and "--force" in lines[0], r.stderr
+
+
+# -- int8 and fp16 --------------------------------------------------------------------------------
+
+def test_int8_export_is_quantized():
+    bundle = tiny_bundle(False, True, "int8")
+    meta = fmt.read_bundle(bundle).meta
+    assert meta["quantization"] == "int8" and meta["variant"] == "int8" and meta["dtype"] == "float32"
+    assert meta["tolerances"] == TOLERANCES["int8"]
+    for name in GRAPHS:
+        p = proto(bundle, name)
+        onnx.checker.check_model(p, full_check=True)
+        ops = all_ops(p.graph)
+        assert ops["MatMulInteger"] > 0 and ops["DynamicQuantizeLinear"] > 0, ops
+        assert not {"Dropout", "If"} & set(ops)
+    # the graphs' interface is unchanged: float32 cache, bundle.json's names
+    dec = proto(bundle, fmt.DECODER_FILE)
+    assert {dtype_name(v) for v in real_inputs(dec) if v.name.startswith("past_")} == {"float32"}
+
+
+@pytest.fixture(scope="module")
+def fp16_bundle() -> Path:
+    return export_bundle(run_dir() / "last", scratch("fp16") / "bundle", dtype="float16")
+
+
+def float32_inputs(p: onnx.ModelProto, ops: tuple[str, ...]) -> dict[str, list[str]]:
+    """Element types of the data input of every node of the given op types."""
+    inferred = onnx.shape_inference.infer_shapes(p, check_type=True, strict_mode=True)
+    types = {v.name: dtype_name(v) for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    types.update({i.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(i.data_type)).name
+                  for i in p.graph.initializer})
+    found: dict[str, list[str]] = {}
+    for node in p.graph.node:
+        if node.op_type in ops:
+            found.setdefault(node.op_type, []).append(types.get(node.input[0], "?"))
+    return found
+
+
+def test_fp16_export_keeps_norms_and_softmax_in_float32(fp16_bundle):
+    meta = fmt.read_bundle(fp16_bundle).meta
+    assert meta["dtype"] == "float16" and meta["variant"] == "float16" and meta["quantization"] is None
+    cfg = meta["model"]
+    assert meta["graphs"] == fmt.graph_signature(cfg["n_decoder_layers"], cfg["n_heads"],
+                                                 cfg["d_model"] // cfg["n_heads"], "float16")
+    enc, dec = proto(fp16_bundle, fmt.ENCODER_FILE), proto(fp16_bundle, fmt.DECODER_FILE)
+    for p in (enc, dec):
+        onnx.checker.check_model(p, full_check=True)
+    dec_in = {v.name: dtype_name(v) for v in real_inputs(dec)}
+    dec_out = {v.name: dtype_name(v) for v in dec.graph.output}
+    n = cfg["n_decoder_layers"]
+    assert {dec_in[x] for x in fmt.past_names(n) + fmt.cross_names(n)} == {"float16"}
+    assert {dec_out[x] for x in fmt.present_names(n)} == {"float16"}
+    assert dec_out[fmt.LOG_PROBS] == "float32"
+    assert {dtype_name(v) for v in enc.graph.output if v.name != fmt.SRC_MASK} == {"float16"}
+    for label, p in (("encoder", enc), ("decoder", dec)):
+        found = float32_inputs(p, ("LayerNormalization", "ReduceMean", "Softmax", "LogSoftmax"))
+        assert found.get("Softmax") and (found.get("LayerNormalization") or found.get("ReduceMean")), (label, found)
+        assert all(t == "float32" for types in found.values() for t in types), (label, found)
+        assert all_ops(p.graph)["Cast"] > 0
+
+
+def test_fp16_decoder_runs_on_cpu_and_agrees_with_fp32_torch(fp16_bundle):
+    model, tok, ckpt = load_model()
+    srcs = [tok.encode_source(s) for s, _ in split_sentences(ckpt, 20)]
+    assert len(srcs) == 20
+    try:
+        translator = Translator(fp16_bundle, device="cpu")
+        got = translator.translate_batch(srcs, beam_size=1)
+    except Exception as e:  # onnxruntime builds without fp16 CPU kernels
+        assert "float16" in str(e) or "NOT_IMPLEMENTED" in str(e) or "Could not find an implementation" in str(e), e
+        pytest.skip(f"onnxruntime cannot run the fp16 graphs on the CPU: {e}")
+    # one decoder step by hand: finite fp32 log-probabilities
+    enc, dec = session(fp16_bundle / fmt.ENCODER_FILE), session(fp16_bundle / fmt.DECODER_FILE)
+    n = model.cfg.n_decoder_layers
+    mask, *cross = enc.run(None, {fmt.SRC_IDS: np.array([srcs[0]], np.int64), fmt.SRC_LENGTHS: np.array([len(srcs[0])])})
+    empty = np.zeros((1, model.cfg.n_heads, 0, model.cfg.head_dim), np.float16)
+    out = run_decoder(dec, {fmt.TOKENS: np.array([[model.cfg.decoder_start_id]], np.int64),
+                            fmt.STEP: np.array([0], np.int64), fmt.CACHE_INDICES: np.array([0], np.int64),
+                            **{x: empty for x in fmt.past_names(n)}, **dict(zip(fmt.cross_names(n), cross)),
+                            fmt.SRC_MASK: mask})
+    log_probs = out[fmt.LOG_PROBS]
+    assert log_probs.dtype == np.float32 and np.isfinite(log_probs).all()
+    want = [h[0].tokens for h in translate_ids(model, srcs, beam_size=1)]
+    want = [w[:-1] if w and w[-1] == model.cfg.eos_id else w for w in want]
+    agree = sum(g.token_ids[0] == w for g, w in zip(got, want)) / len(srcs)
+    assert agree >= 0.8, agree

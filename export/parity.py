@@ -119,11 +119,11 @@ def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float,
                 tokens = tgt_in[:, t : t + 1]
                 log_probs, past = model.decode_step(tokens, torch.tensor([t]), rows, past, cross, mask)
                 out = dec.run(None, {fmt.TOKENS: tokens.numpy(), fmt.STEP: np.array([t], np.int64),
-                                     fmt.CACHE_INDICES: rows.numpy(), **dict(zip(fmt.past_names(n), ort_past)),
-                                     **feed_const})
+                                     fmt.CACHE_INDICES: rows.numpy(), fmt.TOP_K: np.array([1], np.int64),
+                                     **dict(zip(fmt.past_names(n), ort_past)), **feed_const})
                 live = np.array([t < v for v in valid])
                 _update(worst[label], _diff(out[0][live], log_probs.numpy()[live]))
-                ort_past = out[1:]
+                ort_past = out[1 : 1 + 2 * n]
             for got, want in zip(ort_past, [x for kv in past for x in kv]):
                 for i, v in enumerate(valid):
                     _update(worst["decoder cache"], _diff(got[i, :, :v], want[i, :, :v].numpy()))

@@ -64,7 +64,7 @@ def present_names(n_layers: int) -> list[str]:
     return [n for i in range(n_layers) for n in (present_key(i), present_value(i))]
 
 
-def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str) -> dict:
+def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str, vocab: int) -> dict:
     """Every input and output of both graphs: name, element type and shape (axes named)."""
     kv = lambda name, rows, length: {"name": name, "dtype": dtype, "shape": [rows, n_heads, length, head_dim]}
     return {
@@ -81,12 +81,12 @@ def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str) -> d
                 {"name": TOKENS, "dtype": "int64", "shape": ["rows", 1]},
                 {"name": STEP, "dtype": "int64", "shape": [1]},
                 {"name": CACHE_INDICES, "dtype": "int64", "shape": ["rows"]},
-                {"name": TOP_K, "dtype": "int64", "shape": [1]},
             ]
             + [kv(n, "prev_rows", "past") for n in past_names(n_layers)]
             + [kv(n, "batch", "src_len") for n in cross_names(n_layers)]
-            + [{"name": SRC_MASK, "dtype": "bool", "shape": ["batch", "src_len"]}],
-            "outputs": [{"name": LOG_PROBS, "dtype": "float32", "shape": ["rows", "vocab"]}]
+            + [{"name": SRC_MASK, "dtype": "bool", "shape": ["batch", "src_len"]},
+               {"name": TOP_K, "dtype": "int64", "shape": [1]}],
+            "outputs": [{"name": LOG_PROBS, "dtype": "float32", "shape": ["rows", vocab]}]
             + [kv(n, "rows", "past_plus_1") for n in present_names(n_layers)]
             + [{"name": TOPK_LOG_PROBS, "dtype": "float32", "shape": ["rows", "k"]},
                {"name": TOPK_IDS, "dtype": "int64", "shape": ["rows", "k"]}],

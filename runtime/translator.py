@@ -137,7 +137,7 @@ class Translator:
         num_hypotheses: int = 1,
         length_penalty: float | None = None,
         max_decoding_length: int | None = None,
-        min_decoding_length: int = 0,
+        min_decoding_length: int | None = None,
         return_scores: bool = False,
         truncate: bool = False,
         max_batch_size: int = 32,
@@ -157,6 +157,7 @@ class Translator:
         defaults = self.bundle.decoding
         beam_size = defaults["beam_size"] if beam_size is None else beam_size
         length_penalty = defaults["length_penalty"] if length_penalty is None else length_penalty
+        min_decoding_length = defaults.get("min_length", 0) if min_decoding_length is None else min_decoding_length
         if isinstance(source, (str, bytes)):
             raise TypeError("translate_batch takes a list of sources; for one string use translate(text)")
         if beam_size < 1:

@@ -300,7 +300,7 @@ def test_bundle_json_describes_the_bundle():
     assert meta["tolerances"] == TOLERANCES["float32"]
     assert meta["decoding"] == DECODING_DEFAULTS
     assert set(meta["decoding"]) == {"beam_size", "length_penalty", "max_length_a", "max_length_b", "min_length"}
-    assert meta["graphs"] == fmt.graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, "float32")
+    assert meta["graphs"] == fmt.graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, "float32", cfg.tgt_vocab_size)
     for label in ("encoder", "decoder"):
         for value in meta["graphs"][label]["inputs"] + meta["graphs"][label]["outputs"]:
             assert set(value) == {"name", "dtype", "shape"} and value["shape"]
@@ -480,7 +480,7 @@ def test_fp16_export_keeps_norms_and_softmax_in_float32(fp16_bundle):
     assert meta["dtype"] == "float16" and meta["variant"] == "float16" and meta["quantization"] is None
     cfg = meta["model"]
     assert meta["graphs"] == fmt.graph_signature(cfg["n_decoder_layers"], cfg["n_heads"],
-                                                 cfg["d_model"] // cfg["n_heads"], "float16")
+                                                 cfg["d_model"] // cfg["n_heads"], "float16", cfg["tgt_vocab_size"])
     enc, dec = proto(fp16_bundle, fmt.ENCODER_FILE), proto(fp16_bundle, fmt.DECODER_FILE)
     for p in (enc, dec):
         onnx.checker.check_model(p, full_check=True)

@@ -55,6 +55,10 @@ class Translator:
         bundle_dir: the bundle directory (bundle.json, encoder.onnx, decoder.onnx, tokenizers).
         device: "auto" (CUDA where onnxruntime can run it, else the CPU), "cuda" or "cpu".
         intra_threads: threads inside each operator (0: onnxruntime's default, the core count).
+        optimization: onnxruntime graph optimization level, "all" (default), "extended", "basic"
+            or "none" (for measuring what the optimizations bring).
+        top_k_from_graph: download each step's 2K candidates from the decoder's TopK outputs
+            (default) rather than the full [rows, vocab] log-probabilities (for measuring).
         check_hashes: verify every file's sha256 against bundle.json before loading.
     Raises:
         BundleError: the bundle is missing, damaged or of another format version.
@@ -62,7 +66,7 @@ class Translator:
     """
 
     def __init__(self, bundle_dir: str | Path, device: str = "auto", *, intra_threads: int = 0,
-                 check_hashes: bool = True):
+                 check_hashes: bool = True, optimization: str = "all", top_k_from_graph: bool = True):
         if device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"device={device!r}; choose 'auto', 'cuda' or 'cpu'")
         self.bundle = read_bundle(bundle_dir, check_hashes=check_hashes)
@@ -74,7 +78,12 @@ class Translator:
         self.pad_id, self.eos_id, self.start_id = ids["pad"], ids["eos"], ids["decoder_start"]
         self.cache_dtype = _NP_DTYPE[self.bundle.dtype]
         options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        levels = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                  "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
+        if optimization not in levels:
+            raise ValueError(f"optimization={optimization!r}; choose one of {', '.join(levels)}")
+        options.graph_optimization_level = levels[optimization]
+        self.top_k_from_graph = top_k_from_graph
         options.intra_op_num_threads = intra_threads
         options.log_severity_level = 3  # no warnings about provider fallbacks on stderr
         self.device, self.device_reason = self._pick_device(device)
@@ -269,7 +278,9 @@ class Translator:
         for row, s in enumerate(sources):
             src[row, : len(s)] = s
         # Sampling needs the whole distribution; searches need only their candidates.
-        top_k = None if sampling_temperature is not None else candidates_needed(beam_size, min_decoding_length)
+        top_k = candidates_needed(beam_size, min_decoding_length)
+        if sampling_temperature is not None or not self.top_k_from_graph:
+            top_k = None
         step = self._step_fn(src, lengths, top_k=min(top_k, self.tgt_vocab) if top_k else None)
         common = dict(start_id=self.start_id, eos_id=self.eos_id, max_lengths=self._max_lengths(sources, max_decoding_length),
                       min_length=min_decoding_length)

@@ -198,7 +198,10 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(p)
             elif "bias" in name:
                 nn.init.zeros_(p)
-        for emb in {self.src_embed, self.tgt_embed}:
+        # A list, not a set: a set's order follows object ids and would make initialisation,
+        # and so whole runs, irreproducible under a fixed seed.
+        tables = [self.src_embed] if self.tgt_embed is self.src_embed else [self.src_embed, self.tgt_embed]
+        for emb in tables:
             nn.init.normal_(emb.weight, std=self.cfg.d_model**-0.5)
             with torch.no_grad():
                 emb.weight[self.cfg.pad_id].zero_()

@@ -146,6 +146,51 @@ def cmd_verify(args) -> int:
     return 0 if report["passed"] else EXIT_FAIL
 
 
+def add_evaluate(sub) -> None:
+    p = sub.add_parser("evaluate", help="BLEU on the checkpoint's test split (PyTorch and, with --bundle, onnxruntime)",
+                       description="Decode the test split of the corpus the checkpoint was trained on (the same "
+                       "deterministic split as training) and report sacreBLEU against its references.")
+    p.add_argument("checkpoint")
+    p.add_argument("--bundle", help="also decode with this bundle through onnxruntime and count agreement")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--sentences", type=int, default=100000, help="at most this many test sentences")
+    p.add_argument("--data", help="TSV to evaluate on instead of the checkpoint's test split")
+    p.add_argument("--src-col", type=int, default=0)
+    p.add_argument("--tgt-col", type=int, default=1)
+    p.set_defaults(func=cmd_evaluate)
+
+
+def cmd_evaluate(args) -> int:
+    _needs_torch("evaluate")
+    from export.parity import test_sentences
+    from model import checkpoint
+    from model.search import translate_ids
+    from model.train import bleu
+
+    model, tok, ckpt = checkpoint.load(args.checkpoint)
+    pairs = test_sentences(ckpt, args.sentences, args.data, args.src_col, args.tgt_col)
+    sources = [tok.encode_source(s)[: model.cfg.max_positions] for s, _ in pairs]
+    refs = [t for _, t in pairs]
+    t0 = time.time()
+    hyps = translate_ids(model, sources, beam_size=args.beam)
+    t_torch = time.time() - t0
+    texts = [tok.decode_target(h[0].tokens) for h in hyps]
+    print(f"{len(pairs)} test sentences, beam {args.beam}")
+    print(f"PyTorch reference: BLEU {bleu(texts, refs):.2f} ({t_torch:.1f} s)")
+    if args.bundle:
+        from runtime.translator import Translator
+
+        translator = Translator(args.bundle, device="cpu")
+        t0 = time.time()
+        results = translator.translate_batch(sources, beam_size=args.beam)
+        t_ort = time.time() - t0
+        strip = lambda t: t[:-1] if t and t[-1] == model.cfg.eos_id else t
+        same = sum(r.token_ids[0] == strip(h[0].tokens) for r, h in zip(results, hyps))
+        print(f"onnxruntime bundle: BLEU {bleu([r.hypotheses[0] for r in results], refs):.2f} ({t_ort:.1f} s), "
+              f"token ids identical to PyTorch on {same}/{len(pairs)} sentences")
+    return 0
+
+
 # -- translate -----------------------------------------------------------------------------------
 
 class Progress:
@@ -303,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (add_train, add_export, add_verify, add_translate, add_demo):
+    for add in (add_train, add_export, add_verify, add_evaluate, add_translate, add_demo):
         add(sub)
     try:
         from export.benchcli import add_bench

@@ -179,7 +179,11 @@ def train(opts: TrainOptions) -> Path:
     lengths = [(len(s), len(t) + 1) for s, t in train_ex]
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
     start, tokens_seen, t0 = state["step"], 0, time.time()
-    bar = tqdm(total=opts.max_steps, initial=start, disable=not opts.progress, unit="step", dynamic_ncols=True)
+    # On a terminal the bar redraws often; into a log file a line every 30 s is enough.
+    import sys
+    interval = 0.5 if sys.stderr.isatty() else 30.0
+    bar = tqdm(total=opts.max_steps, initial=start, disable=not opts.progress, unit="step", dynamic_ncols=True,
+               mininterval=interval)
     if not opts.resume:
         print(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {device}: "
               f"{len(train_ex)} pairs ({dropped} longer than {opts.max_len} tokens dropped), "

@@ -66,7 +66,7 @@ def test_usage_errors_exit_2():
 
 
 def test_help_explains_every_command():
-    for command in ("train", "export", "verify", "translate", "demo"):
+    for command in ("train", "export", "verify", "evaluate", "translate", "demo"):
         result = run(command, "--help")
         assert result.returncode == 0 and "usage: seq2onnx " + command in result.stdout
     assert "--force" in run("export", "--help").stdout

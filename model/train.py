@@ -188,7 +188,10 @@ def train(opts: TrainOptions) -> Path:
         print(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {device}: "
               f"{len(train_ex)} pairs ({dropped} longer than {opts.max_len} tokens dropped), "
               f"vocabularies {cfg.src_vocab_size}/{cfg.tgt_vocab_size}")
-    stop = False
+    # A resumed run that already reached max_steps is finished: train nothing more.
+    stop = state["step"] >= opts.max_steps
+    if stop:
+        print(f"{out} already reached step {state['step']} of {opts.max_steps}; raise --max-steps to train further")
     while not stop:
         batches = token_batches(lengths, max_tokens=opts.max_tokens, shuffle=True, seed=opts.seed + state["epoch"])
         for b in range(state["batch_in_epoch"], len(batches)):
@@ -207,7 +210,8 @@ def train(opts: TrainOptions) -> Path:
             state.update(step=step, batch_in_epoch=b + 1)
             tokens_seen += int((tgt_out != cfg.pad_id).sum())
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens_seen / max(time.time() - t0, 1e-9):,.0f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens_seen / max(time.time() - t0, 1e-9):,.0f}",
+                            refresh=False)
             timed_out = opts.max_minutes is not None and time.time() - t0 > 60 * opts.max_minutes
             if step % opts.eval_every == 0 or step >= opts.max_steps or timed_out:
                 metrics = evaluate(model, tok, valid_ex, split.valid, cfg, device, opts.max_tokens, opts.bleu_sentences)

@@ -132,7 +132,16 @@ def evaluate(model, tok, examples, pairs, cfg, device, max_tokens, bleu_sentence
     texts = [tok.decode_target(h[0].tokens) for h in hyps]
     model.train()
     return {"valid_loss": total / max(count, 1), "valid_bleu": bleu(texts, [t for _, t in pairs[:n]]) if n else 0.0,
-            "samples": list(zip([s for s, _ in pairs[:3]], texts[:3]))}
+            "samples": _distinct_samples([s for s, _ in pairs[:n]], texts, 3)}
+
+
+def _distinct_samples(sources: list[str], texts: list[str], k: int) -> list[tuple[str, str]]:
+    """The first k translations of distinct sources (real corpora repeat a source with other references)."""
+    seen: dict[str, str] = {}
+    for s, t in zip(sources, texts):
+        if s not in seen and len(seen) < k:
+            seen[s] = t
+    return list(seen.items())
 
 
 def train(opts: TrainOptions) -> Path:

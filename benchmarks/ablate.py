@@ -1,6 +1,6 @@
 """Measures what each runtime optimisation brings, one switch at a time, in one run.
 
-    python benchmarks/ablate.py BUNDLE [--int8 BUNDLE_INT8] [--sentences 200] [--repeat 3]
+    python benchmarks/ablate.py BUNDLE [--int8 BUNDLE_INT8] [--other BUNDLE] [--sentences 200] [--repeat 5]
 
 Every variant translates the same sentences (the generated corpus, or --data TSV's first column)
 with beam 4 at batch 32 and greedy at batch 1; the table gives target tokens per second and the
@@ -29,54 +29,71 @@ def load_sentences(n: int, data: str | None, col: int) -> list[str]:
     return [s for s, _ in generate_pairs(n, seed=4242)]
 
 
-def measure(translator: Translator, texts: list[str], beam: int, batch: int, repeat: int) -> float:
-    """Median target tokens per second over `repeat` passes (end token counted)."""
-    translator.translate_batch(texts[:batch], beam_size=beam, max_batch_size=batch)  # warm-up
-    rates = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        tokens = 0
-        for start in range(0, len(texts), batch):
-            for r in translator.translate_batch(texts[start : start + batch], beam_size=beam, max_batch_size=batch):
-                tokens += len(r.token_ids[0]) + 1
-        rates.append(tokens / (time.perf_counter() - t0))
-    return statistics.median(rates)
+def measure(translator: Translator, texts: list[str], beam: int, batch: int) -> float:
+    """Target tokens per second over one pass (end token counted)."""
+    t0 = time.perf_counter()
+    tokens = 0
+    for start in range(0, len(texts), batch):
+        for r in translator.translate_batch(texts[start : start + batch], beam_size=beam, max_batch_size=batch):
+            tokens += len(r.token_ids[0]) + 1
+    return tokens / (time.perf_counter() - t0)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle")
     p.add_argument("--int8", help="the int8 bundle of the same checkpoint")
+    p.add_argument("--other", help="another fp32 bundle of the same checkpoint, e.g. exported by an earlier version")
     p.add_argument("--sentences", type=int, default=200)
     p.add_argument("--data", help="TSV to take sentences from (its last --sentences lines)")
     p.add_argument("--col", type=int, default=0, help="source column of --data")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5, help="interleaved rounds")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     texts = load_sentences(args.sentences, args.data, args.col)
     variants = {
-        "default (all optimisations, top-k from graph, 2 threads)": dict(),
+        "default (all optimisations, top-k from graph, 2 threads, no spinning)": dict(),
         "full log_probs downloaded (no graph top-k)": dict(top_k_from_graph=False),
         "graph optimisation: basic": dict(optimization="basic"),
         "graph optimisation: none": dict(optimization="none"),
         "1 intra-op thread": dict(intra_threads=1),
+        "thread-pool spinning on (onnxruntime's default)": dict(thread_spinning=True),
     }
-    rows = []
-    for name, kw in variants.items():
-        kw = {"intra_threads": 2, **kw}
-        tr = Translator(args.bundle, device="cpu", **kw)
-        rows.append((name, measure(tr, texts, 4, 32, args.repeat), measure(tr, texts, 1, 1, args.repeat)))
+    translators = {name: Translator(args.bundle, device="cpu", **{"intra_threads": 2, **kw})
+                   for name, kw in variants.items()}
+    if args.other:
+        translators[f"bundle {Path(args.other).name}"] = Translator(args.other, device="cpu", intra_threads=2)
     if args.int8:
-        tr = Translator(args.int8, device="cpu", intra_threads=2)
-        rows.append(("int8 bundle", measure(tr, texts, 4, 32, args.repeat), measure(tr, texts, 1, 1, args.repeat)))
-    base = rows[0]
-    print(f"{len(texts)} sentences, median of {args.repeat}; target tokens/s (ratio to default)")
-    print(f"{'variant':<58} {'beam4 batch32':>20} {'greedy batch1':>20}")
-    for name, beam, greedy in rows:
-        print(f"{name:<58} {beam:>10.0f} ({beam / base[1]:.2f}x) {greedy:>10.0f} ({greedy / base[2]:.2f}x)")
+        translators["int8 bundle"] = Translator(args.int8, device="cpu", intra_threads=2)
+    settings = [(4, 32), (1, 1)]  # beam 4 at batch 32, greedy at batch 1
+    for tr in translators.values():  # warm-up
+        for beam, batch in settings:
+            tr.translate_batch(texts[:batch], beam_size=beam, max_batch_size=batch)
+    # Rounds interleave the variants: on a shared machine the speed drifts by tens of percent
+    # over minutes, and a variant measured after another would inherit the drift. Each round's
+    # ratio compares measurements taken seconds apart; the medians are over rounds.
+    rates = {name: {s: [] for s in settings} for name in translators}
+    for _ in range(args.repeat):
+        for name, tr in translators.items():
+            for beam, batch in settings:
+                rates[name][(beam, batch)].append(measure(tr, texts, beam, batch))
+    default = next(iter(translators))
+    rows = []
+    for name in translators:
+        row = {"variant": name}
+        for (beam, batch), key in zip(settings, ("beam4_batch32", "greedy_batch1")):
+            mine, base = rates[name][(beam, batch)], rates[default][(beam, batch)]
+            row[key] = statistics.median(mine)
+            row[key + "_ratio"] = statistics.median(m / b for m, b in zip(mine, base))
+        rows.append(row)
+    print(f"{len(texts)} sentences, {args.repeat} interleaved rounds; target tokens/s (median) and the median "
+          f"over rounds of the ratio to the default measured in the same round")
+    print(f"{'variant':<70} {'beam4 batch32':>20} {'greedy batch1':>20}")
+    for r in rows:
+        print(f"{r['variant']:<70} {r['beam4_batch32']:>10.0f} ({r['beam4_batch32_ratio']:.2f}x) "
+              f"{r['greedy_batch1']:>10.0f} ({r['greedy_batch1_ratio']:.2f}x)")
     if args.json:
-        Path(args.json).write_text(json.dumps([{"variant": n, "beam4_batch32": b, "greedy_batch1": g}
-                                               for n, b, g in rows], indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return 0
 
 

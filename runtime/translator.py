@@ -60,13 +60,18 @@ class Translator:
         top_k_from_graph: download each step's 2K candidates from the decoder's TopK outputs
             (default) rather than the full [rows, vocab] log-probabilities (for measuring).
         check_hashes: verify every file's sha256 against bundle.json before loading.
+        thread_spinning: let onnxruntime's idle intra-op threads spin between operators
+            (onnxruntime's own default). Off by default here: between two decoder steps the search
+            runs in Python, and a spinning thread takes a core from it (greedy decoding at batch 1
+            ran 2x faster on 2 cores without spinning; docs/optimisation-notes.md, row 5).
     Raises:
         BundleError: the bundle is missing, damaged or of another format version.
         RuntimeError: device="cuda" where CUDA cannot run (the message says why).
     """
 
     def __init__(self, bundle_dir: str | Path, device: str = "auto", *, intra_threads: int = 0,
-                 check_hashes: bool = True, optimization: str = "all", top_k_from_graph: bool = True):
+                 check_hashes: bool = True, optimization: str = "all", top_k_from_graph: bool = True,
+                 thread_spinning: bool = False):
         if device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"device={device!r}; choose 'auto', 'cuda' or 'cpu'")
         self.bundle = read_bundle(bundle_dir, check_hashes=check_hashes)
@@ -85,6 +90,7 @@ class Translator:
         options.graph_optimization_level = levels[optimization]
         self.top_k_from_graph = top_k_from_graph
         options.intra_op_num_threads = intra_threads
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if thread_spinning else "0")
         options.log_severity_level = 3  # no warnings about provider fallbacks on stderr
         self.device, self.device_reason = self._pick_device(device)
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]

@@ -198,6 +198,16 @@ def test_device_auto_and_cuda_without_gpu(bundle):
     assert why in str(e.value)
 
 
+def test_thread_spinning_is_off_by_default_and_changes_no_output(bundle, translator, reference):
+    spinning = Translator(bundle, device="cpu", thread_spinning=True)
+    for t, want in ((translator, "0"), (spinning, "1")):
+        for session in (t.encoder, t.decoder):
+            assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == want
+    sentences = reference[2][:8]
+    assert ([r.hypotheses for r in spinning.translate_batch(sentences, beam_size=2)]
+            == [r.hypotheses for r in translator.translate_batch(sentences, beam_size=2)])
+
+
 @pytest.mark.parametrize("device", ["gpu", "CUDA", "", None])
 def test_bad_device(bundle, device):
     with pytest.raises(ValueError, match="device"):

@@ -73,8 +73,8 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, x: Tensor) -> KV:
         return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))  # 2 x (B, H, S, Dh)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        """softmax(Q K^T / sqrt(d_k) + bias) V, heads merged and projected: -> (B, T, D)."""
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+        """softmax(Q K^T / sqrt(d_k) + bias) V per head: -> (B, H, T, Dh)."""
         # 1. scores: (B, H, T, Dh) @ (B, H, Dh, S) -> (B, H, T, S)
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         # 2. masks: padding (B, 1, 1, S) and/or causal (T, S) broadcast over heads
@@ -83,13 +83,43 @@ class MultiHeadAttention(nn.Module):
         # 3. softmax in fp32: fp16 exponentials overflow
         weights = self.dropout(F.softmax(wide(scores), dim=-1).to(v.dtype))
         # 4. weighted values: (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh)
-        context = torch.matmul(weights, v)
+        return torch.matmul(weights, v)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+        """Attention with the heads merged and projected: -> (B, T, D)."""
+        context = self.attention(q, k, v, bias)
         b, _, t, _ = context.shape
         context = context.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, D)
         return self.w_o(context)
 
     def forward(self, x: Tensor, kv: KV, bias: Tensor | None) -> Tensor:
         return self.attend(self.split_heads(self.w_q(x)), kv[0], kv[1], bias)
+
+    # -- one decoding step: rows (R, D), one new position each -------------------------------
+    # The same arithmetic as above on 2-D rows. In the exported step this matters: reshapes to
+    # constant shapes need no Shape/Gather/Concat nodes, (R, H, 1, Dh) needs no Transpose, and
+    # 2-D Linear layers become single Gemm nodes. At batch 1 a step's cost is mostly per-node
+    # dispatch (docs/optimisation-notes.md, row 6).
+
+    def rows_to_heads(self, x: Tensor) -> Tensor:
+        return x.reshape(-1, self.n_heads, 1, self.head_dim)  # (R, D) -> (R, H, 1, Dh)
+
+    def step_self(self, x: Tensor, past: KV) -> tuple[Tensor, KV]:
+        """x (R, D), past 2 x (R, H, P, Dh) -> (R, D) and the cache 2 x (R, H, P+1, Dh)."""
+        k = torch.cat([past[0], self.rows_to_heads(self.w_k(x))], dim=2)
+        v = torch.cat([past[1], self.rows_to_heads(self.w_v(x))], dim=2)
+        # the newest position attends to every cached one: no mask
+        context = self.attention(self.rows_to_heads(self.w_q(x)), k, v, None)  # (R, H, 1, Dh)
+        return self.w_o(context.reshape(-1, self.n_heads * self.head_dim)), (k, v)
+
+    def step_cross(self, x: Tensor, kv: KV, bias: Tensor) -> Tensor:
+        """x (R, D) grouped by sentence, kv 2 x (B, H, S, Dh), bias (B, 1, 1, S) -> (R, D).
+
+        A sentence's R/B rows (its live beams) share its keys and values: they query them as
+        (B, H, R/B, Dh) instead of copying the cross cache per beam."""
+        q = self.w_q(x).reshape(kv[0].shape[0], -1, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, R/B, Dh)
+        context = self.attention(q, kv[0], kv[1], bias).transpose(1, 2)  # (B, R/B, H, Dh)
+        return self.w_o(context.reshape(-1, self.n_heads * self.head_dim))  # (R, D)
 
 
 class FeedForward(nn.Module):
@@ -147,25 +177,16 @@ class DecoderLayer(nn.Module):
         return self.sub_ff(x, self.feed_forward)
 
     def step(self, x: Tensor, past: KV, cross: KV, cross_bias: Tensor) -> tuple[Tensor, KV]:
-        """One new position: x (R, 1, D); past 2 x (R, H, P, Dh) already reordered to the rows."""
+        """One new position: x (R, D); past 2 x (R, H, P, Dh) already reordered to the rows."""
         present: list[KV] = []
 
         def self_attention(y: Tensor) -> Tensor:
-            k_new, v_new = self.self_attn.project_kv(y)  # 2 x (R, H, 1, Dh)
-            kv = (torch.cat([past[0], k_new], dim=2), torch.cat([past[1], v_new], dim=2))
-            present.append(kv)  # 2 x (R, H, P+1, Dh); the newest position needs no mask
-            return self.self_attn(y, kv, None)
-
-        def cross_attention(y: Tensor) -> Tensor:
-            # The R rows of a sentence (its live beams) share its keys and values: query them as
-            # (B, R/B, D) against (B, H, S, Dh) instead of copying the cross cache per beam.
-            r, _, d = y.shape
-            b = cross[0].shape[0]
-            out = self.cross_attn(y.reshape(b, r // b, d), cross, cross_bias)  # (B, R/B, D)
-            return out.reshape(r, 1, d)
+            out, kv = self.self_attn.step_self(y, past)
+            present.append(kv)
+            return out
 
         x = self.sub_self(x, self_attention)
-        x = self.sub_cross(x, cross_attention)
+        x = self.sub_cross(x, lambda y: self.cross_attn.step_cross(y, cross, cross_bias))
         return self.sub_ff(x, self.feed_forward), present[0]
 
 
@@ -247,14 +268,14 @@ class Transformer(nn.Module):
         Returns log-probabilities (R, V) in fp32 and the new cache, per layer 2 x (R, H, P+1, Dh).
         """
         positions = self.positions.index_select(0, step)  # (1, D)
-        x = self.embed(self.tgt_embed, tokens, positions)  # (R, 1, D)
+        x = self.embed(self.tgt_embed, tokens.reshape(-1), positions)  # (R, D)
         cross_bias = padding_bias(src_mask)
         present: list[KV] = []
         for layer, (pk, pv), kv in zip(self.decoder_layers, past, cross):
             reordered = (pk.index_select(0, cache_indices), pv.index_select(0, cache_indices))
             x, new = layer.step(x, reordered, kv, cross_bias)
             present.append(new)
-        logits = self.generator(self.decoder_norm(x))[:, 0]  # (R, V)
+        logits = self.generator(self.decoder_norm(x))  # (R, V)
         return F.log_softmax(wide(logits), dim=-1).float(), present
 
     def empty_cache(self, rows: int, device: torch.device | None = None) -> list[KV]:

@@ -62,7 +62,7 @@ def test_verify_passes_for_the_exported_model(variant):
 
 @functools.lru_cache(maxsize=None)
 def perturbed_bundle() -> Path:
-    """The default bundle with 0.01 added to the decoder's first MatMul weight; hashes rewritten."""
+    """The default bundle with 0.01 added to the decoder's first weight matrix; hashes rewritten."""
     out = scratch("perturbed") / "bundle"
     shutil.copytree(tiny_bundle(), out)
     path = out / fmt.DECODER_FILE
@@ -70,7 +70,7 @@ def perturbed_bundle() -> Path:
     inits = {i.name: i for i in proto.graph.initializer}
     gathered = {n.input[0] for n in proto.graph.node if n.op_type == "Gather"}  # embedding tables
     name = next(n.input[1] for n in proto.graph.node
-                if n.op_type == "MatMul" and n.input[1] in inits and n.input[1] not in gathered)
+                if n.op_type in ("MatMul", "Gemm") and n.input[1] in inits and n.input[1] not in gathered)
     init = inits[name]
     init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + np.float32(0.01), name))
     onnx.save(proto, str(path))

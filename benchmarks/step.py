@@ -1,0 +1,87 @@
+"""Times ONE decoder step of each bundle, alone: no search, no Python between steps.
+
+    python benchmarks/step.py BUNDLE [BUNDLE ...] [--rounds 7] [--past 10]
+
+For comparing exports of the same checkpoint (e.g. before and after a change to the graph): the
+bundles' steps are timed in interleaved rounds (on a shared machine speed drifts over minutes) at
+1 row (greedy, one sentence) and 128 rows (beam 4 x 32 sentences), 2 threads, no spinning, as
+`runtime.Translator` runs them. Prints the median microseconds per step and each graph's node
+count as exported and after onnxruntime's optimisation.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runtime import bundle as names  # noqa: E402
+
+
+def session(path: Path, optimized: Path | None = None) -> ort.InferenceSession:
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = 2
+    o.log_severity_level = 3
+    o.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if optimized:
+        o.optimized_model_filepath = str(optimized)
+    return ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
+
+
+def feeds(meta: dict, rows: int, batch: int, past: int, src_len: int = 12) -> dict:
+    cfg = meta.model
+    layers, heads, head_dim = cfg["n_decoder_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+    dtype = np.float16 if meta.dtype == "float16" else np.float32
+    rng = np.random.default_rng(0)
+    f = {names.TOKENS: np.full((rows, 1), 5, np.int64), names.STEP: np.array([past], np.int64),
+         names.CACHE_INDICES: np.arange(rows, dtype=np.int64), names.TOP_K: np.array([8], np.int64),
+         names.SRC_MASK: np.ones((batch, src_len), bool)}
+    for n in names.past_names(layers):
+        f[n] = rng.standard_normal((rows, heads, past, head_dim)).astype(dtype)
+    for n in names.cross_names(layers):
+        f[n] = rng.standard_normal((batch, heads, src_len, head_dim)).astype(dtype)
+    return f
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bundles", nargs="+")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--past", type=int, default=10, help="cached positions")
+    args = p.parse_args()
+    import onnx
+
+    bundles = {b: names.read_bundle(b) for b in args.bundles}
+    sessions = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (b, meta) in enumerate(bundles.items()):
+            optimized = Path(tmp) / f"{i}.onnx"
+            sessions[b] = session(meta.file("decoder"), optimized)
+            exported = len(onnx.load(str(meta.file("decoder"))).graph.node)
+            print(f"{b}: {exported} nodes exported, {len(onnx.load(str(optimized)).graph.node)} after optimisation")
+    wanted = [names.TOPK_LOG_PROBS, names.TOPK_IDS]
+    for rows, batch, calls in ((1, 1, 300), (128, 32, 30)):
+        inputs = {b: feeds(meta, rows, batch, args.past) for b, meta in bundles.items()}
+        times = {b: [] for b in bundles}
+        for b, s in sessions.items():  # warm-up
+            s.run(wanted, inputs[b])
+        for _ in range(args.rounds):
+            for b, s in sessions.items():
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    s.run(wanted, inputs[b])
+                times[b].append((time.perf_counter() - t0) / calls * 1e6)
+        print(f"{rows} rows, past {args.past}: " + ", ".join(
+            f"{b} {statistics.median(t):,.0f} us" for b, t in times.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -281,7 +281,7 @@ def cmd_translate(args) -> int:
 # -- demo ----------------------------------------------------------------------------------------
 
 def add_demo(sub) -> None:
-    p = sub.add_parser("demo", help="train, export, verify and translate on the generated corpus (~4 min on 2 cores)",
+    p = sub.add_parser("demo", help="train, export, verify and translate on the generated corpus (~5 min on 2 cores)",
                        description="The whole path on data the project makes itself: train a small Transformer, "
                        "show reference translations, export the bundle, verify parity, translate with onnxruntime.")
     p.add_argument("--out", default="seq2onnx-demo", help="working directory (default ./seq2onnx-demo)")

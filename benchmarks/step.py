@@ -4,8 +4,8 @@
 
 For comparing exports of the same checkpoint (e.g. before and after a change to the graph): the
 bundles' steps are timed in interleaved rounds (on a shared machine speed drifts over minutes) at
-1 row (greedy, one sentence) and 128 rows (beam 4 x 32 sentences), 2 threads, no spinning, as
-`runtime.Translator` runs them. Prints the median microseconds per step and each graph's node
+1 row (greedy, one sentence) and 128 rows (beam 4 x 32 sentences), in the sessions of a
+`runtime.Translator` with 2 threads. Prints the median microseconds per step and each graph's node
 count as exported and after onnxruntime's optimisation.
 """
 from __future__ import annotations
@@ -23,19 +23,21 @@ import onnxruntime as ort
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime import bundle as names  # noqa: E402
+from runtime.translator import Translator  # noqa: E402
 
 
-def session(path: Path, optimized: Path | None = None) -> ort.InferenceSession:
+def optimized_node_count(path: Path, tmp: str) -> int:
+    """Nodes left after onnxruntime's `all` optimisations (the level Translator uses)."""
+    import onnx
+
     o = ort.SessionOptions()
-    o.intra_op_num_threads = 2
     o.log_severity_level = 3
-    o.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if optimized:
-        o.optimized_model_filepath = str(optimized)
-    return ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
+    o.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+    ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
+    return len(onnx.load(o.optimized_model_filepath).graph.node)
 
 
-def feeds(meta: dict, rows: int, batch: int, past: int, src_len: int = 12) -> dict:
+def feeds(meta: names.Bundle, rows: int, batch: int, past: int, src_len: int = 12) -> dict:
     cfg = meta.model
     layers, heads, head_dim = cfg["n_decoder_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
     dtype = np.float16 if meta.dtype == "float16" else np.float32
@@ -58,14 +60,14 @@ def main() -> int:
     args = p.parse_args()
     import onnx
 
-    bundles = {b: names.read_bundle(b) for b in args.bundles}
-    sessions = {}
+    # the decoder sessions exactly as the runtime makes them (threads, spinning, optimisation level)
+    translators = {b: Translator(b, device="cpu", intra_threads=2) for b in args.bundles}
+    bundles = {b: t.bundle for b, t in translators.items()}
+    sessions = {b: t.decoder for b, t in translators.items()}
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (b, meta) in enumerate(bundles.items()):
-            optimized = Path(tmp) / f"{i}.onnx"
-            sessions[b] = session(meta.file("decoder"), optimized)
+        for b, meta in bundles.items():
             exported = len(onnx.load(str(meta.file("decoder"))).graph.node)
-            print(f"{b}: {exported} nodes exported, {len(onnx.load(str(optimized)).graph.node)} after optimisation")
+            print(f"{b}: {exported} nodes exported, {optimized_node_count(meta.file('decoder'), tmp)} after optimisation")
     wanted = [names.TOPK_LOG_PROBS, names.TOPK_IDS]
     for rows, batch, calls in ((1, 1, 300), (128, 32, 30)):
         inputs = {b: feeds(meta, rows, batch, args.past) for b, meta in bundles.items()}

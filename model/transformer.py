@@ -85,15 +85,11 @@ class MultiHeadAttention(nn.Module):
         # 4. weighted values: (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh)
         return torch.matmul(weights, v)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        """Attention with the heads merged and projected: -> (B, T, D)."""
-        context = self.attention(q, k, v, bias)
-        b, _, t, _ = context.shape
-        context = context.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, D)
-        return self.w_o(context)
-
     def forward(self, x: Tensor, kv: KV, bias: Tensor | None) -> Tensor:
-        return self.attend(self.split_heads(self.w_q(x)), kv[0], kv[1], bias)
+        """x (B, T, D) queries kv 2 x (B, H, S, Dh): heads merged and projected -> (B, T, D)."""
+        context = self.attention(self.split_heads(self.w_q(x)), kv[0], kv[1], bias)  # (B, H, T, Dh)
+        b, _, t, _ = context.shape
+        return self.w_o(context.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
     # -- one decoding step: rows (R, D), one new position each -------------------------------
     # The same arithmetic as above on 2-D rows. In the exported step this matters: reshapes to

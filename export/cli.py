@@ -285,7 +285,7 @@ def add_demo(sub) -> None:
                        description="The whole path on data the project makes itself: train a small Transformer, "
                        "show reference translations, export the bundle, verify parity, translate with onnxruntime.")
     p.add_argument("--out", default="seq2onnx-demo", help="working directory (default ./seq2onnx-demo)")
-    p.add_argument("--steps", type=int, default=1000, help="training steps (default 1000: 3 to 5 minutes on 2 CPU cores)")
+    p.add_argument("--steps", type=int, default=1000, help="training steps (default 1000: about 5 minutes on 2 CPU cores)")
     p.add_argument("--force", action="store_true", help="replace an existing demo directory")
     p.set_defaults(func=cmd_demo)
 

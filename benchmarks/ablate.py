@@ -17,14 +17,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.translator import Translator  # noqa: E402
+from seq2onnx.runtime.translator import Translator  # noqa: E402
 
 
 def load_sentences(n: int, data: str | None, col: int) -> list[str]:
     if data:
         lines = Path(data).read_text(encoding="utf-8-sig").splitlines()
         return [l.split("\t")[col] for l in lines if l.strip()][-n:]
-    from model.corpus import generate_pairs  # stdlib only: no torch
+    from seq2onnx.model.corpus import generate_pairs  # stdlib only: no torch
 
     return [s for s, _ in generate_pairs(n, seed=4242)]
 

@@ -1,4 +1,4 @@
-"""Run the benchmark without installing the `seq2onnx` command: the same as `seq2onnx bench`.
+"""The benchmark as a script (the package must be installed): the same as `seq2onnx bench`.
 
     python benchmarks/run.py CHECKPOINT [--bundle-dir DIR] [--sentences N] [--threads N] [--json FILE] [--quick]
 
@@ -8,11 +8,8 @@ export/benchcli.py (engines, child processes, report) and export/ct2convert.py (
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from export.cli import main  # noqa: E402
+from seq2onnx.runtime.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *sys.argv[1:]]))

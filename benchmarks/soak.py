@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.translator import Translator  # noqa: E402
+from seq2onnx.runtime.translator import Translator  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -36,7 +36,7 @@ POOL = 2000
 
 def sentences(n: int) -> list[str]:
     """Varied inputs without torch: the generated corpus's sources (model/corpus.py is stdlib-only)."""
-    from model.corpus import generate_pairs
+    from seq2onnx.model.corpus import generate_pairs
 
     pool = [s for s, _ in generate_pairs(POOL, seed=99)]
     return [pool[i % len(pool)] for i in range(n)]

@@ -22,8 +22,8 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime import bundle as names  # noqa: E402
-from runtime.translator import Translator  # noqa: E402
+from seq2onnx.runtime import bundle as names  # noqa: E402
+from seq2onnx.runtime.translator import Translator  # noqa: E402
 
 
 def optimized_node_count(path: Path, tmp: str) -> int:

@@ -3,7 +3,7 @@
 One run measures, for every engine and for {greedy, beam 4} x {batch 1, batch 32}: target tokens per
 second (generated tokens, end token included), sentences per second, per-sentence latency p50/p90 at
 batch 1, and the peak resident memory of the engine's process. Each engine runs in a fresh child
-process (`python -m export.benchcli JOB OUT`), so its peak memory is its own and no engine warms
+process (`python -m seq2onnx.export.benchcli JOB OUT`), so its peak memory is its own and no engine warms
 another's caches. All engines use the same number of threads, the same sentences and the same
 batches: the sentences are sorted by source length once and cut into batches here, and every engine
 gets exactly those batches.
@@ -98,8 +98,8 @@ def _make_runner(job: dict):
     if kind == "torch":
         import torch
 
-        from model import checkpoint
-        from model.search import translate_ids
+        from seq2onnx.model import checkpoint
+        from seq2onnx.model.search import translate_ids
 
         torch.set_num_threads(threads)
         model, _, _ = checkpoint.load(job["checkpoint"])
@@ -114,8 +114,8 @@ def _make_runner(job: dict):
         import numpy as np
         import torch
 
-        from model import checkpoint
-        from runtime.search import beam_search, greedy_search
+        from seq2onnx.model import checkpoint
+        from seq2onnx.runtime.search import beam_search, greedy_search
 
         torch.set_num_threads(threads)
         model, _, _ = checkpoint.load(job["checkpoint"])
@@ -151,7 +151,7 @@ def _make_runner(job: dict):
     if kind == "onnx":
         import onnxruntime
 
-        from runtime.translator import Translator
+        from seq2onnx.runtime.translator import Translator
 
         tr = Translator(job["bundles"][precision], device=device, intra_threads=threads)
 
@@ -290,8 +290,8 @@ def describe_machine(threads: int) -> dict:
 
 
 def _load_sentences(ckpt_dir: Path, n: int, data: str | None) -> tuple[list[tuple[str, str]], str]:
-    from export.parity import test_sentences
-    from model import checkpoint
+    from seq2onnx.export.parity import test_sentences
+    from seq2onnx.model import checkpoint
 
     state_path = ckpt_dir / checkpoint.STATE
     options = json.loads(state_path.read_text()).get("options") if state_path.exists() else None
@@ -300,7 +300,7 @@ def _load_sentences(ckpt_dir: Path, n: int, data: str | None) -> tuple[list[tupl
     try:
         pairs = test_sentences(ckpt_dir, n)
     except FileNotFoundError as e:
-        from model.corpus import generate_pairs
+        from seq2onnx.model.corpus import generate_pairs
 
         return generate_pairs(n, seed=12345), f"generated corpus ({e})"
     if options and options.get("data"):
@@ -311,7 +311,7 @@ def _load_sentences(ckpt_dir: Path, n: int, data: str | None) -> tuple[list[tupl
 def _weights_sha256(ckpt_dir: Path) -> str:
     import hashlib
 
-    from model import checkpoint
+    from seq2onnx.model import checkpoint
 
     h = hashlib.sha256()
     with open(ckpt_dir / checkpoint.WEIGHTS, "rb") as f:
@@ -323,7 +323,7 @@ def _weights_sha256(ckpt_dir: Path) -> str:
 def _ensure_bundle(ckpt_dir: Path, directory: Path, precision: str, weights_sha: str) -> str:
     """Exports the bundle of one precision into `directory`, unless it holds one of these very weights
     (recorded in DIR/../bench-sources.json by an earlier run). Returns what was done."""
-    from export.bundle import export_bundle
+    from seq2onnx.export.bundle import export_bundle
 
     stamps_path = directory.parent / "bench-sources.json"
     stamps = json.loads(stamps_path.read_text()) if stamps_path.is_file() else {}
@@ -340,7 +340,7 @@ def _ensure_bundle(ckpt_dir: Path, directory: Path, precision: str, weights_sha:
 
 def _cuda_reason() -> str | None:
     """None where onnxruntime's CUDA provider can run here, else why not."""
-    from runtime.translator import _cuda_usable
+    from seq2onnx.runtime.translator import _cuda_usable
 
     usable, why = _cuda_usable()
     return None if usable else why
@@ -364,7 +364,7 @@ def _run_child(job: dict, workdir: Path, timeout: float | None) -> dict:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.run([sys.executable, "-m", "export.benchcli", str(job_path), str(out_path)],
+    proc = subprocess.run([sys.executable, "-m", "seq2onnx.export.benchcli", str(job_path), str(out_path)],
                           capture_output=True, text=True, env=env, timeout=timeout)
     if proc.returncode != 0 or not out_path.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -381,8 +381,8 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
               bundle_dir: str | Path | None = None, quick: bool = False, engines: list[str] | None = None,
               repeat: int = 1, data: str | None = None, log=print) -> dict:
     """Runs the benchmark and returns the report (what --json writes)."""
-    from export.ct2convert import ct2_available, source_pieces, target_pieces
-    from model import checkpoint
+    from seq2onnx.export.ct2convert import ct2_available, source_pieces, target_pieces
+    from seq2onnx.model import checkpoint
 
     threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     n = sentences or (QUICK_SENTENCES if quick else DEFAULT_SENTENCES)
@@ -401,7 +401,7 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
     sources = [tok.encode_source(s) for s, _ in pairs]
     too_long = sum(len(s) > cfg.max_positions for s in sources)
     sources = [s for s in sources if len(s) <= cfg.max_positions]
-    from export.bundle import DECODING_DEFAULTS as dd
+    from seq2onnx.export.bundle import DECODING_DEFAULTS as dd
 
     limits = [min(int(dd["max_length_a"] * len(s)) + dd["max_length_b"], cfg.max_positions) for s in sources]
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # the batches every engine gets
@@ -450,7 +450,7 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
             log(f"{how} the {precision} bundle {root / precision} ({time.perf_counter() - t:.1f} s)")
         ct2_model = None
         if any(ENGINES[e][0] == "ct2" for e in active):
-            from export.ct2convert import convert_checkpoint
+            from seq2onnx.export.ct2convert import convert_checkpoint
 
             t = time.perf_counter()
             target = root / "ct2"
@@ -634,9 +634,9 @@ def add_bench(subparsers) -> None:
 
 
 def cmd_bench(args) -> int:
-    from export.cli import CommandError, _needs_torch
+    from seq2onnx.runtime.cli import CommandError, needs_torch
 
-    _needs_torch("bench")
+    needs_torch("bench")
     if args.sentences is not None and args.sentences < 1:
         raise CommandError(f"--sentences {args.sentences}: give at least 1")
     if args.threads < 0:

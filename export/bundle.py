@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from model import checkpoint
-from model.tokenizer import SOURCE_MODEL, TARGET_MODEL
-from runtime import bundle as fmt
+from seq2onnx.model import checkpoint
+from seq2onnx.model.tokenizer import SOURCE_MODEL, TARGET_MODEL
+from seq2onnx.runtime import bundle as fmt
 
 from .graphs import OPSET, export_graphs
 
@@ -135,7 +135,7 @@ def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: st
 
 def _validate(directory: Path) -> None:
     """The bundle reads, its graphs load on the CPU, and one short decode runs."""
-    from runtime.translator import Translator
+    from seq2onnx.runtime.translator import Translator
 
     translator = Translator(directory, device="cpu")
     translator.translate_batch([[4, 5, 6]], beam_size=2, max_decoding_length=3)

@@ -1,31 +1,17 @@
-"""The `seq2onnx` command: train, export, verify, translate, bench, demo.
+"""The training side of the `seq2onnx` command: train, export, verify, evaluate, demo (and bench).
 
-`translate` needs only the runtime (onnxruntime, numpy, sentencepiece); the other commands import
-torch when they run and say how to install it when it is missing.
+seq2onnx.runtime.cli owns the entry point and dispatches these commands here; they import torch
+when they run and say how to install it when it is missing.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-EXIT_USAGE, EXIT_FAIL = 2, 1
-
-
-class CommandError(Exception):
-    """An error meant for the user: printed as one line, exit status 1."""
-
-
-def _needs_torch(command: str) -> None:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise CommandError(
-            f"`seq2onnx {command}` needs PyTorch, which this install lacks: pip install 'seq2onnx[train]'"
-        ) from None
+from seq2onnx.runtime.cli import EXIT_FAIL, CommandError, needs_torch, run_command
 
 
 # -- train ---------------------------------------------------------------------------------------
@@ -69,7 +55,7 @@ def add_train(sub) -> None:
 
 
 def train_options(args):
-    from model.train import TrainOptions
+    from seq2onnx.model.train import TrainOptions
 
     return TrainOptions(
         out=args.out, data=args.data, src_col=args.src_col, tgt_col=args.tgt_col, skip_bad_lines=args.skip_bad_lines,
@@ -84,8 +70,8 @@ def train_options(args):
 
 
 def cmd_train(args) -> int:
-    _needs_torch("train")
-    from model.train import train
+    needs_torch("train")
+    from seq2onnx.model.train import train
 
     t0 = time.time()
     out = train(train_options(args))
@@ -110,8 +96,8 @@ def add_export(sub) -> None:
 
 
 def cmd_export(args) -> int:
-    _needs_torch("export")
-    from export.bundle import export_bundle
+    needs_torch("export")
+    from seq2onnx.export.bundle import export_bundle
 
     out = export_bundle(args.checkpoint, args.out_dir, dtype=args.dtype, quantize=args.quantize, force=args.force)
     print(f"bundle written to {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
@@ -135,8 +121,8 @@ def add_verify(sub) -> None:
 
 
 def cmd_verify(args) -> int:
-    _needs_torch("verify")
-    from export.parity import format_report, verify
+    needs_torch("verify")
+    from seq2onnx.export.parity import format_report, verify
 
     report = verify(args.checkpoint, args.bundle, sentences=args.sentences, device=args.device, data=args.data,
                     src_col=args.src_col, tgt_col=args.tgt_col)
@@ -161,11 +147,11 @@ def add_evaluate(sub) -> None:
 
 
 def cmd_evaluate(args) -> int:
-    _needs_torch("evaluate")
-    from export.parity import test_sentences
-    from model import checkpoint
-    from model.search import translate_ids
-    from model.train import bleu
+    needs_torch("evaluate")
+    from seq2onnx.export.parity import test_sentences
+    from seq2onnx.model import checkpoint
+    from seq2onnx.model.search import translate_ids
+    from seq2onnx.model.train import bleu
 
     model, tok, ckpt = checkpoint.load(args.checkpoint)
     pairs = test_sentences(ckpt, args.sentences, args.data, args.src_col, args.tgt_col)
@@ -178,7 +164,7 @@ def cmd_evaluate(args) -> int:
     print(f"{len(pairs)} test sentences, beam {args.beam}")
     print(f"PyTorch reference: BLEU {bleu(texts, refs):.2f} ({t_torch:.1f} s)")
     if args.bundle:
-        from runtime.translator import Translator
+        from seq2onnx.runtime.translator import Translator
 
         translator = Translator(args.bundle, device="cpu")
         t0 = time.time()
@@ -188,93 +174,6 @@ def cmd_evaluate(args) -> int:
         same = sum(r.token_ids[0] == strip(h[0].tokens) for r, h in zip(results, hyps))
         print(f"onnxruntime bundle: BLEU {bleu([r.hypotheses[0] for r in results], refs):.2f} ({t_ort:.1f} s), "
               f"token ids identical to PyTorch on {same}/{len(pairs)} sentences")
-    return 0
-
-
-# -- translate -----------------------------------------------------------------------------------
-
-class Progress:
-    """A one-line progress bar on stderr (tqdm is not a runtime dependency)."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.t0, self.enabled = total, 0, time.time(), enabled and total > 0
-
-    def update(self, n: int) -> None:
-        self.done += n
-        if self.enabled:
-            elapsed = time.time() - self.t0
-            rate = self.done / elapsed if elapsed > 0 else 0.0
-            left = (self.total - self.done) / rate if rate else 0.0
-            width = 30
-            filled = int(width * self.done / self.total)
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} lines "
-                             f"{rate:.1f}/s, {left:.0f} s left ")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-
-
-def add_translate(sub) -> None:
-    p = sub.add_parser("translate", help="translate lines with a bundle (no torch needed)",
-                       description="Read lines from --input (default stdin), write translations in input order "
-                       "to --output (default stdout). Batched internally by length.")
-    p.add_argument("bundle")
-    p.add_argument("-i", "--input", help="file of source lines (default: stdin)")
-    p.add_argument("-o", "--output", help="file to write (default: stdout)")
-    p.add_argument("--beam", type=int, default=None, help="beam size; 1 is greedy (default: the bundle's, 4)")
-    p.add_argument("--n-best", type=int, default=1, help="hypotheses per line, written as 'LINE ||| TEXT ||| SCORE'")
-    p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' (sum of log-probabilities)")
-    p.add_argument("--length-penalty", type=float, default=None)
-    p.add_argument("--max-length", type=int, default=None, help="maximum target tokens (default: relative to the source)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: all cores)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--truncate", action="store_true", help="cut sources longer than the model's positions")
-    p.set_defaults(func=cmd_translate)
-
-
-def cmd_translate(args) -> int:
-    from runtime.translator import Translator
-
-    translator = Translator(args.bundle, device=args.device, intra_threads=args.threads)
-    if args.input:
-        path = Path(args.input)
-        if not path.is_file():
-            raise CommandError(f"--input {path}: no such file")
-        with open(path, encoding="utf-8", errors="replace", newline="") as f:
-            text = f.read()
-    else:
-        text = sys.stdin.read()
-    # Lines end at "\n" only: str.splitlines would also split at form feeds, U+2028 and other
-    # separators inside a line, and every later translation would land on the wrong line.
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    progress = Progress(len(lines), enabled=bool(args.input) and sys.stderr.isatty() or bool(os.environ.get("SEQ2ONNX_PROGRESS")))
-    try:
-        chunk = 256
-        for start in range(0, len(lines), chunk):
-            results = translator.translate_batch(
-                lines[start : start + chunk], beam_size=args.beam, num_hypotheses=args.n_best,
-                length_penalty=args.length_penalty, max_decoding_length=args.max_length, return_scores=True,
-                truncate=args.truncate, max_batch_size=args.batch_size)
-            for offset, r in enumerate(results):
-                if args.n_best > 1:
-                    for text, score in zip(r.hypotheses, r.scores):
-                        out.write(f"{start + offset} ||| {text} ||| {score:.4f}\n")
-                elif args.scores:
-                    out.write(f"{r.scores[0]:.4f}\t{r.hypotheses[0]}\n")
-                else:
-                    out.write(r.hypotheses[0] + "\n")
-            progress.update(len(results))
-    finally:
-        progress.close()
-        if args.output:
-            out.close()
     return 0
 
 
@@ -300,15 +199,15 @@ DEMO_SENTENCES = [
 
 
 def cmd_demo(args) -> int:
-    _needs_torch("demo")
+    needs_torch("demo")
     import torch
 
-    from export.bundle import export_bundle
-    from export.parity import format_report, verify
-    from model import checkpoint
-    from model.search import translate_ids
-    from model.train import TrainOptions, train
-    from runtime.translator import Translator
+    from seq2onnx.export.bundle import export_bundle
+    from seq2onnx.export.parity import format_report, verify
+    from seq2onnx.model import checkpoint
+    from seq2onnx.model.search import translate_ids
+    from seq2onnx.model.train import TrainOptions, train
+    from seq2onnx.runtime.translator import Translator
 
     root = Path(args.out)
     if root.exists() and not args.force:
@@ -341,43 +240,20 @@ def cmd_demo(args) -> int:
 
 # -- main ----------------------------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="seq2onnx",
-        description="Train a Transformer in PyTorch, export it as two ONNX graphs, verify parity, translate without torch.",
-    )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (add_train, add_export, add_verify, add_evaluate, add_translate, add_demo):
+# The training-side commands, in the order `seq2onnx --help` lists them. seq2onnx.runtime.cli
+# dispatches these names here; its own commands (translate) never import this module.
+def add_commands(sub) -> None:
+    """Adds the training-side subcommands to the `seq2onnx` parser."""
+    from seq2onnx.export.benchcli import add_bench
+
+    for add in (add_train, add_export, add_verify, add_evaluate, add_demo, add_bench):
         add(sub)
-    try:
-        from export.benchcli import add_bench
-        add_bench(sub)
-    except ImportError:
-        pass
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.command:
-        parser.print_help()
-        return EXIT_USAGE
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # one line for the user; the traceback with --debug
-        if args.debug:
-            raise
-        from runtime.bundle import BundleError
+    from seq2onnx.runtime.cli import build_parser
 
-        known = (CommandError, BundleError, ValueError, TypeError, FileNotFoundError, PermissionError, RuntimeError, OSError)
-        kind = "" if isinstance(e, known) else f"unexpected {type(e).__name__} (rerun with --debug for the traceback): "
-        print(f"seq2onnx {args.command}: error: {kind}{e}", file=sys.stderr)
-        return EXIT_FAIL
+    return run_command(build_parser(training=True), argv)
 
 
 if __name__ == "__main__":

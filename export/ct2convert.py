@@ -128,7 +128,7 @@ def convert_checkpoint(ckpt: str | Path, out: str | Path, quantization: str | No
 
     quantization None keeps float32 weights; load them with compute_type "int8" to quantize on load.
     """
-    from model import checkpoint
+    from seq2onnx.model import checkpoint
 
     model, tokenizer, _ = checkpoint.load(ckpt)
     spec = build_spec(model, tokenizer)

@@ -13,8 +13,8 @@ import onnx
 import torch
 from torch import Tensor, nn
 
-from model.transformer import Transformer
-from runtime import bundle as names
+from seq2onnx.model.transformer import Transformer
+from seq2onnx.runtime import bundle as names
 
 OPSET = 17
 

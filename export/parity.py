@@ -16,12 +16,12 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from model import checkpoint
-from model.search import translate_ids
-from model.train import TrainOptions, bleu, load_split
-from model.corpus import generate_pairs
-from runtime import bundle as fmt
-from runtime.translator import Translator
+from seq2onnx.model import checkpoint
+from seq2onnx.model.search import translate_ids
+from seq2onnx.model.train import TrainOptions, bleu, load_split
+from seq2onnx.model.corpus import generate_pairs
+from seq2onnx.runtime import bundle as fmt
+from seq2onnx.runtime.translator import Translator
 
 
 @dataclass
@@ -43,7 +43,7 @@ def test_sentences(ckpt_dir: Path, n: int, data: str | None = None, src_col: int
     state = json.loads((ckpt_dir / checkpoint.STATE).read_text()) if (ckpt_dir / checkpoint.STATE).exists() else {}
     options = state.get("options")
     if data is not None:
-        from model.data import read_pairs
+        from seq2onnx.model.data import read_pairs
 
         pairs, _ = read_pairs(data, src_col=src_col, tgt_col=tgt_col, skip_bad=True)
         return pairs[:n]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.config import ModelConfig
-from model.transformer import Transformer
+from seq2onnx.model.config import ModelConfig
+from seq2onnx.model.transformer import Transformer
 
 # Tiny models run fastest on one thread; on a shared 2-core machine more threads thrash.
 torch.set_num_threads(1)

@@ -6,9 +6,9 @@ import json
 import pytest
 from tiny import scratch, tiny_run
 
-from export import benchcli, ct2convert
-from export.cli import main
-from runtime.translator import _cuda_usable
+from seq2onnx.export import benchcli, ct2convert
+from seq2onnx.runtime.cli import main
+from seq2onnx.runtime.translator import _cuda_usable
 
 HAVE_CT2 = ct2convert.ct2_available()[0]
 CONFIGS = {("greedy", 1), ("greedy", 32), ("beam4", 1), ("beam4", 32)}

@@ -10,12 +10,12 @@ import struct
 import pytest
 import torch
 
-from model import checkpoint
-from model.checkpoint import CheckpointError
-from model.config import EOS_ID, ModelConfig
-from model.corpus import generate_pairs
-from model.tokenizer import Tokenizer
-from model.transformer import Transformer
+from seq2onnx.model import checkpoint
+from seq2onnx.model.checkpoint import CheckpointError
+from seq2onnx.model.config import EOS_ID, ModelConfig
+from seq2onnx.model.corpus import generate_pairs
+from seq2onnx.model.tokenizer import Tokenizer
+from seq2onnx.model.transformer import Transformer
 
 
 @pytest.fixture(scope="module")

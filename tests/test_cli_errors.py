@@ -1,7 +1,6 @@
 """Every command error exits non-zero with one line naming the problem and the fix; no traceback."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ from tiny import scratch, tiny_bundle, tiny_run
 
 
 def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "export.cli", *args], input=stdin, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "seq2onnx.runtime.cli", *args], input=stdin, capture_output=True, text=True,
                           timeout=300)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from model.corpus import (
+from seq2onnx.model.corpus import (
     DEFAULT_PAIRS,
     MAX_PAIRS,
     Clause,

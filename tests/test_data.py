@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from model.data import DataError, Split, filter_by_length, read_pairs, split_pairs, token_batches
+from seq2onnx.model.data import DataError, Split, filter_by_length, read_pairs, split_pairs, token_batches
 
 TATOEBA = Path(__file__).resolve().parents[2] / "shared/data/tatoeba-cmn-eng/cmn.txt"
 

@@ -18,14 +18,14 @@ import torch
 
 from tiny import scratch, tiny_bundle, tiny_run
 
-from export.bundle import DECODING_DEFAULTS, TOLERANCES, ExportError, export_bundle
-from export.graphs import OPSET
-from export.parity import test_sentences as split_sentences
-from model import checkpoint
-from model.checkpoint import CheckpointError
-from model.search import translate_ids
-from runtime import bundle as fmt
-from runtime.translator import Translator
+from seq2onnx.export.bundle import DECODING_DEFAULTS, TOLERANCES, ExportError, export_bundle
+from seq2onnx.export.graphs import OPSET
+from seq2onnx.export.parity import test_sentences as split_sentences
+from seq2onnx.model import checkpoint
+from seq2onnx.model.checkpoint import CheckpointError
+from seq2onnx.model.search import translate_ids
+from seq2onnx.runtime import bundle as fmt
+from seq2onnx.runtime.translator import Translator
 
 REPO = Path(__file__).resolve().parents[1]
 ATOL = 1e-4
@@ -358,7 +358,7 @@ def test_export_to_an_unwritable_place_names_it():
 
 
 def test_failed_export_leaves_no_temporary_directory(monkeypatch):
-    import export.bundle as export_module
+    import seq2onnx.export.bundle as export_module
 
     def broken(directory):
         raise RuntimeError("validation failed on purpose")
@@ -416,7 +416,7 @@ def test_bad_checkpoints_raise_checkpoint_error_naming_the_problem():
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "export.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "seq2onnx.runtime.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
 
 

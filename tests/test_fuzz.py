@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.translator import TranslationResult, Translator
+from seq2onnx.runtime.translator import TranslationResult, Translator
 from tiny import tiny_bundle
 
 # Every code point, surrogates and control characters included.

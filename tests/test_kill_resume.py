@@ -10,13 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
-from model import checkpoint
+from seq2onnx.model import checkpoint
 
 TRAIN = """
 import sys
-from model.train import TrainOptions, train
+from seq2onnx.model.train import TrainOptions, train
 train(TrainOptions(out=sys.argv[1], generated_pairs=600, valid_size=20, test_size=20, vocab_size=60, max_len=30,
                    d_model=16, n_heads=2, layers=1, d_ff=32, dropout=0.0, max_tokens=400, warmup=20,
                    max_steps=int(sys.argv[2]), eval_every=2, bleu_sentences=2, seed=5, device="cpu",

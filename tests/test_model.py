@@ -9,11 +9,11 @@ import pickle
 import pytest
 import torch
 
-from model import checkpoint
-from model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
-from model.corpus import generate_pairs
-from model.tokenizer import Tokenizer
-from model.transformer import Transformer, sinusoid_table
+from seq2onnx.model import checkpoint
+from seq2onnx.model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
+from seq2onnx.model.corpus import generate_pairs
+from seq2onnx.model.tokenizer import Tokenizer
+from seq2onnx.model.transformer import Transformer, sinusoid_table
 
 torch.set_num_threads(1)
 

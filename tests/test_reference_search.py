@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from model.search import Hypothesis, beam_search, greedy_search, model_step, translate_ids
+from seq2onnx.model.search import Hypothesis, beam_search, greedy_search, model_step, translate_ids
 
 START, EOS, A, B = 2, 3, 4, 5  # the fake vocabulary: 0 pad, 1 unk, 2 start, 3 end, 4 "a", 5 "b"
 V = 6
@@ -225,8 +225,8 @@ def test_greedy_search_per_row_limits():
 
 
 def _random_model(seed: int, pre_norm: bool = False, eos_pull: float = 1.4):
-    from model.config import ModelConfig
-    from model.transformer import Transformer
+    from seq2onnx.model.config import ModelConfig
+    from seq2onnx.model.transformer import Transformer
 
     torch.manual_seed(seed)
     cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=25, d_model=16, n_heads=2, n_encoder_layers=1,

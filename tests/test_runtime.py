@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.bundle import BundleError
-from runtime.translator import TranslationResult, Translator, _cuda_usable
+from seq2onnx.runtime.bundle import BundleError
+from seq2onnx.runtime.translator import TranslationResult, Translator, _cuda_usable
 from tiny import scratch, tiny_bundle, tiny_run
 
 # The tiny model is fastest on one thread: on a 2-core machine shared with other work, torch's
@@ -45,8 +45,8 @@ def translator(bundle) -> Translator:
 @pytest.fixture(scope="module")
 def reference(bundle):
     """(model, tokenizer, test sentences) of the checkpoint the bundle was exported from."""
-    from model import checkpoint
-    from model.train import TrainOptions, load_split
+    from seq2onnx.model import checkpoint
+    from seq2onnx.model.train import TrainOptions, load_split
 
     last = _run() / "last"
     options = json.loads((last / "train_state.json").read_text())["options"]
@@ -66,16 +66,16 @@ import importlib.abc, json, sys
 block = sys.argv[2] == "block"
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "model", "export"):
+        if name.split(".")[0] in ("torch", "onnx", "model", "export", "runtime") or name.startswith(("seq2onnx.model", "seq2onnx.export")):
             raise ImportError(f"{name} is blocked: the runtime must not need it")
 if block:
     sys.meta_path.insert(0, Block())
-import runtime
-from runtime.translator import Translator
+from seq2onnx import Translator, TranslationResult, __version__
 t = Translator(sys.argv[1], device="cpu")
 r = t.translate_batch(["the cat dances in the box", "", "a small bird sleeps"], beam_size=2)
 g = list(t.generate_tokens("a small bird sleeps"))
-loaded = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "model", "export"})
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "onnx", "model", "export", "runtime")
+                or m.startswith(("seq2onnx.model", "seq2onnx.export")))
 print(json.dumps({"hyps": [x.hypotheses[0] for x in r], "stream": g, "loaded": loaded}))
 """
 
@@ -93,7 +93,7 @@ def test_runtime_is_torch_free(bundle, mode):
 # -- parity with the PyTorch reference -------------------------------------------------------------
 
 def test_greedy_parity_on_the_test_split(translator, reference):
-    from model.search import translate_ids
+    from seq2onnx.model.search import translate_ids
 
     model, tok, sentences = reference
     assert len(sentences) == 50
@@ -112,7 +112,7 @@ def test_greedy_parity_on_the_test_split(translator, reference):
 
 @pytest.fixture(scope="module")
 def beam_reference(reference):
-    from model.search import translate_ids
+    from seq2onnx.model.search import translate_ids
 
     model, tok, sentences = reference
     ids = [tok.encode_source(s) for s in sentences[:20]]
@@ -146,7 +146,7 @@ def test_beam_reference_is_not_trivial(beam_reference):
 
 
 def test_text_translation_matches_reference(translator, reference):
-    from model.search import translate_ids
+    from seq2onnx.model.search import translate_ids
 
     model, tok, sentences = reference
     for s in sentences[:8]:
@@ -156,7 +156,7 @@ def test_text_translation_matches_reference(translator, reference):
 
 
 def test_min_and_max_decoding_length(translator, reference):
-    from model.search import translate_ids
+    from seq2onnx.model.search import translate_ids
 
     model, tok, sentences = reference
     ids = [tok.encode_source(s) for s in sentences[:6]]

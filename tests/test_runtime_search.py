@@ -2,12 +2,11 @@
 token-for-token agreement with the PyTorch oracle (model/search.py) on random log-prob tables."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
 
-from runtime.search import beam_search, greedy_search, sample, stream_greedy
+from seq2onnx.runtime.search import beam_search, greedy_search, sample, stream_greedy
 
 START, EOS = 2, 3
 NEG = -50.0  # "never" without -inf
@@ -250,7 +249,7 @@ def test_search_argument_errors():
 # -- beam search against the oracle ----------------------------------------------------------------
 
 def _oracle(fn, batch, *, k, alpha, min_length, max_lengths):
-    from model.search import beam_search as torch_beam
+    from seq2onnx.model.search import beam_search as torch_beam
 
     out = []
     for s in range(batch):
@@ -292,7 +291,7 @@ def test_beam_equals_torch_oracle(k, batch, ties):
 
 
 def test_beam_one_equals_greedy_and_greedy_equals_oracle():
-    from model.search import greedy_search as torch_greedy
+    from seq2onnx.model.search import greedy_search as torch_greedy
 
     for seed in range(6):
         fn = random_fn(100 + seed, 7, ties=seed % 2 == 1)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from model.corpus import generate_pairs
-from model.tokenizer import SOURCE_MODEL, TARGET_MODEL, Tokenizer, train_sentencepiece
+from seq2onnx.model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from seq2onnx.model.corpus import generate_pairs
+from seq2onnx.model.tokenizer import SOURCE_MODEL, TARGET_MODEL, Tokenizer, train_sentencepiece
 
 
 @pytest.fixture(scope="module")

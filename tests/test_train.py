@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import checkpoint
-from model.train import TrainError, TrainOptions, train
+from seq2onnx.model import checkpoint
+from seq2onnx.model.train import TrainError, TrainOptions, train
 
 
 def _opts(out: Path, **kw) -> TrainOptions:

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
-from model.transformer import Transformer, sinusoid_table
+from seq2onnx.model.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
+from seq2onnx.model.transformer import sinusoid_table
 
 
 def _src_batch(gen: torch.Generator, lengths: list[int], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

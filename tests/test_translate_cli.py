@@ -1,4 +1,4 @@
-"""`seq2onnx translate BUNDLE` (python -m export.cli translate) against Translator.translate_batch."""
+"""`seq2onnx translate BUNDLE` (python -m seq2onnx.runtime.cli translate) against Translator.translate_batch."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.translator import Translator
+from seq2onnx.runtime.translator import Translator
 from tiny import scratch, tiny_bundle
 
 try:  # the tiny model is built with torch: one thread is much faster on a small shared machine
@@ -34,7 +34,7 @@ LINES = [
 def cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     env.pop("SEQ2ONNX_PROGRESS", None)
-    return subprocess.run([sys.executable, "-m", "export.cli", "translate", *args], input=input,
+    return subprocess.run([sys.executable, "-m", "seq2onnx.runtime.cli", "translate", *args], input=input,
                           capture_output=True, text=True, encoding="utf-8", cwd=ROOT, env=env, timeout=120)
 
 

@@ -15,9 +15,9 @@ from onnx import numpy_helper
 
 from tiny import scratch, tiny_bundle, tiny_run
 
-from export.parity import format_report, test_sentences as split_sentences, verify
-from model import checkpoint
-from runtime import bundle as fmt
+from seq2onnx.export.parity import format_report, test_sentences as split_sentences, verify
+from seq2onnx.model import checkpoint
+from seq2onnx.runtime import bundle as fmt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,7 +119,7 @@ def test_int8_bundle_is_held_to_its_own_bounds():
 
 def cli_verify(bundle: Path, json_out: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "export.cli", "verify", str(tiny_run(False, True)), str(bundle), "--json", str(json_out)],
+        [sys.executable, "-m", "seq2onnx.runtime.cli", "verify", str(tiny_run(False, True)), str(bundle), "--json", str(json_out)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
 
 

@@ -33,7 +33,7 @@ def tiny_bundle(pre_norm: bool = False, tie: bool = True, quantize: str | None =
 # lru_cache keys on how arguments are passed (f() and f(False) differ): normalise first.
 @functools.lru_cache(maxsize=None)
 def _run(pre_norm: bool, tie: bool, steps: int) -> Path:
-    from model.train import TrainOptions, train
+    from seq2onnx.model.train import TrainOptions, train
 
     out = _ROOT / f"run-pre{int(pre_norm)}-tie{int(tie)}-{steps}"
     train(TrainOptions(
@@ -47,7 +47,7 @@ def _run(pre_norm: bool, tie: bool, steps: int) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def _bundle(pre_norm: bool, tie: bool, quantize: str | None) -> Path:
-    from export.bundle import export_bundle
+    from seq2onnx.export.bundle import export_bundle
 
     out = _ROOT / f"bundle-pre{int(pre_norm)}-tie{int(tie)}-{quantize or 'fp32'}"
     return export_bundle(tiny_run(pre_norm, tie) / "last", out, quantize=quantize)

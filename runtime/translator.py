@@ -234,15 +234,40 @@ class Translator:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def prepare_source(self, text: str, *, truncate: bool = False) -> tuple[list[int], bool]:
+        """Source token ids of one text, end token included, as translate_batch feeds them to the
+        encoder, and whether they were cut to the model's positions. An empty or whitespace-only
+        text gives ([], False).
+
+        Raises ValueError when the text has more tokens than the model's positions and truncate
+        is False (the message names both numbers and the fix).
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text is {type(text).__name__}; give a str")
+        if not text.strip():
+            return [], False
+        # Lone surrogates cannot be encoded as UTF-8: replace them rather than fail inside spm.
+        if not text.isascii():
+            text = text.encode("utf-8", "replace").decode("utf-8")
+        ids = self.source_tokenizer.encode(text) + [self.eos_id]
+        if len(ids) <= self.max_positions:
+            return ids, False
+        if not truncate:
+            raise ValueError(
+                f"{len(ids)} tokens; this model was exported for at most {self.max_positions} positions "
+                "(max_positions in bundle.json): shorten it or pass truncate=True"
+            )
+        return ids[: self.max_positions - 1] + [self.eos_id], True
+
     def _source_ids(self, index: int, item, truncate: bool) -> list[int] | None:
         vocab = self.bundle.model["src_vocab_size"]
         if isinstance(item, str):
-            if not item.strip():
-                return None
-            # Lone surrogates cannot be encoded as UTF-8: replace them rather than fail inside spm.
-            text = item.encode("utf-8", "replace").decode("utf-8") if not item.isascii() else item
-            ids = self.source_tokenizer.encode(text) + [self.eos_id]
-        elif isinstance(item, (list, tuple, np.ndarray)) and all(isinstance(x, (int, np.integer)) for x in item):
+            try:
+                ids, _ = self.prepare_source(item, truncate=truncate)
+            except ValueError as e:
+                raise ValueError(f"source {index} has {e}") from None
+            return ids or None
+        if isinstance(item, (list, tuple, np.ndarray)) and all(isinstance(x, (int, np.integer)) for x in item):
             ids = [int(x) for x in item]
             if not ids:
                 return None

@@ -3,7 +3,10 @@
     python benchmarks/run.py CHECKPOINT [--bundle-dir DIR] [--sentences N] [--threads N] [--json FILE] [--quick]
 
 See benchmarks/README.md for what is measured and how to read it; the implementation lives in
-export/benchcli.py (engines, child processes, report) and export/ct2convert.py (CTranslate2 conversion).
+export/benchcli.py (the subcommand), export/bench_run.py (sentences, bundles, one child process per
+engine), export/bench_engines.py (the child: one engine timed), export/bench_machine.py (the machine),
+export/bench_rows.py (tokens/s, percentiles, ratios), export/bench_format.py (the printed report) and
+export/ct2convert.py (CTranslate2 conversion).
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Checkpoint -> bundle directory: the two graphs, the tokenizers and bundle.json, written atomically."""
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import platform
@@ -49,8 +51,10 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
     dtype "float16" keeps LayerNorm, softmax and log-softmax in fp32 (for CUDA); quantize "int8"
     applies onnxruntime dynamic quantization to the fp32 graphs (for the CPU). The bundle is
     validated (hashes, graph loading, one decoding step) before it is moved into place.
-    Raises ExportError for an existing output without force, or an unwritable location;
-    CheckpointError for a bad checkpoint.
+    The whole export holds a lock beside `out`, so of two exports to one place started together
+    exactly one succeeds, with or without force; the other raises ExportError.
+    Raises ExportError for an existing output without force, an output another export is writing,
+    or an unwritable location; CheckpointError for a bad checkpoint.
     """
     if dtype not in ("float32", "float16"):
         raise ExportError(f"--dtype {dtype}: choose float32 or float16")
@@ -61,33 +65,88 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
     out = Path(out)
     if out.exists() and not force:
         raise ExportError(f"{out} already exists; pass --force to replace it")
-    model, _, ckpt_dir = checkpoint.load(ckpt)
     parent = out.resolve().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
     except OSError as e:
         raise ExportError(f"cannot write the bundle at {out}: {e.strerror}; choose a writable directory") from e
-    try:
-        os.chmod(tmp, 0o755)
-        export_graphs(model, tmp, dtype=torch.float16 if dtype == "float16" else torch.float32)
-        if quantize == "int8":
-            _quantize_int8(tmp)
-        shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
-        shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
-        _write_json(tmp, model, ckpt_dir, dtype, quantize)
-        _validate(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with _OutputLock(out):
+        # Checked again under the lock: another export may have finished since the check above.
+        if out.exists() and not force:
+            raise ExportError(f"{out} already exists (written by another export meanwhile); pass --force to replace it")
+        model, _, ckpt_dir = checkpoint.load(ckpt)
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+        except OSError as e:
+            raise ExportError(f"cannot write the bundle at {out}: {e.strerror}; choose a writable directory") from e
+        try:
+            os.chmod(tmp, 0o755)
+            export_graphs(model, tmp, dtype=torch.float16 if dtype == "float16" else torch.float32)
+            if quantize == "int8":
+                _quantize_int8(tmp)
+            shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
+            shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
+            _write_json(tmp, model, ckpt_dir, dtype, quantize)
+            _validate(tmp)
+            if out.exists():
+                old = out.with_name(f".{out.name}.old-{os.getpid()}")
+                os.rename(out, old)
+                os.rename(tmp, out)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out
+
+
+class _OutputLock:
+    """An exclusive lock on one output path, held for a whole export: `.NAME.lock` beside it.
+
+    Without it two exports to one place both report success and the later rename silently
+    replaces the earlier bundle. flock (not O_EXCL) so that a killed export leaves no stale lock:
+    the kernel drops the lock with the process. The file is removed on release; a waiter that
+    opened the removed file sees a different inode from the path's and reports the lock as taken.
+    """
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.path = out.resolve().parent / f".{out.name}.lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> "_OutputLock":
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ExportError(f"cannot write the bundle at {self.out}: {e.strerror} ({self.path}); "
+                              "choose a writable directory") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.ENOENT):
+                os.close(fd)
+                raise
+            same = False
+        if not same:
+            os.close(fd)
+            raise ExportError(f"another export is writing {self.out} right now (it holds {self.path}); "
+                              "wait for it to finish, or export to another directory")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)  # while still locked, so no waiter can take the removed file
+        except FileNotFoundError:
+            pass
+        os.close(self.fd)
+        self.fd = None
 
 
 def _quantize_int8(directory: Path) -> None:

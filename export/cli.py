@@ -11,23 +11,25 @@ import sys
 import time
 from pathlib import Path
 
-from seq2onnx.runtime.cli import EXIT_FAIL, CommandError, needs_torch, run_command
+from seq2onnx.runtime.cli import EXIT_FAIL, TRAINING_COMMANDS, CommandError, needs_torch, run_command
 
 
 # -- train ---------------------------------------------------------------------------------------
 
 def add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a Transformer on a parallel corpus (or the generated one)",
-                       description="Train an encoder-decoder Transformer with teacher forcing. Checkpoints go to "
+    p = sub.add_parser("train", description="Train an encoder-decoder Transformer with teacher forcing. Checkpoints go to "
                        "OUT/step-*/ with OUT/last and OUT/best pointing at them; --resume continues a run.")
     p.add_argument("out", help="run directory (checkpoints, `last` and `best`)")
     p.add_argument("--data", help="tab-separated corpus; default: the generated corpus of `seq2onnx demo`")
+    p.add_argument("--valid-data", help="tab-separated validation set, read with the same column options; "
+                   "default: --valid-size pairs held out of --data (the test split always comes from --data)")
     p.add_argument("--src-col", type=int, default=0, help="0-based column of the source text (default 0)")
     p.add_argument("--tgt-col", type=int, default=1, help="0-based column of the target text (default 1)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of failing")
     p.add_argument("--pairs", type=int, default=20000, help="size of the generated corpus when --data is not given")
-    p.add_argument("--valid-size", type=int, default=500)
-    p.add_argument("--test-size", type=int, default=500)
+    p.add_argument("--valid-size", type=int, default=500, help="validation pairs held out of --data "
+                   "(ignored with --valid-data)")
+    p.add_argument("--test-size", type=int, default=500, help="test pairs held out of --data")
     p.add_argument("--vocab-size", type=int, default=1000, help="SentencePiece pieces per side")
     p.add_argument("--joint-vocab", action="store_true", help="one SentencePiece model for both sides")
     p.add_argument("--max-len", type=int, default=64, help="drop training pairs longer than this many tokens")
@@ -58,7 +60,7 @@ def train_options(args):
     from seq2onnx.model.train import TrainOptions
 
     return TrainOptions(
-        out=args.out, data=args.data, src_col=args.src_col, tgt_col=args.tgt_col, skip_bad_lines=args.skip_bad_lines,
+        out=args.out, data=args.data, valid_data=args.valid_data, src_col=args.src_col, tgt_col=args.tgt_col, skip_bad_lines=args.skip_bad_lines,
         generated_pairs=args.pairs, valid_size=args.valid_size, test_size=args.test_size, vocab_size=args.vocab_size,
         joint_vocab=args.joint_vocab, max_len=args.max_len, d_model=args.d_model, n_heads=args.heads,
         layers=args.layers, d_ff=args.d_ff, dropout=args.dropout, pre_norm=args.pre_norm,
@@ -82,8 +84,7 @@ def cmd_train(args) -> int:
 # -- export / verify -----------------------------------------------------------------------------
 
 def add_export(sub) -> None:
-    p = sub.add_parser("export", help="turn a checkpoint into an ONNX bundle",
-                       description="Export CHECKPOINT (a run directory or one of its step-*/last/best) into the "
+    p = sub.add_parser("export", description="Export CHECKPOINT (a run directory or one of its step-*/last/best) into the "
                        "bundle OUT_DIR: encoder.onnx, decoder.onnx (one step with a key/value cache), the "
                        "tokenizers and bundle.json. Written atomically; validated before success is reported.")
     p.add_argument("checkpoint")
@@ -105,8 +106,7 @@ def cmd_export(args) -> int:
 
 
 def add_verify(sub) -> None:
-    p = sub.add_parser("verify", help="prove a bundle computes what its checkpoint computes",
-                       description="Compare the bundle with the PyTorch checkpoint in tiers: tensors step by step "
+    p = sub.add_parser("verify", description="Compare the bundle with the PyTorch checkpoint in tiers: tensors step by step "
                        "(along teacher-forced targets and the greedy path), greedy token ids, BLEU. Exit 1 when "
                        "any check fails.")
     p.add_argument("checkpoint")
@@ -133,8 +133,7 @@ def cmd_verify(args) -> int:
 
 
 def add_evaluate(sub) -> None:
-    p = sub.add_parser("evaluate", help="BLEU on the checkpoint's test split (PyTorch and, with --bundle, onnxruntime)",
-                       description="Decode the test split of the corpus the checkpoint was trained on (the same "
+    p = sub.add_parser("evaluate", description="Decode the test split of the corpus the checkpoint was trained on (the same "
                        "deterministic split as training) and report sacreBLEU against its references.")
     p.add_argument("checkpoint")
     p.add_argument("--bundle", help="also decode with this bundle through onnxruntime and count agreement")
@@ -180,8 +179,7 @@ def cmd_evaluate(args) -> int:
 # -- demo ----------------------------------------------------------------------------------------
 
 def add_demo(sub) -> None:
-    p = sub.add_parser("demo", help="train, export, verify and translate on the generated corpus (~5 min on 2 cores)",
-                       description="The whole path on data the project makes itself: train a small Transformer, "
+    p = sub.add_parser("demo", description="The whole path on data the project makes itself: train a small Transformer, "
                        "show reference translations, export the bundle, verify parity, translate with onnxruntime.")
     p.add_argument("--out", default="seq2onnx-demo", help="working directory (default ./seq2onnx-demo)")
     p.add_argument("--steps", type=int, default=1000, help="training steps (default 1000: about 5 minutes on 2 CPU cores)")
@@ -246,8 +244,21 @@ def add_commands(sub) -> None:
     """Adds the training-side subcommands to the `seq2onnx` parser."""
     from seq2onnx.export.benchcli import add_bench
 
+    one_help = _OneHelp(sub)
     for add in (add_train, add_export, add_verify, add_evaluate, add_demo, add_bench):
-        add(sub)
+        add(one_help)
+
+
+class _OneHelp:
+    """The subparsers object, but each command's one-line help comes from TRAINING_COMMANDS:
+    `seq2onnx --help` lists it from there without importing this module, so it is written once."""
+
+    def __init__(self, sub):
+        self._sub = sub
+
+    def add_parser(self, name: str, **kwargs):
+        kwargs["help"] = TRAINING_COMMANDS[name]
+        return self._sub.add_parser(name, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,12 +11,13 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import ModelConfig
+from .config import ModelConfig, available_memory, gib
 from .tokenizer import SOURCE_MODEL, TARGET_MODEL, Tokenizer
 from .transformer import Transformer
 
@@ -65,6 +66,7 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transfor
         cfg = ModelConfig.load(path / CONFIG)
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path / CONFIG}: not a valid model config: {e}") from e
+    _check_fits(cfg, path)
     model = Transformer(cfg)
     try:
         weights = load_file(str(path / WEIGHTS))
@@ -88,6 +90,24 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transfor
             f"differ from config.json ({cfg.src_vocab_size}, {cfg.tgt_vocab_size})"
         )
     return model.to(device).eval(), tokenizer, path
+
+
+def _check_fits(cfg: ModelConfig, path: Path) -> None:
+    """Refuses, before allocating, a config whose weights cannot fit in this machine's memory."""
+    # The model's fp32 weights and the tensors read from the file exist at once while loading.
+    need = 2 * 4 * cfg.parameter_count()
+    limit = available_memory()
+    if limit is not None and need > limit:
+        raise CheckpointError(
+            f"{path / CONFIG}: this model has {cfg.parameter_count():,} parameters and needs about {gib(need)} "
+            f"to load, more than this machine's {gib(limit)}; load it on a machine with more memory, or check "
+            f"that d_model ({cfg.d_model}), d_ff ({cfg.d_ff}) and the vocabulary sizes in config.json are right"
+        )
+
+
+# Test-only: seconds to sleep inside a checkpoint write, while its temporary directory exists, so
+# that tests/test_kill_resume.py can kill a process inside a write for certain.
+_WRITE_PAUSE_ENV = "SEQ2ONNX_TEST_CHECKPOINT_WRITE_PAUSE"
 
 
 def save(
@@ -118,6 +138,8 @@ def save(
         for f in tmp.iterdir():  # data on disk before the rename makes it visible
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        if os.environ.get(_WRITE_PAUSE_ENV):
+            time.sleep(float(os.environ[_WRITE_PAUSE_ENV]))
         if final.exists():
             _remove(final)
         os.rename(tmp, final)
@@ -152,11 +174,21 @@ def _prune(run_dir: Path) -> None:
     for child in run_dir.iterdir():
         if child.name.startswith("step-") and child.name not in keep:
             _remove(child)
-        elif child.name.startswith(".tmp-") or child.name.startswith(".last.tmp") or child.name.startswith(".best.tmp"):
+    remove_leftovers(run_dir)
+
+
+def remove_leftovers(run_dir: str | Path) -> list[str]:
+    """Deletes the temporary files and directories a killed write left in a run directory;
+    returns their names. Only for a run no other process is writing (training resumes it)."""
+    removed = []
+    for child in Path(run_dir).iterdir():
+        if child.name.startswith((".tmp-", ".last.tmp", ".best.tmp", ".probe-")):
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child, ignore_errors=True)
             else:
                 child.unlink(missing_ok=True)
+            removed.append(child.name)
+    return removed
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:

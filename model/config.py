@@ -52,6 +52,19 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    def parameter_count(self) -> int:
+        """Trainable parameters of the Transformer this config describes, shared tensors once."""
+        d, ff = self.d_model, self.d_ff
+        attention = 4 * (d * d + d)  # w_q, w_k, w_v, w_o with biases
+        feed_forward = d * ff + ff + ff * d + d
+        norm = 2 * d
+        encoder = self.n_encoder_layers * (attention + feed_forward + 2 * norm)
+        decoder = self.n_decoder_layers * (2 * attention + feed_forward + 3 * norm)
+        embeddings = self.src_vocab_size * d + (0 if self.share_vocab else self.tgt_vocab_size * d)
+        generator = 0 if self.tie_embeddings else self.tgt_vocab_size * d
+        final_norms = 2 * norm if self.pre_norm else 0
+        return encoder + decoder + embeddings + generator + final_norms
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -72,3 +85,44 @@ class ModelConfig:
     @classmethod
     def load(cls, path: str | Path) -> "ModelConfig":
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+# fp32 weights, their gradients and Adam's two moments: four copies of every parameter.
+TRAINING_BYTES_PER_PARAMETER = 4 * 4
+
+
+def training_memory(cfg: ModelConfig, max_tokens: int) -> tuple[int, int]:
+    """A rough lower bound on training memory in bytes: (parameters' share, activations' share).
+
+    Activations are those kept for the backward pass of one batch of max_tokens tokens per side:
+    per token and layer a dozen or so d_model-wide tensors, two d_ff-wide ones and the attention
+    weights (one row of up to max_positions per head), plus the logits over the target vocabulary
+    (logits, log-softmax and its gradient). Rough on purpose: it catches sizes that cannot fit
+    anywhere near, not a few percent.
+    """
+    d, ff, h = cfg.d_model, cfg.d_ff, cfg.n_heads
+    row = min(cfg.max_positions, max_tokens)
+    per_token = (cfg.n_encoder_layers * (12 * d + 2 * ff + h * row)
+                 + cfg.n_decoder_layers * (18 * d + 2 * ff + 2 * h * row) + 3 * cfg.tgt_vocab_size)
+    return cfg.parameter_count() * TRAINING_BYTES_PER_PARAMETER, 4 * max_tokens * per_token
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process may use: physical memory, or a smaller cgroup limit; None if unknown."""
+    import os
+
+    try:
+        limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not every platform names these
+        limit = None
+    try:  # a container's limit (cgroup v2) is what the kernel enforces
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if text.isdigit():
+            limit = min(int(text), limit) if limit else int(text)
+    except OSError:
+        pass
+    return limit
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"

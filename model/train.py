@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import checkpoint
-from .config import ModelConfig
+from .config import ModelConfig, available_memory, gib, training_memory
 from .corpus import DEFAULT_PAIRS, generate_pairs
 from .data import Split, filter_by_length, read_pairs, split_pairs, token_batches
 from .search import translate_ids
@@ -26,6 +27,7 @@ from .transformer import Transformer
 class TrainOptions:
     out: str  # run directory: step-*/ checkpoints and the `last`/`best` links
     data: str | None = None  # TSV corpus; None trains on the generated corpus
+    valid_data: str | None = None  # TSV validation set (same columns); None: valid_size pairs of `data`
     src_col: int = 0
     tgt_col: int = 1
     skip_bad_lines: bool = False
@@ -70,18 +72,90 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_split(opts: TrainOptions) -> Split:
-    """The corpus (a TSV file or the generated one) split deterministically by opts.seed."""
+def _read_tsv(path: str, flag: str, opts: TrainOptions) -> list[tuple[str, str]]:
+    if not Path(path).is_file():
+        raise TrainError(f"{flag} {path}: no such file; give a tab-separated corpus")
+    pairs, skipped = read_pairs(path, src_col=opts.src_col, tgt_col=opts.tgt_col, skip_bad=opts.skip_bad_lines)
+    if skipped:
+        print(f"skipped {skipped} malformed lines of {path} (--skip-bad-lines)")
+    return pairs
+
+
+def load_split(opts: TrainOptions, *, valid: bool = True) -> Split:
+    """The corpus (a TSV file or the generated one) split deterministically by opts.seed.
+
+    With opts.valid_data the validation set is that file (read with the same column options)
+    and `data` gives only train and test; training pairs whose source is in the validation file
+    are dropped, so that validation never scores memorised sentences. valid=False skips reading
+    the validation file (the test split does not depend on it) and leaves `valid` empty.
+    Raises TrainError for a missing file, DataError for a malformed one.
+    """
     if opts.data is None:
         pairs = generate_pairs(opts.generated_pairs, seed=opts.seed)
     else:
-        path = Path(opts.data)
-        if not path.is_file():
-            raise TrainError(f"--data {path}: no such file; give a tab-separated corpus")
-        pairs, skipped = read_pairs(path, src_col=opts.src_col, tgt_col=opts.tgt_col, skip_bad=opts.skip_bad_lines)
-        if skipped:
-            print(f"skipped {skipped} malformed lines of {path} (--skip-bad-lines)")
-    return split_pairs(pairs, valid_size=opts.valid_size, test_size=opts.test_size, seed=opts.seed)
+        pairs = _read_tsv(opts.data, "--data", opts)
+    if opts.valid_data is None:
+        return split_pairs(pairs, valid_size=opts.valid_size, test_size=opts.test_size, seed=opts.seed)
+    split = split_pairs(pairs, valid_size=0, test_size=opts.test_size, seed=opts.seed)
+    if not valid:
+        return split
+    valid_pairs = _read_tsv(opts.valid_data, "--valid-data", opts)
+    sources = {s for s, _ in valid_pairs}
+    train = [pair for pair in split.train if pair[0] not in sources]
+    if not train:
+        raise TrainError(f"every training source of {opts.data or 'the generated corpus'} is also in --valid-data "
+                         f"{opts.valid_data}; give a validation file distinct from the training data")
+    if len(train) < len(split.train):
+        print(f"dropped {len(split.train) - len(train)} training pairs whose source is in --valid-data {opts.valid_data}")
+    return Split(train=train, valid=valid_pairs, test=split.test)
+
+
+def check_writable(out: Path) -> None:
+    """Creates the run directory and a temporary file in it, so that an unwritable place fails now,
+    not at the first checkpoint after minutes of training. Raises TrainError."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".probe-"):
+            pass
+    except OSError as e:
+        raise TrainError(f"cannot write checkpoints to {out}: {e.strerror or e}; "
+                         "choose a writable directory for the run") from e
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes of memory on the training device (None when unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return available_memory()
+
+
+def check_memory(cfg: ModelConfig, max_tokens: int, limit: int | None) -> None:
+    """Raises TrainError, before anything is allocated, when a rough estimate of training memory
+    (config.training_memory) exceeds `limit` bytes; nothing is checked when limit is None."""
+    weights, activations = training_memory(cfg, max_tokens)
+    if limit is None or weights + activations <= limit:
+        return
+    raise TrainError(
+        f"this model would need about {gib(weights + activations)} to train: {cfg.parameter_count():,} parameters "
+        f"x 16 bytes (weights, gradients, Adam's two moments) = {gib(weights)}, plus about {gib(activations)} of "
+        f"activations for --max-tokens {max_tokens}; this machine has {gib(limit)}. Choose a smaller --d-model "
+        f"(now {cfg.d_model}), --d-ff ({cfg.d_ff}), --layers ({cfg.n_encoder_layers}), --vocab-size "
+        f"({max(cfg.src_vocab_size, cfg.tgt_vocab_size)}) or --max-tokens ({max_tokens})"
+    )
+
+
+def steps_reachable(max_steps: int, start_step: int, step: int, elapsed_s: float, max_minutes: float | None) -> int:
+    """The step at which the run will stop: max_steps, or sooner when --max-minutes ends it first.
+
+    The time limit is turned into steps with the rate measured so far in this process (steps
+    since start_step over elapsed_s, evaluations included), so a progress bar toward it tells
+    the time left truthfully. Before any step is measured the answer is max_steps.
+    """
+    if max_minutes is None or step <= start_step or elapsed_s <= 0:
+        return max_steps
+    rate = (step - start_step) / elapsed_s
+    left_s = max(60.0 * max_minutes - elapsed_s, 0.0)
+    return max(step, min(max_steps, step + int(rate * left_s)))
 
 
 def encode_pairs(tok: Tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
@@ -143,6 +217,18 @@ def _distinct_samples(sources: list[str], texts: list[str], k: int) -> list[tupl
     return list(seen.items())
 
 
+def _config(opts: TrainOptions, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
+    try:
+        return ModelConfig(
+            src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=opts.d_model,
+            n_heads=opts.n_heads, n_encoder_layers=opts.layers, n_decoder_layers=opts.layers, d_ff=opts.d_ff,
+            dropout=opts.dropout, max_positions=max(opts.max_len + 2, 128), pre_norm=opts.pre_norm,
+            tie_embeddings=opts.tie_embeddings, share_vocab=opts.joint_vocab,
+        )
+    except ValueError as e:
+        raise TrainError(f"the model options do not fit together: {e}") from e
+
+
 def train(opts: TrainOptions) -> Path:
     """Trains (or resumes) a run in opts.out; returns the run directory."""
     out = Path(opts.out)
@@ -157,22 +243,26 @@ def train(opts: TrainOptions) -> Path:
         keep = ("max_steps", "max_minutes", "eval_every", "progress", "device", "resume", "force", "out")
         opts = TrainOptions(**{**saved, **{k: getattr(opts, k) for k in keep}})
         cfg = model.cfg
-    elif out.exists() and any(out.iterdir()):
-        if not opts.force:
-            raise TrainError(f"{out} already holds a run; pass --resume to continue it or --force to start over")
-        import shutil
-        shutil.rmtree(out)
+        check_memory(cfg, opts.max_tokens, device_memory(device))
+        checkpoint.remove_leftovers(out)  # temporary directories of a write the last run was killed in
+    else:
+        # The largest config the options allow (the vocabularies are at most --vocab-size), checked
+        # before the corpus is read and the tokenizers trained.
+        check_memory(_config(opts, opts.vocab_size, opts.vocab_size), opts.max_tokens, device_memory(device))
+        if out.exists() and not out.is_dir():
+            raise TrainError(f"{out} is a file, not a run directory; choose another OUT")
+        if out.exists() and any(out.iterdir()):
+            if not opts.force:
+                raise TrainError(f"{out} already holds a run; pass --resume to continue it or --force to start over")
+            import shutil
+            shutil.rmtree(out)
+    check_writable(out)
     random.seed(opts.seed)
     torch.manual_seed(opts.seed)
     split = load_split(opts)
     if not opts.resume:
         tok = Tokenizer.train(split.train, opts.vocab_size, joint=opts.joint_vocab)
-        cfg = ModelConfig(
-            src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, d_model=opts.d_model,
-            n_heads=opts.n_heads, n_encoder_layers=opts.layers, n_decoder_layers=opts.layers, d_ff=opts.d_ff,
-            dropout=opts.dropout, max_positions=max(opts.max_len + 2, 128), pre_norm=opts.pre_norm,
-            tie_embeddings=opts.tie_embeddings, share_vocab=opts.joint_vocab,
-        )
+        cfg = _config(opts, tok.src_vocab_size, tok.tgt_vocab_size)
         model = Transformer(cfg).to(device)
     train_ex = encode_pairs(tok, split.train)
     keep, dropped = filter_by_length(train_ex, max_len=opts.max_len)
@@ -218,6 +308,10 @@ def train(opts: TrainOptions) -> Path:
             state.update(step=step, batch_in_epoch=b + 1)
             tokens_seen += int((tgt_out != cfg.pad_id).sum())
             bar.update(1)
+            if opts.max_minutes is not None:  # count toward whichever limit ends the run first
+                total = steps_reachable(opts.max_steps, start, step, time.time() - t0, opts.max_minutes)
+                if total != bar.total:
+                    bar.total = total
             bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens_seen / max(time.time() - t0, 1e-9):,.0f}",
                             refresh=False)
             timed_out = opts.max_minutes is not None and time.time() - t0 > 60 * opts.max_minutes

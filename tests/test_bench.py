@@ -1,12 +1,16 @@
-"""`seq2onnx bench`: rows for every engine, CUDA rows skipped with a reason, CTranslate2's conversion exact."""
+"""`seq2onnx bench`: rows for every engine, CUDA rows skipped with a reason, CTranslate2's conversion exact,
+ratios against the right peer rows, memory measured per process."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 from tiny import scratch, tiny_run
 
-from seq2onnx.export import benchcli, ct2convert
+from seq2onnx.export import bench_engines, bench_format, bench_rows, bench_run, ct2convert
 from seq2onnx.runtime.cli import main
 from seq2onnx.runtime.translator import _cuda_usable
 
@@ -18,28 +22,41 @@ def _rows(report: dict, engine: str) -> list[dict]:
     return [r for r in report["rows"] if r["engine"] == engine]
 
 
+def _row(report: dict, engine: str, search: str, batch: int) -> dict:
+    (row,) = [r for r in _rows(report, engine) if r["search"] == search and r["batch"] == batch]
+    return row
+
+
 def test_bench_quick(capsys):
+    """One real run, as CI runs it: every engine in its own child process."""
     out = scratch("bench") / "bench.json"
     rc = main(["bench", str(tiny_run() / "last"), "--quick", "--threads", "1", "--json", str(out)])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     report = json.loads(out.read_text())
     n = report["sentences"]
-    assert n == benchcli.QUICK_SENTENCES
+    assert n == bench_run.QUICK_SENTENCES
 
     for engine in ("torch", "torch-batched", "onnx-cpu-fp32", "onnx-cpu-int8"):
         rows = _rows(report, engine)
         assert {(r["search"], r["batch"]) for r in rows} == CONFIGS, engine
         for r in rows:
-            assert r["tokens_per_s"] > 0 and r["sentences_per_s"] > 0 and r["peak_rss_mb"] > 0
             assert r["target_tokens"] >= n  # every sentence generates at least its end token
+            assert r["tokens_per_s"] == pytest.approx(r["target_tokens"] / r["seconds"])
+            assert r["sentences_per_s"] == pytest.approx(n / r["seconds"])
+            assert 0 < r["rss_after_load_mb"] <= r["peak_rss_mb"]
             if r["batch"] == 1:
                 assert 0 < r["p50_ms"] <= r["p90_ms"]
+            # x torch: this row's tokens/s over the torch row's of the same search and batch
+            torch_row = _row(report, "torch", r["search"], r["batch"])
+            assert r["x_torch"] == pytest.approx(r["tokens_per_s"] / torch_row["tokens_per_s"])
+    # Each child measures its own peak: the ONNX process never imports torch, so it must stay below
+    # the torch process (a peak inherited from the parent, which holds the model, would not).
+    assert _rows(report, "onnx-cpu-fp32")[0]["peak_rss_mb"] < _rows(report, "torch")[0]["peak_rss_mb"]
     # The fp32 bundle is the model: its greedy outputs are the reference's.
     for r in _rows(report, "onnx-cpu-fp32") + _rows(report, "torch-batched"):
         if r["search"] == "greedy":
             assert r["agreement"] == n
-    assert all(r["x_torch"] == pytest.approx(1.0) for r in _rows(report, "torch"))
 
     skipped = {s["engine"]: s["reason"] for s in report["skipped"]}
     if not _cuda_usable()[0]:
@@ -51,11 +68,15 @@ def test_bench_quick(capsys):
         assert report["ct2_check"]["valid"] is True, report["ct2_check"]
         for r in _rows(report, "ct2-cpu-fp32"):
             assert r["tokens_per_s"] > 0
-            assert r["x_ct2"] == pytest.approx(1.0)
             if r["search"] == "greedy":
                 assert r["agreement"] == n  # the conversion is the same model
         assert _rows(report, "ct2-cpu-int8")
-        assert all(r["x_ct2"] is not None for r in _rows(report, "onnx-cpu-fp32"))
+        # x ct2: against the CTranslate2 row of the same precision (fp32 and torch: fp32; int8: int8)
+        for engine, peer in (("onnx-cpu-fp32", "ct2-cpu-fp32"), ("torch", "ct2-cpu-fp32"), ("onnx-cpu-int8", "ct2-cpu-int8")):
+            for r in _rows(report, engine):
+                p = _row(report, peer, r["search"], r["batch"])
+                assert r["x_ct2_engine"] == peer
+                assert r["x_ct2"] == pytest.approx(r["tokens_per_s"] / p["tokens_per_s"])
     else:
         assert skipped["ct2-cpu-fp32"] == ct2convert.CT2_MISSING
 
@@ -68,8 +89,8 @@ def test_bench_quick(capsys):
 @pytest.mark.skipif(not HAVE_CT2, reason="ctranslate2 not installed")
 def test_ct2_conversion_pre_norm():
     """Pre-LN adds the stacks' final norms: CTranslate2 must still decode exactly as we do."""
-    report = benchcli.run_bench(tiny_run(pre_norm=True) / "last", quick=True, threads=1,
-                                engines=["ct2-cpu-fp32"], log=lambda m: None)
+    report = bench_run.run_bench(tiny_run(pre_norm=True) / "last", quick=True, threads=1,
+                                 engines=["ct2-cpu-fp32"], log=lambda m: None)
     assert report["ct2_check"]["valid"] is True, report["ct2_check"]
     for r in _rows(report, "ct2-cpu-fp32"):
         if r["search"] == "greedy":
@@ -78,39 +99,132 @@ def test_ct2_conversion_pre_norm():
 
 def test_ct2_missing_is_skipped_with_the_install_hint(monkeypatch):
     monkeypatch.setattr(ct2convert, "ct2_available", lambda: (False, ct2convert.CT2_MISSING))
-    report = benchcli.run_bench(tiny_run() / "last", sentences=4, threads=1,
-                                engines=["ct2-cpu-fp32", "ct2-cpu-int8"], log=lambda m: None)
+    report = bench_run.run_bench(tiny_run() / "last", sentences=4, threads=1,
+                                 engines=["ct2-cpu-fp32", "ct2-cpu-int8"], log=lambda m: None)
     skipped = {s["engine"]: s["reason"] for s in report["skipped"]}
     assert skipped["ct2-cpu-fp32"] == skipped["ct2-cpu-int8"] == "ctranslate2 not installed: pip install 'seq2onnx[bench]'"
     assert {r["engine"] for r in report["rows"]} == {"torch"}
-    assert "ctranslate2 not installed" in benchcli.format_report(report)
+    assert "ctranslate2 not installed" in bench_format.format_report(report)
 
 
 def test_counting_helpers():
     # a hypothesis shorter than its limit ended with </s>, which counts; one at the limit did not
-    assert benchcli._target_tokens([[5, 6], [5, 6, 7]], [10, 3]) == 3 + 3
-    assert benchcli._percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
-    assert benchcli._percentile([5.0], 90) == 5.0
+    assert bench_rows.target_tokens([[5, 6], [5, 6, 7]], [10, 3]) == 3 + 3
+    assert bench_rows.percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+    assert bench_rows.percentile([4.0, 1.0, 3.0, 2.0], 90) == pytest.approx(3.7)  # 3 + 0.7 x (4 - 3), any order
+    assert bench_rows.percentile([5.0], 90) == 5.0
+    assert bench_rows.percentile([], 50) is None and bench_rows.percentile(None, 50) is None
 
 
-def _fake(engine: str, outputs: list[list[int]], seconds: float = 1.0) -> dict:
+def test_peak_memory_is_the_childs_own():
+    """A child of a process holding 300 MB reports its own small peak (ru_maxrss would report the parent's)."""
+    held = np.ones(300 * 2**20 // 8)  # written, so resident
+    code = "from seq2onnx.export.bench_engines import peak_rss_mb, rss_mb; now = rss_mb(); print(now, peak_rss_mb())"
+    now, peak = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                          check=True).stdout.split())
+    assert 0 < now <= peak < 150, (peak, now)
+    now = bench_engines.rss_mb()
+    assert bench_engines.peak_rss_mb() >= now >= held.nbytes / 2**20
+
+
+# -- rows and ratios from hand-made results, with expectations computed here from the inputs --------
+
+LIMITS = [10, 3, 10, 10]
+OUTPUTS = {  # engine -> best hypothesis per sentence (end token excluded)
+    "torch": [[5, 6], [7], [8, 9, 10], [11]],
+    "onnx-cpu-fp32": [[5, 6], [7], [8, 9, 10], [11]],
+    "onnx-cpu-int8": [[5, 6, 9], [7, 8, 9], [8], [11]],
+    "ct2-cpu-fp32": [[5, 6], [7], [8, 9, 10], [11]],
+    "ct2-cpu-int8": [[5], [7], [8, 9], [11, 12]],
+}
+BASE_SECONDS = {"torch": 2.0, "onnx-cpu-fp32": 1.0, "onnx-cpu-int8": 0.7, "ct2-cpu-fp32": 0.8, "ct2-cpu-int8": 0.3}
+CONFIG_FACTOR = {(1, 1): 1.0, (1, 32): 0.25, (4, 1): 3.0, (4, 32): 1.1}
+LATENCIES_MS = [10.0, 40.0, 20.0, 30.0]
+
+
+def _seconds(engine: str, beam: int, batch: int) -> float:
+    # engine and configuration both change the time, and not in proportion across engines
+    return BASE_SECONDS[engine] * CONFIG_FACTOR[(beam, batch)] * (1.3 if engine == "torch" and beam == 4 else 1.0)
+
+
+def _fake(engine: str, outputs: list[list[int]], seconds=None) -> dict:
+    configs = []
+    for b, bs in bench_run.CONFIGS:
+        s = _seconds(engine, b, bs) if seconds is None else seconds
+        configs.append({"beam": b, "batch": bs, "seconds": s, "pass_seconds": [s], "outputs": outputs,
+                        "latencies_ms": LATENCIES_MS if bs == 1 else None,
+                        "batch_latencies_ms": None if bs == 1 else [s * 1000]})
     return {"engine": engine, "description": engine, "load_seconds": 0.1, "rss_after_load_mb": 10.0,
-            "peak_rss_mb": 20.0, "configs": [
-                {"beam": b, "batch": bs, "seconds": seconds, "pass_seconds": [seconds], "outputs": outputs,
-                 "latencies_ms": [seconds * 1000 / len(outputs)] * len(outputs) if bs == 1 else None,
-                 "batch_latencies_ms": None if bs == 1 else [seconds * 1000]}
-                for b, bs in benchcli.CONFIGS]}
+            "peak_rss_mb": 20.0 + len(engine), "configs": configs}
+
+
+def _tokens(engine: str) -> int:
+    return sum(min(len(o) + 1, lim) for o, lim in zip(OUTPUTS[engine], LIMITS))
+
+
+def _hand_made_report() -> dict:
+    report = {"sentences": len(LIMITS), "skipped": []}
+    bench_rows.fill_rows(report, {e: _fake(e, o) for e, o in OUTPUTS.items()}, LIMITS)
+    return report
+
+
+def test_rows_ratios_against_the_right_peers():
+    report = _hand_made_report()
+    assert report["ct2_check"]["valid"] is True
+    assert _tokens("torch") == 3 + 2 + 4 + 2 and _tokens("onnx-cpu-int8") == 4 + 3 + 2 + 2  # the 3-token limit cuts
+    peer_of = {"torch": "ct2-cpu-fp32", "onnx-cpu-fp32": "ct2-cpu-fp32", "onnx-cpu-int8": "ct2-cpu-int8",
+               "ct2-cpu-fp32": "ct2-cpu-fp32", "ct2-cpu-int8": "ct2-cpu-int8"}
+    assert len(report["rows"]) == len(OUTPUTS) * len(bench_run.CONFIGS)
+    for r in report["rows"]:
+        e, beam, batch = r["engine"], r["beam"], r["batch"]
+        speed = {x: _tokens(x) / _seconds(x, beam, batch) for x in OUTPUTS}
+        assert r["target_tokens"] == _tokens(e)
+        assert r["tokens_per_s"] == pytest.approx(speed[e])
+        assert r["x_torch"] == pytest.approx(speed[e] / speed["torch"])
+        assert r["x_ct2_engine"] == peer_of[e]
+        assert r["x_ct2"] == pytest.approx(speed[e] / speed[peer_of[e]])
+        assert r["peak_rss_mb"] == 20.0 + len(e)
+        if batch == 1:
+            assert r["p50_ms"] == pytest.approx(25.0) and r["p90_ms"] == pytest.approx(37.0)
+        else:
+            assert r["p50_ms"] is None and r["batch_latency_p50_ms"] == pytest.approx(_seconds(e, beam, batch) * 1000)
+    int8 = _row(report, "onnx-cpu-int8", "greedy", 1)
+    assert int8["agreement"] == 1 and int8["greedy_agreement"] == 1  # only the last sentence equals torch's
+    assert int8["x_ct2"] != pytest.approx(int8["tokens_per_s"] / _row(report, "ct2-cpu-fp32", "greedy", 1)["tokens_per_s"])
+
+
+def test_format_table_prints_each_rows_numbers():
+    report = _hand_made_report()
+    table = bench_format.format_table(report).splitlines()
+    head = table[0].split()
+    assert head[:3] == ["engine", "search", "batch"]
+    for r in report["rows"]:
+        (line,) = [t for t in table if t.split()[:3] == [r["engine"], r["search"], str(r["batch"])]]
+        cells = line.split()
+        speed = _tokens(r["engine"]) / _seconds(r["engine"], r["beam"], r["batch"])
+        assert cells[3] == f"{speed:.0f}"
+        assert cells[-3] == f"{r['x_torch']:.2f}" and cells[-2] == f"{r['x_ct2']:.2f}"
+        agree = sum(a == b for a, b in zip(OUTPUTS[r["engine"]], OUTPUTS["torch"]))
+        assert cells[-1] == f"{agree}/4"
+        if r["batch"] == 1:
+            assert cells[5:7] == ["25.0", "37.0"]
+        else:
+            assert cells[5:7] == ["-", "-"]
+    int8 = [t for t in table if t.startswith("onnx-cpu-int8") and t.split()[1:3] == ["beam4", "32"]][0].split()
+    speed = {e: _tokens(e) / _seconds(e, 4, 32) for e in OUTPUTS}
+    assert int8[-3] == f"{speed['onnx-cpu-int8'] / speed['torch']:.2f}"
+    assert int8[-2] == f"{speed['onnx-cpu-int8'] / speed['ct2-cpu-int8']:.2f}"
 
 
 def test_ct2_disagreement_voids_its_timings():
     ref = [[5, 6], [7]]
     report = {"sentences": 2, "skipped": []}
-    benchcli._fill_rows(report, {"torch": _fake("torch", ref, 2.0), "onnx-cpu-fp32": _fake("onnx-cpu-fp32", ref),
-                                 "ct2-cpu-fp32": _fake("ct2-cpu-fp32", [[5, 6], [8]], 0.5)}, [10, 10])
+    bench_rows.fill_rows(report, {"torch": _fake("torch", ref, 2.0), "onnx-cpu-fp32": _fake("onnx-cpu-fp32", ref, 1.0),
+                                  "ct2-cpu-fp32": _fake("ct2-cpu-fp32", [[5, 6], [8]], 0.5)}, [10, 10])
     assert report["ct2_check"]["valid"] is False and "1/2" in report["ct2_check"]["reason"]
     ct2_rows = [r for r in report["rows"] if r["engine"] == "ct2-cpu-fp32"]
     assert ct2_rows and all(r["void"] for r in ct2_rows)
     onnx = [r for r in report["rows"] if r["engine"] == "onnx-cpu-fp32"]
     assert all(r["x_ct2"] is None for r in onnx)  # no ratio against a void peer
     assert all(r["x_torch"] == pytest.approx(2.0) for r in onnx)
-    assert "VOID" in benchcli.format_table(report)
+    assert "VOID" in bench_format.format_table(report)

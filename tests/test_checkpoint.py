@@ -289,3 +289,19 @@ def test_load_never_unpickles(tmp_path, tokenizers, monkeypatch):
     loaded, _, _ = checkpoint.load(path)
     checkpoint.load_training_state(path, torch.optim.Adam(loaded.parameters()))
     assert torch.equal(_logits(loaded, tok), _logits(model, tok))
+
+
+def test_config_too_big_for_memory_is_refused_before_allocating(tmp_path, tokenizers, monkeypatch):
+    tok = tokenizers[False]
+    path = checkpoint.save(tmp_path, _model(tok), tok, {"step": 1})
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["d_model"] = 65536  # a typo'd size: 10^11 parameters
+    (path / "config.json").write_text(json.dumps(cfg))
+
+    def allocating(*args, **kwargs):
+        raise AssertionError("the model was allocated before the size was checked")
+
+    monkeypatch.setattr(checkpoint, "Transformer", allocating)
+    with pytest.raises(CheckpointError, match=r"config\.json: this model has [\d,]+ parameters and needs about "
+                                              r"[\d,.]+ GiB to load, more than this machine's [\d,.]+ GiB.*d_model \(65536\)"):
+        checkpoint.load(path)

@@ -1,6 +1,7 @@
 """Every command error exits non-zero with one line naming the problem and the fix; no traceback."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -31,6 +32,8 @@ def _cases():
         ("verify", [ckpt, str(d / "nobundle")], "not a bundle directory"),
         ("translate", [str(d / "nobundle")], "not a bundle directory"),
         ("translate", [bundle, "-i", str(d / "missing.txt")], "no such file"),
+        ("translate", [bundle, "--threads", "100000"], "give 1 to"),
+        ("translate", [bundle, "-o", str(existing / "file")], "--force"),
         ("demo", ["--out", str(existing)], "--force"),
     ]
 
@@ -57,6 +60,21 @@ def test_each_command_error_is_one_line_without_traceback(cases):
 def test_debug_shows_the_traceback(tmp_path):
     result = run("--debug", "translate", str(tmp_path / "nobundle"))
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_debug_after_the_subcommand(tmp_path):
+    result = run("translate", str(tmp_path / "nobundle"), "--debug")
+    assert result.returncode != 0 and "Traceback" in result.stderr and "nobundle" in result.stderr
+    plain = run("translate", str(tmp_path / "nobundle"))
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+
+
+def test_threads_above_the_cores_is_an_error_naming_the_limit():
+    cores = os.cpu_count()
+    for value in (100000, -1, cores + 1):
+        result = run("translate", str(tiny_bundle()), "--threads", str(value))
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert f"--threads {value}: this machine has {cores} cores; give 1 to {cores}, or 0 to use them all" in result.stderr
 
 
 def test_usage_errors_exit_2():

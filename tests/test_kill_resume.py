@@ -1,4 +1,4 @@
-"""Interrupted training: SIGKILL at random moments, checkpoint writes included; resume every time."""
+"""Interrupted training: SIGKILL inside checkpoint writes and at random moments; resume every time."""
 from __future__ import annotations
 
 import json
@@ -23,8 +23,15 @@ train(TrainOptions(out=sys.argv[1], generated_pairs=600, valid_size=20, test_siz
 """
 
 
-def _start(out: Path, max_steps: int, resume: bool) -> subprocess.Popen:
+# Each checkpoint write pauses this long with its temporary directory complete but not yet renamed
+# (model/checkpoint.py's test hook), so a kill can be aimed inside a write and seen to land there.
+WRITE_PAUSE_S = 1.0
+
+
+def _start(out: Path, max_steps: int, resume: bool, pause: bool = False) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if pause:
+        env[checkpoint._WRITE_PAUSE_ENV] = str(WRITE_PAUSE_S)
     return subprocess.Popen([sys.executable, "-c", TRAIN, str(out), str(max_steps), "resume" if resume else "new"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
 
@@ -45,24 +52,42 @@ def _assert_consistent(out: Path) -> None:
             assert not missing, f"{child} is half-written: missing {missing}"
 
 
-def test_sigkill_at_random_moments_then_resume(tmp_path):
+def _writes_in_progress(out: Path) -> list[Path]:
+    """Temporary checkpoint directories holding a complete checkpoint that is not renamed into place yet."""
+    return [d for d in out.glob(".tmp-*") if not d.name.startswith(".tmp-del-") and (d / checkpoint.STATE).is_file()]
+
+
+def test_sigkill_inside_writes_and_at_random_moments_then_resume(tmp_path):
     out = tmp_path / "run"
     rng = random.Random(1234)
-    proc = _start(out, 10_000, resume=False)
+    proc = _start(out, 10_000, resume=False, pause=True)
     deadline = time.time() + 120
     while not (out / "last").exists():  # the first kill comes once a checkpoint exists
         assert proc.poll() is None, proc.stderr.read().decode()
         assert time.time() < deadline, "training wrote no checkpoint in 120 s"
         time.sleep(0.05)
-    kills, steps_seen = 0, []
+    steps_seen, inside_writes = [], 0
     for round_ in range(6):
-        time.sleep(rng.uniform(0.05, 1.5))  # checkpoints are written every 2 steps: kills land in writes too
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        kills += 1
+        leftovers: list[Path] = []
+        if round_ % 2 == 0:  # aimed: kill while a write's temporary directory exists
+            deadline = time.time() + 120
+            while not (writing := _writes_in_progress(out)):
+                assert proc.poll() is None, proc.stderr.read().decode()
+                assert time.time() < deadline, "no checkpoint write seen in 120 s"
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            # The write was cut: its temporary directory is still there, never renamed.
+            leftovers = [d for d in writing if d.is_dir()]
+            assert leftovers, f"the kill missed the write of {writing}"
+            inside_writes += 1
+        else:  # anywhere: a step, an evaluation, a write, a link swap
+            time.sleep(rng.uniform(0.05, 1.5))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
         _assert_consistent(out)
         steps_seen.append(_step_of(out))
-        proc = _start(out, 10_000, resume=True)
+        proc = _start(out, 10_000, resume=True, pause=True)
         # wait for the resumed run to get past its last checkpoint before the next kill
         start_step = steps_seen[-1]
         deadline = time.time() + 120
@@ -70,10 +95,13 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
             assert proc.poll() is None, proc.stderr.read().decode()
             assert time.time() < deadline, "resumed training made no progress in 120 s"
             time.sleep(0.05)
+        # resuming removed what the killed write left, and the new checkpoint loads
+        assert not [d for d in leftovers if d.exists()], leftovers
+        _assert_consistent(out)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     _assert_consistent(out)
-    assert kills == 6
+    assert inside_writes == 3
     assert steps_seen == sorted(steps_seen) and _step_of(out) > steps_seen[0], steps_seen
 
 

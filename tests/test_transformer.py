@@ -256,3 +256,10 @@ def test_share_vocab_shares_embeddings(make_model):
     assert model.src_embed is model.tgt_embed
     assert model.generator.weight is not model.tgt_embed.weight
     assert torch.equal(model.src_embed.weight[PAD_ID], torch.zeros(model.cfg.d_model))
+
+
+@pytest.mark.parametrize("overrides", CONFIGS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_config_parameter_count_equals_the_model(make_model, overrides):
+    """The count the memory checks use before allocating is the allocated model's, ties counted once."""
+    model = make_model(**overrides, n_encoder_layers=1, n_decoder_layers=3)
+    assert model.cfg.parameter_count() == sum(p.numel() for p in model.parameters())

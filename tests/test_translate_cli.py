@@ -2,8 +2,14 @@
 from __future__ import annotations
 
 import os
+import queue
+import shlex
+import signal
+import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -31,11 +37,18 @@ LINES = [
 ]
 
 
+COMMAND = [sys.executable, "-m", "seq2onnx.runtime.cli", "translate"]
+# An ordinary UTF-8 locale (C.UTF-8: en_US.UTF-8 is not installed everywhere), no override of Python's encodings.
+ENV = {**{k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONIOENCODING"))}, "LC_ALL": "C.UTF-8"}
+
+
 def cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
-    env.pop("SEQ2ONNX_PROGRESS", None)
-    return subprocess.run([sys.executable, "-m", "seq2onnx.runtime.cli", "translate", *args], input=input,
-                          capture_output=True, text=True, encoding="utf-8", cwd=ROOT, env=env, timeout=120)
+    return subprocess.run([*COMMAND, *args], input=input, capture_output=True, text=True, encoding="utf-8",
+                          cwd=ROOT, env=ENV, timeout=120)
+
+
+def cli_bytes(*args: str, input: bytes = b"") -> subprocess.CompletedProcess:
+    return subprocess.run([*COMMAND, *args], input=input, capture_output=True, cwd=ROOT, env=ENV, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +148,160 @@ def test_unicode_line_separators_do_not_split_lines(bundle):
     lines = ["the cat\x0cdances in the box", "a small\u2028bird sleeps", "the farmer liked 12 green cows"]
     out = _ok(cli(str(bundle), "--beam", "1", input="\n".join(lines) + "\n"))
     assert len(out) == len(lines)
+
+
+def test_help_explains_the_filter_options():
+    text = cli("--help").stdout
+    for option in ("--strict", "--truncate", "--progress", "--no-progress", "--force", "--threads", "Unix filter", "U+FFFD"):
+        assert option in text, option
+
+
+# -- a Unix filter ---------------------------------------------------------------------------------
+
+def test_streaming_answers_each_line_before_stdin_closes(bundle, translator):
+    """A co-process: each line's translation comes back while stdin is still open."""
+    proc = subprocess.Popen(COMMAND + [str(bundle), "--beam", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT, env=ENV)
+    answers: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [answers.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        for line, timeout in ((LINES[0], 120), (LINES[3], 30), (LINES[2], 30)):
+            proc.stdin.write(line.encode() + b"\n")
+            proc.stdin.flush()
+            got = answers.get(timeout=timeout).decode("utf-8")  # queue.Empty here: it waited for EOF
+            assert got == translator.translate(line, beam_size=1) + "\n"
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr.read() == b""
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_reader_leaving_early_ends_quietly_with_status_0(bundle, translator):
+    """`... | seq2onnx translate B | head -1`: no 'Broken pipe', status 0 (PIPESTATUS of translate)."""
+    command = " ".join(map(shlex.quote, [*COMMAND, str(bundle), "--beam", "1", "--batch-size", "8"]))
+    script = f"yes 'a small bird sleeps' | head -3000 | {command} | head -1; echo \"status=${{PIPESTATUS[2]}}\""
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
+    assert proc.stdout == translator.translate("a small bird sleeps", beam_size=1) + "\nstatus=0\n", proc.stderr
+    assert "Broken pipe" not in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr == ""
+
+
+def test_invalid_utf8_is_replaced_with_one_warning_stdin_and_file_alike(bundle, translator):
+    data = b"a small bird sleeps\nthe cat \xff\xfe dances in the box\r\nthree old kings carry the red boxes\n"
+    expected_lines = ["a small bird sleeps", "the cat \ufffd\ufffd dances in the box", "three old kings carry the red boxes"]
+    want = "".join(r.hypotheses[0] + "\n" for r in translator.translate_batch(expected_lines)).encode("utf-8")
+    path = scratch("cli-utf8") / "in.txt"
+    path.write_bytes(data)
+    for proc in (cli_bytes(str(bundle), input=data), cli_bytes(str(bundle), "-i", str(path))):
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == want
+        warnings = proc.stderr.decode().splitlines()
+        assert len(warnings) == 1 and "line 2" in warnings[0] and "invalid UTF-8" in warnings[0], warnings
+
+
+def test_over_long_line_is_truncated_with_a_warning_and_the_others_translated(bundle, translator):
+    long = "the cat dances " * 200  # 3,000 characters, far more tokens than the tiny model's positions
+    assert len(translator.source_tokenizer.encode(long)) > translator.max_positions
+    lines = [LINES[0], LINES[2], LINES[3], long, LINES[5], LINES[6]]
+    want = [r.hypotheses[0] for r in translator.translate_batch(lines, truncate=True)]
+    for extra in ([], ["--truncate"]):  # the old flag is accepted and is the default
+        out = cli(str(bundle), "--batch-size", "2", *extra, input="\n".join(lines) + "\n")
+        assert _ok(out) == want
+        warnings = out.stderr.splitlines()
+        assert len(warnings) == 1 and "line 4:" in warnings[0] and "--strict" in warnings[0], warnings
+        assert str(translator.max_positions) in warnings[0]
+
+
+def test_strict_error_names_the_input_line(bundle, translator):
+    short = [LINES[i % 3 * 2] for i in range(300)]  # lines 0, 2, 4 of LINES: two texts and an empty line
+    lines = short[:280] + ["the cat dances " * 200] + short[280:]
+    proc = cli(str(bundle), "--strict", "--beam", "1", input="\n".join(lines) + "\n")
+    assert proc.returncode == 1
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("seq2onnx translate: error: input line 281 has "), proc.stderr
+    assert f"at most {translator.max_positions} positions" in errors[0] and "--strict" in errors[0]
+    # the lines before it were translated and written
+    assert proc.stdout.split("\n")[:-1] == [r.hypotheses[0] for r in translator.translate_batch(short[:280], beam_size=1)]
+
+
+# -- -o FILE ---------------------------------------------------------------------------------------
+
+def test_output_file_needs_force_to_replace_and_gets_the_usual_mode(bundle, translator):
+    d = scratch("cli-force")
+    out = d / "out.txt"
+    out.write_text("old\n")
+    proc = cli(str(bundle), "-o", str(out), input="a small bird sleeps\n")
+    assert proc.returncode == 1 and "--force" in proc.stderr and str(out) in proc.stderr
+    assert out.read_text() == "old\n"
+    proc = cli(str(bundle), "-o", str(out), "--force", input="a small bird sleeps\n")
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text(encoding="utf-8") == translator.translate("a small bird sleeps") + "\n"
+    new = d / "new.txt"
+    assert cli(str(bundle), "-o", str(new), input="a small bird sleeps\n").returncode == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~umask  # not the temporary file's 0600
+    assert sorted(p.name for p in d.iterdir()) == ["new.txt", "out.txt"]  # no temporary file left
+
+
+def test_output_file_is_not_left_partial_on_failure(bundle):
+    d = scratch("cli-partial")
+    lines = "\n".join([LINES[0], LINES[2], "the cat dances " * 200]) + "\n"
+    proc = cli(str(bundle), "-o", str(d / "out.txt"), "--strict", input=lines)
+    assert proc.returncode == 1 and "input line 3" in proc.stderr
+    assert list(d.iterdir()) == []
+    (d / "out.txt").write_text("old\n")
+    proc = cli(str(bundle), "-o", str(d / "out.txt"), "--strict", "--force", input=lines)
+    assert proc.returncode == 1
+    assert [p.name for p in d.iterdir()] == ["out.txt"] and (d / "out.txt").read_text() == "old\n"
+
+
+@pytest.mark.skipif(os.name == "nt", reason="SIGINT to a child is POSIX")
+def test_output_file_is_not_left_partial_on_ctrl_c(bundle):
+    d = scratch("cli-ctrl-c")
+    proc = subprocess.Popen(COMMAND + [str(bundle), "-o", str(d / "out.txt")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=ENV)
+    try:
+        proc.stdin.write(b"a small bird sleeps\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 120
+        while not list(d.iterdir()) and time.monotonic() < deadline:  # the temporary file: it is writing
+            time.sleep(0.05)
+        assert list(d.iterdir()), "no temporary output file appeared"
+        time.sleep(0.5)  # the first line translated and written to the temporary file
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        assert list(d.iterdir()) == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# -- progress --------------------------------------------------------------------------------------
+
+def test_progress_only_when_asked_or_on_a_terminal(bundle):
+    path = scratch("cli-progress") / "in.txt"
+    path.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    plain = cli(str(bundle), "-i", str(path))
+    assert plain.returncode == 0 and plain.stderr == ""  # stderr is a pipe here: no bar by default
+    shown = cli(str(bundle), "-i", str(path), "--progress")
+    assert shown.returncode == 0 and shown.stdout == plain.stdout
+    assert f"{len(LINES)}/{len(LINES)} lines" in shown.stderr
+    from_stdin = cli(str(bundle), "--progress", input="\n".join(LINES) + "\n")
+    assert f"{len(LINES)} lines, " in from_stdin.stderr and from_stdin.stdout == plain.stdout
+    assert cli(str(bundle), "-i", str(path), "--no-progress").stderr == ""
+    env = {**ENV, "SEQ2ONNX_PROGRESS": "1"}  # the old undocumented switch is gone
+    old = subprocess.run([*COMMAND, str(bundle), "-i", str(path)], capture_output=True, text=True, env=env, timeout=120)
+    assert old.returncode == 0 and old.stderr == ""
+
+
+def test_option_errors_name_the_value_and_the_fix(bundle):
+    cores = os.cpu_count()
+    for value in ("100000", "-1"):
+        line = _one_error_line(cli(str(bundle), "--threads", value, input="a\n"), f"--threads {value}")
+        assert f"{cores} cores" in line and "0 to use them all" in line
+    _one_error_line(cli(str(bundle), "--n-best", "3", "--beam", "2", input="a\n"), "--n-best 3", "--beam 3")
+    _one_error_line(cli(str(bundle), "--batch-size", "0", input="a\n"), "--batch-size 0")
+    _one_error_line(cli(str(bundle), "--max-length", "100000", input="a\n"), "--max-length 100000", "max_positions")

@@ -1,0 +1,91 @@
+"""`seq2onnx bench`'s rows: the children's timings and outputs -> tokens/s, latency percentiles,
+agreement with the PyTorch reference, CTranslate2's validity and the ratios.
+
+Ratios: "x torch" is tokens/s over the torch row's tokens/s (same search and batch); "x ct2" is
+tokens/s over the CTranslate2 row of the same device and precision (torch and fp32 rows against
+ct2-*-fp32, int8 against ct2-cpu-int8, fp16 against ct2-cuda-fp16), same search and batch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from seq2onnx.export.bench_engines import ENGINES
+
+
+def target_tokens(outputs: list[list[int]], limits: list[int]) -> int:
+    """Generated tokens with the end token: a hypothesis shorter than its limit ended with </s>."""
+    return sum(min(len(o) + 1, lim) for o, lim in zip(outputs, limits))
+
+
+def percentile(values: list[float] | None, q: float) -> float | None:
+    """The q-th percentile (linear interpolation, numpy's default), None for no values."""
+    return float(np.percentile(values, q)) if values else None
+
+
+def _row(name: str, res: dict, c: dict, n: int, limits: list[int], ref_out: dict) -> dict:
+    beam, batch = c["beam"], c["batch"]
+    tokens = target_tokens(c["outputs"], limits)
+    ref_same = ref_out.get((beam, 1))  # torch, same search, one sentence at a time
+    ref_greedy = ref_out.get((1, 1))
+    lat = c["latencies_ms"]
+    return {
+        "engine": name, "kind": ENGINES[name][0], "device": ENGINES[name][1], "precision": ENGINES[name][2],
+        "search": "greedy" if beam == 1 else f"beam{beam}", "beam": beam, "batch": batch,
+        "seconds": c["seconds"], "pass_seconds": c["pass_seconds"], "target_tokens": tokens,
+        "tokens_per_s": tokens / c["seconds"] if c["seconds"] > 0 else None,
+        "sentences_per_s": n / c["seconds"] if c["seconds"] > 0 else None,
+        "p50_ms": percentile(lat, 50), "p90_ms": percentile(lat, 90),
+        "batch_latency_p50_ms": percentile(c["batch_latencies_ms"], 50),
+        "peak_rss_mb": res["peak_rss_mb"], "rss_after_load_mb": res["rss_after_load_mb"],
+        "load_seconds": res["load_seconds"], "description": res["description"],
+        "agreement": sum(a == b for a, b in zip(c["outputs"], ref_same)) if ref_same else None, "agreement_of": n,
+        "greedy_agreement": (sum(a == b for a, b in zip(c["outputs"], ref_greedy))
+                             if beam == 1 and ref_greedy else None),
+        "outputs": c["outputs"],
+    }
+
+
+def _check_ct2(rows: list[dict], n: int) -> dict:
+    """CTranslate2 counts only when its fp32 greedy outputs are ours: the proof the conversion is right.
+    Marks its rows void otherwise."""
+    ct2_check = [r for r in rows if r["engine"] == "ct2-cpu-fp32" and r["beam"] == 1]
+    ct2 = {"checked": bool(ct2_check), "valid": None, "reason": None}
+    if any(r["kind"] == "ct2" for r in rows):
+        bad = [r for r in ct2_check if r["greedy_agreement"] != n]
+        if not ct2_check:
+            ct2.update(valid=False, reason="ct2-cpu-fp32 did not run, so the conversion is unchecked: timings void")
+        elif bad:
+            worst = min(r["greedy_agreement"] or 0 for r in bad)
+            ct2.update(valid=False, reason=f"CTranslate2's fp32 greedy outputs equal ours on only {worst}/{n} "
+                       "sentences: the conversion is not the same model, its timings are void")
+        else:
+            ct2.update(valid=True, reason=f"CTranslate2's fp32 greedy outputs equal ours on {n}/{n} sentences")
+        for r in rows:
+            if r["kind"] == "ct2":
+                r["void"] = not ct2["valid"]
+    return ct2
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    by_key = {(r["engine"], r["beam"], r["batch"]): r for r in rows}
+    for r in rows:
+        base = by_key.get(("torch", r["beam"], r["batch"]))
+        r["x_torch"] = (r["tokens_per_s"] / base["tokens_per_s"]
+                        if base and base["tokens_per_s"] and r["tokens_per_s"] else None)
+        precision = "fp32" if r["kind"] == "torch" else r["precision"]
+        peer = by_key.get((f"ct2-{r['device']}-{precision}", r["beam"], r["batch"]))
+        r["x_ct2_engine"] = peer["engine"] if peer else None
+        r["x_ct2"] = (r["tokens_per_s"] / peer["tokens_per_s"]
+                      if peer and not peer.get("void") and peer["tokens_per_s"] and r["tokens_per_s"] else None)
+
+
+def fill_rows(report: dict, results: dict[str, dict], limits: list[int]) -> None:
+    """Sets report["rows"] (one per engine and configuration) and report["ct2_check"] from the
+    children's results (engine name -> what bench_engines.run_engine returned)."""
+    n = report["sentences"]
+    ref = results.get("torch")
+    ref_out = {(c["beam"], c["batch"]): c["outputs"] for c in ref["configs"]} if ref else {}
+    rows = [_row(name, res, c, n, limits, ref_out) for name, res in results.items() for c in res["configs"]]
+    report["ct2_check"] = _check_ct2(rows, n)
+    _add_ratios(rows)
+    report["rows"] = rows

@@ -1,0 +1,214 @@
+"""`seq2onnx bench`'s run: sentences, bundles, one child process per engine, the report.
+
+All engines use the same number of threads, the same sentences and the same batches: the sentences
+are sorted by source length once and cut into batches here, and every engine gets exactly those
+batches. Each engine runs in a fresh child process (`python -m seq2onnx.export.bench_engines JOB
+OUT`), so its peak memory is its own and no engine warms another's caches.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from seq2onnx.export.bench_engines import ENGINES, PEAK_RSS_NOTE, TORCH_BEAM_NOTE
+from seq2onnx.export.bench_machine import describe_machine, usable_cores
+from seq2onnx.export.bench_rows import fill_rows
+
+CONFIGS = [(1, 1), (1, 32), (4, 1), (4, 32)]  # (beam size, batch size); beam 1 is greedy
+QUICK_SENTENCES, DEFAULT_SENTENCES = 16, 100
+CHILD_MODULE = "seq2onnx.export.bench_engines"
+
+
+def _load_sentences(ckpt_dir: Path, n: int, data: str | None) -> tuple[list[tuple[str, str]], str]:
+    from seq2onnx.export.parity import test_sentences
+    from seq2onnx.model import checkpoint
+
+    state_path = ckpt_dir / checkpoint.STATE
+    options = json.loads(state_path.read_text()).get("options") if state_path.exists() else None
+    if data is not None:
+        return test_sentences(ckpt_dir, n, data=data), f"{data} (first {n} lines)"
+    try:
+        pairs = test_sentences(ckpt_dir, n)
+    except FileNotFoundError as e:
+        from seq2onnx.model.corpus import generate_pairs
+
+        return generate_pairs(n, seed=12345), f"generated corpus ({e})"
+    if options and options.get("data"):
+        return pairs, f"test split of {options['data']} (the checkpoint's training corpus)"
+    return pairs, "test split of the generated corpus (the checkpoint's training corpus)"
+
+
+def _weights_sha256(ckpt_dir: Path) -> str:
+    import hashlib
+
+    from seq2onnx.model import checkpoint
+
+    h = hashlib.sha256()
+    with open(ckpt_dir / checkpoint.WEIGHTS, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _ensure_bundle(ckpt_dir: Path, directory: Path, precision: str, weights_sha: str) -> str:
+    """Exports the bundle of one precision into `directory`, unless it holds one of these very weights
+    (recorded in DIR/../bench-sources.json by an earlier run). Returns what was done."""
+    from seq2onnx.export.bundle import export_bundle
+
+    stamps_path = directory.parent / "bench-sources.json"
+    stamps = json.loads(stamps_path.read_text()) if stamps_path.is_file() else {}
+    if (directory / "bundle.json").is_file() and stamps.get(precision) == weights_sha:
+        return "reused"
+    if directory.exists() and not (directory / "bundle.json").is_file():
+        raise ValueError(f"{directory} exists and is not a bundle; remove it or choose another --bundle-dir")
+    dtype, quantize = {"fp32": ("float32", None), "int8": ("float32", "int8"), "fp16": ("float16", None)}[precision]
+    export_bundle(ckpt_dir, directory, dtype=dtype, quantize=quantize, force=directory.exists())
+    stamps[precision] = weights_sha
+    stamps_path.write_text(json.dumps(stamps, indent=1) + "\n")
+    return "exported"
+
+
+def _cuda_reason() -> str | None:
+    """None where onnxruntime's CUDA provider can run here, else why not."""
+    from seq2onnx.runtime.translator import _cuda_usable
+
+    usable, why = _cuda_usable()
+    return None if usable else why
+
+
+def _ct2_cuda_reason() -> str | None:
+    try:
+        import ctranslate2
+
+        if ctranslate2.get_cuda_device_count() > 0:
+            return None
+    except Exception:
+        pass
+    return "ctranslate2 sees no CUDA device on this machine"
+
+
+def _run_child(job: dict, workdir: Path, timeout: float | None) -> dict:
+    name = job["engine"]
+    job_path, out_path = workdir / f"job-{name}.json", workdir / f"result-{name}.json"
+    job_path.write_text(json.dumps(job))
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run([sys.executable, "-m", CHILD_MODULE, str(job_path), str(out_path)],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode != 0 or not out_path.is_file():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{name} failed (exit {proc.returncode}): {' | '.join(tail)}")
+    return json.loads(out_path.read_text())
+
+
+def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, threads: int = 0,
+              bundle_dir: str | Path | None = None, quick: bool = False, engines: list[str] | None = None,
+              repeat: int = 1, data: str | None = None, log=print) -> dict:
+    """Runs the benchmark and returns the report (what --json writes)."""
+    from seq2onnx.export.ct2convert import ct2_available, source_pieces, target_pieces
+    from seq2onnx.model import checkpoint
+
+    threads = threads or usable_cores()
+    n = sentences or (QUICK_SENTENCES if quick else DEFAULT_SENTENCES)
+    wanted = engines or list(ENGINES)
+    unknown = [e for e in wanted if e not in ENGINES]
+    if unknown:
+        raise ValueError(f"unknown engines {unknown}; choose among {', '.join(ENGINES)}")
+    if "torch" not in wanted:
+        wanted = ["torch"] + wanted  # the reference every ratio and agreement is against
+    ckpt_dir = checkpoint.resolve(checkpoint_path)
+    model, tok, _ = checkpoint.load(ckpt_dir)
+    cfg = model.cfg
+    pairs, origin = _load_sentences(ckpt_dir, n, data)
+    if not pairs:
+        raise ValueError("no sentences to benchmark")
+    sources = [tok.encode_source(s) for s, _ in pairs]
+    too_long = sum(len(s) > cfg.max_positions for s in sources)
+    sources = [s for s in sources if len(s) <= cfg.max_positions]
+    from seq2onnx.export.bundle import DECODING_DEFAULTS as dd
+
+    limits = [min(int(dd["max_length_a"] * len(s)) + dd["max_length_b"], cfg.max_positions) for s in sources]
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # the batches every engine gets
+
+    machine = describe_machine(threads)
+    report: dict = {
+        "checkpoint": str(ckpt_dir), "sentences": len(sources), "sentences_source": origin,
+        "sentences_dropped_too_long": too_long, "mean_source_tokens": sum(map(len, sources)) / len(sources),
+        "model": cfg.to_dict(), "machine": machine, "threads": threads, "repeat": repeat,
+        "configs": [{"search": "greedy" if b == 1 else f"beam{b}", "beam": b, "batch": bs} for b, bs in CONFIGS],
+        "max_length": f"min({dd['max_length_a']} x source tokens + {dd['max_length_b']}, {cfg.max_positions})",
+        "notes": [TORCH_BEAM_NOTE,
+                  "target tokens: generated tokens including the end token, summed over sentences",
+                  PEAK_RSS_NOTE],
+        "rows": [], "skipped": [],
+    }
+
+    tmp = None
+    if bundle_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="seq2onnx-bench-")
+        root = Path(tmp.name)
+    else:
+        root = Path(bundle_dir)
+        root.mkdir(parents=True, exist_ok=True)
+    try:
+        skipped: dict[str, str] = {}
+        cuda_why = _cuda_reason()
+        have_ct2, ct2_why = ct2_available()
+        for name in wanted:
+            kind, device, _ = ENGINES[name]
+            if kind == "ct2" and not have_ct2:
+                skipped[name] = ct2_why
+            elif device == "cuda" and cuda_why and kind == "onnx":
+                skipped[name] = f"no usable GPU: {cuda_why}"
+            elif device == "cuda" and kind == "ct2" and (cuda_why or _ct2_cuda_reason()):
+                skipped[name] = f"no usable GPU: {cuda_why or _ct2_cuda_reason()}"
+        active = [e for e in wanted if e not in skipped]
+
+        bundles: dict[str, str] = {}
+        precisions = sorted({ENGINES[e][2] for e in active if ENGINES[e][0] == "onnx"})
+        weights_sha = _weights_sha256(ckpt_dir) if precisions else None
+        for precision in precisions:
+            t = time.perf_counter()
+            how = _ensure_bundle(ckpt_dir, root / precision, precision, weights_sha)
+            bundles[precision] = str(root / precision)
+            log(f"{how} the {precision} bundle {root / precision} ({time.perf_counter() - t:.1f} s)")
+        ct2_model = None
+        if any(ENGINES[e][0] == "ct2" for e in active):
+            from seq2onnx.export.ct2convert import convert_checkpoint
+
+            t = time.perf_counter()
+            target = root / "ct2"
+            if target.exists():  # converted afresh every run (cheap), so it is always this checkpoint's
+                if not (target / "model.bin").is_file():
+                    raise ValueError(f"{target} exists and is not a CTranslate2 model; remove it or choose "
+                                     "another --bundle-dir")
+                shutil.rmtree(target)
+            ct2_model = str(convert_checkpoint(ckpt_dir, target))
+            log(f"converted the checkpoint for CTranslate2: {ct2_model} ({time.perf_counter() - t:.1f} s)")
+        report["bundles"], report["ct2_model"] = bundles, ct2_model
+
+        job_base = {"checkpoint": str(ckpt_dir), "sources": sources, "limits": limits, "order": order,
+                    "threads": threads, "eos_id": cfg.eos_id, "unk_id": cfg.unk_id, "repeat": repeat,
+                    "configs": CONFIGS, "bundles": bundles, "ct2_model": ct2_model,
+                    "source_pieces": source_pieces(tok), "target_pieces": target_pieces(tok)}
+        results: dict[str, dict] = {}
+        with tempfile.TemporaryDirectory(prefix="seq2onnx-bench-jobs-") as jobs:
+            for name in active:
+                log(f"running {name} ...")
+                try:
+                    results[name] = _run_child({**job_base, "engine": name}, Path(jobs), timeout=None)
+                except Exception as e:  # one engine failing leaves the others' rows
+                    skipped[name] = f"failed: {e}"
+        report["skipped"] = [{"engine": k, "reason": v} for k, v in skipped.items()]
+        fill_rows(report, results, limits)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return report

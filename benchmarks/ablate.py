@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from seq2onnx.runtime.translator import Translator  # noqa: E402
+from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.translator import Translator
 
 
 def load_sentences(n: int, data: str | None, col: int) -> list[str]:
@@ -53,11 +53,11 @@ def main() -> int:
     texts = load_sentences(args.sentences, args.data, args.col)
     variants = {
         "default (all optimisations, top-k from graph, 2 threads, no spinning)": dict(),
-        "full log_probs downloaded (no graph top-k)": dict(top_k_from_graph=False),
-        "graph optimisation: basic": dict(optimization="basic"),
-        "graph optimisation: none": dict(optimization="none"),
+        "full log_probs downloaded (no graph top-k)": dict(_tuning=SessionTuning(top_k_from_graph=False)),
+        "graph optimisation: basic": dict(_tuning=SessionTuning(optimization="basic")),
+        "graph optimisation: none": dict(_tuning=SessionTuning(optimization="none")),
         "1 intra-op thread": dict(intra_threads=1),
-        "thread-pool spinning on (onnxruntime's default)": dict(thread_spinning=True),
+        "thread-pool spinning on (onnxruntime's default)": dict(_tuning=SessionTuning(thread_spinning=True)),
     }
     translators = {name: Translator(args.bundle, device="cpu", **{"intra_threads": 2, **kw})
                    for name, kw in variants.items()}

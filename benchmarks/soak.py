@@ -21,9 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from seq2onnx.runtime.translator import Translator  # noqa: E402
+from seq2onnx.runtime.translator import Translator
 
 
 def rss_mb() -> float:

@@ -20,10 +20,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from seq2onnx.runtime import bundle as names  # noqa: E402
-from seq2onnx.runtime.translator import Translator  # noqa: E402
+from seq2onnx.runtime import bundle as names
+from seq2onnx.runtime.translator import Translator
 
 
 def optimized_node_count(path: Path, tmp: str) -> int:

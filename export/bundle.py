@@ -11,11 +11,13 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+import sentencepiece as spm
 import torch
 
 from seq2onnx.model import checkpoint
 from seq2onnx.model.tokenizer import SOURCE_MODEL, TARGET_MODEL
 from seq2onnx.runtime import bundle as fmt
+from seq2onnx.runtime.checks import tokenizer_fingerprint
 
 from .graphs import OPSET, export_graphs
 
@@ -179,6 +181,8 @@ def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: st
         "variant": variant(dtype, quantize),
         "tolerances": TOLERANCES[variant(dtype, quantize)],
         "files": files,
+        "tokenizers": {side: tokenizer_fingerprint(spm.SentencePieceProcessor(model_file=str(directory / path)))
+                       for side, path in (("source", fmt.SOURCE_SPM), ("target", fmt.TARGET_SPM))},
         "graphs": fmt.graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size),
         "decoding": DECODING_DEFAULTS,
         "source_checkpoint": ckpt_dir.name,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,6 +120,10 @@ class Bundle:
     def dtype(self) -> str:
         return self.meta["dtype"]
 
+    @property
+    def max_positions(self) -> int:
+        return self.meta["model"]["max_positions"]
+
     def file(self, key: str) -> Path:
         return self.path / self.meta["files"][key]["path"]
 
@@ -131,11 +136,127 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+MAX_JSON_BYTES = 1 << 20  # a real bundle.json is ~10 kB: anything near this is not one
+DTYPES = ("float32", "float16")  # the key/value element types this runtime can feed
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Schema:
+    """Type and range checks of bundle.json's fields; each failure is one line naming the field."""
+
+    def __init__(self, where: Path):
+        self.where = where
+
+    def fail(self, field: str, value, want: str):
+        raise BundleError(f"{self.where}: {field} is {_short(value)}, {want}; re-export the bundle with "
+                          "`seq2onnx export` (or correct the field)")
+
+    def obj(self, parent: dict, key: str, field: str) -> dict:
+        if key not in parent:
+            raise BundleError(f"{self.where}: missing the field {field!r}; re-export the bundle with `seq2onnx export`")
+        value = parent[key]
+        if not isinstance(value, dict):
+            self.fail(field, value, "expected an object")
+        return value
+
+    def integer(self, parent: dict, key: str, field: str, low: int = 0, required: bool = True) -> int | None:
+        if key not in parent and not required:
+            return None
+        value = parent.get(key)
+        if key not in parent or not isinstance(value, int) or isinstance(value, bool) or value < low:
+            self.fail(field, value if key in parent else "missing", f"expected an integer >= {low}")
+        return value
+
+    def real(self, parent: dict, key: str, field: str, low: float | None = None) -> float:
+        value = parent.get(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if key not in parent or not ok or (low is not None and value < low):
+            self.fail(field, value if key in parent else "missing",
+                      "expected a finite number" + (f" >= {low}" if low is not None else ""))
+        return float(value)
+
+    def text(self, parent: dict, key: str, field: str, choices: tuple | None = None) -> str:
+        value = parent.get(key)
+        if key not in parent or not isinstance(value, str) or (choices and value not in choices):
+            self.fail(field, value if key in parent else "missing",
+                      f"expected one of {', '.join(choices)}" if choices else "expected a string")
+        return value
+
+
+def validate_meta(meta: dict, where: Path) -> None:
+    """Every field the runtime reads has its type and range, and the fields stated twice agree.
+
+    Raises BundleError naming the field, its value and what was expected.
+    """
+    v = _Schema(where)
+    model = v.obj(meta, "model", "model")
+    sizes = {k: v.integer(model, k, f"model.{k}", low=1) for k in
+             ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_decoder_layers", "max_positions")}
+    v.integer(model, "n_encoder_layers", "model.n_encoder_layers", low=1, required=False)
+    if sizes["d_model"] % sizes["n_heads"]:
+        v.fail("model.d_model", sizes["d_model"], f"expected a multiple of model.n_heads={sizes['n_heads']}")
+    top = v.integer(meta, "max_positions", "max_positions", low=1)
+    if top != sizes["max_positions"]:
+        v.fail("max_positions", top, f"expected model.max_positions={sizes['max_positions']} (the same value twice)")
+    special = v.obj(meta, "special_ids", "special_ids")
+    for key in ("pad", "unk", "bos", "eos", "decoder_start"):
+        value = v.integer(special, key, f"special_ids.{key}")
+        vocab = sizes["tgt_vocab_size"] if key == "decoder_start" else min(sizes["src_vocab_size"], sizes["tgt_vocab_size"])
+        if value >= vocab:
+            v.fail(f"special_ids.{key}", value, f"expected an id inside the vocabulary [0, {vocab})")
+        model_key = "decoder_start_id" if key == "decoder_start" else f"{key}_id"
+        if model_key in model and model[model_key] != value:
+            v.fail(f"special_ids.{key}", value, f"expected model.{model_key}={_short(model[model_key])} (the same id twice)")
+    v.text(meta, "dtype", "dtype", DTYPES)
+    if meta.get("quantization") is not None:
+        v.text(meta, "quantization", "quantization", ("int8",))
+    decoding = v.obj(meta, "decoding", "decoding")
+    v.integer(decoding, "beam_size", "decoding.beam_size", low=1)
+    v.real(decoding, "length_penalty", "decoding.length_penalty")
+    v.real(decoding, "max_length_a", "decoding.max_length_a", low=0)
+    v.integer(decoding, "max_length_b", "decoding.max_length_b", low=0)
+    v.integer(decoding, "min_length", "decoding.min_length", required=False)
+    files = v.obj(meta, "files", "files")
+    for key in FILE_KEYS:
+        entry = v.obj(files, key, f"files.{key}")
+        v.text(entry, "path", f"files.{key}.path")
+        v.text(entry, "sha256", f"files.{key}.sha256")
+    graphs = v.obj(meta, "graphs", "graphs")
+    for label in ("encoder", "decoder"):
+        graph = v.obj(graphs, label, f"graphs.{label}")
+        for side in ("inputs", "outputs"):
+            items = graph.get(side)
+            if not isinstance(items, list) or not items:
+                v.fail(f"graphs.{label}.{side}", items if side in graph else "missing", "expected a non-empty list")
+            for i, item in enumerate(items):
+                field = f"graphs.{label}.{side}[{i}]"
+                if not isinstance(item, dict):
+                    v.fail(field, item, "expected an object")
+                v.text(item, "name", f"{field}.name")
+                v.text(item, "dtype", f"{field}.dtype")
+                shape = item.get("shape")
+                if not isinstance(shape, list) or not all(
+                        isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in shape):
+                    v.fail(f"{field}.shape", shape, "expected a list of sizes (integers) and axis names (strings)")
+    tokenizers = meta.get("tokenizers")
+    if tokenizers is not None:  # optional: vocabulary fingerprints (runtime.checks.tokenizer_fingerprint)
+        tokenizers = v.obj(meta, "tokenizers", "tokenizers")
+        for side in ("source", "target"):
+            entry = v.obj(tokenizers, side, f"tokenizers.{side}")
+            v.integer(entry, "pieces", f"tokenizers.{side}.pieces", low=1)
+            v.text(entry, "pieces_sha256", f"tokenizers.{side}.pieces_sha256")
+
+
 def read_bundle(path: str | Path, *, check_hashes: bool = True) -> Bundle:
     """Reads and validates a bundle directory before anything is loaded from it.
 
-    Raises BundleError naming the file and the problem: missing files, invalid JSON, another
-    format or version, file names that leave the bundle, hashes that do not match.
+    Raises BundleError naming the file and the problem: missing files, invalid or over-large
+    JSON, another format or version, a field of the wrong type or range, file names that leave
+    the bundle, hashes that do not match.
     """
     path = Path(path)
     if not path.is_dir():
@@ -143,32 +264,34 @@ def read_bundle(path: str | Path, *, check_hashes: bool = True) -> Bundle:
     meta_path = path / BUNDLE_JSON
     if not meta_path.is_file():
         raise BundleError(f"{meta_path}: missing; {path} is not a seq2onnx bundle")
+    size = meta_path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise BundleError(f"{meta_path}: {size} bytes, more than the {MAX_JSON_BYTES} a bundle description can be; "
+                          "this is not a bundle.json made by `seq2onnx export`")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        with open(meta_path, "rb") as f:
+            meta = json.loads(f.read(MAX_JSON_BYTES + 1).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise BundleError(f"{meta_path}: invalid JSON ({e}); re-export the bundle") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise BundleError(f"{meta_path}: not a {FORMAT} description (format={meta.get('format') if isinstance(meta, dict) else None!r})")
+        raise BundleError(f"{meta_path}: not a {FORMAT} description "
+                          f"(format={_short(meta.get('format')) if isinstance(meta, dict) else None})")
     version = meta.get("format_version")
-    if version != FORMAT_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version != FORMAT_VERSION:
         raise BundleError(
-            f"{meta_path}: format_version {version!r}, this runtime reads version {FORMAT_VERSION}; "
+            f"{meta_path}: format_version {_short(version)}, this runtime reads version {FORMAT_VERSION} (an integer); "
             "re-export the bundle with this seq2onnx or install the matching runtime"
         )
-    for key in ("model", "special_ids", "decoding", "files", "graphs", "dtype"):
-        if key not in meta:
-            raise BundleError(f"{meta_path}: missing the field {key!r}; re-export the bundle")
+    validate_meta(meta, meta_path)
     root = path.resolve()
     for key in FILE_KEYS:
-        entry = meta["files"].get(key)
-        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-            raise BundleError(f"{meta_path}: files.{key} is missing or has no path")
+        entry = meta["files"][key]
         target = (path / entry["path"]).resolve()
         if root not in target.parents:
             raise BundleError(f"{meta_path}: files.{key}.path {entry['path']!r} points outside the bundle; refusing it")
         if not target.is_file():
             raise BundleError(f"{target}: missing from the bundle (files.{key} in {BUNDLE_JSON})")
-        if check_hashes and sha256(target) != entry.get("sha256"):
+        if check_hashes and sha256(target) != entry["sha256"]:
             raise BundleError(
                 f"{target}: sha256 differs from bundle.json (files.{key}); the file is damaged or was "
                 "replaced: re-export the bundle"

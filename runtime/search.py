@@ -242,10 +242,15 @@ def beam_search(
 def sample(
     step: Step, batch: int, *, start_id: int, eos_id: int, max_lengths: np.ndarray, min_length: int = 0,
     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+    row_keys: "list[list[int]] | None" = None,
 ) -> list[SearchResult]:
     """Random sampling from softmax(log_probs / temperature), restricted to the top_k tokens
     (0: all) and to the smallest set whose probability reaches top_p. Scores are the model's
-    log-probabilities of the sampled tokens. Reproducible with `seed`."""
+    log-probabilities of the sampled tokens.
+
+    Each sentence draws from its own generator, seeded by (seed, *row_keys[sentence]) (default
+    key: the sentence's index), so that its sample does not depend on the other sentences of
+    the batch: the translator keys a sentence by its source ids and hypothesis index."""
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}; it must be > 0 (use beam_size=1 for greedy)")
     if not 0 < top_p <= 1:
@@ -253,9 +258,18 @@ def sample(
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0 (0 keeps every token)")
     _check(1, np.asarray(max_lengths, dtype=np.int64), min_length)
-    rng = np.random.default_rng(seed)
+    keys = [[r] for r in range(batch)] if row_keys is None else row_keys
+    if len(keys) != batch:
+        raise ValueError(f"row_keys has {len(keys)} keys for {batch} sentences; give one per sentence")
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy)
+    rngs = [np.random.default_rng([seed, *(int(k) for k in key)]) for key in keys]
+    alive = np.arange(batch)  # sentence of each row, followed through `keep` as greedy_search drops them
 
     def sampled_step(tokens, cache_indices, t, keep):
+        nonlocal alive
+        if keep is not None:
+            alive = alive[keep]
         log_probs = step(tokens, cache_indices, t, keep).astype(np.float64)
         if t < min_length:
             log_probs[:, eos_id] = -np.inf
@@ -276,7 +290,8 @@ def sample(
             np.put_along_axis(mask, order, outside, axis=1)
             probs = np.where(mask, 0.0, probs)
             probs /= probs.sum(axis=1, keepdims=True)
-        choice = (probs.cumsum(axis=1) > rng.random((probs.shape[0], 1))).argmax(axis=1)
+        draws = np.array([[rngs[sentence].random()] for sentence in alive])  # (R, 1), one per row's own generator
+        choice = (probs.cumsum(axis=1) > draws).argmax(axis=1)
         # Greedy search below takes the argmax: hand it a one-hot of the choice, scored by the model.
         out = np.full_like(log_probs, -np.inf)
         rows = np.arange(log_probs.shape[0])

@@ -13,12 +13,17 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
-import onnxruntime as ort
 import sentencepiece as spm
 
 from . import bundle as names
 from .bundle import BundleError, read_bundle
+from .checks import check_graphs, check_tokenizers
+from .options import SearchOptions, SessionTuning, check_intra_threads
+from .ort_install import import_onnxruntime
 from .search import SearchResult, TopK, beam_search, candidates_needed, greedy_search, sample, stream_greedy
+from .source import encode_limited, word_bounded
+
+ort = import_onnxruntime()  # names a missing or doubly installed onnxruntime, with the fix
 
 _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
 
@@ -48,49 +53,82 @@ def _cuda_usable() -> tuple[bool, str]:
     return True, ""
 
 
+def text_increments(decode, tokens: Iterable[int]) -> Iterator[str]:
+    """What each new token adds to the detokenised text: the pieces join to decode(all tokens).
+
+    The whole prefix is decoded again at each token: SentencePiece makes spaces from the pieces'
+    "▁" and drops the text's first one, and byte-fallback pieces make one character from up to 4
+    ids, so a piece alone does not say what it adds. Text ending in U+FFFD (a character whose
+    bytes are still to come) is held back; what remains comes out once the tokens end.
+    """
+    seen: list[int] = []
+    emitted = ""
+    for token in tokens:
+        seen.append(token)
+        text = decode(seen).rstrip("\ufffd")
+        if len(text) > len(emitted) and text.startswith(emitted):
+            yield text[len(emitted):]
+            emitted = text
+    final = decode(seen)
+    if not final.startswith(emitted):  # never seen: SentencePiece's decode of a prefix is a prefix
+        raise RuntimeError(f"the detokenised text {final!r} does not continue {emitted!r}")
+    if len(final) > len(emitted):
+        yield final[len(emitted):]
+
+
 class Translator:
     """Translates with a bundle made by `seq2onnx export`.
+
+    Everything bundle.json states that the graphs or the tokenizers also state is checked at
+    load (vocabulary sizes, special ids, layers, heads, head size, positions, dtype), so that a
+    bundle that would translate garbage is refused before the first translation.
 
     Args:
         bundle_dir: the bundle directory (bundle.json, encoder.onnx, decoder.onnx, tokenizers).
         device: "auto" (CUDA where onnxruntime can run it, else the CPU), "cuda" or "cpu".
-        intra_threads: threads inside each operator (0: onnxruntime's default, the core count).
-        optimization: onnxruntime graph optimization level, "all" (default), "extended", "basic"
-            or "none" (for measuring what the optimizations bring).
-        top_k_from_graph: download each step's 2K candidates from the decoder's TopK outputs
-            (default) rather than the full [rows, vocab] log-probabilities (for measuring).
+        intra_threads: threads inside each operator, 0 (onnxruntime's default, one per core) to
+            os.cpu_count().
         check_hashes: verify every file's sha256 against bundle.json before loading.
-        thread_spinning: let onnxruntime's idle intra-op threads spin between operators
-            (onnxruntime's own default). Off by default here: between two decoder steps the search
-            runs in Python, and a spinning thread takes a core from it (greedy decoding at batch 1
-            ran 2x faster on 2 cores without spinning; docs/optimisation-notes.md, row 5).
+        _tuning: SessionTuning, knobs for measuring the defaults (benchmarks only).
     Raises:
-        BundleError: the bundle is missing, damaged or of another format version.
+        BundleError: the bundle is missing, damaged, of another format version, or its
+            bundle.json disagrees with its graphs or tokenizers (the message names the field).
+        ValueError: a bad device or intra_threads.
         RuntimeError: device="cuda" where CUDA cannot run (the message says why).
     """
 
     def __init__(self, bundle_dir: str | Path, device: str = "auto", *, intra_threads: int = 0,
-                 check_hashes: bool = True, optimization: str = "all", top_k_from_graph: bool = True,
-                 thread_spinning: bool = False):
+                 check_hashes: bool = True, _tuning: SessionTuning | None = None):
         if device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"device={device!r}; choose 'auto', 'cuda' or 'cpu'")
+        intra_threads = check_intra_threads(intra_threads)
+        if not isinstance(check_hashes, bool):
+            raise ValueError(f"check_hashes={check_hashes!r}; give True or False")
+        tuning = SessionTuning() if _tuning is None else _tuning
+        if not isinstance(tuning, SessionTuning):
+            raise TypeError(f"_tuning is {type(tuning).__name__}; give a SessionTuning")
+        self._tuning = tuning
         self.bundle = read_bundle(bundle_dir, check_hashes=check_hashes)
         cfg = self.bundle.model
         self.n_layers, self.n_heads, self.head_dim = cfg["n_decoder_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
         self.max_positions = cfg["max_positions"]
-        self.tgt_vocab = cfg["tgt_vocab_size"]
+        self.src_vocab, self.tgt_vocab = cfg["src_vocab_size"], cfg["tgt_vocab_size"]
         ids = self.bundle.special_ids
         self.pad_id, self.eos_id, self.start_id = ids["pad"], ids["eos"], ids["decoder_start"]
         self.cache_dtype = _NP_DTYPE[self.bundle.dtype]
+        try:
+            self.source_tokenizer = spm.SentencePieceProcessor(model_file=str(self.bundle.file("source_tokenizer")))
+            self.target_tokenizer = spm.SentencePieceProcessor(model_file=str(self.bundle.file("target_tokenizer")))
+        except Exception as e:
+            raise BundleError(f"{self.bundle.path}: a SentencePiece model cannot be read: {e}") from e
+        check_tokenizers(self.bundle, self.source_tokenizer, self.target_tokenizer)
+        self._word_bounded = word_bounded(self.source_tokenizer)
         options = ort.SessionOptions()
         levels = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
                   "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
-        if optimization not in levels:
-            raise ValueError(f"optimization={optimization!r}; choose one of {', '.join(levels)}")
-        options.graph_optimization_level = levels[optimization]
-        self.top_k_from_graph = top_k_from_graph
+        options.graph_optimization_level = levels[tuning.optimization]
         options.intra_op_num_threads = intra_threads
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if thread_spinning else "0")
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if tuning.thread_spinning else "0")
         options.log_severity_level = 3  # no warnings about provider fallbacks on stderr
         self.device, self.device_reason = self._pick_device(device)
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
@@ -103,12 +141,7 @@ class Translator:
             if device == "cuda":
                 raise RuntimeError("onnxruntime's CUDA provider did not start (check the CUDA and cuDNN libraries)")
             self.device, self.device_reason = "cpu", "the CUDA provider did not start; using the CPU"
-        self._check_graphs()
-        try:
-            self.source_tokenizer = spm.SentencePieceProcessor(model_file=str(self.bundle.file("source_tokenizer")))
-            self.target_tokenizer = spm.SentencePieceProcessor(model_file=str(self.bundle.file("target_tokenizer")))
-        except Exception as e:
-            raise BundleError(f"{self.bundle.path}: a SentencePiece model cannot be read: {e}") from e
+        check_graphs(self.bundle, self.encoder, self.decoder)
         self._ort_device = "cuda" if self.device == "cuda" else "cpu"
 
     @staticmethod
@@ -127,22 +160,30 @@ class Translator:
             raise RuntimeError(f"device='cuda' cannot run: {why}; use device='cpu' or 'auto'")
         return "cpu", why
 
-    def _check_graphs(self) -> None:
-        """The graphs' inputs and outputs are those bundle.json and this runtime expect."""
-        for label, session in (("encoder", self.encoder), ("decoder", self.decoder)):
-            spec = self.bundle.meta["graphs"][label]
-            have = ([i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()])
-            want = ([i["name"] for i in spec["inputs"]], [o["name"] for o in spec["outputs"]])
-            if sorted(have[0]) != sorted(want[0]) or sorted(have[1]) != sorted(want[1]):
-                raise BundleError(
-                    f"{self.bundle.file(label)}: its inputs/outputs {have} differ from bundle.json's {want}"
-                )
-
     # -- public API -----------------------------------------------------------------------------
 
-    def translate(self, text: str, **options) -> str:
-        """Translates one string; options as for translate_batch."""
-        return self.translate_batch([text], **options)[0].hypotheses[0]
+    def translate(
+        self,
+        text: str,
+        *,
+        beam_size: int | None = None,
+        length_penalty: float | None = None,
+        max_decoding_length: int | None = None,
+        min_decoding_length: int | None = None,
+        truncate: bool = False,
+        sampling_temperature: float | None = None,
+        sampling_topk: int = 0,
+        sampling_topp: float = 1.0,
+        seed: int | None = None,
+    ) -> str:
+        """Translates one string (the best hypothesis); the options are translate_batch's."""
+        if not isinstance(text, str):
+            raise TypeError(f"text is {type(text).__name__}; give a str (translate_batch takes lists)")
+        options = self.search_options(
+            beam_size=beam_size, length_penalty=length_penalty, max_decoding_length=max_decoding_length,
+            min_decoding_length=min_decoding_length, truncate=truncate, sampling_temperature=sampling_temperature,
+            sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed)
+        return self._translate([text], options)[0].hypotheses[0]
 
     def translate_batch(
         self,
@@ -163,81 +204,85 @@ class Translator:
     ) -> list[TranslationResult]:
         """Translates texts (or source token id lists) and returns one result per source, in order.
 
-        beam_size 1 is greedy search; sampling_temperature switches to random sampling.
-        max_decoding_length defaults to max_length_a x source length + max_length_b (bundle.json),
-        capped by the model's positions. An empty or whitespace-only text gives an empty translation.
-        Raises TypeError for items that are neither str nor ids, ValueError for a source longer than
-        the model's positions (unless truncate=True) and for impossible settings.
+        beam_size 1 is greedy search; sampling_temperature switches to random sampling (each
+        sentence's sample depends only on the seed and the sentence, not on its batch).
+        beam_size, length_penalty and min_decoding_length default to bundle.json's `decoding`;
+        max_decoding_length to max_length_a x source length + max_length_b, capped by the model's
+        positions. An empty or whitespace-only text gives an empty translation.
+        Raises TypeError for items that are neither str nor ids, ValueError for a source longer
+        than the model's positions (unless truncate=True) and for options of a wrong type or
+        range (SearchOptions; the message names the option, its value and the fix).
+        """
+        options = self.search_options(
+            beam_size=beam_size, num_hypotheses=num_hypotheses, length_penalty=length_penalty,
+            max_decoding_length=max_decoding_length, min_decoding_length=min_decoding_length,
+            return_scores=return_scores, truncate=truncate, max_batch_size=max_batch_size,
+            sampling_temperature=sampling_temperature, sampling_topk=sampling_topk, sampling_topp=sampling_topp,
+            seed=seed)
+        return self._translate(source, options)
+
+    def search_options(self, **options) -> SearchOptions:
+        """SearchOptions with this bundle's defaults for the options given as None or left out
+        (beam_size, length_penalty, min_decoding_length), checked against the model too.
+
+        Raises ValueError for a value of the wrong type or range, TypeError for an unknown name.
         """
         defaults = self.bundle.decoding
-        beam_size = defaults["beam_size"] if beam_size is None else beam_size
-        length_penalty = defaults["length_penalty"] if length_penalty is None else length_penalty
-        min_decoding_length = defaults.get("min_length", 0) if min_decoding_length is None else min_decoding_length
-        if isinstance(source, (str, bytes)):
-            raise TypeError("translate_batch takes a list of sources; for one string use translate(text)")
-        if beam_size < 1:
-            raise ValueError(f"beam_size={beam_size}; it must be at least 1 (1 is greedy search)")
-        if sampling_temperature is None and not 1 <= num_hypotheses <= beam_size:
-            raise ValueError(f"num_hypotheses={num_hypotheses} must lie in [1, beam_size={beam_size}]")
-        if num_hypotheses < 1:
-            raise ValueError(f"num_hypotheses={num_hypotheses}; it must be at least 1")
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size={max_batch_size}; it must be at least 1")
-        if max_decoding_length is not None and not 1 <= max_decoding_length <= self.max_positions:
+        for name, key, fallback in (("beam_size", "beam_size", 4), ("length_penalty", "length_penalty", 1.0),
+                                    ("min_decoding_length", "min_length", 0)):
+            if options.get(name) is None:
+                options[name] = defaults.get(key, fallback)
+        resolved = SearchOptions(**options)
+        limit = self.max_positions
+        if resolved.max_decoding_length is not None and resolved.max_decoding_length > limit:
             raise ValueError(
-                f"max_decoding_length={max_decoding_length}; this model has {self.max_positions} positions "
+                f"max_decoding_length={resolved.max_decoding_length}; this model has {limit} positions "
                 "(max_positions in bundle.json): choose 1..that"
             )
-        ids = [self._source_ids(i, item, truncate) for i, item in enumerate(source)]
-        results: list[TranslationResult | None] = [None] * len(ids)
-        todo = [i for i, s in enumerate(ids) if s is not None]
-        for i, s in enumerate(ids):
-            if s is None:  # empty text: nothing to translate
-                results[i] = TranslationResult([""] * num_hypotheses, [[]] * num_hypotheses,
-                                               [0.0] * num_hypotheses if return_scores else None)
-        todo.sort(key=lambda i: len(ids[i]))  # similar lengths share a batch: less padding
-        for start in range(0, len(todo), max_batch_size):
-            chunk = todo[start : start + max_batch_size]
-            found = self._search([ids[i] for i in chunk], beam_size=beam_size, num_hypotheses=num_hypotheses,
-                                 length_penalty=length_penalty, max_decoding_length=max_decoding_length,
-                                 min_decoding_length=min_decoding_length, sampling_temperature=sampling_temperature,
-                                 sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed)
-            for i, r in zip(chunk, found):
-                tokens = [h[:-1] if h and h[-1] == self.eos_id else h for h in r.hypotheses]
-                results[i] = TranslationResult([self.target_tokenizer.decode(t) for t in tokens], tokens,
-                                               r.scores if return_scores else None)
-        return results  # type: ignore[return-value]
+        if resolved.min_decoding_length >= limit:
+            raise ValueError(
+                f"min_decoding_length={resolved.min_decoding_length}; this model has {limit} positions "
+                f"(max_positions in bundle.json): choose 0..{limit - 1}"
+            )
+        if not resolved.sampling and resolved.beam_size > 1 and 2 * resolved.beam_size > self.tgt_vocab:
+            raise ValueError(f"beam_size={resolved.beam_size} needs a target vocabulary of at least "
+                             f"{2 * resolved.beam_size} pieces, this model has {self.tgt_vocab}: choose a smaller beam")
+        return resolved
 
     def generate_tokens(self, text: str, *, max_decoding_length: int | None = None,
-                        min_decoding_length: int = 0) -> Iterator[str]:
-        """Greedy decoding of one text, yielding each target piece as soon as it is decided."""
-        ids = self._source_ids(0, text, False)
+                        min_decoding_length: int | None = None, truncate: bool = False) -> Iterator[str]:
+        """Greedy decoding of one text, yielding text as soon as each token is decided.
+
+        The pieces yielded join to translate(text, beam_size=1) exactly, spaces included: each is
+        what the new token adds to the detokenised text (held back while it would be an
+        incomplete UTF-8 byte sequence). Options are checked when this is called, not when the
+        first piece is taken.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text is {type(text).__name__}; give a str")
+        options = self.search_options(beam_size=1, max_decoding_length=max_decoding_length,
+                                      min_decoding_length=min_decoding_length, truncate=truncate)
+        ids = self._source_ids(0, text, truncate)
         if ids is None:
-            return
-        limit = self._max_lengths([ids], max_decoding_length)[0]
-        step = self._step_fn(np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64),
-                             top_k=candidates_needed(1, min_decoding_length))
-        for token in stream_greedy(step, start_id=self.start_id, eos_id=self.eos_id, max_length=int(limit),
-                                   min_length=min_decoding_length):
-            yield self.target_tokenizer.id_to_piece(token)
+            return iter(())
+        [limit] = self._max_lengths([ids], options)
+        return self._stream(ids, int(limit), options.min_decoding_length)
 
     def translate_iterable(self, lines: Iterable[str], *, read_batch_size: int = 256, **options) -> Iterator[TranslationResult]:
-        """Translates a stream of lines, reading read_batch_size at a time, yielding in input order."""
-        buffer: list[str] = []
-        for line in lines:
-            buffer.append(line)
-            if len(buffer) >= read_batch_size:
-                yield from self.translate_batch(buffer, **options)
-                buffer = []
-        if buffer:
-            yield from self.translate_batch(buffer, **options)
+        """Translates a stream of lines, reading read_batch_size at a time, yielding in input order.
 
-    # -- internals ------------------------------------------------------------------------------
+        The options are translate_batch's, checked when this is called.
+        """
+        if isinstance(read_batch_size, bool) or not isinstance(read_batch_size, int) or read_batch_size < 1:
+            raise ValueError(f"read_batch_size={read_batch_size!r}; give an int >= 1")
+        resolved = self.search_options(**options)
+        return self._iterate(lines, read_batch_size, resolved)
 
     def prepare_source(self, text: str, *, truncate: bool = False) -> tuple[list[int], bool]:
         """Source token ids of one text, end token included, as translate_batch feeds them to the
         encoder, and whether they were cut to the model's positions. An empty or whitespace-only
-        text gives ([], False).
+        text gives ([], False). A huge text costs only what its first positions need: it is
+        tokenised by prefixes (runtime/source.py says why the ids are the same).
 
         Raises ValueError when the text has more tokens than the model's positions and truncate
         is False (the message names both numbers and the fix).
@@ -246,34 +291,79 @@ class Translator:
             raise TypeError(f"text is {type(text).__name__}; give a str")
         if not text.strip():
             return [], False
-        # Lone surrogates cannot be encoded as UTF-8: replace them rather than fail inside spm.
-        if not text.isascii():
-            text = text.encode("utf-8", "replace").decode("utf-8")
-        ids = self.source_tokenizer.encode(text) + [self.eos_id]
-        if len(ids) <= self.max_positions:
-            return ids, False
+        limit = self.max_positions - 1  # ids before the end token
+        ids, complete = encode_limited(self.source_tokenizer, text, limit, bounded=self._word_bounded)
+        if len(ids) <= limit:
+            return ids + [self.eos_id], False
         if not truncate:
+            count = f"{len(ids) + 1}" if complete else f"more than {self.max_positions}"
             raise ValueError(
-                f"{len(ids)} tokens; this model was exported for at most {self.max_positions} positions "
+                f"{count} tokens; this model was exported for at most {self.max_positions} positions "
                 "(max_positions in bundle.json): shorten it or pass truncate=True"
             )
-        return ids[: self.max_positions - 1] + [self.eos_id], True
+        return ids[:limit] + [self.eos_id], True
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _iterate(self, lines: Iterable[str], read_batch_size: int, options: SearchOptions) -> Iterator[TranslationResult]:
+        buffer: list[str] = []
+        for line in lines:
+            buffer.append(line)
+            if len(buffer) >= read_batch_size:
+                yield from self._translate(buffer, options)
+                buffer = []
+        if buffer:
+            yield from self._translate(buffer, options)
+
+    def _stream(self, ids: list[int], limit: int, min_length: int) -> Iterator[str]:
+        step = self._step_fn(np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64),
+                             top_k=self._top_k(1, min_length))
+        tokens = stream_greedy(step, start_id=self.start_id, eos_id=self.eos_id, max_length=limit, min_length=min_length)
+        return text_increments(self.target_tokenizer.decode, tokens)
+
+    def _translate(self, source, options: SearchOptions) -> list[TranslationResult]:
+        if isinstance(source, (str, bytes)):
+            raise TypeError("translate_batch takes a list of sources; for one string use translate(text)")
+        n = options.num_hypotheses
+        ids = [self._source_ids(i, item, options.truncate) for i, item in enumerate(source)]
+        results: list[TranslationResult | None] = [None] * len(ids)
+        todo = [i for i, s in enumerate(ids) if s is not None]
+        limits = dict(zip(todo, self._max_lengths([ids[i] for i in todo], options)))
+        for i in todo:
+            if options.min_decoding_length >= limits[i]:
+                raise ValueError(
+                    f"source {i}: min_decoding_length={options.min_decoding_length} is not below its maximum length "
+                    f"{limits[i]} (max_length_a x {len(ids[i])} tokens + max_length_b in bundle.json, at most "
+                    f"max_positions): pass a larger max_decoding_length or a smaller min_decoding_length"
+                )
+        for i, s in enumerate(ids):
+            if s is None:  # empty text: nothing to translate
+                results[i] = TranslationResult([""] * n, [[]] * n, [0.0] * n if options.return_scores else None)
+        todo.sort(key=lambda i: len(ids[i]))  # similar lengths share a batch: less padding
+        for start in range(0, len(todo), options.max_batch_size):
+            chunk = todo[start : start + options.max_batch_size]
+            found = self._search([ids[i] for i in chunk], np.array([limits[i] for i in chunk], dtype=np.int64), options)
+            for i, r in zip(chunk, found):
+                tokens = [h[:-1] if h and h[-1] == self.eos_id else h for h in r.hypotheses]
+                results[i] = TranslationResult([self.target_tokenizer.decode(t) for t in tokens], tokens,
+                                               r.scores if options.return_scores else None)
+        return results  # type: ignore[return-value]
 
     def _source_ids(self, index: int, item, truncate: bool) -> list[int] | None:
-        vocab = self.bundle.model["src_vocab_size"]
         if isinstance(item, str):
             try:
                 ids, _ = self.prepare_source(item, truncate=truncate)
             except ValueError as e:
                 raise ValueError(f"source {index} has {e}") from None
             return ids or None
-        if isinstance(item, (list, tuple, np.ndarray)) and all(isinstance(x, (int, np.integer)) for x in item):
+        if isinstance(item, (list, tuple, np.ndarray)) and all(
+                isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in item):
             ids = [int(x) for x in item]
             if not ids:
                 return None
-            bad = [x for x in ids if not 0 <= x < vocab]
+            bad = [x for x in ids if not 0 <= x < self.src_vocab]
             if bad:
-                raise ValueError(f"source {index}: token ids {bad[:5]} are outside the source vocabulary [0, {vocab})")
+                raise ValueError(f"source {index}: token ids {bad[:5]} are outside the source vocabulary [0, {self.src_vocab})")
             if ids[-1] != self.eos_id:
                 ids.append(self.eos_id)
         else:
@@ -287,41 +377,44 @@ class Translator:
             ids = ids[: self.max_positions - 1] + [self.eos_id]
         return ids
 
-    def _max_lengths(self, sources: list[list[int]], max_decoding_length: int | None) -> np.ndarray:
-        if max_decoding_length is not None:
-            return np.full(len(sources), max_decoding_length, dtype=np.int64)
+    def _max_lengths(self, sources: list[list[int]], options: SearchOptions) -> np.ndarray:
+        if options.max_decoding_length is not None:
+            return np.full(len(sources), options.max_decoding_length, dtype=np.int64)
         a, b = self.bundle.decoding["max_length_a"], self.bundle.decoding["max_length_b"]
         return np.array([min(int(a * len(s)) + b, self.max_positions) for s in sources], dtype=np.int64)
 
-    def _search(self, sources: list[list[int]], *, beam_size, num_hypotheses, length_penalty, max_decoding_length,
-                min_decoding_length, sampling_temperature, sampling_topk, sampling_topp, seed) -> list[SearchResult]:
-        if sampling_temperature is not None and num_hypotheses > 1:
-            # n independent samples per source: each source decoded n times in one batch
-            flat = self._search([s for s in sources for _ in range(num_hypotheses)], beam_size=1, num_hypotheses=1,
-                                length_penalty=length_penalty, max_decoding_length=max_decoding_length,
-                                min_decoding_length=min_decoding_length, sampling_temperature=sampling_temperature,
-                                sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed)
-            n = num_hypotheses
+    def _top_k(self, beam_size: int, min_length: int) -> int | None:
+        """Candidates per row to download from the graph's TopK (None: the full log-probabilities)."""
+        if not self._tuning.top_k_from_graph:
+            return None
+        return min(candidates_needed(beam_size, min_length), self.tgt_vocab)
+
+    def _search(self, sources: list[list[int]], max_lengths: np.ndarray, options: SearchOptions) -> list[SearchResult]:
+        common = dict(start_id=self.start_id, eos_id=self.eos_id, min_length=options.min_decoding_length)
+        if options.sampling:
+            # n independent samples per source, each row keyed by (hypothesis, source ids) so that
+            # its generator, hence its sample, does not depend on the rest of the batch.
+            n = options.num_hypotheses
+            rows = [s for s in sources for _ in range(n)]
+            keys = [[h, len(s), *s] for s in sources for h in range(n)]
+            step = self._step_fn(*self._pad(rows), top_k=None)  # sampling needs the whole distribution
+            flat = sample(step, len(rows), temperature=options.sampling_temperature, top_k=options.sampling_topk,
+                          top_p=options.sampling_topp, seed=options.seed, row_keys=keys,
+                          max_lengths=np.repeat(max_lengths, n), **common)
             return [SearchResult([h for r in flat[i * n:(i + 1) * n] for h in r.hypotheses],
                                  [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(len(sources))]
+        step = self._step_fn(*self._pad(sources), top_k=self._top_k(options.beam_size, options.min_decoding_length))
+        if options.beam_size == 1:
+            return greedy_search(step, len(sources), max_lengths=max_lengths, **common)
+        return beam_search(step, len(sources), beam_size=options.beam_size, length_penalty=options.length_penalty,
+                           num_hypotheses=options.num_hypotheses, max_lengths=max_lengths, **common)
+
+    def _pad(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         lengths = np.array([len(s) for s in sources], dtype=np.int64)
         src = np.full((len(sources), int(lengths.max())), self.pad_id, dtype=np.int64)
         for row, s in enumerate(sources):
             src[row, : len(s)] = s
-        # Sampling needs the whole distribution; searches need only their candidates.
-        top_k = candidates_needed(beam_size, min_decoding_length)
-        if sampling_temperature is not None or not self.top_k_from_graph:
-            top_k = None
-        step = self._step_fn(src, lengths, top_k=min(top_k, self.tgt_vocab) if top_k else None)
-        common = dict(start_id=self.start_id, eos_id=self.eos_id, max_lengths=self._max_lengths(sources, max_decoding_length),
-                      min_length=min_decoding_length)
-        if sampling_temperature is not None:
-            return sample(step, len(sources), temperature=sampling_temperature, top_k=sampling_topk, top_p=sampling_topp,
-                          seed=seed, **common)
-        if beam_size == 1:
-            return greedy_search(step, len(sources), **common)
-        return beam_search(step, len(sources), beam_size=beam_size, length_penalty=length_penalty,
-                           num_hypotheses=num_hypotheses, **common)
+        return src, lengths
 
     def _to_device(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(array, self._ort_device, 0)

@@ -1,4 +1,6 @@
-"""Fuzzed text through the runtime's text entry points: no crash, a defined output or a clear error."""
+"""Fuzzed text through the runtime's text entry points: a real translation (non-empty for non-blank
+text, ids that detokenise to it, the same alone as in a batch, streamed pieces that join to it) or
+a clear error."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,12 +24,22 @@ def translator() -> Translator:
     return Translator(tiny_bundle(), device="cpu")
 
 
-def _check(result: TranslationResult, n: int = 1) -> None:
+def _check(translator: Translator, result: TranslationResult, text: str, max_length: int, n: int = 1) -> None:
+    """The result is a real translation of `text`, not merely of the right types."""
     assert isinstance(result, TranslationResult)
-    assert len(result.hypotheses) == n and all(isinstance(h, str) for h in result.hypotheses)
-    # the output is valid text: it can be written as UTF-8
-    for h in result.hypotheses:
-        h.encode("utf-8")
+    assert len(result.hypotheses) == len(result.token_ids) == n
+    for hypothesis, ids in zip(result.hypotheses, result.token_ids):
+        assert isinstance(hypothesis, str)
+        hypothesis.encode("utf-8")  # valid text: it can be written as UTF-8
+        if not text.strip():
+            assert hypothesis == "" and ids == []
+            continue
+        # a non-blank text gives a non-empty hypothesis, within the length asked for, whose ids
+        # (target vocabulary, no end token) detokenise to it
+        assert ids and hypothesis.strip()
+        assert len(ids) <= max_length and translator.eos_id not in ids
+        assert all(0 <= i < translator.tgt_vocab for i in ids)
+        assert translator.target_tokenizer.decode(ids) == hypothesis
 
 
 @settings(max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -36,19 +48,22 @@ def test_translate_batch_fuzzed(translator, texts):
     results = translator.translate_batch(texts, beam_size=2, max_decoding_length=8, truncate=True)
     assert len(results) == len(texts)
     for text, r in zip(texts, results):
-        _check(r)
-        if not text.strip():
-            assert r.hypotheses == [""]
+        _check(translator, r, text, 8)
+    # each result is the one the same text gets alone (the batch's padding changes nothing)
+    for text, r in zip(texts[:2], results):
+        [alone] = translator.translate_batch([text], beam_size=2, max_decoding_length=8, truncate=True)
+        assert alone.token_ids == r.token_ids
 
 
 @settings(max_examples=CASES // 3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=TEXT)
 def test_translate_and_stream_fuzzed(translator, text):
-    greedy = translator.translate(text, beam_size=1, max_decoding_length=8, truncate=True) if len(text) < 100 else None
-    pieces = list(translator.generate_tokens(text, max_decoding_length=8)) if len(text) < 100 else []
-    if greedy is not None:
-        assert isinstance(greedy, str)
-        assert all(isinstance(p, str) for p in pieces)
+    greedy = translator.translate(text, beam_size=1, max_decoding_length=8, truncate=True)
+    pieces = list(translator.generate_tokens(text, max_decoding_length=8, truncate=True))
+    assert "".join(pieces) == greedy  # text increments that join to the translation, spaces and all
+    assert all(isinstance(p, str) and p for p in pieces)
+    if text.strip():
+        assert greedy.strip()
 
 
 def test_huge_string_is_a_clear_error_or_truncated(translator):
@@ -56,7 +71,9 @@ def test_huge_string_is_a_clear_error_or_truncated(translator):
     with pytest.raises(ValueError, match="positions.*truncate=True"):
         translator.translate_batch([huge])
     (r,) = translator.translate_batch([huge], beam_size=1, max_decoding_length=5, truncate=True)
-    _check(r)
+    _check(translator, r, huge, 5)
+    cut, _ = translator.prepare_source(huge, truncate=True)
+    assert translator.translate_batch([cut], beam_size=1, max_decoding_length=5)[0].token_ids == r.token_ids
 
 
 @pytest.mark.parametrize("item", [None, 3, 2.5, b"bytes", ["a", "b"], {"text": "x"}, np.array([1.5])])

@@ -438,3 +438,19 @@ def test_stream_greedy_is_lazy():
     it = stream_greedy(fake.step, start_id=START, eos_id=EOS, max_length=50)
     assert next(it) == 4 and len(fake.calls) == 1
     assert next(it) == 4 and len(fake.calls) == 2
+
+
+def test_sample_of_a_sentence_does_not_depend_on_its_batch():
+    """Each sentence draws from its own generator, keyed by (seed, row key): the same sentence
+    (same key, same log-probs) gives the same sample alone and among others."""
+    base = random_fn(11, 10, eos_drift=0.3)
+    contents = [7, 3, 9, 12, 5]  # what each sentence "is": the fake decoder's sentence id and its key
+    for seed in range(6):
+        batch = sample(Fake(lambda s, p: base(contents[s], p), 5).step, 5, start_id=START, eos_id=EOS,
+                       max_lengths=np.full(5, 8), seed=seed, row_keys=[[c] for c in contents])
+        for s, c in enumerate(contents):
+            [alone] = sample(Fake(lambda _, p, c=c: base(c, p), 1).step, 1, start_id=START, eos_id=EOS,
+                             max_lengths=np.full(1, 8), seed=seed, row_keys=[[c]])
+            assert alone.hypotheses == batch[s].hypotheses and alone.scores == batch[s].scores
+    with pytest.raises(ValueError, match="row_keys"):
+        sample(Fake(base, 2).step, 2, start_id=START, eos_id=EOS, max_lengths=np.full(2, 8), seed=0, row_keys=[[1]])

@@ -1,0 +1,144 @@
+"""Load-time checks: what bundle.json states must be what the graphs and tokenizers state.
+
+A bundle.json that disagrees with its own files translates garbage (a wrong end id), fluent
+garbage (source and target tokenizers exchanged) or fails at the first step with a raw
+onnxruntime error (a wrong head count). Each check here turns that into a BundleError at load
+that names the field, both values and the fix.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from .bundle import DTYPES, TOP_K, Bundle, BundleError, past_key, past_names
+from .onnx_info import GraphReadError, read_graph_info
+
+# onnxruntime's type strings for the element types bundle.json names
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64", "tensor(bool)": "bool"}
+_FIX = "re-export the bundle with `seq2onnx export` (its bundle.json does not describe these files)"
+
+
+def _mismatch(bundle: Bundle, field: str, stated, found, where: str) -> BundleError:
+    return BundleError(
+        f"{bundle.path / 'bundle.json'}: {field}={stated!r}, but {where} has {found!r}; {_FIX}, "
+        f"or set {field} to {found!r} if only bundle.json is wrong"
+    )
+
+
+def tokenizer_fingerprint(processor) -> dict:
+    """{"pieces": vocabulary size, "pieces_sha256": hash of the pieces in id order} of a
+    SentencePiece processor: what bundle.json's optional `tokenizers` field records per side, so
+    that a tokenizer file exchanged for another with the same size is caught even when its
+    sha256 in `files` was rewritten."""
+    pieces = "\n".join(processor.id_to_piece(i) for i in range(processor.get_piece_size()))
+    return {"pieces": processor.get_piece_size(), "pieces_sha256": hashlib.sha256(pieces.encode("utf-8")).hexdigest()}
+
+
+def check_tokenizers(bundle: Bundle, source, target) -> None:
+    """Vocabulary sizes, special ids and (when recorded) fingerprints of both SentencePiece models."""
+    model, ids = bundle.model, bundle.special_ids
+    fingerprints = bundle.meta.get("tokenizers")
+    sides = (("source", source, "src_vocab_size", "source_tokenizer"), ("target", target, "tgt_vocab_size", "target_tokenizer"))
+    have = {side: tokenizer_fingerprint(proc) for side, proc, _, _ in sides} if fingerprints else {}
+
+    def wrong_vocabulary(side: str, key: str, swapped: bool) -> BundleError:
+        other = "target" if side == "source" else "source"
+        return BundleError(
+            f"{bundle.file(key)}: its vocabulary is not the {side} vocabulary the model was exported with "
+            f"(tokenizers.{side}.pieces_sha256 in bundle.json)"
+            + (f"; it is the {other} tokenizer: the two .model files are exchanged" if swapped else "")
+            + f"; {_FIX}"
+        )
+
+    # An exchanged pair first: named as such rather than as a size or id mismatch. Any other wrong
+    # file is named by its size or special ids where those differ, as the more telling fact.
+    for side, _, _, key in sides:
+        other = "target" if side == "source" else "source"
+        if have and have[side]["pieces_sha256"] == fingerprints[other]["pieces_sha256"] != fingerprints[side]["pieces_sha256"]:
+            raise wrong_vocabulary(side, key, swapped=True)
+    for side, proc, size_key, key in sides:
+        where = f"{bundle.file(key).name} (get_piece_size())"
+        if proc.get_piece_size() != model[size_key]:
+            raise _mismatch(bundle, f"model.{size_key}", model[size_key], proc.get_piece_size(), where)
+        for name, own in (("pad", proc.pad_id()), ("unk", proc.unk_id()), ("bos", proc.bos_id()), ("eos", proc.eos_id())):
+            if own != ids[name]:
+                raise _mismatch(bundle, f"special_ids.{name}", ids[name], own, f"{bundle.file(key).name} ({name}_id())")
+        if have and have[side]["pieces_sha256"] != fingerprints[side]["pieces_sha256"]:
+            raise wrong_vocabulary(side, key, swapped=False)
+
+
+def _shape_of(arg) -> list:
+    return [d if isinstance(d, int) else str(d) for d in arg.shape]
+
+
+def check_graphs(bundle: Bundle, encoder, decoder) -> None:
+    """The sessions' inputs and outputs are bundle.json's (names, element types, fixed sizes), and
+    the model's sizes are the graphs': layers (cache inputs), heads and head size (their fixed
+    dims), dtype, target vocabulary (log_probs), source vocabulary (the encoder's embedding) and
+    max_positions (the decoder's positional table)."""
+    model = bundle.model
+    for label, session in (("encoder", encoder), ("decoder", decoder)):
+        spec = bundle.meta["graphs"][label]
+        path = bundle.file(label)
+        have = ({i.name: i for i in session.get_inputs()}, {o.name: o for o in session.get_outputs()})
+        want = ({i["name"]: i for i in spec["inputs"]}, {o["name"]: o for o in spec["outputs"]})
+        if set(have[0]) != set(want[0]) or set(have[1]) != set(want[1]):
+            raise BundleError(
+                f"{path}: its inputs/outputs {(sorted(have[0]), sorted(have[1]))} differ from bundle.json's "
+                f"{(sorted(want[0]), sorted(want[1]))}; {_FIX}"
+            )
+        for side, kind in ((0, "inputs"), (1, "outputs")):
+            for name, item in want[side].items():
+                arg = have[side][name]
+                dtype = _ORT_TYPES.get(arg.type, arg.type)
+                if dtype != item["dtype"]:
+                    raise _mismatch(bundle, f"graphs.{label}.{kind}[{name}].dtype", item["dtype"], dtype, f"{path.name}")
+                shape = _shape_of(arg)
+                fixed = [(i, d) for i, d in enumerate(item["shape"]) if isinstance(d, int)]
+                if len(shape) != len(item["shape"]) or any(shape[i] != d for i, d in fixed):
+                    raise _mismatch(bundle, f"graphs.{label}.{kind}[{name}].shape", item["shape"], shape, path.name)
+    dec_inputs = {i.name: i for i in decoder.get_inputs()}
+    n_layers = model["n_decoder_layers"]
+    cache_inputs = sum(1 for n in dec_inputs if n.startswith(("past_key_self_", "past_value_self_")))
+    if cache_inputs != 2 * n_layers or not all(n in dec_inputs for n in past_names(n_layers)):
+        raise _mismatch(bundle, "model.n_decoder_layers", n_layers, cache_inputs // 2,
+                        f"{bundle.file('decoder').name} (its past_key_self_*/past_value_self_* inputs, layers)")
+    cache = _shape_of(dec_inputs[past_key(0)])
+    where = f"{bundle.file('decoder').name} (input {past_key(0)} of shape {cache})"
+    head_dim = model["d_model"] // model["n_heads"]
+    if len(cache) != 4 or cache[1] != model["n_heads"]:
+        raise _mismatch(bundle, "model.n_heads", model["n_heads"], cache[1] if len(cache) == 4 else cache, where)
+    if cache[3] != head_dim:
+        raise _mismatch(bundle, "model.d_model", model["d_model"], cache[3] * model["n_heads"],
+                        where + f": head size {cache[3]} x {model['n_heads']} heads")
+    cache_type = _ORT_TYPES.get(dec_inputs[past_key(0)].type, dec_inputs[past_key(0)].type)
+    if cache_type not in DTYPES or cache_type != bundle.dtype:
+        raise _mismatch(bundle, "dtype", bundle.dtype, cache_type, where)
+    log_probs = _shape_of({o.name: o for o in decoder.get_outputs()}["log_probs"])
+    if log_probs[-1] != model["tgt_vocab_size"]:
+        raise _mismatch(bundle, "model.tgt_vocab_size", model["tgt_vocab_size"], log_probs[-1],
+                        f"{bundle.file('decoder').name} (output log_probs of shape {log_probs})")
+    if TOP_K not in dec_inputs:
+        raise BundleError(f"{bundle.file('decoder')}: no {TOP_K} input; {_FIX}")
+    _check_tables(bundle)
+
+
+def _check_tables(bundle: Bundle) -> None:
+    """The source embedding's rows and the positional table's rows, read from the graph files."""
+    model = bundle.model
+    try:
+        encoder, decoder = read_graph_info(bundle.file("encoder")), read_graph_info(bundle.file("decoder"))
+    except (GraphReadError, OSError) as e:
+        raise BundleError(f"{bundle.path}: a graph cannot be read for its tables ({e}); {_FIX}") from e
+    tables = [(Path(bundle.file("encoder")).name, encoder, "src_ids", "model.src_vocab_size", "source embedding"),
+              (Path(bundle.file("decoder")).name, decoder, "step", "model.max_positions", "positional table")]
+    for name, info, indices, field, what in tables:
+        found = [shape for idx, shape in info.gather_tables() if idx == indices]
+        if len(found) != 1 or len(found[0]) != 2:
+            raise BundleError(f"{bundle.path / name}: no {what} (a Gather of {indices}) found; {_FIX}")
+        rows, width = found[0]
+        stated = model[field.split(".")[1]]
+        if rows != stated:
+            raise _mismatch(bundle, field, stated, rows, f"{name} ({what} of shape [{rows}, {width}])")
+        if width != model["d_model"]:
+            raise _mismatch(bundle, "model.d_model", model["d_model"], width, f"{name} ({what} of shape [{rows}, {width}])")

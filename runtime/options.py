@@ -1,0 +1,140 @@
+"""The runtime's options, each checked once by type and range: SearchOptions (how to search),
+SessionTuning (measuring knobs for onnxruntime sessions) and the intra-op thread count.
+
+bool is not accepted where an int is meant (True is an int to Python, never a beam size here),
+and NaN is refused wherever a float is compared (NaN compares false with every bound).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from dataclasses import dataclass
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _describe(value) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _int(name: str, value, low: int, fix: str) -> int:
+    if not _is_int(value) or value < low:
+        raise ValueError(f"{name}={_describe(value)}: {fix}")
+    return int(value)
+
+
+def _bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={_describe(value)}: give True or False")
+    return value
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How translate_batch searches; every field is checked when the object is made.
+
+    Raises ValueError naming the field, its value and the accepted range. The checks that need
+    the model (max_decoding_length <= max_positions, the default maximum of each source) are the
+    Translator's.
+    """
+
+    beam_size: int = 4  # 1 is greedy search
+    num_hypotheses: int = 1  # n-best size: at most beam_size, or any number of samples
+    length_penalty: float = 1.0  # n-best ranked by score / length^length_penalty
+    max_decoding_length: int | None = None  # None: max_length_a x source length + max_length_b
+    min_decoding_length: int = 0  # the end token is forbidden before this many tokens
+    return_scores: bool = False
+    truncate: bool = False  # cut sources longer than the model's positions instead of refusing them
+    max_batch_size: int = 32  # sources decoded together
+    sampling_temperature: float | None = None  # None: beam/greedy search; > 0: random sampling
+    sampling_topk: int = 0  # sample among the k likeliest tokens (0: all)
+    sampling_topp: float = 1.0  # ... and among the smallest set whose probability reaches p
+    seed: int | None = None  # sampling seed: a sentence's sample depends only on (seed, sentence)
+
+    def __post_init__(self) -> None:
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        put("beam_size", _int("beam_size", self.beam_size, 1, "give an int >= 1 (1 is greedy search)"))
+        put("num_hypotheses", _int("num_hypotheses", self.num_hypotheses, 1, "give an int >= 1"))
+        if self.sampling_temperature is None and self.num_hypotheses > self.beam_size:
+            raise ValueError(
+                f"num_hypotheses={self.num_hypotheses} must lie in [1, beam_size={self.beam_size}]: "
+                "raise beam_size or lower num_hypotheses"
+            )
+        if not _is_real(self.length_penalty) or not math.isfinite(self.length_penalty):
+            raise ValueError(f"length_penalty={_describe(self.length_penalty)}: give a finite number (1.0 is the default)")
+        put("length_penalty", float(self.length_penalty))
+        if self.max_decoding_length is not None:
+            put("max_decoding_length", _int("max_decoding_length", self.max_decoding_length, 1,
+                                            "give an int >= 1, at most the model's max_positions, or None"))
+        put("min_decoding_length", _int("min_decoding_length", self.min_decoding_length, 0, "give an int >= 0"))
+        if self.max_decoding_length is not None and self.min_decoding_length >= self.max_decoding_length:
+            raise ValueError(
+                f"min_decoding_length={self.min_decoding_length} must be below max_decoding_length="
+                f"{self.max_decoding_length}: lower the minimum or raise the maximum"
+            )
+        put("return_scores", _bool("return_scores", self.return_scores))
+        put("truncate", _bool("truncate", self.truncate))
+        put("max_batch_size", _int("max_batch_size", self.max_batch_size, 1, "give an int >= 1"))
+        t = self.sampling_temperature
+        if t is not None:
+            if not _is_real(t) or not math.isfinite(t) or t <= 0:
+                raise ValueError(f"sampling_temperature={_describe(t)}: give a finite number > 0, "
+                                 "or None for beam search (beam_size=1 is greedy)")
+            put("sampling_temperature", float(t))
+        put("sampling_topk", _int("sampling_topk", self.sampling_topk, 0, "give an int >= 0 (0 keeps every token)"))
+        p = self.sampling_topp
+        if not _is_real(p) or not 0 < p <= 1:  # NaN fails the range test
+            raise ValueError(f"sampling_topp={_describe(p)}: give a number in (0, 1] (1 keeps every token)")
+        put("sampling_topp", float(p))
+        if self.seed is not None:
+            put("seed", _int("seed", self.seed, 0, "give an int >= 0, or None for a different sample each call"))
+
+    @property
+    def sampling(self) -> bool:
+        return self.sampling_temperature is not None
+
+
+@dataclass(frozen=True)
+class SessionTuning:
+    """Knobs for measuring what the runtime's defaults bring (benchmarks/ablate.py); pass as
+    Translator(..., _tuning=SessionTuning(...)). Not part of the public API.
+
+    optimization: onnxruntime graph optimization level, "all", "extended", "basic" or "none".
+    top_k_from_graph: download each step's candidates from the decoder's TopK outputs rather
+        than the full [rows, vocab] log-probabilities.
+    thread_spinning: let idle intra-op threads spin between operators (onnxruntime's own
+        default). Off here: between two decoder steps the search runs in Python, and a spinning
+        thread takes a core from it (greedy decoding at batch 1 ran 2x faster on 2 cores without
+        spinning; docs/optimisation-notes.md, row 5).
+    """
+
+    optimization: str = "all"
+    top_k_from_graph: bool = True
+    thread_spinning: bool = False
+
+    def __post_init__(self) -> None:
+        if self.optimization not in ("all", "extended", "basic", "none"):
+            raise ValueError(f"optimization={self.optimization!r}; choose one of all, extended, basic, none")
+        _bool("top_k_from_graph", self.top_k_from_graph)
+        _bool("thread_spinning", self.thread_spinning)
+
+
+def check_intra_threads(value) -> int:
+    """intra_threads as an int in [0, os.cpu_count()]; 0 is onnxruntime's default (the core count).
+
+    A larger number only adds threads that wait for a core (and memory for each thread's stack).
+    """
+    cores = os.cpu_count() or 1
+    if not _is_int(value) or not 0 <= value <= cores:
+        raise ValueError(
+            f"intra_threads={_describe(value)}: this machine has {cores} cores (os.cpu_count()); "
+            f"give an int from 0 (onnxruntime's default: one per core) to {cores}"
+        )
+    return int(value)

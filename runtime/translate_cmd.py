@@ -1,0 +1,410 @@
+"""`seq2onnx translate`: a Unix filter over a bundle's Translator.
+
+Reads lines as they arrive (stdin or -i FILE, the same code), translates what has arrived, writes in
+input order and flushes; invalid UTF-8 and over-long lines cost only a warning on their own line.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import queue
+import stat
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+from seq2onnx.runtime.cli import CommandError
+
+# -- translate: input, output, messages ------------------------------------------------------------
+
+READ_CHUNK = 1 << 16
+READ_WAIT_S = 0.05  # after a line arrives, how long to wait for more to share its batch
+# Lines taken at once (when that many are waiting) = SORT_WINDOW x --batch-size: translate_batch sorts
+# them by length into batches of --batch-size, so batches of a file hold similar lengths (less padding:
+# 2,000 lines of 2-25 words took 3.2 s instead of 3.6 s with windows of one batch, tests' tiny model).
+# A stream's windows hold
+# only what has arrived, so the window does not delay an answer to a line that came alone.
+SORT_WINDOW = 8
+WARNINGS_SHOWN = 10  # per kind; the rest are counted in one closing line
+_EOF = object()
+
+
+class LineReader:
+    """Lines from a byte source, read on a thread so that the translating thread can take the lines
+    that have arrived so far, translate them and answer before more input comes (a filter, a co-process,
+    `tail -f | seq2onnx translate`).
+
+    The thread reads with a `read() -> bytes` callable (os.read on a file descriptor for stdin and -i
+    FILE alike, so both take the same path); it holds no lock of Python's buffered streams, so a thread
+    still blocked on stdin cannot stall the interpreter's exit. Lines end at b"\\n" only; each line is
+    handed over as raw bytes, without its "\\n".
+    """
+
+    def __init__(self, read, max_queued: int = 4096):
+        self._queue: queue.Queue = queue.Queue(max_queued)  # bounded: a fast producer cannot fill memory
+        threading.Thread(target=self._run, args=(read,), daemon=True, name="seq2onnx-translate-reader").start()
+
+    def _run(self, read) -> None:
+        pending = bytearray()
+        try:
+            while chunk := read():
+                start = 0
+                # Lines end at "\n" only: str.splitlines would also split at form feeds, U+2028 and other
+                # separators inside a line, and every later translation would land on the wrong line.
+                while (end := chunk.find(b"\n", start)) >= 0:
+                    pending += chunk[start:end]
+                    self._queue.put(bytes(pending))
+                    pending.clear()
+                    start = end + 1
+                pending += chunk[start:]
+            if pending:  # a last line without "\n"
+                self._queue.put(bytes(pending))
+            self._queue.put(_EOF)
+        except BaseException as e:  # handed to the reading thread, which raises it
+            self._queue.put(e)
+
+    def _get(self, timeout: float | None = None):
+        item = self._queue.get(timeout=timeout)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def batches(self, max_lines: int, wait: float = READ_WAIT_S) -> Iterator[list[bytes]]:
+        """Batches of the lines available now: waits for one line, then takes what has arrived, or
+        arrives within `wait` seconds, up to max_lines. Ends at the end of the input."""
+        while True:
+            item = self._get()
+            if item is _EOF:
+                return
+            batch, deadline = [item], time.monotonic() + wait
+            while len(batch) < max_lines:
+                try:
+                    item = self._get(timeout=max(deadline - time.monotonic(), 0.0))
+                except queue.Empty:
+                    break
+                if item is _EOF:
+                    yield batch
+                    return
+                batch.append(item)
+            yield batch
+
+
+def _stdin_read():
+    """A read() -> bytes over stdin's file descriptor (stdin is read as bytes whatever the locale)."""
+    if sys.stdin is None:
+        raise CommandError("stdin is closed: give the input with -i FILE")
+    try:
+        fd = sys.stdin.fileno()
+    except (OSError, ValueError, AttributeError):  # stdin replaced by an in-memory stream (embedding, tests)
+        buffer = getattr(sys.stdin, "buffer", None)
+        if buffer is not None:
+            return lambda: buffer.read(READ_CHUNK)
+        return lambda: sys.stdin.read(READ_CHUNK).encode("utf-8", "surrogateescape")
+    return lambda: os.read(fd, READ_CHUNK)
+
+
+def _count_lines(path: Path) -> int:
+    """Lines in a file as LineReader splits them (for the progress bar's total)."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+class AtomicOutput:
+    """-o FILE: written to a temporary file beside FILE and renamed over it (os.replace, atomic within
+    a directory) only when complete, so FILE is never a partial translation, even after an error or
+    Ctrl-C. Refuses an existing FILE unless force."""
+
+    def __init__(self, path: Path, force: bool):
+        self.check(path, force)
+        self.path = path
+        # mkstemp makes the file 0600: the result gets the mode a plain open() would give it, or the
+        # mode of the file it replaces.
+        umask = os.umask(0)
+        os.umask(umask)
+        self.mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~umask
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+        self.tmp = Path(name)
+        self.file = os.fdopen(fd, "wb")
+
+    @staticmethod
+    def check(path: Path, force: bool) -> None:
+        """Raises CommandError when path cannot or may not be written."""
+        if path.is_dir():
+            raise CommandError(f"--output {path} is a directory; give a file path")
+        if path.exists() and not force:
+            raise CommandError(f"--output {path} exists; pass --force to overwrite it")
+        if not path.parent.is_dir():
+            raise CommandError(f"--output {path}: the directory {path.parent} does not exist; create it first")
+
+    def commit(self) -> None:
+        self.file.close()
+        os.chmod(self.tmp, self.mode)
+        os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+class Progress:
+    """A one-line progress bar on stderr (tqdm is not a runtime dependency); total None: a line count."""
+
+    def __init__(self, total: int | None, enabled: bool):
+        self.total, self.done, self.t0, self.enabled = total, 0, time.time(), enabled
+        self.drawn, self.last_draw, self.shown = 0, 0.0, -1
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.enabled and time.time() - self.last_draw >= 0.2:  # throttled: a log gets no flood of redraws
+            self._draw()
+
+    def _draw(self) -> None:
+        elapsed = time.time() - self.t0
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        if self.total:
+            width = 30
+            filled = int(width * min(self.done / self.total, 1.0))
+            left = (self.total - self.done) / rate if rate else 0.0
+            text = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} lines "
+                    f"{rate:.1f}/s, {left:.0f} s left ")
+        else:
+            text = f"{self.done} lines, {rate:.1f}/s "
+        sys.stderr.write("\r" + text.ljust(self.drawn))
+        sys.stderr.flush()
+        self.drawn, self.last_draw, self.shown = len(text), time.time(), self.done
+
+    def clear(self) -> None:
+        """Blanks the bar's line (before another message on stderr); the next update redraws it."""
+        if self.drawn:
+            sys.stderr.write("\r" + " " * self.drawn + "\r")
+            self.drawn = 0
+
+    def close(self) -> None:
+        if self.enabled:
+            if self.shown != self.done or not self.drawn:
+                self._draw()
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+class Warnings:
+    """Warnings on stderr, one line each, naming the input line; after WARNINGS_SHOWN of one kind the
+    rest are only counted, so a binary file does not bury the terminal."""
+
+    def __init__(self, progress: Progress):
+        self.progress, self.counts = progress, {}
+
+    def warn(self, kind: str, message: str) -> None:
+        n = self.counts[kind] = self.counts.get(kind, 0) + 1
+        if n <= WARNINGS_SHOWN:
+            self.progress.clear()
+            more = f" (further lines with {kind} are counted, not shown)" if n == WARNINGS_SHOWN else ""
+            print(f"seq2onnx translate: warning: {message}{more}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        for kind, n in self.counts.items():
+            if n > WARNINGS_SHOWN:
+                print(f"seq2onnx translate: warning: {n} lines in all had {kind}", file=sys.stderr)
+
+
+def _decode(raw: bytes, line: int, warnings: Warnings) -> str:
+    """One input line as text: a trailing "\\r" dropped, invalid UTF-8 replaced by U+FFFD with a warning."""
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = raw[e.start : e.end].hex(" ")
+        warnings.warn("invalid UTF-8", f"line {line}: invalid UTF-8 (byte {bad} at byte {e.start + 1} of the line, "
+                      "perhaps more after it) replaced by U+FFFD")
+        return raw.decode("utf-8", errors="replace")
+
+
+def _source_ids(translator, text: str, line: int, strict: bool, warnings: Warnings) -> list[int]:
+    """Source ids of one line; an over-long line is truncated with a warning, or an error with strict."""
+    ids, cut = translator.prepare_source(text, truncate=True)
+    if cut:
+        # prepare_source tokenised only a prefix (a 55 MB line costs no more than a short one): the
+        # count beyond the limit is unknown, and not worth a full tokenisation to report.
+        limit = translator.max_positions
+        if strict:
+            raise CommandError(f"input line {line} has more than {limit} tokens; this model was exported for at most {limit} "
+                               "positions (max_positions in bundle.json): shorten the line, or leave out --strict "
+                               "to have it truncated with a warning")
+        warnings.warn("more tokens than the model's positions",
+                      f"line {line}: more tokens than the {limit} positions this model was exported for "
+                      f"(max_positions in bundle.json): translated its first {limit - 1} and the end token "
+                      "(--strict makes this an error)")
+    return ids
+
+
+def _format(result, index: int, args) -> str:
+    if args.n_best > 1:
+        return "".join(f"{index} ||| {text} ||| {score:.4f}\n" for text, score in zip(result.hypotheses, result.scores))
+    if args.scores:
+        return f"{result.scores[0]:.4f}\t{result.hypotheses[0]}\n"
+    return result.hypotheses[0] + "\n"
+
+
+# -- translate: the command ------------------------------------------------------------------------
+
+TRANSLATE_DESCRIPTION = """\
+Translate lines with a bundle made by `seq2onnx export` (no torch needed).
+Reads --input (default stdin) and writes one line per input line, in input
+order, to --output (default stdout).
+
+A Unix filter: it translates the lines that have arrived (waiting ~50 ms for
+more; at most 8 x --batch-size, sorted by length into batches of --batch-size),
+writes and flushes their translations and reads on, so `tail -f LOG | seq2onnx translate B` and
+co-processes get each answer soon after its line. A reader that leaves early
+(`| head -1`) ends it quietly with status 0.
+
+Input is UTF-8 whatever the locale: invalid bytes are replaced by U+FFFD, with
+a warning naming the line. Lines end at "\\n" only; a trailing "\\r" is dropped.
+A line with more tokens than the model's positions is truncated, with a
+warning naming the line (--strict: an error instead). Output is UTF-8."""
+
+
+def add_translate(sub) -> None:
+    p = sub.add_parser("translate", help="translate lines with a bundle (no torch needed)",
+                       description=TRANSLATE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bundle", help="the bundle directory (bundle.json, encoder.onnx, decoder.onnx, tokenizers)")
+    p.add_argument("-i", "--input", help="file of source lines (default, or '-': stdin)")
+    p.add_argument("-o", "--output", help="file to write (default, or '-': stdout); written under a temporary name "
+                   "beside it and renamed when complete, so it is never left half-written")
+    p.add_argument("--force", action="store_true", help="let --output replace an existing file")
+    p.add_argument("--beam", type=int, default=None, help="beam size; 1 is greedy (default: the bundle's, 4)")
+    p.add_argument("--n-best", type=int, default=1, help="hypotheses per line (at most --beam), written as "
+                   "'LINE ||| TEXT ||| SCORE', LINE counted from 0")
+    p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' (sum of log-probabilities)")
+    p.add_argument("--length-penalty", type=float, default=None, help="beam search's length penalty (default: the bundle's)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="maximum target tokens (default: relative to the source, capped by the model's positions)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="auto: CUDA where onnxruntime can run it, else the CPU (default auto)")
+    p.add_argument("--threads", type=int, default=0,
+                   help=f"onnxruntime intra-op threads, at most this machine's {os.cpu_count()} cores (default 0: all cores)")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="most lines decoded together (default 32); a stream's batches hold what has arrived")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--truncate", action="store_true",
+                        help="cut lines longer than the model's positions, with a warning naming the line (the default)")
+    length.add_argument("--strict", action="store_true",
+                        help="a line longer than the model's positions is an error naming the line, not truncated")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar on stderr (default: on when stderr is a terminal and the input a file; "
+                   "--progress shows it anywhere, e.g. in a log, --no-progress never)")
+    p.set_defaults(func=cmd_translate)
+
+
+def _check_options(args) -> None:
+    """Option errors that need no bundle, before the model loads."""
+    cores = os.cpu_count() or 1
+    if not 0 <= args.threads <= cores:
+        raise CommandError(f"--threads {args.threads}: this machine has {cores} cores; give 1 to {cores}, "
+                           "or 0 to use them all")
+    for name, value in (("--batch-size", args.batch_size), ("--n-best", args.n_best), ("--beam", args.beam)):
+        if value is not None and value < 1:
+            raise CommandError(f"{name} {value}: give 1 or more")
+    if args.input not in (None, "-") and not Path(args.input).is_file():
+        raise CommandError(f"--input {args.input}: no such file")
+
+
+def _check_against_model(args, translator) -> None:
+    beam = args.beam if args.beam is not None else translator.bundle.decoding.get("beam_size", 4)
+    if args.n_best > beam:
+        raise CommandError(f"--n-best {args.n_best} is more than the beam size {beam}; give --beam {args.n_best} "
+                           "or more, or a smaller --n-best")
+    limit = translator.max_positions
+    if args.max_length is not None and not 1 <= args.max_length <= limit:
+        raise CommandError(f"--max-length {args.max_length}: this model has {limit} positions (max_positions in "
+                           f"bundle.json); give 1 to {limit}")
+
+
+def cmd_translate(args) -> int:
+    _check_options(args)
+    from_file = args.input not in (None, "-")
+    to_file = args.output not in (None, "-")
+    if to_file:
+        AtomicOutput.check(Path(args.output), args.force)  # refuse before the model loads
+
+    from seq2onnx.runtime.translator import Translator
+
+    translator = Translator(args.bundle, device=args.device, intra_threads=args.threads)
+    _check_against_model(args, translator)
+    show = args.progress if args.progress is not None else from_file and sys.stderr.isatty()
+    progress = Progress(_count_lines(Path(args.input)) if from_file and show else None, enabled=show)
+    warnings = Warnings(progress)
+    if from_file:
+        fd = os.open(args.input, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        read = functools.partial(os.read, fd, READ_CHUNK)
+    else:
+        fd, read = None, _stdin_read()
+    sink = AtomicOutput(Path(args.output), args.force) if to_file else None  # last: nothing can fail before `try`
+    if not sink:
+        sys.stdout.flush()  # whatever the text layer holds goes first: translations go to its byte buffer
+    out = sink.file if sink else getattr(sys.stdout, "buffer", None)
+    done = False
+    try:
+        _translate_stream(translator, LineReader(read, max_queued=max(4096, 4 * args.batch_size)), args,
+                          out, warnings, progress)
+        done = True
+    except BrokenPipeError:
+        if sink:
+            raise
+        # The reader of stdout left (`| head -1`): not an error. Python's docs' recipe: point stdout at
+        # devnull, so that flushing it at exit raises nothing more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        done = True
+    finally:
+        progress.close()
+        warnings.close()
+        if fd is not None:
+            os.close(fd)
+        if sink and done:
+            sink.commit()
+        elif sink:
+            sink.discard()
+    return 0
+
+
+def _translate_stream(translator, reader: LineReader, args, out, warnings: Warnings, progress: Progress) -> None:
+    """Translates the reader's batches, writing and flushing each batch's lines in input order."""
+    def write(text: str) -> None:
+        if out is None:  # stdout replaced by a text stream (embedding, tests)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            out.write(text.encode("utf-8"))
+            out.flush()
+
+    first = 0  # index of the batch's first line, counted from 0
+    for batch in reader.batches(SORT_WINDOW * args.batch_size):
+        ids, error = [], None
+        for offset, raw in enumerate(batch):
+            line = first + offset + 1
+            try:
+                ids.append(_source_ids(translator, _decode(raw, line, warnings), line, args.strict, warnings))
+            except CommandError as e:  # the lines before it are still translated and written
+                error = e
+                break
+        if ids:
+            results = translator.translate_batch(
+                ids, beam_size=args.beam, num_hypotheses=args.n_best, length_penalty=args.length_penalty,
+                max_decoding_length=args.max_length, return_scores=True, max_batch_size=args.batch_size)
+            write("".join(_format(r, first + k, args) for k, r in enumerate(results)))
+            progress.update(len(results))
+        if error is not None:
+            raise error
+        first += len(batch)
+
+

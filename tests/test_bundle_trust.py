@@ -1,0 +1,237 @@
+"""The runtime trusts nothing it can check: a bundle.json that disagrees with its own graphs or
+tokenizers, or is malformed, is a one-line BundleError at load that names the field, both values
+and the fix, never garbage at the first translation or a KeyError/TypeError."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from seq2onnx.runtime.bundle import MAX_JSON_BYTES, BundleError, sha256
+from seq2onnx.runtime.checks import tokenizer_fingerprint
+from seq2onnx.runtime.translator import Translator
+from tiny import scratch, tiny_bundle
+
+TEXT = "the cat dances in the box"
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Path:
+    return tiny_bundle()
+
+
+def _copy(bundle: Path, name: str) -> Path:
+    dest = scratch(name) / "bundle"
+    shutil.copytree(bundle, dest)
+    return dest
+
+
+def _edit(path: Path, edit) -> None:
+    meta = json.loads((path / "bundle.json").read_text())
+    edit(meta)
+    (path / "bundle.json").write_text(json.dumps(meta))
+
+
+def _rehash(path: Path) -> None:
+    """Rewrites every sha256 in bundle.json, so that a test gets past the hash check."""
+    _edit(path, lambda m: [e.update(sha256=sha256(path / e["path"])) for e in m["files"].values()])
+
+
+def _refused(path: Path, *words: str) -> str:
+    with pytest.raises(BundleError) as e:
+        Translator(path, device="cpu")
+    message = str(e.value)
+    assert "\n" not in message and "Traceback" not in message
+    for word in words:
+        assert word in message, (word, message)
+    return message
+
+
+def _spm(vocab_size: int) -> bytes:
+    from seq2onnx.model.tokenizer import train_sentencepiece
+
+    words = ["lo", "na", "tomari", "dalari", "kon", "jarda", "sub", "kuron", "pri", "kurot", "the", "cat", "dog"]
+    texts = [" ".join(words[(i * 7 + j * 3) % len(words)] + str(j % 5) for j in range(12)) for i in range(400)]
+    return train_sentencepiece(texts, vocab_size)
+
+
+# -- values bundle.json states twice: against the tokenizers -----------------------------------------
+
+def test_wrong_end_id_is_refused_at_load(bundle):
+    path = _copy(bundle, "eos5")
+    _edit(path, lambda m: m["special_ids"].update(eos=5))
+    _refused(path, "special_ids.eos", "5", "model.eos_id=3")
+    # stated consistently in both places, it still disagrees with the tokenizers' own eos_id()
+    _edit(path, lambda m: m["model"].update(eos_id=5))
+    message = _refused(path, "special_ids.eos=5", "eos_id()", "has 3", "re-export")
+    assert "spm.model" in message
+
+
+@pytest.mark.parametrize("key, value", [("pad", 1), ("unk", 0), ("bos", 7), ("decoder_start", 500), ("eos", -1)])
+def test_other_special_ids(bundle, key, value):
+    path = _copy(bundle, f"special-{key}")
+    model_key = "decoder_start_id" if key == "decoder_start" else f"{key}_id"
+    _edit(path, lambda m: (m["special_ids"].update({key: value}), m["model"].update({model_key: value})))
+    _refused(path, f"special_ids.{key}", str(value))
+
+
+def test_swapped_tokenizers_are_refused_when_fingerprinted(bundle):
+    path = _copy(bundle, "swap")
+    t = Translator(bundle, device="cpu")
+    fingerprints = {"source": tokenizer_fingerprint(t.source_tokenizer), "target": tokenizer_fingerprint(t.target_tokenizer)}
+    assert fingerprints["source"] != fingerprints["target"]
+    _edit(path, lambda m: m.update(tokenizers=fingerprints))
+    assert Translator(path, device="cpu").translate(TEXT) == t.translate(TEXT)  # the field itself is accepted
+    src, tgt = path / "source.spm.model", path / "target.spm.model"
+    data = src.read_bytes()
+    src.write_bytes(tgt.read_bytes())
+    tgt.write_bytes(data)
+    _rehash(path)
+    _refused(path, "source.spm.model", "exchanged", "tokenizers.source.pieces_sha256")
+
+
+def test_tokenizer_of_another_size_is_refused(bundle):
+    path = _copy(bundle, "size")
+    (path / "target.spm.model").write_bytes(_spm(60))
+    _rehash(path)
+    _refused(path, "model.tgt_vocab_size=120", "target.spm.model", "get_piece_size()")
+
+
+# -- against the graphs ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key, value, words", [
+    ("n_heads", 8, ["model.n_heads=8", "has 4", "past_key_self_0"]),
+    ("n_heads", 2, ["model.n_heads=2", "has 4"]),
+    ("n_decoder_layers", 3, ["model.n_decoder_layers=3", "has 2"]),
+    ("n_decoder_layers", 1, ["model.n_decoder_layers=1", "has 2"]),
+    ("d_model", 64, ["model.d_model=64", "has 32"]),
+    ("max_positions", 256, ["model.max_positions=256", "has 128", "positional table"]),
+    ("max_positions", 64, ["model.max_positions=64", "has 128"]),
+])
+def test_model_sizes_must_be_the_graphs(bundle, key, value, words):
+    path = _copy(bundle, f"{key}-{value}")
+    _edit(path, lambda m: (m["model"].update({key: value}),
+                           m.update(max_positions=value) if key == "max_positions" else None))
+    message = _refused(path, *words)
+    assert "re-export" in message
+
+
+def test_dtype_must_be_the_graphs(bundle):
+    path = _copy(bundle, "dtype")
+    _edit(path, lambda m: m.update(dtype="float16"))
+    _refused(path, "dtype='float16'", "float32")
+
+
+@pytest.mark.parametrize("side", ["source", "target"])
+def test_vocabulary_size_must_be_the_graphs(bundle, side):
+    # another tokenizer, and bundle.json saying its size: only the graphs can tell
+    import sentencepiece as spm
+
+    path = _copy(bundle, f"vocab-{side}")
+    data = _spm(60)
+    size = spm.SentencePieceProcessor(model_proto=data).get_piece_size()
+    assert size != 120
+    (path / f"{side}.spm.model").write_bytes(data)
+    _rehash(path)
+    key = "src_vocab_size" if side == "source" else "tgt_vocab_size"
+    # without the tokenizer fingerprints (optional in bundle.json), which would name the file first
+    _edit(path, lambda m: (m["model"].update({key: size}), m.pop("tokenizers")))
+    _refused(path, f"model.{key}={size}", "has 120", "encoder.onnx" if side == "source" else "decoder.onnx")
+
+
+def test_graph_signature_in_bundle_json_must_be_the_graphs(bundle):
+    path = _copy(bundle, "signature")
+    _edit(path, lambda m: m["graphs"]["decoder"]["outputs"][0].update(shape=["rows", 99]))
+    _refused(path, "graphs.decoder.outputs[log_probs].shape", "99", "120")
+
+
+def test_variants_pass_the_checks(bundle):
+    """The checks do not refuse what `seq2onnx export` writes: fp32, int8 (export validates by
+    loading, so a float16 bundle is checked by test_export's export)."""
+    for path in (bundle, tiny_bundle(quantize="int8")):
+        assert Translator(path, device="cpu").translate(TEXT)
+
+
+# -- malformed bundle.json --------------------------------------------------------------------------
+
+def _node(meta: dict, dotted: str):
+    """The parent of a dotted path (digits index lists) and the last key."""
+    *parents, last = dotted.split(".")
+    node = meta
+    for p in parents:
+        node = node[int(p)] if p.isdigit() else node[p]
+    return node, int(last) if last.isdigit() else last
+
+
+def _set(dotted: str, value):
+    def edit(meta):
+        node, key = _node(meta, dotted)
+        node[key] = value
+    return edit
+
+
+def _drop(dotted: str):
+    def edit(meta):
+        node, key = _node(meta, dotted)
+        del node[key]
+    return edit
+
+
+@pytest.mark.parametrize("edit, field", [
+    (_set("files", []), "files"),
+    (_set("files", {}), "files.encoder"),
+    (_set("files.encoder", "encoder.onnx"), "files.encoder"),
+    (_set("files.encoder.path", 5), "files.encoder.path"),
+    (_drop("files.decoder.sha256"), "files.decoder.sha256"),
+    (_set("format_version", True), "format_version"),
+    (_set("format_version", 1.0), "format_version"),
+    (_set("format_version", "1"), "format_version"),
+    (_drop("model"), "model"),
+    (_set("model", [1]), "model"),
+    (_drop("model.n_heads"), "model.n_heads"),
+    (_set("model.n_heads", "4"), "model.n_heads"),
+    (_set("model.n_heads", 4.0), "model.n_heads"),
+    (_set("model.n_heads", True), "model.n_heads"),
+    (_set("model.n_heads", 0), "model.n_heads"),
+    (_set("model.n_heads", 5), "model.d_model"),
+    (_set("model.src_vocab_size", None), "model.src_vocab_size"),
+    (_set("max_positions", 64), "max_positions"),
+    (_drop("special_ids.eos"), "special_ids.eos"),
+    (_set("special_ids", None), "special_ids"),
+    (_set("special_ids.pad", "0"), "special_ids.pad"),
+    (_set("dtype", "bfloat16"), "dtype"),
+    (_set("dtype", None), "dtype"),
+    (_set("quantization", "int4"), "quantization"),
+    (_drop("decoding.max_length_b"), "decoding.max_length_b"),
+    (_set("decoding.beam_size", 2.5), "decoding.beam_size"),
+    (_set("decoding.length_penalty", float("nan")), "decoding.length_penalty"),
+    (_set("decoding.max_length_a", "1.5"), "decoding.max_length_a"),
+    (_set("decoding", "greedy"), "decoding"),
+    (_set("graphs.decoder", []), "graphs.decoder"),
+    (_set("graphs.decoder.inputs", {}), "graphs.decoder.inputs"),
+    (_set("graphs.encoder.outputs", [5]), "graphs.encoder.outputs[0]"),
+    (_drop("graphs.encoder.inputs.0.name"), "graphs.encoder.inputs[0].name"),
+    (_set("graphs.encoder.inputs.0.shape", "batch"), "graphs.encoder.inputs[0].shape"),
+    (_set("tokenizers", {"source": {}}), "tokenizers.source.pieces"),
+])
+def test_malformed_bundle_json(bundle, edit, field):
+    path = _copy(bundle, "malformed")
+    _edit(path, edit)
+    message = _refused(path, "bundle.json", field)
+    for raw in ("KeyError", "TypeError", "AttributeError", "unexpected"):
+        assert raw not in message
+
+
+def test_over_large_bundle_json_is_refused_before_parsing(bundle):
+    path = _copy(bundle, "large")
+    text = (path / "bundle.json").read_text()
+    (path / "bundle.json").write_text(text + " " * MAX_JSON_BYTES)  # still valid JSON
+    _refused(path, "bundle.json", "bytes", str(MAX_JSON_BYTES))
+
+
+def test_deeply_nested_json_is_a_bundle_error(bundle):
+    path = _copy(bundle, "nested")
+    (path / "bundle.json").write_text("[" * 100_000 + "]" * 100_000)
+    _refused(path, "bundle.json")

@@ -1,0 +1,224 @@
+// Greedy and beam search over an async step function: the JavaScript twin of runtime/search.py.
+//
+// The convention is ../shared/DECODING.md's and docs/bundle-format.md's, mirrored line for line
+// from runtime/search.py so that both hosts give the same token ids: scores are sums of
+// log-probabilities (float64), end token included; the n-best is ranked by score / len^alpha; 2K
+// candidates per sentence; an end token finishes only within the top K; at a sentence's last
+// allowed step every top-K candidate finishes; ties go to the lower flat index (beam x V + token).
+//
+//   step(tokens: number[], cacheIndices: number[], t: number, keep: number[] | null)
+//     -> Promise<StepOutput>
+//
+// A StepOutput is either every row's full log-probabilities ({logProbs, vocab}: logProbs is a
+// flat [rows x vocab] array) or only each row's k best ({values, ids, k, vocab}: flat [rows x k],
+// best first, ties lower id first, as the decoder graph's TopK outputs give them). Rows are grouped
+// by sentence, beams contiguous; row r continues row cacheIndices[r] of the previous step. `keep`
+// is null, or the indices (into the previous step's sentences) of the sentences still decoding.
+
+/**
+ * @typedef {{logProbs: ArrayLike<number>, vocab: number}} FullLogProbs
+ * @typedef {{values: ArrayLike<number>, ids: ArrayLike<number>, k: number, vocab: number}} TopK
+ * @typedef {FullLogProbs | TopK} StepOutput
+ * @typedef {(tokens: number[], cacheIndices: number[], t: number, keep: number[] | null) => Promise<StepOutput> | StepOutput} Step
+ * @typedef {{hypotheses: number[][], scores: number[]}} SearchResult
+ */
+
+/** How many candidates per row a step must return for a search to be exact. */
+export function candidatesNeeded(beamSize, minLength) {
+  return 2 * beamSize + (minLength > 0 ? 1 : 0);
+}
+
+const range = (n) => Array.from({ length: n }, (_, i) => i);
+
+function check(beamSize, maxLengths, minLength) {
+  if (!(Number.isInteger(beamSize) && beamSize >= 1)) {
+    throw new RangeError(`beamSize=${beamSize}; it must be an integer of at least 1 (1 is greedy search)`);
+  }
+  const shortest = maxLengths.length ? Math.min(...maxLengths) : null;
+  if (shortest !== null && shortest < 1) {
+    throw new RangeError(`maxDecodingLength=${shortest}; it must be at least 1`);
+  }
+  if (minLength < 0 || (shortest !== null && minLength >= shortest)) {
+    throw new RangeError(`minDecodingLength=${minLength} must lie in [0, maxDecodingLength=${shortest ?? "?"})`);
+  }
+}
+
+/** Row r's best token (first index on ties) and its log-probability; the end token may be forbidden. */
+function argmaxRow(out, r, eosId, forbidEos) {
+  let best = -1;
+  let bestValue = -Infinity;
+  if ("ids" in out) {
+    // Sorted best first: the first entry that is not a forbidden end token, unless all are -inf.
+    for (let j = 0; j < out.k; j++) {
+      const id = Number(out.ids[r * out.k + j]);
+      const v = forbidEos && id === eosId ? -Infinity : out.values[r * out.k + j];
+      if (best < 0 || v > bestValue) [best, bestValue] = [id, v];
+    }
+  } else {
+    for (let v = 0; v < out.vocab; v++) {
+      const x = forbidEos && v === eosId ? -Infinity : out.logProbs[r * out.vocab + v];
+      if (best < 0 || x > bestValue) [best, bestValue] = [v, x];
+    }
+  }
+  return [best, bestValue];
+}
+
+/**
+ * Argmax at each step (first index on ties); a sentence stops at its end token or its max length.
+ * @param {Step} step
+ * @param {number} batch
+ * @param {{startId: number, eosId: number, maxLengths: number[], minLength?: number}} options
+ * @returns {Promise<SearchResult[]>}
+ */
+export async function greedySearch(step, batch, { startId, eosId, maxLengths, minLength = 0 }) {
+  check(1, maxLengths, minLength);
+  const out = Array.from({ length: batch }, () => []);
+  const scores = new Float64Array(batch);
+  let alive = range(batch); // sentences still decoding, in row order
+  let tokens = new Array(batch).fill(startId);
+  let cacheIndices = range(batch);
+  let keep = null;
+  let t = 0;
+  while (alive.length) {
+    const res = await step(tokens, cacheIndices, t, keep);
+    const best = new Array(alive.length);
+    for (let r = 0; r < alive.length; r++) {
+      const [token, lp] = argmaxRow(res, r, eosId, t < minLength);
+      best[r] = token;
+      out[alive[r]].push(token);
+      scores[alive[r]] += lp;
+    }
+    t += 1;
+    const still = range(alive.length).filter((r) => best[r] !== eosId && maxLengths[alive[r]] > t);
+    if (still.length === alive.length) {
+      keep = null;
+      cacheIndices = range(alive.length);
+      tokens = best;
+    } else {
+      keep = still;
+      cacheIndices = still;
+      alive = still.map((r) => alive[r]);
+      tokens = still.map((r) => best[r]);
+    }
+  }
+  return out.map((h, b) => ({ hypotheses: [h], scores: [scores[b]] }));
+}
+
+/** Orders (total desc, flat asc): the lower flat index wins a tie; -inf sorts last. */
+const byTotalThenFlat = (a, b) => (a.total > b.total ? -1 : a.total < b.total ? 1 : a.flat - b.flat);
+
+/** One sentence's 2K best candidates {flat, total} from its `beams` rows starting at `row0`. */
+function sentenceCandidates(out, row0, beams, beamScores, n, eosId, forbidEos) {
+  const vocab = out.vocab;
+  if ("ids" in out) {
+    const kk = out.k;
+    const all = [];
+    for (let j = 0; j < beams; j++) {
+      for (let c = 0; c < kk; c++) {
+        const i = (row0 + j) * kk + c;
+        const id = Number(out.ids[i]);
+        const value = forbidEos && id === eosId ? -Infinity : out.values[i];
+        all.push({ flat: j * vocab + id, total: beamScores[j] + value });
+      }
+    }
+    return all.sort(byTotalThenFlat).slice(0, n);
+  }
+  // Full log-probabilities: keep the n best while scanning in flat order, so that an equal value
+  // met later (a higher flat index) never displaces an earlier one.
+  const top = [];
+  for (let j = 0; j < beams; j++) {
+    for (let v = 0; v < vocab; v++) {
+      const lp = forbidEos && v === eosId ? -Infinity : out.logProbs[(row0 + j) * vocab + v];
+      const total = beamScores[j] + lp;
+      if (top.length === n && !(total > top[n - 1].total)) continue;
+      let at = top.length;
+      while (at > 0 && !(top[at - 1].total >= total)) at--;
+      top.splice(at, 0, { flat: j * vocab + v, total });
+      if (top.length > n) top.pop();
+    }
+  }
+  return top;
+}
+
+/**
+ * Beam search over `batch` sentences at once; each sentence finishes on its own.
+ * @param {Step} step
+ * @param {number} batch
+ * @param {{beamSize: number, startId: number, eosId: number, maxLengths: number[], minLength?: number,
+ *          lengthPenalty?: number, numHypotheses?: number}} options
+ * @returns {Promise<SearchResult[]>}
+ */
+export async function beamSearch(step, batch, {
+  beamSize, startId, eosId, maxLengths, minLength = 0, lengthPenalty = 1.0, numHypotheses = 1,
+}) {
+  check(beamSize, maxLengths, minLength);
+  const k = beamSize;
+  if (!(Number.isInteger(numHypotheses) && numHypotheses >= 1 && numHypotheses <= k)) {
+    throw new RangeError(`numHypotheses=${numHypotheses} must lie in [1, beamSize=${k}]`);
+  }
+  /** @type {{tokens: number[], score: number}[][]} finished hypotheses per sentence, in finishing order */
+  const fin = Array.from({ length: batch }, () => []);
+  let alive = range(batch); // sentence ids still decoding
+  let beams = 1; // live beams per sentence: one on the first step
+  let scores = alive.map(() => [0]); // [b][beams] cumulative log-probabilities
+  let history = alive.map(() => [[]]); // [b][beams] tokens so far
+  let tokens = new Array(batch).fill(startId);
+  let cacheIndices = range(batch);
+  let keep = null;
+  let t = 0;
+  while (alive.length) {
+    const b = alive.length;
+    const out = await step(tokens, cacheIndices, t, keep);
+    const vocab = out.vocab;
+    if (vocab < 2 * k) {
+      throw new RangeError(`beamSize=${k} needs a vocabulary of at least ${2 * k} tokens, this one has ${vocab}`);
+    }
+    if ("ids" in out && out.k < 2 * k) {
+      throw new RangeError(`the step returned ${out.k} candidates per row; beamSize=${k} needs ${2 * k}`);
+    }
+    const nextHistory = [];
+    const nextScores = [];
+    const nextTokens = [];
+    const origins = [];
+    const still = [];
+    for (let i = 0; i < b; i++) {
+      const sent = alive[i];
+      const cand = sentenceCandidates(out, i * beams, beams, scores[i], 2 * k, eosId, t < minLength);
+      const last = maxLengths[sent] === t + 1;
+      // 1. finish: top-K candidates that end (all top-K at the last step), while room remains
+      for (let rank = 0; rank < k && fin[sent].length < k; rank++) {
+        const token = cand[rank].flat % vocab;
+        if (token === eosId || last) {
+          const beam = Math.floor(cand[rank].flat / vocab);
+          fin[sent].push({ tokens: [...history[i][beam], token], score: cand[rank].total });
+        }
+      }
+      // 2. continue: the first K candidates that do not end (each beam offers at most one end
+      // token, so there are at least K among the 2K)
+      const cont = cand.filter((c) => c.flat % vocab !== eosId).slice(0, k);
+      if (cont.length < k) throw new Error(`internal: ${cont.length} continuing candidates for beamSize=${k}`);
+      nextHistory.push(cont.map((c) => [...history[i][Math.floor(c.flat / vocab)], c.flat % vocab]));
+      nextScores.push(cont.map((c) => c.total));
+      nextTokens.push(cont.map((c) => c.flat % vocab));
+      origins.push(cont.map((c) => i * beams + Math.floor(c.flat / vocab)));
+      // 3. the sentence stays if it has room for more finished hypotheses and steps left
+      if (fin[sent].length < k && !last) still.push(i);
+    }
+    t += 1;
+    keep = still.length === b ? null : still;
+    const kept = keep ?? range(b);
+    alive = kept.map((i) => alive[i]);
+    history = kept.map((i) => nextHistory[i]);
+    scores = kept.map((i) => nextScores[i]);
+    tokens = kept.flatMap((i) => nextTokens[i]);
+    cacheIndices = kept.flatMap((i) => origins[i]);
+    beams = k;
+  }
+  return fin.map((done) => {
+    const ranked = done.map((h) => ({ ...h, norm: h.score / h.tokens.length ** lengthPenalty }));
+    // stable: equal normalised scores keep their finishing order, as numpy's stable argsort does
+    ranked.sort((x, y) => (x.norm > y.norm ? -1 : x.norm < y.norm ? 1 : 0));
+    const best = ranked.slice(0, numHypotheses);
+    return { hypotheses: best.map((h) => h.tokens), scores: best.map((h) => h.score) };
+  });
+}

@@ -1,0 +1,305 @@
+// Translator: drives a bundle's encoder and decoder-step graphs with onnxruntime, as
+// runtime/translator.py does, on any platform adapter (platform-node.js; a browser one later).
+import {
+  BundleError, CACHE_INDICES, LOG_PROBS, SRC_IDS, SRC_LENGTHS, SRC_MASK, STEP, TOKENS, TOP_K, TOPK_IDS,
+  TOPK_LOG_PROBS, crossNames, pastNames, presentNames, readBundle,
+} from "./bundle.js";
+import { beamSearch, candidatesNeeded, greedySearch } from "./search.js";
+import { SentencePiece, isBlank } from "./tokenizer.js";
+
+const CACHE_ARRAY = { float32: Float32Array, float16: Uint16Array }; // float16 travels as raw bits
+const LEVELS = { all: "all", extended: "extended", basic: "basic", none: "disabled" };
+
+/**
+ * @typedef {object} TranslationResult  One source's n-best, best first.
+ * @property {string[]} hypotheses  detokenised texts
+ * @property {number[][]} tokenIds  target ids, end token excluded
+ * @property {number[] | null} scores  sums of log-probabilities, end token included (returnScores)
+ */
+
+/**
+ * @typedef {object} TranslateOptions
+ * @property {number} [beamSize]  1 is greedy search (default: bundle.json's decoding.beam_size)
+ * @property {number} [numHypotheses]  hypotheses per source, 1..beamSize (default 1)
+ * @property {number} [lengthPenalty]  alpha of score / len^alpha (default: bundle.json's)
+ * @property {number} [maxDecodingLength]  1..max_positions (default: a x source length + b, capped)
+ * @property {number} [minDecodingLength]  the end token is forbidden before this step (default: bundle.json's)
+ * @property {boolean} [returnScores]
+ * @property {boolean} [truncate]  cut sources longer than the model's positions instead of refusing them
+ * @property {number} [maxBatchSize]  sources per batch (default 32)
+ */
+
+/** Rows `rows` of a tensor along its first axis, in that order. */
+function takeRows(ort, tensor, rows) {
+  const [n, ...rest] = tensor.dims;
+  const size = rest.reduce((a, b) => a * b, 1);
+  const data = new tensor.data.constructor(rows.length * size);
+  rows.forEach((r, i) => {
+    if (r < 0 || r >= n) throw new RangeError(`row ${r} of a tensor with ${n} rows`);
+    data.set(tensor.data.subarray(r * size, (r + 1) * size), i * size);
+  });
+  return new ort.Tensor(tensor.type, data, [rows.length, ...rest]);
+}
+
+const int64 = (ort, values, dims) => new ort.Tensor("int64", BigInt64Array.from(values, (v) => BigInt(v)), dims);
+
+export class Translator {
+  /**
+   * Loads and checks a bundle made by `seq2onnx export`. Use Translator.load, not the constructor.
+   * @param {import("./bundle.js").Bundle} bundle
+   * @param {any} encoder
+   * @param {any} decoder
+   * @param {{source: SentencePiece, target: SentencePiece}} tokenizers
+   * @param {import("./bundle.js").Platform} platform
+   * @param {boolean} topKFromGraph
+   */
+  constructor(bundle, encoder, decoder, tokenizers, platform, topKFromGraph) {
+    const cfg = bundle.meta.model;
+    const ids = bundle.meta.special_ids;
+    Object.assign(this, {
+      bundle, encoder, decoder, platform, topKFromGraph, ort: platform.ort,
+      sourceTokenizer: tokenizers.source, targetTokenizer: tokenizers.target,
+      nLayers: cfg.n_decoder_layers, nHeads: cfg.n_heads, headDim: cfg.d_model / cfg.n_heads,
+      maxPositions: cfg.max_positions, srcVocab: cfg.src_vocab_size, tgtVocab: cfg.tgt_vocab_size,
+      padId: ids.pad, eosId: ids.eos, startId: ids.decoder_start, cacheType: bundle.meta.dtype,
+    });
+    if (!(this.cacheType in CACHE_ARRAY)) {
+      throw new BundleError(`${bundle.path}: dtype ${JSON.stringify(this.cacheType)}; this host drives float32 and float16 bundles`);
+    }
+  }
+
+  /**
+   * Reads, checks and loads a bundle directory.
+   * @param {string} bundleDir
+   * @param {{platform: import("./bundle.js").Platform, threads?: number, checkHashes?: boolean,
+   *          optimization?: "all" | "extended" | "basic" | "none", topKFromGraph?: boolean,
+   *          threadSpinning?: boolean}} options
+   *   threads: onnxruntime intra-op threads (0: its default, the core count). threadSpinning: off by
+   *   default, as in the Python runtime: between two steps the search runs here and a spinning
+   *   thread would take a core from it.
+   * @returns {Promise<Translator>}
+   * @throws {BundleError} the bundle is missing, damaged, of another version, or its graphs differ
+   */
+  static async load(bundleDir, { platform, threads = 0, checkHashes = true, optimization = "all", topKFromGraph = true,
+    threadSpinning = false } = {}) {
+    if (!platform) throw new TypeError("Translator.load needs a platform (import from the package's entry point)");
+    if (!(optimization in LEVELS)) {
+      throw new RangeError(`optimization=${JSON.stringify(optimization)}; choose one of ${Object.keys(LEVELS).join(", ")}`);
+    }
+    if (!(Number.isInteger(threads) && threads >= 0)) throw new RangeError(`threads=${threads}; give 0 (all cores) or more`);
+    const bundle = await readBundle(bundleDir, platform, { checkHashes });
+    const options = {
+      executionProviders: ["cpu"], graphOptimizationLevel: LEVELS[optimization], intraOpNumThreads: threads,
+      logSeverityLevel: 3, extra: { session: { intra_op: { allow_spinning: threadSpinning ? "1" : "0" } } },
+    };
+    let encoder;
+    let decoder;
+    try {
+      encoder = await platform.ort.InferenceSession.create(bundle.files.encoder, options);
+      decoder = await platform.ort.InferenceSession.create(bundle.files.decoder, options);
+    } catch (e) {
+      throw new BundleError(`${bundleDir}: onnxruntime cannot load the graphs: ${e.message}`);
+    }
+    for (const [label, session] of [["encoder", encoder], ["decoder", decoder]]) {
+      const spec = bundle.meta.graphs[label];
+      const have = [[...session.inputNames].sort(), [...session.outputNames].sort()];
+      const want = [spec.inputs.map((i) => i.name).sort(), spec.outputs.map((o) => o.name).sort()];
+      if (JSON.stringify(have) !== JSON.stringify(want)) {
+        throw new BundleError(`${label}: its inputs/outputs ${JSON.stringify(have)} differ from bundle.json's ${JSON.stringify(want)}`);
+      }
+    }
+    const loadTokenizer = platform.loadTokenizer ?? SentencePiece.fromBytes;
+    let tokenizers;
+    try {
+      tokenizers = {
+        source: await loadTokenizer(bundle.files.source_tokenizer, "source_tokenizer"),
+        target: await loadTokenizer(bundle.files.target_tokenizer, "target_tokenizer"),
+      };
+    } catch (e) {
+      throw new BundleError(`${bundleDir}: a SentencePiece model cannot be read: ${e.message}`);
+    }
+    return new Translator(bundle, encoder, decoder, tokenizers, platform, topKFromGraph);
+  }
+
+  /** Frees the onnxruntime sessions. */
+  async release() {
+    await this.encoder.release?.();
+    await this.decoder.release?.();
+  }
+
+  /** Translates one string; options as for translateBatch. */
+  async translate(text, options = {}) {
+    return (await this.translateBatch([text], options))[0].hypotheses[0];
+  }
+
+  /**
+   * Translates texts (or source token id arrays) and returns one result per source, in order.
+   * An empty or whitespace-only text gives an empty translation.
+   * @param {(string | ArrayLike<number>)[]} source
+   * @param {TranslateOptions} [options]
+   * @returns {Promise<TranslationResult[]>}
+   * @throws {TypeError} for items that are neither strings nor ids
+   * @throws {RangeError} for a source longer than the model's positions (unless truncate) and impossible settings
+   */
+  async translateBatch(source, {
+    beamSize, numHypotheses = 1, lengthPenalty, maxDecodingLength, minDecodingLength, returnScores = false,
+    truncate = false, maxBatchSize = 32,
+  } = {}) {
+    const defaults = this.bundle.meta.decoding;
+    beamSize ??= defaults.beam_size;
+    lengthPenalty ??= defaults.length_penalty;
+    minDecodingLength ??= defaults.min_length ?? 0;
+    if (typeof source === "string" || !Array.isArray(source)) {
+      throw new TypeError("translateBatch takes an array of sources; for one string use translate(text)");
+    }
+    if (!(Number.isInteger(beamSize) && beamSize >= 1)) {
+      throw new RangeError(`beamSize=${beamSize}; it must be an integer of at least 1 (1 is greedy search)`);
+    }
+    if (!(Number.isInteger(numHypotheses) && numHypotheses >= 1 && numHypotheses <= beamSize)) {
+      throw new RangeError(`numHypotheses=${numHypotheses} must lie in [1, beamSize=${beamSize}]`);
+    }
+    if (!(Number.isInteger(maxBatchSize) && maxBatchSize >= 1)) {
+      throw new RangeError(`maxBatchSize=${maxBatchSize}; it must be at least 1`);
+    }
+    if (maxDecodingLength != null && !(Number.isInteger(maxDecodingLength) && maxDecodingLength >= 1
+      && maxDecodingLength <= this.maxPositions)) {
+      throw new RangeError(`maxDecodingLength=${maxDecodingLength}; this model has ${this.maxPositions} positions ` +
+        "(max_positions in bundle.json): choose 1..that");
+    }
+    const ids = source.map((item, i) => this._sourceIds(i, item, truncate));
+    const results = new Array(ids.length);
+    const n = numHypotheses;
+    ids.forEach((s, i) => {
+      if (s === null) {
+        results[i] = { hypotheses: new Array(n).fill(""), tokenIds: Array.from({ length: n }, () => []),
+          scores: returnScores ? new Array(n).fill(0) : null };
+      }
+    });
+    // similar lengths share a batch (less padding): the same stable order and chunks as Python,
+    // so that each sentence is decoded in the same company on both hosts
+    const todo = ids.map((s, i) => i).filter((i) => ids[i] !== null).sort((a, b) => ids[a].length - ids[b].length);
+    for (let start = 0; start < todo.length; start += maxBatchSize) {
+      const chunk = todo.slice(start, start + maxBatchSize);
+      const found = await this._search(chunk.map((i) => ids[i]), { beamSize, numHypotheses, lengthPenalty,
+        maxDecodingLength, minDecodingLength });
+      chunk.forEach((i, j) => {
+        const tokens = found[j].hypotheses.map((h) => (h.length && h[h.length - 1] === this.eosId ? h.slice(0, -1) : h));
+        results[i] = { hypotheses: tokens.map((t) => this.targetTokenizer.decode(t)), tokenIds: tokens,
+          scores: returnScores ? found[j].scores : null };
+      });
+    }
+    return results;
+  }
+
+  /**
+   * Source token ids of one text, end token included, as translateBatch feeds them to the encoder,
+   * and whether they were cut to the model's positions. An empty or whitespace-only text gives [].
+   * @param {string} text
+   * @param {{truncate?: boolean}} [options]
+   * @returns {{ids: number[], truncated: boolean}}
+   * @throws {RangeError} when the text has more tokens than the model's positions and truncate is false
+   */
+  prepareSource(text, { truncate = false } = {}) {
+    if (typeof text !== "string") throw new TypeError(`text is ${typeof text}; give a string`);
+    if (isBlank(text)) return { ids: [], truncated: false };
+    const ids = [...this.sourceTokenizer.encode(text), this.eosId];
+    if (ids.length <= this.maxPositions) return { ids, truncated: false };
+    if (!truncate) {
+      throw new RangeError(`${ids.length} tokens; this model was exported for at most ${this.maxPositions} positions ` +
+        "(max_positions in bundle.json): shorten it or pass truncate: true");
+    }
+    return { ids: [...ids.slice(0, this.maxPositions - 1), this.eosId], truncated: true };
+  }
+
+  _sourceIds(index, item, truncate) {
+    let ids;
+    if (typeof item === "string") {
+      try {
+        ids = this.prepareSource(item, { truncate }).ids;
+      } catch (e) {
+        if (e instanceof RangeError) throw new RangeError(`source ${index} has ${e.message}`);
+        throw e;
+      }
+      return ids.length ? ids : null;
+    }
+    if (!(Array.isArray(item) || ArrayBuffer.isView(item))) {
+      throw new TypeError(`source ${index} is ${item === null ? "null" : typeof item}; give a string or an array of token ids`);
+    }
+    ids = Array.from(item, (x) => (typeof x === "bigint" ? Number(x) : x));
+    if (!ids.every(Number.isInteger)) throw new TypeError(`source ${index}: token ids must be integers`);
+    if (!ids.length) return null;
+    const bad = ids.filter((x) => x < 0 || x >= this.srcVocab);
+    if (bad.length) {
+      throw new RangeError(`source ${index}: token ids ${JSON.stringify(bad.slice(0, 5))} are outside the source vocabulary [0, ${this.srcVocab})`);
+    }
+    if (ids[ids.length - 1] !== this.eosId) ids.push(this.eosId);
+    if (ids.length > this.maxPositions) {
+      if (!truncate) {
+        throw new RangeError(`source ${index} has ${ids.length} tokens; this model was exported for at most ` +
+          `${this.maxPositions} positions (max_positions in bundle.json): shorten it or pass truncate: true`);
+      }
+      ids = [...ids.slice(0, this.maxPositions - 1), this.eosId];
+    }
+    return ids;
+  }
+
+  /** Maximum target lengths: the caller's, or min(floor(a x source length) + b, max_positions). */
+  maxLengths(sources, maxDecodingLength) {
+    if (maxDecodingLength != null) return sources.map(() => maxDecodingLength);
+    const { max_length_a: a, max_length_b: b } = this.bundle.meta.decoding;
+    return sources.map((s) => Math.min(Math.trunc(a * s.length) + b, this.maxPositions));
+  }
+
+  async _search(sources, { beamSize, numHypotheses, lengthPenalty, maxDecodingLength, minDecodingLength }) {
+    const width = Math.max(...sources.map((s) => s.length));
+    const src = new Array(sources.length * width).fill(this.padId);
+    sources.forEach((s, row) => s.forEach((id, j) => { src[row * width + j] = id; }));
+    // Searches need only their candidates: download [rows, 2K(+1)] instead of [rows, vocab].
+    const topK = this.topKFromGraph ? Math.min(candidatesNeeded(beamSize, minDecodingLength), this.tgtVocab) : null;
+    const step = await this._stepFn(src, sources.map((s) => s.length), width, topK);
+    const common = { startId: this.startId, eosId: this.eosId, maxLengths: this.maxLengths(sources, maxDecodingLength),
+      minLength: minDecodingLength };
+    if (beamSize === 1) return greedySearch(step, sources.length, common);
+    return beamSearch(step, sources.length, { ...common, beamSize, lengthPenalty, numHypotheses });
+  }
+
+  /** Encodes the sources once and returns the search's step over the decoder graph. */
+  async _stepFn(src, lengths, width, topK) {
+    const ort = this.ort;
+    const batch = lengths.length;
+    const enc = await this.encoder.run({
+      [SRC_IDS]: int64(ort, src, [batch, width]),
+      [SRC_LENGTHS]: int64(ort, lengths, [batch]),
+    });
+    let mask = enc[SRC_MASK];
+    let cross = crossNames(this.nLayers).map((name) => enc[name]);
+    const Cache = CACHE_ARRAY[this.cacheType];
+    let past = pastNames(this.nLayers).map(() => new ort.Tensor(this.cacheType, new Cache(0), [batch, this.nHeads, 0, this.headDim]));
+    const kInput = int64(ort, [topK ?? 1], [1]);
+    const present = presentNames(this.nLayers);
+    const fetches = [...present, ...(topK ? [TOPK_LOG_PROBS, TOPK_IDS] : [LOG_PROBS])];
+    const crossNamesList = crossNames(this.nLayers);
+    const pastNamesList = pastNames(this.nLayers);
+    return async (tokens, cacheIndices, t, keep) => {
+      if (keep !== null) {
+        // Finished sentences leave: their cross keys/values and mask rows go too.
+        cross = cross.map((x) => takeRows(ort, x, keep));
+        mask = takeRows(ort, mask, keep);
+      }
+      const feeds = {
+        [TOKENS]: int64(ort, tokens, [tokens.length, 1]),
+        [STEP]: int64(ort, [t], [1]),
+        [CACHE_INDICES]: int64(ort, cacheIndices, [cacheIndices.length]),
+        [TOP_K]: kInput,
+        [SRC_MASK]: mask,
+      };
+      pastNamesList.forEach((name, i) => { feeds[name] = past[i]; });
+      crossNamesList.forEach((name, i) => { feeds[name] = cross[i]; });
+      const out = await this.decoder.run(feeds, fetches);
+      past = present.map((name) => out[name]);
+      if (!topK) return { logProbs: out[LOG_PROBS].data, vocab: this.tgtVocab };
+      const ids = out[TOPK_IDS];
+      return { values: out[TOPK_LOG_PROBS].data, ids: Int32Array.from(ids.data, Number), k: ids.dims[1], vocab: this.tgtVocab };
+    };
+  }
+}

@@ -1,0 +1,166 @@
+"""Times ONE decoder step: the standard-opset decoder.onnx against the fused contrib-op graph.
+
+    python benchmarks/fused_step.py [--rounds 7] [--past 10] [--threads 2] [--seed 0] [--profile]
+
+A random model of the Tatoeba size (d_model 256, 3+3 layers, 4 heads, d_ff 1024, vocabulary 3,000)
+is exported both ways into a temporary directory. Each graph runs in its own session (CPU, the given
+threads, ORT_ENABLE_ALL, intra-op spinning off, as runtime.Translator makes them); rounds interleave
+the two graphs (this shared machine's speed drifts over minutes) at 1 row (greedy, one sentence) and
+128 rows (beam 4 x 32 sentences). Prints the node counts as exported and after onnxruntime's
+optimisation, and the median microseconds per step. --profile adds onnxruntime's per-operator
+kernel times at 1 row (profiling adds its own overhead: read the shares, not the sums).
+
+How each step is driven:
+- standard: `session.run` of the top-k outputs with a past of `--past` positions, as benchmarks/step.py;
+- fused: IO binding made once, the cache buffers (max_length 64) bound as both past and present,
+  `run_with_iobinding` per step: the static loop the fused graph is for.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from seq2onnx.export.fused import BEAM_WIDTH, CACHE_INDIRECTION, export_fused_decoder  # noqa: E402
+from seq2onnx.export.graphs import export_graphs  # noqa: E402
+from seq2onnx.model.config import ModelConfig  # noqa: E402
+from seq2onnx.model.transformer import Transformer  # noqa: E402
+from seq2onnx.runtime import bundle as names  # noqa: E402
+
+MAX_LENGTH, SRC_LEN, TOP_K = 64, 12, 8
+
+
+def session(path: Path, threads: int, optimized: Path | None = None) -> ort.InferenceSession:
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = threads
+    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    o.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    o.log_severity_level = 3
+    if optimized is not None:
+        o.optimized_model_filepath = str(optimized)
+    return ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
+
+
+def standard_step(sess: ort.InferenceSession, cfg: ModelConfig, rows: int, batch: int, past: int):
+    rng = np.random.default_rng(0)
+    layers, heads, hd = cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim
+    feeds = {names.TOKENS: np.full((rows, 1), 5, np.int64), names.STEP: np.array([past], np.int64),
+             names.CACHE_INDICES: np.arange(rows, dtype=np.int64), names.TOP_K: np.array([TOP_K], np.int64),
+             names.SRC_MASK: np.ones((batch, SRC_LEN), bool)}
+    for n in names.past_names(layers):
+        feeds[n] = rng.standard_normal((rows, heads, past, hd)).astype(np.float32)
+    for n in names.cross_names(layers):
+        feeds[n] = rng.standard_normal((batch, heads, SRC_LEN, hd)).astype(np.float32)
+    wanted = [names.TOPK_LOG_PROBS, names.TOPK_IDS]
+    return lambda: sess.run(wanted, feeds)
+
+
+def fused_step(sess: ort.InferenceSession, cfg: ModelConfig, rows: int, batch: int, past: int):
+    rng = np.random.default_rng(0)
+    layers, heads, hd = cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim
+    beams = rows // batch
+    b = sess.io_binding()
+    keep = []  # the arrays bound by pointer must outlive the binding
+    for name, value in {names.TOKENS: np.full((rows, 1), 5, np.int64), names.STEP: np.array([past], np.int32),
+                        BEAM_WIDTH: np.array([beams], np.int32),
+                        CACHE_INDIRECTION: np.zeros((batch, beams, MAX_LENGTH), np.int32),
+                        names.TOP_K: np.array([TOP_K], np.int64), names.SRC_MASK: np.ones((batch, SRC_LEN), bool)}.items():
+        keep.append(value)
+        b.bind_cpu_input(name, value)
+    for n in names.cross_names(layers):
+        keep.append(rng.standard_normal((batch, heads, SRC_LEN, hd)).astype(np.float32))
+        b.bind_cpu_input(n, keep[-1])
+    for past_name, present_name in zip(names.past_names(layers), names.present_names(layers)):
+        buffer = ort.OrtValue.ortvalue_from_numpy(rng.standard_normal((rows, heads, MAX_LENGTH, hd)).astype(np.float32))
+        keep.append(buffer)
+        b.bind_ortvalue_input(past_name, buffer)
+        b.bind_ortvalue_output(present_name, buffer)
+    for name in (names.TOPK_LOG_PROBS, names.TOPK_IDS):  # as the standard step: only the candidates come out
+        b.bind_output(name, "cpu")
+
+    def step():
+        sess.run_with_iobinding(b)
+    step.keep = keep
+    return step
+
+
+def profile(path: Path, label: str, make, cfg: ModelConfig, threads: int, past: int, tmp: Path, calls: int = 300) -> None:
+    """onnxruntime's kernel time per operator type, per step, at 1 row."""
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = threads
+    o.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    o.enable_profiling, o.profile_file_prefix, o.log_severity_level = True, str(tmp / label), 3
+    sess = ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
+    step = make(sess, cfg, 1, 1, past)
+    for _ in range(calls):
+        step()
+    per_op: dict[str, float] = collections.defaultdict(float)
+    run_us = 0.0
+    for e in json.loads(Path(sess.end_profiling()).read_text()):
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per_op[e["args"]["op_name"]] += e["dur"] / calls
+        elif e.get("cat") == "Session" and e["name"] == "model_run":
+            run_us += e["dur"] / calls
+    top = sorted(per_op.items(), key=lambda kv: -kv[1])
+    print(f"{label} profile, 1 row: run {run_us:,.0f} us, kernels {sum(per_op.values()):,.0f} us: "
+          + ", ".join(f"{op} {us:,.0f}" for op, us in top))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--past", type=int, default=10, help="cached positions")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", action="store_true", help="also print per-operator kernel times at 1 row")
+    args = p.parse_args()
+    torch.manual_seed(args.seed)
+    cfg = ModelConfig(src_vocab_size=3000, tgt_vocab_size=3000, d_model=256, n_heads=4, n_encoder_layers=3,
+                      n_decoder_layers=3, d_ff=1024, dropout=0.0)
+    model = Transformer(cfg).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        _, standard_path = export_graphs(model, tmp)
+        fused_path = export_fused_decoder(model, tmp)
+        sessions = {}
+        for label, path in (("standard", standard_path), ("fused", fused_path)):
+            optimized = tmp / f"{label}.optimized.onnx"
+            sessions[label] = session(path, args.threads, optimized)
+            ops = [n.op_type for n in onnx.load(str(optimized)).graph.node]
+            print(f"{label}: {len(onnx.load(str(path)).graph.node)} nodes exported, {len(ops)} after optimisation "
+                  f"({', '.join(f'{op} {ops.count(op)}' for op in sorted(set(ops)))})")
+            if args.profile:
+                profile(path, label, {"standard": standard_step, "fused": fused_step}[label], cfg, args.threads,
+                        args.past, tmp)
+    makers = {"standard": standard_step, "fused": fused_step}
+    for rows, batch, calls in ((1, 1, 300), (128, 32, 30)):
+        steps = {k: makers[k](s, cfg, rows, batch, args.past) for k, s in sessions.items()}
+        times = {k: [] for k in steps}
+        for step in steps.values():  # warm-up
+            step()
+        for _ in range(args.rounds):
+            for k, step in steps.items():
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    step()
+                times[k].append((time.perf_counter() - t0) / calls * 1e6)
+        med = {k: statistics.median(t) for k, t in times.items()}
+        print(f"{rows} rows, past {args.past}, {args.threads} threads: " + ", ".join(f"{k} {v:,.0f} us" for k, v in med.items())
+              + f"; fused/standard {med['fused'] / med['standard']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

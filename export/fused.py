@@ -1,0 +1,195 @@
+"""The decoder step as one FUSED ONNX graph of onnxruntime's `com.microsoft` contrib operators.
+
+Built node by node with `onnx.helper` from the weights of a `Transformer` (not traced), so that each
+sublayer is a handful of kernels: one QKV Gemm -> Split -> DecoderMaskedMultiHeadAttention (cache
+updated in place) -> MatMul -> SkipLayerNormalization; MatMul -> MultiHeadAttention over the sentence's
+cross keys/values -> MatMul -> SkipLayerNormalization; FusedGemm(Relu) -> MatMul ->
+SkipLayerNormalization. docs/fused-decoder.md gives the inputs, layouts, masks and pitfalls.
+
+Shape legend: R rows (B sentences x W beams, beams contiguous), B sentences, W = R / B, H heads,
+Dh head size, D d_model, F d_ff, M max_length (the cache buffer's positions), S source, V vocab.
+
+The step's semantics differ from decoder.onnx (export/graphs.py) in three places:
+- the self-attention cache is ONE preallocated buffer per layer and kind, [R, H, M, Dh], bound both
+  as the `past_*` input and the `present_*` output (IO binding, same OrtValue): the kernel writes
+  the new position in place, nothing is copied per step;
+- `step` is int32 and is also the kernel's past_sequence_length (positions 0..step-1 are cached);
+- `cache_indices` is replaced by `beam_width` and `cache_indirection` [B, W, M] int32: entry
+  [b, w, t] is the beam of sentence b whose cache row holds position t for beam w (beam reorder
+  without copying). Rows are fixed for the buffer's life: dropping finished sentences is the
+  caller's (a compaction copy, once per finished sentence, not per step).
+Only fp32: onnxruntime's CPU DecoderMaskedMultiHeadAttention is registered for float alone.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from seq2onnx.model.transformer import Transformer
+from seq2onnx.runtime import bundle as names
+
+OPSET = 17
+MS_DOMAIN = "com.microsoft"
+FUSED_DECODER_FILE = "decoder_fused.onnx"
+# Inputs that decoder.onnx does not have (names to move into runtime/bundle.py on integration).
+BEAM_WIDTH, CACHE_INDIRECTION = "beam_width", "cache_indirection"
+
+
+def fused_signature(n_layers: int, n_heads: int, head_dim: int, vocab: int) -> dict:
+    """Inputs and outputs of the fused step: name, element type, shape with named axes."""
+    cache = lambda name: {"name": name, "dtype": "float32", "shape": ["rows", n_heads, "max_length", head_dim]}
+    cross = lambda name: {"name": name, "dtype": "float32", "shape": ["batch", n_heads, "src_len", head_dim]}
+    return {
+        "inputs": [
+            {"name": names.TOKENS, "dtype": "int64", "shape": ["rows", 1]},
+            {"name": names.STEP, "dtype": "int32", "shape": [1]},
+            {"name": BEAM_WIDTH, "dtype": "int32", "shape": [1]},
+            {"name": CACHE_INDIRECTION, "dtype": "int32", "shape": ["batch", "beam", "max_length"]},
+        ]
+        + [cache(n) for n in names.past_names(n_layers)]
+        + [cross(n) for n in names.cross_names(n_layers)]
+        + [{"name": names.SRC_MASK, "dtype": "bool", "shape": ["batch", "src_len"]},
+           {"name": names.TOP_K, "dtype": "int64", "shape": [1]}],
+        "outputs": [{"name": names.LOG_PROBS, "dtype": "float32", "shape": ["rows", vocab]}]
+        + [cache(n) for n in names.present_names(n_layers)]
+        + [{"name": names.TOPK_LOG_PROBS, "dtype": "float32", "shape": ["rows", "k"]},
+           {"name": names.TOPK_IDS, "dtype": "int64", "shape": ["rows", "k"]}],
+    }
+
+
+class _Graph:
+    """Collects nodes and initializers; a node's outputs are named after the node unless given."""
+
+    def __init__(self):
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+
+    def const(self, name: str, value) -> str:
+        array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+        if array.dtype == np.float64:
+            array = array.astype(np.float32)
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], n_out: int = 1, *, name: str, outputs: list[str] | None = None,
+             ms: bool = False, **attrs) -> list[str]:
+        outs = outputs or [f"{name}/out{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=name, domain=MS_DOMAIN if ms else "", **attrs))
+        return outs
+
+
+def _t(linear: torch.nn.Linear) -> torch.Tensor:
+    """nn.Linear's weight as the right-hand side of x @ W: (in, out)."""
+    return linear.weight.detach().t().contiguous()
+
+
+def build_fused_decoder(model: Transformer) -> onnx.ModelProto:
+    """The fused decoder-step graph of `model` (fp32, eval mode), checked by onnx.checker.
+
+    Raises ValueError for a model whose weights are not fp32 (the CPU kernels are fp32-only).
+    """
+    cfg = model.cfg
+    if model.generator.weight.dtype != torch.float32:
+        raise ValueError(f"the fused decoder is fp32-only; the model's weights are {model.generator.weight.dtype}: "
+                         "call model.float() first")
+    d, heads, hd, n = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.n_decoder_layers
+    eps = float(cfg.layer_norm_eps)
+    g = _Graph()
+    with torch.no_grad():
+        # 0. embedding: table(ids) * sqrt(D) + PE[step]. The table is pre-scaled: the same fp32
+        #    product, computed once. GatherND on tokens (R, 1) gives (R, D) without a Reshape.
+        emb = g.const("embed_scaled", model.tgt_embed.weight * (d**0.5))
+        pos = g.const("positions", model.positions)
+        (tok,) = g.node("GatherND", [emb, names.TOKENS], name="embed")
+        (pe,) = g.node("Gather", [pos, names.STEP], name="position", axis=0)  # (1, D)
+        (x,) = g.node("Add", [tok, pe], name="embed_add")  # (R, D), the residual stream
+        # Cross-attention queries a sentence's keys with its W beams as one (B, W, D) query: the
+        # target shape [B, -1, D], made once per step from the mask's batch.
+        (batch,) = g.node("Shape", [names.SRC_MASK], name="batch", start=0, end=1)
+        bwd = g.const("minus1_d", np.array([-1, d], np.int64))
+        (q_shape,) = g.node("Concat", [batch, bwd], name="cross_q_shape", axis=0)
+        rows_qkv = g.const("rows_1_3d", np.array([-1, 1, 3 * d], np.int64))
+        rows_d = g.const("rows_d", np.array([-1, d], np.int64))
+        split3 = g.const("split_d", np.array([d, d, d], np.int64))
+        (mask,) = g.node("Cast", [names.SRC_MASK], name="mask_int32", to=TensorProto.INT32)
+        zeros_kv = np.zeros(2 * d, np.float32)
+
+        def norm_args(i: int, which: str) -> list[str]:
+            ln = getattr(model.decoder_layers[i], which).norm if which != "final" else model.decoder_norm
+            return [g.const(f"ln{i}_{which}_g", ln.weight), g.const(f"ln{i}_{which}_b", ln.bias)]
+
+        # Post-LN: x <- LN(x + f(x)). Pre-LN: h <- h + f(y), y = LN_next(h); SkipLayerNormalization
+        # gives both LN_next(h) and (output 3) the sum h, so each residual is one node either way.
+        h = x
+        if cfg.pre_norm:
+            (x,) = g.node("LayerNormalization", [h, *norm_args(0, "sub_self")], name="ln0_first", axis=-1, epsilon=eps)
+
+        def residual(i: int, out: str, bias: str, skip: str, label: str, next_norm: tuple[int, str]) -> tuple[str, str]:
+            if cfg.pre_norm:
+                y, _, _, h = g.node("SkipLayerNormalization", [out, skip, *norm_args(*next_norm), bias], 4,
+                                    name=f"l{i}_{label}_sln", ms=True, epsilon=eps)
+                return y, h
+            (y,) = g.node("SkipLayerNormalization", [out, skip, *norm_args(i, label), bias],
+                          name=f"l{i}_{label}_sln", ms=True, epsilon=eps)
+            return y, y
+
+        present = names.present_names(n)
+        for i, layer in enumerate(model.decoder_layers):
+            sa, ca, ff = layer.self_attn, layer.cross_attn, layer.feed_forward
+            # 1. self-attention: one QKV Gemm (R, 3D), bias included, viewed (R, 1, 3D) and split in
+            #    three: the CPU kernel rejects packed QKV, and its bias input breaks on it.
+            w_qkv = g.const(f"l{i}_w_qkv", torch.cat([_t(sa.w_q), _t(sa.w_k), _t(sa.w_v)], dim=1))
+            b_qkv = g.const(f"l{i}_b_qkv", torch.cat([sa.w_q.bias, sa.w_k.bias, sa.w_v.bias]))
+            (qkv,) = g.node("Gemm", [x, w_qkv, b_qkv], name=f"l{i}_qkv")
+            (qkv3,) = g.node("Reshape", [qkv, rows_qkv], name=f"l{i}_qkv_3d")
+            q, k, v = g.node("Split", [qkv3, split3], 3, name=f"l{i}_qkv_split", axis=2)  # 3 x (R, 1, D)
+            ctx, _, _ = g.node(
+                "DecoderMaskedMultiHeadAttention",
+                [q, k, v, "", "", names.past_key(i), names.past_value(i), names.STEP, BEAM_WIDTH, CACHE_INDIRECTION],
+                name=f"l{i}_self_attn", ms=True, outputs=[f"l{i}_self_ctx", present[2 * i], present[2 * i + 1]],
+                num_heads=heads, past_present_share_buffer=1)  # (R, 1, D)
+            (ctx2,) = g.node("Reshape", [ctx, rows_d], name=f"l{i}_self_ctx_2d")
+            (o,) = g.node("MatMul", [ctx2, g.const(f"l{i}_self_wo", _t(sa.w_o))], name=f"l{i}_self_out")
+            x, h = residual(i, o, g.const(f"l{i}_self_bo", sa.w_o.bias), h, "sub_self", (i, "sub_cross"))
+            # 2. cross-attention: q (R, D) -> (B, W, D); keys/values (B, H, S, Dh) as the encoder
+            #    made them. The q bias rides in the kernel's bias input [b_q, 0, 0].
+            (q,) = g.node("MatMul", [x, g.const(f"l{i}_cross_wq", _t(ca.w_q))], name=f"l{i}_cross_q")
+            (q3,) = g.node("Reshape", [q, q_shape], name=f"l{i}_cross_q_3d")
+            b_q = g.const(f"l{i}_cross_bq", np.concatenate([ca.w_q.bias.detach().numpy(), zeros_kv]))
+            (cctx,) = g.node("MultiHeadAttention", [q3, names.key_cross(i), names.value_cross(i), b_q, mask],
+                             name=f"l{i}_cross_attn", ms=True, num_heads=heads)  # (B, W, D)
+            (cctx2,) = g.node("Reshape", [cctx, rows_d], name=f"l{i}_cross_ctx_2d")
+            (o,) = g.node("MatMul", [cctx2, g.const(f"l{i}_cross_wo", _t(ca.w_o))], name=f"l{i}_cross_out")
+            x, h = residual(i, o, g.const(f"l{i}_cross_bo", ca.w_o.bias), h, "sub_cross", (i, "sub_ff"))
+            # 3. feed-forward: Relu(x W1 + b1) in one FusedGemm, then W2 with b2 in the norm.
+            (f1,) = g.node("FusedGemm", [x, g.const(f"l{i}_ff_w1", _t(ff.w_1)), g.const(f"l{i}_ff_b1", ff.w_1.bias)],
+                           name=f"l{i}_ff_1", ms=True, activation="Relu")
+            (o,) = g.node("MatMul", [f1, g.const(f"l{i}_ff_w2", _t(ff.w_2))], name=f"l{i}_ff_2")
+            nxt = (i + 1, "sub_self") if i + 1 < n else (n, "final")
+            x, h = residual(i, o, g.const(f"l{i}_ff_b2", ff.w_2.bias), h, "sub_ff", nxt)
+        # 4. generator, log-softmax over the target vocabulary, top-k (ties: lower id first)
+        (logits,) = g.node("MatMul", [x, g.const("generator", _t(model.generator))], name="generator")
+        g.node("LogSoftmax", [logits], name="log_softmax", axis=-1, outputs=[names.LOG_PROBS])
+        g.node("TopK", [names.LOG_PROBS, names.TOP_K], name="top_k", outputs=[names.TOPK_LOG_PROBS, names.TOPK_IDS],
+               axis=-1, largest=1, sorted=1)
+
+    sig = fused_signature(n, heads, hd, cfg.tgt_vocab_size)
+    types = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32, "bool": TensorProto.BOOL}
+    value_info = lambda spec: helper.make_tensor_value_info(spec["name"], types[spec["dtype"]], spec["shape"])
+    graph = helper.make_graph(g.nodes, "decoder_step_fused", [value_info(s) for s in sig["inputs"]],
+                              [value_info(s) for s in sig["outputs"]], initializer=g.inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
+                              producer_name="seq2onnx.export.fused")
+    onnx.checker.check_model(proto)  # contrib ops have no ONNX schema: structure and types only
+    return proto
+
+
+def export_fused_decoder(model: Transformer, out_dir: Path) -> Path:
+    """Writes decoder_fused.onnx into out_dir; returns its path. Raises ValueError as build_fused_decoder."""
+    path = Path(out_dir) / FUSED_DECODER_FILE
+    onnx.save(build_fused_decoder(model.eval()), str(path))
+    return path

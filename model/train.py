@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -278,7 +279,6 @@ def train(opts: TrainOptions) -> Path:
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
     start, tokens_seen, t0 = state["step"], 0, time.time()
     # On a terminal the bar redraws often; into a log file a line every 30 s is enough.
-    import sys
     interval = 0.5 if sys.stderr.isatty() else 30.0
     bar = tqdm(total=opts.max_steps, initial=start, disable=not opts.progress, unit="step", dynamic_ncols=True,
                mininterval=interval)

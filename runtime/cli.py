@@ -101,7 +101,8 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
             raise
         from seq2onnx.runtime.bundle import BundleError
 
-        known = (CommandError, BundleError, ValueError, TypeError, FileNotFoundError, PermissionError, RuntimeError, OSError)
+        known = (CommandError, BundleError, ImportError, ValueError, TypeError, FileNotFoundError, PermissionError,
+                 RuntimeError, OSError)
         kind = "" if isinstance(e, known) else f"unexpected {type(e).__name__} (rerun with --debug for the traceback): "
         print(f"seq2onnx {args.command}: error: {kind}{e}", file=sys.stderr)
         return EXIT_FAIL

@@ -74,9 +74,11 @@ def build_parser(training: bool = False) -> argparse.ArgumentParser:
     else:
         for name, help in TRAINING_COMMANDS.items():
             sub.add_parser(name, help=help, add_help=False)
+    from seq2onnx.runtime.dataset import add_translate_dataset
     from seq2onnx.runtime.translate_cmd import add_translate
 
     add_translate(sub)
+    add_translate_dataset(sub)
     for action in sub.choices.values():
         if action.add_help:
             add_debug(action)

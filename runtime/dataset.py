@@ -1,0 +1,352 @@
+"""`seq2onnx translate-dataset`: translate a corpus with Ray Data over a pool of actors.
+
+Needs the optional extra `pip install 'seq2onnx[scale]'` (ray[data], which brings pyarrow); ray is
+imported only when the command runs. The shape of the job, and why:
+
+- The driver reads INPUT (text lines split exactly as `seq2onnx translate` splits them, or one
+  Parquet/JSONL column) and tags every row with its index. So the workers need only the bundle,
+  never INPUT or OUTPUT, and every row can be checked back in by its index.
+- `map_batches` runs TranslateBatches on a fixed pool of `--workers` actors; each loads the bundle
+  once, in its constructor, and translates blocks of `--lines-per-task` rows.
+- Order: `DataContext.execution_options.preserve_order = True` makes Ray Data hand blocks back in
+  input order (it holds finished blocks until the earlier ones arrive, with no sort or shuffle);
+  the driver still checks that the indices run 0, 1, 2, ... so that a lost or doubled row is an
+  error rather than a shifted output.
+- Faults: an actor that dies is restarted and its block retried: Ray Data's own default for actor
+  pools (max_restarts=-1, max_task_retries=-1), kept because Ray 2.60 deprecates passing those
+  arguments to map_batches. An exception raised by the translator is not retried: it ends the job.
+  Only the driver writes, once per index, so a retried block cannot appear twice.
+- OUTPUT is written to a temporary file beside it and renamed over it at the end: it is either
+  complete or untouched, and an existing one is replaced only with --force.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from seq2onnx.runtime.bundle import BundleError, read_bundle
+# cli.CommandError at raise time, not imported by name: seq2onnx.runtime.cli may import this module
+# while it is itself being imported, before CommandError exists.
+from seq2onnx.runtime import cli
+
+INPUT_FORMATS = ("text", "parquet", "jsonl")
+OUTPUT_FORMATS = ("text", "parquet")
+PROBE_TIMEOUT_S = 120
+
+
+def import_ray():
+    """The ray module, or CommandError naming the extra to install."""
+    try:
+        import ray
+        import ray.data  # noqa: F401  (ray without the [data] extra lacks pyarrow)
+        import pyarrow  # noqa: F401
+    except ImportError as e:
+        raise cli.CommandError(f"translate-dataset needs Ray Data ({e}): pip install 'seq2onnx[scale]'") from e
+    return ray
+
+
+def guess_format(path: Path, given: str | None, choices: tuple[str, ...]) -> str:
+    """The format given, else the one named by the suffix (.parquet, .jsonl/.ndjson/.json), else text."""
+    if given:
+        return given
+    suffix = path.suffix.lower()
+    if suffix == ".parquet" and "parquet" in choices:
+        return "parquet"
+    if suffix in (".jsonl", ".ndjson", ".json") and "jsonl" in choices:
+        return "jsonl"
+    return "text"
+
+
+def read_source(path: Path, fmt: str, column: str | None):
+    """The source texts as one pyarrow string array (nulls kept), in input order.
+
+    Text lines end at "\\n" only, with a trailing "\\r" dropped, as in `seq2onnx translate`
+    (str.splitlines would also split at form feeds and U+2028 and shift every later line).
+    Raises CommandError for a missing file, a missing or non-text column, or --column on text.
+    """
+    import pyarrow as pa
+
+    if not path.is_file():
+        raise cli.CommandError(f"INPUT {path}: no such file")
+    if fmt == "text":
+        if column is not None:
+            raise cli.CommandError(f"--column {column!r} applies to Parquet or JSONL input; {path} is read as text lines")
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            lines = f.read().split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        return pa.array([line[:-1] if line.endswith("\r") else line for line in lines], pa.string())
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+    else:
+        import pyarrow.json as pj
+
+        table = pj.read_json(path)
+    names = table.column_names
+    if column is None:
+        if len(names) != 1:
+            raise cli.CommandError(f"{path} has the columns {names}; choose the one to translate with --column")
+        column = names[0]
+    if column not in names:
+        raise cli.CommandError(f"--column {column!r} is not in {path}; its columns are {names}")
+    values = table.column(column)
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        raise cli.CommandError(f"--column {column!r} of {path} holds {values.type}, not text; choose a string column")
+    return values.combine_chunks().cast(pa.string())
+
+
+def check_bundle_on_nodes(ray, bundle: Path) -> None:
+    """Fails before any work starts when a Ray node cannot read the bundle (or import seq2onnx).
+
+    Runs one small task pinned to each alive node with CPUs, which reads the bundle there: on a
+    cluster the path must exist on every node, since the actors may land on any of them.
+    Raises CommandError naming the node, the reason and the fix.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(num_cpus=0, max_retries=0)(_probe_bundle)
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(str(bundle))
+            for n in nodes]
+    try:
+        answers = ray.get(refs, timeout=PROBE_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError as e:
+        raise cli.CommandError(f"the Ray nodes did not answer the bundle check within {PROBE_TIMEOUT_S} s; is the cluster busy?") from e
+    except ray.exceptions.RayError as e:  # typically: seq2onnx cannot be imported there
+        raise cli.CommandError(f"a Ray worker could not check the bundle ({_worker_reason(e)}); "
+                           "install seq2onnx[cpu] in every node's Python environment") from e
+    failed = [a for a in answers if a]
+    if failed:
+        raise cli.CommandError(f"a Ray worker cannot read the bundle {bundle}: {failed[0]}; put the bundle at the same "
+                           "path on every node (a shared filesystem) before translating")
+
+
+def _probe_bundle(path: str) -> str | None:
+    """Runs on a Ray node: None if the bundle there is readable, else the host and the reason."""
+    import socket
+
+    try:
+        read_bundle(path, check_hashes=False)  # the actors verify the hashes when they load it
+    except (BundleError, OSError) as e:
+        return f"on {socket.gethostname()}: {e}"
+    return None
+
+
+def _worker_reason(error: BaseException) -> str:
+    """The worker's own exception line inside a Ray error ("ValueError: ..."), else its first line.
+
+    Ray Data hands the driver a wrapper (RayTaskError(UserCodeException)) that keeps the worker's
+    exception only as traceback text, so the line is found in that text.
+    """
+    text = str(error)
+    for line in text.splitlines():
+        match = re.match(r"(\w+(?:\.\w+)*(?:Error|Exception)): (.+)", line)
+        if match and not match.group(1).startswith("ray."):
+            return f"{match.group(1)}: {match.group(2)}"
+    lines = [line for line in text.splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+class TranslateBatches:
+    """The map_batches callable: one instance per actor, which loads the bundle once."""
+
+    def __init__(self, bundle: str, device: str, threads: int, options: dict):
+        from seq2onnx.runtime.translator import Translator
+
+        self.translator = Translator(bundle, device=device, intra_threads=threads)
+        self.options = options
+
+    def __call__(self, batch):
+        """pyarrow.Table (index, text) -> pyarrow.Table (index, translation); null stays null."""
+        import pyarrow as pa
+
+        texts = batch.column("text").to_pylist()
+        try:
+            results = self.translator.translate_batch([t or "" for t in texts], **self.options)
+        except ValueError as e:  # its "source k" counts from this block's first row
+            first = batch.column("index")[0].as_py()
+            raise ValueError(f"in input rows {first}..{first + len(texts) - 1} (source k is row {first}+k, "
+                             f"counting from 0): {e}") from None
+        out = [None if t is None else r.hypotheses[0] for t, r in zip(texts, results)]
+        return pa.table({"index": batch.column("index"), "translation": pa.array(out, pa.string())})
+
+
+def translate_dataset(bundle: str | Path, source, output: Path, *, output_format: str = "text", workers: int = 1,
+                      threads: int = 1, device: str = "cpu", lines_per_task: int = 256, actor_class=TranslateBatches,
+                      **options) -> dict:
+    """Translates `source` (a pyarrow string array) on the connected Ray instance into `output`.
+
+    Args:
+        bundle: an absolute bundle path, readable on every node (see check_bundle_on_nodes).
+        output: the file to write (replaced atomically; the caller decides about --force).
+        workers: actors in the pool; threads: onnxruntime threads (and Ray CPUs) per actor.
+        lines_per_task: at most this many rows per block handed to an actor (the unit retried).
+        actor_class: the map_batches callable (tests swap in one that crashes).
+        options: passed to Translator.translate_batch (beam_size, max_batch_size, truncate).
+    Returns:
+        stats: lines, seconds (translation and writing) and lines_per_second.
+    Raises:
+        RuntimeError: a row came back missing, twice or out of order (a bug, never a shifted file).
+    """
+    import pyarrow as pa
+    import ray
+
+    t0 = time.perf_counter()
+    n = len(source)
+    # Short inputs get smaller blocks (about 4 per actor) so that every actor has work and the last
+    # block does not leave the others idle; no more actors than blocks, since each loads the model.
+    lines_per_task = max(1, min(lines_per_task, -(-n // (4 * workers))))
+    workers = max(1, min(workers, -(-n // lines_per_task)))
+    blocks = [pa.table({"index": pa.array(range(start, min(start + lines_per_task, n)), pa.int64()),
+                        "text": source.slice(start, lines_per_task)})
+              for start in range(0, n, lines_per_task)]
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.execution_options.preserve_order
+    ctx.execution_options.preserve_order = True  # see the module docstring: order without a sort
+    try:
+        with _Writer(tmp, output_format) as writer:
+            if blocks:
+                ds = ray.data.from_arrow(blocks).map_batches(
+                    actor_class, batch_size=lines_per_task, batch_format="pyarrow",
+                    compute=ray.data.ActorPoolStrategy(size=workers),
+                    fn_constructor_args=(str(bundle), device, threads, options),
+                    num_cpus=threads, num_gpus=1 if device == "cuda" else 0)
+                for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                    writer.write(batch)
+            if writer.rows != n:
+                raise RuntimeError(f"Ray Data returned {writer.rows} of {n} rows; {output} was not written")
+        os.replace(tmp, output)
+    finally:
+        ctx.execution_options.preserve_order = saved
+        tmp.unlink(missing_ok=True)
+    seconds = time.perf_counter() - t0
+    return {"lines": n, "seconds": round(seconds, 3), "lines_per_second": round(n / seconds, 2) if seconds else None,
+            "workers": workers, "threads": threads}
+
+
+class _Writer:
+    """Writes translated blocks to text or Parquet, checking that indices run 0, 1, 2, ..."""
+
+    def __init__(self, path: Path, fmt: str):
+        self.path, self.fmt, self.rows = path, fmt, 0
+
+    def __enter__(self):
+        if self.fmt == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            self.schema = pa.schema([("translation", pa.string())])
+            self.file = pq.ParquetWriter(self.path, self.schema)
+        else:
+            self.file = open(self.path, "w", encoding="utf-8", newline="\n")
+        return self
+
+    def write(self, batch) -> None:
+        index = batch.column("index").to_pylist()
+        if index != list(range(self.rows, self.rows + len(index))):
+            raise RuntimeError(f"rows came back out of order: expected index {self.rows}, got {index[:1]}...; "
+                               "the output was not written")
+        if self.fmt == "parquet":
+            self.file.write_table(batch.select(["translation"]).cast(self.schema))
+        else:
+            self.file.write("".join(f"{t or ''}\n" for t in batch.column("translation").to_pylist()))
+        self.rows += len(index)
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+def add_translate_dataset(sub) -> None:
+    """Registers `translate-dataset` on the `seq2onnx` subparsers."""
+    p = sub.add_parser("translate-dataset", help="translate a corpus on Ray Data (pip install 'seq2onnx[scale]')",
+                       description="Translate a text file, or one column of a Parquet/JSONL file, over a pool of Ray "
+                       "actors that each load the bundle once; write the translations in input order, one per line "
+                       "(text) or as the column 'translation' (Parquet). Runs a local Ray instance unless --address.")
+    p.add_argument("bundle")
+    p.add_argument("input", help="text file (one source per line), .parquet or .jsonl")
+    p.add_argument("output", help="file to write: text, or Parquet for a .parquet name (see --format)")
+    p.add_argument("--column", help="the column to translate in Parquet/JSONL input (default: the only column)")
+    p.add_argument("--input-format", choices=INPUT_FORMATS, help="default: from INPUT's suffix")
+    p.add_argument("--format", choices=OUTPUT_FORMATS, help="output format (default: from OUTPUT's suffix)")
+    p.add_argument("--address", help="an existing Ray cluster (host:port, ray://..., or 'auto'); default: a local instance")
+    p.add_argument("--workers", type=int, default=2, help="actors, each with its own copy of the model (default 2)")
+    p.add_argument("--threads", type=int, default=1, help="onnxruntime threads, and Ray CPUs, per actor (default 1)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda gives each actor one GPU")
+    p.add_argument("--beam", type=int, default=None, help="beam size; 1 is greedy (default: the bundle's)")
+    p.add_argument("--batch-size", type=int, default=32, help="sentences per decoder batch, as in translate")
+    p.add_argument("--lines-per-task", type=int, default=256,
+                   help="at most this many rows per block sent to an actor (the unit retried; default 256)")
+    p.add_argument("--truncate", action="store_true", help="cut sources longer than the model's positions")
+    p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--json", action="store_true", help="print the run's statistics as one JSON line on stdout")
+    p.set_defaults(func=cmd_translate_dataset)
+
+
+def cmd_translate_dataset(args) -> int:
+    """Runs `seq2onnx translate-dataset`; user errors raise CommandError (or BundleError)."""
+    for name in ("workers", "threads", "batch_size", "lines_per_task"):
+        if getattr(args, name) < 1:
+            raise cli.CommandError(f"--{name.replace('_', '-')} {getattr(args, name)}; it must be at least 1")
+    # abspath, not resolve: a shared mount may be reached through a symlink that differs per node.
+    bundle, source_path, output = Path(os.path.abspath(args.bundle)), Path(args.input), Path(args.output)
+    if output.exists() and not args.force:
+        raise cli.CommandError(f"OUTPUT {output} exists; pass --force to replace it")
+    if output.is_dir() or not output.parent.is_dir():
+        raise cli.CommandError(f"OUTPUT {output}: not a file in an existing directory")
+    ray = import_ray()
+    read_bundle(bundle)  # here, hashes included; before Ray starts
+    source = read_source(source_path, guess_format(source_path, args.input_format, INPUT_FORMATS), args.column)
+    started = not ray.is_initialized()
+    if started:  # "local" starts a fresh instance even where `ray start` left one running
+        ray.init(address=args.address or "local", include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        need, have = args.workers * args.threads, ray.cluster_resources().get("CPU", 0)
+        if need > have:
+            message = (f"--workers {args.workers} x --threads {args.threads} needs {need} CPUs; the Ray instance has "
+                       f"{have:g}: lower --workers or --threads")
+            if not args.address:
+                raise cli.CommandError(message)
+            print(f"warning: {message} (or wait for the cluster to scale up)", file=sys.stderr)
+        check_bundle_on_nodes(ray, bundle)
+        options = {"beam_size": args.beam, "max_batch_size": args.batch_size, "truncate": args.truncate}
+        try:
+            stats = translate_dataset(bundle, source, output, output_format=guess_format(output, args.format, OUTPUT_FORMATS),
+                                      workers=args.workers, threads=args.threads, device=args.device,
+                                      lines_per_task=args.lines_per_task, **options)
+        except ray.exceptions.RayError as e:  # a worker's error, wrapped by Ray: name the worker's exception
+            raise RuntimeError(f"translation failed on a Ray worker: {_worker_reason(e)}; {output} was not written") from e
+    finally:
+        if started:
+            ray.shutdown()
+    if args.json:
+        print(json.dumps(stats, sort_keys=True))
+    else:
+        print(f"{stats['lines']} lines in {stats['seconds']:.1f} s ({stats['lines_per_second']} lines/s) on "
+              f"{stats['workers']} workers -> {output}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m seq2onnx.runtime.dataset BUNDLE INPUT OUTPUT ...` until the seq2onnx command lists it."""
+    import argparse
+
+    # The imported module, not __main__: Ray then ships TranslateBatches to the workers by reference.
+    from seq2onnx.runtime import dataset
+
+    parser = argparse.ArgumentParser(prog="seq2onnx")
+    dataset.add_translate_dataset(parser.add_subparsers(dest="command", metavar="COMMAND"))
+    return cli.run_command(parser, ["translate-dataset", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from . import checkpoint
+from . import checkpoint, distributed
 from .config import ModelConfig, available_memory, gib, training_memory
 from .corpus import DEFAULT_PAIRS, generate_pairs
 from .data import Split, filter_by_length, read_pairs, split_pairs, token_batches
@@ -73,40 +73,41 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _read_tsv(path: str, flag: str, opts: TrainOptions) -> list[tuple[str, str]]:
+def _read_tsv(path: str, flag: str, opts: TrainOptions, verbose: bool = True) -> list[tuple[str, str]]:
     if not Path(path).is_file():
         raise TrainError(f"{flag} {path}: no such file; give a tab-separated corpus")
     pairs, skipped = read_pairs(path, src_col=opts.src_col, tgt_col=opts.tgt_col, skip_bad=opts.skip_bad_lines)
-    if skipped:
+    if skipped and verbose:
         print(f"skipped {skipped} malformed lines of {path} (--skip-bad-lines)")
     return pairs
 
 
-def load_split(opts: TrainOptions, *, valid: bool = True) -> Split:
+def load_split(opts: TrainOptions, *, valid: bool = True, verbose: bool = True) -> Split:
     """The corpus (a TSV file or the generated one) split deterministically by opts.seed.
 
     With opts.valid_data the validation set is that file (read with the same column options)
     and `data` gives only train and test; training pairs whose source is in the validation file
     are dropped, so that validation never scores memorised sentences. valid=False skips reading
     the validation file (the test split does not depend on it) and leaves `valid` empty.
+    verbose=False keeps its notes (lines skipped, pairs dropped) off stdout: for ranks other than 0.
     Raises TrainError for a missing file, DataError for a malformed one.
     """
     if opts.data is None:
         pairs = generate_pairs(opts.generated_pairs, seed=opts.seed)
     else:
-        pairs = _read_tsv(opts.data, "--data", opts)
+        pairs = _read_tsv(opts.data, "--data", opts, verbose)
     if opts.valid_data is None:
         return split_pairs(pairs, valid_size=opts.valid_size, test_size=opts.test_size, seed=opts.seed)
     split = split_pairs(pairs, valid_size=0, test_size=opts.test_size, seed=opts.seed)
     if not valid:
         return split
-    valid_pairs = _read_tsv(opts.valid_data, "--valid-data", opts)
+    valid_pairs = _read_tsv(opts.valid_data, "--valid-data", opts, verbose)
     sources = {s for s, _ in valid_pairs}
     train = [pair for pair in split.train if pair[0] not in sources]
     if not train:
         raise TrainError(f"every training source of {opts.data or 'the generated corpus'} is also in --valid-data "
                          f"{opts.valid_data}; give a validation file distinct from the training data")
-    if len(train) < len(split.train):
+    if len(train) < len(split.train) and verbose:
         print(f"dropped {len(split.train) - len(train)} training pairs whose source is in --valid-data {opts.valid_data}")
     return Split(train=train, valid=valid_pairs, test=split.test)
 
@@ -230,41 +231,99 @@ def _config(opts: TrainOptions, src_vocab_size: int, tgt_vocab_size: int) -> Mod
         raise TrainError(f"the model options do not fit together: {e}") from e
 
 
-def train(opts: TrainOptions) -> Path:
-    """Trains (or resumes) a run in opts.out; returns the run directory."""
-    out = Path(opts.out)
-    device = pick_device(opts.device)
-    state: dict = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_valid_loss": None, "history": []}
-    if opts.resume:
-        if not (out / "last").exists():
-            raise TrainError(f"--resume: {out} has no checkpoint (no {out / 'last'}); start without --resume")
-        model, tok, ckpt = checkpoint.load(out / "last", device)
-        saved = json.loads((ckpt / checkpoint.STATE).read_text())["options"]
-        # Data, split and model shape come from the run; only limits and logging may change.
-        keep = ("max_steps", "max_minutes", "eval_every", "progress", "device", "resume", "force", "out")
-        opts = TrainOptions(**{**saved, **{k: getattr(opts, k) for k in keep}})
-        cfg = model.cfg
-        check_memory(cfg, opts.max_tokens, device_memory(device))
+def _open_run(opts: TrainOptions, out: Path, device: torch.device, main: bool):
+    """--resume: the run's last checkpoint and its options (only limits and logging may change)."""
+    if not (out / "last").exists():
+        raise TrainError(f"--resume: {out} has no checkpoint (no {out / 'last'}); start without --resume")
+    model, tok, ckpt = checkpoint.load(out / "last", device)
+    saved = json.loads((ckpt / checkpoint.STATE).read_text())["options"]
+    # Data, split and model shape come from the run; only limits and logging may change.
+    keep = ("max_steps", "max_minutes", "eval_every", "progress", "device", "resume", "force", "out")
+    opts = TrainOptions(**{**saved, **{k: getattr(opts, k) for k in keep}})
+    check_memory(model.cfg, opts.max_tokens, device_memory(device))
+    if main:  # only rank 0 writes in the run directory
         checkpoint.remove_leftovers(out)  # temporary directories of a write the last run was killed in
-    else:
-        # The largest config the options allow (the vocabularies are at most --vocab-size), checked
-        # before the corpus is read and the tokenizers trained.
-        check_memory(_config(opts, opts.vocab_size, opts.vocab_size), opts.max_tokens, device_memory(device))
-        if out.exists() and not out.is_dir():
-            raise TrainError(f"{out} is a file, not a run directory; choose another OUT")
-        if out.exists() and any(out.iterdir()):
-            if not opts.force:
-                raise TrainError(f"{out} already holds a run; pass --resume to continue it or --force to start over")
-            import shutil
-            shutil.rmtree(out)
+        check_writable(out)
+    return opts, model, tok, ckpt
+
+
+def _new_run(opts: TrainOptions, out: Path, device: torch.device, main: bool) -> None:
+    """A fresh run: refuses an occupied OUT without --force, and fails early where it cannot write."""
+    # The largest config the options allow (the vocabularies are at most --vocab-size), checked
+    # before the corpus is read and the tokenizers trained.
+    check_memory(_config(opts, opts.vocab_size, opts.vocab_size), opts.max_tokens, device_memory(device))
+    if not main:  # only rank 0 writes in the run directory
+        return
+    if out.exists() and not out.is_dir():
+        raise TrainError(f"{out} is a file, not a run directory; choose another OUT")
+    if out.exists() and any(out.iterdir()):
+        if not opts.force:
+            raise TrainError(f"{out} already holds a run; pass --resume to continue it or --force to start over")
+        import shutil
+        shutil.rmtree(out)
     check_writable(out)
+
+
+def _corpus(opts: TrainOptions, group: distributed.Group) -> tuple[Split, Tokenizer | None]:
+    """The split, and for a new run the tokenizer trained on it (by rank 0 only; see _share)."""
+    split = load_split(opts, verbose=group.is_main)
+    if opts.resume or not group.is_main:
+        return split, None
+    return split, Tokenizer.train(split.train, opts.vocab_size, joint=opts.joint_vocab)
+
+
+def _share(tok: Tokenizer | None, group: distributed.Group) -> Tokenizer:
+    """Rank 0's tokenizer on every rank: each rank training its own could differ in a piece."""
+    if not group.active:
+        return tok
+    models = group.broadcast((tok.source_model, tok.target_model) if group.is_main else None)
+    return Tokenizer(*models)
+
+
+def train(opts: TrainOptions) -> Path:
+    """Trains (or resumes) a run in opts.out; returns the run directory.
+
+    Under torchrun every process calls this and they train one model together (see
+    model/distributed.py): each takes its part of every batch, rank 0 validates, logs and writes
+    the checkpoints. Raises TrainError for options that cannot work, DistributedError when the
+    process group cannot form or loses a rank.
+    """
+    device = pick_device(opts.device)
+    group = distributed.start(device)
+    try:
+        if not group.active:
+            return _train(opts, group)
+        # Writes each rank's exception to the file torchrun reads, so its failure summary shows it.
+        from torch.distributed.elastic.multiprocessing.errors import record
+        return record(_train)(opts, group)
+    finally:
+        group.close()
+
+
+def _train(opts: TrainOptions, group: distributed.Group) -> Path:
+    out, device, main = Path(opts.out), group.device, group.is_main
+    state: dict = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_valid_loss": None, "history": []}
+    # Each rank checks what it can; a failure on any rank stops all of them (Group.agree).
+    if opts.resume:
+        opts, model, tok, ckpt = group.agree(lambda: _open_run(opts, out, device, main))
+        cfg = model.cfg
+    else:
+        group.agree(lambda: _new_run(opts, out, device, main))
     random.seed(opts.seed)
     torch.manual_seed(opts.seed)
-    split = load_split(opts)
+    split, trained = group.agree(lambda: _corpus(opts, group))
     if not opts.resume:
-        tok = Tokenizer.train(split.train, opts.vocab_size, joint=opts.joint_vocab)
+        tok = _share(trained, group)
         cfg = _config(opts, tok.src_vocab_size, tok.tgt_vocab_size)
         model = Transformer(cfg).to(device)
+    net = model
+    if group.active:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # Rank 0's initial weights reach every rank here, so all ranks start from the same model.
+        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if group.rank:  # rank 0 keeps the single-process random stream; the others draw other dropout masks
+            torch.manual_seed(opts.seed + 7919 * group.rank)
     train_ex = encode_pairs(tok, split.train)
     keep, dropped = filter_by_length(train_ex, max_len=opts.max_len)
     train_ex = [train_ex[i] for i in keep]
@@ -280,57 +339,95 @@ def train(opts: TrainOptions) -> Path:
     start, tokens_seen, t0 = state["step"], 0, time.time()
     # On a terminal the bar redraws often; into a log file a line every 30 s is enough.
     interval = 0.5 if sys.stderr.isatty() else 30.0
-    bar = tqdm(total=opts.max_steps, initial=start, disable=not opts.progress, unit="step", dynamic_ncols=True,
-               mininterval=interval)
-    if not opts.resume:
-        print(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {device}: "
+    bar = tqdm(total=opts.max_steps, initial=start, disable=not (opts.progress and main), unit="step",
+               dynamic_ncols=True, mininterval=interval)
+    if main and not opts.resume:
+        print(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {device}"
+              + (f" x {group.world_size} processes" if group.active else "") + ": "
               f"{len(train_ex)} pairs ({dropped} longer than {opts.max_len} tokens dropped), "
               f"vocabularies {cfg.src_vocab_size}/{cfg.tgt_vocab_size}")
     # A resumed run that already reached max_steps is finished: train nothing more.
     stop = state["step"] >= opts.max_steps
-    if stop:
+    if stop and main:
         print(f"{out} already reached step {state['step']} of {opts.max_steps}; raise --max-steps to train further")
-    while not stop:
-        batches = token_batches(lengths, max_tokens=opts.max_tokens, shuffle=True, seed=opts.seed + state["epoch"])
-        for b in range(state["batch_in_epoch"], len(batches)):
-            src, mask, tgt_in, tgt_out = make_batch(train_ex, batches[b], cfg, device)
-            step = state["step"] + 1
-            for group in optimizer.param_groups:
-                group["lr"] = inverse_sqrt(step, cfg.d_model, opts.warmup, opts.lr)
-            with amp:
-                logits = model(src, mask, tgt_in)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=cfg.pad_id,
-                                   label_smoothing=opts.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
-            optimizer.step()
-            state.update(step=step, batch_in_epoch=b + 1)
-            tokens_seen += int((tgt_out != cfg.pad_id).sum())
-            bar.update(1)
-            if opts.max_minutes is not None:  # count toward whichever limit ends the run first
-                total = steps_reachable(opts.max_steps, start, step, time.time() - t0, opts.max_minutes)
-                if total != bar.total:
-                    bar.total = total
-            bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens_seen / max(time.time() - t0, 1e-9):,.0f}",
-                            refresh=False)
-            timed_out = opts.max_minutes is not None and time.time() - t0 > 60 * opts.max_minutes
-            if step % opts.eval_every == 0 or step >= opts.max_steps or timed_out:
-                metrics = evaluate(model, tok, valid_ex, split.valid, cfg, device, opts.max_tokens, opts.bleu_sentences)
-                best = state["best_valid_loss"] is None or metrics["valid_loss"] < state["best_valid_loss"]
-                if best:
-                    state["best_valid_loss"] = metrics["valid_loss"]
-                state["history"].append({"step": step, "train_loss": loss.item(), "valid_loss": metrics["valid_loss"],
-                                         "valid_bleu": metrics["valid_bleu"], "elapsed_s": time.time() - t0})
-                bar.write(f"step {step}: train loss {loss.item():.3f}, valid loss {metrics['valid_loss']:.3f}, "
-                          f"valid BLEU {metrics['valid_bleu']:.1f}" + (" (best)" if best else ""))
-                for s, h in metrics["samples"]:
-                    bar.write(f"  {s}  ->  {h}")
-                checkpoint.save(out, model, tok, state, optimizer, best=best)
-            if step >= opts.max_steps or timed_out:
-                stop = True
-                break
-        else:
-            state.update(epoch=state["epoch"] + 1, batch_in_epoch=0)
+    try:
+        while not stop:
+            batches = token_batches(lengths, max_tokens=opts.max_tokens, shuffle=True, seed=opts.seed + state["epoch"])
+            for b in range(state["batch_in_epoch"], len(batches)):
+                # Every rank builds the same global batches; each takes its part (all of it in one process).
+                mine = group.shard(batches[b])
+                src, mask, tgt_in, tgt_out = make_batch(train_ex, mine or batches[b][:1], cfg, device)
+                total = sum(lengths[i][1] for i in batches[b])  # target tokens of the global batch
+                step = state["step"] + 1
+                for group_ in optimizer.param_groups:
+                    group_["lr"] = inverse_sqrt(step, cfg.d_model, opts.warmup, opts.lr)
+                with amp:
+                    logits = net(src, mask, tgt_in)
+                if group.active:
+                    # This rank's summed loss over the global batch's tokens, times N because DDP
+                    # averages gradients over ranks: the gradient is the single-process gradient of
+                    # the whole batch. A rank with no examples computes on a stand-in, weighted 0,
+                    # so that it still joins DDP's all-reduce.
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=cfg.pad_id,
+                                           label_smoothing=opts.label_smoothing, reduction="sum") * (1.0 if mine else 0.0)
+                    objective = loss * (group.world_size / total)
+                else:
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=cfg.pad_id,
+                                           label_smoothing=opts.label_smoothing)
+                    objective = loss
+                optimizer.zero_grad(set_to_none=True)
+                objective.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
+                optimizer.step()
+                state.update(step=step, batch_in_epoch=b + 1)
+                tokens_seen += total
+                bar.update(1)
+                if opts.max_minutes is not None:  # count toward whichever limit ends the run first
+                    reachable = steps_reachable(opts.max_steps, start, step, time.time() - t0, opts.max_minutes)
+                    if reachable != bar.total:
+                        bar.total = reachable
+                timed_out = opts.max_minutes is not None and time.time() - t0 > 60 * opts.max_minutes
+                if group.active:
+                    # One collective for the batch's loss and rank 0's clock: all ranks stop at the same step.
+                    shared = torch.tensor([loss.item(), float(timed_out and main)], dtype=torch.float64, device=device)
+                    group.all_reduce_sum(shared)
+                    train_loss, timed_out = shared[0].item() / total, shared[1].item() > 0
+                else:
+                    train_loss = loss.item()
+                bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_seen / max(time.time() - t0, 1e-9):,.0f}",
+                                refresh=False)
+                if step % opts.eval_every == 0 or step >= opts.max_steps or timed_out:
+                    if main:  # validation runs once, on rank 0; the others wait for its state below
+                        _validate_and_save(model, tok, valid_ex, split, cfg, device, opts, state, optimizer, bar,
+                                           train_loss, grad_norm.item(), t0, out)
+                    state = group.broadcast(state)
+                if step >= opts.max_steps or timed_out:
+                    stop = True
+                    break
+            else:
+                state.update(epoch=state["epoch"] + 1, batch_in_epoch=0)
+    except RuntimeError as e:
+        if group.active and distributed.is_collective_failure(e):
+            raise distributed.describe_failure(group, e, state["step"]) from e
+        raise
     bar.close()
     return out
+
+
+def _validate_and_save(model, tok, valid_ex, split, cfg, device, opts, state, optimizer, bar, train_loss,
+                       grad_norm, t0, out) -> None:
+    """Validation loss and BLEU, a line in the history and on the bar, and a checkpoint (best or not)."""
+    step = state["step"]
+    metrics = evaluate(model, tok, valid_ex, split.valid, cfg, device, opts.max_tokens, opts.bleu_sentences)
+    best = state["best_valid_loss"] is None or metrics["valid_loss"] < state["best_valid_loss"]
+    if best:
+        state["best_valid_loss"] = metrics["valid_loss"]
+    # grad_norm: the gradient's norm before clipping, the same for any number of processes.
+    state["history"].append({"step": step, "train_loss": train_loss, "grad_norm": grad_norm,
+                             "valid_loss": metrics["valid_loss"],
+                             "valid_bleu": metrics["valid_bleu"], "elapsed_s": time.time() - t0})
+    bar.write(f"step {step}: train loss {train_loss:.3f}, valid loss {metrics['valid_loss']:.3f}, "
+              f"valid BLEU {metrics['valid_bleu']:.1f}" + (" (best)" if best else ""))
+    for s, h in metrics["samples"]:
+        bar.write(f"  {s}  ->  {h}")
+    checkpoint.save(out, model, tok, state, optimizer, best=best)

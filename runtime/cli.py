@@ -76,9 +76,11 @@ def build_parser(training: bool = False) -> argparse.ArgumentParser:
             sub.add_parser(name, help=help, add_help=False)
     from seq2onnx.runtime.dataset import add_translate_dataset
     from seq2onnx.runtime.translate_cmd import add_translate
+    from seq2onnx.runtime.web import add_web
 
     add_translate(sub)
     add_translate_dataset(sub)
+    add_web(sub)
     for action in sub.choices.values():
         if action.add_help:
             add_debug(action)

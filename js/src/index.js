@@ -1,6 +1,6 @@
 // The package's Node entry point: the Translator bound to onnxruntime-node and the file system.
-// src/translator.js, src/search.js and src/bundle.js import nothing from Node; a browser entry
-// point would bind the same Translator to a platform built on onnxruntime-web (README.md).
+// src/translator.js, src/search.js and src/bundle.js import nothing from Node; the browser entry
+// point, src/index-web.js, binds the same Translator to onnxruntime-web (src/platform-web.js).
 import { nodePlatform } from "./platform-node.js";
 import { Translator as PortableTranslator } from "./translator.js";
 

@@ -1,5 +1,5 @@
-// The Node platform: onnxruntime-node, the file system and node:crypto. A browser build swaps
-// this one module for one built on onnxruntime-web, fetch() and crypto.subtle (see README.md).
+// The Node platform: onnxruntime-node, the file system and node:crypto. The browser build swaps
+// this one module for src/platform-web.js: onnxruntime-web, fetch() and crypto.subtle.
 import { createHash } from "node:crypto";
 import { readFile, realpath, stat } from "node:fs/promises";
 import path from "node:path";

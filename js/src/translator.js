@@ -1,5 +1,5 @@
 // Translator: drives a bundle's encoder and decoder-step graphs with onnxruntime, as
-// runtime/translator.py does, on any platform adapter (platform-node.js; a browser one later).
+// runtime/translator.py does, on any platform adapter (platform-node.js, platform-web.js).
 import {
   BundleError, CACHE_INDICES, LOG_PROBS, SRC_IDS, SRC_LENGTHS, SRC_MASK, STEP, TOKENS, TOP_K, TOPK_IDS,
   TOPK_LOG_PROBS, crossNames, pastNames, presentNames, readBundle,

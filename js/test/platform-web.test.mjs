@@ -1,0 +1,108 @@
+// src/platform-web.js over a fake fetch (an in-memory web server): the bundle checks of
+// src/bundle.js through URLs, the SHA-256 fallback for pages outside secure contexts, and the
+// onnxruntime-web settings (local WASM file, one thread). The real browser runs in tests/test_web.py.
+import assert from "node:assert/strict";
+import { createHash, randomBytes } from "node:crypto";
+import { test } from "node:test";
+import { BundleError, readBundle } from "../src/bundle.js";
+import { configureOrt, sha256Hex, webPlatform } from "../src/platform-web.js";
+
+const BASE = "http://127.0.0.1:8000/bundle/";
+const hash = (bytes) => createHash("sha256").update(bytes).digest("hex");
+
+/** A fetch serving `files` (URL -> bytes) and recording the requests. */
+function server(files) {
+  const requests = [];
+  const fetch = async (url, { method = "GET" } = {}) => {
+    requests.push(`${method} ${url}`);
+    const body = files.get(url);
+    return {
+      ok: body !== undefined,
+      status: body === undefined ? 404 : 200,
+      arrayBuffer: async () => body.buffer.slice(body.byteOffset, body.byteOffset + body.byteLength),
+    };
+  };
+  return { fetch, requests };
+}
+
+function site(edit = (meta) => meta) {
+  const files = new Map();
+  const meta = { format: "seq2onnx-bundle", format_version: 1, model: {}, special_ids: {}, decoding: {}, graphs: {}, dtype: "float32", files: {} };
+  for (const [key, name] of [["encoder", "encoder.onnx"], ["decoder", "decoder.onnx"], ["source_tokenizer", "source.spm.model"],
+    ["target_tokenizer", "target.spm.model"]]) {
+    const bytes = new TextEncoder().encode(`stand-in for ${name}`);
+    files.set(BASE + name, bytes);
+    meta.files[key] = { path: name, sha256: hash(bytes) };
+  }
+  files.set(`${BASE}bundle.json`, new TextEncoder().encode(JSON.stringify(edit(meta))));
+  return files;
+}
+
+const rejects = (promise, pattern) => assert.rejects(promise, (e) => {
+  assert.ok(e instanceof BundleError, `${e}`);
+  assert.match(e.message, pattern);
+  return true;
+});
+
+test("the JavaScript SHA-256 is node:crypto's on lengths around the block edges", () => {
+  for (const n of [0, 1, 3, 55, 56, 57, 63, 64, 65, 119, 120, 128, 1000, 4099]) {
+    const bytes = new Uint8Array(randomBytes(n));
+    assert.equal(sha256Hex(bytes), hash(bytes), `length ${n}`);
+  }
+  assert.equal(sha256Hex(new TextEncoder().encode("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+});
+
+test("a bundle reads over HTTP, with crypto.subtle and without it", async () => {
+  for (const subtle of [globalThis.crypto.subtle, null]) {
+    const { fetch } = server(site());
+    const bundle = await readBundle(BASE, webPlatform({}, { fetch, subtle }));
+    assert.equal(new TextDecoder().decode(bundle.files.decoder), "stand-in for decoder.onnx");
+  }
+  const { fetch, requests } = server(site());
+  await readBundle(BASE.slice(0, -1), webPlatform({}, { fetch })); // the folder URL without its "/"
+  assert.ok(requests.includes(`GET ${BASE}bundle.json`), requests.join("\n"));
+});
+
+test("a damaged file, a missing file, a missing bundle.json are BundleErrors naming the URL", async () => {
+  const damaged = site();
+  damaged.set(`${BASE}decoder.onnx`, new TextEncoder().encode("replaced"));
+  for (const subtle of [globalThis.crypto.subtle, null]) {
+    await rejects(readBundle(BASE, webPlatform({}, { fetch: server(damaged).fetch, subtle })),
+      /decoder\.onnx: sha256 differs from bundle\.json \(files\.decoder\)/);
+  }
+  const missing = site();
+  missing.delete(`${BASE}target.spm.model`);
+  await rejects(readBundle(BASE, webPlatform({}, { fetch: server(missing).fetch })),
+    /target\.spm\.model: missing from the bundle \(files\.target_tokenizer/);
+  await rejects(readBundle("http://127.0.0.1:8000/elsewhere/", webPlatform({}, { fetch: server(site()).fetch })),
+    /bundle\.json: missing; .* is not a seq2onnx bundle/);
+});
+
+test("paths that could leave the bundle folder are refused before any request", async () => {
+  for (const bad of ["../secret.onnx", "a/../../b.onnx", "/etc/passwd", "http://evil.example/x.onnx", "a\\..\\b",
+    "%2e%2e/x.onnx", "a//b.onnx", "", "data:,x"]) {
+    const { fetch, requests } = server(site((m) => { m.files.encoder.path = bad; return m; }));
+    await rejects(readBundle(BASE, webPlatform({}, { fetch })), /files\.encoder\.path .* points outside the bundle/);
+    assert.ok(requests.every((r) => r.startsWith(`GET ${BASE}`)), requests.join("\n"));
+  }
+  const deeper = site((m) => { m.files.encoder.path = "graphs/encoder.onnx"; return m; });
+  deeper.set(`${BASE}graphs/encoder.onnx`, deeper.get(`${BASE}encoder.onnx`));
+  await readBundle(BASE, webPlatform({}, { fetch: server(deeper).fetch }));
+});
+
+test("readFile gives ENOENT on 404 and names other HTTP failures", async () => {
+  const platform = webPlatform({}, {
+    fetch: async (url) => ({ ok: false, status: url.endsWith("a") ? 404 : 500 }),
+  });
+  await assert.rejects(platform.readFile("http://x/a"), (e) => e.code === "ENOENT");
+  await assert.rejects(platform.readFile("http://x/b"), (e) => e.code === undefined && /HTTP 500/.test(e.message));
+  assert.throws(() => webPlatform({}, { fetch: null }), /needs fetch/);
+});
+
+test("onnxruntime-web is pointed at the local .wasm, one thread, no proxy worker", () => {
+  const ort = { env: { wasm: {} } };
+  configureOrt(ort, "http://127.0.0.1:8000/ort/");
+  assert.deepEqual(ort.env.wasm, { wasmPaths: { wasm: "http://127.0.0.1:8000/ort/ort-wasm-simd-threaded.wasm" },
+    numThreads: 1, proxy: false });
+  assert.throws(() => configureOrt(ort, "http://127.0.0.1:8000/ort"), /must end with "\/"/);
+});

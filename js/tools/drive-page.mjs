@@ -1,0 +1,60 @@
+#!/usr/bin/env node
+// Drives the page of `seq2onnx web` in headless Chromium (puppeteer-core), as a user would: waits
+// for the model, types the sentences into the textarea, sets beam size and hypotheses, presses
+// Translate, and reads each n-best back from the DOM. tests/test_web.py runs it.
+//
+// Reads one JSON object on stdin: {url, chromium, sentences: [..], runs: [{beamSize, numHypotheses}],
+// screenshot?: path (taken after the last run), timeoutMs?}. Writes one JSON object on stdout:
+// {runs: [{beamSize, numHypotheses, status, results: [{source, hypotheses: [{text, score, shown, tokens}]}]}],
+//  loadStatus, requests: [every URL the page asked for], errors: [console errors and page errors]}.
+import puppeteer from "puppeteer-core";
+
+const chunks = [];
+for await (const chunk of process.stdin) chunks.push(chunk);
+const job = JSON.parse(Buffer.concat(chunks).toString("utf-8"));
+const timeout = job.timeoutMs ?? 120000;
+
+const browser = await puppeteer.launch({
+  executablePath: job.chromium,
+  headless: true,
+  // root in a container has no user namespaces for the sandbox; no GPU on a test machine
+  args: ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"],
+});
+const report = { runs: [], loadStatus: null, requests: [], errors: [] };
+try {
+  const page = await browser.newPage();
+  await page.setViewport({ width: 1000, height: 900 });
+  page.on("request", (request) => report.requests.push(request.url()));
+  page.on("console", (message) => { if (message.type() === "error") report.errors.push(message.text()); });
+  page.on("pageerror", (error) => report.errors.push(String(error)));
+  await page.goto(job.url, { waitUntil: "load", timeout });
+  const settled = (states) => `["${states.join('","')}"].includes(document.getElementById("status").dataset.state)`;
+  await page.waitForFunction(settled(["ready", "error"]), { timeout });
+  report.loadStatus = await page.$eval("#status", (el) => ({ state: el.dataset.state, text: el.textContent }));
+  if (report.loadStatus.state === "ready") {
+    await page.click("#source");
+    await page.keyboard.type(job.sentences.join("\n"));
+    for (const run of job.runs) {
+      await page.$eval("#beam", (el, v) => { el.value = String(v); }, run.beamSize);
+      await page.$eval("#nbest", (el, v) => { el.value = String(v); }, run.numHypotheses);
+      await page.$eval("#status", (el) => { el.dataset.state = "waiting"; });
+      await page.click("#translate");
+      await page.waitForFunction(settled(["done", "error"]), { timeout });
+      const status = await page.$eval("#status", (el) => ({ state: el.dataset.state, text: el.textContent }));
+      const results = await page.$$eval("#results .result", (articles) => articles.map((a) => ({
+        source: a.querySelector(".source").textContent,
+        hypotheses: [...a.querySelectorAll(".hyp")].map((li) => ({
+          text: li.querySelector(".text").textContent,
+          score: Number(li.dataset.score),
+          shown: li.querySelector(".score").textContent,
+          tokens: JSON.parse(li.dataset.tokens),
+        })),
+      })));
+      report.runs.push({ ...run, status, results });
+    }
+  }
+  if (job.screenshot) await page.screenshot({ path: job.screenshot, fullPage: true });
+} finally {
+  await browser.close();
+}
+process.stdout.write(JSON.stringify(report) + "\n");

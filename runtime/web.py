@@ -1,0 +1,168 @@
+"""`seq2onnx web BUNDLE OUT`: a static site that translates in the browser, no server-side inference.
+
+The site is the page (js/web/), the JS host's browser build (plain ES modules from js/src/, bound
+by an import map), onnxruntime-web's WebAssembly build and @sctg/sentencepiece-js (SentencePiece
+compiled to WebAssembly, embedded in its module), all copied from js/node_modules, and the bundle's
+standard graphs and tokenisers. Nothing is fetched from the internet at run time, so it can be
+served behind a firewall by any static file server (`python -m http.server`). Torch-free: this
+module needs only the standard library and seq2onnx.runtime.bundle.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+
+# The JS host's platform-free modules and its browser entry point (never platform-node.js).
+HOST_FILES = ("bundle.js", "search.js", "tokenizer.js", "translator.js", "platform-web.js", "index-web.js")
+PAGE_FILES = ("index.html", "app.js", "shims/fs.js", "shims/buffer.js")
+# (package folder, file in it, name in the site). onnxruntime-web's WASM-only build with its
+# JavaScript glue bundled in, so that it needs only the .wasm beside it; renamed .js because some
+# static servers do not know .mjs and browsers refuse a module served as application/octet-stream.
+VENDOR_FILES = (
+    ("onnxruntime-web", "dist/ort.wasm.bundle.min.mjs", "ort/ort.wasm.bundle.min.js"),
+    ("onnxruntime-web", "dist/ort-wasm-simd-threaded.wasm", "ort/ort-wasm-simd-threaded.wasm"),
+    ("onnxruntime-web", "package.json", "ort/package.json"),  # its version and licence (MIT; no LICENSE file)
+    ("@sctg/sentencepiece-js", "dist/index.js", "sentencepiece/index.js"),
+    ("@sctg/sentencepiece-js", "LICENSE", "sentencepiece/LICENSE"),
+)
+# The graphs a browser can run: onnxruntime-web has no com.microsoft contrib kernels, so a fused
+# decoder (graphs.decoder_fused) stays out and the standard one serves.
+BROWSER_GRAPHS = ("encoder", "decoder")
+BUNDLE_FOLDER = "bundle"
+
+
+def default_js_dir() -> Path:
+    """The js/ folder of the checkout this package runs from (the repository root is the package)."""
+    return Path(__file__).resolve().parents[1] / "js"
+
+
+def _check_js_dir(js_dir: Path) -> None:
+    from seq2onnx.runtime.cli import CommandError
+
+    if not all((js_dir / name).is_file() for name in ("package.json", "src/index-web.js", "web/index.html")):
+        raise CommandError(f"--js-dir {js_dir}: no JS host there (package.json, src/index-web.js, web/index.html); "
+                           "point it at the js/ folder of a seq2onnx checkout")
+    manifest = json.loads((js_dir / "package.json").read_text(encoding="utf-8"))
+    for package, _, _ in VENDOR_FILES:
+        installed = js_dir / "node_modules" / package / "package.json"
+        if not installed.is_file():
+            raise CommandError(f"{installed.parent}: missing; install the JS dependencies first: npm ci --prefix {js_dir}")
+        want = manifest.get("dependencies", {}).get(package)
+        have = json.loads(installed.read_text(encoding="utf-8")).get("version")
+        if want is not None and have != want:
+            raise CommandError(f"{installed.parent}: version {have}, js/package.json pins {want}; "
+                               f"reinstall: npm ci --prefix {js_dir}")
+
+
+def _site_meta(meta: dict) -> dict:
+    """bundle.json as the site serves it: only the files and graphs a browser loads."""
+    keep = dict(meta)
+    keep["files"] = {k: v for k, v in meta["files"].items() if k not in meta["graphs"] or k in BROWSER_GRAPHS}
+    keep["graphs"] = {k: v for k, v in meta["graphs"].items() if k in BROWSER_GRAPHS}
+    return keep
+
+
+def _write_site(site: Path, bundle, js_dir: Path) -> None:
+    for name in PAGE_FILES:
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(js_dir / "web" / name, site / name)
+    (site / "host").mkdir()
+    for name in HOST_FILES:
+        shutil.copyfile(js_dir / "src" / name, site / "host" / name)
+    for package, source, target in VENDOR_FILES:
+        (site / target).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(js_dir / "node_modules" / package / source, site / target)
+    # index.html's import map names the .js copy of onnxruntime-web (see VENDOR_FILES).
+    page = site / "index.html"
+    page.write_text(page.read_text(encoding="utf-8").replace("ort.wasm.bundle.min.mjs", "ort.wasm.bundle.min.js"),
+                    encoding="utf-8")
+    meta = _site_meta(bundle.meta)
+    target = site / BUNDLE_FOLDER
+    target.mkdir()
+    for key, entry in meta["files"].items():
+        dest = target / entry["path"]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(bundle.file(key), dest)
+    if meta == bundle.meta:  # byte for byte when nothing was left out
+        shutil.copyfile(bundle.path / "bundle.json", target / "bundle.json")
+    else:
+        (target / "bundle.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def build_site(bundle_dir: str | Path, out: str | Path, *, js_dir: str | Path | None = None,
+               force: bool = False) -> Path:
+    """Writes the static site for a bundle into `out`, atomically (a temporary folder beside it,
+    then a rename), and returns `out`.
+
+    Raises BundleError for a missing or damaged bundle (hashes checked), CommandError when `out`
+    exists (without force), would hold or replace the bundle or the JS host, or when js_dir lacks
+    the host or its node_modules.
+    """
+    from seq2onnx.runtime.bundle import read_bundle
+    from seq2onnx.runtime.cli import CommandError
+
+    bundle = read_bundle(bundle_dir)
+    js_dir = Path(js_dir) if js_dir is not None else default_js_dir()
+    _check_js_dir(js_dir)
+    out = Path(out)
+    resolved = out.resolve()
+    for name, path in (("the bundle", bundle.path.resolve()), ("the JS host", js_dir.resolve())):
+        if resolved == path or resolved in path.parents or path in resolved.parents:
+            raise CommandError(f"OUT {out} overlaps {name} ({path}); choose a folder outside it")
+    if out.exists() and not force:
+        raise CommandError(f"{out} exists; choose another OUT or pass --force to replace it")
+    if out.exists() and not out.is_dir():
+        raise CommandError(f"{out} exists and is not a folder; refusing to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        _write_site(temp, bundle, js_dir)
+        os.chmod(temp, 0o755)  # mkdtemp makes it 0700; a web server's user must read it
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
+            os.replace(out, old / out.name)
+            try:
+                os.replace(temp, out)
+            except OSError:
+                os.replace(old / out.name, out)  # put the old site back
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(temp, out)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return out
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def add_web(subparsers) -> None:
+    """Registers `seq2onnx web` on the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "web", help="write a static site that translates in the browser (onnxruntime-web, no server-side inference)",
+        description="Write a self-contained static site into OUT: the page, the JS host, onnxruntime-web's "
+                    "WebAssembly files and the bundle's standard graphs. Serve it with any static file server, "
+                    "e.g. python -m http.server -d OUT -b 127.0.0.1 8000. Needs the JS dependencies: "
+                    "npm ci --prefix js.")
+    p.add_argument("bundle", metavar="BUNDLE", help="a bundle made by `seq2onnx export`")
+    p.add_argument("out", metavar="OUT", help="the folder to write (refused if it exists, unless --force)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--js-dir", default=None,
+                   help=f"the JS host's folder, with node_modules installed (default: {default_js_dir()})")
+    p.set_defaults(func=cmd_web)
+
+
+def cmd_web(args) -> int:
+    """`seq2onnx web`: builds the site and says how to serve it."""
+    out = build_site(args.bundle, args.out, js_dir=args.js_dir, force=args.force)
+    print(f"wrote {out} ({_size(out) / 1e6:.1f} MB); serve it with:\n"
+          f"  python -m http.server -d {shlex.quote(str(out))} -b 127.0.0.1 8000\n"
+          "and open http://127.0.0.1:8000/")
+    return 0

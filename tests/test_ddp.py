@@ -1,0 +1,207 @@
+"""Training on 2 processes with DistributedDataParallel (gloo on the CPU), launched by torchrun:
+the same losses as one process, checkpoints that resume with another number of processes, and a
+killed rank that ends the run with a clear error and a loadable checkpoint."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from seq2onnx.model import checkpoint
+from seq2onnx.model.distributed import Group, without_option
+from seq2onnx.model.train import TrainOptions, train
+
+# A tiny model, dropout 0 so that the runs are deterministic; eval_every 1 puts every step's loss
+# and gradient norm in the history.
+OPTIONS = dict(generated_pairs=600, valid_size=20, test_size=20, vocab_size=80, max_len=40, d_model=32, n_heads=4,
+               layers=1, d_ff=64, dropout=0.0, max_tokens=600, warmup=20, lr=2.0, eval_every=1, bleu_sentences=2,
+               seed=3, device="cpu", progress=False)
+# The same options as `seq2onnx train` flags.
+FLAGS = ["--pairs", "600", "--valid-size", "20", "--test-size", "20", "--vocab-size", "80", "--max-len", "40",
+         "--d-model", "32", "--heads", "4", "--layers", "1", "--d-ff", "64", "--dropout", "0", "--max-tokens", "600",
+         "--warmup", "20", "--lr", "2", "--eval-every", "1", "--bleu-sentences", "2", "--seed", "3", "--device", "cpu"]
+# Per-step differences between 1 and 2 processes come from summing in another order (about 1e-6
+# here over 20 steps); a wrong share of the batch or a wrong normalisation moves the loss by 1e-2.
+TOL = 1e-4
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(out: Path, max_steps: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+            "--master_port", str(_free_port()), "-m", "seq2onnx.runtime.cli", "train", str(out), *FLAGS,
+            "--max-steps", str(max_steps), *extra]
+
+
+def _launch(out: Path, max_steps: int, *extra: str) -> list[str]:
+    """The same run through model.distributed.launch (what `seq2onnx train --nproc 2` calls)."""
+    code = "import sys; from seq2onnx.model.distributed import launch; sys.exit(launch(2, sys.argv[1:]))"
+    return [sys.executable, "-c", code, "train", str(out), *FLAGS, "--max-steps", str(max_steps), *extra]
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def _state(run: Path) -> dict:
+    return json.loads((run / "last" / checkpoint.STATE).read_text())
+
+
+def _assert_same_history(got: list[dict], want: list[dict]) -> None:
+    assert [h["step"] for h in got] == [h["step"] for h in want]
+    for key in ("train_loss", "grad_norm", "valid_loss"):
+        diff = max(abs(g[key] - w[key]) for g, w in zip(got, want))
+        assert diff < TOL, f"{key} differs by up to {diff:.2e} (tolerance {TOL:.0e}): " \
+                           f"{[g[key] for g in got]} vs {[w[key] for w in want]}"
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> Path:
+    """The reference: 20 steps in this process, without torchrun."""
+    return train(TrainOptions(out=str(tmp_path_factory.mktemp("one") / "run"), max_steps=20, **OPTIONS))
+
+
+def test_two_processes_match_one_process(tmp_path, one_process):
+    run = tmp_path / "two"
+    done = _run(_torchrun(run, 20))
+    assert "x 2 processes" in done.stdout  # it did train on two ranks
+    assert done.stdout.count("training ") == 1  # rank 0 alone reports
+    two, one = _state(run), _state(one_process)
+    assert two["step"] == one["step"] == 20
+    assert (two["epoch"], two["batch_in_epoch"]) == (one["epoch"], one["batch_in_epoch"])
+    _assert_same_history(two["history"], one["history"])
+    # The keys' biases are left out: softmax ignores a shift shared by all keys, so their gradient is
+    # rounding noise, which Adam (eps 1e-9) turns into full-size steps in either run; they do not
+    # change the output, as the equal validation losses show. The other weights agree closely.
+    a, _, _ = checkpoint.load(run)
+    b, _, _ = checkpoint.load(one_process)
+    worst = max((a.state_dict()[k] - v).abs().max().item() for k, v in b.state_dict().items()
+                if not k.endswith("w_k.bias"))
+    assert worst < 1e-3, f"weights differ by up to {worst:.2e}"
+    assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no probe or temporary leftovers
+
+
+def test_two_process_checkpoint_resumes_in_one_process(tmp_path, one_process):
+    run = tmp_path / "run"
+    _run(_launch(run, 10))
+    assert _state(run)["step"] == 10
+    train(TrainOptions(out=str(run), max_steps=20, resume=True, **OPTIONS))
+    state = _state(run)
+    assert state["step"] == 20
+    _assert_same_history(state["history"], _state(one_process)["history"])
+
+
+def test_one_process_checkpoint_resumes_in_two_processes(tmp_path, one_process):
+    run = tmp_path / "run"
+    train(TrainOptions(out=str(run), max_steps=10, **OPTIONS))
+    done = _run(_launch(run, 20, "--resume"))
+    assert "training " not in done.stdout  # a resumed run does not announce a new one
+    state = _state(run)
+    assert state["step"] == 20
+    _assert_same_history(state["history"], _state(one_process)["history"])
+
+
+def _workers(agent: int) -> dict[int, int]:
+    """{rank: pid} of the worker processes torchrun's agent (pid `agent`) started."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        rank = [v for v in environ if v.startswith(b"RANK=")]
+        if ppid == agent and rank:
+            found[int(rank[0][5:])] = int(entry.name)
+    return found
+
+
+def test_killing_one_rank_ends_the_run_with_a_clear_error(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(_torchrun(run, 100_000, "--eval-every", "5"), env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not (run / "last").exists() or len(workers := _workers(proc.pid)) < 2:
+            assert proc.poll() is None, proc.stderr.read()[-4000:]
+            assert time.time() < deadline, "the 2-process run wrote no checkpoint in 120 s"
+            time.sleep(0.1)
+        os.kill(workers[1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # the run outlived the test: end it, and its workers
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0
+    # torchrun's summary: the root cause is rank 1, killed by SIGKILL.
+    root = err.split("Root Cause (first observed failure):", 1)[1]
+    assert "rank      : 1 (local_rank: 1)" in root and "SIGKILL" in root, err[-3000:]
+    # The last checkpoint loads and a single process continues from it.
+    step = _state(run)["step"]
+    assert step >= 5 and step % 5 == 0
+    checkpoint.load(run / "last")
+    train(TrainOptions(out=str(run), max_steps=step + 2, resume=True, **OPTIONS))
+    assert _state(run)["step"] == step + 2
+
+
+def test_failure_on_rank_0_at_start_stops_every_rank(tmp_path):
+    """An occupied OUT is refused by rank 0; rank 1 stops too, at once, instead of waiting for it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("keep me\n")
+    started = time.time()
+    done = subprocess.run(_launch(run, 5), env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "already holds a run; pass --resume to continue it or --force" in done.stderr
+    assert "rank 0 failed, so rank 1 stops too" in done.stderr
+    assert time.time() - started < 120
+    assert (run / "notes.txt").read_text() == "keep me\n"
+
+
+# -- the pieces ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [0, 1, 2, 5, 8])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_shards_partition_each_batch_in_order(size, world_size):
+    batch = list(range(100, 100 + size))
+    parts = [Group(rank=r, world_size=world_size).shard(batch) for r in range(world_size)]
+    assert [i for part in parts for i in part] == batch
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_without_option_drops_the_flag_and_its_value():
+    argv = ["train", "OUT", "--nproc", "2", "--max-steps", "5", "--nproc=3", "--resume"]
+    assert without_option(argv, "--nproc") == ["train", "OUT", "--max-steps", "5", "--resume"]
+
+
+def test_launch_refuses_a_bad_process_count():
+    from seq2onnx.model.distributed import DistributedError, launch
+
+    with pytest.raises(DistributedError, match=r"--nproc 0: need at least 1 process"):
+        launch(0, ["train", "OUT"])
+
+
+def test_single_process_group_does_nothing():
+    group = Group()
+    assert group.broadcast({"a": 1}) == {"a": 1}
+    t = torch.tensor([2.0])
+    assert group.all_reduce_sum(t).item() == 2.0
+    with pytest.raises(ValueError, match="boom"):
+        group.agree(lambda: (_ for _ in ()).throw(ValueError("boom")))

@@ -1,0 +1,192 @@
+"""`seq2onnx web`: the static site it writes, and the page translating in a real browser.
+
+The browser test serves the site with `python -m http.server` on 127.0.0.1, drives headless
+Chromium with puppeteer-core (js/tools/drive-page.mjs): types the sentences, translates with beam 1
+and beam 4 (n-best of 4), reads the n-best back from the DOM and compares it with the Python
+runtime on the same bundle: identical texts and token ids, scores within 1e-4, and no request
+leaving the local server. It needs Debian's `chromium`, Node.js and `npm ci --prefix js`; without
+them it skips with one line. The site tests need only `npm ci --prefix js` (the files to copy).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seq2onnx.model.corpus import generate_pairs
+from seq2onnx.runtime.cli import CommandError
+from seq2onnx.runtime.translator import Translator
+from seq2onnx.runtime.web import add_web, build_site
+from tiny import tiny_bundle
+
+ROOT = Path(__file__).resolve().parents[1]
+JS = ROOT / "js"
+DRIVER = JS / "tools" / "drive-page.mjs"
+NODE = shutil.which("node")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+STANDARD_FILES = {"encoder", "decoder", "source_tokenizer", "target_tokenizer"}
+# Generated sentences and two the corpus never has (accents: unknown pieces for the tiny model).
+SENTENCES = [src for src, _ in generate_pairs(6, seed=5)] + ["Ünïcödé façade", "the cat dances in the box"]
+
+_NO_MODULES = "js/node_modules is missing: run `npm ci --prefix js` to build and test the web site"
+needs_modules = pytest.mark.skipif(not (JS / "node_modules" / "onnxruntime-web").is_dir(), reason=_NO_MODULES)
+if CHROMIUM is None:
+    _BROWSER_SKIP = "chromium is not installed: apt-get install chromium (Debian) to run the browser test"
+elif NODE is None:
+    _BROWSER_SKIP = "node is not installed: install Node.js >= 18 (Debian: apt-get install nodejs npm) to run the browser test"
+elif not (JS / "node_modules" / "puppeteer-core").is_dir() or not (JS / "node_modules" / "onnxruntime-web").is_dir():
+    _BROWSER_SKIP = _NO_MODULES
+else:
+    _BROWSER_SKIP = ""
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Path:
+    return tiny_bundle()
+
+
+@pytest.fixture(scope="module")
+def site(bundle, tmp_path_factory) -> Path:
+    if not (JS / "node_modules" / "onnxruntime-web").is_dir():
+        pytest.skip(_NO_MODULES)
+    return build_site(bundle, tmp_path_factory.mktemp("web") / "site")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@needs_modules
+def test_site_holds_the_page_host_wasm_and_standard_graphs(site, bundle):
+    meta = json.loads((site / "bundle" / "bundle.json").read_text())
+    original = json.loads((bundle / "bundle.json").read_text())
+    # only what a browser runs: a fused decoder (com.microsoft kernels) stays out
+    assert set(meta["files"]) == STANDARD_FILES
+    assert set(meta["graphs"]) == {"encoder", "decoder"}
+    assert meta["model"] == original["model"] and meta["decoding"] == original["decoding"]
+    for key, entry in meta["files"].items():
+        assert entry == original["files"][key]
+        assert _sha256(site / "bundle" / entry["path"]) == entry["sha256"], key
+    assert not list(site.rglob("*fused*"))
+    assert not (site / "host" / "platform-node.js").exists() and not (site / "host" / "index.js").exists()
+    assert (site / "ort" / "ort-wasm-simd-threaded.wasm").stat().st_size > 1_000_000
+
+
+@needs_modules
+def test_import_map_names_local_files_only(site):
+    page = (site / "index.html").read_text()
+    imports = json.loads(re.search(r'<script type="importmap">(.*?)</script>', page, re.S).group(1))["imports"]
+    assert set(imports) == {"onnxruntime-web", "@sctg/sentencepiece-js", "fs", "buffer"}
+    for name, target in imports.items():
+        assert target.startswith("./") and (site / target).is_file(), (name, target)
+    for path in [site / "index.html", site / "app.js", *(site / "host").iterdir()]:
+        assert not re.search(r"https?://", path.read_text().replace("http://127.0.0.1", "")), path
+
+
+@needs_modules
+def test_existing_out_is_refused_without_force_and_replaced_with_it(bundle, tmp_path):
+    out = tmp_path / "site"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    with pytest.raises(CommandError, match="exists; choose another OUT or pass --force"):
+        build_site(bundle, out)
+    assert (out / "stale.txt").exists()
+    build_site(bundle, out, force=True)
+    assert not (out / "stale.txt").exists() and (out / "index.html").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["site"]  # no temporary folder left beside it
+
+
+@needs_modules
+def test_out_that_would_replace_the_bundle_is_refused(bundle, tmp_path):
+    copy = shutil.copytree(bundle, tmp_path / "bundle")
+    for out in (copy, tmp_path, copy / "site"):
+        with pytest.raises(CommandError, match="overlaps the bundle"):
+            build_site(copy, out, force=True)
+    assert (copy / "bundle.json").is_file()
+
+
+def test_missing_node_modules_names_npm_ci(bundle, tmp_path):
+    js = tmp_path / "js"
+    shutil.copytree(JS / "src", js / "src")
+    shutil.copytree(JS / "web", js / "web")
+    shutil.copyfile(JS / "package.json", js / "package.json")
+    with pytest.raises(CommandError, match=r"missing; install the JS dependencies first: npm ci --prefix"):
+        build_site(bundle, tmp_path / "site", js_dir=js)
+    assert not (tmp_path / "site").exists()
+    with pytest.raises(CommandError, match="no JS host there"):
+        build_site(bundle, tmp_path / "site", js_dir=tmp_path)
+
+
+@needs_modules
+def test_command_writes_the_site_and_says_how_to_serve_it(bundle, tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="seq2onnx")
+    add_web(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["web", str(bundle), str(tmp_path / "site")])
+    assert args.func(args) == 0
+    assert "python -m http.server -d" in capsys.readouterr().out
+    assert (tmp_path / "site" / "bundle" / "decoder.onnx").is_file()
+
+
+class _Server:
+    """`python -m http.server` on 127.0.0.1, on a free port that the server picks itself."""
+
+    def __init__(self, directory: Path):
+        self.proc = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "-b", "127.0.0.1", "-d",
+                                      str(directory)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        match = re.search(r"port (\d+)", line)
+        if not match:
+            self.stop()
+            raise RuntimeError(f"http.server did not start: {line!r}")
+        self.url = f"http://127.0.0.1:{match.group(1)}/"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+@pytest.mark.skipif(bool(_BROWSER_SKIP), reason=_BROWSER_SKIP)
+def test_browser_translations_match_the_python_runtime(site, bundle, tmp_path):
+    runs = [{"beamSize": 1, "numHypotheses": 1}, {"beamSize": 4, "numHypotheses": 4}]
+    screenshot = tmp_path / "page.png"
+    server = _Server(site)
+    try:
+        job = {"url": server.url, "chromium": CHROMIUM, "sentences": SENTENCES, "runs": runs,
+               "screenshot": str(screenshot), "timeoutMs": 240_000}
+        proc = subprocess.run([NODE, str(DRIVER)], input=json.dumps(job), capture_output=True, text=True,
+                              encoding="utf-8", cwd=JS, timeout=600)
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["loadStatus"]["state"] == "ready", report["loadStatus"]
+    assert report["errors"] == []
+    assert report["requests"] and all(url.startswith(server.url) for url in report["requests"]), report["requests"]
+    translator = Translator(bundle, device="cpu", intra_threads=1)
+    for run in report["runs"]:
+        beam, n = run["beamSize"], run["numHypotheses"]
+        assert run["status"]["state"] == "done", run["status"]
+        expected = translator.translate_batch(SENTENCES, beam_size=beam, num_hypotheses=n, return_scores=True)
+        assert [r["source"] for r in run["results"]] == SENTENCES
+        for got, want in zip(run["results"], expected):
+            hyps = got["hypotheses"]
+            assert [h["text"] for h in hyps] == want.hypotheses, (beam, got["source"])
+            assert [h["tokens"] for h in hyps] == want.token_ids, (beam, got["source"])
+            for h, score in zip(hyps, want.scores):
+                assert abs(h["score"] - score) <= 1e-4, (beam, got["source"], h["score"], score)
+                assert h["shown"] == f"{h['score']:.4f}"
+    assert [r["beamSize"] for r in report["runs"]] == [1, 4]
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 10_000
+    print(f"screenshot: {screenshot}")

@@ -1,6 +1,7 @@
 """Times ONE decoder step: the standard-opset decoder.onnx against the fused contrib-op graph.
 
     python benchmarks/fused_step.py [--rounds 7] [--past 10] [--threads 2] [--seed 0] [--profile]
+    python benchmarks/fused_step.py --bundle BUNDLE --data TSV [--src-col 1] [--rounds 3] [--threads 2]
 
 A random model of the Tatoeba size (d_model 256, 3+3 layers, 4 heads, d_ff 1024, vocabulary 3,000)
 is exported both ways into a temporary directory. Each graph runs in its own session (CPU, the given
@@ -14,6 +15,13 @@ How each step is driven:
 - standard: `session.run` of the top-k outputs with a past of `--past` positions, as benchmarks/step.py;
 - fused: IO binding made once, the cache buffers (max_length 64) bound as both past and present,
   `run_with_iobinding` per step: the static loop the fused graph is for.
+
+With --bundle (an fp32 bundle that has decoder_fused.onnx) it measures end to end instead: two
+Translators on the bundle, one forced to each decoder (SessionTuning(decoder=...)), translating
+the first sentences of --data (greedy one sentence at a time; beam 4 in batches of 32), rounds
+interleaved; prints generated tokens/s and, at greedy batch 1, where a step's time goes: the
+session run alone (`run_with_iobinding`/`run_with_iobinding` timed inside), the step function
+around it, and the whole token (search included), so the Python share of the step shows.
 """
 from __future__ import annotations
 
@@ -118,6 +126,78 @@ def profile(path: Path, label: str, make, cfg: ModelConfig, threads: int, past: 
           + ", ".join(f"{op} {us:,.0f}" for op, us in top))
 
 
+class _TimedSession:
+    """A session proxy that adds up the wall time of run_with_iobinding (the graph alone)."""
+
+    def __init__(self, session):
+        self.session, self.seconds, self.calls = session, 0.0, 0
+
+    def run_with_iobinding(self, binding, *args):
+        t0 = time.perf_counter()
+        self.session.run_with_iobinding(binding, *args)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def end_to_end(args) -> int:
+    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.translator import Translator
+
+    lines = [line.rstrip("\n").split("\t") for line in open(args.data, encoding="utf-8")]
+    texts = [cols[args.src_col] for cols in lines if len(cols) > args.src_col][-args.sentences:]
+    tr = {d: Translator(args.bundle, device="cpu", intra_threads=args.threads, _tuning=SessionTuning(decoder=d))
+          for d in ("standard", "fused")}
+    assert all(t.decoder_variant == d for d, t in tr.items())
+    rows = {"greedy batch 1": dict(beam_size=1, max_batch_size=1), "beam 4 batch 32": dict(beam_size=4, max_batch_size=32)}
+    rates: dict = {(r, d): [] for r in rows for d in tr}
+    outputs: dict = {}
+    for _ in range(args.rounds):
+        for row, kw in rows.items():
+            for d, t in tr.items():
+                t0 = time.perf_counter()
+                out = t.translate_batch(texts, **kw)
+                seconds = time.perf_counter() - t0
+                tokens = sum(len(r.token_ids[0]) + 1 for r in out)  # end token included: one step each
+                rates[row, d].append(tokens / seconds)
+                outputs[row, d] = [r.token_ids[0] for r in out]
+    for row in rows:
+        same = sum(a == b for a, b in zip(outputs[row, "standard"], outputs[row, "fused"]))
+        med = {d: statistics.median(rates[row, d]) for d in tr}
+        print(f"{row}, {len(texts)} sentences, {args.threads} threads: standard {med['standard']:,.0f} tok/s, "
+              f"fused {med['fused']:,.0f} tok/s, fused/standard {med['fused'] / med['standard']:.2f}; "
+              f"identical outputs {same}/{len(texts)}")
+    # Where a greedy batch-1 token's time goes: session run / step function / whole token.
+    for d, t in tr.items():
+        timed = _TimedSession(t.decoder)
+        t.decoder = timed
+        inner = t._step_fn
+        step_seconds = [0.0]
+
+        def step_fn(*a, _inner=inner, **kw):
+            step = _inner(*a, **kw)
+
+            def timed_step(*sa):
+                t0 = time.perf_counter()
+                out = step(*sa)
+                step_seconds[0] += time.perf_counter() - t0
+                return out
+            return timed_step
+        t._step_fn = step_fn
+        t0 = time.perf_counter()
+        t.translate_batch(texts, beam_size=1, max_batch_size=1)
+        total = time.perf_counter() - t0
+        t.decoder, t._step_fn = timed.session, inner
+        n = timed.calls
+        run_us, step_us, token_us = timed.seconds / n * 1e6, step_seconds[0] / n * 1e6, total / n * 1e6
+        print(f"{d} greedy batch 1, {n} steps: session run {run_us:,.0f} us, step function {step_us:,.0f} us "
+              f"(Python in the step {(step_us - run_us) / step_us:.0%}), whole token {token_us:,.0f} us "
+              f"(Python outside the run {(token_us - run_us) / token_us:.0%})")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=7)
@@ -125,7 +205,13 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="also print per-operator kernel times at 1 row")
+    p.add_argument("--bundle", help="measure end to end on this bundle instead (needs --data)")
+    p.add_argument("--data", help="TSV of source sentences for --bundle")
+    p.add_argument("--src-col", type=int, default=1)
+    p.add_argument("--sentences", type=int, default=200, help="sentences of --data (its last ones) for --bundle")
     args = p.parse_args()
+    if args.bundle:
+        return end_to_end(args)
     torch.manual_seed(args.seed)
     cfg = ModelConfig(src_vocab_size=3000, tgt_vocab_size=3000, d_model=256, n_heads=4, n_encoder_layers=3,
                       n_decoder_layers=3, d_ff=1024, dropout=0.0)

@@ -6,7 +6,9 @@ For comparing exports of the same checkpoint (e.g. before and after a change to 
 bundles' steps are timed in interleaved rounds (on a shared machine speed drifts over minutes) at
 1 row (greedy, one sentence) and 128 rows (beam 4 x 32 sentences), in the sessions of a
 `runtime.Translator` with 2 threads. Prints the median microseconds per step and each graph's node
-count as exported and after onnxruntime's optimisation.
+count as exported and after onnxruntime's optimisation. A bundle with decoder_fused.onnx is timed
+with both decoders: "BUNDLE" is decoder.onnx (`session.run`), "BUNDLE [fused]" the fused graph
+driven by the runtime's static loop (runtime/fused_step.py: bound once, cache updated in place).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import onnxruntime as ort
 
 
 from seq2onnx.runtime import bundle as names
+from seq2onnx.runtime.fused_step import FusedStep
+from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
 
 
@@ -51,6 +55,16 @@ def feeds(meta: names.Bundle, rows: int, batch: int, past: int, src_len: int = 1
     return f
 
 
+def fused_step(t: Translator, f: dict, rows: int, batch: int, past: int, max_length: int = 64):
+    """The fused decoder's step as translate_batch drives it, at position `past`, 8 candidates."""
+    n = t.n_layers
+    step = FusedStep(t.decoder, src_mask=f[names.SRC_MASK], cross=[f[x] for x in names.cross_names(n)], n_layers=n,
+                     n_heads=t.n_heads, head_dim=t.head_dim, beam_width=rows // batch, max_length=max_length, top_k=8,
+                     vocab=t.tgt_vocab)
+    tokens, indices = f[names.TOKENS], np.arange(rows)
+    return lambda: step(tokens, indices, past, None)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundles", nargs="+")
@@ -60,24 +74,31 @@ def main() -> int:
     import onnx
 
     # the decoder sessions exactly as the runtime makes them (threads, spinning, optimisation level)
-    translators = {b: Translator(b, device="cpu", intra_threads=2) for b in args.bundles}
+    standard = SessionTuning(decoder="standard")
+    translators = {b: Translator(b, device="cpu", intra_threads=2, _tuning=standard) for b in args.bundles}
     bundles = {b: t.bundle for b, t in translators.items()}
-    sessions = {b: t.decoder for b, t in translators.items()}
+    fused = {b: Translator(b, device="cpu", intra_threads=2, _tuning=SessionTuning(decoder="fused"))
+             for b, meta in bundles.items() if names.FUSED in meta.decoder_variants}
     with tempfile.TemporaryDirectory() as tmp:
         for b, meta in bundles.items():
-            exported = len(onnx.load(str(meta.file("decoder"))).graph.node)
-            print(f"{b}: {exported} nodes exported, {optimized_node_count(meta.file('decoder'), tmp)} after optimisation")
+            for label in [names.DECODER_LABELS[v] for v in meta.decoder_variants]:
+                exported = len(onnx.load(str(meta.file(label))).graph.node)
+                print(f"{b} {label}: {exported} nodes exported, {optimized_node_count(meta.file(label), tmp)} "
+                      "after optimisation")
     wanted = [names.TOPK_LOG_PROBS, names.TOPK_IDS]
     for rows, batch, calls in ((1, 1, 300), (128, 32, 30)):
         inputs = {b: feeds(meta, rows, batch, args.past) for b, meta in bundles.items()}
-        times = {b: [] for b in bundles}
-        for b, s in sessions.items():  # warm-up
-            s.run(wanted, inputs[b])
+        steps = {b: (lambda s=t.decoder, f=inputs[b]: s.run(wanted, f)) for b, t in translators.items()}
+        for b, t in fused.items():
+            steps[f"{b} [fused]"] = fused_step(t, inputs[b], rows, batch, args.past)
+        times = {b: [] for b in steps}
+        for step in steps.values():  # warm-up
+            step()
         for _ in range(args.rounds):
-            for b, s in sessions.items():
+            for b, step in steps.items():
                 t0 = time.perf_counter()
                 for _ in range(calls):
-                    s.run(wanted, inputs[b])
+                    step()
                 times[b].append((time.perf_counter() - t0) / calls * 1e6)
         print(f"{rows} rows, past {args.past}: " + ", ".join(
             f"{b} {statistics.median(t):,.0f} us" for b, t in times.items()))

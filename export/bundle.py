@@ -19,8 +19,10 @@ from seq2onnx.model.tokenizer import SOURCE_MODEL, TARGET_MODEL
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.checks import tokenizer_fingerprint
 
+from .fused import export_fused_decoder, graph_domains
 from .graphs import OPSET, export_graphs
 
+DECODERS = ("both", "standard")  # export_bundle's `decoder`: which decoder graphs a bundle gets
 DECODING_DEFAULTS = {"beam_size": 4, "length_penalty": 1.0, "max_length_a": 1.5, "max_length_b": 10, "min_length": 0}
 # What `verify` holds each kind of bundle to. fp32 is held to 1e-4 on log-probabilities (we aim for
 # 1e-5); reduced precision is judged by its own bounds plus agreement with the fp32 model.
@@ -47,8 +49,12 @@ def variant(dtype: str, quantize: str | None) -> str:
 
 
 def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", quantize: str | None = None,
-                  force: bool = False) -> Path:
+                  force: bool = False, decoder: str = "both") -> Path:
     """Exports a checkpoint (a step-* directory or a run directory's `last`) into the bundle `out`.
+
+    decoder "both" writes the standard-opset decoder.onnx and, for fp32 bundles (the contrib
+    kernels are fp32-only on the CPU), decoder_fused.onnx (docs/fused-decoder.md); "standard"
+    writes decoder.onnx alone, for hosts without onnxruntime's com.microsoft operators.
 
     dtype "float16" keeps LayerNorm, softmax and log-softmax in fp32 (for CUDA); quantize "int8"
     applies onnxruntime dynamic quantization to the fp32 graphs (for the CPU). The bundle is
@@ -64,6 +70,9 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
         raise ExportError(f"--quantize {quantize}: only int8 is supported")
     if quantize and dtype != "float32":
         raise ExportError("--quantize int8 starts from float32 graphs; drop --dtype float16")
+    if decoder not in DECODERS:
+        raise ExportError(f"--decoder {decoder}: choose {' or '.join(DECODERS)}")
+    fused = decoder == "both" and dtype == "float32" and quantize is None
     out = Path(out)
     if out.exists() and not force:
         raise ExportError(f"{out} already exists; pass --force to replace it")
@@ -86,9 +95,11 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
             export_graphs(model, tmp, dtype=torch.float16 if dtype == "float16" else torch.float32)
             if quantize == "int8":
                 _quantize_int8(tmp)
+            if fused:
+                export_fused_decoder(model, tmp)
             shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
             shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
-            _write_json(tmp, model, ckpt_dir, dtype, quantize)
+            _write_json(tmp, model, ckpt_dir, dtype, quantize, fused)
             _validate(tmp)
             if out.exists():
                 old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -166,9 +177,15 @@ def _quantize_int8(directory: Path) -> None:
         src.unlink()
 
 
-def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: str | None) -> None:
+def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: str | None, fused: bool) -> None:
+    import onnx
+
     cfg = model.cfg
-    files = {key: {"path": path, "sha256": fmt.sha256(directory / path)} for key, path in fmt.FILE_KEYS.items()}
+    keys = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_FILE_KEYS if fused else {})}
+    files = {key: {"path": path, "sha256": fmt.sha256(directory / path)} for key, path in keys.items()}
+    graphs = fmt.graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size, fused=fused)
+    for label, graph in graphs.items():  # what a host's runtime must be able to run, read from the files
+        graph["domains"] = graph_domains(onnx.load(str(directory / keys[label]), load_external_data=False))
     meta = {
         "format": fmt.FORMAT,
         "format_version": fmt.FORMAT_VERSION,
@@ -183,7 +200,7 @@ def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: st
         "files": files,
         "tokenizers": {side: tokenizer_fingerprint(spm.SentencePieceProcessor(model_file=str(directory / path)))
                        for side, path in (("source", fmt.SOURCE_SPM), ("target", fmt.TARGET_SPM))},
-        "graphs": fmt.graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size),
+        "graphs": graphs,
         "decoding": DECODING_DEFAULTS,
         "source_checkpoint": ckpt_dir.name,
         "producer": {
@@ -197,8 +214,13 @@ def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: st
 
 
 def _validate(directory: Path) -> None:
-    """The bundle reads, its graphs load on the CPU, and one short decode runs."""
+    """The bundle reads, its graphs load on the CPU, and one short decode runs on each decoder.
+
+    A fused decoder this onnxruntime cannot run is an error here (the exporter's onnxruntime is
+    the one that built it), not the silent fallback a host gets."""
+    from seq2onnx.runtime.options import SessionTuning
     from seq2onnx.runtime.translator import Translator
 
-    translator = Translator(directory, device="cpu")
-    translator.translate_batch([[4, 5, 6]], beam_size=2, max_decoding_length=3)
+    for variant_ in fmt.read_bundle(directory).decoder_variants:
+        translator = Translator(directory, device="cpu", _tuning=SessionTuning(decoder=variant_))
+        translator.translate_batch([[4, 5, 6]], beam_size=2, max_decoding_length=3)

@@ -53,6 +53,9 @@ def add_train(sub) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--resume", action="store_true", help="continue the run in OUT from its last checkpoint")
     p.add_argument("--force", action="store_true", help="replace an existing run in OUT")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="train with N processes on this machine (DistributedDataParallel through torchrun's launcher: "
+                        "one per GPU, or CPU processes); --max-tokens is the batch of all N together")
     p.set_defaults(func=cmd_train)
 
 
@@ -73,11 +76,18 @@ def train_options(args):
 
 def cmd_train(args) -> int:
     needs_torch("train")
+    from seq2onnx.model import distributed
+
+    if args.nproc is not None:  # re-run this command line under torchrun, without --nproc
+        if args.nproc < 1:
+            raise CommandError(f"--nproc {args.nproc}: give at least 1 process")
+        return distributed.launch(args.nproc, distributed.without_option(args.argv, "--nproc"))
     from seq2onnx.model.train import train
 
     t0 = time.time()
     out = train(train_options(args))
-    print(f"trained in {time.time() - t0:.0f} s; checkpoints: {out}/last and {out}/best")
+    if distributed.is_main():  # under torchrun every rank returns here; one line is enough
+        print(f"trained in {time.time() - t0:.0f} s; checkpoints: {out}/last and {out}/best")
     return 0
 
 
@@ -93,6 +103,9 @@ def add_export(sub) -> None:
                    help="float16 for the CUDA provider (LayerNorm and softmax stay fp32)")
     p.add_argument("--quantize", choices=["int8"], help="int8 dynamic quantization, for the CPU")
     p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR")
+    p.add_argument("--decoder", default="both", choices=["both", "standard"],
+                   help="both (default): decoder.onnx and, for float32 bundles, decoder_fused.onnx (onnxruntime's "
+                   "com.microsoft kernels, faster on its CPU provider); standard: decoder.onnx only")
     p.set_defaults(func=cmd_export)
 
 
@@ -100,7 +113,8 @@ def cmd_export(args) -> int:
     needs_torch("export")
     from seq2onnx.export.bundle import export_bundle
 
-    out = export_bundle(args.checkpoint, args.out_dir, dtype=args.dtype, quantize=args.quantize, force=args.force)
+    out = export_bundle(args.checkpoint, args.out_dir, dtype=args.dtype, quantize=args.quantize, force=args.force,
+                        decoder=args.decoder)
     print(f"bundle written to {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
     return 0
 
@@ -264,7 +278,10 @@ class _OneHelp:
 def main(argv: list[str] | None = None) -> int:
     from seq2onnx.runtime.cli import build_parser
 
-    return run_command(build_parser(training=True), argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(training=True)
+    parser.set_defaults(argv=argv)  # cmd_train hands the command line to torchrun's workers (--nproc)
+    return run_command(parser, argv)
 
 
 if __name__ == "__main__":

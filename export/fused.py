@@ -33,32 +33,16 @@ from seq2onnx.model.transformer import Transformer
 from seq2onnx.runtime import bundle as names
 
 OPSET = 17
-MS_DOMAIN = "com.microsoft"
-FUSED_DECODER_FILE = "decoder_fused.onnx"
-# Inputs that decoder.onnx does not have (names to move into runtime/bundle.py on integration).
-BEAM_WIDTH, CACHE_INDIRECTION = "beam_width", "cache_indirection"
+MS_DOMAIN = names.MS_DOMAIN
+FUSED_DECODER_FILE = names.FUSED_DECODER_FILE
+BEAM_WIDTH, CACHE_INDIRECTION = names.BEAM_WIDTH, names.CACHE_INDIRECTION
+fused_signature = names.fused_signature  # defined once, in runtime/bundle.py, with every graph name
 
 
-def fused_signature(n_layers: int, n_heads: int, head_dim: int, vocab: int) -> dict:
-    """Inputs and outputs of the fused step: name, element type, shape with named axes."""
-    cache = lambda name: {"name": name, "dtype": "float32", "shape": ["rows", n_heads, "max_length", head_dim]}
-    cross = lambda name: {"name": name, "dtype": "float32", "shape": ["batch", n_heads, "src_len", head_dim]}
-    return {
-        "inputs": [
-            {"name": names.TOKENS, "dtype": "int64", "shape": ["rows", 1]},
-            {"name": names.STEP, "dtype": "int32", "shape": [1]},
-            {"name": BEAM_WIDTH, "dtype": "int32", "shape": [1]},
-            {"name": CACHE_INDIRECTION, "dtype": "int32", "shape": ["batch", "beam", "max_length"]},
-        ]
-        + [cache(n) for n in names.past_names(n_layers)]
-        + [cross(n) for n in names.cross_names(n_layers)]
-        + [{"name": names.SRC_MASK, "dtype": "bool", "shape": ["batch", "src_len"]},
-           {"name": names.TOP_K, "dtype": "int64", "shape": [1]}],
-        "outputs": [{"name": names.LOG_PROBS, "dtype": "float32", "shape": ["rows", vocab]}]
-        + [cache(n) for n in names.present_names(n_layers)]
-        + [{"name": names.TOPK_LOG_PROBS, "dtype": "float32", "shape": ["rows", "k"]},
-           {"name": names.TOPK_IDS, "dtype": "int64", "shape": ["rows", "k"]}],
-    }
+def graph_domains(proto: onnx.ModelProto) -> list[str]:
+    """The operator domains a graph's nodes use, sorted ("" is the default ONNX domain): what
+    bundle.json's graphs.<label>.domains records, so that a host knows what its runtime must run."""
+    return sorted({"" if n.domain in ("", "ai.onnx") else n.domain for n in proto.graph.node})
 
 
 class _Graph:

@@ -3,7 +3,10 @@
 Checked in tiers and reported per output against one named tolerance each: tensors (encoder
 outputs; decoder log-probabilities and cache, step by step along teacher-forced targets and along
 the reference greedy path), then greedy token ids, then BLEU. A failure is an error with the
-numbers in it, never only a warning.
+numbers in it, never only a warning. A bundle with two decoders (decoder.onnx and the fused
+decoder_fused.onnx) has each checked at the same bounds, each row naming its decoder; the
+verdict fails if either fails. The fused decoder is driven by the runtime's own static step
+loop (runtime/fused_step.py), cache updated in place, so that loop is what is checked.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from seq2onnx.model.search import translate_ids
 from seq2onnx.model.train import TrainOptions, bleu, load_split
 from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.runtime import bundle as fmt
+from seq2onnx.runtime.fused_step import FusedStep
+from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
 
 
@@ -32,6 +37,7 @@ class Check:
     bound: float
     passed: bool
     detail: str = ""
+    decoder: str = ""  # "standard" or "fused": the decoder graph checked ("" for the encoder)
 
 
 class ParityError(AssertionError):
@@ -90,7 +96,8 @@ class _Worst:
 
 
 @torch.no_grad()
-def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float, batch_size: int = 16) -> list[Check]:
+def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float, batch_size: int = 16,
+                  decoders: tuple[str, ...] = (fmt.STANDARD,)) -> list[Check]:
     """Encoder and decoder-step outputs of the bundle against the checkpoint, batches with padding.
 
     The reference is the checkpoint evaluated in float64: what the trained function computes.
@@ -100,16 +107,20 @@ def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float,
     larger: the bundle must be as exact as PyTorch itself. Keys, values and the cache are
     intermediate activations whose size depends on the model (tens in a trained one), and fp32
     error grows with size, so their `atol` is relative to the largest magnitude of the tensor
-    (atol x max(1, max|x|)), with the same widening.
+    (atol x max(1, max|x|)), with the same widening. `decoders` are the decoder variants to check
+    ("standard": decoder.onnx; "fused": decoder_fused.onnx on the CPU, through FusedStep).
     """
     cfg = model.cfg
     n = cfg.n_decoder_layers
     exact_model = copy.deepcopy(model).double()
     enc = ort.InferenceSession(str(bundle_dir / fmt.ENCODER_FILE), providers=_providers(device))
     dec = ort.InferenceSession(str(bundle_dir / fmt.DECODER_FILE), providers=_providers(device))
+    # The fused cache layout is the CPU kernels' (runtime/fused_step.py): checked on the CPU.
+    fused = (ort.InferenceSession(str(bundle_dir / fmt.FUSED_DECODER_FILE), providers=["CPUExecutionProvider"])
+             if fmt.FUSED in decoders else None)
     half = enc.get_outputs()[1].type == "tensor(float16)"
-    worst = {name: _Worst() for name in ("encoder cross K/V", "decoder log_probs (teacher-forced)",
-                                          "decoder log_probs (greedy path)", "decoder cache")}
+    outputs = ("decoder log_probs (teacher-forced)", "decoder log_probs (greedy path)", "decoder cache")
+    worst = {("", "encoder cross K/V"): _Worst(), **{(d, name): _Worst() for d in decoders for name in outputs}}
     mask_ok = True
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
@@ -125,7 +136,7 @@ def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float,
         mask_ok &= bool(np.array_equal(ort_out[0], mask.numpy()))
         for got, want, exact in zip(ort_out[1:], [t for kv in cross for t in kv], [t for kv in cross64 for t in kv]):
             for i, v in enumerate(lengths.tolist()):  # real source positions only
-                worst["encoder cross K/V"].update(got[i, :, :v], want[i, :, :v].numpy(), exact[i, :, :v].numpy())
+                worst["", "encoder cross K/V"].update(got[i, :, :v], want[i, :, :v].numpy(), exact[i, :, :v].numpy())
         greedy = translate_ids(model, srcs, beam_size=1)
         paths = {
             "decoder log_probs (teacher-forced)": [tok.encode_target(t)[: cfg.max_positions - 1] for _, t in chunk],
@@ -145,28 +156,39 @@ def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float,
             ort_past = [np.zeros((len(srcs), cfg.n_heads, 0, cfg.head_dim), np.float16 if half else np.float32)] * (2 * n)
             rows = torch.arange(len(srcs))
             feed_const = {**dict(zip(fmt.cross_names(n), ort_out[1:])), fmt.SRC_MASK: ort_out[0]}
+            fused_step = None if fused is None else FusedStep(
+                fused, src_mask=ort_out[0], cross=ort_out[1:], n_layers=n, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
+                beam_width=1, max_length=steps, top_k=None, vocab=cfg.tgt_vocab_size)
             for t in range(steps):
                 tokens = tgt_in[:, t : t + 1]
                 position = torch.tensor([t])
                 log_probs, past = model.decode_step(tokens, position, rows, past, cross, mask)
                 exact, past64 = exact_model.decode_step(tokens, position, rows, past64, cross64, mask)
-                out = dec.run(None, {fmt.TOKENS: tokens.numpy(), fmt.STEP: np.array([t], np.int64),
-                                     fmt.CACHE_INDICES: rows.numpy(), fmt.TOP_K: np.array([1], np.int64),
-                                     **dict(zip(fmt.past_names(n), ort_past)), **feed_const})
                 live = np.array([t < v for v in valid])
-                worst[label].update(out[0][live], log_probs.numpy()[live], exact.numpy()[live])
-                ort_past = out[1 : 1 + 2 * n]
+                if fmt.STANDARD in decoders:
+                    out = dec.run(None, {fmt.TOKENS: tokens.numpy(), fmt.STEP: np.array([t], np.int64),
+                                         fmt.CACHE_INDICES: rows.numpy(), fmt.TOP_K: np.array([1], np.int64),
+                                         **dict(zip(fmt.past_names(n), ort_past)), **feed_const})
+                    worst[fmt.STANDARD, label].update(out[0][live], log_probs.numpy()[live], exact.numpy()[live])
+                    ort_past = out[1 : 1 + 2 * n]
+                if fused_step is not None:
+                    got = fused_step(tokens.numpy(), rows.numpy(), t, None)
+                    worst[fmt.FUSED, label].update(got[live], log_probs.numpy()[live], exact.numpy()[live])
             flat32, flat64 = [x for kv in past for x in kv], [x for kv in past64 for x in kv]
-            for got, want, exact in zip(ort_past, flat32, flat64):
-                for i, v in enumerate(valid):
-                    worst["decoder cache"].update(got[i, :, :v], want[i, :, :v].numpy(), exact[i, :, :v].numpy())
+            caches = {fmt.STANDARD: ort_past if fmt.STANDARD in decoders else None,
+                      fmt.FUSED: None if fused_step is None else fused_step._cache}  # [rows, H, max_length, Dh]
+            for variant, cache in caches.items():
+                for got, want, exact in zip(cache or [], flat32, flat64):
+                    for i, v in enumerate(valid):
+                        worst[variant, "decoder cache"].update(got[i, :, :v], want[i, :, :v].numpy(),
+                                                               exact[i, :, :v].numpy())
     checks = [Check("tensor", "encoder src_mask equal", float(not mask_ok), 0.0, mask_ok)]
-    for name, w in worst.items():
+    for (variant, name), w in worst.items():
         scaled = "log_probs" not in name
         bound = max(atol * (max(1.0, w.scale) if scaled else 1.0), 2.0 * w.torch_abs)
         checks.append(Check("tensor", f"{name} max abs", w.bundle_abs, bound, w.bundle_abs <= bound,
                             f"vs fp64; PyTorch fp32 {w.torch_abs:.1e}; bundle vs PyTorch fp32 {w.vs_torch:.1e}; "
-                            f"max rel {w.bundle_rel:.1e}" + (f"; max|x| {w.scale:.1f}" if scaled else "")))
+                            f"max rel {w.bundle_rel:.1e}" + (f"; max|x| {w.scale:.1f}" if scaled else ""), variant))
     return checks
 
 
@@ -178,26 +200,32 @@ def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, de
     model, tok, ckpt_dir = checkpoint.load(ckpt)
     tol = meta["tolerances"]
     pairs = test_sentences(ckpt_dir, sentences, data, src_col, tgt_col)
-    translator = Translator(bundle_dir, device=device)
-    checks = tensor_checks(model, tok, bundle_dir, pairs, translator.device, tol["tensor_atol"])
+    decoders = tuple(fmt.read_bundle(bundle_dir, check_hashes=False).decoder_variants)
+    # One Translator per decoder, each forced to it: a fused decoder that cannot run is an error here.
+    translators = {d: Translator(bundle_dir, device=device, _tuning=SessionTuning(decoder=d)) for d in decoders}
+    translator = translators[fmt.STANDARD]
+    checks = tensor_checks(model, tok, bundle_dir, pairs, translator.device, tol["tensor_atol"], decoders=decoders)
     srcs = [tok.encode_source(s)[: model.cfg.max_positions] for s, _ in pairs]
     want = [h[0].tokens for h in translate_ids(model, srcs, beam_size=1)]
     want = [w[:-1] if w and w[-1] == model.cfg.eos_id else w for w in want]
-    got = translator.translate_batch(srcs, beam_size=1)
-    agree = sum(g.token_ids[0] == w for g, w in zip(got, want))
-    rate = agree / max(len(pairs), 1)
-    checks.append(Check("tokens", "greedy token ids identical", rate, tol["min_greedy_agreement"],
-                        rate >= tol["min_greedy_agreement"], f"{agree}/{len(pairs)} sentences"))
     refs = [t for _, t in pairs]
     torch_bleu = bleu([tok.decode_target(w) for w in want], refs)
-    bundle_bleu = bleu([g.hypotheses[0] for g in got], refs)
-    drop = torch_bleu - bundle_bleu
-    checks.append(Check("text", "BLEU drop (torch - bundle)", drop, tol["max_bleu_drop"], drop <= tol["max_bleu_drop"] + 1e-9,
-                        f"torch {torch_bleu:.2f}, bundle {bundle_bleu:.2f}"))
+    for variant, t in translators.items():
+        got = t.translate_batch(srcs, beam_size=1)
+        agree = sum(g.token_ids[0] == w for g, w in zip(got, want))
+        rate = agree / max(len(pairs), 1)
+        checks.append(Check("tokens", "greedy token ids identical", rate, tol["min_greedy_agreement"],
+                            rate >= tol["min_greedy_agreement"], f"{agree}/{len(pairs)} sentences", variant))
+        bundle_bleu = bleu([g.hypotheses[0] for g in got], refs)
+        drop = torch_bleu - bundle_bleu
+        checks.append(Check("text", "BLEU drop (torch - bundle)", drop, tol["max_bleu_drop"],
+                            drop <= tol["max_bleu_drop"] + 1e-9, f"torch {torch_bleu:.2f}, bundle {bundle_bleu:.2f}",
+                            variant))
     # The tensor bound of a reduced-precision bundle is informative; its verdict rests on tokens and text.
     judged = [c for c in checks if c.tier != "tensor" or meta["dtype"] == "float32" and not meta.get("quantization")]
     return {
         "bundle": str(bundle_dir), "checkpoint": str(ckpt_dir), "variant": meta.get("variant", meta["dtype"]),
+        "decoders": list(decoders),
         "provider": translator.device.upper() if translator.device == "cpu" else "CUDA",
         "sentences": len(pairs), "passed": all(c.passed for c in judged),
         "checks": [asdict(c) | {"judged": c in judged} for c in checks],
@@ -220,20 +248,22 @@ def format_report(report: dict) -> str:
     measured = [c for c in report["checks"] if not c["judged"]]
     lines = [
         f"verify {report['bundle']} against {report['checkpoint']}",
-        f"variant {report['variant']}, {report['provider']} provider, {report['sentences']} test sentences",
+        f"variant {report['variant']}, {report['provider']} provider, {report['sentences']} test sentences, "
+        f"decoders: {', '.join(report.get('decoders', ['standard']))}",
     ]
     if any(c["tier"] == "tensor" for c in judged):
         lines.append("tensors: max abs difference from the checkpoint evaluated in float64; bound: the tolerance "
                      "(x max|x| for K/V and cache), or 2 x PyTorch fp32's own difference where that is larger")
-    lines.append(f"{'tier':<7} {'check':<42} {'value':>10} {'bound':>10}  result")
+    lines.append(f"{'tier':<7} {'decoder':<8} {'check':<42} {'value':>10} {'bound':>10}  result")
     for c in judged:
         value, bound = _value_and_bound(c)
-        lines.append(f"{c['tier']:<7} {c['name']:<42} {value:>10} {bound:>10}  {'ok' if c['passed'] else 'FAIL'}  "
-                     f"{c['detail']}")
+        lines.append(f"{c['tier']:<7} {c.get('decoder') or '-':<8} {c['name']:<42} {value:>10} {bound:>10}  "
+                     f"{'ok' if c['passed'] else 'FAIL'}  {c['detail']}")
     if measured:
         lines.append(f"measurements (not checks: this {report['variant']} bundle is judged by the checks above), "
                      "max abs difference from the checkpoint evaluated in float64:")
         for c in measured:
-            lines.append(f"{c['tier']:<7} {c['name']:<42} {_value_and_bound(c)[0]:>10}  {c['detail']}")
+            lines.append(f"{c['tier']:<7} {c.get('decoder') or '-':<8} {c['name']:<42} {_value_and_bound(c)[0]:>10}  "
+                         f"{c['detail']}")
     lines.append("PASSED" if report["passed"] else "FAILED: see the checks marked FAIL")
     return "\n".join(lines)

@@ -1,7 +1,9 @@
 """The bundle format, owned here: graph names, bundle.json, and its validation.
 
 A bundle is a directory that a host in any language can drive from bundle.json alone:
-encoder.onnx, decoder.onnx, the SentencePiece models and bundle.json (docs/bundle-format.md).
+encoder.onnx, decoder.onnx, the SentencePiece models and bundle.json (docs/bundle-format.md),
+and optionally decoder_fused.onnx, the same step built from onnxruntime's `com.microsoft` contrib
+kernels (docs/fused-decoder.md): a host that cannot run com.microsoft uses graphs.decoder.
 Every graph input and output name is defined in this module and nowhere else.
 """
 from __future__ import annotations
@@ -17,8 +19,16 @@ FORMAT_VERSION = 1
 BUNDLE_JSON = "bundle.json"
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
 SOURCE_SPM, TARGET_SPM = "source.spm.model", "target.spm.model"
+FUSED_DECODER_FILE = "decoder_fused.onnx"
 FILE_KEYS = {"encoder": ENCODER_FILE, "decoder": DECODER_FILE,
              "source_tokenizer": SOURCE_SPM, "target_tokenizer": TARGET_SPM}
+# Files a bundle may have: an fp32 export writes the fused decoder unless told `--decoder standard`.
+OPTIONAL_FILE_KEYS = {"decoder_fused": FUSED_DECODER_FILE}
+# The decoder graphs by variant (bundle.json's graphs.<label>.variant), and the operator domain
+# of onnxruntime's contrib kernels that only the fused one uses.
+STANDARD, FUSED = "standard", "fused"
+DECODER_LABELS = {STANDARD: "decoder", FUSED: "decoder_fused"}
+MS_DOMAIN = "com.microsoft"
 
 # Encoder graph: source ids and lengths -> the source mask and every layer's cross keys/values.
 SRC_IDS, SRC_LENGTHS, SRC_MASK = "src_ids", "src_lengths", "src_mask"
@@ -27,6 +37,9 @@ TOKENS, STEP, CACHE_INDICES, LOG_PROBS = "tokens", "step", "cache_indices", "log
 # The k best log-probabilities of each row, best first (ties: lower token id first), so that a
 # search can download [rows, k] instead of [rows, vocab]. `top_k` is an input: 1 <= k <= vocab.
 TOP_K, TOPK_LOG_PROBS, TOPK_IDS = "top_k", "topk_log_probs", "topk_ids"
+# Fused decoder only: the beams per sentence W and, replacing cache_indices, the table
+# [batch, W, max_length] naming for each beam and position the beam whose cache row holds it.
+BEAM_WIDTH, CACHE_INDIRECTION = "beam_width", "cache_indirection"
 
 
 def key_cross(i: int) -> str:
@@ -65,10 +78,37 @@ def present_names(n_layers: int) -> list[str]:
     return [n for i in range(n_layers) for n in (present_key(i), present_value(i))]
 
 
-def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str, vocab: int) -> dict:
-    """Every input and output of both graphs: name, element type and shape (axes named)."""
-    kv = lambda name, rows, length: {"name": name, "dtype": dtype, "shape": [rows, n_heads, length, head_dim]}
+def fused_signature(n_layers: int, n_heads: int, head_dim: int, vocab: int) -> dict:
+    """Inputs and outputs of the fused decoder step (fp32 only): name, element type, shape with named axes.
+
+    The cache inputs and outputs are one [rows, heads, max_length, head_dim] buffer per layer and
+    kind, bound as both past_* and present_* (docs/fused-decoder.md)."""
+    cache = lambda name: {"name": name, "dtype": "float32", "shape": ["rows", n_heads, "max_length", head_dim]}
+    cross = lambda name: {"name": name, "dtype": "float32", "shape": ["batch", n_heads, "src_len", head_dim]}
     return {
+        "inputs": [
+            {"name": TOKENS, "dtype": "int64", "shape": ["rows", 1]},
+            {"name": STEP, "dtype": "int32", "shape": [1]},
+            {"name": BEAM_WIDTH, "dtype": "int32", "shape": [1]},
+            {"name": CACHE_INDIRECTION, "dtype": "int32", "shape": ["batch", "beam", "max_length"]},
+        ]
+        + [cache(n) for n in past_names(n_layers)]
+        + [cross(n) for n in cross_names(n_layers)]
+        + [{"name": SRC_MASK, "dtype": "bool", "shape": ["batch", "src_len"]},
+           {"name": TOP_K, "dtype": "int64", "shape": [1]}],
+        "outputs": [{"name": LOG_PROBS, "dtype": "float32", "shape": ["rows", vocab]}]
+        + [cache(n) for n in present_names(n_layers)]
+        + [{"name": TOPK_LOG_PROBS, "dtype": "float32", "shape": ["rows", "k"]},
+           {"name": TOPK_IDS, "dtype": "int64", "shape": ["rows", "k"]}],
+    }
+
+
+def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str, vocab: int, *, fused: bool = False) -> dict:
+    """Every input and output of the graphs, with each decoder's variant: name, element type and
+    shape (axes named). `fused` adds decoder_fused (export writes it for fp32 bundles). The
+    operator domains of each graph are read from the files by the exporter, not stated here."""
+    kv = lambda name, rows, length: {"name": name, "dtype": dtype, "shape": [rows, n_heads, length, head_dim]}
+    graphs = {
         "encoder": {
             "inputs": [
                 {"name": SRC_IDS, "dtype": "int64", "shape": ["batch", "src_len"]},
@@ -76,6 +116,7 @@ def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str, voca
             ],
             "outputs": [{"name": SRC_MASK, "dtype": "bool", "shape": ["batch", "src_len"]}]
             + [kv(n, "batch", "src_len") for n in cross_names(n_layers)],
+            "variant": STANDARD,
         },
         "decoder": {
             "inputs": [
@@ -91,8 +132,12 @@ def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str, voca
             + [kv(n, "rows", "past_plus_1") for n in present_names(n_layers)]
             + [{"name": TOPK_LOG_PROBS, "dtype": "float32", "shape": ["rows", "k"]},
                {"name": TOPK_IDS, "dtype": "int64", "shape": ["rows", "k"]}],
+            "variant": STANDARD,
         },
     }
+    if fused:
+        graphs[DECODER_LABELS[FUSED]] = {**fused_signature(n_layers, n_heads, head_dim, vocab), "variant": FUSED}
+    return graphs
 
 
 class BundleError(ValueError):
@@ -126,6 +171,11 @@ class Bundle:
 
     def file(self, key: str) -> Path:
         return self.path / self.meta["files"][key]["path"]
+
+    @property
+    def decoder_variants(self) -> list[str]:
+        """The decoder variants this bundle has: "standard" always, "fused" where it was exported."""
+        return [v for v, label in DECODER_LABELS.items() if label in self.meta["files"]]
 
 
 def sha256(path: Path) -> str:
@@ -221,13 +271,26 @@ def validate_meta(meta: dict, where: Path) -> None:
     v.integer(decoding, "max_length_b", "decoding.max_length_b", low=0)
     v.integer(decoding, "min_length", "decoding.min_length", required=False)
     files = v.obj(meta, "files", "files")
-    for key in FILE_KEYS:
+    for key in [*FILE_KEYS, *(k for k in OPTIONAL_FILE_KEYS if k in files)]:
         entry = v.obj(files, key, f"files.{key}")
         v.text(entry, "path", f"files.{key}.path")
         v.text(entry, "sha256", f"files.{key}.sha256")
     graphs = v.obj(meta, "graphs", "graphs")
-    for label in ("encoder", "decoder"):
+    labels = ["encoder", "decoder"]
+    for key in OPTIONAL_FILE_KEYS:  # an optional graph is described exactly when its file is listed
+        if (key in files) != (key in graphs):
+            v.fail(f"graphs.{key}" if key in files else f"files.{key}", "missing",
+                   f"expected because {'files' if key in files else 'graphs'}.{key} is present")
+        if key in files:
+            labels.append(key)
+    for label in labels:
         graph = v.obj(graphs, label, f"graphs.{label}")
+        if "variant" in graph:  # optional: bundles exported before the fused decoder lack it
+            want = FUSED if label == DECODER_LABELS[FUSED] else STANDARD
+            v.text(graph, "variant", f"graphs.{label}.variant", (want,))
+        domains = graph.get("domains")
+        if "domains" in graph and (not isinstance(domains, list) or not all(isinstance(d, str) for d in domains)):
+            v.fail(f"graphs.{label}.domains", domains, "expected a list of operator domains (strings)")
         for side in ("inputs", "outputs"):
             items = graph.get(side)
             if not isinstance(items, list) or not items:
@@ -284,7 +347,7 @@ def read_bundle(path: str | Path, *, check_hashes: bool = True) -> Bundle:
         )
     validate_meta(meta, meta_path)
     root = path.resolve()
-    for key in FILE_KEYS:
+    for key in [*FILE_KEYS, *(k for k in OPTIONAL_FILE_KEYS if k in meta["files"])]:
         entry = meta["files"][key]
         target = (path / entry["path"]).resolve()
         if root not in target.parents:

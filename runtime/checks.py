@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from .bundle import DTYPES, TOP_K, Bundle, BundleError, past_key, past_names
+from .bundle import DECODER_LABELS, DTYPES, STANDARD, TOP_K, Bundle, BundleError, past_key, past_names
 from .onnx_info import GraphReadError, read_graph_info
 
 # onnxruntime's type strings for the element types bundle.json names
-_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64", "tensor(bool)": "bool"}
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
+              "tensor(int32)": "int32", "tensor(bool)": "bool"}
 _FIX = "re-export the bundle with `seq2onnx export` (its bundle.json does not describe these files)"
 
 
@@ -71,13 +72,16 @@ def _shape_of(arg) -> list:
     return [d if isinstance(d, int) else str(d) for d in arg.shape]
 
 
-def check_graphs(bundle: Bundle, encoder, decoder) -> None:
+def check_graphs(bundle: Bundle, encoder, decoder, variant: str = STANDARD) -> None:
     """The sessions' inputs and outputs are bundle.json's (names, element types, fixed sizes), and
     the model's sizes are the graphs': layers (cache inputs), heads and head size (their fixed
     dims), dtype, target vocabulary (log_probs), source vocabulary (the encoder's embedding) and
-    max_positions (the decoder's positional table)."""
+    max_positions (the decoder's positional table). `decoder` is the session of the decoder
+    variant driven ("standard": graphs.decoder, "fused": graphs.decoder_fused)."""
     model = bundle.model
-    for label, session in (("encoder", encoder), ("decoder", decoder)):
+    dec_label = DECODER_LABELS[variant]
+    dec_file = bundle.file(dec_label)
+    for label, session in (("encoder", encoder), (dec_label, decoder)):
         spec = bundle.meta["graphs"][label]
         path = bundle.file(label)
         have = ({i.name: i for i in session.get_inputs()}, {o.name: o for o in session.get_outputs()})
@@ -102,9 +106,9 @@ def check_graphs(bundle: Bundle, encoder, decoder) -> None:
     cache_inputs = sum(1 for n in dec_inputs if n.startswith(("past_key_self_", "past_value_self_")))
     if cache_inputs != 2 * n_layers or not all(n in dec_inputs for n in past_names(n_layers)):
         raise _mismatch(bundle, "model.n_decoder_layers", n_layers, cache_inputs // 2,
-                        f"{bundle.file('decoder').name} (its past_key_self_*/past_value_self_* inputs, layers)")
+                        f"{dec_file.name} (its past_key_self_*/past_value_self_* inputs, layers)")
     cache = _shape_of(dec_inputs[past_key(0)])
-    where = f"{bundle.file('decoder').name} (input {past_key(0)} of shape {cache})"
+    where = f"{dec_file.name} (input {past_key(0)} of shape {cache})"
     head_dim = model["d_model"] // model["n_heads"]
     if len(cache) != 4 or cache[1] != model["n_heads"]:
         raise _mismatch(bundle, "model.n_heads", model["n_heads"], cache[1] if len(cache) == 4 else cache, where)
@@ -117,21 +121,21 @@ def check_graphs(bundle: Bundle, encoder, decoder) -> None:
     log_probs = _shape_of({o.name: o for o in decoder.get_outputs()}["log_probs"])
     if log_probs[-1] != model["tgt_vocab_size"]:
         raise _mismatch(bundle, "model.tgt_vocab_size", model["tgt_vocab_size"], log_probs[-1],
-                        f"{bundle.file('decoder').name} (output log_probs of shape {log_probs})")
+                        f"{dec_file.name} (output log_probs of shape {log_probs})")
     if TOP_K not in dec_inputs:
-        raise BundleError(f"{bundle.file('decoder')}: no {TOP_K} input; {_FIX}")
-    _check_tables(bundle)
+        raise BundleError(f"{dec_file}: no {TOP_K} input; {_FIX}")
+    _check_tables(bundle, dec_label)
 
 
-def _check_tables(bundle: Bundle) -> None:
+def _check_tables(bundle: Bundle, dec_label: str = "decoder") -> None:
     """The source embedding's rows and the positional table's rows, read from the graph files."""
     model = bundle.model
     try:
-        encoder, decoder = read_graph_info(bundle.file("encoder")), read_graph_info(bundle.file("decoder"))
+        encoder, decoder = read_graph_info(bundle.file("encoder")), read_graph_info(bundle.file(dec_label))
     except (GraphReadError, OSError) as e:
         raise BundleError(f"{bundle.path}: a graph cannot be read for its tables ({e}); {_FIX}") from e
     tables = [(Path(bundle.file("encoder")).name, encoder, "src_ids", "model.src_vocab_size", "source embedding"),
-              (Path(bundle.file("decoder")).name, decoder, "step", "model.max_positions", "positional table")]
+              (Path(bundle.file(dec_label)).name, decoder, "step", "model.max_positions", "positional table")]
     for name, info, indices, field, what in tables:
         found = [shape for idx, shape in info.gather_tables() if idx == indices]
         if len(found) != 1 or len(found[0]) != 2:

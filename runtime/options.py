@@ -113,17 +113,23 @@ class SessionTuning:
         default). Off here: between two decoder steps the search runs in Python, and a spinning
         thread takes a core from it (greedy decoding at batch 1 ran 2x faster on 2 cores without
         spinning; docs/optimisation-notes.md, row 5).
+    decoder: which decoder graph to drive: "auto" (the fused one where the bundle has it and this
+        onnxruntime can run it on the chosen provider, else the standard one), "standard" or
+        "fused" (an error where the fused one cannot run), for measuring and testing both.
     """
 
     optimization: str = "all"
     top_k_from_graph: bool = True
     thread_spinning: bool = False
+    decoder: str = "auto"
 
     def __post_init__(self) -> None:
         if self.optimization not in ("all", "extended", "basic", "none"):
             raise ValueError(f"optimization={self.optimization!r}; choose one of all, extended, basic, none")
         _bool("top_k_from_graph", self.top_k_from_graph)
         _bool("thread_spinning", self.thread_spinning)
+        if self.decoder not in ("auto", "standard", "fused"):
+            raise ValueError(f"decoder={self.decoder!r}; choose one of auto, standard, fused")
 
 
 def check_intra_threads(value) -> int:

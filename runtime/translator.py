@@ -1,8 +1,11 @@
 """Translator: drives the encoder and decoder-step graphs of a bundle with onnxruntime.
 
-The decoder's key/value cache never leaves the device: each step binds the previous step's
-`present_*` OrtValues as the next step's `past_*` inputs (IO binding), uploads only the new
-tokens, the step and the cache indices, and downloads only the log-probabilities.
+Two decoders: the fused one (decoder_fused.onnx, onnxruntime's com.microsoft kernels, driven by
+the static step loop of runtime/fused_step.py) where the bundle has it and this onnxruntime runs
+it on the chosen provider, else the standard-opset decoder.onnx. With the standard one the
+key/value cache never leaves the device: each step binds the previous step's `present_*`
+OrtValues as the next step's `past_*` inputs (IO binding), uploads only the new tokens, the step
+and the cache indices, and downloads only the log-probabilities.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import sentencepiece as spm
 from . import bundle as names
 from .bundle import BundleError, read_bundle
 from .checks import check_graphs, check_tokenizers
+from .fused_step import DecoderUnavailable, FusedStep, pick_decoder
 from .options import SearchOptions, SessionTuning, check_intra_threads
 from .ort_install import import_onnxruntime
 from .search import SearchResult, TopK, beam_search, candidates_needed, greedy_search, sample, stream_greedy
@@ -90,11 +94,14 @@ class Translator:
             os.cpu_count().
         check_hashes: verify every file's sha256 against bundle.json before loading.
         _tuning: SessionTuning, knobs for measuring the defaults (benchmarks only).
+    Attributes:
+        decoder_variant: "fused" or "standard", the decoder graph driven, and decoder_reason, why.
     Raises:
         BundleError: the bundle is missing, damaged, of another format version, or its
             bundle.json disagrees with its graphs or tokenizers (the message names the field).
         ValueError: a bad device or intra_threads.
-        RuntimeError: device="cuda" where CUDA cannot run (the message says why).
+        RuntimeError: device="cuda" where CUDA cannot run, or _tuning forces the fused decoder
+            where it cannot run (the message says why).
     """
 
     def __init__(self, bundle_dir: str | Path, device: str = "auto", *, intra_threads: int = 0,
@@ -132,16 +139,20 @@ class Translator:
         options.log_severity_level = 3  # no warnings about provider fallbacks on stderr
         self.device, self.device_reason = self._pick_device(device)
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
+        load = lambda path: ort.InferenceSession(str(path), options, providers=providers)  # noqa: E731
         try:
-            self.encoder = ort.InferenceSession(str(self.bundle.file("encoder")), options, providers=providers)
-            self.decoder = ort.InferenceSession(str(self.bundle.file("decoder")), options, providers=providers)
+            self.encoder = load(self.bundle.file("encoder"))
+            self.decoder_variant, self.decoder, self.decoder_reason = pick_decoder(
+                self.bundle, self.device, tuning.decoder, load)
+        except DecoderUnavailable:
+            raise
         except Exception as e:  # onnxruntime raises its own types for unreadable graphs
             raise BundleError(f"{self.bundle.path}: onnxruntime cannot load the graphs: {e}") from e
         if self.device == "cuda" and self.decoder.get_providers()[0] != "CUDAExecutionProvider":
             if device == "cuda":
                 raise RuntimeError("onnxruntime's CUDA provider did not start (check the CUDA and cuDNN libraries)")
             self.device, self.device_reason = "cpu", "the CUDA provider did not start; using the CPU"
-        check_graphs(self.bundle, self.encoder, self.decoder)
+        check_graphs(self.bundle, self.encoder, self.decoder, self.decoder_variant)
         self._ort_device = "cuda" if self.device == "cuda" else "cpu"
 
     @staticmethod
@@ -317,7 +328,7 @@ class Translator:
 
     def _stream(self, ids: list[int], limit: int, min_length: int) -> Iterator[str]:
         step = self._step_fn(np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64),
-                             top_k=self._top_k(1, min_length))
+                             top_k=self._top_k(1, min_length), max_length=limit)
         tokens = stream_greedy(step, start_id=self.start_id, eos_id=self.eos_id, max_length=limit, min_length=min_length)
         return text_increments(self.target_tokenizer.decode, tokens)
 
@@ -397,13 +408,15 @@ class Translator:
             n = options.num_hypotheses
             rows = [s for s in sources for _ in range(n)]
             keys = [[h, len(s), *s] for s in sources for h in range(n)]
-            step = self._step_fn(*self._pad(rows), top_k=None)  # sampling needs the whole distribution
+            step = self._step_fn(*self._pad(rows), top_k=None,  # sampling needs the whole distribution
+                                 max_length=int(max_lengths.max()))
             flat = sample(step, len(rows), temperature=options.sampling_temperature, top_k=options.sampling_topk,
                           top_p=options.sampling_topp, seed=options.seed, row_keys=keys,
                           max_lengths=np.repeat(max_lengths, n), **common)
             return [SearchResult([h for r in flat[i * n:(i + 1) * n] for h in r.hypotheses],
                                  [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(len(sources))]
-        step = self._step_fn(*self._pad(sources), top_k=self._top_k(options.beam_size, options.min_decoding_length))
+        step = self._step_fn(*self._pad(sources), top_k=self._top_k(options.beam_size, options.min_decoding_length),
+                             max_length=int(max_lengths.max()), beam_width=options.beam_size)
         if options.beam_size == 1:
             return greedy_search(step, len(sources), max_lengths=max_lengths, **common)
         return beam_search(step, len(sources), beam_size=options.beam_size, length_penalty=options.length_penalty,
@@ -419,11 +432,13 @@ class Translator:
     def _to_device(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(array, self._ort_device, 0)
 
-    def _step_fn(self, src: np.ndarray, lengths: np.ndarray, top_k: int | None):
+    def _step_fn(self, src: np.ndarray, lengths: np.ndarray, top_k: int | None, *, max_length: int,
+                 beam_width: int = 1):
         """Encodes the sources once and returns the search's step over the decoder graph.
 
         With top_k the step downloads the graph's TopK outputs ([rows, top_k]); without, the full
-        log-probabilities ([rows, vocab])."""
+        log-probabilities ([rows, vocab]). max_length (the longest decoding of the batch) and
+        beam_width size the fused decoder's cache buffers."""
         binding = self.encoder.io_binding()
         binding.bind_cpu_input(names.SRC_IDS, src)
         binding.bind_cpu_input(names.SRC_LENGTHS, lengths)
@@ -431,6 +446,10 @@ class Translator:
             binding.bind_output(name, self._ort_device)
         self.encoder.run_with_iobinding(binding)
         src_mask, *cross = binding.get_outputs()
+        if self.decoder_variant == names.FUSED:
+            return FusedStep(self.decoder, src_mask=src_mask.numpy(), cross=[c.numpy() for c in cross],
+                             n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim,
+                             beam_width=beam_width, max_length=max_length, top_k=top_k, vocab=self.tgt_vocab)
         empty = np.zeros((src.shape[0], self.n_heads, 0, self.head_dim), dtype=self.cache_dtype)
         state = {"past": [self._to_device(empty) for _ in range(2 * self.n_layers)], "cross": cross, "mask": src_mask}
         wanted = [names.LOG_PROBS] if top_k is None else [names.TOPK_LOG_PROBS, names.TOPK_IDS]

@@ -39,9 +39,12 @@ def _rehash(path: Path) -> None:
     _edit(path, lambda m: [e.update(sha256=sha256(path / e["path"])) for e in m["files"].values()])
 
 
-def _refused(path: Path, *words: str) -> str:
+def _refused(path: Path, *words: str, decoder: str = "auto") -> str:
+    """Loading the bundle (driving the given decoder variant) is a one-line BundleError with these words."""
+    from seq2onnx.runtime.options import SessionTuning
+
     with pytest.raises(BundleError) as e:
-        Translator(path, device="cpu")
+        Translator(path, device="cpu", _tuning=SessionTuning(decoder=decoder))
     message = str(e.value)
     assert "\n" not in message and "Traceback" not in message
     for word in words:
@@ -138,18 +141,53 @@ def test_vocabulary_size_must_be_the_graphs(bundle, side):
     key = "src_vocab_size" if side == "source" else "tgt_vocab_size"
     # without the tokenizer fingerprints (optional in bundle.json), which would name the file first
     _edit(path, lambda m: (m["model"].update({key: size}), m.pop("tokenizers")))
-    _refused(path, f"model.{key}={size}", "has 120", "encoder.onnx" if side == "source" else "decoder.onnx")
+    _refused(path, f"model.{key}={size}", "has 120", "encoder.onnx" if side == "source" else "decoder_fused.onnx")  # the decoder driven
 
 
 def test_graph_signature_in_bundle_json_must_be_the_graphs(bundle):
     path = _copy(bundle, "signature")
     _edit(path, lambda m: m["graphs"]["decoder"]["outputs"][0].update(shape=["rows", 99]))
-    _refused(path, "graphs.decoder.outputs[log_probs].shape", "99", "120")
+    # checked where the standard decoder is the one driven (a Translator checks the graph it runs)
+    _refused(path, "graphs.decoder.outputs[log_probs].shape", "99", "120", decoder="standard")
+
+
+def test_fused_graph_signature_in_bundle_json_must_be_the_graph(bundle):
+    path = _copy(bundle, "fused-signature")
+    _edit(path, lambda m: m["graphs"]["decoder_fused"]["outputs"][0].update(shape=["rows", 99]))
+    _refused(path, "graphs.decoder_fused.outputs[log_probs].shape", "99", "120")
+    path = _copy(bundle, "fused-step-type")
+    _edit(path, lambda m: m["graphs"]["decoder_fused"]["inputs"][1].update(dtype="int64"))  # step is int32 there
+    _refused(path, "graphs.decoder_fused.inputs[step].dtype", "int64", "int32", "decoder_fused.onnx")
+
+
+def test_bundle_json_without_variants_and_domains_still_loads(bundle):
+    """Bundles exported before the fused decoder have neither field: they stay readable."""
+    path = _copy(bundle, "pre-fused")
+    (path / "decoder_fused.onnx").unlink()
+
+    def old_format(meta):
+        del meta["files"]["decoder_fused"], meta["graphs"]["decoder_fused"]
+        for graph in meta["graphs"].values():
+            del graph["variant"], graph["domains"]
+    _edit(path, old_format)
+    t = Translator(path, device="cpu")
+    assert t.decoder_variant == "standard" and t.translate(TEXT)
+
+
+def test_missing_fused_decoder_file_is_refused(bundle):
+    path = _copy(bundle, "fused-missing")
+    (path / "decoder_fused.onnx").unlink()
+    _refused(path, "decoder_fused.onnx", "missing", "files.decoder_fused")
 
 
 def test_variants_pass_the_checks(bundle):
-    """The checks do not refuse what `seq2onnx export` writes: fp32, int8 (export validates by
-    loading, so a float16 bundle is checked by test_export's export)."""
+    """The checks do not refuse what `seq2onnx export` writes: fp32 (both decoders), int8 (export
+    validates by loading, so a float16 bundle is checked by test_export's export)."""
+    from seq2onnx.runtime.options import SessionTuning
+
+    for decoder in ("standard", "fused"):
+        t = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=decoder))
+        assert t.decoder_variant == decoder and t.translate(TEXT)
     for path in (bundle, tiny_bundle(quantize="int8")):
         assert Translator(path, device="cpu").translate(TEXT)
 
@@ -215,6 +253,13 @@ def _drop(dotted: str):
     (_drop("graphs.encoder.inputs.0.name"), "graphs.encoder.inputs[0].name"),
     (_set("graphs.encoder.inputs.0.shape", "batch"), "graphs.encoder.inputs[0].shape"),
     (_set("tokenizers", {"source": {}}), "tokenizers.source.pieces"),
+    (_set("graphs.decoder_fused.variant", "standard"), "graphs.decoder_fused.variant"),
+    (_set("graphs.decoder.variant", "fused"), "graphs.decoder.variant"),
+    (_drop("graphs.decoder_fused"), "graphs.decoder_fused"),
+    (_drop("files.decoder_fused"), "files.decoder_fused"),
+    (_drop("files.decoder_fused.sha256"), "files.decoder_fused.sha256"),
+    (_set("graphs.decoder.domains", "com.microsoft"), "graphs.decoder.domains"),
+    (_set("graphs.decoder_fused.inputs", []), "graphs.decoder_fused.inputs"),
 ])
 def test_malformed_bundle_json(bundle, edit, field):
     path = _copy(bundle, "malformed")

@@ -110,16 +110,35 @@ def test_graph_is_valid_opset17_inference_graph(name):
     assert not {"Attention", "MultiHeadAttention"} & set(ops)
 
 
-def test_bundle_has_exactly_one_decoder_graph():
+def test_fp32_bundle_has_the_standard_and_the_fused_decoder():
+    """One standard-opset decoder (what every host can run) and the fused one, each described
+    with its variant and the operator domains read from its file."""
     bundle = fp32_bundle()
-    assert sorted(p.name for p in bundle.glob("*.onnx")) == sorted(GRAPHS)
+    assert sorted(p.name for p in bundle.glob("*.onnx")) == sorted([*GRAPHS, fmt.FUSED_DECODER_FILE])
     meta = json.loads((bundle / fmt.BUNDLE_JSON).read_text())
-    assert set(meta["graphs"]) == {"encoder", "decoder"}
-    onnx_files = [e["path"] for e in meta["files"].values() if e["path"].endswith(".onnx")]
-    assert sorted(onnx_files) == sorted(GRAPHS)
+    assert set(meta["graphs"]) == {"encoder", "decoder", "decoder_fused"}
+    onnx_files = {k: e["path"] for k, e in meta["files"].items() if e["path"].endswith(".onnx")}
+    assert onnx_files == {"encoder": fmt.ENCODER_FILE, "decoder": fmt.DECODER_FILE, "decoder_fused": fmt.FUSED_DECODER_FILE}
+    variants = {label: g["variant"] for label, g in meta["graphs"].items()}
+    assert variants == {"encoder": "standard", "decoder": "standard", "decoder_fused": "fused"}
+    for label, path in onnx_files.items():
+        used = {"" if n.domain in ("", "ai.onnx") else n.domain for n in proto(bundle, path).graph.node}
+        assert meta["graphs"][label]["domains"] == sorted(used), label
+    assert meta["graphs"]["decoder"]["domains"] == meta["graphs"]["encoder"]["domains"] == [""]
+    assert meta["graphs"]["decoder_fused"]["domains"] == ["", "com.microsoft"]
 
 
-@pytest.mark.parametrize("label", ["encoder", "decoder"])
+def test_decoder_standard_writes_no_fused_graph_and_a_bad_choice_is_named():
+    out = export_bundle(run_dir() / "last", scratch("standard-only") / "bundle", decoder="standard")
+    meta = fmt.read_bundle(out).meta
+    assert sorted(p.name for p in out.glob("*.onnx")) == sorted(GRAPHS)
+    assert "decoder_fused" not in meta["files"] and "decoder_fused" not in meta["graphs"]
+    assert meta["graphs"]["decoder"] == json.loads((fp32_bundle() / fmt.BUNDLE_JSON).read_text())["graphs"]["decoder"]
+    with pytest.raises(ExportError, match="--decoder fast: choose both or standard"):
+        export_bundle(run_dir() / "last", scratch("bad-decoder") / "bundle", decoder="fast")
+
+
+@pytest.mark.parametrize("label", ["encoder", "decoder", "decoder_fused"])
 def test_graph_io_names_and_dtypes_equal_bundle_json(label):
     bundle = fp32_bundle()
     spec = json.loads((bundle / fmt.BUNDLE_JSON).read_text())["graphs"][label]
@@ -132,7 +151,7 @@ def test_graph_io_names_and_dtypes_equal_bundle_json(label):
         assert got == want, kind
 
 
-@pytest.mark.parametrize("label", ["encoder", "decoder"])
+@pytest.mark.parametrize("label", ["encoder", "decoder", "decoder_fused"])
 def test_graph_axes_equal_bundle_json(label):
     """A named axis in bundle.json is a dim_param of that name in the graph; a number is that size."""
     bundle = fp32_bundle()
@@ -300,8 +319,11 @@ def test_bundle_json_describes_the_bundle():
     assert meta["tolerances"] == TOLERANCES["float32"]
     assert meta["decoding"] == DECODING_DEFAULTS
     assert set(meta["decoding"]) == {"beam_size", "length_penalty", "max_length_a", "max_length_b", "min_length"}
-    assert meta["graphs"] == fmt.graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, "float32", cfg.tgt_vocab_size)
-    for label in ("encoder", "decoder"):
+    domains = {label: g.pop("domains") for label, g in meta["graphs"].items()}  # read from the files
+    assert set(domains) == {"encoder", "decoder", "decoder_fused"}
+    assert meta["graphs"] == fmt.graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, "float32",
+                                                 cfg.tgt_vocab_size, fused=True)
+    for label in ("encoder", "decoder", "decoder_fused"):
         for value in meta["graphs"][label]["inputs"] + meta["graphs"][label]["outputs"]:
             assert set(value) == {"name", "dtype", "shape"} and value["shape"]
     producer = meta["producer"]
@@ -316,9 +338,9 @@ def test_bundle_json_describes_the_bundle():
 def test_bundle_json_hashes_are_the_files_hashes():
     bundle = fp32_bundle()
     meta = json.loads((bundle / fmt.BUNDLE_JSON).read_text())
-    assert set(meta["files"]) == set(fmt.FILE_KEYS)
+    assert set(meta["files"]) == set(fmt.FILE_KEYS) | set(fmt.OPTIONAL_FILE_KEYS)
     for key, entry in meta["files"].items():
-        assert entry["path"] == fmt.FILE_KEYS[key]
+        assert entry["path"] == {**fmt.FILE_KEYS, **fmt.OPTIONAL_FILE_KEYS}[key]
         assert entry["sha256"] == hashlib.sha256((bundle / entry["path"]).read_bytes()).hexdigest(), key
     # the tokenizers are the checkpoint's
     _, _, ckpt = load_model()
@@ -439,6 +461,18 @@ def test_cli_export_errors_are_one_line():
     assert len(lines) == 1 and lines[0].startswith("seq2onnx export: error:") and "--force" in lines[0], r.stderr
 
 
+def test_cli_export_decoder_choice():
+    out = scratch("cli-decoder") / "bundle"
+    r = cli("export", str(run_dir()), str(out), "--decoder", "standard")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.glob("*.onnx")) == sorted(GRAPHS)
+    r = cli("export", str(run_dir()), str(out), "--force")  # the default: both decoders
+    assert r.returncode == 0, r.stderr
+    assert fmt.read_bundle(out).decoder_variants == ["standard", "fused"]
+    r = cli("export", str(run_dir()), str(out), "--force", "--decoder", "fused-only")
+    assert r.returncode != 0 and "--decoder" in r.stderr
+
+
 # -- int8 and fp16 --------------------------------------------------------------------------------
 
 def test_int8_export_is_quantized():
@@ -452,6 +486,9 @@ def test_int8_export_is_quantized():
         ops = all_ops(p.graph)
         assert ops["MatMulInteger"] > 0 and ops["DynamicQuantizeLinear"] > 0, ops
         assert not {"Dropout", "If"} & set(ops)
+    # the fused decoder is fp32-only: an int8 bundle has the standard one alone
+    assert "decoder_fused" not in meta["files"] and not (bundle / fmt.FUSED_DECODER_FILE).exists()
+    assert fmt.read_bundle(bundle).decoder_variants == ["standard"]
     # the graphs' interface is unchanged: float32 cache, bundle.json's names
     dec = proto(bundle, fmt.DECODER_FILE)
     assert {dtype_name(v) for v in real_inputs(dec) if v.name.startswith("past_")} == {"float32"}
@@ -479,6 +516,7 @@ def test_fp16_export_keeps_norms_and_softmax_in_float32(fp16_bundle):
     meta = fmt.read_bundle(fp16_bundle).meta
     assert meta["dtype"] == "float16" and meta["variant"] == "float16" and meta["quantization"] is None
     cfg = meta["model"]
+    assert {label: g.pop("domains") for label, g in meta["graphs"].items()} == {"encoder": [""], "decoder": [""]}
     assert meta["graphs"] == fmt.graph_signature(cfg["n_decoder_layers"], cfg["n_heads"],
                                                  cfg["d_model"] // cfg["n_heads"], "float16", cfg["tgt_vocab_size"])
     enc, dec = proto(fp16_bundle, fmt.ENCODER_FILE), proto(fp16_bundle, fmt.DECODER_FILE)

@@ -43,6 +43,14 @@ def translator(bundle) -> Translator:
     return Translator(bundle, device="cpu")
 
 
+@pytest.fixture(scope="module", params=["standard", "fused"])
+def any_translator(bundle, request) -> Translator:
+    """The parity tests run on both decoder graphs of the bundle (docs/fused-decoder.md)."""
+    t = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=request.param))
+    assert t.decoder_variant == request.param, t.decoder_reason
+    return t
+
+
 @pytest.fixture(scope="module")
 def reference(bundle):
     """(model, tokenizer, test sentences) of the checkpoint the bundle was exported from."""
@@ -93,21 +101,21 @@ def test_runtime_is_torch_free(bundle, mode):
 
 # -- parity with the PyTorch reference -------------------------------------------------------------
 
-def test_greedy_parity_on_the_test_split(translator, reference):
+def test_greedy_parity_on_the_test_split(any_translator, reference):
     from seq2onnx.model.search import translate_ids
 
     model, tok, sentences = reference
     assert len(sentences) == 50
     ids = [tok.encode_source(s) for s in sentences]
     want = translate_ids(model, ids, beam_size=1)
-    got = translator.translate_batch(ids, beam_size=1, return_scores=True)
+    got = any_translator.translate_batch(ids, beam_size=1, return_scores=True)
     assert len(got) == 50
     for i, (r, [h]) in enumerate(zip(got, want)):
         assert r.token_ids == [_strip_eos(h.tokens)], (i, sentences[i])
         assert r.scores[0] == pytest.approx(h.score, abs=1e-4)
         assert r.hypotheses == [tok.decode_target(h.tokens)]
     # the same from text: the runtime tokenises like the checkpoint's tokenizer
-    assert [r.token_ids for r in translator.translate_batch(sentences, beam_size=1)] == [r.token_ids for r in got]
+    assert [r.token_ids for r in any_translator.translate_batch(sentences, beam_size=1)] == [r.token_ids for r in got]
     assert len({tuple(r.token_ids[0]) for r in got}) > 10  # a model that does translate, not a constant
 
 
@@ -125,10 +133,10 @@ def beam_reference(reference):
 
 
 @pytest.mark.parametrize("max_batch_size", [1, 32])
-def test_beam_parity_n_best(translator, beam_reference, max_batch_size):
+def test_beam_parity_n_best(any_translator, beam_reference, max_batch_size):
     ids, want = beam_reference
     for (k, alpha), hyps in want.items():
-        got = translator.translate_batch(ids, beam_size=k, length_penalty=alpha, num_hypotheses=k,
+        got = any_translator.translate_batch(ids, beam_size=k, length_penalty=alpha, num_hypotheses=k,
                                          return_scores=True, max_batch_size=max_batch_size)
         for i, (r, ref) in enumerate(zip(got, hyps)):
             assert len(r.token_ids) == len(ref) == k
@@ -146,17 +154,17 @@ def test_beam_reference_is_not_trivial(beam_reference):
     assert any(len(h[0].tokens) != len(h[-1].tokens) for h in want[4, 1.0])
 
 
-def test_text_translation_matches_reference(translator, reference):
+def test_text_translation_matches_reference(any_translator, reference):
     from seq2onnx.model.search import translate_ids
 
     model, tok, sentences = reference
     for s in sentences[:8]:
         [[h]] = translate_ids(model, [tok.encode_source(s)], beam_size=4, length_penalty=1.0)
-        assert translator.translate(s) == tok.decode_target(h.tokens)  # bundle defaults: beam 4, penalty 1.0
-        assert translator.translate(s, beam_size=4, length_penalty=1.0) == tok.decode_target(h.tokens)
+        assert any_translator.translate(s) == tok.decode_target(h.tokens)  # bundle defaults: beam 4, penalty 1.0
+        assert any_translator.translate(s, beam_size=4, length_penalty=1.0) == tok.decode_target(h.tokens)
 
 
-def test_min_and_max_decoding_length(translator, reference):
+def test_min_and_max_decoding_length(any_translator, reference):
     from seq2onnx.model.search import translate_ids
 
     model, tok, sentences = reference
@@ -164,20 +172,20 @@ def test_min_and_max_decoding_length(translator, reference):
     for kw, ref_kw in ((dict(max_decoding_length=3), dict(max_length=3)),
                        (dict(min_decoding_length=12), dict(min_length=12))):
         for k in (1, 2):
-            got = translator.translate_batch(ids, beam_size=k, **kw)
+            got = any_translator.translate_batch(ids, beam_size=k, **kw)
             want = translate_ids(model, ids, beam_size=k, **ref_kw)
             assert [r.token_ids[0] for r in got] == [_strip_eos(h[0].tokens) for h in want]
-    short = translator.translate_batch(ids, beam_size=2, max_decoding_length=3)
+    short = any_translator.translate_batch(ids, beam_size=2, max_decoding_length=3)
     assert all(len(r.token_ids[0]) <= 3 for r in short)
-    long = translator.translate_batch(ids, beam_size=2, min_decoding_length=12)
+    long = any_translator.translate_batch(ids, beam_size=2, min_decoding_length=12)
     assert all(len(r.token_ids[0]) >= 12 for r in long)
     # the default limit, 1.5 x source length + 10 (bundle.json), binds when the end token is held off
-    assert translator.bundle.decoding["max_length_a"] == 1.5 and translator.bundle.decoding["max_length_b"] == 10
+    assert any_translator.bundle.decoding["max_length_a"] == 1.5 and any_translator.bundle.decoding["max_length_b"] == 10
     hit_limit = 0
     for s in ids:
         limit = int(1.5 * len(s)) + 10
         for k in (1, 2):
-            [r] = translator.translate_batch([s], beam_size=k, min_decoding_length=limit - 1, return_scores=True)
+            [r] = any_translator.translate_batch([s], beam_size=k, min_decoding_length=limit - 1, return_scores=True)
             [[h]] = translate_ids(model, [s], beam_size=k, min_length=limit - 1)
             assert r.token_ids == [_strip_eos(h.tokens)] and r.scores[0] == pytest.approx(h.score, abs=1e-4)
             assert len(r.token_ids[0]) in (limit - 1, limit)
@@ -255,31 +263,31 @@ def test_translate_iterable_keeps_order_and_reads_lazily(translator, reference):
     assert results[9].hypotheses == [""] and results[10].hypotheses == [""]
 
 
-def test_generate_tokens_joins_to_greedy(translator, reference):
+def test_generate_tokens_joins_to_greedy(any_translator, reference):
     _, _, sentences = reference
     for s in sentences[:6]:
-        pieces = list(translator.generate_tokens(s))
+        pieces = list(any_translator.generate_tokens(s))
         assert len(pieces) > 1 and all(isinstance(p, str) and p for p in pieces)
-        assert "".join(pieces) == translator.translate(s, beam_size=1)
+        assert "".join(pieces) == any_translator.translate(s, beam_size=1)
         assert not any("\u2581" in p for p in pieces)  # text, not SentencePiece pieces
-    assert list(translator.generate_tokens("   ")) == []
-    assert len(list(translator.generate_tokens(sentences[0], max_decoding_length=2))) <= 2
+    assert list(any_translator.generate_tokens("   ")) == []
+    assert len(list(any_translator.generate_tokens(sentences[0], max_decoding_length=2))) <= 2
 
 
-def test_sampling_reproducible_with_seed(translator, reference):
+def test_sampling_reproducible_with_seed(any_translator, reference):
     _, _, sentences = reference
     src = sentences[:10]
-    a = translator.translate_batch(src, sampling_temperature=1.5, seed=7, return_scores=True)
-    b = translator.translate_batch(src, sampling_temperature=1.5, seed=7, return_scores=True)
-    c = translator.translate_batch(src, sampling_temperature=1.5, seed=8)
-    greedy = translator.translate_batch(src, beam_size=1)
+    a = any_translator.translate_batch(src, sampling_temperature=1.5, seed=7, return_scores=True)
+    b = any_translator.translate_batch(src, sampling_temperature=1.5, seed=7, return_scores=True)
+    c = any_translator.translate_batch(src, sampling_temperature=1.5, seed=8)
+    greedy = any_translator.translate_batch(src, beam_size=1)
     assert [r.token_ids for r in a] == [r.token_ids for r in b] and [r.scores for r in a] == [r.scores for r in b]
     assert [r.token_ids for r in a] != [r.token_ids for r in c]
     assert [r.token_ids for r in a] != [r.token_ids for r in greedy]
-    topk1 = translator.translate_batch(src, sampling_temperature=1.0, sampling_topk=1, seed=1)
+    topk1 = any_translator.translate_batch(src, sampling_temperature=1.0, sampling_topk=1, seed=1)
     assert [r.token_ids for r in topk1] == [r.token_ids for r in greedy]
     with pytest.raises(ValueError):
-        translator.translate_batch(src, sampling_temperature=0.0)
+        any_translator.translate_batch(src, sampling_temperature=0.0)
 
 
 # -- bad input -------------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""The fused decoder (decoder_fused.onnx): which decoder a Translator drives, and the static step loop.
+
+The fused graph (docs/fused-decoder.md) keeps each layer's self-attention cache in ONE buffer of
+[rows, heads, max_length, head_dim], bound both as `past_*` and `present_*`: the contrib kernel
+writes the new position in place. So the bindings need not change from step to step: every
+input and output is a numpy array owned here and wrapped once in an OrtValue that shares its
+memory (CPU), bound once per batch (and again only when finished sentences leave it). A step
+writes the tokens, the step number and the beams' cache indirection into those arrays and runs;
+top-k or log-probabilities come back in preallocated arrays.
+
+The search (runtime/search.py) drives a step as `step(tokens, cache_indices, t, keep)`, where
+row r continues row cache_indices[r] of the previous step and `keep` drops finished sentences.
+Here that becomes:
+- beams: row (b, w) continues beam p = cache_indices[r] - (first row of b before the step) of
+  its sentence; the cache is not copied, the indirection table follows p:
+  indir[b, w, :t-1] = old[b, p, :t-1], indir[b, w, t-1] = p;
+- finished sentences: the buffers are compacted in place (rows of kept sentences moved to the
+  front, positions 0..t-1 only), once per change of the batch, never per step;
+- the first step of a beam search has one row per sentence while the buffers have W: the start
+  token is written to all W rows of a sentence and the first row's output is returned.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import bundle as names
+from .search import TopK
+
+
+class DecoderUnavailable(RuntimeError):
+    """SessionTuning(decoder="fused") where the fused decoder cannot run: the message says why."""
+
+
+def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[str, object, str]:
+    """(variant, session, reason): the fused decoder where the bundle has it, the provider is the
+    CPU and this onnxruntime can create its session; otherwise the standard decoder, with why.
+
+    wanted is SessionTuning.decoder: "auto", "standard" or "fused". load(path) creates a session
+    and raises where onnxruntime cannot. Raises DecoderUnavailable (a RuntimeError) when "fused"
+    is asked for and cannot run.
+    """
+    if wanted == names.STANDARD:
+        return names.STANDARD, load(bundle.file("decoder")), "asked for the standard decoder (SessionTuning)"
+    why = None
+    if names.FUSED not in bundle.decoder_variants:
+        why = "the bundle has no fused decoder (exported with --decoder standard, or not float32)"
+    elif device != "cpu":
+        # The CUDA kernel of DecoderMaskedMultiHeadAttention wants another key layout in the cache.
+        why = f"the fused decoder's cache layout is the CPU kernels'; the {device} provider runs the standard one"
+    else:
+        try:
+            return names.FUSED, load(bundle.file(names.DECODER_LABELS[names.FUSED])), (
+                "the bundle has a fused decoder and this onnxruntime runs its com.microsoft operators")
+        except Exception as e:  # onnxruntime's own exception types: an operator it lacks, a damaged file
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            why = f"this onnxruntime cannot run the fused decoder ({first[:300]})"
+    if wanted == names.FUSED:
+        raise DecoderUnavailable(f"SessionTuning(decoder='fused') cannot be honoured: {why}")
+    return names.STANDARD, load(bundle.file("decoder")), why
+
+
+class FusedStep:
+    """One batch's static step loop over a fused decoder session; a `search.Step` callable.
+
+    Args:
+        session: the decoder_fused.onnx session (CPU).
+        src_mask: (B, S) bool and cross: per layer key then value, (B, H, S, Dh) float32: the
+            encoder's outputs (copied once; compacted with the batch).
+        beam_width: W, the beams per sentence after the first step (1 for greedy and sampling).
+        max_length: the cache buffers' positions: the batch's longest decoding, at most max_positions.
+        top_k: candidates per row to return as TopK; None returns the full log-probabilities.
+        vocab: the target vocabulary size.
+    What a step returns lives in arrays reused by the next step: a caller copies what it keeps.
+    """
+
+    def __init__(self, session, *, src_mask: np.ndarray, cross: list[np.ndarray], n_layers: int, n_heads: int,
+                 head_dim: int, beam_width: int, max_length: int, top_k: int | None, vocab: int):
+        batch, width = src_mask.shape[0], beam_width
+        rows = batch * width
+        self.session, self.width, self.vocab, self.top_k = session, width, vocab, top_k
+        self.batch = batch  # sentences in the buffers now
+        # Every buffer is allocated for the whole batch; a compaction keeps the first rows.
+        # Own copies: compaction writes them in place, and OrtValue.numpy() is a view of the encoder's output.
+        self._mask = np.array(src_mask, dtype=bool, order="C", copy=True)
+        self._cross = [np.array(c, dtype=np.float32, order="C", copy=True) for c in cross]
+        self._cache = [np.zeros((rows, n_heads, max_length, head_dim), np.float32) for _ in range(2 * n_layers)]
+        self._indirection = np.zeros((batch, width, max_length), np.int32)
+        self._tokens = np.zeros((rows, 1), np.int64)
+        self._step = np.zeros(1, np.int32)
+        self._fixed = {names.BEAM_WIDTH: np.array([width], np.int32),
+                       names.TOP_K: np.array([top_k or 1], np.int64)}
+        if top_k is None:
+            self._out = {names.LOG_PROBS: np.zeros((rows, vocab), np.float32)}
+        else:
+            self._out = {names.TOPK_LOG_PROBS: np.zeros((rows, top_k), np.float32),
+                         names.TOPK_IDS: np.zeros((rows, top_k), np.int64)}
+        self._past, self._present = names.past_names(n_layers), names.present_names(n_layers)
+        self._cross_names = names.cross_names(n_layers)
+        self._bind()
+
+    def _bind(self) -> None:
+        """Binds the first batch x W rows of every array, sharing memory: done once per batch size."""
+        import onnxruntime  # imported (and its install checked) by runtime.translator before any session exists
+
+        ort_value = onnxruntime.OrtValue.ortvalue_from_numpy
+        b, rows = self.batch, self.batch * self.width
+        binding = self.session.io_binding()
+        self._held = []  # OrtValues bound by pointer: they (and their arrays) must outlive the binding
+
+        def bind_in(name: str, array: np.ndarray) -> None:
+            value = ort_value(array)
+            self._held.append(value)
+            binding.bind_ortvalue_input(name, value)
+
+        bind_in(names.TOKENS, self._tokens[:rows])
+        bind_in(names.STEP, self._step)
+        bind_in(names.CACHE_INDIRECTION, self._indirection[:b])
+        for name, array in self._fixed.items():
+            bind_in(name, array)
+        bind_in(names.SRC_MASK, self._mask[:b])
+        for name, array in zip(self._cross_names, self._cross):
+            bind_in(name, array[:b])
+        for past, present, array in zip(self._past, self._present, self._cache):
+            value = ort_value(array[:rows])  # one OrtValue as past and present: updated in place
+            self._held.append(value)
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(present, value)
+        for name, array in self._out.items():
+            value = ort_value(array[:rows])
+            self._held.append(value)
+            binding.bind_ortvalue_output(name, value)
+        self._binding = binding
+
+    def _compact(self, keep: np.ndarray, t: int) -> None:
+        """Moves the kept sentences' rows to the front of every buffer (positions < t only)."""
+        w = self.width
+        rows = (keep[:, None] * w + np.arange(w)).reshape(-1)
+        n = rows.size
+        for array in self._cache:
+            array[:n, :, :t] = array[rows, :, :t]  # the right side is a copy: overlapping rows are safe
+        for array in self._cross:
+            array[: keep.size] = array[keep]
+        self._mask[: keep.size] = self._mask[keep]
+        self._indirection[: keep.size, :, :t] = self._indirection[keep, :, :t]
+        self.batch = keep.size
+        self._bind()
+
+    def _reorder(self, parents: np.ndarray, t: int) -> None:
+        """Beam w of sentence b continues beam parents[b, w], whose position t-1 is in its own row."""
+        ind = self._indirection[: self.batch]
+        if t > 1:
+            ind[:, :, : t - 1] = np.take_along_axis(ind[:, :, : t - 1], parents[:, :, None], axis=1)
+        ind[:, :, t - 1] = parents
+
+    def __call__(self, tokens: np.ndarray, cache_indices: np.ndarray, t: int, keep: np.ndarray | None):
+        w = self.width
+        if t > 0 and w > 1:
+            # The previous step had 1 row per sentence (t == 1) or w; sentence j was keep[j] there.
+            sentences = np.arange(self.batch) if keep is None else np.asarray(keep)
+            prev_width = 1 if t == 1 else w
+            parents = (np.asarray(cache_indices).reshape(-1, w) - sentences[:, None] * prev_width).astype(np.int32)
+            if parents.min(initial=0) < 0 or parents.max(initial=0) >= prev_width:
+                raise ValueError(f"step {t}: cache_indices {cache_indices.tolist()} do not continue beams of their own "
+                                 "sentences; the fused decoder reorders beams only within a sentence")
+        if keep is not None:
+            self._compact(np.asarray(keep), t)
+        if t > 0 and w > 1:
+            self._reorder(parents, t)
+        rows = self.batch * w
+        first = t == 0 and w > 1  # one row per sentence given, w rows in the buffers
+        given = tokens.shape[0]
+        if given != (self.batch if first else rows):
+            raise ValueError(f"step {t}: {given} token rows for {self.batch} sentences x {1 if first else w} beams")
+        if first:
+            self._tokens[:rows, 0] = np.repeat(tokens[:, 0], w)
+        else:
+            self._tokens[:rows] = tokens
+        self._step[0] = t
+        self.session.run_with_iobinding(self._binding)
+        take = slice(0, rows, w) if first else slice(0, rows)
+        if self.top_k is None:
+            return self._out[names.LOG_PROBS][take]
+        return TopK(self._out[names.TOPK_LOG_PROBS][take], self._out[names.TOPK_IDS][take], self.vocab)

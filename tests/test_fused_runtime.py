@@ -1,0 +1,153 @@
+"""The runtime's choice of decoder graph and the fused decoder's static step loop (runtime/fused_step.py).
+
+Sequence parity of both decoders with PyTorch is tests/test_runtime.py's (parametrized over the
+variants); here: which decoder a Translator drives and why, the fallback where the fused graph
+cannot run, and that the static loop binds once, updates the cache in place and compacts the
+buffers when sentences finish, with the standard decoder's results.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from seq2onnx.export.bundle import export_bundle
+from seq2onnx.runtime import bundle as fmt
+from seq2onnx.runtime import fused_step
+from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.search import beam_search
+from seq2onnx.runtime.translator import Translator
+from tiny import scratch, tiny_bundle, tiny_run
+
+TEXTS = ["the cat dances in the box", "a small bird sleeps", "the queen sees young mice with an old box", "a cat",
+         "the small teacher found 15 sad children under the garden", "a black dog ate five brave cats near the car"]
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Path:
+    return tiny_bundle()
+
+
+@pytest.fixture(scope="module")
+def standard(bundle) -> Translator:
+    return Translator(bundle, device="cpu", _tuning=SessionTuning(decoder="standard"))
+
+
+def _rewrite_fused(bundle: Path, name: str, edit) -> Path:
+    """A copy of the bundle whose decoder_fused.onnx is edited, with bundle.json's hash rewritten."""
+    out = scratch(name) / "bundle"
+    shutil.copytree(bundle, out)
+    path = out / fmt.FUSED_DECODER_FILE
+    proto = onnx.load(str(path))
+    edit(proto)
+    onnx.save(proto, str(path))
+    meta = json.loads((out / fmt.BUNDLE_JSON).read_text())
+    meta["files"]["decoder_fused"]["sha256"] = fmt.sha256(path)
+    (out / fmt.BUNDLE_JSON).write_text(json.dumps(meta))
+    return out
+
+
+def test_auto_drives_the_fused_decoder_and_says_why(bundle, standard):
+    t = Translator(bundle, device="cpu")
+    assert t.decoder_variant == "fused" and "com.microsoft" in t.decoder_reason
+    assert {i.name for i in t.decoder.get_inputs()} >= {fmt.CACHE_INDIRECTION, fmt.BEAM_WIDTH}
+    assert standard.decoder_variant == "standard" and "SessionTuning" in standard.decoder_reason
+    assert fmt.CACHE_INDICES in {i.name for i in standard.decoder.get_inputs()}
+    with pytest.raises(ValueError, match="decoder='fast'; choose one of auto, standard, fused"):
+        SessionTuning(decoder="fast")
+
+
+def test_bundle_without_the_fused_decoder_uses_the_standard_one():
+    out = export_bundle(tiny_run(False, True) / "last", scratch("no-fused") / "bundle", decoder="standard")
+    t = Translator(out, device="cpu")
+    assert t.decoder_variant == "standard" and "no fused decoder" in t.decoder_reason
+    assert t.translate(TEXTS[0])
+    with pytest.raises(RuntimeError, match="decoder='fused'.*no fused decoder"):
+        Translator(out, device="cpu", _tuning=SessionTuning(decoder="fused"))
+    int8 = Translator(tiny_bundle(quantize="int8"), device="cpu")
+    assert int8.decoder_variant == "standard" and "no fused decoder" in int8.decoder_reason
+
+
+def test_a_fused_decoder_this_onnxruntime_cannot_run_falls_back_with_the_reason(bundle, standard):
+    """As on a host whose onnxruntime lacks a com.microsoft kernel: the session cannot be created."""
+    def unknown_kernel(proto):
+        node = next(n for n in proto.graph.node if n.op_type == "DecoderMaskedMultiHeadAttention")
+        node.op_type = "NoSuchKernelAnywhere"
+
+    out = _rewrite_fused(bundle, "unrunnable", unknown_kernel)
+    t = Translator(out, device="cpu")
+    assert t.decoder_variant == "standard"
+    assert "cannot run the fused decoder" in t.decoder_reason and "NoSuchKernelAnywhere" in t.decoder_reason
+    assert ([r.token_ids for r in t.translate_batch(TEXTS, beam_size=2)]
+            == [r.token_ids for r in standard.translate_batch(TEXTS, beam_size=2)])
+    with pytest.raises(RuntimeError, match="cannot run the fused decoder"):
+        Translator(out, device="cpu", _tuning=SessionTuning(decoder="fused"))
+
+
+def test_cuda_keeps_the_standard_decoder(bundle):
+    """The CUDA kernel wants another cache layout: pick_decoder never chooses fused off the CPU."""
+    meta = fmt.read_bundle(bundle)
+    loaded = []
+    variant, _, why = fused_step.pick_decoder(meta, "cuda", "auto", lambda path: loaded.append(path.name) or "session")
+    assert variant == "standard" and "CPU" in why and loaded == [fmt.DECODER_FILE]
+
+
+def test_sampling_is_the_same_on_both_decoders(bundle, standard):
+    fused = Translator(bundle, device="cpu")
+    for kw in (dict(sampling_temperature=1.0, seed=3), dict(sampling_temperature=0.7, sampling_topk=5, seed=11),
+               dict(sampling_temperature=1.2, sampling_topp=0.9, seed=5, num_hypotheses=3)):
+        a = fused.translate_batch(TEXTS, return_scores=True, **kw)
+        b = standard.translate_batch(TEXTS, return_scores=True, **kw)
+        assert [r.token_ids for r in a] == [r.token_ids for r in b], kw
+        assert np.allclose([r.scores for r in a], [r.scores for r in b], rtol=0, atol=1e-4), kw
+
+
+def test_static_loop_binds_once_updates_in_place_and_compacts(bundle, standard, monkeypatch):
+    """A beam search over sentences that finish at different steps: the loop binds once plus once
+    per batch change, every step's present_* is the memory of its past_* buffer, and the n-best
+    equal the standard decoder's."""
+    t = Translator(bundle, device="cpu")
+    binds, batches, same_memory = [], [], []
+    real_bind, real_call = fused_step.FusedStep._bind, fused_step.FusedStep.__call__
+
+    def bind(self):
+        binds.append(self.batch)
+        real_bind(self)
+
+    def call(self, tokens, cache_indices, step, keep):
+        out = real_call(self, tokens, cache_indices, step, keep)
+        batches.append(self.batch)
+        presents = self._binding.get_outputs()
+        rows = self.batch * self.width
+        same_memory.append(all(v.data_ptr() == a[:rows].ctypes.data for v, a in zip(presents[: len(self._cache)],
+                                                                                   self._cache)))
+        return out
+
+    monkeypatch.setattr(fused_step.FusedStep, "_bind", bind)
+    monkeypatch.setattr(fused_step.FusedStep, "__call__", call)
+    ids = [t.prepare_source(s)[0] for s in TEXTS]
+    limits = t._max_lengths(ids, t.search_options(beam_size=4))
+    step = t._step_fn(*t._pad(ids), top_k=8, max_length=int(limits.max()), beam_width=4)
+    got = beam_search(step, len(ids), beam_size=4, start_id=t.start_id, eos_id=t.eos_id, max_lengths=limits,
+                      num_hypotheses=4, length_penalty=0.6)
+    shrank = sum(1 for a, b in zip(batches, batches[1:]) if b < a)
+    assert shrank >= 2 and batches[-1] < len(TEXTS)  # sentences finished at different steps, rows compacted
+    assert len(binds) == 1 + shrank  # bound once, then once per change of the batch: never per step
+    assert all(same_memory) and len(same_memory) == len(batches) > 5
+    want = standard.translate_batch(ids, beam_size=4, num_hypotheses=4, length_penalty=0.6, return_scores=True)
+    for r, w in zip(got, want):
+        assert [h[:-1] if h and h[-1] == t.eos_id else h for h in r.hypotheses] == w.token_ids
+        assert np.allclose(r.scores, w.scores, rtol=0, atol=1e-4)
+
+
+def test_beams_may_only_continue_their_own_sentence(bundle):
+    t = Translator(bundle, device="cpu")
+    ids = [t.prepare_source(s)[0] for s in TEXTS[:2]]
+    step = t._step_fn(*t._pad(ids), top_k=4, max_length=5, beam_width=2)
+    step(np.full((2, 1), t.start_id), np.arange(2), 0, None)
+    with pytest.raises(ValueError, match="own sentence"):
+        step(np.full((4, 1), 5), np.array([0, 0, 0, 0]), 1, None)  # sentence 1's beams continue sentence 0

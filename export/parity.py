@@ -202,7 +202,9 @@ def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, de
     pairs = test_sentences(ckpt_dir, sentences, data, src_col, tgt_col)
     decoders = tuple(fmt.read_bundle(bundle_dir, check_hashes=False).decoder_variants)
     # One Translator per decoder, each forced to it: a fused decoder that cannot run is an error here.
-    translators = {d: Translator(bundle_dir, device=device, _tuning=SessionTuning(decoder=d)) for d in decoders}
+    # The fused graph's kernels are the CPU's (its cache layout), so it is verified on the CPU.
+    translators = {d: Translator(bundle_dir, device="cpu" if d == fmt.FUSED else device, _tuning=SessionTuning(decoder=d))
+                   for d in decoders}
     translator = translators[fmt.STANDARD]
     checks = tensor_checks(model, tok, bundle_dir, pairs, translator.device, tol["tensor_atol"], decoders=decoders)
     srcs = [tok.encode_source(s)[: model.cfg.max_positions] for s, _ in pairs]

@@ -152,6 +152,9 @@ class Translator:
             if device == "cuda":
                 raise RuntimeError("onnxruntime's CUDA provider did not start (check the CUDA and cuDNN libraries)")
             self.device, self.device_reason = "cpu", "the CUDA provider did not start; using the CPU"
+            providers = ["CPUExecutionProvider"]  # the decoder again: on the CPU the fused one may run
+            self.decoder_variant, self.decoder, self.decoder_reason = pick_decoder(
+                self.bundle, self.device, tuning.decoder, load)
         check_graphs(self.bundle, self.encoder, self.decoder, self.decoder_variant)
         self._ort_device = "cuda" if self.device == "cuda" else "cpu"
 
@@ -277,6 +280,12 @@ class Translator:
         if ids is None:
             return iter(())
         [limit] = self._max_lengths([ids], options)
+        if options.min_decoding_length >= limit:  # now, not when the first piece is taken
+            raise ValueError(
+                f"min_decoding_length={options.min_decoding_length} is not below this text's maximum length {limit} "
+                f"(max_length_a x {len(ids)} tokens + max_length_b in bundle.json, at most max_positions): pass a "
+                "larger max_decoding_length or a smaller min_decoding_length"
+            )
         return self._stream(ids, int(limit), options.min_decoding_length)
 
     def translate_iterable(self, lines: Iterable[str], *, read_batch_size: int = 256, **options) -> Iterator[TranslationResult]:

@@ -17,6 +17,7 @@ import torch
 from seq2onnx.model import checkpoint
 from seq2onnx.model.tokenizer import SOURCE_MODEL, TARGET_MODEL
 from seq2onnx.runtime import bundle as fmt
+from seq2onnx.runtime.atomic import replace_dir
 from seq2onnx.runtime.checks import tokenizer_fingerprint
 
 from .fused import export_fused_decoder, graph_domains
@@ -101,13 +102,7 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
             shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
             _write_json(tmp, model, ckpt_dir, dtype, quantize, fused)
             _validate(tmp)
-            if out.exists():
-                old = out.with_name(f".{out.name}.old-{os.getpid()}")
-                os.rename(out, old)
-                os.rename(tmp, out)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, out)
+            replace_dir(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -16,6 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from seq2onnx.runtime.atomic import replace_dir
+
 # The JS host's platform-free modules and its browser entry point (never platform-node.js).
 HOST_FILES = ("bundle.js", "search.js", "tokenizer.js", "translator.js", "platform-web.js", "index-web.js")
 PAGE_FILES = ("index.html", "app.js", "shims/fs.js", "shims/buffer.js")
@@ -122,17 +124,7 @@ def build_site(bundle_dir: str | Path, out: str | Path, *, js_dir: str | Path | 
     try:
         _write_site(temp, bundle, js_dir)
         os.chmod(temp, 0o755)  # mkdtemp makes it 0700; a web server's user must read it
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            try:
-                os.replace(temp, out)
-            except OSError:
-                os.replace(old / out.name, out)  # put the old site back
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(temp, out)
+        replace_dir(temp, out)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise

@@ -3,8 +3,6 @@ tokenizers, or is malformed, is a one-line BundleError at load that names the fi
 and the fix, never garbage at the first translation or a KeyError/TypeError."""
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +10,7 @@ import pytest
 from seq2onnx.runtime.bundle import MAX_JSON_BYTES, BundleError, sha256
 from seq2onnx.runtime.checks import tokenizer_fingerprint
 from seq2onnx.runtime.translator import Translator
-from tiny import scratch, tiny_bundle
+from tiny import copy_bundle as _copy, edit_bundle_json as _edit, tiny_bundle
 
 TEXT = "the cat dances in the box"
 
@@ -20,18 +18,6 @@ TEXT = "the cat dances in the box"
 @pytest.fixture(scope="module")
 def bundle() -> Path:
     return tiny_bundle()
-
-
-def _copy(bundle: Path, name: str) -> Path:
-    dest = scratch(name) / "bundle"
-    shutil.copytree(bundle, dest)
-    return dest
-
-
-def _edit(path: Path, edit) -> None:
-    meta = json.loads((path / "bundle.json").read_text())
-    edit(meta)
-    (path / "bundle.json").write_text(json.dumps(meta))
 
 
 def _rehash(path: Path) -> None:

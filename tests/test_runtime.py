@@ -17,7 +17,7 @@ import torch
 from seq2onnx.runtime.bundle import BundleError
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import TranslationResult, Translator, _cuda_usable
-from tiny import scratch, tiny_bundle, tiny_run
+from tiny import copy_bundle as _copy, edit_bundle_json as _edit_meta, tiny_bundle, tiny_run
 
 # The tiny model is fastest on one thread: on a 2-core machine shared with other work, torch's
 # default thread pool made training and reference decoding 10-100x slower.
@@ -358,18 +358,6 @@ def test_ids_with_or_without_end_token_are_the_same_source(translator, reference
 
 
 # -- damaged bundles -------------------------------------------------------------------------------
-
-def _copy(bundle: Path, name: str) -> Path:
-    dest = scratch(name) / "bundle"
-    shutil.copytree(bundle, dest)
-    return dest
-
-
-def _edit_meta(path: Path, edit) -> None:
-    meta = json.loads((path / "bundle.json").read_text())
-    edit(meta)
-    (path / "bundle.json").write_text(json.dumps(meta))
-
 
 def _truncate(path: Path) -> None:
     data = path.read_bytes()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -57,3 +58,17 @@ def scratch(name: str) -> Path:
     """A fresh directory under the shared temporary root."""
     path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=_ROOT))
     return path
+
+
+def copy_bundle(bundle: Path, name: str) -> Path:
+    """A copy of a bundle in a fresh scratch directory, for tests that damage or edit it."""
+    dest = scratch(name) / "bundle"
+    shutil.copytree(bundle, dest)
+    return dest
+
+
+def edit_bundle_json(path: Path, edit) -> None:
+    """Applies edit(meta) to the bundle's bundle.json in place (hashes are not rewritten)."""
+    meta = json.loads((path / "bundle.json").read_text())
+    edit(meta)
+    (path / "bundle.json").write_text(json.dumps(meta))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from seq2onnx.runtime.cli import main
+from seq2onnx.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *sys.argv[1:]]))

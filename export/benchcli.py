@@ -52,7 +52,8 @@ def add_bench(subparsers) -> None:
 
 def cmd_bench(args) -> int:
     """Runs the benchmark, prints the report; 1 when an engine could not run, else 0."""
-    from seq2onnx.runtime.cli import CommandError, needs_torch
+    from seq2onnx.export import needs_torch
+    from seq2onnx.runtime.cli import CommandError
 
     needs_torch("bench")
     if importlib.util.find_spec("psutil") is None:

@@ -1,6 +1,6 @@
 """The training side of the `seq2onnx` command: train, export, verify, evaluate, demo (and bench).
 
-seq2onnx.runtime.cli owns the entry point and dispatches these commands here; they import torch
+seq2onnx.cli (the entry point) dispatches these commands here; they import torch
 when they run and say how to install it when it is missing.
 """
 from __future__ import annotations
@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from seq2onnx.runtime.cli import EXIT_FAIL, TRAINING_COMMANDS, CommandError, needs_torch, run_command
+from seq2onnx.export import needs_torch
+from seq2onnx.runtime.cli import EXIT_FAIL, TRAINING_COMMANDS, CommandError, build_parser, run_command
 
 
 # -- train ---------------------------------------------------------------------------------------
@@ -252,8 +253,8 @@ def cmd_demo(args) -> int:
 
 # -- main ----------------------------------------------------------------------------------------
 
-# The training-side commands, in the order `seq2onnx --help` lists them. seq2onnx.runtime.cli
-# dispatches these names here; its own commands (translate) never import this module.
+# The training-side commands, in the order `seq2onnx --help` lists them; seq2onnx.cli dispatches
+# these names here, and the runtime's own commands never import this module.
 def add_commands(sub) -> None:
     """Adds the training-side subcommands to the `seq2onnx` parser."""
     from seq2onnx.export.benchcli import add_bench
@@ -276,10 +277,8 @@ class _OneHelp:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from seq2onnx.runtime.cli import build_parser
-
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(training=True)
+    parser = build_parser(add_training=add_commands)
     parser.set_defaults(argv=argv)  # cmd_train hands the command line to torchrun's workers (--nproc)
     return run_command(parser, argv)
 

@@ -186,7 +186,7 @@ def without_option(argv: list[str], flag: str) -> list[str]:
 
 
 def launch(nproc: int, argv: list[str]) -> int:
-    """Runs `torchrun --standalone --nproc-per-node nproc -m seq2onnx.runtime.cli *argv` in this
+    """Runs `torchrun --standalone --nproc-per-node nproc -m seq2onnx.cli *argv` in this
     process (torch.distributed.run); returns 0 when every rank succeeded, 1 otherwise.
 
     --standalone picks a free port on this machine. argv is the `seq2onnx` command line without
@@ -202,7 +202,7 @@ def launch(nproc: int, argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    args = parse_args(["--standalone", "--nproc-per-node", str(nproc), "-m", "seq2onnx.runtime.cli", *argv])
+    args = parse_args(["--standalone", "--nproc-per-node", str(nproc), "-m", "seq2onnx.cli", *argv])
     try:
         run(args)
     except ChildFailedError as e:

@@ -1,15 +1,16 @@
-"""The `seq2onnx` command's entry point: its parser, its error handling, and the dispatch.
+"""The `seq2onnx` command's parser and error handling, and the runtime's commands on it.
 
-A runtime-only install (`pip install 'seq2onnx[cpu]'`: onnxruntime, numpy, sentencepiece) runs every
-command here without importing torch, seq2onnx.model or seq2onnx.export. The training-side
-commands (train, export, verify, evaluate, demo, bench) live in seq2onnx.export.cli; main()
-dispatches to it by name, so that module is imported only when one of them is asked for. The
-runtime's own command, translate, is seq2onnx.runtime.translate_cmd.
+A runtime-only install (`pip install 'seq2onnx[cpu]'`: onnxruntime, numpy, sentencepiece) runs the
+runtime's commands (translate, translate-dataset, web) without torch, seq2onnx.model or
+seq2onnx.export; this module imports none of them. The console entry point is seq2onnx.cli, which
+dispatches the training-side commands (train, export, verify, evaluate, demo, bench) by name to
+seq2onnx.export.cli, and that module builds this parser with its own commands added.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any, Callable
 
 EXIT_USAGE, EXIT_FAIL = 2, 1
 
@@ -29,20 +30,6 @@ class CommandError(Exception):
     """An error meant for the user: printed as one line, exit status 1."""
 
 
-def needs_torch(command: str) -> None:
-    """Raises CommandError naming the install command when torch is missing (or cannot load: a
-    broken install is as missing as an absent one, and the command imports it next anyway)."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise CommandError(
-            f"`seq2onnx {command}` needs PyTorch, which this install lacks: pip install 'seq2onnx[train,cpu]' "
-            "(or 'seq2onnx[train,gpu]' on a CUDA machine)"
-        ) from None
-
-
-# -- main ----------------------------------------------------------------------------------------
-
 def _version() -> str:
     from seq2onnx import __version__
 
@@ -55,9 +42,10 @@ def add_debug(parser: argparse.ArgumentParser) -> None:
                         help="show the full traceback on errors")
 
 
-def build_parser(training: bool = False) -> argparse.ArgumentParser:
-    """The `seq2onnx` parser. With training=False the training-side commands are listed by name
-    only (choosing one dispatches to seq2onnx.export.cli before this parser runs)."""
+def build_parser(add_training: Callable[[Any], None] | None = None) -> argparse.ArgumentParser:
+    """The `seq2onnx` parser. add_training(subparsers) adds the training-side commands (given by
+    seq2onnx.export.cli); without it they are listed by name only, since seq2onnx.cli dispatches
+    them before this parser runs."""
     parser = argparse.ArgumentParser(
         prog="seq2onnx",
         description="Train a Transformer in PyTorch, export it as two ONNX graphs, verify parity, translate without torch.",
@@ -67,10 +55,8 @@ def build_parser(training: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"seq2onnx {_version()}")
     add_debug(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    if training:
-        from seq2onnx.export.cli import add_commands
-
-        add_commands(sub)
+    if add_training is not None:
+        add_training(sub)
     else:
         for name, help in TRAINING_COMMANDS.items():
             sub.add_parser(name, help=help, add_help=False)
@@ -110,22 +96,3 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         kind = "" if isinstance(e, known) else f"unexpected {type(e).__name__} (rerun with --debug for the traceback): "
         print(f"seq2onnx {args.command}: error: {kind}{e}", file=sys.stderr)
         return EXIT_FAIL
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The `seq2onnx` console command."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    command = next((a for a in argv if not a.startswith("-")), None)
-    if command in TRAINING_COMMANDS:
-        from seq2onnx.export import cli
-
-        return cli.main(argv)
-    return run_command(build_parser(), argv)
-
-
-if __name__ == "__main__":
-    # Run the imported module's main, not this __main__ copy's: the commands raise
-    # seq2onnx.runtime.cli.CommandError, which a second copy of this class would not catch.
-    from seq2onnx.runtime.cli import main as _main
-
-    sys.exit(_main())

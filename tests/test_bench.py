@@ -11,7 +11,7 @@ import pytest
 from tiny import scratch, tiny_run
 
 from seq2onnx.export import bench_engines, bench_format, bench_rows, bench_run, ct2convert
-from seq2onnx.runtime.cli import main
+from seq2onnx.cli import main
 from seq2onnx.runtime.translator import _cuda_usable
 
 HAVE_CT2 = ct2convert.ct2_available()[0]

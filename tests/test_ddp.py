@@ -42,7 +42,7 @@ def _free_port() -> int:
 
 def _torchrun(out: Path, max_steps: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-            "--master_port", str(_free_port()), "-m", "seq2onnx.runtime.cli", "train", str(out), *FLAGS,
+            "--master_port", str(_free_port()), "-m", "seq2onnx.cli", "train", str(out), *FLAGS,
             "--max-steps", str(max_steps), *extra]
 
 

@@ -21,7 +21,7 @@ def _python(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_version_is_the_distributions():
     assert seq2onnx.__version__ == importlib.metadata.version("seq2onnx")
-    proc = subprocess.run([sys.executable, "-m", "seq2onnx.runtime.cli", "--version"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "seq2onnx.cli", "--version"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"seq2onnx {importlib.metadata.version('seq2onnx')}"
@@ -41,10 +41,12 @@ def test_an_app_with_its_own_runtime_and_model_modules_uses_seq2onnx():
     app = scratch("app")
     (app / "runtime.py").write_text("WHOSE = 'the app'\n")
     (app / "model.py").write_text("WHOSE = 'the app'\n")
+    # The app imports its own modules by the names an installed bare package would shadow
+    # (import_module spells the same import as `import runtime`).
     (app / "main.py").write_text(textwrap.dedent("""
-        import json, sys
-        import model
-        import runtime
+        import importlib, json, sys
+        model = importlib.import_module("model")
+        runtime = importlib.import_module("runtime")
         from seq2onnx import Translator, TranslationResult
         t = Translator(sys.argv[1], device="cpu")
         r = t.translate_batch(["a small bird sleeps"], beam_size=2)
@@ -73,7 +75,7 @@ def test_translate_cli_runs_without_the_training_side():
     source = scratch("cli-no-torch") / "in.txt"
     source.write_text("a small bird sleeps\nthe cat dances in the box\n")
     proc = _python(textwrap.dedent(_BLOCK_TRAINING_SIDE) + textwrap.dedent("""
-        from seq2onnx.runtime.cli import main
+        from seq2onnx.cli import main
         code = main(["translate", sys.argv[1], "-i", sys.argv[2], "--beam", "2"])
         loaded = [m for m in sys.modules if m.split(".")[0] in ("torch", "onnx")
                   or m.startswith(("seq2onnx.model", "seq2onnx.export"))]
@@ -89,7 +91,7 @@ def test_training_command_without_torch_names_the_extra():
     # A runtime-only install has seq2onnx.export (same distribution) but no torch.
     block_torch = _BLOCK_TRAINING_SIDE.replace('or name.startswith(("seq2onnx.model", "seq2onnx.export"))', "")
     proc = _python(textwrap.dedent(block_torch) + textwrap.dedent("""
-        from seq2onnx.runtime.cli import main
+        from seq2onnx.cli import main
         sys.exit(main(["train", "somewhere"]))
         """), scratch("cwd"))
     assert proc.returncode == 1

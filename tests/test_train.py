@@ -287,10 +287,10 @@ def test_missing_valid_data_is_a_clear_error(tmp_path):
 
 
 def test_cli_passes_valid_data_to_training():
-    from seq2onnx.export.cli import train_options
+    from seq2onnx.export.cli import add_commands, train_options
     from seq2onnx.runtime.cli import build_parser
 
-    args = build_parser(training=True).parse_args(["train", "OUT", "--data", "d.tsv", "--valid-data", "v.tsv"])
+    args = build_parser(add_training=add_commands).parse_args(["train", "OUT", "--data", "d.tsv", "--valid-data", "v.tsv"])
     opts = train_options(args)
     assert (opts.data, opts.valid_data, opts.out) == ("d.tsv", "v.tsv", "OUT")
-    assert train_options(build_parser(training=True).parse_args(["train", "OUT"])).valid_data is None
+    assert train_options(build_parser(add_training=add_commands).parse_args(["train", "OUT"])).valid_data is None

@@ -1,4 +1,4 @@
-"""`seq2onnx translate BUNDLE` (python -m seq2onnx.runtime.cli translate) against Translator.translate_batch."""
+"""`seq2onnx translate BUNDLE` (python -m seq2onnx.cli translate) against Translator.translate_batch."""
 from __future__ import annotations
 
 import os
@@ -37,7 +37,7 @@ LINES = [
 ]
 
 
-COMMAND = [sys.executable, "-m", "seq2onnx.runtime.cli", "translate"]
+COMMAND = [sys.executable, "-m", "seq2onnx.cli", "translate"]
 # An ordinary UTF-8 locale (C.UTF-8: en_US.UTF-8 is not installed everywhere), no override of Python's encodings.
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONIOENCODING"))}, "LC_ALL": "C.UTF-8"}
 

@@ -69,7 +69,7 @@ def test_text_output_is_byte_identical_to_seq2onnx_translate(local_ray, bundle, 
     assert run(bundle, source, d / "out.txt", "--workers", 2, "--lines-per-task", 40, "--json") == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["lines"] == len(LINES) and stats["workers"] == 2
-    proc = subprocess.run([sys.executable, "-m", "seq2onnx.runtime.cli", "translate", str(bundle), "--device", "cpu",
+    proc = subprocess.run([sys.executable, "-m", "seq2onnx.cli", "translate", str(bundle), "--device", "cpu",
                            "--threads", "1", "-i", str(source), "-o", str(d / "cli.txt")],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -217,7 +217,7 @@ def test_format_report_lists_only_deciding_checks_with_bounds():
 
 def cli_verify(bundle: Path, json_out: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "seq2onnx.runtime.cli", "verify", str(tiny_run(False, True)), str(bundle), "--json", str(json_out)],
+        [sys.executable, "-m", "seq2onnx.cli", "verify", str(tiny_run(False, True)), str(bundle), "--json", str(json_out)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
 
 

@@ -239,6 +239,20 @@ def beam_search(
     return results
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _uniform(keys: np.ndarray, t: int) -> np.ndarray:
+    """One draw in [0, 1) per key at step t: SplitMix64 of key + (t + 1) x the golden gamma (a
+    counter-based generator: a row's draw depends on its key and the step alone). Array
+    arithmetic on uint64 wraps, as the hash means it to."""
+    z = keys + np.full(keys.shape, t + 1, dtype=np.uint64) * _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
 def sample(
     step: Step, batch: int, *, start_id: int, eos_id: int, max_lengths: np.ndarray, min_length: int = 0,
     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
@@ -248,9 +262,9 @@ def sample(
     (0: all) and to the smallest set whose probability reaches top_p. Scores are the model's
     log-probabilities of the sampled tokens.
 
-    Each sentence draws from its own generator, seeded by (seed, *row_keys[sentence]) (default
-    key: the sentence's index), so that its sample does not depend on the other sentences of
-    the batch: the translator keys a sentence by its source ids and hypothesis index."""
+    Each sentence's draws depend only on (seed, *row_keys[sentence]) (default key: the sentence's
+    index) and the step, so that its sample does not depend on the other sentences of the batch:
+    the translator keys a sentence by its source ids and hypothesis index."""
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}; it must be > 0 (use beam_size=1 for greedy)")
     if not 0 < top_p <= 1:
@@ -263,7 +277,10 @@ def sample(
         raise ValueError(f"row_keys has {len(keys)} keys for {batch} sentences; give one per sentence")
     if seed is None:
         seed = int(np.random.SeedSequence().entropy)
-    rngs = [np.random.default_rng([seed, *(int(k) for k in key)]) for key in keys]
+    # One 64-bit stream key per sentence, made once per batch; each step's draws are then one
+    # vectorised hash of (key, step) rather than a generator call per row.
+    stream = np.array([np.random.SeedSequence([seed, *(int(k) for k in key)]).generate_state(1, np.uint64)[0]
+                       for key in keys], dtype=np.uint64)
     alive = np.arange(batch)  # sentence of each row, followed through `keep` as greedy_search drops them
 
     def sampled_step(tokens, cache_indices, t, keep):
@@ -290,7 +307,7 @@ def sample(
             np.put_along_axis(mask, order, outside, axis=1)
             probs = np.where(mask, 0.0, probs)
             probs /= probs.sum(axis=1, keepdims=True)
-        draws = np.array([[rngs[sentence].random()] for sentence in alive])  # (R, 1), one per row's own generator
+        draws = _uniform(stream[alive], t)[:, None]  # (R, 1): each row's own stream at step t
         choice = (probs.cumsum(axis=1) > draws).argmax(axis=1)
         # Greedy search below takes the argmax: hand it a one-hot of the choice, scored by the model.
         out = np.full_like(log_probs, -np.inf)

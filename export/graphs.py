@@ -34,7 +34,8 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderGraph(nn.Module):
-    """One step: decode_step with its lists flattened in the order of runtime.bundle's names."""
+    """One step: decode_step with its lists flattened in the order of runtime.bundle's names, and
+    the last layer's head-averaged cross-attention (computed anyway: one ReduceMean more)."""
 
     def __init__(self, model: Transformer):
         super().__init__()
@@ -46,8 +47,9 @@ class DecoderGraph(nn.Module):
         past = [(rest[2 * i], rest[2 * i + 1]) for i in range(n)]
         cross = [(rest[2 * n + 2 * i], rest[2 * n + 2 * i + 1]) for i in range(n)]
         src_mask = rest[4 * n]
-        log_probs, present = self.model.decode_step(tokens, step, cache_indices, past, cross, src_mask)
-        return (log_probs, *[t for kv in present for t in kv])
+        log_probs, present, attention = self.model.decode_step(
+            tokens, step, cache_indices, past, cross, src_mask, return_attention=True)
+        return (log_probs, *[t for kv in present for t in kv], attention)
 
 
 def example_inputs(model: Transformer, dtype: torch.dtype) -> tuple[tuple, tuple]:
@@ -89,11 +91,12 @@ def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = tor
         _export(
             DecoderGraph(model), dec_inputs, dec_path,
             inputs=[names.TOKENS, names.STEP, names.CACHE_INDICES, *names.past_names(n), *names.cross_names(n), names.SRC_MASK],
-            outputs=[names.LOG_PROBS, *names.present_names(n)],
+            outputs=[names.LOG_PROBS, *names.present_names(n), names.CROSS_ATTENTION],
             axes={
                 names.TOKENS: {0: "rows"}, names.CACHE_INDICES: {0: "rows"}, names.LOG_PROBS: {0: "rows"},
                 **{p: {0: "prev_rows", 2: "past"} for p in names.past_names(n)},
                 **{p: {0: "rows", 2: "past_plus_1"} for p in names.present_names(n)},
+                names.CROSS_ATTENTION: {0: "rows", 1: "src_len"},
                 **cross_axes, names.SRC_MASK: {0: "batch", 1: "src_len"},
             },
         )

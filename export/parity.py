@@ -121,6 +121,10 @@ def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float,
     half = enc.get_outputs()[1].type == "tensor(float16)"
     outputs = ("decoder log_probs (teacher-forced)", "decoder log_probs (greedy path)", "decoder cache")
     worst = {("", "encoder cross K/V"): _Worst(), **{(d, name): _Worst() for d in decoders for name in outputs}}
+    dec_outputs = [o.name for o in dec.get_outputs()]
+    attention_at = dec_outputs.index(fmt.CROSS_ATTENTION) if fmt.CROSS_ATTENTION in dec_outputs else None
+    if fmt.STANDARD in decoders and attention_at is not None:  # bundles before 0.3 have no attention output
+        worst[fmt.STANDARD, "decoder cross_attention"] = _Worst()
     mask_ok = True
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
@@ -162,14 +166,21 @@ def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float,
             for t in range(steps):
                 tokens = tgt_in[:, t : t + 1]
                 position = torch.tensor([t])
-                log_probs, past = model.decode_step(tokens, position, rows, past, cross, mask)
-                exact, past64 = exact_model.decode_step(tokens, position, rows, past64, cross64, mask)
+                log_probs, past, attention = model.decode_step(tokens, position, rows, past, cross, mask,
+                                                               return_attention=True)
+                exact, past64, attention64 = exact_model.decode_step(tokens, position, rows, past64, cross64, mask,
+                                                                     return_attention=True)
                 live = np.array([t < v for v in valid])
                 if fmt.STANDARD in decoders:
                     out = dec.run(None, {fmt.TOKENS: tokens.numpy(), fmt.STEP: np.array([t], np.int64),
                                          fmt.CACHE_INDICES: rows.numpy(), fmt.TOP_K: np.array([1], np.int64),
                                          **dict(zip(fmt.past_names(n), ort_past)), **feed_const})
                     worst[fmt.STANDARD, label].update(out[0][live], log_probs.numpy()[live], exact.numpy()[live])
+                    if attention_at is not None:
+                        for i in np.flatnonzero(live):  # real source positions only
+                            v = int(lengths[i])
+                            worst[fmt.STANDARD, "decoder cross_attention"].update(
+                                out[attention_at][i, :v], attention.numpy()[i, :v], attention64.numpy()[i, :v])
                     ort_past = out[1 : 1 + 2 * n]
                 if fused_step is not None:
                     got = fused_step(tokens.numpy(), rows.numpy(), t, None)

@@ -73,15 +73,19 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, x: Tensor) -> KV:
         return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))  # 2 x (B, H, S, Dh)
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        """softmax(Q K^T / sqrt(d_k) + bias) V per head: -> (B, H, T, Dh)."""
+    def attention_weights(self, q: Tensor, k: Tensor, bias: Tensor | None) -> Tensor:
+        """softmax(Q K^T / sqrt(d_k) + bias) per head, in fp32: -> (B, H, T, S)."""
         # 1. scores: (B, H, T, Dh) @ (B, H, Dh, S) -> (B, H, T, S)
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         # 2. masks: padding (B, 1, 1, S) and/or causal (T, S) broadcast over heads
         if bias is not None:
             scores = scores + bias
         # 3. softmax in fp32: fp16 exponentials overflow
-        weights = self.dropout(F.softmax(wide(scores), dim=-1).to(v.dtype))
+        return F.softmax(wide(scores), dim=-1)
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+        """softmax(Q K^T / sqrt(d_k) + bias) V per head: -> (B, H, T, Dh)."""
+        weights = self.dropout(self.attention_weights(q, k, bias).to(v.dtype))
         # 4. weighted values: (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh)
         return torch.matmul(weights, v)
 
@@ -108,14 +112,17 @@ class MultiHeadAttention(nn.Module):
         context = self.attention(self.rows_to_heads(self.w_q(x)), k, v, None)  # (R, H, 1, Dh)
         return self.w_o(context.reshape(-1, self.n_heads * self.head_dim)), (k, v)
 
-    def step_cross(self, x: Tensor, kv: KV, bias: Tensor) -> Tensor:
-        """x (R, D) grouped by sentence, kv 2 x (B, H, S, Dh), bias (B, 1, 1, S) -> (R, D).
+    def step_cross(self, x: Tensor, kv: KV, bias: Tensor) -> tuple[Tensor, Tensor]:
+        """x (R, D) grouped by sentence, kv 2 x (B, H, S, Dh), bias (B, 1, 1, S) -> (R, D), and
+        the attention weights averaged over heads (R, S) in fp32.
 
         A sentence's R/B rows (its live beams) share its keys and values: they query them as
         (B, H, R/B, Dh) instead of copying the cross cache per beam."""
         q = self.w_q(x).reshape(kv[0].shape[0], -1, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, R/B, Dh)
-        context = self.attention(q, kv[0], kv[1], bias).transpose(1, 2)  # (B, R/B, H, Dh)
-        return self.w_o(context.reshape(-1, self.n_heads * self.head_dim))  # (R, D)
+        weights = self.attention_weights(q, kv[0], bias)  # (B, H, R/B, S)
+        context = torch.matmul(self.dropout(weights.to(kv[1].dtype)), kv[1]).transpose(1, 2)  # (B, R/B, H, Dh)
+        averaged = weights.mean(dim=1).reshape(-1, weights.shape[-1])  # (R, S)
+        return self.w_o(context.reshape(-1, self.n_heads * self.head_dim)), averaged
 
 
 class FeedForward(nn.Module):
@@ -172,18 +179,25 @@ class DecoderLayer(nn.Module):
         x = self.sub_cross(x, lambda y: self.cross_attn(y, cross, cross_bias))
         return self.sub_ff(x, self.feed_forward)
 
-    def step(self, x: Tensor, past: KV, cross: KV, cross_bias: Tensor) -> tuple[Tensor, KV]:
-        """One new position: x (R, D); past 2 x (R, H, P, Dh) already reordered to the rows."""
+    def step(self, x: Tensor, past: KV, cross: KV, cross_bias: Tensor) -> tuple[Tensor, KV, Tensor]:
+        """One new position: x (R, D); past 2 x (R, H, P, Dh) already reordered to the rows.
+        Returns x, the layer's new cache and its cross-attention averaged over heads (R, S)."""
         present: list[KV] = []
+        attention: list[Tensor] = []
 
         def self_attention(y: Tensor) -> Tensor:
             out, kv = self.self_attn.step_self(y, past)
             present.append(kv)
             return out
 
+        def cross_attention(y: Tensor) -> Tensor:
+            out, weights = self.cross_attn.step_cross(y, cross, cross_bias)
+            attention.append(weights)
+            return out
+
         x = self.sub_self(x, self_attention)
-        x = self.sub_cross(x, lambda y: self.cross_attn.step_cross(y, cross, cross_bias))
-        return self.sub_ff(x, self.feed_forward), present[0]
+        x = self.sub_cross(x, cross_attention)
+        return self.sub_ff(x, self.feed_forward), present[0], attention[0]
 
 
 class Transformer(nn.Module):
@@ -255,13 +269,16 @@ class Transformer(nn.Module):
         past: list[KV],
         cross: list[KV],
         src_mask: Tensor,
-    ) -> tuple[Tensor, list[KV]]:
+        return_attention: bool = False,
+    ) -> tuple[Tensor, list[KV]] | tuple[Tensor, list[KV], Tensor]:
         """One decoding step for R rows grouped by sentence (R = B x beams, beams contiguous).
 
         tokens (R, 1) the newest token of each row; step (1,) its position; cache_indices (R,)
         the row of `past` each new row continues (beam reordering, dropping finished rows);
         past per layer 2 x (R_prev, H, P, Dh); cross per layer 2 x (B, H, S, Dh); src_mask (B, S).
-        Returns log-probabilities (R, V) in fp32 and the new cache, per layer 2 x (R, H, P+1, Dh).
+        Returns log-probabilities (R, V) in fp32 and the new cache, per layer 2 x (R, H, P+1, Dh);
+        with return_attention also the last layer's cross-attention averaged over heads (R, S) in
+        fp32 (CTranslate2's return_attention convention), what the decoder graph outputs.
         """
         positions = self.positions.index_select(0, step)  # (1, D)
         x = self.embed(self.tgt_embed, tokens.reshape(-1), positions)  # (R, D)
@@ -269,10 +286,13 @@ class Transformer(nn.Module):
         present: list[KV] = []
         for layer, (pk, pv), kv in zip(self.decoder_layers, past, cross):
             reordered = (pk.index_select(0, cache_indices), pv.index_select(0, cache_indices))
-            x, new = layer.step(x, reordered, kv, cross_bias)
+            x, new, attention = layer.step(x, reordered, kv, cross_bias)
             present.append(new)
         logits = self.generator(self.decoder_norm(x))  # (R, V)
-        return F.log_softmax(wide(logits), dim=-1).float(), present
+        log_probs = F.log_softmax(wide(logits), dim=-1).float()
+        if return_attention:
+            return log_probs, present, attention.float()
+        return log_probs, present
 
     def empty_cache(self, rows: int, device: torch.device | None = None) -> list[KV]:
         """The past before the first step: per layer 2 x (rows, H, 0, Dh)."""

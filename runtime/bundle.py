@@ -37,6 +37,10 @@ TOKENS, STEP, CACHE_INDICES, LOG_PROBS = "tokens", "step", "cache_indices", "log
 # The k best log-probabilities of each row, best first (ties: lower token id first), so that a
 # search can download [rows, k] instead of [rows, vocab]. `top_k` is an input: 1 <= k <= vocab.
 TOP_K, TOPK_LOG_PROBS, TOPK_IDS = "top_k", "topk_log_probs", "topk_ids"
+# Standard decoder only: the last layer's cross-attention weights averaged over heads [rows,
+# src_len] (CTranslate2's return_attention convention), for showing what each target piece
+# attended to. Bundles exported before 0.3 lack it; the search never binds it.
+CROSS_ATTENTION = "cross_attention"
 # Fused decoder only: the beams per sentence W and, replacing cache_indices, the table
 # [batch, W, max_length] naming for each beam and position the beam whose cache row holds it.
 BEAM_WIDTH, CACHE_INDIRECTION = "beam_width", "cache_indirection"
@@ -130,6 +134,7 @@ def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str, voca
                {"name": TOP_K, "dtype": "int64", "shape": [1]}],
             "outputs": [{"name": LOG_PROBS, "dtype": "float32", "shape": ["rows", vocab]}]
             + [kv(n, "rows", "past_plus_1") for n in present_names(n_layers)]
+            + [{"name": CROSS_ATTENTION, "dtype": "float32", "shape": ["rows", "src_len"]}]
             + [{"name": TOPK_LOG_PROBS, "dtype": "float32", "shape": ["rows", "k"]},
                {"name": TOPK_IDS, "dtype": "int64", "shape": ["rows", "k"]}],
             "variant": STANDARD,

@@ -51,6 +51,7 @@ class SearchOptions:
     max_decoding_length: int | None = None  # None: max_length_a x source length + max_length_b
     min_decoding_length: int = 0  # the end token is forbidden before this many tokens
     return_scores: bool = False
+    return_attention: bool = False  # each hypothesis's [target pieces, source pieces] cross-attention
     truncate: bool = False  # cut sources longer than the model's positions instead of refusing them
     max_batch_size: int = 32  # sources decoded together
     sampling_temperature: float | None = None  # None: beam/greedy search; > 0: random sampling
@@ -80,6 +81,7 @@ class SearchOptions:
                 f"{self.max_decoding_length}: lower the minimum or raise the maximum"
             )
         put("return_scores", _bool("return_scores", self.return_scores))
+        put("return_attention", _bool("return_attention", self.return_attention))
         put("truncate", _bool("truncate", self.truncate))
         put("max_batch_size", _int("max_batch_size", self.max_batch_size, 1, "give an int >= 1"))
         t = self.sampling_temperature

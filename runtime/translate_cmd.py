@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from seq2onnx.runtime.cli import CommandError
+from seq2onnx.runtime.heatmap import MAX_PICTURES, json_line, page, picture_path, record
 
 # -- translate: input, output, messages ------------------------------------------------------------
 
@@ -122,8 +123,8 @@ class AtomicOutput:
     a directory) only when complete, so FILE is never a partial translation, even after an error or
     Ctrl-C. Refuses an existing FILE unless force."""
 
-    def __init__(self, path: Path, force: bool):
-        self.check(path, force)
+    def __init__(self, path: Path, force: bool, option: str = "--output"):
+        self.check(path, force, option)
         self.path = path
         # mkstemp makes the file 0600: the result gets the mode a plain open() would give it, or the
         # mode of the file it replaces.
@@ -135,14 +136,14 @@ class AtomicOutput:
         self.file = os.fdopen(fd, "wb")
 
     @staticmethod
-    def check(path: Path, force: bool) -> None:
-        """Raises CommandError when path cannot or may not be written."""
+    def check(path: Path, force: bool, option: str = "--output") -> None:
+        """Raises CommandError when path cannot or may not be written (the message names `option`)."""
         if path.is_dir():
-            raise CommandError(f"--output {path} is a directory; give a file path")
+            raise CommandError(f"{option} {path} is a directory; give a file path")
         if path.exists() and not force:
-            raise CommandError(f"--output {path} exists; pass --force to overwrite it")
+            raise CommandError(f"{option} {path}: {path.name} exists; pass --force to overwrite it")
         if not path.parent.is_dir():
-            raise CommandError(f"--output {path}: the directory {path.parent} does not exist; create it first")
+            raise CommandError(f"{option} {path}: the directory {path.parent} does not exist; create it first")
 
     def commit(self) -> None:
         self.file.close()
@@ -299,6 +300,10 @@ def add_translate(sub) -> None:
                         help="cut lines longer than the model's positions, with a warning naming the line (the default)")
     length.add_argument("--strict", action="store_true",
                         help="a line longer than the model's positions is an error naming the line, not truncated")
+    p.add_argument("--attention", metavar="FILE",
+                   help="also write each line's cross-attention (the best translation's target pieces x source pieces, "
+                   "last decoder layer averaged over heads) to FILE as JSON lines, and heatmaps of the first "
+                   f"{MAX_PICTURES} lines to FILE with the suffix .html; the translations are the same as without it")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar on stderr (default: on when stderr is a terminal and the input a file; "
                    "--progress shows it anywhere, e.g. in a log, --no-progress never)")
@@ -335,6 +340,9 @@ def cmd_translate(args) -> int:
     to_file = args.output not in (None, "-")
     if to_file:
         AtomicOutput.check(Path(args.output), args.force)  # refuse before the model loads
+    if args.attention:
+        for path in (Path(args.attention), picture_path(Path(args.attention))):
+            AtomicOutput.check(path, args.force, "--attention")
 
     from seq2onnx.runtime.translator import Translator
 
@@ -348,6 +356,7 @@ def cmd_translate(args) -> int:
         read = functools.partial(os.read, fd, READ_CHUNK)
     else:
         fd, read = None, _stdin_read()
+    attention = AttentionSink(Path(args.attention), args.force, translator) if args.attention else None
     sink = AtomicOutput(Path(args.output), args.force) if to_file else None  # last: nothing can fail before `try`
     if not sink:
         sys.stdout.flush()  # whatever the text layer holds goes first: translations go to its byte buffer
@@ -355,7 +364,7 @@ def cmd_translate(args) -> int:
     done = False
     try:
         _translate_stream(translator, LineReader(read, max_queued=max(4096, 4 * args.batch_size)), args,
-                          out, warnings, progress)
+                          out, warnings, progress, attention)
         done = True
     except BrokenPipeError:
         if sink:
@@ -374,10 +383,45 @@ def cmd_translate(args) -> int:
             sink.commit()
         elif sink:
             sink.discard()
+        if attention:
+            attention.close(commit=done)
     return 0
 
 
-def _translate_stream(translator, reader: LineReader, args, out, warnings: Warnings, progress: Progress) -> None:
+class AttentionSink:
+    """--attention FILE: JSON lines as the translations are written, the heatmap page at the end;
+    both atomic (AtomicOutput), both refused when they exist unless --force."""
+
+    def __init__(self, path: Path, force: bool, translator):
+        self.data = AtomicOutput(path, force, "--attention")
+        self.picture = AtomicOutput(picture_path(path), force, "--attention")
+        self.name, self.translator, self.drawn, self.total = path.name, translator, [], 0
+
+    def write(self, first: int, sources: list[list[int]], results) -> None:
+        source_piece, target_piece = self.translator.source_tokenizer.id_to_piece, self.translator.target_tokenizer.id_to_piece
+        lines = []
+        for k, (ids, result) in enumerate(zip(sources, results)):
+            rec = record(first + k, [source_piece(i) for i in ids], [target_piece(t) for t in result.token_ids[0]],
+                         result.attention[0])
+            lines.append(json_line(rec))
+            if len(self.drawn) < MAX_PICTURES:
+                self.drawn.append(rec)
+        self.total += len(lines)
+        self.data.file.write("".join(lines).encode("utf-8"))
+        self.data.file.flush()
+
+    def close(self, commit: bool) -> None:
+        if commit:
+            self.picture.file.write(page(self.drawn, self.total, self.name).encode("utf-8"))
+            self.data.commit()
+            self.picture.commit()
+        else:
+            self.data.discard()
+            self.picture.discard()
+
+
+def _translate_stream(translator, reader: LineReader, args, out, warnings: Warnings, progress: Progress,
+                      attention: AttentionSink | None = None) -> None:
     """Translates the reader's batches, writing and flushing each batch's lines in input order."""
     def write(text: str) -> None:
         if out is None:  # stdout replaced by a text stream (embedding, tests)
@@ -400,8 +444,11 @@ def _translate_stream(translator, reader: LineReader, args, out, warnings: Warni
         if ids:
             results = translator.translate_batch(
                 ids, beam_size=args.beam, num_hypotheses=args.n_best, length_penalty=args.length_penalty,
-                max_decoding_length=args.max_length, return_scores=True, max_batch_size=args.batch_size)
+                max_decoding_length=args.max_length, return_scores=True, return_attention=attention is not None,
+                max_batch_size=args.batch_size)
             write("".join(_format(r, first + k, args) for k, r in enumerate(results)))
+            if attention is not None:
+                attention.write(first, ids, results)
             progress.update(len(results))
         if error is not None:
             raise error

@@ -19,6 +19,7 @@ import numpy as np
 import sentencepiece as spm
 
 from . import bundle as names
+from .attention import check_attention_output, forced_attention
 from .bundle import BundleError, read_bundle
 from .checks import check_graphs, check_tokenizers
 from .fused_step import DecoderUnavailable, FusedStep, pick_decoder
@@ -40,6 +41,9 @@ class TranslationResult:
     hypotheses: list[str]
     token_ids: list[list[int]]
     scores: list[float] | None = None
+    # with return_attention: per hypothesis a float32 [len(token_ids[i]), source pieces + end
+    # token] array, the last layer's cross-attention averaged over heads (runtime/attention.py)
+    attention: list[np.ndarray] | None = None
 
     def __repr__(self) -> str:
         scores = "" if self.scores is None else f", scores={[round(s, 4) for s in self.scores]}"
@@ -140,6 +144,7 @@ class Translator:
         self.device, self.device_reason = self._pick_device(device)
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
         load = lambda path: ort.InferenceSession(str(path), options, providers=providers)  # noqa: E731
+        self._load, self._standard_decoder = load, None
         try:
             self.encoder = load(self.bundle.file("encoder"))
             self.decoder_variant, self.decoder, self.decoder_reason = pick_decoder(
@@ -209,6 +214,7 @@ class Translator:
         max_decoding_length: int | None = None,
         min_decoding_length: int | None = None,
         return_scores: bool = False,
+        return_attention: bool = False,
         truncate: bool = False,
         max_batch_size: int = 32,
         sampling_temperature: float | None = None,
@@ -223,6 +229,9 @@ class Translator:
         beam_size, length_penalty and min_decoding_length default to bundle.json's `decoding`;
         max_decoding_length to max_length_a x source length + max_length_b, capped by the model's
         positions. An empty or whitespace-only text gives an empty translation.
+        return_attention adds each hypothesis's cross-attention (TranslationResult.attention),
+        computed after the search by a forced pass of the standard decoder, so the hypotheses
+        and scores are the same as without it.
         Raises TypeError for items that are neither str nor ids, ValueError for a source longer
         than the model's positions (unless truncate=True) and for options of a wrong type or
         range (SearchOptions; the message names the option, its value and the fix).
@@ -230,7 +239,8 @@ class Translator:
         options = self.search_options(
             beam_size=beam_size, num_hypotheses=num_hypotheses, length_penalty=length_penalty,
             max_decoding_length=max_decoding_length, min_decoding_length=min_decoding_length,
-            return_scores=return_scores, truncate=truncate, max_batch_size=max_batch_size,
+            return_scores=return_scores, return_attention=return_attention, truncate=truncate,
+            max_batch_size=max_batch_size,
             sampling_temperature=sampling_temperature, sampling_topk=sampling_topk, sampling_topp=sampling_topp,
             seed=seed)
         return self._translate(source, options)
@@ -356,18 +366,44 @@ class Translator:
                     f"{limits[i]} (max_length_a x {len(ids[i])} tokens + max_length_b in bundle.json, at most "
                     f"max_positions): pass a larger max_decoding_length or a smaller min_decoding_length"
                 )
+        if options.return_attention:
+            self._attention_decoder()  # a bundle without the output is refused before searching
         for i, s in enumerate(ids):
             if s is None:  # empty text: nothing to translate
-                results[i] = TranslationResult([""] * n, [[]] * n, [0.0] * n if options.return_scores else None)
+                results[i] = TranslationResult([""] * n, [[]] * n, [0.0] * n if options.return_scores else None,
+                                               [np.zeros((0, 0), np.float32)] * n if options.return_attention else None)
         todo.sort(key=lambda i: len(ids[i]))  # similar lengths share a batch: less padding
         for start in range(0, len(todo), options.max_batch_size):
             chunk = todo[start : start + options.max_batch_size]
             found = self._search([ids[i] for i in chunk], np.array([limits[i] for i in chunk], dtype=np.int64), options)
-            for i, r in zip(chunk, found):
-                tokens = [h[:-1] if h and h[-1] == self.eos_id else h for h in r.hypotheses]
+            found_tokens = [[h[:-1] if h and h[-1] == self.eos_id else h for h in r.hypotheses] for r in found]
+            attention = (self._attention([ids[i] for i in chunk], found_tokens) if options.return_attention
+                         else [None] * len(chunk))
+            for i, r, tokens, weights in zip(chunk, found, found_tokens, attention):
                 results[i] = TranslationResult([self.target_tokenizer.decode(t) for t in tokens], tokens,
-                                               r.scores if options.return_scores else None)
+                                               r.scores if options.return_scores else None, weights)
         return results  # type: ignore[return-value]
+
+    def _attention_decoder(self):
+        """The standard decoder session (loaded on first use where the search drives the fused one),
+        checked to have the cross_attention output."""
+        if self._standard_decoder is None:
+            self._standard_decoder = (self.decoder if self.decoder_variant == names.STANDARD
+                                      else self._load(self.bundle.file("decoder")))
+        check_attention_output(self._standard_decoder, self.bundle.path)
+        return self._standard_decoder
+
+    def _attention(self, sources: list[list[int]], hypotheses: list[list[list[int]]]) -> list[list[np.ndarray]]:
+        """Each source's hypotheses' cross-attention, by a forced pass (runtime/attention.py)."""
+        n = max(len(h) for h in hypotheses)
+        rows = [h[j] if j < len(h) else [] for h in hypotheses for j in range(n)]  # n rows per source
+        src, lengths = self._pad(sources)
+        src_mask, cross = self._encode(src, lengths)
+        flat = forced_attention(self._attention_decoder(), src_mask=src_mask, cross=cross, rows_per_source=n,
+                                hypotheses=rows, source_lengths=[len(s) for s in sources], start_id=self.start_id,
+                                eos_id=self.eos_id, n_heads=self.n_heads, head_dim=self.head_dim,
+                                cache_dtype=self.cache_dtype, to_device=self._to_device, device=self._ort_device)
+        return [flat[i * n : i * n + len(h)] for i, h in enumerate(hypotheses)]
 
     def _source_ids(self, index: int, item, truncate: bool) -> list[int] | None:
         if isinstance(item, str):
@@ -441,13 +477,8 @@ class Translator:
     def _to_device(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(array, self._ort_device, 0)
 
-    def _step_fn(self, src: np.ndarray, lengths: np.ndarray, top_k: int | None, *, max_length: int,
-                 beam_width: int = 1):
-        """Encodes the sources once and returns the search's step over the decoder graph.
-
-        With top_k the step downloads the graph's TopK outputs ([rows, top_k]); without, the full
-        log-probabilities ([rows, vocab]). max_length (the longest decoding of the batch) and
-        beam_width size the fused decoder's cache buffers."""
+    def _encode(self, src: np.ndarray, lengths: np.ndarray) -> tuple:
+        """The encoder's src_mask and cross keys/values, left on the device as OrtValues."""
         binding = self.encoder.io_binding()
         binding.bind_cpu_input(names.SRC_IDS, src)
         binding.bind_cpu_input(names.SRC_LENGTHS, lengths)
@@ -455,6 +486,16 @@ class Translator:
             binding.bind_output(name, self._ort_device)
         self.encoder.run_with_iobinding(binding)
         src_mask, *cross = binding.get_outputs()
+        return src_mask, cross
+
+    def _step_fn(self, src: np.ndarray, lengths: np.ndarray, top_k: int | None, *, max_length: int,
+                 beam_width: int = 1):
+        """Encodes the sources once and returns the search's step over the decoder graph.
+
+        With top_k the step downloads the graph's TopK outputs ([rows, top_k]); without, the full
+        log-probabilities ([rows, vocab]). max_length (the longest decoding of the batch) and
+        beam_width size the fused decoder's cache buffers."""
+        src_mask, cross = self._encode(src, lengths)
         if self.decoder_variant == names.FUSED:
             return FusedStep(self.decoder, src_mask=src_mask.numpy(), cross=[c.numpy() for c in cross],
                              n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim,

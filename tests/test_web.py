@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from seq2onnx.model.corpus import generate_pairs
@@ -178,8 +179,17 @@ def test_browser_translations_match_the_python_runtime(site, bundle, tmp_path):
     for run in report["runs"]:
         beam, n = run["beamSize"], run["numHypotheses"]
         assert run["status"]["state"] == "done", run["status"]
-        expected = translator.translate_batch(SENTENCES, beam_size=beam, num_hypotheses=n, return_scores=True)
+        expected = translator.translate_batch(SENTENCES, beam_size=beam, num_hypotheses=n, return_scores=True,
+                                              return_attention=True)
         assert [r["source"] for r in run["results"]] == SENTENCES
+        # the heatmaps: each source's best hypothesis, the Python runtime's attention within 1e-4
+        assert [a["index"] for a in run["attention"]] == list(range(len(SENTENCES)))
+        for text, drawn, want in zip(SENTENCES, run["attention"], expected):
+            pieces = translator.source_tokenizer.encode(text, out_type=str)  # unknown pieces as typed, not <unk>
+            assert drawn["sourcePieces"] == [p or "·" for p in pieces] + ["</s>"]
+            assert drawn["rows"] == len(want.token_ids[0])
+            np.testing.assert_allclose(np.array(drawn["weights"]).reshape(want.attention[0].shape), want.attention[0],
+                                       atol=1e-4)
         for got, want in zip(run["results"], expected):
             hyps = got["hypotheses"]
             assert [h["text"] for h in hyps] == want.hypotheses, (beam, got["source"])

@@ -7,6 +7,9 @@ export interface TranslationResult {
   tokenIds: number[][];
   /** Sums of log-probabilities, end token included (only with returnScores). */
   scores: number[] | null;
+  /** Per hypothesis [target pieces][source pieces + end token]: the last decoder layer's cross-attention
+   *  averaged over heads (only with returnAttention). */
+  attention: number[][][] | null;
 }
 
 export interface TranslateOptions {
@@ -21,6 +24,8 @@ export interface TranslateOptions {
   /** The end token is forbidden before this step (default: bundle.json's decoding.min_length). */
   minDecodingLength?: number;
   returnScores?: boolean;
+  /** Also each hypothesis's cross-attention, by a forced pass after the search (results unchanged). */
+  returnAttention?: boolean;
   /** Cut sources longer than the model's positions instead of refusing them. */
   truncate?: boolean;
   /** Sources per batch (default 32). */

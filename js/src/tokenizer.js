@@ -43,6 +43,11 @@ export class SentencePiece {
     return this.processor.encodeIds(text.replace(LONE_SURROGATE, "?"));
   }
 
+  /** The pieces of a text, as encode's ids ("▁" marks a word's start). */
+  pieces(text) {
+    return this.processor.encodePieces(text.replace(LONE_SURROGATE, "?"));
+  }
+
   /** The text of piece ids. */
   decode(ids) {
     return ids.length ? this.processor.decodeIds(ids) : "";

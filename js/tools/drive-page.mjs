@@ -5,7 +5,8 @@
 //
 // Reads one JSON object on stdin: {url, chromium, sentences: [..], runs: [{beamSize, numHypotheses}],
 // screenshot?: path (taken after the last run), timeoutMs?}. Writes one JSON object on stdout:
-// {runs: [{beamSize, numHypotheses, status, results: [{source, hypotheses: [{text, score, shown, tokens}]}]}],
+// {runs: [{beamSize, numHypotheses, status, results: [{source, hypotheses: [{text, score, shown, tokens}]}],
+//         attention: [{index, weights, rows, sourcePieces}] (the heatmaps)}],
 //  loadStatus, requests: [every URL the page asked for], errors: [console errors and page errors]}.
 import puppeteer from "puppeteer-core";
 
@@ -50,7 +51,11 @@ try {
           tokens: JSON.parse(li.dataset.tokens),
         })),
       })));
-      report.runs.push({ ...run, status, results });
+      const attention = await page.$$eval("#heatmaps table.heatmap", (tables) => tables.map((t) => ({
+        index: Number(t.dataset.index), weights: JSON.parse(t.dataset.weights),
+        rows: t.querySelectorAll("tr").length - 1, sourcePieces: [...t.querySelectorAll("th.src")].map((th) => th.textContent),
+      })));
+      report.runs.push({ ...run, status, results, attention });
     }
   }
   if (job.screenshot) await page.screenshot({ path: job.screenshot, fullPage: true });

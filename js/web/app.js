@@ -74,6 +74,55 @@ function render(sources, results) {
   });
 }
 
+/** Shows a piece: SentencePiece's "▁" (a word's start) stays visible; an empty piece shows as "·". */
+const showPiece = (piece) => piece || "·";
+
+/** One heatmap per source: its best hypothesis's target pieces down, source pieces across. */
+function renderAttention(sources, results) {
+  const box = $("heatmaps");
+  box.replaceChildren();
+  sources.forEach((source, i) => {
+    const weights = results[i].attention[0];
+    const tokens = results[i].tokenIds[0];
+    const sourcePieces = [...translator.sourceTokenizer.pieces(source), "</s>"];
+    const targetPieces = tokens.map((id) => translator.targetTokenizer.decode([id]));
+    const table = document.createElement("table");
+    table.className = "heatmap";
+    table.dataset.index = String(i);
+    table.dataset.weights = JSON.stringify(weights);
+    const head = document.createElement("tr");
+    head.append(document.createElement("th"));
+    for (const piece of sourcePieces) {
+      const th = document.createElement("th");
+      th.className = "src";
+      th.textContent = showPiece(piece);
+      head.append(th);
+    }
+    table.append(head);
+    weights.forEach((row, j) => {
+      const tr = document.createElement("tr");
+      const th = document.createElement("th");
+      th.className = "tgt";
+      th.textContent = showPiece(targetPieces[j]);
+      tr.append(th);
+      for (const w of row) {
+        const td = document.createElement("td");
+        const shade = Math.round(255 * (1 - w));
+        td.style.background = `rgb(${shade}, ${shade}, 255)`;
+        td.style.color = w > 0.55 ? "#fff" : "#223";
+        td.title = w.toFixed(4);
+        td.textContent = String(Math.round(100 * w));
+        tr.append(td);
+      }
+      table.append(tr);
+    });
+    const caption = document.createElement("p");
+    caption.className = "source";
+    caption.textContent = source;
+    box.append(caption, table);
+  });
+}
+
 async function onTranslate(event) {
   event.preventDefault();
   if (!translator) return;
@@ -86,7 +135,7 @@ async function onTranslate(event) {
     if (!(Number.isFinite(lengthPenalty) && lengthPenalty >= 0)) {
       throw new RangeError(`Length penalty is ${JSON.stringify($("lp").value)}; give a number of at least 0`);
     }
-    options = { beamSize, numHypotheses, lengthPenalty, returnScores: true };
+    options = { beamSize, numHypotheses, lengthPenalty, returnScores: true, returnAttention: true };
   } catch (e) {
     setStatus("error", e.message);
     return;
@@ -101,6 +150,7 @@ async function onTranslate(event) {
   try {
     const results = await translator.translateBatch(sources, options);
     render(sources, results);
+    renderAttention(sources, results);
     const ms = Math.round(performance.now() - start);
     setStatus("done", `Translated ${sources.length} line(s) in ${ms} ms (beam ${options.beamSize}, ` +
       `${options.numHypotheses} hypothes${options.numHypotheses === 1 ? "is" : "es"} each).`);

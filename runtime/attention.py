@@ -1,0 +1,77 @@
+"""Cross-attention of found hypotheses: which source pieces each target piece attended to.
+
+The search itself never asks the decoder for attention: it runs as it would without it (the
+fused decoder has no attention output, and carrying [rows, src_len] per step through beam
+reordering would cost every translation). Once the hypotheses are known, one forced pass of the
+standard decoder feeds each hypothesis's own tokens (teacher forcing, one step per target piece,
+all hypotheses of a batch as rows) and keeps the graph's `cross_attention` output: the last
+layer's weights averaged over heads, CTranslate2's return_attention convention. The search's
+results and scores are therefore exactly those without attention.
+
+Row j of a hypothesis's matrix is the step that chose its piece j (the query fed piece j-1, or
+the start token); column i is source piece i, the source's end token last. The end token of the
+hypothesis has no row (its pieces are what is shown).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import bundle as names
+
+
+class NoAttentionOutput(ValueError):
+    """The bundle's standard decoder has no cross_attention output (exported before 0.3)."""
+
+
+def check_attention_output(decoder, bundle_path) -> None:
+    if names.CROSS_ATTENTION not in {o.name for o in decoder.get_outputs()}:
+        raise NoAttentionOutput(
+            f"{bundle_path}: its decoder.onnx has no {names.CROSS_ATTENTION!r} output (exported by seq2onnx before "
+            "0.3), so attention cannot be returned: export the checkpoint again with `seq2onnx export`")
+
+
+def forced_attention(decoder, *, src_mask, cross: list, rows_per_source: int, hypotheses: list[list[int]],
+                     source_lengths: list[int], start_id: int, eos_id: int, n_heads: int, head_dim: int,
+                     cache_dtype, to_device, device: str) -> list[np.ndarray]:
+    """Each hypothesis's [len(hypothesis), source length] attention, float32.
+
+    decoder: an onnxruntime session of the standard decoder; src_mask and cross: the encoder's
+    outputs (OrtValues) for B sources; hypotheses: B x rows_per_source token lists (end token
+    excluded), grouped by source as the decoder's rows are; source_lengths: B lengths (end token
+    included); to_device: numpy -> OrtValue on the session's device.
+    """
+    rows = len(hypotheses)
+    steps = max((len(h) for h in hypotheses), default=0)
+    if steps == 0:
+        return [np.zeros((0, source_lengths[r // rows_per_source]), np.float32) for r in range(rows)]
+    n_layers = len(cross) // 2
+    # tokens[r, t]: what row r feeds at step t: the start token, then its own pieces; rows that
+    # have ended feed the end token, whose attention is computed and dropped.
+    tokens = np.full((rows, steps), eos_id, dtype=np.int64)
+    tokens[:, 0] = start_id
+    for r, h in enumerate(hypotheses):
+        tokens[r, 1 : len(h)] = h[:-1]
+    past = [to_device(np.zeros((rows, n_heads, 0, head_dim), dtype=cache_dtype)) for _ in range(2 * n_layers)]
+    keep = np.arange(rows, dtype=np.int64)  # every row continues itself
+    weights = []
+    for t in range(steps):
+        b = decoder.io_binding()
+        b.bind_cpu_input(names.TOKENS, np.ascontiguousarray(tokens[:, t : t + 1]))
+        b.bind_cpu_input(names.STEP, np.array([t], dtype=np.int64))
+        b.bind_cpu_input(names.CACHE_INDICES, keep)
+        b.bind_cpu_input(names.TOP_K, np.array([1], dtype=np.int64))
+        for name, value in zip(names.past_names(n_layers), past):
+            b.bind_ortvalue_input(name, value)
+        for name, value in zip(names.cross_names(n_layers), cross):
+            b.bind_ortvalue_input(name, value)
+        b.bind_ortvalue_input(names.SRC_MASK, src_mask)
+        for name in names.present_names(n_layers):
+            b.bind_output(name, device)
+        b.bind_output(names.CROSS_ATTENTION, "cpu")
+        decoder.run_with_iobinding(b)
+        outputs = b.get_outputs()
+        past = outputs[: 2 * n_layers]
+        weights.append(outputs[-1].numpy())  # (rows, S_padded)
+    stacked = np.stack(weights, axis=1)  # (rows, steps, S_padded)
+    return [np.ascontiguousarray(stacked[r, : len(h), : source_lengths[r // rows_per_source]], dtype=np.float32)
+            for r, h in enumerate(hypotheses)]

@@ -1,7 +1,7 @@
 """The `seq2onnx` command's parser and error handling, and the runtime's commands on it.
 
 A runtime-only install (`pip install 'seq2onnx[cpu]'`: onnxruntime, numpy, sentencepiece) runs the
-runtime's commands (translate, translate-dataset, web) without torch, seq2onnx.model or
+runtime's commands (translate, translate-dataset, web, verify-host) without torch, seq2onnx.model or
 seq2onnx.export; this module imports none of them. The console entry point is seq2onnx.cli, which
 dispatches the training-side commands (train, export, verify, evaluate, demo, bench) by name to
 seq2onnx.export.cli, and that module builds this parser with its own commands added.
@@ -49,8 +49,9 @@ def build_parser(add_training: Callable[[Any], None] | None = None) -> argparse.
     parser = argparse.ArgumentParser(
         prog="seq2onnx",
         description="Train a Transformer in PyTorch, export it as two ONNX graphs, verify parity, translate without torch.",
-        epilog="`seq2onnx COMMAND --help` explains a command. translate needs only the runtime "
-               "(pip install 'seq2onnx[cpu]'); the others need the training extra (pip install 'seq2onnx[train,cpu]').",
+        epilog="`seq2onnx COMMAND --help` explains a command. translate, translate-dataset, web and verify-host need "
+               "only the runtime (pip install 'seq2onnx[cpu]'; verify-host also Node.js and npm ci --prefix js); the "
+               "others need the training extra (pip install 'seq2onnx[train,cpu]').",
     )
     parser.add_argument("--version", action="version", version=f"seq2onnx {_version()}")
     add_debug(parser)
@@ -61,12 +62,14 @@ def build_parser(add_training: Callable[[Any], None] | None = None) -> argparse.
         for name, help in TRAINING_COMMANDS.items():
             sub.add_parser(name, help=help, add_help=False)
     from seq2onnx.runtime.dataset import add_translate_dataset
+    from seq2onnx.runtime.host_parity import add_verify_host
     from seq2onnx.runtime.translate_cmd import add_translate
     from seq2onnx.runtime.web import add_web
 
     add_translate(sub)
     add_translate_dataset(sub)
     add_web(sub)
+    add_verify_host(sub)
     for action in sub.choices.values():
         if action.add_help:
             add_debug(action)

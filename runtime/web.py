@@ -19,7 +19,7 @@ from pathlib import Path
 from seq2onnx.runtime.atomic import replace_dir
 
 # The JS host's platform-free modules and its browser entry point (never platform-node.js).
-HOST_FILES = ("bundle.js", "search.js", "tokenizer.js", "translator.js", "platform-web.js", "index-web.js")
+HOST_FILES = ("bundle.js", "checks.js", "search.js", "tokenizer.js", "translator.js", "platform-web.js", "index-web.js")
 PAGE_FILES = ("index.html", "app.js", "shims/fs.js", "shims/buffer.js")
 # (package folder, file in it, name in the site). onnxruntime-web's WASM-only build with its
 # JavaScript glue bundled in, so that it needs only the .wasm beside it; renamed .js because some

@@ -1,19 +1,23 @@
 #!/usr/bin/env node
 // seq2onnx-js: the Node host's command line, the twin of `seq2onnx translate`.
 //
-//   seq2onnx-js translate BUNDLE [--beam N] [--n-best N] [--json] [--ids] ...  < lines
-//   seq2onnx-js tokenize BUNDLE [--side source|target]                        < lines
+//   seq2onnx-js translate BUNDLE [--beam N] [--n-best N] [--json] [--ids] [--timing] ...  < lines
+//   seq2onnx-js tokenize BUNDLE [--side source|target]                                  < lines
 //
 // translate writes one line per input line: the best translation, or with --json a JSON object
 // {"source_ids", "hypotheses", "token_ids", "scores"} (source_ids as fed to the encoder, end token
 // included; token_ids without the end token). --ids reads each line as a JSON array of source
-// token ids instead of text. tokenize writes {"ids", "decoded"} per line.
+// token ids instead of text. --timing adds one last line to standard error,
+// `seq2onnx-js: timing {"load_s", "translate_s", "sources"}`: the seconds spent loading the bundle
+// and inside translateBatch (what `seq2onnx verify-host` reports as the Node host's speed).
+// tokenize writes {"ids", "decoded"} per line.
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { Translator } from "../src/index.js";
 
 const USAGE = `usage: seq2onnx-js translate BUNDLE [--beam N] [--n-best N] [--length-penalty A] [--max-length N]
                                  [--min-length N] [--threads N] [--batch-size N] [--truncate] [--json] [--ids]
+                                 [--timing]
        seq2onnx-js tokenize BUNDLE [--side source|target]
 Reads lines from standard input and writes one line (or one JSON object) per input line.`;
 
@@ -53,18 +57,23 @@ async function translate(bundle, options) {
   const lp = options["length-penalty"];
   const lengthPenalty = lp === undefined ? undefined : Number(lp);
   if (lengthPenalty !== undefined && !Number.isFinite(lengthPenalty)) throw new UsageError(`--length-penalty ${lp}: give a number`);
+  const started = performance.now();
   const translator = await Translator.load(bundle, { threads });
+  const loadSeconds = (performance.now() - started) / 1000;
+  let translateSeconds = 0;
   const lines = readLines();
   const sources = options.ids ? lines.map(parseIds) : lines;
   const chunk = 256; // as the Python CLI: the same lines share translate_batch calls
   const write = (s) => process.stdout.write(s);
   for (let start = 0; start < sources.length; start += chunk) {
     const part = sources.slice(start, start + chunk);
+    const before = performance.now();
     const results = await translator.translateBatch(part, {
       beamSize, numHypotheses, lengthPenalty, returnScores: true, truncate: Boolean(options.truncate),
       maxDecodingLength: integer(options, "max-length", { min: 1 }), minDecodingLength: integer(options, "min-length"),
       maxBatchSize: integer(options, "batch-size", { min: 1, fallback: 32 }),
     });
+    translateSeconds += (performance.now() - before) / 1000;
     results.forEach((r, j) => {
       if (options.json) {
         const item = part[j];
@@ -79,6 +88,10 @@ async function translate(bundle, options) {
     });
   }
   await translator.release();
+  if (options.timing) {
+    const timing = { load_s: loadSeconds, translate_s: translateSeconds, sources: sources.length };
+    process.stderr.write(`seq2onnx-js: timing ${JSON.stringify(timing)}\n`);
+  }
 }
 
 async function tokenize(bundle, options) {
@@ -100,7 +113,7 @@ async function main(argv) {
       beam: { type: "string" }, "n-best": { type: "string" }, "length-penalty": { type: "string" },
       "max-length": { type: "string" }, "min-length": { type: "string" }, threads: { type: "string" },
       "batch-size": { type: "string" }, truncate: { type: "boolean" }, json: { type: "boolean" },
-      ids: { type: "boolean" }, side: { type: "string" }, help: { type: "boolean", short: "h" },
+      ids: { type: "boolean" }, timing: { type: "boolean" }, side: { type: "string" }, help: { type: "boolean", short: "h" },
     },
   });
   if (values.help) {

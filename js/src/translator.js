@@ -1,9 +1,10 @@
 // Translator: drives a bundle's encoder and decoder-step graphs with onnxruntime, as
 // runtime/translator.py does, on any platform adapter (platform-node.js, platform-web.js).
 import {
-  BundleError, CACHE_INDICES, LOG_PROBS, SRC_IDS, SRC_LENGTHS, SRC_MASK, STEP, TOKENS, TOP_K, TOPK_IDS,
+  BundleError, CACHE_INDICES, CROSS_ATTENTION, LOG_PROBS, SRC_IDS, SRC_LENGTHS, SRC_MASK, STEP, TOKENS, TOP_K, TOPK_IDS,
   TOPK_LOG_PROBS, crossNames, pastNames, presentNames, readBundle,
 } from "./bundle.js";
+import { checkGraphs, checkTokenizers } from "./checks.js";
 import { beamSearch, candidatesNeeded, greedySearch } from "./search.js";
 import { SentencePiece, isBlank } from "./tokenizer.js";
 
@@ -15,6 +16,8 @@ const LEVELS = { all: "all", extended: "extended", basic: "basic", none: "disabl
  * @property {string[]} hypotheses  detokenised texts
  * @property {number[][]} tokenIds  target ids, end token excluded
  * @property {number[] | null} scores  sums of log-probabilities, end token included (returnScores)
+ * @property {number[][][] | null} attention  per hypothesis [target pieces][source pieces + end token]:
+ *   the last decoder layer's cross-attention averaged over heads (returnAttention)
  */
 
 /**
@@ -25,6 +28,8 @@ const LEVELS = { all: "all", extended: "extended", basic: "basic", none: "disabl
  * @property {number} [maxDecodingLength]  1..max_positions (default: a x source length + b, capped)
  * @property {number} [minDecodingLength]  the end token is forbidden before this step (default: bundle.json's)
  * @property {boolean} [returnScores]
+ * @property {boolean} [returnAttention]  each hypothesis's cross-attention, computed after the search by a
+ *   forced pass of the decoder over the hypotheses (runtime/attention.py's convention): results are unchanged
  * @property {boolean} [truncate]  cut sources longer than the model's positions instead of refusing them
  * @property {number} [maxBatchSize]  sources per batch (default 32)
  */
@@ -88,6 +93,7 @@ export class Translator {
     }
     if (!(Number.isInteger(threads) && threads >= 0)) throw new RangeError(`threads=${threads}; give 0 (all cores) or more`);
     const bundle = await readBundle(bundleDir, platform, { checkHashes });
+    await checkTokenizers(bundle, platform); // sizes, special ids, vocabularies: before the graphs load
     const options = {
       executionProviders: ["cpu"], graphOptimizationLevel: LEVELS[optimization], intraOpNumThreads: threads,
       logSeverityLevel: 3, extra: { session: { intra_op: { allow_spinning: threadSpinning ? "1" : "0" } } },
@@ -100,14 +106,7 @@ export class Translator {
     } catch (e) {
       throw new BundleError(`${bundleDir}: onnxruntime cannot load the graphs: ${e.message}`);
     }
-    for (const [label, session] of [["encoder", encoder], ["decoder", decoder]]) {
-      const spec = bundle.meta.graphs[label];
-      const have = [[...session.inputNames].sort(), [...session.outputNames].sort()];
-      const want = [spec.inputs.map((i) => i.name).sort(), spec.outputs.map((o) => o.name).sort()];
-      if (JSON.stringify(have) !== JSON.stringify(want)) {
-        throw new BundleError(`${label}: its inputs/outputs ${JSON.stringify(have)} differ from bundle.json's ${JSON.stringify(want)}`);
-      }
-    }
+    checkGraphs(bundle, encoder, decoder); // names, element types, sizes and tables against bundle.json
     const loadTokenizer = platform.loadTokenizer ?? SentencePiece.fromBytes;
     let tokenizers;
     try {
@@ -143,7 +142,7 @@ export class Translator {
    */
   async translateBatch(source, {
     beamSize, numHypotheses = 1, lengthPenalty, maxDecodingLength, minDecodingLength, returnScores = false,
-    truncate = false, maxBatchSize = 32,
+    returnAttention = false, truncate = false, maxBatchSize = 32,
   } = {}) {
     const defaults = this.bundle.meta.decoding;
     beamSize ??= defaults.beam_size;
@@ -166,13 +165,18 @@ export class Translator {
       throw new RangeError(`maxDecodingLength=${maxDecodingLength}; this model has ${this.maxPositions} positions ` +
         "(max_positions in bundle.json): choose 1..that");
     }
+    if (returnAttention && !this.decoder.outputNames.includes(CROSS_ATTENTION)) {
+      throw new BundleError(`${this.bundle.path}: its decoder.onnx has no "${CROSS_ATTENTION}" output (exported by ` +
+        "seq2onnx before 0.3), so attention cannot be returned: export the checkpoint again with `seq2onnx export`");
+    }
     const ids = source.map((item, i) => this._sourceIds(i, item, truncate));
     const results = new Array(ids.length);
     const n = numHypotheses;
     ids.forEach((s, i) => {
       if (s === null) {
         results[i] = { hypotheses: new Array(n).fill(""), tokenIds: Array.from({ length: n }, () => []),
-          scores: returnScores ? new Array(n).fill(0) : null };
+          scores: returnScores ? new Array(n).fill(0) : null,
+          attention: returnAttention ? Array.from({ length: n }, () => []) : null };
       }
     });
     // similar lengths share a batch (less padding): the same stable order and chunks as Python,
@@ -182,10 +186,11 @@ export class Translator {
       const chunk = todo.slice(start, start + maxBatchSize);
       const found = await this._search(chunk.map((i) => ids[i]), { beamSize, numHypotheses, lengthPenalty,
         maxDecodingLength, minDecodingLength });
+      const tokens = found.map((f) => f.hypotheses.map((h) => (h.length && h[h.length - 1] === this.eosId ? h.slice(0, -1) : h)));
+      const attention = returnAttention ? await this._attention(chunk.map((i) => ids[i]), tokens) : null;
       chunk.forEach((i, j) => {
-        const tokens = found[j].hypotheses.map((h) => (h.length && h[h.length - 1] === this.eosId ? h.slice(0, -1) : h));
-        results[i] = { hypotheses: tokens.map((t) => this.targetTokenizer.decode(t)), tokenIds: tokens,
-          scores: returnScores ? found[j].scores : null };
+        results[i] = { hypotheses: tokens[j].map((t) => this.targetTokenizer.decode(t)), tokenIds: tokens[j],
+          scores: returnScores ? found[j].scores : null, attention: attention ? attention[j] : null };
       });
     }
     return results;
@@ -251,9 +256,7 @@ export class Translator {
   }
 
   async _search(sources, { beamSize, numHypotheses, lengthPenalty, maxDecodingLength, minDecodingLength }) {
-    const width = Math.max(...sources.map((s) => s.length));
-    const src = new Array(sources.length * width).fill(this.padId);
-    sources.forEach((s, row) => s.forEach((id, j) => { src[row * width + j] = id; }));
+    const { src, width } = this._pad(sources);
     // Searches need only their candidates: download [rows, 2K(+1)] instead of [rows, vocab].
     const topK = this.topKFromGraph ? Math.min(candidatesNeeded(beamSize, minDecodingLength), this.tgtVocab) : null;
     const step = await this._stepFn(src, sources.map((s) => s.length), width, topK);
@@ -261,6 +264,55 @@ export class Translator {
       minLength: minDecodingLength };
     if (beamSize === 1) return greedySearch(step, sources.length, common);
     return beamSearch(step, sources.length, { ...common, beamSize, lengthPenalty, numHypotheses });
+  }
+
+  _pad(sources) {
+    const width = Math.max(...sources.map((s) => s.length));
+    const src = new Array(sources.length * width).fill(this.padId);
+    sources.forEach((s, row) => s.forEach((id, j) => { src[row * width + j] = id; }));
+    return { src, width };
+  }
+
+  /**
+   * Each source's hypotheses' cross-attention ([target pieces][source pieces]), by one forced pass of
+   * the decoder over all of them (rows grouped by source, n per source), as runtime/attention.py.
+   */
+  async _attention(sources, hypotheses) {
+    const ort = this.ort;
+    const n = Math.max(...hypotheses.map((h) => h.length));
+    const rows = sources.flatMap((s, i) => Array.from({ length: n }, (_, j) => hypotheses[i][j] ?? []));
+    const steps = Math.max(0, ...rows.map((h) => h.length));
+    const lengths = sources.map((s) => s.length);
+    const weights = [];
+    if (steps > 0) {
+      const { src, width } = this._pad(sources);
+      const enc = await this.encoder.run({
+        [SRC_IDS]: int64(ort, src, [sources.length, width]), [SRC_LENGTHS]: int64(ort, lengths, [sources.length]),
+      });
+      const Cache = CACHE_ARRAY[this.cacheType];
+      let past = pastNames(this.nLayers).map(() => new ort.Tensor(this.cacheType, new Cache(0), [rows.length, this.nHeads, 0, this.headDim]));
+      const present = presentNames(this.nLayers);
+      const keep = int64(ort, rows.map((_, r) => r), [rows.length]);
+      for (let t = 0; t < steps; t++) {
+        // the start token, then each row's own pieces; ended rows feed the end token (dropped below)
+        const tokens = rows.map((h) => (t === 0 ? this.startId : (h[t - 1] ?? this.eosId)));
+        const feeds = { [TOKENS]: int64(ort, tokens, [rows.length, 1]), [STEP]: int64(ort, [t], [1]),
+          [CACHE_INDICES]: keep, [TOP_K]: int64(ort, [1], [1]), [SRC_MASK]: enc[SRC_MASK] };
+        pastNames(this.nLayers).forEach((name, i) => { feeds[name] = past[i]; });
+        crossNames(this.nLayers).forEach((name) => { feeds[name] = enc[name]; });
+        const out = await this.decoder.run(feeds, [...present, CROSS_ATTENTION]);
+        past = present.map((name) => out[name]);
+        weights.push(out[CROSS_ATTENTION]);
+      }
+    }
+    return sources.map((s, i) => hypotheses[i].map((h, j) => {
+      const r = i * n + j;
+      return h.map((_, t) => {
+        const w = weights[t];
+        const row = w.dims[1];
+        return Array.from(w.data.subarray(r * row, r * row + lengths[i]));
+      });
+    }));
   }
 
   /** Encodes the sources once and returns the search's step over the decoder graph. */

@@ -6,6 +6,7 @@ import { createHash, randomBytes } from "node:crypto";
 import { test } from "node:test";
 import { BundleError, readBundle } from "../src/bundle.js";
 import { configureOrt, sha256Hex, webPlatform } from "../src/platform-web.js";
+import { soundMeta } from "./fixtures.mjs";
 
 const BASE = "http://127.0.0.1:8000/bundle/";
 const hash = (bytes) => createHash("sha256").update(bytes).digest("hex");
@@ -27,7 +28,7 @@ function server(files) {
 
 function site(edit = (meta) => meta) {
   const files = new Map();
-  const meta = { format: "seq2onnx-bundle", format_version: 1, model: {}, special_ids: {}, decoding: {}, graphs: {}, dtype: "float32", files: {} };
+  const meta = { ...soundMeta(), files: {} }; // fields readBundle checks; the files are stand-ins
   for (const [key, name] of [["encoder", "encoder.onnx"], ["decoder", "decoder.onnx"], ["source_tokenizer", "source.spm.model"],
     ["target_tokenizer", "target.spm.model"]]) {
     const bytes = new TextEncoder().encode(`stand-in for ${name}`);

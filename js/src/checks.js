@@ -1,0 +1,329 @@
+// Load-time checks: what bundle.json states must be what the tokenizers and graphs state (checks
+// 5-8 of docs/bundle-format.md "Checks a host must do"), as runtime/checks.py does for the Python
+// runtime. A bundle.json that disagrees with its own files translates garbage (a wrong end id),
+// fluent garbage (source and target tokenizers exchanged) or fails at the first step with a raw
+// onnxruntime error (a wrong head count); each check turns that into a BundleError at load that
+// names the field, both values and the fix.
+//
+// The tokenizers' vocabularies and the graphs' constant tables are read from the bytes that
+// readBundle hashed, by a small protobuf reader (sentencepiece-js exposes no piece list, and an
+// onnxruntime session no initializer shapes); tensor data is skipped by its length, never copied.
+// No Node API: the same checks run in the browser.
+import { BUNDLE_JSON, BundleError, DTYPES, LOG_PROBS, TOP_K, pastNames } from "./bundle.js";
+
+const FIX = "re-export the bundle with `seq2onnx export` (its bundle.json does not describe these files)";
+
+function mismatch(bundle, field, stated, found, where) {
+  const show = (x) => JSON.stringify(x);
+  return new BundleError(
+    `${bundle.metaPath}: ${field}=${show(stated)}, but ${where} has ${show(found)}; ` +
+      `${FIX}, or set ${field} to ${show(found)} if only bundle.json is wrong`,
+  );
+}
+
+// -- protobuf, only what is needed ---------------------------------------------------------------
+
+class ProtoError extends Error {}
+
+function varint(buf, pos) {
+  let result = 0;
+  let scale = 1;
+  for (let i = 0; i < 10; i++) {
+    if (pos >= buf.length) throw new ProtoError("the data ends inside a field");
+    const b = buf[pos++];
+    result += (b & 0x7f) * scale; // exact up to 2^53, far above any size read here
+    if (b < 0x80) return [result, pos];
+    scale *= 128;
+  }
+  throw new ProtoError("varint longer than 10 bytes");
+}
+
+/** [field number, wire type, value] of one message; value is a number (varint) or [start, end]. */
+function* fields(buf, start, end) {
+  let pos = start;
+  while (pos < end) {
+    let key;
+    [key, pos] = varint(buf, pos);
+    const number = Math.floor(key / 8);
+    const wire = key % 8;
+    if (wire === 0) {
+      let value;
+      [value, pos] = varint(buf, pos);
+      yield [number, wire, value];
+    } else if (wire === 2) {
+      let n;
+      [n, pos] = varint(buf, pos);
+      if (pos + n > end) throw new ProtoError("a field runs past the end of its message");
+      yield [number, wire, [pos, pos + n]];
+      pos += n;
+    } else if (wire === 1 || wire === 5) {
+      pos += wire === 1 ? 8 : 4;
+    } else {
+      throw new ProtoError(`unsupported protobuf wire type ${wire}`);
+    }
+  }
+  if (pos > end) throw new ProtoError("the data ends inside a field");
+}
+
+const utf8 = new TextDecoder("utf-8");
+const baseName = (path) => path.split(/[\\/]/).pop();
+const text = (buf, [s, e]) => utf8.decode(buf.subarray(s, e));
+
+// -- SentencePiece vocabulary ---------------------------------------------------------------------
+
+// sentencepiece_model.proto: ModelProto.pieces = 1 (piece = 1, type = 3), trainer_spec = 2
+// (unk_piece = 45, bos_piece = 46, eos_piece = 47, pad_piece = 48, with these defaults).
+const NORMAL = 1;
+const UNKNOWN = 2;
+const CONTROL = 3;
+const SPECIAL_PIECES = { 45: ["unk", "<unk>"], 46: ["bos", "<s>"], 47: ["eos", "</s>"], 48: ["pad", "<pad>"] };
+
+/**
+ * The pieces of a SentencePiece `.model` file and its special ids, as the Python processor gives
+ * them: unk_id() is the id of trainer_spec.unk_piece when that piece is of type UNKNOWN, bos/eos/
+ * pad_id() the id of their piece when it is of type CONTROL, else -1 (sentencepiece_processor.cc).
+ * @param {Uint8Array} bytes
+ * @returns {{pieces: string[], special: {pad: number, unk: number, bos: number, eos: number}}}
+ * @throws {Error} when the bytes are not a SentencePiece model
+ */
+export function readVocabulary(bytes) {
+  const pieces = [];
+  const types = [];
+  const names = Object.fromEntries(Object.values(SPECIAL_PIECES));
+  for (const [number, wire, value] of fields(bytes, 0, bytes.length)) {
+    if (number === 1 && wire === 2) {
+      let piece = "";
+      let type = NORMAL;
+      for (const [n, w, v] of fields(bytes, ...value)) {
+        if (n === 1 && w === 2) piece = text(bytes, v);
+        else if (n === 3 && w === 0) type = v;
+      }
+      pieces.push(piece);
+      types.push(type);
+    } else if (number === 2 && wire === 2) {
+      for (const [n, w, v] of fields(bytes, ...value)) {
+        if (n in SPECIAL_PIECES && w === 2) names[SPECIAL_PIECES[n][0]] = text(bytes, v);
+      }
+    }
+  }
+  if (!pieces.length) throw new ProtoError("no pieces");
+  const index = new Map(pieces.map((p, i) => [p, i]));
+  const unkIndex = types.indexOf(UNKNOWN);
+  const idOf = (name, type) => {
+    const id = index.get(name) ?? unkIndex; // PieceToId: an unknown piece is the unknown id
+    return id >= 0 && types[id] === type ? id : -1;
+  };
+  const special = { pad: idOf(names.pad, CONTROL), unk: idOf(names.unk, UNKNOWN), bos: idOf(names.bos, CONTROL), eos: idOf(names.eos, CONTROL) };
+  return { pieces, special };
+}
+
+/**
+ * Checks 5 and 6: each tokenizer's vocabulary size and special ids are bundle.json's, and its
+ * pieces are the vocabulary recorded in `tokenizers` (when recorded): an exchanged pair is named
+ * as such. As runtime/checks.py's check_tokenizers.
+ * @param {import("./bundle.js").Bundle} bundle  from readBundle (its files are the hashed bytes)
+ * @param {{sha256: (bytes: Uint8Array) => Promise<string>}} platform
+ * @throws {BundleError} naming the file, the field, both values and the fix
+ */
+export async function checkTokenizers(bundle, platform) {
+  const { model, special_ids: ids, tokenizers: fingerprints } = bundle.meta;
+  const sides = [["source", "src_vocab_size", "source_tokenizer"], ["target", "tgt_vocab_size", "target_tokenizer"]];
+  const file = (key) => bundle.paths[key];
+  const vocab = {};
+  const have = {};
+  for (const [side, , key] of sides) {
+    try {
+      vocab[side] = readVocabulary(bundle.files[key]);
+    } catch (e) {
+      throw new BundleError(`${file(key)}: not a SentencePiece model (${e.message}); ${FIX}`);
+    }
+    // the fingerprint of runtime/checks.py: sha256 of the pieces in id order joined by "\n"
+    if (fingerprints) have[side] = await platform.sha256(new TextEncoder().encode(vocab[side].pieces.join("\n")));
+  }
+  const wrongVocabulary = (side, key, swapped) => new BundleError(
+    `${file(key)}: its vocabulary is not the ${side} vocabulary the model was exported with ` +
+      `(tokenizers.${side}.pieces_sha256 in ${BUNDLE_JSON})` +
+      (swapped ? `; it is the ${side === "source" ? "target" : "source"} tokenizer: the two .model files are exchanged` : "") +
+      `; ${FIX}`,
+  );
+  // An exchanged pair first: named as such rather than as a size or id mismatch.
+  if (fingerprints) {
+    for (const [side, , key] of sides) {
+      const other = side === "source" ? "target" : "source";
+      if (have[side] === fingerprints[other].pieces_sha256 && have[side] !== fingerprints[side].pieces_sha256) {
+        throw wrongVocabulary(side, key, true);
+      }
+    }
+  }
+  for (const [side, sizeKey, key] of sides) {
+    const { pieces, special } = vocab[side];
+    if (pieces.length !== model[sizeKey]) {
+      throw mismatch(bundle, `model.${sizeKey}`, model[sizeKey], pieces.length, `${baseName(file(key))} (get_piece_size())`);
+    }
+    for (const name of ["pad", "unk", "bos", "eos"]) {
+      if (special[name] !== ids[name]) throw mismatch(bundle, `special_ids.${name}`, ids[name], special[name], `${baseName(file(key))} (${name}_id())`);
+    }
+    if (fingerprints && have[side] !== fingerprints[side].pieces_sha256) throw wrongVocabulary(side, key, false);
+  }
+}
+
+// -- graphs ---------------------------------------------------------------------------------------
+
+/** name -> {type, shape} of a session's inputs or outputs, or null where onnxruntime gives no metadata. */
+function metadata(list) {
+  if (!Array.isArray(list) || !list.length) return null;
+  return new Map(list.filter((m) => m.isTensor !== false).map((m) => [m.name, { type: m.type, shape: [...m.shape] }]));
+}
+
+/**
+ * Checks 7 and 8: each session's inputs and outputs are bundle.json's (names, element types,
+ * ranks, fixed sizes), and the model's sizes are the graphs': layers (the cache inputs), heads and
+ * head size (their fixed dims), dtype, target vocabulary (log_probs), source vocabulary (the
+ * encoder's embedding) and max_positions (the decoder's positional table). As runtime/checks.py's
+ * check_graphs, for the standard decoder (graphs.decoder), the one this host drives. Element
+ * types and dims need the sessions' inputMetadata/outputMetadata (onnxruntime >= 1.22); without
+ * them only names, layers and tables are checked.
+ * @param {import("./bundle.js").Bundle} bundle
+ * @param {any} encoder  onnxruntime session of files.encoder
+ * @param {any} decoder  onnxruntime session of files.decoder
+ * @throws {BundleError} naming the file, the field, both values and the fix
+ */
+export function checkGraphs(bundle, encoder, decoder) {
+  const { model, graphs, dtype } = bundle.meta;
+  const sessions = [["encoder", encoder], ["decoder", decoder]];
+  for (const [label, session] of sessions) {
+    const spec = graphs[label];
+    const file = bundle.paths[label];
+    const have = [[...session.inputNames].sort(), [...session.outputNames].sort()];
+    const want = [spec.inputs.map((i) => i.name).sort(), spec.outputs.map((o) => o.name).sort()];
+    if (JSON.stringify(have) !== JSON.stringify(want)) {
+      throw new BundleError(`${file}: its inputs/outputs ${JSON.stringify(have)} differ from ${BUNDLE_JSON}'s ` +
+        `graphs.${label} ${JSON.stringify(want)}; ${FIX}`);
+    }
+    for (const [kind, list] of [["inputs", session.inputMetadata], ["outputs", session.outputMetadata]]) {
+      const found = metadata(list);
+      if (!found) continue;
+      for (const item of spec[kind]) {
+        const arg = found.get(item.name);
+        if (!arg) continue;
+        if (arg.type !== item.dtype) throw mismatch(bundle, `graphs.${label}.${kind}[${item.name}].dtype`, item.dtype, arg.type, baseName(file));
+        const fixed = item.shape.map((d, i) => [i, d]).filter(([, d]) => Number.isInteger(d));
+        if (arg.shape.length !== item.shape.length || fixed.some(([i, d]) => arg.shape[i] !== d)) {
+          throw mismatch(bundle, `graphs.${label}.${kind}[${item.name}].shape`, item.shape, arg.shape, baseName(file));
+        }
+      }
+    }
+  }
+  const decFile = bundle.paths.decoder;
+  const decName = baseName(decFile);
+  const layers = model.n_decoder_layers;
+  const inputs = [...decoder.inputNames];
+  const cacheInputs = inputs.filter((n) => n.startsWith("past_key_self_") || n.startsWith("past_value_self_")).length;
+  if (cacheInputs !== 2 * layers || !pastNames(layers).every((n) => inputs.includes(n))) {
+    throw mismatch(bundle, "model.n_decoder_layers", layers, Math.floor(cacheInputs / 2),
+      `${decName} (its past_key_self_*/past_value_self_* inputs, layers)`);
+  }
+  if (!inputs.includes(TOP_K)) throw new BundleError(`${decFile}: no ${TOP_K} input; ${FIX}`);
+  const decIn = metadata(decoder.inputMetadata);
+  const decOut = metadata(decoder.outputMetadata);
+  if (decIn) {
+    const { shape: cache, type } = decIn.get("past_key_self_0");
+    const where = `${decName} (input past_key_self_0 of shape ${JSON.stringify(cache)}`;
+    const headDim = model.d_model / model.n_heads;
+    if (cache.length !== 4 || cache[1] !== model.n_heads) {
+      throw mismatch(bundle, "model.n_heads", model.n_heads, cache.length === 4 ? cache[1] : cache, `${where})`);
+    }
+    if (cache[3] !== headDim) {
+      throw mismatch(bundle, "model.d_model", model.d_model, cache[3] * model.n_heads,
+        `${where}: head size ${cache[3]} x ${model.n_heads} heads)`);
+    }
+    if (!DTYPES.includes(type) || type !== dtype) throw mismatch(bundle, "dtype", dtype, type, `${where})`);
+  }
+  if (decOut) {
+    const logProbs = decOut.get(LOG_PROBS).shape;
+    if (logProbs[logProbs.length - 1] !== model.tgt_vocab_size) {
+      throw mismatch(bundle, "model.tgt_vocab_size", model.tgt_vocab_size, logProbs[logProbs.length - 1],
+        `${decName} (output ${LOG_PROBS} of shape ${JSON.stringify(logProbs)})`);
+    }
+  }
+  checkTables(bundle);
+}
+
+// -- constant tables of the graphs ------------------------------------------------------------------
+
+// onnx.proto: ModelProto.graph = 7; GraphProto.node = 1, initializer = 5; NodeProto.input = 1,
+// output = 2, op_type = 4, attribute = 5; AttributeProto.t = 5; TensorProto.dims = 1, name = 8.
+function tensorInfo(buf, span) {
+  let name = "";
+  const dims = [];
+  for (const [n, w, v] of fields(buf, ...span)) {
+    if (n === 1 && w === 0) dims.push(v);
+    else if (n === 1 && w === 2) { // packed
+      for (let pos = v[0], d; pos < v[1];) {
+        [d, pos] = varint(buf, pos);
+        dims.push(d);
+      }
+    } else if (n === 8 && w === 2) name = text(buf, v);
+  }
+  return { name, dims };
+}
+
+/**
+ * (indices input, table shape) of every Gather of a constant table in an ONNX model's bytes,
+ * following the table back through Cast, DequantizeLinear and Identity (runtime/onnx_info.py).
+ * @param {Uint8Array} buf
+ * @returns {[string, number[]][]}
+ */
+export function gatherTables(buf) {
+  const graphs = [...fields(buf, 0, buf.length)].filter(([n, w]) => n === 7 && w === 2);
+  if (graphs.length !== 1) throw new ProtoError(`${graphs.length} graphs in the model`);
+  const shapes = new Map();
+  const nodes = [];
+  for (const [number, wire, value] of fields(buf, ...graphs[0][2])) {
+    if (wire !== 2) continue;
+    if (number === 5) {
+      const { name, dims } = tensorInfo(buf, value);
+      shapes.set(name, dims);
+    } else if (number === 1) {
+      const node = { op: "", inputs: [], outputs: [] };
+      const values = [];
+      for (const [n, w, v] of fields(buf, ...value)) {
+        if (w !== 2) continue;
+        if (n === 1) node.inputs.push(text(buf, v));
+        else if (n === 2) node.outputs.push(text(buf, v));
+        else if (n === 4) node.op = text(buf, v);
+        else if (n === 5) values.push(...[...fields(buf, ...v)].filter(([an, aw]) => an === 5 && aw === 2).map((a) => a[2]));
+      }
+      if (node.op === "Constant" && values.length && node.outputs.length) shapes.set(node.outputs[0], tensorInfo(buf, values[0]).dims);
+      nodes.push(node);
+    }
+  }
+  const tableShape = (name, depth = 4) => {
+    if (shapes.has(name)) return shapes.get(name);
+    if (!depth) return null;
+    const from = nodes.find((n) => n.outputs.includes(name) && ["Cast", "DequantizeLinear", "Identity"].includes(n.op) && n.inputs.length);
+    return from ? tableShape(from.inputs[0], depth - 1) : null;
+  };
+  return nodes.filter((n) => n.op === "Gather" && n.inputs.length === 2)
+    .map((n) => [n.inputs[1], tableShape(n.inputs[0])]).filter(([, shape]) => shape !== null);
+}
+
+/** The source embedding's rows and the positional table's rows, read from the graph files. */
+function checkTables(bundle) {
+  const { model } = bundle.meta;
+  const tables = [["encoder", "src_ids", "src_vocab_size", "source embedding"], ["decoder", "step", "max_positions", "positional table"]];
+  for (const [key, indices, field, what] of tables) {
+    const file = bundle.paths[key];
+    let found;
+    try {
+      found = gatherTables(bundle.files[key]).filter(([idx]) => idx === indices).map(([, shape]) => shape);
+    } catch (e) {
+      throw new BundleError(`${file}: cannot be read for its tables (${e.message}); ${FIX}`);
+    }
+    if (found.length !== 1 || found[0].length !== 2) throw new BundleError(`${file}: no ${what} (a Gather of ${indices}) found; ${FIX}`);
+    const [rows, width] = found[0];
+    const where = `${baseName(file)} (${what} of shape [${rows}, ${width}])`;
+    if (rows !== model[field]) throw mismatch(bundle, `model.${field}`, model[field], rows, where);
+    if (width !== model.d_model) throw mismatch(bundle, "model.d_model", model.d_model, width, where);
+  }
+}

@@ -1,0 +1,137 @@
+// src/checks.js: checks 5-8 of docs/bundle-format.md (what bundle.json states must be what the
+// tokenizers and graphs state), as runtime/checks.py. The tokenizers and graph tables are small
+// real protobufs (test/fixtures.mjs); the sessions are stand-ins with onnxruntime's session API
+// (inputNames, outputNames, inputMetadata, outputMetadata) built from a graph signature, so that
+// each one can be made to disagree with bundle.json in exactly one way.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { BundleError } from "../src/bundle.js";
+import { checkGraphs, checkTokenizers, gatherTables, readVocabulary } from "../src/checks.js";
+import { nodePlatform } from "../src/platform-node.js";
+import { fingerprint, graphSignature, onnxModel, soundFiles, soundMeta, spmModel } from "./fixtures.mjs";
+
+/** A bundle as readBundle returns it, for soundMeta's sizes; `edit(meta, bytes)` before it is made. */
+function bundle(edit = () => {}) {
+  const { bytes, files } = soundFiles();
+  const meta = { ...soundMeta(), files };
+  edit(meta, bytes);
+  const byKey = Object.fromEntries(Object.entries(meta.files).map(([key, f]) => [key, bytes[f.path]]));
+  const paths = Object.fromEntries(Object.entries(meta.files).map(([key, f]) => [key, `/b/${f.path}`]));
+  return { path: "/b", metaPath: "/b/bundle.json", meta, files: byKey, paths };
+}
+
+/** A stand-in session of one graph of a signature; `metadata: false` as onnxruntime before 1.22. */
+function session(graph, { metadata = true } = {}) {
+  const meta = (list) => list.map(({ name, dtype, shape }) => ({ name, isTensor: true, type: dtype, shape }));
+  return {
+    inputNames: graph.inputs.map((i) => i.name), outputNames: graph.outputs.map((o) => o.name),
+    ...(metadata ? { inputMetadata: meta(graph.inputs), outputMetadata: meta(graph.outputs) } : {}),
+  };
+}
+
+/** Sessions whose graphs are `signature` (default: the sound bundle's, as exported). */
+function sessions(signature = graphSignature(), options) {
+  return [session(signature.encoder, options), session(signature.decoder, options)];
+}
+
+const refused = (fn, pattern, what = "") => assert.throws(fn, (e) => {
+  assert.ok(e instanceof BundleError, `${what}: ${e}`);
+  assert.match(e.message, pattern, what);
+  return true;
+}, what);
+const refusedAsync = (promise, pattern) => assert.rejects(promise, (e) => {
+  assert.ok(e instanceof BundleError, `${e}`);
+  assert.match(e.message, pattern);
+  return true;
+});
+
+test("a SentencePiece model's pieces and special ids, as the Python processor gives them", () => {
+  const v = readVocabulary(spmModel(10));
+  assert.equal(v.pieces.length, 10);
+  assert.deepEqual(v.pieces.slice(0, 5), ["<pad>", "<unk>", "<s>", "</s>", "\u2581p4"]);
+  assert.deepEqual(v.special, { pad: 0, unk: 1, bos: 2, eos: 3 });
+  // trainer_spec names other special pieces: the ids follow them, and a piece that is not of the
+  // right type (or absent) gives -1, as pad_id() does for a model trained without padding
+  const renamed = readVocabulary(spmModel(10, { trainer: { 46: "<bos>", 48: "\u2581p5" },
+    edit: (p) => { p[2] = ["<bos>", 3]; return p; } }));
+  assert.deepEqual(renamed.special, { pad: -1, unk: 1, bos: 2, eos: 3 });
+  const noPad = readVocabulary(spmModel(10, { edit: (p) => p.slice(1) }));
+  assert.deepEqual(noPad.special, { pad: -1, unk: 0, bos: 1, eos: 2 });
+  assert.throws(() => readVocabulary(new TextEncoder().encode("not a model, just text")), /./);
+  assert.throws(() => readVocabulary(new Uint8Array()), /no pieces/);
+});
+
+test("sound tokenizers pass; a wrong size, a wrong special id, a wrong or exchanged vocabulary are named", async () => {
+  await checkTokenizers(bundle(), nodePlatform);
+  // an older bundle.json without fingerprints is checked for sizes and ids only
+  await checkTokenizers(bundle((m) => { delete m.tokenizers; }), nodePlatform);
+  await refusedAsync(checkTokenizers(bundle((m) => { m.model.tgt_vocab_size = 20; }), nodePlatform),
+    /^\/b\/bundle\.json: model\.tgt_vocab_size=20, but target\.spm\.model \(get_piece_size\(\)\) has 16; re-export the bundle .*, or set model\.tgt_vocab_size to 16 if only bundle\.json is wrong$/);
+  await refusedAsync(checkTokenizers(bundle((m, bytes) => { bytes["source.spm.model"] = spmModel(16, { edit: (p) => [p[1], p[0], ...p.slice(2)] }); }), nodePlatform),
+    /special_ids\.pad=0, but source\.spm\.model \(pad_id\(\)\) has 1/);
+  await refusedAsync(checkTokenizers(bundle((m) => { [m.files.source_tokenizer, m.files.target_tokenizer] = [m.files.target_tokenizer, m.files.source_tokenizer]; }), nodePlatform),
+    /\/b\/target\.spm\.model: its vocabulary is not the source vocabulary .*; it is the target tokenizer: the two \.model files are exchanged/);
+  await refusedAsync(checkTokenizers(bundle((m) => { m.tokenizers.target = fingerprint(16, { prefix: "z" }); }), nodePlatform),
+    /target\.spm\.model: its vocabulary is not the target vocabulary the model was exported with \(tokenizers\.target\.pieces_sha256/);
+  await refusedAsync(checkTokenizers(bundle((m, bytes) => { bytes["target.spm.model"] = new TextEncoder().encode("\x08\x09"); }), nodePlatform),
+    /\/b\/target\.spm\.model: not a SentencePiece model \(.*\); re-export the bundle/);
+});
+
+test("the tables gathered by src_ids and step are found in the graph's protobuf, through Constant and Cast", () => {
+  const buf = onnxModel([{ name: "emb", indices: "src_ids", dims: [300, 8] }, { name: "pos", indices: "step", dims: [128, 8], via: "Constant" },
+    { name: "half", indices: "tokens", dims: [5, 4], via: "Cast" }]);
+  assert.deepEqual(gatherTables(buf), [["src_ids", [300, 8]], ["step", [128, 8]], ["tokens", [5, 4]]]);
+  assert.throws(() => gatherTables(new Uint8Array([0x3a, 0x05, 0x01])), /runs past the end|ends inside/);
+});
+
+test("sound graphs pass, with metadata and without", () => {
+  checkGraphs(bundle(), ...sessions());
+  checkGraphs(bundle(), ...sessions(graphSignature(), { metadata: false }));
+});
+
+test("graphs that disagree with bundle.json are refused, naming the field, both values and the fix", () => {
+  const sig = () => graphSignature();
+  const cases = [
+    ["an input bundle.json does not list", () => { const s = sig(); s.decoder.inputs.push({ name: "extra", dtype: "int64", shape: [1] }); return [bundle(), s]; },
+      /^\/b\/decoder\.onnx: its inputs\/outputs .*"extra".* differ from bundle\.json's graphs\.decoder .*; re-export the bundle/],
+    ["an element type", () => { const s = sig(); s.encoder.inputs[0].dtype = "int32"; return [bundle(), s]; },
+      /graphs\.encoder\.inputs\[src_ids\]\.dtype="int64", but encoder\.onnx has "int32"/],
+    ["a fixed size", () => { const s = sig(); s.decoder.outputs[0].shape = ["rows", 17]; return [bundle(), s]; },
+      /graphs\.decoder\.outputs\[log_probs\]\.shape=\["rows",16\], but decoder\.onnx has \["rows",17\]/],
+    ["a rank", () => { const s = sig(); s.decoder.inputs[1].shape = []; return [bundle(), s]; },
+      /graphs\.decoder\.inputs\[step\]\.shape=\[1\], but decoder\.onnx has \[\]/],
+    ["the layer count", () => [bundle((m) => { m.model.n_decoder_layers = 2; m.model.n_encoder_layers = 2; }), sig()],
+      /model\.n_decoder_layers=2, but decoder\.onnx \(its past_key_self_\*\/past_value_self_\* inputs, layers\) has 1/],
+    ["the head count", () => [bundle((m) => { m.model.n_heads = 4; }), sig()],
+      /model\.n_heads=4, but decoder\.onnx \(input past_key_self_0 of shape \["prev_rows",2,"past",4\]\) has 2/],
+    ["d_model", () => [bundle((m) => { m.model.d_model = 16; }), sig()],
+      /model\.d_model=16, but decoder\.onnx \(input past_key_self_0 of shape \["prev_rows",2,"past",4\]: head size 4 x 2 heads\) has 8/],
+    ["dtype", () => [bundle((m) => { m.dtype = "float16"; }), sig()], /dtype="float16", but decoder\.onnx \(input past_key_self_0 .*\) has "float32"/],
+    ["the target vocabulary", () => [bundle((m) => { m.model.tgt_vocab_size = 20; }), sig()],
+      /model\.tgt_vocab_size=20, but decoder\.onnx \(output log_probs of shape \["rows",16\]\) has 16/],
+    ["the source vocabulary (the embedding's rows)", () => [bundle((m) => { m.model.src_vocab_size = 20; }), sig()],
+      /model\.src_vocab_size=20, but encoder\.onnx \(source embedding of shape \[16, 8\]\) has 16; .* or set model\.src_vocab_size to 16/],
+    ["max_positions (the positional table's rows)", () => [bundle((m) => { m.model.max_positions = 64; m.max_positions = 64; }), sig()],
+      /model\.max_positions=64, but decoder\.onnx \(positional table of shape \[12, 8\]\) has 12/],
+    ["no positional table", () => [bundle((m, bytes) => { bytes["decoder.onnx"] = onnxModel([{ name: "w", indices: "tokens", dims: [16, 8] }]); }), sig()],
+      /\/b\/decoder\.onnx: no positional table \(a Gather of step\) found; re-export/],
+    ["a graph file that is not ONNX", () => [bundle((m, bytes) => { bytes["encoder.onnx"] = new Uint8Array([0x3a, 0x7f]); }), sig()],
+      /\/b\/encoder\.onnx: cannot be read for its tables/],
+  ];
+  for (const [what, make, pattern] of cases) {
+    const [b, s] = make();
+    refused(() => checkGraphs(b, ...sessions(s)), pattern, what);
+  }
+  // without a top_k input (a bundle from before it existed) the search cannot fetch its candidates
+  const s = sig();
+  for (const g of [s.decoder]) g.inputs = g.inputs.filter((i) => i.name !== "top_k");
+  refused(() => checkGraphs(bundle((m) => { m.graphs.decoder = s.decoder; }), ...sessions(s)), /decoder\.onnx: no top_k input/);
+});
+
+test("without session metadata, element types and dims go unchecked but names, layers and tables do not", () => {
+  const s = graphSignature();
+  s.encoder.inputs[0].dtype = "int32";
+  checkGraphs(bundle(), ...sessions(s, { metadata: false }));
+  refused(() => checkGraphs(bundle((m) => { m.model.src_vocab_size = 20; }), ...sessions(graphSignature(), { metadata: false })),
+    /model\.src_vocab_size=20/);
+});

@@ -1,0 +1,418 @@
+"""`seq2onnx verify-host BUNDLE`: does another host translate this bundle as the Python runtime does?
+
+The host is the Node one (js/, `node js/bin/seq2onnx-js.mjs`). Both read the same bundle, so the
+comparison needs neither PyTorch nor the checkpoint: the Python runtime is the reference
+(docs/bundle-format.md says so), and the other host must give
+
+- the same tokenizer ids (and detokenised text) for every source sentence and every target text;
+- the same target token ids for greedy search and for beam search with its whole n-best, fed the
+  same source ids (the Python tokenizer's), so that a tokenizer difference shows in its own row
+  and not again in every search row;
+- scores (sums of log-probabilities, end token included) within SCORE_BOUND.
+
+Both hosts drive the standard decoder (graphs.decoder: the Node host cannot run the fused one's
+com.microsoft kernels), on the CPU, with the same threads, the same batches (256 lines per
+translate call, at most 32 sources per batch, sorted by length) and bundle.json's decoding
+defaults. A difference is shown with both hosts' ids and scores, so that a near-tie between two
+hypotheses can be told from a convention difference. Torch-free.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from seq2onnx.runtime import cli  # cli.CommandError at raise time: cli imports this module while it loads
+
+HOSTS = ("node",)
+SCORE_BOUND = 1e-4  # max |score difference| between hosts, per hypothesis with identical ids
+READ_CHUNK = 256  # js/bin/seq2onnx-js.mjs: lines per translateBatch call (as `seq2onnx translate`)
+MAX_BATCH = 32  # both hosts' default max_batch_size
+NODE_MIN = (18, 17)  # js/package.json "engines"
+DEFAULT_SENTENCES = 200
+SHOWN_DIFFERENCES = 5  # per check
+
+
+# -- the host ------------------------------------------------------------------------------------
+
+def _js_dir_default() -> Path:
+    from seq2onnx.runtime.web import default_js_dir
+
+    return default_js_dir()
+
+
+def find_node_host(node: str | None = None, js_dir: str | Path | None = None) -> dict:
+    """The Node host to run: {"node": executable, "cli": seq2onnx-js.mjs, "js_dir", "node_version",
+    "onnxruntime_node"}. Raises CommandError naming what to install or pass when node, the JS
+    host or its node_modules is missing."""
+    js = Path(js_dir) if js_dir is not None else _js_dir_default()
+    script = js / "bin" / "seq2onnx-js.mjs"
+    if not script.is_file():
+        raise cli.CommandError(f"{js}: no JS host there (bin/seq2onnx-js.mjs); verify-host needs the js/ folder of a "
+                               "seq2onnx checkout: pass --js-dir DIR")
+    if node is None:
+        found = shutil.which("node")
+        if found is None:
+            raise cli.CommandError("node is not installed (not on PATH): install Node.js >= 18.17 (Debian: apt-get "
+                                   f"install nodejs npm), then the JS host's dependencies: npm ci --prefix {js}; "
+                                   "or pass --node PATH")
+        node = found
+    elif not (os.path.isfile(node) and os.access(node, os.X_OK)):
+        raise cli.CommandError(f"--node {node}: not an executable file; give the path of the node binary")
+    for package in ("onnxruntime-node", "@sctg/sentencepiece-js"):
+        if not (js / "node_modules" / package / "package.json").is_file():
+            raise cli.CommandError(f"{js / 'node_modules' / package}: missing; install the JS host's dependencies: "
+                                   f"npm ci --prefix {js}")
+    try:
+        version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise cli.CommandError(f"{node} --version failed ({e}); give a working node with --node PATH") from e
+    match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+.*", version)
+    if not match or tuple(map(int, match.groups())) < NODE_MIN:
+        raise cli.CommandError(f"{node} is {version or 'not node'}; the JS host needs Node.js >= "
+                               f"{NODE_MIN[0]}.{NODE_MIN[1]}: install a newer one or pass --node PATH")
+    ort_node = json.loads((js / "node_modules" / "onnxruntime-node" / "package.json").read_text(encoding="utf-8"))
+    return {"node": node, "cli": script, "js_dir": js, "node_version": version, "onnxruntime_node": ort_node.get("version")}
+
+
+def _run_node(host: dict, args: list[str], lines: list[str]) -> tuple[list[dict], dict | None]:
+    """Runs `seq2onnx-js ARGS` on `lines`; returns one parsed JSON object per line and the timing
+    line's object (translate --timing) or None."""
+    stdin = "".join(line + "\n" for line in lines)
+    proc = subprocess.run([host["node"], str(host["cli"]), *args], input=stdin, capture_output=True, text=True,
+                          encoding="utf-8", cwd=host["js_dir"])
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-3:]
+        raise cli.CommandError(f"the Node host failed (exit {proc.returncode}) on `{' '.join(args[:2])} ...`: "
+                               + (" | ".join(tail) or "no message"))
+    out = proc.stdout.splitlines()
+    if len(out) != len(lines):
+        raise cli.CommandError(f"the Node host wrote {len(out)} lines for {len(lines)} inputs (`{' '.join(args[:2])}`)")
+    timing = None
+    for line in proc.stderr.splitlines():
+        if line.startswith("seq2onnx-js: timing "):
+            timing = json.loads(line.split(" ", 2)[2])
+    try:
+        return [json.loads(line) for line in out], timing
+    except ValueError as e:
+        raise cli.CommandError(f"the Node host wrote a line that is not JSON ({e})") from e
+
+
+# -- the sentences ---------------------------------------------------------------------------------
+
+def _lines(path: Path) -> list[str]:
+    """A file's lines split at "\\n" only (as `seq2onnx translate` splits them), a final "\\r" and a
+    leading byte order mark removed."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise cli.CommandError(f"{path}: no such file") from None
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise cli.CommandError(f"{path}: line {line} is not UTF-8 ({e.reason}); give a UTF-8 file") from None
+    lines = text.removeprefix("\ufeff").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _spread(items: list[str], count: int) -> list[str]:
+    """`count` items evenly spaced over the list (all of them when it is shorter): a file sorted
+    by length (Tatoeba's is) is sampled across its lengths, not at its short end."""
+    if len(items) <= count:
+        return items
+    return [items[i * len(items) // count] for i in range(count)]
+
+
+def _synthetic(bundle_dir: Path, count: int, seed: int = 0) -> list[str]:
+    """Texts made of random pieces of the bundle's source vocabulary (control, unknown, unused and
+    byte pieces left out), 1 to 24 pieces each: off the training distribution, where near-ties
+    between hypotheses are common, and available for any bundle."""
+    import sentencepiece as spm
+
+    from seq2onnx.runtime.bundle import read_bundle
+
+    bundle = read_bundle(bundle_dir, check_hashes=False)  # Translator checks the hashes
+    sp = spm.SentencePieceProcessor(model_file=str(bundle.file("source_tokenizer")))
+    pieces = [i for i in range(sp.get_piece_size())
+              if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i))]
+    rng = random.Random(seed)
+    longest = max(1, min(24, bundle.max_positions - 1))
+    return [sp.decode([rng.choice(pieces) for _ in range(rng.randint(1, longest))]) for _ in range(count)]
+
+
+def read_sentences(*, bundle_dir: str | Path, data: str | None = None, src_col: int = 0,
+                   sentences_file: str | None = None, synthetic: bool = False,
+                   count: int = DEFAULT_SENTENCES) -> tuple[list[str], str]:
+    """The sentences to compare and a description of where they come from. Exactly one source:
+    `sentences_file` (one per line), `data` (column `src_col` of a tab-separated file) or
+    `synthetic` (made from the bundle's vocabulary). Blank lines and empty sentences are left out; of the rest,
+    `count` evenly spaced ones are kept. Raises CommandError when none or several are given, or
+    the file lacks the column."""
+    given = [name for name, on in (("--data", data), ("--sentences-file", sentences_file), ("--synthetic", synthetic)) if on]
+    if not given:
+        raise cli.CommandError("give the sentences to compare: --sentences-file FILE (one per line), --data TSV "
+                               "--src-col N (a column of a tab-separated file) or --synthetic (random pieces of the "
+                               "bundle's source vocabulary)")
+    if len(given) > 1:
+        raise cli.CommandError(f"{' and '.join(given)}: give one source of sentences")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise cli.CommandError(f"--sentences {count}: give an integer >= 1")
+    if synthetic:
+        return _synthetic(Path(bundle_dir), count), f"{count} synthetic texts from the bundle's source vocabulary (seed 0)"
+    path = Path(data or sentences_file)
+    lines = _lines(path)
+    if data:
+        if src_col < 0:
+            raise cli.CommandError(f"--src-col {src_col}: give a column number >= 0")
+        texts = []
+        for n, line in enumerate(lines, 1):
+            if not line.strip():  # blank lines (a file ending in two newlines) hold no sentence
+                continue
+            columns = line.split("\t")
+            if src_col >= len(columns):
+                raise cli.CommandError(f"{path}: line {n} has {len(columns)} tab-separated columns; --src-col {src_col} "
+                                       f"needs at least {src_col + 1}")
+            texts.append(columns[src_col])
+        what = f"column {src_col} of {path.name}"
+    else:
+        texts, what = lines, path.name
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise cli.CommandError(f"{path}: no non-empty sentences")
+    kept = _spread(texts, count)
+    spread = f" (evenly spaced over its {len(texts)} non-empty ones)" if len(kept) < len(texts) else ""
+    return kept, f"{len(kept)} sentences from {what}{spread}"
+
+
+# -- the comparison --------------------------------------------------------------------------------
+
+def _check(name: str, value: str, bound: str, passed: bool, detail: str = "") -> dict:
+    return {"name": name, "value": value, "bound": bound, "passed": bool(passed), "detail": detail}
+
+
+def _cut(text: str, n: int = 50) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _compare_search(label: str, sources: list[str], python, node: list[dict], differences: list) -> tuple[dict, dict, float, int]:
+    """Rows for one search: ids identical per sentence (every hypothesis), texts identical, and the
+    largest score difference over hypotheses whose ids agree."""
+    same_ids = same_text = hyps = compared = 0
+    worst = 0.0
+    shown = 0
+    for i, (p, n) in enumerate(zip(python, node)):
+        ids_equal = [a == b for a, b in zip(p.token_ids, n["token_ids"])] + [False] * abs(len(p.token_ids) - len(n["token_ids"]))
+        same_ids += all(ids_equal)
+        hyps += len(p.hypotheses)
+        same_text += sum(a == b for a, b in zip(p.hypotheses, n["hypotheses"]))
+        for k, equal in enumerate(ids_equal):
+            if equal:
+                compared += 1
+                worst = max(worst, abs(p.scores[k] - n["scores"][k]))
+        if not all(ids_equal) and shown < SHOWN_DIFFERENCES:
+            k = ids_equal.index(False)
+            differences.append({
+                "check": label, "sentence": i, "source": sources[i], "hypothesis": k,
+                "python": {"ids": p.token_ids[k] if k < len(p.token_ids) else None,
+                           "score": p.scores[k] if k < len(p.scores) else None},
+                "node": {"ids": n["token_ids"][k] if k < len(n["token_ids"]) else None,
+                         "score": n["scores"][k] if k < len(n["scores"]) else None},
+            })
+            shown += 1
+    total = len(python)
+    ids_row = _check(f"{label} token ids identical", f"{same_ids}/{total}", "all", same_ids == total,
+                     "sentences whose every hypothesis has the same ids")
+    text_row = _check(f"{label} translations identical", f"{same_text}/{hyps}", "all", same_text == hyps,
+                      "detokenised hypotheses")
+    return ids_row, text_row, worst, compared
+
+
+def _compare_tokens(label: str, texts: list[str], tokenizer, node: list[dict], differences: list) -> dict:
+    same = 0
+    for i, (text, n) in enumerate(zip(texts, node)):
+        ids = tokenizer.encode(text)
+        if n["ids"] == ids and n["decoded"] == tokenizer.decode(ids):
+            same += 1
+        elif sum(d["check"] == label for d in differences) < SHOWN_DIFFERENCES:
+            differences.append({"check": label, "sentence": i, "source": text,
+                                "python": {"ids": ids, "decoded": tokenizer.decode(ids)},
+                                "node": {"ids": n["ids"], "decoded": n["decoded"]}})
+    return _check(f"{label} ids identical", f"{same}/{len(texts)}", "all", same == len(texts), "ids and detokenised text")
+
+
+def _target_tokens(results) -> int:
+    """Target tokens produced, as `seq2onnx bench` counts them: the best hypothesis and its end token."""
+    return sum(len(r[0]) + 1 for r in results)
+
+
+def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, threads: int = 1, node: str | None = None,
+                js_dir: str | Path | None = None, log=None) -> dict:
+    """Translates `sentences` with the Python runtime and the Node host; returns the report (see
+    format_report): `passed`, the checks, up to SHOWN_DIFFERENCES differences per check, timing.
+    Raises CommandError when the host cannot run (the message names what to install), BundleError
+    when the bundle is refused by the Python runtime."""
+    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.translator import Translator
+
+    log = log or (lambda message: None)
+    if isinstance(beam, bool) or not isinstance(beam, int) or beam < 2:
+        raise cli.CommandError(f"--beam {beam}: give a beam of at least 2 (greedy search is compared anyway)")
+    host = find_node_host(node, js_dir)
+    started = time.perf_counter()
+    translator = Translator(bundle_dir, device="cpu", intra_threads=threads, _tuning=SessionTuning(decoder="standard"))
+    prepared = [translator.prepare_source(s, truncate=True) for s in sentences]
+    source_ids = [ids for ids, _ in prepared]
+    searches = {"greedy": (1, 1), f"beam {beam}": (beam, beam)}
+    python, python_s = {}, {}
+    for label, (size, n_best) in searches.items():
+        log(f"the Python runtime: {label} on {len(sentences)} sentences")
+        t0 = time.perf_counter()
+        python[label] = [r for start in range(0, len(source_ids), READ_CHUNK)
+                         for r in translator.translate_batch(source_ids[start:start + READ_CHUNK], beam_size=size,
+                                                             num_hypotheses=n_best, return_scores=True,
+                                                             max_batch_size=MAX_BATCH)]
+        python_s[label] = time.perf_counter() - t0
+    node, node_timing = {}, {}
+    id_lines = [json.dumps(ids) for ids in source_ids]
+    for label, (size, n_best) in searches.items():
+        log(f"the Node host: {label} on {len(sentences)} sentences")
+        node[label], node_timing[label] = _run_node(host, ["translate", str(bundle_dir), "--ids", "--json", "--timing",
+                                                           "--beam", str(size), "--n-best", str(n_best),
+                                                           "--threads", str(threads), "--batch-size", str(MAX_BATCH)],
+                                                    id_lines)
+    # target texts: every hypothesis the Python runtime wrote, once each, in order
+    targets = list(dict.fromkeys(h for label in searches for r in python[label] for h in r.hypotheses if h.strip()))
+    log("the Node host: tokenizers")
+    node_source_tokens, _ = _run_node(host, ["tokenize", str(bundle_dir), "--side", "source"], sentences)
+    node_target_tokens, _ = _run_node(host, ["tokenize", str(bundle_dir), "--side", "target"], targets)
+
+    differences: list[dict] = []
+    checks = [_compare_tokens("source tokenizer", sentences, translator.source_tokenizer, node_source_tokens, differences),
+              _compare_tokens("target tokenizer", targets, translator.target_tokenizer, node_target_tokens, differences)]
+    score_rows = []
+    for label, (size, n_best) in searches.items():
+        name = label if size == 1 else f"{label} (n-best {n_best})"
+        ids_row, text_row, worst, compared = _compare_search(name, sentences, python[label], node[label], differences)
+        checks += [ids_row, text_row]
+        score_rows.append(_check(f"{name} max |score diff|", f"{worst:.1e}", f"{SCORE_BOUND:.0e}", worst <= SCORE_BOUND,
+                                 f"over {compared} hypotheses with identical ids"))
+    checks += score_rows
+    speed = {label: {
+        "python_s": python_s[label], "node_s": node_timing[label]["translate_s"] if node_timing[label] else None,
+        "python_tokens": _target_tokens([r.token_ids for r in python[label]]),
+        "node_tokens": _target_tokens([n["token_ids"] for n in node[label]]),
+    } for label in searches}
+    import onnxruntime
+
+    return {
+        "bundle": str(bundle_dir), "host": "node", "node_version": host["node_version"],
+        "onnxruntime_node": host["onnxruntime_node"], "onnxruntime": onnxruntime.__version__,
+        "decoder": translator.decoder_variant, "threads": threads, "beam": beam, "sentences": len(sentences),
+        "empty": sum(not ids for ids in source_ids), "truncated": sum(cut for _, cut in prepared),
+        "checks": checks, "differences": differences, "speed": speed,
+        "wall_s": time.perf_counter() - started, "passed": all(c["passed"] for c in checks),
+    }
+
+
+def format_report(report: dict, source: str = "") -> str:
+    """The report as a table: one row per check with its value, bound and result; then each
+    difference with both hosts' ids and scores; then the speed of each host (a measurement, not a
+    check); then PASSED or FAILED."""
+    lines = [
+        f"verify-host {report['bundle']}: the Node host ({report['node_version']}, onnxruntime-node "
+        f"{report['onnxruntime_node']}) against the Python runtime (onnxruntime {report['onnxruntime']})",
+        f"{report['decoder']} decoder on both, CPU, {report['threads']} thread(s) each; {source or str(report['sentences']) + ' sentences'}"
+        f"; {report['empty']} empty, {report['truncated']} cut to max_positions",
+        f"{'check':<44} {'value':>11} {'bound':>7}  result",
+    ]
+    for c in report["checks"]:
+        lines.append(f"{c['name']:<44} {c['value']:>11} {c['bound']:>7}  {'ok' if c['passed'] else 'FAIL'}  {c['detail']}")
+    if report["differences"]:
+        lines.append("differences (first of each check; scores are sums of log-probabilities, end token included):")
+        for d in report["differences"]:
+            where = f"  {d['check']}, sentence {d['sentence']}" + (f", hypothesis {d['hypothesis']}" if "hypothesis" in d else "")
+            lines.append(f"{where}: {_cut(d['source'])!r}")
+            for side in ("python", "node"):
+                values = d[side]
+                shown = ", ".join(f"{k} {_cut(json.dumps(v, ensure_ascii=False), 80)}" for k, v in values.items())
+                lines.append(f"    {side:<6} {shown}")
+    lines.append("speed (a measurement, not a check): target tokens per second inside translate calls, bundle load excluded")
+    for label, s in report["speed"].items():
+        rate = lambda tokens, seconds: f"{tokens / seconds:,.0f}" if seconds else "-"  # noqa: E731
+        lines.append(f"  {label:<8} python {rate(s['python_tokens'], s['python_s']):>8} tok/s ({s['python_s']:.2f} s)   "
+                     f"node {rate(s['node_tokens'], s['node_s']):>8} tok/s ({s['node_s'] or 0:.2f} s)")
+    lines.append(f"wall time {report['wall_s']:.1f} s")
+    lines.append("PASSED" if report["passed"] else "FAILED: see the rows marked FAIL")
+    return "\n".join(lines)
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+def add_verify_host(sub) -> None:
+    """Registers `seq2onnx verify-host` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "verify-host", help="check that the Node host (js/) translates a bundle exactly as the Python runtime does",
+        description="Translate the same sentences with the Python runtime and with the Node host (node "
+                    "js/bin/seq2onnx-js.mjs) on the same bundle, and compare: tokenizer ids, greedy and beam-search "
+                    "token ids (the whole n-best), texts, and scores within 1e-4. Needs no PyTorch; needs Node.js "
+                    ">= 18.17 and the JS host's dependencies (npm ci --prefix js). Exit 1 when any check fails.",
+        epilog="Sentences: --sentences-file FILE (one per line), --data TSV --src-col N, or --synthetic (random "
+               "pieces of the bundle's source vocabulary, for a bundle without data at hand). Of a longer file, "
+               "--sentences lines evenly spaced over it are used. Example: seq2onnx verify-host my-bundle --data "
+               "corpus.tsv --src-col 1 --sentences 200")
+    p.add_argument("bundle", metavar="BUNDLE", help="a bundle made by `seq2onnx export`")
+    p.add_argument("--host", default="node", choices=HOSTS, help="the host to compare with the Python runtime (default node)")
+    given = p.add_argument_group("sentences (give one)")
+    given.add_argument("--sentences-file", metavar="FILE", help="a text file, one sentence per line")
+    given.add_argument("--data", metavar="TSV", help="a tab-separated file; the sentences are column --src-col")
+    given.add_argument("--src-col", type=int, default=0, metavar="N", help="column of --data, from 0 (default 0)")
+    given.add_argument("--synthetic", action="store_true", help="texts of random pieces of the bundle's source vocabulary")
+    p.add_argument("--sentences", type=int, default=DEFAULT_SENTENCES, metavar="N",
+                   help=f"how many sentences to compare (default {DEFAULT_SENTENCES})")
+    p.add_argument("--beam", type=int, default=4, metavar="K", help="beam size of the beam-search row; its n-best is all K (default 4)")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="onnxruntime intra-op threads of each host (default 1; the hosts run one after the other)")
+    p.add_argument("--node", metavar="PATH", help="the node executable (default: node on PATH)")
+    p.add_argument("--js-dir", metavar="DIR", default=None,
+                   help=f"the JS host's folder, with node_modules installed (default: {_js_dir_default()})")
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE (refused if it exists, unless --force)")
+    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
+    p.set_defaults(func=cmd_verify_host)
+
+
+def _write_json(path: Path, report: dict, force: bool) -> None:
+    if path.exists() and not force:
+        raise cli.CommandError(f"{path} exists; choose another --json FILE or pass --force to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def cmd_verify_host(args) -> int:
+    """`seq2onnx verify-host`: the table on stdout, progress on stderr; exit 1 on any failed check."""
+    if args.json and Path(args.json).exists() and not args.force:  # before minutes of work, not after
+        raise cli.CommandError(f"{args.json} exists; choose another --json FILE or pass --force to replace it")
+    sentences, source = read_sentences(bundle_dir=args.bundle, data=args.data, src_col=args.src_col,
+                                       sentences_file=args.sentences_file, synthetic=args.synthetic, count=args.sentences)
+    report = verify_host(args.bundle, sentences, beam=args.beam, threads=args.threads, node=args.node,
+                         js_dir=args.js_dir, log=lambda m: print(f"verify-host: {m}", file=sys.stderr, flush=True))
+    report["source"] = source
+    print(format_report(report, source))
+    if args.json:
+        _write_json(Path(args.json), report, args.force)
+    return 0 if report["passed"] else cli.EXIT_FAIL

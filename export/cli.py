@@ -94,54 +94,91 @@ def cmd_train(args) -> int:
 
 # -- export / verify -----------------------------------------------------------------------------
 
+EXPORT_FORMATS = ("onnx", "ctranslate2")
+ONNX_ONLY = ("dtype", "quantize", "decoder")  # export options of ONNX bundles (export_bundle has their defaults)
+
+
 def add_export(sub) -> None:
     p = sub.add_parser("export", description="Export CHECKPOINT (a run directory or one of its step-*/last/best) into the "
                        "bundle OUT_DIR: encoder.onnx, decoder.onnx (one step with a key/value cache), the "
-                       "tokenizers and bundle.json. Written atomically; validated before success is reported.")
+                       "tokenizers and bundle.json. With --format ctranslate2, a CTranslate2 model directory "
+                       "instead (model.bin, config.json, vocabularies, the tokenizers and seq2onnx-ct2.json; "
+                       "docs/ctranslate2.md). Written atomically; validated before success is reported.")
     p.add_argument("checkpoint")
     p.add_argument("out_dir")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16"],
-                   help="float16 for the CUDA provider (LayerNorm and softmax stay fp32)")
-    p.add_argument("--quantize", choices=["int8"], help="int8 dynamic quantization, for the CPU")
+    p.add_argument("--format", default="onnx", choices=EXPORT_FORMATS,
+                   help="onnx (default): the ONNX bundle; ctranslate2: a model directory for ctranslate2.Translator "
+                   "(float32 weights; choose int8/float16 at load with compute_type)")
+    # None when not given, so that --format ctranslate2 can refuse them and export_bundle's defaults apply.
+    p.add_argument("--dtype", choices=["float32", "float16"],
+                   help="ONNX only. float32 (default), or float16 for the CUDA provider (LayerNorm and softmax stay fp32)")
+    p.add_argument("--quantize", choices=["int8"], help="ONNX only. int8 dynamic quantization, for the CPU")
     p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR")
-    p.add_argument("--decoder", default="both", choices=["both", "standard"],
-                   help="both (default): decoder.onnx and, for float32 bundles, decoder_fused.onnx (onnxruntime's "
-                   "com.microsoft kernels, faster on its CPU provider); standard: decoder.onnx only")
+    p.add_argument("--decoder", choices=["both", "standard"],
+                   help="ONNX only. both (default): decoder.onnx and, for float32 bundles, decoder_fused.onnx "
+                   "(onnxruntime's com.microsoft kernels, faster on its CPU provider); standard: decoder.onnx only")
     p.set_defaults(func=cmd_export)
 
 
 def cmd_export(args) -> int:
     needs_torch("export")
+    if args.format == "ctranslate2":
+        given = [f"--{name}" for name in ONNX_ONLY if getattr(args, name) is not None]
+        if given:
+            raise CommandError(f"{', '.join(given)} apply to ONNX bundles only, not to --format ctranslate2: drop "
+                               f"{'them' if len(given) > 1 else 'it'}; a CTranslate2 model is written in float32 and "
+                               "its precision chosen when loaded (ctranslate2.Translator(OUT_DIR, compute_type='int8'))")
+        from seq2onnx.export.ct2convert import export_ctranslate2
+
+        out = export_ctranslate2(args.checkpoint, args.out_dir, force=args.force)
+        print(f"CTranslate2 model written to {out} ({', '.join(sorted(p.name for p in out.iterdir()))}); "
+              f"check it with: seq2onnx verify {args.checkpoint} {out}")
+        return 0
     from seq2onnx.export.bundle import export_bundle
 
-    out = export_bundle(args.checkpoint, args.out_dir, dtype=args.dtype, quantize=args.quantize, force=args.force,
-                        decoder=args.decoder)
+    options = {name: getattr(args, name) for name in ONNX_ONLY if getattr(args, name) is not None}
+    out = export_bundle(args.checkpoint, args.out_dir, force=args.force, **options)
     print(f"bundle written to {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
     return 0
 
 
 def add_verify(sub) -> None:
     p = sub.add_parser("verify", description="Compare the bundle with the PyTorch checkpoint in tiers: tensors step by step "
-                       "(along teacher-forced targets and the greedy path), greedy token ids, BLEU. Exit 1 when "
-                       "any check fails.")
+                       "(along teacher-forced targets and the greedy path), greedy token ids, BLEU. A CTranslate2 "
+                       "directory (from export --format ctranslate2, recognised by its model.bin) is compared on "
+                       "token ids instead: greedy identical on every sentence, beam 4 on >= 99.5%, each difference "
+                       "shown with both scores. Exit 1 when any check fails.")
     p.add_argument("checkpoint")
-    p.add_argument("bundle")
+    p.add_argument("bundle", help="the ONNX bundle, or a CTranslate2 model directory")
     p.add_argument("--sentences", type=int, default=100, help="test sentences to compare (default 100)")
     p.add_argument("--data", help="TSV of sentences to use instead of the checkpoint's test split")
     p.add_argument("--src-col", type=int, default=0)
     p.add_argument("--tgt-col", type=int, default=1)
-    p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="onnxruntime provider")
+    p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
+                   help="onnxruntime provider (or CTranslate2 device)")
     p.add_argument("--json", help="also write the report as JSON to this file")
     p.set_defaults(func=cmd_verify)
 
 
 def cmd_verify(args) -> int:
     needs_torch("verify")
-    from seq2onnx.export.parity import format_report, verify
+    from seq2onnx.export.ct2convert import ct2_available, is_ct2_dir
 
-    report = verify(args.checkpoint, args.bundle, sentences=args.sentences, device=args.device, data=args.data,
-                    src_col=args.src_col, tgt_col=args.tgt_col)
-    print(format_report(report))
+    if is_ct2_dir(args.bundle):
+        ok, why = ct2_available()
+        if not ok:
+            raise CommandError(f"{args.bundle} is a CTranslate2 model; verifying it needs ctranslate2: {why}")
+        from seq2onnx.export.ct2verify import format_ct2_report, verify_ct2
+
+        report = verify_ct2(args.checkpoint, args.bundle, sentences=args.sentences, device=args.device,
+                            data=args.data, src_col=args.src_col, tgt_col=args.tgt_col)
+        print(format_ct2_report(report))
+    else:
+        from seq2onnx.export.parity import format_report, verify
+
+        report = verify(args.checkpoint, args.bundle, sentences=args.sentences, device=args.device, data=args.data,
+                        src_col=args.src_col, tgt_col=args.tgt_col)
+        print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0 if report["passed"] else EXIT_FAIL

@@ -1,7 +1,9 @@
-"""A checkpoint -> CTranslate2 model, through ctranslate2's model-spec API (for `seq2onnx bench`).
+"""A checkpoint -> CTranslate2 model, through ctranslate2's model-spec API.
 
-CTranslate2 is the peer the ONNX runtime is measured against, so it must run the very same weights.
-The mapping, checked against ctranslate2's own converters (opennmt_py.py, fairseq.py):
+Two users: `seq2onnx export --format ctranslate2` (export_ctranslate2: a deployable directory,
+written atomically, with the tokenizers and DEPLOY_JSON saying how to drive it) and `seq2onnx
+bench` (convert_checkpoint: the bare model, the peer the ONNX runtime is measured against, so it
+must run the very same weights). docs/ctranslate2.md describes the directory. The mapping, checked against ctranslate2's own converters (opennmt_py.py, fairseq.py):
 
     ours                                     CTranslate2 spec
     src_embed / tgt_embed                    encoder.embeddings[0] / decoder.embeddings (scaled by sqrt(d))
@@ -21,10 +23,17 @@ as ours do. Vocabularies are our SentencePiece pieces in id order (ids 0..3 are 
 </s>), so CTranslate2 tokens map back to our ids one to one. The caller feeds source pieces with
 '</s>' appended (add_source_eos stays False) and CTranslate2 starts the decoder with '<s>'.
 
-Only imported where ctranslate2 and torch are installed (the `[bench]` extra).
+The conversion itself needs ctranslate2 and torch (the `[bench]` extra); this module imports
+neither at its top, so that ct2_available() can say what is missing.
 """
 from __future__ import annotations
 
+import json
+import os
+import platform
+import shutil
+import tempfile
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +131,134 @@ def source_pieces(tokenizer) -> list[str]:
 def target_pieces(tokenizer) -> list[str]:
     return [tokenizer.target.id_to_piece(i) for i in range(tokenizer.tgt_vocab_size)]
 
+
+# -- the deployable directory (`seq2onnx export --format ctranslate2`) -------------------------------
+
+# How to drive the model with ctranslate2 + sentencepiece alone, beside model.bin (docs/ctranslate2.md).
+DEPLOY_JSON = "seq2onnx-ct2.json"
+DEPLOY_FORMAT, DEPLOY_FORMAT_VERSION = "seq2onnx-ctranslate2", 1
+MODEL_BIN = "model.bin"  # what marks a directory as a CTranslate2 model (ctranslate2 writes it)
+
+
+def is_ct2_dir(path: str | Path) -> bool:
+    """Whether `path` holds a CTranslate2 model (rather than an ONNX bundle)."""
+    return (Path(path) / MODEL_BIN).is_file()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def deploy_recipe(model, tokenizer, ckpt_dir: Path) -> dict:
+    """DEPLOY_JSON: the tokenization, options and length rule under which CTranslate2 decodes as the
+    PyTorch reference does (the convention of ../shared/DECODING.md, docs/bundle-format.md).
+
+    translate_batch holds only what must differ from CTranslate2's defaults: its beam_size is 2 and
+    its min_decoding_length 1 (the end token forbidden at the first step), ours 4 and 0; its
+    max_input_length is 1024, ours the model's positions. Its length penalty already counts the end
+    token (it strips the token after ranking), and it stops early only when length_penalty is 0.
+    """
+    from seq2onnx.export.bundle import DECODING_DEFAULTS as dd
+    from seq2onnx.model.tokenizer import SOURCE_MODEL, TARGET_MODEL
+
+    cfg = model.cfg
+    eos = tokenizer.source.id_to_piece(cfg.eos_id)
+    return {
+        "format": DEPLOY_FORMAT,
+        "format_version": DEPLOY_FORMAT_VERSION,
+        "source": {"tokenizer": SOURCE_MODEL, "append": [eos],
+                   "how": "pieces = source SentencePiece encode(text, out_type=str) + append"},
+        "target": {"tokenizer": TARGET_MODEL, "start_token": tokenizer.target.id_to_piece(cfg.decoder_start_id),
+                   "end_token": tokenizer.target.id_to_piece(cfg.eos_id), "target_prefix": None,
+                   "how": "the start token is in config.json (decoder_start_token): give no target_prefix; "
+                          "decode the result's pieces with the target SentencePiece model"},
+        "translate_batch": {"beam_size": dd["beam_size"], "length_penalty": dd["length_penalty"],
+                            "min_decoding_length": dd["min_length"], "max_input_length": cfg.max_positions},
+        "max_decoding_length": {"a": dd["max_length_a"], "b": dd["max_length_b"], "max": cfg.max_positions,
+                                "rule": "per sentence: min(floor(a * n) + b, max), n = its pieces with the appended "
+                                        "end token, at most max_input_length"},
+        "compute_type": "the weights are float32; pick the precision at load: ctranslate2.Translator(dir, "
+                        "compute_type='int8') on the CPU, 'float16' or 'int8_float16' on CUDA (verify checks float32)",
+        "model": cfg.to_dict(),
+        "source_checkpoint": ckpt_dir.name,
+        "producer": {"seq2onnx": _version("seq2onnx"), "ctranslate2": _version("ctranslate2"),
+                     "torch": _version("torch"), "python": platform.python_version()},
+    }
+
+
+def max_decoding_length(recipe: dict, n_pieces: int) -> int:
+    """The recipe's length rule for a source of `n_pieces` pieces (end token included)."""
+    rule = recipe["max_decoding_length"]
+    n = min(n_pieces, recipe["translate_batch"]["max_input_length"])
+    return min(int(rule["a"] * n) + rule["b"], rule["max"])
+
+
+def export_ctranslate2(ckpt: str | Path, out: str | Path, *, force: bool = False) -> Path:
+    """Writes the CTranslate2 model directory of a checkpoint: model.bin, config.json and the two
+    vocabularies (ctranslate2's), the SentencePiece models and DEPLOY_JSON.
+
+    Built in a temporary sibling of `out`, checked (a fresh ctranslate2.Translator decodes a short
+    sentence through the recipe), then renamed into place, under the same lock as ONNX exports.
+    Raises ExportError when ctranslate2 is missing, `out` exists without force, another export
+    is writing `out` or the place is not writable; CheckpointError for a bad checkpoint.
+    """
+    from seq2onnx.export.bundle import ExportError, _OutputLock
+    from seq2onnx.model import checkpoint
+    from seq2onnx.model.tokenizer import SOURCE_MODEL, TARGET_MODEL
+    from seq2onnx.runtime.atomic import replace_dir
+
+    ok, why = ct2_available()
+    if not ok:
+        raise ExportError(f"--format ctranslate2: {why}")
+    out = Path(out)
+    if out.exists() and not force:
+        raise ExportError(f"{out} already exists; pass --force to replace it")
+    parent = out.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"cannot write the model at {out}: {e.strerror}; choose a writable directory") from e
+    with _OutputLock(out):
+        if out.exists() and not force:
+            raise ExportError(f"{out} already exists (written by another export meanwhile); pass --force to replace it")
+        model, tokenizer, ckpt_dir = checkpoint.load(ckpt)
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+        except OSError as e:
+            raise ExportError(f"cannot write the model at {out}: {e.strerror}; choose a writable directory") from e
+        try:
+            os.chmod(tmp, 0o755)
+            spec = build_spec(model, tokenizer)
+            spec.validate()
+            spec.optimize(quantization=None)  # float32: compute_type chooses the precision at load
+            spec.save(str(tmp))
+            for name in (SOURCE_MODEL, TARGET_MODEL):
+                shutil.copyfile(ckpt_dir / name, tmp / name)
+            recipe = deploy_recipe(model, tokenizer, ckpt_dir)
+            (tmp / DEPLOY_JSON).write_text(json.dumps(recipe, indent=2, sort_keys=True) + "\n")
+            _validate(tmp, recipe)
+            replace_dir(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out
+
+
+def _validate(directory: Path, recipe: dict) -> None:
+    """The directory loads in a fresh Translator and decodes one short sentence through the recipe."""
+    import ctranslate2
+    import sentencepiece as spm
+
+    source = spm.SentencePieceProcessor(model_file=str(directory / recipe["source"]["tokenizer"]))
+    pieces = source.encode("a", out_type=str) + recipe["source"]["append"]
+    translator = ctranslate2.Translator(str(directory), device="cpu", compute_type="float32", intra_threads=1)
+    translator.translate_batch([pieces], **{**recipe["translate_batch"], "beam_size": 2}, max_decoding_length=3)
+
+
+# -- the bare model (`seq2onnx bench`) ----------------------------------------------------------------
 
 def convert_checkpoint(ckpt: str | Path, out: str | Path, quantization: str | None = None) -> Path:
     """Writes the CTranslate2 model of a checkpoint into `out` (created; must not exist or be empty).

@@ -18,8 +18,8 @@ EXIT_USAGE, EXIT_FAIL = 2, 1
 # so that listing them imports nothing of the training side).
 TRAINING_COMMANDS = {
     "train": "train a Transformer on a parallel corpus (or the generated one)",
-    "export": "turn a checkpoint into an ONNX bundle",
-    "verify": "prove a bundle computes what its checkpoint computes",
+    "export": "turn a checkpoint into an ONNX bundle (or a CTranslate2 model)",
+    "verify": "prove a bundle or CTranslate2 model computes what its checkpoint computes",
     "evaluate": "BLEU on the checkpoint's test split (PyTorch and, with --bundle, onnxruntime)",
     "demo": "train, export, verify and translate on the generated corpus (~5 min on 2 cores)",
     "bench": "benchmark the PyTorch reference, the ONNX runtime and CTranslate2 on the same model",

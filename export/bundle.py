@@ -9,7 +9,9 @@ import platform
 import shutil
 import tempfile
 from importlib import metadata
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import sentencepiece as spm
 import torch
@@ -75,38 +77,46 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
         raise ExportError(f"--decoder {decoder}: choose {' or '.join(DECODERS)}")
     fused = decoder == "both" and dtype == "float32" and quantize is None
     out = Path(out)
+    with building(out, force) as tmp:
+        model, _, ckpt_dir = checkpoint.load(ckpt)
+        export_graphs(model, tmp, dtype=torch.float16 if dtype == "float16" else torch.float32)
+        if quantize == "int8":
+            _quantize_int8(tmp)
+        if fused:
+            export_fused_decoder(model, tmp)
+        shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
+        shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
+        _write_json(tmp, model, ckpt_dir, dtype, quantize, fused)
+        _validate(tmp)
+    return out
+
+
+@contextmanager
+def building(out: Path, force: bool, what: str = "bundle") -> Iterator[Path]:
+    """A temporary sibling directory of `out` to write `what` into, under out's lock: renamed onto
+    `out` when the block ends without error, removed when it raises. Refuses an existing `out`
+    without force (checked again under the lock: another export may have finished meanwhile)."""
     if out.exists() and not force:
         raise ExportError(f"{out} already exists; pass --force to replace it")
     parent = out.resolve().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ExportError(f"cannot write the bundle at {out}: {e.strerror}; choose a writable directory") from e
+        raise ExportError(f"cannot write the {what} at {out}: {e.strerror}; choose a writable directory") from e
     with _OutputLock(out):
-        # Checked again under the lock: another export may have finished since the check above.
         if out.exists() and not force:
             raise ExportError(f"{out} already exists (written by another export meanwhile); pass --force to replace it")
-        model, _, ckpt_dir = checkpoint.load(ckpt)
         try:
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
         except OSError as e:
-            raise ExportError(f"cannot write the bundle at {out}: {e.strerror}; choose a writable directory") from e
+            raise ExportError(f"cannot write the {what} at {out}: {e.strerror}; choose a writable directory") from e
         try:
             os.chmod(tmp, 0o755)
-            export_graphs(model, tmp, dtype=torch.float16 if dtype == "float16" else torch.float32)
-            if quantize == "int8":
-                _quantize_int8(tmp)
-            if fused:
-                export_fused_decoder(model, tmp)
-            shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
-            shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
-            _write_json(tmp, model, ckpt_dir, dtype, quantize, fused)
-            _validate(tmp)
+            yield tmp
             replace_dir(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    return out
 
 
 class _OutputLock:

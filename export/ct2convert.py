@@ -29,10 +29,8 @@ neither at its top, so that ct2_available() can say what is missing.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import shutil
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -205,45 +203,25 @@ def export_ctranslate2(ckpt: str | Path, out: str | Path, *, force: bool = False
     Raises ExportError when ctranslate2 is missing, `out` exists without force, another export
     is writing `out` or the place is not writable; CheckpointError for a bad checkpoint.
     """
-    from seq2onnx.export.bundle import ExportError, _OutputLock
+    from seq2onnx.export.bundle import ExportError, building
     from seq2onnx.model import checkpoint
     from seq2onnx.model.tokenizer import SOURCE_MODEL, TARGET_MODEL
-    from seq2onnx.runtime.atomic import replace_dir
 
     ok, why = ct2_available()
     if not ok:
         raise ExportError(f"--format ctranslate2: {why}")
     out = Path(out)
-    if out.exists() and not force:
-        raise ExportError(f"{out} already exists; pass --force to replace it")
-    parent = out.resolve().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ExportError(f"cannot write the model at {out}: {e.strerror}; choose a writable directory") from e
-    with _OutputLock(out):
-        if out.exists() and not force:
-            raise ExportError(f"{out} already exists (written by another export meanwhile); pass --force to replace it")
+    with building(out, force, "model") as tmp:
         model, tokenizer, ckpt_dir = checkpoint.load(ckpt)
-        try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-        except OSError as e:
-            raise ExportError(f"cannot write the model at {out}: {e.strerror}; choose a writable directory") from e
-        try:
-            os.chmod(tmp, 0o755)
-            spec = build_spec(model, tokenizer)
-            spec.validate()
-            spec.optimize(quantization=None)  # float32: compute_type chooses the precision at load
-            spec.save(str(tmp))
-            for name in (SOURCE_MODEL, TARGET_MODEL):
-                shutil.copyfile(ckpt_dir / name, tmp / name)
-            recipe = deploy_recipe(model, tokenizer, ckpt_dir)
-            (tmp / DEPLOY_JSON).write_text(json.dumps(recipe, indent=2, sort_keys=True) + "\n")
-            _validate(tmp, recipe)
-            replace_dir(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        spec = build_spec(model, tokenizer)
+        spec.validate()
+        spec.optimize(quantization=None)  # float32: compute_type chooses the precision at load
+        spec.save(str(tmp))
+        for name in (SOURCE_MODEL, TARGET_MODEL):
+            shutil.copyfile(ckpt_dir / name, tmp / name)
+        recipe = deploy_recipe(model, tokenizer, ckpt_dir)
+        (tmp / DEPLOY_JSON).write_text(json.dumps(recipe, indent=2, sort_keys=True) + "\n")
+        _validate(tmp, recipe)
     return out
 
 

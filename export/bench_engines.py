@@ -11,7 +11,7 @@ Engines (name -> kind, device, precision in ENGINES):
                    what a batched PyTorch decoder gets, so that the ONNX rows are also compared
                    with PyTorch on equal search terms.
   onnx-cpu-fp32    runtime.translator.Translator on the fp32 bundle, CPU provider.
-  onnx-cpu-int8    ... on the int8 (dynamically quantized) bundle.
+  onnx-cpu-int8    ... on the int8 bundle (export/quantize.py: per-row activation scales).
   onnx-cuda-fp32/fp16   the CUDA provider, only where a GPU is usable.
   ct2-cpu-fp32/int8, ct2-cuda-fp32/fp16   CTranslate2 on the same weights (export/ct2convert.py).
 

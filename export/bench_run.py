@@ -58,18 +58,22 @@ def _weights_sha256(ckpt_dir: Path) -> str:
 
 def _ensure_bundle(ckpt_dir: Path, directory: Path, precision: str, weights_sha: str) -> str:
     """Exports the bundle of one precision into `directory`, unless it holds one of these very weights
-    (recorded in DIR/../bench-sources.json by an earlier run). Returns what was done."""
+    (recorded in DIR/../bench-sources.json by an earlier run) and, for int8, this quantization scheme.
+    Returns what was done."""
     from seq2onnx.export.bundle import export_bundle
+    from seq2onnx.export.quantize import SCHEME
 
     stamps_path = directory.parent / "bench-sources.json"
     stamps = json.loads(stamps_path.read_text()) if stamps_path.is_file() else {}
-    if (directory / "bundle.json").is_file() and stamps.get(precision) == weights_sha:
+    # an int8 bundle of an older scheme (per-tensor scales) must not be timed as this one
+    stamp = f"{weights_sha} {SCHEME['name']}" if precision == "int8" else weights_sha
+    if (directory / "bundle.json").is_file() and stamps.get(precision) == stamp:
         return "reused"
     if directory.exists() and not (directory / "bundle.json").is_file():
         raise ValueError(f"{directory} exists and is not a bundle; remove it or choose another --bundle-dir")
     dtype, quantize = {"fp32": ("float32", None), "int8": ("float32", "int8"), "fp16": ("float16", None)}[precision]
     export_bundle(ckpt_dir, directory, dtype=dtype, quantize=quantize, force=directory.exists())
-    stamps[precision] = weights_sha
+    stamps[precision] = stamp
     stamps_path.write_text(json.dumps(stamps, indent=1) + "\n")
     return "exported"
 

@@ -24,6 +24,7 @@ from seq2onnx.runtime.checks import tokenizer_fingerprint
 
 from .fused import export_fused_decoder, graph_domains
 from .graphs import OPSET, export_graphs
+from .quantize import quantize_graphs
 
 DECODERS = ("both", "standard")  # export_bundle's `decoder`: which decoder graphs a bundle gets
 DECODING_DEFAULTS = {"beam_size": 4, "length_penalty": 1.0, "max_length_a": 1.5, "max_length_b": 10, "min_length": 0}
@@ -55,13 +56,14 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
                   force: bool = False, decoder: str = "both") -> Path:
     """Exports a checkpoint (a step-* directory or a run directory's `last`) into the bundle `out`.
 
-    decoder "both" writes the standard-opset decoder.onnx and, for fp32 bundles (the contrib
-    kernels are fp32-only on the CPU), decoder_fused.onnx (docs/fused-decoder.md); "standard"
-    writes decoder.onnx alone, for hosts without onnxruntime's com.microsoft operators.
+    decoder "both" writes the standard-opset decoder.onnx and, for fp32 and int8 bundles (the
+    contrib attention kernels are fp32-only on the CPU), decoder_fused.onnx (docs/fused-decoder.md);
+    "standard" writes decoder.onnx alone, for hosts without onnxruntime's com.microsoft operators.
 
     dtype "float16" keeps LayerNorm, softmax and log-softmax in fp32 (for CUDA); quantize "int8"
-    applies onnxruntime dynamic quantization to the fp32 graphs (for the CPU). The bundle is
-    validated (hashes, graph loading, one decoding step) before it is moved into place.
+    rewrites the fp32 graphs' linear layers with per-row activation scales and per-channel weights
+    (export/quantize.py: for the CPU, and batch-invariant). The bundle is validated (hashes, graph
+    loading, one decoding step) before it is moved into place.
     The whole export holds a lock beside `out`, so of two exports to one place started together
     exactly one succeeds, with or without force; the other raises ExportError.
     Raises ExportError for an existing output without force, an output another export is writing,
@@ -75,18 +77,21 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
         raise ExportError("--quantize int8 starts from float32 graphs; drop --dtype float16")
     if decoder not in DECODERS:
         raise ExportError(f"--decoder {decoder}: choose {' or '.join(DECODERS)}")
-    fused = decoder == "both" and dtype == "float32" and quantize is None
+    fused = decoder == "both" and dtype == "float32"  # int8 quantizes the fused graph's GEMMs, not its attention
     out = Path(out)
     with building(out, force) as tmp:
         model, _, ckpt_dir = checkpoint.load(ckpt)
         export_graphs(model, tmp, dtype=torch.float16 if dtype == "float16" else torch.float32)
-        if quantize == "int8":
-            _quantize_int8(tmp)
         if fused:
             export_fused_decoder(model, tmp)
+        scheme = None
+        if quantize == "int8":
+            graphs = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_FILE_KEYS if fused else {})}
+            scheme = quantize_graphs(tmp, {k: v for k, v in graphs.items() if v.endswith(".onnx")},
+                                     contrib_labels=tuple(fmt.OPTIONAL_FILE_KEYS))
         shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
-        _write_json(tmp, model, ckpt_dir, dtype, quantize, fused)
+        _write_json(tmp, model, ckpt_dir, dtype, quantize, fused, scheme)
         _validate(tmp)
     return out
 
@@ -167,22 +172,8 @@ class _OutputLock:
         self.fd = None
 
 
-def _quantize_int8(directory: Path) -> None:
-    import logging
-
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process is for CNNs
-    for name in (fmt.ENCODER_FILE, fmt.DECODER_FILE):
-        src = directory / f"fp32-{name}"
-        os.rename(directory / name, src)
-        # per-channel scales: one per output column keeps greedy agreement with fp32 higher
-        # (84% against 72% per-tensor on the tests' tiny model)
-        quantize_dynamic(str(src), str(directory / name), weight_type=QuantType.QInt8, per_channel=True)
-        src.unlink()
-
-
-def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: str | None, fused: bool) -> None:
+def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: str | None, fused: bool,
+                scheme: dict | None = None) -> None:
     import onnx
 
     cfg = model.cfg
@@ -200,6 +191,7 @@ def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: st
         "max_positions": cfg.max_positions,
         "dtype": dtype,
         "quantization": quantize,
+        "quantization_scheme": scheme,  # export/quantize.py's SCHEME and the layers per graph; None unquantized
         "variant": variant(dtype, quantize),
         "tolerances": TOLERANCES[variant(dtype, quantize)],
         "files": files,

@@ -112,7 +112,7 @@ def add_export(sub) -> None:
     # None when not given, so that --format ctranslate2 can refuse them and export_bundle's defaults apply.
     p.add_argument("--dtype", choices=["float32", "float16"],
                    help="ONNX only. float32 (default), or float16 for the CUDA provider (LayerNorm and softmax stay fp32)")
-    p.add_argument("--quantize", choices=["int8"], help="ONNX only. int8 dynamic quantization, for the CPU")
+    p.add_argument("--quantize", choices=["int8"], help="ONNX only. int8 linear layers, for the CPU: weights per output column, activations per row at run time (a sentence's result does not depend on its batch; export/quantize.py)")
     p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR")
     p.add_argument("--decoder", choices=["both", "standard"],
                    help="ONNX only. both (default): decoder.onnx and, for float32 bundles, decoder_fused.onnx "

@@ -484,11 +484,14 @@ def test_int8_export_is_quantized():
         p = proto(bundle, name)
         onnx.checker.check_model(p, full_check=True)
         ops = all_ops(p.graph)
-        assert ops["MatMulInteger"] > 0 and ops["DynamicQuantizeLinear"] > 0, ops
+        # per-row activation scales (export/quantize.py), not onnxruntime's per-tensor DynamicQuantizeLinear
+        assert ops["MatMulInteger"] > 0 and ops["QuantizeLinear"] > 0 and "DynamicQuantizeLinear" not in ops, ops
         assert not {"Dropout", "If"} & set(ops)
-    # the fused decoder is fp32-only: an int8 bundle has the standard one alone
-    assert "decoder_fused" not in meta["files"] and not (bundle / fmt.FUSED_DECODER_FILE).exists()
-    assert fmt.read_bundle(bundle).decoder_variants == ["standard"]
+    # the fused decoder quantizes its GEMMs (MatMulIntegerToFloat) around the fp32 attention kernels
+    assert fmt.read_bundle(bundle).decoder_variants == ["standard", "fused"]
+    fused_ops = all_ops(proto(bundle, fmt.FUSED_DECODER_FILE).graph)
+    assert fused_ops["MatMulIntegerToFloat"] > 0 and fused_ops["DecoderMaskedMultiHeadAttention"] > 0, fused_ops
+    assert meta["quantization_scheme"]["name"], meta["quantization_scheme"]
     # the graphs' interface is unchanged: float32 cache, bundle.json's names
     dec = proto(bundle, fmt.DECODER_FILE)
     assert {dtype_name(v) for v in real_inputs(dec) if v.name.startswith("past_")} == {"float32"}

@@ -22,6 +22,7 @@ from seq2onnx.model import checkpoint
 from seq2onnx.model.search import translate_ids
 from seq2onnx.model.train import bleu
 from seq2onnx.runtime import bundle as fmt
+from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,14 +131,14 @@ def test_verify_fails_on_a_bundle_that_does_not_match():
     assert text.splitlines()[-1].startswith("FAILED")
 
 
-def _independent_agreement(run: Path, bundle: Path, n: int) -> tuple[float, float]:
+def _independent_agreement(run: Path, bundle: Path, n: int, decoder: str = "auto") -> tuple[float, float]:
     """Greedy agreement and BLEU drop of a bundle against PyTorch, measured here without verify()."""
     model, tok, ckpt = checkpoint.load(run)
     pairs = split_sentences(ckpt, n)
     srcs = [tok.encode_source(s) for s, _ in pairs]
     want = [h[0].tokens for h in translate_ids(model, srcs, beam_size=1)]
     want = [w[:-1] if w and w[-1] == model.cfg.eos_id else w for w in want]
-    got = Translator(bundle, device="cpu").translate_batch(srcs, beam_size=1)
+    got = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=decoder)).translate_batch(srcs, beam_size=1)
     refs = [t for _, t in pairs]
     drop = bleu([tok.decode_target(w) for w in want], refs) - bleu([g.hypotheses[0] for g in got], refs)
     return sum(g.token_ids[0] == w for g, w in zip(got, want)) / len(pairs), drop
@@ -149,17 +150,23 @@ def test_int8_bundle_is_judged_by_the_codes_bounds_on_tokens_and_bleu():
     assert fmt.read_bundle(bundle).meta["tolerances"] == bounds
     report = verify(run, bundle)
     text = format_report(report)
-    [tokens], [drop] = checks(report, "tokens"), checks(report, "text")
-    assert (tokens["bound"], drop["bound"]) == (bounds["min_greedy_agreement"], bounds["max_bleu_drop"])
-    # The values are what decoding both ways here gives, and the verdict follows from them.
-    rate, bleu_drop = _independent_agreement(run, bundle, report["sentences"])
-    assert tokens["value"] == rate and drop["value"] == pytest.approx(bleu_drop, abs=1e-6)
-    meets = {"greedy token ids identical": rate >= bounds["min_greedy_agreement"],
-             "BLEU drop (torch - bundle)": bleu_drop <= bounds["max_bleu_drop"]}
-    assert report["passed"] is all(meets.values()), text
-    for name, ok in meets.items():
-        [line] = [line for line in text.splitlines() if name in line]
-        assert (" ok " in line) is ok and ("FAIL" in line) is not ok, line
+    # the int8 bundle has both decoders (int8 GEMMs around fp32 attention), each judged at the same bounds
+    assert [c["decoder"] for c in checks(report, "tokens")] == ["standard", "fused"], text
+    verdicts = []
+    for decoder in ("standard", "fused"):
+        [tokens] = [c for c in checks(report, "tokens") if c["decoder"] == decoder]
+        [drop] = [c for c in checks(report, "text") if c["decoder"] == decoder]
+        assert (tokens["bound"], drop["bound"]) == (bounds["min_greedy_agreement"], bounds["max_bleu_drop"])
+        # The values are what decoding both ways here gives, and the verdict follows from them.
+        rate, bleu_drop = _independent_agreement(run, bundle, report["sentences"], decoder)
+        assert tokens["value"] == rate and drop["value"] == pytest.approx(bleu_drop, abs=1e-6)
+        meets = {"greedy token ids identical": rate >= bounds["min_greedy_agreement"],
+                 "BLEU drop (torch - bundle)": bleu_drop <= bounds["max_bleu_drop"]}
+        verdicts += meets.values()
+        for name, ok in meets.items():
+            [line] = [line for line in text.splitlines() if name in line and f" {decoder} " in line]
+            assert (" ok " in line) is ok and ("FAIL" in line) is not ok, line
+    assert report["passed"] is all(verdicts), text
     # int8 changes logits by far more than fp32's 1e-4: tensor differences are measurements, not checks
     tensor = checks(report, "tensor")
     assert tensor and not any(c["judged"] for c in tensor) and max(c["value"] for c in tensor) > 1e-2, text
@@ -188,9 +195,9 @@ def test_int8_verdict_moves_with_its_bounds_and_names_the_failing_check():
     strict = verify(run, _with_tolerances("strict", min_greedy_agreement=1.01, max_bleu_drop=100.0), sentences=20)
     text = format_report(strict)
     assert strict["passed"] is False
-    assert [c["name"] for c in strict["checks"] if c["judged"] and not c["passed"]] == ["greedy token ids identical"]
+    assert [c["name"] for c in strict["checks"] if c["judged"] and not c["passed"]] == ["greedy token ids identical"] * 2
     failing = [line for line in text.splitlines() if "FAIL" in line and not line.startswith("FAILED")]
-    assert len(failing) == 1 and re.match(r"tokens +standard +greedy token ids identical", failing[0]), text
+    assert [re.match(r"tokens +(\w+) +greedy token ids identical", line)[1] for line in failing] == ["standard", "fused"], text
     assert text.splitlines()[-1].startswith("FAILED")
 
 

@@ -1,0 +1,208 @@
+"""int8 graphs whose every row is computed alone: per-row activation scales, per-channel weights.
+
+onnxruntime's dynamic quantization (quantize_dynamic, DynamicQuantizeMatMul) scales a linear
+layer's input by ONE (min, max) over the whole tensor, i.e. over every sentence of the batch: a
+sentence's codes, and so its translation, change with its neighbours. Here each row (one target
+position of one hypothesis, or one source position) gets its own scale, as CTranslate2 does, so a
+row's result is the same alone and in any batch. Weights are quantized once, per output channel.
+
+Every linear layer with constant fp32 weights W (K, N) -- MatMul, Gemm, and FusedGemm(Relu) of the
+fused decoder -- becomes, with m = max|x| over the row (K values):
+
+    codes = QuantizeLinear(x / m, 1/127, 128)             uint8, one pass per input tensor (shared
+                                                          by the layers that read it, e.g. Q, K, V)
+    y     = (codes - 128) @ (Wq - z_w)  x  (s_w / 127)  x  m  +  b    [Relu]
+
+with Wq = round(W / s_w) + z_w per output column n: uint8 codes, s_w = (max - min of W[:, n], 0
+included) / 255 and z_w the code of 0, so 0 is exact. uint8 x uint8, not uint8 x int8, because of
+the CPU this was built for (AVX2 without VNNI): there onnxruntime's u8 x s8 kernel adds pairs of
+products in signed 16 bits (vpmaddubsw), which saturates for 8-bit weights (255 x 127 x 2 > 32,767;
+onnxruntime documents this as the u8s8 saturation issue), while its u8 x u8 kernel widens to 16 bits
+first and is exact. The other remedy, 7-bit int8 weights (`reduce_range`), was measured too: its
+kernel is ~1.1x faster at 32-128 rows, but greedy outputs equal fp32's on 73% of 300 Tatoeba
+sentences against 87% for these 8-bit weights (docs/optimisation-notes.md).
+
+A row whose values are all 0 gives m = 0 and codes of 0/0: whatever codes QuantizeLinear makes of
+them, the integer product is finite and is multiplied by m = 0, so y = b exactly (tested), and no
+guard node is needed.
+
+In the standard-opset graphs (encoder.onnx, decoder.onnx) the product is MatMulInteger -> Cast ->
+Mul(s_w / 127): plain opset-17 operators, so a host without com.microsoft kernels runs them. The
+fused decoder (already com.microsoft) uses MatMulIntegerToFloat, which folds the Cast and the
+weight scale into the product. Attention products (QK^T, softmax . V), embeddings, layer norms and
+the contrib attention kernels stay fp32.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+MS_DOMAIN = "com.microsoft"
+ACTIVATION_QMAX = 127  # activation codes 128 +- 127: uint8 with zero point 128, symmetric
+SCHEME = {  # what bundle.json's `quantization_scheme` records
+    "name": "int8-per-row-u8u8",
+    "activations": {"bits": 8, "type": "uint8", "zero_point": 128, "scale": "per row: max|x| / 127, at run time",
+                    "block_size": "row (the whole input dimension)"},
+    "weights": {"bits": 8, "type": "uint8", "zero_point": "per output channel: the code of 0",
+                "scale": "per output channel: (max - min, 0 included) / 255", "block_size": "column (the whole input dimension)"},
+    "batch_invariant": True,
+    "fp32": "attention products, softmax, embeddings, layer norms, contrib attention kernels",
+}
+
+
+class QuantizeError(ValueError):
+    """A graph that cannot be quantized: the message names it and why."""
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def linear_weights(node: onnx.NodeProto, inits: dict[str, np.ndarray]):
+    """(W (K, N), bias (N,) or None, activation or None) of a linear node with constant fp32
+    weights; None for any other node (it stays as it is)."""
+    if node.op_type not in ("MatMul", "Gemm", "FusedGemm") or len(node.input) < 2 or node.input[1] not in inits:
+        return None
+    w = inits[node.input[1]]
+    if w.ndim != 2 or w.dtype != np.float32:
+        return None
+    if node.op_type == "MatMul":
+        return w, None, None
+    a = _attrs(node)
+    if a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0 or a.get("transA", 0):
+        return None
+    activation = None
+    if node.op_type == "FusedGemm":
+        activation = a.get("activation", b"")
+        activation = activation.decode() if isinstance(activation, bytes) else activation
+        if activation != "Relu" or any(k.startswith("activation_") for k in a):
+            return None
+    if a.get("transB", 0):
+        w = w.T
+    bias = None
+    if len(node.input) > 2 and node.input[2]:
+        bias = inits.get(node.input[2])
+        if bias is None or bias.shape != (w.shape[1],) or bias.dtype != np.float32:
+            return None
+    return np.ascontiguousarray(w), bias, activation
+
+
+def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """W (K, N) fp32 -> (codes (K, N) uint8, scale (N,), zero point (N,) uint8), per output column:
+    W ~ (codes - zero point) x scale, with 0 exactly representable."""
+    low, high = np.minimum(w.min(axis=0), 0), np.maximum(w.max(axis=0), 0)
+    scale = ((high - low) / 255).astype(np.float32)
+    scale[scale == 0] = 1.0  # an all-zero column: codes = zero point = 0
+    zero = np.clip(np.round(-low / scale), 0, 255)
+    return np.clip(np.round(w / scale) + zero, 0, 255).astype(np.uint8), scale, zero.astype(np.uint8)
+
+
+def quantize_model(proto: onnx.ModelProto, *, contrib: bool) -> int:
+    """Rewrites every linear layer of `proto` (in place) as described in the module docstring.
+
+    contrib: use com.microsoft's MatMulIntegerToFloat (for the fused decoder, which needs
+    com.microsoft anyway); otherwise plain opset-17 operators. Returns how many layers were
+    quantized. Raises QuantizeError for a graph with no linear layer to quantize.
+    """
+    graph = proto.graph
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    added: dict[str, onnx.TensorProto] = {}
+
+    def const(name: str, value: np.ndarray) -> str:
+        if name not in added:
+            added[name] = numpy_helper.from_array(np.asarray(value), name)
+        return name
+
+    zp = const("rowq/zero_point", np.array(128, np.uint8))
+    codes_of: dict[str, tuple[str, str]] = {}  # input tensor -> (its uint8 codes, its row max (.., 1))
+    weights_of: dict[tuple[str, bool], tuple[str, str, str]] = {}  # (initializer, transposed) -> (codes, zero point, scale / 127)
+    nodes: list[onnx.NodeProto] = []
+    count = 0
+    for node in graph.node:
+        found = linear_weights(node, inits)
+        if found is None:
+            nodes.append(node)
+            continue
+        w, bias, activation = found
+        count += 1
+        x, y = node.input[0], node.output[0]
+        tag = node.name or y
+        if x not in codes_of:  # 1. the input's codes (.., K) uint8, once per tensor; m = max|x| per row (.., 1)
+            q = f"{x}/rowq"
+            nodes += [
+                helper.make_node("Abs", [x], [f"{q}/abs"], name=f"{q}/abs"),
+                helper.make_node("ReduceMax", [f"{q}/abs"], [f"{q}/max"], name=f"{q}/max", axes=[-1], keepdims=1),
+                helper.make_node("Div", [x, f"{q}/max"], [f"{q}/unit"], name=f"{q}/unit"),  # in [-1, 1]
+                helper.make_node("QuantizeLinear", [f"{q}/unit", const("rowq/scale", np.array(1 / ACTIVATION_QMAX,
+                                 np.float32)), zp], [f"{q}/codes"], name=f"{q}/codes"),
+            ]
+            codes_of[x] = (f"{q}/codes", f"{q}/max")
+        codes, row_max = codes_of[x]
+        key = (node.input[1], node.op_type != "MatMul" and bool(_attrs(node).get("transB", 0)))
+        if key not in weights_of:  # 2. the weights, once per initializer
+            wq, scale, zero = quantize_weights(w)
+            base = f"{node.input[1]}/rowq" + ("_t" if key[1] else "")
+            weights_of[key] = (const(f"{base}/codes", wq), const(f"{base}/zero_point", zero),
+                               const(f"{base}/scale", (scale / ACTIVATION_QMAX).astype(np.float32)))
+        w_codes, w_zero, w_scale = weights_of[key]
+        # 3. the integer product (.., N), rescaled per column (weights) and per row (m), then bias and Relu
+        if contrib:
+            nodes.append(helper.make_node(
+                "MatMulIntegerToFloat", [codes, w_codes, const("rowq/one", np.array(1.0, np.float32)), w_scale, zp, w_zero],
+                [f"{tag}/rowq/col"], name=f"{tag}/rowq/matmul", domain=MS_DOMAIN))
+        else:
+            nodes += [
+                helper.make_node("MatMulInteger", [codes, w_codes, zp, w_zero], [f"{tag}/rowq/int"], name=f"{tag}/rowq/matmul"),
+                helper.make_node("Cast", [f"{tag}/rowq/int"], [f"{tag}/rowq/float"], name=f"{tag}/rowq/cast",
+                                 to=TensorProto.FLOAT),
+                helper.make_node("Mul", [f"{tag}/rowq/float", w_scale], [f"{tag}/rowq/col"], name=f"{tag}/rowq/col"),
+            ]
+        out = y if bias is None and activation is None else f"{tag}/rowq/row"
+        nodes.append(helper.make_node("Mul", [f"{tag}/rowq/col", row_max], [out], name=f"{tag}/rowq/row"))
+        if bias is not None:
+            biased = y if activation is None else f"{tag}/rowq/biased"
+            nodes.append(helper.make_node("Add", [out, const(f"{tag}/rowq/bias", bias)], [biased], name=f"{tag}/rowq/bias"))
+            out = biased
+        if activation is not None:
+            nodes.append(helper.make_node(activation, [out], [y], name=f"{tag}/rowq/{activation.lower()}"))
+    if count == 0:
+        raise QuantizeError(f"graph {graph.name!r} has no linear layer with constant fp32 weights to quantize")
+    used = {name for n in nodes for name in n.input}
+    kept = [i for i in graph.initializer if i.name in used]  # the fp32 weights now quantized go
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(kept + [t for name, t in added.items() if name in used])
+    if contrib and not any(o.domain == MS_DOMAIN for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return count
+
+
+def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tuple[str, ...] = ()) -> dict:
+    """Quantizes the graph files of a bundle directory in place ({label: file name}); the labels in
+    contrib_labels use com.microsoft operators. Returns bundle.json's `quantization_scheme`:
+    SCHEME plus, per graph, the layers quantized and the operator that multiplies.
+
+    Raises QuantizeError for a graph without linear layers, and onnx.checker's errors for a
+    rewritten standard graph that does not check (full check, strict shape inference).
+    """
+    layers = {}
+    for label, name in files.items():
+        path = Path(directory) / name
+        proto = onnx.load(str(path))
+        contrib = label in contrib_labels
+        try:
+            count = quantize_model(proto, contrib=contrib)
+        except QuantizeError as e:
+            raise QuantizeError(f"{name}: {e}") from None
+        if contrib:
+            onnx.checker.check_model(proto)  # contrib ops have no ONNX schema: structure and types only
+        else:
+            onnx.checker.check_model(proto, full_check=True)
+            onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+        onnx.save(proto, str(path))
+        layers[label] = {"linear_layers": count, "product": "MatMulIntegerToFloat" if contrib else "MatMulInteger"}
+    return {**SCHEME, "graphs": layers}

@@ -169,8 +169,11 @@ def make_runner(job: dict):
             tokens = [[src_pieces[t] for t in sources[i]] for i in indices]
             # One maximum length per call: each output is cut at its own sentence's limit afterwards
             # (greedy decisions do not look ahead, so the cut output is what a per-sentence limit gives).
+            # min_decoding_length 0: CTranslate2's default 1 forbids the end token at the first step, which
+            # our convention (and PyTorch's search) allows.
             res = tr.translate_batch(tokens, beam_size=beam, length_penalty=1.0, max_batch_size=max(len(indices), 1),
-                                     batch_type="examples", max_decoding_length=max(limits[i] for i in indices))
+                                     batch_type="examples", max_decoding_length=max(limits[i] for i in indices),
+                                     min_decoding_length=0)
             return [[tgt_ids.get(p, unk) for p in r.hypotheses[0]][: limits[i]] for i, r in zip(indices, res)]
 
         return run, (f"ctranslate2 {ctranslate2.__version__} ({device}, compute_type={CT2_COMPUTE[precision]}), "

@@ -16,21 +16,16 @@ import pytest
 
 from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.runtime.translator import Translator
+from node_host import NODE, skip_reason
 from tiny import scratch, tiny_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "js"
 CLI = JS / "bin" / "seq2onnx-js.mjs"
-NODE = shutil.which("node")
 N_SENTENCES = 240
 THREADS = 1  # both hosts; the machine has 2 cores shared with other work
 
-if NODE is None:
-    _SKIP = "node is not installed: install Node.js >= 18 (Debian: apt-get install nodejs npm) to test js/"
-elif not (JS / "node_modules" / "onnxruntime-node").is_dir():
-    _SKIP = "js/node_modules is missing: run `npm ci --prefix js` to test the Node host"
-else:
-    _SKIP = ""
+_SKIP = skip_reason("the Node host (js/)")
 pytestmark = pytest.mark.skipif(bool(_SKIP), reason=_SKIP)
 
 # Strings the generated corpus never has: accents, other scripts, emoji, NFKC folding, several

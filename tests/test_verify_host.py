@@ -21,19 +21,14 @@ import pytest
 from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.runtime import cli
 from seq2onnx.runtime.host_parity import read_sentences
+from node_host import NODE, skip_reason
 from tiny import tiny_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "js"
-NODE = shutil.which("node")
 N_SENTENCES = 40  # the command's parity on 240 sentences is tests/test_js_host.py's; here, the command
 
-if NODE is None:
-    _SKIP = "node is not installed: install Node.js >= 18 (Debian: apt-get install nodejs npm) to test verify-host"
-elif not (JS / "node_modules" / "onnxruntime-node").is_dir():
-    _SKIP = "js/node_modules is missing: run `npm ci --prefix js` to test verify-host"
-else:
-    _SKIP = ""
+_SKIP = skip_reason("verify-host")
 needs_node = pytest.mark.skipif(bool(_SKIP), reason=_SKIP)
 
 

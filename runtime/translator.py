@@ -375,9 +375,10 @@ class Translator:
         todo.sort(key=lambda i: len(ids[i]))  # similar lengths share a batch: less padding
         for start in range(0, len(todo), options.max_batch_size):
             chunk = todo[start : start + options.max_batch_size]
-            found = self._search([ids[i] for i in chunk], np.array([limits[i] for i in chunk], dtype=np.int64), options)
+            found, encoded = self._search([ids[i] for i in chunk], np.array([limits[i] for i in chunk], dtype=np.int64),
+                                          options)
             found_tokens = [[h[:-1] if h and h[-1] == self.eos_id else h for h in r.hypotheses] for r in found]
-            attention = (self._attention([ids[i] for i in chunk], found_tokens) if options.return_attention
+            attention = (self._attention([ids[i] for i in chunk], found_tokens, encoded) if options.return_attention
                          else [None] * len(chunk))
             for i, r, tokens, weights in zip(chunk, found, found_tokens, attention):
                 results[i] = TranslationResult([self.target_tokenizer.decode(t) for t in tokens], tokens,
@@ -393,12 +394,13 @@ class Translator:
         check_attention_output(self._standard_decoder, self.bundle.path)
         return self._standard_decoder
 
-    def _attention(self, sources: list[list[int]], hypotheses: list[list[list[int]]]) -> list[list[np.ndarray]]:
-        """Each source's hypotheses' cross-attention, by a forced pass (runtime/attention.py)."""
+    def _attention(self, sources: list[list[int]], hypotheses: list[list[list[int]]], encoded) -> list[list[np.ndarray]]:
+        """Each source's hypotheses' cross-attention, by a forced pass (runtime/attention.py). encoded
+        is the search's (src_mask, cross) of these very sources, or None (sampling encodes each
+        source once per sample row): then the sources are encoded here."""
         n = max(len(h) for h in hypotheses)
         rows = [h[j] if j < len(h) else [] for h in hypotheses for j in range(n)]  # n rows per source
-        src, lengths = self._pad(sources)
-        src_mask, cross = self._encode(src, lengths)
+        src_mask, cross = encoded if encoded is not None else self._encode(*self._pad(sources))
         flat = forced_attention(self._attention_decoder(), src_mask=src_mask, cross=cross, rows_per_source=n,
                                 hypotheses=rows, source_lengths=[len(s) for s in sources], start_id=self.start_id,
                                 eos_id=self.eos_id, n_heads=self.n_heads, head_dim=self.head_dim,
@@ -445,7 +447,9 @@ class Translator:
             return None
         return min(candidates_needed(beam_size, min_length), self.tgt_vocab)
 
-    def _search(self, sources: list[list[int]], max_lengths: np.ndarray, options: SearchOptions) -> list[SearchResult]:
+    def _search(self, sources: list[list[int]], max_lengths: np.ndarray, options: SearchOptions) -> tuple:
+        """(results, encoded): encoded is the encoder's (src_mask, cross) of `sources`, which the search
+        leaves unchanged, for the attention pass to reuse; None after sampling (its rows repeat sources)."""
         common = dict(start_id=self.start_id, eos_id=self.eos_id, min_length=options.min_decoding_length)
         if options.sampling:
             # n independent samples per source, each row keyed by (hypothesis, source ids) so that
@@ -459,13 +463,15 @@ class Translator:
                           top_p=options.sampling_topp, seed=options.seed, row_keys=keys,
                           max_lengths=np.repeat(max_lengths, n), **common)
             return [SearchResult([h for r in flat[i * n:(i + 1) * n] for h in r.hypotheses],
-                                 [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(len(sources))]
-        step = self._step_fn(*self._pad(sources), top_k=self._top_k(options.beam_size, options.min_decoding_length),
-                             max_length=int(max_lengths.max()), beam_width=options.beam_size)
+                                 [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(len(sources))], None
+        src, lengths = self._pad(sources)
+        encoded = self._encode(src, lengths)
+        step = self._step_fn(src, lengths, top_k=self._top_k(options.beam_size, options.min_decoding_length),
+                             max_length=int(max_lengths.max()), beam_width=options.beam_size, encoded=encoded)
         if options.beam_size == 1:
-            return greedy_search(step, len(sources), max_lengths=max_lengths, **common)
+            return greedy_search(step, len(sources), max_lengths=max_lengths, **common), encoded
         return beam_search(step, len(sources), beam_size=options.beam_size, length_penalty=options.length_penalty,
-                           num_hypotheses=options.num_hypotheses, max_lengths=max_lengths, **common)
+                           num_hypotheses=options.num_hypotheses, max_lengths=max_lengths, **common), encoded
 
     def _pad(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         lengths = np.array([len(s) for s in sources], dtype=np.int64)
@@ -489,13 +495,13 @@ class Translator:
         return src_mask, cross
 
     def _step_fn(self, src: np.ndarray, lengths: np.ndarray, top_k: int | None, *, max_length: int,
-                 beam_width: int = 1):
+                 beam_width: int = 1, encoded: tuple | None = None):
         """Encodes the sources once and returns the search's step over the decoder graph.
 
         With top_k the step downloads the graph's TopK outputs ([rows, top_k]); without, the full
         log-probabilities ([rows, vocab]). max_length (the longest decoding of the batch) and
-        beam_width size the fused decoder's cache buffers."""
-        src_mask, cross = self._encode(src, lengths)
+        beam_width size the fused decoder's cache buffers. encoded: _encode(src, lengths), if done already."""
+        src_mask, cross = encoded if encoded is not None else self._encode(src, lengths)
         if self.decoder_variant == names.FUSED:
             return FusedStep(self.decoder, src_mask=src_mask.numpy(), cross=[c.numpy() for c in cross],
                              n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim,

@@ -52,12 +52,13 @@ def main() -> int:
     args = p.parse_args()
     texts = load_sentences(args.sentences, args.data, args.col)
     variants = {
-        "default (all optimisations, top-k from graph, 2 threads, no spinning)": dict(),
+        "default (all optimisations, top-k from graph, 2 threads, bounded spinning)": dict(),
         "full log_probs downloaded (no graph top-k)": dict(_tuning=SessionTuning(top_k_from_graph=False)),
         "graph optimisation: basic": dict(_tuning=SessionTuning(optimization="basic")),
         "graph optimisation: none": dict(_tuning=SessionTuning(optimization="none")),
         "1 intra-op thread": dict(intra_threads=1),
-        "thread-pool spinning on (onnxruntime's default)": dict(_tuning=SessionTuning(thread_spinning=True)),
+        "no thread spinning": dict(_tuning=SessionTuning(thread_spinning="none")),
+        "unbounded spinning (onnxruntime's default)": dict(_tuning=SessionTuning(thread_spinning="unbounded")),
     }
     translators = {name: Translator(args.bundle, device="cpu", **{"intra_threads": 2, **kw})
                    for name, kw in variants.items()}

@@ -103,6 +103,11 @@ class SearchOptions:
         return self.sampling_temperature is not None
 
 
+SPINNING = ("bounded", "none", "unbounded")  # SessionTuning.thread_spinning
+ENCODER_SPIN_US, DECODER_SPIN_US = 100, 1000  # "bounded" spinning, per session (microseconds)
+SPIN_DURATION_SINCE = (1, 27)  # the onnxruntime that reads session.intra_op.spin_duration_us
+
+
 @dataclass(frozen=True)
 class SessionTuning:
     """Knobs for measuring what the runtime's defaults bring (benchmarks/ablate.py); pass as
@@ -111,10 +116,16 @@ class SessionTuning:
     optimization: onnxruntime graph optimization level, "all", "extended", "basic" or "none".
     top_k_from_graph: download each step's candidates from the decoder's TopK outputs rather
         than the full [rows, vocab] log-probabilities.
-    thread_spinning: let idle intra-op threads spin between operators (onnxruntime's own
-        default). Off here: between two decoder steps the search runs in Python, and a spinning
-        thread takes a core from it (greedy decoding at batch 1 ran 2x faster on 2 cores without
-        spinning; docs/optimisation-notes.md, row 5).
+    thread_spinning: how idle intra-op threads wait for the next operator: "bounded" (the
+        default), "none" (they sleep at once) or "unbounded" (onnxruntime's own default: every
+        session's threads spin ~2^20 pauses before sleeping). A step runs dozens of small
+        operators, each split over the threads; a sleeping thread is woken for each (tens of
+        microseconds), a spinning one starts at once: a step's weight products at one row took
+        half the time. "bounded" lets the decoder's threads spin for DECODER_SPIN_US and the
+        encoder's for ENCODER_SPIN_US, so that the two sessions' spinning threads and the search's
+        Python do not outnumber the cores, and an idle translator stops burning a core within a
+        millisecond. onnxruntime before SPIN_DURATION_SINCE cannot bound a spin: there only the
+        decoder spins (docs/optimisation-notes.md, rows 5 and 12).
     decoder: which decoder graph to drive: "auto" (the fused one where the bundle has it and this
         onnxruntime can run it on the chosen provider, else the standard one), "standard" or
         "fused" (an error where the fused one cannot run), for measuring and testing both.
@@ -122,16 +133,35 @@ class SessionTuning:
 
     optimization: str = "all"
     top_k_from_graph: bool = True
-    thread_spinning: bool = False
+    thread_spinning: str = "bounded"
     decoder: str = "auto"
 
     def __post_init__(self) -> None:
         if self.optimization not in ("all", "extended", "basic", "none"):
             raise ValueError(f"optimization={self.optimization!r}; choose one of all, extended, basic, none")
         _bool("top_k_from_graph", self.top_k_from_graph)
-        _bool("thread_spinning", self.thread_spinning)
+        if self.thread_spinning not in SPINNING:
+            raise ValueError(f"thread_spinning={self.thread_spinning!r}; choose one of {', '.join(SPINNING)}")
         if self.decoder not in ("auto", "standard", "fused"):
             raise ValueError(f"decoder={self.decoder!r}; choose one of auto, standard, fused")
+
+
+def spin_settings(spinning: str, graph: str, ort_version: str) -> dict[str, str]:
+    """The session config entries for SessionTuning.thread_spinning on the "encoder" or "decoder"."""
+    if spinning == "none":
+        return {"session.intra_op.allow_spinning": "0"}
+    if spinning == "unbounded":
+        return {"session.intra_op.allow_spinning": "1"}
+    if _version(ort_version) < SPIN_DURATION_SINCE:  # a spin cannot be bounded: only the decoder's
+        return {"session.intra_op.allow_spinning": "1" if graph == "decoder" else "0"}
+    return {"session.intra_op.allow_spinning": "1",
+            "session.intra_op.spin_duration_us": str(DECODER_SPIN_US if graph == "decoder" else ENCODER_SPIN_US)}
+
+
+def _version(text: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as "1.32.0" or "1.27.0.dev20260401"."""
+    parts = (text.split(".") + ["0", "0"])[:2]
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in parts)
 
 
 def check_intra_threads(value) -> int:

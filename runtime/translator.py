@@ -23,7 +23,7 @@ from .attention import check_attention_output, forced_attention
 from .bundle import BundleError, read_bundle
 from .checks import check_graphs, check_tokenizers
 from .fused_step import DecoderUnavailable, FusedStep, pick_decoder
-from .options import SearchOptions, SessionTuning, check_intra_threads
+from .options import SearchOptions, SessionTuning, check_intra_threads, spin_settings
 from .ort_install import import_onnxruntime
 from .search import SearchResult, TopK, beam_search, candidates_needed, greedy_search, sample, stream_greedy
 from .source import encode_limited, word_bounded
@@ -134,19 +134,25 @@ class Translator:
             raise BundleError(f"{self.bundle.path}: a SentencePiece model cannot be read: {e}") from e
         check_tokenizers(self.bundle, self.source_tokenizer, self.target_tokenizer)
         self._word_bounded = word_bounded(self.source_tokenizer)
-        options = ort.SessionOptions()
         levels = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
                   "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
-        options.graph_optimization_level = levels[tuning.optimization]
-        options.intra_op_num_threads = intra_threads
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if tuning.thread_spinning else "0")
-        options.log_severity_level = 3  # no warnings about provider fallbacks on stderr
+
+        def options_for(graph: str) -> ort.SessionOptions:
+            options = ort.SessionOptions()
+            options.graph_optimization_level = levels[tuning.optimization]
+            options.intra_op_num_threads = intra_threads
+            for key, value in spin_settings(tuning.thread_spinning, graph, ort.__version__).items():
+                options.add_session_config_entry(key, value)
+            options.log_severity_level = 3  # no warnings about provider fallbacks on stderr
+            return options
+
+        encoder_options, decoder_options = options_for("encoder"), options_for("decoder")
         self.device, self.device_reason = self._pick_device(device)
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
-        load = lambda path: ort.InferenceSession(str(path), options, providers=providers)  # noqa: E731
+        load = lambda path: ort.InferenceSession(str(path), decoder_options, providers=providers)  # noqa: E731
         self._load, self._standard_decoder = load, None
         try:
-            self.encoder = load(self.bundle.file("encoder"))
+            self.encoder = ort.InferenceSession(str(self.bundle.file("encoder")), encoder_options, providers=providers)
             self.decoder_variant, self.decoder, self.decoder_reason = pick_decoder(
                 self.bundle, self.device, tuning.decoder, load)
         except DecoderUnavailable:

@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import torch
 
 from seq2onnx.runtime.bundle import BundleError
-from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.options import (DECODER_SPIN_US, ENCODER_SPIN_US, SPIN_DURATION_SINCE, SessionTuning, _version,
+                                      spin_settings)
 from seq2onnx.runtime.translator import TranslationResult, Translator, _cuda_usable
 from tiny import copy_bundle as _copy, edit_bundle_json as _edit_meta, tiny_bundle, tiny_run
 
@@ -207,14 +209,44 @@ def test_device_auto_and_cuda_without_gpu(bundle):
     assert why in str(e.value)
 
 
-def test_thread_spinning_is_off_by_default_and_changes_no_output(bundle, translator, reference):
-    spinning = Translator(bundle, device="cpu", _tuning=SessionTuning(thread_spinning=True))
-    for t, want in ((translator, "0"), (spinning, "1")):
-        for session in (t.encoder, t.decoder):
-            assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == want
+def test_spinning_is_bounded_by_default_and_changes_no_output(bundle, translator, reference):
     sentences = reference[2][:8]
-    assert ([r.hypotheses for r in spinning.translate_batch(sentences, beam_size=2)]
-            == [r.hypotheses for r in translator.translate_batch(sentences, beam_size=2)])
+    want = [r.hypotheses for r in translator.translate_batch(sentences, beam_size=2)]
+    bounded = ({"encoder": ("1", str(ENCODER_SPIN_US)), "decoder": ("1", str(DECODER_SPIN_US))}
+               if _version(ort.__version__) >= SPIN_DURATION_SINCE else {"encoder": ("0", ""), "decoder": ("1", "")})
+    cases = [(translator, bounded)] + [
+        (Translator(bundle, device="cpu", _tuning=SessionTuning(thread_spinning=v)), expected)
+        for v, expected in (("none", {"encoder": ("0", ""), "decoder": ("0", "")}),
+                            ("unbounded", {"encoder": ("1", ""), "decoder": ("1", "")}))]
+    for t, expected in cases:
+        for graph, session in (("encoder", t.encoder), ("decoder", t.decoder)):
+            options = session.get_session_options()
+            got = tuple(_entry(options, k) for k in ("session.intra_op.allow_spinning", "session.intra_op.spin_duration_us"))
+            assert got == expected[graph], (graph, got)
+        assert [r.hypotheses for r in t.translate_batch(sentences, beam_size=2)] == want
+
+
+def _entry(options, key: str) -> str:
+    try:
+        return options.get_session_config_entry(key)
+    except Exception:  # onnxruntime raises when the key was never set
+        return ""
+
+
+def test_spin_settings_follow_the_onnxruntime_version():
+    assert spin_settings("bounded", "encoder", "1.32.0") == {
+        "session.intra_op.allow_spinning": "1", "session.intra_op.spin_duration_us": str(ENCODER_SPIN_US)}
+    assert spin_settings("bounded", "decoder", "1.27.0.dev20260401")["session.intra_op.spin_duration_us"] == str(DECODER_SPIN_US)
+    # An onnxruntime that cannot bound a spin: only the decoder spins.
+    assert spin_settings("bounded", "encoder", "1.26.1") == {"session.intra_op.allow_spinning": "0"}
+    assert spin_settings("bounded", "decoder", "1.18.0") == {"session.intra_op.allow_spinning": "1"}
+    assert spin_settings("none", "decoder", "1.32.0") == {"session.intra_op.allow_spinning": "0"}
+
+
+@pytest.mark.parametrize("value", [True, "yes", "decoder", None])
+def test_thread_spinning_names_its_choices(value):
+    with pytest.raises(ValueError, match="thread_spinning=.*bounded, none, unbounded"):
+        SessionTuning(thread_spinning=value)
 
 
 @pytest.mark.parametrize("device", ["gpu", "CUDA", "", None])

@@ -1,15 +1,16 @@
 """Times ONE decoder step: the standard-opset decoder.onnx against the fused contrib-op graph.
 
-    python benchmarks/fused_step.py [--rounds 7] [--past 10] [--threads 2] [--seed 0] [--profile]
+    python benchmarks/fused_step.py [--rounds 7] [--past 10] [--threads 2] [--seed 0] [--profile [--profile-rows 1]]
     python benchmarks/fused_step.py --bundle BUNDLE --data TSV [--src-col 1] [--rounds 3] [--threads 2]
 
 A random model of the Tatoeba size (d_model 256, 3+3 layers, 4 heads, d_ff 1024, vocabulary 3,000)
 is exported both ways into a temporary directory. Each graph runs in its own session (CPU, the given
-threads, ORT_ENABLE_ALL, intra-op spinning off, as runtime.Translator makes them); rounds interleave
+threads, ORT_ENABLE_ALL, the decoder's bounded intra-op spinning, as runtime.Translator makes them); rounds interleave
 the two graphs (this shared machine's speed drifts over minutes) at 1 row (greedy, one sentence) and
 128 rows (beam 4 x 32 sentences). Prints the node counts as exported and after onnxruntime's
 optimisation, and the median microseconds per step. --profile adds onnxruntime's per-operator
-kernel times at 1 row (profiling adds its own overhead: read the shares, not the sums).
+kernel times at --profile-rows rows (default 1; 128 is beam 4 x 32; profiling adds its own
+overhead: read the shares, not the sums).
 
 How each step is driven:
 - standard: `session.run` of the top-k outputs with a past of `--past` positions, as benchmarks/step.py;
@@ -46,6 +47,7 @@ from seq2onnx.export.graphs import export_graphs  # noqa: E402
 from seq2onnx.model.config import ModelConfig  # noqa: E402
 from seq2onnx.model.transformer import Transformer  # noqa: E402
 from seq2onnx.runtime import bundle as names  # noqa: E402
+from seq2onnx.runtime.options import spin_settings  # noqa: E402
 
 MAX_LENGTH, SRC_LEN, TOP_K = 64, 12, 8
 
@@ -54,7 +56,8 @@ def session(path: Path, threads: int, optimized: Path | None = None) -> ort.Infe
     o = ort.SessionOptions()
     o.intra_op_num_threads = threads
     o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    o.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    for key, value in spin_settings("bounded", "decoder", ort.__version__).items():  # the runtime's default
+        o.add_session_config_entry(key, value)
     o.log_severity_level = 3
     if optimized is not None:
         o.optimized_model_filepath = str(optimized)
@@ -104,14 +107,16 @@ def fused_step(sess: ort.InferenceSession, cfg: ModelConfig, rows: int, batch: i
     return step
 
 
-def profile(path: Path, label: str, make, cfg: ModelConfig, threads: int, past: int, tmp: Path, calls: int = 300) -> None:
-    """onnxruntime's kernel time per operator type, per step, at 1 row."""
+def profile(path: Path, label: str, make, cfg: ModelConfig, threads: int, past: int, tmp: Path, rows: int = 1) -> None:
+    """onnxruntime's kernel time per operator type, per step, at `rows` rows (beam 4 beyond 1 row)."""
+    calls = max(30, 300 // rows)
     o = ort.SessionOptions()
     o.intra_op_num_threads = threads
-    o.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    for key, value in spin_settings("bounded", "decoder", ort.__version__).items():
+        o.add_session_config_entry(key, value)
     o.enable_profiling, o.profile_file_prefix, o.log_severity_level = True, str(tmp / label), 3
     sess = ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
-    step = make(sess, cfg, 1, 1, past)
+    step = make(sess, cfg, rows, max(1, rows // 4), past)
     for _ in range(calls):
         step()
     per_op: dict[str, float] = collections.defaultdict(float)
@@ -122,7 +127,7 @@ def profile(path: Path, label: str, make, cfg: ModelConfig, threads: int, past: 
         elif e.get("cat") == "Session" and e["name"] == "model_run":
             run_us += e["dur"] / calls
     top = sorted(per_op.items(), key=lambda kv: -kv[1])
-    print(f"{label} profile, 1 row: run {run_us:,.0f} us, kernels {sum(per_op.values()):,.0f} us: "
+    print(f"{label} profile, {rows} row{'s' if rows > 1 else ''}: run {run_us:,.0f} us, kernels {sum(per_op.values()):,.0f} us: "
           + ", ".join(f"{op} {us:,.0f}" for op, us in top))
 
 
@@ -204,7 +209,8 @@ def main() -> int:
     p.add_argument("--past", type=int, default=10, help="cached positions")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--profile", action="store_true", help="also print per-operator kernel times at 1 row")
+    p.add_argument("--profile", action="store_true", help="also print per-operator kernel times")
+    p.add_argument("--profile-rows", type=int, default=1, help="rows of the profiled step (default 1; 128: beam 4 x 32)")
     p.add_argument("--bundle", help="measure end to end on this bundle instead (needs --data)")
     p.add_argument("--data", help="TSV of source sentences for --bundle")
     p.add_argument("--src-col", type=int, default=1)
@@ -229,7 +235,7 @@ def main() -> int:
                   f"({', '.join(f'{op} {ops.count(op)}' for op in sorted(set(ops)))})")
             if args.profile:
                 profile(path, label, {"standard": standard_step, "fused": fused_step}[label], cfg, args.threads,
-                        args.past, tmp)
+                        args.past, tmp, args.profile_rows)
     makers = {"standard": standard_step, "fused": fused_step}
     for rows, batch, calls in ((1, 1, 300), (128, 32, 30)):
         steps = {k: makers[k](s, cfg, rows, batch, args.past) for k, s in sessions.items()}

@@ -150,3 +150,28 @@ def test_beams_may_only_continue_their_own_sentence(bundle):
     step(np.full((2, 1), t.start_id), np.arange(2), 0, None)
     with pytest.raises(ValueError, match="own sentence"):
         step(np.full((4, 1), 5), np.array([0, 0, 0, 0]), 1, None)  # sentence 1's beams continue sentence 0
+
+
+@pytest.mark.parametrize("keep", [[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [0, 1, 4, 5], [0, 2, 4], [5], [0], [2, 3]])
+def test_compaction_moves_kept_rows_as_a_gather_would(keep, monkeypatch):
+    """Block moves of runs of kept sentences leave every buffer as the plain gather of kept rows."""
+    batch, width, t, rng = 6, 3, 4, np.random.default_rng(0)
+    step = object.__new__(fused_step.FusedStep)
+    step.width, step.batch = width, batch
+    step._cache = [rng.standard_normal((batch * width, 2, 7, 5)).astype(np.float32) for _ in range(4)]
+    step._cross = [rng.standard_normal((batch, 2, 3, 5)).astype(np.float32) for _ in range(2)]
+    step._mask = rng.integers(0, 2, (batch, 3)).astype(bool)
+    step._indirection = rng.integers(0, width, (batch, width, 7)).astype(np.int32)
+    monkeypatch.setattr(step, "_bind", lambda: None)
+    keep = np.array(keep)
+    rows = (keep[:, None] * width + np.arange(width)).reshape(-1)
+    want = ([c[rows, :, :t].copy() for c in step._cache], [c[keep].copy() for c in step._cross],
+            step._mask[keep].copy(), step._indirection[keep, :, :t].copy())
+    step._compact(keep, t)
+    assert step.batch == keep.size
+    for got, expected in zip(step._cache, want[0]):
+        np.testing.assert_array_equal(got[: rows.size, :, :t], expected)
+    for got, expected in zip(step._cross, want[1]):
+        np.testing.assert_array_equal(got[: keep.size], expected)
+    np.testing.assert_array_equal(step._mask[: keep.size], want[2])
+    np.testing.assert_array_equal(step._indirection[: keep.size, :, :t], want[3])

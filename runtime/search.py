@@ -82,8 +82,9 @@ def greedy_search(
         t += 1
         still = (best != eos_id) & (max_lengths[alive] > t)
         if still.all():
-            keep = None
-            cache_indices = np.arange(alive.size, dtype=np.int64)
+            if keep is not None:
+                keep = None
+                cache_indices = np.arange(alive.size, dtype=np.int64)
         else:
             keep = np.flatnonzero(still)
             cache_indices = keep
@@ -94,6 +95,9 @@ def greedy_search(
 
 def _argmax(out: "np.ndarray | TopK", eos_id: int, forbid_eos: bool) -> tuple[np.ndarray, np.ndarray]:
     """Each row's best token (first index on ties) and its log-probability as float64."""
+    if isinstance(out, TopK) and not forbid_eos:
+        # Sorted best first, ties lower id first: column 0 is the argmax with the first index on ties.
+        return out.ids[:, 0].astype(np.int64), out.values[:, 0].astype(np.float64)
     rows = np.arange(out.values.shape[0] if isinstance(out, TopK) else out.shape[0])
     if isinstance(out, TopK):
         values = out.values.astype(np.float64)

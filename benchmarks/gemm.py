@@ -6,9 +6,9 @@ A decoder step multiplies its input rows by every weight matrix of the decoder o
 self-attention's Q, K, V (one packed D x 3D) and output (D x D), the cross-attention's query and
 output (D x D each; its keys and values come from the encoder), the feed-forward's D x F and F x D,
 then the generator D x V. This times exactly those products, with random weights of the bundle's
-shapes, as one graph of bare `MatMul` nodes in onnxruntime (1 and 2 intra-op threads, spinning off
-as the runtime runs, weights prepacked or not) and as numpy's `x @ W` (whatever BLAS numpy has, its
-own threads). Rounds interleave the variants, because this machine's speed drifts over minutes.
+shapes, as one graph of bare `MatMul` nodes in onnxruntime (1 and 2 intra-op threads, weights
+prepacked or not, idle threads sleeping; and 2 threads spinning as the runtime's decoder does,
+runtime/options.py `spin_settings`) and as numpy's `x @ W` (whatever BLAS numpy has, its own threads). Rounds interleave the variants, because this machine's speed drifts over minutes.
 
 What it tells: at 1 row (greedy search, one sentence) a step cannot be faster than its products;
 compare the fused step of `benchmarks/step.py` and a whole token of `seq2onnx bench`.
@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+from seq2onnx.runtime.options import spin_settings
 
 
 def weight_shapes(model: dict) -> list[tuple[int, int]]:
@@ -61,15 +63,17 @@ def main() -> int:
     megabytes = sum(k * n for k, n in shapes) * 4 / 1e6
     model = products_graph(shapes)
     sessions = {}
-    for threads in (1, 2):
-        for packed in (True, False):
-            o = ort.SessionOptions()
-            o.intra_op_num_threads = threads
-            o.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            o.add_session_config_entry("session.disable_prepacking", "0" if packed else "1")
-            o.log_severity_level = 3
-            label = f"onnxruntime {threads} thread{'s' if threads > 1 else ''}{'' if packed else ', not prepacked'}"
-            sessions[label] = ort.InferenceSession(model, o, providers=["CPUExecutionProvider"])
+    for threads, packed, spinning in ((1, True, "none"), (1, False, "none"), (2, True, "none"), (2, False, "none"),
+                                      (2, True, "bounded")):
+        o = ort.SessionOptions()
+        o.intra_op_num_threads = threads
+        for key, value in spin_settings(spinning, "decoder", ort.__version__).items():
+            o.add_session_config_entry(key, value)
+        o.add_session_config_entry("session.disable_prepacking", "0" if packed else "1")
+        o.log_severity_level = 3
+        label = (f"onnxruntime {threads} thread{'s' if threads > 1 else ''}{'' if packed else ', not prepacked'}"
+                 f"{', spinning' if spinning == 'bounded' else ''}")
+        sessions[label] = ort.InferenceSession(model, o, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
     weights = [(rng.standard_normal((k, n)) * 0.05).astype(np.float32) for k, n in shapes]
     print(f"{len(shapes)} weight matrices, {megabytes:.1f} MB fp32; onnxruntime {ort.__version__}, numpy {np.__version__}")

@@ -41,6 +41,6 @@ def test_runs_on_a_bundle_and_refuses_a_directory_without_one(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[1].startswith("1 row,") and lines[2].startswith("4 rows,"), r.stdout
-    assert all("numpy x @ W" in line and "onnxruntime 2 threads" in line for line in lines[1:]), r.stdout
+    assert all("numpy x @ W" in line and "onnxruntime 2 threads" in line and "spinning" in line for line in lines[1:]), r.stdout
     r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "bundle.json does not exist" in r.stderr, r.stderr

@@ -163,8 +163,10 @@ def beam_search(
     cache_indices = np.arange(batch, dtype=np.int64)
     keep = None
     t = 0
+    in_top_k = np.arange(2 * k)[None, :] < k
     while alive.size:
         b = alive.size
+        rows = np.arange(b)[:, None]  # for gathers along axis 1: x[rows, idx] is take_along_axis, cheaper
         out = step(tokens, cache_indices, t, keep)
         vocab = out.vocab if isinstance(out, TopK) else out.shape[1]
         if vocab < 2 * k:
@@ -179,19 +181,18 @@ def beam_search(
             total = (scores[:, :, None] + values.reshape(b, beams, kk)).reshape(b, beams * kk)
             flat = (np.arange(beams)[None, :, None] * vocab + out.ids.reshape(b, beams, kk)).reshape(b, beams * kk)
             order = np.lexsort((flat, -total), axis=1)[:, : 2 * k]
-            cand = np.take_along_axis(flat, order, axis=1)
-            cand_scores = np.take_along_axis(total, order, axis=1)
+            cand = flat[rows, order]
+            cand_scores = total[rows, order]
         else:
             log_probs = out.astype(np.float64)
             if t < min_length:
                 log_probs[:, eos_id] = -np.inf
             total = (scores[:, :, None] + log_probs.reshape(b, beams, vocab)).reshape(b, beams * vocab)
             cand = _top_candidates(total, 2 * k)  # (b, 2K) flat indices, best first
-            cand_scores = np.take_along_axis(total, cand, axis=1)
-        cand_beam, cand_token = cand // vocab, cand % vocab
+            cand_scores = total[rows, cand]
+        cand_beam, cand_token = np.divmod(cand, vocab)
         last = (max_lengths[alive] == t + 1)[:, None]  # (b, 1)
         is_eos = cand_token == eos_id
-        in_top_k = np.arange(2 * k)[None, :] < k
 
         # 1. finish: top-K candidates that end (all top-K at the last step), while room remains
         finishing = in_top_k & (is_eos | last)
@@ -215,11 +216,8 @@ def beam_search(
         # 3. drop sentences that are done
         t += 1
         still = (n_finished[alive] < k) & ~last[:, 0]
-        rows_prev = np.arange(b)[:, None] * beams  # first row of each sentence in this step
-        origin = rows_prev + next_beam  # (b, K) rows of this step the new beams continue
-        history = np.concatenate(
-            [np.take_along_axis(history, next_beam[:, :, None], axis=1), next_token[:, :, None]], axis=2
-        )
+        origin = rows * beams + next_beam  # (b, K) rows of this step the new beams continue
+        history = np.concatenate([history[rows, next_beam], next_token[:, :, None]], axis=2)
         if still.all():
             keep = None
         else:

@@ -216,6 +216,8 @@ def main() -> int:
     p.add_argument("--src-col", type=int, default=1)
     p.add_argument("--sentences", type=int, default=200, help="sentences of --data (its last ones) for --bundle")
     args = p.parse_args()
+    if args.profile_rows != 1 and (args.profile_rows < 4 or args.profile_rows % 4):
+        p.error(f"--profile-rows {args.profile_rows}: give 1 (greedy) or a multiple of 4 (beam 4 x sentences)")
     if args.bundle:
         return end_to_end(args)
     torch.manual_seed(args.seed)

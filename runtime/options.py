@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 from dataclasses import dataclass
 
 
@@ -105,7 +106,7 @@ class SearchOptions:
 
 SPINNING = ("bounded", "none", "unbounded")  # SessionTuning.thread_spinning
 ENCODER_SPIN_US, DECODER_SPIN_US = 100, 1000  # "bounded" spinning, per session (microseconds)
-SPIN_DURATION_SINCE = (1, 27)  # the onnxruntime that reads session.intra_op.spin_duration_us
+SPIN_DURATION_SINCE = (1, 26)  # the first onnxruntime that reads session.intra_op.spin_duration_us
 
 
 @dataclass(frozen=True)
@@ -159,9 +160,10 @@ def spin_settings(spinning: str, graph: str, ort_version: str) -> dict[str, str]
 
 
 def _version(text: str) -> tuple[int, int]:
-    """(major, minor) of a version string such as "1.32.0" or "1.27.0.dev20260401"."""
-    parts = (text.split(".") + ["0", "0"])[:2]
-    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in parts)
+    """(major, minor) from the leading digits of a version string ("1.32.0+cpu", "1.27.0.dev20260401");
+    (0, 0) where it does not start with them."""
+    m = re.match(r"(\d+)(?:\.(\d+))?", text, re.ASCII)
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else (0, 0)
 
 
 def check_intra_threads(value) -> int:

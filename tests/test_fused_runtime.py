@@ -175,3 +175,11 @@ def test_compaction_moves_kept_rows_as_a_gather_would(keep, monkeypatch):
         np.testing.assert_array_equal(got[: keep.size], expected)
     np.testing.assert_array_equal(step._mask[: keep.size], want[2])
     np.testing.assert_array_equal(step._indirection[: keep.size, :, :t], want[3])
+
+
+@pytest.mark.parametrize("keep", [[1, 0], [], [0, 0], [-1], [6], [2, 7]])
+def test_compaction_refuses_keep_that_is_not_ascending_sentences(keep):
+    step = object.__new__(fused_step.FusedStep)
+    step.width, step.batch = 1, 6
+    with pytest.raises(ValueError, match="strictly ascending"):
+        step(np.zeros((len(keep), 1), np.int64), np.arange(len(keep)), 3, np.array(keep, dtype=np.int64))

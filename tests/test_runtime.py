@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from seq2onnx.runtime.bundle import BundleError
-from seq2onnx.runtime.options import (DECODER_SPIN_US, ENCODER_SPIN_US, SPIN_DURATION_SINCE, SessionTuning, _version,
-                                      spin_settings)
+from seq2onnx.runtime.options import DECODER_SPIN_US, ENCODER_SPIN_US, SessionTuning, _version, spin_settings
 from seq2onnx.runtime.translator import TranslationResult, Translator, _cuda_usable
 from tiny import copy_bundle as _copy, edit_bundle_json as _edit_meta, tiny_bundle, tiny_run
 
@@ -211,19 +210,21 @@ def test_device_auto_and_cuda_without_gpu(bundle):
 
 def test_spinning_is_bounded_by_default_and_changes_no_output(bundle, translator, reference):
     sentences = reference[2][:8]
-    want = [r.hypotheses for r in translator.translate_batch(sentences, beam_size=2)]
-    bounded = ({"encoder": ("1", str(ENCODER_SPIN_US)), "decoder": ("1", str(DECODER_SPIN_US))}
-               if _version(ort.__version__) >= SPIN_DURATION_SINCE else {"encoder": ("0", ""), "decoder": ("1", "")})
-    cases = [(translator, bounded)] + [
-        (Translator(bundle, device="cpu", _tuning=SessionTuning(thread_spinning=v)), expected)
-        for v, expected in (("none", {"encoder": ("0", ""), "decoder": ("0", "")}),
-                            ("unbounded", {"encoder": ("1", ""), "decoder": ("1", "")}))]
+    # onnxruntime reads session.intra_op.spin_duration_us from 1.26 on (written out, not the runtime's constant)
+    bounded = ({"encoder": ("1", "100"), "decoder": ("1", "1000")} if _version(ort.__version__) >= (1, 26)
+               else {"encoder": ("0", ""), "decoder": ("1", "")})
+    none = Translator(bundle, device="cpu", _tuning=SessionTuning(thread_spinning="none"))
+    unbounded = Translator(bundle, device="cpu", _tuning=SessionTuning(thread_spinning="unbounded"))
+    cases = [(translator, bounded), (none, {"encoder": ("0", ""), "decoder": ("0", "")}),
+             (unbounded, {"encoder": ("1", ""), "decoder": ("1", "")})]
     for t, expected in cases:
         for graph, session in (("encoder", t.encoder), ("decoder", t.decoder)):
             options = session.get_session_options()
             got = tuple(_entry(options, k) for k in ("session.intra_op.allow_spinning", "session.intra_op.spin_duration_us"))
             assert got == expected[graph], (graph, got)
-        assert [r.hypotheses for r in t.translate_batch(sentences, beam_size=2)] == want
+    want = [r.hypotheses for r in none.translate_batch(sentences, beam_size=2)]
+    assert want == [r.hypotheses for r in translator.translate_batch(sentences, beam_size=2)]
+    assert want == [r.hypotheses for r in unbounded.translate_batch(sentences, beam_size=2)]
 
 
 def _entry(options, key: str) -> str:
@@ -236,11 +237,18 @@ def _entry(options, key: str) -> str:
 def test_spin_settings_follow_the_onnxruntime_version():
     assert spin_settings("bounded", "encoder", "1.32.0") == {
         "session.intra_op.allow_spinning": "1", "session.intra_op.spin_duration_us": str(ENCODER_SPIN_US)}
-    assert spin_settings("bounded", "decoder", "1.27.0.dev20260401")["session.intra_op.spin_duration_us"] == str(DECODER_SPIN_US)
+    assert spin_settings("bounded", "decoder", "1.26.0")["session.intra_op.spin_duration_us"] == str(DECODER_SPIN_US)
+    assert spin_settings("bounded", "decoder", "1.27.0.dev20260401")["session.intra_op.spin_duration_us"] == "1000"
     # An onnxruntime that cannot bound a spin: only the decoder spins.
-    assert spin_settings("bounded", "encoder", "1.26.1") == {"session.intra_op.allow_spinning": "0"}
+    assert spin_settings("bounded", "encoder", "1.25.1") == {"session.intra_op.allow_spinning": "0"}
     assert spin_settings("bounded", "decoder", "1.18.0") == {"session.intra_op.allow_spinning": "1"}
     assert spin_settings("none", "decoder", "1.32.0") == {"session.intra_op.allow_spinning": "0"}
+
+
+@pytest.mark.parametrize("text, want", [("1.32.0", (1, 32)), ("1.32.0+cpu", (1, 32)), ("1.27.0.dev20260401", (1, 27)),
+                                        ("2", (2, 0)), ("1.3rc27", (1, 3)), ("", (0, 0)), ("abc", (0, 0)), ("1.²", (1, 0))])
+def test_version_reads_leading_digits(text, want):
+    assert _version(text) == want
 
 
 @pytest.mark.parametrize("value", [True, "yes", "decoder", None])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from seq2onnx.runtime.search import beam_search, greedy_search, sample, stream_greedy
+from seq2onnx.runtime.search import TopK, beam_search, candidates_needed, greedy_search, sample, stream_greedy
 
 START, EOS = 2, 3
 NEG = -50.0  # "never" without -inf
@@ -454,3 +454,41 @@ def test_sample_of_a_sentence_does_not_depend_on_its_batch():
             assert alone.hypotheses == batch[s].hypotheses and alone.scores == batch[s].scores
     with pytest.raises(ValueError, match="row_keys"):
         sample(Fake(base, 2).step, 2, start_id=START, eos_id=EOS, max_lengths=np.full(2, 8), seed=0, row_keys=[[1]])
+
+
+def _as_top_k(step, k: int):
+    """The step as the decoder graph's TopK gives it: float32, the k best per row, sorted by
+    (value desc, id asc) as ONNX TopK with sorted=1 breaks ties."""
+
+    def top_k_step(tokens, cache_indices, t, keep):
+        lp = np.asarray(step(tokens, cache_indices, t, keep), dtype=np.float32)
+        ids = np.broadcast_to(np.arange(lp.shape[1]), lp.shape)
+        order = np.lexsort((ids, -lp), axis=1)[:, :k]
+        return TopK(np.take_along_axis(lp, order, axis=1), order.astype(np.int64), lp.shape[1])
+
+    return top_k_step
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("min_length", [0, 2])
+@pytest.mark.parametrize("beam", [1, 2, 4])
+def test_top_k_steps_give_the_full_log_probs_results(ties, min_length, beam):
+    """The graph's top-k candidates (the runtime's default) and the full log-probabilities give the
+    same hypotheses and scores: greedy's column-0 fast path, the forbidden end token, ties."""
+    batch, vocab, lengths = 3, 12, np.array([6, 9, 4])
+    fn = random_fn(7, vocab, ties=ties)
+    results = []
+    for make in (lambda: full_step(fn, batch), lambda: _as_top_k(full_step(fn, batch), candidates_needed(beam, min_length))):
+        step = make()
+        kw = dict(start_id=START, eos_id=EOS, max_lengths=lengths, min_length=min_length)
+        found = (greedy_search(step, batch, **kw) if beam == 1
+                 else beam_search(step, batch, beam_size=beam, num_hypotheses=beam, **kw))
+        results.append([(r.hypotheses, r.scores) for r in found])
+    assert results[0] == results[1]
+    assert any(len(h) > 1 for hyps, _ in results[0] for h in hyps)
+
+
+def full_step(fn, batch):
+    """The Fake decoder's step with float32 log-probabilities, as the graph computes them."""
+    fake = Fake(fn, batch)
+    return lambda *a: fake.step(*a).astype(np.float32)

@@ -64,7 +64,9 @@ def format_report(report: dict) -> str:
     parts = [format_machine(report), "", format_table(report), ""]
     parts.append("agree: outputs (best hypothesis) equal to torch's at batch 1 with the same search; "
                  "x torch / x ct2: tokens/s ratios against the torch row and the CTranslate2 row of the same "
-                 "device and precision (same search, same batch)")
+                 "device and precision (same search, same batch)"
+                 + (f"; {report['repeat']} rounds, each running every engine once: tokens/s is the median pass, "
+                    "a ratio the median over rounds of the ratio within a round" if report.get("repeat", 1) > 1 else ""))
     parts.append("note: " + TORCH_BEAM_NOTE)
     ct2 = report.get("ct2_check")
     if ct2 and ct2.get("reason"):

@@ -3,9 +3,13 @@ agreement with the PyTorch reference, CTranslate2's validity and the ratios.
 
 Ratios: "x torch" is tokens/s over the torch row's tokens/s (same search and batch); "x ct2" is
 tokens/s over the CTranslate2 row of the same device and precision (torch and fp32 rows against
-ct2-*-fp32, int8 against ct2-cpu-int8, fp16 against ct2-cuda-fp16), same search and batch.
+ct2-*-fp32, int8 against ct2-cpu-int8, fp16 against ct2-cuda-fp16), same search and batch. With
+several rounds (--repeat) a ratio is the median over rounds of the ratio within a round: the engines
+of one round run minutes apart at most, the rounds further apart, and a machine's speed drifts.
 """
 from __future__ import annotations
+
+import statistics
 
 import numpy as np
 
@@ -66,17 +70,50 @@ def _check_ct2(rows: list[dict], n: int) -> dict:
     return ct2
 
 
+def merge_rounds(rounds: list[dict]) -> dict:
+    """One engine's child results from interleaved rounds (one timed pass per configuration each) as
+    one result: per configuration every round's pass time in round order (`pass_seconds`; `seconds`
+    is the median pass), per-sentence and per-batch latencies the median over rounds, the outputs of
+    the first round (`outputs_stable`: every round's were the same), the largest peak memory."""
+    first = rounds[0]
+
+    def median_each(values: list[list[float] | None]) -> list[float] | None:
+        return None if values[0] is None else [statistics.median(v) for v in zip(*values)]
+
+    configs = []
+    for i, c in enumerate(first["configs"]):
+        per_round = [r["configs"][i] for r in rounds]
+        totals = [x["seconds"] for x in per_round]
+        configs.append({**c, "seconds": sorted(totals)[(len(totals) - 1) // 2], "pass_seconds": totals,
+                        "latencies_ms": median_each([x["latencies_ms"] for x in per_round]),
+                        "batch_latencies_ms": median_each([x["batch_latencies_ms"] for x in per_round]),
+                        "outputs_stable": all(x["outputs"] == c["outputs"] for x in per_round)})
+    return {**first, "configs": configs, "rounds": len(rounds),
+            "load_seconds": statistics.median(r["load_seconds"] for r in rounds),
+            "rss_after_load_mb": max(r["rss_after_load_mb"] for r in rounds),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in rounds)}
+
+
+def _ratio(r: dict, base: dict) -> float | None:
+    """r's tokens/s over base's: the median over rounds of the ratio within a round where both ran in the
+    same rounds, else the ratio of the reported (median-pass) speeds."""
+    if not (r["tokens_per_s"] and base["tokens_per_s"]):
+        return None
+    a, b = r["pass_seconds"], base["pass_seconds"]
+    if len(a) == len(b) > 1 and all(x > 0 for x in a + b):
+        return float(np.median([(r["target_tokens"] / x) / (base["target_tokens"] / y) for x, y in zip(a, b)]))
+    return r["tokens_per_s"] / base["tokens_per_s"]
+
+
 def _add_ratios(rows: list[dict]) -> None:
     by_key = {(r["engine"], r["beam"], r["batch"]): r for r in rows}
     for r in rows:
         base = by_key.get(("torch", r["beam"], r["batch"]))
-        r["x_torch"] = (r["tokens_per_s"] / base["tokens_per_s"]
-                        if base and base["tokens_per_s"] and r["tokens_per_s"] else None)
+        r["x_torch"] = _ratio(r, base) if base else None
         precision = "fp32" if r["kind"] == "torch" else r["precision"]
         peer = by_key.get((f"ct2-{r['device']}-{precision}", r["beam"], r["batch"]))
         r["x_ct2_engine"] = peer["engine"] if peer else None
-        r["x_ct2"] = (r["tokens_per_s"] / peer["tokens_per_s"]
-                      if peer and not peer.get("void") and peer["tokens_per_s"] and r["tokens_per_s"] else None)
+        r["x_ct2"] = _ratio(r, peer) if peer and not peer.get("void") else None
 
 
 def fill_rows(report: dict, results: dict[str, dict], limits: list[int]) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from seq2onnx.export.bench_engines import ENGINES, PEAK_RSS_NOTE, TORCH_BEAM_NOTE
 from seq2onnx.export.bench_machine import describe_machine, usable_cores
-from seq2onnx.export.bench_rows import fill_rows
+from seq2onnx.export.bench_rows import fill_rows, merge_rounds
 
 CONFIGS = [(1, 1), (1, 32), (4, 1), (4, 32)]  # (beam size, batch size); beam 1 is greedy
 QUICK_SENTENCES, DEFAULT_SENTENCES = 16, 100
@@ -150,6 +150,8 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
         "max_length": f"min({dd['max_length_a']} x source tokens + {dd['max_length_b']}, {cfg.max_positions})",
         "notes": [TORCH_BEAM_NOTE,
                   "target tokens: generated tokens including the end token, summed over sentences",
+                  f"{repeat} round{'s' if repeat > 1 else ''}, each running every engine once in rotating order; "
+                  "tokens/s: the median pass; x torch / x ct2: the median over rounds of the ratio within a round",
                   PEAK_RSS_NOTE],
         "rows": [], "skipped": [],
     }
@@ -199,17 +201,25 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
         report["bundles"], report["ct2_model"] = bundles, ct2_model
 
         job_base = {"checkpoint": str(ckpt_dir), "sources": sources, "limits": limits, "order": order,
-                    "threads": threads, "eos_id": cfg.eos_id, "unk_id": cfg.unk_id, "repeat": repeat,
+                    "threads": threads, "eos_id": cfg.eos_id, "unk_id": cfg.unk_id, "repeat": 1,
                     "configs": CONFIGS, "bundles": bundles, "ct2_model": ct2_model,
                     "source_pieces": source_pieces(tok), "target_pieces": target_pieces(tok)}
-        results: dict[str, dict] = {}
+        # Rounds: each runs every engine once (a child process, one timed pass per configuration),
+        # the order rotating from round to round. A machine's speed drifts over minutes; engines
+        # timed in the same round see about the same machine, so ratios are taken within rounds.
+        rounds: dict[str, list[dict]] = {name: [] for name in active}
         with tempfile.TemporaryDirectory(prefix="seq2onnx-bench-jobs-") as jobs:
-            for name in active:
-                log(f"running {name} ...")
-                try:
-                    results[name] = _run_child({**job_base, "engine": name}, Path(jobs), timeout=None)
-                except Exception as e:  # one engine failing leaves the others' rows
-                    skipped[name] = f"failed: {e}"
+            for r in range(repeat):
+                for name in active[r % len(active):] + active[: r % len(active)]:
+                    if name in skipped:
+                        continue
+                    log(f"running {name} ..." if repeat == 1 else f"round {r + 1}/{repeat}: running {name} ...")
+                    try:
+                        rounds[name].append(_run_child({**job_base, "engine": name, "repeat": 1}, Path(jobs),
+                                                       timeout=None))
+                    except Exception as e:  # one engine failing leaves the others' rows
+                        skipped[name] = f"failed: {e}"
+        results = {name: merge_rounds(rounds[name]) for name in active if name not in skipped}
         report["skipped"] = [{"engine": k, "reason": v} for k, v in skipped.items()]
         fill_rows(report, results, limits)
     finally:

@@ -42,8 +42,9 @@ def add_bench(subparsers) -> None:
     p.add_argument("--sentences", type=int, help=f"test sentences (default {DEFAULT_SENTENCES}; {QUICK_SENTENCES} with --quick)")
     p.add_argument("--data", help="TSV whose first lines to use instead of the checkpoint's test split")
     p.add_argument("--threads", type=int, default=0, help="threads for every engine (default 0: all usable cores)")
-    p.add_argument("--repeat", type=int, default=1, help="timed passes per configuration; the median pass is "
-                   "reported (default 1)")
+    p.add_argument("--repeat", type=int, default=1, help="rounds, each running every engine once (one timed pass "
+                   "per configuration, the order rotating): tokens/s is the median pass, x torch / x ct2 the "
+                   "median over rounds of the ratio within a round (default 1)")
     p.add_argument("--engines", help=f"comma-separated subset of: {', '.join(ENGINES)} (torch always runs)")
     p.add_argument("--json", help="write the full report (machine, rows, outputs) to this file")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_SENTENCES} sentences, for tests and CI")

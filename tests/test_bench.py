@@ -228,3 +228,70 @@ def test_ct2_disagreement_voids_its_timings():
     assert all(r["x_ct2"] is None for r in onnx)  # no ratio against a void peer
     assert all(r["x_torch"] == pytest.approx(2.0) for r in onnx)
     assert "VOID" in bench_format.format_table(report)
+
+
+def _rounds(engine: str, outputs: list[list[int]], speeds: list[float]) -> list[dict]:
+    """An engine's results over rounds in which the machine ran at `speeds` (1 = normal)."""
+    out = []
+    for i, speed in enumerate(speeds):
+        r = _fake(engine, outputs)
+        r["peak_rss_mb"] += i
+        for c in r["configs"]:
+            c["seconds"] = c["seconds"] / speed
+            c["pass_seconds"] = [c["seconds"]]
+            c["latencies_ms"] = [x / speed for x in c["latencies_ms"]] if c["latencies_ms"] else None
+        out.append(r)
+    return out
+
+
+def test_merge_rounds_keeps_every_pass_and_medians():
+    merged = bench_rows.merge_rounds(_rounds("onnx-cpu-fp32", OUTPUTS["onnx-cpu-fp32"], [1.0, 0.5, 2.0]))
+    assert merged["rounds"] == 3 and merged["peak_rss_mb"] == 20.0 + len("onnx-cpu-fp32") + 2
+    for c in merged["configs"]:
+        base = _seconds("onnx-cpu-fp32", c["beam"], c["batch"])
+        assert c["pass_seconds"] == pytest.approx([base, base * 2, base / 2])  # in round order
+        assert c["seconds"] == pytest.approx(base)  # the median pass
+        assert c["outputs_stable"] is True
+        if c["batch"] == 1:
+            assert c["latencies_ms"] == pytest.approx(LATENCIES_MS)  # per sentence, the median over rounds
+    changed = _rounds("onnx-cpu-fp32", OUTPUTS["onnx-cpu-fp32"], [1.0, 1.0])
+    changed[1]["configs"][0]["outputs"] = [[9, 9]] * len(LIMITS)
+    assert bench_rows.merge_rounds(changed)["configs"][0]["outputs_stable"] is False
+
+
+def test_ratios_are_taken_within_rounds():
+    """The machine's speed changes between rounds (and once within round 2): the median of the ratios
+    within rounds is the steady machine's ratio here, the ratio of the median passes is 3x off."""
+    speeds = {"torch": [1.0, 1.0, 1.0], "onnx-cpu-fp32": [1.0, 3.0, 3.0], "ct2-cpu-fp32": [1.0, 1.0, 3.0]}
+    results = {e: bench_rows.merge_rounds(_rounds(e, OUTPUTS[e], s)) for e, s in speeds.items()}
+    report = {"sentences": len(LIMITS), "skipped": []}
+    bench_rows.fill_rows(report, results, LIMITS)
+    for r in report["rows"]:
+        if r["engine"] != "onnx-cpu-fp32":
+            continue
+        steady = {x: _tokens(x) / _seconds(x, r["beam"], r["batch"]) for x in speeds}
+        per_round = [steady["onnx-cpu-fp32"] * a / (steady["ct2-cpu-fp32"] * b)
+                     for a, b in zip(speeds["onnx-cpu-fp32"], speeds["ct2-cpu-fp32"])]
+        assert r["x_ct2"] == pytest.approx(float(np.median(per_round)))
+        assert r["x_ct2"] == pytest.approx(steady["onnx-cpu-fp32"] / steady["ct2-cpu-fp32"])
+        assert r["x_ct2"] != pytest.approx(r["tokens_per_s"] / _row(report, "ct2-cpu-fp32", r["search"], r["batch"])["tokens_per_s"])
+
+
+def test_bench_rounds_interleave_engines(capsys):
+    """--repeat 2: two rounds, each running every engine once; every row keeps both passes."""
+    out = scratch("bench-rounds") / "bench.json"
+    rc = main(["bench", str(tiny_run() / "last"), "--sentences", "4", "--threads", "1", "--engines", "onnx-cpu-fp32",
+               "--repeat", "2", "--json", str(out)])
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert rc == 0, printed
+    assert "round 1/2: running torch" in captured.err and "round 2/2: running onnx-cpu-fp32" in captured.err
+    assert "2 rounds, each running every engine once" in printed
+    report = json.loads(out.read_text())
+    for r in _rows(report, "onnx-cpu-fp32") + _rows(report, "torch"):
+        assert len(r["pass_seconds"]) == 2 and r["seconds"] == min(r["pass_seconds"])  # median of 2: the lower
+    for r in _rows(report, "onnx-cpu-fp32"):
+        torch_row = _row(report, "torch", r["search"], r["batch"])
+        within = [(r["target_tokens"] / a) / (torch_row["target_tokens"] / b)
+                  for a, b in zip(r["pass_seconds"], torch_row["pass_seconds"])]
+        assert r["x_torch"] == pytest.approx(float(np.median(within)))

@@ -41,6 +41,7 @@ import onnxruntime as ort
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from seq2onnx.export.fused import BEAM_WIDTH, CACHE_INDIRECTION, export_fused_decoder  # noqa: E402
 from seq2onnx.export.graphs import export_graphs  # noqa: E402
@@ -48,6 +49,7 @@ from seq2onnx.model.config import ModelConfig  # noqa: E402
 from seq2onnx.model.transformer import Transformer  # noqa: E402
 from seq2onnx.runtime import bundle as names  # noqa: E402
 from seq2onnx.runtime.options import spin_settings  # noqa: E402
+from timing import interleaved_us  # noqa: E402
 
 MAX_LENGTH, SRC_LEN, TOP_K = 64, 12, 8
 
@@ -241,16 +243,7 @@ def main() -> int:
     makers = {"standard": standard_step, "fused": fused_step}
     for rows, batch, calls in ((1, 1, 300), (128, 32, 30)):
         steps = {k: makers[k](s, cfg, rows, batch, args.past) for k, s in sessions.items()}
-        times = {k: [] for k in steps}
-        for step in steps.values():  # warm-up
-            step()
-        for _ in range(args.rounds):
-            for k, step in steps.items():
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    step()
-                times[k].append((time.perf_counter() - t0) / calls * 1e6)
-        med = {k: statistics.median(t) for k, t in times.items()}
+        med = interleaved_us(steps, args.rounds, calls)
         print(f"{rows} rows, past {args.past}, {args.threads} threads: " + ", ".join(f"{k} {v:,.0f} us" for k, v in med.items())
               + f"; fused/standard {med['fused'] / med['standard']:.2f}")
     return 0

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from seq2onnx.runtime.options import spin_settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # timing.py, also when loaded by path
+from timing import interleaved_us  # noqa: E402
 
 
 def weight_shapes(model: dict) -> list[tuple[int, int]]:
@@ -83,17 +84,9 @@ def main() -> int:
         xs = list(feeds.values())
         runs = {label: (lambda s=s: s.run(None, feeds)) for label, s in sessions.items()}
         runs["numpy x @ W"] = lambda: [x @ w for x, w in zip(xs, weights)]
-        times = {label: [] for label in runs}
-        for run in runs.values():  # warm-up: thread pools, first allocations
-            run()
-        for _ in range(args.rounds):
-            for label, run in runs.items():
-                t = time.perf_counter()
-                for _ in range(calls):
-                    run()
-                times[label].append((time.perf_counter() - t) / calls * 1e6)
+        med = interleaved_us(runs, args.rounds, calls)
         print(f"{rows} row{'s' if rows > 1 else ''}, median of {args.rounds} rounds x {calls} calls: "
-              + ", ".join(f"{label} {statistics.median(v):,.0f} us" for label, v in times.items()))
+              + ", ".join(f"{label} {us:,.0f} us" for label, us in med.items()))
     return 0
 
 

@@ -13,10 +13,8 @@ driven by the runtime's static loop (runtime/fused_step.py: bound once, cache up
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,9 @@ from seq2onnx.runtime import bundle as names
 from seq2onnx.runtime.fused_step import FusedStep
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import interleaved_us  # noqa: E402
 
 
 def optimized_node_count(path: Path, tmp: str) -> int:
@@ -91,17 +92,8 @@ def main() -> int:
         steps = {b: (lambda s=t.decoder, f=inputs[b]: s.run(wanted, f)) for b, t in translators.items()}
         for b, t in fused.items():
             steps[f"{b} [fused]"] = fused_step(t, inputs[b], rows, batch, args.past)
-        times = {b: [] for b in steps}
-        for step in steps.values():  # warm-up
-            step()
-        for _ in range(args.rounds):
-            for b, step in steps.items():
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    step()
-                times[b].append((time.perf_counter() - t0) / calls * 1e6)
-        print(f"{rows} rows, past {args.past}: " + ", ".join(
-            f"{b} {statistics.median(t):,.0f} us" for b, t in times.items()))
+        med = interleaved_us(steps, args.rounds, calls)
+        print(f"{rows} rows, past {args.past}: " + ", ".join(f"{b} {us:,.0f} us" for b, us in med.items()))
     return 0
 
 

@@ -201,7 +201,7 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
         report["bundles"], report["ct2_model"] = bundles, ct2_model
 
         job_base = {"checkpoint": str(ckpt_dir), "sources": sources, "limits": limits, "order": order,
-                    "threads": threads, "eos_id": cfg.eos_id, "unk_id": cfg.unk_id, "repeat": 1,
+                    "threads": threads, "eos_id": cfg.eos_id, "unk_id": cfg.unk_id, "repeat": 1,  # one pass per child: rounds repeat
                     "configs": CONFIGS, "bundles": bundles, "ct2_model": ct2_model,
                     "source_pieces": source_pieces(tok), "target_pieces": target_pieces(tok)}
         # Rounds: each runs every engine once (a child process, one timed pass per configuration),
@@ -215,8 +215,7 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
                         continue
                     log(f"running {name} ..." if repeat == 1 else f"round {r + 1}/{repeat}: running {name} ...")
                     try:
-                        rounds[name].append(_run_child({**job_base, "engine": name, "repeat": 1}, Path(jobs),
-                                                       timeout=None))
+                        rounds[name].append(_run_child({**job_base, "engine": name}, Path(jobs), timeout=None))
                     except Exception as e:  # one engine failing leaves the others' rows
                         skipped[name] = f"failed: {e}"
         results = {name: merge_rounds(rounds[name]) for name in active if name not in skipped}

@@ -79,6 +79,7 @@ class FusedStep:
         rows = batch * width
         self.session, self.width, self.vocab, self.top_k = session, width, vocab, top_k
         self.batch = batch  # sentences in the buffers now
+        self._sentences = np.arange(batch)  # sliced to index the sentences in the buffers
         # Every buffer is allocated for the whole batch; a compaction keeps the first rows.
         # Own copies: compaction writes them in place, and OrtValue.numpy() is a view of the encoder's output.
         self._mask = np.array(src_mask, dtype=bool, order="C", copy=True)
@@ -155,14 +156,14 @@ class FusedStep:
         """Beam w of sentence b continues beam parents[b, w], whose position t-1 is in its own row."""
         ind = self._indirection[: self.batch]
         if t > 1:
-            ind[:, :, : t - 1] = ind[np.arange(ind.shape[0])[:, None], parents, : t - 1]  # take_along_axis, cheaper
+            ind[:, :, : t - 1] = ind[self._sentences[: self.batch, None], parents, : t - 1]  # take_along_axis, cheaper
         ind[:, :, t - 1] = parents
 
     def __call__(self, tokens: np.ndarray, cache_indices: np.ndarray, t: int, keep: np.ndarray | None):
         w = self.width
         if t > 0 and w > 1:
             # The previous step had 1 row per sentence (t == 1) or w; sentence j was keep[j] there.
-            sentences = np.arange(self.batch) if keep is None else np.asarray(keep)
+            sentences = self._sentences[: self.batch] if keep is None else np.asarray(keep)
             prev_width = 1 if t == 1 else w
             parents = (np.asarray(cache_indices).reshape(-1, w) - sentences[:, None] * prev_width).astype(np.int32)
             if parents.min(initial=0) < 0 or parents.max(initial=0) >= prev_width:

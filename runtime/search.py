@@ -164,9 +164,11 @@ def beam_search(
     keep = None
     t = 0
     in_top_k = np.arange(2 * k)[None, :] < k
+    rows = np.arange(batch)[:, None]  # for gathers along axis 1: x[rows, idx] is take_along_axis, cheaper
     while alive.size:
         b = alive.size
-        rows = np.arange(b)[:, None]  # for gathers along axis 1: x[rows, idx] is take_along_axis, cheaper
+        if rows.shape[0] != b:  # sentences left: a new index only then
+            rows = rows[:b]
         out = step(tokens, cache_indices, t, keep)
         vocab = out.vocab if isinstance(out, TopK) else out.shape[1]
         if vocab < 2 * k:

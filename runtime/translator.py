@@ -149,10 +149,10 @@ class Translator:
         encoder_options, decoder_options = options_for("encoder"), options_for("decoder")
         self.device, self.device_reason = self._pick_device(device)
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
-        load = lambda path: ort.InferenceSession(str(path), decoder_options, providers=providers)  # noqa: E731
+        load = lambda path, options=decoder_options: ort.InferenceSession(str(path), options, providers=providers)  # noqa: E731
         self._load, self._standard_decoder = load, None
         try:
-            self.encoder = ort.InferenceSession(str(self.bundle.file("encoder")), encoder_options, providers=providers)
+            self.encoder = load(self.bundle.file("encoder"), encoder_options)
             self.decoder_variant, self.decoder, self.decoder_reason = pick_decoder(
                 self.bundle, self.device, tuning.decoder, load)
         except DecoderUnavailable:

@@ -59,78 +59,113 @@ def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[
     return names.STANDARD, load(bundle.file("decoder")), why
 
 
+def buffer_key(rows: int, width: int, max_length: int, top_k: int | None) -> tuple[int, int, int, int | None]:
+    """What a StepBuffers is made for: rows, beam width, cache positions, top-k. The positions are
+    rounded up to a multiple of POSITION_QUANTUM so that sentences of similar lengths share buffers
+    (a step reads only positions < step: a longer buffer costs memory, not time)."""
+    return rows, width, -(-max_length // POSITION_QUANTUM) * POSITION_QUANTUM, top_k
+
+
+POSITION_QUANTUM = 32
+
+
+class StepBuffers:
+    """The arrays a fused step loop binds and their IO binding, kept for the next batch of the same
+    buffer_key (Translator keeps a few spares): allocating and binding them anew for every sentence
+    cost ~0.3 ms, 3-5% of a one-sentence greedy translation (docs/optimisation-notes.md, row 16).
+
+    Contents need no reset between batches: a step writes position t of the cache before any step
+    reads it, and beam search writes the indirection positions it reads (FusedStep._reorder)."""
+
+    def __init__(self, session, key: tuple, *, n_layers: int, n_heads: int, head_dim: int, vocab: int):
+        rows, width, max_length, top_k = key
+        self.key = key
+        self.cache = [np.zeros((rows, n_heads, max_length, head_dim), np.float32) for _ in range(2 * n_layers)]
+        self.indirection = np.zeros((rows // width, width, max_length), np.int32)
+        self.tokens = np.zeros((rows, 1), np.int64)
+        self.step = np.zeros(1, np.int32)
+        self.fixed = {names.BEAM_WIDTH: np.array([width], np.int32), names.TOP_K: np.array([top_k or 1], np.int64)}
+        if top_k is None:
+            self.out = {names.LOG_PROBS: np.zeros((rows, vocab), np.float32)}
+        else:
+            self.out = {names.TOPK_LOG_PROBS: np.zeros((rows, top_k), np.float32),
+                        names.TOPK_IDS: np.zeros((rows, top_k), np.int64)}
+        self.binding = session.io_binding()
+        self.bound_rows = 0  # rows the cache, tokens and outputs are bound for now (0: none)
+        self.held: dict[str, object] = {}  # name -> OrtValue bound by pointer: must outlive the binding
+
+
 class FusedStep:
     """One batch's static step loop over a fused decoder session; a `search.Step` callable.
 
     Args:
         session: the decoder_fused.onnx session (CPU).
         src_mask: (B, S) bool and cross: per layer key then value, (B, H, S, Dh) float32: the
-            encoder's outputs (copied once; compacted with the batch).
+            encoder's outputs, bound as they are (copied only before the first compaction, which
+            writes in place, so that the caller's arrays stay the encoder's).
         beam_width: W, the beams per sentence after the first step (1 for greedy and sampling).
-        max_length: the cache buffers' positions: the batch's longest decoding, at most max_positions.
+        max_length: the batch's longest decoding (at most max_positions): the cache's positions.
         top_k: candidates per row to return as TopK; None returns the full log-probabilities.
         vocab: the target vocabulary size.
+        buffers: a StepBuffers left by an earlier batch, used if its key is this batch's.
     What a step returns lives in arrays reused by the next step: a caller copies what it keeps.
+    `buffers` holds this batch's StepBuffers, for the caller to offer to the next batch.
     """
 
+    _owned = False  # are _mask and _cross our copies (else the encoder's arrays)?
+
     def __init__(self, session, *, src_mask: np.ndarray, cross: list[np.ndarray], n_layers: int, n_heads: int,
-                 head_dim: int, beam_width: int, max_length: int, top_k: int | None, vocab: int):
+                 head_dim: int, beam_width: int, max_length: int, top_k: int | None, vocab: int,
+                 buffers: StepBuffers | None = None):
         batch, width = src_mask.shape[0], beam_width
-        rows = batch * width
-        self.session, self.width, self.vocab, self.top_k = session, width, vocab, top_k
+        key = buffer_key(batch * width, width, max_length, top_k)
+        if buffers is None or buffers.key != key:
+            buffers = StepBuffers(session, key, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, vocab=vocab)
+        self.buffers, self.session, self.width, self.vocab, self.top_k = buffers, session, width, vocab, top_k
         self.batch = batch  # sentences in the buffers now
         self._sentences = np.arange(batch)  # sliced to index the sentences in the buffers
-        # Every buffer is allocated for the whole batch; a compaction keeps the first rows.
-        # Own copies: compaction writes them in place, and OrtValue.numpy() is a view of the encoder's output.
-        self._mask = np.array(src_mask, dtype=bool, order="C", copy=True)
-        self._cross = [np.array(c, dtype=np.float32, order="C", copy=True) for c in cross]
-        self._cache = [np.zeros((rows, n_heads, max_length, head_dim), np.float32) for _ in range(2 * n_layers)]
-        self._indirection = np.zeros((batch, width, max_length), np.int32)
-        self._tokens = np.zeros((rows, 1), np.int64)
-        self._step = np.zeros(1, np.int32)
-        self._fixed = {names.BEAM_WIDTH: np.array([width], np.int32),
-                       names.TOP_K: np.array([top_k or 1], np.int64)}
-        if top_k is None:
-            self._out = {names.LOG_PROBS: np.zeros((rows, vocab), np.float32)}
-        else:
-            self._out = {names.TOPK_LOG_PROBS: np.zeros((rows, top_k), np.float32),
-                         names.TOPK_IDS: np.zeros((rows, top_k), np.int64)}
+        self._mask = np.ascontiguousarray(src_mask, dtype=bool)
+        self._cross = [np.ascontiguousarray(c, dtype=np.float32) for c in cross]
+        self._cache, self._indirection, self._tokens = buffers.cache, buffers.indirection, buffers.tokens
+        self._step, self._out = buffers.step, buffers.out
         self._past, self._present = names.past_names(n_layers), names.present_names(n_layers)
         self._cross_names = names.cross_names(n_layers)
+        self._binding = buffers.binding
         self._bind()
 
     def _bind(self) -> None:
-        """Binds the first batch x W rows of every array, sharing memory: done once per batch size."""
+        """Binds the first batch x W rows of every array, sharing memory. The cache, tokens and
+        outputs are rebound only when the rows change (a compaction, or buffers made for another
+        batch); the encoder's mask and cross keys/values are this batch's, bound anew."""
         import onnxruntime  # imported (and its install checked) by runtime.translator before any session exists
 
         ort_value = onnxruntime.OrtValue.ortvalue_from_numpy
+        buffers, binding = self.buffers, self._binding
         b, rows = self.batch, self.batch * self.width
-        binding = self.session.io_binding()
-        self._held = []  # OrtValues bound by pointer: they (and their arrays) must outlive the binding
 
         def bind_in(name: str, array: np.ndarray) -> None:
-            value = ort_value(array)
-            self._held.append(value)
+            buffers.held[name] = value = ort_value(array)
             binding.bind_ortvalue_input(name, value)
 
-        bind_in(names.TOKENS, self._tokens[:rows])
-        bind_in(names.STEP, self._step)
-        bind_in(names.CACHE_INDIRECTION, self._indirection[:b])
-        for name, array in self._fixed.items():
-            bind_in(name, array)
         bind_in(names.SRC_MASK, self._mask[:b])
         for name, array in zip(self._cross_names, self._cross):
             bind_in(name, array[:b])
+        if buffers.bound_rows == rows:
+            return
+        if not buffers.bound_rows:
+            bind_in(names.STEP, self._step)
+            for name, array in buffers.fixed.items():
+                bind_in(name, array)
+        bind_in(names.TOKENS, self._tokens[:rows])
+        bind_in(names.CACHE_INDIRECTION, self._indirection[:b])
         for past, present, array in zip(self._past, self._present, self._cache):
-            value = ort_value(array[:rows])  # one OrtValue as past and present: updated in place
-            self._held.append(value)
+            buffers.held[past] = value = ort_value(array[:rows])  # one OrtValue as past and present: in place
             binding.bind_ortvalue_input(past, value)
             binding.bind_ortvalue_output(present, value)
         for name, array in self._out.items():
-            value = ort_value(array[:rows])
-            self._held.append(value)
+            buffers.held[name] = value = ort_value(array[:rows])
             binding.bind_ortvalue_output(name, value)
-        self._binding = binding
+        buffers.bound_rows = rows
 
     def _compact(self, keep: np.ndarray, t: int) -> None:
         """Moves the kept sentences' rows to the front of every buffer (positions < t only).
@@ -140,6 +175,9 @@ class FusedStep:
         never moves. Less is copied than by a gather of every kept row; numpy buffers a run only
         where its source and destination overlap."""
         w = self.width
+        if not self._owned:  # the encoder's arrays: the caller may still read them (attention pass)
+            self._mask, self._cross = self._mask.copy(), [c.copy() for c in self._cross]
+            self._owned = True
         for src, dst, n in _runs(keep):
             if src == dst:
                 continue

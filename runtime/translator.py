@@ -22,7 +22,7 @@ from . import bundle as names
 from .attention import check_attention_output, forced_attention
 from .bundle import BundleError, read_bundle
 from .checks import check_graphs, check_tokenizers
-from .fused_step import DecoderUnavailable, FusedStep, pick_decoder
+from .fused_step import DecoderUnavailable, FusedStep, StepBuffers, buffer_key, pick_decoder
 from .options import SearchOptions, SessionTuning, check_intra_threads, spin_settings
 from .ort_install import import_onnxruntime
 from .search import SearchResult, TopK, beam_search, candidates_needed, greedy_search, sample, stream_greedy
@@ -31,6 +31,7 @@ from .source import encode_limited, word_bounded
 ort = import_onnxruntime()  # names a missing or doubly installed onnxruntime, with the fix
 
 _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
+SPARE_BUFFERS = 2  # fused step buffers kept between batches: batches of one or two shapes reuse theirs
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ class Translator:
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
         load = lambda path, options=decoder_options: ort.InferenceSession(str(path), options, providers=providers)  # noqa: E731
         self._load, self._standard_decoder = load, None
+        self._spare_buffers: list[StepBuffers] = []  # fused step buffers between batches (_take/_give_buffers)
         try:
             self.encoder = load(self.bundle.file("encoder"), encoder_options)
             self.decoder_variant, self.decoder, self.decoder_reason = pick_decoder(
@@ -475,9 +477,31 @@ class Translator:
         step = self._step_fn(src, lengths, top_k=self._top_k(options.beam_size, options.min_decoding_length),
                              max_length=int(max_lengths.max()), beam_width=options.beam_size, encoded=encoded)
         if options.beam_size == 1:
-            return greedy_search(step, len(sources), max_lengths=max_lengths, **common), encoded
-        return beam_search(step, len(sources), beam_size=options.beam_size, length_penalty=options.length_penalty,
-                           num_hypotheses=options.num_hypotheses, max_lengths=max_lengths, **common), encoded
+            found = greedy_search(step, len(sources), max_lengths=max_lengths, **common)
+        else:
+            found = beam_search(step, len(sources), beam_size=options.beam_size, length_penalty=options.length_penalty,
+                                num_hypotheses=options.num_hypotheses, max_lengths=max_lengths, **common)
+        self._give_buffers(step)  # only after a search that ended normally: an error may leave them half bound
+        return found, encoded
+
+    def _take_buffers(self, key: tuple) -> StepBuffers | None:
+        """A spare StepBuffers made for `key`, now this caller's; None if there is none. Threads
+        sharing the Translator each take their own: list.remove is atomic, and loses a race cleanly."""
+        for buffers in list(self._spare_buffers):
+            if buffers.key == key:
+                try:
+                    self._spare_buffers.remove(buffers)
+                except ValueError:  # another thread took it first
+                    continue
+                return buffers
+        return None
+
+    def _give_buffers(self, step) -> None:
+        """Keeps a finished fused step's buffers for the next batch (the newest SPARE_BUFFERS kept)."""
+        buffers = getattr(step, "buffers", None)
+        if buffers is not None:
+            self._spare_buffers.append(buffers)
+            del self._spare_buffers[:-SPARE_BUFFERS]
 
     def _pad(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         lengths = np.array([len(s) for s in sources], dtype=np.int64)
@@ -509,9 +533,11 @@ class Translator:
         beam_width size the fused decoder's cache buffers. encoded: _encode(src, lengths), if done already."""
         src_mask, cross = encoded if encoded is not None else self._encode(src, lengths)
         if self.decoder_variant == names.FUSED:
+            key = buffer_key(src.shape[0] * beam_width, beam_width, max_length, top_k)
             return FusedStep(self.decoder, src_mask=src_mask.numpy(), cross=[c.numpy() for c in cross],
                              n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim,
-                             beam_width=beam_width, max_length=max_length, top_k=top_k, vocab=self.tgt_vocab)
+                             beam_width=beam_width, max_length=max_length, top_k=top_k, vocab=self.tgt_vocab,
+                             buffers=self._take_buffers(key))
         empty = np.zeros((src.shape[0], self.n_heads, 0, self.head_dim), dtype=self.cache_dtype)
         state = {"past": [self._to_device(empty) for _ in range(2 * self.n_layers)], "cross": cross, "mask": src_mask}
         wanted = [names.LOG_PROBS] if top_k is None else [names.TOPK_LOG_PROBS, names.TOPK_IDS]

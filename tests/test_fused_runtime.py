@@ -183,3 +183,29 @@ def test_compaction_refuses_keep_that_is_not_ascending_sentences(keep):
     step.width, step.batch = 1, 6
     with pytest.raises(ValueError, match="strictly ascending"):
         step(np.zeros((len(keep), 1), np.int64), np.arange(len(keep)), 3, np.array(keep, dtype=np.int64))
+
+
+def test_step_buffers_are_reused_across_batches_with_the_standard_results(bundle, standard, monkeypatch):
+    """Batches of the same shape reuse one StepBuffers (no reset between them: stale cache positions
+    and indirection entries must never be read), interleaved with other shapes and with compactions;
+    every result equals the standard decoder's."""
+    t = Translator(bundle, device="cpu")
+    made = []
+    real_init = fused_step.StepBuffers.__init__
+
+    def init(self, *a, **kw):
+        made.append(a[1])  # the key
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(fused_step.StepBuffers, "__init__", init)
+    runs = [dict(beam_size=1, max_batch_size=1), dict(beam_size=4, max_batch_size=6), dict(beam_size=1, max_batch_size=1),
+            dict(beam_size=2, max_batch_size=3), dict(beam_size=4, max_batch_size=6), dict(beam_size=1, max_batch_size=1)]
+    batches = 0
+    for kw in runs:
+        got = t.translate_batch(TEXTS, return_scores=True, **kw)
+        want = standard.translate_batch(TEXTS, return_scores=True, **kw)
+        assert [r.token_ids for r in got] == [r.token_ids for r in want], kw
+        assert np.allclose([r.scores for r in got], [r.scores for r in want], rtol=0, atol=1e-4), kw
+        batches += -(-len(TEXTS) // kw["max_batch_size"])
+    assert 0 < len(made) < batches / 2, (made, batches)  # most batches took a spare
+    assert len(t._spare_buffers) <= 2

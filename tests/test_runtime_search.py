@@ -492,3 +492,23 @@ def full_step(fn, batch):
     """The Fake decoder's step with float32 log-probabilities, as the graph computes them."""
     fake = Fake(fn, batch)
     return lambda *a: fake.step(*a).astype(np.float32)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("min_length", [0, 2])
+@pytest.mark.parametrize("top_k", [False, True])
+def test_one_sentence_greedy_equals_the_batched_loop(ties, min_length, top_k):
+    """A batch of one takes the scalar path (_greedy_one): the same tokens and float64 scores as the
+    sentence gets inside a batch, from full log-probs and from top-k, with the end token forbidden."""
+    vocab, lengths = 12, np.array([6, 9, 4])
+    fn = random_fn(11, vocab, ties=ties)
+    make = (lambda f, b: _as_top_k(full_step(f, b), candidates_needed(1, min_length))) if top_k else full_step
+    kw = dict(start_id=START, eos_id=EOS, min_length=min_length)
+    batched = greedy_search(make(fn, 3), 3, max_lengths=lengths, **kw)
+    for s in range(3):
+        alone = greedy_search(make(lambda _, p, s=s: fn(s, p), 1), 1, max_lengths=lengths[s : s + 1], **kw)
+        assert (alone[0].hypotheses, alone[0].scores) == (batched[s].hypotheses, batched[s].scores)
+    # the end token first at step 0 must not be taken while it is forbidden (top-k column 0 is EOS)
+    table = table_fn({(): {EOS: -0.1, 5: -2.0, 6: -3.0}, (5,): {EOS: -0.1, 6: -1.0}, (5, 6): {EOS: -0.2}}, 8)
+    [r] = greedy_search(make(table, 1), 1, max_lengths=np.array([10]), **kw)
+    assert r.hypotheses == ([[EOS]] if min_length == 0 else [[5, 6, EOS]])

@@ -16,8 +16,11 @@ Here that becomes:
   indir[b, w, :t-1] = old[b, p, :t-1], indir[b, w, t-1] = p;
 - finished sentences: the buffers are compacted in place (rows of kept sentences moved to the
   front, positions 0..t-1 only), once per change of the batch, never per step;
-- the first step of a beam search has one row per sentence while the buffers have W: the start
-  token is written to all W rows of a sentence and the first row's output is returned.
+- the first step of a beam search has one row per sentence while the buffers have W: it runs on
+  the first B rows with beam width 1 (its own binding), and position 0 is then copied to the W rows
+  of each sentence;
+- the buffers and bindings outlive the batch (StepBuffers): the Translator offers them to the
+  next batch of the same shape.
 """
 from __future__ import annotations
 
@@ -90,9 +93,13 @@ class StepBuffers:
         else:
             self.out = {names.TOPK_LOG_PROBS: np.zeros((rows, top_k), np.float32),
                         names.TOPK_IDS: np.zeros((rows, top_k), np.int64)}
+        self.nbytes = sum(a.nbytes for a in [*self.cache, self.indirection, *self.out.values()])
         self.binding = session.io_binding()
         self.bound_rows = 0  # rows the cache, tokens and outputs are bound for now (0: none)
         self.held: dict[str, object] = {}  # name -> OrtValue bound by pointer: must outlive the binding
+        # A beam search's first step: one row per sentence, beam width 1 (FusedStep._first_step).
+        self.first_binding, self.first_sentences, self.first_held = None, 0, {}
+        self.first_indirection = np.zeros((rows // width, 1, max_length), np.int32) if width > 1 else None
 
 
 class FusedStep:
@@ -150,6 +157,7 @@ class FusedStep:
         bind_in(names.SRC_MASK, self._mask[:b])
         for name, array in zip(self._cross_names, self._cross):
             bind_in(name, array[:b])
+        self._encoded = {name: buffers.held[name] for name in [names.SRC_MASK, *self._cross_names]}
         if buffers.bound_rows == rows:
             return
         if not buffers.bound_rows:
@@ -166,6 +174,43 @@ class FusedStep:
             buffers.held[name] = value = ort_value(array[:rows])
             binding.bind_ortvalue_output(name, value)
         buffers.bound_rows = rows
+
+    def _first_step(self, tokens: np.ndarray) -> None:
+        """A beam search's first step on one row per sentence: its W beams would all compute the
+        same start (W times the work, at batch 32 ~15% of a beam search: notes row 17). The rows
+        are the first B of the buffers, with beam width 1; position 0 is then copied to the W
+        rows of each sentence, where the next step (W rows per sentence) reads it."""
+        import onnxruntime
+
+        ort_value = onnxruntime.OrtValue.ortvalue_from_numpy
+        buffers, b, w = self.buffers, self.batch, self.width
+        if buffers.first_sentences != b:
+            binding, held = self.session.io_binding(), {}
+
+            def bind(name: str, array: np.ndarray, output: str | None = None) -> None:
+                held[name] = value = ort_value(array)
+                binding.bind_ortvalue_input(name, value)
+                if output:
+                    binding.bind_ortvalue_output(output, value)
+
+            bind(names.STEP, self._step)
+            bind(names.BEAM_WIDTH, _ONE)
+            bind(names.TOP_K, buffers.fixed[names.TOP_K])
+            bind(names.TOKENS, self._tokens[:b])
+            bind(names.CACHE_INDIRECTION, buffers.first_indirection[:b])  # never read: width 1
+            for past, present, array in zip(self._past, self._present, self._cache):
+                bind(past, array[:b], present)
+            for name, array in self._out.items():
+                held[name] = value = ort_value(array[:b])
+                binding.bind_ortvalue_output(name, value)
+            buffers.first_binding, buffers.first_held, buffers.first_sentences = binding, held, b
+        for name, value in self._encoded.items():  # this batch's encoder outputs, as the main binding has them
+            buffers.first_binding.bind_ortvalue_input(name, value)
+        self._tokens[:b] = tokens
+        self._step[0] = 0
+        self.session.run_with_iobinding(buffers.first_binding)
+        for array in self._cache:  # sentence j's position 0 to its rows j*W .. j*W + W-1 (a copy first)
+            array[: b * w, :, 0] = np.repeat(array[:b, :, 0], w, axis=0)
 
     def _compact(self, keep: np.ndarray, t: int) -> None:
         """Moves the kept sentences' rows to the front of every buffer (positions < t only).
@@ -221,15 +266,19 @@ class FusedStep:
         if given != (self.batch if first else rows):
             raise ValueError(f"step {t}: {given} token rows for {self.batch} sentences x {1 if first else w} beams")
         if first:
-            self._tokens[:rows, 0] = np.repeat(tokens[:, 0], w)
+            self._first_step(tokens)
+            take = slice(0, self.batch)
         else:
             self._tokens[:rows] = tokens
-        self._step[0] = t
-        self.session.run_with_iobinding(self._binding)
-        take = slice(0, rows, w) if first else slice(0, rows)
+            self._step[0] = t
+            self.session.run_with_iobinding(self._binding)
+            take = slice(0, rows)
         if self.top_k is None:
             return self._out[names.LOG_PROBS][take]
         return TopK(self._out[names.TOPK_LOG_PROBS][take], self._out[names.TOPK_IDS][take], self.vocab)
+
+
+_ONE = np.ones(1, np.int32)  # beam_width of the first step
 
 
 def _runs(keep: np.ndarray) -> list[tuple[int, int, int]]:

@@ -32,6 +32,7 @@ ort = import_onnxruntime()  # names a missing or doubly installed onnxruntime, w
 
 _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
 SPARE_BUFFERS = 2  # fused step buffers kept between batches: batches of one or two shapes reuse theirs
+SPARE_BYTES = 4 << 20  # ... if at most this size: 1 row x 128 positions is ~0.8 MB at d_model 256, 3 layers
 
 
 @dataclass(frozen=True)
@@ -497,9 +498,11 @@ class Translator:
         return None
 
     def _give_buffers(self, step) -> None:
-        """Keeps a finished fused step's buffers for the next batch (the newest SPARE_BUFFERS kept)."""
+        """Keeps a finished fused step's buffers for the next batch (the newest SPARE_BUFFERS kept),
+        if they are small: a batch of many rows spends far longer decoding than making its buffers,
+        and keeping them would hold tens of MB between calls."""
         buffers = getattr(step, "buffers", None)
-        if buffers is not None:
+        if buffers is not None and buffers.nbytes <= SPARE_BYTES:
             self._spare_buffers.append(buffers)
             del self._spare_buffers[:-SPARE_BUFFERS]
 

@@ -63,18 +63,13 @@ def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[
 
 
 def buffer_key(rows: int, width: int, max_length: int, top_k: int | None) -> tuple[int, int, int, int | None]:
-    """What a StepBuffers is made for: rows, beam width, cache positions, top-k. The positions are
-    rounded up to a multiple of POSITION_QUANTUM so that sentences of similar lengths share buffers
-    (a step reads only positions < step: a longer buffer costs memory, not time)."""
-    return rows, width, -(-max_length // POSITION_QUANTUM) * POSITION_QUANTUM, top_k
-
-
-POSITION_QUANTUM = 32
+    """What a StepBuffers is made for: rows, beam width, cache positions, top-k."""
+    return rows, width, max_length, top_k
 
 
 class StepBuffers:
     """The arrays a fused step loop binds and their IO binding, kept for the next batch of the same
-    buffer_key (Translator keeps a few spares): allocating and binding them anew for every sentence
+    buffer_key (Translator keeps a few small ones, Translator._cache_positions): allocating and binding them anew for every sentence
     cost ~0.3 ms, 3-5% of a one-sentence greedy translation (docs/optimisation-notes.md, row 16).
 
     Contents need no reset between batches: a step writes position t of the cache before any step

@@ -62,22 +62,48 @@ def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[
     return names.STANDARD, load(bundle.file("decoder")), why
 
 
-def buffer_key(rows: int, width: int, max_length: int, top_k: int | None) -> tuple[int, int, int, int | None]:
-    """What a StepBuffers is made for: rows, beam width, cache positions, top-k."""
-    return rows, width, max_length, top_k
+def buffer_bytes(rows: int, width: int, max_length: int, top_k: int | None, *, n_layers: int, n_heads: int,
+                 head_dim: int, vocab: int) -> int:
+    """The bytes of a StepBuffers' arrays (StepBuffers.nbytes): the one formula behind the pool's bound."""
+    cache = 2 * n_layers * rows * n_heads * max_length * head_dim * 4
+    indirection = (rows // width) * (width + (1 if width > 1 else 0)) * max_length * 4  # + the first step's
+    out = rows * vocab * 4 if top_k is None else rows * top_k * (4 + 8)
+    return cache + indirection + out
+
+
+_ONE = np.ones(1, np.int32)  # beam_width of a beam search's first step (never written)
+
+
+def _bind_input(binding, held: dict, name: str, array: np.ndarray):
+    """Binds `array` as input `name`, sharing its memory; `held` keeps the OrtValue (and so the
+    array) alive while the binding points at it. Returns the OrtValue."""
+    import onnxruntime  # imported (and its install checked) by runtime.translator before any session exists
+
+    held[name] = value = onnxruntime.OrtValue.ortvalue_from_numpy(array)
+    binding.bind_ortvalue_input(name, value)
+    return value
+
+
+def _bind_output(binding, held: dict, name: str, array: np.ndarray) -> None:
+    """Binds `array` as output `name`: onnxruntime writes into it."""
+    import onnxruntime
+
+    held[name] = value = onnxruntime.OrtValue.ortvalue_from_numpy(array)
+    binding.bind_ortvalue_output(name, value)
 
 
 class StepBuffers:
-    """The arrays a fused step loop binds and their IO binding, kept for the next batch of the same
-    buffer_key (Translator keeps a few small ones, Translator._cache_positions): allocating and binding them anew for every sentence
-    cost ~0.3 ms, 3-5% of a one-sentence greedy translation (docs/optimisation-notes.md, row 16).
+    """The arrays a fused step loop binds and their IO bindings, kept between batches by a
+    StepBufferPool: allocating and binding them anew for every sentence cost ~0.3 ms, 3-5% of a
+    one-sentence greedy translation (docs/optimisation-notes.md, row 16).
 
     Contents need no reset between batches: a step writes position t of the cache before any step
-    reads it, and beam search writes the indirection positions it reads (FusedStep._reorder)."""
+    reads it, and beam search writes the indirection positions it reads (FusedStep._reorder).
+    The encoder's inputs (mask, cross keys/values) are bound by every batch before its first run."""
 
     def __init__(self, session, key: tuple, *, n_layers: int, n_heads: int, head_dim: int, vocab: int):
         rows, width, max_length, top_k = key
-        self.key = key
+        self.key = key  # (rows, width, cache positions, top_k)
         self.cache = [np.zeros((rows, n_heads, max_length, head_dim), np.float32) for _ in range(2 * n_layers)]
         self.indirection = np.zeros((rows // width, width, max_length), np.int32)
         self.tokens = np.zeros((rows, 1), np.int64)
@@ -88,13 +114,70 @@ class StepBuffers:
         else:
             self.out = {names.TOPK_LOG_PROBS: np.zeros((rows, top_k), np.float32),
                         names.TOPK_IDS: np.zeros((rows, top_k), np.int64)}
-        self.nbytes = sum(a.nbytes for a in [*self.cache, self.indirection, *self.out.values()])
+        self.nbytes = buffer_bytes(*key, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, vocab=vocab)
         self.binding = session.io_binding()
         self.bound_rows = 0  # rows the cache, tokens and outputs are bound for now (0: none)
         self.held: dict[str, object] = {}  # name -> OrtValue bound by pointer: must outlive the binding
         # A beam search's first step: one row per sentence, beam width 1 (FusedStep._first_step).
         self.first_binding, self.first_sentences, self.first_held = None, 0, {}
         self.first_indirection = np.zeros((rows // width, 1, max_length), np.int32) if width > 1 else None
+
+    def fits(self, rows: int, width: int, max_length: int, top_k: int | None) -> bool:
+        """Can a batch of these rows, beams, positions and top-k use these buffers? (More positions do.)"""
+        r, w, m, k = self.key
+        return (r, w, k) == (rows, width, top_k) and m >= max_length
+
+    def forget_encoded(self, encoded_names: list[str]) -> None:
+        """Drops the last batch's encoder outputs, so that a spare does not keep them alive. The
+        bindings keep pointers to them: every batch rebinds these inputs before it runs."""
+        for held in (self.held, self.first_held):
+            for name in encoded_names:
+                held.pop(name, None)
+
+
+class StepBufferPool:
+    """A Translator's spare StepBuffers between batches, shared by its threads (list.remove and
+    append are atomic: two threads never get the same buffers). Only small buffers are kept: a batch
+    of many rows decodes far longer than it takes to make its buffers, and keeping them would hold
+    tens of MB between calls."""
+
+    spares = 2  # batches of one or two shapes (e.g. greedy and beam 4 at batch 1) reuse theirs
+    max_bytes = 4 << 20  # 1 row x 128 positions is ~0.8 MB at d_model 256, 3 layers
+    position_quantum = 32  # a kept buffer's positions are a multiple of this: similar lengths share it
+
+    def __init__(self, *, n_layers: int, n_heads: int, head_dim: int, vocab: int):
+        self.dims = dict(n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, vocab=vocab)
+        self.encoded_names = [names.SRC_MASK, *names.cross_names(n_layers)]
+        self._spares: list[StepBuffers] = []
+
+    def positions(self, rows: int, width: int, max_length: int, top_k: int | None) -> int:
+        """The cache positions to allocate for a batch decoding up to max_length: rounded up where the
+        buffers are small enough to keep, exact otherwise (rounding every batch up raised the bench's
+        peak RSS by ~17 MB at beam 4 x 32 rows). A step reads positions < step only: more cost no time."""
+        rounded = -(-max_length // self.position_quantum) * self.position_quantum
+        small = buffer_bytes(rows, width, rounded, top_k, **self.dims) <= self.max_bytes
+        return rounded if small else max_length
+
+    def take(self, rows: int, width: int, max_length: int, top_k: int | None) -> StepBuffers | None:
+        """The smallest spare that fits, now the caller's; None if there is none."""
+        fitting = sorted((b for b in list(self._spares) if b.fits(rows, width, max_length, top_k)),
+                         key=lambda b: b.key[2])
+        for buffers in fitting:
+            try:
+                self._spares.remove(buffers)
+            except ValueError:  # another thread took it first
+                continue
+            return buffers
+        return None
+
+    def give(self, buffers: StepBuffers | None) -> None:
+        """Keeps a finished batch's buffers (the newest `spares`), if small. Only after a search that
+        ended normally: one that raised may have left them half bound."""
+        if buffers is None or buffers.nbytes > self.max_bytes:
+            return
+        buffers.forget_encoded(self.encoded_names)
+        self._spares.append(buffers)
+        del self._spares[: -self.spares]
 
 
 class FusedStep:
@@ -106,10 +189,10 @@ class FusedStep:
             encoder's outputs, bound as they are (copied only before the first compaction, which
             writes in place, so that the caller's arrays stay the encoder's).
         beam_width: W, the beams per sentence after the first step (1 for greedy and sampling).
-        max_length: the batch's longest decoding (at most max_positions): the cache's positions.
+        max_length: the cache's positions: at least the batch's longest decoding (StepBufferPool.positions).
         top_k: candidates per row to return as TopK; None returns the full log-probabilities.
         vocab: the target vocabulary size.
-        buffers: a StepBuffers left by an earlier batch, used if its key is this batch's.
+        buffers: a StepBuffers left by an earlier batch (StepBufferPool.take), used if it fits.
     What a step returns lives in arrays reused by the next step: a caller copies what it keeps.
     `buffers` holds this batch's StepBuffers, for the caller to offer to the next batch.
     """
@@ -120,9 +203,9 @@ class FusedStep:
                  head_dim: int, beam_width: int, max_length: int, top_k: int | None, vocab: int,
                  buffers: StepBuffers | None = None):
         batch, width = src_mask.shape[0], beam_width
-        key = buffer_key(batch * width, width, max_length, top_k)
-        if buffers is None or buffers.key != key:
-            buffers = StepBuffers(session, key, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, vocab=vocab)
+        if buffers is None or not buffers.fits(batch * width, width, max_length, top_k):
+            buffers = StepBuffers(session, (batch * width, width, max_length, top_k), n_layers=n_layers,
+                                  n_heads=n_heads, head_dim=head_dim, vocab=vocab)
         self.buffers, self.session, self.width, self.vocab, self.top_k = buffers, session, width, vocab, top_k
         self.batch = batch  # sentences in the buffers now
         self._sentences = np.arange(batch)  # sliced to index the sentences in the buffers
@@ -139,73 +222,52 @@ class FusedStep:
         """Binds the first batch x W rows of every array, sharing memory. The cache, tokens and
         outputs are rebound only when the rows change (a compaction, or buffers made for another
         batch); the encoder's mask and cross keys/values are this batch's, bound anew."""
-        import onnxruntime  # imported (and its install checked) by runtime.translator before any session exists
-
-        ort_value = onnxruntime.OrtValue.ortvalue_from_numpy
-        buffers, binding = self.buffers, self._binding
+        buffers, binding, held = self.buffers, self._binding, self.buffers.held
         b, rows = self.batch, self.batch * self.width
-
-        def bind_in(name: str, array: np.ndarray) -> None:
-            buffers.held[name] = value = ort_value(array)
-            binding.bind_ortvalue_input(name, value)
-
-        bind_in(names.SRC_MASK, self._mask[:b])
+        self._encoded = {names.SRC_MASK: _bind_input(binding, held, names.SRC_MASK, self._mask[:b])}
         for name, array in zip(self._cross_names, self._cross):
-            bind_in(name, array[:b])
-        self._encoded = {name: buffers.held[name] for name in [names.SRC_MASK, *self._cross_names]}
+            self._encoded[name] = _bind_input(binding, held, name, array[:b])
         if buffers.bound_rows == rows:
             return
         if not buffers.bound_rows:
-            bind_in(names.STEP, self._step)
+            _bind_input(binding, held, names.STEP, self._step)
             for name, array in buffers.fixed.items():
-                bind_in(name, array)
-        bind_in(names.TOKENS, self._tokens[:rows])
-        bind_in(names.CACHE_INDIRECTION, self._indirection[:b])
+                _bind_input(binding, held, name, array)
+        _bind_input(binding, held, names.TOKENS, self._tokens[:rows])
+        _bind_input(binding, held, names.CACHE_INDIRECTION, self._indirection[:b])
         for past, present, array in zip(self._past, self._present, self._cache):
-            buffers.held[past] = value = ort_value(array[:rows])  # one OrtValue as past and present: in place
-            binding.bind_ortvalue_input(past, value)
-            binding.bind_ortvalue_output(present, value)
+            binding.bind_ortvalue_output(present, _bind_input(binding, held, past, array[:rows]))  # in place
         for name, array in self._out.items():
-            buffers.held[name] = value = ort_value(array[:rows])
-            binding.bind_ortvalue_output(name, value)
+            _bind_output(binding, held, name, array[:rows])
         buffers.bound_rows = rows
 
     def _first_step(self, tokens: np.ndarray) -> None:
         """A beam search's first step on one row per sentence: its W beams would all compute the
         same start (W times the work, at batch 32 ~15% of a beam search: notes row 17). The rows
-        are the first B of the buffers, with beam width 1; position 0 is then copied to the W
-        rows of each sentence, where the next step (W rows per sentence) reads it."""
-        import onnxruntime
-
-        ort_value = onnxruntime.OrtValue.ortvalue_from_numpy
+        are the first B of the buffers, with beam width 1. Position 0 of sentence j then moves to
+        row j x W, its beam 0: every later step reads position 0 through the indirection, whose
+        entry for it is always 0 (step 1's beams all continue the one row of their sentence)."""
         buffers, b, w = self.buffers, self.batch, self.width
         if buffers.first_sentences != b:
             binding, held = self.session.io_binding(), {}
-
-            def bind(name: str, array: np.ndarray, output: str | None = None) -> None:
-                held[name] = value = ort_value(array)
-                binding.bind_ortvalue_input(name, value)
-                if output:
-                    binding.bind_ortvalue_output(output, value)
-
-            bind(names.STEP, self._step)
-            bind(names.BEAM_WIDTH, _ONE)
-            bind(names.TOP_K, buffers.fixed[names.TOP_K])
-            bind(names.TOKENS, self._tokens[:b])
-            bind(names.CACHE_INDIRECTION, buffers.first_indirection[:b])  # never read: width 1
+            _bind_input(binding, held, names.STEP, self._step)
+            _bind_input(binding, held, names.BEAM_WIDTH, _ONE)
+            _bind_input(binding, held, names.TOP_K, buffers.fixed[names.TOP_K])
+            _bind_input(binding, held, names.TOKENS, self._tokens[:b])
+            _bind_input(binding, held, names.CACHE_INDIRECTION, buffers.first_indirection[:b])  # unread: width 1
             for past, present, array in zip(self._past, self._present, self._cache):
-                bind(past, array[:b], present)
+                binding.bind_ortvalue_output(present, _bind_input(binding, held, past, array[:b]))
             for name, array in self._out.items():
-                held[name] = value = ort_value(array[:b])
-                binding.bind_ortvalue_output(name, value)
+                _bind_output(binding, held, name, array[:b])
             buffers.first_binding, buffers.first_held, buffers.first_sentences = binding, held, b
         for name, value in self._encoded.items():  # this batch's encoder outputs, as the main binding has them
+            buffers.first_held[name] = value
             buffers.first_binding.bind_ortvalue_input(name, value)
         self._tokens[:b] = tokens
         self._step[0] = 0
         self.session.run_with_iobinding(buffers.first_binding)
-        for array in self._cache:  # sentence j's position 0 to its rows j*W .. j*W + W-1 (a copy first)
-            array[: b * w, :, 0] = np.repeat(array[:b, :, 0], w, axis=0)
+        for array in self._cache:  # row j -> row j*W; numpy buffers the overlapping source
+            array[: b * w : w, :, 0] = array[:b, :, 0]
 
     def _compact(self, keep: np.ndarray, t: int) -> None:
         """Moves the kept sentences' rows to the front of every buffer (positions < t only).
@@ -273,7 +335,6 @@ class FusedStep:
         return TopK(self._out[names.TOPK_LOG_PROBS][take], self._out[names.TOPK_IDS][take], self.vocab)
 
 
-_ONE = np.ones(1, np.int32)  # beam_width of the first step
 
 
 def _runs(keep: np.ndarray) -> list[tuple[int, int, int]]:

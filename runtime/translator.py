@@ -22,7 +22,7 @@ from . import bundle as names
 from .attention import check_attention_output, forced_attention
 from .bundle import BundleError, read_bundle
 from .checks import check_graphs, check_tokenizers
-from .fused_step import DecoderUnavailable, FusedStep, StepBuffers, buffer_key, pick_decoder
+from .fused_step import DecoderUnavailable, FusedStep, StepBufferPool, pick_decoder
 from .options import SearchOptions, SessionTuning, check_intra_threads, spin_settings
 from .ort_install import import_onnxruntime
 from .search import SearchResult, TopK, beam_search, candidates_needed, greedy_search, sample, stream_greedy
@@ -31,9 +31,6 @@ from .source import encode_limited, word_bounded
 ort = import_onnxruntime()  # names a missing or doubly installed onnxruntime, with the fix
 
 _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
-SPARE_BUFFERS = 2  # fused step buffers kept between batches: batches of one or two shapes reuse theirs
-SPARE_BYTES = 4 << 20  # ... if at most this size: 1 row x 128 positions is ~0.8 MB at d_model 256, 3 layers
-POSITION_QUANTUM = 32  # kept buffers' cache positions are a multiple of this (_cache_positions)
 
 
 @dataclass(frozen=True)
@@ -130,6 +127,8 @@ class Translator:
         ids = self.bundle.special_ids
         self.pad_id, self.eos_id, self.start_id = ids["pad"], ids["eos"], ids["decoder_start"]
         self.cache_dtype = _NP_DTYPE[self.bundle.dtype]
+        self._buffer_pool = StepBufferPool(n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim,
+                                           vocab=self.tgt_vocab)  # the fused step's buffers between batches
         try:
             self.source_tokenizer = spm.SentencePieceProcessor(model_file=str(self.bundle.file("source_tokenizer")))
             self.target_tokenizer = spm.SentencePieceProcessor(model_file=str(self.bundle.file("target_tokenizer")))
@@ -154,7 +153,6 @@ class Translator:
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
         load = lambda path, options=decoder_options: ort.InferenceSession(str(path), options, providers=providers)  # noqa: E731
         self._load, self._standard_decoder = load, None
-        self._spare_buffers: list[StepBuffers] = []  # fused step buffers between batches (_take/_give_buffers)
         try:
             self.encoder = load(self.bundle.file("encoder"), encoder_options)
             self.decoder_variant, self.decoder, self.decoder_reason = pick_decoder(
@@ -358,8 +356,13 @@ class Translator:
     def _stream(self, ids: list[int], limit: int, min_length: int) -> Iterator[str]:
         step = self._step_fn(np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64),
                              top_k=self._top_k(1, min_length), max_length=limit)
-        tokens = stream_greedy(step, start_id=self.start_id, eos_id=self.eos_id, max_length=limit, min_length=min_length)
-        return text_increments(self.target_tokenizer.decode, tokens)
+
+        def tokens() -> Iterator[int]:
+            yield from stream_greedy(step, start_id=self.start_id, eos_id=self.eos_id, max_length=limit,
+                                     min_length=min_length)
+            self._buffer_pool.give(getattr(step, "buffers", None))  # once the stream is read to its end
+
+        return text_increments(self.target_tokenizer.decode, tokens())
 
     def _translate(self, source, options: SearchOptions) -> list[TranslationResult]:
         if isinstance(source, (str, bytes)):
@@ -472,6 +475,7 @@ class Translator:
             flat = sample(step, len(rows), temperature=options.sampling_temperature, top_k=options.sampling_topk,
                           top_p=options.sampling_topp, seed=options.seed, row_keys=keys,
                           max_lengths=np.repeat(max_lengths, n), **common)
+            self._buffer_pool.give(getattr(step, "buffers", None))
             return [SearchResult([h for r in flat[i * n:(i + 1) * n] for h in r.hypotheses],
                                  [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(len(sources))], None
         src, lengths = self._pad(sources)
@@ -483,38 +487,8 @@ class Translator:
         else:
             found = beam_search(step, len(sources), beam_size=options.beam_size, length_penalty=options.length_penalty,
                                 num_hypotheses=options.num_hypotheses, max_lengths=max_lengths, **common)
-        self._give_buffers(step)  # only after a search that ended normally: an error may leave them half bound
+        self._buffer_pool.give(getattr(step, "buffers", None))  # after a search that ended normally only
         return found, encoded
-
-    def _cache_positions(self, rows: int, max_length: int) -> int:
-        """The fused step's cache positions for a batch decoding up to max_length: rounded up to a
-        multiple of POSITION_QUANTUM where its buffers are small enough to keep (SPARE_BYTES), so that
-        sentences of similar lengths share them; exact otherwise (at beam 4 x 32 rows the rounding
-        alone raised the peak RSS by ~17 MB). A step reads positions < step only: longer costs no time."""
-        rounded = -(-max_length // POSITION_QUANTUM) * POSITION_QUANTUM
-        cache_bytes = rows * 2 * self.n_layers * self.n_heads * rounded * self.head_dim * np.dtype(np.float32).itemsize
-        return rounded if cache_bytes <= SPARE_BYTES else max_length
-
-    def _take_buffers(self, key: tuple) -> StepBuffers | None:
-        """A spare StepBuffers made for `key`, now this caller's; None if there is none. Threads
-        sharing the Translator each take their own: list.remove is atomic, and loses a race cleanly."""
-        for buffers in list(self._spare_buffers):
-            if buffers.key == key:
-                try:
-                    self._spare_buffers.remove(buffers)
-                except ValueError:  # another thread took it first
-                    continue
-                return buffers
-        return None
-
-    def _give_buffers(self, step) -> None:
-        """Keeps a finished fused step's buffers for the next batch (the newest SPARE_BUFFERS kept),
-        if they are small: a batch of many rows spends far longer decoding than making its buffers,
-        and keeping them would hold tens of MB between calls."""
-        buffers = getattr(step, "buffers", None)
-        if buffers is not None and buffers.nbytes <= SPARE_BYTES:
-            self._spare_buffers.append(buffers)
-            del self._spare_buffers[:-SPARE_BUFFERS]
 
     def _pad(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         lengths = np.array([len(s) for s in sources], dtype=np.int64)
@@ -542,16 +516,16 @@ class Translator:
         """Encodes the sources once and returns the search's step over the decoder graph.
 
         With top_k the step downloads the graph's TopK outputs ([rows, top_k]); without, the full
-        log-probabilities ([rows, vocab]). max_length (the longest decoding of the batch) and
-        beam_width size the fused decoder's cache buffers. encoded: _encode(src, lengths), if done already."""
+        log-probabilities ([rows, vocab]). max_length (the longest decoding of the batch; StepBufferPool
+        may round it up) and beam_width size the fused decoder's cache buffers. encoded: _encode(src, lengths), if done already."""
         src_mask, cross = encoded if encoded is not None else self._encode(src, lengths)
         if self.decoder_variant == names.FUSED:
             rows = src.shape[0] * beam_width
-            max_length = self._cache_positions(rows, max_length)
+            max_length = self._buffer_pool.positions(rows, beam_width, max_length, top_k)
             return FusedStep(self.decoder, src_mask=src_mask.numpy(), cross=[c.numpy() for c in cross],
                              n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim,
                              beam_width=beam_width, max_length=max_length, top_k=top_k, vocab=self.tgt_vocab,
-                             buffers=self._take_buffers(buffer_key(rows, beam_width, max_length, top_k)))
+                             buffers=self._buffer_pool.take(rows, beam_width, max_length, top_k))
         empty = np.zeros((src.shape[0], self.n_heads, 0, self.head_dim), dtype=self.cache_dtype)
         state = {"past": [self._to_device(empty) for _ in range(2 * self.n_layers)], "cross": cross, "mask": src_mask}
         wanted = [names.LOG_PROBS] if top_k is None else [names.TOPK_LOG_PROBS, names.TOPK_IDS]

@@ -122,9 +122,10 @@ def test_static_loop_binds_once_updates_in_place_and_compacts(bundle, standard, 
     def call(self, tokens, cache_indices, step, keep):
         out = real_call(self, tokens, cache_indices, step, keep)
         batches.append(self.batch)
-        # The kernel wrote this step's keys in place: position `step` of the bound buffer is filled.
-        rows = self.batch * self.width
-        same_memory.append(bool(np.all(np.any(self._cache[0][:rows, :, step] != 0, axis=-1))))
+        # The kernel wrote this step's keys in place: position `step` of the bound buffer is filled
+        # (at step 0 in each sentence's beam 0, the only row that later steps read it from).
+        rows = slice(0, self.batch * self.width, self.width if step == 0 else 1)
+        same_memory.append(bool(np.all(np.any(self._cache[0][rows, :, step] != 0, axis=-1))))
         return out
 
     monkeypatch.setattr(fused_step.FusedStep, "_bind", bind)
@@ -187,10 +188,11 @@ def test_compaction_refuses_keep_that_is_not_ascending_sentences(keep):
 
 
 def test_step_buffers_are_reused_across_batches_with_the_standard_results(bundle, standard, monkeypatch):
-    """Batches of the same shape reuse one StepBuffers (no reset between them: stale cache positions
-    and indirection entries must never be read), interleaved with other shapes and with compactions;
-    every result equals the standard decoder's."""
+    """Batches of a shape seen before take its spare StepBuffers (no reset between them: stale cache
+    positions, indirection entries and encoder bindings must never be read), interleaved with other
+    shapes and with compactions; every result equals the standard decoder's."""
     t = Translator(bundle, device="cpu")
+    t._buffer_pool.spares = 8  # every shape of this test stays: a repeated shape must make nothing new
     made = []
     real_init = fused_step.StepBuffers.__init__
 
@@ -200,18 +202,56 @@ def test_step_buffers_are_reused_across_batches_with_the_standard_results(bundle
 
     monkeypatch.setattr(fused_step.StepBuffers, "__init__", init)
     runs = [dict(beam_size=1, max_batch_size=1), dict(beam_size=4, max_batch_size=6), dict(beam_size=1, max_batch_size=1),
-            dict(beam_size=2, max_batch_size=3), dict(beam_size=4, max_batch_size=6), dict(beam_size=1, max_batch_size=1)]
-    batches = 0
+            dict(beam_size=2, max_batch_size=3), dict(beam_size=4, max_batch_size=6), dict(beam_size=1, max_batch_size=1),
+            dict(beam_size=2, max_batch_size=3)]
+    seen, new_per_run = set(), []
     for kw in runs:
+        before = len(made)
         got = t.translate_batch(TEXTS, return_scores=True, **kw)
         want = standard.translate_batch(TEXTS, return_scores=True, **kw)
         assert [r.token_ids for r in got] == [r.token_ids for r in want], kw
         assert np.allclose([r.scores for r in got], [r.scores for r in want], rtol=0, atol=1e-4), kw
-        batches += -(-len(TEXTS) // kw["max_batch_size"])
-    assert 0 < len(made) < batches / 2, (made, batches)  # most batches took a spare
-    assert 0 < len(t._spare_buffers) <= translator_module.SPARE_BUFFERS
-    # buffers over SPARE_BYTES are not kept between calls (memory held for little gain)
-    monkeypatch.setattr(translator_module, "SPARE_BYTES", 1000)
-    t._spare_buffers.clear()
+        new_per_run.append((tuple(kw.values()) in seen, len(made) - before))
+        seen.add(tuple(kw.values()))
+    assert all(n == 0 for repeated, n in new_per_run if repeated), new_per_run
+    assert all(n > 0 for repeated, n in new_per_run if not repeated), new_per_run
+    # a spare does not keep its last batch's encoder outputs alive
+    assert all(not set(b.held) & set(t._buffer_pool.encoded_names) for b in t._buffer_pool._spares)
+
+
+def test_buffer_pool_keeps_small_buffers_only_and_after_a_normal_end(bundle, monkeypatch):
+    t = Translator(bundle, device="cpu")
+    pool = t._buffer_pool
+    t.translate_batch(TEXTS[:1], beam_size=1)
+    assert len(pool._spares) == 1
+    # a larger spare serves a shorter decoding; rounding makes similar lengths share one
+    (kept,) = pool._spares
+    rows, width, positions, top_k = kept.key
+    assert positions % pool.position_quantum == 0
+    assert pool.take(rows, width, positions - 3, top_k) is kept and pool._spares == []
+    pool.give(kept)
+    assert pool.take(rows, width, positions + 1, top_k) is None and pool.take(rows + 1, width, 1, top_k) is None
+    # sampling and a stream read to its end give theirs back too
+    pool._spares.clear()
+    t.translate_batch(TEXTS[:1], sampling_temperature=1.0, seed=1)
+    assert len(pool._spares) == 1
+    pool._spares.clear()
+    streamed = "".join(t.generate_tokens(TEXTS[0]))
+    assert len(pool._spares) == 1
+    assert streamed == t.translate(TEXTS[0], beam_size=1)
+    # buffers over max_bytes are not kept, and their positions are not rounded up
+    pool._spares.clear()
+    monkeypatch.setattr(pool, "max_bytes", 1000)
     t.translate_batch(TEXTS, beam_size=2, max_batch_size=3)
-    assert t._spare_buffers == []
+    assert pool._spares == [] and pool.positions(6, 2, 17, 4) == 17
+    # a search that raises gives nothing back (its buffers may be half bound)
+    monkeypatch.setattr(pool, "max_bytes", 4 << 20)
+
+    def failing(step, batch, **kw):
+        step(np.full((batch, 1), t.start_id, np.int64), np.arange(batch), 0, None)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(translator_module, "greedy_search", failing)
+    with pytest.raises(RuntimeError, match="stop"):
+        t.translate_batch(TEXTS[:1], beam_size=1)
+    assert pool._spares == []

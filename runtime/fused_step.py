@@ -227,19 +227,23 @@ class FusedStep:
         self._encoded = {names.SRC_MASK: _bind_input(binding, held, names.SRC_MASK, self._mask[:b])}
         for name, array in zip(self._cross_names, self._cross):
             self._encoded[name] = _bind_input(binding, held, name, array[:b])
-        if buffers.bound_rows == rows:
-            return
-        if not buffers.bound_rows:
-            _bind_input(binding, held, names.STEP, self._step)
-            for name, array in buffers.fixed.items():
-                _bind_input(binding, held, name, array)
+        if buffers.bound_rows != rows:
+            self._bind_rows(binding, held, rows, buffers.fixed[names.BEAM_WIDTH], self._indirection[:b])
+            buffers.bound_rows = rows
+
+    def _bind_rows(self, binding, held: dict, rows: int, beam_width: np.ndarray, indirection: np.ndarray) -> None:
+        """Binds what depends on the rows a run computes: the first `rows` rows of the tokens, the cache
+        (one OrtValue as past and present: updated in place) and the outputs, with the beam width and
+        indirection for them; the step number and top-k alike, so each binding is complete."""
+        _bind_input(binding, held, names.STEP, self._step)
+        _bind_input(binding, held, names.TOP_K, self.buffers.fixed[names.TOP_K])
+        _bind_input(binding, held, names.BEAM_WIDTH, beam_width)
+        _bind_input(binding, held, names.CACHE_INDIRECTION, indirection)
         _bind_input(binding, held, names.TOKENS, self._tokens[:rows])
-        _bind_input(binding, held, names.CACHE_INDIRECTION, self._indirection[:b])
         for past, present, array in zip(self._past, self._present, self._cache):
-            binding.bind_ortvalue_output(present, _bind_input(binding, held, past, array[:rows]))  # in place
+            binding.bind_ortvalue_output(present, _bind_input(binding, held, past, array[:rows]))
         for name, array in self._out.items():
             _bind_output(binding, held, name, array[:rows])
-        buffers.bound_rows = rows
 
     def _first_step(self, tokens: np.ndarray) -> None:
         """A beam search's first step on one row per sentence: its W beams would all compute the
@@ -250,15 +254,7 @@ class FusedStep:
         buffers, b, w = self.buffers, self.batch, self.width
         if buffers.first_sentences != b:
             binding, held = self.session.io_binding(), {}
-            _bind_input(binding, held, names.STEP, self._step)
-            _bind_input(binding, held, names.BEAM_WIDTH, _ONE)
-            _bind_input(binding, held, names.TOP_K, buffers.fixed[names.TOP_K])
-            _bind_input(binding, held, names.TOKENS, self._tokens[:b])
-            _bind_input(binding, held, names.CACHE_INDIRECTION, buffers.first_indirection[:b])  # unread: width 1
-            for past, present, array in zip(self._past, self._present, self._cache):
-                binding.bind_ortvalue_output(present, _bind_input(binding, held, past, array[:b]))
-            for name, array in self._out.items():
-                _bind_output(binding, held, name, array[:b])
+            self._bind_rows(binding, held, b, _ONE, buffers.first_indirection[:b])  # indirection unread: width 1
             buffers.first_binding, buffers.first_held, buffers.first_sentences = binding, held, b
         for name, value in self._encoded.items():  # this batch's encoder outputs, as the main binding has them
             buffers.first_held[name] = value

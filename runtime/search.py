@@ -97,14 +97,26 @@ def greedy_search(
 
 
 def _greedy_one(step: Step, *, start_id: int, eos_id: int, max_length: int, min_length: int) -> SearchResult:
-    """greedy_search for one sentence with Python scalars: the same tokens and score, fewer numpy calls.
+    """greedy_search for one sentence with Python scalars: the same tokens and float64 score."""
+    out: list[int] = []
+    score = 0.0  # summed in order, as the batched loop's float64 scores
+    for token, log_prob in _greedy_tokens(step, start_id=start_id, eos_id=eos_id, max_length=max_length,
+                                          min_length=min_length):
+        out.append(token)
+        score += log_prob
+    return SearchResult([out], [score])
 
-    Between two decoder steps every numpy call runs on caches the step has just flushed (~2-3 us
-    each at one row, docs/optimisation-notes.md row 16); the batched loop makes ~25 per step."""
+
+def _greedy_tokens(
+    step: Step, *, start_id: int, eos_id: int, max_length: int, min_length: int,
+) -> Iterator[tuple[int, float]]:
+    """One sentence's greedy tokens and their log-probabilities, lazily (the end token last, if chosen).
+
+    Python scalars instead of the batched loop's ~25 numpy calls per step: between two decoder steps
+    every numpy call runs on caches the step has just flushed (~2-3 us each at one row,
+    docs/optimisation-notes.md row 16)."""
     tokens = np.full((1, 1), start_id, dtype=np.int64)
     cache_indices = np.zeros(1, dtype=np.int64)
-    out: list[int] = []
-    score = 0.0  # float64, as the batched loop's scores
     for t in range(max_length):
         found = step(tokens, cache_indices, t, None)
         if isinstance(found, TopK) and t >= min_length:
@@ -112,12 +124,10 @@ def _greedy_one(step: Step, *, start_id: int, eos_id: int, max_length: int, min_
         else:
             best, best_lp = _argmax(found, eos_id, forbid_eos=t < min_length)
             token, log_prob = int(best[0]), float(best_lp[0])
-        out.append(token)
-        score += log_prob
+        yield token, log_prob
         if token == eos_id:
-            break
+            return
         tokens = np.array([[token]], dtype=np.int64)  # new each step: a step may keep what it was given
-    return SearchResult([out], [score])
 
 
 def _argmax(out: "np.ndarray | TopK", eos_id: int, forbid_eos: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -355,12 +365,8 @@ def stream_greedy(
 ) -> Iterator[int]:
     """Greedy decoding of one sentence, yielding each token as soon as it is chosen (end token excluded)."""
     _check(1, np.array([max_length]), min_length)
-    tokens = np.array([[start_id]], dtype=np.int64)
-    cache_indices = np.zeros(1, dtype=np.int64)
-    for t in range(max_length):
-        best, _ = _argmax(step(tokens, cache_indices, t, None), eos_id, forbid_eos=t < min_length)
-        token = int(best[0])
+    for token, _ in _greedy_tokens(step, start_id=start_id, eos_id=eos_id, max_length=max_length,
+                                   min_length=min_length):
         if token == eos_id:
             return
         yield token
-        tokens = np.array([[token]], dtype=np.int64)

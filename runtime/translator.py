@@ -360,7 +360,7 @@ class Translator:
         def tokens() -> Iterator[int]:
             yield from stream_greedy(step, start_id=self.start_id, eos_id=self.eos_id, max_length=limit,
                                      min_length=min_length)
-            self._buffer_pool.give(getattr(step, "buffers", None))  # once the stream is read to its end
+            self._recycle(step)  # once the stream is read to its end
 
         return text_increments(self.target_tokenizer.decode, tokens())
 
@@ -475,7 +475,7 @@ class Translator:
             flat = sample(step, len(rows), temperature=options.sampling_temperature, top_k=options.sampling_topk,
                           top_p=options.sampling_topp, seed=options.seed, row_keys=keys,
                           max_lengths=np.repeat(max_lengths, n), **common)
-            self._buffer_pool.give(getattr(step, "buffers", None))
+            self._recycle(step)
             return [SearchResult([h for r in flat[i * n:(i + 1) * n] for h in r.hypotheses],
                                  [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(len(sources))], None
         src, lengths = self._pad(sources)
@@ -487,8 +487,13 @@ class Translator:
         else:
             found = beam_search(step, len(sources), beam_size=options.beam_size, length_penalty=options.length_penalty,
                                 num_hypotheses=options.num_hypotheses, max_lengths=max_lengths, **common)
-        self._buffer_pool.give(getattr(step, "buffers", None))  # after a search that ended normally only
+        self._recycle(step)
         return found, encoded
+
+    def _recycle(self, step) -> None:
+        """Offers a fused step's buffers to the next batch (the standard step has none). Called only
+        after a search that ended normally: one that raised may have left them half bound."""
+        self._buffer_pool.give(getattr(step, "buffers", None))
 
     def _pad(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         lengths = np.array([len(s) for s in sources], dtype=np.int64)

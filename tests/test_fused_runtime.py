@@ -255,3 +255,15 @@ def test_buffer_pool_keeps_small_buffers_only_and_after_a_normal_end(bundle, mon
     with pytest.raises(RuntimeError, match="stop"):
         t.translate_batch(TEXTS[:1], beam_size=1)
     assert pool._spares == []
+
+
+@pytest.mark.parametrize("key", [(1, 1, 32, 2), (8, 4, 64, 9), (6, 2, 17, None)])
+def test_buffer_bytes_is_what_step_buffers_allocate(bundle, key):
+    """The pool rounds and keeps by buffer_bytes, computed before allocating: it must match the arrays."""
+    t = Translator(bundle, device="cpu")
+    dims = t._buffer_pool.dims
+    buffers = fused_step.StepBuffers(t.decoder, key, **dims)
+    arrays = [*buffers.cache, buffers.indirection, *buffers.out.values()]
+    if buffers.first_indirection is not None:
+        arrays.append(buffers.first_indirection)
+    assert fused_step.buffer_bytes(*key, **dims) == buffers.nbytes == sum(a.nbytes for a in arrays)

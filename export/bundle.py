@@ -1,17 +1,11 @@
 """Checkpoint -> bundle directory: the two graphs, the tokenizers and bundle.json, written atomically."""
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
-import os
 import platform
 import shutil
-import tempfile
 from importlib import metadata
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import sentencepiece as spm
 import torch
@@ -19,7 +13,7 @@ import torch
 from seq2onnx.model import checkpoint
 from seq2onnx.model.tokenizer import SOURCE_MODEL, TARGET_MODEL
 from seq2onnx.runtime import bundle as fmt
-from seq2onnx.runtime.atomic import replace_dir
+from seq2onnx import atomic
 from seq2onnx.runtime.checks import tokenizer_fingerprint
 
 from .fused import export_fused_decoder, graph_domains
@@ -39,6 +33,22 @@ TOLERANCES = {
 
 class ExportError(ValueError):
     """An export that cannot be done: the message names the problem and the fix."""
+
+
+def _is_bundle(path: Path) -> bool:
+    """A bundle directory (written before outputs were marked: atomic.MARKER)."""
+    try:
+        return json.loads((path / fmt.BUNDLE_JSON).read_text(encoding="utf-8")).get("format") == fmt.FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def building(out: Path, force: bool, what: str, ckpt: str | Path):
+    """atomic.building with ExportError: the locked temporary directory an export writes into.
+
+    Refuses an output that overlaps the checkpoint (or its run), and `--force` over a directory
+    that is neither empty nor an export's (a bundle or a model directory seq2onnx wrote)."""
+    return atomic.building(out, force, what, error=ExportError, inputs={"the checkpoint": ckpt}, ours=_is_bundle)
 
 
 def _version(dist: str) -> str | None:
@@ -79,7 +89,7 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
         raise ExportError(f"--decoder {decoder}: choose {' or '.join(DECODERS)}")
     fused = decoder == "both" and dtype == "float32"  # int8 quantizes the fused graph's GEMMs, not its attention
     out = Path(out)
-    with building(out, force) as tmp:
+    with building(out, force, "bundle", ckpt) as tmp:
         model, _, ckpt_dir = checkpoint.load(ckpt)
         export_graphs(model, tmp, dtype=torch.float16 if dtype == "float16" else torch.float32)
         if fused:
@@ -94,82 +104,6 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
         _write_json(tmp, model, ckpt_dir, dtype, quantize, fused, scheme)
         _validate(tmp)
     return out
-
-
-@contextmanager
-def building(out: Path, force: bool, what: str = "bundle") -> Iterator[Path]:
-    """A temporary sibling directory of `out` to write `what` into, under out's lock: renamed onto
-    `out` when the block ends without error, removed when it raises. Refuses an existing `out`
-    without force (checked again under the lock: another export may have finished meanwhile)."""
-    if out.exists() and not force:
-        raise ExportError(f"{out} already exists; pass --force to replace it")
-    parent = out.resolve().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ExportError(f"cannot write the {what} at {out}: {e.strerror}; choose a writable directory") from e
-    with _OutputLock(out):
-        if out.exists() and not force:
-            raise ExportError(f"{out} already exists (written by another export meanwhile); pass --force to replace it")
-        try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-        except OSError as e:
-            raise ExportError(f"cannot write the {what} at {out}: {e.strerror}; choose a writable directory") from e
-        try:
-            os.chmod(tmp, 0o755)
-            yield tmp
-            replace_dir(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-
-
-class _OutputLock:
-    """An exclusive lock on one output path, held for a whole export: `.NAME.lock` beside it.
-
-    Without it two exports to one place both report success and the later rename silently
-    replaces the earlier bundle. flock (not O_EXCL) so that a killed export leaves no stale lock:
-    the kernel drops the lock with the process. The file is removed on release; a waiter that
-    opened the removed file sees a different inode from the path's and reports the lock as taken.
-    """
-
-    def __init__(self, out: Path):
-        self.out = out
-        self.path = out.resolve().parent / f".{out.name}.lock"
-        self.fd: int | None = None
-
-    def __enter__(self) -> "_OutputLock":
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise ExportError(f"cannot write the bundle at {self.out}: {e.strerror} ({self.path}); "
-                              "choose a writable directory") from e
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.ENOENT):
-                os.close(fd)
-                raise
-            same = False
-        if not same:
-            os.close(fd)
-            raise ExportError(f"another export is writing {self.out} right now (it holds {self.path}); "
-                              "wait for it to finish, or export to another directory")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is None:
-            return
-        try:
-            os.unlink(self.path)  # while still locked, so no waiter can take the removed file
-        except FileNotFoundError:
-            pass
-        os.close(self.fd)
-        self.fd = None
 
 
 def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: str | None, fused: bool,

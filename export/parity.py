@@ -21,7 +21,9 @@ import torch
 
 from seq2onnx.model import checkpoint
 from seq2onnx.model.search import translate_ids
-from seq2onnx.model.train import TrainOptions, bleu, load_split
+from seq2onnx.model.metrics import bleu
+from seq2onnx.model.options import TrainOptions
+from seq2onnx.model.splits import load_split
 from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.fused_step import FusedStep

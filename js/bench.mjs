@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Target tokens per second of the Node host on a file of source lines, counted as `seq2onnx
-// bench` counts them (export/bench_rows.py: each best hypothesis' tokens plus its end token,
+// bench` counts them (bench/rows.py: each best hypothesis' tokens plus its end token,
 // at most its length limit), after one warm-up batch; the best of --repeat passes (a shared
 // machine's load only ever slows a pass down). Prints one JSON line.
 //

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from seq2onnx import atomic
 
 from .config import ModelConfig, available_memory, gib
 from .tokenizer import SOURCE_MODEL, TARGET_MODEL, Tokenizer
@@ -124,8 +125,7 @@ def save(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / f"step-{state['step']:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=run_dir))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is shared like any output
+    tmp = atomic.temp_dir(run_dir, ".tmp-")  # a plain mkdir's mode: a checkpoint is shared like any output
     try:
         model.cfg.save(tmp / CONFIG)
         save_file(_unique_state(model), str(tmp / WEIGHTS))

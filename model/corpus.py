@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from seq2onnx import atomic
 
 DEFAULT_PAIRS = 20000
 # Far below the number of distinct sentences (~1e12); a cap keeps a typo like n=10**9 from
@@ -287,12 +288,5 @@ def write_corpus(path: str | os.PathLike[str], n: int, seed: int = 0) -> Path:
     """
     path = Path(path)
     text = "".join(f"{src}\t{tgt}\n" for src, tgt in generate_pairs(n, seed))
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic.write_file(path, text)
     return path

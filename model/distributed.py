@@ -13,6 +13,7 @@ run resumes with a different number of processes and continues the same trajecto
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from dataclasses import dataclass, field
@@ -108,10 +109,26 @@ class Group:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
-    def close(self) -> None:
-        """Leaves the process group (a no-op for a single process)."""
+    def close(self, clean: bool = True) -> None:
+        """Leaves the process group, in order, on every rank (a no-op for a single process).
+
+        First the objects that still hold the group go: DistributedDataParallel's reducer sits in
+        reference cycles, so without a collection here it (and with it gloo's worker threads) is
+        freed at some later moment, possibly while the interpreter shuts down, where a native
+        thread still joinable aborts the process ("terminate called without an active
+        exception") after a run that trained and saved. Then, after a clean run, a barrier: no
+        rank tears its connections down while another still uses them. After an error there is no
+        barrier (a peer may be gone and would never arrive). Then the group is destroyed.
+
+        Args:
+            clean: the run ended without an error on this rank.
+        """
         if self.active and dist.is_initialized():
+            gc.collect()
+            if clean:
+                dist.barrier()
             dist.destroy_process_group()
+            gc.collect()
         self.active = False
 
 
@@ -186,7 +203,7 @@ def without_option(argv: list[str], flag: str) -> list[str]:
 
 
 def launch(nproc: int, argv: list[str]) -> int:
-    """Runs `torchrun --standalone --nproc-per-node nproc -m seq2onnx.cli *argv` in this
+    """Runs `torchrun --standalone --nproc-per-node nproc -m seq2onnx.commands *argv` in this
     process (torch.distributed.run); returns 0 when every rank succeeded, 1 otherwise.
 
     --standalone picks a free port on this machine. argv is the `seq2onnx` command line without
@@ -202,7 +219,7 @@ def launch(nproc: int, argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    args = parse_args(["--standalone", "--nproc-per-node", str(nproc), "-m", "seq2onnx.cli", *argv])
+    args = parse_args(["--standalone", "--nproc-per-node", str(nproc), "-m", "seq2onnx.commands", *argv])
     try:
         run(args)
     except ChildFailedError as e:

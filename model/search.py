@@ -1,6 +1,6 @@
 """Reference decoding in PyTorch: the oracle the ONNX runtime must match token for token.
 
-The convention is ../shared/DECODING.md's (fairseq's and CTranslate2's): a hypothesis' score is
+The convention is docs/decoding.md's (fairseq's and CTranslate2's): a hypothesis' score is
 the sum of its tokens' log-probabilities, end token included; n-best are ranked by
 score / len^alpha with len counting the end token; each step looks at the 2K best continuations
 of all live beams; an end token finishes a hypothesis only within the top K; a sentence is done

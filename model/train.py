@@ -8,7 +8,6 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,52 +16,13 @@ from tqdm import tqdm
 
 from . import checkpoint, distributed
 from .config import ModelConfig, available_memory, gib, training_memory
-from .corpus import DEFAULT_PAIRS, generate_pairs
-from .data import Split, filter_by_length, read_pairs, split_pairs, token_batches
+from .data import Split, filter_by_length, token_batches
+from .metrics import bleu
+from .options import TrainError, TrainOptions
 from .search import translate_ids
+from .splits import load_split
 from .tokenizer import Tokenizer
 from .transformer import Transformer
-
-
-@dataclass
-class TrainOptions:
-    out: str  # run directory: step-*/ checkpoints and the `last`/`best` links
-    data: str | None = None  # TSV corpus; None trains on the generated corpus
-    valid_data: str | None = None  # TSV validation set (same columns); None: valid_size pairs of `data`
-    src_col: int = 0
-    tgt_col: int = 1
-    skip_bad_lines: bool = False
-    generated_pairs: int = DEFAULT_PAIRS
-    valid_size: int = 500
-    test_size: int = 500
-    vocab_size: int = 1000
-    joint_vocab: bool = False
-    max_len: int = 64  # longest source or target in tokens kept for training
-    d_model: int = 256
-    n_heads: int = 4
-    layers: int = 3
-    d_ff: int = 1024
-    dropout: float = 0.1
-    pre_norm: bool = False
-    tie_embeddings: bool = True
-    max_tokens: int = 4096  # tokens per batch (padding included)
-    lr: float = 1.0  # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-    warmup: int = 800
-    label_smoothing: float = 0.1
-    clip_norm: float = 1.0
-    max_steps: int = 4000
-    max_minutes: float | None = None  # stop early at this wall time (a checkpoint is written)
-    eval_every: int = 500
-    bleu_sentences: int = 200  # valid sentences decoded for BLEU at each evaluation
-    seed: int = 1
-    device: str = "auto"
-    resume: bool = False
-    force: bool = False
-    progress: bool = True
-
-
-class TrainError(ValueError):
-    """A training run that cannot start: the message names the problem and the fix."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -71,45 +31,6 @@ def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise TrainError("--device cuda, but torch sees no CUDA device; use --device cpu or auto")
     return torch.device(name)
-
-
-def _read_tsv(path: str, flag: str, opts: TrainOptions, verbose: bool = True) -> list[tuple[str, str]]:
-    if not Path(path).is_file():
-        raise TrainError(f"{flag} {path}: no such file; give a tab-separated corpus")
-    pairs, skipped = read_pairs(path, src_col=opts.src_col, tgt_col=opts.tgt_col, skip_bad=opts.skip_bad_lines)
-    if skipped and verbose:
-        print(f"skipped {skipped} malformed lines of {path} (--skip-bad-lines)")
-    return pairs
-
-
-def load_split(opts: TrainOptions, *, valid: bool = True, verbose: bool = True) -> Split:
-    """The corpus (a TSV file or the generated one) split deterministically by opts.seed.
-
-    With opts.valid_data the validation set is that file (read with the same column options)
-    and `data` gives only train and test; training pairs whose source is in the validation file
-    are dropped, so that validation never scores memorised sentences. valid=False skips reading
-    the validation file (the test split does not depend on it) and leaves `valid` empty.
-    verbose=False keeps its notes (lines skipped, pairs dropped) off stdout: for ranks other than 0.
-    Raises TrainError for a missing file, DataError for a malformed one.
-    """
-    if opts.data is None:
-        pairs = generate_pairs(opts.generated_pairs, seed=opts.seed)
-    else:
-        pairs = _read_tsv(opts.data, "--data", opts, verbose)
-    if opts.valid_data is None:
-        return split_pairs(pairs, valid_size=opts.valid_size, test_size=opts.test_size, seed=opts.seed)
-    split = split_pairs(pairs, valid_size=0, test_size=opts.test_size, seed=opts.seed)
-    if not valid:
-        return split
-    valid_pairs = _read_tsv(opts.valid_data, "--valid-data", opts, verbose)
-    sources = {s for s, _ in valid_pairs}
-    train = [pair for pair in split.train if pair[0] not in sources]
-    if not train:
-        raise TrainError(f"every training source of {opts.data or 'the generated corpus'} is also in --valid-data "
-                         f"{opts.valid_data}; give a validation file distinct from the training data")
-    if len(train) < len(split.train) and verbose:
-        print(f"dropped {len(split.train) - len(train)} training pairs whose source is in --valid-data {opts.valid_data}")
-    return Split(train=train, valid=valid_pairs, test=split.test)
 
 
 def check_writable(out: Path) -> None:
@@ -185,13 +106,6 @@ def inverse_sqrt(step: int, d_model: int, warmup: int, scale: float) -> float:
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-def bleu(hypotheses: list[str], references: list[str]) -> float:
-    import sacrebleu
-
-    cjk = any("\u4e00" <= c <= "\u9fff" for r in references[:50] for c in r)
-    return sacrebleu.corpus_bleu(hypotheses, [references], tokenize="zh" if cjk else "13a").score
-
-
 @torch.no_grad()
 def evaluate(model, tok, examples, pairs, cfg, device, max_tokens, bleu_sentences) -> dict:
     """Validation loss per target token (no smoothing) and BLEU of greedy decodes."""
@@ -259,6 +173,13 @@ def _new_run(opts: TrainOptions, out: Path, device: torch.device, main: bool) ->
     if out.exists() and any(out.iterdir()):
         if not opts.force:
             raise TrainError(f"{out} already holds a run; pass --resume to continue it or --force to start over")
+        if not ((out / "last").is_symlink() or any(p.name.startswith("step-") for p in out.iterdir())):
+            raise TrainError(f"{out} holds files but no run of `seq2onnx train` (no last or step-* inside): --force "
+                             "replaces only a run; choose another OUT or empty it yourself")
+        for flag, path in (("--data", opts.data), ("--valid-data", opts.valid_data)):
+            if path is not None and out.resolve() in Path(path).resolve().parents:
+                raise TrainError(f"{flag} {path} lies inside OUT {out}, which --force would delete; "
+                                 "move the data out of the run directory or choose another OUT")
         import shutil
         shutil.rmtree(out)
     check_writable(out)
@@ -280,6 +201,13 @@ def _share(tok: Tokenizer | None, group: distributed.Group) -> Tokenizer:
     return Tokenizer(*models)
 
 
+class _Bar(tqdm):
+    """tqdm without its monitor thread: no thread of the run's may still be alive when a process
+    exits (a daemon thread woken during interpreter shutdown can abort it)."""
+
+    monitor_interval = 0
+
+
 def train(opts: TrainOptions) -> Path:
     """Trains (or resumes) a run in opts.out; returns the run directory.
 
@@ -290,14 +218,18 @@ def train(opts: TrainOptions) -> Path:
     """
     device = pick_device(opts.device)
     group = distributed.start(device)
+    clean = False
     try:
         if not group.active:
-            return _train(opts, group)
-        # Writes each rank's exception to the file torchrun reads, so its failure summary shows it.
-        from torch.distributed.elastic.multiprocessing.errors import record
-        return record(_train)(opts, group)
+            out = _train(opts, group)
+        else:
+            # Writes each rank's exception to the file torchrun reads, so its failure summary shows it.
+            from torch.distributed.elastic.multiprocessing.errors import record
+            out = record(_train)(opts, group)
+        clean = True
+        return out
     finally:
-        group.close()
+        group.close(clean=clean)  # on every path: success, error, KeyboardInterrupt
 
 
 def _train(opts: TrainOptions, group: distributed.Group) -> Path:
@@ -339,7 +271,7 @@ def _train(opts: TrainOptions, group: distributed.Group) -> Path:
     start, tokens_seen, t0 = state["step"], 0, time.time()
     # On a terminal the bar redraws often; into a log file a line every 30 s is enough.
     interval = 0.5 if sys.stderr.isatty() else 30.0
-    bar = tqdm(total=opts.max_steps, initial=start, disable=not (opts.progress and main), unit="step",
+    bar = _Bar(total=opts.max_steps, initial=start, disable=not (opts.progress and main), unit="step",
                dynamic_ncols=True, mininterval=interval)
     if main and not opts.resume:
         print(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {device}"
@@ -350,7 +282,7 @@ def _train(opts: TrainOptions, group: distributed.Group) -> Path:
     stop = state["step"] >= opts.max_steps
     if stop and main:
         print(f"{out} already reached step {state['step']} of {opts.max_steps}; raise --max-steps to train further")
-    try:
+    try:  # the bar's monitor thread is joined by bar.close(), on every path
         while not stop:
             batches = token_batches(lengths, max_tokens=opts.max_tokens, shuffle=True, seed=opts.seed + state["epoch"])
             for b in range(state["batch_in_epoch"], len(batches)):
@@ -410,7 +342,8 @@ def _train(opts: TrainOptions, group: distributed.Group) -> Path:
         if group.active and distributed.is_collective_failure(e):
             raise distributed.describe_failure(group, e, state["step"]) from e
         raise
-    bar.close()
+    finally:
+        bar.close()
     return out
 
 

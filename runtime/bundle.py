@@ -14,60 +14,71 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-FORMAT = "seq2onnx-bundle"
-FORMAT_VERSION = 1
-BUNDLE_JSON = "bundle.json"
-ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
-SOURCE_SPM, TARGET_SPM = "source.spm.model", "target.spm.model"
-FUSED_DECODER_FILE = "decoder_fused.onnx"
-FILE_KEYS = {"encoder": ENCODER_FILE, "decoder": DECODER_FILE,
-             "source_tokenizer": SOURCE_SPM, "target_tokenizer": TARGET_SPM}
+# The spec every host reads (spec/bundle.json, shipped inside the package): names and limits come
+# from it and from nowhere else, so that a change there changes the Python and JavaScript hosts alike.
+SPEC_PATH = Path(__file__).resolve().parents[1] / "spec" / "bundle.json"
+SPEC = json.loads(SPEC_PATH.read_text(encoding="utf-8"))
+
+FORMAT = SPEC["format"]
+FORMAT_VERSION = SPEC["format_version"]
+BUNDLE_JSON = SPEC["bundle_json"]
+MAX_JSON_BYTES = SPEC["max_json_bytes"]  # a real bundle.json is ~10 kB: anything near this is not one
+DTYPES = tuple(SPEC["dtypes"])  # the key/value element types a host can feed
+FILE_KEYS = dict(SPEC["files"]["required"])
 # Files a bundle may have: an fp32 export writes the fused decoder unless told `--decoder standard`.
-OPTIONAL_FILE_KEYS = {"decoder_fused": FUSED_DECODER_FILE}
+OPTIONAL_FILE_KEYS = dict(SPEC["files"]["optional"])
+ENCODER_FILE, DECODER_FILE = FILE_KEYS["encoder"], FILE_KEYS["decoder"]
+SOURCE_SPM, TARGET_SPM = FILE_KEYS["source_tokenizer"], FILE_KEYS["target_tokenizer"]
+FUSED_DECODER_FILE = OPTIONAL_FILE_KEYS["decoder_fused"]
 # The decoder graphs by variant (bundle.json's graphs.<label>.variant), and the operator domain
 # of onnxruntime's contrib kernels that only the fused one uses.
 STANDARD, FUSED = "standard", "fused"
-DECODER_LABELS = {STANDARD: "decoder", FUSED: "decoder_fused"}
-MS_DOMAIN = "com.microsoft"
+DECODER_LABELS = {variant: SPEC["decoders"][variant] for variant in (STANDARD, FUSED)}
+MS_DOMAIN = SPEC["contrib_domain"]
 
+_NAMES = SPEC["names"]
 # Encoder graph: source ids and lengths -> the source mask and every layer's cross keys/values.
-SRC_IDS, SRC_LENGTHS, SRC_MASK = "src_ids", "src_lengths", "src_mask"
+SRC_IDS, SRC_LENGTHS, SRC_MASK = _NAMES["src_ids"], _NAMES["src_lengths"], _NAMES["src_mask"]
 # Decoder step graph.
-TOKENS, STEP, CACHE_INDICES, LOG_PROBS = "tokens", "step", "cache_indices", "log_probs"
+TOKENS, STEP, CACHE_INDICES, LOG_PROBS = _NAMES["tokens"], _NAMES["step"], _NAMES["cache_indices"], _NAMES["log_probs"]
 # The k best log-probabilities of each row, best first (ties: lower token id first), so that a
 # search can download [rows, k] instead of [rows, vocab]. `top_k` is an input: 1 <= k <= vocab.
-TOP_K, TOPK_LOG_PROBS, TOPK_IDS = "top_k", "topk_log_probs", "topk_ids"
+TOP_K, TOPK_LOG_PROBS, TOPK_IDS = _NAMES["top_k"], _NAMES["topk_log_probs"], _NAMES["topk_ids"]
 # Standard decoder only: the last layer's cross-attention weights averaged over heads [rows,
 # src_len] (CTranslate2's return_attention convention), for showing what each target piece
 # attended to. Bundles exported before 0.3 lack it; the search never binds it.
-CROSS_ATTENTION = "cross_attention"
+CROSS_ATTENTION = _NAMES["cross_attention"]
 # Fused decoder only: the beams per sentence W and, replacing cache_indices, the table
 # [batch, W, max_length] naming for each beam and position the beam whose cache row holds it.
-BEAM_WIDTH, CACHE_INDIRECTION = "beam_width", "cache_indirection"
+BEAM_WIDTH, CACHE_INDIRECTION = _NAMES["beam_width"], _NAMES["cache_indirection"]
+
+
+def _layer_name(kind: str, i: int) -> str:
+    return SPEC["layer_names"][kind].replace("{i}", str(i))
 
 
 def key_cross(i: int) -> str:
-    return f"key_cross_{i}"
+    return _layer_name("key_cross", i)
 
 
 def value_cross(i: int) -> str:
-    return f"value_cross_{i}"
+    return _layer_name("value_cross", i)
 
 
 def past_key(i: int) -> str:
-    return f"past_key_self_{i}"
+    return _layer_name("past_key", i)
 
 
 def past_value(i: int) -> str:
-    return f"past_value_self_{i}"
+    return _layer_name("past_value", i)
 
 
 def present_key(i: int) -> str:
-    return f"present_key_self_{i}"
+    return _layer_name("present_key", i)
 
 
 def present_value(i: int) -> str:
-    return f"present_value_self_{i}"
+    return _layer_name("present_value", i)
 
 
 def cross_names(n_layers: int) -> list[str]:
@@ -191,12 +202,17 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-MAX_JSON_BYTES = 1 << 20  # a real bundle.json is ~10 kB: anything near this is not one
-DTYPES = ("float32", "float16")  # the key/value element types this runtime can feed
+_MISSING = object()  # a field that is absent, shown as `missing`
 
 
 def _short(value) -> str:
-    text = repr(value)
+    """A value for a message as JSON (as every host writes it), cut to 60 characters."""
+    if value is _MISSING:
+        return "missing"
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -223,58 +239,80 @@ class _Schema:
             return None
         value = parent.get(key)
         if key not in parent or not isinstance(value, int) or isinstance(value, bool) or value < low:
-            self.fail(field, value if key in parent else "missing", f"expected an integer >= {low}")
+            self.fail(field, value if key in parent else _MISSING, f"expected an integer >= {low}")
         return value
 
     def real(self, parent: dict, key: str, field: str, low: float | None = None) -> float:
         value = parent.get(key)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if key not in parent or not ok or (low is not None and value < low):
-            self.fail(field, value if key in parent else "missing",
+            self.fail(field, value if key in parent else _MISSING,
                       "expected a finite number" + (f" >= {low}" if low is not None else ""))
         return float(value)
 
     def text(self, parent: dict, key: str, field: str, choices: tuple | None = None) -> str:
         value = parent.get(key)
         if key not in parent or not isinstance(value, str) or (choices and value not in choices):
-            self.fail(field, value if key in parent else "missing",
+            self.fail(field, value if key in parent else _MISSING,
                       f"expected one of {', '.join(choices)}" if choices else "expected a string")
         return value
+
+
+def _check_field(v: _Schema, meta: dict, spec: dict) -> None:
+    """One row of the spec's `fields` table: the field's type, range or choices."""
+    *parents, key = spec["field"].split(".")
+    parent = meta
+    for i, name in enumerate(parents):
+        parent = v.obj(parent, name, ".".join(parents[: i + 1]))
+    if key not in parent and not spec.get("required", True):
+        return
+    if spec.get("nullable") and parent.get(key) is None and key in parent:
+        return
+    kind = spec["type"]
+    if kind == "integer":
+        v.integer(parent, key, spec["field"], low=spec.get("min", 0))
+    elif kind == "number":
+        v.real(parent, key, spec["field"], low=spec.get("min"))
+    elif kind == "string":
+        choices = spec.get("choices")
+        v.text(parent, key, spec["field"], tuple(SPEC[choices]) if isinstance(choices, str) else choices)
+    else:  # a spec this runtime does not understand: refuse loudly rather than skip a check
+        raise RuntimeError(f"{SPEC_PATH}: fields[{spec['field']}] has type {kind!r}; this runtime knows integer, number, string")
 
 
 def validate_meta(meta: dict, where: Path) -> None:
     """Every field the runtime reads has its type and range, and the fields stated twice agree.
 
-    Raises BundleError naming the field, its value and what was expected.
+    The per-field checks are the spec's `fields` table (spec/bundle.json); the checks that
+    relate fields to each other follow it.
+
+    Args:
+        meta: bundle.json as parsed.
+        where: bundle.json's path, for messages.
+
+    Raises:
+        BundleError: naming the field, its value, what was expected and the fix.
     """
     v = _Schema(where)
-    model = v.obj(meta, "model", "model")
-    sizes = {k: v.integer(model, k, f"model.{k}", low=1) for k in
-             ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_decoder_layers", "max_positions")}
-    v.integer(model, "n_encoder_layers", "model.n_encoder_layers", low=1, required=False)
+    for spec in SPEC["fields"]:
+        _check_field(v, meta, spec)
+    model = meta["model"]
+    sizes = {k: model[k] for k in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_decoder_layers",
+                                   "max_positions")}
     if sizes["d_model"] % sizes["n_heads"]:
         v.fail("model.d_model", sizes["d_model"], f"expected a multiple of model.n_heads={sizes['n_heads']}")
-    top = v.integer(meta, "max_positions", "max_positions", low=1)
-    if top != sizes["max_positions"]:
-        v.fail("max_positions", top, f"expected model.max_positions={sizes['max_positions']} (the same value twice)")
-    special = v.obj(meta, "special_ids", "special_ids")
+    if meta["max_positions"] != sizes["max_positions"]:
+        v.fail("max_positions", meta["max_positions"],
+               f"expected model.max_positions={sizes['max_positions']} (the same value twice)")
+    special = meta["special_ids"]
     for key in ("pad", "unk", "bos", "eos", "decoder_start"):
-        value = v.integer(special, key, f"special_ids.{key}")
+        value = special[key]
         vocab = sizes["tgt_vocab_size"] if key == "decoder_start" else min(sizes["src_vocab_size"], sizes["tgt_vocab_size"])
         if value >= vocab:
             v.fail(f"special_ids.{key}", value, f"expected an id inside the vocabulary [0, {vocab})")
         model_key = "decoder_start_id" if key == "decoder_start" else f"{key}_id"
         if model_key in model and model[model_key] != value:
             v.fail(f"special_ids.{key}", value, f"expected model.{model_key}={_short(model[model_key])} (the same id twice)")
-    v.text(meta, "dtype", "dtype", DTYPES)
-    if meta.get("quantization") is not None:
-        v.text(meta, "quantization", "quantization", ("int8",))
-    decoding = v.obj(meta, "decoding", "decoding")
-    v.integer(decoding, "beam_size", "decoding.beam_size", low=1)
-    v.real(decoding, "length_penalty", "decoding.length_penalty")
-    v.real(decoding, "max_length_a", "decoding.max_length_a", low=0)
-    v.integer(decoding, "max_length_b", "decoding.max_length_b", low=0)
-    v.integer(decoding, "min_length", "decoding.min_length", required=False)
     files = v.obj(meta, "files", "files")
     for key in [*FILE_KEYS, *(k for k in OPTIONAL_FILE_KEYS if k in files)]:
         entry = v.obj(files, key, f"files.{key}")
@@ -284,7 +322,7 @@ def validate_meta(meta: dict, where: Path) -> None:
     labels = ["encoder", "decoder"]
     for key in OPTIONAL_FILE_KEYS:  # an optional graph is described exactly when its file is listed
         if (key in files) != (key in graphs):
-            v.fail(f"graphs.{key}" if key in files else f"files.{key}", "missing",
+            v.fail(f"graphs.{key}" if key in files else f"files.{key}", _MISSING,
                    f"expected because {'files' if key in files else 'graphs'}.{key} is present")
         if key in files:
             labels.append(key)
@@ -299,7 +337,7 @@ def validate_meta(meta: dict, where: Path) -> None:
         for side in ("inputs", "outputs"):
             items = graph.get(side)
             if not isinstance(items, list) or not items:
-                v.fail(f"graphs.{label}.{side}", items if side in graph else "missing", "expected a non-empty list")
+                v.fail(f"graphs.{label}.{side}", items if side in graph else _MISSING, "expected a non-empty list")
             for i, item in enumerate(items):
                 field = f"graphs.{label}.{side}[{i}]"
                 if not isinstance(item, dict):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from .bundle import DECODER_LABELS, DTYPES, STANDARD, TOP_K, Bundle, BundleError, past_key, past_names
+from .bundle import (DECODER_LABELS, DTYPES, LOG_PROBS, SRC_IDS, STANDARD, STEP, TOP_K, Bundle, BundleError, past_key,
+                     past_names, past_value)
 from .onnx_info import GraphReadError, read_graph_info
 
 # onnxruntime's type strings for the element types bundle.json names
@@ -103,10 +104,11 @@ def check_graphs(bundle: Bundle, encoder, decoder, variant: str = STANDARD) -> N
                     raise _mismatch(bundle, f"graphs.{label}.{kind}[{name}].shape", item["shape"], shape, path.name)
     dec_inputs = {i.name: i for i in decoder.get_inputs()}
     n_layers = model["n_decoder_layers"]
-    cache_inputs = sum(1 for n in dec_inputs if n.startswith(("past_key_self_", "past_value_self_")))
+    prefixes = (past_key(0).removesuffix("0"), past_value(0).removesuffix("0"))  # the spec's per-layer names
+    cache_inputs = sum(1 for n in dec_inputs if n.startswith(prefixes))
     if cache_inputs != 2 * n_layers or not all(n in dec_inputs for n in past_names(n_layers)):
         raise _mismatch(bundle, "model.n_decoder_layers", n_layers, cache_inputs // 2,
-                        f"{dec_file.name} (its past_key_self_*/past_value_self_* inputs, layers)")
+                        f"{dec_file.name} (its {prefixes[0]}*/{prefixes[1]}* inputs, layers)")
     cache = _shape_of(dec_inputs[past_key(0)])
     where = f"{dec_file.name} (input {past_key(0)} of shape {cache})"
     head_dim = model["d_model"] // model["n_heads"]
@@ -118,10 +120,10 @@ def check_graphs(bundle: Bundle, encoder, decoder, variant: str = STANDARD) -> N
     cache_type = _ORT_TYPES.get(dec_inputs[past_key(0)].type, dec_inputs[past_key(0)].type)
     if cache_type not in DTYPES or cache_type != bundle.dtype:
         raise _mismatch(bundle, "dtype", bundle.dtype, cache_type, where)
-    log_probs = _shape_of({o.name: o for o in decoder.get_outputs()}["log_probs"])
+    log_probs = _shape_of({o.name: o for o in decoder.get_outputs()}[LOG_PROBS])
     if log_probs[-1] != model["tgt_vocab_size"]:
         raise _mismatch(bundle, "model.tgt_vocab_size", model["tgt_vocab_size"], log_probs[-1],
-                        f"{dec_file.name} (output log_probs of shape {log_probs})")
+                        f"{dec_file.name} (output {LOG_PROBS} of shape {log_probs})")
     if TOP_K not in dec_inputs:
         raise BundleError(f"{dec_file}: no {TOP_K} input; {_FIX}")
     _check_tables(bundle, dec_label)
@@ -134,8 +136,8 @@ def _check_tables(bundle: Bundle, dec_label: str = "decoder") -> None:
         encoder, decoder = read_graph_info(bundle.file("encoder")), read_graph_info(bundle.file(dec_label))
     except (GraphReadError, OSError) as e:
         raise BundleError(f"{bundle.path}: a graph cannot be read for its tables ({e}); {_FIX}") from e
-    tables = [(Path(bundle.file("encoder")).name, encoder, "src_ids", "model.src_vocab_size", "source embedding"),
-              (Path(bundle.file(dec_label)).name, decoder, "step", "model.max_positions", "positional table")]
+    tables = [(Path(bundle.file("encoder")).name, encoder, SRC_IDS, "model.src_vocab_size", "source embedding"),
+              (Path(bundle.file(dec_label)).name, decoder, STEP, "model.max_positions", "positional table")]
     for name, info, indices, field, what in tables:
         found = [shape for idx, shape in info.gather_tables() if idx == indices]
         if len(found) != 1 or len(found[0]) != 2:

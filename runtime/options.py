@@ -178,3 +178,42 @@ def check_intra_threads(value) -> int:
             f"give an int from 0 (onnxruntime's default: one per core) to {cores}"
         )
     return int(value)
+
+
+def resolve_search_options(options: dict, decoding: dict, max_positions: int, tgt_vocab: int) -> SearchOptions:
+    """SearchOptions with a bundle's defaults for the options given as None or left out.
+
+    Args:
+        options: translate_batch's keyword options by name.
+        decoding: bundle.json's `decoding` (beam_size, length_penalty, min_length defaults).
+        max_positions: the model's positions; decoding lengths must fit in them.
+        tgt_vocab: the target vocabulary's size; a beam needs at least 2 x beam_size pieces.
+
+    Returns:
+        The checked options.
+
+    Raises:
+        ValueError: a value of the wrong type or range (the message names it, its limit and the fix).
+        TypeError: an unknown option name.
+    """
+    defaults = decoding
+    for name, key, fallback in (("beam_size", "beam_size", 4), ("length_penalty", "length_penalty", 1.0),
+                                ("min_decoding_length", "min_length", 0)):
+        if options.get(name) is None:
+            options[name] = defaults.get(key, fallback)
+    resolved = SearchOptions(**options)
+    limit = max_positions
+    if resolved.max_decoding_length is not None and resolved.max_decoding_length > limit:
+        raise ValueError(
+            f"max_decoding_length={resolved.max_decoding_length}; this model has {limit} positions "
+            "(max_positions in bundle.json): choose 1..that"
+        )
+    if resolved.min_decoding_length >= limit:
+        raise ValueError(
+            f"min_decoding_length={resolved.min_decoding_length}; this model has {limit} positions "
+            f"(max_positions in bundle.json): choose 0..{limit - 1}"
+        )
+    if not resolved.sampling and resolved.beam_size > 1 and 2 * resolved.beam_size > tgt_vocab:
+        raise ValueError(f"beam_size={resolved.beam_size} needs a target vocabulary of at least "
+                         f"{2 * resolved.beam_size} pieces, this model has {tgt_vocab}: choose a smaller beam")
+    return resolved

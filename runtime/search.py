@@ -1,6 +1,6 @@
 """Greedy, beam and sampling search in numpy, batched over sentences, over a step callable.
 
-The convention is ../shared/DECODING.md's, the same as model/search.py (the PyTorch oracle that
+The convention is docs/decoding.md's, the same as model/search.py (the PyTorch oracle that
 this code is tested against token for token): scores are sums of log-probabilities, end token
 included; n-best ranked by score / len^alpha; 2K candidates per sentence; an end token finishes
 only within the top K; at a sentence's last allowed step every top-K candidate finishes; ties go

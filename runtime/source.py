@@ -24,6 +24,8 @@ the cut at a space, not by construction.
 """
 from __future__ import annotations
 
+import numpy as np
+
 _MAX_WORD = 1 << 16  # a space must lie within this many characters of the cut, else it is cut mid-word
 _MARGIN = 64  # ids kept out of reach of a mid-word cut
 
@@ -56,3 +58,82 @@ def encode_limited(processor, text: str, limit: int, *, bounded: bool) -> tuple[
         if len(ids) > limit + (0 if exact else _MARGIN):
             return ids[: limit + 1], False
         n *= 2
+
+
+class Sources:
+    """A model's source side: texts or ids -> the encoder's ids and padded batches.
+
+    Args:
+        tokenizer: the source SentencePiece processor.
+        pad_id: padding id. eos_id: the end token, which every source ends with.
+        vocab: the source vocabulary's size (ids given directly must be below it).
+        max_positions: the model's positions, end token included.
+    """
+
+    def __init__(self, tokenizer, *, pad_id: int, eos_id: int, vocab: int, max_positions: int):
+        self.tokenizer, self.pad_id, self.eos_id = tokenizer, pad_id, eos_id
+        self.vocab, self.max_positions = vocab, max_positions
+        self.bounded = word_bounded(tokenizer)
+
+    def prepare(self, text: str, truncate: bool) -> tuple[list[int], bool]:
+        """The ids of a non-empty text with the end token, and whether they were cut (Translator.prepare_source)."""
+        ids, complete = encode_limited(self.tokenizer, text, self.max_positions - 1, bounded=self.bounded)
+        return self.fit(ids, complete, truncate)
+
+    def fit(self, ids: list[int], complete: bool, truncate: bool) -> tuple[list[int], bool]:
+        """ids (end token excluded; `complete` False when a huge text was tokenised only in part) with
+        the end token, cut to the model's positions when truncate, and whether they were cut."""
+        limit = self.max_positions - 1  # ids before the end token
+        if len(ids) <= limit:
+            return ids + [self.eos_id], False
+        if not truncate:
+            count = f"{len(ids) + 1}" if complete else f"more than {self.max_positions}"
+            raise ValueError(
+                f"{count} tokens; this model was exported for at most {self.max_positions} positions "
+                "(max_positions in bundle.json): shorten it or pass truncate=True"
+            )
+        return ids[:limit] + [self.eos_id], True
+
+    def ids(self, index: int, item, truncate: bool) -> list[int] | None:
+        """translate_batch's source `index` (a text or token ids) as the encoder's ids, end token included.
+
+        Args:
+            index: the source's place in the batch, for messages.
+            item: a str, or a sequence of ints (the end token is added when missing).
+            truncate: cut a source longer than the model's positions instead of refusing it.
+
+        Returns:
+            The ids, or None for an empty source.
+
+        Raises:
+            TypeError: item is neither a str nor ids.
+            ValueError: ids outside the vocabulary, or too many tokens without truncate.
+        """
+        if isinstance(item, str):
+            if not item.strip():
+                return None
+            ids, complete = encode_limited(self.tokenizer, item, self.max_positions - 1, bounded=self.bounded)
+        elif isinstance(item, (list, tuple, np.ndarray)) and all(
+                isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in item):
+            ids, complete = [int(x) for x in item], True
+            if not ids:
+                return None
+            bad = [x for x in ids if not 0 <= x < self.vocab]
+            if bad:
+                raise ValueError(f"source {index}: token ids {bad[:5]} are outside the source vocabulary [0, {self.vocab})")
+            if ids[-1] == self.eos_id:
+                ids.pop()
+        else:
+            raise TypeError(f"source {index} is {type(item).__name__}; give a str or a list of token ids")
+        try:
+            return self.fit(ids, complete, truncate)[0]
+        except ValueError as e:
+            raise ValueError(f"source {index} has {e}") from None
+
+    def pad(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """([B, longest] ids padded with pad_id, [B] lengths) of B sources."""
+        lengths = np.array([len(s) for s in sources], dtype=np.int64)
+        src = np.full((len(sources), int(lengths.max())), self.pad_id, dtype=np.int64)
+        for row, s in enumerate(sources):
+            src[row, : len(s)] = s
+        return src, lengths

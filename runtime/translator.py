@@ -1,16 +1,12 @@
 """Translator: drives the encoder and decoder-step graphs of a bundle with onnxruntime.
 
-Two decoders: the fused one (decoder_fused.onnx, onnxruntime's com.microsoft kernels, driven by
-the static step loop of runtime/fused_step.py) where the bundle has it and this onnxruntime runs
-it on the chosen provider, else the standard-opset decoder.onnx. With the standard one the
-key/value cache never leaves the device: each step binds the previous step's `present_*`
-OrtValues as the next step's `past_*` inputs (IO binding), uploads only the new tokens, the step
-and the cache indices, and downloads only the log-probabilities.
+Two decoders, two step classes side by side: the fused one (decoder_fused.onnx, onnxruntime's
+com.microsoft kernels, runtime/fused_step.py) where the bundle has it and this onnxruntime runs
+it on the chosen provider, else the standard-opset decoder.onnx (runtime/standard_step.py). The
+device and session options come from runtime/sessions.py, the searches from runtime/search.py.
 """
 from __future__ import annotations
 
-import ctypes
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -22,13 +18,13 @@ from . import bundle as names
 from .attention import check_attention_output, forced_attention
 from .bundle import BundleError, read_bundle
 from .checks import check_graphs, check_tokenizers
-from .fused_step import DecoderUnavailable, FusedStep, StepBufferPool, pick_decoder
-from .options import SearchOptions, SessionTuning, check_intra_threads, spin_settings
-from .ort_install import import_onnxruntime
-from .search import SearchResult, TopK, beam_search, candidates_needed, greedy_search, sample, stream_greedy
-from .source import encode_limited, word_bounded
-
-ort = import_onnxruntime()  # names a missing or doubly installed onnxruntime, with the fix
+from .fused_step import FusedStep, StepBufferPool
+from .options import SearchOptions, SessionTuning, check_intra_threads, resolve_search_options
+from .search import SearchResult, beam_search, candidates_needed, greedy_search, sample, stream_greedy
+from .sessions import DEVICES, ort, open_sessions
+from .source import Sources
+from .standard_step import StandardStep
+from .text import text_increments
 
 _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
 
@@ -48,40 +44,6 @@ class TranslationResult:
     def __repr__(self) -> str:
         scores = "" if self.scores is None else f", scores={[round(s, 4) for s in self.scores]}"
         return f"TranslationResult(hypotheses={self.hypotheses!r}{scores})"
-
-
-def _cuda_usable() -> tuple[bool, str]:
-    """Whether onnxruntime can run its CUDA provider here, and why not."""
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return False, f"this onnxruntime ({ort.__version__}) has no CUDA provider; install onnxruntime-gpu"
-    try:
-        ctypes.CDLL("libcuda.so.1" if os.name != "nt" else "nvcuda.dll")
-    except OSError:
-        return False, "no NVIDIA driver found (libcuda could not be loaded): this machine has no usable GPU"
-    return True, ""
-
-
-def text_increments(decode, tokens: Iterable[int]) -> Iterator[str]:
-    """What each new token adds to the detokenised text: the pieces join to decode(all tokens).
-
-    The whole prefix is decoded again at each token: SentencePiece makes spaces from the pieces'
-    "▁" and drops the text's first one, and byte-fallback pieces make one character from up to 4
-    ids, so a piece alone does not say what it adds. Text ending in U+FFFD (a character whose
-    bytes are still to come) is held back; what remains comes out once the tokens end.
-    """
-    seen: list[int] = []
-    emitted = ""
-    for token in tokens:
-        seen.append(token)
-        text = decode(seen).rstrip("\ufffd")
-        if len(text) > len(emitted) and text.startswith(emitted):
-            yield text[len(emitted):]
-            emitted = text
-    final = decode(seen)
-    if not final.startswith(emitted):  # never seen: SentencePiece's decode of a prefix is a prefix
-        raise RuntimeError(f"the detokenised text {final!r} does not continue {emitted!r}")
-    if len(final) > len(emitted):
-        yield final[len(emitted):]
 
 
 class Translator:
@@ -110,7 +72,7 @@ class Translator:
 
     def __init__(self, bundle_dir: str | Path, device: str = "auto", *, intra_threads: int = 0,
                  check_hashes: bool = True, _tuning: SessionTuning | None = None):
-        if device not in ("auto", "cuda", "cpu"):
+        if device not in DEVICES:
             raise ValueError(f"device={device!r}; choose 'auto', 'cuda' or 'cpu'")
         intra_threads = check_intra_threads(intra_threads)
         if not isinstance(check_hashes, bool):
@@ -135,75 +97,33 @@ class Translator:
         except Exception as e:
             raise BundleError(f"{self.bundle.path}: a SentencePiece model cannot be read: {e}") from e
         check_tokenizers(self.bundle, self.source_tokenizer, self.target_tokenizer)
-        self._word_bounded = word_bounded(self.source_tokenizer)
-        levels = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-                  "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
-
-        def options_for(graph: str) -> ort.SessionOptions:
-            options = ort.SessionOptions()
-            options.graph_optimization_level = levels[tuning.optimization]
-            options.intra_op_num_threads = intra_threads
-            for key, value in spin_settings(tuning.thread_spinning, graph, ort.__version__).items():
-                options.add_session_config_entry(key, value)
-            options.log_severity_level = 3  # no warnings about provider fallbacks on stderr
-            return options
-
-        encoder_options, decoder_options = options_for("encoder"), options_for("decoder")
-        self.device, self.device_reason = self._pick_device(device)
-        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
-        load = lambda path, options=decoder_options: ort.InferenceSession(str(path), options, providers=providers)  # noqa: E731
-        self._load, self._standard_decoder = load, None
-        try:
-            self.encoder = load(self.bundle.file("encoder"), encoder_options)
-            self.decoder_variant, self.decoder, self.decoder_reason = pick_decoder(
-                self.bundle, self.device, tuning.decoder, load)
-        except DecoderUnavailable:
-            raise
-        except Exception as e:  # onnxruntime raises its own types for unreadable graphs
-            raise BundleError(f"{self.bundle.path}: onnxruntime cannot load the graphs: {e}") from e
-        if self.device == "cuda" and self.decoder.get_providers()[0] != "CUDAExecutionProvider":
-            if device == "cuda":
-                raise RuntimeError("onnxruntime's CUDA provider did not start (check the CUDA and cuDNN libraries)")
-            self.device, self.device_reason = "cpu", "the CUDA provider did not start; using the CPU"
-            providers = ["CPUExecutionProvider"]  # the decoder again: on the CPU the fused one may run
-            self.decoder_variant, self.decoder, self.decoder_reason = pick_decoder(
-                self.bundle, self.device, tuning.decoder, load)
+        self._sources = Sources(self.source_tokenizer, pad_id=self.pad_id, eos_id=self.eos_id,
+                                vocab=self.src_vocab, max_positions=self.max_positions)
+        s = open_sessions(self.bundle, device, tuning, intra_threads)
+        self.device, self.device_reason, self.encoder, self.decoder = s.device, s.device_reason, s.encoder, s.decoder
+        self.decoder_variant, self.decoder_reason, self._load, self._standard_decoder = s.variant, s.reason, s.load, None
         check_graphs(self.bundle, self.encoder, self.decoder, self.decoder_variant)
         self._ort_device = "cuda" if self.device == "cuda" else "cpu"
 
-    @staticmethod
-    def _pick_device(device: str) -> tuple[str, str]:
-        if device == "cpu":
-            return "cpu", "asked for the CPU"
-        usable, why = _cuda_usable()
-        if usable:
-            if hasattr(ort, "preload_dlls"):
-                try:
-                    ort.preload_dlls()
-                except Exception:  # older wheels or CUDA libraries found another way
-                    pass
-            return "cuda", "onnxruntime's CUDA provider"
-        if device == "cuda":
-            raise RuntimeError(f"device='cuda' cannot run: {why}; use device='cpu' or 'auto'")
-        return "cpu", why
-
     # -- public API -----------------------------------------------------------------------------
 
-    def translate(
-        self,
-        text: str,
-        *,
-        beam_size: int | None = None,
-        length_penalty: float | None = None,
-        max_decoding_length: int | None = None,
-        min_decoding_length: int | None = None,
-        truncate: bool = False,
-        sampling_temperature: float | None = None,
-        sampling_topk: int = 0,
-        sampling_topp: float = 1.0,
-        seed: int | None = None,
-    ) -> str:
-        """Translates one string (the best hypothesis); the options are translate_batch's."""
+    def translate(self, text: str, *, beam_size: int | None = None, length_penalty: float | None = None,
+                  max_decoding_length: int | None = None, min_decoding_length: int | None = None,
+                  truncate: bool = False, sampling_temperature: float | None = None, sampling_topk: int = 0,
+                  sampling_topp: float = 1.0, seed: int | None = None) -> str:
+        """Translates one string.
+
+        Args:
+            text (str): the source text.
+            beam_size, length_penalty, max_decoding_length, min_decoding_length, truncate,
+                sampling_temperature, sampling_topk, sampling_topp, seed: as in translate_batch.
+
+        Returns:
+            str: the best hypothesis.
+
+        Raises:
+            TypeError: text is not a str. ValueError: as translate_batch.
+        """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str (translate_batch takes lists)")
         options = self.search_options(
@@ -212,37 +132,41 @@ class Translator:
             sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed)
         return self._translate([text], options)[0].hypotheses[0]
 
-    def translate_batch(
-        self,
-        source: Sequence[str | Sequence[int]],
-        *,
-        beam_size: int | None = None,
-        num_hypotheses: int = 1,
-        length_penalty: float | None = None,
-        max_decoding_length: int | None = None,
-        min_decoding_length: int | None = None,
-        return_scores: bool = False,
-        return_attention: bool = False,
-        truncate: bool = False,
-        max_batch_size: int = 32,
-        sampling_temperature: float | None = None,
-        sampling_topk: int = 0,
-        sampling_topp: float = 1.0,
-        seed: int | None = None,
-    ) -> list[TranslationResult]:
+    def translate_batch(self, source: Sequence[str | Sequence[int]], *, beam_size: int | None = None,
+                        num_hypotheses: int = 1, length_penalty: float | None = None,
+                        max_decoding_length: int | None = None, min_decoding_length: int | None = None,
+                        return_scores: bool = False, return_attention: bool = False, truncate: bool = False,
+                        max_batch_size: int = 32, sampling_temperature: float | None = None, sampling_topk: int = 0,
+                        sampling_topp: float = 1.0, seed: int | None = None) -> list[TranslationResult]:
         """Translates texts (or source token id lists) and returns one result per source, in order.
 
-        beam_size 1 is greedy search; sampling_temperature switches to random sampling (each
-        sentence's sample depends only on the seed and the sentence, not on its batch).
-        beam_size, length_penalty and min_decoding_length default to bundle.json's `decoding`;
-        max_decoding_length to max_length_a x source length + max_length_b, capped by the model's
-        positions. An empty or whitespace-only text gives an empty translation.
-        return_attention adds each hypothesis's cross-attention (TranslationResult.attention),
-        computed after the search by a forced pass of the standard decoder, so the hypotheses
-        and scores are the same as without it.
-        Raises TypeError for items that are neither str nor ids, ValueError for a source longer
-        than the model's positions (unless truncate=True) and for options of a wrong type or
-        range (SearchOptions; the message names the option, its value and the fix).
+        Args:
+            source (Sequence[str | Sequence[int]]): texts, or source ids (the end token is added when
+                missing). An empty or whitespace-only text gives an empty translation.
+            beam_size (int | None): 1 is greedy search; default bundle.json's `decoding.beam_size`.
+            num_hypotheses (int): the n-best to return per source (<= beam_size, or samples).
+            length_penalty (float | None): α in score / len^α (docs/decoding.md); default bundle.json's.
+            max_decoding_length (int | None): default max_length_a x source length + max_length_b,
+                capped by the model's positions.
+            min_decoding_length (int | None): the end token is forbidden before it; default bundle.json's.
+            return_scores (bool): fill TranslationResult.scores (log-probabilities, end token included).
+            return_attention (bool): fill TranslationResult.attention, computed after the search by a
+                forced pass of the standard decoder, so hypotheses and scores are those without it.
+            truncate (bool): cut sources longer than the model's positions instead of refusing them.
+            max_batch_size (int): sources decoded together (sorted by length: less padding).
+            sampling_temperature (float | None): switches to random sampling; each sentence's sample
+                depends only on the seed and the sentence, not on its batch.
+            sampling_topk (int): sample among the k best (0: all).
+            sampling_topp (float): sample within this probability mass (1.0: all).
+            seed (int | None): the sampling seed.
+
+        Returns:
+            list[TranslationResult]: one per source, in the order given.
+
+        Raises:
+            TypeError: an item that is neither a str nor ids.
+            ValueError: a source longer than the model's positions (unless truncate) or an option of
+                a wrong type or range (the message names the option, its value and the fix).
         """
         options = self.search_options(
             beam_size=beam_size, num_hypotheses=num_hypotheses, length_penalty=length_penalty,
@@ -259,27 +183,7 @@ class Translator:
 
         Raises ValueError for a value of the wrong type or range, TypeError for an unknown name.
         """
-        defaults = self.bundle.decoding
-        for name, key, fallback in (("beam_size", "beam_size", 4), ("length_penalty", "length_penalty", 1.0),
-                                    ("min_decoding_length", "min_length", 0)):
-            if options.get(name) is None:
-                options[name] = defaults.get(key, fallback)
-        resolved = SearchOptions(**options)
-        limit = self.max_positions
-        if resolved.max_decoding_length is not None and resolved.max_decoding_length > limit:
-            raise ValueError(
-                f"max_decoding_length={resolved.max_decoding_length}; this model has {limit} positions "
-                "(max_positions in bundle.json): choose 1..that"
-            )
-        if resolved.min_decoding_length >= limit:
-            raise ValueError(
-                f"min_decoding_length={resolved.min_decoding_length}; this model has {limit} positions "
-                f"(max_positions in bundle.json): choose 0..{limit - 1}"
-            )
-        if not resolved.sampling and resolved.beam_size > 1 and 2 * resolved.beam_size > self.tgt_vocab:
-            raise ValueError(f"beam_size={resolved.beam_size} needs a target vocabulary of at least "
-                             f"{2 * resolved.beam_size} pieces, this model has {self.tgt_vocab}: choose a smaller beam")
-        return resolved
+        return resolve_search_options(options, self.bundle.decoding, self.max_positions, self.tgt_vocab)
 
     def generate_tokens(self, text: str, *, max_decoding_length: int | None = None,
                         min_decoding_length: int | None = None, truncate: bool = False) -> Iterator[str]:
@@ -294,7 +198,7 @@ class Translator:
             raise TypeError(f"text is {type(text).__name__}; give a str")
         options = self.search_options(beam_size=1, max_decoding_length=max_decoding_length,
                                       min_decoding_length=min_decoding_length, truncate=truncate)
-        ids = self._source_ids(0, text, truncate)
+        ids = self._sources.ids(0, text, truncate)
         if ids is None:
             return iter(())
         [limit] = self._max_lengths([ids], options)
@@ -329,17 +233,7 @@ class Translator:
             raise TypeError(f"text is {type(text).__name__}; give a str")
         if not text.strip():
             return [], False
-        limit = self.max_positions - 1  # ids before the end token
-        ids, complete = encode_limited(self.source_tokenizer, text, limit, bounded=self._word_bounded)
-        if len(ids) <= limit:
-            return ids + [self.eos_id], False
-        if not truncate:
-            count = f"{len(ids) + 1}" if complete else f"more than {self.max_positions}"
-            raise ValueError(
-                f"{count} tokens; this model was exported for at most {self.max_positions} positions "
-                "(max_positions in bundle.json): shorten it or pass truncate=True"
-            )
-        return ids[:limit] + [self.eos_id], True
+        return self._sources.prepare(text, truncate)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -368,7 +262,7 @@ class Translator:
         if isinstance(source, (str, bytes)):
             raise TypeError("translate_batch takes a list of sources; for one string use translate(text)")
         n = options.num_hypotheses
-        ids = [self._source_ids(i, item, options.truncate) for i, item in enumerate(source)]
+        ids = [self._sources.ids(i, item, options.truncate) for i, item in enumerate(source)]
         results: list[TranslationResult | None] = [None] * len(ids)
         todo = [i for i, s in enumerate(ids) if s is not None]
         limits = dict(zip(todo, self._max_lengths([ids[i] for i in todo], options)))
@@ -413,40 +307,12 @@ class Translator:
         source once per sample row): then the sources are encoded here."""
         n = max(len(h) for h in hypotheses)
         rows = [h[j] if j < len(h) else [] for h in hypotheses for j in range(n)]  # n rows per source
-        src_mask, cross = encoded if encoded is not None else self._encode(*self._pad(sources))
+        src_mask, cross = encoded if encoded is not None else self._encode(*self._sources.pad(sources))
         flat = forced_attention(self._attention_decoder(), src_mask=src_mask, cross=cross, rows_per_source=n,
                                 hypotheses=rows, source_lengths=[len(s) for s in sources], start_id=self.start_id,
                                 eos_id=self.eos_id, n_heads=self.n_heads, head_dim=self.head_dim,
                                 cache_dtype=self.cache_dtype, to_device=self._to_device, device=self._ort_device)
         return [flat[i * n : i * n + len(h)] for i, h in enumerate(hypotheses)]
-
-    def _source_ids(self, index: int, item, truncate: bool) -> list[int] | None:
-        if isinstance(item, str):
-            try:
-                ids, _ = self.prepare_source(item, truncate=truncate)
-            except ValueError as e:
-                raise ValueError(f"source {index} has {e}") from None
-            return ids or None
-        if isinstance(item, (list, tuple, np.ndarray)) and all(
-                isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in item):
-            ids = [int(x) for x in item]
-            if not ids:
-                return None
-            bad = [x for x in ids if not 0 <= x < self.src_vocab]
-            if bad:
-                raise ValueError(f"source {index}: token ids {bad[:5]} are outside the source vocabulary [0, {self.src_vocab})")
-            if ids[-1] != self.eos_id:
-                ids.append(self.eos_id)
-        else:
-            raise TypeError(f"source {index} is {type(item).__name__}; give a str or a list of token ids")
-        if len(ids) > self.max_positions:
-            if not truncate:
-                raise ValueError(
-                    f"source {index} has {len(ids)} tokens; this model was exported for at most "
-                    f"{self.max_positions} positions (max_positions in bundle.json): shorten it or pass truncate=True"
-                )
-            ids = ids[: self.max_positions - 1] + [self.eos_id]
-        return ids
 
     def _max_lengths(self, sources: list[list[int]], options: SearchOptions) -> np.ndarray:
         if options.max_decoding_length is not None:
@@ -470,7 +336,7 @@ class Translator:
             n = options.num_hypotheses
             rows = [s for s in sources for _ in range(n)]
             keys = [[h, len(s), *s] for s in sources for h in range(n)]
-            step = self._step_fn(*self._pad(rows), top_k=None,  # sampling needs the whole distribution
+            step = self._step_fn(*self._sources.pad(rows), top_k=None,  # sampling needs the whole distribution
                                  max_length=int(max_lengths.max()))
             flat = sample(step, len(rows), temperature=options.sampling_temperature, top_k=options.sampling_topk,
                           top_p=options.sampling_topp, seed=options.seed, row_keys=keys,
@@ -478,7 +344,7 @@ class Translator:
             self._recycle(step)
             return [SearchResult([h for r in flat[i * n:(i + 1) * n] for h in r.hypotheses],
                                  [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(len(sources))], None
-        src, lengths = self._pad(sources)
+        src, lengths = self._sources.pad(sources)
         encoded = self._encode(src, lengths)
         step = self._step_fn(src, lengths, top_k=self._top_k(options.beam_size, options.min_decoding_length),
                              max_length=int(max_lengths.max()), beam_width=options.beam_size, encoded=encoded)
@@ -494,13 +360,6 @@ class Translator:
         """Offers a fused step's buffers to the next batch (the standard step has none). Called only
         after a search that ended normally: one that raised may have left them half bound."""
         self._buffer_pool.give(getattr(step, "buffers", None))
-
-    def _pad(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        lengths = np.array([len(s) for s in sources], dtype=np.int64)
-        src = np.full((len(sources), int(lengths.max())), self.pad_id, dtype=np.int64)
-        for row, s in enumerate(sources):
-            src[row, : len(s)] = s
-        return src, lengths
 
     def _to_device(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(array, self._ort_device, 0)
@@ -531,38 +390,6 @@ class Translator:
                              n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim,
                              beam_width=beam_width, max_length=max_length, top_k=top_k, vocab=self.tgt_vocab,
                              buffers=self._buffer_pool.take(rows, beam_width, max_length, top_k))
-        empty = np.zeros((src.shape[0], self.n_heads, 0, self.head_dim), dtype=self.cache_dtype)
-        state = {"past": [self._to_device(empty) for _ in range(2 * self.n_layers)], "cross": cross, "mask": src_mask}
-        wanted = [names.LOG_PROBS] if top_k is None else [names.TOPK_LOG_PROBS, names.TOPK_IDS]
-        k_input = np.array([top_k or 1], dtype=np.int64)
-        cross_names, past_names, present_names = (names.cross_names(self.n_layers), names.past_names(self.n_layers),
-                                                  names.present_names(self.n_layers))
-
-        def step(tokens: np.ndarray, cache_indices: np.ndarray, t: int, keep: np.ndarray | None) -> np.ndarray:
-            if keep is not None:
-                # Finished sentences leave: their cross keys/values and mask go too. This happens
-                # a few times per batch, not per step, so a round trip through the host is cheap.
-                state["cross"] = [self._to_device(np.ascontiguousarray(v.numpy()[keep])) for v in state["cross"]]
-                state["mask"] = self._to_device(np.ascontiguousarray(state["mask"].numpy()[keep]))
-            b = self.decoder.io_binding()
-            b.bind_cpu_input(names.TOKENS, np.ascontiguousarray(tokens, dtype=np.int64))
-            b.bind_cpu_input(names.STEP, np.array([t], dtype=np.int64))
-            b.bind_cpu_input(names.CACHE_INDICES, np.ascontiguousarray(cache_indices, dtype=np.int64))
-            b.bind_cpu_input(names.TOP_K, k_input)
-            for name, value in zip(past_names, state["past"]):
-                b.bind_ortvalue_input(name, value)
-            for name, value in zip(cross_names, state["cross"]):
-                b.bind_ortvalue_input(name, value)
-            b.bind_ortvalue_input(names.SRC_MASK, state["mask"])
-            for name in present_names:
-                b.bind_output(name, self._ort_device)
-            for name in wanted:
-                b.bind_output(name, "cpu")  # only what the search needs comes down
-            self.decoder.run_with_iobinding(b)
-            outputs = b.get_outputs()
-            state["past"] = outputs[: len(present_names)]
-            if top_k is None:
-                return outputs[-1].numpy()
-            return TopK(outputs[-2].numpy(), outputs[-1].numpy(), self.tgt_vocab)
-
-        return step
+        return StandardStep(self.decoder, rows=src.shape[0], src_mask=src_mask, cross=cross, n_layers=self.n_layers,
+                            n_heads=self.n_heads, head_dim=self.head_dim, cache_dtype=self.cache_dtype, top_k=top_k,
+                            vocab=self.tgt_vocab, to_device=self._to_device, device=self._ort_device)

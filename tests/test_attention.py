@@ -110,7 +110,7 @@ def test_a_bundle_without_the_output_translates_but_refuses_attention_naming_the
 
 
 def _translate(*args, stdin: str):
-    return subprocess.run([sys.executable, "-m", "seq2onnx.cli", "translate", str(tiny_bundle()), *args],
+    return subprocess.run([sys.executable, "-m", "seq2onnx.commands", "translate", str(tiny_bundle()), *args],
                           input=stdin, capture_output=True, text=True, timeout=120)
 
 

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from tiny import scratch, tiny_run
 
-from seq2onnx.export import bench_engines, bench_format, bench_rows, bench_run, ct2convert
-from seq2onnx.cli import main
-from seq2onnx.runtime.translator import _cuda_usable
+from seq2onnx.bench import engines as bench_engines, report as bench_format, rows as bench_rows, run as bench_run
+from seq2onnx.export.ctranslate2 import convert as ct2convert
+from seq2onnx.commands.main import main
+from seq2onnx.runtime.sessions import cuda_usable as _cuda_usable
 
 HAVE_CT2 = ct2convert.ct2_available()[0]
 CONFIGS = {("greedy", 1), ("greedy", 32), ("beam4", 1), ("beam4", 32)}
@@ -119,7 +120,7 @@ def test_counting_helpers():
 def test_peak_memory_is_the_childs_own():
     """A child of a process holding 300 MB reports its own small peak (ru_maxrss would report the parent's)."""
     held = np.ones(300 * 2**20 // 8)  # written, so resident
-    code = "from seq2onnx.export.bench_engines import peak_rss_mb, rss_mb; now = rss_mb(); print(now, peak_rss_mb())"
+    code = "from seq2onnx.bench.engines import peak_rss_mb, rss_mb; now = rss_mb(); print(now, peak_rss_mb())"
     now, peak = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                           check=True).stdout.split())
     assert 0 < now <= peak < 150, (peak, now)

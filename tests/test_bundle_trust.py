@@ -15,11 +15,6 @@ from tiny import copy_bundle as _copy, edit_bundle_json as _edit, tiny_bundle
 TEXT = "the cat dances in the box"
 
 
-@pytest.fixture(scope="module")
-def bundle() -> Path:
-    return tiny_bundle()
-
-
 def _rehash(path: Path) -> None:
     """Rewrites every sha256 in bundle.json, so that a test gets past the hash check."""
     _edit(path, lambda m: [e.update(sha256=sha256(path / e["path"])) for e in m["files"].values()])

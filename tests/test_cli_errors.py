@@ -11,7 +11,7 @@ from tiny import scratch, tiny_bundle, tiny_run
 
 
 def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seq2onnx.cli", *args], input=stdin, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "seq2onnx.commands", *args], input=stdin, capture_output=True, text=True,
                           timeout=300)
 
 

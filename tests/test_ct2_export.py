@@ -16,7 +16,8 @@ import pytest
 
 from tiny import scratch, tiny_run
 
-from seq2onnx.export.ct2convert import DEPLOY_JSON, ct2_available
+from seq2onnx.atomic import MARKER
+from seq2onnx.export.ctranslate2.convert import DEPLOY_JSON, ct2_available
 
 HAVE_CT2, WHY = ct2_available()
 if not HAVE_CT2:
@@ -25,15 +26,15 @@ if not HAVE_CT2:
 import torch  # noqa: E402
 
 from seq2onnx.export.bundle import DECODING_DEFAULTS  # noqa: E402
-from seq2onnx.export.ct2convert import build_spec, export_ctranslate2  # noqa: E402
-from seq2onnx.export.ct2verify import TIE, read_recipe, verify_ct2  # noqa: E402
+from seq2onnx.export.ctranslate2.convert import build_spec, export_ctranslate2  # noqa: E402
+from seq2onnx.export.ctranslate2.verify import TIE, read_recipe, verify_ct2  # noqa: E402
 from seq2onnx.export.parity import test_sentences as split_sentences  # noqa: E402
 from seq2onnx.model import checkpoint  # noqa: E402
 from seq2onnx.model.search import translate_ids  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CT2_FILES = {"model.bin", "config.json", "source_vocabulary.json", "target_vocabulary.json",
-             "source.spm.model", "target.spm.model", DEPLOY_JSON}
+             "source.spm.model", "target.spm.model", DEPLOY_JSON, MARKER}
 
 
 # One thread for torch and CTranslate2 in the children: the tests' models are tiny, and CTranslate2's
@@ -42,7 +43,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seq2onnx.cli", *args], input=stdin, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "seq2onnx.commands", *args], input=stdin, capture_output=True, text=True,
                           timeout=600, env=ENV)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from seq2onnx.cli import main
+from seq2onnx.commands.main import main
 from tiny import tiny_bundle, tiny_run
 
 

@@ -438,7 +438,7 @@ def test_bad_checkpoints_raise_checkpoint_error_naming_the_problem():
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seq2onnx.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "seq2onnx.commands", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
 
 

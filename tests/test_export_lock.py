@@ -99,7 +99,7 @@ def test_two_cli_exports_started_together():
     """The user's case: two `seq2onnx export` commands into one directory; one prints success."""
     ckpt = tiny_run()
     out = scratch("lock-cli") / "bundle"
-    cmd = [sys.executable, "-m", "seq2onnx.cli", "export", str(ckpt), str(out)]
+    cmd = [sys.executable, "-m", "seq2onnx.commands", "export", str(ckpt), str(out)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env())
              for _ in range(2)]
     results = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]

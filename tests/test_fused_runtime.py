@@ -29,11 +29,6 @@ TEXTS = ["the cat dances in the box", "a small bird sleeps", "the queen sees you
 
 
 @pytest.fixture(scope="module")
-def bundle() -> Path:
-    return tiny_bundle()
-
-
-@pytest.fixture(scope="module")
 def standard(bundle) -> Translator:
     return Translator(bundle, device="cpu", _tuning=SessionTuning(decoder="standard"))
 
@@ -132,7 +127,7 @@ def test_static_loop_binds_once_updates_in_place_and_compacts(bundle, standard, 
     monkeypatch.setattr(fused_step.FusedStep, "__call__", call)
     ids = [t.prepare_source(s)[0] for s in TEXTS]
     limits = t._max_lengths(ids, t.search_options(beam_size=4))
-    step = t._step_fn(*t._pad(ids), top_k=8, max_length=int(limits.max()), beam_width=4)
+    step = t._step_fn(*t._sources.pad(ids), top_k=8, max_length=int(limits.max()), beam_width=4)
     got = beam_search(step, len(ids), beam_size=4, start_id=t.start_id, eos_id=t.eos_id, max_lengths=limits,
                       num_hypotheses=4, length_penalty=0.6)
     shrank = sum(1 for a, b in zip(batches, batches[1:]) if b < a)
@@ -148,7 +143,7 @@ def test_static_loop_binds_once_updates_in_place_and_compacts(bundle, standard, 
 def test_beams_may_only_continue_their_own_sentence(bundle):
     t = Translator(bundle, device="cpu")
     ids = [t.prepare_source(s)[0] for s in TEXTS[:2]]
-    step = t._step_fn(*t._pad(ids), top_k=4, max_length=5, beam_width=2)
+    step = t._step_fn(*t._sources.pad(ids), top_k=4, max_length=5, beam_width=2)
     step(np.full((2, 1), t.start_id), np.arange(2), 0, None)
     with pytest.raises(ValueError, match="own sentence"):
         step(np.full((4, 1), 5), np.array([0, 0, 0, 0]), 1, None)  # sentence 1's beams continue sentence 0

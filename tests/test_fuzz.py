@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seq2onnx.runtime.translator import TranslationResult, Translator
-from tiny import tiny_bundle
 
 # Every code point, surrogates and control characters included.
 ANY_CHAR = st.characters(codec=None, exclude_categories=())
@@ -17,11 +16,6 @@ SPECIAL = st.sampled_from(["\x00", "\u0301", "\u202e", "\u200f", "🙂", "👩�
                            "漢字", "مرحبا", "שלום", "\u0000\u0000", " "])
 TEXT = st.lists(st.one_of(st.text(ANY_CHAR, max_size=40), SPECIAL), min_size=1, max_size=4).map("".join)
 CASES = 150
-
-
-@pytest.fixture(scope="module")
-def translator() -> Translator:
-    return Translator(tiny_bundle(), device="cpu")
 
 
 def _check(translator: Translator, result: TranslationResult, text: str, max_length: int, n: int = 1) -> None:

@@ -17,7 +17,7 @@ import pytest
 from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.runtime.translator import Translator
 from node_host import NODE, skip_reason
-from tiny import scratch, tiny_bundle
+from tiny import scratch
 
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "js"
@@ -48,11 +48,6 @@ def node_json(*args: str, lines: list[str]) -> list[dict]:
     out = node(*args, stdin="".join(line + "\n" for line in lines)).stdout.splitlines()
     assert len(out) == len(lines)
     return [json.loads(line) for line in out]
-
-
-@pytest.fixture(scope="module")
-def bundle() -> Path:
-    return tiny_bundle()
 
 
 @pytest.fixture(scope="module")

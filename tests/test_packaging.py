@@ -21,7 +21,7 @@ def _python(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_version_is_the_distributions():
     assert seq2onnx.__version__ == importlib.metadata.version("seq2onnx")
-    proc = subprocess.run([sys.executable, "-m", "seq2onnx.cli", "--version"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "seq2onnx.commands", "--version"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"seq2onnx {importlib.metadata.version('seq2onnx')}"
@@ -31,10 +31,31 @@ def test_no_bare_top_level_names_are_installed():
     # Run outside the checkout: there the folders model/, export/, runtime/ are on sys.path by accident.
     proc = _python("""
         import importlib.util, json
-        print(json.dumps({n: importlib.util.find_spec(n) is not None for n in ("model", "export", "runtime")}))
+        names = ("model", "export", "runtime", "bench", "commands", "spec", "errors", "atomic")
+        print(json.dumps({n: importlib.util.find_spec(n) is not None for n in names}))
         """, scratch("outside"))
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"model": False, "export": False, "runtime": False}
+    assert json.loads(proc.stdout) == dict.fromkeys(("model", "export", "runtime", "bench", "commands", "spec", "errors",
+                                                     "atomic"), False)
+
+
+def test_the_wheel_holds_every_layer_and_the_spec_under_one_name(tmp_path):
+    """What `pip install seq2onnx` unpacks: the package and its data files, nothing else at the top."""
+    import zipfile
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [wheel] = tmp_path.glob("seq2onnx-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"seq2onnx"}, tops
+    for wanted in ("seq2onnx/spec/bundle.json", "seq2onnx/spec/cases/bundle-json.json", "seq2onnx/commands/main.py",
+                   "seq2onnx/bench/run.py", "seq2onnx/export/ctranslate2/convert.py", "seq2onnx/runtime/translator.py",
+                   "seq2onnx/errors.py", "seq2onnx/atomic.py"):
+        assert wanted in names, wanted
+    assert not [n for n in names if "/tests/" in n or "node_modules" in n]
 
 
 def test_an_app_with_its_own_runtime_and_model_modules_uses_seq2onnx():
@@ -75,7 +96,7 @@ def test_translate_cli_runs_without_the_training_side():
     source = scratch("cli-no-torch") / "in.txt"
     source.write_text("a small bird sleeps\nthe cat dances in the box\n")
     proc = _python(textwrap.dedent(_BLOCK_TRAINING_SIDE) + textwrap.dedent("""
-        from seq2onnx.cli import main
+        from seq2onnx.commands.main import main
         code = main(["translate", sys.argv[1], "-i", sys.argv[2], "--beam", "2"])
         loaded = [m for m in sys.modules if m.split(".")[0] in ("torch", "onnx")
                   or m.startswith(("seq2onnx.model", "seq2onnx.export"))]
@@ -91,7 +112,7 @@ def test_training_command_without_torch_names_the_extra():
     # A runtime-only install has seq2onnx.export (same distribution) but no torch.
     block_torch = _BLOCK_TRAINING_SIDE.replace('or name.startswith(("seq2onnx.model", "seq2onnx.export"))', "")
     proc = _python(textwrap.dedent(block_torch) + textwrap.dedent("""
-        from seq2onnx.cli import main
+        from seq2onnx.commands.main import main
         sys.exit(main(["train", "somewhere"]))
         """), scratch("cwd"))
     assert proc.returncode == 1

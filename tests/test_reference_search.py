@@ -1,4 +1,4 @@
-"""The reference beam search against ../shared/DECODING.md, on hand-made fake steps with answers
+"""The reference beam search against docs/decoding.md, on hand-made fake steps with answers
 worked out by hand, and on random tiny Transformers (beam 1 == greedy, batched == alone)."""
 from __future__ import annotations
 

@@ -1,15 +1,19 @@
-"""runtime/search.py alone (numpy, no onnxruntime): hand-made fake steps with known answers, and
-token-for-token agreement with the PyTorch oracle (model/search.py) on random log-prob tables."""
+"""runtime/search.py alone (numpy, no onnxruntime): the hand-made fake steps with known answers of
+spec/cases/search.json (shared with js/test/search.test.mjs), and token-for-token agreement with the
+PyTorch oracle (model/search.py) on random log-prob tables."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from seq2onnx.runtime.search import TopK, beam_search, candidates_needed, greedy_search, sample, stream_greedy
 
-START, EOS = 2, 3
-NEG = -50.0  # "never" without -inf
+CASES = json.loads((Path(__file__).resolve().parents[1] / "spec" / "cases" / "search.json").read_text(encoding="utf-8"))
+START, EOS = CASES["start_id"], CASES["end_id"]
+NEG = CASES["never"]  # "never" without -inf
 
 
 class Fake:
@@ -85,149 +89,73 @@ def random_fn(seed: int, vocab: int, *, ties: bool = False, eos_drift: float = 0
     return fn
 
 
-def table_fn(tables: dict, vocab: int, default_best: int = EOS):
-    """Hand-made log-probs by prefix; unlisted prefixes strongly prefer `default_best`."""
+def case_fn(case: dict):
+    """The fake decoder of a spec/cases/search.json case: its log-prob row for (sentence, prefix),
+    looked up by the keys "S:P", "P", "S:*", "*" in turn; unlisted prefixes strongly prefer
+    `default_best` (the end token when absent). See the file's $comment."""
+    tables, vocab = case["log_probs"], case["vocab"]
+
+    def value(v):
+        return NEG if v == "never" else float(v)
 
     def fn(s, prefix):
-        table = tables.get((s, prefix), tables.get(prefix))
-        if table is None:
+        p = ",".join(str(int(tok)) for tok in prefix)
+        key = next((k for k in (f"{s}:{p}", p, f"{s}:*", "*") if k in tables), None)
+        if key is None:
             row = np.full(vocab, NEG)
-            row[default_best] = -0.01
+            row[case.get("default_best", EOS)] = -0.01
             return row
-        row = np.full(vocab, NEG)
-        for token, value in table.items():
-            row[token] = value
+        row = np.full(vocab, value(tables[key].get("*", "never")))
+        for token, v in tables[key].items():
+            if token != "*":
+                row[int(token)] = value(v)
         return row
 
     return fn
 
 
-# -- greedy ----------------------------------------------------------------------------------------
+# -- greedy and beam search: the shared hand-made cases (spec/cases/search.json) -------------------
 
-def test_greedy_argmax_first_index_on_ties_and_score():
-    fn = table_fn({(): {4: -0.5, 5: -0.5, EOS: -0.9}, (4,): {6: -0.25, EOS: -1.0}, (4, 6): {EOS: -0.125}}, 8)
-    fake = Fake(fn, 1)
-    [r] = greedy_search(fake.step, 1, start_id=START, eos_id=EOS, max_lengths=np.array([10]))
-    assert r.hypotheses == [[4, 6, EOS]]  # 4 and 5 tie at t=0: the lower index wins
-    assert r.scores == [pytest.approx(-0.875, abs=1e-12)]
-    assert [c[0] for c in fake.calls] == [0, 1, 2]
-
-
-def test_greedy_min_length_forbids_end_token():
-    fn = table_fn({(): {EOS: -0.1, 5: -2.0, 6: -3.0}, (5,): {EOS: -0.1, 6: -1.0}, (5, 6): {EOS: -0.2}}, 8)
-    [free] = greedy_search(Fake(fn, 1).step, 1, start_id=START, eos_id=EOS, max_lengths=np.array([10]))
-    assert free.hypotheses == [[EOS]]
-    [r] = greedy_search(Fake(fn, 1).step, 1, start_id=START, eos_id=EOS, max_lengths=np.array([10]), min_length=2)
-    assert r.hypotheses == [[5, 6, EOS]]
-    assert r.scores[0] == pytest.approx(-3.2)
+def _run_case(case: dict, fn, batch: int, max_lengths, step_output: str):
+    """One case through greedy_search or beam_search, the Fake answering with full float64 log-probs
+    or with the float32 top-k candidates the decoder graph gives."""
+    fake = Fake(fn, batch)
+    min_length = case.get("min_length", 0)
+    beam = case["beam_size"] if case["search"] == "beam" else 1
+    step = fake.step if step_output == "full" else _as_top_k(fake.step, candidates_needed(beam, min_length))
+    kw = dict(start_id=START, eos_id=EOS, max_lengths=np.array(max_lengths), min_length=min_length)
+    if case["search"] == "greedy":
+        return greedy_search(step, batch, **kw), fake
+    assert case["search"] == "beam", case["search"]
+    return beam_search(step, batch, beam_size=beam, num_hypotheses=case["num_hypotheses"],
+                       length_penalty=case["length_penalty"], **kw), fake
 
 
-def test_greedy_per_sentence_max_lengths_and_finished_rows_leave():
-    fn = lambda s, p: np.array([NEG, NEG, NEG, -9.0, -0.1 - s, -0.2, -5.0, -6.0])  # never ends
-    fake = Fake(fn, 3)
-    res = greedy_search(fake.step, 3, start_id=START, eos_id=EOS, max_lengths=np.array([2, 4, 3]))
-    assert [r.hypotheses for r in res] == [[[4, 4]], [[5, 5, 5, 5]], [[5, 5, 5]]]
-    assert res[1].scores[0] == pytest.approx(-0.8)
-    # rows: 3, 3, then sentence 0 leaves (keep [1, 2]), then sentence 2 leaves (keep [0] of [1, 2])
-    assert fake.calls == [(0, 3, None), (1, 3, None), (2, 2, [1, 2]), (3, 1, [0])]
+SPEC_RUNS = [(case, step_output) for case in CASES["cases"] for step_output in case["steps"]]
 
 
-def test_greedy_end_token_finishes_each_sentence_on_its_own():
-    # sentence s ends after s + 1 tokens
-    fn = lambda s, p: np.where(np.arange(8) == (EOS if len(p) >= s + 1 else 4), -0.1, -3.0)
-    fake = Fake(fn, 3)
-    res = greedy_search(fake.step, 3, start_id=START, eos_id=EOS, max_lengths=np.array([20, 20, 20]))
-    assert [r.hypotheses[0] for r in res] == [[4, EOS], [4, 4, EOS], [4, 4, 4, EOS]]
-    assert [c[1] for c in fake.calls] == [3, 3, 2, 1]
+@pytest.mark.parametrize("case, step_output", SPEC_RUNS, ids=[f"{c['name']} [{o}]" for c, o in SPEC_RUNS])
+def test_shared_search_case(case, step_output):
+    assert step_output in ("full", "top_k"), step_output
+    fn, max_lengths = case_fn(case), case["max_lengths"]
+    batch = len(max_lengths)
+    res, fake = _run_case(case, fn, batch, max_lengths, step_output)
+    tol = case["score_tolerance"]
+    assert len(res) == len(case["expect"]) == batch
+    for s, (r, want) in enumerate(zip(res, case["expect"])):
+        assert r.hypotheses == want["hypotheses"], s
+        assert len(r.scores) == len(want["scores"]), s
+        for got, expected in zip(r.scores, want["scores"]):
+            assert abs(got - expected) <= tol, (s, got, expected)
+    if "calls" in case:
+        assert fake.calls == [(t, rows, keep) for t, rows, keep in case["calls"]]
+    if batch > 1:  # each sentence alone gives what it gets in the batch
+        for s in range(batch):
+            [alone], _ = _run_case(case, lambda _, p, s=s: fn(s, p), 1, max_lengths[s : s + 1], step_output)
+            assert (alone.hypotheses, alone.scores) == (res[s].hypotheses, res[s].scores), s
 
 
-# -- beam search: hand-made cases ------------------------------------------------------------------
-
-def test_beam_end_token_outside_top_k_does_not_finish():
-    # K=2. t=0: tokens 4 (-0.1), 5 (-0.2), EOS (-0.25, rank 2 of 2K: must not finish).
-    fn = table_fn({(): {4: -0.1, 5: -0.2, EOS: -0.25, 6: -4.0}, (4,): {EOS: -0.1, 6: -3.0},
-                   (5,): {EOS: -0.1, 6: -3.0}}, 8)
-    [r] = beam_search(Fake(fn, 1).step, 1, beam_size=2, start_id=START, eos_id=EOS, max_lengths=np.array([10]),
-                      length_penalty=0.0, num_hypotheses=2)
-    # [EOS] alone (score -0.25) would rank second with alpha=0 had it finished
-    assert r.hypotheses == [[4, EOS], [5, EOS]]
-    assert r.scores == [pytest.approx(-0.2), pytest.approx(-0.3)]
-
-
-def test_beam_length_penalty_changes_ranking_and_scores_include_end_token():
-    # K=2: [EOS] finishes at t=0 (-1.0, len 1); [5, EOS] at t=1 (-1.15, len 2); [6, EOS] finds no room.
-    fn = table_fn({(): {EOS: -1.0, 5: -1.1, 6: -3.0, 7: -9.0}, (5,): {EOS: -0.05, 7: -6.0},
-                   (6,): {EOS: -0.05, 7: -6.0}}, 8)
-    hyps = {}
-    for alpha in (0.0, 0.6, 1.0):
-        [r] = beam_search(Fake(fn, 1).step, 1, beam_size=2, start_id=START, eos_id=EOS,
-                          max_lengths=np.array([10]), length_penalty=alpha, num_hypotheses=2)
-        hyps[alpha] = r
-    assert hyps[0.0].hypotheses == [[EOS], [5, EOS]]
-    assert hyps[0.0].scores == [pytest.approx(-1.0), pytest.approx(-1.15)]
-    # -1.15 / 2^0.6 = -0.759 > -1.0: the longer one wins from alpha 0.6 on
-    assert hyps[0.6].hypotheses == [[5, EOS], [EOS]]
-    assert hyps[1.0].hypotheses == [[5, EOS], [EOS]]
-    assert hyps[1.0].scores == [pytest.approx(-1.15), pytest.approx(-1.0)]  # raw scores, not normalised
-    # num_hypotheses=1 gives the best only
-    [one] = beam_search(Fake(fn, 1).step, 1, beam_size=2, start_id=START, eos_id=EOS,
-                        max_lengths=np.array([10]), length_penalty=1.0, num_hypotheses=1)
-    assert one.hypotheses == [[5, EOS]]
-
-
-def test_beam_max_length_records_top_k_as_finished_with_lower_flat_index_on_ties():
-    # never ends: 4 costs -0.25, 5 costs -0.5 (exact binary fractions, so ties are exact)
-    fn = lambda s, p: np.array([NEG, NEG, NEG, -20.0, -0.25, -0.5, -8.0, -9.0])
-    fake = Fake(fn, 1)
-    [r] = beam_search(fake.step, 1, beam_size=2, start_id=START, eos_id=EOS, max_lengths=np.array([3]),
-                      length_penalty=1.0, num_hypotheses=2)
-    # t=1: [4,5] and [5,4] tie at -0.75: [4,5] has the lower flat index (beam 0). t=2: [4,4,5] (beam 0)
-    # beats [4,5,4] (beam 1), both -1.0.
-    assert r.hypotheses == [[4, 4, 4], [4, 4, 5]]
-    assert r.scores == [-0.75, -1.0]
-    assert len(fake.calls) == 3
-
-
-def test_beam_n_best_order_k4():
-    # t=0 ranks: EOS -0.5 (finishes), 4 -0.6, 5 -0.7, 6 -0.8, 7 -0.9; then each prefix ends
-    # with its own cost, so the finished list is known.
-    ends = {4: -0.5, 5: -0.1, 6: -1.5, 7: -0.05}
-    tables = {(): {EOS: -0.5, 4: -0.6, 5: -0.7, 6: -0.8, 7: -0.9}}
-    for tok, cost in ends.items():
-        tables[(tok,)] = {EOS: cost, 8: -7.0}
-    fn = table_fn(tables, 10)
-    [r] = beam_search(Fake(fn, 1).step, 1, beam_size=4, start_id=START, eos_id=EOS, max_lengths=np.array([10]),
-                      length_penalty=0.0, num_hypotheses=4)
-    # t=1 candidates: [5,E] -0.8, [7,E] -0.95, [4,E] -1.1, [6,E] -2.3, then non-ending -7.6...; room for 3
-    assert r.hypotheses == [[EOS], [5, EOS], [7, EOS], [4, EOS]]
-    assert r.scores == pytest.approx([-0.5, -0.8, -0.95, -1.1])
-
-
-def test_beam_sentences_finish_on_their_own_and_leave_the_batch():
-    # sentence 0 ends at once (top-K candidates at t=1 all end); sentence 1 never ends (max length 4)
-    def fn(s, p):
-        row = np.full(8, -6.0)
-        if s == 0:
-            row[EOS] = -0.1 if p else -6.5
-            row[4], row[5] = (-3.0, -3.5) if p else (-0.2, -0.3)
-        else:
-            row[EOS] = NEG
-            row[4 + len(p) % 3] = -0.1
-        return row
-
-    fake = Fake(fn, 2)
-    res = beam_search(fake.step, 2, beam_size=2, start_id=START, eos_id=EOS, max_lengths=np.array([4, 4]),
-                      length_penalty=1.0, num_hypotheses=2)
-    rows = [c[1] for c in fake.calls]
-    keeps = [c[2] for c in fake.calls]
-    assert rows == [2, 4, 2, 2]  # 1 beam per sentence, then 2, then sentence 0's rows are gone
-    assert keeps == [None, None, [1], None]
-    alone = [beam_search(Fake(lambda _, p, s=s: fn(s, p), 1).step, 1, beam_size=2, start_id=START, eos_id=EOS,
-                         max_lengths=np.array([4]), length_penalty=1.0, num_hypotheses=2)[0] for s in (0, 1)]
-    assert [r.hypotheses for r in res] == [r.hypotheses for r in alone]
-    assert [r.scores for r in res] == [r.scores for r in alone]
-    assert all(h[-1] == EOS for h in res[0].hypotheses) and all(len(h) == 4 for h in res[1].hypotheses)
-
+# -- argument errors -------------------------------------------------------------------------------
 
 def test_search_argument_errors():
     fn = random_fn(0, 6)
@@ -508,7 +436,5 @@ def test_one_sentence_greedy_equals_the_batched_loop(ties, min_length, top_k):
     for s in range(3):
         alone = greedy_search(make(lambda _, p, s=s: fn(s, p), 1), 1, max_lengths=lengths[s : s + 1], **kw)
         assert (alone[0].hypotheses, alone[0].scores) == (batched[s].hypotheses, batched[s].scores)
-    # the end token first at step 0 must not be taken while it is forbidden (top-k column 0 is EOS)
-    table = table_fn({(): {EOS: -0.1, 5: -2.0, 6: -3.0}, (5,): {EOS: -0.1, 6: -1.0}, (5, 6): {EOS: -0.2}}, 8)
-    [r] = greedy_search(make(table, 1), 1, max_lengths=np.array([10]), **kw)
-    assert r.hypotheses == ([[EOS]] if min_length == 0 else [[5, 6, EOS]])
+    # the end token first at step 0 while it is forbidden (top-k column 0 is EOS): the shared case
+    # "greedy: the minimum length forbids the end token ..." of spec/cases/search.json, both outputs

@@ -95,8 +95,13 @@ def test_refuses_to_overwrite_without_force(tmp_path):
     with pytest.raises(TrainError, match=r"already holds a run; pass --resume to continue it or --force"):
         train(_opts(run, max_steps=2))
     assert (run / "notes.txt").read_text() == "keep me\n"
-    train(_opts(run, max_steps=2, eval_every=2, force=True))
-    assert not (run / "notes.txt").exists()
+    # --force replaces only a run: a folder of the user's is refused, and kept
+    with pytest.raises(TrainError, match=r"holds files but no run of `seq2onnx train`.*--force replaces only a run"):
+        train(_opts(run, max_steps=2, eval_every=2, force=True))
+    assert (run / "notes.txt").read_text() == "keep me\n"
+    (run / "notes.txt").unlink()
+    train(_opts(run, max_steps=2, eval_every=2))
+    train(_opts(run, max_steps=2, eval_every=2, force=True))  # a run is replaced with --force
     assert _state(run)["step"] == 2
     # A second run into the same directory is refused too.
     with pytest.raises(TrainError, match=r"--force"):
@@ -255,7 +260,7 @@ def _write_tsv(path: Path, pairs: list[tuple[str, str]]) -> Path:
 def test_valid_data_file_is_the_validation_split(tmp_path):
     from seq2onnx.export.parity import test_sentences
     from seq2onnx.model.corpus import generate_pairs
-    from seq2onnx.model.train import load_split
+    from seq2onnx.model.splits import load_split
 
     pairs = generate_pairs(600, seed=7)
     data = _write_tsv(tmp_path / "train.tsv", pairs)
@@ -287,10 +292,10 @@ def test_missing_valid_data_is_a_clear_error(tmp_path):
 
 
 def test_cli_passes_valid_data_to_training():
-    from seq2onnx.export.cli import add_commands, train_options
-    from seq2onnx.runtime.cli import build_parser
+    from seq2onnx.commands.main import build_parser
+    from seq2onnx.commands.train import train_options
 
-    args = build_parser(add_training=add_commands).parse_args(["train", "OUT", "--data", "d.tsv", "--valid-data", "v.tsv"])
+    args = build_parser().parse_args(["train", "OUT", "--data", "d.tsv", "--valid-data", "v.tsv"])
     opts = train_options(args)
     assert (opts.data, opts.valid_data, opts.out) == ("d.tsv", "v.tsv", "OUT")
-    assert train_options(build_parser(add_training=add_commands).parse_args(["train", "OUT"])).valid_data is None
+    assert train_options(build_parser().parse_args(["train", "OUT"])).valid_data is None

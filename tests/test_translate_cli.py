@@ -1,4 +1,4 @@
-"""`seq2onnx translate BUNDLE` (python -m seq2onnx.cli translate) against Translator.translate_batch."""
+"""`seq2onnx translate BUNDLE` (python -m seq2onnx.commands translate) against Translator.translate_batch."""
 from __future__ import annotations
 
 import os
@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from seq2onnx.runtime.translator import Translator
-from tiny import scratch, tiny_bundle
+from tiny import scratch
 
 try:  # the tiny model is built with torch: one thread is much faster on a small shared machine
     import torch
@@ -37,7 +36,7 @@ LINES = [
 ]
 
 
-COMMAND = [sys.executable, "-m", "seq2onnx.cli", "translate"]
+COMMAND = [sys.executable, "-m", "seq2onnx.commands", "translate"]
 # An ordinary UTF-8 locale (C.UTF-8: en_US.UTF-8 is not installed everywhere), no override of Python's encodings.
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONIOENCODING"))}, "LC_ALL": "C.UTF-8"}
 
@@ -49,16 +48,6 @@ def cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
 
 def cli_bytes(*args: str, input: bytes = b"") -> subprocess.CompletedProcess:
     return subprocess.run([*COMMAND, *args], input=input, capture_output=True, cwd=ROOT, env=ENV, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def bundle() -> Path:
-    return tiny_bundle()
-
-
-@pytest.fixture(scope="module")
-def translator(bundle) -> Translator:
-    return Translator(bundle, device="cpu")
 
 
 def _ok(proc: subprocess.CompletedProcess) -> list[str]:

@@ -1,4 +1,4 @@
-"""`seq2onnx translate-dataset` (runtime/dataset.py) on a local 2-CPU Ray instance, against
+"""`seq2onnx translate-dataset` (commands/translate_dataset.py) on a local 2-CPU Ray instance, against
 Translator.translate_batch and `seq2onnx translate` on the same input."""
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import pyarrow as pa  # noqa: E402  (ray[data] brings pyarrow)
 import pyarrow.parquet as pq  # noqa: E402
 
 from seq2onnx.model.corpus import generate_pairs  # noqa: E402
-from seq2onnx.runtime import dataset  # noqa: E402
+from seq2onnx.commands import translate_dataset as dataset  # noqa: E402
 from seq2onnx.runtime.bundle import BundleError  # noqa: E402
-from seq2onnx.runtime.cli import CommandError  # noqa: E402
+from seq2onnx.errors import CommandError  # noqa: E402
 from seq2onnx.runtime.translator import Translator  # noqa: E402
-from tiny import scratch, tiny_bundle  # noqa: E402
+from tiny import scratch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # A few hundred generated sentences, with the edge cases of `seq2onnx translate`'s line handling.
@@ -38,11 +38,6 @@ def local_ray():
 
 
 @pytest.fixture(scope="module")
-def bundle() -> Path:
-    return tiny_bundle()
-
-
-@pytest.fixture(scope="module")
 def greedy(bundle) -> list[str]:
     """LINES translated in one process with --beam 1 (greedy keeps the Ray runs short; the bundle's
     default beam is compared with `seq2onnx translate` in the first test)."""
@@ -53,7 +48,7 @@ def greedy(bundle) -> list[str]:
 def run(*argv: str) -> int:
     """The command as the seq2onnx parser will run it (the driver reuses the fixture's Ray instance)."""
     parser = argparse.ArgumentParser(prog="seq2onnx")
-    dataset.add_translate_dataset(parser.add_subparsers(dest="command"))
+    dataset.add(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["translate-dataset", *map(str, argv)])
     return args.func(args)
 
@@ -69,7 +64,7 @@ def test_text_output_is_byte_identical_to_seq2onnx_translate(local_ray, bundle, 
     assert run(bundle, source, d / "out.txt", "--workers", 2, "--lines-per-task", 40, "--json") == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["lines"] == len(LINES) and stats["workers"] == 2
-    proc = subprocess.run([sys.executable, "-m", "seq2onnx.cli", "translate", str(bundle), "--device", "cpu",
+    proc = subprocess.run([sys.executable, "-m", "seq2onnx.commands", "translate", str(bundle), "--device", "cpu",
                            "--threads", "1", "-i", str(source), "-o", str(d / "cli.txt")],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -20,7 +20,7 @@ from seq2onnx.export.bundle import TOLERANCES
 from seq2onnx.export.parity import format_report, test_sentences as split_sentences, verify
 from seq2onnx.model import checkpoint
 from seq2onnx.model.search import translate_ids
-from seq2onnx.model.train import bleu
+from seq2onnx.model.metrics import bleu
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
@@ -225,7 +225,7 @@ def test_format_report_lists_only_deciding_checks_with_bounds():
 
 def cli_verify(bundle: Path, json_out: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "seq2onnx.cli", "verify", str(tiny_run(False, True)), str(bundle), "--json", str(json_out)],
+        [sys.executable, "-m", "seq2onnx.commands", "verify", str(tiny_run(False, True)), str(bundle), "--json", str(json_out)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
 
 

@@ -19,10 +19,9 @@ from pathlib import Path
 import pytest
 
 from seq2onnx.model.corpus import generate_pairs
-from seq2onnx.runtime import cli
-from seq2onnx.runtime.host_parity import read_sentences
+from seq2onnx import errors as cli
+from seq2onnx.commands.verify_host import read_sentences
 from node_host import NODE, skip_reason
-from tiny import tiny_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "js"
@@ -33,7 +32,7 @@ needs_node = pytest.mark.skipif(bool(_SKIP), reason=_SKIP)
 
 
 def verify_host(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seq2onnx.cli", "verify-host", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "seq2onnx.commands", "verify-host", *args], capture_output=True, text=True,
                           encoding="utf-8", cwd=ROOT, timeout=300, env=env)
 
 
@@ -45,11 +44,6 @@ def rows(stdout: str) -> dict[str, str]:
             if result in line and ("identical" in line or "score diff" in line):
                 found[line.split("  ")[0].strip()] = result.strip()
     return found
-
-
-@pytest.fixture(scope="module")
-def bundle() -> Path:
-    return tiny_bundle()
 
 
 @pytest.fixture(scope="module")
@@ -189,5 +183,5 @@ def test_synthetic_sentences_are_made_from_the_bundle(bundle):
 
 
 def test_the_command_is_listed():
-    out = subprocess.run([sys.executable, "-m", "seq2onnx.cli", "--help"], capture_output=True, text=True, cwd=ROOT).stdout
+    out = subprocess.run([sys.executable, "-m", "seq2onnx.commands", "--help"], capture_output=True, text=True, cwd=ROOT).stdout
     assert "verify-host" in out and "check that the Node host (js/)" in out

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from seq2onnx.model.corpus import generate_pairs
-from seq2onnx.runtime.cli import CommandError
+from seq2onnx.errors import CommandError
 from seq2onnx.runtime.translator import Translator
-from seq2onnx.runtime.web import add_web, build_site
+from seq2onnx.commands.web import add as add_web, build_site
 from tiny import tiny_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,6 +77,9 @@ def test_site_holds_the_page_host_wasm_and_standard_graphs(site, bundle):
         assert _sha256(site / "bundle" / entry["path"]) == entry["sha256"], key
     assert not list(site.rglob("*fused*"))
     assert not (site / "host" / "platform-node.js").exists() and not (site / "host" / "index.js").exists()
+    # the host's names and limits: host/spec.js fetches ../spec/bundle.json, the repository's spec as it is
+    assert (site / "host" / "spec.js").read_bytes() == (JS / "src" / "spec.js").read_bytes()
+    assert (site / "spec" / "bundle.json").read_bytes() == (ROOT / "spec" / "bundle.json").read_bytes()
     assert (site / "ort" / "ort-wasm-simd-threaded.wasm").stat().st_size > 1_000_000
 
 
@@ -99,6 +102,13 @@ def test_existing_out_is_refused_without_force_and_replaced_with_it(bundle, tmp_
     with pytest.raises(CommandError, match="exists; choose another OUT or pass --force"):
         build_site(bundle, out)
     assert (out / "stale.txt").exists()
+    # --force replaces only what seq2onnx wrote: a folder of the user's is refused, and kept
+    with pytest.raises(CommandError, match="non-empty directory that seq2onnx did not write"):
+        build_site(bundle, out, force=True)
+    assert (out / "stale.txt").read_text() == "old"
+    (out / "stale.txt").unlink()
+    build_site(bundle, out, force=True)  # an empty folder may be replaced
+    (out / "stale.txt").write_text("old")  # a site of ours, with something added
     build_site(bundle, out, force=True)
     assert not (out / "stale.txt").exists() and (out / "index.html").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["site"]  # no temporary folder left beside it
@@ -123,6 +133,10 @@ def test_missing_node_modules_names_npm_ci(bundle, tmp_path):
     assert not (tmp_path / "site").exists()
     with pytest.raises(CommandError, match="no JS host there"):
         build_site(bundle, tmp_path / "site", js_dir=tmp_path)
+    (js / "src" / "spec.js").unlink()  # a host older than the spec it must read
+    with pytest.raises(CommandError, match=r"the JS host lacks src/spec\.js; point it at the js/ folder"):
+        build_site(bundle, tmp_path / "site", js_dir=js)
+    assert not (tmp_path / "site").exists()
 
 
 @needs_modules

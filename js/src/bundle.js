@@ -2,39 +2,76 @@
 // (checks 1-4 of "Checks a host must do": bundle.json, its fields' types and ranges, the files'
 // paths and hashes), through a platform adapter (files, paths, hashing) so that the same checks
 // serve Node and the browser. The checks that need the tokenizers and sessions are src/checks.js.
+// The format's names and limits, and the per-field checks of bundle.json, are spec/bundle.json's
+// (src/spec.js), the file runtime/bundle.py reads too: this module spells none of them, and the
+// other modules take them from here.
+import { SPEC, SPEC_URL } from "./spec.js";
 
-export const FORMAT = "seq2onnx-bundle";
-export const FORMAT_VERSION = 1;
-export const BUNDLE_JSON = "bundle.json";
-export const FILE_KEYS = ["encoder", "decoder", "source_tokenizer", "target_tokenizer"];
-// Files a bundle may have. This host never loads decoder_fused (onnxruntime's com.microsoft
-// kernels, which onnxruntime-web lacks), but checks it as the Python runtime does: a damaged
+export const FORMAT = SPEC.format;
+export const FORMAT_VERSION = SPEC.format_version;
+export const BUNDLE_JSON = SPEC.bundle_json;
+/** The files every bundle has, by their key in bundle.json's `files`. */
+export const FILE_KEYS = Object.keys(SPEC.files.required);
+// Files a bundle may have. This host never loads the fused decoder (onnxruntime's contrib kernels,
+// CONTRIB_DOMAIN, which onnxruntime-web lacks), but checks it as the Python runtime does: a damaged
 // bundle is refused whichever host reads it.
-export const OPTIONAL_FILE_KEYS = ["decoder_fused"];
-export const MAX_JSON_BYTES = 1 << 20; // a real bundle.json is ~10 kB: anything near this is not one
-export const DTYPES = ["float32", "float16"]; // the key/value element types a host can feed
+export const OPTIONAL_FILE_KEYS = Object.keys(SPEC.files.optional);
+/** Key -> the file name `seq2onnx export` writes, for every file a bundle may have. */
+export const FILE_NAMES = Object.freeze({ ...SPEC.files.required, ...SPEC.files.optional });
+export const MAX_JSON_BYTES = SPEC.max_json_bytes; // a real bundle.json is ~10 kB: anything near this is not one
+export const DTYPES = SPEC.dtypes; // the key/value element types a host can feed
+export const QUANTIZATIONS = SPEC.quantizations;
+// The decoder graphs by variant (bundle.json's graphs.<label>.variant): the standard one, which
+// this host drives, and the fused one, built from onnxruntime's contrib kernels (CONTRIB_DOMAIN).
+export const STANDARD = "standard";
+export const FUSED = "fused";
+export const DECODER_LABELS = Object.freeze({ [STANDARD]: SPEC.decoders[STANDARD], [FUSED]: SPEC.decoders[FUSED] });
+export const ENCODER_LABEL = "encoder"; // graphs.encoder and files.encoder (a key of the spec's files.required)
+export const CONTRIB_DOMAIN = SPEC.contrib_domain;
 
-// Graph input and output names (runtime/bundle.py defines them; bundle.json lists them).
-export const SRC_IDS = "src_ids";
-export const SRC_LENGTHS = "src_lengths";
-export const SRC_MASK = "src_mask";
-export const TOKENS = "tokens";
-export const STEP = "step";
-export const CACHE_INDICES = "cache_indices";
-export const TOP_K = "top_k";
-export const LOG_PROBS = "log_probs";
-export const TOPK_LOG_PROBS = "topk_log_probs";
-export const TOPK_IDS = "topk_ids";
+// Graph input and output names (bundle.json lists them per graph).
+const NAMES = SPEC.names;
+export const SRC_IDS = NAMES.src_ids;
+export const SRC_LENGTHS = NAMES.src_lengths;
+export const SRC_MASK = NAMES.src_mask;
+export const TOKENS = NAMES.tokens;
+export const STEP = NAMES.step;
+export const CACHE_INDICES = NAMES.cache_indices;
+export const TOP_K = NAMES.top_k;
+export const LOG_PROBS = NAMES.log_probs;
+export const TOPK_LOG_PROBS = NAMES.topk_log_probs;
+export const TOPK_IDS = NAMES.topk_ids;
 // the standard decoder's last-layer cross-attention averaged over heads [rows, src_len] (0.3 and later)
-export const CROSS_ATTENTION = "cross_attention";
+export const CROSS_ATTENTION = NAMES.cross_attention;
+// the fused decoder's (never driven here)
+export const BEAM_WIDTH = NAMES.beam_width;
+export const CACHE_INDIRECTION = NAMES.cache_indirection;
 
-/** @param {number} n */
-export const crossNames = (n) => Array.from({ length: n }, (_, i) => [`key_cross_${i}`, `value_cross_${i}`]).flat();
-/** @param {number} n */
-export const pastNames = (n) => Array.from({ length: n }, (_, i) => [`past_key_self_${i}`, `past_value_self_${i}`]).flat();
-/** @param {number} n */
-export const presentNames = (n) =>
-  Array.from({ length: n }, (_, i) => [`present_key_self_${i}`, `present_value_self_${i}`]).flat();
+/**
+ * A per-layer name: the spec's layer_names[kind] with "{i}" replaced by the layer index.
+ * @param {"key_cross" | "value_cross" | "past_key" | "past_value" | "present_key" | "present_value"} kind
+ * @param {number | string} i  a layer index, or e.g. "*" for a pattern in a message
+ */
+export function layerName(kind, i) {
+  const template = SPEC.layer_names[kind];
+  if (typeof template !== "string") throw new Error(`${SPEC_URL}: no layer_names.${kind}`);
+  return template.replaceAll("{i}", String(i));
+}
+
+/** Whether `name` is layer_names[kind] for some layer index (a template with one "{i}"). */
+export function isLayerName(kind, name) {
+  const [head, tail = ""] = layerName(kind, "{i}").split("{i}");
+  return name.length > head.length + tail.length && name.startsWith(head) && name.endsWith(tail) &&
+    /^\d+$/.test(name.slice(head.length, name.length - tail.length));
+}
+
+const perLayer = (kinds) => (n) => Array.from({ length: n }, (_, i) => kinds.map((k) => layerName(k, i))).flat();
+/** @type {(n: number) => string[]} the encoder's outputs (and the decoder's inputs) of n layers */
+export const crossNames = perLayer(["key_cross", "value_cross"]);
+/** @type {(n: number) => string[]} the decoder's self-attention cache inputs of n layers */
+export const pastNames = perLayer(["past_key", "past_value"]);
+/** @type {(n: number) => string[]} the decoder's self-attention cache outputs of n layers */
+export const presentNames = perLayer(["present_key", "present_value"]);
 
 /** A bundle that is missing, damaged or of another format: the message names the file. */
 export class BundleError extends Error {
@@ -118,46 +155,60 @@ class Schema {
     }
     return value;
   }
+
+  /**
+   * One row of the spec's `fields` table: {field: "a.b.c", type: "integer" | "number" | "string",
+   * min?, choices? (a list, or the name of one of the spec's lists), nullable?, required? (default true)}.
+   */
+  field(meta, row) {
+    const path = row.field.split(".");
+    const key = path.pop();
+    let parent = meta;
+    path.forEach((name, i) => { parent = this.obj(parent, name, path.slice(0, i + 1).join(".")); });
+    if (!(key in parent) && row.required === false) return;
+    if (row.nullable && key in parent && parent[key] === null) return;
+    switch (row.type) {
+      case "integer":
+        this.integer(parent, key, row.field, { low: row.min ?? 0 });
+        break;
+      case "number":
+        this.real(parent, key, row.field, row.min ?? null);
+        break;
+      case "string":
+        this.text(parent, key, row.field, typeof row.choices === "string" ? SPEC[row.choices] : row.choices ?? null);
+        break;
+      default: // a spec this host does not understand: refuse loudly rather than skip a check
+        throw new Error(`${SPEC_URL}: fields[${row.field}] has type ${JSON.stringify(row.type)}; this host knows integer, number, string`);
+    }
+  }
 }
 
 /**
  * Every field a host reads has its type and range, and the fields stated twice agree: check 3 of
- * docs/bundle-format.md, as runtime/bundle.py's validate_meta.
+ * docs/bundle-format.md, as runtime/bundle.py's validate_meta. The per-field checks are the
+ * spec's `fields` table (spec/bundle.json), in its order; the checks that relate fields to each
+ * other, and those of files, graphs and tokenizers, follow it.
  * @param {any} meta  bundle.json as parsed
  * @param {string} where  bundle.json's path or URL, for messages
  * @throws {BundleError} naming the field, its value and what was expected
  */
 export function validateMeta(meta, where) {
   const v = new Schema(where);
-  const model = v.obj(meta, "model", "model");
-  const sizes = {};
-  for (const k of ["src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_decoder_layers", "max_positions"]) {
-    sizes[k] = v.integer(model, k, `model.${k}`, { low: 1 });
+  for (const row of SPEC.fields) v.field(meta, row);
+  const { model, special_ids: special } = meta;
+  if (model.d_model % model.n_heads) v.fail("model.d_model", model.d_model, `expected a multiple of model.n_heads=${model.n_heads}`);
+  if (meta.max_positions !== model.max_positions) {
+    v.fail("max_positions", meta.max_positions, `expected model.max_positions=${model.max_positions} (the same value twice)`);
   }
-  v.integer(model, "n_encoder_layers", "model.n_encoder_layers", { low: 1, required: false });
-  if (sizes.d_model % sizes.n_heads) v.fail("model.d_model", sizes.d_model, `expected a multiple of model.n_heads=${sizes.n_heads}`);
-  const top = v.integer(meta, "max_positions", "max_positions", { low: 1 });
-  if (top !== sizes.max_positions) {
-    v.fail("max_positions", top, `expected model.max_positions=${sizes.max_positions} (the same value twice)`);
-  }
-  const special = v.obj(meta, "special_ids", "special_ids");
   for (const key of ["pad", "unk", "bos", "eos", "decoder_start"]) {
-    const value = v.integer(special, key, `special_ids.${key}`);
-    const vocab = key === "decoder_start" ? sizes.tgt_vocab_size : Math.min(sizes.src_vocab_size, sizes.tgt_vocab_size);
+    const value = special[key];
+    const vocab = key === "decoder_start" ? model.tgt_vocab_size : Math.min(model.src_vocab_size, model.tgt_vocab_size);
     if (value >= vocab) v.fail(`special_ids.${key}`, value, `expected an id inside the vocabulary [0, ${vocab})`);
     const modelKey = key === "decoder_start" ? "decoder_start_id" : `${key}_id`;
     if (modelKey in model && model[modelKey] !== value) {
       v.fail(`special_ids.${key}`, value, `expected model.${modelKey}=${short(model[modelKey])} (the same id twice)`);
     }
   }
-  v.text(meta, "dtype", "dtype", DTYPES);
-  if (meta.quantization !== undefined && meta.quantization !== null) v.text(meta, "quantization", "quantization", ["int8"]);
-  const decoding = v.obj(meta, "decoding", "decoding");
-  v.integer(decoding, "beam_size", "decoding.beam_size", { low: 1 });
-  v.real(decoding, "length_penalty", "decoding.length_penalty");
-  v.real(decoding, "max_length_a", "decoding.max_length_a", 0);
-  v.integer(decoding, "max_length_b", "decoding.max_length_b");
-  v.integer(decoding, "min_length", "decoding.min_length", { required: false });
   const files = v.obj(meta, "files", "files");
   for (const key of [...FILE_KEYS, ...OPTIONAL_FILE_KEYS.filter((k) => k in files)]) {
     const entry = v.obj(files, key, `files.${key}`);
@@ -165,7 +216,7 @@ export function validateMeta(meta, where) {
     v.text(entry, "sha256", `files.${key}.sha256`);
   }
   const graphs = v.obj(meta, "graphs", "graphs");
-  const labels = ["encoder", "decoder"];
+  const labels = [ENCODER_LABEL, DECODER_LABELS[STANDARD]];
   for (const key of OPTIONAL_FILE_KEYS) { // an optional graph is described exactly when its file is listed
     if ((key in files) !== (key in graphs)) {
       const [has, lacks] = key in files ? ["files", "graphs"] : ["graphs", "files"];
@@ -175,7 +226,7 @@ export function validateMeta(meta, where) {
   }
   for (const label of labels) {
     const graph = v.obj(graphs, label, `graphs.${label}`);
-    if ("variant" in graph) v.text(graph, "variant", `graphs.${label}.variant`, [label === "decoder_fused" ? "fused" : "standard"]);
+    if ("variant" in graph) v.text(graph, "variant", `graphs.${label}.variant`, [label === DECODER_LABELS[FUSED] ? FUSED : STANDARD]);
     if ("domains" in graph && !(Array.isArray(graph.domains) && graph.domains.every((d) => typeof d === "string"))) {
       v.fail(`graphs.${label}.domains`, graph.domains, "expected a list of operator domains (strings)");
     }
@@ -229,7 +280,7 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
   }
   if (raw.length > MAX_JSON_BYTES) {
     throw new BundleError(`${metaPath}: ${raw.length} bytes, more than the ${MAX_JSON_BYTES} a bundle description can be; ` +
-      "this is not a bundle.json made by `seq2onnx export`");
+      `this is not a ${BUNDLE_JSON} made by \`seq2onnx export\``);
   }
   let meta;
   try {
@@ -262,7 +313,7 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
     const bytes = await platform.readFile(where.path);
     if (checkHashes && (await platform.sha256(bytes)) !== entry.sha256) {
       throw new BundleError(
-        `${where.path}: sha256 differs from bundle.json (files.${key}); the file is damaged or was replaced: re-export the bundle`,
+        `${where.path}: sha256 differs from ${BUNDLE_JSON} (files.${key}); the file is damaged or was replaced: re-export the bundle`,
       );
     }
     if (FILE_KEYS.includes(key)) files[key] = bytes;

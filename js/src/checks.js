@@ -9,15 +9,20 @@
 // readBundle hashed, by a small protobuf reader (sentencepiece-js exposes no piece list, and an
 // onnxruntime session no initializer shapes); tensor data is skipped by its length, never copied.
 // No Node API: the same checks run in the browser.
-import { BUNDLE_JSON, BundleError, DTYPES, LOG_PROBS, TOP_K, pastNames } from "./bundle.js";
+import {
+  BUNDLE_JSON, BundleError, DECODER_LABELS, DTYPES, ENCODER_LABEL, LOG_PROBS, STANDARD, SRC_IDS, STEP, TOP_K, isLayerName,
+  layerName, pastNames,
+} from "./bundle.js";
 
-const FIX = "re-export the bundle with `seq2onnx export` (its bundle.json does not describe these files)";
+const DECODER = DECODER_LABELS[STANDARD]; // the decoder this host drives: graphs.<it> and files.<it>
+
+const FIX = `re-export the bundle with \`seq2onnx export\` (its ${BUNDLE_JSON} does not describe these files)`;
 
 function mismatch(bundle, field, stated, found, where) {
   const show = (x) => JSON.stringify(x);
   return new BundleError(
     `${bundle.metaPath}: ${field}=${show(stated)}, but ${where} has ${show(found)}; ` +
-      `${FIX}, or set ${field} to ${show(found)} if only bundle.json is wrong`,
+      `${FIX}, or set ${field} to ${show(found)} if only ${BUNDLE_JSON} is wrong`,
   );
 }
 
@@ -190,7 +195,7 @@ function metadata(list) {
  */
 export function checkGraphs(bundle, encoder, decoder) {
   const { model, graphs, dtype } = bundle.meta;
-  const sessions = [["encoder", encoder], ["decoder", decoder]];
+  const sessions = [[ENCODER_LABEL, encoder], [DECODER, decoder]];
   for (const [label, session] of sessions) {
     const spec = graphs[label];
     const file = bundle.paths[label];
@@ -214,21 +219,22 @@ export function checkGraphs(bundle, encoder, decoder) {
       }
     }
   }
-  const decFile = bundle.paths.decoder;
+  const decFile = bundle.paths[DECODER];
   const decName = baseName(decFile);
   const layers = model.n_decoder_layers;
   const inputs = [...decoder.inputNames];
-  const cacheInputs = inputs.filter((n) => n.startsWith("past_key_self_") || n.startsWith("past_value_self_")).length;
+  const cacheInputs = inputs.filter((n) => isLayerName("past_key", n) || isLayerName("past_value", n)).length;
   if (cacheInputs !== 2 * layers || !pastNames(layers).every((n) => inputs.includes(n))) {
     throw mismatch(bundle, "model.n_decoder_layers", layers, Math.floor(cacheInputs / 2),
-      `${decName} (its past_key_self_*/past_value_self_* inputs, layers)`);
+      `${decName} (its ${layerName("past_key", "*")}/${layerName("past_value", "*")} inputs, layers)`);
   }
   if (!inputs.includes(TOP_K)) throw new BundleError(`${decFile}: no ${TOP_K} input; ${FIX}`);
   const decIn = metadata(decoder.inputMetadata);
   const decOut = metadata(decoder.outputMetadata);
   if (decIn) {
-    const { shape: cache, type } = decIn.get("past_key_self_0");
-    const where = `${decName} (input past_key_self_0 of shape ${JSON.stringify(cache)}`;
+    const first = layerName("past_key", 0);
+    const { shape: cache, type } = decIn.get(first);
+    const where = `${decName} (input ${first} of shape ${JSON.stringify(cache)}`;
     const headDim = model.d_model / model.n_heads;
     if (cache.length !== 4 || cache[1] !== model.n_heads) {
       throw mismatch(bundle, "model.n_heads", model.n_heads, cache.length === 4 ? cache[1] : cache, `${where})`);
@@ -311,7 +317,7 @@ export function gatherTables(buf) {
 /** The source embedding's rows and the positional table's rows, read from the graph files. */
 function checkTables(bundle) {
   const { model } = bundle.meta;
-  const tables = [["encoder", "src_ids", "src_vocab_size", "source embedding"], ["decoder", "step", "max_positions", "positional table"]];
+  const tables = [[ENCODER_LABEL, SRC_IDS, "src_vocab_size", "source embedding"], [DECODER, STEP, "max_positions", "positional table"]];
   for (const [key, indices, field, what] of tables) {
     const file = bundle.paths[key];
     let found;

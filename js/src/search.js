@@ -1,6 +1,6 @@
 // Greedy and beam search over an async step function: the JavaScript twin of runtime/search.py.
 //
-// The convention is ../shared/DECODING.md's and docs/bundle-format.md's, mirrored line for line
+// The convention is docs/decoding.md's and docs/bundle-format.md's, mirrored line for line
 // from runtime/search.py so that both hosts give the same token ids: scores are sums of
 // log-probabilities (float64), end token included; the n-best is ranked by score / len^alpha; 2K
 // candidates per sentence; an end token finishes only within the top K; at a sentence's last

@@ -1,14 +1,19 @@
 // Translator: drives a bundle's encoder and decoder-step graphs with onnxruntime, as
 // runtime/translator.py does, on any platform adapter (platform-node.js, platform-web.js).
 import {
-  BundleError, CACHE_INDICES, CROSS_ATTENTION, LOG_PROBS, SRC_IDS, SRC_LENGTHS, SRC_MASK, STEP, TOKENS, TOP_K, TOPK_IDS,
-  TOPK_LOG_PROBS, crossNames, pastNames, presentNames, readBundle,
+  BUNDLE_JSON, BundleError, CACHE_INDICES, CROSS_ATTENTION, DECODER_LABELS, DTYPES, ENCODER_LABEL, FILE_NAMES, LOG_PROBS,
+  SRC_IDS, SRC_LENGTHS, SRC_MASK, STANDARD, STEP, TOKENS, TOP_K, TOPK_IDS, TOPK_LOG_PROBS, crossNames, pastNames,
+  presentNames, readBundle,
 } from "./bundle.js";
 import { checkGraphs, checkTokenizers } from "./checks.js";
 import { beamSearch, candidatesNeeded, greedySearch } from "./search.js";
 import { SentencePiece, isBlank } from "./tokenizer.js";
 
-const CACHE_ARRAY = { float32: Float32Array, float16: Uint16Array }; // float16 travels as raw bits
+// The typed array that carries each cache element type (float16 travels as raw bits); the element
+// types themselves are the spec's dtypes, in its order.
+const ARRAYS = { float32: Float32Array, float16: Uint16Array };
+const CACHE_ARRAY = Object.fromEntries(DTYPES.filter((d) => d in ARRAYS).map((d) => [d, ARRAYS[d]]));
+const DECODER = DECODER_LABELS[STANDARD]; // the decoder this host drives (files.<it>, graphs.<it>)
 const LEVELS = { all: "all", extended: "extended", basic: "basic", none: "disabled" };
 
 /**
@@ -69,7 +74,8 @@ export class Translator {
       padId: ids.pad, eosId: ids.eos, startId: ids.decoder_start, cacheType: bundle.meta.dtype,
     });
     if (!(this.cacheType in CACHE_ARRAY)) {
-      throw new BundleError(`${bundle.path}: dtype ${JSON.stringify(this.cacheType)}; this host drives float32 and float16 bundles`);
+      throw new BundleError(`${bundle.path}: dtype ${JSON.stringify(this.cacheType)}; ` +
+        `this host drives ${Object.keys(CACHE_ARRAY).join(" and ")} bundles`);
     }
   }
 
@@ -101,8 +107,8 @@ export class Translator {
     let encoder;
     let decoder;
     try {
-      encoder = await platform.ort.InferenceSession.create(bundle.files.encoder, options);
-      decoder = await platform.ort.InferenceSession.create(bundle.files.decoder, options);
+      encoder = await platform.ort.InferenceSession.create(bundle.files[ENCODER_LABEL], options);
+      decoder = await platform.ort.InferenceSession.create(bundle.files[DECODER], options);
     } catch (e) {
       throw new BundleError(`${bundleDir}: onnxruntime cannot load the graphs: ${e.message}`);
     }
@@ -163,10 +169,10 @@ export class Translator {
     if (maxDecodingLength != null && !(Number.isInteger(maxDecodingLength) && maxDecodingLength >= 1
       && maxDecodingLength <= this.maxPositions)) {
       throw new RangeError(`maxDecodingLength=${maxDecodingLength}; this model has ${this.maxPositions} positions ` +
-        "(max_positions in bundle.json): choose 1..that");
+        `(max_positions in ${BUNDLE_JSON}): choose 1..that`);
     }
     if (returnAttention && !this.decoder.outputNames.includes(CROSS_ATTENTION)) {
-      throw new BundleError(`${this.bundle.path}: its decoder.onnx has no "${CROSS_ATTENTION}" output (exported by ` +
+      throw new BundleError(`${this.bundle.path}: its ${FILE_NAMES[DECODER]} has no "${CROSS_ATTENTION}" output (exported by ` +
         "seq2onnx before 0.3), so attention cannot be returned: export the checkpoint again with `seq2onnx export`");
     }
     const ids = source.map((item, i) => this._sourceIds(i, item, truncate));
@@ -211,7 +217,7 @@ export class Translator {
     if (ids.length <= this.maxPositions) return { ids, truncated: false };
     if (!truncate) {
       throw new RangeError(`${ids.length} tokens; this model was exported for at most ${this.maxPositions} positions ` +
-        "(max_positions in bundle.json): shorten it or pass truncate: true");
+        `(max_positions in ${BUNDLE_JSON}): shorten it or pass truncate: true`);
     }
     return { ids: [...ids.slice(0, this.maxPositions - 1), this.eosId], truncated: true };
   }
@@ -241,7 +247,7 @@ export class Translator {
     if (ids.length > this.maxPositions) {
       if (!truncate) {
         throw new RangeError(`source ${index} has ${ids.length} tokens; this model was exported for at most ` +
-          `${this.maxPositions} positions (max_positions in bundle.json): shorten it or pass truncate: true`);
+          `${this.maxPositions} positions (max_positions in ${BUNDLE_JSON}): shorten it or pass truncate: true`);
       }
       ids = [...ids.slice(0, this.maxPositions - 1), this.eosId];
     }

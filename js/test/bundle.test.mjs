@@ -2,7 +2,7 @@
 // (bundle.json, its fields' types and ranges, paths, hashes), on bundle directories of small but
 // real files (test/fixtures.mjs). Each refusal must name the field, the value and the fix.
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { after, test } from "node:test";
@@ -56,57 +56,72 @@ test("no bundle.json, invalid JSON, another format, another version, a missing f
     /bundle\.json: \d+ bytes, more than the 1048576 a bundle description can be/);
 });
 
-// [what, edit, the message's field and value, what was expected]: runtime/bundle.py's validate_meta, field by field
-const FIELD_CASES = [
-  ["a vocabulary size that is a string", (m) => { m.model.src_vocab_size = "16"; }, /model\.src_vocab_size is "16", expected an integer >= 1/],
-  ["zero heads", (m) => { m.model.n_heads = 0; }, /model\.n_heads is 0, expected an integer >= 1/],
-  ["a boolean layer count", (m) => { m.model.n_decoder_layers = true; }, /model\.n_decoder_layers is true, expected an integer >= 1/],
-  ["d_model not a multiple of n_heads", (m) => { m.model.d_model = 9; }, /model\.d_model is 9, expected a multiple of model\.n_heads=2/],
-  ["max_positions stated twice, differently", (m) => { m.max_positions = 13; }, /max_positions is 13, expected model\.max_positions=12 \(the same value twice\)/],
-  ["a special id outside the vocabulary", (m) => { m.special_ids.eos = 16; m.model.eos_id = 16; }, /special_ids\.eos is 16, expected an id inside the vocabulary \[0, 16\)/],
-  ["a special id stated twice, differently", (m) => { m.special_ids.eos = 5; }, /special_ids\.eos is 5, expected model\.eos_id=3 \(the same id twice\)/],
-  ["a missing special id", (m) => { delete m.special_ids.pad; }, /special_ids\.pad is missing, expected an integer >= 0/],
-  ["an unknown dtype", (m) => { m.dtype = "bfloat16"; }, /dtype is "bfloat16", expected one of float32, float16/],
-  ["an unknown quantization", (m) => { m.quantization = "int4"; }, /quantization is "int4", expected one of int8/],
-  ["a zero beam", (m) => { m.decoding.beam_size = 0; }, /decoding\.beam_size is 0, expected an integer >= 1/],
-  ["an infinite length penalty (JSON has none: a string)", (m) => { m.decoding.length_penalty = "inf"; }, /decoding\.length_penalty is "inf", expected a finite number/],
-  ["a negative max_length_a", (m) => { m.decoding.max_length_a = -1; }, /decoding\.max_length_a is -1, expected a finite number >= 0/],
-  ["a fractional min_length", (m) => { m.decoding.min_length = 0.5; }, /decoding\.min_length is 0\.5, expected an integer >= 0/],
-  ["a file entry without sha256", (m) => { delete m.files.decoder.sha256; }, /files\.decoder\.sha256 is missing, expected a string/],
-  ["a file entry without path", (m) => { delete m.files.source_tokenizer.path; }, /files\.source_tokenizer\.path is missing, expected a string/],
-  ["a missing file entry", (m) => { delete m.files.encoder; }, /missing the field 'files\.encoder'/],
-  ["a fused decoder file without its graph", (m) => { m.files.decoder_fused = { path: "decoder.onnx", sha256: m.files.decoder.sha256 }; },
-    /graphs\.decoder_fused is missing, expected because files\.decoder_fused is present/],
-  ["a fused decoder graph without its file", (m) => { m.graphs.decoder_fused = m.graphs.decoder; }, /files\.decoder_fused is missing, expected because graphs\.decoder_fused is present/],
-  ["a standard graph called fused", (m) => { m.graphs.decoder.variant = "fused"; }, /graphs\.decoder\.variant is "fused", expected one of standard/],
-  ["domains that are not strings", (m) => { m.graphs.encoder.domains = [1]; }, /graphs\.encoder\.domains is \[1\], expected a list of operator domains/],
-  ["no outputs", (m) => { m.graphs.encoder.outputs = []; }, /graphs\.encoder\.outputs is \[\], expected a non-empty list/],
-  ["an input without dtype", (m) => { delete m.graphs.decoder.inputs[1].dtype; }, /graphs\.decoder\.inputs\[1\]\.dtype is missing, expected a string/],
-  ["a negative fixed size", (m) => { m.graphs.decoder.inputs[0].shape = ["rows", -1]; }, /graphs\.decoder\.inputs\[0\]\.shape is \["rows",-1\], expected a list of sizes/],
-  ["a fingerprint without pieces", (m) => { delete m.tokenizers.target.pieces; }, /tokenizers\.target\.pieces is missing, expected an integer >= 1/],
-];
+// The field cases every host shares (spec/cases/bundle-json.json, read by the Python tests too):
+// `base` is a sound bundle.json; each case edits a copy of it and must be refused with a message
+// matching `message` that also says how to fix it (`fix`).
+const SHARED = JSON.parse(readFileSync(new URL("../../spec/cases/bundle-json.json", import.meta.url), "utf8"));
 
-test("every field the host reads has its type and range; the message names the field, the value and the fix", async () => {
-  for (const [what, edit, pattern] of FIELD_CASES) {
-    const meta = { ...soundMeta(), files: soundFiles().files };
-    edit(meta);
+/** `base` with a case's edits applied (set, delete, copy: see the file's $comment). */
+function applyEdits(base, edits) {
+  const meta = structuredClone(base);
+  const parentOf = (path) => {
+    let node = meta;
+    for (const key of path.slice(0, -1)) {
+      assert.ok(node !== null && typeof node === "object" && key in node, `no ${JSON.stringify(path)} in base`);
+      node = node[key];
+    }
+    return [node, path[path.length - 1]];
+  };
+  for (const edit of edits) {
+    const [parent, key] = parentOf(edit.path);
+    if (edit.op === "set") parent[key] = structuredClone(edit.value);
+    else if (edit.op === "delete") {
+      assert.ok(key in parent, `delete: no ${JSON.stringify(edit.path)} in base`);
+      if (Array.isArray(parent)) parent.splice(key, 1);
+      else delete parent[key];
+    } else if (edit.op === "copy") {
+      const [from, fromKey] = parentOf(edit.from);
+      assert.ok(fromKey in from, `copy: no ${JSON.stringify(edit.from)} in base`);
+      parent[key] = structuredClone(from[fromKey]);
+    } else assert.fail(`unknown edit op ${JSON.stringify(edit.op)}`);
+  }
+  return meta;
+}
+
+test("the shared cases: base passes, each case is refused naming the field, the value and the fix", () => {
+  assert.ok(SHARED.cases.length > 0);
+  assert.equal(typeof SHARED.fix, "string");
+  validateMeta(structuredClone(SHARED.base), "B/bundle.json");
+  for (const { what, edits, message } of SHARED.cases) {
+    const meta = applyEdits(SHARED.base, edits);
     assert.throws(() => validateMeta(meta, "B/bundle.json"), (e) => {
-      assert.ok(e instanceof BundleError, what);
-      assert.match(e.message, pattern, what);
-      assert.match(e.message, /^B\/bundle\.json: .*(re-export the bundle with `seq2onnx export`)/, what);
+      assert.ok(e instanceof BundleError, `${what}: ${e}`);
+      assert.match(e.message, new RegExp(message), what);
+      assert.ok(e.message.startsWith("B/bundle.json: "), `${what}: ${e.message}`);
+      assert.ok(e.message.includes(SHARED.fix), `${what}: ${e.message} does not say ${JSON.stringify(SHARED.fix)}`);
       return true;
     }, what);
   }
-  // optional fields may be absent; a long value is cut in the message
+});
+
+test("optional fields may be absent; a long value is cut; readBundle applies the checks before touching any file", async () => {
   const meta = { ...soundMeta(), files: soundFiles().files };
+  validateMeta(meta, "B/bundle.json"); // the node tests' own sound bundle.json passes too
   delete meta.tokenizers;
   delete meta.model.n_encoder_layers;
   delete meta.decoding.min_length;
   delete meta.quantization;
   validateMeta(meta, "B/bundle.json");
+  meta.quantization = null;
+  validateMeta(meta, "B/bundle.json");
   meta.dtype = "x".repeat(200);
   assert.throws(() => validateMeta(meta, "B/bundle.json"), /dtype is "x{56}\.\.\., expected/);
-  // and readBundle applies them before touching any file
+  const refusedWith = (pattern) => (e) => e instanceof BundleError && pattern.test(e.message);
+  assert.throws(() => validateMeta({ ...soundMeta(), files: soundFiles().files, model: [] }, "B/bundle.json"),
+    refusedWith(/^B\/bundle\.json: model is \[\], expected an object; re-export the bundle with `seq2onnx export` \(or correct the field\)$/));
+  const { model, ...noModel } = soundMeta();
+  assert.throws(() => validateMeta({ ...noModel, files: soundFiles().files }, "B/bundle.json"),
+    refusedWith(/^B\/bundle\.json: missing the field 'model'; re-export the bundle with `seq2onnx export`$/));
   await rejects(bundle((m) => { m.model.n_heads = 3; }), /model\.d_model is 8, expected a multiple of model\.n_heads=3/);
 });
 

@@ -1,13 +1,15 @@
-// src/search.js alone: hand-made fake steps with known answers (the cases of
-// tests/test_runtime_search.py), and agreement with a plain one-sentence reference search on
-// random log-prob tables, through both step outputs (full log-probs and top-k candidates).
+// src/search.js alone: the hand-made fake steps with known answers of spec/cases/search.json
+// (shared with tests/test_runtime_search.py), and agreement with a plain one-sentence reference
+// search on random log-prob tables, through both step outputs (full log-probs and top-k candidates).
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import { test } from "node:test";
 import { beamSearch, candidatesNeeded, greedySearch } from "../src/search.js";
 
-const START = 2;
-const EOS = 3;
-const NEG = -50.0; // "never" without -inf
+const CASES = JSON.parse(readFileSync(new URL("../../spec/cases/search.json", import.meta.url), "utf8"));
+const START = CASES.start_id;
+const EOS = CASES.end_id;
+const NEG = CASES.never; // "never" without -inf
 
 /**
  * A decoder whose log-probs are a function of (sentence, generated prefix). It follows rows
@@ -58,16 +60,24 @@ class Fake {
   };
 }
 
-/** Hand-made log-probs by prefix; unlisted prefixes strongly prefer `defaultBest`. */
-function tableFn(tables, vocab, defaultBest = EOS) {
+/**
+ * The fake decoder of a spec/cases/search.json case: its log-prob row for (sentence, prefix),
+ * looked up by the keys "S:P", "P", "S:*", "*" in turn; unlisted prefixes strongly prefer
+ * `default_best` (the end token when absent). See the file's $comment.
+ */
+function caseFn(c) {
+  const tables = c.log_probs;
+  const value = (v) => (v === "never" ? NEG : v);
   return (s, prefix) => {
-    const table = tables.get(`${s}:${prefix.join(",")}`) ?? tables.get(prefix.join(","));
-    const row = Array(vocab).fill(NEG);
-    if (!table) {
-      row[defaultBest] = -0.01;
+    const p = prefix.join(",");
+    const key = [`${s}:${p}`, p, `${s}:*`, "*"].find((k) => Object.hasOwn(tables, k));
+    if (key === undefined) {
+      const row = Array(c.vocab).fill(NEG);
+      row[c.default_best ?? EOS] = -0.01;
       return row;
     }
-    for (const [token, value] of Object.entries(table)) row[Number(token)] = value;
+    const row = Array(c.vocab).fill(value(tables[key]["*"] ?? "never"));
+    for (const [token, v] of Object.entries(tables[key])) if (token !== "*") row[Number(token)] = value(v);
     return row;
   };
 }
@@ -99,114 +109,47 @@ function randomFn(seed, vocab, { ties = false, eosDrift = 0.7 } = {}) {
 
 const close = (a, b, tol = 1e-9) => assert.ok(Math.abs(a - b) <= tol, `${a} vs ${b}`);
 
-// -- greedy ------------------------------------------------------------------------------------
-
-test("greedy: argmax takes the first index on ties; the score sums the log-probs", async () => {
-  const fn = tableFn(new Map([["", { 4: -0.5, 5: -0.5, [EOS]: -0.9 }], ["4", { 6: -0.25, [EOS]: -1.0 }], ["4,6", { [EOS]: -0.125 }]]), 8);
-  const fake = new Fake(fn, 1);
-  const [r] = await greedySearch(fake.step, 1, { startId: START, eosId: EOS, maxLengths: [10] });
-  assert.deepEqual(r.hypotheses, [[4, 6, EOS]]);
-  assert.deepEqual(r.scores, [-0.875]);
-  assert.deepEqual(fake.calls.map((c) => c[0]), [0, 1, 2]);
-});
-
-test("greedy: the minimum length forbids the end token", async () => {
-  const fn = tableFn(new Map([["", { [EOS]: -0.1, 5: -2.0, 6: -3.0 }], ["5", { [EOS]: -0.1, 6: -1.0 }], ["5,6", { [EOS]: -0.2 }]]), 8);
-  const [free] = await greedySearch(new Fake(fn, 1).step, 1, { startId: START, eosId: EOS, maxLengths: [10] });
-  assert.deepEqual(free.hypotheses, [[EOS]]);
-  for (const topK of [null, candidatesNeeded(1, 2)]) {
-    const [r] = await greedySearch(new Fake(fn, 1, topK).step, 1, { startId: START, eosId: EOS, maxLengths: [10], minLength: 2 });
-    assert.deepEqual(r.hypotheses, [[5, 6, EOS]]);
-    close(r.scores[0], -3.2, 1e-6);
-  }
-});
-
-test("greedy: per-sentence max lengths, and finished rows leave through keep", async () => {
-  const fn = (s) => [NEG, NEG, NEG, -9.0, -0.1 - s, -0.2, -5.0, -6.0]; // never ends
-  const fake = new Fake(fn, 3);
-  const res = await greedySearch(fake.step, 3, { startId: START, eosId: EOS, maxLengths: [2, 4, 3] });
-  assert.deepEqual(res.map((r) => r.hypotheses), [[[4, 4]], [[5, 5, 5, 5]], [[5, 5, 5]]]);
-  close(res[1].scores[0], -0.8);
-  assert.deepEqual(fake.calls, [[0, 3, null], [1, 3, null], [2, 2, [1, 2]], [3, 1, [0]]]);
-});
-
-test("greedy: the end token finishes each sentence on its own", async () => {
-  const fn = (s, p) => Array.from({ length: 8 }, (_, v) => (v === (p.length >= s + 1 ? EOS : 4) ? -0.1 : -3.0));
-  const fake = new Fake(fn, 3);
-  const res = await greedySearch(fake.step, 3, { startId: START, eosId: EOS, maxLengths: [20, 20, 20] });
-  assert.deepEqual(res.map((r) => r.hypotheses[0]), [[4, EOS], [4, 4, EOS], [4, 4, 4, EOS]]);
-  assert.deepEqual(fake.calls.map((c) => c[1]), [3, 3, 2, 1]);
-});
-
-// -- beam search: hand-made cases --------------------------------------------------------------
-
 const beam = (fake, batch, options) => beamSearch(fake.step, batch, { startId: START, eosId: EOS, ...options });
 
-test("beam: an end token outside the top K does not finish", async () => {
-  const fn = tableFn(new Map([["", { 4: -0.1, 5: -0.2, [EOS]: -0.25, 6: -4.0 }], ["4", { [EOS]: -0.1, 6: -3.0 }],
-    ["5", { [EOS]: -0.1, 6: -3.0 }]]), 8);
-  const [r] = await beam(new Fake(fn, 1), 1, { beamSize: 2, maxLengths: [10], lengthPenalty: 0, numHypotheses: 2 });
-  assert.deepEqual(r.hypotheses, [[4, EOS], [5, EOS]]);
-  close(r.scores[0], -0.2);
-  close(r.scores[1], -0.3);
-});
+// -- greedy and beam search: the shared hand-made cases (spec/cases/search.json) ---------------
 
-test("beam: the length penalty reorders the n-best; scores are raw and include the end token", async () => {
-  const fn = tableFn(new Map([["", { [EOS]: -1.0, 5: -1.1, 6: -3.0, 7: -9.0 }], ["5", { [EOS]: -0.05, 7: -6.0 }],
-    ["6", { [EOS]: -0.05, 7: -6.0 }]]), 8);
-  const run = async (alpha, n = 2) => (await beam(new Fake(fn, 1), 1, { beamSize: 2, maxLengths: [10], lengthPenalty: alpha, numHypotheses: n }))[0];
-  const a0 = await run(0.0);
-  assert.deepEqual(a0.hypotheses, [[EOS], [5, EOS]]);
-  close(a0.scores[0], -1.0);
-  close(a0.scores[1], -1.15);
-  assert.deepEqual((await run(0.6)).hypotheses, [[5, EOS], [EOS]]); // -1.15 / 2^0.6 = -0.759 > -1.0
-  const a1 = await run(1.0);
-  assert.deepEqual(a1.hypotheses, [[5, EOS], [EOS]]);
-  close(a1.scores[0], -1.15);
-  assert.deepEqual((await run(1.0, 1)).hypotheses, [[5, EOS]]);
-});
+/** One case through greedySearch or beamSearch, the Fake answering with full log-probs or top-k. */
+async function runCase(c, fn, maxLengths, stepOutput) {
+  const minLength = c.min_length ?? 0;
+  const beamSize = c.search === "beam" ? c.beam_size : 1;
+  const fake = new Fake(fn, maxLengths.length, stepOutput === "full" ? null : candidatesNeeded(beamSize, minLength));
+  const common = { startId: START, eosId: EOS, maxLengths, minLength };
+  if (c.search === "greedy") return [await greedySearch(fake.step, maxLengths.length, common), fake];
+  assert.equal(c.search, "beam");
+  const options = { ...common, beamSize, numHypotheses: c.num_hypotheses, lengthPenalty: c.length_penalty };
+  return [await beamSearch(fake.step, maxLengths.length, options), fake];
+}
 
-test("beam: at the max length the top K finish, the lower flat index first on ties", async () => {
-  const fn = () => [NEG, NEG, NEG, -20.0, -0.25, -0.5, -8.0, -9.0]; // exact binary fractions: exact ties
-  const fake = new Fake(fn, 1);
-  const [r] = await beam(fake, 1, { beamSize: 2, maxLengths: [3], lengthPenalty: 1, numHypotheses: 2 });
-  assert.deepEqual(r.hypotheses, [[4, 4, 4], [4, 4, 5]]);
-  assert.deepEqual(r.scores, [-0.75, -1.0]);
-  assert.equal(fake.calls.length, 3);
-});
-
-test("beam: the n-best of K = 4 in order", async () => {
-  const ends = { 4: -0.5, 5: -0.1, 6: -1.5, 7: -0.05 };
-  const tables = new Map([["", { [EOS]: -0.5, 4: -0.6, 5: -0.7, 6: -0.8, 7: -0.9 }]]);
-  for (const [tok, cost] of Object.entries(ends)) tables.set(tok, { [EOS]: cost, 8: -7.0 });
-  const [r] = await beam(new Fake(tableFn(tables, 10), 1), 1, { beamSize: 4, maxLengths: [10], lengthPenalty: 0, numHypotheses: 4 });
-  assert.deepEqual(r.hypotheses, [[EOS], [5, EOS], [7, EOS], [4, EOS]]);
-  [-0.5, -0.8, -0.95, -1.1].forEach((s, i) => close(r.scores[i], s));
-});
-
-test("beam: sentences finish on their own and leave the batch", async () => {
-  const fn = (s, p) => {
-    const row = Array(8).fill(-6.0);
-    if (s === 0) {
-      row[EOS] = p.length ? -0.1 : -6.5;
-      [row[4], row[5]] = p.length ? [-3.0, -3.5] : [-0.2, -0.3];
-    } else {
-      row[EOS] = NEG;
-      row[4 + (p.length % 3)] = -0.1;
-    }
-    return row;
-  };
-  const fake = new Fake(fn, 2);
-  const options = { beamSize: 2, maxLengths: [4, 4], lengthPenalty: 1, numHypotheses: 2 };
-  const res = await beam(fake, 2, options);
-  assert.deepEqual(fake.calls.map((c) => c[1]), [2, 4, 2, 2]);
-  assert.deepEqual(fake.calls.map((c) => c[2]), [null, null, [1], null]);
-  for (const s of [0, 1]) {
-    const [alone] = await beam(new Fake((_, p) => fn(s, p), 1), 1, { ...options, maxLengths: [4] });
-    assert.deepEqual(res[s], alone);
+for (const c of CASES.cases) {
+  for (const stepOutput of c.steps) {
+    test(`${c.name} [${stepOutput}]`, async () => {
+      assert.ok(["full", "top_k"].includes(stepOutput), stepOutput);
+      const fn = caseFn(c);
+      const [res, fake] = await runCase(c, fn, c.max_lengths, stepOutput);
+      assert.equal(res.length, c.max_lengths.length);
+      assert.equal(c.expect.length, c.max_lengths.length);
+      c.expect.forEach((want, s) => {
+        assert.deepEqual(res[s].hypotheses, want.hypotheses, `sentence ${s}`);
+        assert.equal(res[s].scores.length, want.scores.length, `sentence ${s}`);
+        want.scores.forEach((x, i) => close(res[s].scores[i], x, c.score_tolerance));
+      });
+      if (c.calls) assert.deepEqual(fake.calls, c.calls);
+      if (c.max_lengths.length > 1) { // each sentence alone gives what it gets in the batch
+        for (let s = 0; s < c.max_lengths.length; s++) {
+          const [[alone]] = await runCase(c, (_, p) => fn(s, p), [c.max_lengths[s]], stepOutput);
+          assert.deepEqual(alone, res[s], `sentence ${s}`);
+        }
+      }
+    });
   }
-  assert.ok(res[0].hypotheses.every((h) => h.at(-1) === EOS) && res[1].hypotheses.every((h) => h.length === 4));
-});
+}
+
+// -- argument errors ---------------------------------------------------------------------------
 
 test("search: argument errors name the value", async () => {
   const fn = randomFn(0, 6);

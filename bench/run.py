@@ -2,7 +2,7 @@
 
 All engines use the same number of threads, the same sentences and the same batches: the sentences
 are sorted by source length once and cut into batches here, and every engine gets exactly those
-batches. Each engine runs in a fresh child process (`python -m seq2onnx.export.bench_engines JOB
+batches. Each engine runs in a fresh child process (`python -m seq2onnx.bench.engines JOB
 OUT`), so its peak memory is its own and no engine warms another's caches.
 """
 from __future__ import annotations
@@ -16,13 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from seq2onnx.export.bench_engines import ENGINES, PEAK_RSS_NOTE, TORCH_BEAM_NOTE
-from seq2onnx.export.bench_machine import describe_machine, usable_cores
-from seq2onnx.export.bench_rows import fill_rows, merge_rounds
+from seq2onnx.bench.engines import ENGINES, PEAK_RSS_NOTE, TORCH_BEAM_NOTE
+from seq2onnx.bench.machine import describe_machine, usable_cores
+from seq2onnx.bench.rows import fill_rows, merge_rounds
 
 CONFIGS = [(1, 1), (1, 32), (4, 1), (4, 32)]  # (beam size, batch size); beam 1 is greedy
 QUICK_SENTENCES, DEFAULT_SENTENCES = 16, 100
-CHILD_MODULE = "seq2onnx.export.bench_engines"
+CHILD_MODULE = "seq2onnx.bench.engines"
 
 
 def _load_sentences(ckpt_dir: Path, n: int, data: str | None) -> tuple[list[tuple[str, str]], str]:
@@ -80,7 +80,7 @@ def _ensure_bundle(ckpt_dir: Path, directory: Path, precision: str, weights_sha:
 
 def _cuda_reason() -> str | None:
     """None where onnxruntime's CUDA provider can run here, else why not."""
-    from seq2onnx.runtime.translator import _cuda_usable
+    from seq2onnx.runtime.sessions import cuda_usable as _cuda_usable
 
     usable, why = _cuda_usable()
     return None if usable else why
@@ -116,7 +116,7 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
               bundle_dir: str | Path | None = None, quick: bool = False, engines: list[str] | None = None,
               repeat: int = 1, data: str | None = None, log=print) -> dict:
     """Runs the benchmark and returns the report (what --json writes)."""
-    from seq2onnx.export.ct2convert import ct2_available, source_pieces, target_pieces
+    from seq2onnx.export.ctranslate2.convert import ct2_available, source_pieces, target_pieces
     from seq2onnx.model import checkpoint
 
     threads = threads or usable_cores()
@@ -187,7 +187,7 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
             log(f"{how} the {precision} bundle {root / precision} ({time.perf_counter() - t:.1f} s)")
         ct2_model = None
         if any(ENGINES[e][0] == "ct2" for e in active):
-            from seq2onnx.export.ct2convert import convert_checkpoint
+            from seq2onnx.export.ctranslate2.convert import convert_checkpoint
 
             t = time.perf_counter()
             target = root / "ct2"

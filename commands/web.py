@@ -1,25 +1,29 @@
 """`seq2onnx web BUNDLE OUT`: a static site that translates in the browser, no server-side inference.
 
 The site is the page (js/web/), the JS host's browser build (plain ES modules from js/src/, bound
-by an import map), onnxruntime-web's WebAssembly build and @sctg/sentencepiece-js (SentencePiece
-compiled to WebAssembly, embedded in its module), all copied from js/node_modules, and the bundle's
-standard graphs and tokenisers. Nothing is fetched from the internet at run time, so it can be
-served behind a firewall by any static file server (`python -m http.server`). Torch-free: this
-module needs only the standard library and seq2onnx.runtime.bundle.
+by an import map), the bundle spec that host takes its names and limits from (spec/bundle.json,
+the one the Python runtime reads), onnxruntime-web's WebAssembly build and @sctg/sentencepiece-js
+(SentencePiece compiled to WebAssembly, embedded in its module), all copied from js/node_modules,
+and the bundle's standard graphs and tokenisers. Nothing is fetched from the internet at run time,
+so it can be served behind a firewall by any static file server (`python -m http.server`).
+Torch-free: this module needs only the standard library and seq2onnx.runtime.bundle.
 """
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
-import tempfile
 from pathlib import Path
 
-from seq2onnx.runtime.atomic import replace_dir
+from seq2onnx import atomic
+from seq2onnx.runtime.bundle import BUNDLE_JSON, DECODER_LABELS, SPEC_PATH, STANDARD
 
 # The JS host's platform-free modules and its browser entry point (never platform-node.js).
-HOST_FILES = ("bundle.js", "checks.js", "search.js", "tokenizer.js", "translator.js", "platform-web.js", "index-web.js")
+HOST_FILES = ("spec.js", "bundle.js", "checks.js", "search.js", "tokenizer.js", "translator.js", "platform-web.js",
+              "index-web.js")
+# Where the site keeps the bundle spec: host/spec.js fetches ../spec/bundle.json beside itself. It is
+# the spec of this package (SPEC_PATH, the repository's spec/bundle.json), the one that checked the bundle.
+SITE_SPEC = "spec/bundle.json"
 PAGE_FILES = ("index.html", "app.js", "shims/fs.js", "shims/buffer.js")
 # (package folder, file in it, name in the site). onnxruntime-web's WASM-only build with its
 # JavaScript glue bundled in, so that it needs only the .wasm beside it; renamed .js because some
@@ -31,9 +35,10 @@ VENDOR_FILES = (
     ("@sctg/sentencepiece-js", "dist/index.js", "sentencepiece/index.js"),
     ("@sctg/sentencepiece-js", "LICENSE", "sentencepiece/LICENSE"),
 )
-# The graphs a browser can run: onnxruntime-web has no com.microsoft contrib kernels, so a fused
-# decoder (graphs.decoder_fused) stays out and the standard one serves.
-BROWSER_GRAPHS = ("encoder", "decoder")
+# The graphs a browser can run: onnxruntime-web has no contrib kernels (the spec's contrib_domain),
+# so a fused decoder stays out and the standard one serves.
+ENCODER_LABEL = "encoder"  # graphs.encoder and files.encoder: a key of the spec's files.required
+BROWSER_GRAPHS = (ENCODER_LABEL, DECODER_LABELS[STANDARD])
 BUNDLE_FOLDER = "bundle"
 
 
@@ -43,11 +48,16 @@ def default_js_dir() -> Path:
 
 
 def _check_js_dir(js_dir: Path) -> None:
-    from seq2onnx.runtime.cli import CommandError
+    from seq2onnx.errors import CommandError
 
     if not all((js_dir / name).is_file() for name in ("package.json", "src/index-web.js", "web/index.html")):
         raise CommandError(f"--js-dir {js_dir}: no JS host there (package.json, src/index-web.js, web/index.html); "
                            "point it at the js/ folder of a seq2onnx checkout")
+    missing = [f"src/{name}" for name in HOST_FILES if not (js_dir / "src" / name).is_file()]
+    missing += [f"web/{name}" for name in PAGE_FILES if not (js_dir / "web" / name).is_file()]
+    if missing:
+        raise CommandError(f"--js-dir {js_dir}: the JS host lacks {', '.join(missing)}; point it at the js/ folder "
+                           "of a seq2onnx checkout of this version")
     manifest = json.loads((js_dir / "package.json").read_text(encoding="utf-8"))
     for package, _, _ in VENDOR_FILES:
         installed = js_dir / "node_modules" / package / "package.json"
@@ -75,6 +85,8 @@ def _write_site(site: Path, bundle, js_dir: Path) -> None:
     (site / "host").mkdir()
     for name in HOST_FILES:
         shutil.copyfile(js_dir / "src" / name, site / "host" / name)
+    (site / SITE_SPEC).parent.mkdir(parents=True)
+    shutil.copyfile(SPEC_PATH, site / SITE_SPEC)
     for package, source, target in VENDOR_FILES:
         (site / target).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(js_dir / "node_modules" / package / source, site / target)
@@ -90,9 +102,9 @@ def _write_site(site: Path, bundle, js_dir: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(bundle.file(key), dest)
     if meta == bundle.meta:  # byte for byte when nothing was left out
-        shutil.copyfile(bundle.path / "bundle.json", target / "bundle.json")
+        shutil.copyfile(bundle.path / BUNDLE_JSON, target / BUNDLE_JSON)
     else:
-        (target / "bundle.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (target / BUNDLE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def build_site(bundle_dir: str | Path, out: str | Path, *, js_dir: str | Path | None = None,
@@ -105,7 +117,7 @@ def build_site(bundle_dir: str | Path, out: str | Path, *, js_dir: str | Path | 
     the host or its node_modules.
     """
     from seq2onnx.runtime.bundle import read_bundle
-    from seq2onnx.runtime.cli import CommandError
+    from seq2onnx.errors import CommandError
 
     bundle = read_bundle(bundle_dir)
     js_dir = Path(js_dir) if js_dir is not None else default_js_dir()
@@ -119,15 +131,8 @@ def build_site(bundle_dir: str | Path, out: str | Path, *, js_dir: str | Path | 
         raise CommandError(f"{out} exists; choose another OUT or pass --force to replace it")
     if out.exists() and not out.is_dir():
         raise CommandError(f"{out} exists and is not a folder; refusing to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    temp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with atomic.building(out, force, "site", error=CommandError) as temp:
         _write_site(temp, bundle, js_dir)
-        os.chmod(temp, 0o755)  # mkdtemp makes it 0700; a web server's user must read it
-        replace_dir(temp, out)
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
     return out
 
 
@@ -135,12 +140,13 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def add_web(subparsers) -> None:
+def add(subparsers) -> None:
     """Registers `seq2onnx web` on the CLI's subparsers."""
     p = subparsers.add_parser(
         "web", help="write a static site that translates in the browser (onnxruntime-web, no server-side inference)",
-        description="Write a self-contained static site into OUT: the page, the JS host, onnxruntime-web's "
-                    "WebAssembly files and the bundle's standard graphs. Serve it with any static file server, "
+        description="Write a self-contained static site into OUT: the page, the JS host and its bundle spec, "
+                    "onnxruntime-web's WebAssembly files and the bundle's standard graphs. Serve it with any static "
+                    "file server, "
                     "e.g. python -m http.server -d OUT -b 127.0.0.1 8000. Needs the JS dependencies: "
                     "npm ci --prefix js.")
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle made by `seq2onnx export`")
@@ -148,10 +154,10 @@ def add_web(subparsers) -> None:
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--js-dir", default=None,
                    help=f"the JS host's folder, with node_modules installed (default: {default_js_dir()})")
-    p.set_defaults(func=cmd_web)
+    p.set_defaults(func=run)
 
 
-def cmd_web(args) -> int:
+def run(args) -> int:
     """`seq2onnx web`: builds the site and says how to serve it."""
     out = build_site(args.bundle, args.out, js_dir=args.js_dir, force=args.force)
     print(f"wrote {out} ({_size(out) / 1e6:.1f} MB); serve it with:\n"

@@ -9,16 +9,15 @@ import argparse
 import functools
 import os
 import queue
-import stat
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Iterator
 
-from seq2onnx.runtime.cli import CommandError
-from seq2onnx.runtime.heatmap import MAX_PICTURES, json_line, page, picture_path, record
+from seq2onnx import atomic
+from seq2onnx.errors import CommandError
+from seq2onnx.commands.heatmap import MAX_PICTURES, json_line, page, picture_path, record
 
 # -- translate: input, output, messages ------------------------------------------------------------
 
@@ -118,22 +117,14 @@ def _count_lines(path: Path) -> int:
     return count + (last != b"\n")
 
 
-class AtomicOutput:
-    """-o FILE: written to a temporary file beside FILE and renamed over it (os.replace, atomic within
-    a directory) only when complete, so FILE is never a partial translation, even after an error or
-    Ctrl-C. Refuses an existing FILE unless force."""
+class AtomicOutput(atomic.AtomicFile):
+    """-o FILE: written beside FILE and renamed over it only when complete (seq2onnx.atomic), so
+    FILE is never a partial translation, even after an error or Ctrl-C. Refuses an existing FILE
+    unless force."""
 
     def __init__(self, path: Path, force: bool, option: str = "--output"):
         self.check(path, force, option)
-        self.path = path
-        # mkstemp makes the file 0600: the result gets the mode a plain open() would give it, or the
-        # mode of the file it replaces.
-        umask = os.umask(0)
-        os.umask(umask)
-        self.mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~umask
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-        self.tmp = Path(name)
-        self.file = os.fdopen(fd, "wb")
+        super().__init__(path)
 
     @staticmethod
     def check(path: Path, force: bool, option: str = "--output") -> None:
@@ -144,15 +135,6 @@ class AtomicOutput:
             raise CommandError(f"{option} {path}: {path.name} exists; pass --force to overwrite it")
         if not path.parent.is_dir():
             raise CommandError(f"{option} {path}: the directory {path.parent} does not exist; create it first")
-
-    def commit(self) -> None:
-        self.file.close()
-        os.chmod(self.tmp, self.mode)
-        os.replace(self.tmp, self.path)
-
-    def discard(self) -> None:
-        self.file.close()
-        self.tmp.unlink(missing_ok=True)
 
 
 class Progress:
@@ -274,7 +256,7 @@ A line with more tokens than the model's positions is truncated, with a
 warning naming the line (--strict: an error instead). Output is UTF-8."""
 
 
-def add_translate(sub) -> None:
+def add(sub) -> None:
     p = sub.add_parser("translate", help="translate lines with a bundle (no torch needed)",
                        description=TRANSLATE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle", help="the bundle directory (bundle.json, encoder.onnx, decoder.onnx, tokenizers)")
@@ -307,7 +289,7 @@ def add_translate(sub) -> None:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar on stderr (default: on when stderr is a terminal and the input a file; "
                    "--progress shows it anywhere, e.g. in a log, --no-progress never)")
-    p.set_defaults(func=cmd_translate)
+    p.set_defaults(func=run)
 
 
 def _check_options(args) -> None:
@@ -334,14 +316,17 @@ def _check_against_model(args, translator) -> None:
                            f"bundle.json); give 1 to {limit}")
 
 
-def cmd_translate(args) -> int:
+def run(args) -> int:
     _check_options(args)
     from_file = args.input not in (None, "-")
     to_file = args.output not in (None, "-")
+    inputs = {"the bundle": args.bundle, **({"--input": args.input} if from_file else {})}
     if to_file:
+        atomic.refuse_overlap(args.output, inputs, CommandError)
         AtomicOutput.check(Path(args.output), args.force)  # refuse before the model loads
     if args.attention:
         for path in (Path(args.attention), picture_path(Path(args.attention))):
+            atomic.refuse_overlap(path, inputs, CommandError)
             AtomicOutput.check(path, args.force, "--attention")
 
     from seq2onnx.runtime.translator import Translator

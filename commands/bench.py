@@ -6,13 +6,7 @@ batch 1, and the peak resident memory of the engine's process. CTranslate2's tim
 its fp32 greedy outputs equal the PyTorch reference's on every sentence (the proof that the conversion
 is right); otherwise the benchmark marks them void.
 
-The work is split by job:
-  bench_engines.py   the child process: one engine loaded and timed (python -m seq2onnx.export.bench_engines)
-  bench_machine.py   the machine's description (CPU, cores, memory, load, versions)
-  bench_run.py       the run: sentences, bundles, one child per engine, the report dict
-  bench_rows.py      the children's results -> rows: tokens/s, percentiles, agreement, ratios
-  bench_format.py    the report as text
-  benchcli.py        this subcommand (export/cli.py imports add_bench from here)
+The work is done by seq2onnx.bench (its __init__ lists the modules); this module is the command.
 """
 from __future__ import annotations
 
@@ -21,17 +15,16 @@ import json
 import sys
 from pathlib import Path
 
-from seq2onnx.export.bench_engines import ENGINES
-from seq2onnx.export.bench_run import DEFAULT_SENTENCES, QUICK_SENTENCES
-from seq2onnx.runtime.cli import TRAINING_COMMANDS
+from seq2onnx.bench.engines import ENGINES
+from seq2onnx.bench.run import DEFAULT_SENTENCES, QUICK_SENTENCES
 
 PSUTIL_MISSING = "`seq2onnx bench` needs psutil, which this install lacks: pip install 'seq2onnx[bench]'"
 
 
-def add_bench(subparsers) -> None:
+def add(subparsers) -> None:
     """Adds the `bench` subcommand to the `seq2onnx` parser."""
     p = subparsers.add_parser(
-        "bench", help=TRAINING_COMMANDS["bench"],
+        "bench", help="benchmark the PyTorch reference, the ONNX runtime and CTranslate2 on the same model",
         description="Measure target tokens/s, sentences/s, latency p50/p90 at batch 1 and peak memory for the "
         "PyTorch reference decoder, the ONNX runtime (CPU fp32/int8; CUDA fp32/fp16 where a GPU is usable) and "
         "CTranslate2 on the same weights (optional: pip install 'seq2onnx[bench]'), greedy and beam 4, batch 1 and "
@@ -48,13 +41,12 @@ def add_bench(subparsers) -> None:
     p.add_argument("--engines", help=f"comma-separated subset of: {', '.join(ENGINES)} (torch always runs)")
     p.add_argument("--json", help="write the full report (machine, rows, outputs) to this file")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_SENTENCES} sentences, for tests and CI")
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=run)
 
 
-def cmd_bench(args) -> int:
+def run(args) -> int:
     """Runs the benchmark, prints the report; 1 when an engine could not run, else 0."""
-    from seq2onnx.export import needs_torch
-    from seq2onnx.runtime.cli import CommandError
+    from seq2onnx.errors import CommandError, needs_torch
 
     needs_torch("bench")
     if importlib.util.find_spec("psutil") is None:
@@ -65,8 +57,8 @@ def cmd_bench(args) -> int:
         raise CommandError(f"--threads {args.threads}: give 0 (all cores) or more")
     if args.repeat < 1:
         raise CommandError(f"--repeat {args.repeat}: give at least 1")
-    from seq2onnx.export.bench_format import format_report
-    from seq2onnx.export.bench_run import run_bench
+    from seq2onnx.bench.report import format_report
+    from seq2onnx.bench.run import run_bench
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()] if args.engines else None
     report = run_bench(args.checkpoint, sentences=args.sentences, threads=args.threads, bundle_dir=args.bundle_dir,

@@ -1,7 +1,7 @@
 """`seq2onnx bench`'s report as text: the machine, the table of rows, the notes and skipped engines."""
 from __future__ import annotations
 
-from seq2onnx.export.bench_engines import TORCH_BEAM_NOTE
+from seq2onnx.bench.engines import TORCH_BEAM_NOTE
 
 
 def _f(x, fmt: str) -> str:

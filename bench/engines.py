@@ -1,6 +1,6 @@
 """`seq2onnx bench`'s child process: one engine, loaded once, timed over the job's batches.
 
-Run as `python -m seq2onnx.export.bench_engines JOB.json OUT.json` by export/bench_run.py: every
+Run as `python -m seq2onnx.bench.engines JOB.json OUT.json` by bench/run.py: every
 engine gets a fresh process, so its peak memory is its own and no engine warms another's caches.
 
 Engines (name -> kind, device, precision in ENGINES):
@@ -13,7 +13,7 @@ Engines (name -> kind, device, precision in ENGINES):
   onnx-cpu-fp32    runtime.translator.Translator on the fp32 bundle, CPU provider.
   onnx-cpu-int8    ... on the int8 bundle (export/quantize.py: per-row activation scales).
   onnx-cuda-fp32/fp16   the CUDA provider, only where a GPU is usable.
-  ct2-cpu-fp32/int8, ct2-cuda-fp32/fp16   CTranslate2 on the same weights (export/ct2convert.py).
+  ct2-cpu-fp32/int8, ct2-cuda-fp32/fp16   CTranslate2 on the same weights (export/ctranslate2/convert.py).
 
 This module imports nothing heavy at its top: the parent reads ENGINES from it, and each runner
 imports its own engine only in the child.

@@ -25,11 +25,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from seq2onnx.runtime import cli  # cli.CommandError at raise time: cli imports this module while it loads
+from seq2onnx import atomic, errors
 
 HOSTS = ("node",)
 SCORE_BOUND = 1e-4  # max |score difference| between hosts, per hypothesis with identical ids
@@ -43,7 +42,7 @@ SHOWN_DIFFERENCES = 5  # per check
 # -- the host ------------------------------------------------------------------------------------
 
 def _js_dir_default() -> Path:
-    from seq2onnx.runtime.web import default_js_dir
+    from seq2onnx.commands.web import default_js_dir
 
     return default_js_dir()
 
@@ -55,28 +54,28 @@ def find_node_host(node: str | None = None, js_dir: str | Path | None = None) ->
     js = Path(js_dir) if js_dir is not None else _js_dir_default()
     script = js / "bin" / "seq2onnx-js.mjs"
     if not script.is_file():
-        raise cli.CommandError(f"{js}: no JS host there (bin/seq2onnx-js.mjs); verify-host needs the js/ folder of a "
+        raise errors.CommandError(f"{js}: no JS host there (bin/seq2onnx-js.mjs); verify-host needs the js/ folder of a "
                                "seq2onnx checkout: pass --js-dir DIR")
     if node is None:
         found = shutil.which("node")
         if found is None:
-            raise cli.CommandError("node is not installed (not on PATH): install Node.js >= 18.17 (Debian: apt-get "
+            raise errors.CommandError("node is not installed (not on PATH): install Node.js >= 18.17 (Debian: apt-get "
                                    f"install nodejs npm), then the JS host's dependencies: npm ci --prefix {js}; "
                                    "or pass --node PATH")
         node = found
     elif not (os.path.isfile(node) and os.access(node, os.X_OK)):
-        raise cli.CommandError(f"--node {node}: not an executable file; give the path of the node binary")
+        raise errors.CommandError(f"--node {node}: not an executable file; give the path of the node binary")
     for package in ("onnxruntime-node", "@sctg/sentencepiece-js"):
         if not (js / "node_modules" / package / "package.json").is_file():
-            raise cli.CommandError(f"{js / 'node_modules' / package}: missing; install the JS host's dependencies: "
+            raise errors.CommandError(f"{js / 'node_modules' / package}: missing; install the JS host's dependencies: "
                                    f"npm ci --prefix {js}")
     try:
         version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise cli.CommandError(f"{node} --version failed ({e}); give a working node with --node PATH") from e
+        raise errors.CommandError(f"{node} --version failed ({e}); give a working node with --node PATH") from e
     match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+.*", version)
     if not match or tuple(map(int, match.groups())) < NODE_MIN:
-        raise cli.CommandError(f"{node} is {version or 'not node'}; the JS host needs Node.js >= "
+        raise errors.CommandError(f"{node} is {version or 'not node'}; the JS host needs Node.js >= "
                                f"{NODE_MIN[0]}.{NODE_MIN[1]}: install a newer one or pass --node PATH")
     ort_node = json.loads((js / "node_modules" / "onnxruntime-node" / "package.json").read_text(encoding="utf-8"))
     return {"node": node, "cli": script, "js_dir": js, "node_version": version, "onnxruntime_node": ort_node.get("version")}
@@ -90,11 +89,11 @@ def _run_node(host: dict, args: list[str], lines: list[str]) -> tuple[list[dict]
                           encoding="utf-8", cwd=host["js_dir"])
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-3:]
-        raise cli.CommandError(f"the Node host failed (exit {proc.returncode}) on `{' '.join(args[:2])} ...`: "
+        raise errors.CommandError(f"the Node host failed (exit {proc.returncode}) on `{' '.join(args[:2])} ...`: "
                                + (" | ".join(tail) or "no message"))
     out = proc.stdout.splitlines()
     if len(out) != len(lines):
-        raise cli.CommandError(f"the Node host wrote {len(out)} lines for {len(lines)} inputs (`{' '.join(args[:2])}`)")
+        raise errors.CommandError(f"the Node host wrote {len(out)} lines for {len(lines)} inputs (`{' '.join(args[:2])}`)")
     timing = None
     for line in proc.stderr.splitlines():
         if line.startswith("seq2onnx-js: timing "):
@@ -102,7 +101,7 @@ def _run_node(host: dict, args: list[str], lines: list[str]) -> tuple[list[dict]
     try:
         return [json.loads(line) for line in out], timing
     except ValueError as e:
-        raise cli.CommandError(f"the Node host wrote a line that is not JSON ({e})") from e
+        raise errors.CommandError(f"the Node host wrote a line that is not JSON ({e})") from e
 
 
 # -- the sentences ---------------------------------------------------------------------------------
@@ -113,10 +112,10 @@ def _lines(path: Path) -> list[str]:
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise cli.CommandError(f"{path}: no such file") from None
+        raise errors.CommandError(f"{path}: no such file") from None
     except UnicodeDecodeError as e:
         line = path.read_bytes()[: e.start].count(b"\n") + 1
-        raise cli.CommandError(f"{path}: line {line} is not UTF-8 ({e.reason}); give a UTF-8 file") from None
+        raise errors.CommandError(f"{path}: line {line} is not UTF-8 ({e.reason}); give a UTF-8 file") from None
     lines = text.removeprefix("\ufeff").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -158,27 +157,27 @@ def read_sentences(*, bundle_dir: str | Path, data: str | None = None, src_col: 
     the file lacks the column."""
     given = [name for name, on in (("--data", data), ("--sentences-file", sentences_file), ("--synthetic", synthetic)) if on]
     if not given:
-        raise cli.CommandError("give the sentences to compare: --sentences-file FILE (one per line), --data TSV "
+        raise errors.CommandError("give the sentences to compare: --sentences-file FILE (one per line), --data TSV "
                                "--src-col N (a column of a tab-separated file) or --synthetic (random pieces of the "
                                "bundle's source vocabulary)")
     if len(given) > 1:
-        raise cli.CommandError(f"{' and '.join(given)}: give one source of sentences")
+        raise errors.CommandError(f"{' and '.join(given)}: give one source of sentences")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise cli.CommandError(f"--sentences {count}: give an integer >= 1")
+        raise errors.CommandError(f"--sentences {count}: give an integer >= 1")
     if synthetic:
         return _synthetic(Path(bundle_dir), count), f"{count} synthetic texts from the bundle's source vocabulary (seed 0)"
     path = Path(data or sentences_file)
     lines = _lines(path)
     if data:
         if src_col < 0:
-            raise cli.CommandError(f"--src-col {src_col}: give a column number >= 0")
+            raise errors.CommandError(f"--src-col {src_col}: give a column number >= 0")
         texts = []
         for n, line in enumerate(lines, 1):
             if not line.strip():  # blank lines (a file ending in two newlines) hold no sentence
                 continue
             columns = line.split("\t")
             if src_col >= len(columns):
-                raise cli.CommandError(f"{path}: line {n} has {len(columns)} tab-separated columns; --src-col {src_col} "
+                raise errors.CommandError(f"{path}: line {n} has {len(columns)} tab-separated columns; --src-col {src_col} "
                                        f"needs at least {src_col + 1}")
             texts.append(columns[src_col])
         what = f"column {src_col} of {path.name}"
@@ -186,7 +185,7 @@ def read_sentences(*, bundle_dir: str | Path, data: str | None = None, src_col: 
         texts, what = lines, path.name
     texts = [t for t in texts if t.strip()]
     if not texts:
-        raise cli.CommandError(f"{path}: no non-empty sentences")
+        raise errors.CommandError(f"{path}: no non-empty sentences")
     kept = _spread(texts, count)
     spread = f" (evenly spaced over its {len(texts)} non-empty ones)" if len(kept) < len(texts) else ""
     return kept, f"{len(kept)} sentences from {what}{spread}"
@@ -264,7 +263,7 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
 
     log = log or (lambda message: None)
     if isinstance(beam, bool) or not isinstance(beam, int) or beam < 2:
-        raise cli.CommandError(f"--beam {beam}: give a beam of at least 2 (greedy search is compared anyway)")
+        raise errors.CommandError(f"--beam {beam}: give a beam of at least 2 (greedy search is compared anyway)")
     host = find_node_host(node, js_dir)
     started = time.perf_counter()
     translator = Translator(bundle_dir, device="cpu", intra_threads=threads, _tuning=SessionTuning(decoder="standard"))
@@ -356,7 +355,7 @@ def format_report(report: dict, source: str = "") -> str:
 
 # -- the command -----------------------------------------------------------------------------------
 
-def add_verify_host(sub) -> None:
+def add(sub) -> None:
     """Registers `seq2onnx verify-host` on the CLI's subparsers."""
     p = sub.add_parser(
         "verify-host", help="check that the Node host (js/) translates a bundle exactly as the Python runtime does",
@@ -385,28 +384,20 @@ def add_verify_host(sub) -> None:
                    help=f"the JS host's folder, with node_modules installed (default: {_js_dir_default()})")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE (refused if it exists, unless --force)")
     p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
-    p.set_defaults(func=cmd_verify_host)
+    p.set_defaults(func=run)
 
 
 def _write_json(path: Path, report: dict, force: bool) -> None:
     if path.exists() and not force:
-        raise cli.CommandError(f"{path} exists; choose another --json FILE or pass --force to replace it")
+        raise errors.CommandError(f"{path} exists; choose another --json FILE or pass --force to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    atomic.write_file(path, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
 
 
-def cmd_verify_host(args) -> int:
+def run(args) -> int:
     """`seq2onnx verify-host`: the table on stdout, progress on stderr; exit 1 on any failed check."""
     if args.json and Path(args.json).exists() and not args.force:  # before minutes of work, not after
-        raise cli.CommandError(f"{args.json} exists; choose another --json FILE or pass --force to replace it")
+        raise errors.CommandError(f"{args.json} exists; choose another --json FILE or pass --force to replace it")
     sentences, source = read_sentences(bundle_dir=args.bundle, data=args.data, src_col=args.src_col,
                                        sentences_file=args.sentences_file, synthetic=args.synthetic, count=args.sentences)
     report = verify_host(args.bundle, sentences, beam=args.beam, threads=args.threads, node=args.node,
@@ -415,4 +406,4 @@ def cmd_verify_host(args) -> int:
     print(format_report(report, source))
     if args.json:
         _write_json(Path(args.json), report, args.force)
-    return 0 if report["passed"] else cli.EXIT_FAIL
+    return 0 if report["passed"] else errors.EXIT_FAIL

@@ -152,7 +152,7 @@ def _version(dist: str) -> str | None:
 
 def deploy_recipe(model, tokenizer, ckpt_dir: Path) -> dict:
     """DEPLOY_JSON: the tokenization, options and length rule under which CTranslate2 decodes as the
-    PyTorch reference does (the convention of ../shared/DECODING.md, docs/bundle-format.md).
+    PyTorch reference does (the convention of docs/decoding.md).
 
     translate_batch holds only what must differ from CTranslate2's defaults: its beam_size is 2 and
     its min_decoding_length 1 (the end token forbidden at the first step), ours 4 and 0; its
@@ -211,7 +211,7 @@ def export_ctranslate2(ckpt: str | Path, out: str | Path, *, force: bool = False
     if not ok:
         raise ExportError(f"--format ctranslate2: {why}")
     out = Path(out)
-    with building(out, force, "model") as tmp:
+    with building(out, force, "model", ckpt) as tmp:
         model, tokenizer, ckpt_dir = checkpoint.load(ckpt)
         spec = build_spec(model, tokenizer)
         spec.validate()

@@ -30,9 +30,7 @@ import time
 from pathlib import Path
 
 from seq2onnx.runtime.bundle import BundleError, read_bundle
-# cli.CommandError at raise time, not imported by name: seq2onnx.runtime.cli may import this module
-# while it is itself being imported, before CommandError exists.
-from seq2onnx.runtime import cli
+from seq2onnx import atomic, errors
 
 INPUT_FORMATS = ("text", "parquet", "jsonl")
 OUTPUT_FORMATS = ("text", "parquet")
@@ -46,7 +44,7 @@ def import_ray():
         import ray.data  # noqa: F401  (ray without the [data] extra lacks pyarrow)
         import pyarrow  # noqa: F401
     except ImportError as e:
-        raise cli.CommandError(f"translate-dataset needs Ray Data ({e}): pip install 'seq2onnx[scale]'") from e
+        raise errors.CommandError(f"translate-dataset needs Ray Data ({e}): pip install 'seq2onnx[scale]'") from e
     return ray
 
 
@@ -72,10 +70,10 @@ def read_source(path: Path, fmt: str, column: str | None):
     import pyarrow as pa
 
     if not path.is_file():
-        raise cli.CommandError(f"INPUT {path}: no such file")
+        raise errors.CommandError(f"INPUT {path}: no such file")
     if fmt == "text":
         if column is not None:
-            raise cli.CommandError(f"--column {column!r} applies to Parquet or JSONL input; {path} is read as text lines")
+            raise errors.CommandError(f"--column {column!r} applies to Parquet or JSONL input; {path} is read as text lines")
         with open(path, encoding="utf-8", errors="replace", newline="") as f:
             lines = f.read().split("\n")
         if lines and lines[-1] == "":
@@ -92,13 +90,13 @@ def read_source(path: Path, fmt: str, column: str | None):
     names = table.column_names
     if column is None:
         if len(names) != 1:
-            raise cli.CommandError(f"{path} has the columns {names}; choose the one to translate with --column")
+            raise errors.CommandError(f"{path} has the columns {names}; choose the one to translate with --column")
         column = names[0]
     if column not in names:
-        raise cli.CommandError(f"--column {column!r} is not in {path}; its columns are {names}")
+        raise errors.CommandError(f"--column {column!r} is not in {path}; its columns are {names}")
     values = table.column(column)
     if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
-        raise cli.CommandError(f"--column {column!r} of {path} holds {values.type}, not text; choose a string column")
+        raise errors.CommandError(f"--column {column!r} of {path} holds {values.type}, not text; choose a string column")
     return values.combine_chunks().cast(pa.string())
 
 
@@ -118,13 +116,13 @@ def check_bundle_on_nodes(ray, bundle: Path) -> None:
     try:
         answers = ray.get(refs, timeout=PROBE_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError as e:
-        raise cli.CommandError(f"the Ray nodes did not answer the bundle check within {PROBE_TIMEOUT_S} s; is the cluster busy?") from e
+        raise errors.CommandError(f"the Ray nodes did not answer the bundle check within {PROBE_TIMEOUT_S} s; is the cluster busy?") from e
     except ray.exceptions.RayError as e:  # typically: seq2onnx cannot be imported there
-        raise cli.CommandError(f"a Ray worker could not check the bundle ({_worker_reason(e)}); "
+        raise errors.CommandError(f"a Ray worker could not check the bundle ({_worker_reason(e)}); "
                            "install seq2onnx[cpu] in every node's Python environment") from e
     failed = [a for a in answers if a]
     if failed:
-        raise cli.CommandError(f"a Ray worker cannot read the bundle {bundle}: {failed[0]}; put the bundle at the same "
+        raise errors.CommandError(f"a Ray worker cannot read the bundle {bundle}: {failed[0]}; put the bundle at the same "
                            "path on every node (a shared filesystem) before translating")
 
 
@@ -207,12 +205,11 @@ def translate_dataset(bundle: str | Path, source, output: Path, *, output_format
     blocks = [pa.table({"index": pa.array(range(start, min(start + lines_per_task, n)), pa.int64()),
                         "text": source.slice(start, lines_per_task)})
               for start in range(0, n, lines_per_task)]
-    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
     ctx = ray.data.DataContext.get_current()
     saved = ctx.execution_options.preserve_order
     ctx.execution_options.preserve_order = True  # see the module docstring: order without a sort
     try:
-        with _Writer(tmp, output_format) as writer:
+        with atomic.temp_path(output) as tmp, _Writer(tmp, output_format) as writer:
             if blocks:
                 ds = ray.data.from_arrow(blocks).map_batches(
                     actor_class, batch_size=lines_per_task, batch_format="pyarrow",
@@ -223,10 +220,8 @@ def translate_dataset(bundle: str | Path, source, output: Path, *, output_format
                     writer.write(batch)
             if writer.rows != n:
                 raise RuntimeError(f"Ray Data returned {writer.rows} of {n} rows; {output} was not written")
-        os.replace(tmp, output)
     finally:
         ctx.execution_options.preserve_order = saved
-        tmp.unlink(missing_ok=True)
     seconds = time.perf_counter() - t0
     return {"lines": n, "seconds": round(seconds, 3), "lines_per_second": round(n / seconds, 2) if seconds else None,
             "workers": workers, "threads": threads}
@@ -266,7 +261,7 @@ class _Writer:
 
 # -- the command ---------------------------------------------------------------------------------
 
-def add_translate_dataset(sub) -> None:
+def add(sub) -> None:
     """Registers `translate-dataset` on the `seq2onnx` subparsers."""
     p = sub.add_parser("translate-dataset", help="translate a corpus on Ray Data (pip install 'seq2onnx[scale]')",
                        description="Translate a text file, or one column of a Parquet/JSONL file, over a pool of Ray "
@@ -289,20 +284,21 @@ def add_translate_dataset(sub) -> None:
     p.add_argument("--truncate", action="store_true", help="cut sources longer than the model's positions")
     p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
     p.add_argument("--json", action="store_true", help="print the run's statistics as one JSON line on stdout")
-    p.set_defaults(func=cmd_translate_dataset)
+    p.set_defaults(func=run)
 
 
-def cmd_translate_dataset(args) -> int:
+def run(args) -> int:
     """Runs `seq2onnx translate-dataset`; user errors raise CommandError (or BundleError)."""
     for name in ("workers", "threads", "batch_size", "lines_per_task"):
         if getattr(args, name) < 1:
-            raise cli.CommandError(f"--{name.replace('_', '-')} {getattr(args, name)}; it must be at least 1")
+            raise errors.CommandError(f"--{name.replace('_', '-')} {getattr(args, name)}; it must be at least 1")
     # abspath, not resolve: a shared mount may be reached through a symlink that differs per node.
     bundle, source_path, output = Path(os.path.abspath(args.bundle)), Path(args.input), Path(args.output)
+    atomic.refuse_overlap(output, {"INPUT": source_path, "the bundle": bundle}, errors.CommandError)
     if output.exists() and not args.force:
-        raise cli.CommandError(f"OUTPUT {output} exists; pass --force to replace it")
+        raise errors.CommandError(f"OUTPUT {output} exists; pass --force to replace it")
     if output.is_dir() or not output.parent.is_dir():
-        raise cli.CommandError(f"OUTPUT {output}: not a file in an existing directory")
+        raise errors.CommandError(f"OUTPUT {output}: not a file in an existing directory")
     ray = import_ray()
     read_bundle(bundle)  # here, hashes included; before Ray starts
     source = read_source(source_path, guess_format(source_path, args.input_format, INPUT_FORMATS), args.column)
@@ -315,7 +311,7 @@ def cmd_translate_dataset(args) -> int:
             message = (f"--workers {args.workers} x --threads {args.threads} needs {need} CPUs; the Ray instance has "
                        f"{have:g}: lower --workers or --threads")
             if not args.address:
-                raise cli.CommandError(message)
+                raise errors.CommandError(message)
             print(f"warning: {message} (or wait for the cluster to scale up)", file=sys.stderr)
         check_bundle_on_nodes(ray, bundle)
         options = {"beam_size": args.beam, "max_batch_size": args.batch_size, "truncate": args.truncate}
@@ -335,18 +331,3 @@ def cmd_translate_dataset(args) -> int:
               f"{stats['workers']} workers -> {output}", file=sys.stderr)
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m seq2onnx.runtime.dataset BUNDLE INPUT OUTPUT ...` until the seq2onnx command lists it."""
-    import argparse
-
-    # The imported module, not __main__: Ray then ships TranslateBatches to the workers by reference.
-    from seq2onnx.runtime import dataset
-
-    parser = argparse.ArgumentParser(prog="seq2onnx")
-    dataset.add_translate_dataset(parser.add_subparsers(dest="command", metavar="COMMAND"))
-    return cli.run_command(parser, ["translate-dataset", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

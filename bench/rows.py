@@ -13,7 +13,7 @@ import statistics
 
 import numpy as np
 
-from seq2onnx.export.bench_engines import ENGINES
+from seq2onnx.bench.engines import ENGINES
 
 
 def target_tokens(outputs: list[list[int]], limits: list[int]) -> int:
@@ -118,7 +118,7 @@ def _add_ratios(rows: list[dict]) -> None:
 
 def fill_rows(report: dict, results: dict[str, dict], limits: list[int]) -> None:
     """Sets report["rows"] (one per engine and configuration) and report["ct2_check"] from the
-    children's results (engine name -> what bench_engines.run_engine returned)."""
+    children's results (engine name -> what engines.run_engine returned)."""
     n = report["sentences"]
     ref = results.get("torch")
     ref_out = {(c["beam"], c["batch"]): c["outputs"] for c in ref["configs"]} if ref else {}

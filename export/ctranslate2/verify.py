@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from seq2onnx.export.ct2convert import (DEPLOY_FORMAT, DEPLOY_FORMAT_VERSION, DEPLOY_JSON, deploy_recipe,
+from seq2onnx.export.ctranslate2.convert import (DEPLOY_FORMAT, DEPLOY_FORMAT_VERSION, DEPLOY_JSON, deploy_recipe,
                                         max_decoding_length)
 
 MIN_GREEDY_AGREEMENT = 1.0  # greedy: identical token ids on every sentence
@@ -155,7 +155,7 @@ def verify_ct2(ckpt: str | Path, model_dir: str | Path, *, sentences: int = 100,
     from seq2onnx.export.parity import test_sentences
     from seq2onnx.model import checkpoint
     from seq2onnx.model.search import translate_ids
-    from seq2onnx.model.train import bleu
+    from seq2onnx.model.metrics import bleu
 
     model_dir = Path(model_dir)
     recipe = read_recipe(model_dir)

@@ -1,0 +1,1 @@
+"""A checkpoint as a CTranslate2 model directory (convert.py) and its proof against PyTorch (verify.py)."""

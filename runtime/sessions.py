@@ -1,0 +1,151 @@
+"""Where a Translator runs: the device, and the onnxruntime session options of each graph."""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from .bundle import Bundle, BundleError
+from .fused_step import DecoderUnavailable, pick_decoder
+from .options import SessionTuning, spin_settings
+from .ort_install import import_onnxruntime
+
+ort = import_onnxruntime()  # names a missing or doubly installed onnxruntime, with the fix
+
+DEVICES = ("auto", "cuda", "cpu")
+_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
+           "none": "ORT_DISABLE_ALL"}
+
+
+def cuda_usable() -> tuple[bool, str]:
+    """Whether onnxruntime can run its CUDA provider here.
+
+    Returns:
+        (usable, why not): why is "" when usable.
+    """
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return False, f"this onnxruntime ({ort.__version__}) has no CUDA provider; install onnxruntime-gpu"
+    try:
+        ctypes.CDLL("libcuda.so.1" if os.name != "nt" else "nvcuda.dll")
+    except OSError:
+        return False, "no NVIDIA driver found (libcuda could not be loaded): this machine has no usable GPU"
+    return True, ""
+
+
+def pick_device(device: str) -> tuple[str, str]:
+    """The device a Translator asked for `device` runs on, and why.
+
+    Args:
+        device: "auto" (CUDA where onnxruntime can run it, else the CPU), "cuda" or "cpu".
+
+    Returns:
+        ("cuda" or "cpu", the reason in words).
+
+    Raises:
+        ValueError: device is none of DEVICES.
+        RuntimeError: device="cuda" where CUDA cannot run (the message says why).
+    """
+    if device not in DEVICES:
+        raise ValueError(f"device={device!r}; choose 'auto', 'cuda' or 'cpu'")
+    if device == "cpu":
+        return "cpu", "asked for the CPU"
+    usable, why = cuda_usable()
+    if usable:
+        if hasattr(ort, "preload_dlls"):
+            try:
+                ort.preload_dlls()
+            except Exception:  # older wheels or CUDA libraries found another way
+                pass
+        return "cuda", "onnxruntime's CUDA provider"
+    if device == "cuda":
+        raise RuntimeError(f"device='cuda' cannot run: {why}; use device='cpu' or 'auto'")
+    return "cpu", why
+
+
+def providers_for(device: str) -> list[str]:
+    """onnxruntime's providers for a device picked by pick_device, in order of preference."""
+    return ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+
+
+def session_options(tuning: SessionTuning, intra_threads: int, graph: str) -> ort.SessionOptions:
+    """The session options of one graph.
+
+    Args:
+        tuning: the optimisation level and thread spinning (SessionTuning's defaults are the runtime's).
+        intra_threads: threads inside each operator (0: onnxruntime's default).
+        graph: "encoder" or "decoder" (they spin differently; runtime/options.py says why).
+
+    Returns:
+        Options for ort.InferenceSession.
+    """
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[tuning.optimization])
+    options.intra_op_num_threads = intra_threads
+    for key, value in spin_settings(tuning.thread_spinning, graph, ort.__version__).items():
+        options.add_session_config_entry(key, value)
+    options.log_severity_level = 3  # no warnings about provider fallbacks on stderr
+    return options
+
+
+@dataclass
+class Sessions:
+    """A bundle's graphs loaded for one Translator.
+
+    Attributes:
+        device: "cuda" or "cpu", where they run; device_reason: why.
+        encoder: the encoder's session.
+        decoder: the session of the decoder the search drives; variant: "fused" or "standard"; reason: why.
+        load: loads another graph of the bundle (path -> session) on the same providers, with the
+            decoder's options.
+    """
+
+    device: str
+    device_reason: str
+    encoder: object
+    decoder: object
+    variant: str
+    reason: str
+    load: Callable
+
+
+def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_threads: int) -> Sessions:
+    """Loads a bundle's encoder and the decoder to drive, on the device asked for.
+
+    Args:
+        bundle: the read bundle.
+        device: "auto", "cuda" or "cpu" (pick_device).
+        tuning: optimisation level, spinning and which decoder (SessionTuning).
+        intra_threads: threads inside each operator (0: onnxruntime's default).
+
+    Returns:
+        The sessions. With device "auto", a CUDA provider that did not start falls back to the CPU
+        (and the decoder is picked again: on the CPU the fused one may run).
+
+    Raises:
+        BundleError: onnxruntime cannot load a graph.
+        RuntimeError: device="cuda" where CUDA cannot run or its provider did not start.
+        DecoderUnavailable: tuning forces the fused decoder where it cannot run.
+    """
+    encoder_options = session_options(tuning, intra_threads, "encoder")
+    decoder_options = session_options(tuning, intra_threads, "decoder")
+    picked, why = pick_device(device)
+    providers = providers_for(picked)
+
+    def load(path, options=decoder_options):
+        return ort.InferenceSession(str(path), options, providers=providers)
+
+    try:
+        encoder = load(bundle.file("encoder"), encoder_options)
+        variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, load)
+    except DecoderUnavailable:
+        raise
+    except Exception as e:  # onnxruntime raises its own types for unreadable graphs
+        raise BundleError(f"{bundle.path}: onnxruntime cannot load the graphs: {e}") from e
+    if picked == "cuda" and decoder.get_providers()[0] != "CUDAExecutionProvider":
+        if device == "cuda":
+            raise RuntimeError("onnxruntime's CUDA provider did not start (check the CUDA and cuDNN libraries)")
+        picked, why = "cpu", "the CUDA provider did not start; using the CPU"
+        providers = providers_for(picked)  # load() reads it when called
+        variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, load)
+    return Sessions(picked, why, encoder, decoder, variant, reason, load)

@@ -8,11 +8,13 @@ Ctrl-C. A directory is built in a temporary sibling, under a lock beside it, and
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -129,15 +131,35 @@ def temp_dir(parent: Path, prefix: str) -> Path:
     return temp
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swaps two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.EPERM):  # file system or kernel lacks it
+        return False
+    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(b))
+
+
 def replace_dir(temp: Path, out: Path) -> None:
     """Moves the finished directory `temp` to `out` (a sibling of it), replacing an existing `out`.
 
-    The old `out` is first moved aside and deleted only once `temp` is in place; if that last rename
-    fails, the old one is put back. So a reader sees the old directory or the new one, never a mix,
-    and a failure leaves what was there.
+    Where the system can (Linux), the two are exchanged in one step, so `out` never ceases to exist;
+    elsewhere the old `out` is first moved aside and put back if the last rename fails. Either way
+    a reader sees the old directory or the new one, never a mix, and a failure leaves what was there.
     """
     if not out.exists():
         os.replace(temp, out)
+        return
+    if _exchange(temp, out):
+        shutil.rmtree(temp, ignore_errors=True)  # `temp` now holds the old directory
         return
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
     os.replace(out, old / out.name)

@@ -43,12 +43,12 @@ def run(args) -> int:
         from seq2onnx.export.ctranslate2.convert import export_ctranslate2
 
         out = export_ctranslate2(args.checkpoint, args.out_dir, force=args.force)
-        print(f"CTranslate2 model written to {out} ({', '.join(sorted(p.name for p in out.iterdir()))}); "
+        print(f"CTranslate2 model written to {out} ({', '.join(sorted(p.name for p in out.iterdir() if not p.name.startswith('.')))}); "
               f"check it with: seq2onnx verify {args.checkpoint} {out}")
         return 0
     from seq2onnx.export.bundle import export_bundle
 
     options = {name: getattr(args, name) for name in ONNX_ONLY if getattr(args, name) is not None}
     out = export_bundle(args.checkpoint, args.out_dir, force=args.force, **options)
-    print(f"bundle written to {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
+    print(f"bundle written to {out} ({', '.join(sorted(p.name for p in out.iterdir() if not p.name.startswith('.')))})")
     return 0

@@ -299,6 +299,9 @@ def run(args) -> int:
         raise errors.CommandError(f"OUTPUT {output} exists; pass --force to replace it")
     if output.is_dir() or not output.parent.is_dir():
         raise errors.CommandError(f"OUTPUT {output}: not a file in an existing directory")
+    if not os.access(output.parent, os.W_OK | os.X_OK):  # now, not after Ray has translated everything
+        raise errors.CommandError(f"OUTPUT {output}: the directory {output.parent} is not writable; "
+                                  "choose a writable place for the output")
     ray = import_ray()
     read_bundle(bundle)  # here, hashes included; before Ray starts
     source = read_source(source_path, guess_format(source_path, args.input_format, INPUT_FORMATS), args.column)

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import sys
+import time
 
+from seq2onnx import atomic
 from seq2onnx.errors import EXIT_FAIL, CommandError, needs_torch
 
 
@@ -18,17 +20,39 @@ def add(sub) -> None:
     p.add_argument("checkpoint")
     p.add_argument("bundle", help="the ONNX bundle, or a CTranslate2 model directory")
     p.add_argument("--sentences", type=int, default=100, help="test sentences to compare (default 100)")
+    p.add_argument("--tensor-sentences", type=int, default=100, metavar="N",
+                   help="ONNX bundles: the first N of them also go through the tensor tier, which evaluates the "
+                        "checkpoint in float64 step by step (default 100; the token and text tiers cover all)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--data", help="TSV of sentences to use instead of the checkpoint's test split")
     p.add_argument("--src-col", type=int, default=0)
     p.add_argument("--tgt-col", type=int, default=1)
     p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
                    help="onnxruntime provider (or CTranslate2 device)")
-    p.add_argument("--json", help="also write the report as JSON to this file")
+    p.add_argument("--json", help="also write the report as JSON to this file (written atomically; replaced if it exists)")
     p.set_defaults(func=run)
 
 
+def _progress(quiet: bool):
+    """A progress line on stderr at most every 2 s, with the elapsed time."""
+    start, last = time.monotonic(), [0.0]
+
+    def log(line: str) -> None:
+        now = time.monotonic()
+        if not quiet and now - last[0] >= 2.0:
+            last[0] = now
+            print(f"verify [{now - start:5.0f} s] {line}", file=sys.stderr, flush=True)
+
+    return log
+
+
 def run(args) -> int:
+    """Runs `seq2onnx verify`: prints the report; exit status 1 when a check fails."""
     needs_torch("verify")
+    for name in ("sentences", "tensor_sentences"):
+        if getattr(args, name) < (1 if name == "sentences" else 0):
+            raise CommandError(f"--{name.replace('_', '-')} {getattr(args, name)}: give "
+                               f"{'at least 1' if name == 'sentences' else '0 or more'}")
     from seq2onnx.export.ctranslate2.convert import ct2_available, is_ct2_dir
 
     if is_ct2_dir(args.bundle):
@@ -44,8 +68,9 @@ def run(args) -> int:
         from seq2onnx.export.parity import format_report, verify
 
         report = verify(args.checkpoint, args.bundle, sentences=args.sentences, device=args.device, data=args.data,
-                        src_col=args.src_col, tgt_col=args.tgt_col)
+                        src_col=args.src_col, tgt_col=args.tgt_col, tensor_sentences=args.tensor_sentences,
+                        log=_progress(args.quiet))
         print(format_report(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        atomic.write_file(args.json, json.dumps(report, indent=2) + "\n")
     return 0 if report["passed"] else EXIT_FAIL

@@ -73,10 +73,14 @@ def find_node_host(node: str | None = None, js_dir: str | Path | None = None) ->
         version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
     except (OSError, subprocess.TimeoutExpired) as e:
         raise errors.CommandError(f"{node} --version failed ({e}); give a working node with --node PATH") from e
-    match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+.*", version)
-    if not match or tuple(map(int, match.groups())) < NODE_MIN:
-        raise errors.CommandError(f"{node} is {version or 'not node'}; the JS host needs Node.js >= "
-                               f"{NODE_MIN[0]}.{NODE_MIN[1]}: install a newer one or pass --node PATH")
+    match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+\S*", version)
+    if not match:
+        said = version.splitlines()[0][:60] if version else "nothing"
+        raise errors.CommandError(f"--node {node}: not Node.js (`{node} --version` printed {said!r}, not a version like "
+                                  "v20.11.1); give the path of the node binary with --node PATH")
+    if tuple(map(int, match.groups())) < NODE_MIN:
+        raise errors.CommandError(f"{node} is Node.js {version}; the JS host needs Node.js >= "
+                                  f"{NODE_MIN[0]}.{NODE_MIN[1]}: install a newer one or pass --node PATH")
     ort_node = json.loads((js / "node_modules" / "onnxruntime-node" / "package.json").read_text(encoding="utf-8"))
     return {"node": node, "cli": script, "js_dir": js, "node_version": version, "onnxruntime_node": ort_node.get("version")}
 
@@ -85,6 +89,8 @@ def _run_node(host: dict, args: list[str], lines: list[str]) -> tuple[list[dict]
     """Runs `seq2onnx-js ARGS` on `lines`; returns one parsed JSON object per line and the timing
     line's object (translate --timing) or None."""
     stdin = "".join(line + "\n" for line in lines)
+    # The host runs in its own folder: paths given relative to ours are made absolute first.
+    args = [str(Path(a).resolve()) if i == 1 else a for i, a in enumerate(args)]
     proc = subprocess.run([host["node"], str(host["cli"]), *args], input=stdin, capture_output=True, text=True,
                           encoding="utf-8", cwd=host["js_dir"])
     if proc.returncode != 0:

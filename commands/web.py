@@ -6,7 +6,7 @@ the one the Python runtime reads), onnxruntime-web's WebAssembly build and @sctg
 (SentencePiece compiled to WebAssembly, embedded in its module), all copied from js/node_modules,
 and the bundle's standard graphs and tokenisers. Nothing is fetched from the internet at run time,
 so it can be served behind a firewall by any static file server (`python -m http.server`).
-Torch-free: this module needs only the standard library and seq2onnx.runtime.bundle.
+Torch-free: this module needs only the standard library and seq2onnx.runtime (which checks the bundle).
 """
 from __future__ import annotations
 
@@ -100,9 +100,9 @@ def _write_site(site: Path, bundle, js_dir: Path) -> None:
     for key, entry in meta["files"].items():
         dest = target / entry["path"]
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(bundle.file(key), dest)
+        dest.write_bytes(bundle.bytes(key))  # the bytes that were hashed and checked, not the path again
     if meta == bundle.meta:  # byte for byte when nothing was left out
-        shutil.copyfile(bundle.path / BUNDLE_JSON, target / BUNDLE_JSON)
+        (target / BUNDLE_JSON).write_bytes(bundle.bytes(BUNDLE_JSON))
     else:
         (target / BUNDLE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -112,14 +112,20 @@ def build_site(bundle_dir: str | Path, out: str | Path, *, js_dir: str | Path | 
     """Writes the static site for a bundle into `out`, atomically (a temporary folder beside it,
     then a rename), and returns `out`.
 
-    Raises BundleError for a missing or damaged bundle (hashes checked), CommandError when `out`
+    The bundle is read once and loaded by the Python runtime first, with every check a host makes
+    (every graph, the tokenizers, bundle.json against both): a bundle the browser would refuse is
+    refused here. The site gets exactly the bytes that were checked.
+
+    Raises BundleError for a missing, damaged or inconsistent bundle, CommandError when `out`
     exists (without force), would hold or replace the bundle or the JS host, or when js_dir lacks
     the host or its node_modules.
     """
-    from seq2onnx.runtime.bundle import read_bundle
     from seq2onnx.errors import CommandError
+    from seq2onnx.runtime.bundle import read_bundle
+    from seq2onnx.runtime.translator import Translator
 
     bundle = read_bundle(bundle_dir)
+    Translator(bundle, device="cpu", intra_threads=1)  # the load-time checks; the site holds these bytes
     js_dir = Path(js_dir) if js_dir is not None else default_js_dir()
     _check_js_dir(js_dir)
     out = Path(out)

@@ -15,6 +15,7 @@ from seq2onnx.model.tokenizer import SOURCE_MODEL, TARGET_MODEL
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx import atomic
 from seq2onnx.runtime.checks import tokenizer_fingerprint
+from seq2onnx.runtime.signature import graph_signature
 
 from .fused import export_fused_decoder, graph_domains
 from .graphs import OPSET, export_graphs
@@ -113,7 +114,7 @@ def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: st
     cfg = model.cfg
     keys = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_FILE_KEYS if fused else {})}
     files = {key: {"path": path, "sha256": fmt.sha256(directory / path)} for key, path in keys.items()}
-    graphs = fmt.graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size, fused=fused)
+    graphs = graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size, fused=fused)
     for label, graph in graphs.items():  # what a host's runtime must be able to run, read from the files
         graph["domains"] = graph_domains(onnx.load(str(directory / keys[label]), load_external_data=False))
     meta = {

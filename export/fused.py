@@ -31,12 +31,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from seq2onnx.model.transformer import Transformer
 from seq2onnx.runtime import bundle as names
+from seq2onnx.runtime.signature import fused_signature  # defined once, with every graph name
 
 OPSET = 17
 MS_DOMAIN = names.MS_DOMAIN
 FUSED_DECODER_FILE = names.FUSED_DECODER_FILE
 BEAM_WIDTH, CACHE_INDIRECTION = names.BEAM_WIDTH, names.CACHE_INDIRECTION
-fused_signature = names.fused_signature  # defined once, in runtime/bundle.py, with every graph name
 
 
 def graph_domains(proto: onnx.ModelProto) -> list[str]:

@@ -99,7 +99,7 @@ class _Worst:
 
 @torch.no_grad()
 def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float, batch_size: int = 16,
-                  decoders: tuple[str, ...] = (fmt.STANDARD,)) -> list[Check]:
+                  decoders: tuple[str, ...] = (fmt.STANDARD,), log=None) -> list[Check]:
     """Encoder and decoder-step outputs of the bundle against the checkpoint, batches with padding.
 
     The reference is the checkpoint evaluated in float64: what the trained function computes.
@@ -129,6 +129,8 @@ def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float,
         worst[fmt.STANDARD, "decoder cross_attention"] = _Worst()
     mask_ok = True
     for start in range(0, len(pairs), batch_size):
+        if log is not None:
+            log(f"tensors: sentences {start + 1}-{min(start + batch_size, len(pairs))} of {len(pairs)}")
         chunk = pairs[start : start + batch_size]
         srcs = [tok.encode_source(s)[: cfg.max_positions] for s, _ in chunk]
         lengths = torch.tensor([len(s) for s in srcs])
@@ -205,9 +207,29 @@ def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float,
     return checks
 
 
+# The tensor tier runs the checkpoint in float64 step by step: its cost grows with every sentence,
+# while its verdict is about the arithmetic, which a sample shows. Tokens and text cover them all.
+TENSOR_SENTENCES = 100
+
+
 def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, device: str = "cpu",
-           data: str | None = None, src_col: int = 0, tgt_col: int = 1) -> dict:
-    """Runs every tier; returns a report dict with `passed` and the checks (see format_report)."""
+           data: str | None = None, src_col: int = 0, tgt_col: int = 1, tensor_sentences: int = TENSOR_SENTENCES,
+           log=None) -> dict:
+    """Runs every tier and returns the report (format_report prints it).
+
+    Args:
+        ckpt: the checkpoint (a run directory or one of its step-*/last/best).
+        bundle_dir: the bundle.
+        sentences: test sentences for the token and text tiers.
+        device: onnxruntime provider for the standard decoder ("cpu", "cuda", "auto").
+        data, src_col, tgt_col: a TSV of sentences instead of the checkpoint's test split.
+        tensor_sentences: the first this many of them also go through the tensor tier.
+        log: called with a line of progress now and then (the command prints it on stderr).
+
+    Returns:
+        dict: `passed`, the checks, and which sentences each tier covered.
+    """
+    say = log or (lambda line: None)
     bundle_dir = Path(bundle_dir)
     meta = fmt.read_bundle(bundle_dir).meta
     model, tok, ckpt_dir = checkpoint.load(ckpt)
@@ -219,13 +241,17 @@ def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, de
     translators = {d: Translator(bundle_dir, device="cpu" if d == fmt.FUSED else device, _tuning=SessionTuning(decoder=d))
                    for d in decoders}
     translator = translators[fmt.STANDARD]
-    checks = tensor_checks(model, tok, bundle_dir, pairs, translator.device, tol["tensor_atol"], decoders=decoders)
+    sample = pairs[: max(0, tensor_sentences)]
+    checks = tensor_checks(model, tok, bundle_dir, sample, translator.device, tol["tensor_atol"], decoders=decoders,
+                           log=say) if sample else []
     srcs = [tok.encode_source(s)[: model.cfg.max_positions] for s, _ in pairs]
+    say(f"tokens: the PyTorch reference's greedy search on {len(srcs)} sentences")
     want = [h[0].tokens for h in translate_ids(model, srcs, beam_size=1)]
     want = [w[:-1] if w and w[-1] == model.cfg.eos_id else w for w in want]
     refs = [t for _, t in pairs]
     torch_bleu = bleu([tok.decode_target(w) for w in want], refs)
     for variant, t in translators.items():
+        say(f"tokens: the bundle's greedy search ({variant} decoder) on {len(srcs)} sentences")
         got = t.translate_batch(srcs, beam_size=1)
         agree = sum(g.token_ids[0] == w for g, w in zip(got, want))
         rate = agree / max(len(pairs), 1)
@@ -242,7 +268,7 @@ def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, de
         "bundle": str(bundle_dir), "checkpoint": str(ckpt_dir), "variant": meta.get("variant", meta["dtype"]),
         "decoders": list(decoders),
         "provider": translator.device.upper() if translator.device == "cpu" else "CUDA",
-        "sentences": len(pairs), "passed": all(c.passed for c in judged),
+        "sentences": len(pairs), "tensor_sentences": len(sample), "passed": all(c.passed for c in judged),
         "checks": [asdict(c) | {"judged": c in judged} for c in checks],
     }
 
@@ -266,6 +292,9 @@ def format_report(report: dict) -> str:
         f"variant {report['variant']}, {report['provider']} provider, {report['sentences']} test sentences, "
         f"decoders: {', '.join(report.get('decoders', ['standard']))}",
     ]
+    if report.get("tensor_sentences", report["sentences"]) < report["sentences"]:
+        lines.append(f"tiers: tensors on the first {report['tensor_sentences']} sentences; tokens and BLEU on all "
+                     f"{report['sentences']}")
     if any(c["tier"] == "tensor" for c in judged):
         lines.append("tensors: max abs difference from the checkpoint evaluated in float64; bound: the tolerance "
                      "(x max|x| for K/V and cache), or 2 x PyTorch fp32's own difference where that is larger")

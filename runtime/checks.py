@@ -8,11 +8,10 @@ that names the field, both values and the fix.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
-from .bundle import (DECODER_LABELS, DTYPES, LOG_PROBS, SRC_IDS, STANDARD, STEP, TOP_K, Bundle, BundleError, past_key,
+from .bundle import (DTYPES, LOG_PROBS, SRC_IDS, STEP, TOP_K, Bundle, BundleError, past_key,
                      past_names, past_value)
-from .onnx_info import GraphReadError, read_graph_info
+from .onnx_info import GraphInfo, GraphReadError, read_graph_info
 
 # onnxruntime's type strings for the element types bundle.json names
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
@@ -43,21 +42,29 @@ def check_tokenizers(bundle: Bundle, source, target) -> None:
     sides = (("source", source, "src_vocab_size", "source_tokenizer"), ("target", target, "tgt_vocab_size", "target_tokenizer"))
     have = {side: tokenizer_fingerprint(proc) for side, proc, _, _ in sides} if fingerprints else {}
 
-    def wrong_vocabulary(side: str, key: str, swapped: bool) -> BundleError:
+    def wrong_vocabulary(side: str, key: str, is_other: bool = False, exchanged: bool = False) -> BundleError:
         other = "target" if side == "source" else "source"
+        if exchanged:
+            what = f"; it is the {other} tokenizer: the two .model files are exchanged"
+        elif is_other:
+            what = f"; it is the {other} tokenizer (the same vocabulary as {bundle.file(other + '_tokenizer').name})"
+        else:
+            what = ""
         return BundleError(
             f"{bundle.file(key)}: its vocabulary is not the {side} vocabulary the model was exported with "
-            f"(tokenizers.{side}.pieces_sha256 in bundle.json)"
-            + (f"; it is the {other} tokenizer: the two .model files are exchanged" if swapped else "")
-            + f"; {_FIX}"
+            f"(tokenizers.{side}.pieces_sha256 in bundle.json){what}; {_FIX}"
         )
 
-    # An exchanged pair first: named as such rather than as a size or id mismatch. Any other wrong
-    # file is named by its size or special ids where those differ, as the more telling fact.
-    for side, _, _, key in sides:
-        other = "target" if side == "source" else "source"
-        if have and have[side]["pieces_sha256"] == fingerprints[other]["pieces_sha256"] != fingerprints[side]["pieces_sha256"]:
-            raise wrong_vocabulary(side, key, swapped=True)
+    # A tokenizer that is the other side's first: named as such (exchanged when both are) rather
+    # than as a size or id mismatch. Any other wrong file is named by its size or special ids where
+    # those differ, as the more telling fact.
+    if have:
+        own = {side: have[side]["pieces_sha256"] for side in have}
+        want = {side: fingerprints[side]["pieces_sha256"] for side in ("source", "target")}
+        for side, _, _, key in sides:
+            other = "target" if side == "source" else "source"
+            if own[side] == want[other] != want[side]:
+                raise wrong_vocabulary(side, key, is_other=True, exchanged=own[other] == want[side])
     for side, proc, size_key, key in sides:
         where = f"{bundle.file(key).name} (get_piece_size())"
         if proc.get_piece_size() != model[size_key]:
@@ -66,42 +73,81 @@ def check_tokenizers(bundle: Bundle, source, target) -> None:
             if own != ids[name]:
                 raise _mismatch(bundle, f"special_ids.{name}", ids[name], own, f"{bundle.file(key).name} ({name}_id())")
         if have and have[side]["pieces_sha256"] != fingerprints[side]["pieces_sha256"]:
-            raise wrong_vocabulary(side, key, swapped=False)
+            raise wrong_vocabulary(side, key)
 
 
 def _shape_of(arg) -> list:
     return [d if isinstance(d, int) else str(d) for d in arg.shape]
 
 
-def check_graphs(bundle: Bundle, encoder, decoder, variant: str = STANDARD) -> None:
-    """The sessions' inputs and outputs are bundle.json's (names, element types, fixed sizes), and
-    the model's sizes are the graphs': layers (cache inputs), heads and head size (their fixed
+def read_graphs(bundle: Bundle) -> dict[str, GraphInfo]:
+    """Every graph bundle.json lists, parsed from the bytes read (whichever decoder will be driven).
+
+    Returns:
+        File key -> the graph's constant shapes and nodes.
+
+    Raises:
+        BundleError: a graph file that is not a readable ONNX model (damaged or replaced), naming it.
+    """
+    graphs = {}
+    for label in bundle.meta["graphs"]:
+        try:
+            graphs[label] = read_graph_info(bundle.bytes(label))
+        except GraphReadError as e:
+            raise BundleError(f"{bundle.file(label)}: not a readable ONNX graph ({e}); the file is damaged or was "
+                              f"replaced (files.{label}): re-export the bundle") from e
+    return graphs
+
+
+def check_graphs(bundle: Bundle, sessions: dict, graphs: dict[str, GraphInfo]) -> None:
+    """Every loaded graph's inputs and outputs are bundle.json's (names, element types, fixed sizes),
+    and the model's sizes are the graphs': layers (cache inputs), heads and head size (their fixed
     dims), dtype, target vocabulary (log_probs), source vocabulary (the encoder's embedding) and
-    max_positions (the decoder's positional table). `decoder` is the session of the decoder
-    variant driven ("standard": graphs.decoder, "fused": graphs.decoder_fused)."""
+    max_positions (each decoder's positional table).
+
+    Args:
+        bundle: the bundle read.
+        sessions: file key ("encoder", "decoder", "decoder_fused") -> its onnxruntime session, for every
+            graph loaded (the encoder and both decoders where the fused one runs here).
+        graphs: read_graphs(bundle).
+
+    Raises:
+        BundleError: naming the field, the value stated, the value found and the fix.
+    """
+    for label, session in sessions.items():
+        _check_signature(bundle, label, session)
+    for label in sessions:
+        if label != "encoder":
+            _check_decoder(bundle, label, sessions[label])
+            _check_tables(bundle, graphs, label)
+
+
+def _check_signature(bundle: Bundle, label: str, session) -> None:
+    spec = bundle.meta["graphs"][label]
+    path = bundle.file(label)
+    have = ({i.name: i for i in session.get_inputs()}, {o.name: o for o in session.get_outputs()})
+    want = ({i["name"]: i for i in spec["inputs"]}, {o["name"]: o for o in spec["outputs"]})
+    if set(have[0]) != set(want[0]) or set(have[1]) != set(want[1]):
+        raise BundleError(
+            f"{path}: its inputs/outputs {(sorted(have[0]), sorted(have[1]))} differ from bundle.json's "
+            f"{(sorted(want[0]), sorted(want[1]))}; {_FIX}"
+        )
+    for side, kind in ((0, "inputs"), (1, "outputs")):
+        for name, item in want[side].items():
+            arg = have[side][name]
+            dtype = _ORT_TYPES.get(arg.type, arg.type)
+            if dtype != item["dtype"]:
+                raise _mismatch(bundle, f"graphs.{label}.{kind}[{name}].dtype", item["dtype"], dtype, f"{path.name}")
+            shape = _shape_of(arg)
+            fixed = [(i, d) for i, d in enumerate(item["shape"]) if isinstance(d, int)]
+            if len(shape) != len(item["shape"]) or any(shape[i] != d for i, d in fixed):
+                raise _mismatch(bundle, f"graphs.{label}.{kind}[{name}].shape", item["shape"], shape, path.name)
+
+
+def _check_decoder(bundle: Bundle, dec_label: str, decoder) -> None:
+    """The model's sizes against one decoder graph's cache inputs and log_probs."""
     model = bundle.model
-    dec_label = DECODER_LABELS[variant]
     dec_file = bundle.file(dec_label)
-    for label, session in (("encoder", encoder), (dec_label, decoder)):
-        spec = bundle.meta["graphs"][label]
-        path = bundle.file(label)
-        have = ({i.name: i for i in session.get_inputs()}, {o.name: o for o in session.get_outputs()})
-        want = ({i["name"]: i for i in spec["inputs"]}, {o["name"]: o for o in spec["outputs"]})
-        if set(have[0]) != set(want[0]) or set(have[1]) != set(want[1]):
-            raise BundleError(
-                f"{path}: its inputs/outputs {(sorted(have[0]), sorted(have[1]))} differ from bundle.json's "
-                f"{(sorted(want[0]), sorted(want[1]))}; {_FIX}"
-            )
-        for side, kind in ((0, "inputs"), (1, "outputs")):
-            for name, item in want[side].items():
-                arg = have[side][name]
-                dtype = _ORT_TYPES.get(arg.type, arg.type)
-                if dtype != item["dtype"]:
-                    raise _mismatch(bundle, f"graphs.{label}.{kind}[{name}].dtype", item["dtype"], dtype, f"{path.name}")
-                shape = _shape_of(arg)
-                fixed = [(i, d) for i, d in enumerate(item["shape"]) if isinstance(d, int)]
-                if len(shape) != len(item["shape"]) or any(shape[i] != d for i, d in fixed):
-                    raise _mismatch(bundle, f"graphs.{label}.{kind}[{name}].shape", item["shape"], shape, path.name)
     dec_inputs = {i.name: i for i in decoder.get_inputs()}
     n_layers = model["n_decoder_layers"]
     prefixes = (past_key(0).removesuffix("0"), past_value(0).removesuffix("0"))  # the spec's per-layer names
@@ -126,18 +172,13 @@ def check_graphs(bundle: Bundle, encoder, decoder, variant: str = STANDARD) -> N
                         f"{dec_file.name} (output {LOG_PROBS} of shape {log_probs})")
     if TOP_K not in dec_inputs:
         raise BundleError(f"{dec_file}: no {TOP_K} input; {_FIX}")
-    _check_tables(bundle, dec_label)
 
 
-def _check_tables(bundle: Bundle, dec_label: str = "decoder") -> None:
+def _check_tables(bundle: Bundle, graphs: dict[str, GraphInfo], dec_label: str) -> None:
     """The source embedding's rows and the positional table's rows, read from the graph files."""
     model = bundle.model
-    try:
-        encoder, decoder = read_graph_info(bundle.file("encoder")), read_graph_info(bundle.file(dec_label))
-    except (GraphReadError, OSError) as e:
-        raise BundleError(f"{bundle.path}: a graph cannot be read for its tables ({e}); {_FIX}") from e
-    tables = [(Path(bundle.file("encoder")).name, encoder, SRC_IDS, "model.src_vocab_size", "source embedding"),
-              (Path(bundle.file(dec_label)).name, decoder, STEP, "model.max_positions", "positional table")]
+    tables = [(bundle.file("encoder").name, graphs["encoder"], SRC_IDS, "model.src_vocab_size", "source embedding"),
+              (bundle.file(dec_label).name, graphs[dec_label], STEP, "model.max_positions", "positional table")]
     for name, info, indices, field, what in tables:
         found = [shape for idx, shape in info.gather_tables() if idx == indices]
         if len(found) != 1 or len(found[0]) != 2:

@@ -38,12 +38,12 @@ def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[
     """(variant, session, reason): the fused decoder where the bundle has it, the provider is the
     CPU and this onnxruntime can create its session; otherwise the standard decoder, with why.
 
-    wanted is SessionTuning.decoder: "auto", "standard" or "fused". load(path) creates a session
-    and raises where onnxruntime cannot. Raises DecoderUnavailable (a RuntimeError) when "fused"
+    wanted is SessionTuning.decoder: "auto", "standard" or "fused". load(label) creates the session
+    of the bundle's graph `label` and raises where onnxruntime cannot. Raises DecoderUnavailable (a RuntimeError) when "fused"
     is asked for and cannot run.
     """
     if wanted == names.STANDARD:
-        return names.STANDARD, load(bundle.file("decoder")), "asked for the standard decoder (SessionTuning)"
+        return names.STANDARD, load(names.DECODER_LABELS[names.STANDARD]), "asked for the standard decoder (SessionTuning)"
     why = None
     if names.FUSED not in bundle.decoder_variants:
         why = "the bundle has no fused decoder (exported with --decoder standard, or float16: the CPU kernels are float32-only, so fp16 bundles have only the standard one)"
@@ -52,14 +52,14 @@ def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[
         why = f"the fused decoder's cache layout is the CPU kernels'; the {device} provider runs the standard one"
     else:
         try:
-            return names.FUSED, load(bundle.file(names.DECODER_LABELS[names.FUSED])), (
+            return names.FUSED, load(names.DECODER_LABELS[names.FUSED]), (
                 "the bundle has a fused decoder and this onnxruntime runs its com.microsoft operators")
         except Exception as e:  # onnxruntime's own exception types: an operator it lacks, a damaged file
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             why = f"this onnxruntime cannot run the fused decoder ({first[:300]})"
     if wanted == names.FUSED:
         raise DecoderUnavailable(f"SessionTuning(decoder='fused') cannot be honoured: {why}")
-    return names.STANDARD, load(bundle.file("decoder")), why
+    return names.STANDARD, load(names.DECODER_LABELS[names.STANDARD]), why
 
 
 def buffer_bytes(rows: int, width: int, max_length: int, top_k: int | None, *, n_layers: int, n_heads: int,

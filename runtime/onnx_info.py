@@ -100,36 +100,46 @@ class GraphInfo:
         return found
 
 
-def read_graph_info(path: Path) -> GraphInfo:
-    """Reads the constant tensors' shapes and the nodes of an ONNX model file."""
+def read_graph_info(source: Path | bytes) -> GraphInfo:
+    """Reads the constant tensors' shapes and the nodes of an ONNX model (a file, or its bytes).
+
+    Raises:
+        GraphReadError: the bytes are not an ONNX model this reader can follow.
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _read_info(bytes(source))  # slices of bytes are bytes, as an mmap's are
+    with open(source, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return _read_info(buf)
+
+
+def _read_info(buf) -> GraphInfo:
     info = GraphInfo()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        try:
-            graphs = [v for n, w, v in _fields(buf, 0, len(buf)) if n == 7 and w == 2]
-            if len(graphs) != 1:
-                raise GraphReadError(f"{len(graphs)} graphs in the model")
-            for number, wire, value in _fields(buf, *graphs[0]):
-                if wire != 2:
-                    continue
-                if number == 5:
-                    name, dims = _tensor(buf, value)
-                    info.shapes[name] = dims
-                elif number == 1:
-                    op, inputs, outputs, values = "", [], [], []
-                    for n, w, v in _fields(buf, *value):
-                        if w != 2:
-                            continue
-                        if n == 1:
-                            inputs.append(_text(buf, v))
-                        elif n == 2:
-                            outputs.append(_text(buf, v))
-                        elif n == 4:
-                            op = _text(buf, v)
-                        elif n == 5:
-                            values.extend(av for an, aw, av in _fields(buf, *v) if an == 5 and aw == 2)
-                    if op == "Constant" and values and outputs:
-                        info.shapes[outputs[0]] = _tensor(buf, values[0])[1]
-                    info.nodes.append((op, inputs, outputs))
-        except IndexError as e:
-            raise GraphReadError("the file ends inside a field") from e
+    try:
+        graphs = [v for n, w, v in _fields(buf, 0, len(buf)) if n == 7 and w == 2]
+        if len(graphs) != 1:
+            raise GraphReadError(f"{len(graphs)} graphs in the model")
+        for number, wire, value in _fields(buf, *graphs[0]):
+            if wire != 2:
+                continue
+            if number == 5:
+                name, dims = _tensor(buf, value)
+                info.shapes[name] = dims
+            elif number == 1:
+                op, inputs, outputs, values = "", [], [], []
+                for n, w, v in _fields(buf, *value):
+                    if w != 2:
+                        continue
+                    if n == 1:
+                        inputs.append(_text(buf, v))
+                    elif n == 2:
+                        outputs.append(_text(buf, v))
+                    elif n == 4:
+                        op = _text(buf, v)
+                    elif n == 5:
+                        values.extend(av for an, aw, av in _fields(buf, *v) if an == 5 and aw == 2)
+                if op == "Constant" and values and outputs:
+                    info.shapes[outputs[0]] = _tensor(buf, values[0])[1]
+                info.nodes.append((op, inputs, outputs))
+    except IndexError as e:
+        raise GraphReadError("the file ends inside a field") from e
     return info

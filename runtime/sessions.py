@@ -4,10 +4,9 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
-from typing import Callable
 
-from .bundle import Bundle, BundleError
-from .fused_step import DecoderUnavailable, pick_decoder
+from .bundle import DECODER_LABELS, STANDARD, Bundle, BundleError
+from .fused_step import pick_decoder
 from .options import SessionTuning, spin_settings
 from .ort_install import import_onnxruntime
 
@@ -96,8 +95,8 @@ class Sessions:
         device: "cuda" or "cpu", where they run; device_reason: why.
         encoder: the encoder's session.
         decoder: the session of the decoder the search drives; variant: "fused" or "standard"; reason: why.
-        load: loads another graph of the bundle (path -> session) on the same providers, with the
-            decoder's options.
+        standard: the standard decoder's session (the same as decoder when that is the one driven):
+            loaded and checked whichever decoder is driven, and what return_attention runs.
     """
 
     device: str
@@ -106,14 +105,20 @@ class Sessions:
     decoder: object
     variant: str
     reason: str
-    load: Callable
+    standard: object
+
+    def by_label(self) -> dict:
+        """File key -> session of every graph loaded."""
+        loaded = {"encoder": self.encoder, DECODER_LABELS[STANDARD]: self.standard}
+        loaded[DECODER_LABELS[self.variant]] = self.decoder
+        return loaded
 
 
 def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_threads: int) -> Sessions:
-    """Loads a bundle's encoder and the decoder to drive, on the device asked for.
+    """Loads a bundle's encoder, its standard decoder and the decoder to drive, from the bytes read.
 
     Args:
-        bundle: the read bundle.
+        bundle: the read bundle, with its files' bytes (read_bundle).
         device: "auto", "cuda" or "cpu" (pick_device).
         tuning: optimisation level, spinning and which decoder (SessionTuning).
         intra_threads: threads inside each operator (0: onnxruntime's default).
@@ -123,7 +128,7 @@ def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_thre
         (and the decoder is picked again: on the CPU the fused one may run).
 
     Raises:
-        BundleError: onnxruntime cannot load a graph.
+        BundleError: onnxruntime cannot load a graph (the message names the file).
         RuntimeError: device="cuda" where CUDA cannot run or its provider did not start.
         DecoderUnavailable: tuning forces the fused decoder where it cannot run.
     """
@@ -132,20 +137,26 @@ def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_thre
     picked, why = pick_device(device)
     providers = providers_for(picked)
 
-    def load(path, options=decoder_options):
-        return ort.InferenceSession(str(path), options, providers=providers)
+    def load(label: str, options=decoder_options):
+        return ort.InferenceSession(bundle.bytes(label), options, providers=providers)
 
-    try:
-        encoder = load(bundle.file("encoder"), encoder_options)
-        variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, load)
-    except DecoderUnavailable:
-        raise
-    except Exception as e:  # onnxruntime raises its own types for unreadable graphs
-        raise BundleError(f"{bundle.path}: onnxruntime cannot load the graphs: {e}") from e
+    def checked(label: str, options=decoder_options):
+        try:
+            return load(label, options)
+        except Exception as e:  # onnxruntime raises its own types for unreadable graphs
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise BundleError(f"{bundle.file(label)}: onnxruntime cannot load this graph ({first[:300]}); "
+                              f"re-export the bundle (files.{label})") from e
+
+    standard_label = DECODER_LABELS[STANDARD]
+    encoder = checked("encoder", encoder_options)
+    variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
     if picked == "cuda" and decoder.get_providers()[0] != "CUDAExecutionProvider":
         if device == "cuda":
             raise RuntimeError("onnxruntime's CUDA provider did not start (check the CUDA and cuDNN libraries)")
         picked, why = "cpu", "the CUDA provider did not start; using the CPU"
         providers = providers_for(picked)  # load() reads it when called
-        variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, load)
-    return Sessions(picked, why, encoder, decoder, variant, reason, load)
+        encoder = checked("encoder", encoder_options)
+        variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
+    standard = decoder if variant == STANDARD else checked(standard_label)
+    return Sessions(picked, why, encoder, decoder, variant, reason, standard)

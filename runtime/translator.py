@@ -16,8 +16,8 @@ import sentencepiece as spm
 
 from . import bundle as names
 from .attention import check_attention_output, forced_attention
-from .bundle import BundleError, read_bundle
-from .checks import check_graphs, check_tokenizers
+from .bundle import Bundle, BundleError, read_bundle
+from .checks import check_graphs, check_tokenizers, read_graphs
 from .fused_step import FusedStep, StepBufferPool
 from .options import SearchOptions, SessionTuning, check_intra_threads, resolve_search_options
 from .search import SearchResult, beam_search, candidates_needed, greedy_search, sample, stream_greedy
@@ -54,7 +54,8 @@ class Translator:
     bundle that would translate garbage is refused before the first translation.
 
     Args:
-        bundle_dir: the bundle directory (bundle.json, encoder.onnx, decoder.onnx, tokenizers).
+        bundle_dir: the bundle directory (bundle.json, encoder.onnx, decoder.onnx, tokenizers), or a
+            Bundle that read_bundle returned (it keeps its files' bytes: `seq2onnx web` copies those).
         device: "auto" (CUDA where onnxruntime can run it, else the CPU), "cuda" or "cpu".
         intra_threads: threads inside each operator, 0 (onnxruntime's default, one per core) to
             os.cpu_count().
@@ -81,7 +82,10 @@ class Translator:
         if not isinstance(tuning, SessionTuning):
             raise TypeError(f"_tuning is {type(tuning).__name__}; give a SessionTuning")
         self._tuning = tuning
-        self.bundle = read_bundle(bundle_dir, check_hashes=check_hashes)
+        # Every file is read once, hash-checked on those bytes, and every session and tokenizer is made
+        # from them: a bundle replaced on disk later cannot mix into this one (runtime/bundle.py).
+        bundle = bundle_dir if isinstance(bundle_dir, Bundle) else read_bundle(bundle_dir, check_hashes=check_hashes)
+        self.bundle = bundle
         cfg = self.bundle.model
         self.n_layers, self.n_heads, self.head_dim = cfg["n_decoder_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
         self.max_positions = cfg["max_positions"]
@@ -92,17 +96,22 @@ class Translator:
         self._buffer_pool = StepBufferPool(n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim,
                                            vocab=self.tgt_vocab)  # the fused step's buffers between batches
         try:
-            self.source_tokenizer = spm.SentencePieceProcessor(model_file=str(self.bundle.file("source_tokenizer")))
-            self.target_tokenizer = spm.SentencePieceProcessor(model_file=str(self.bundle.file("target_tokenizer")))
+            self.source_tokenizer = spm.SentencePieceProcessor(model_proto=bundle.bytes("source_tokenizer"))
+            self.target_tokenizer = spm.SentencePieceProcessor(model_proto=bundle.bytes("target_tokenizer"))
+        except BundleError:
+            raise
         except Exception as e:
-            raise BundleError(f"{self.bundle.path}: a SentencePiece model cannot be read: {e}") from e
+            raise BundleError(f"{bundle.path}: a SentencePiece model cannot be read: {e}") from e
         check_tokenizers(self.bundle, self.source_tokenizer, self.target_tokenizer)
         self._sources = Sources(self.source_tokenizer, pad_id=self.pad_id, eos_id=self.eos_id,
                                 vocab=self.src_vocab, max_positions=self.max_positions)
-        s = open_sessions(self.bundle, device, tuning, intra_threads)
+        graphs = read_graphs(bundle)  # every listed graph parsed, whichever decoder is driven
+        s = open_sessions(bundle, device, tuning, intra_threads)
         self.device, self.device_reason, self.encoder, self.decoder = s.device, s.device_reason, s.encoder, s.decoder
-        self.decoder_variant, self.decoder_reason, self._load, self._standard_decoder = s.variant, s.reason, s.load, None
-        check_graphs(self.bundle, self.encoder, self.decoder, self.decoder_variant)
+        self.decoder_variant, self.decoder_reason, self._standard_decoder = s.variant, s.reason, s.standard
+        check_graphs(bundle, s.by_label(), graphs)
+        if not isinstance(bundle_dir, Bundle):
+            self.bundle = bundle.without_data()  # the sessions hold what they need
         self._ort_device = "cuda" if self.device == "cuda" else "cpu"
 
     # -- public API -----------------------------------------------------------------------------
@@ -111,15 +120,10 @@ class Translator:
                   max_decoding_length: int | None = None, min_decoding_length: int | None = None,
                   truncate: bool = False, sampling_temperature: float | None = None, sampling_topk: int = 0,
                   sampling_topp: float = 1.0, seed: int | None = None) -> str:
-        """Translates one string.
+        """Translates one string and returns the best hypothesis (str).
 
         Args:
-            text (str): the source text.
-            beam_size, length_penalty, max_decoding_length, min_decoding_length, truncate,
-                sampling_temperature, sampling_topk, sampling_topp, seed: as in translate_batch.
-
-        Returns:
-            str: the best hypothesis.
+            text (str): the source text; the other options are translate_batch's.
 
         Raises:
             TypeError: text is not a str. ValueError: as translate_batch.
@@ -293,11 +297,7 @@ class Translator:
         return results  # type: ignore[return-value]
 
     def _attention_decoder(self):
-        """The standard decoder session (loaded on first use where the search drives the fused one),
-        checked to have the cross_attention output."""
-        if self._standard_decoder is None:
-            self._standard_decoder = (self.decoder if self.decoder_variant == names.STANDARD
-                                      else self._load(self.bundle.file("decoder")))
+        """The standard decoder (loaded and checked with the bundle), with its cross_attention output."""
         check_attention_output(self._standard_decoder, self.bundle.path)
         return self._standard_decoder
 

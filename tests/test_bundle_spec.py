@@ -80,8 +80,8 @@ def test_a_name_changed_in_the_spec_changes_the_runtime(tmp_path):
     (package / "__init__.py").write_text("")
     spec = dict(SPEC, names={**SPEC["names"], "tokens": "target_ids"}, max_json_bytes=4096)
     (package / "spec" / "bundle.json").write_text(json.dumps(spec))
-    code = ("from seq2onnx.runtime import bundle; "
-            "print(bundle.TOKENS, bundle.MAX_JSON_BYTES, bundle.graph_signature(1, 2, 4, 'float32', 8)"
+    code = ("from seq2onnx.runtime import bundle, signature; "
+            "print(bundle.TOKENS, bundle.MAX_JSON_BYTES, signature.graph_signature(1, 2, 4, 'float32', 8)"
             "['decoder']['inputs'][0]['name'])")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})

@@ -24,6 +24,7 @@ from seq2onnx.export.parity import test_sentences as split_sentences
 from seq2onnx.model import checkpoint
 from seq2onnx.model.checkpoint import CheckpointError
 from seq2onnx.model.search import translate_ids
+from seq2onnx.runtime.signature import graph_signature
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.translator import Translator
 
@@ -321,7 +322,7 @@ def test_bundle_json_describes_the_bundle():
     assert set(meta["decoding"]) == {"beam_size", "length_penalty", "max_length_a", "max_length_b", "min_length"}
     domains = {label: g.pop("domains") for label, g in meta["graphs"].items()}  # read from the files
     assert set(domains) == {"encoder", "decoder", "decoder_fused"}
-    assert meta["graphs"] == fmt.graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, "float32",
+    assert meta["graphs"] == graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, "float32",
                                                  cfg.tgt_vocab_size, fused=True)
     for label in ("encoder", "decoder", "decoder_fused"):
         for value in meta["graphs"][label]["inputs"] + meta["graphs"][label]["outputs"]:
@@ -520,7 +521,7 @@ def test_fp16_export_keeps_norms_and_softmax_in_float32(fp16_bundle):
     assert meta["dtype"] == "float16" and meta["variant"] == "float16" and meta["quantization"] is None
     cfg = meta["model"]
     assert {label: g.pop("domains") for label, g in meta["graphs"].items()} == {"encoder": [""], "decoder": [""]}
-    assert meta["graphs"] == fmt.graph_signature(cfg["n_decoder_layers"], cfg["n_heads"],
+    assert meta["graphs"] == graph_signature(cfg["n_decoder_layers"], cfg["n_heads"],
                                                  cfg["d_model"] // cfg["n_heads"], "float16", cfg["tgt_vocab_size"])
     enc, dec = proto(fp16_bundle, fmt.ENCODER_FILE), proto(fp16_bundle, fmt.DECODER_FILE)
     for p in (enc, dec):

@@ -88,8 +88,8 @@ def test_cuda_keeps_the_standard_decoder(bundle):
     """The CUDA kernel wants another cache layout: pick_decoder never chooses fused off the CPU."""
     meta = fmt.read_bundle(bundle)
     loaded = []
-    variant, _, why = fused_step.pick_decoder(meta, "cuda", "auto", lambda path: loaded.append(path.name) or "session")
-    assert variant == "standard" and "CPU" in why and loaded == [fmt.DECODER_FILE]
+    variant, _, why = fused_step.pick_decoder(meta, "cuda", "auto", lambda label: loaded.append(label) or "session")
+    assert variant == "standard" and "CPU" in why and loaded == [fmt.DECODER_LABELS["standard"]]
 
 
 def test_sampling_is_the_same_on_both_decoders(bundle, standard):

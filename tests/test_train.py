@@ -241,7 +241,7 @@ def test_progress_bar_total_follows_the_time_limit(tmp_path, monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(train_module, "tqdm", Bar)
+    monkeypatch.setattr(train_module, "_Bar", Bar)
     run = train(_opts(tmp_path / "run", max_steps=100000, max_minutes=0.03, eval_every=100000))
     [bar] = bars
     step = _state(run)["step"]

@@ -92,7 +92,10 @@ def fake_node(directory: Path, fault: str, node: str | None = NODE, version: str
 @needs_node
 def test_passes_on_the_tiny_bundle_and_writes_the_report(bundle, sentences_file, tmp_path):
     report_path = tmp_path / "report.json"
-    proc = verify_host(str(bundle), "--sentences-file", str(sentences_file), "--json", str(report_path))
+    # a bundle path relative to where the command runs: the Node host runs elsewhere and must get it whole
+    relative = os.path.relpath(bundle, ROOT)
+    assert not Path(relative).is_absolute()
+    proc = verify_host(relative, "--sentences-file", str(sentences_file), "--json", str(report_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.rstrip().endswith("PASSED")
     assert set(rows(proc.stdout).values()) == {"ok"} and len(rows(proc.stdout)) == 8, proc.stdout
@@ -148,9 +151,16 @@ def test_missing_node_and_missing_node_modules_name_what_to_install(tmp_path):
     assert f"{bare / 'node_modules' / 'onnxruntime-node'}: missing; install the JS host's dependencies: npm ci --prefix {bare}" \
         in proc.stderr
     proc = verify_host("nowhere", "--sentences-file", str(sentences), "--node", str(fake_node(tmp_path, "old", version="v16.20.0")))
-    assert proc.returncode == 1 and "is v16.20.0; the JS host needs Node.js >= 18.17" in proc.stderr
+    assert proc.returncode == 1 and "is Node.js v16.20.0; the JS host needs Node.js >= 18.17" in proc.stderr
     proc = verify_host("nowhere", "--sentences-file", str(sentences), "--js-dir", str(tmp_path))
     assert proc.returncode == 1 and "no JS host there (bin/seq2onnx-js.mjs)" in proc.stderr
+
+
+def test_a_node_that_is_not_node_is_named_without_its_output(bundle, sentences_file):
+    proc = verify_host(str(bundle), "--sentences-file", str(sentences_file), "--node", "/bin/false")
+    assert proc.returncode == 1
+    assert "--node /bin/false: not Node.js" in proc.stderr and "give the path of the node binary" in proc.stderr
+    assert "Copyright" not in proc.stderr and "License" not in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
 def test_sentences_come_from_one_named_source(tmp_path):

@@ -139,8 +139,28 @@ MODEL_BIN = "model.bin"  # what marks a directory as a CTranslate2 model (ctrans
 
 
 def is_ct2_dir(path: str | Path) -> bool:
-    """Whether `path` holds a CTranslate2 model (rather than an ONNX bundle)."""
-    return (Path(path) / MODEL_BIN).is_file()
+    """Whether `path` is a CTranslate2 model directory (rather than an ONNX bundle), whole or not."""
+    return (Path(path) / MODEL_BIN).is_file() or (Path(path) / DEPLOY_JSON).is_file()
+
+
+def load_ct2(model_dir: str | Path, **options):
+    """ctranslate2.Translator(model_dir, **options), with errors that name the file and the fix.
+
+    Raises:
+        ExportError: model.bin is missing, or CTranslate2 cannot read it (damaged or truncated).
+    """
+    import ctranslate2
+
+    from seq2onnx.export.bundle import ExportError
+
+    model = Path(model_dir) / MODEL_BIN
+    fix = f"export it again: seq2onnx export CHECKPOINT {model_dir} --format ctranslate2 --force"
+    if not model.is_file():
+        raise ExportError(f"{model}: missing; {model_dir} is an incomplete CTranslate2 model directory: {fix}")
+    try:
+        return ctranslate2.Translator(str(model_dir), **options)
+    except (RuntimeError, ValueError) as e:
+        raise ExportError(f"{model}: CTranslate2 cannot load it ({e}); the file is damaged or incomplete: {fix}") from e
 
 
 def _version(dist: str) -> str | None:
@@ -227,12 +247,11 @@ def export_ctranslate2(ckpt: str | Path, out: str | Path, *, force: bool = False
 
 def _validate(directory: Path, recipe: dict) -> None:
     """The directory loads in a fresh Translator and decodes one short sentence through the recipe."""
-    import ctranslate2
     import sentencepiece as spm
 
     source = spm.SentencePieceProcessor(model_file=str(directory / recipe["source"]["tokenizer"]))
     pieces = source.encode("a", out_type=str) + recipe["source"]["append"]
-    translator = ctranslate2.Translator(str(directory), device="cpu", compute_type="float32", intra_threads=1)
+    translator = load_ct2(directory, device="cpu", compute_type="float32", intra_threads=1)
     translator.translate_batch([pieces], **{**recipe["translate_batch"], "beam_size": 2}, max_decoding_length=3)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from seq2onnx.export.ctranslate2.convert import (DEPLOY_FORMAT, DEPLOY_FORMAT_VERSION, DEPLOY_JSON, deploy_recipe,
+from seq2onnx.export.ctranslate2.convert import (load_ct2, DEPLOY_FORMAT, DEPLOY_FORMAT_VERSION, DEPLOY_JSON, deploy_recipe,
                                         max_decoding_length)
 
 MIN_GREEDY_AGREEMENT = 1.0  # greedy: identical token ids on every sentence
@@ -183,8 +183,7 @@ def verify_ct2(ckpt: str | Path, model_dir: str | Path, *, sentences: int = 100,
     device = ct2_device(device)
     # As many threads as PyTorch's side: CTranslate2's default (4 OpenMP threads, which spin) made
     # one-sentence calls 70x slower on the loaded 2-core machine this was written on.
-    translator = ctranslate2.Translator(str(model_dir), device=device, compute_type="float32",
-                                        intra_threads=torch.get_num_threads())
+    translator = load_ct2(model_dir, device=device, compute_type="float32", intra_threads=torch.get_num_threads())
     refs = [t for _, t in pairs]
 
     searches = {"greedy": 1}

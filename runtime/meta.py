@@ -1,0 +1,163 @@
+"""bundle.json's fields checked: the spec's `fields` table, then the checks that relate fields."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .spec import DECODER_LABELS, FILE_KEYS, FUSED, OPTIONAL_FILE_KEYS, SPEC, SPEC_PATH, STANDARD, BundleError
+
+
+_MISSING = object()  # a field that is absent, shown as `missing`
+
+
+def _short(value) -> str:
+    """A value for a message as JSON (as every host writes it), cut to 60 characters."""
+    if value is _MISSING:
+        return "missing"
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Schema:
+    """Type and range checks of bundle.json's fields; each failure is one line naming the field."""
+
+    def __init__(self, where: Path):
+        self.where = where
+
+    def fail(self, field: str, value, want: str):
+        raise BundleError(f"{self.where}: {field} is {_short(value)}, {want}; re-export the bundle with "
+                          "`seq2onnx export` (or correct the field)")
+
+    def obj(self, parent: dict, key: str, field: str) -> dict:
+        if key not in parent:
+            raise BundleError(f"{self.where}: missing the field {field!r}; re-export the bundle with `seq2onnx export`")
+        value = parent[key]
+        if not isinstance(value, dict):
+            self.fail(field, value, "expected an object")
+        return value
+
+    def integer(self, parent: dict, key: str, field: str, low: int = 0, required: bool = True) -> int | None:
+        if key not in parent and not required:
+            return None
+        value = parent.get(key)
+        if key not in parent or not isinstance(value, int) or isinstance(value, bool) or value < low:
+            self.fail(field, value if key in parent else _MISSING, f"expected an integer >= {low}")
+        return value
+
+    def real(self, parent: dict, key: str, field: str, low: float | None = None) -> float:
+        value = parent.get(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if key not in parent or not ok or (low is not None and value < low):
+            self.fail(field, value if key in parent else _MISSING,
+                      "expected a finite number" + (f" >= {low}" if low is not None else ""))
+        return float(value)
+
+    def text(self, parent: dict, key: str, field: str, choices: tuple | None = None) -> str:
+        value = parent.get(key)
+        if key not in parent or not isinstance(value, str) or (choices and value not in choices):
+            self.fail(field, value if key in parent else _MISSING,
+                      f"expected one of {', '.join(choices)}" if choices else "expected a string")
+        return value
+
+
+def _check_field(v: _Schema, meta: dict, spec: dict) -> None:
+    """One row of the spec's `fields` table: the field's type, range or choices."""
+    *parents, key = spec["field"].split(".")
+    parent = meta
+    for i, name in enumerate(parents):
+        parent = v.obj(parent, name, ".".join(parents[: i + 1]))
+    if key not in parent and not spec.get("required", True):
+        return
+    if spec.get("nullable") and parent.get(key) is None and key in parent:
+        return
+    kind = spec["type"]
+    if kind == "integer":
+        v.integer(parent, key, spec["field"], low=spec.get("min", 0))
+    elif kind == "number":
+        v.real(parent, key, spec["field"], low=spec.get("min"))
+    elif kind == "string":
+        choices = spec.get("choices")
+        v.text(parent, key, spec["field"], tuple(SPEC[choices]) if isinstance(choices, str) else choices)
+    else:  # a spec this runtime does not understand: refuse loudly rather than skip a check
+        raise RuntimeError(f"{SPEC_PATH}: fields[{spec['field']}] has type {kind!r}; this runtime knows integer, number, string")
+
+
+def validate_meta(meta: dict, where: Path) -> None:
+    """Every field the runtime reads has its type and range, and the fields stated twice agree.
+
+    The per-field checks are the spec's `fields` table (spec/bundle.json); the checks that
+    relate fields to each other follow it.
+
+    Args:
+        meta: bundle.json as parsed.
+        where: bundle.json's path, for messages.
+
+    Raises:
+        BundleError: naming the field, its value, what was expected and the fix.
+    """
+    v = _Schema(where)
+    for spec in SPEC["fields"]:
+        _check_field(v, meta, spec)
+    model = meta["model"]
+    sizes = {k: model[k] for k in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_decoder_layers",
+                                   "max_positions")}
+    if sizes["d_model"] % sizes["n_heads"]:
+        v.fail("model.d_model", sizes["d_model"], f"expected a multiple of model.n_heads={sizes['n_heads']}")
+    if meta["max_positions"] != sizes["max_positions"]:
+        v.fail("max_positions", meta["max_positions"],
+               f"expected model.max_positions={sizes['max_positions']} (the same value twice)")
+    special = meta["special_ids"]
+    for key in ("pad", "unk", "bos", "eos", "decoder_start"):
+        value = special[key]
+        vocab = sizes["tgt_vocab_size"] if key == "decoder_start" else min(sizes["src_vocab_size"], sizes["tgt_vocab_size"])
+        if value >= vocab:
+            v.fail(f"special_ids.{key}", value, f"expected an id inside the vocabulary [0, {vocab})")
+        model_key = "decoder_start_id" if key == "decoder_start" else f"{key}_id"
+        if model_key in model and model[model_key] != value:
+            v.fail(f"special_ids.{key}", value, f"expected model.{model_key}={_short(model[model_key])} (the same id twice)")
+    files = v.obj(meta, "files", "files")
+    for key in [*FILE_KEYS, *(k for k in OPTIONAL_FILE_KEYS if k in files)]:
+        entry = v.obj(files, key, f"files.{key}")
+        v.text(entry, "path", f"files.{key}.path")
+        v.text(entry, "sha256", f"files.{key}.sha256")
+    graphs = v.obj(meta, "graphs", "graphs")
+    labels = ["encoder", "decoder"]
+    for key in OPTIONAL_FILE_KEYS:  # an optional graph is described exactly when its file is listed
+        if (key in files) != (key in graphs):
+            v.fail(f"graphs.{key}" if key in files else f"files.{key}", _MISSING,
+                   f"expected because {'files' if key in files else 'graphs'}.{key} is present")
+        if key in files:
+            labels.append(key)
+    for label in labels:
+        graph = v.obj(graphs, label, f"graphs.{label}")
+        if "variant" in graph:  # optional: bundles exported before the fused decoder lack it
+            want = FUSED if label == DECODER_LABELS[FUSED] else STANDARD
+            v.text(graph, "variant", f"graphs.{label}.variant", (want,))
+        domains = graph.get("domains")
+        if "domains" in graph and (not isinstance(domains, list) or not all(isinstance(d, str) for d in domains)):
+            v.fail(f"graphs.{label}.domains", domains, "expected a list of operator domains (strings)")
+        for side in ("inputs", "outputs"):
+            items = graph.get(side)
+            if not isinstance(items, list) or not items:
+                v.fail(f"graphs.{label}.{side}", items if side in graph else _MISSING, "expected a non-empty list")
+            for i, item in enumerate(items):
+                field = f"graphs.{label}.{side}[{i}]"
+                if not isinstance(item, dict):
+                    v.fail(field, item, "expected an object")
+                v.text(item, "name", f"{field}.name")
+                v.text(item, "dtype", f"{field}.dtype")
+                shape = item.get("shape")
+                if not isinstance(shape, list) or not all(
+                        isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in shape):
+                    v.fail(f"{field}.shape", shape, "expected a list of sizes (integers) and axis names (strings)")
+    tokenizers = meta.get("tokenizers")
+    if tokenizers is not None:  # optional: vocabulary fingerprints (runtime.checks.tokenizer_fingerprint)
+        tokenizers = v.obj(meta, "tokenizers", "tokenizers")
+        for side in ("source", "target"):
+            entry = v.obj(tokenizers, side, f"tokenizers.{side}")
+            v.integer(entry, "pieces", f"tokenizers.{side}.pieces", low=1)
+            v.text(entry, "pieces_sha256", f"tokenizers.{side}.pieces_sha256")

@@ -110,8 +110,20 @@ def write_file(path: str | os.PathLike[str], data: str | bytes) -> Path:
 
 @contextmanager
 def temp_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """A temporary path beside `path` for a writer that takes a path (pyarrow's), renamed over
-    `path` with its mode when the block ends without error and removed when it raises."""
+    """A temporary path beside `path` for a writer that takes a path (pyarrow's).
+
+    The temporary file is renamed over `path`, with its mode, when the block ends without error and
+    removed when it raises.
+
+    Args:
+        path: the file to write; its directory must exist.
+
+    Yields:
+        The temporary path (".NAME.XXXX.partial" beside `path`).
+
+    Raises:
+        OutputError: the directory cannot be written (the message names `path`).
+    """
     path = Path(path)
     mode = _default_mode(path)
     fd, temp = _temp_beside(path)
@@ -125,7 +137,15 @@ def temp_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def temp_dir(parent: Path, prefix: str) -> Path:
-    """A new empty directory in `parent` named prefix + random, with a plain mkdir's mode (not mkdtemp's 0700)."""
+    """Makes a new empty directory in `parent`, with a plain mkdir's mode (not mkdtemp's 0700).
+
+    Args:
+        parent: the directory to make it in.
+        prefix: the start of its name (a random part follows).
+
+    Returns:
+        The new directory.
+    """
     temp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     os.chmod(temp, _default_mode(temp, directory=True))
     return temp
@@ -154,6 +174,13 @@ def replace_dir(temp: Path, out: Path) -> None:
     Where the system can (Linux), the two are exchanged in one step, so `out` never ceases to exist;
     elsewhere the old `out` is first moved aside and put back if the last rename fails. Either way
     a reader sees the old directory or the new one, never a mix, and a failure leaves what was there.
+
+    Args:
+        temp: the finished directory.
+        out: where it goes; an existing directory there is replaced.
+
+    Raises:
+        OSError: a rename fails (the old `out` is left in place).
     """
     if not out.exists():
         os.replace(temp, out)
@@ -274,9 +301,15 @@ class OutputLock:
     replaces the earlier output. flock (not O_EXCL) so that a killed writer leaves no stale lock:
     the kernel drops the lock with the process. The file is removed on release; a waiter that
     opened the removed file sees a different inode from the path's and reports the lock as taken.
+    Use as a context manager: entering takes the lock, leaving releases it.
 
     Args:
-        out: the output path. what: what is written, for messages. error: the exception type to raise.
+        out: the output path.
+        what: what is written, for messages.
+        error: the exception type to raise.
+
+    Raises:
+        error: on entering, when the lock file cannot be made or another writer holds the lock.
     """
 
     def __init__(self, out: Path, what: str = "output", error: type[Exception] = OutputError):

@@ -48,7 +48,20 @@ def building(out: Path, force: bool, what: str, ckpt: str | Path):
     """atomic.building with ExportError: the locked temporary directory an export writes into.
 
     Refuses an output that overlaps the checkpoint (or its run), and `--force` over a directory
-    that is neither empty nor an export's (a bundle or a model directory seq2onnx wrote)."""
+    that is neither empty nor an export's (a bundle or a model directory seq2onnx wrote).
+
+    Args:
+        out: the directory to write.
+        force: replace an existing `out`.
+        what: what is written, for messages ("bundle", ...).
+        ckpt: the checkpoint read, which the output may not overlap.
+
+    Returns:
+        A context manager yielding the temporary directory.
+
+    Raises:
+        ExportError: as atomic.building raises its `error`.
+    """
     return atomic.building(out, force, what, error=ExportError, inputs={"the checkpoint": ckpt}, ours=_is_bundle)
 
 
@@ -60,6 +73,12 @@ def _version(dist: str) -> str | None:
 
 
 def variant(dtype: str, quantize: str | None) -> str:
+    """Returns the bundle's variant, the key of TOLERANCES: "int8" when quantized, else the dtype.
+
+    Args:
+        dtype: "float32" or "float16".
+        quantize: "int8" or None.
+    """
     return "int8" if quantize == "int8" else dtype
 
 
@@ -67,18 +86,28 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
                   force: bool = False, decoder: str = "both") -> Path:
     """Exports a checkpoint (a step-* directory or a run directory's `last`) into the bundle `out`.
 
-    decoder "both" writes the standard-opset decoder.onnx and, for fp32 and int8 bundles (the
-    contrib attention kernels are fp32-only on the CPU), decoder_fused.onnx (docs/fused-decoder.md);
-    "standard" writes decoder.onnx alone, for hosts without onnxruntime's com.microsoft operators.
-
-    dtype "float16" keeps LayerNorm, softmax and log-softmax in fp32 (for CUDA); quantize "int8"
-    rewrites the fp32 graphs' linear layers with per-row activation scales and per-channel weights
-    (export/quantize.py: for the CPU, and batch-invariant). The bundle is validated (hashes, graph
-    loading, one decoding step) before it is moved into place.
+    The bundle is validated (hashes, graph loading, one decoding step) before it is moved into place.
     The whole export holds a lock beside `out`, so of two exports to one place started together
     exactly one succeeds, with or without force; the other raises ExportError.
-    Raises ExportError for an existing output without force, an output another export is writing,
-    or an unwritable location; CheckpointError for a bad checkpoint.
+
+    Args:
+        ckpt: the checkpoint (or run) directory.
+        out: the bundle directory to write.
+        dtype: "float32", or "float16", which keeps LayerNorm, softmax and log-softmax in fp32 (for CUDA).
+        quantize: "int8" rewrites the fp32 graphs' linear layers with per-row activation scales and
+            per-channel weights (export/quantize.py: for the CPU, and batch-invariant); None: none.
+        force: replace an existing `out` (only an empty directory or an export's).
+        decoder: "both" writes the standard-opset decoder.onnx and, for fp32 and int8 bundles (the
+            contrib attention kernels are fp32-only on the CPU), decoder_fused.onnx (docs/fused-decoder.md);
+            "standard" writes decoder.onnx alone, for hosts without onnxruntime's com.microsoft operators.
+
+    Returns:
+        The bundle directory, `out`.
+
+    Raises:
+        ExportError: an unknown dtype, quantization or decoder, int8 from float16, an existing output
+            without force, an output another export is writing, or an unwritable location.
+        CheckpointError: a bad checkpoint.
     """
     if dtype not in ("float32", "float16"):
         raise ExportError(f"--dtype {dtype}: choose float32 or float16")

@@ -40,8 +40,16 @@ BEAM_WIDTH, CACHE_INDIRECTION = names.BEAM_WIDTH, names.CACHE_INDIRECTION
 
 
 def graph_domains(proto: onnx.ModelProto) -> list[str]:
-    """The operator domains a graph's nodes use, sorted ("" is the default ONNX domain): what
-    bundle.json's graphs.<label>.domains records, so that a host knows what its runtime must run."""
+    """Lists the operator domains a graph's nodes use.
+
+    What bundle.json's graphs.<label>.domains records, so that a host knows what its runtime must run.
+
+    Args:
+        proto: the graph.
+
+    Returns:
+        The domains, sorted ("" is the default ONNX domain, "ai.onnx" included).
+    """
     return sorted({"" if n.domain in ("", "ai.onnx") else n.domain for n in proto.graph.node})
 
 
@@ -72,9 +80,16 @@ def _t(linear: torch.nn.Linear) -> torch.Tensor:
 
 
 def build_fused_decoder(model: Transformer) -> onnx.ModelProto:
-    """The fused decoder-step graph of `model` (fp32, eval mode), checked by onnx.checker.
+    """Builds the fused decoder-step graph of `model`, checked by onnx.checker.
 
-    Raises ValueError for a model whose weights are not fp32 (the CPU kernels are fp32-only).
+    Args:
+        model: the model, fp32 and in eval mode.
+
+    Returns:
+        The graph (inputs and outputs as runtime.signature.fused_signature gives them).
+
+    Raises:
+        ValueError: the model's weights are not fp32 (the CPU kernels are fp32-only).
     """
     cfg = model.cfg
     if model.generator.weight.dtype != torch.float32:
@@ -173,7 +188,18 @@ def build_fused_decoder(model: Transformer) -> onnx.ModelProto:
 
 
 def export_fused_decoder(model: Transformer, out_dir: Path) -> Path:
-    """Writes decoder_fused.onnx into out_dir; returns its path. Raises ValueError as build_fused_decoder."""
+    """Writes decoder_fused.onnx into out_dir.
+
+    Args:
+        model: the model (put in eval mode).
+        out_dir: an existing directory.
+
+    Returns:
+        The file's path.
+
+    Raises:
+        ValueError: as build_fused_decoder.
+    """
     path = Path(out_dir) / FUSED_DECODER_FILE
     onnx.save(build_fused_decoder(model.eval()), str(path))
     return path

@@ -20,13 +20,18 @@ OPSET = 17
 
 
 class EncoderGraph(nn.Module):
-    """(src_ids (B, S), src_lengths (B,)) -> src_mask (B, S), then per layer key, value (B, H, S, Dh)."""
+    """The encoder graph: (src_ids (B, S), src_lengths (B,)) -> src_mask (B, S), then per layer key, value (B, H, S, Dh).
+
+    Args:
+        model: the model to trace.
+    """
 
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
 
     def forward(self, src_ids: Tensor, src_lengths: Tensor) -> tuple[Tensor, ...]:
+        """Returns (src_mask, key_0, value_0, key_1, ...): the mask from the lengths, then encode + cross_kv."""
         positions = torch.arange(src_ids.shape[1], device=src_ids.device)
         src_mask = positions[None, :] < src_lengths[:, None]  # (B, S)
         cross = self.model.cross_kv(self.model.encode(src_ids, src_mask))
@@ -34,8 +39,13 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderGraph(nn.Module):
-    """One step: decode_step with its lists flattened in the order of runtime.bundle's names, and
-    the last layer's head-averaged cross-attention (computed anyway: one ReduceMean more)."""
+    """The decoder graph, one step: decode_step with its lists flattened in the order of runtime.bundle's names.
+
+    It also outputs the last layer's head-averaged cross-attention (computed anyway: one ReduceMean more).
+
+    Args:
+        model: the model to trace.
+    """
 
     def __init__(self, model: Transformer):
         super().__init__()
@@ -43,6 +53,17 @@ class DecoderGraph(nn.Module):
         self.n_layers = model.cfg.n_decoder_layers
 
     def forward(self, tokens: Tensor, step: Tensor, cache_indices: Tensor, *rest: Tensor) -> tuple[Tensor, ...]:
+        """Runs decode_step on flat inputs.
+
+        Args:
+            tokens: (R, 1) the newest tokens.
+            step: (1,) their position.
+            cache_indices: (R,) the past row each row continues.
+            *rest: per layer past key, value; per layer cross key, value; then src_mask.
+
+        Returns:
+            (log_probs, present key_0, value_0, ..., cross_attention).
+        """
         n = self.n_layers
         past = [(rest[2 * i], rest[2 * i + 1]) for i in range(n)]
         cross = [(rest[2 * n + 2 * i], rest[2 * n + 2 * i + 1]) for i in range(n)]
@@ -53,7 +74,15 @@ class DecoderGraph(nn.Module):
 
 
 def example_inputs(model: Transformer, dtype: torch.dtype) -> tuple[tuple, tuple]:
-    """Tracing inputs with every dynamic size distinct and >= 2: batch 2, src 5, rows 6, prev 4, past 3."""
+    """Returns tracing inputs with every dynamic size distinct and >= 2: batch 2, src 5, rows 6, prev 4, past 3.
+
+    Args:
+        model: the model (its encoder is run to make the decoder's cross inputs).
+        dtype: the cache's dtype.
+
+    Returns:
+        (encoder inputs, decoder inputs).
+    """
     cfg = model.cfg
     batch, src_len, rows, prev_rows, past = 2, 5, 6, 4, 3
     src_ids = torch.randint(4, cfg.src_vocab_size, (batch, src_len))
@@ -74,7 +103,19 @@ def example_inputs(model: Transformer, dtype: torch.dtype) -> tuple[tuple, tuple
 
 
 def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = torch.float32) -> tuple[Path, Path]:
-    """Writes encoder.onnx and decoder.onnx into out_dir; returns their paths."""
+    """Writes encoder.onnx and decoder.onnx into out_dir.
+
+    Args:
+        model: the model; it is cast to dtype and put in eval mode.
+        out_dir: an existing directory.
+        dtype: the graphs' float type.
+
+    Returns:
+        (encoder path, decoder path).
+
+    Raises:
+        RuntimeError: a graph holds training-only nodes (check_graph).
+    """
     model = model.to(dtype).eval()
     n = model.cfg.n_decoder_layers
     enc_inputs, dec_inputs = example_inputs(model, dtype)
@@ -125,6 +166,9 @@ def add_top_k(proto: onnx.ModelProto) -> None:
 
     Written as an ONNX node rather than traced, because tracing torch.topk freezes k to the
     traced value. ONNX TopK breaks ties towards the lower index, the search's own rule.
+
+    Args:
+        proto: the decoder graph, changed in place (a top_k input and two outputs more).
     """
     from onnx import TensorProto, helper
 
@@ -138,7 +182,17 @@ def add_top_k(proto: onnx.ModelProto) -> None:
 
 
 def check_graph(proto: onnx.ModelProto, label: str) -> None:
-    """onnx.checker with full check, strict shape inference, and no training-only nodes."""
+    """Checks a graph: onnx.checker with full check, strict shape inference, and no training-only nodes.
+
+    Args:
+        proto: the graph.
+        label: its name, for the message.
+
+    Raises:
+        RuntimeError: training-only nodes (Dropout, losses) in the graph.
+        onnx.checker.ValidationError: the checker fails.
+        onnx.shape_inference.InferenceError: strict shape inference fails.
+    """
     onnx.checker.check_model(proto, full_check=True)
     onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
     training = {"Dropout", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"}

@@ -33,6 +33,18 @@ from seq2onnx.runtime.translator import Translator
 
 @dataclass
 class Check:
+    """One row of verify's report: a measured value against its bound.
+
+    Attributes:
+        tier: "tensor", "tokens" or "text".
+        name: what was measured.
+        value: the measurement.
+        bound: the tolerance it is held to.
+        passed: value within bound.
+        detail: more numbers, for the report.
+        decoder: "standard" or "fused": the decoder graph checked ("" for the encoder).
+    """
+
     tier: str  # tensor | tokens | text
     name: str
     value: float
@@ -47,7 +59,22 @@ class ParityError(AssertionError):
 
 
 def test_sentences(ckpt_dir: Path, n: int, data: str | None = None, src_col: int = 0, tgt_col: int = 1) -> list[tuple[str, str]]:
-    """The test split of the corpus the checkpoint was trained on (or of `data` when given)."""
+    """Picks the sentences to verify on: the test split of the corpus the checkpoint was trained on.
+
+    Args:
+        ckpt_dir: the checkpoint directory (its train_state.json names the corpus and split).
+        n: how many pairs at most.
+        data: a TSV file to take the first n pairs of instead (malformed lines skipped).
+        src_col: its source column.
+        tgt_col: its target column.
+
+    Returns:
+        (source, target) pairs; generated ones (seed 12345) when the checkpoint records no options.
+
+    Raises:
+        FileNotFoundError: the corpus the checkpoint was trained on is not here.
+        DataError: `data` (or the training corpus) cannot be read.
+    """
     state = json.loads((ckpt_dir / checkpoint.STATE).read_text()) if (ckpt_dir / checkpoint.STATE).exists() else {}
     options = state.get("options")
     if data is not None:
@@ -100,7 +127,7 @@ class _Worst:
 @torch.no_grad()
 def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float, batch_size: int = 16,
                   decoders: tuple[str, ...] = (fmt.STANDARD,), log=None) -> list[Check]:
-    """Encoder and decoder-step outputs of the bundle against the checkpoint, batches with padding.
+    """Checks encoder and decoder-step outputs of the bundle against the checkpoint, batches with padding.
 
     The reference is the checkpoint evaluated in float64: what the trained function computes.
     PyTorch's own fp32 evaluation is measured against it too, because a trained model can be
@@ -109,8 +136,22 @@ def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float,
     larger: the bundle must be as exact as PyTorch itself. Keys, values and the cache are
     intermediate activations whose size depends on the model (tens in a trained one), and fp32
     error grows with size, so their `atol` is relative to the largest magnitude of the tensor
-    (atol x max(1, max|x|)), with the same widening. `decoders` are the decoder variants to check
-    ("standard": decoder.onnx; "fused": decoder_fused.onnx on the CPU, through FusedStep).
+    (atol x max(1, max|x|)), with the same widening.
+
+    Args:
+        model (Transformer): the checkpoint's model.
+        tok (Tokenizer): its tokenizer.
+        bundle_dir: the bundle.
+        pairs (list[tuple[str, str]]): the sentences.
+        device: "cpu" or "cuda", for the standard graphs.
+        atol: the tolerance.
+        batch_size: sentences per batch.
+        decoders: the decoder variants to check ("standard": decoder.onnx; "fused":
+            decoder_fused.onnx on the CPU, through FusedStep).
+        log (Callable[[str], None] | None): called with a line of progress per batch.
+
+    Returns:
+        The tensor checks: the encoder's mask, then the worst differences per decoder and output.
     """
     cfg = model.cfg
     n = cfg.n_decoder_layers
@@ -224,10 +265,16 @@ def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, de
         device: onnxruntime provider for the standard decoder ("cpu", "cuda", "auto").
         data, src_col, tgt_col: a TSV of sentences instead of the checkpoint's test split.
         tensor_sentences: the first this many of them also go through the tensor tier.
-        log: called with a line of progress now and then (the command prints it on stderr).
+        log (Callable[[str], None] | None): called with a line of progress now and then (the command
+            prints it on stderr).
 
     Returns:
         dict: `passed`, the checks, and which sentences each tier covered.
+
+    Raises:
+        BundleError: the bundle cannot be read.
+        CheckpointError: a bad checkpoint.
+        FileNotFoundError: as test_sentences.
     """
     say = log or (lambda line: None)
     bundle_dir = Path(bundle_dir)
@@ -282,9 +329,18 @@ def _value_and_bound(c: dict) -> tuple[str, str]:
 
 
 def format_report(report: dict) -> str:
-    """The report as a table: the checks that decide the verdict, each with its bound and result,
-    then (for reduced-precision bundles) the tensor differences as plain measurements, with no
-    bound and no result, since they decide nothing."""
+    """Formats verify's report as a table.
+
+    First the checks that decide the verdict, each with its bound and result, then (for
+    reduced-precision bundles) the tensor differences as plain measurements, with no bound and no
+    result, since they decide nothing.
+
+    Args:
+        report: what `verify` returned.
+
+    Returns:
+        The text, ending with PASSED or FAILED.
+    """
     judged = [c for c in report["checks"] if c["judged"]]
     measured = [c for c in report["checks"] if not c["judged"]]
     lines = [

@@ -62,8 +62,16 @@ def _attrs(node: onnx.NodeProto) -> dict:
 
 
 def linear_weights(node: onnx.NodeProto, inits: dict[str, np.ndarray]):
-    """(W (K, N), bias (N,) or None, activation or None) of a linear node with constant fp32
-    weights; None for any other node (it stays as it is)."""
+    """Reads the weights of a linear node with constant fp32 weights.
+
+    Args:
+        node (onnx.NodeProto): a node: MatMul, Gemm (alpha = beta = 1, no transA) or FusedGemm(Relu).
+        inits (dict[str, np.ndarray]): the graph's initializers by name.
+
+    Returns:
+        (W (K, N), bias (N,) or None, activation or None), W transposed back when transB is set;
+        None for any other node (it stays as it is).
+    """
     if node.op_type not in ("MatMul", "Gemm", "FusedGemm") or len(node.input) < 2 or node.input[1] not in inits:
         return None
     w = inits[node.input[1]]
@@ -91,8 +99,14 @@ def linear_weights(node: onnx.NodeProto, inits: dict[str, np.ndarray]):
 
 
 def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """W (K, N) fp32 -> (codes (K, N) uint8, scale (N,), zero point (N,) uint8), per output column:
-    W ~ (codes - zero point) x scale, with 0 exactly representable."""
+    """Quantizes weights per output column: W ~ (codes - zero point) x scale, with 0 exactly representable.
+
+    Args:
+        w: W (K, N) fp32.
+
+    Returns:
+        (codes (K, N) uint8, scale (N,), zero point (N,) uint8).
+    """
     low, high = np.minimum(w.min(axis=0), 0), np.maximum(w.max(axis=0), 0)
     scale = ((high - low) / 255).astype(np.float32)
     scale[scale == 0] = 1.0  # an all-zero column: codes = zero point = 0
@@ -103,9 +117,16 @@ def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 def quantize_model(proto: onnx.ModelProto, *, contrib: bool) -> int:
     """Rewrites every linear layer of `proto` (in place) as described in the module docstring.
 
-    contrib: use com.microsoft's MatMulIntegerToFloat (for the fused decoder, which needs
-    com.microsoft anyway); otherwise plain opset-17 operators. Returns how many layers were
-    quantized. Raises QuantizeError for a graph with no linear layer to quantize.
+    Args:
+        proto: the graph.
+        contrib: use com.microsoft's MatMulIntegerToFloat (for the fused decoder, which needs
+            com.microsoft anyway); otherwise plain opset-17 operators.
+
+    Returns:
+        How many layers were quantized.
+
+    Raises:
+        QuantizeError: the graph has no linear layer to quantize.
     """
     graph = proto.graph
     inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
@@ -182,12 +203,21 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool) -> int:
 
 
 def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tuple[str, ...] = ()) -> dict:
-    """Quantizes the graph files of a bundle directory in place ({label: file name}); the labels in
-    contrib_labels use com.microsoft operators. Returns bundle.json's `quantization_scheme`:
-    SCHEME plus, per graph, the layers quantized and the operator that multiplies.
+    """Quantizes the graph files of a bundle directory in place.
 
-    Raises QuantizeError for a graph without linear layers, and onnx.checker's errors for a
-    rewritten standard graph that does not check (full check, strict shape inference).
+    Args:
+        directory: the bundle directory.
+        files: {label: file name} of the graphs to quantize.
+        contrib_labels: the labels whose graphs use com.microsoft operators.
+
+    Returns:
+        bundle.json's `quantization_scheme`: SCHEME plus, per graph, the layers quantized and the
+        operator that multiplies.
+
+    Raises:
+        QuantizeError: a graph without linear layers.
+        onnx.checker.ValidationError: a rewritten graph that does not check (a standard graph: full check).
+        onnx.shape_inference.InferenceError: a rewritten standard graph fails strict shape inference.
     """
     layers = {}
     for label, name in files.items():

@@ -43,7 +43,17 @@ def _unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def resolve(path: str | Path) -> Path:
-    """A checkpoint directory from itself or from a run directory (its `last`)."""
+    """Finds the checkpoint directory from itself or from a run directory (its `last`).
+
+    Args:
+        path: a checkpoint directory (step-*, `last`, `best`) or a run directory.
+
+    Returns:
+        The checkpoint directory, resolved (links followed).
+
+    Raises:
+        CheckpointError: no such path, not a directory, or a file of REQUIRED is missing.
+    """
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint directory; give a run directory or one of its step-*/last/best")
@@ -61,7 +71,20 @@ def resolve(path: str | Path) -> Path:
 
 
 def load(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer, Path]:
-    """Loads (model in eval mode, tokenizer, resolved directory); CheckpointError names what is wrong."""
+    """Loads a checkpoint without unpickling anything.
+
+    Args:
+        path: a checkpoint or run directory (see `resolve`).
+        device: where the model goes.
+
+    Returns:
+        (model in eval mode, tokenizer, resolved directory).
+
+    Raises:
+        CheckpointError: names what is wrong: an incomplete directory, an invalid config, weights too
+            large for this machine's memory, unreadable weights, weights or tokenizer vocabularies
+            that do not match the config.
+    """
     path = resolve(path)
     try:
         cfg = ModelConfig.load(path / CONFIG)
@@ -121,7 +144,20 @@ def save(
     best: bool = False,
     keep: int = 1,
 ) -> Path:
-    """Writes step-NNNNNNNN/ atomically, points `last` (and `best`) at it, drops older ones."""
+    """Writes step-NNNNNNNN/ atomically, points `last` (and `best`) at it, drops older ones.
+
+    Args:
+        run_dir: the run directory (made if missing).
+        model: the model to save (its config and weights).
+        tokenizer: its tokenizer.
+        state: the training state; state["step"] names the checkpoint.
+        optimizer: saved too (its tensors as safetensors) when given.
+        best: point `best` at the new checkpoint as well.
+        keep: unused: every checkpoint that neither link points at is removed.
+
+    Returns:
+        The new checkpoint directory.
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / f"step-{state['step']:08d}"
@@ -178,8 +214,16 @@ def _prune(run_dir: Path) -> None:
 
 
 def remove_leftovers(run_dir: str | Path) -> list[str]:
-    """Deletes the temporary files and directories a killed write left in a run directory;
-    returns their names. Only for a run no other process is writing (training resumes it)."""
+    """Deletes the temporary files and directories a killed write left in a run directory.
+
+    Only for a run no other process is writing (training resumes it).
+
+    Args:
+        run_dir: the run directory.
+
+    Returns:
+        The names removed.
+    """
     removed = []
     for child in Path(run_dir).iterdir():
         if child.name.startswith((".tmp-", ".last.tmp", ".best.tmp", ".probe-")):
@@ -205,7 +249,15 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.
 
 
 def load_training_state(path: Path, optimizer: torch.optim.Optimizer | None) -> dict:
-    """train_state.json of a checkpoint; restores the optimizer's moments when it is given."""
+    """Reads train_state.json of a checkpoint; restores the optimizer's moments when it is given.
+
+    Args:
+        path: the checkpoint directory.
+        optimizer: the optimizer to restore, or None.
+
+    Returns:
+        The training state, without its "optimizer" entry.
+    """
     state = json.loads((path / STATE).read_text())
     meta = state.pop("optimizer", None)
     if optimizer is not None and meta is not None:

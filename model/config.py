@@ -13,6 +13,30 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The shape of a Transformer and its special ids, frozen; written as config.json.
+
+    Attributes:
+        src_vocab_size: SentencePiece pieces on the source side.
+        tgt_vocab_size: ... and on the target side (equal to src when the vocabulary is joint).
+        d_model: width of every residual stream.
+        n_heads: attention heads; d_model must divide by it.
+        n_encoder_layers: encoder layers.
+        n_decoder_layers: decoder layers.
+        d_ff: inner width of the position-wise feed-forward.
+        dropout: on embeddings, attention weights and every sublayer output.
+        max_positions: longest source or target sequence, special tokens included.
+        pre_norm: False: Add & Norm after each sublayer as in the paper; True: pre-LN.
+        tie_embeddings: target embedding shared with the output projection.
+        share_vocab: one joint SentencePiece model; the embeddings are shared too.
+        layer_norm_eps: LayerNorm's epsilon.
+        pad_id, unk_id, bos_id, eos_id: the special ids (fixed when the tokenizers are trained).
+        decoder_start_id: first decoder input.
+
+    Raises:
+        ValueError: d_model does not divide by n_heads, share_vocab with unequal vocabularies,
+            or a special id outside the vocabulary.
+    """
+
     src_vocab_size: int  # SentencePiece pieces on the source side
     tgt_vocab_size: int  # ... and on the target side (equal to src when the vocabulary is joint)
     d_model: int = 256  # width of every residual stream
@@ -50,10 +74,15 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
+        """Width of one attention head: d_model // n_heads."""
         return self.d_model // self.n_heads
 
     def parameter_count(self) -> int:
-        """Trainable parameters of the Transformer this config describes, shared tensors once."""
+        """Counts the trainable parameters of the Transformer this config describes, shared tensors once.
+
+        Returns:
+            The number of parameters.
+        """
         d, ff = self.d_model, self.d_ff
         attention = 4 * (d * d + d)  # w_q, w_k, w_v, w_o with biases
         feed_forward = d * ff + ff + ff * d + d
@@ -66,10 +95,23 @@ class ModelConfig:
         return encoder + decoder + embeddings + generator + final_norms
 
     def to_dict(self) -> dict:
+        """The fields as a JSON-ready dict."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":
+        """Builds a config from `to_dict`'s output.
+
+        Args:
+            data: field names and values; missing fields take their defaults.
+
+        Returns:
+            The config.
+
+        Raises:
+            ValueError: an unknown field (a newer seq2onnx wrote it, or it was edited by hand),
+                or values that do not fit together.
+        """
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -80,10 +122,26 @@ class ModelConfig:
         return cls(**data)
 
     def save(self, path: str | Path) -> None:
+        """Writes the config as indented JSON with sorted keys.
+
+        Args:
+            path: the file (config.json).
+        """
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelConfig":
+        """Reads a config that `save` wrote.
+
+        Args:
+            path: the file (config.json).
+
+        Returns:
+            The config.
+
+        Raises:
+            ValueError: the JSON is malformed or its fields are not a valid config.
+        """
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
@@ -92,13 +150,20 @@ TRAINING_BYTES_PER_PARAMETER = 4 * 4
 
 
 def training_memory(cfg: ModelConfig, max_tokens: int) -> tuple[int, int]:
-    """A rough lower bound on training memory in bytes: (parameters' share, activations' share).
+    """Estimates a rough lower bound on training memory in bytes.
 
     Activations are those kept for the backward pass of one batch of max_tokens tokens per side:
     per token and layer a dozen or so d_model-wide tensors, two d_ff-wide ones and the attention
     weights (one row of up to max_positions per head), plus the logits over the target vocabulary
     (logits, log-softmax and its gradient). Rough on purpose: it catches sizes that cannot fit
     anywhere near, not a few percent.
+
+    Args:
+        cfg: the model's shape.
+        max_tokens: tokens per batch.
+
+    Returns:
+        (parameters' share, activations' share): weights, gradients and Adam's moments; activations.
     """
     d, ff, h = cfg.d_model, cfg.d_ff, cfg.n_heads
     row = min(cfg.max_positions, max_tokens)
@@ -108,7 +173,11 @@ def training_memory(cfg: ModelConfig, max_tokens: int) -> tuple[int, int]:
 
 
 def available_memory() -> int | None:
-    """Bytes of memory this process may use: physical memory, or a smaller cgroup limit; None if unknown."""
+    """Bytes of memory this process may use.
+
+    Returns:
+        Physical memory, or a smaller cgroup (v2) limit; None if unknown.
+    """
     import os
 
     try:
@@ -125,4 +194,5 @@ def available_memory() -> int | None:
 
 
 def gib(n: float) -> str:
+    """Formats a byte count in GiB with one decimal, e.g. "1.5 GiB"."""
     return f"{n / 2**30:,.1f} GiB"

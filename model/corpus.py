@@ -89,9 +89,16 @@ NUMBER_SUFFIX = {False: "t", True: "n"}  # keyed by plural subject
 
 
 def lirish_number(value: int) -> str:
-    """Lirish word for 2..20: units, "dek" (10), "dek"+unit (11-19), "dudek" (20).
+    """Spells a count in Lirish: units, "dek" (10), "dek"+unit (11-19), "dudek" (20).
 
-    Raises ValueError when value is outside 2..20.
+    Args:
+        value: the count, 2..20.
+
+    Returns:
+        The Lirish word.
+
+    Raises:
+        ValueError: value is outside 2..20.
     """
     if not MIN_NUMBER <= value <= MAX_NUMBER:
         raise ValueError(f"number={value} is outside {MIN_NUMBER}..{MAX_NUMBER}; use a count in that range")
@@ -106,9 +113,16 @@ def lirish_number(value: int) -> str:
 class NounPhrase:
     """English noun phrase: [det] [number] [adj] noun.
 
-    det is "the", "a" (written "an" before a vowel) or None (bare plural). number is a count
-    (plural only), written as a digit when digits is True, else as a word (2..12 only).
-    Raises ValueError for an unknown word or an ungrammatical combination.
+    Attributes:
+        noun: a key of NOUNS.
+        plural: the plural form.
+        det: "the", "a" (written "an" before a vowel) or None (bare plural).
+        adj: a key of ADJECTIVES, or None.
+        number: a count (plural only), or None.
+        digits: write the number as a digit, else as a word (2..12 only).
+
+    Raises:
+        ValueError: an unknown word or an ungrammatical combination.
     """
 
     noun: str
@@ -143,7 +157,15 @@ class NounPhrase:
 
 @dataclass(frozen=True)
 class PrepPhrase:
-    """English prepositional phrase ("in the house"); Lirish puts the postposition after it."""
+    """English prepositional phrase ("in the house"); Lirish puts the postposition after it.
+
+    Attributes:
+        prep: a key of PREPOSITIONS.
+        np: the noun phrase.
+
+    Raises:
+        ValueError: an unknown preposition.
+    """
 
     prep: str
     np: NounPhrase
@@ -157,8 +179,16 @@ class PrepPhrase:
 class Clause:
     """One sentence: subject verb [object] [prepositional phrase], present or past.
 
-    Raises ValueError for an unknown verb, or an object missing on a transitive verb or
-    present on an intransitive one.
+    Attributes:
+        subject: the subject.
+        verb: a key of VERBS (base form).
+        obj: the object (transitive verbs only), or None.
+        past: past tense, else present.
+        pp: a prepositional phrase, or None.
+
+    Raises:
+        ValueError: an unknown verb, or an object missing on a transitive verb or present on an
+            intransitive one.
     """
 
     subject: NounPhrase
@@ -199,7 +229,14 @@ def _lirish_np(np: NounPhrase) -> list[str]:
 
 
 def english(clause: Clause) -> str:
-    """The English sentence for clause (SVO, verb agreeing with the subject)."""
+    """Writes the English sentence for clause (SVO, verb agreeing with the subject).
+
+    Args:
+        clause: the sentence.
+
+    Returns:
+        Lowercase words separated by single spaces.
+    """
     third_sg, past, _ = VERBS[clause.verb]
     verb = past if clause.past else (clause.verb if clause.subject.plural else third_sg)
     words = _english_np(clause.subject) + [verb]
@@ -211,7 +248,14 @@ def english(clause: Clause) -> str:
 
 
 def translate(clause: Clause) -> str:
-    """The Lirish sentence for clause: subject object [np postposition] verb+tense+number."""
+    """Writes the Lirish sentence for clause: subject object [np postposition] verb+tense+number.
+
+    Args:
+        clause: the sentence.
+
+    Returns:
+        Lowercase words separated by single spaces.
+    """
     words = _lirish_np(clause.subject)
     if clause.obj is not None:
         words += _lirish_np(clause.obj)
@@ -243,7 +287,14 @@ def _sample_np(rng: random.Random, nouns: tuple[str, ...], allow_number: bool = 
 
 
 def sample_clause(rng: random.Random) -> Clause:
-    """Draw one random clause (3-13 English words) using only rng."""
+    """Draws one random clause (3-13 English words) using only rng.
+
+    Args:
+        rng: the random generator.
+
+    Returns:
+        The clause.
+    """
     subject = _sample_np(rng, _ANIMATE_KEYS)
     past = rng.random() < 0.4
     transitive = rng.random() < 0.8
@@ -256,9 +307,17 @@ def sample_clause(rng: random.Random) -> Clause:
 
 
 def generate_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
-    """n distinct (English, Lirish) pairs, the same for the same (n, seed).
+    """Generates n distinct (English, Lirish) pairs, the same for the same (n, seed).
 
-    Raises ValueError when n is negative or above MAX_PAIRS.
+    Args:
+        n: the number of pairs.
+        seed: the seed of the generator (never the global one).
+
+    Returns:
+        The pairs.
+
+    Raises:
+        ValueError: n is negative or above MAX_PAIRS.
     """
     if not 0 <= n <= MAX_PAIRS:
         raise ValueError(f"n={n} is outside 0..{MAX_PAIRS}; ask for at most MAX_PAIRS pairs")
@@ -280,11 +339,22 @@ def generate_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
 
 
 def write_corpus(path: str | os.PathLike[str], n: int, seed: int = 0) -> Path:
-    """Write generate_pairs(n, seed) as UTF-8 'source<TAB>target' lines; return the path.
+    """Writes generate_pairs(n, seed) as UTF-8 'source<TAB>target' lines.
 
     The file is written to a temporary file in the same directory and renamed into place,
-    so a reader never sees half a corpus. Raises ValueError as generate_pairs does, OSError
-    when the directory cannot be written.
+    so a reader never sees half a corpus.
+
+    Args:
+        path: the file to write.
+        n: the number of pairs.
+        seed: the generator's seed.
+
+    Returns:
+        The path.
+
+    Raises:
+        ValueError: as generate_pairs does.
+        atomic.OutputError: the directory cannot be written (a ValueError too).
     """
     path = Path(path)
     text = "".join(f"{src}\t{tgt}\n" for src, tgt in generate_pairs(n, seed))

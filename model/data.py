@@ -20,17 +20,20 @@ class DataError(ValueError):
 def read_pairs(
     path: str | os.PathLike[str], *, src_col: int = 0, tgt_col: int = 1, skip_bad: bool = False
 ) -> tuple[list[tuple[str, str]], int]:
-    """Read (source, target) pairs from a tab-separated UTF-8 file.
+    """Reads (source, target) pairs from a tab-separated UTF-8 file.
 
     Args:
         path: the file; a leading byte-order mark and \\r\\n line endings are handled.
         src_col, tgt_col: 0-based columns of source and target; other columns are ignored
             (e.g. src_col=1, tgt_col=0 for Tatoeba's English<TAB>other<TAB>attribution).
         skip_bad: skip and count malformed lines instead of raising.
-    Returns (pairs, skipped): fields stripped of surrounding whitespace, blank lines ignored
-    and not counted.
-    Raises DataError for a missing file, bad column arguments, a malformed or non-UTF-8 line
-    (unless skip_bad), or a file without any pair.
+
+    Returns:
+        (pairs, skipped): fields stripped of surrounding whitespace, blank lines ignored and not counted.
+
+    Raises:
+        DataError: a missing file, bad column arguments, a malformed or non-UTF-8 line (unless
+            skip_bad), or a file without any pair.
     """
     if src_col < 0 or tgt_col < 0 or src_col == tgt_col:
         raise DataError(
@@ -82,7 +85,13 @@ def read_pairs(
 
 @dataclass(frozen=True)
 class Split:
-    """Train, validation and test pairs; no source sentence occurs in two of them."""
+    """Train, validation and test pairs; no source sentence occurs in two of them.
+
+    Attributes:
+        train: the training pairs.
+        valid: the validation pairs.
+        test: the test pairs.
+    """
 
     train: list[tuple[str, str]]
     valid: list[tuple[str, str]]
@@ -90,11 +99,22 @@ class Split:
 
 
 def split_pairs(pairs: list[tuple[str, str]], *, valid_size: int, test_size: int, seed: int = 0) -> Split:
-    """Split pairs into train/valid/test, keeping all translations of one source together.
+    """Splits pairs into train/valid/test, keeping all translations of one source together.
 
     Sizes are in pairs; since a source's group is never cut, valid and test may exceed their
     size by less than one group. The result is the same for the same (pairs, sizes, seed).
-    Raises DataError for a negative size or fewer distinct sources than valid_size+test_size+1.
+
+    Args:
+        pairs: (source, target) pairs.
+        valid_size: validation pairs wanted.
+        test_size: test pairs wanted.
+        seed: seed of the shuffle of source groups.
+
+    Returns:
+        The split; training gets every group not drawn for test or validation.
+
+    Raises:
+        DataError: a negative size or fewer distinct sources than valid_size+test_size+1.
     """
     if valid_size < 0 or test_size < 0:
         raise DataError(f"valid_size={valid_size}, test_size={test_size}: sizes must be >= 0")
@@ -126,10 +146,18 @@ def split_pairs(pairs: list[tuple[str, str]], *, valid_size: int, test_size: int
 def filter_by_length(
     examples: list[tuple[list[int], list[int]]], *, max_len: int, min_len: int = 1
 ) -> tuple[list[int], int]:
-    """Indices of examples whose source and target lengths both lie in [min_len, max_len].
+    """Finds the examples whose source and target lengths both lie in [min_len, max_len].
 
-    Returns (kept indices in order, number dropped). Raises ValueError when min_len < 0 or
-    max_len < min_len.
+    Args:
+        examples: (source ids, target ids) pairs.
+        max_len: the longest length kept.
+        min_len: the shortest length kept.
+
+    Returns:
+        (kept indices in order, number dropped).
+
+    Raises:
+        ValueError: min_len < 0 or max_len < min_len.
     """
     if min_len < 0 or max_len < min_len:
         raise ValueError(f"min_len={min_len}, max_len={max_len}: need 0 <= min_len <= max_len")
@@ -141,13 +169,23 @@ def filter_by_length(
 def token_batches(
     lengths: list[tuple[int, int]], *, max_tokens: int, shuffle: bool, seed: int = 0
 ) -> list[list[int]]:
-    """Group example indices into batches of at most max_tokens padded tokens per side.
+    """Groups example indices into batches of at most max_tokens padded tokens per side.
 
-    lengths[i] is (source length, target length) of example i. Examples are sorted by
-    length so that a batch pads little, and a batch holds batch_size * longest <= max_tokens;
-    an example longer than max_tokens gets a batch of its own rather than being dropped.
-    With shuffle, the order of the batches (not their content) is shuffled with seed.
-    Raises ValueError when max_tokens < 1.
+    Examples are sorted by length so that a batch pads little, and a batch holds
+    batch_size * longest <= max_tokens; an example longer than max_tokens gets a batch of its own
+    rather than being dropped.
+
+    Args:
+        lengths: lengths[i] is (source length, target length) of example i.
+        max_tokens: the padded tokens a batch may hold per side.
+        shuffle: shuffle the order of the batches (not their content) with seed.
+        seed: the shuffle's seed.
+
+    Returns:
+        The batches, each a list of example indices.
+
+    Raises:
+        ValueError: max_tokens < 1.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens} must be >= 1; a few thousand is typical")

@@ -40,18 +40,34 @@ class DistributedError(RuntimeError):
 
 
 def in_torchrun() -> bool:
-    """True in a process started by torchrun (all of ENV set)."""
+    """Tells whether this process was started by torchrun.
+
+    Returns:
+        True when all of ENV are set.
+    """
     return all(name in os.environ for name in ENV)
 
 
 def is_main() -> bool:
-    """True outside torchrun and in rank 0: the process that prints summaries."""
+    """Tells whether this process prints summaries.
+
+    Returns:
+        True outside torchrun and in rank 0 (RANK unset or "0").
+    """
     return os.environ.get("RANK", "0") == "0"
 
 
 @dataclass
 class Group:
-    """This process's place in the run; a single-process run is rank 0 of 1 with `active` False."""
+    """This process's place in the run; a single-process run is rank 0 of 1 with `active` False.
+
+    Attributes:
+        rank: this process's rank.
+        world_size: the number of processes.
+        local_rank: its rank on this node.
+        device: the device it trains on.
+        active: a process group was initialised (and must be destroyed).
+    """
 
     rank: int = 0
     world_size: int = 1
@@ -61,11 +77,20 @@ class Group:
 
     @property
     def is_main(self) -> bool:
+        """True in rank 0: the rank that validates, logs and writes checkpoints."""
         return self.rank == 0
 
     def shard(self, batch: list[int]) -> list[int]:
-        """This rank's contiguous part of a global batch; the parts of all ranks, in rank order,
-        are the batch. A rank gets an empty part when the batch has fewer examples than ranks."""
+        """Cuts this rank's contiguous part out of a global batch.
+
+        The parts of all ranks, in rank order, are the batch.
+
+        Args:
+            batch: the global batch's example indices.
+
+        Returns:
+            This rank's part; empty when the batch has fewer examples than ranks.
+        """
         q, r = divmod(len(batch), self.world_size)
         start = self.rank * q + min(self.rank, r)
         return batch[start: start + q + (self.rank < r)]
@@ -74,8 +99,17 @@ class Group:
         """Runs fn on every rank; if it raised on any rank, raises on all of them.
 
         Without this, a rank that fails while the others go on leaves them waiting in the next
-        collective until TIMEOUT. A failing rank raises its own exception; the others raise a
-        DistributedError quoting the first failing rank's message.
+        collective until TIMEOUT.
+
+        Args:
+            fn: the work to run (a check, a read).
+
+        Returns:
+            What fn returned on this rank.
+
+        Raises:
+            Exception: a failing rank raises its own exception.
+            DistributedError: on the other ranks, quoting the first failing rank's message.
         """
         if not self.active:
             return fn()
@@ -96,7 +130,14 @@ class Group:
         return result  # type: ignore[return-value]
 
     def broadcast(self, obj: T) -> T:
-        """Rank 0's obj on every rank (a picklable object: train state, a tokenizer's models)."""
+        """Sends rank 0's obj to every rank.
+
+        Args:
+            obj: a picklable object (train state, a tokenizer's models); ignored on ranks other than 0.
+
+        Returns:
+            Rank 0's obj (obj itself in a single process).
+        """
         if not self.active:
             return obj
         box = [obj]
@@ -104,7 +145,14 @@ class Group:
         return box[0]
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The element-wise sum over ranks, in place (tensor on this rank's device)."""
+        """Sums a tensor element-wise over ranks, in place.
+
+        Args:
+            tensor: on this rank's device.
+
+        Returns:
+            The same tensor, now holding the sum.
+        """
         if self.active:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
@@ -143,9 +191,16 @@ def _env_int(name: str) -> int:
 def start(device: torch.device) -> Group:
     """Joins torchrun's process group, or returns a single-process Group outside torchrun.
 
-    device is the device the options chose (pick_device): on CUDA each rank takes cuda:LOCAL_RANK
-    and the backend is nccl; otherwise gloo. Raises DistributedError when this node has fewer
-    CUDA devices than processes, or when the group cannot be formed.
+    Args:
+        device: the device the options chose (pick_device): on CUDA each rank takes cuda:LOCAL_RANK
+            and the backend is nccl; otherwise gloo.
+
+    Returns:
+        This process's Group.
+
+    Raises:
+        DistributedError: this node has fewer CUDA devices than processes, an environment
+            variable is not an integer, or the group cannot be formed.
     """
     if not in_torchrun():
         return Group(device=device)
@@ -171,7 +226,16 @@ def start(device: torch.device) -> Group:
 
 
 def describe_failure(group: Group, error: BaseException, step: int) -> DistributedError:
-    """The error a rank raises when a collective fails mid-run: a peer died or hung."""
+    """Builds the error a rank raises when a collective fails mid-run: a peer died or hung.
+
+    Args:
+        group: this process's group.
+        error: the collective's error (its first line is quoted).
+        step: the last step trained.
+
+    Returns:
+        A DistributedError that tells how to resume.
+    """
     return DistributedError(
         f"rank {group.rank} of {group.world_size} lost the process group at step {step}: another rank stopped, "
         f"was killed or timed out (torchrun's summary names it). The last checkpoint is intact: continue with "
@@ -179,7 +243,14 @@ def describe_failure(group: Group, error: BaseException, step: int) -> Distribut
 
 
 def is_collective_failure(error: BaseException) -> bool:
-    """True for the errors gloo and nccl raise when a peer disappears or a collective times out."""
+    """Tells the errors gloo and nccl raise when a peer disappears or a collective times out.
+
+    Args:
+        error: an exception raised during training.
+
+    Returns:
+        True for such an error.
+    """
     if isinstance(error, dist.DistError):
         return True
     text = str(error)
@@ -190,7 +261,15 @@ def is_collective_failure(error: BaseException) -> bool:
 # -- launching ---------------------------------------------------------------------------------
 
 def without_option(argv: list[str], flag: str) -> list[str]:
-    """argv without `flag VALUE` and `flag=VALUE` (e.g. --nproc, which the workers must not see)."""
+    """Removes `flag VALUE` and `flag=VALUE` from a command line.
+
+    Args:
+        argv: the command line.
+        flag: the option to drop (e.g. --nproc, which the workers must not see).
+
+    Returns:
+        A new list without it.
+    """
     out, skip = [], False
     for arg in argv:
         if skip:
@@ -203,13 +282,21 @@ def without_option(argv: list[str], flag: str) -> list[str]:
 
 
 def launch(nproc: int, argv: list[str]) -> int:
-    """Runs `torchrun --standalone --nproc-per-node nproc -m seq2onnx.commands *argv` in this
-    process (torch.distributed.run); returns 0 when every rank succeeded, 1 otherwise.
+    """Runs `torchrun --standalone --nproc-per-node nproc -m seq2onnx.commands *argv` in this process.
 
-    --standalone picks a free port on this machine. argv is the `seq2onnx` command line without
-    --nproc, e.g. ["train", "OUT", "--max-steps", "100"]. On failure torchrun's summary (which rank
-    failed first, its exit code or signal, its error) goes to stderr. Raises DistributedError for
-    nproc < 1 or when called inside a torchrun worker.
+    It goes through torch.distributed.run; --standalone picks a free port on this machine. On
+    failure torchrun's summary (which rank failed first, its exit code or signal, its error) goes
+    to stderr.
+
+    Args:
+        nproc: the number of processes.
+        argv: the `seq2onnx` command line without --nproc, e.g. ["train", "OUT", "--max-steps", "100"].
+
+    Returns:
+        0 when every rank succeeded, 1 otherwise.
+
+    Raises:
+        DistributedError: nproc < 1, or called inside a torchrun worker.
     """
     if nproc < 1:
         raise DistributedError(f"--nproc {nproc}: need at least 1 process; use the number of GPUs (or CPU workers)")

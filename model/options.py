@@ -8,6 +8,44 @@ from .corpus import DEFAULT_PAIRS
 
 @dataclass
 class TrainOptions:
+    """The options of one training run: `seq2onnx train`'s flags, kept in every checkpoint's state.
+
+    Attributes:
+        out: run directory: step-*/ checkpoints and the `last`/`best` links.
+        data: TSV corpus; None trains on the generated corpus.
+        valid_data: TSV validation set (same columns); None: valid_size pairs of `data`.
+        src_col: 0-based column of the source text.
+        tgt_col: 0-based column of the target text.
+        skip_bad_lines: skip and count malformed lines instead of failing.
+        generated_pairs: size of the generated corpus when `data` is None.
+        valid_size: validation pairs held out of `data` (ignored with `valid_data`).
+        test_size: test pairs held out of `data`.
+        vocab_size: SentencePiece pieces per side.
+        joint_vocab: one SentencePiece model for both sides.
+        max_len: longest source or target in tokens kept for training.
+        d_model: model width.
+        n_heads: attention heads.
+        layers: encoder and decoder layers each.
+        d_ff: inner width of the feed-forward.
+        dropout: dropout probability.
+        pre_norm: pre-LN instead of the paper's post-LN.
+        tie_embeddings: target embedding shared with the output projection.
+        max_tokens: tokens per batch (padding included).
+        lr: multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+        warmup: warm-up steps of the schedule.
+        label_smoothing: label smoothing of the training loss.
+        clip_norm: gradient norm clipping.
+        max_steps: the step at which training stops.
+        max_minutes: stop early at this wall time (a checkpoint is written); None: no limit.
+        eval_every: steps between validation and checkpoints.
+        bleu_sentences: valid sentences decoded for BLEU at each evaluation.
+        seed: seed of the split, the shuffles and the initialisation.
+        device: "auto", "cpu" or "cuda".
+        resume: continue the run in `out` from its last checkpoint.
+        force: replace an existing run in `out`.
+        progress: show a progress bar.
+    """
+
     out: str  # run directory: step-*/ checkpoints and the `last`/`best` links
     data: str | None = None  # TSV corpus; None trains on the generated corpus
     valid_data: str | None = None  # TSV validation set (same columns); None: valid_size pairs of `data`

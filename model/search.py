@@ -27,10 +27,25 @@ Step = Callable[[Tensor, Tensor, int, Any], tuple[Tensor, Any]]
 
 @dataclass(frozen=True)
 class Hypothesis:
+    """One finished translation of a search.
+
+    Attributes:
+        tokens: generated ids, the end token included when it was produced.
+        score: sum of the tokens' log-probabilities.
+    """
+
     tokens: list[int]  # generated ids, the end token included when it was produced
     score: float  # sum of the tokens' log-probabilities
 
     def normalized(self, length_penalty: float) -> float:
+        """The score that ranks the n-best: score / len(tokens)^length_penalty (the raw score when empty).
+
+        Args:
+            length_penalty: alpha; 0 ranks by the raw score.
+
+        Returns:
+            The normalized score.
+        """
         return self.score / (len(self.tokens) ** length_penalty) if self.tokens else self.score
 
 
@@ -55,10 +70,24 @@ def beam_search(
     length_penalty: float = 1.0,
     num_hypotheses: int = 1,
 ) -> list[Hypothesis]:
-    """Beam search for ONE sentence; returns its n-best, best first.
+    """Beam search for ONE sentence, by the module's convention.
 
-    max_length counts generated tokens including the end token; the end token is forbidden while
-    fewer than min_length tokens have been generated. Raises ValueError on impossible settings.
+    Args:
+        step: the step callable (see the module docstring).
+        state: its initial state (the empty cache).
+        beam_size: K, the beams kept.
+        start_id: the first decoder input.
+        eos_id: the end token.
+        max_length: counts generated tokens including the end token.
+        min_length: the end token is forbidden while fewer than min_length tokens have been generated.
+        length_penalty: alpha of the ranking score / len^alpha.
+        num_hypotheses: the n-best returned, 1..beam_size.
+
+    Returns:
+        Its n-best, best first.
+
+    Raises:
+        ValueError: impossible settings.
     """
     _check(beam_size, max_length, min_length)
     if not 1 <= num_hypotheses <= beam_size:
@@ -102,7 +131,22 @@ def greedy_search(
 ) -> list[Hypothesis]:
     """Greedy search for a batch of `rows` sentences at once (argmax, first index on ties).
 
-    max_length may be given per row: a row stops there, as if decoded alone."""
+    Args:
+        step: the step callable (see the module docstring).
+        state: its initial state (the empty cache).
+        rows: the number of sentences.
+        start_id: the first decoder input.
+        eos_id: the end token.
+        max_length: generated tokens, end token included; may be given per row: a row stops
+            there, as if decoded alone.
+        min_length: the end token is forbidden before this many tokens.
+
+    Returns:
+        One hypothesis per row, in row order.
+
+    Raises:
+        ValueError: impossible settings.
+    """
     limits = max_length if isinstance(max_length, list) else [max_length] * rows
     for n in limits:
         _check(1, n, min_length)
@@ -130,7 +174,16 @@ def greedy_search(
 
 
 def model_step(model: Transformer, src: Tensor, src_mask: Tensor) -> tuple[Step, Any]:
-    """The Transformer's decode_step as a search step, with the source encoded once."""
+    """Wraps the Transformer's decode_step as a search step, with the source encoded once.
+
+    Args:
+        model: the model.
+        src: (B, S) source ids.
+        src_mask: (B, S), True for real tokens.
+
+    Returns:
+        (step, state): the step callable and the empty cache for B rows.
+    """
     cross = model.cross_kv(model.encode(src, src_mask))
 
     def step(tokens: Tensor, cache_indices: Tensor, t: int, past: Any) -> tuple[Tensor, Any]:
@@ -156,9 +209,26 @@ def translate_ids(
     max_length_b: int = 10,
     batch_size: int = 64,
 ) -> list[list[Hypothesis]]:
-    """Reference decoding of source id lists (end token included): one sentence at a time for
-    beam search, batched for greedy. max_length defaults to max_length_a * len(src) + max_length_b,
-    capped by the model's positions."""
+    """Reference decoding of source id lists: one sentence at a time for beam search, batched for greedy.
+
+    Args:
+        model: the model (put in eval mode).
+        sources: source ids, end token included.
+        beam_size: 1 with num_hypotheses 1 is greedy search.
+        max_length: generated tokens at most; defaults to max_length_a * len(src) + max_length_b.
+            Either way capped by the model's positions.
+        min_length: the end token is forbidden before this many tokens.
+        length_penalty: alpha of the n-best ranking.
+        num_hypotheses: the n-best per sentence.
+        max_length_a, max_length_b: the default limit's slope and offset.
+        batch_size: sentences per greedy batch.
+
+    Returns:
+        Per source, its hypotheses, best first.
+
+    Raises:
+        ValueError: impossible settings.
+    """
     cfg = model.cfg
     model.eval()
     device = next(model.parameters()).device

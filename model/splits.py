@@ -18,14 +18,24 @@ def _read_tsv(path: str, flag: str, opts: TrainOptions, verbose: bool = True) ->
 
 
 def load_split(opts: TrainOptions, *, valid: bool = True, verbose: bool = True) -> Split:
-    """The corpus (a TSV file or the generated one) split deterministically by opts.seed.
+    """Splits the corpus (a TSV file or the generated one) deterministically by opts.seed.
 
     With opts.valid_data the validation set is that file (read with the same column options)
     and `data` gives only train and test; training pairs whose source is in the validation file
-    are dropped, so that validation never scores memorised sentences. valid=False skips reading
-    the validation file (the test split does not depend on it) and leaves `valid` empty.
-    verbose=False keeps its notes (lines skipped, pairs dropped) off stdout: for ranks other than 0.
-    Raises TrainError for a missing file, DataError for a malformed one.
+    are dropped, so that validation never scores memorised sentences.
+
+    Args:
+        opts: the run's options (data, valid_data, columns, sizes, seed).
+        valid: False skips reading the validation file (the test split does not depend on it)
+            and leaves `valid` empty.
+        verbose: False keeps its notes (lines skipped, pairs dropped) off stdout: for ranks other than 0.
+
+    Returns:
+        The train, validation and test pairs.
+
+    Raises:
+        TrainError: a missing file, or every training source is also in the validation file.
+        DataError: a malformed file.
     """
     if opts.data is None:
         pairs = generate_pairs(opts.generated_pairs, seed=opts.seed)

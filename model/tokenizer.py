@@ -14,10 +14,20 @@ SOURCE_MODEL, TARGET_MODEL = "source.spm.model", "target.spm.model"
 
 
 def train_sentencepiece(texts: Iterable[str], vocab_size: int) -> bytes:
-    """Trains a unigram SentencePiece model in memory; returns its serialized bytes.
+    """Trains a unigram SentencePiece model in memory.
 
     The vocabulary may come out smaller than asked when the text is too small to fill it;
     the special ids are fixed: pad 0, unk 1, bos 2, eos 3.
+
+    Args:
+        texts: the training sentences; empty ones are ignored.
+        vocab_size: the pieces wanted.
+
+    Returns:
+        The model's serialized bytes.
+
+    Raises:
+        ValueError: no non-empty text (the training split is empty).
     """
     texts = [t for t in texts if t]
     if not texts:
@@ -41,7 +51,16 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int) -> bytes:
 
 
 class Tokenizer:
-    """Source and target SentencePiece processors (one shared model when the vocabulary is joint)."""
+    """Source and target SentencePiece processors (one shared model when the vocabulary is joint).
+
+    Args:
+        source_model: the source side's serialized SentencePiece model.
+        target_model: the target side's (the same bytes when the vocabulary is joint).
+
+    Attributes:
+        source_model, target_model: the serialized models, as given.
+        source, target: their SentencePiece processors.
+    """
 
     def __init__(self, source_model: bytes, target_model: bytes):
         self.source_model, self.target_model = source_model, target_model
@@ -50,6 +69,19 @@ class Tokenizer:
 
     @classmethod
     def train(cls, pairs: list[tuple[str, str]], vocab_size: int, joint: bool = False) -> "Tokenizer":
+        """Trains the source and target models on (source, target) pairs.
+
+        Args:
+            pairs: the training pairs.
+            vocab_size: pieces per side (a joint model has this many for both sides).
+            joint: one model trained on both sides' text.
+
+        Returns:
+            The new tokenizer.
+
+        Raises:
+            ValueError: the pairs hold no text.
+        """
         if joint:
             model = train_sentencepiece([t for p in pairs for t in p], vocab_size)
             return cls(model, model)
@@ -60,32 +92,68 @@ class Tokenizer:
 
     @property
     def src_vocab_size(self) -> int:
+        """Pieces in the source model."""
         return self.source.get_piece_size()
 
     @property
     def tgt_vocab_size(self) -> int:
+        """Pieces in the target model."""
         return self.target.get_piece_size()
 
     def encode_source(self, text: str) -> list[int]:
-        """Source ids with the end token, as the encoder sees them."""
+        """Encodes source text into ids with the end token, as the encoder sees them.
+
+        Args:
+            text: the source sentence.
+
+        Returns:
+            The piece ids followed by EOS_ID.
+        """
         return self.source.encode(text) + [EOS_ID]
 
     def encode_target(self, text: str) -> list[int]:
-        """Target ids without special tokens."""
+        """Encodes target text into ids without special tokens.
+
+        Args:
+            text: the target sentence.
+
+        Returns:
+            The piece ids.
+        """
         return self.target.encode(text)
 
     def decode_target(self, ids: list[int]) -> str:
-        """Text of target ids, cut at the first end token; special ids dropped."""
+        """Decodes target ids into text, cut at the first end token; special ids dropped.
+
+        Args:
+            ids: target ids, as search produces them.
+
+        Returns:
+            The text.
+        """
         if EOS_ID in ids:
             ids = ids[: ids.index(EOS_ID)]
         return self.target.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
     def save(self, directory: str | Path) -> None:
+        """Writes both models into `directory` (SOURCE_MODEL and TARGET_MODEL).
+
+        Args:
+            directory: an existing directory (a checkpoint's).
+        """
         directory = Path(directory)
         (directory / SOURCE_MODEL).write_bytes(self.source_model)
         (directory / TARGET_MODEL).write_bytes(self.target_model)
 
     @classmethod
     def load(cls, directory: str | Path) -> "Tokenizer":
+        """Reads the models that `save` wrote.
+
+        Args:
+            directory: the directory holding SOURCE_MODEL and TARGET_MODEL.
+
+        Returns:
+            The tokenizer.
+        """
         directory = Path(directory)
         return cls((directory / SOURCE_MODEL).read_bytes(), (directory / TARGET_MODEL).read_bytes())

@@ -26,6 +26,14 @@ from .transformer import Transformer
 
 
 def pick_device(name: str) -> torch.device:
+    """Returns the training device that --device names.
+
+    Args:
+        name: "auto" (CUDA when torch sees it, else the CPU), "cpu" or "cuda".
+
+    Raises:
+        TrainError: "cuda" when torch sees no CUDA device.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -34,8 +42,16 @@ def pick_device(name: str) -> torch.device:
 
 
 def check_writable(out: Path) -> None:
-    """Creates the run directory and a temporary file in it, so that an unwritable place fails now,
-    not at the first checkpoint after minutes of training. Raises TrainError."""
+    """Creates the run directory and a temporary file in it.
+
+    So an unwritable place fails now, not at the first checkpoint after minutes of training.
+
+    Args:
+        out: the run directory.
+
+    Raises:
+        TrainError: the directory or the file cannot be made.
+    """
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".probe-"):
@@ -46,15 +62,27 @@ def check_writable(out: Path) -> None:
 
 
 def device_memory(device: torch.device) -> int | None:
-    """Bytes of memory on the training device (None when unknown)."""
+    """Returns the bytes of memory on the training device, None when unknown.
+
+    Args:
+        device: a CUDA device (its total memory) or the CPU (config.available_memory).
+    """
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     return available_memory()
 
 
 def check_memory(cfg: ModelConfig, max_tokens: int, limit: int | None) -> None:
-    """Raises TrainError, before anything is allocated, when a rough estimate of training memory
-    (config.training_memory) exceeds `limit` bytes; nothing is checked when limit is None."""
+    """Refuses, before anything is allocated, a model too large to train here.
+
+    Args:
+        cfg: the model's shape.
+        max_tokens: tokens per batch.
+        limit: bytes available; nothing is checked when limit is None.
+
+    Raises:
+        TrainError: a rough estimate of training memory (config.training_memory) exceeds `limit`.
+    """
     weights, activations = training_memory(cfg, max_tokens)
     if limit is None or weights + activations <= limit:
         return
@@ -68,11 +96,18 @@ def check_memory(cfg: ModelConfig, max_tokens: int, limit: int | None) -> None:
 
 
 def steps_reachable(max_steps: int, start_step: int, step: int, elapsed_s: float, max_minutes: float | None) -> int:
-    """The step at which the run will stop: max_steps, or sooner when --max-minutes ends it first.
+    """Returns the step at which the run will stop: max_steps, or sooner when --max-minutes ends it first.
 
     The time limit is turned into steps with the rate measured so far in this process (steps
     since start_step over elapsed_s, evaluations included), so a progress bar toward it tells
     the time left truthfully. Before any step is measured the answer is max_steps.
+
+    Args:
+        max_steps: the run's step limit.
+        start_step: the step this process started from.
+        step: the current step.
+        elapsed_s: seconds since this process started training.
+        max_minutes: the run's time limit, or None.
     """
     if max_minutes is None or step <= start_step or elapsed_s <= 0:
         return max_steps
@@ -82,11 +117,24 @@ def steps_reachable(max_steps: int, start_step: int, step: int, elapsed_s: float
 
 
 def encode_pairs(tok: Tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    """Returns (source ids with end token, target ids) for each (source, target) text pair, in order.
+
+    Args:
+        tok: the tokenizer.
+        pairs: the text pairs.
+    """
     return [(tok.encode_source(s), tok.encode_target(t)) for s, t in pairs]
 
 
 def make_batch(examples, indices, cfg: ModelConfig, device):
-    """Padded (src, src_mask, tgt_in, tgt_out): tgt_in = start + y, tgt_out = y + end."""
+    """Returns a padded batch (src, src_mask, tgt_in, tgt_out): tgt_in = start + y, tgt_out = y + end.
+
+    Args:
+        examples (list[tuple[list[int], list[int]]]): (source ids, target ids) pairs.
+        indices (list[int]): the examples of the batch.
+        cfg: the model's config (pad, start and end ids).
+        device (torch.device): where the tensors go.
+    """
     src_len = max(len(examples[i][0]) for i in indices)
     tgt_len = max(len(examples[i][1]) for i in indices) + 1
     src = torch.full((len(indices), src_len), cfg.pad_id, dtype=torch.long)
@@ -102,13 +150,35 @@ def make_batch(examples, indices, cfg: ModelConfig, device):
 
 
 def inverse_sqrt(step: int, d_model: int, warmup: int, scale: float) -> float:
+    """Returns the learning rate: scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+
+    Args:
+        step: the step (at least 1 is used).
+        d_model: the model width.
+        warmup: warm-up steps.
+        scale: --lr.
+    """
     step = max(step, 1)
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 @torch.no_grad()
 def evaluate(model, tok, examples, pairs, cfg, device, max_tokens, bleu_sentences) -> dict:
-    """Validation loss per target token (no smoothing) and BLEU of greedy decodes."""
+    """Computes validation loss per target token (no smoothing) and BLEU of greedy decodes.
+
+    Args:
+        model (Transformer): the model (back in training mode afterwards).
+        tok (Tokenizer): its tokenizer.
+        examples (list[tuple[list[int], list[int]]]): the encoded validation pairs, for the loss.
+        pairs (list[tuple[str, str]]): the validation text pairs, for BLEU.
+        cfg (ModelConfig): the model's config.
+        device (torch.device): the model's device.
+        max_tokens (int): tokens per batch.
+        bleu_sentences (int): the first this many pairs are decoded for BLEU.
+
+    Returns:
+        {"valid_loss", "valid_bleu", "samples"}: samples are up to 3 (source, translation) of distinct sources.
+    """
     model.eval()
     total, count = 0.0, 0
     for batch in token_batches([(len(s), len(t) + 1) for s, t in examples], max_tokens=max_tokens, shuffle=False):
@@ -209,12 +279,21 @@ class _Bar(tqdm):
 
 
 def train(opts: TrainOptions) -> Path:
-    """Trains (or resumes) a run in opts.out; returns the run directory.
+    """Trains (or resumes) a run in opts.out.
 
     Under torchrun every process calls this and they train one model together (see
     model/distributed.py): each takes its part of every batch, rank 0 validates, logs and writes
-    the checkpoints. Raises TrainError for options that cannot work, DistributedError when the
-    process group cannot form or loses a rank.
+    the checkpoints.
+
+    Args:
+        opts: the run's options.
+
+    Returns:
+        The run directory.
+
+    Raises:
+        TrainError: options that cannot work.
+        DistributedError: the process group cannot form or loses a rank.
     """
     device = pick_device(opts.device)
     group = distributed.start(device)

@@ -22,7 +22,14 @@ KV = tuple[Tensor, Tensor]
 
 
 def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
-    """PE[pos, 2k] = sin(pos * w_k), PE[pos, 2k+1] = cos(pos * w_k), w_k = 1/10000^(2k/d)."""
+    """Returns the (n_positions, d_model) fp32 position table, computed in fp64.
+
+    PE[pos, 2k] = sin(pos * w_k), PE[pos, 2k+1] = cos(pos * w_k), w_k = 1/10000^(2k/d).
+
+    Args:
+        n_positions: rows (positions).
+        d_model: columns.
+    """
     position = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)
     omega = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
     table = torch.zeros(n_positions, d_model, dtype=torch.float64)
@@ -32,18 +39,31 @@ def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
 
 
 def padding_bias(mask: Tensor) -> Tensor:
-    """(B, S) bool, True for real tokens -> (B, 1, 1, S) additive bias, 0 or -inf."""
+    """Returns the (B, 1, 1, S) additive attention bias, 0 or -inf, of a padding mask.
+
+    Args:
+        mask: (B, S) bool, True for real tokens.
+    """
     zero = torch.zeros((), device=mask.device)
     return torch.where(mask, zero, float("-inf"))[:, None, None, :]
 
 
 def causal_bias(t: int, device: torch.device) -> Tensor:
-    """(T, T) additive bias: position i attends to positions <= i only."""
+    """Returns the (T, T) additive causal bias, 0 or -inf: position i attends to positions <= i only.
+
+    Args:
+        t: the target length T.
+        device: where the tensor goes.
+    """
     return torch.full((t, t), float("-inf"), device=device).triu(1)
 
 
 def wide(x: Tensor) -> Tensor:
-    """x in at least fp32: fp16 overflows in LayerNorm, softmax and large sums; fp64 stays fp64."""
+    """Returns x in at least fp32 (fp16 and bf16 become fp32): fp16 overflows in LayerNorm, softmax and large sums.
+
+    Args:
+        x: any tensor; fp32 and fp64 are returned as they are.
+    """
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
@@ -51,12 +71,19 @@ class LayerNorm(nn.LayerNorm):
     """LayerNorm computed in at least fp32 whatever the weights' dtype (fp16 graphs cannot overflow)."""
 
     def forward(self, x: Tensor) -> Tensor:
+        """Normalizes the last dimension of x in at least fp32; returns it in x's dtype."""
         return F.layer_norm(
             wide(x), self.normalized_shape, wide(self.weight), wide(self.bias), self.eps
         ).to(x.dtype)
 
 
 class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention, written out with MatMul and Softmax.
+
+    Args:
+        cfg: the model's shape (d_model, n_heads, dropout).
+    """
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
@@ -67,14 +94,22 @@ class MultiHeadAttention(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def split_heads(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, H, T, Dh)."""
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
     def project_kv(self, x: Tensor) -> KV:
+        """Keys and values of x (B, S, D): 2 x (B, H, S, Dh)."""
         return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))  # 2 x (B, H, S, Dh)
 
     def attention_weights(self, q: Tensor, k: Tensor, bias: Tensor | None) -> Tensor:
-        """softmax(Q K^T / sqrt(d_k) + bias) per head, in fp32: -> (B, H, T, S)."""
+        """Returns softmax(Q K^T / sqrt(d_k) + bias) per head, in fp32: (B, H, T, S).
+
+        Args:
+            q: (B, H, T, Dh) queries.
+            k: (B, H, S, Dh) keys.
+            bias: additive mask broadcast to (B, H, T, S), or None.
+        """
         # 1. scores: (B, H, T, Dh) @ (B, H, Dh, S) -> (B, H, T, S)
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         # 2. masks: padding (B, 1, 1, S) and/or causal (T, S) broadcast over heads
@@ -84,13 +119,25 @@ class MultiHeadAttention(nn.Module):
         return F.softmax(wide(scores), dim=-1)
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        """softmax(Q K^T / sqrt(d_k) + bias) V per head: -> (B, H, T, Dh)."""
+        """Returns softmax(Q K^T / sqrt(d_k) + bias) V per head (dropout on the weights): (B, H, T, Dh).
+
+        Args:
+            q: (B, H, T, Dh) queries.
+            k, v: (B, H, S, Dh) keys and values.
+            bias: additive mask, or None.
+        """
         weights = self.dropout(self.attention_weights(q, k, bias).to(v.dtype))
         # 4. weighted values: (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh)
         return torch.matmul(weights, v)
 
     def forward(self, x: Tensor, kv: KV, bias: Tensor | None) -> Tensor:
-        """x (B, T, D) queries kv 2 x (B, H, S, Dh): heads merged and projected -> (B, T, D)."""
+        """Returns the attention from x to kv, heads merged and projected: (B, T, D).
+
+        Args:
+            x: (B, T, D) queries.
+            kv: 2 x (B, H, S, Dh) keys and values (project_kv).
+            bias: additive mask, or None.
+        """
         context = self.attention(self.split_heads(self.w_q(x)), kv[0], kv[1], bias)  # (B, H, T, Dh)
         b, _, t, _ = context.shape
         return self.w_o(context.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
@@ -102,10 +149,19 @@ class MultiHeadAttention(nn.Module):
     # dispatch (docs/optimisation-notes.md, row 6).
 
     def rows_to_heads(self, x: Tensor) -> Tensor:
+        """(R, D) -> (R, H, 1, Dh)."""
         return x.reshape(-1, self.n_heads, 1, self.head_dim)  # (R, D) -> (R, H, 1, Dh)
 
     def step_self(self, x: Tensor, past: KV) -> tuple[Tensor, KV]:
-        """x (R, D), past 2 x (R, H, P, Dh) -> (R, D) and the cache 2 x (R, H, P+1, Dh)."""
+        """Self-attention of one new position per row over the cache and itself.
+
+        Args:
+            x: (R, D) the new positions.
+            past: 2 x (R, H, P, Dh) the cached keys and values.
+
+        Returns:
+            (R, D) and the cache 2 x (R, H, P+1, Dh).
+        """
         k = torch.cat([past[0], self.rows_to_heads(self.w_k(x))], dim=2)
         v = torch.cat([past[1], self.rows_to_heads(self.w_v(x))], dim=2)
         # the newest position attends to every cached one: no mask
@@ -113,11 +169,19 @@ class MultiHeadAttention(nn.Module):
         return self.w_o(context.reshape(-1, self.n_heads * self.head_dim)), (k, v)
 
     def step_cross(self, x: Tensor, kv: KV, bias: Tensor) -> tuple[Tensor, Tensor]:
-        """x (R, D) grouped by sentence, kv 2 x (B, H, S, Dh), bias (B, 1, 1, S) -> (R, D), and
-        the attention weights averaged over heads (R, S) in fp32.
+        """Cross-attention of one new position per row over its sentence's source.
 
         A sentence's R/B rows (its live beams) share its keys and values: they query them as
-        (B, H, R/B, Dh) instead of copying the cross cache per beam."""
+        (B, H, R/B, Dh) instead of copying the cross cache per beam.
+
+        Args:
+            x: (R, D) grouped by sentence.
+            kv: 2 x (B, H, S, Dh) the source's keys and values.
+            bias: (B, 1, 1, S) padding bias.
+
+        Returns:
+            (R, D), and the attention weights averaged over heads (R, S) in fp32.
+        """
         q = self.w_q(x).reshape(kv[0].shape[0], -1, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, R/B, Dh)
         weights = self.attention_weights(q, kv[0], bias)  # (B, H, R/B, S)
         context = torch.matmul(self.dropout(weights.to(kv[1].dtype)), kv[1]).transpose(1, 2)  # (B, R/B, H, Dh)
@@ -126,7 +190,11 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied at each position alike."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied at each position alike.
+
+    Args:
+        cfg: the model's shape (d_model, d_ff, dropout).
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -135,11 +203,16 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
+        """(..., D) -> (..., D), dropout after the ReLU."""
         return self.w_2(self.dropout(F.relu(self.w_1(x))))
 
 
 class Sublayer(nn.Module):
-    """Residual Add & Norm around one sublayer: post-LN norm(x + f(x)) or pre-LN x + f(norm(x))."""
+    """Residual Add & Norm around one sublayer: post-LN norm(x + f(x)) or pre-LN x + f(norm(x)).
+
+    Args:
+        cfg: the model's shape (d_model, layer_norm_eps, dropout, pre_norm).
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -148,12 +221,19 @@ class Sublayer(nn.Module):
         self.pre_norm = cfg.pre_norm
 
     def forward(self, x: Tensor, f) -> Tensor:
+        """Applies f (Callable[[Tensor], Tensor], the sublayer) with the residual, dropout on f's output."""
         if self.pre_norm:
             return x + self.dropout(f(self.norm(x)))
         return self.norm(x + self.dropout(f(x)))
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each in a Sublayer.
+
+    Args:
+        cfg: the model's shape.
+    """
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg)
@@ -161,11 +241,18 @@ class EncoderLayer(nn.Module):
         self.sub_attn, self.sub_ff = Sublayer(cfg), Sublayer(cfg)
 
     def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+        """x (B, S, D) with padding bias (B, 1, 1, S) -> (B, S, D)."""
         x = self.sub_attn(x, lambda y: self.self_attn(y, self.self_attn.project_kv(y), bias))
         return self.sub_ff(x, self.feed_forward)
 
 
 class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention, then feed-forward, each in a Sublayer.
+
+    Args:
+        cfg: the model's shape.
+    """
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg)
@@ -174,14 +261,30 @@ class DecoderLayer(nn.Module):
         self.sub_self, self.sub_cross, self.sub_ff = Sublayer(cfg), Sublayer(cfg), Sublayer(cfg)
 
     def forward(self, x: Tensor, self_bias: Tensor, cross: KV, cross_bias: Tensor) -> Tensor:
-        """Teacher-forced: x (B, T, D), all target positions at once under the causal mask."""
+        """Returns the layer's output (B, T, D), teacher-forced: all target positions at once under the causal mask.
+
+        Args:
+            x: (B, T, D).
+            self_bias: (T, T) causal bias.
+            cross: 2 x (B, H, S, Dh) the source's keys and values.
+            cross_bias: (B, 1, 1, S) padding bias.
+        """
         x = self.sub_self(x, lambda y: self.self_attn(y, self.self_attn.project_kv(y), self_bias))
         x = self.sub_cross(x, lambda y: self.cross_attn(y, cross, cross_bias))
         return self.sub_ff(x, self.feed_forward)
 
     def step(self, x: Tensor, past: KV, cross: KV, cross_bias: Tensor) -> tuple[Tensor, KV, Tensor]:
-        """One new position: x (R, D); past 2 x (R, H, P, Dh) already reordered to the rows.
-        Returns x, the layer's new cache and its cross-attention averaged over heads (R, S)."""
+        """One new position per row.
+
+        Args:
+            x: (R, D).
+            past: 2 x (R, H, P, Dh), already reordered to the rows.
+            cross: 2 x (B, H, S, Dh) the source's keys and values.
+            cross_bias: (B, 1, 1, S) padding bias.
+
+        Returns:
+            x, the layer's new cache and its cross-attention averaged over heads (R, S).
+        """
         present: list[KV] = []
         attention: list[Tensor] = []
 
@@ -201,6 +304,12 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
+    """The encoder-decoder Transformer (see the module docstring for its entry points and shapes).
+
+    Args:
+        cfg: the model's shape, kept as `self.cfg`.
+    """
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -224,6 +333,7 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Initialises the weights: Xavier-uniform matrices, zero biases, N(0, d_model^-0.5) embeddings, zero pad row."""
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed" not in name:
                 nn.init.xavier_uniform_(p)
@@ -238,10 +348,16 @@ class Transformer(nn.Module):
                 emb.weight[self.cfg.pad_id].zero_()
 
     def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor) -> Tensor:
+        """table(ids) * sqrt(d_model) + positions, then dropout."""
         return self.embed_dropout(table(ids) * math.sqrt(self.cfg.d_model) + positions)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
-        """src (B, S) ids, src_mask (B, S) True for real tokens -> memory (B, S, D)."""
+        """Returns the encoder's memory (B, S, D) for a batch of sources.
+
+        Args:
+            src: (B, S) ids.
+            src_mask: (B, S), True for real tokens.
+        """
         x = self.embed(self.src_embed, src, self.positions[: src.shape[1]])
         bias = padding_bias(src_mask)
         for layer in self.encoder_layers:
@@ -249,11 +365,21 @@ class Transformer(nn.Module):
         return self.encoder_norm(x)
 
     def cross_kv(self, memory: Tensor) -> list[KV]:
-        """Each decoder layer's cross-attention keys and values, 2 x (B, H, S, Dh): once per source."""
+        """Returns each decoder layer's cross-attention keys and values, 2 x (B, H, S, Dh): once per source.
+
+        Args:
+            memory: (B, S, D) from `encode`.
+        """
         return [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
 
     def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher forcing: tgt_in (B, T) starts with decoder_start_id -> logits (B, T, V)."""
+        """Returns the logits (B, T, V) of the teacher-forced pass used for training.
+
+        Args:
+            src: (B, S) source ids.
+            src_mask: (B, S), True for real tokens.
+            tgt_in: (B, T) target ids starting with decoder_start_id.
+        """
         cross = self.cross_kv(self.encode(src, src_mask))
         x = self.embed(self.tgt_embed, tgt_in, self.positions[: tgt_in.shape[1]])
         self_bias, cross_bias = causal_bias(tgt_in.shape[1], src.device), padding_bias(src_mask)
@@ -273,12 +399,19 @@ class Transformer(nn.Module):
     ) -> tuple[Tensor, list[KV]] | tuple[Tensor, list[KV], Tensor]:
         """One decoding step for R rows grouped by sentence (R = B x beams, beams contiguous).
 
-        tokens (R, 1) the newest token of each row; step (1,) its position; cache_indices (R,)
-        the row of `past` each new row continues (beam reordering, dropping finished rows);
-        past per layer 2 x (R_prev, H, P, Dh); cross per layer 2 x (B, H, S, Dh); src_mask (B, S).
-        Returns log-probabilities (R, V) in fp32 and the new cache, per layer 2 x (R, H, P+1, Dh);
-        with return_attention also the last layer's cross-attention averaged over heads (R, S) in
-        fp32 (CTranslate2's return_attention convention), what the decoder graph outputs.
+        Args:
+            tokens: (R, 1) the newest token of each row.
+            step: (1,) its position.
+            cache_indices: (R,) the row of `past` each new row continues (beam reordering, dropping finished rows).
+            past: per layer 2 x (R_prev, H, P, Dh).
+            cross: per layer 2 x (B, H, S, Dh).
+            src_mask: (B, S).
+            return_attention: also return the cross-attention.
+
+        Returns:
+            Log-probabilities (R, V) in fp32 and the new cache, per layer 2 x (R, H, P+1, Dh); with
+            return_attention also the last layer's cross-attention averaged over heads (R, S) in
+            fp32 (CTranslate2's return_attention convention), what the decoder graph outputs.
         """
         positions = self.positions.index_select(0, step)  # (1, D)
         x = self.embed(self.tgt_embed, tokens.reshape(-1), positions)  # (R, D)
@@ -295,7 +428,12 @@ class Transformer(nn.Module):
         return log_probs, present
 
     def empty_cache(self, rows: int, device: torch.device | None = None) -> list[KV]:
-        """The past before the first step: per layer 2 x (rows, H, 0, Dh)."""
+        """Returns the past before the first step: per layer 2 x (rows, H, 0, Dh), in the parameters' dtype.
+
+        Args:
+            rows: R.
+            device: where it goes; None: the parameters' device.
+        """
         p = next(self.parameters())
         shape = (rows, self.cfg.n_heads, 0, self.cfg.head_dim)
         z = torch.zeros(shape, dtype=p.dtype, device=device or p.device)

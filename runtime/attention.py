@@ -24,6 +24,15 @@ class NoAttentionOutput(ValueError):
 
 
 def check_attention_output(decoder, bundle_path) -> None:
+    """Refuses a standard decoder without the cross_attention output.
+
+    Args:
+        decoder (onnxruntime.InferenceSession): the standard decoder's session.
+        bundle_path (str | Path): the bundle, for the message.
+
+    Raises:
+        NoAttentionOutput: exported before 0.3; the message says to export again.
+    """
     if names.CROSS_ATTENTION not in {o.name for o in decoder.get_outputs()}:
         raise NoAttentionOutput(
             f"{bundle_path}: its decoder.onnx has no {names.CROSS_ATTENTION!r} output (exported by seq2onnx before "
@@ -33,12 +42,26 @@ def check_attention_output(decoder, bundle_path) -> None:
 def forced_attention(decoder, *, src_mask, cross: list, rows_per_source: int, hypotheses: list[list[int]],
                      source_lengths: list[int], start_id: int, eos_id: int, n_heads: int, head_dim: int,
                      cache_dtype, to_device, device: str) -> list[np.ndarray]:
-    """Each hypothesis's [len(hypothesis), source length] attention, float32.
+    """Computes each hypothesis's attention by one forced pass of the standard decoder.
 
-    decoder: an onnxruntime session of the standard decoder; src_mask and cross: the encoder's
-    outputs (OrtValues) for B sources; hypotheses: B x rows_per_source token lists (end token
-    excluded), grouped by source as the decoder's rows are; source_lengths: B lengths (end token
-    included); to_device: numpy -> OrtValue on the session's device.
+    Args:
+        decoder (onnxruntime.InferenceSession): the standard decoder.
+        src_mask (onnxruntime.OrtValue): the encoder's mask output for B sources.
+        cross: the encoder's key and value outputs (OrtValues), per layer.
+        rows_per_source: hypotheses per source.
+        hypotheses: B x rows_per_source token lists (end token excluded), grouped by source as
+            the decoder's rows are.
+        source_lengths: B lengths (end token included).
+        start_id: the decoder's start token.
+        eos_id: the end token (fed by rows that have ended).
+        n_heads: attention heads.
+        head_dim: head size.
+        cache_dtype (numpy dtype): the cache's element type.
+        to_device (Callable[[np.ndarray], onnxruntime.OrtValue]): numpy -> OrtValue on the session's device.
+        device: where the present outputs are bound ("cpu", "cuda").
+
+    Returns:
+        Each hypothesis's [len(hypothesis), source length] attention, float32.
     """
     rows = len(hypotheses)
     steps = max((len(h) for h in hypotheses), default=0)

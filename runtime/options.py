@@ -41,9 +41,26 @@ def _bool(name: str, value) -> bool:
 class SearchOptions:
     """How translate_batch searches; every field is checked when the object is made.
 
-    Raises ValueError naming the field, its value and the accepted range. The checks that need
-    the model (max_decoding_length <= max_positions, the default maximum of each source) are the
-    Translator's.
+    The checks that need the model (max_decoding_length <= max_positions, the default maximum of
+    each source) are the Translator's.
+
+    Attributes:
+        beam_size: 1 is greedy search.
+        num_hypotheses: n-best size: at most beam_size, or any number of samples.
+        length_penalty: n-best ranked by score / length^length_penalty.
+        max_decoding_length: None: max_length_a x source length + max_length_b.
+        min_decoding_length: the end token is forbidden before this many tokens.
+        return_scores: return each hypothesis's score.
+        return_attention: each hypothesis's [target pieces, source pieces] cross-attention.
+        truncate: cut sources longer than the model's positions instead of refusing them.
+        max_batch_size: sources decoded together.
+        sampling_temperature: None: beam/greedy search; > 0: random sampling.
+        sampling_topk: sample among the k likeliest tokens (0: all).
+        sampling_topp: ... and among the smallest set whose probability reaches p.
+        seed: sampling seed: a sentence's sample depends only on (seed, sentence).
+
+    Raises:
+        ValueError: naming the field, its value and the accepted range.
     """
 
     beam_size: int = 4  # 1 is greedy search
@@ -101,6 +118,7 @@ class SearchOptions:
 
     @property
     def sampling(self) -> bool:
+        """True when sampling_temperature is set: random sampling instead of beam/greedy search."""
         return self.sampling_temperature is not None
 
 
@@ -111,25 +129,30 @@ SPIN_DURATION_SINCE = (1, 26)  # the first onnxruntime that reads session.intra_
 
 @dataclass(frozen=True)
 class SessionTuning:
-    """Knobs for measuring what the runtime's defaults bring (benchmarks/ablate.py); pass as
-    Translator(..., _tuning=SessionTuning(...)). Not part of the public API.
+    """Knobs for measuring what the runtime's defaults bring (benchmarks/ablate.py).
 
-    optimization: onnxruntime graph optimization level, "all", "extended", "basic" or "none".
-    top_k_from_graph: download each step's candidates from the decoder's TopK outputs rather
-        than the full [rows, vocab] log-probabilities.
-    thread_spinning: how idle intra-op threads wait for the next operator: "bounded" (the
-        default), "none" (they sleep at once) or "unbounded" (onnxruntime's own default: every
-        session's threads spin ~2^20 pauses before sleeping). A step runs dozens of small
-        operators, each split over the threads; a sleeping thread is woken for each (tens of
-        microseconds), a spinning one starts at once: a step's weight products at one row took
-        half the time. "bounded" lets the decoder's threads spin for DECODER_SPIN_US and the
-        encoder's for ENCODER_SPIN_US, so that the two sessions' spinning threads and the search's
-        Python do not outnumber the cores, and an idle translator stops burning a core within a
-        millisecond. onnxruntime before SPIN_DURATION_SINCE cannot bound a spin: there only the
-        decoder spins (docs/optimisation-notes.md, rows 5 and 12).
-    decoder: which decoder graph to drive: "auto" (the fused one where the bundle has it and this
-        onnxruntime can run it on the chosen provider, else the standard one), "standard" or
-        "fused" (an error where the fused one cannot run), for measuring and testing both.
+    Pass as Translator(..., _tuning=SessionTuning(...)). Not part of the public API.
+
+    Attributes:
+        optimization: onnxruntime graph optimization level, "all", "extended", "basic" or "none".
+        top_k_from_graph: download each step's candidates from the decoder's TopK outputs rather
+            than the full [rows, vocab] log-probabilities.
+        thread_spinning: how idle intra-op threads wait for the next operator: "bounded" (the
+            default), "none" (they sleep at once) or "unbounded" (onnxruntime's own default: every
+            session's threads spin ~2^20 pauses before sleeping). A step runs dozens of small
+            operators, each split over the threads; a sleeping thread is woken for each (tens of
+            microseconds), a spinning one starts at once: a step's weight products at one row took
+            half the time. "bounded" lets the decoder's threads spin for DECODER_SPIN_US and the
+            encoder's for ENCODER_SPIN_US, so that the two sessions' spinning threads and the search's
+            Python do not outnumber the cores, and an idle translator stops burning a core within a
+            millisecond. onnxruntime before SPIN_DURATION_SINCE cannot bound a spin: there only the
+            decoder spins (docs/optimisation-notes.md, rows 5 and 12).
+        decoder: which decoder graph to drive: "auto" (the fused one where the bundle has it and this
+            onnxruntime can run it on the chosen provider, else the standard one), "standard" or
+            "fused" (an error where the fused one cannot run), for measuring and testing both.
+
+    Raises:
+        ValueError: a value outside its choices.
     """
 
     optimization: str = "all"
@@ -148,7 +171,16 @@ class SessionTuning:
 
 
 def spin_settings(spinning: str, graph: str, ort_version: str) -> dict[str, str]:
-    """The session config entries for SessionTuning.thread_spinning on the "encoder" or "decoder"."""
+    """Returns the session config entries for SessionTuning.thread_spinning.
+
+    Args:
+        spinning: "bounded", "none" or "unbounded".
+        graph: "encoder" or "decoder".
+        ort_version: onnxruntime's version string (a bound needs SPIN_DURATION_SINCE).
+
+    Returns:
+        {config key: value} for SessionOptions.add_session_config_entry.
+    """
     if spinning == "none":
         return {"session.intra_op.allow_spinning": "0"}
     if spinning == "unbounded":
@@ -167,9 +199,18 @@ def _version(text: str) -> tuple[int, int]:
 
 
 def check_intra_threads(value) -> int:
-    """intra_threads as an int in [0, os.cpu_count()]; 0 is onnxruntime's default (the core count).
+    """Checks intra_threads: an int in [0, os.cpu_count()]; 0 is onnxruntime's default (the core count).
 
     A larger number only adds threads that wait for a core (and memory for each thread's stack).
+
+    Args:
+        value (int): the thread count asked for.
+
+    Returns:
+        The count, as an int.
+
+    Raises:
+        ValueError: not an int in that range (a bool is not an int here).
     """
     cores = os.cpu_count() or 1
     if not _is_int(value) or not 0 <= value <= cores:
@@ -181,10 +222,10 @@ def check_intra_threads(value) -> int:
 
 
 def resolve_search_options(options: dict, decoding: dict, max_positions: int, tgt_vocab: int) -> SearchOptions:
-    """SearchOptions with a bundle's defaults for the options given as None or left out.
+    """Makes SearchOptions with a bundle's defaults for the options given as None or left out.
 
     Args:
-        options: translate_batch's keyword options by name.
+        options: translate_batch's keyword options by name (the defaults are filled into it).
         decoding: bundle.json's `decoding` (beam_size, length_penalty, min_length defaults).
         max_positions: the model's positions; decoding lengths must fit in them.
         tgt_vocab: the target vocabulary's size; a beam needs at least 2 x beam_size pieces.

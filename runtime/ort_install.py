@@ -26,10 +26,13 @@ def _ships_onnxruntime(dist: metadata.Distribution) -> bool:
 
 
 def onnxruntime_distributions() -> list[str]:
-    """Names (with versions) of the installed distributions that provide `import onnxruntime`.
+    """Lists the installed distributions that provide `import onnxruntime`.
 
     Only distributions named onnxruntime* or ort-nightly* are opened (a cheap filter on names);
     of those, the ones that ship the package count (not onnxruntime-genai or -extensions).
+
+    Returns:
+        "name version" of each, sorted by name.
     """
     found = {}
     for dist in metadata.distributions():
@@ -40,7 +43,14 @@ def onnxruntime_distributions() -> list[str]:
 
 
 def check_install(dists: list[str]) -> None:
-    """Raises ImportError when more than one onnxruntime flavour is installed (the fix in the message)."""
+    """Refuses an install with more than one onnxruntime flavour.
+
+    Args:
+        dists: what onnxruntime_distributions() returned.
+
+    Raises:
+        ImportError: more than one is installed (the fix in the message).
+    """
     if len(dists) > 1:
         names = [d.split()[0] for d in dists]
         gpu = any("gpu" in n for n in names)
@@ -52,7 +62,12 @@ def check_install(dists: list[str]) -> None:
 
 
 def import_onnxruntime():
-    """Returns the onnxruntime module, or raises ImportError that names the problem and the fix."""
+    """Returns the onnxruntime module, after check_install.
+
+    Raises:
+        ImportError: naming the problem and the fix: several flavours installed, none installed, or
+            one that cannot be imported.
+    """
     dists = onnxruntime_distributions()
     check_install(dists)
     try:

@@ -11,7 +11,17 @@ def fused_signature(n_layers: int, n_heads: int, head_dim: int, vocab: int) -> d
     """Inputs and outputs of the fused decoder step (fp32 only): name, element type, shape with named axes.
 
     The cache inputs and outputs are one [rows, heads, max_length, head_dim] buffer per layer and
-    kind, bound as both past_* and present_* (docs/fused-decoder.md)."""
+    kind, bound as both past_* and present_* (docs/fused-decoder.md).
+
+    Args:
+        n_layers: decoder layers.
+        n_heads: attention heads.
+        head_dim: head size.
+        vocab: target vocabulary size.
+
+    Returns:
+        {"inputs": [...], "outputs": [...]}, each entry {"name", "dtype", "shape"}.
+    """
     cache = lambda name: {"name": name, "dtype": "float32", "shape": ["rows", n_heads, "max_length", head_dim]}
     cross = lambda name: {"name": name, "dtype": "float32", "shape": ["batch", n_heads, "src_len", head_dim]}
     return {
@@ -33,9 +43,21 @@ def fused_signature(n_layers: int, n_heads: int, head_dim: int, vocab: int) -> d
 
 
 def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str, vocab: int, *, fused: bool = False) -> dict:
-    """Every input and output of the graphs, with each decoder's variant: name, element type and
-    shape (axes named). `fused` adds decoder_fused (export writes it for fp32 bundles). The
-    operator domains of each graph are read from the files by the exporter, not stated here."""
+    """Every input and output of the graphs, with each decoder's variant: name, element type and shape (axes named).
+
+    The operator domains of each graph are read from the files by the exporter, not stated here.
+
+    Args:
+        n_layers: decoder layers.
+        n_heads: attention heads.
+        head_dim: head size.
+        dtype: the keys' and values' element type ("float32", "float16").
+        vocab: target vocabulary size.
+        fused: add decoder_fused (export writes it for fp32 bundles).
+
+    Returns:
+        bundle.json's `graphs`: {label: {"inputs", "outputs", "variant"}}.
+    """
     kv = lambda name, rows, length: {"name": name, "dtype": dtype, "shape": [rows, n_heads, length, head_dim]}
     graphs = {
         "encoder": {

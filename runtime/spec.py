@@ -53,38 +53,83 @@ def _layer_name(kind: str, i: int) -> str:
 
 
 def key_cross(i: int) -> str:
+    """Returns the name of layer i's cross-attention keys (an encoder output, a decoder input).
+
+    Args:
+        i: the layer, from 0.
+    """
     return _layer_name("key_cross", i)
 
 
 def value_cross(i: int) -> str:
+    """Returns the name of layer i's cross-attention values (an encoder output, a decoder input).
+
+    Args:
+        i: the layer, from 0.
+    """
     return _layer_name("value_cross", i)
 
 
 def past_key(i: int) -> str:
+    """Returns the name of layer i's cached self-attention keys fed to the decoder.
+
+    Args:
+        i: the layer, from 0.
+    """
     return _layer_name("past_key", i)
 
 
 def past_value(i: int) -> str:
+    """Returns the name of layer i's cached self-attention values fed to the decoder.
+
+    Args:
+        i: the layer, from 0.
+    """
     return _layer_name("past_value", i)
 
 
 def present_key(i: int) -> str:
+    """Returns the name of layer i's updated self-attention keys the decoder outputs.
+
+    Args:
+        i: the layer, from 0.
+    """
     return _layer_name("present_key", i)
 
 
 def present_value(i: int) -> str:
+    """Returns the name of layer i's updated self-attention values the decoder outputs.
+
+    Args:
+        i: the layer, from 0.
+    """
     return _layer_name("present_value", i)
 
 
 def cross_names(n_layers: int) -> list[str]:
+    """Returns key_cross(i), value_cross(i) for every layer, in layer order: the graphs' order.
+
+    Args:
+        n_layers: decoder layers.
+    """
     return [n for i in range(n_layers) for n in (key_cross(i), value_cross(i))]
 
 
 def past_names(n_layers: int) -> list[str]:
+    """Returns past_key(i), past_value(i) for every layer, in layer order: the graphs' order.
+
+    Args:
+        n_layers: decoder layers.
+    """
     return [n for i in range(n_layers) for n in (past_key(i), past_value(i))]
 
 
 def present_names(n_layers: int) -> list[str]:
+    """Returns present_key(i), present_value(i) for every layer, in layer order: the graphs' order.
+
+    Args:
+        n_layers: decoder layers.
+    """
     return [n for i in range(n_layers) for n in (present_key(i), present_value(i))]
 
 

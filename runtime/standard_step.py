@@ -26,7 +26,9 @@ class StandardStep:
         rows: the batch's sources (one cache row each at the first step).
         src_mask: the encoder's src_mask (an OrtValue on the device).
         cross: the encoder's cross keys/values (OrtValues on the device), one per layer and kind.
-        n_layers: decoder layers. n_heads: attention heads. head_dim: size of one head.
+        n_layers: decoder layers.
+        n_heads: attention heads.
+        head_dim: size of one head.
         cache_dtype: numpy dtype of the cache (the bundle's dtype).
         top_k: candidates per row to download, or None for the full log-probabilities.
         vocab: the target vocabulary's size.
@@ -50,8 +52,17 @@ class StandardStep:
         self._present_names = names.present_names(n_layers)
 
     def __call__(self, tokens: np.ndarray, cache_indices: np.ndarray, t: int, keep: np.ndarray | None):
-        """Runs step t for the rows' last tokens ([rows]); cache_indices ([rows]) picks each row's
-        cache row from the previous step; keep (sentence indices) drops finished sentences first."""
+        """Runs step t.
+
+        Args:
+            tokens: the rows' last tokens ([rows]).
+            cache_indices: [rows], picks each row's cache row from the previous step.
+            t: the step's position.
+            keep: sentence indices; drops finished sentences first (None: all stay).
+
+        Returns:
+            The log-probabilities [rows, vocab], or a TopK of [rows, top_k] with top_k.
+        """
         if keep is not None:
             # Finished sentences leave: their cross keys/values and mask go too. This happens a few
             # times per batch, not per step, so a round trip through the host is cheap.

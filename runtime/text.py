@@ -5,12 +5,22 @@ from typing import Callable, Iterable, Iterator
 
 
 def text_increments(decode: Callable[[list[int]], str], tokens: Iterable[int]) -> Iterator[str]:
-    """What each new token adds to the detokenised text: the pieces join to decode(all tokens).
+    """Yields what each new token adds to the detokenised text: the pieces join to decode(all tokens).
 
     The whole prefix is decoded again at each token: SentencePiece makes spaces from the pieces'
     "▁" and drops the text's first one, and byte-fallback pieces make one character from up to 4
     ids, so a piece alone does not say what it adds. Text ending in U+FFFD (a character whose
     bytes are still to come) is held back; what remains comes out once the tokens end.
+
+    Args:
+        decode: target ids -> text (the target SentencePiece model's decode).
+        tokens: the target ids as they come.
+
+    Yields:
+        Non-empty pieces of text, in order.
+
+    Raises:
+        RuntimeError: the final text does not continue what was yielded (never seen with SentencePiece).
     """
     seen: list[int] = []
     emitted = ""

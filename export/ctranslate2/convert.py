@@ -40,7 +40,13 @@ CT2_MISSING = "ctranslate2 not installed: pip install 'seq2onnx[bench]'"
 
 
 def ct2_available() -> tuple[bool, str]:
-    """Whether ctranslate2 can be imported here, and the message to show when not."""
+    """Tells whether ctranslate2 can be imported here.
+
+    A broken install (missing shared libraries) counts as none.
+
+    Returns:
+        (available, the message to show when not; "" when available).
+    """
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
@@ -68,7 +74,15 @@ def _norm(spec, norm) -> None:
 
 
 def build_spec(model, tokenizer):
-    """The ctranslate2 TransformerSpec of our Transformer (weights copied, nothing quantized)."""
+    """Builds the ctranslate2 TransformerSpec of our Transformer (weights copied, nothing quantized).
+
+    Args:
+        model (Transformer): the model (mapping in the module docstring).
+        tokenizer (Tokenizer): its tokenizer: the special tokens and both vocabularies.
+
+    Returns:
+        ctranslate2.specs.TransformerSpec: the spec, not yet validated or optimized.
+    """
     from ctranslate2.specs import transformer_spec
 
     cfg = model.cfg
@@ -123,10 +137,20 @@ def build_spec(model, tokenizer):
 
 
 def source_pieces(tokenizer) -> list[str]:
+    """Returns the source vocabulary: the pieces in id order.
+
+    Args:
+        tokenizer (Tokenizer): the tokenizer.
+    """
     return [tokenizer.source.id_to_piece(i) for i in range(tokenizer.src_vocab_size)]
 
 
 def target_pieces(tokenizer) -> list[str]:
+    """Returns the target vocabulary: the pieces in id order.
+
+    Args:
+        tokenizer (Tokenizer): the tokenizer.
+    """
     return [tokenizer.target.id_to_piece(i) for i in range(tokenizer.tgt_vocab_size)]
 
 
@@ -139,12 +163,26 @@ MODEL_BIN = "model.bin"  # what marks a directory as a CTranslate2 model (ctrans
 
 
 def is_ct2_dir(path: str | Path) -> bool:
-    """Whether `path` is a CTranslate2 model directory (rather than an ONNX bundle), whole or not."""
+    """Tells whether `path` is a CTranslate2 model directory (rather than an ONNX bundle), whole or not.
+
+    Args:
+        path: a directory.
+
+    Returns:
+        True when it holds model.bin or DEPLOY_JSON.
+    """
     return (Path(path) / MODEL_BIN).is_file() or (Path(path) / DEPLOY_JSON).is_file()
 
 
 def load_ct2(model_dir: str | Path, **options):
-    """ctranslate2.Translator(model_dir, **options), with errors that name the file and the fix.
+    """Opens ctranslate2.Translator(model_dir, **options), with errors that name the file and the fix.
+
+    Args:
+        model_dir (str | Path): the CTranslate2 model directory.
+        **options: passed to ctranslate2.Translator (device, compute_type, intra_threads, ...).
+
+    Returns:
+        ctranslate2.Translator: the loaded model.
 
     Raises:
         ExportError: model.bin is missing, or CTranslate2 cannot read it (damaged or truncated).
@@ -171,13 +209,21 @@ def _version(dist: str) -> str | None:
 
 
 def deploy_recipe(model, tokenizer, ckpt_dir: Path) -> dict:
-    """DEPLOY_JSON: the tokenization, options and length rule under which CTranslate2 decodes as the
-    PyTorch reference does (the convention of docs/decoding.md).
+    """Builds DEPLOY_JSON: how CTranslate2 decodes as the PyTorch reference does.
 
+    It gives the tokenization, options and length rule (the convention of docs/decoding.md).
     translate_batch holds only what must differ from CTranslate2's defaults: its beam_size is 2 and
     its min_decoding_length 1 (the end token forbidden at the first step), ours 4 and 0; its
     max_input_length is 1024, ours the model's positions. Its length penalty already counts the end
     token (it strips the token after ranking), and it stops early only when length_penalty is 0.
+
+    Args:
+        model (Transformer): the model.
+        tokenizer (Tokenizer): its tokenizer (the special pieces).
+        ckpt_dir: the checkpoint directory (its name is recorded).
+
+    Returns:
+        The recipe, ready for json.dumps.
     """
     from seq2onnx.export.bundle import DECODING_DEFAULTS as dd
     from seq2onnx.model.tokenizer import SOURCE_MODEL, TARGET_MODEL
@@ -208,20 +254,40 @@ def deploy_recipe(model, tokenizer, ckpt_dir: Path) -> dict:
 
 
 def max_decoding_length(recipe: dict, n_pieces: int) -> int:
-    """The recipe's length rule for a source of `n_pieces` pieces (end token included)."""
+    """Applies the recipe's length rule: min(floor(a * n) + b, max).
+
+    Args:
+        recipe: a DEPLOY_JSON dict.
+        n_pieces: the source's pieces (end token included); at most max_input_length count.
+
+    Returns:
+        The max_decoding_length for that source.
+    """
     rule = recipe["max_decoding_length"]
     n = min(n_pieces, recipe["translate_batch"]["max_input_length"])
     return min(int(rule["a"] * n) + rule["b"], rule["max"])
 
 
 def export_ctranslate2(ckpt: str | Path, out: str | Path, *, force: bool = False) -> Path:
-    """Writes the CTranslate2 model directory of a checkpoint: model.bin, config.json and the two
-    vocabularies (ctranslate2's), the SentencePiece models and DEPLOY_JSON.
+    """Writes the CTranslate2 model directory of a checkpoint.
 
-    Built in a temporary sibling of `out`, checked (a fresh ctranslate2.Translator decodes a short
-    sentence through the recipe), then renamed into place, under the same lock as ONNX exports.
-    Raises ExportError when ctranslate2 is missing, `out` exists without force, another export
-    is writing `out` or the place is not writable; CheckpointError for a bad checkpoint.
+    It holds model.bin, config.json and the two vocabularies (ctranslate2's), the SentencePiece
+    models and DEPLOY_JSON. Built in a temporary sibling of `out`, checked (a fresh
+    ctranslate2.Translator decodes a short sentence through the recipe), then renamed into place,
+    under the same lock as ONNX exports.
+
+    Args:
+        ckpt: the checkpoint (or run) directory.
+        out: the directory to write.
+        force: replace an existing `out` (only an empty directory or an export's).
+
+    Returns:
+        The directory, `out`.
+
+    Raises:
+        ExportError: ctranslate2 is missing, `out` exists without force, another export is writing
+            `out` or the place is not writable.
+        CheckpointError: a bad checkpoint.
     """
     from seq2onnx.export.bundle import ExportError, building
     from seq2onnx.model import checkpoint
@@ -258,9 +324,19 @@ def _validate(directory: Path, recipe: dict) -> None:
 # -- the bare model (`seq2onnx bench`) ----------------------------------------------------------------
 
 def convert_checkpoint(ckpt: str | Path, out: str | Path, quantization: str | None = None) -> Path:
-    """Writes the CTranslate2 model of a checkpoint into `out` (created; must not exist or be empty).
+    """Writes the bare CTranslate2 model of a checkpoint into `out`.
 
-    quantization None keeps float32 weights; load them with compute_type "int8" to quantize on load.
+    Args:
+        ckpt: the checkpoint (or run) directory.
+        out: the directory, created; must not exist or be empty (not checked here).
+        quantization: ctranslate2's weight quantization; None keeps float32 weights: load them with
+            compute_type "int8" to quantize on load.
+
+    Returns:
+        The directory, `out`.
+
+    Raises:
+        CheckpointError: a bad checkpoint.
     """
     from seq2onnx.model import checkpoint
 

@@ -34,7 +34,17 @@ SHOWN = 10  # differences printed per search (--json has them all)
 
 
 def read_recipe(model_dir: Path) -> dict:
-    """The directory's DEPLOY_JSON; ValueError naming the fix when it is missing or not ours."""
+    """Reads the directory's DEPLOY_JSON.
+
+    Args:
+        model_dir: the CTranslate2 model directory.
+
+    Returns:
+        The recipe.
+
+    Raises:
+        ValueError: naming the fix, when it is missing or not ours (another format or version).
+    """
     path = model_dir / DEPLOY_JSON
     if not path.is_file():
         raise ValueError(f"{model_dir} has a CTranslate2 model.bin but no {DEPLOY_JSON}: it was not written by "
@@ -47,7 +57,14 @@ def read_recipe(model_dir: Path) -> dict:
 
 
 def ct2_device(device: str) -> str:
-    """verify's --device for ctranslate2: auto is cuda where ctranslate2 sees a GPU, else cpu."""
+    """Resolves verify's --device for ctranslate2.
+
+    Args:
+        device: "auto", "cpu" or "cuda".
+
+    Returns:
+        The device; auto is cuda where ctranslate2 sees a GPU, else cpu.
+    """
     import ctranslate2
 
     if device == "auto":
@@ -57,10 +74,23 @@ def ct2_device(device: str) -> str:
 
 def ct2_search(translator, pieces: list[list[str]], limits: list[int], options: dict, beam_size: int,
                piece_to_id) -> list[tuple[list[int], float]]:
-    """CTranslate2's best hypothesis per sentence: (token ids with the end token when produced, its
-    own score, normalised by len^length_penalty). Sentences of one max_decoding_length share a call:
-    CTranslate2 takes one limit per call, and a beam search cut at another sentence's limit is not
-    the search at its own."""
+    """Finds CTranslate2's best hypothesis per sentence.
+
+    Sentences of one max_decoding_length share a call: CTranslate2 takes one limit per call, and a
+    beam search cut at another sentence's limit is not the search at its own.
+
+    Args:
+        translator (ctranslate2.Translator): the model.
+        pieces: each sentence's source pieces.
+        limits: each sentence's max_decoding_length.
+        options: the recipe's translate_batch options.
+        beam_size: overrides the options' beam size.
+        piece_to_id (Callable[[str], int]): the target vocabulary.
+
+    Returns:
+        Per sentence (token ids with the end token when produced, its own score, normalised by
+        len^length_penalty).
+    """
     found: list[tuple[list[int], float] | None] = [None] * len(pieces)
     for limit in sorted(set(limits)):
         rows = [i for i, n in enumerate(limits) if n == limit]
@@ -74,8 +104,18 @@ def ct2_search(translator, pieces: list[list[str]], limits: list[int], options: 
 
 @torch.no_grad()
 def token_log_probs(model, src: list[int], tokens: list[int]) -> list[float]:
-    """log p(tokens[t] | source, tokens[:t]) under the PyTorch model, by teacher forcing, in fp32
-    as decode_step computes them, summed by the caller in float64 as the search does."""
+    """Scores tokens under the PyTorch model by teacher forcing: log p(tokens[t] | source, tokens[:t]).
+
+    In fp32 as decode_step computes them, summed by the caller in float64 as the search does.
+
+    Args:
+        model (Transformer): the model.
+        src: the source ids.
+        tokens: the hypothesis' ids.
+
+    Returns:
+        One log-probability per token; [] for no tokens.
+    """
     if not tokens:
         return []
     cfg = model.cfg
@@ -88,8 +128,20 @@ def token_log_probs(model, src: list[int], tokens: list[int]) -> list[float]:
 
 def ct2_token_log_probs(translator, pieces: list[str], tokens: list[int], id_to_piece, eos_id: int,
                         max_positions: int) -> list[float] | None:
-    """The same log-probabilities under CTranslate2 (Translator.score_batch, which appends the end
-    token itself); None for a hypothesis cut at the last position, which it cannot score."""
+    """Scores tokens under CTranslate2 (Translator.score_batch, which appends the end token itself).
+
+    Args:
+        translator (ctranslate2.Translator): the model.
+        pieces: the source pieces.
+        tokens: the hypothesis' ids, the end token included when produced.
+        id_to_piece (Callable[[int], str]): the target vocabulary.
+        eos_id: the end token's id.
+        max_positions: the model's positions.
+
+    Returns:
+        The same log-probabilities as token_log_probs; None for a hypothesis cut at the last
+        position, which it cannot score.
+    """
     ends = bool(tokens) and tokens[-1] == eos_id
     body = tokens[:-1] if ends else tokens
     if len(body) + 1 > max_positions:
@@ -100,8 +152,26 @@ def ct2_token_log_probs(translator, pieces: list[str], tokens: list[int], id_to_
 
 def describe_difference(model, tok, translator, search: str, index: int, source: str, src: list[int],
                         pieces: list[str], want: list[int], got: list[int], length_penalty: float) -> dict:
-    """One sentence where the searches part: both hypotheses scored by both engines (teacher forcing),
-    so that a near-tie can be told from engines that compute differently or search differently."""
+    """Describes one sentence where the searches part: both hypotheses scored by both engines (teacher forcing).
+
+    So a near-tie can be told from engines that compute differently or search differently.
+
+    Args:
+        model (Transformer): the PyTorch model.
+        tok (Tokenizer): its tokenizer.
+        translator (ctranslate2.Translator): the CTranslate2 model.
+        search: "greedy" or "beam K".
+        index: the sentence's index.
+        source: its text.
+        src: its ids (PyTorch's side).
+        pieces: its pieces (CTranslate2's side).
+        want: PyTorch's hypothesis.
+        got: CTranslate2's hypothesis.
+        length_penalty: alpha of the normalised scores.
+
+    Returns:
+        Both sides' scores, the first differing token, the gap, the engines' disagreement and the kind.
+    """
     cfg = model.cfg
 
     def side(tokens: list[int]) -> dict:
@@ -146,9 +216,24 @@ def describe_difference(model, tok, translator, search: str, index: int, source:
 
 def verify_ct2(ckpt: str | Path, model_dir: str | Path, *, sentences: int = 100, device: str = "cpu",
                data: str | None = None, src_col: int = 0, tgt_col: int = 1) -> dict:
-    """Greedy and beam search of the CTranslate2 model against the PyTorch reference on the test split
-    (or `data`). Returns the report (format_ct2_report prints it; `passed` is the verdict).
-    Raises ValueError for a directory without a readable recipe, ImportError without ctranslate2."""
+    """Checks greedy and beam search of the CTranslate2 model against the PyTorch reference on the test split.
+
+    Args:
+        ckpt: the checkpoint (or run) directory.
+        model_dir: the CTranslate2 model directory.
+        sentences: test sentences.
+        device: "auto", "cpu" or "cuda" (ct2_device).
+        data, src_col, tgt_col: a TSV of sentences instead of the test split.
+
+    Returns:
+        The report (format_ct2_report prints it; `passed` is the verdict).
+
+    Raises:
+        ValueError: a directory without a readable recipe.
+        ImportError: without ctranslate2.
+        ExportError: model.bin missing or unreadable.
+        CheckpointError: a bad checkpoint.
+    """
     import ctranslate2
     import sentencepiece as spm
 
@@ -234,8 +319,17 @@ def _side_line(label: str, side: dict) -> str:
 
 
 def format_ct2_report(report: dict) -> str:
-    """The report as a table in the look of parity.format_report: the checks with bound and result,
-    the measurements (no bound: they decide nothing), then each difference with both scores."""
+    """Formats verify_ct2's report as a table in the look of parity.format_report.
+
+    The checks with bound and result, the measurements (no bound: they decide nothing), then each
+    difference with both scores (SHOWN per search).
+
+    Args:
+        report: what verify_ct2 returned.
+
+    Returns:
+        The text, ending with PASSED or FAILED.
+    """
     o = report["options"]
     rule = o["max_decoding_length"]
     alpha = o["length_penalty"]

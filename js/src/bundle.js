@@ -85,7 +85,12 @@ export class BundleError extends Error {
  * @typedef {object} Platform  What a host needs from its surroundings: Node or a browser.
  * @property {any} ort  the onnxruntime module (onnxruntime-node or onnxruntime-web: the same API)
  * @property {(dir: string, rel: string) => string} join  a path or URL inside the bundle
- * @property {(path: string) => Promise<Uint8Array>} readFile  rejects with code "ENOENT" when missing
+ * @property {(path: string, options?: {maxBytes?: number}) => Promise<Uint8Array>} readFile  rejects with
+ *   code "ENOENT" when missing; where the platform can tell before reading: with code "ENOTREG" (and
+ *   `kind`, in words) for anything but a regular file (a FIFO, a device, a socket, a directory), and
+ *   with code "EFBIG" (and `size`) for a file larger than maxBytes
+ * @property {number} [cores]  this machine's cores: Translator.load refuses more threads (Node)
+ * @property {string} [coresSource]  how `cores` was found, for messages
  * @property {(dir: string, rel: string) => Promise<{inside: boolean, exists: boolean, path: string}>} resolveInside
  *   where `rel` leads from `dir` (symbolic links followed) and whether that lies inside `dir`
  * @property {(bytes: Uint8Array) => Promise<string>} sha256  lowercase hex digest
@@ -119,8 +124,14 @@ const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v)
 
 /** Type and range checks of bundle.json's fields; each failure names the field, its value and the fix. */
 class Schema {
-  constructor(where) {
+  /**
+   * @param {string} where
+   * @param {Map<string, string>} [fractions]  field -> number literal, for the numbers bundle.json's
+   *   text writes with a fraction or an exponent (numberLiterals): JSON.parse reads 2.0 as 2
+   */
+  constructor(where, fractions = new Map()) {
     this.where = where;
+    this.fractions = fractions;
   }
 
   fail(field, value, want) {
@@ -137,6 +148,9 @@ class Schema {
     if (!(key in parent) && !required) return null;
     const value = parent[key];
     if (!Number.isInteger(value) || value < low) this.fail(field, value, `expected an integer >= ${low}`);
+    if (this.fractions.has(field)) { // written 2.0 or 2e0: a float to Python, refused there too
+      throw new BundleError(`${this.where}: ${field} is ${this.fractions.get(field)}, expected an integer >= ${low}; ${FIX_FIELD}`);
+    }
     return value;
   }
 
@@ -190,10 +204,12 @@ class Schema {
  * other, and those of files, graphs and tokenizers, follow it.
  * @param {any} meta  bundle.json as parsed
  * @param {string} where  bundle.json's path or URL, for messages
+ * @param {Map<string, string>} [fractions]  numberLiterals(text) of bundle.json's text: an integer field
+ *   written with a fraction or an exponent (2.0, 2e0) is refused, as the Python runtime refuses it
  * @throws {BundleError} naming the field, its value and what was expected
  */
-export function validateMeta(meta, where) {
-  const v = new Schema(where);
+export function validateMeta(meta, where, fractions = new Map()) {
+  const v = new Schema(where, fractions);
   for (const row of SPEC.fields) v.field(meta, row);
   const { model, special_ids: special } = meta;
   if (model.d_model % model.n_heads) v.fail("model.d_model", model.d_model, `expected a multiple of model.n_heads=${model.n_heads}`);
@@ -256,6 +272,68 @@ export function validateMeta(meta, where) {
 }
 
 /**
+ * The numbers of a JSON text written with a fraction or an exponent (2.0, 1e0, 1.5), by the dotted
+ * path of object keys that leads to them ("format_version", "model.n_heads"); numbers inside arrays
+ * are left out. JSON.parse reads 1.0 as 1, so this is how a host in JavaScript tells an integer from a
+ * float as Python's json module does. The text must be valid JSON (JSON.parse it first); the walk is
+ * iterative, so nesting depth costs no stack. A key given twice keeps its last value, as JSON.parse.
+ * @param {string} text
+ * @returns {Map<string, string>}  path -> the literal as written
+ */
+export function numberLiterals(text) {
+  const found = new Map();
+  const stack = []; // per open container: {array: boolean, path: string | null}; path null inside arrays
+  let key = null; // the last key read in the innermost object
+  let i = 0;
+  const n = text.length;
+  const skipSpace = () => {
+    while (i < n && (text[i] === " " || text[i] === "\t" || text[i] === "\n" || text[i] === "\r")) i++;
+  };
+  const readString = () => { // at the opening quote; returns the raw literal
+    const start = i++;
+    while (i < n && text[i] !== '"') i += text[i] === "\\" ? 2 : 1;
+    i++;
+    return text.slice(start, i);
+  };
+  const here = () => {
+    const top = stack[stack.length - 1];
+    if (!top || top.path === null || top.array) return null;
+    return top.path ? `${top.path}.${key}` : key;
+  };
+  while (i < n) {
+    skipSpace();
+    const c = text[i];
+    if (c === undefined) break;
+    const top = stack[stack.length - 1];
+    if (c === "{" || c === "[") {
+      const path = stack.length === 0 ? "" : here();
+      stack.push({ array: c === "[", path });
+      key = null;
+      i++;
+    } else if (c === "}" || c === "]") {
+      stack.pop();
+      i++;
+    } else if (c === "," || c === ":") {
+      i++;
+    } else if (c === '"') {
+      const literal = readString();
+      skipSpace();
+      if (top && !top.array && text[i] === ":") key = JSON.parse(literal); // a key, not a value
+    } else { // a number, true, false or null
+      const start = i;
+      while (i < n && !",}] \t\n\r".includes(text[i])) i++;
+      const literal = text.slice(start, i);
+      const path = here();
+      if (path !== null) {
+        if (/^-?\d+$/.test(literal) || !/^-?\d/.test(literal)) found.delete(path);
+        else found.set(path, literal);
+      }
+    }
+  }
+  return found;
+}
+
+/**
  * Reads and validates a bundle directory before anything is loaded from it: checks 1-4 of
  * docs/bundle-format.md, as runtime/bundle.py's read_bundle. The tokenizers' and graphs' own
  * statements are checked once they are loaded (src/checks.js).
@@ -271,34 +349,36 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
   const metaPath = platform.join(dir, BUNDLE_JSON);
   let raw;
   try {
-    raw = await platform.readFile(metaPath);
+    raw = await platform.readFile(metaPath, { maxBytes: MAX_JSON_BYTES });
   } catch (e) {
     if (e && (e.code === "ENOENT" || e.code === "ENOTDIR")) {
       throw new BundleError(`${metaPath}: missing; ${dir} is not a seq2onnx bundle (make one with \`seq2onnx export CHECKPOINT ${dir}\`)`);
     }
-    throw new BundleError(`${metaPath}: cannot be read (${e?.message ?? e})`);
+    if (e?.code === "EFBIG") throw tooLarge(metaPath, e.size);
+    throw unreadable(metaPath, e);
   }
-  if (raw.length > MAX_JSON_BYTES) {
-    throw new BundleError(`${metaPath}: ${raw.length} bytes, more than the ${MAX_JSON_BYTES} a bundle description can be; ` +
-      `this is not a ${BUNDLE_JSON} made by \`seq2onnx export\``);
-  }
+  if (raw.length > MAX_JSON_BYTES) throw tooLarge(metaPath, raw.length); // a platform that cannot tell before reading
   let meta;
+  let text;
   try {
-    meta = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(raw));
+    text = new TextDecoder("utf-8", { fatal: true }).decode(raw);
+    meta = JSON.parse(text);
   } catch (e) {
     throw new BundleError(`${metaPath}: invalid JSON (${e.message}); re-export the bundle`);
   }
   if (!isObject(meta) || meta.format !== FORMAT) {
     throw new BundleError(`${metaPath}: not a ${FORMAT} description (format=${short(isObject(meta) ? meta.format ?? null : null)})`);
   }
-  // JSON.parse reads 1.0 as 1: this host cannot tell them apart (the Python runtime refuses 1.0).
-  if (meta.format_version !== FORMAT_VERSION) {
+  // JSON.parse reads 1.0 as 1: the text tells whether the version is an integer, as Python's json does.
+  const fractions = numberLiterals(text);
+  if (meta.format_version !== FORMAT_VERSION || fractions.has("format_version")) {
+    const version = fractions.get("format_version") ?? short(meta.format_version ?? null);
     throw new BundleError(
-      `${metaPath}: format_version ${short(meta.format_version ?? null)}, this host reads version ${FORMAT_VERSION} (an integer); ` +
+      `${metaPath}: format_version ${version}, this host reads version ${FORMAT_VERSION} (an integer); ` +
         "re-export the bundle with a matching seq2onnx or install the matching host",
     );
   }
-  validateMeta(meta, metaPath);
+  validateMeta(meta, metaPath, fractions);
   const files = {};
   const paths = {};
   for (const key of [...FILE_KEYS, ...OPTIONAL_FILE_KEYS.filter((k) => k in meta.files)]) {
@@ -310,7 +390,15 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
     if (!where.exists) throw new BundleError(`${where.path}: missing from the bundle (files.${key} in ${BUNDLE_JSON})`);
     paths[key] = where.path;
     if (!checkHashes && !FILE_KEYS.includes(key)) continue; // an optional file is read only to be hashed
-    const bytes = await platform.readFile(where.path);
+    let bytes;
+    try {
+      bytes = await platform.readFile(where.path);
+    } catch (e) {
+      if (e && (e.code === "ENOENT" || e.code === "ENOTDIR")) {
+        throw new BundleError(`${where.path}: missing from the bundle (files.${key} in ${BUNDLE_JSON})`);
+      }
+      throw unreadable(where.path, e, `files.${key} in ${BUNDLE_JSON}`);
+    }
     if (checkHashes && (await platform.sha256(bytes)) !== entry.sha256) {
       throw new BundleError(
         `${where.path}: sha256 differs from ${BUNDLE_JSON} (files.${key}); the file is damaged or was replaced: re-export the bundle`,
@@ -319,4 +407,19 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
     if (FILE_KEYS.includes(key)) files[key] = bytes;
   }
   return { path: dir, metaPath, meta, files, paths };
+}
+
+function tooLarge(metaPath, size) {
+  return new BundleError(`${metaPath}: ${size} bytes, more than the ${MAX_JSON_BYTES} a bundle description can be; ` +
+    `this is not a ${BUNDLE_JSON} made by \`seq2onnx export\` (re-export the bundle)`);
+}
+
+/** A bundle file that cannot be read: not a regular file (refused before reading), or an I/O error. */
+function unreadable(file, e, what = null) {
+  if (e?.code === "ENOTREG") { // the words of runtime/bundle.py, with what the file is
+    const kind = e.kind ?? "a device, pipe or socket";
+    return new BundleError(`${file}: not a regular file (${what ? `${kind}; ${what}` : kind}); a bundle holds ` +
+      "files: re-export it with `seq2onnx export` (a link to a device or a named pipe is never one)");
+  }
+  return new BundleError(`${file}: cannot be read (${e?.message ?? e})`);
 }

@@ -61,8 +61,11 @@ function* fields(buf, start, end) {
       if (pos + n > end) throw new ProtoError("a field runs past the end of its message");
       yield [number, wire, [pos, pos + n]];
       pos += n;
-    } else if (wire === 1 || wire === 5) {
-      pos += wire === 1 ? 8 : 4;
+    } else if (wire === 1 || wire === 5) { // fixed64, fixed32: their bytes (a SentencePiece score is a fixed32 float)
+      const n = wire === 1 ? 8 : 4;
+      if (pos + n > end) throw new ProtoError("a field runs past the end of its message");
+      yield [number, wire, [pos, pos + n]];
+      pos += n;
     } else {
       throw new ProtoError(`unsupported protobuf wire type ${wire}`);
     }
@@ -70,44 +73,60 @@ function* fields(buf, start, end) {
   if (pos > end) throw new ProtoError("the data ends inside a field");
 }
 
-const utf8 = new TextDecoder("utf-8");
+const utf8 = new TextDecoder("utf-8", { ignoreBOM: true }); // a piece may start with U+FEFF: keep it, as Python does
 const baseName = (path) => path.split(/[\\/]/).pop();
 const text = (buf, [s, e]) => utf8.decode(buf.subarray(s, e));
 
 // -- SentencePiece vocabulary ---------------------------------------------------------------------
 
-// sentencepiece_model.proto: ModelProto.pieces = 1 (piece = 1, type = 3), trainer_spec = 2
-// (unk_piece = 45, bos_piece = 46, eos_piece = 47, pad_piece = 48, with these defaults).
+// sentencepiece_model.proto: ModelProto.pieces = 1 (piece = 1, score = 2, type = 3), trainer_spec = 2
+// (model_type = 3, byte_fallback = 35, unk_piece = 45, bos_piece = 46, eos_piece = 47, pad_piece = 48,
+// with these defaults).
 const NORMAL = 1;
 const UNKNOWN = 2;
 const CONTROL = 3;
 const SPECIAL_PIECES = { 45: ["unk", "<unk>"], 46: ["bos", "<s>"], 47: ["eos", "</s>"], 48: ["pad", "<pad>"] };
+/** SentencePiece's piece types (ModelProto.SentencePiece.Type) and model types (TrainerSpec.ModelType). */
+export const PIECE_TYPES = Object.freeze({ NORMAL, UNKNOWN, CONTROL, USER_DEFINED: 4, UNUSED: 5, BYTE: 6 });
+export const MODEL_TYPES = Object.freeze({ UNIGRAM: 1, BPE: 2, WORD: 3, CHAR: 4 });
 
 /**
  * The pieces of a SentencePiece `.model` file and its special ids, as the Python processor gives
  * them: unk_id() is the id of trainer_spec.unk_piece when that piece is of type UNKNOWN, bos/eos/
- * pad_id() the id of their piece when it is of type CONTROL, else -1 (sentencepiece_processor.cc).
+ * pad_id() the id of their piece when it is of type CONTROL, else -1 (sentencepiece_processor.cc);
+ * and what src/tokenizer.js's unigram encoder needs: each piece's type and score (float32), the
+ * model type (trainer_spec.model_type, UNIGRAM when absent) and trainer_spec.byte_fallback.
  * @param {Uint8Array} bytes
- * @returns {{pieces: string[], special: {pad: number, unk: number, bos: number, eos: number}}}
+ * @returns {{pieces: string[], types: number[], scores: Float32Array, modelType: number, byteFallback: boolean,
+ *   special: {pad: number, unk: number, bos: number, eos: number}}}
  * @throws {Error} when the bytes are not a SentencePiece model
  */
 export function readVocabulary(bytes) {
   const pieces = [];
   const types = [];
+  const scores = [];
   const names = Object.fromEntries(Object.values(SPECIAL_PIECES));
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  let modelType = MODEL_TYPES.UNIGRAM;
+  let byteFallback = false;
   for (const [number, wire, value] of fields(bytes, 0, bytes.length)) {
     if (number === 1 && wire === 2) {
       let piece = "";
       let type = NORMAL;
+      let score = 0;
       for (const [n, w, v] of fields(bytes, ...value)) {
         if (n === 1 && w === 2) piece = text(bytes, v);
+        else if (n === 2 && w === 5) score = view.getFloat32(v[0], true);
         else if (n === 3 && w === 0) type = v;
       }
       pieces.push(piece);
       types.push(type);
+      scores.push(score);
     } else if (number === 2 && wire === 2) {
       for (const [n, w, v] of fields(bytes, ...value)) {
         if (n in SPECIAL_PIECES && w === 2) names[SPECIAL_PIECES[n][0]] = text(bytes, v);
+        else if (n === 3 && w === 0) modelType = v;
+        else if (n === 35 && w === 0) byteFallback = v !== 0;
       }
     }
   }
@@ -119,7 +138,7 @@ export function readVocabulary(bytes) {
     return id >= 0 && types[id] === type ? id : -1;
   };
   const special = { pad: idOf(names.pad, CONTROL), unk: idOf(names.unk, UNKNOWN), bos: idOf(names.bos, CONTROL), eos: idOf(names.eos, CONTROL) };
-  return { pieces, special };
+  return { pieces, types, scores: Float32Array.from(scores), modelType, byteFallback, special };
 }
 
 /**
@@ -145,18 +164,23 @@ export async function checkTokenizers(bundle, platform) {
     // the fingerprint of runtime/checks.py: sha256 of the pieces in id order joined by "\n"
     if (fingerprints) have[side] = await platform.sha256(new TextEncoder().encode(vocab[side].pieces.join("\n")));
   }
-  const wrongVocabulary = (side, key, swapped) => new BundleError(
-    `${file(key)}: its vocabulary is not the ${side} vocabulary the model was exported with ` +
-      `(tokenizers.${side}.pieces_sha256 in ${BUNDLE_JSON})` +
-      (swapped ? `; it is the ${side === "source" ? "target" : "source"} tokenizer: the two .model files are exchanged` : "") +
-      `; ${FIX}`,
-  );
-  // An exchanged pair first: named as such rather than as a size or id mismatch.
+  // As runtime/checks.py: a tokenizer that is the other side's is named as such; "exchanged" when
+  // the other file is in turn this side's, else "the same vocabulary as" the other file.
+  const wrongVocabulary = (side, key, { isOther = false, exchanged = false } = {}) => {
+    const other = side === "source" ? "target" : "source";
+    const what = exchanged ? `; it is the ${other} tokenizer: the two .model files are exchanged`
+      : isOther ? `; it is the ${other} tokenizer (the same vocabulary as ${baseName(file(`${other}_tokenizer`))})` : "";
+    return new BundleError(
+      `${file(key)}: its vocabulary is not the ${side} vocabulary the model was exported with ` +
+        `(tokenizers.${side}.pieces_sha256 in ${BUNDLE_JSON})${what}; ${FIX}`,
+    );
+  };
+  // A tokenizer that is the other side's first: named as such rather than as a size or id mismatch.
   if (fingerprints) {
     for (const [side, , key] of sides) {
       const other = side === "source" ? "target" : "source";
       if (have[side] === fingerprints[other].pieces_sha256 && have[side] !== fingerprints[side].pieces_sha256) {
-        throw wrongVocabulary(side, key, true);
+        throw wrongVocabulary(side, key, { isOther: true, exchanged: have[other] === fingerprints[side].pieces_sha256 });
       }
     }
   }
@@ -168,7 +192,7 @@ export async function checkTokenizers(bundle, platform) {
     for (const name of ["pad", "unk", "bos", "eos"]) {
       if (special[name] !== ids[name]) throw mismatch(bundle, `special_ids.${name}`, ids[name], special[name], `${baseName(file(key))} (${name}_id())`);
     }
-    if (fingerprints && have[side] !== fingerprints[side].pieces_sha256) throw wrongVocabulary(side, key, false);
+    if (fingerprints && have[side] !== fingerprints[side].pieces_sha256) throw wrongVocabulary(side, key);
   }
 }
 

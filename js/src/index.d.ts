@@ -33,7 +33,7 @@ export interface TranslateOptions {
 }
 
 export interface LoadOptions {
-  /** onnxruntime intra-op threads (0: its default, the core count). */
+  /** onnxruntime intra-op threads: 0 (its default, the core count) to the platform's cores (RangeError beyond). */
   threads?: number;
   /** Verify every file's sha256 against bundle.json (default true). */
   checkHashes?: boolean;
@@ -48,7 +48,12 @@ export interface LoadOptions {
 export interface Platform {
   ort: unknown;
   join(dir: string, rel: string): string;
-  readFile(path: string): Promise<Uint8Array>;
+  /** Rejects with code "ENOENT" when missing; "ENOTREG" (and `kind`) for what is not a regular file and
+   *  "EFBIG" (and `size`) above maxBytes, where the platform can tell before reading. */
+  readFile(path: string, options?: { maxBytes?: number }): Promise<Uint8Array>;
+  /** This machine's cores: Translator.load refuses more threads. */
+  cores?: number;
+  coresSource?: string;
   resolveInside(dir: string, rel: string): Promise<{ inside: boolean; exists: boolean; path: string }>;
   sha256(bytes: Uint8Array): Promise<string>;
   loadTokenizer?(bytes: Uint8Array, name: string): Promise<{ encode(text: string): number[]; decode(ids: number[]): string }>;
@@ -90,5 +95,6 @@ export declare function readBundle(dir: string, platform: Platform, options?: { 
 export declare class SentencePiece {
   static fromBytes(bytes: Uint8Array, name?: string): Promise<SentencePiece>;
   encode(text: string): number[];
+  pieces(text: string): string[];
   decode(ids: number[]): string;
 }

@@ -1,18 +1,55 @@
 // The Node platform: onnxruntime-node, the file system and node:crypto. The browser build swaps
 // this one module for src/platform-web.js: onnxruntime-web, fetch() and crypto.subtle.
 import { createHash } from "node:crypto";
-import { readFile, realpath, stat } from "node:fs/promises";
+import { constants } from "node:fs";
+import { open, realpath, stat } from "node:fs/promises";
+import os from "node:os";
 import path from "node:path";
 import * as ort from "onnxruntime-node";
+
+/** This machine's cores, as onnxruntime counts them for its default thread pool (at least 1). */
+export const CORES = Math.max(1, typeof os.availableParallelism === "function" ? os.availableParallelism() : os.cpus().length);
+/** How CORES was found, for messages. */
+export const CORES_SOURCE = typeof os.availableParallelism === "function" ? "os.availableParallelism()" : "os.cpus().length";
+
+/** What a file system entry is, in words, for a message. */
+function kind(info) {
+  if (info.isFIFO()) return "a named pipe";
+  if (info.isCharacterDevice()) return "a character device";
+  if (info.isBlockDevice()) return "a block device";
+  if (info.isSocket()) return "a socket";
+  if (info.isDirectory()) return "a directory";
+  return "not a regular file";
+}
 
 /** @type {import("./bundle.js").Platform} */
 export const nodePlatform = {
   name: "node",
   ort,
+  cores: CORES,
+  coresSource: CORES_SOURCE,
   join: (dir, rel) => path.join(dir, rel),
-  async readFile(file) {
-    const buffer = await readFile(file);
-    return new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength);
+  /**
+   * A regular file's bytes. Opened without blocking (a FIFO would wait for a writer) and checked
+   * with fstat before any byte is read: anything but a regular file (a FIFO, /dev/zero or another
+   * device, a socket, a directory; symbolic links followed) rejects with code "ENOTREG" and `kind`,
+   * and a file larger than `maxBytes` with code "EFBIG" and `size`.
+   */
+  async readFile(file, { maxBytes } = {}) {
+    const handle = await open(file, constants.O_RDONLY | (constants.O_NONBLOCK ?? 0));
+    try {
+      const info = await handle.stat();
+      if (!info.isFile()) {
+        throw Object.assign(new Error(`${file}: ${kind(info)}, not a regular file`), { code: "ENOTREG", kind: kind(info) });
+      }
+      if (maxBytes !== undefined && info.size > maxBytes) {
+        throw Object.assign(new Error(`${file}: ${info.size} bytes, more than ${maxBytes}`), { code: "EFBIG", size: info.size });
+      }
+      const buffer = await handle.readFile();
+      return new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength);
+    } finally {
+      await handle.close();
+    }
   },
   async resolveInside(dir, rel) {
     const root = await realpath(dir);
@@ -20,7 +57,7 @@ export const nodePlatform = {
     let exists = true;
     try {
       target = await realpath(target); // symbolic links followed, as Python's Path.resolve does
-      exists = (await stat(target)).isFile();
+      await stat(target); // whatever it is: readFile refuses what is not a regular file, naming it
     } catch {
       exists = false;
     }

@@ -1,7 +1,24 @@
 // SentencePiece through @sctg/sentencepiece-js: the C++ library itself compiled to WebAssembly,
-// so that the pieces are the Python runtime's (sentencepiece's Python package wraps the same
-// C++ code) rather than those of a re-implementation. It runs in Node and in the browser.
+// so that normalisation, BPE and decoding are the Python runtime's (sentencepiece's Python
+// package wraps the same C++ code) rather than those of a re-implementation. It runs in Node and
+// in the browser.
+//
+// One step is redone here: the unigram segmentation. @sctg/sentencepiece-js 1.3.3 compiles
+// sentencepiece at commit d8f7418 (August 2024, after 0.2.0), whose optimised Viterbi
+// (unigram_model.cc, Model::EncodeOptimized) adds a piece's score to the best path in double
+// precision (the user-defined-symbol branch of its `?:` is a double, so the whole expression is)
+// and compares that with a best score stored as float. sentencepiece 0.2.1 and later (what
+// `pip install sentencepiece` gives) add in float: paths whose scores round to the same float tie,
+// and the earlier start wins. On runs of one letter ("iiiiiiiiiiiiii" -> ▁ iiiiii iiiiiiii in
+// Python, ▁ iiiiiiii iiiiii in the WASM), where several segmentations use the same pieces in
+// another order, the two differ; both decode to the same text. So for unigram models the WASM
+// gives the normalised text (its pieces, concatenated) and UnigramEncoder below segments it as
+// sentencepiece 0.2.3's Model::EncodeOptimized and SentencePieceProcessor::EncodeOptimized do:
+// float32 sums, ties to the earlier start, user-defined pieces scored 0.1 x (bytes - 1), unknown
+// characters scored min_score - 10, runs of unknowns merged into one id, or split into <0xXX>
+// byte pieces when the model has byte_fallback.
 import { SentencePieceProcessor } from "@sctg/sentencepiece-js";
+import { MODEL_TYPES, PIECE_TYPES, readVocabulary } from "./checks.js";
 
 // Python's str.isspace() set: a text made only of these is "empty" for the Python runtime
 // (str.strip()), which differs from String.prototype.trim() on \x1c-\x1f, \x85 and \ufeff.
@@ -14,11 +31,149 @@ export function isBlank(text) {
   return PY_SPACE_ONLY.test(text);
 }
 
+const UNK_PENALTY = 10; // unigram_model.cc kUnkPenalty
+const SCORE_RESET = 100000; // unigram_model.cc kScoreResetThreshold (0.2.3): rebases long paths' scores
+const f32 = Math.fround; // float32 + float32 computed in double and rounded once is the float32 sum
+const utf8Encoder = new TextEncoder();
+/** util.h OneCharLen: the length of a UTF-8 sequence from its first byte. */
+const oneCharLen = (byte) => [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4][byte >> 4];
+
+/**
+ * sentencepiece 0.2.3's unigram segmentation (Model::EncodeOptimized, then the id list of
+ * SentencePieceProcessor::EncodeOptimized) over an already normalised text.
+ */
+export class UnigramEncoder {
+  /** @param {ReturnType<typeof readVocabulary>} model */
+  constructor({ pieces, types, scores, byteFallback }) {
+    const { NORMAL, UNKNOWN, USER_DEFINED, UNUSED, BYTE } = PIECE_TYPES;
+    this.scores = scores;
+    this.types = types;
+    this.byteFallback = byteFallback;
+    this.unkId = types.indexOf(UNKNOWN);
+    let min = 3.4028234663852886e38; // FLT_MAX: min_score_ over the normal pieces
+    types.forEach((t, i) => { if (t === NORMAL && scores[i] < min) min = scores[i]; });
+    this.unkScore = f32(min - UNK_PENALTY);
+    // The trie of the pieces that segmentation may use (NORMAL, USER_DEFINED, UNUSED: InitializePieces
+    // with the reserved id map), over their UTF-8 bytes: node -> Map(byte -> node), and each node's id.
+    this.next = [new Map()];
+    this.ids = [-1];
+    types.forEach((t, id) => {
+      if (t !== NORMAL && t !== USER_DEFINED && t !== UNUSED) return;
+      let node = 0;
+      for (const byte of utf8Encoder.encode(pieces[id])) {
+        let child = this.next[node].get(byte);
+        if (child === undefined) {
+          child = this.next.length;
+          this.next.push(new Map());
+          this.ids.push(-1);
+          this.next[node].set(byte, child);
+        }
+        node = child;
+      }
+      this.ids[node] = id;
+    });
+    // PieceToId("<0xXX>") for byte fallback (the unknown id where a byte piece is missing)
+    const byId = new Map(pieces.map((p, i) => [p, i]));
+    this.byteIds = Array.from({ length: 256 }, (_, b) => {
+      const id = byId.get(`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`);
+      return id !== undefined && types[id] === BYTE ? id : this.unkId;
+    });
+  }
+
+  /**
+   * Piece ids of a normalised text.
+   * @param {Uint8Array} text  UTF-8
+   * @returns {number[]}
+   */
+  encode(text) {
+    return this.segment(text).map((p) => p.id);
+  }
+
+  /**
+   * The pieces of a normalised text: [from, end) byte spans with their ids, as
+   * SentencePieceProcessor::EncodeOptimized emits them (a run of unknowns one piece, an unknown of
+   * a byte-fallback model one piece per byte).
+   * @param {Uint8Array} text  UTF-8
+   * @returns {{id: number, from: number, end: number}[]}
+   */
+  segment(text) {
+    const size = text.length;
+    if (!size) return [];
+    const { USER_DEFINED, UNUSED, UNKNOWN } = PIECE_TYPES;
+    const score = new Float64Array(size + 1); // float32 values: best path score ending at each byte
+    const start = new Int32Array(size + 1).fill(-1);
+    const id = new Int32Array(size + 1).fill(-1);
+    const offer = (end, from, candidate, piece) => {
+      if (start[end] === -1 || candidate > score[end]) { // ties: the earlier start, offered first, stays
+        score[end] = candidate;
+        start[end] = from;
+        id[end] = piece;
+      }
+    };
+    let frontier = 0;
+    for (let from = 0; from < size;) {
+      let here = score[from];
+      if (here < -SCORE_RESET || here > SCORE_RESET) { // 0.2.3: subtract the offset from the open ends
+        for (let i = from; i <= frontier; i++) {
+          if (i === from || start[i] !== -1) score[i] = f32(score[i] - here);
+        }
+        here = 0;
+      }
+      const charLen = Math.min(oneCharLen(text[from]), size - from);
+      let single = false;
+      for (let node = 0, end = from; end < size;) {
+        node = this.next[node].get(text[end++]);
+        if (node === undefined) break;
+        const piece = this.ids[node];
+        if (piece < 0 || this.types[piece] === UNUSED) continue;
+        frontier = Math.max(frontier, end);
+        const length = end - from;
+        const own = this.types[piece] === USER_DEFINED ? f32(0.1 * (length - 1)) : this.scores[piece];
+        offer(end, from, f32(own + here), piece);
+        if (length === charLen) single = true;
+      }
+      if (!single) {
+        frontier = Math.max(frontier, from + charLen);
+        offer(from + charLen, from, f32(this.unkScore + here), this.unkId);
+      }
+      from += charLen;
+    }
+    const path = [];
+    for (let end = size; end > 0; end = start[end]) path.push([start[end], end, id[end]]);
+    path.reverse();
+    const out = [];
+    let previousUnknown = false;
+    for (const [from, end, piece] of path) {
+      const unknown = piece === this.unkId || this.types[piece] === UNKNOWN;
+      if (unknown && this.byteFallback) {
+        for (let i = from; i < end; i++) out.push({ id: this.byteIds[text[i]], from: i, end: i + 1 });
+      } else if (unknown && previousUnknown) { // a run of unknowns is one piece
+        out[out.length - 1].end = end;
+      } else {
+        out.push({ id: piece, from, end });
+      }
+      previousUnknown = unknown;
+    }
+    return out;
+  }
+}
+
 /** One SentencePiece model. */
 export class SentencePiece {
-  /** @param {SentencePieceProcessor} processor */
-  constructor(processor) {
+  /**
+   * @param {SentencePieceProcessor} processor
+   * @param {ReturnType<typeof readVocabulary> | null} [model]  the model's pieces: a unigram model is
+   *   segmented by UnigramEncoder (see the top of this file); null: the WASM's ids as they are
+   */
+  constructor(processor, model = null) {
     this.processor = processor;
+    this.model = model;
+    this.unigram = model && model.modelType === MODEL_TYPES.UNIGRAM ? new UnigramEncoder(model) : null;
+    this.pieceBytes = model ? model.pieces.map((p) => utf8Encoder.encode(p)) : null;
+    this.byteValue = model
+      ? new Map(model.pieces.flatMap((p, i) => (model.types[i] === PIECE_TYPES.BYTE && /^<0x[0-9A-F]{2}>$/.test(p)
+        ? [[p, parseInt(p.slice(3, 5), 16)]] : [])))
+      : null;
   }
 
   /**
@@ -35,17 +190,60 @@ export class SentencePiece {
     const message = status.ToString();
     status.delete();
     if (message !== "OK") throw new Error(`${name}: not a SentencePiece model (${message})`);
-    return new SentencePiece(spp);
+    let model;
+    try {
+      model = readVocabulary(bytes);
+    } catch (e) {
+      throw new Error(`${name}: not a SentencePiece model (${e.message})`);
+    }
+    return new SentencePiece(spp, model);
   }
 
-  /** Piece ids of a text: plain encoding, no begin/end tokens; lone surrogates become "?". */
+  /**
+   * The normalised text, UTF-8, as sentencepiece's normaliser gives it (spaces as "▁", the dummy
+   * prefix added, NFKC where the model says so): the WASM's segmentation concatenated, each known
+   * piece as the model's bytes for it, each byte piece (<0xXX>, byte-fallback models) as its byte,
+   * each run of unknown characters as the text the WASM gives for it.
+   * @param {string} text  without lone surrogates
+   * @returns {Uint8Array}
+   */
+  normalized(text) {
+    const ids = this.processor.encodeIds(text);
+    const pieces = this.processor.encodePieces(text); // the same segmentation, as strings
+    if (pieces.length !== ids.length) throw new Error(`SentencePiece: ${ids.length} ids but ${pieces.length} pieces for one text`);
+    const { UNKNOWN, BYTE } = PIECE_TYPES;
+    const parts = ids.map((id, i) => {
+      const type = this.model.types[id];
+      if (type === BYTE) return Uint8Array.of(this.byteValue.get(this.model.pieces[id]));
+      return type === UNKNOWN ? utf8Encoder.encode(pieces[i]) : this.pieceBytes[id];
+    });
+    const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+    let at = 0;
+    for (const p of parts) {
+      out.set(p, at);
+      at += p.length;
+    }
+    return out;
+  }
+
+  /** Piece ids of a text, as Python's SentencePieceProcessor.encode(text): plain encoding, no begin/end tokens; lone surrogates become "?". */
   encode(text) {
-    return this.processor.encodeIds(text.replace(LONE_SURROGATE, "?"));
+    const clean = text.replace(LONE_SURROGATE, "?");
+    if (!this.unigram) return this.processor.encodeIds(clean);
+    return this.unigram.encode(this.normalized(clean));
   }
 
-  /** The pieces of a text, as encode's ids ("▁" marks a word's start). */
+  /**
+   * The pieces of a text, as encode's ids ("▁" marks a word's start), as Python's
+   * encode(text, out_type=str): an unknown piece is its text, a byte piece its name (<0xXX>).
+   */
   pieces(text) {
-    return this.processor.encodePieces(text.replace(LONE_SURROGATE, "?"));
+    const clean = text.replace(LONE_SURROGATE, "?");
+    if (!this.unigram) return this.processor.encodePieces(clean);
+    const normalized = this.normalized(clean);
+    const decoder = new TextDecoder("utf-8", { ignoreBOM: true }); // keeps a leading U+FEFF, as Python
+    return this.unigram.segment(normalized).map(({ id, from, end }) => (this.model.types[id] === PIECE_TYPES.BYTE
+      ? this.model.pieces[id] : decoder.decode(normalized.subarray(from, end))));
   }
 
   /** The text of piece ids. */

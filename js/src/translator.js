@@ -3,7 +3,7 @@
 import {
   BUNDLE_JSON, BundleError, CACHE_INDICES, CROSS_ATTENTION, DECODER_LABELS, DTYPES, ENCODER_LABEL, FILE_NAMES, LOG_PROBS,
   SRC_IDS, SRC_LENGTHS, SRC_MASK, STANDARD, STEP, TOKENS, TOP_K, TOPK_IDS, TOPK_LOG_PROBS, crossNames, pastNames,
-  presentNames, readBundle,
+  presentNames, readBundle, short,
 } from "./bundle.js";
 import { checkGraphs, checkTokenizers } from "./checks.js";
 import { beamSearch, candidatesNeeded, greedySearch } from "./search.js";
@@ -53,6 +53,20 @@ function takeRows(ort, tensor, rows) {
 
 const int64 = (ort, values, dims) => new ort.Tensor("int64", BigInt64Array.from(values, (v) => BigInt(v)), dims);
 
+/**
+ * onnxruntime's intra-op threads: 0 (its default, one per core) to the platform's core count (where it
+ * knows it; Node does). More only adds threads that wait for a core, each with its stack: 99999 of them
+ * hang the process while its memory grows. As the Python runtime's check_intra_threads.
+ * @throws {RangeError} naming the value, the limit and the fix
+ */
+export function checkThreads(threads, platform = {}) {
+  const cores = platform.cores;
+  if (Number.isInteger(threads) && threads >= 0 && (cores === undefined || threads <= cores)) return threads;
+  const limit = cores === undefined ? "or more" : `to ${cores}`;
+  const machine = cores === undefined ? "" : `: this machine has ${cores} cores (${platform.coresSource ?? "its core count"})`;
+  throw new RangeError(`threads=${short(threads)}${machine}; give an integer from 0 (onnxruntime's default: one per core) ${limit}`);
+}
+
 export class Translator {
   /**
    * Loads and checks a bundle made by `seq2onnx export`. Use Translator.load, not the constructor.
@@ -97,31 +111,48 @@ export class Translator {
     if (!(optimization in LEVELS)) {
       throw new RangeError(`optimization=${JSON.stringify(optimization)}; choose one of ${Object.keys(LEVELS).join(", ")}`);
     }
-    if (!(Number.isInteger(threads) && threads >= 0)) throw new RangeError(`threads=${threads}; give 0 (all cores) or more`);
+    checkThreads(threads, platform);
     const bundle = await readBundle(bundleDir, platform, { checkHashes });
     await checkTokenizers(bundle, platform); // sizes, special ids, vocabularies: before the graphs load
     const options = {
       executionProviders: ["cpu"], graphOptimizationLevel: LEVELS[optimization], intraOpNumThreads: threads,
       logSeverityLevel: 3, extra: { session: { intra_op: { allow_spinning: threadSpinning ? "1" : "0" } } },
     };
-    let encoder;
+    // Each graph's failure names its file (the path found for files.<key>), what failed and the fix.
+    const session = async (key) => {
+      try {
+        return await platform.ort.InferenceSession.create(bundle.files[key], options);
+      } catch (e) {
+        throw new BundleError(`${bundle.paths[key] ?? FILE_NAMES[key]}: onnxruntime cannot load this graph ` +
+          `(${String(e?.message ?? e).trim()}); re-export the bundle with \`seq2onnx export\``);
+      }
+    };
+    const encoder = await session(ENCODER_LABEL);
     let decoder;
     try {
-      encoder = await platform.ort.InferenceSession.create(bundle.files[ENCODER_LABEL], options);
-      decoder = await platform.ort.InferenceSession.create(bundle.files[DECODER], options);
+      decoder = await session(DECODER);
     } catch (e) {
-      throw new BundleError(`${bundleDir}: onnxruntime cannot load the graphs: ${e.message}`);
+      await encoder.release?.();
+      throw e;
     }
-    checkGraphs(bundle, encoder, decoder); // names, element types, sizes and tables against bundle.json
-    const loadTokenizer = platform.loadTokenizer ?? SentencePiece.fromBytes;
-    let tokenizers;
     try {
-      tokenizers = {
-        source: await loadTokenizer(bundle.files.source_tokenizer, "source_tokenizer"),
-        target: await loadTokenizer(bundle.files.target_tokenizer, "target_tokenizer"),
-      };
+      checkGraphs(bundle, encoder, decoder); // names, element types, sizes and tables against bundle.json
     } catch (e) {
-      throw new BundleError(`${bundleDir}: a SentencePiece model cannot be read: ${e.message}`);
+      await encoder.release?.();
+      await decoder.release?.();
+      throw e;
+    }
+    const loadTokenizer = platform.loadTokenizer ?? SentencePiece.fromBytes;
+    const tokenizers = {};
+    for (const [side, key] of [["source", "source_tokenizer"], ["target", "target_tokenizer"]]) {
+      try {
+        tokenizers[side] = await loadTokenizer(bundle.files[key], key);
+      } catch (e) {
+        await encoder.release?.();
+        await decoder.release?.();
+        throw new BundleError(`${bundle.paths[key] ?? FILE_NAMES[key]}: the SentencePiece model cannot be read (${e.message}); ` +
+          "re-export the bundle with `seq2onnx export`");
+      }
     }
     return new Translator(bundle, encoder, decoder, tokenizers, platform, topKFromGraph);
   }

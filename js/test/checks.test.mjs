@@ -71,6 +71,9 @@ test("sound tokenizers pass; a wrong size, a wrong special id, a wrong or exchan
     /special_ids\.pad=0, but source\.spm\.model \(pad_id\(\)\) has 1/);
   await refusedAsync(checkTokenizers(bundle((m) => { [m.files.source_tokenizer, m.files.target_tokenizer] = [m.files.target_tokenizer, m.files.source_tokenizer]; }), nodePlatform),
     /\/b\/target\.spm\.model: its vocabulary is not the source vocabulary .*; it is the target tokenizer: the two \.model files are exchanged/);
+  // both files the source tokenizer: not "exchanged", but named as the other side's (runtime/checks.py's words)
+  await refusedAsync(checkTokenizers(bundle((m, bytes) => { bytes["target.spm.model"] = bytes["source.spm.model"]; }), nodePlatform),
+    /\/b\/target\.spm\.model: its vocabulary is not the target vocabulary .*; it is the source tokenizer \(the same vocabulary as source\.spm\.model\); re-export/);
   await refusedAsync(checkTokenizers(bundle((m) => { m.tokenizers.target = fingerprint(16, { prefix: "z" }); }), nodePlatform),
     /target\.spm\.model: its vocabulary is not the target vocabulary the model was exported with \(tokenizers\.target\.pieces_sha256/);
   await refusedAsync(checkTokenizers(bundle((m, bytes) => { bytes["target.spm.model"] = new TextEncoder().encode("\x08\x09"); }), nodePlatform),

@@ -83,3 +83,48 @@ def test_both_hosts_answer_every_generated_line_alike(bundle, tmp_path):
     blank = [i for i, line in enumerate(lines) if not line.decode("utf-8", "replace").strip()]
     assert all(got_python[i] == "" for i in blank)
     assert sum(bool(t) for t in got_python) > N_LINES * 0.8
+
+
+# -- the same, with inputs drawn by hypothesis -------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+HYPOTHESIS_EXAMPLES, LINES_PER_EXAMPLE = 20, 500  # 10,000 drawn lines per run
+_TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\n\r"), max_size=60)
+_LINE = st.one_of(
+    _TEXT.map(lambda s: s.encode("utf-8")),
+    st.binary(max_size=40).map(lambda b: b.replace(b"\n", b" ").replace(b"\r", b" ")),  # invalid UTF-8 too
+    st.tuples(st.sampled_from(["a", "!", "漢", "🙂", " ", "é"]), st.integers(1, 300)).map(lambda t: (t[0] * t[1]).encode()),
+    st.lists(st.sampled_from(WORDS), min_size=1, max_size=300).map(lambda w: " ".join(w).encode()),
+)
+
+
+@pytest.fixture(scope="module")
+def standard_bundle(bundle, tmp_path_factory):
+    path = copy_bundle(bundle, "fuzz-hypothesis")
+    edit_bundle_json(path, lambda m: (m["files"].pop("decoder_fused"), m["graphs"].pop("decoder_fused")))
+    (path / "decoder_fused.onnx").unlink()
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(_SKIP), reason=_SKIP)
+@settings(max_examples=HYPOTHESIS_EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.data_too_large,
+                                 HealthCheck.too_slow, HealthCheck.large_base_example])
+@given(lines=st.lists(_LINE, min_size=LINES_PER_EXAMPLE, max_size=LINES_PER_EXAMPLE))
+def test_both_hosts_answer_hypothesis_lines_alike(standard_bundle, tmp_path_factory, lines):
+    source = tmp_path_factory.mktemp("fuzz") / "lines.txt"
+    source.write_bytes(b"".join(line + b"\n" for line in lines))
+    python = subprocess.run([sys.executable, "-m", "seq2onnx.commands", "translate", str(standard_bundle), "-i",
+                             str(source), "--beam", "1", "--threads", "1"], capture_output=True, timeout=600)
+    with open(source, "rb") as stdin:
+        node = subprocess.run([NODE, str(JS / "bin" / "seq2onnx-js.mjs"), "translate", str(standard_bundle), "--beam",
+                               "1", "--threads", "1", "--truncate"], stdin=stdin, capture_output=True, timeout=600)
+    assert python.returncode == 0 and node.returncode == 0, (python.stderr[-1000:], node.stderr[-1000:])
+    got_python = python.stdout.decode("utf-8").split("\n")[:-1]
+    got_node = node.stdout.decode("utf-8").split("\n")[:-1]
+    assert len(got_python) == len(got_node) == len(lines)
+    differ = [(i + 1, lines[i][:60], p, n) for i, (p, n) in enumerate(zip(got_python, got_node)) if p != n]
+    assert not differ, f"{len(differ)} of {len(lines)} lines differ; first: {differ[:3]}"

@@ -49,14 +49,14 @@ PEAK_RSS_NOTE = "every engine runs in its own process: peak RSS is that process'
 # -- memory -----------------------------------------------------------------------------------------
 
 def rss_mb() -> float:
-    """Resident set size of this process now, in MiB (psutil's memory_info().rss)."""
+    """Returns the resident set size of this process now, in MiB (psutil's memory_info().rss)."""
     import psutil
 
     return psutil.Process().memory_info().rss / 2**20
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process, in MiB.
+    """Returns the peak resident set size of this process, in MiB.
 
     Linux: the kernel's high-water mark VmHWM from /proc/self/status. psutil reports no peak on
     Linux, and resource.getrusage's ru_maxrss is no use here: exec hands the parent's peak to the
@@ -88,7 +88,18 @@ def _strip_eos(ids, eos: int) -> list[int]:
 
 
 def make_runner(job: dict):
-    """A function (indices, beam) -> target ids per index (end token excluded), and a description."""
+    """Loads the job's engine and wraps it as one function.
+
+    Args:
+        job: the job (engine, sources, limits, threads, eos_id and the engine's checkpoint, bundles or model).
+
+    Returns:
+        (run, description): run(indices, beam) -> target ids per index (end token excluded); the
+        engine and its settings in words.
+
+    Raises:
+        ValueError: an unknown engine kind.
+    """
     kind, device, precision = ENGINES[job["engine"]]
     sources, limits, threads, eos = job["sources"], job["limits"], job["threads"], job["eos_id"]
     if kind == "torch":
@@ -182,8 +193,18 @@ def make_runner(job: dict):
 
 
 def run_engine(job: dict) -> dict:
-    """Loads one engine, then for each (beam, batch): one warm-up call, `repeat` timed passes over all
-    the sentences in the job's batches. Returns timings, outputs and memory."""
+    """Loads one engine, then times it per (beam, batch) configuration.
+
+    For each (beam, batch): one warm-up call, `repeat` timed passes over all the sentences in the
+    job's batches.
+
+    Args:
+        job: the job that bench/run.py wrote (configs, order, repeat, ...).
+
+    Returns:
+        Timings, outputs and memory: the engine, its description, load time, RSS after load, peak
+        RSS and one entry per configuration.
+    """
     t0 = time.perf_counter()
     run, description = make_runner(job)
     load_s = time.perf_counter() - t0
@@ -217,7 +238,14 @@ def run_engine(job: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """The child's entry point: reads the job from argv[0], writes the result to argv[1]."""
+    """The child's entry point.
+
+    Args:
+        argv: [JOB.json, OUT.json]: reads the job from argv[0], writes the result to argv[1].
+
+    Returns:
+        0.
+    """
     job_path, out_path = argv
     job = json.loads(Path(job_path).read_text())
     Path(out_path).write_text(json.dumps(run_engine(job)))

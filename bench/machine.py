@@ -33,7 +33,7 @@ def _cpu_name() -> str:
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity; all logical cores where there is none)."""
+    """Returns the cores this process may run on (its CPU affinity; all logical cores where there is none)."""
     import psutil
 
     try:
@@ -43,7 +43,14 @@ def usable_cores() -> int:
 
 
 def describe_machine(threads: int) -> dict:
-    """The machine, the thread count every engine gets, and the libraries' versions."""
+    """Describes the machine, the thread count every engine gets, and the libraries' versions.
+
+    Args:
+        threads: the thread count every engine gets.
+
+    Returns:
+        CPU, cores, memory, load at start, OS, Python and versions, as the JSON report keeps them.
+    """
     import psutil
 
     try:

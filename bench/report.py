@@ -9,7 +9,14 @@ def _f(x, fmt: str) -> str:
 
 
 def format_machine(report: dict) -> str:
-    """The lines above the table: machine, threads, versions, load, model, sentences."""
+    """Formats the lines above the table: machine, threads, versions, load, model, sentences.
+
+    Args:
+        report: the bench report.
+
+    Returns:
+        The lines, joined.
+    """
     m = report["machine"]
     v = m["versions"]
     cores = f"{m['logical_cores']} logical cores"
@@ -35,7 +42,16 @@ def format_machine(report: dict) -> str:
 
 
 def format_table(report: dict) -> str:
-    """One line per row, engines separated by a blank line; VOID marks CTranslate2 rows that do not count."""
+    """Formats the table: one line per row, engines separated by a blank line.
+
+    VOID marks CTranslate2 rows that do not count.
+
+    Args:
+        report: the bench report.
+
+    Returns:
+        The table.
+    """
     head = ["engine", "search", "batch", "tokens/s", "sent/s", "p50 ms", "p90 ms", "peak RSS MB", "x torch", "x ct2",
             "agree"]
     rows = []
@@ -60,7 +76,14 @@ def format_table(report: dict) -> str:
 
 
 def format_report(report: dict) -> str:
-    """The whole printed report: machine, table, how to read it, CTranslate2's check, skipped engines."""
+    """Formats the whole printed report: machine, table, how to read it, CTranslate2's check, skipped engines.
+
+    Args:
+        report: the bench report (bench/run.py's run_bench).
+
+    Returns:
+        The text.
+    """
     parts = [format_machine(report), "", format_table(report), ""]
     parts.append("agree: outputs (best hypothesis) equal to torch's at batch 1 with the same search; "
                  "x torch / x ct2: tokens/s ratios against the torch row and the CTranslate2 row of the same "

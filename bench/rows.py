@@ -17,12 +17,25 @@ from seq2onnx.bench.engines import ENGINES
 
 
 def target_tokens(outputs: list[list[int]], limits: list[int]) -> int:
-    """Generated tokens with the end token: a hypothesis shorter than its limit ended with </s>."""
+    """Counts the generated tokens with the end token: a hypothesis shorter than its limit ended with </s>.
+
+    Args:
+        outputs: each sentence's target ids, end token excluded.
+        limits: each sentence's maximum length.
+
+    Returns:
+        The total.
+    """
     return sum(min(len(o) + 1, lim) for o, lim in zip(outputs, limits))
 
 
 def percentile(values: list[float] | None, q: float) -> float | None:
-    """The q-th percentile (linear interpolation, numpy's default), None for no values."""
+    """Returns the q-th percentile (linear interpolation, numpy's default), None for no values.
+
+    Args:
+        values: the measurements, or None.
+        q: the percentile, 0 to 100.
+    """
     return float(np.percentile(values, q)) if values else None
 
 
@@ -71,10 +84,17 @@ def _check_ct2(rows: list[dict], n: int) -> dict:
 
 
 def merge_rounds(rounds: list[dict]) -> dict:
-    """One engine's child results from interleaved rounds (one timed pass per configuration each) as
-    one result: per configuration every round's pass time in round order (`pass_seconds`; `seconds`
-    is the median pass), per-sentence and per-batch latencies the median over rounds, the outputs of
-    the first round (`outputs_stable`: every round's were the same), the largest peak memory."""
+    """Merges one engine's child results from interleaved rounds (one timed pass per configuration each).
+
+    Args:
+        rounds: what engines.run_engine returned in each round, in round order.
+
+    Returns:
+        One result: per configuration every round's pass time in round order (`pass_seconds`;
+        `seconds` is the median pass), per-sentence and per-batch latencies the median over rounds,
+        the outputs of the first round (`outputs_stable`: every round's were the same), the largest
+        peak memory.
+    """
     first = rounds[0]
 
     def median_each(values: list[list[float] | None]) -> list[float] | None:
@@ -117,8 +137,13 @@ def _add_ratios(rows: list[dict]) -> None:
 
 
 def fill_rows(report: dict, results: dict[str, dict], limits: list[int]) -> None:
-    """Sets report["rows"] (one per engine and configuration) and report["ct2_check"] from the
-    children's results (engine name -> what engines.run_engine returned)."""
+    """Sets report["rows"] (one per engine and configuration) and report["ct2_check"] from the children's results.
+
+    Args:
+        report: the bench report, changed in place.
+        results: engine name -> what engines.run_engine returned (merged over rounds).
+        limits: each sentence's maximum length.
+    """
     n = report["sentences"]
     ref = results.get("torch")
     ref_out = {(c["beam"], c["batch"]): c["outputs"] for c in ref["configs"]} if ref else {}

@@ -115,7 +115,27 @@ def _run_child(job: dict, workdir: Path, timeout: float | None) -> dict:
 def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, threads: int = 0,
               bundle_dir: str | Path | None = None, quick: bool = False, engines: list[str] | None = None,
               repeat: int = 1, data: str | None = None, log=print) -> dict:
-    """Runs the benchmark and returns the report (what --json writes)."""
+    """Runs the benchmark and returns the report (what --json writes).
+
+    Args:
+        checkpoint_path (str | Path): the checkpoint (or run) directory.
+        sentences (int | None): how many; default QUICK_SENTENCES with quick, else DEFAULT_SENTENCES.
+        threads (int): threads for every engine; 0: the cores this process may use.
+        bundle_dir (str | Path | None): where the bundles and the CTranslate2 model go (kept and
+            reused); None: a temporary directory.
+        quick (bool): fewer sentences by default.
+        engines (list[str] | None): names of ENGINES; torch is always added (the reference); None: all.
+        repeat (int): rounds, each running every engine once in rotating order.
+        data (str | None): a TSV file of sentences instead of the checkpoint's test split.
+        log (Callable[[str], None]): called with a line of progress.
+
+    Returns:
+        dict: the report: machine, model, sentences, notes, rows, skipped engines.
+
+    Raises:
+        ValueError: unknown engines, no sentences, or a directory in bundle_dir that is not ours.
+        CheckpointError: a bad checkpoint.
+    """
     from seq2onnx.export.ctranslate2.convert import ct2_available, source_pieces, target_pieces
     from seq2onnx.model import checkpoint
 

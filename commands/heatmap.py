@@ -20,11 +20,29 @@ DIGITS = 4  # weights rounded in the JSON: 1e-4 is below what a heatmap shows, a
 
 
 def picture_path(path: Path) -> Path:
-    """Where the heatmap page of attention file `path` goes: the suffix replaced by .html."""
+    """Returns where the heatmap page of attention file `path` goes: the suffix replaced by .html.
+
+    Args:
+        path: the attention file (JSON lines); without a suffix, or with .html, ".html" is appended.
+    """
     return path.with_suffix(".html") if path.suffix and path.suffix != ".html" else path.with_name(path.name + ".html")
 
 
 def record(line: int, source_pieces: list[str], target_pieces: list[str], weights: np.ndarray) -> dict:
+    """Builds one line's record (the module docstring's JSON object), weights rounded to DIGITS.
+
+    Args:
+        line: the input line's index.
+        source_pieces: the source pieces, the end token last.
+        target_pieces: the target pieces.
+        weights: [target pieces, source pieces] attention.
+
+    Returns:
+        The record.
+
+    Raises:
+        ValueError: weights of another shape.
+    """
     if weights.shape != (len(target_pieces), len(source_pieces)):
         raise ValueError(f"line {line}: attention of shape {weights.shape} for {len(target_pieces)} target and "
                          f"{len(source_pieces)} source pieces")
@@ -33,6 +51,11 @@ def record(line: int, source_pieces: list[str], target_pieces: list[str], weight
 
 
 def json_line(rec: dict) -> str:
+    """Returns a record as one line of JSON (UTF-8 text, not escaped), newline included.
+
+    Args:
+        rec: from record().
+    """
     return json.dumps(rec, ensure_ascii=False) + "\n"
 
 
@@ -53,7 +76,14 @@ def _cell(weight: float) -> str:
 
 
 def table(rec: dict) -> str:
-    """One record as an HTML table: target pieces down, source pieces across, weights in percent."""
+    """Renders one record as an HTML table: target pieces down, source pieces across, weights in percent.
+
+    Args:
+        rec: from record().
+
+    Returns:
+        The table's HTML.
+    """
     head = "".join(f'<th class="src">{html.escape(p)}</th>' for p in rec["source_pieces"])
     rows = "".join(
         f'<tr><th class="tgt">{html.escape(piece)}</th>{"".join(_cell(w) for w in weights)}</tr>'
@@ -62,7 +92,16 @@ def table(rec: dict) -> str:
 
 
 def page(records: list[dict], total: int, data_name: str) -> str:
-    """The heatmap page of the first records; `total` records are in the JSON lines file data_name."""
+    """Renders the heatmap page of the first records.
+
+    Args:
+        records: the records to draw.
+        total: how many records the JSON lines file holds.
+        data_name: the JSON lines file's name, named on the page.
+
+    Returns:
+        A self-contained HTML page.
+    """
     parts = [f"<!doctype html><meta charset=utf-8><title>seq2onnx attention</title><style>{_STYLE}</style>",
              "<h1 style='font-size:18px'>Cross-attention, last decoder layer, averaged over heads</h1>",
              f"<p>Rows: target pieces; columns: source pieces (the end token last); cells: weight in percent. "

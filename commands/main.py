@@ -47,7 +47,7 @@ def add_debug(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `seq2onnx` parser with every command registered.
+    """Builds the `seq2onnx` parser with every command registered.
 
     Returns:
         The parser; each subcommand sets `func` (its module's run) as its default.
@@ -105,7 +105,7 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The `seq2onnx` console command.
+    """Runs the `seq2onnx` console command.
 
     Args:
         argv: the arguments after the program name (default sys.argv[1:]).

@@ -52,6 +52,14 @@ def add(sub) -> None:
 
 
 def train_options(args):
+    """Turns the parsed command line into the run's options.
+
+    Args:
+        args (argparse.Namespace): `seq2onnx train`'s arguments.
+
+    Returns:
+        TrainOptions: --heads is n_heads, --pairs generated_pairs, --untied tie_embeddings=False.
+    """
     from seq2onnx.model.options import TrainOptions
 
     return TrainOptions(

@@ -34,14 +34,15 @@ _EOF = object()
 
 
 class LineReader:
-    """Lines from a byte source, read on a thread so that the translating thread can take the lines
-    that have arrived so far, translate them and answer before more input comes (a filter, a co-process,
-    `tail -f | seq2onnx translate`).
+    """Lines from a byte source, read on a thread, so that the translating thread can answer before more input comes.
 
-    The thread reads with a `read() -> bytes` callable (os.read on a file descriptor for stdin and -i
-    FILE alike, so both take the same path); it holds no lock of Python's buffered streams, so a thread
-    still blocked on stdin cannot stall the interpreter's exit. Lines end at b"\\n" only; each line is
-    handed over as raw bytes, without its "\\n".
+    The translating thread takes the lines that have arrived so far and translates them (a filter, a co-process,
+    `tail -f | seq2onnx translate`). The reading thread holds no lock of Python's buffered streams, so a thread still blocked
+    on stdin cannot stall the interpreter's exit. Lines end at b"\\n" only; each is handed over as raw bytes, without its "\\n".
+
+    Args:
+        read (Callable[[], bytes]): os.read on a file descriptor for stdin and -i FILE alike, so both take the same path.
+        max_queued: lines held at most (bounded: a fast producer cannot fill memory).
     """
 
     def __init__(self, read, max_queued: int = 4096):
@@ -118,9 +119,8 @@ def _count_lines(path: Path) -> int:
 
 
 class AtomicOutput(atomic.AtomicFile):
-    """-o FILE: written beside FILE and renamed over it only when complete (seq2onnx.atomic), so
-    FILE is never a partial translation, even after an error or Ctrl-C. Refuses an existing FILE
-    unless force."""
+    """-o FILE: written beside FILE and renamed over it only when complete (seq2onnx.atomic), so FILE is never
+    a partial translation, even after an error or Ctrl-C. Refuses an existing FILE unless force (check)."""
 
     def __init__(self, path: Path, force: bool, option: str = "--output"):
         self.check(path, force, option)
@@ -145,6 +145,7 @@ class Progress:
         self.drawn, self.last_draw, self.shown = 0, 0.0, -1
 
     def update(self, n: int) -> None:
+        """Counts n more lines done; when enabled, redraws the bar (at most every 0.2 s)."""
         self.done += n
         if self.enabled and time.time() - self.last_draw >= 0.2:  # throttled: a log gets no flood of redraws
             self._draw()
@@ -171,6 +172,7 @@ class Progress:
             self.drawn = 0
 
     def close(self) -> None:
+        """When enabled, draws the final count and ends the bar's line."""
         if self.enabled:
             if self.shown != self.done or not self.drawn:
                 self._draw()
@@ -186,6 +188,7 @@ class Warnings:
         self.progress, self.counts = progress, {}
 
     def warn(self, kind: str, message: str) -> None:
+        """Prints `message` (the first WARNINGS_SHOWN of its `kind`, the bar cleared first); counts it either way."""
         n = self.counts[kind] = self.counts.get(kind, 0) + 1
         if n <= WARNINGS_SHOWN:
             self.progress.clear()
@@ -193,6 +196,7 @@ class Warnings:
             print(f"seq2onnx translate: warning: {message}{more}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        """Prints, for each kind with more than WARNINGS_SHOWN warnings, how many lines in all had it."""
         for kind, n in self.counts.items():
             if n > WARNINGS_SHOWN:
                 print(f"seq2onnx translate: warning: {n} lines in all had {kind}", file=sys.stderr)
@@ -383,6 +387,7 @@ class AttentionSink:
         self.name, self.translator, self.drawn, self.total = path.name, translator, [], 0
 
     def write(self, first: int, sources: list[list[int]], results) -> None:
+        """Appends the records of lines first, first + 1, ... (their source ids and TranslationResults) to FILE."""
         source_piece, target_piece = self.translator.source_tokenizer.id_to_piece, self.translator.target_tokenizer.id_to_piece
         lines = []
         for k, (ids, result) in enumerate(zip(sources, results)):
@@ -396,6 +401,7 @@ class AttentionSink:
         self.data.file.flush()
 
     def close(self, commit: bool) -> None:
+        """With commit, writes the page (the first MAX_PICTURES records) and renames both files into place; else discards both."""
         if commit:
             self.picture.file.write(page(self.drawn, self.total, self.name).encode("utf-8"))
             self.data.commit()

@@ -38,7 +38,14 @@ PROBE_TIMEOUT_S = 120
 
 
 def import_ray():
-    """The ray module, or CommandError naming the extra to install."""
+    """Imports Ray Data (and pyarrow).
+
+    Returns:
+        The ray module.
+
+    Raises:
+        CommandError: naming the extra to install.
+    """
     try:
         import ray
         import ray.data  # noqa: F401  (ray without the [data] extra lacks pyarrow)
@@ -49,7 +56,16 @@ def import_ray():
 
 
 def guess_format(path: Path, given: str | None, choices: tuple[str, ...]) -> str:
-    """The format given, else the one named by the suffix (.parquet, .jsonl/.ndjson/.json), else text."""
+    """Picks a file's format: the one given, else the one named by the suffix (.parquet, .jsonl/.ndjson/.json), else text.
+
+    Args:
+        path: the file.
+        given: the format the user gave, or None.
+        choices: the formats allowed here (a suffix outside them means text).
+
+    Returns:
+        The format.
+    """
     if given:
         return given
     suffix = path.suffix.lower()
@@ -61,11 +77,21 @@ def guess_format(path: Path, given: str | None, choices: tuple[str, ...]) -> str
 
 
 def read_source(path: Path, fmt: str, column: str | None):
-    """The source texts as one pyarrow string array (nulls kept), in input order.
+    """Reads the source texts as one pyarrow string array (nulls kept), in input order.
 
     Text lines end at "\\n" only, with a trailing "\\r" dropped, as in `seq2onnx translate`
     (str.splitlines would also split at form feeds and U+2028 and shift every later line).
-    Raises CommandError for a missing file, a missing or non-text column, or --column on text.
+
+    Args:
+        path: the input file.
+        fmt: "text", "parquet" or "jsonl".
+        column: the column to translate (Parquet, JSONL); None: the only one.
+
+    Returns:
+        pyarrow.StringArray: the texts.
+
+    Raises:
+        CommandError: a missing file, a missing or non-text column, or --column on text.
     """
     import pyarrow as pa
 
@@ -105,7 +131,13 @@ def check_bundle_on_nodes(ray, bundle: Path) -> None:
 
     Runs one small task pinned to each alive node with CPUs, which reads the bundle there: on a
     cluster the path must exist on every node, since the actors may land on any of them.
-    Raises CommandError naming the node, the reason and the fix.
+
+    Args:
+        ray (module): the connected ray module.
+        bundle: the bundle's path.
+
+    Raises:
+        CommandError: naming the node, the reason and the fix (or a timeout after PROBE_TIMEOUT_S).
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -153,7 +185,14 @@ def _worker_reason(error: BaseException) -> str:
 
 
 class TranslateBatches:
-    """The map_batches callable: one instance per actor, which loads the bundle once."""
+    """The map_batches callable: one instance per actor, which loads the bundle once.
+
+    Args:
+        bundle: the bundle's path.
+        device: "cpu" or "cuda".
+        threads: onnxruntime threads.
+        options: passed to Translator.translate_batch.
+    """
 
     def __init__(self, bundle: str, device: str, threads: int, options: dict):
         from seq2onnx.runtime.translator import Translator
@@ -183,13 +222,19 @@ def translate_dataset(bundle: str | Path, source, output: Path, *, output_format
 
     Args:
         bundle: an absolute bundle path, readable on every node (see check_bundle_on_nodes).
+        source (pyarrow.StringArray): the texts (read_source); a null gives a null translation.
         output: the file to write (replaced atomically; the caller decides about --force).
-        workers: actors in the pool; threads: onnxruntime threads (and Ray CPUs) per actor.
+        output_format: "text" or "parquet".
+        workers: actors in the pool (no more than blocks, since each loads the model).
+        threads: onnxruntime threads (and Ray CPUs) per actor.
+        device: "cpu" or "cuda" (one GPU per actor).
         lines_per_task: at most this many rows per block handed to an actor (the unit retried).
-        actor_class: the map_batches callable (tests swap in one that crashes).
-        options: passed to Translator.translate_batch (beam_size, max_batch_size, truncate).
+        actor_class (type): the map_batches callable (tests swap in one that crashes).
+        **options: passed to Translator.translate_batch (beam_size, max_batch_size, truncate).
+
     Returns:
-        stats: lines, seconds (translation and writing) and lines_per_second.
+        stats: lines, seconds (translation and writing), lines_per_second, and the workers and threads used.
+
     Raises:
         RuntimeError: a row came back missing, twice or out of order (a bug, never a shifted file).
     """

@@ -48,9 +48,15 @@ def _js_dir_default() -> Path:
 
 
 def find_node_host(node: str | None = None, js_dir: str | Path | None = None) -> dict:
-    """The Node host to run: {"node": executable, "cli": seq2onnx-js.mjs, "js_dir", "node_version",
-    "onnxruntime_node"}. Raises CommandError naming what to install or pass when node, the JS
-    host or its node_modules is missing."""
+    """Returns the Node host to run: {"node": executable, "cli": seq2onnx-js.mjs, "js_dir", "node_version", "onnxruntime_node"}.
+
+    Args:
+        node: the node executable; None: the one on PATH.
+        js_dir: the checkout's js/ folder; None: default_js_dir().
+
+    Raises:
+        CommandError: naming what to install or pass when node, the JS host or its node_modules is missing (or not Node.js).
+    """
     js = Path(js_dir) if js_dir is not None else _js_dir_default()
     script = js / "bin" / "seq2onnx-js.mjs"
     if not script.is_file():
@@ -156,11 +162,18 @@ def _synthetic(bundle_dir: Path, count: int, seed: int = 0) -> list[str]:
 def read_sentences(*, bundle_dir: str | Path, data: str | None = None, src_col: int = 0,
                    sentences_file: str | None = None, synthetic: bool = False,
                    count: int = DEFAULT_SENTENCES) -> tuple[list[str], str]:
-    """The sentences to compare and a description of where they come from. Exactly one source:
-    `sentences_file` (one per line), `data` (column `src_col` of a tab-separated file) or
-    `synthetic` (made from the bundle's vocabulary). Blank lines and empty sentences are left out; of the rest,
-    `count` evenly spaced ones are kept. Raises CommandError when none or several are given, or
-    the file lacks the column."""
+    """Returns the sentences to compare and a description of where they come from, read from exactly one source.
+
+    Args:
+        bundle_dir: the bundle (its vocabulary, for synthetic sentences).
+        data, src_col: a tab-separated file, and its column to read.
+        sentences_file: a file of sentences, one per line.
+        synthetic: made from the bundle's vocabulary.
+        count: blank lines and empty sentences are left out; of the rest, `count` evenly spaced ones are kept.
+
+    Raises:
+        CommandError: none or several sources are given, the file lacks the column, or a bad count or no sentence.
+    """
     given = [name for name, on in (("--data", data), ("--sentences-file", sentences_file), ("--synthetic", synthetic)) if on]
     if not given:
         raise errors.CommandError("give the sentences to compare: --sentences-file FILE (one per line), --data TSV "
@@ -260,10 +273,22 @@ def _target_tokens(results) -> int:
 
 def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, threads: int = 1, node: str | None = None,
                 js_dir: str | Path | None = None, log=None) -> dict:
-    """Translates `sentences` with the Python runtime and the Node host; returns the report (see
-    format_report): `passed`, the checks, up to SHOWN_DIFFERENCES differences per check, timing.
-    Raises CommandError when the host cannot run (the message names what to install), BundleError
-    when the bundle is refused by the Python runtime."""
+    """Translates `sentences` with the Python runtime and the Node host, and compares them.
+
+    Args:
+        bundle_dir, sentences: the bundle and the texts.
+        beam: the beam size, at least 2 (greedy search is compared anyway).
+        threads: onnxruntime threads on each side.
+        node, js_dir: the node executable and the JS host's folder (find_node_host).
+        log (Callable[[str], None] | None): called with a line of progress.
+
+    Returns:
+        The report (see format_report): `passed`, the checks, up to SHOWN_DIFFERENCES differences per check, timing.
+
+    Raises:
+        CommandError: the host cannot run (the message names what to install), or a beam below 2.
+        BundleError: the bundle is refused by the Python runtime.
+    """
     from seq2onnx.runtime.options import SessionTuning
     from seq2onnx.runtime.translator import Translator
 
@@ -328,9 +353,15 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
 
 
 def format_report(report: dict, source: str = "") -> str:
-    """The report as a table: one row per check with its value, bound and result; then each
-    difference with both hosts' ids and scores; then the speed of each host (a measurement, not a
-    check); then PASSED or FAILED."""
+    """Returns verify_host's report as a table.
+
+    One row per check with its value, bound and result; then each difference with both hosts' ids
+    and scores; then the speed of each host (a measurement, not a check); then PASSED or FAILED.
+
+    Args:
+        report: what verify_host returned.
+        source: where the sentences came from (read_sentences); "": their count.
+    """
     lines = [
         f"verify-host {report['bundle']}: the Node host ({report['node_version']}, onnxruntime-node "
         f"{report['onnxruntime_node']}) against the Python runtime (onnxruntime {report['onnxruntime']})",

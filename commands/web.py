@@ -43,7 +43,7 @@ BUNDLE_FOLDER = "bundle"
 
 
 def default_js_dir() -> Path:
-    """The js/ folder of the checkout this package runs from (the repository root is the package)."""
+    """Returns the js/ folder of the checkout this package runs from (the repository root is the package)."""
     return Path(__file__).resolve().parents[1] / "js"
 
 
@@ -109,16 +109,25 @@ def _write_site(site: Path, bundle, js_dir: Path) -> None:
 
 def build_site(bundle_dir: str | Path, out: str | Path, *, js_dir: str | Path | None = None,
                force: bool = False) -> Path:
-    """Writes the static site for a bundle into `out`, atomically (a temporary folder beside it,
-    then a rename), and returns `out`.
+    """Writes the static site for a bundle into `out`, atomically (a temporary folder beside it, then a rename).
 
     The bundle is read once and loaded by the Python runtime first, with every check a host makes
     (every graph, the tokenizers, bundle.json against both): a bundle the browser would refuse is
     refused here. The site gets exactly the bytes that were checked.
 
-    Raises BundleError for a missing, damaged or inconsistent bundle, CommandError when `out`
-    exists (without force), would hold or replace the bundle or the JS host, or when js_dir lacks
-    the host or its node_modules.
+    Args:
+        bundle_dir: the bundle.
+        out: the site's folder.
+        js_dir: the JS host (js/ of a seq2onnx checkout, with its node_modules); None: default_js_dir().
+        force: replace an existing `out`.
+
+    Returns:
+        `out`.
+
+    Raises:
+        BundleError: a missing, damaged or inconsistent bundle.
+        CommandError: `out` exists (without force), would hold or replace the bundle or the JS host,
+            or js_dir lacks the host or its node_modules.
     """
     from seq2onnx.errors import CommandError
     from seq2onnx.runtime.bundle import read_bundle

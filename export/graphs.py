@@ -31,7 +31,12 @@ class EncoderGraph(nn.Module):
         self.model = model
 
     def forward(self, src_ids: Tensor, src_lengths: Tensor) -> tuple[Tensor, ...]:
-        """Returns (src_mask, key_0, value_0, key_1, ...): the mask from the lengths, then encode + cross_kv."""
+        """Returns (src_mask, key_0, value_0, key_1, ...): the mask from the lengths, then encode + cross_kv.
+
+        Args:
+            src_ids: (B, S) source ids, padded.
+            src_lengths: (B,) each source's length.
+        """
         positions = torch.arange(src_ids.shape[1], device=src_ids.device)
         src_mask = positions[None, :] < src_lengths[:, None]  # (B, S)
         cross = self.model.cross_kv(self.model.encode(src_ids, src_mask))

@@ -194,5 +194,9 @@ def available_memory() -> int | None:
 
 
 def gib(n: float) -> str:
-    """Formats a byte count in GiB with one decimal, e.g. "1.5 GiB"."""
+    """Returns a byte count in GiB with one decimal, e.g. "1.5 GiB".
+
+    Args:
+        n: bytes.
+    """
     return f"{n / 2**30:,.1f} GiB"

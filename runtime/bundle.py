@@ -82,7 +82,10 @@ class Bundle:
     data: dict = field(default_factory=dict, compare=False, repr=False)
 
     def bytes(self, key: str) -> bytes:
-        """The bytes of file `key` as read and checked.
+        """Returns the bytes of file `key` as read and checked.
+
+        Args:
+            key: a file key of bundle.json's `files` ("encoder", "decoder", ...).
 
         Raises:
             BundleError: the bytes were not kept (a Bundle after without_data()).
@@ -93,30 +96,40 @@ class Bundle:
         return self.data[key]
 
     def without_data(self) -> "Bundle":
-        """The same bundle without the files' bytes (once sessions hold what they need)."""
+        """Returns the same bundle without the files' bytes (once sessions hold what they need)."""
         return Bundle(self.path, self.meta)
 
     @property
     def model(self) -> dict:
+        """bundle.json's `model`: the ModelConfig fields."""
         return self.meta["model"]
 
     @property
     def special_ids(self) -> dict:
+        """bundle.json's `special_ids`: pad, unk, bos, eos, decoder_start."""
         return self.meta["special_ids"]
 
     @property
     def decoding(self) -> dict:
+        """bundle.json's `decoding`: the default search options."""
         return self.meta["decoding"]
 
     @property
     def dtype(self) -> str:
+        """bundle.json's `dtype`: the graphs' float type ("float32", "float16")."""
         return self.meta["dtype"]
 
     @property
     def max_positions(self) -> int:
+        """The model's positions (model.max_positions), end token included."""
         return self.meta["model"]["max_positions"]
 
     def file(self, key: str) -> Path:
+        """Returns the path of file `key` (for messages: sessions are made from Bundle.bytes).
+
+        Args:
+            key: a file key of bundle.json's `files`.
+        """
         return self.path / self.meta["files"][key]["path"]
 
     @property
@@ -126,6 +139,11 @@ class Bundle:
 
 
 def sha256(path: Path) -> str:
+    """Returns the hex sha256 of a file, read in 1 MiB blocks.
+
+    Args:
+        path: the file.
+    """
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -27,16 +27,32 @@ def _mismatch(bundle: Bundle, field: str, stated, found, where: str) -> BundleEr
 
 
 def tokenizer_fingerprint(processor) -> dict:
-    """{"pieces": vocabulary size, "pieces_sha256": hash of the pieces in id order} of a
-    SentencePiece processor: what bundle.json's optional `tokenizers` field records per side, so
-    that a tokenizer file exchanged for another with the same size is caught even when its
-    sha256 in `files` was rewritten."""
+    """Fingerprints a SentencePiece processor's vocabulary.
+
+    What bundle.json's optional `tokenizers` field records per side, so that a tokenizer file
+    exchanged for another with the same size is caught even when its sha256 in `files` was rewritten.
+
+    Args:
+        processor (sentencepiece.SentencePieceProcessor): the tokenizer.
+
+    Returns:
+        {"pieces": vocabulary size, "pieces_sha256": hash of the pieces in id order}.
+    """
     pieces = "\n".join(processor.id_to_piece(i) for i in range(processor.get_piece_size()))
     return {"pieces": processor.get_piece_size(), "pieces_sha256": hashlib.sha256(pieces.encode("utf-8")).hexdigest()}
 
 
 def check_tokenizers(bundle: Bundle, source, target) -> None:
-    """Vocabulary sizes, special ids and (when recorded) fingerprints of both SentencePiece models."""
+    """Checks vocabulary sizes, special ids and (when recorded) fingerprints of both SentencePiece models.
+
+    Args:
+        bundle: the bundle read.
+        source (sentencepiece.SentencePieceProcessor): its source tokenizer.
+        target (sentencepiece.SentencePieceProcessor): its target tokenizer.
+
+    Raises:
+        BundleError: naming the file, both values and the fix; two exchanged tokenizers are named as such.
+    """
     model, ids = bundle.model, bundle.special_ids
     fingerprints = bundle.meta.get("tokenizers")
     sides = (("source", source, "src_vocab_size", "source_tokenizer"), ("target", target, "tgt_vocab_size", "target_tokenizer"))
@@ -81,7 +97,10 @@ def _shape_of(arg) -> list:
 
 
 def read_graphs(bundle: Bundle) -> dict[str, GraphInfo]:
-    """Every graph bundle.json lists, parsed from the bytes read (whichever decoder will be driven).
+    """Parses every graph bundle.json lists from the bytes read (whichever decoder will be driven).
+
+    Args:
+        bundle: the bundle read, with its files' bytes.
 
     Returns:
         File key -> the graph's constant shapes and nodes.
@@ -100,7 +119,9 @@ def read_graphs(bundle: Bundle) -> dict[str, GraphInfo]:
 
 
 def check_graphs(bundle: Bundle, sessions: dict, graphs: dict[str, GraphInfo]) -> None:
-    """Every loaded graph's inputs and outputs are bundle.json's (names, element types, fixed sizes),
+    """Checks the loaded graphs against bundle.json.
+
+    Every loaded graph's inputs and outputs are bundle.json's (names, element types, fixed sizes),
     and the model's sizes are the graphs': layers (cache inputs), heads and head size (their fixed
     dims), dtype, target vocabulary (log_probs), source vocabulary (the encoder's embedding) and
     max_positions (each decoder's positional table).

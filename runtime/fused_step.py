@@ -35,12 +35,21 @@ class DecoderUnavailable(RuntimeError):
 
 
 def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[str, object, str]:
-    """(variant, session, reason): the fused decoder where the bundle has it, the provider is the
-    CPU and this onnxruntime can create its session; otherwise the standard decoder, with why.
+    """Picks the decoder a Translator drives and loads its session.
 
-    wanted is SessionTuning.decoder: "auto", "standard" or "fused". load(label) creates the session
-    of the bundle's graph `label` and raises where onnxruntime cannot. Raises DecoderUnavailable (a RuntimeError) when "fused"
-    is asked for and cannot run.
+    Args:
+        bundle: the bundle read.
+        device: "cpu" or "cuda", the device picked.
+        wanted (str): SessionTuning.decoder: "auto", "standard" or "fused".
+        load (Callable[[str], onnxruntime.InferenceSession]): load(label) creates the session of the
+            bundle's graph `label` and raises where onnxruntime cannot.
+
+    Returns:
+        (variant, session, reason): the fused decoder where the bundle has it, the provider is the
+        CPU and this onnxruntime can create its session; otherwise the standard decoder, with why.
+
+    Raises:
+        DecoderUnavailable: (a RuntimeError) "fused" is asked for and cannot run.
     """
     if wanted == names.STANDARD:
         return names.STANDARD, load(names.DECODER_LABELS[names.STANDARD]), "asked for the standard decoder (SessionTuning)"
@@ -64,7 +73,13 @@ def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[
 
 def buffer_bytes(rows: int, width: int, max_length: int, top_k: int | None, *, n_layers: int, n_heads: int,
                  head_dim: int, vocab: int) -> int:
-    """The bytes of a StepBuffers' arrays (StepBuffers.nbytes): the one formula behind the pool's bound."""
+    """Returns the bytes of a StepBuffers' arrays (StepBuffers.nbytes): the one formula behind the pool's bound.
+
+    Args:
+        rows, width, max_length, top_k: the buffers' key: rows (sentences x width), beams per sentence,
+            cache positions, candidates per row (None: the full log-probabilities).
+        n_layers, n_heads, head_dim, vocab: the model's sizes.
+    """
     cache = 2 * n_layers * rows * n_heads * max_length * head_dim * 4
     indirection = (rows // width) * (width + (1 if width > 1 else 0)) * max_length * 4  # + the first step's
     out = rows * vocab * 4 if top_k is None else rows * top_k * (4 + 8)
@@ -93,13 +108,28 @@ def _bind_output(binding, held: dict, name: str, array: np.ndarray) -> None:
 
 
 class StepBuffers:
-    """The arrays a fused step loop binds and their IO bindings, kept between batches by a
-    StepBufferPool: allocating and binding them anew for every sentence cost ~0.3 ms, 3-5% of a
-    one-sentence greedy translation (docs/optimisation-notes.md, row 16).
+    """The arrays a fused step loop binds and their IO bindings, kept between batches by a StepBufferPool.
 
-    Contents need no reset between batches: a step writes position t of the cache before any step
-    reads it, and beam search writes the indirection positions it reads (FusedStep._reorder).
-    The encoder's inputs (mask, cross keys/values) are bound by every batch before its first run."""
+    Allocating and binding them anew for every sentence cost ~0.3 ms, 3-5% of a one-sentence
+    greedy translation (docs/optimisation-notes.md, row 16). Contents need no reset between
+    batches: a step writes position t of the cache before any step reads it, and beam search
+    writes the indirection positions it reads (FusedStep._reorder). The encoder's inputs (mask,
+    cross keys/values) are bound by every batch before its first run.
+
+    Args:
+        session (onnxruntime.InferenceSession): the fused decoder's session.
+        key: (rows, width, cache positions, top_k).
+        n_layers: decoder layers.
+        n_heads: attention heads.
+        head_dim: head size.
+        vocab: target vocabulary size.
+
+    Attributes:
+        key: as given.
+        nbytes: the arrays' bytes (buffer_bytes).
+        binding: the IO binding of the step loop.
+        bound_rows: rows the cache, tokens and outputs are bound for now (0: none).
+    """
 
     def __init__(self, session, key: tuple, *, n_layers: int, n_heads: int, head_dim: int, vocab: int):
         rows, width, max_length, top_k = key
@@ -123,23 +153,46 @@ class StepBuffers:
         self.first_indirection = np.zeros((rows // width, 1, max_length), np.int32) if width > 1 else None
 
     def fits(self, rows: int, width: int, max_length: int, top_k: int | None) -> bool:
-        """Can a batch of these rows, beams, positions and top-k use these buffers? (More positions do.)"""
+        """Tells whether a batch of these rows, beams, positions and top-k can use these buffers.
+
+        Args:
+            rows: sentences x width.
+            width: beams per sentence.
+            max_length: the positions needed (buffers with more positions fit too).
+            top_k: candidates per row, or None.
+
+        Returns:
+            True when rows, width and top_k are the buffers' and they hold enough positions.
+        """
         r, w, m, k = self.key
         return (r, w, k) == (rows, width, top_k) and m >= max_length
 
     def forget_encoded(self, encoded_names: list[str]) -> None:
-        """Drops the last batch's encoder outputs, so that a spare does not keep them alive. The
-        bindings keep pointers to them: every batch rebinds these inputs before it runs."""
+        """Drops the last batch's encoder outputs, so that a spare does not keep them alive.
+
+        The bindings keep pointers to them: every batch rebinds these inputs before it runs.
+
+        Args:
+            encoded_names: the encoder outputs' input names (src_mask and the cross keys/values).
+        """
         for held in (self.held, self.first_held):
             for name in encoded_names:
                 held.pop(name, None)
 
 
 class StepBufferPool:
-    """A Translator's spare StepBuffers between batches, shared by its threads (list.remove and
-    append are atomic: two threads never get the same buffers). Only small buffers are kept: a batch
-    of many rows decodes far longer than it takes to make its buffers, and keeping them would hold
-    tens of MB between calls."""
+    """A Translator's spare StepBuffers between batches, shared by its threads.
+
+    list.remove and append are atomic: two threads never get the same buffers. Only small buffers
+    are kept: a batch of many rows decodes far longer than it takes to make its buffers, and
+    keeping them would hold tens of MB between calls.
+
+    Args:
+        n_layers: decoder layers.
+        n_heads: attention heads.
+        head_dim: head size.
+        vocab: target vocabulary size.
+    """
 
     spares = 2  # batches of one or two shapes (e.g. greedy and beam 4 at batch 1) reuse theirs
     max_bytes = 4 << 20  # 1 row x 128 positions is ~0.8 MB at d_model 256, 3 layers
@@ -151,15 +204,29 @@ class StepBufferPool:
         self._spares: list[StepBuffers] = []
 
     def positions(self, rows: int, width: int, max_length: int, top_k: int | None) -> int:
-        """The cache positions to allocate for a batch decoding up to max_length: rounded up where the
-        buffers are small enough to keep, exact otherwise (rounding every batch up raised the bench's
-        peak RSS by ~17 MB at beam 4 x 32 rows). A step reads positions < step only: more cost no time."""
+        """Returns the cache positions to allocate for a batch decoding up to max_length.
+
+        Rounded up (to position_quantum) where the buffers are small enough to keep, exact otherwise
+        (rounding every batch up raised the bench's peak RSS by ~17 MB at beam 4 x 32 rows). A step
+        reads positions < step only: more cost no time.
+
+        Args:
+            rows, width, top_k: as StepBuffers.fits.
+            max_length: the batch's longest decoding.
+        """
         rounded = -(-max_length // self.position_quantum) * self.position_quantum
         small = buffer_bytes(rows, width, rounded, top_k, **self.dims) <= self.max_bytes
         return rounded if small else max_length
 
     def take(self, rows: int, width: int, max_length: int, top_k: int | None) -> StepBuffers | None:
-        """The smallest spare that fits, now the caller's; None if there is none."""
+        """Takes the smallest spare that fits (StepBuffers.fits); it is now the caller's.
+
+        Args:
+            rows, width, max_length, top_k: as StepBuffers.fits.
+
+        Returns:
+            The buffers, or None if none fits.
+        """
         fitting = sorted((b for b in list(self._spares) if b.fits(rows, width, max_length, top_k)),
                          key=lambda b: b.key[2])
         for buffers in fitting:
@@ -171,8 +238,13 @@ class StepBufferPool:
         return None
 
     def give(self, buffers: StepBuffers | None) -> None:
-        """Keeps a finished batch's buffers (the newest `spares`), if small. Only after a search that
-        ended normally: one that raised may have left them half bound."""
+        """Keeps a finished batch's buffers (the newest `spares`), if small (max_bytes).
+
+        Only after a search that ended normally: one that raised may have left them half bound.
+
+        Args:
+            buffers: the batch's buffers; None is ignored.
+        """
         if buffers is None or buffers.nbytes > self.max_bytes:
             return
         buffers.forget_encoded(self.encoded_names)
@@ -183,18 +255,26 @@ class StepBufferPool:
 class FusedStep:
     """One batch's static step loop over a fused decoder session; a `search.Step` callable.
 
+    Called as step(tokens, cache_indices, t, keep). What a step returns lives in arrays reused by
+    the next step: a caller copies what it keeps.
+
     Args:
         session: the decoder_fused.onnx session (CPU).
-        src_mask: (B, S) bool and cross: per layer key then value, (B, H, S, Dh) float32: the
-            encoder's outputs, bound as they are (copied only before the first compaction, which
-            writes in place, so that the caller's arrays stay the encoder's).
+        src_mask: (B, S) bool, the encoder's output.
+        cross: per layer key then value, (B, H, S, Dh) float32: the encoder's outputs. Both are
+            bound as they are (copied only before the first compaction, which writes in place, so
+            that the caller's arrays stay the encoder's).
+        n_layers: decoder layers.
+        n_heads: attention heads.
+        head_dim: head size.
         beam_width: W, the beams per sentence after the first step (1 for greedy and sampling).
         max_length: the cache's positions: at least the batch's longest decoding (StepBufferPool.positions).
         top_k: candidates per row to return as TopK; None returns the full log-probabilities.
         vocab: the target vocabulary size.
         buffers: a StepBuffers left by an earlier batch (StepBufferPool.take), used if it fits.
-    What a step returns lives in arrays reused by the next step: a caller copies what it keeps.
-    `buffers` holds this batch's StepBuffers, for the caller to offer to the next batch.
+
+    Attributes:
+        buffers: this batch's StepBuffers, for the caller to offer to the next batch.
     """
 
     _owned = False  # are _mask and _cross our copies (else the encoder's arrays)?
@@ -296,6 +376,20 @@ class FusedStep:
         ind[:, :, t - 1] = parents
 
     def __call__(self, tokens: np.ndarray, cache_indices: np.ndarray, t: int, keep: np.ndarray | None):
+        """Runs step t.
+
+        Args:
+            tokens: [rows, 1] the rows' last tokens (one row per sentence at a beam search's step 0).
+            cache_indices: [rows], the previous step's row each row continues (within its sentence).
+            t: the step's position.
+            keep: strictly ascending indices of the sentences that go on, or None for all.
+
+        Returns:
+            The log-probabilities [rows, vocab], or a TopK of [rows, top_k] with top_k.
+
+        Raises:
+            ValueError: cache_indices that leave their sentence, a bad keep, or a wrong number of rows.
+        """
         w = self.width
         if t > 0 and w > 1:
             # The previous step had 1 row per sentence (t == 1) or w; sentence j was keep[j] there.

@@ -87,7 +87,7 @@ def _check_field(v: _Schema, meta: dict, spec: dict) -> None:
 
 
 def validate_meta(meta: dict, where: Path) -> None:
-    """Every field the runtime reads has its type and range, and the fields stated twice agree.
+    """Checks that every field the runtime reads has its type and range, and the fields stated twice agree.
 
     The per-field checks are the spec's `fields` table (spec/bundle.json); the checks that
     relate fields to each other follow it.
@@ -98,6 +98,7 @@ def validate_meta(meta: dict, where: Path) -> None:
 
     Raises:
         BundleError: naming the field, its value, what was expected and the fix.
+        RuntimeError: the spec's table has a field type this runtime does not know.
     """
     v = _Schema(where)
     for spec in SPEC["fields"]:

@@ -74,13 +74,26 @@ def _tensor(buf, span) -> tuple[str, tuple[int, ...]]:
 
 @dataclass
 class GraphInfo:
-    """Constant tensors (initializers and Constant nodes' values) by name, and the nodes."""
+    """What read_graph_info found in a graph.
+
+    Attributes:
+        shapes: constant tensors (initializers and Constant nodes' values): name -> shape.
+        nodes: every node as (op_type, inputs, outputs).
+    """
 
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     nodes: list[tuple[str, list[str], list[str]]] = field(default_factory=list)  # (op_type, inputs, outputs)
 
     def table_shape(self, name: str, depth: int = 4) -> tuple[int, ...] | None:
-        """Shape of the constant behind `name`, followed back through casts and dequantization."""
+        """Finds the shape of the constant behind `name`, followed back through casts and dequantization.
+
+        Args:
+            name: a tensor name.
+            depth: how many Cast, DequantizeLinear or Identity nodes to follow at most.
+
+        Returns:
+            The shape, or None where no constant is found.
+        """
         if name in self.shapes:
             return self.shapes[name]
         if depth:
@@ -90,7 +103,11 @@ class GraphInfo:
         return None
 
     def gather_tables(self) -> list[tuple[str, tuple[int, ...]]]:
-        """(indices input, table shape) of every Gather whose table is a constant."""
+        """Lists every Gather whose table is a constant.
+
+        Returns:
+            (indices input, table shape) of each.
+        """
         found = []
         for op, inputs, _ in self.nodes:
             if op == "Gather" and len(inputs) == 2:
@@ -101,7 +118,13 @@ class GraphInfo:
 
 
 def read_graph_info(source: Path | bytes) -> GraphInfo:
-    """Reads the constant tensors' shapes and the nodes of an ONNX model (a file, or its bytes).
+    """Reads the constant tensors' shapes and the nodes of an ONNX model.
+
+    Args:
+        source: the file (memory-mapped), or its bytes.
+
+    Returns:
+        The graph's info.
 
     Raises:
         GraphReadError: the bytes are not an ONNX model this reader can follow.

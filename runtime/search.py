@@ -25,7 +25,12 @@ import numpy as np
 
 
 class TopK(NamedTuple):
-    """The k best log-probabilities of each row, best first (ties: lower id first), and their ids."""
+    """The k best log-probabilities of each row, best first (ties: lower id first), and their ids.
+
+    Attributes:
+        values, ids: (R, k) log-probabilities and their int64 token ids.
+        vocab: V, for the flat index beam x V + token that breaks ties.
+    """
 
     values: np.ndarray  # (R, k)
     ids: np.ndarray  # (R, k) int64
@@ -36,13 +41,22 @@ Step = Callable[[np.ndarray, np.ndarray, int, "np.ndarray | None"], "np.ndarray 
 
 
 def candidates_needed(beam_size: int, min_length: int) -> int:
-    """How many candidates per row a step must return for a search to be exact."""
+    """Returns how many candidates per row a step must return for a search to be exact: 2K, +1 if min_length > 0.
+
+    Args:
+        beam_size, min_length: the search's K (1 for greedy) and minimum length (the end token forbidden before it).
+    """
     return 2 * beam_size + (1 if min_length > 0 else 0)
 
 
 @dataclass
 class SearchResult:
-    """One sentence's n-best, best first: token ids (end token included when produced) and scores."""
+    """One sentence's n-best, best first.
+
+    Attributes:
+        hypotheses: token ids, end token included when produced.
+        scores: their sums of log-probabilities.
+    """
 
     hypotheses: list[list[int]] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
@@ -63,7 +77,21 @@ def _check(beam_size: int, max_lengths: np.ndarray, min_length: int) -> None:
 def greedy_search(
     step: Step, batch: int, *, start_id: int, eos_id: int, max_lengths: np.ndarray, min_length: int = 0,
 ) -> list[SearchResult]:
-    """Argmax at each step (first index on ties); a sentence stops at its end token or its max length."""
+    """Greedy search: argmax at each step (first index on ties).
+
+    Args:
+        step: the step callable (see the module docstring).
+        batch: the number of sentences.
+        start_id, eos_id: the first decoder input and the end token.
+        max_lengths: per sentence, the tokens it may generate (end token included), then it stops.
+        min_length: the end token is forbidden before this many tokens.
+
+    Returns:
+        One SearchResult per sentence, with one hypothesis.
+
+    Raises:
+        ValueError: impossible lengths.
+    """
     max_lengths = np.asarray(max_lengths, dtype=np.int64)
     _check(1, max_lengths, min_length)
     if batch == 1:
@@ -180,7 +208,24 @@ def beam_search(
     length_penalty: float = 1.0,
     num_hypotheses: int = 1,
 ) -> list[SearchResult]:
-    """Beam search over `batch` sentences at once; each sentence finishes on its own."""
+    """Beam search over `batch` sentences at once; each sentence finishes on its own.
+
+    Args:
+        step: the step callable; it must give at least 2K candidates per row.
+        batch: the number of sentences.
+        beam_size: K.
+        start_id, eos_id: the first decoder input and the end token.
+        max_lengths: per sentence, the tokens it may generate (end token included).
+        min_length: the end token is forbidden before this many tokens.
+        length_penalty: alpha of the ranking score / len^alpha.
+        num_hypotheses: the n-best per sentence, 1..K.
+
+    Returns:
+        One SearchResult per sentence, best first.
+
+    Raises:
+        ValueError: impossible settings, or a vocabulary or step with fewer than 2K candidates.
+    """
     max_lengths = np.asarray(max_lengths, dtype=np.int64)
     _check(beam_size, max_lengths, min_length)
     k = beam_size
@@ -299,13 +344,29 @@ def sample(
     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
     row_keys: "list[list[int]] | None" = None,
 ) -> list[SearchResult]:
-    """Random sampling from softmax(log_probs / temperature), restricted to the top_k tokens
-    (0: all) and to the smallest set whose probability reaches top_p. Scores are the model's
-    log-probabilities of the sampled tokens.
+    """Random sampling from softmax(log_probs / temperature), restricted to top_k and top_p.
 
-    Each sentence's draws depend only on (seed, *row_keys[sentence]) (default key: the sentence's
-    index) and the step, so that its sample does not depend on the other sentences of the batch:
-    the translator keys a sentence by its source ids and hypothesis index."""
+    Each sentence's draws depend only on (seed, *row_keys[sentence]) and the step, so that its
+    sample does not depend on the other sentences of the batch: the translator keys a sentence by
+    its source ids and hypothesis index.
+
+    Args:
+        step: the step callable; it must return full log-probabilities (not TopK).
+        batch: the number of sentences.
+        start_id, eos_id: the first decoder input and the end token.
+        max_lengths: per sentence, the tokens it may generate (end token included).
+        min_length: the end token is forbidden before this many tokens.
+        temperature, top_k, top_p: sample from softmax(log_probs / temperature) (temperature > 0), among the
+            top_k tokens (0: all) and the smallest set whose probability reaches top_p.
+        seed: None draws a fresh seed.
+        row_keys: one key per sentence (default key: the sentence's index).
+
+    Returns:
+        One SearchResult per sentence; scores are the model's log-probabilities of the sampled tokens.
+
+    Raises:
+        ValueError: a setting out of range, or not one row key per sentence.
+    """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}; it must be > 0 (use beam_size=1 for greedy)")
     if not 0 < top_p <= 1:
@@ -363,7 +424,20 @@ def sample(
 def stream_greedy(
     step: Step, *, start_id: int, eos_id: int, max_length: int, min_length: int = 0,
 ) -> Iterator[int]:
-    """Greedy decoding of one sentence, yielding each token as soon as it is chosen (end token excluded)."""
+    """Greedy decoding of one sentence, yielding each token as soon as it is chosen.
+
+    Args:
+        step: the step callable, for one row.
+        start_id, eos_id: the first decoder input and the end token.
+        max_length: tokens it may generate (end token included).
+        min_length: the end token is forbidden before this many tokens.
+
+    Yields:
+        Token ids, the end token excluded.
+
+    Raises:
+        ValueError: impossible lengths.
+    """
     _check(1, np.array([max_length]), min_length)
     for token, _ in _greedy_tokens(step, start_id=start_id, eos_id=eos_id, max_length=max_length,
                                    min_length=min_length):

@@ -18,7 +18,7 @@ _LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": 
 
 
 def cuda_usable() -> tuple[bool, str]:
-    """Whether onnxruntime can run its CUDA provider here.
+    """Tells whether onnxruntime can run its CUDA provider here (a CUDA build and an NVIDIA driver).
 
     Returns:
         (usable, why not): why is "" when usable.
@@ -33,7 +33,7 @@ def cuda_usable() -> tuple[bool, str]:
 
 
 def pick_device(device: str) -> tuple[str, str]:
-    """The device a Translator asked for `device` runs on, and why.
+    """Picks the device a Translator asked for `device` runs on, and why.
 
     Args:
         device: "auto" (CUDA where onnxruntime can run it, else the CPU), "cuda" or "cpu".
@@ -63,12 +63,16 @@ def pick_device(device: str) -> tuple[str, str]:
 
 
 def providers_for(device: str) -> list[str]:
-    """onnxruntime's providers for a device picked by pick_device, in order of preference."""
+    """Returns onnxruntime's providers for a device picked by pick_device, in order of preference.
+
+    Args:
+        device: "cuda" (CUDA, then the CPU) or "cpu".
+    """
     return ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
 
 
 def session_options(tuning: SessionTuning, intra_threads: int, graph: str) -> ort.SessionOptions:
-    """The session options of one graph.
+    """Makes the session options of one graph (warnings kept off stderr).
 
     Args:
         tuning: the optimisation level and thread spinning (SessionTuning's defaults are the runtime's).
@@ -92,9 +96,12 @@ class Sessions:
     """A bundle's graphs loaded for one Translator.
 
     Attributes:
-        device: "cuda" or "cpu", where they run; device_reason: why.
+        device: "cuda" or "cpu", where they run.
+        device_reason: why.
         encoder: the encoder's session.
-        decoder: the session of the decoder the search drives; variant: "fused" or "standard"; reason: why.
+        decoder: the session of the decoder the search drives.
+        variant: "fused" or "standard", the decoder driven.
+        reason: why that one.
         standard: the standard decoder's session (the same as decoder when that is the one driven):
             loaded and checked whichever decoder is driven, and what return_attention runs.
     """
@@ -108,7 +115,7 @@ class Sessions:
     standard: object
 
     def by_label(self) -> dict:
-        """File key -> session of every graph loaded."""
+        """Returns {file key: session} of every graph loaded."""
         loaded = {"encoder": self.encoder, DECODER_LABELS[STANDARD]: self.standard}
         loaded[DECODER_LABELS[self.variant]] = self.decoder
         return loaded

@@ -31,7 +31,14 @@ _MARGIN = 64  # ids kept out of reach of a mid-word cut
 
 
 def word_bounded(processor) -> bool:
-    """Whether no piece holds "▁" after its first character (then pieces never cross a space)."""
+    """Tells whether no piece holds "▁" after its first character (then pieces never cross a space).
+
+    Args:
+        processor (sentencepiece.SentencePieceProcessor): the source tokenizer.
+
+    Returns:
+        True when pieces never cross a space.
+    """
     return all("\u2581" not in processor.id_to_piece(i)[1:] for i in range(processor.get_piece_size()))
 
 
@@ -41,10 +48,19 @@ def _clean(text: str) -> str:
 
 
 def encode_limited(processor, text: str, limit: int, *, bounded: bool) -> tuple[list[int], bool]:
-    """The ids of `text` if it has at most `limit`, else (its first limit + 1 ids, False).
+    """Tokenises only as much of `text` as needed for `limit` ids.
 
-    Returns (ids, complete): complete is True when ids are all of the text's ids. Only as much
-    text is tokenised as needed (see the module docstring for why the ids are the same).
+    See the module docstring for why the ids are the same as the whole text's.
+
+    Args:
+        processor (sentencepiece.SentencePieceProcessor): the source tokenizer.
+        text: the source text.
+        limit: the ids wanted.
+        bounded: word_bounded(processor): a cut at a space is exact.
+
+    Returns:
+        (ids, complete): the ids of `text` if it has at most `limit`, else (its first limit + 1 ids,
+        False); complete is True when ids are all of the text's ids.
     """
     n = max(8 * (limit + 1), 64)
     while True:
@@ -65,7 +81,8 @@ class Sources:
 
     Args:
         tokenizer: the source SentencePiece processor.
-        pad_id: padding id. eos_id: the end token, which every source ends with.
+        pad_id: padding id.
+        eos_id: the end token, which every source ends with.
         vocab: the source vocabulary's size (ids given directly must be below it).
         max_positions: the model's positions, end token included.
     """
@@ -76,13 +93,35 @@ class Sources:
         self.bounded = word_bounded(tokenizer)
 
     def prepare(self, text: str, truncate: bool) -> tuple[list[int], bool]:
-        """The ids of a non-empty text with the end token, and whether they were cut (Translator.prepare_source)."""
+        """Encodes a non-empty text with the end token (Translator.prepare_source).
+
+        Args:
+            text: the source text.
+            truncate: cut it to the model's positions instead of refusing it.
+
+        Returns:
+            (ids, whether they were cut).
+
+        Raises:
+            ValueError: too many tokens without truncate.
+        """
         ids, complete = encode_limited(self.tokenizer, text, self.max_positions - 1, bounded=self.bounded)
         return self.fit(ids, complete, truncate)
 
     def fit(self, ids: list[int], complete: bool, truncate: bool) -> tuple[list[int], bool]:
-        """ids (end token excluded; `complete` False when a huge text was tokenised only in part) with
-        the end token, cut to the model's positions when truncate, and whether they were cut."""
+        """Appends the end token to ids, cut to the model's positions when truncate.
+
+        Args:
+            ids: the source ids, end token excluded.
+            complete: False when a huge text was tokenised only in part.
+            truncate: cut instead of refusing.
+
+        Returns:
+            (ids with the end token, whether they were cut).
+
+        Raises:
+            ValueError: too many tokens without truncate.
+        """
         limit = self.max_positions - 1  # ids before the end token
         if len(ids) <= limit:
             return ids + [self.eos_id], False
@@ -131,7 +170,14 @@ class Sources:
             raise ValueError(f"source {index} has {e}") from None
 
     def pad(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        """([B, longest] ids padded with pad_id, [B] lengths) of B sources."""
+        """Pads B sources into one batch.
+
+        Args:
+            sources: B id lists.
+
+        Returns:
+            ([B, longest] ids padded with pad_id, [B] lengths).
+        """
         lengths = np.array([len(s) for s in sources], dtype=np.int64)
         src = np.full((len(sources), int(lengths.max())), self.pad_id, dtype=np.int64)
         for row, s in enumerate(sources):

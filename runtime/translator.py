@@ -31,8 +31,12 @@ _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
 
 @dataclass(frozen=True)
 class TranslationResult:
-    """One source's n-best: detokenised text, target ids (end token excluded), scores (sum of
-    log-probabilities, end token included) when asked for."""
+    """One source's n-best, best first; scores and attention are None unless asked for (return_scores, return_attention).
+
+    Attributes:
+        hypotheses, token_ids: detokenised texts, and their target ids (end token excluded).
+        scores, attention: sums of log-probabilities (end token included); per hypothesis the array of the comment below.
+    """
 
     hypotheses: list[str]
     token_ids: list[list[int]]
@@ -49,26 +53,23 @@ class TranslationResult:
 class Translator:
     """Translates with a bundle made by `seq2onnx export`.
 
-    Everything bundle.json states that the graphs or the tokenizers also state is checked at
-    load (vocabulary sizes, special ids, layers, heads, head size, positions, dtype), so that a
-    bundle that would translate garbage is refused before the first translation.
+    Everything bundle.json states that the graphs or the tokenizers also state is checked at load (vocabulary sizes,
+    special ids, layers, heads, head size, positions, dtype): a bundle that would translate garbage is refused at once.
 
     Args:
         bundle_dir: the bundle directory (bundle.json, encoder.onnx, decoder.onnx, tokenizers), or a
             Bundle that read_bundle returned (it keeps its files' bytes: `seq2onnx web` copies those).
         device: "auto" (CUDA where onnxruntime can run it, else the CPU), "cuda" or "cpu".
-        intra_threads: threads inside each operator, 0 (onnxruntime's default, one per core) to
-            os.cpu_count().
+        intra_threads: threads inside each operator, 0 (onnxruntime's default, one per core) to os.cpu_count().
         check_hashes: verify every file's sha256 against bundle.json before loading.
-        _tuning: SessionTuning, knobs for measuring the defaults (benchmarks only).
+        _tuning: SessionTuning, knobs for measuring the defaults (benchmarks only; another type is a TypeError).
     Attributes:
-        decoder_variant: "fused" or "standard", the decoder graph driven, and decoder_reason, why.
+        decoder_variant, decoder_reason: "fused" or "standard", the decoder graph driven, and why.
     Raises:
         BundleError: the bundle is missing, damaged, of another format version, or its
             bundle.json disagrees with its graphs or tokenizers (the message names the field).
-        ValueError: a bad device or intra_threads.
-        RuntimeError: device="cuda" where CUDA cannot run, or _tuning forces the fused decoder
-            where it cannot run (the message says why).
+        ValueError: a bad device, intra_threads or check_hashes.
+        RuntimeError: device="cuda" where CUDA cannot run, or _tuning forces the fused decoder where it cannot (says why).
     """
 
     def __init__(self, bundle_dir: str | Path, device: str = "auto", *, intra_threads: int = 0,
@@ -120,13 +121,12 @@ class Translator:
                   max_decoding_length: int | None = None, min_decoding_length: int | None = None,
                   truncate: bool = False, sampling_temperature: float | None = None, sampling_topk: int = 0,
                   sampling_topp: float = 1.0, seed: int | None = None) -> str:
-        """Translates one string and returns the best hypothesis (str).
+        """Returns the best hypothesis (str) for one string.
 
         Args:
-            text (str): the source text; the other options are translate_batch's.
-
+            text: the source text; the other options are translate_batch's.
         Raises:
-            TypeError: text is not a str. ValueError: as translate_batch.
+            TypeError: text is not a str; ValueError: as translate_batch.
         """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str (translate_batch takes lists)")
@@ -142,31 +142,25 @@ class Translator:
                         return_scores: bool = False, return_attention: bool = False, truncate: bool = False,
                         max_batch_size: int = 32, sampling_temperature: float | None = None, sampling_topk: int = 0,
                         sampling_topp: float = 1.0, seed: int | None = None) -> list[TranslationResult]:
-        """Translates texts (or source token id lists) and returns one result per source, in order.
+        """Returns one TranslationResult per source, in the order given, for texts (or source token id lists).
 
         Args:
-            source (Sequence[str | Sequence[int]]): texts, or source ids (the end token is added when
-                missing). An empty or whitespace-only text gives an empty translation.
-            beam_size (int | None): 1 is greedy search; default bundle.json's `decoding.beam_size`.
-            num_hypotheses (int): the n-best to return per source (<= beam_size, or samples).
-            length_penalty (float | None): α in score / len^α (docs/decoding.md); default bundle.json's.
-            max_decoding_length (int | None): default max_length_a x source length + max_length_b,
-                capped by the model's positions.
-            min_decoding_length (int | None): the end token is forbidden before it; default bundle.json's.
-            return_scores (bool): fill TranslationResult.scores (log-probabilities, end token included).
-            return_attention (bool): fill TranslationResult.attention, computed after the search by a
-                forced pass of the standard decoder, so hypotheses and scores are those without it.
-            truncate (bool): cut sources longer than the model's positions instead of refusing them.
-            max_batch_size (int): sources decoded together (sorted by length: less padding).
-            sampling_temperature (float | None): switches to random sampling; each sentence's sample
-                depends only on the seed and the sentence, not on its batch.
-            sampling_topk (int): sample among the k best (0: all).
-            sampling_topp (float): sample within this probability mass (1.0: all).
-            seed (int | None): the sampling seed.
-
-        Returns:
-            list[TranslationResult]: one per source, in the order given.
-
+            source: texts, or source ids (the end token is added when missing). An empty or whitespace-only
+                text gives an empty translation.
+            beam_size: 1 is greedy search; default bundle.json's `decoding.beam_size`.
+            num_hypotheses: the n-best to return per source (<= beam_size, or samples).
+            length_penalty: α in score / len^α (docs/decoding.md); default bundle.json's.
+            max_decoding_length: default max_length_a x source length + max_length_b, capped by the model's positions.
+            min_decoding_length: the end token is forbidden before it; default bundle.json's.
+            return_scores: fill TranslationResult.scores (log-probabilities, end token included).
+            return_attention: fill TranslationResult.attention, computed after the search by a forced pass of the
+                standard decoder, so hypotheses and scores are those without it.
+            truncate: cut sources longer than the model's positions instead of refusing them.
+            max_batch_size: sources decoded together (sorted by length: less padding).
+            sampling_temperature: switches to random sampling; each sentence's sample depends only on the seed and
+                the sentence, not on its batch.
+            sampling_topk, sampling_topp: sample among the k best (0: all), within this probability mass (1.0: all).
+            seed: the sampling seed.
         Raises:
             TypeError: an item that is neither a str nor ids.
             ValueError: a source longer than the model's positions (unless truncate) or an option of
@@ -182,21 +176,26 @@ class Translator:
         return self._translate(source, options)
 
     def search_options(self, **options) -> SearchOptions:
-        """SearchOptions with this bundle's defaults for the options given as None or left out
-        (beam_size, length_penalty, min_decoding_length), checked against the model too.
+        """Returns SearchOptions, with the bundle's beam_size, length_penalty, min_decoding_length where None or left out.
 
-        Raises ValueError for a value of the wrong type or range, TypeError for an unknown name.
+        Args:
+            **options: translate_batch's options by name; all are checked against the model too.
+        Raises:
+            ValueError: a value of the wrong type or range; TypeError: an unknown name.
         """
         return resolve_search_options(options, self.bundle.decoding, self.max_positions, self.tgt_vocab)
 
     def generate_tokens(self, text: str, *, max_decoding_length: int | None = None,
                         min_decoding_length: int | None = None, truncate: bool = False) -> Iterator[str]:
-        """Greedy decoding of one text, yielding text as soon as each token is decided.
+        """Yields the greedy translation of one text piece by piece, as soon as each token is decided.
 
-        The pieces yielded join to translate(text, beam_size=1) exactly, spaces included: each is
-        what the new token adds to the detokenised text (held back while it would be an
-        incomplete UTF-8 byte sequence). Options are checked when this is called, not when the
-        first piece is taken.
+        Each piece is what its token adds to the detokenised text (held back while an incomplete UTF-8 byte sequence): the
+        pieces join to translate(text, beam_size=1) exactly, spaces included. Options are checked at this call, not later.
+
+        Args:
+            text: the source text; the other options are translate_batch's.
+        Raises:
+            TypeError: text is not a str; ValueError: as translate_batch, or min_decoding_length >= the text's maximum length.
         """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str")
@@ -215,9 +214,14 @@ class Translator:
         return self._stream(ids, int(limit), options.min_decoding_length)
 
     def translate_iterable(self, lines: Iterable[str], *, read_batch_size: int = 256, **options) -> Iterator[TranslationResult]:
-        """Translates a stream of lines, reading read_batch_size at a time, yielding in input order.
+        """Yields the TranslationResult of each line of a stream, in input order.
 
-        The options are translate_batch's, checked when this is called.
+        Args:
+            lines: the source texts.
+            read_batch_size: lines read, then translated, at a time.
+            **options: translate_batch's, checked when this is called.
+        Raises:
+            ValueError: a bad read_batch_size or option; TypeError: an unknown option.
         """
         if isinstance(read_batch_size, bool) or not isinstance(read_batch_size, int) or read_batch_size < 1:
             raise ValueError(f"read_batch_size={read_batch_size!r}; give an int >= 1")
@@ -225,13 +229,16 @@ class Translator:
         return self._iterate(lines, read_batch_size, resolved)
 
     def prepare_source(self, text: str, *, truncate: bool = False) -> tuple[list[int], bool]:
-        """Source token ids of one text, end token included, as translate_batch feeds them to the
-        encoder, and whether they were cut to the model's positions. An empty or whitespace-only
-        text gives ([], False). A huge text costs only what its first positions need: it is
-        tokenised by prefixes (runtime/source.py says why the ids are the same).
+        """Returns (ids, whether they were cut) of one text, as translate_batch feeds the ids to the encoder.
 
-        Raises ValueError when the text has more tokens than the model's positions and truncate
-        is False (the message names both numbers and the fix).
+        The ids end with the end token; an empty or whitespace-only text gives ([], False). A huge text costs
+        only what its first positions need: it is tokenised by prefixes (runtime/source.py says why the ids are the same).
+
+        Args:
+            text: the source text.
+            truncate: cut the ids to the model's positions instead of refusing the text.
+        Raises:
+            TypeError: text is not a str; ValueError: too many tokens without truncate (naming both counts and the fix).
         """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str")
@@ -302,9 +309,8 @@ class Translator:
         return self._standard_decoder
 
     def _attention(self, sources: list[list[int]], hypotheses: list[list[list[int]]], encoded) -> list[list[np.ndarray]]:
-        """Each source's hypotheses' cross-attention, by a forced pass (runtime/attention.py). encoded
-        is the search's (src_mask, cross) of these very sources, or None (sampling encodes each
-        source once per sample row): then the sources are encoded here."""
+        """Each source's hypotheses' cross-attention, by a forced pass (runtime/attention.py). encoded is the search's
+        (src_mask, cross) of these very sources, or None (sampling encodes each source once per sample row): encoded here."""
         n = max(len(h) for h in hypotheses)
         rows = [h[j] if j < len(h) else [] for h in hypotheses for j in range(n)]  # n rows per source
         src_mask, cross = encoded if encoded is not None else self._encode(*self._sources.pad(sources))
@@ -377,11 +383,10 @@ class Translator:
 
     def _step_fn(self, src: np.ndarray, lengths: np.ndarray, top_k: int | None, *, max_length: int,
                  beam_width: int = 1, encoded: tuple | None = None):
-        """Encodes the sources once and returns the search's step over the decoder graph.
+        """Returns the search's step over the decoder graph, encoding the sources once (unless `encoded`: _encode(src, lengths)).
 
-        With top_k the step downloads the graph's TopK outputs ([rows, top_k]); without, the full
-        log-probabilities ([rows, vocab]). max_length (the longest decoding of the batch; StepBufferPool
-        may round it up) and beam_width size the fused decoder's cache buffers. encoded: _encode(src, lengths), if done already."""
+        With top_k the step downloads the graph's TopK outputs ([rows, top_k]); without, all log-probabilities ([rows, vocab]).
+        max_length (the batch's longest decoding; StepBufferPool may round it up) and beam_width size the fused cache buffers."""
         src_mask, cross = encoded if encoded is not None else self._encode(src, lengths)
         if self.decoder_variant == names.FUSED:
             rows = src.shape[0] * beam_width

@@ -53,56 +53,32 @@ def _layer_name(kind: str, i: int) -> str:
 
 
 def key_cross(i: int) -> str:
-    """Returns the name of layer i's cross-attention keys (an encoder output, a decoder input).
-
-    Args:
-        i: the layer, from 0.
-    """
+    """Layer i's cross-attention keys (an encoder output, a decoder input)."""
     return _layer_name("key_cross", i)
 
 
 def value_cross(i: int) -> str:
-    """Returns the name of layer i's cross-attention values (an encoder output, a decoder input).
-
-    Args:
-        i: the layer, from 0.
-    """
+    """Layer i's cross-attention values (an encoder output, a decoder input)."""
     return _layer_name("value_cross", i)
 
 
 def past_key(i: int) -> str:
-    """Returns the name of layer i's cached self-attention keys fed to the decoder.
-
-    Args:
-        i: the layer, from 0.
-    """
+    """Layer i's cached self-attention keys, fed to the decoder."""
     return _layer_name("past_key", i)
 
 
 def past_value(i: int) -> str:
-    """Returns the name of layer i's cached self-attention values fed to the decoder.
-
-    Args:
-        i: the layer, from 0.
-    """
+    """Layer i's cached self-attention values, fed to the decoder."""
     return _layer_name("past_value", i)
 
 
 def present_key(i: int) -> str:
-    """Returns the name of layer i's updated self-attention keys the decoder outputs.
-
-    Args:
-        i: the layer, from 0.
-    """
+    """Layer i's updated self-attention keys, output by the decoder."""
     return _layer_name("present_key", i)
 
 
 def present_value(i: int) -> str:
-    """Returns the name of layer i's updated self-attention values the decoder outputs.
-
-    Args:
-        i: the layer, from 0.
-    """
+    """Layer i's updated self-attention values, output by the decoder."""
     return _layer_name("present_value", i)
 
 

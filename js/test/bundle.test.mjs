@@ -8,7 +8,7 @@ import path from "node:path";
 import { after, test } from "node:test";
 import { BundleError, MAX_JSON_BYTES, readBundle, validateMeta } from "../src/bundle.js";
 import { nodePlatform } from "../src/platform-node.js";
-import { hash, soundFiles, soundMeta } from "./fixtures.mjs";
+import { hash, soundFiles, soundMeta, writeBundle } from "./fixtures.mjs";
 
 const root = mkdtempSync(path.join(tmpdir(), "seq2onnx-js-bundle-"));
 after(() => rmSync(root, { recursive: true, force: true }));
@@ -16,14 +16,7 @@ let count = 0;
 
 /** A sound bundle directory whose bundle.json is `edit(meta)` (a string is written as is); returns its path. */
 function bundle(edit = (meta) => meta) {
-  const dir = path.join(root, `b${count++}`);
-  mkdirSync(dir);
-  const { bytes, files } = soundFiles();
-  for (const [name, data] of Object.entries(bytes)) writeFileSync(path.join(dir, name), data);
-  const meta = { ...soundMeta(), files };
-  const out = edit(meta) ?? meta;
-  writeFileSync(path.join(dir, "bundle.json"), typeof out === "string" ? out : JSON.stringify(out));
-  return dir;
+  return writeBundle(path.join(root, `b${count++}`), edit);
 }
 
 const rejects = (dir, pattern, options) => assert.rejects(readBundle(dir, nodePlatform, options), (e) => {

@@ -2,6 +2,8 @@
 // protobufs that the load-time checks (src/checks.js) read: pieces with their types, and
 // constant tables gathered by named indices. Written by hand with a protobuf writer of a few
 // lines, so that the node tests need no Python, no exporter and no model files.
+import { mkdirSync, writeFileSync } from "node:fs";
+import path from "node:path";
 import { createHash } from "node:crypto";
 
 const hash = (bytes) => createHash("sha256").update(bytes).digest("hex");
@@ -128,6 +130,20 @@ export function soundFiles({ vocab = 16, dModel = 8, maxPositions = 12 } = {}) {
   const keys = { encoder: "encoder.onnx", decoder: "decoder.onnx", source_tokenizer: "source.spm.model", target_tokenizer: "target.spm.model" };
   const files = Object.fromEntries(Object.entries(keys).map(([key, name]) => [key, { path: name, sha256: hash(bytes[name]) }]));
   return { bytes, files };
+}
+
+/**
+ * Writes a sound bundle directory (soundFiles' files) at `dir`, whose bundle.json is `edit(meta)`
+ * serialised with `stringify` (a string that `edit` returns is written as is); returns `dir`.
+ */
+export function writeBundle(dir, edit = (meta) => meta, stringify = (meta) => JSON.stringify(meta)) {
+  mkdirSync(dir);
+  const { bytes, files } = soundFiles();
+  for (const [name, data] of Object.entries(bytes)) writeFileSync(path.join(dir, name), data);
+  const meta = { ...soundMeta(), files };
+  const out = edit(meta) ?? meta;
+  writeFileSync(path.join(dir, "bundle.json"), typeof out === "string" ? out : stringify(out));
+  return dir;
 }
 
 export { hash };

@@ -14,7 +14,7 @@ import { CORES, nodePlatform } from "../src/platform-node.js";
 import { Translator, checkThreads } from "../src/translator.js";
 import { Translator as NodeTranslator } from "../src/index.js";
 import { fakeBundle, fakeOrt, fakePlatform } from "./fake-host.mjs";
-import { soundFiles, soundMeta } from "./fixtures.mjs";
+import { soundFiles, soundMeta, writeBundle } from "./fixtures.mjs";
 
 const root = mkdtempSync(path.join(tmpdir(), "seq2onnx-js-platform-"));
 after(() => rmSync(root, { recursive: true, force: true }));
@@ -22,14 +22,7 @@ let count = 0;
 
 /** A sound bundle directory; bundle.json is JSON.stringify(edit(meta), null, 2) or the string edit returns. */
 function bundle(edit = (meta) => meta) {
-  const dir = path.join(root, `b${count++}`);
-  mkdirSync(dir);
-  const { bytes, files } = soundFiles();
-  for (const [name, data] of Object.entries(bytes)) writeFileSync(path.join(dir, name), data);
-  const meta = { ...soundMeta(), files };
-  const out = edit(meta) ?? meta;
-  writeFileSync(path.join(dir, "bundle.json"), typeof out === "string" ? out : JSON.stringify(out, null, 2));
-  return dir;
+  return writeBundle(path.join(root, `b${count++}`), edit, (meta) => JSON.stringify(meta, null, 2));
 }
 
 const refused = (promise, pattern) => assert.rejects(promise, (e) => {

@@ -205,7 +205,8 @@ class _Directory:
     def __init__(self, path: Path):
         self.path = path
         self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if os.open in os.supports_dir_fd else None
-        self.inode = os.stat(path).st_ino
+        # the inode of what was opened (the path may already lead to another directory)
+        self.inode = os.fstat(self.fd).st_ino if self.fd is not None else os.stat(path).st_ino
 
     def __enter__(self) -> "_Directory":
         return self

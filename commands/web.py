@@ -138,10 +138,7 @@ def build_site(bundle_dir: str | Path, out: str | Path, *, js_dir: str | Path | 
     js_dir = Path(js_dir) if js_dir is not None else default_js_dir()
     _check_js_dir(js_dir)
     out = Path(out)
-    resolved = out.resolve()
-    for name, path in (("the bundle", bundle.path.resolve()), ("the JS host", js_dir.resolve())):
-        if resolved == path or resolved in path.parents or path in resolved.parents:
-            raise CommandError(f"OUT {out} overlaps {name} ({path}); choose a folder outside it")
+    atomic.refuse_overlap(out, {"the bundle": bundle.path, "the JS host": js_dir}, CommandError)
     if out.exists() and not force:
         raise CommandError(f"{out} exists; choose another OUT or pass --force to replace it")
     if out.exists() and not out.is_dir():

@@ -182,6 +182,7 @@ def _validate(directory: Path) -> None:
     from seq2onnx.runtime.options import SessionTuning
     from seq2onnx.runtime.translator import Translator
 
-    for variant_ in fmt.read_bundle(directory).decoder_variants:
-        translator = Translator(directory, device="cpu", _tuning=SessionTuning(decoder=variant_))
+    bundle = fmt.read_bundle(directory)  # read once; each Translator loads from these bytes
+    for variant_ in bundle.decoder_variants:
+        translator = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=variant_))
         translator.translate_batch([[4, 5, 6]], beam_size=2, max_decoding_length=3)

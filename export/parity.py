@@ -125,7 +125,7 @@ class _Worst:
 
 
 @torch.no_grad()
-def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float, batch_size: int = 16,
+def tensor_checks(model, tok, bundle: fmt.Bundle, pairs, device: str, atol: float, batch_size: int = 16,
                   decoders: tuple[str, ...] = (fmt.STANDARD,), log=None) -> list[Check]:
     """Checks encoder and decoder-step outputs of the bundle against the checkpoint, batches with padding.
 
@@ -141,7 +141,7 @@ def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float,
     Args:
         model (Transformer): the checkpoint's model.
         tok (Tokenizer): its tokenizer.
-        bundle_dir: the bundle.
+        bundle: the bundle as read_bundle returned it, with its files' bytes (the sessions are made from them).
         pairs (list[tuple[str, str]]): the sentences.
         device: "cpu" or "cuda", for the standard graphs.
         atol: the tolerance.
@@ -156,10 +156,10 @@ def tensor_checks(model, tok, bundle_dir: Path, pairs, device: str, atol: float,
     cfg = model.cfg
     n = cfg.n_decoder_layers
     exact_model = copy.deepcopy(model).double()
-    enc = ort.InferenceSession(str(bundle_dir / fmt.ENCODER_FILE), providers=_providers(device))
-    dec = ort.InferenceSession(str(bundle_dir / fmt.DECODER_FILE), providers=_providers(device))
+    enc = ort.InferenceSession(bundle.bytes("encoder"), providers=_providers(device))
+    dec = ort.InferenceSession(bundle.bytes(fmt.DECODER_LABELS[fmt.STANDARD]), providers=_providers(device))
     # The fused cache layout is the CPU kernels' (runtime/fused_step.py): checked on the CPU.
-    fused = (ort.InferenceSession(str(bundle_dir / fmt.FUSED_DECODER_FILE), providers=["CPUExecutionProvider"])
+    fused = (ort.InferenceSession(bundle.bytes(fmt.DECODER_LABELS[fmt.FUSED]), providers=["CPUExecutionProvider"])
              if fmt.FUSED in decoders else None)
     half = enc.get_outputs()[1].type == "tensor(float16)"
     outputs = ("decoder log_probs (teacher-forced)", "decoder log_probs (greedy path)", "decoder cache")
@@ -278,18 +278,19 @@ def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, de
     """
     say = log or (lambda line: None)
     bundle_dir = Path(bundle_dir)
-    meta = fmt.read_bundle(bundle_dir).meta
+    bundle = fmt.read_bundle(bundle_dir)  # read and hash-checked once; every Translator below loads from it
+    meta = bundle.meta
     model, tok, ckpt_dir = checkpoint.load(ckpt)
     tol = meta["tolerances"]
     pairs = test_sentences(ckpt_dir, sentences, data, src_col, tgt_col)
-    decoders = tuple(fmt.read_bundle(bundle_dir, check_hashes=False).decoder_variants)
+    decoders = tuple(bundle.decoder_variants)
     # One Translator per decoder, each forced to it: a fused decoder that cannot run is an error here.
     # The fused graph's kernels are the CPU's (its cache layout), so it is verified on the CPU.
-    translators = {d: Translator(bundle_dir, device="cpu" if d == fmt.FUSED else device, _tuning=SessionTuning(decoder=d))
+    translators = {d: Translator(bundle, device="cpu" if d == fmt.FUSED else device, _tuning=SessionTuning(decoder=d))
                    for d in decoders}
     translator = translators[fmt.STANDARD]
     sample = pairs[: max(0, tensor_sentences)]
-    checks = tensor_checks(model, tok, bundle_dir, sample, translator.device, tol["tensor_atol"], decoders=decoders,
+    checks = tensor_checks(model, tok, bundle, sample, translator.device, tol["tensor_atol"], decoders=decoders,
                            log=say) if sample else []
     srcs = [tok.encode_source(s)[: model.cfg.max_positions] for s, _ in pairs]
     say(f"tokens: the PyTorch reference's greedy search on {len(srcs)} sentences")

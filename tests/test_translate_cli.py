@@ -250,8 +250,10 @@ def test_output_file_is_not_left_partial_on_failure(bundle):
 @pytest.mark.skipif(os.name == "nt", reason="SIGINT to a child is POSIX")
 def test_output_file_is_not_left_partial_on_ctrl_c(bundle):
     d = scratch("cli-ctrl-c")
+    # PYTHONFAULTHANDLER: should it ever hang, SIGABRT below makes it print every thread's stack
     proc = subprocess.Popen(COMMAND + [str(bundle), "-o", str(d / "out.txt")], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            env={**ENV, "PYTHONFAULTHANDLER": "1"})
     try:
         proc.stdin.write(b"a small bird sleeps\n")
         proc.stdin.flush()
@@ -261,7 +263,13 @@ def test_output_file_is_not_left_partial_on_ctrl_c(bundle):
         assert list(d.iterdir()), "no temporary output file appeared"
         time.sleep(0.5)  # the first line translated and written to the temporary file
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130  # generous: a loaded 2-core CI machine once needed more than 30 s
+        try:
+            code = proc.wait(timeout=120)  # generous: a loaded 2-core CI machine once needed more than 30 s
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=60)
+            raise AssertionError(f"no exit 120 s after Ctrl-C; its threads:\n{err.decode(errors='replace')[-6000:]}")
+        assert code == 130
         assert list(d.iterdir()) == []
     finally:
         proc.kill()

@@ -253,7 +253,10 @@ def test_output_file_is_not_left_partial_on_ctrl_c(bundle):
     # PYTHONFAULTHANDLER: should it ever hang, SIGABRT below makes it print every thread's stack
     proc = subprocess.Popen(COMMAND + [str(bundle), "-o", str(d / "out.txt")], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
-                            env={**ENV, "PYTHONFAULTHANDLER": "1"})
+                            env={**ENV, "PYTHONFAULTHANDLER": "1"},
+                            # Ctrl-C as at a terminal: a shell's background job inherits SIGINT ignored,
+                            # and Python then installs no KeyboardInterrupt handler at all
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         proc.stdin.write(b"a small bird sleeps\n")
         proc.stdin.flush()

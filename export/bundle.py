@@ -126,9 +126,9 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
             export_fused_decoder(model, tmp)
         scheme = None
         if quantize == "int8":
-            graphs = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_FILE_KEYS if fused else {})}
+            graphs = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
             scheme = quantize_graphs(tmp, {k: v for k, v in graphs.items() if v.endswith(".onnx")},
-                                     contrib_labels=tuple(fmt.OPTIONAL_FILE_KEYS))
+                                     contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS))
         shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
         _write_json(tmp, model, ckpt_dir, dtype, quantize, fused, scheme)
@@ -141,7 +141,7 @@ def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: st
     import onnx
 
     cfg = model.cfg
-    keys = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_FILE_KEYS if fused else {})}
+    keys = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
     files = {key: {"path": path, "sha256": fmt.sha256(directory / path)} for key, path in keys.items()}
     graphs = graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size, fused=fused)
     for label, graph in graphs.items():  # what a host's runtime must be able to run, read from the files

@@ -101,7 +101,7 @@ def build_fused_decoder(model: Transformer) -> onnx.ModelProto:
     with torch.no_grad():
         # 0. embedding: table(ids) * sqrt(D) + PE[step]. The table is pre-scaled: the same fp32
         #    product, computed once. GatherND on tokens (R, 1) gives (R, D) without a Reshape.
-        emb = g.const("embed_scaled", model.tgt_embed.weight * (d**0.5))
+        emb = g.const("embed_scaled", model.tgt_embed.weight * (d**0.5 if cfg.scale_embedding else 1.0))
         pos = g.const("positions", model.positions)
         (tok,) = g.node("GatherND", [emb, names.TOKENS], name="embed")
         (pe,) = g.node("Gather", [pos, names.STEP], name="position", axis=0)  # (1, D)
@@ -164,15 +164,29 @@ def build_fused_decoder(model: Transformer) -> onnx.ModelProto:
             (cctx2,) = g.node("Reshape", [cctx, rows_d], name=f"l{i}_cross_ctx_2d")
             (o,) = g.node("MatMul", [cctx2, g.const(f"l{i}_cross_wo", _t(ca.w_o))], name=f"l{i}_cross_out")
             x, h = residual(i, o, g.const(f"l{i}_cross_bo", ca.w_o.bias), h, "sub_cross", (i, "sub_ff"))
-            # 3. feed-forward: Relu(x W1 + b1) in one FusedGemm, then W2 with b2 in the norm.
-            (f1,) = g.node("FusedGemm", [x, g.const(f"l{i}_ff_w1", _t(ff.w_1)), g.const(f"l{i}_ff_b1", ff.w_1.bias)],
-                           name=f"l{i}_ff_1", ms=True, activation="Relu")
+            # 3. feed-forward: act(x W1 + b1), then W2 with b2 in the norm. Relu fuses into the
+            #    Gemm; swish is QuickGelu with alpha 1 (x * sigmoid(x)), gelu the contrib Gelu (erf).
+            w1, b1 = g.const(f"l{i}_ff_w1", _t(ff.w_1)), g.const(f"l{i}_ff_b1", ff.w_1.bias)
+            if cfg.activation == "relu":
+                (f1,) = g.node("FusedGemm", [x, w1, b1], name=f"l{i}_ff_1", ms=True, activation="Relu")
+            else:
+                (pre,) = g.node("Gemm", [x, w1, b1], name=f"l{i}_ff_1")
+                op, attrs = ("QuickGelu", {"alpha": 1.0}) if cfg.activation == "swish" else ("Gelu", {})
+                (f1,) = g.node(op, [pre], name=f"l{i}_ff_act", ms=True, **attrs)
             (o,) = g.node("MatMul", [f1, g.const(f"l{i}_ff_w2", _t(ff.w_2))], name=f"l{i}_ff_2")
             nxt = (i + 1, "sub_self") if i + 1 < n else (n, "final")
             x, h = residual(i, o, g.const(f"l{i}_ff_b2", ff.w_2.bias), h, "sub_ff", nxt)
         # 4. generator, log-softmax over the target vocabulary, top-k (ties: lower id first)
         (logits,) = g.node("MatMul", [x, g.const("generator", _t(model.generator))], name="generator")
-        g.node("LogSoftmax", [logits], name="log_softmax", axis=-1, outputs=[names.LOG_PROBS])
+        if model.generator.bias is not None:  # Marian's final_logits_bias
+            (logits,) = g.node("Add", [logits, g.const("generator_bias", model.generator.bias)], name="generator_bias")
+        if cfg.suppressed_ids:  # -inf after the log-softmax, as transformers' bad_words_ids
+            (lsm,) = g.node("LogSoftmax", [logits], name="log_softmax", axis=-1)
+            never = np.zeros(cfg.tgt_vocab_size, np.float32)
+            never[list(cfg.suppressed_ids)] = -np.inf
+            g.node("Add", [lsm, g.const("suppressed", never)], name="suppress", outputs=[names.LOG_PROBS])
+        else:
+            g.node("LogSoftmax", [logits], name="log_softmax", axis=-1, outputs=[names.LOG_PROBS])
         g.node("TopK", [names.LOG_PROBS, names.TOP_K], name="top_k", outputs=[names.TOPK_LOG_PROBS, names.TOPK_IDS],
                axis=-1, largest=1, sorted=1)
 

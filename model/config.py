@@ -9,6 +9,8 @@ from pathlib import Path
 # Special ids are fixed when the SentencePiece models are trained (model/tokenizer.py), so the
 # same ids hold on both sides and in every bundle.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+# The feed-forward's nonlinearities (swish is x * sigmoid(x), also called SiLU).
+ACTIVATIONS = ("relu", "swish", "gelu")
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,14 @@ class ModelConfig:
         layer_norm_eps: LayerNorm's epsilon.
         pad_id, unk_id, bos_id, eos_id: the special ids (fixed when the tokenizers are trained).
         decoder_start_id: first decoder input.
+        activation: the feed-forward's nonlinearity, one of ACTIVATIONS ("relu" as in the paper;
+            OPUS-MT's Marian models use "swish").
+        scale_embedding: multiply embeddings by sqrt(d_model) (the paper); False adds them as they are.
+        logits_bias: the output projection has a bias (Marian's final_logits_bias).
+        stored_positions: the position table is a weight copied from an imported model (Marian's
+            and fairseq's tables differ from ours: never regenerated) instead of our sinusoid.
+        suppressed_ids: target ids never generated (transformers' bad_words_ids): their
+            log-probabilities are set to -inf after the log-softmax, as transformers does.
 
     Raises:
         ValueError: d_model does not divide by n_heads, share_vocab with unequal vocabularies,
@@ -55,6 +65,12 @@ class ModelConfig:
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
     decoder_start_id: int = BOS_ID  # first decoder input
+    # Imported models (export/hf/) set these; our trainer keeps the paper's defaults.
+    activation: str = "relu"
+    scale_embedding: bool = True
+    logits_bias: bool = False
+    stored_positions: bool = False
+    suppressed_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -67,6 +83,12 @@ class ModelConfig:
                 f"share_vocab needs equal vocabularies, got {self.src_vocab_size} and "
                 f"{self.tgt_vocab_size}"
             )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+        object.__setattr__(self, "suppressed_ids", tuple(int(i) for i in self.suppressed_ids))
+        bad = [i for i in self.suppressed_ids if not 0 <= i < self.tgt_vocab_size]
+        if bad:
+            raise ValueError(f"suppressed_ids {bad} lie outside the target vocabulary [0, {self.tgt_vocab_size})")
         for name in ("pad_id", "unk_id", "bos_id", "eos_id", "decoder_start_id"):
             value = getattr(self, name)
             if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
@@ -90,13 +112,15 @@ class ModelConfig:
         encoder = self.n_encoder_layers * (attention + feed_forward + 2 * norm)
         decoder = self.n_decoder_layers * (2 * attention + feed_forward + 3 * norm)
         embeddings = self.src_vocab_size * d + (0 if self.share_vocab else self.tgt_vocab_size * d)
-        generator = 0 if self.tie_embeddings else self.tgt_vocab_size * d
+        generator = (0 if self.tie_embeddings else self.tgt_vocab_size * d) + (self.tgt_vocab_size if self.logits_bias else 0)
         final_norms = 2 * norm if self.pre_norm else 0
         return encoder + decoder + embeddings + generator + final_norms
 
     def to_dict(self) -> dict:
         """The fields as a JSON-ready dict."""
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["suppressed_ids"] = list(self.suppressed_ids)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":

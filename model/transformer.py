@@ -190,7 +190,7 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied at each position alike.
+    """FFN(x) = act(x W1 + b1) W2 + b2 (act = max(0, .) in the paper), applied at each position alike.
 
     Args:
         cfg: the model's shape (d_model, d_ff, dropout).
@@ -201,10 +201,12 @@ class FeedForward(nn.Module):
         self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
+        # exact gelu (erf), as transformers' "gelu"; swish = SiLU
+        self.activation = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}[cfg.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        """(..., D) -> (..., D), dropout after the ReLU."""
-        return self.w_2(self.dropout(F.relu(self.w_1(x))))
+        """(..., D) -> (..., D), dropout after the activation."""
+        return self.w_2(self.dropout(self.activation(self.w_1(x))))
 
 
 class Sublayer(nn.Module):
@@ -320,14 +322,15 @@ class Transformer(nn.Module):
             if cfg.share_vocab
             else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
         )
-        self.register_buffer("positions", sinusoid_table(cfg.max_positions, d), persistent=False)
+        # Stored positions (an imported model's own table) travel with the weights; ours are recomputed.
+        self.register_buffer("positions", sinusoid_table(cfg.max_positions, d), persistent=cfg.stored_positions)
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-LN leaves the residual stream unnormalised: one more norm at the top of each stack.
         self.encoder_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
         self.decoder_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
-        self.generator = nn.Linear(d, cfg.tgt_vocab_size, bias=False)
+        self.generator = nn.Linear(d, cfg.tgt_vocab_size, bias=cfg.logits_bias)
         if cfg.tie_embeddings:
             self.generator.weight = self.tgt_embed.weight
         self.reset_parameters()
@@ -348,8 +351,9 @@ class Transformer(nn.Module):
                 emb.weight[self.cfg.pad_id].zero_()
 
     def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor) -> Tensor:
-        """table(ids) * sqrt(d_model) + positions, then dropout."""
-        return self.embed_dropout(table(ids) * math.sqrt(self.cfg.d_model) + positions)
+        """table(ids) * sqrt(d_model) (unless not cfg.scale_embedding) + positions, then dropout."""
+        x = table(ids) * math.sqrt(self.cfg.d_model) if self.cfg.scale_embedding else table(ids)
+        return self.embed_dropout(x + positions)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
         """Returns the encoder's memory (B, S, D) for a batch of sources.
@@ -422,10 +426,22 @@ class Transformer(nn.Module):
             x, new, attention = layer.step(x, reordered, kv, cross_bias)
             present.append(new)
         logits = self.generator(self.decoder_norm(x))  # (R, V)
-        log_probs = F.log_softmax(wide(logits), dim=-1).float()
+        log_probs = self.suppress(F.log_softmax(wide(logits), dim=-1).float())
         if return_attention:
             return log_probs, present, attention.float()
         return log_probs, present
+
+    def suppress(self, log_probs: Tensor) -> Tensor:
+        """Sets the log-probabilities of cfg.suppressed_ids to -inf, after the log-softmax as transformers does.
+
+        Args:
+            log_probs: (..., V).
+        """
+        if not self.cfg.suppressed_ids:
+            return log_probs
+        mask = torch.zeros(log_probs.shape[-1], dtype=log_probs.dtype, device=log_probs.device)
+        mask[list(self.cfg.suppressed_ids)] = float("-inf")
+        return log_probs + mask
 
     def empty_cache(self, rows: int, device: torch.device | None = None) -> list[KV]:
         """Returns the past before the first step: per layer 2 x (rows, H, 0, Dh), in the parameters' dtype.

@@ -42,13 +42,18 @@ def tokenizer_fingerprint(processor) -> dict:
     return {"pieces": processor.get_piece_size(), "pieces_sha256": hashlib.sha256(pieces.encode("utf-8")).hexdigest()}
 
 
-def check_tokenizers(bundle: Bundle, source, target) -> None:
+def check_tokenizers(bundle: Bundle, source, target, vocabulary=None) -> None:
     """Checks vocabulary sizes, special ids and (when recorded) fingerprints of both SentencePiece models.
+
+    A side with a vocabulary map (an imported model: runtime/vocab.py) has its own ids: its size
+    and special ids are the map's business (read_map checks its length and range) and are not
+    compared with the SentencePiece model's.
 
     Args:
         bundle: the bundle read.
         source (sentencepiece.SentencePieceProcessor): its source tokenizer.
         target (sentencepiece.SentencePieceProcessor): its target tokenizer.
+        vocabulary (runtime.vocab.Vocabulary | None): the bundle's maps.
 
     Raises:
         BundleError: naming the file, both values and the fix; two exchanged tokenizers are named as such.
@@ -81,7 +86,13 @@ def check_tokenizers(bundle: Bundle, source, target) -> None:
             other = "target" if side == "source" else "source"
             if own[side] == want[other] != want[side]:
                 raise wrong_vocabulary(side, key, is_other=True, exchanged=own[other] == want[side])
+    mapped = {"source": vocabulary is not None and vocabulary.source_map is not None,
+              "target": vocabulary is not None and vocabulary.target_map is not None}
     for side, proc, size_key, key in sides:
+        if mapped[side]:
+            if have and have[side]["pieces_sha256"] != fingerprints[side]["pieces_sha256"]:
+                raise wrong_vocabulary(side, key)
+            continue
         where = f"{bundle.file(key).name} (get_piece_size())"
         if proc.get_piece_size() != model[size_key]:
             raise _mismatch(bundle, f"model.{size_key}", model[size_key], proc.get_piece_size(), where)

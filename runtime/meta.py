@@ -5,7 +5,7 @@ import json
 import math
 from pathlib import Path
 
-from .spec import DECODER_LABELS, FILE_KEYS, FUSED, OPTIONAL_FILE_KEYS, SPEC, SPEC_PATH, STANDARD, BundleError
+from .spec import DECODER_LABELS, FILE_KEYS, FUSED, OPTIONAL_FILE_KEYS, OPTIONAL_GRAPH_KEYS, SPEC, SPEC_PATH, STANDARD, BundleError
 
 
 _MISSING = object()  # a field that is absent, shown as `missing`
@@ -69,6 +69,8 @@ def _check_field(v: _Schema, meta: dict, spec: dict) -> None:
     *parents, key = spec["field"].split(".")
     parent = meta
     for i, name in enumerate(parents):
+        if name not in parent and not spec.get("required", True):
+            return  # an optional field of an absent optional section (tokens.*)
         parent = v.obj(parent, name, ".".join(parents[: i + 1]))
     if key not in parent and not spec.get("required", True):
         return
@@ -82,8 +84,40 @@ def _check_field(v: _Schema, meta: dict, spec: dict) -> None:
     elif kind == "string":
         choices = spec.get("choices")
         v.text(parent, key, spec["field"], tuple(SPEC[choices]) if isinstance(choices, str) else choices)
+    elif kind == "boolean":
+        if not isinstance(parent.get(key), bool):
+            v.fail(spec["field"], parent.get(key, _MISSING), "expected true or false")
+    elif kind == "ids":
+        value = parent.get(key)
+        if not isinstance(value, list) or not all(_nonnegative(x) for x in value):
+            v.fail(spec["field"], value, "expected a list of token ids (integers >= 0)")
+    elif kind == "id_map":
+        value = parent.get(key)
+        if not isinstance(value, dict) or not all(_nonnegative(x) for x in value.values()):
+            v.fail(spec["field"], value, "expected an object of language codes to token ids (integers >= 0)")
     else:  # a spec this runtime does not understand: refuse loudly rather than skip a check
-        raise RuntimeError(f"{SPEC_PATH}: fields[{spec['field']}] has type {kind!r}; this runtime knows integer, number, string")
+        raise RuntimeError(f"{SPEC_PATH}: fields[{spec['field']}] has type {kind!r}; this runtime knows integer, number, "
+                           "string, boolean, ids, id_map")
+
+
+def _nonnegative(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _check_tokens(v: _Schema, meta: dict, sizes: dict) -> None:
+    """tokens.* ids inside the vocabularies they index (their types are the fields table's)."""
+    tokens = meta.get("tokens")
+    if tokens is None:
+        return
+    src, tgt = sizes["src_vocab_size"], sizes["tgt_vocab_size"]
+    limits = (("source_prefix", src, "the source vocabulary"), ("source_suffix", src, "the source vocabulary"),
+              ("target_prefix", tgt, "the target vocabulary"))
+    for key, limit, what in limits:
+        if key in tokens and any(x >= limit for x in tokens[key]):
+            v.fail(f"tokens.{key}", tokens[key], f"expected ids inside {what} [0, {limit})")
+    languages = tokens.get("languages", {})
+    if any(x >= min(src, tgt) for x in languages.values()):
+        v.fail("tokens.languages", languages, f"expected ids inside both vocabularies [0, {min(src, tgt)})")
 
 
 def validate_meta(meta: dict, where: Path) -> None:
@@ -111,6 +145,7 @@ def validate_meta(meta: dict, where: Path) -> None:
     if meta["max_positions"] != sizes["max_positions"]:
         v.fail("max_positions", meta["max_positions"],
                f"expected model.max_positions={sizes['max_positions']} (the same value twice)")
+    _check_tokens(v, meta, sizes)
     special = meta["special_ids"]
     for key in ("pad", "unk", "bos", "eos", "decoder_start"):
         value = special[key]
@@ -127,7 +162,7 @@ def validate_meta(meta: dict, where: Path) -> None:
         v.text(entry, "sha256", f"files.{key}.sha256")
     graphs = v.obj(meta, "graphs", "graphs")
     labels = ["encoder", "decoder"]
-    for key in OPTIONAL_FILE_KEYS:  # an optional graph is described exactly when its file is listed
+    for key in OPTIONAL_GRAPH_KEYS:  # an optional graph is described exactly when its file is listed
         if (key in files) != (key in graphs):
             v.fail(f"graphs.{key}" if key in files else f"files.{key}", _MISSING,
                    f"expected because {'files' if key in files else 'graphs'}.{key} is present")

@@ -58,6 +58,8 @@ class SearchOptions:
         sampling_topk: sample among the k likeliest tokens (0: all).
         sampling_topp: ... and among the smallest set whose probability reaches p.
         seed: sampling seed: a sentence's sample depends only on (seed, sentence).
+        source_lang, target_lang: language codes of a multilingual model (bundle.json's tokens.languages).
+        target_prefix: per source, the target ids forced first (docs/decoding.md).
 
     Raises:
         ValueError: naming the field, its value and the accepted range.
@@ -76,6 +78,10 @@ class SearchOptions:
     sampling_topk: int = 0  # sample among the k likeliest tokens (0: all)
     sampling_topp: float = 1.0  # ... and among the smallest set whose probability reaches p
     seed: int | None = None  # sampling seed: a sentence's sample depends only on (seed, sentence)
+    # Multilingual models (bundle.json's tokens; checked against the bundle by runtime/vocab.py)
+    source_lang: str | None = None  # the source language's code: its token leads the source
+    target_lang: str | None = None  # the target language's code: its token is forced (or leads the source)
+    target_prefix: list | None = None  # per source, target ids forced first (replaces target_lang's)
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -113,6 +119,10 @@ class SearchOptions:
         if not _is_real(p) or not 0 < p <= 1:  # NaN fails the range test
             raise ValueError(f"sampling_topp={_describe(p)}: give a number in (0, 1] (1 keeps every token)")
         put("sampling_topp", float(p))
+        for name in ("source_lang", "target_lang"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name}={_describe(value)}: give a language code (a str) or None")
         if self.seed is not None:
             put("seed", _int("seed", self.seed, 0, "give an int >= 0, or None for a different sample each call"))
 

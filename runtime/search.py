@@ -23,7 +23,6 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 
-
 class TopK(NamedTuple):
     """The k best log-probabilities of each row, best first (ties: lower id first), and their ids.
 
@@ -278,8 +277,9 @@ def beam_search(
         last = (max_lengths[alive] == t + 1)[:, None]  # (b, 1)
         is_eos = cand_token == eos_id
 
-        # 1. finish: top-K candidates that end (all top-K at the last step), while room remains
-        finishing = in_top_k & (is_eos | last)
+        # 1. finish: top-K candidates that end (all top-K at the last step), while room remains; a
+        #    candidate at -inf (forced or forbidden tokens) never finishes
+        finishing = in_top_k & (is_eos | last) & (cand_scores > -np.inf)
         accepted = finishing & (np.cumsum(finishing, axis=1) + n_finished[alive, None] <= k)
         for row, rank in zip(*np.nonzero(accepted)):
             sent, slot = alive[row], n_finished[alive[row]]

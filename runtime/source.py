@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .vocab import Vocabulary
+
 _MAX_WORD = 1 << 16  # a space must lie within this many characters of the cut, else it is cut mid-word
 _MARGIN = 64  # ids kept out of reach of a mid-word cut
 
@@ -82,22 +84,35 @@ class Sources:
     Args:
         tokenizer: the source SentencePiece processor.
         pad_id: padding id.
-        eos_id: the end token, which every source ends with.
+        eos_id: the end token.
         vocab: the source vocabulary's size (ids given directly must be below it).
-        max_positions: the model's positions, end token included.
+        max_positions: the model's positions, prefix and suffix included.
+        vocabulary: the bundle's maps and tokens (runtime/vocab.py); None: SentencePiece's ids, the end token as suffix.
     """
 
-    def __init__(self, tokenizer, *, pad_id: int, eos_id: int, vocab: int, max_positions: int):
+    def __init__(self, tokenizer, *, pad_id: int, eos_id: int, vocab: int, max_positions: int,
+                 vocabulary: Vocabulary | None = None):
         self.tokenizer, self.pad_id, self.eos_id = tokenizer, pad_id, eos_id
         self.vocab, self.max_positions = vocab, max_positions
+        self.vocabulary = vocabulary or Vocabulary(source_suffix=[eos_id])
+        self.suffix = self.vocabulary.source_suffix
         self.bounded = word_bounded(tokenizer)
 
-    def prepare(self, text: str, truncate: bool) -> tuple[list[int], bool]:
-        """Encodes a non-empty text with the end token (Translator.prepare_source).
+    def _encode(self, text: str, prefix: list[int] | None) -> tuple[list[int], list[int], bool]:
+        """(prefix, the text's model ids, complete) with at most as many ids as fit, plus one."""
+        code, text = self.vocabulary.split_code(text)
+        prefix = code or (self.vocabulary.source_prefix if prefix is None else prefix)
+        room = self.max_positions - len(prefix) - len(self.suffix)
+        ids, complete = encode_limited(self.tokenizer, text, max(room, 0), bounded=self.bounded)
+        return prefix, self.vocabulary.to_model(ids), complete
+
+    def prepare(self, text: str, truncate: bool, prefix: list[int] | None = None) -> tuple[list[int], bool]:
+        """Encodes a non-empty text with its prefix and suffix (Translator.prepare_source).
 
         Args:
             text: the source text.
             truncate: cut it to the model's positions instead of refusing it.
+            prefix: the ids before the text (None: the bundle's tokens.source_prefix).
 
         Returns:
             (ids, whether they were cut).
@@ -105,41 +120,45 @@ class Sources:
         Raises:
             ValueError: too many tokens without truncate.
         """
-        ids, complete = encode_limited(self.tokenizer, text, self.max_positions - 1, bounded=self.bounded)
-        return self.fit(ids, complete, truncate)
+        prefix, ids, complete = self._encode(text, prefix)
+        return self.fit(ids, complete, truncate, prefix)
 
-    def fit(self, ids: list[int], complete: bool, truncate: bool) -> tuple[list[int], bool]:
-        """Appends the end token to ids, cut to the model's positions when truncate.
+    def fit(self, ids: list[int], complete: bool, truncate: bool, prefix: list[int] = ()) -> tuple[list[int], bool]:
+        """Puts the prefix before ids and the suffix after them, cut to the model's positions when truncate.
 
         Args:
-            ids: the source ids, end token excluded.
+            ids: the source ids, prefix and suffix excluded.
             complete: False when a huge text was tokenised only in part.
             truncate: cut instead of refusing.
+            prefix: ids before the text.
 
         Returns:
-            (ids with the end token, whether they were cut).
+            (the ids, whether they were cut).
 
         Raises:
             ValueError: too many tokens without truncate.
         """
-        limit = self.max_positions - 1  # ids before the end token
+        prefix = list(prefix)
+        limit = self.max_positions - len(prefix) - len(self.suffix)  # text ids that fit
         if len(ids) <= limit:
-            return ids + [self.eos_id], False
+            return prefix + ids + self.suffix, False
         if not truncate:
-            count = f"{len(ids) + 1}" if complete else f"more than {self.max_positions}"
+            extra = len(prefix) + len(self.suffix)
+            count = f"{len(ids) + extra}" if complete else f"more than {self.max_positions}"
             raise ValueError(
                 f"{count} tokens; this model was exported for at most {self.max_positions} positions "
                 "(max_positions in bundle.json): shorten it or pass truncate=True"
             )
-        return ids[:limit] + [self.eos_id], True
+        return prefix + ids[: max(limit, 0)] + self.suffix, True
 
-    def ids(self, index: int, item, truncate: bool) -> list[int] | None:
-        """translate_batch's source `index` (a text or token ids) as the encoder's ids, end token included.
+    def ids(self, index: int, item, truncate: bool, prefix: list[int] | None = None) -> list[int] | None:
+        """translate_batch's source `index` (a text or token ids) as the encoder's ids, prefix and suffix included.
 
         Args:
             index: the source's place in the batch, for messages.
-            item: a str, or a sequence of ints (the end token is added when missing).
+            item: a str, or a sequence of ints: the whole row but the suffix, added when missing (no prefix is added).
             truncate: cut a source longer than the model's positions instead of refusing it.
+            prefix: the ids before a text (None: the bundle's tokens.source_prefix).
 
         Returns:
             The ids, or None for an empty source.
@@ -151,21 +170,21 @@ class Sources:
         if isinstance(item, str):
             if not item.strip():
                 return None
-            ids, complete = encode_limited(self.tokenizer, item, self.max_positions - 1, bounded=self.bounded)
+            prefix, ids, complete = self._encode(item, prefix)
         elif isinstance(item, (list, tuple, np.ndarray)) and all(
                 isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in item):
-            ids, complete = [int(x) for x in item], True
+            ids, complete, prefix = [int(x) for x in item], True, []
             if not ids:
                 return None
             bad = [x for x in ids if not 0 <= x < self.vocab]
             if bad:
                 raise ValueError(f"source {index}: token ids {bad[:5]} are outside the source vocabulary [0, {self.vocab})")
-            if ids[-1] == self.eos_id:
-                ids.pop()
+            if self.suffix and ids[-len(self.suffix):] == self.suffix:
+                del ids[-len(self.suffix):]
         else:
             raise TypeError(f"source {index} is {type(item).__name__}; give a str or a list of token ids")
         try:
-            return self.fit(ids, complete, truncate)[0]
+            return self.fit(ids, complete, truncate, prefix)[0]
         except ValueError as e:
             raise ValueError(f"source {index} has {e}") from None
 

@@ -25,6 +25,12 @@ OPTIONAL_FILE_KEYS = dict(SPEC["files"]["optional"])
 ENCODER_FILE, DECODER_FILE = FILE_KEYS["encoder"], FILE_KEYS["decoder"]
 SOURCE_SPM, TARGET_SPM = FILE_KEYS["source_tokenizer"], FILE_KEYS["target_tokenizer"]
 FUSED_DECODER_FILE = OPTIONAL_FILE_KEYS["decoder_fused"]
+# Of those, the optional graphs (described in graphs.<key> too) and the vocabulary maps of
+# imported models (spec's vocab_maps: little-endian int32 arrays).
+OPTIONAL_GRAPH_KEYS = {k: v for k, v in OPTIONAL_FILE_KEYS.items() if v.endswith(".onnx")}
+SOURCE_VOCAB, TARGET_VOCAB = OPTIONAL_FILE_KEYS["source_vocab"], OPTIONAL_FILE_KEYS["target_vocab"]
+VOCAB_MAPS = SPEC["vocab_maps"]
+TARGET_LANG_IN = tuple(SPEC["target_lang_in"])
 # The decoder graphs by variant (bundle.json's graphs.<label>.variant), and the operator domain
 # of onnxruntime's contrib kernels that only the fused one uses.
 STANDARD, FUSED = "standard", "fused"

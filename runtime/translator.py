@@ -20,11 +20,13 @@ from .bundle import Bundle, BundleError, read_bundle
 from .checks import check_graphs, check_tokenizers, read_graphs
 from .fused_step import FusedStep, StepBufferPool
 from .options import SearchOptions, SessionTuning, check_intra_threads, resolve_search_options
+from .prefix import force_prefix
 from .search import SearchResult, beam_search, candidates_needed, greedy_search, sample, stream_greedy
 from .sessions import DEVICES, ort, open_sessions
 from .source import Sources
 from .standard_step import StandardStep
 from .text import text_increments
+from .vocab import Vocabulary
 
 _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
 
@@ -103,9 +105,13 @@ class Translator:
             raise
         except Exception as e:
             raise BundleError(f"{bundle.path}: a SentencePiece model cannot be read: {e}") from e
-        check_tokenizers(self.bundle, self.source_tokenizer, self.target_tokenizer)
+        # Maps, prefixes and languages of an imported model (runtime/vocab.py); identity for ours.
+        self.vocabulary = Vocabulary.of_bundle(bundle, self.source_tokenizer.get_piece_size(),
+                                               self.target_tokenizer.get_piece_size())
+        check_tokenizers(self.bundle, self.source_tokenizer, self.target_tokenizer, self.vocabulary)
         self._sources = Sources(self.source_tokenizer, pad_id=self.pad_id, eos_id=self.eos_id,
-                                vocab=self.src_vocab, max_positions=self.max_positions)
+                                vocab=self.src_vocab, max_positions=self.max_positions, vocabulary=self.vocabulary)
+        self._decode = self.vocabulary.decoder(self.target_tokenizer)
         graphs = read_graphs(bundle)  # every listed graph parsed, whichever decoder is driven
         s = open_sessions(bundle, device, tuning, intra_threads)
         self.device, self.device_reason, self.encoder, self.decoder = s.device, s.device_reason, s.encoder, s.decoder
@@ -120,7 +126,8 @@ class Translator:
     def translate(self, text: str, *, beam_size: int | None = None, length_penalty: float | None = None,
                   max_decoding_length: int | None = None, min_decoding_length: int | None = None,
                   truncate: bool = False, sampling_temperature: float | None = None, sampling_topk: int = 0,
-                  sampling_topp: float = 1.0, seed: int | None = None) -> str:
+                  sampling_topp: float = 1.0, seed: int | None = None, source_lang: str | None = None,
+                  target_lang: str | None = None) -> str:
         """Returns the best hypothesis (str) for one string.
 
         Args:
@@ -133,7 +140,8 @@ class Translator:
         options = self.search_options(
             beam_size=beam_size, length_penalty=length_penalty, max_decoding_length=max_decoding_length,
             min_decoding_length=min_decoding_length, truncate=truncate, sampling_temperature=sampling_temperature,
-            sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed)
+            sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed, source_lang=source_lang,
+            target_lang=target_lang)
         return self._translate([text], options)[0].hypotheses[0]
 
     def translate_batch(self, source: Sequence[str | Sequence[int]], *, beam_size: int | None = None,
@@ -141,7 +149,8 @@ class Translator:
                         max_decoding_length: int | None = None, min_decoding_length: int | None = None,
                         return_scores: bool = False, return_attention: bool = False, truncate: bool = False,
                         max_batch_size: int = 32, sampling_temperature: float | None = None, sampling_topk: int = 0,
-                        sampling_topp: float = 1.0, seed: int | None = None) -> list[TranslationResult]:
+                        sampling_topp: float = 1.0, seed: int | None = None, source_lang: str | None = None,
+                        target_lang: str | None = None, target_prefix: list | None = None) -> list[TranslationResult]:
         """Returns one TranslationResult per source, in the order given, for texts (or source token id lists).
 
         Args:
@@ -161,6 +170,10 @@ class Translator:
                 the sentence, not on its batch.
             sampling_topk, sampling_topp: sample among the k best (0: all), within this probability mass (1.0: all).
             seed: the sampling seed.
+            source_lang, target_lang: language codes of a multilingual model (bundle.json's tokens.languages): the
+                source's leading token, and the target token forced first (as transformers' forced_bos_token_id).
+            target_prefix: per source, a list of target ids forced at the start (CTranslate2's target_prefix; each adds
+                0 to the score, docs/decoding.md); it replaces target_lang's token. The ids are in token_ids.
         Raises:
             TypeError: an item that is neither a str nor ids.
             ValueError: a source longer than the model's positions (unless truncate) or an option of
@@ -172,7 +185,7 @@ class Translator:
             return_scores=return_scores, return_attention=return_attention, truncate=truncate,
             max_batch_size=max_batch_size,
             sampling_temperature=sampling_temperature, sampling_topk=sampling_topk, sampling_topp=sampling_topp,
-            seed=seed)
+            seed=seed, source_lang=source_lang, target_lang=target_lang, target_prefix=target_prefix)
         return self._translate(source, options)
 
     def search_options(self, **options) -> SearchOptions:
@@ -186,7 +199,8 @@ class Translator:
         return resolve_search_options(options, self.bundle.decoding, self.max_positions, self.tgt_vocab)
 
     def generate_tokens(self, text: str, *, max_decoding_length: int | None = None,
-                        min_decoding_length: int | None = None, truncate: bool = False) -> Iterator[str]:
+                        min_decoding_length: int | None = None, truncate: bool = False, source_lang: str | None = None,
+                        target_lang: str | None = None) -> Iterator[str]:
         """Yields the greedy translation of one text piece by piece, as soon as each token is decided.
 
         Each piece is what its token adds to the detokenised text (held back while an incomplete UTF-8 byte sequence): the
@@ -200,8 +214,10 @@ class Translator:
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str")
         options = self.search_options(beam_size=1, max_decoding_length=max_decoding_length,
-                                      min_decoding_length=min_decoding_length, truncate=truncate)
-        ids = self._sources.ids(0, text, truncate)
+                                      min_decoding_length=min_decoding_length, truncate=truncate,
+                                      source_lang=source_lang, target_lang=target_lang)
+        source_prefix, [target_prefix] = self._prefixes(1, options)
+        ids = self._sources.ids(0, text, truncate, source_prefix)
         if ids is None:
             return iter(())
         [limit] = self._max_lengths([ids], options)
@@ -211,7 +227,7 @@ class Translator:
                 f"(max_length_a x {len(ids)} tokens + max_length_b in bundle.json, at most max_positions): pass a "
                 "larger max_decoding_length or a smaller min_decoding_length"
             )
-        return self._stream(ids, int(limit), options.min_decoding_length)
+        return self._stream(ids, int(limit), options.min_decoding_length, target_prefix)
 
     def translate_iterable(self, lines: Iterable[str], *, read_batch_size: int = 256, **options) -> Iterator[TranslationResult]:
         """Yields the TranslationResult of each line of a stream, in input order.
@@ -258,22 +274,27 @@ class Translator:
         if buffer:
             yield from self._translate(buffer, options)
 
-    def _stream(self, ids: list[int], limit: int, min_length: int) -> Iterator[str]:
-        step = self._step_fn(np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64),
-                             top_k=self._top_k(1, min_length), max_length=limit)
+    def _prefixes(self, n: int, options: SearchOptions) -> tuple[list[int], list[list[int]]]:
+        return self.vocabulary.prefixes(n, source_lang=options.source_lang, target_lang=options.target_lang,
+                                        target_prefix=options.target_prefix, tgt_vocab=self.tgt_vocab, eos_id=self.eos_id)
+
+    def _stream(self, ids: list[int], limit: int, min_length: int, target_prefix: list[int]) -> Iterator[str]:
+        step = force_prefix(self._step_fn(np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64),
+                                          top_k=self._top_k(1, min_length), max_length=limit), [target_prefix])
 
         def tokens() -> Iterator[int]:
             yield from stream_greedy(step, start_id=self.start_id, eos_id=self.eos_id, max_length=limit,
                                      min_length=min_length)
             self._recycle(step)  # once the stream is read to its end
 
-        return text_increments(self.target_tokenizer.decode, tokens())
+        return text_increments(self._decode, tokens())
 
     def _translate(self, source, options: SearchOptions) -> list[TranslationResult]:
         if isinstance(source, (str, bytes)):
             raise TypeError("translate_batch takes a list of sources; for one string use translate(text)")
         n = options.num_hypotheses
-        ids = [self._sources.ids(i, item, options.truncate) for i, item in enumerate(source)]
+        source_prefix, target_prefixes = self._prefixes(len(source), options)
+        ids = [self._sources.ids(i, item, options.truncate, source_prefix) for i, item in enumerate(source)]
         results: list[TranslationResult | None] = [None] * len(ids)
         todo = [i for i, s in enumerate(ids) if s is not None]
         limits = dict(zip(todo, self._max_lengths([ids[i] for i in todo], options)))
@@ -294,12 +315,12 @@ class Translator:
         for start in range(0, len(todo), options.max_batch_size):
             chunk = todo[start : start + options.max_batch_size]
             found, encoded = self._search([ids[i] for i in chunk], np.array([limits[i] for i in chunk], dtype=np.int64),
-                                          options)
+                                          options, [target_prefixes[i] for i in chunk])
             found_tokens = [[h[:-1] if h and h[-1] == self.eos_id else h for h in r.hypotheses] for r in found]
             attention = (self._attention([ids[i] for i in chunk], found_tokens, encoded) if options.return_attention
                          else [None] * len(chunk))
             for i, r, tokens, weights in zip(chunk, found, found_tokens, attention):
-                results[i] = TranslationResult([self.target_tokenizer.decode(t) for t in tokens], tokens,
+                results[i] = TranslationResult([self._decode(t) for t in tokens], tokens,
                                                r.scores if options.return_scores else None, weights)
         return results  # type: ignore[return-value]
 
@@ -332,7 +353,8 @@ class Translator:
             return None
         return min(candidates_needed(beam_size, min_length), self.tgt_vocab)
 
-    def _search(self, sources: list[list[int]], max_lengths: np.ndarray, options: SearchOptions) -> tuple:
+    def _search(self, sources: list[list[int]], max_lengths: np.ndarray, options: SearchOptions,
+                prefixes: list[list[int]]) -> tuple:
         """(results, encoded): encoded is the encoder's (src_mask, cross) of `sources`, which the search
         leaves unchanged, for the attention pass to reuse; None after sampling (its rows repeat sources)."""
         common = dict(start_id=self.start_id, eos_id=self.eos_id, min_length=options.min_decoding_length)
@@ -342,8 +364,8 @@ class Translator:
             n = options.num_hypotheses
             rows = [s for s in sources for _ in range(n)]
             keys = [[h, len(s), *s] for s in sources for h in range(n)]
-            step = self._step_fn(*self._sources.pad(rows), top_k=None,  # sampling needs the whole distribution
-                                 max_length=int(max_lengths.max()))
+            step = force_prefix(self._step_fn(*self._sources.pad(rows), top_k=None,  # sampling needs every log-prob
+                                              max_length=int(max_lengths.max())), [p for p in prefixes for _ in range(n)])
             flat = sample(step, len(rows), temperature=options.sampling_temperature, top_k=options.sampling_topk,
                           top_p=options.sampling_topp, seed=options.seed, row_keys=keys,
                           max_lengths=np.repeat(max_lengths, n), **common)
@@ -352,8 +374,9 @@ class Translator:
                                  [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(len(sources))], None
         src, lengths = self._sources.pad(sources)
         encoded = self._encode(src, lengths)
-        step = self._step_fn(src, lengths, top_k=self._top_k(options.beam_size, options.min_decoding_length),
-                             max_length=int(max_lengths.max()), beam_width=options.beam_size, encoded=encoded)
+        step = force_prefix(self._step_fn(src, lengths, top_k=self._top_k(options.beam_size, options.min_decoding_length),
+                                          max_length=int(max_lengths.max()), beam_width=options.beam_size, encoded=encoded),
+                            prefixes)
         if options.beam_size == 1:
             found = greedy_search(step, len(sources), max_lengths=max_lengths, **common)
         else:
@@ -365,7 +388,7 @@ class Translator:
     def _recycle(self, step) -> None:
         """Offers a fused step's buffers to the next batch (the standard step has none). Called only
         after a search that ended normally: one that raised may have left them half bound."""
-        self._buffer_pool.give(getattr(step, "buffers", None))
+        self._buffer_pool.give(getattr(getattr(step, "inner", step), "buffers", None))  # inner: under force_prefix
 
     def _to_device(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(array, self._ort_device, 0)

@@ -339,7 +339,7 @@ def test_bundle_json_describes_the_bundle():
 def test_bundle_json_hashes_are_the_files_hashes():
     bundle = fp32_bundle()
     meta = json.loads((bundle / fmt.BUNDLE_JSON).read_text())
-    assert set(meta["files"]) == set(fmt.FILE_KEYS) | set(fmt.OPTIONAL_FILE_KEYS)
+    assert set(meta["files"]) == set(fmt.FILE_KEYS) | set(fmt.OPTIONAL_GRAPH_KEYS)
     for key, entry in meta["files"].items():
         assert entry["path"] == {**fmt.FILE_KEYS, **fmt.OPTIONAL_FILE_KEYS}[key]
         assert entry["sha256"] == hashlib.sha256((bundle / entry["path"]).read_bytes()).hexdigest(), key

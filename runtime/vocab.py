@@ -1,0 +1,203 @@
+"""A bundle's ids as text: vocabulary maps, prefixes, suffix and language tokens (bundle.json's `tokens`).
+
+Our own exports use SentencePiece's ids directly: no maps, no prefix, the end token as suffix.
+Models imported from Hugging Face (export/hf/) number their pieces their own way (Marian's
+vocab.json; NLLB's SentencePiece ids plus an offset and language tokens), so such a bundle carries
+one int32 array per side (spec/bundle.json's `vocab_maps`; docs/bundle-format.md#tokenization):
+source piece id -> model id, and model target id -> target piece id or -1 (never written as text).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .spec import SPEC, TARGET_LANG_IN, BundleError
+
+_SKIP = SPEC["vocab_maps"]["skip"]
+_CODE = re.compile(r">>([^<>\s]+)<<")  # Marian's leading target-language code, e.g. >>fra<<
+
+
+def read_map(data: bytes, where: str, length: int, low: int, high: int) -> np.ndarray:
+    """Reads one vocabulary map: little-endian int32, `length` entries in [low, high).
+
+    Args:
+        data: the file's bytes.
+        where: the file, for messages.
+        length: the entries it must have.
+        low, high: the range of every entry.
+
+    Returns:
+        The map as an int64 array.
+
+    Raises:
+        BundleError: naming the file, the value found and the limit.
+    """
+    fix = "re-export the bundle with `seq2onnx export`"
+    if len(data) % 4:
+        raise BundleError(f"{where}: {len(data)} bytes is not a whole number of int32 entries; {fix}")
+    array = np.frombuffer(data, dtype="<i4").astype(np.int64)
+    if array.size != length:
+        raise BundleError(f"{where}: {array.size} entries, expected {length}; {fix}")
+    bad = np.flatnonzero((array < low) | (array >= high))
+    if bad.size:
+        i = int(bad[0])
+        raise BundleError(f"{where}: entry {i} is {int(array[i])}, expected an id in [{low}, {high}); {fix}")
+    return array
+
+
+@dataclass
+class Vocabulary:
+    """What turns text into a model's source ids and its target ids back into text.
+
+    Attributes:
+        source_map: source piece id -> model id, or None (the same ids).
+        target_map: model target id -> target piece id or -1 (left out of text), or None.
+        source_prefix, source_suffix, target_prefix: bundle.json's tokens.* (defaults [], [eos], []).
+        languages: language code -> token id.
+        target_lang_in: where target_lang's token goes ("target_prefix" or "source_prefix").
+        text_language_codes: a source text's leading >>code<< is a language token (Marian).
+        strip_text: strip the decoded text.
+        unk_id: the model's unknown id (for a >>code<< that is no language).
+    """
+
+    source_map: np.ndarray | None = None
+    target_map: np.ndarray | None = None
+    source_prefix: list[int] = field(default_factory=list)
+    source_suffix: list[int] = field(default_factory=list)
+    target_prefix: list[int] = field(default_factory=list)
+    languages: dict[str, int] = field(default_factory=dict)
+    target_lang_in: str = TARGET_LANG_IN[0]
+    text_language_codes: bool = False
+    strip_text: bool = False
+    unk_id: int = 1
+
+    @classmethod
+    def of_bundle(cls, bundle, source_pieces: int, target_pieces: int) -> "Vocabulary":
+        """Reads a bundle's maps and tokens section (validate_meta has checked the section's types and ranges).
+
+        Args:
+            bundle (runtime.bundle.Bundle): the bundle read, with its files' bytes.
+            source_pieces, target_pieces: the SentencePiece models' piece counts.
+
+        Raises:
+            BundleError: a map of the wrong size or with ids out of range.
+        """
+        model, ids = bundle.model, bundle.special_ids
+        tokens = bundle.meta.get("tokens", {})
+        files = bundle.meta["files"]
+        source_map = target_map = None
+        if "source_vocab" in files:
+            source_map = read_map(bundle.bytes("source_vocab"), str(bundle.file("source_vocab")), source_pieces,
+                                  0, model["src_vocab_size"])
+        if "target_vocab" in files:
+            target_map = read_map(bundle.bytes("target_vocab"), str(bundle.file("target_vocab")),
+                                  model["tgt_vocab_size"], _SKIP, target_pieces)
+        return cls(source_map=source_map, target_map=target_map,
+                   source_prefix=list(tokens.get("source_prefix", [])),
+                   source_suffix=list(tokens.get("source_suffix", [ids["eos"]])),
+                   target_prefix=list(tokens.get("target_prefix", [])),
+                   languages=dict(tokens.get("languages", {})),
+                   target_lang_in=tokens.get("target_lang_in", TARGET_LANG_IN[0]),
+                   text_language_codes=bool(tokens.get("text_language_codes", False)),
+                   strip_text=bool(tokens.get("strip_text", False)), unk_id=ids["unk"])
+
+    @property
+    def mapped(self) -> bool:
+        """True when either side's ids are not SentencePiece's own."""
+        return self.source_map is not None or self.target_map is not None
+
+    def split_code(self, text: str) -> tuple[list[int], str]:
+        """Cuts a leading >>code<< off a source text where the bundle says so (Marian's multilingual models).
+
+        Returns:
+            (the code's token id as a one-id list, or [], the rest of the text).
+        """
+        if not self.text_language_codes or not text.startswith(">>"):
+            return [], text
+        found = _CODE.match(text)
+        if not found:
+            return [], text
+        return [self.languages.get(found.group(1), self.unk_id)], text[found.end():]
+
+    def to_model(self, piece_ids: list[int]) -> list[int]:
+        """Source piece ids -> the model's ids."""
+        if self.source_map is None:
+            return piece_ids
+        return self.source_map[np.asarray(piece_ids, dtype=np.int64)].tolist() if piece_ids else []
+
+    def to_pieces(self, ids: Sequence[int]) -> list[int]:
+        """Model target ids -> target piece ids, leaving out those that are never text."""
+        if self.target_map is None:
+            return list(ids)
+        pieces = self.target_map[np.asarray(ids, dtype=np.int64)] if len(ids) else np.zeros(0, np.int64)
+        return pieces[pieces != _SKIP].tolist()
+
+    def decoder(self, processor):
+        """Returns decode(ids) -> text for the target SentencePiece model `processor`."""
+        if not self.mapped and not self.strip_text:
+            return processor.decode
+        if self.strip_text:
+            return lambda ids: processor.decode(self.to_pieces(ids)).strip()
+        return lambda ids: processor.decode(self.to_pieces(ids))
+
+    def language(self, code, option: str) -> int:
+        """A language code's token id.
+
+        Raises:
+            ValueError: a code this model does not have, naming it and the known ones.
+        """
+        if not isinstance(code, str):
+            raise ValueError(f"{option}={code!r}; give a language code (a str)")
+        if code not in self.languages:
+            known = sorted(self.languages)
+            listed = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+            fix = f"choose one of {listed}" if known else "this model has no language tokens: leave it out"
+            raise ValueError(f"{option}={code!r} is not a language of this model; {fix}")
+        return self.languages[code]
+
+    def prefixes(self, n: int, *, source_lang=None, target_lang=None, target_prefix=None, tgt_vocab: int,
+                 eos_id: int) -> tuple[list[int], list[list[int]]]:
+        """The source prefix and each of n sentences' forced target prefix for one call.
+
+        Args:
+            n: the sentences.
+            source_lang, target_lang: language codes, or None.
+            target_prefix: None, or one list of target ids per sentence (it replaces the bundle's and target_lang's).
+            tgt_vocab: the target vocabulary's size.
+            eos_id: the end token, which a prefix may not hold.
+
+        Returns:
+            (source prefix, n target prefixes).
+
+        Raises:
+            ValueError: an unknown language, a prefix list of the wrong length, ids out of range or the end token.
+        """
+        source = list(self.source_prefix)
+        target = list(self.target_prefix)
+        if source_lang is not None:
+            source = [self.language(source_lang, "source_lang")]
+        if target_lang is not None:
+            token = self.language(target_lang, "target_lang")
+            if self.target_lang_in == "source_prefix":
+                source = [token]
+            else:
+                target = [token]
+        if target_prefix is None:
+            return source, [target] * n
+        if not isinstance(target_prefix, (list, tuple)) or len(target_prefix) != n:
+            got = len(target_prefix) if isinstance(target_prefix, (list, tuple)) else type(target_prefix).__name__
+            raise ValueError(f"target_prefix has {got} entries for {n} sources; give one list of target ids per source")
+        out = []
+        for i, prefix in enumerate(target_prefix):
+            if not isinstance(prefix, (list, tuple)) or not all(
+                    isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in prefix):
+                raise ValueError(f"target_prefix[{i}] is {prefix!r}; give a list of target token ids")
+            bad = [int(x) for x in prefix if not 0 <= int(x) < tgt_vocab or int(x) == eos_id]
+            if bad:
+                raise ValueError(f"target_prefix[{i}] has ids {bad[:5]} outside [0, {tgt_vocab}) or the end token "
+                                 f"{eos_id}; give target ids of the text before the translation")
+            out.append([int(x) for x in prefix])
+        return source, out

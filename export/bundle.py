@@ -109,6 +109,24 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
             without force, an output another export is writing, or an unwritable location.
         CheckpointError: a bad checkpoint.
     """
+    fused = check_options(dtype, quantize, decoder)
+    out = Path(out)
+    with building(out, force, "bundle", ckpt) as tmp:
+        model, _, ckpt_dir = checkpoint.load(ckpt)
+        scheme = write_graphs(model, tmp, dtype, quantize, fused)
+        shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
+        shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
+        write_meta(tmp, model, source=ckpt_dir.name, dtype=dtype, quantize=quantize, fused=fused, scheme=scheme)
+        validate(tmp)
+    return out
+
+
+def check_options(dtype: str, quantize: str | None, decoder: str) -> bool:
+    """Checks export options; returns whether the fused decoder is written.
+
+    Raises:
+        ExportError: an unknown dtype, quantization or decoder, or int8 from float16.
+    """
     if dtype not in ("float32", "float16"):
         raise ExportError(f"--dtype {dtype}: choose float32 or float16")
     if quantize not in (None, "int8"):
@@ -117,31 +135,43 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
         raise ExportError("--quantize int8 starts from float32 graphs; drop --dtype float16")
     if decoder not in DECODERS:
         raise ExportError(f"--decoder {decoder}: choose {' or '.join(DECODERS)}")
-    fused = decoder == "both" and dtype == "float32"  # int8 quantizes the fused graph's GEMMs, not its attention
-    out = Path(out)
-    with building(out, force, "bundle", ckpt) as tmp:
-        model, _, ckpt_dir = checkpoint.load(ckpt)
-        export_graphs(model, tmp, dtype=torch.float16 if dtype == "float16" else torch.float32)
-        if fused:
-            export_fused_decoder(model, tmp)
-        scheme = None
-        if quantize == "int8":
-            graphs = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
-            scheme = quantize_graphs(tmp, {k: v for k, v in graphs.items() if v.endswith(".onnx")},
-                                     contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS))
-        shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
-        shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
-        _write_json(tmp, model, ckpt_dir, dtype, quantize, fused, scheme)
-        _validate(tmp)
-    return out
+    return decoder == "both" and dtype == "float32"  # int8 quantizes the fused graph's GEMMs, not its attention
 
 
-def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: str | None, fused: bool,
-                scheme: dict | None = None) -> None:
+def write_graphs(model, directory: Path, dtype: str, quantize: str | None, fused: bool) -> dict | None:
+    """Writes the encoder, the decoder step and (when fused) the fused decoder, quantized when asked.
+
+    Returns:
+        The quantization scheme (export/quantize.py), or None.
+    """
+    export_graphs(model, directory, dtype=torch.float16 if dtype == "float16" else torch.float32)
+    if fused:
+        export_fused_decoder(model, directory)
+    if quantize != "int8":
+        return None
+    graphs = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
+    return quantize_graphs(directory, {k: v for k, v in graphs.items() if v.endswith(".onnx")},
+                           contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS))
+
+
+def write_meta(directory: Path, model, *, source: str, dtype: str, quantize: str | None, fused: bool,
+               scheme: dict | None = None, decoding: dict | None = None, extra: dict | None = None) -> None:
+    """Writes bundle.json (and config.json, for humans) for the files in `directory`.
+
+    Args:
+        directory: the bundle being written; the vocabulary maps are listed when present.
+        model: the exported Transformer.
+        source: what it was exported from (bundle.json's source_checkpoint).
+        dtype, quantize, fused, scheme: as exported.
+        decoding: the decoding defaults (DECODING_DEFAULTS when None).
+        extra: more top-level fields (an imported model's tokens and origin).
+    """
     import onnx
 
     cfg = model.cfg
     keys = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
+    keys.update({k: v for k, v in fmt.OPTIONAL_FILE_KEYS.items() if k not in fmt.OPTIONAL_GRAPH_KEYS
+                 and (directory / v).is_file()})
     files = {key: {"path": path, "sha256": fmt.sha256(directory / path)} for key, path in keys.items()}
     graphs = graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size, fused=fused)
     for label, graph in graphs.items():  # what a host's runtime must be able to run, read from the files
@@ -162,19 +192,20 @@ def _write_json(directory: Path, model, ckpt_dir: Path, dtype: str, quantize: st
         "tokenizers": {side: tokenizer_fingerprint(spm.SentencePieceProcessor(model_file=str(directory / path)))
                        for side, path in (("source", fmt.SOURCE_SPM), ("target", fmt.TARGET_SPM))},
         "graphs": graphs,
-        "decoding": DECODING_DEFAULTS,
-        "source_checkpoint": ckpt_dir.name,
+        "decoding": DECODING_DEFAULTS if decoding is None else decoding,
+        "source_checkpoint": source,
         "producer": {
             "seq2onnx": _version("seq2onnx"), "torch": torch.__version__, "onnx": _version("onnx"),
             "onnxruntime": _version("onnxruntime-gpu") or _version("onnxruntime"), "opset": OPSET,
             "python": platform.python_version(),
         },
     }
+    meta.update(extra or {})
     (directory / fmt.BUNDLE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     model.cfg.save(directory / "config.json")  # the same config, beside the graphs, for humans
 
 
-def _validate(directory: Path) -> None:
+def validate(directory: Path) -> None:
     """The bundle reads, its graphs load on the CPU, and one short decode runs on each decoder.
 
     A fused decoder this onnxruntime cannot run is an error here (the exporter's onnxruntime is

@@ -41,6 +41,7 @@ from .spec import (  # noqa: F401  (re-exported: the format's names, as `from . 
     OPTIONAL_GRAPH_KEYS,
     SOURCE_VOCAB,
     TARGET_VOCAB,
+    VOCAB_TEXTS,
     SOURCE_SPM,
     SPEC,
     SPEC_PATH,

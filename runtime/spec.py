@@ -29,6 +29,7 @@ FUSED_DECODER_FILE = OPTIONAL_FILE_KEYS["decoder_fused"]
 # imported models (spec's vocab_maps: little-endian int32 arrays).
 OPTIONAL_GRAPH_KEYS = {k: v for k, v in OPTIONAL_FILE_KEYS.items() if v.endswith(".onnx")}
 SOURCE_VOCAB, TARGET_VOCAB = OPTIONAL_FILE_KEYS["source_vocab"], OPTIONAL_FILE_KEYS["target_vocab"]
+VOCAB_TEXTS = OPTIONAL_FILE_KEYS["vocab_texts"]
 VOCAB_MAPS = SPEC["vocab_maps"]
 TARGET_LANG_IN = tuple(SPEC["target_lang_in"])
 # The decoder graphs by variant (bundle.json's graphs.<label>.variant), and the operator domain

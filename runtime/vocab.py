@@ -16,7 +16,7 @@ import numpy as np
 
 from .spec import SPEC, TARGET_LANG_IN, BundleError
 
-_SKIP = SPEC["vocab_maps"]["skip"]
+_SKIP, _TEXT = SPEC["vocab_maps"]["skip"], SPEC["vocab_maps"]["text"]
 _CODE = re.compile(r">>([^<>\s]+)<<")  # Marian's leading target-language code, e.g. >>fra<<
 
 
@@ -60,7 +60,10 @@ class Vocabulary:
         target_lang_in: where target_lang's token goes ("target_prefix" or "source_prefix").
         text_language_codes: a source text's leading >>code<< is a language token (Marian).
         strip_text: strip the decoded text.
+        restore_spaces: ▁ left in the decoded text become spaces (before stripping).
         unk_id: the model's unknown id (for a >>code<< that is no language).
+        unknown_pieces: the text of a piece SentencePiece marks unknown -> its model id (vocab_texts' source).
+        target_texts: model target id -> its piece text, for ids the target map marks -2 (vocab_texts' target).
     """
 
     source_map: np.ndarray | None = None
@@ -72,7 +75,10 @@ class Vocabulary:
     target_lang_in: str = TARGET_LANG_IN[0]
     text_language_codes: bool = False
     strip_text: bool = False
+    restore_spaces: bool = False
     unk_id: int = 1
+    unknown_pieces: dict[str, int] = field(default_factory=dict)
+    target_texts: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def of_bundle(cls, bundle, source_pieces: int, target_pieces: int) -> "Vocabulary":
@@ -94,7 +100,8 @@ class Vocabulary:
                                   0, model["src_vocab_size"])
         if "target_vocab" in files:
             target_map = read_map(bundle.bytes("target_vocab"), str(bundle.file("target_vocab")),
-                                  model["tgt_vocab_size"], _SKIP, target_pieces)
+                                  model["tgt_vocab_size"], _TEXT, target_pieces)
+        unknown, texts = _read_texts(bundle, target_map) if "vocab_texts" in files else ({}, {})
         return cls(source_map=source_map, target_map=target_map,
                    source_prefix=list(tokens.get("source_prefix", [])),
                    source_suffix=list(tokens.get("source_suffix", [ids["eos"]])),
@@ -102,7 +109,9 @@ class Vocabulary:
                    languages=dict(tokens.get("languages", {})),
                    target_lang_in=tokens.get("target_lang_in", TARGET_LANG_IN[0]),
                    text_language_codes=bool(tokens.get("text_language_codes", False)),
-                   strip_text=bool(tokens.get("strip_text", False)), unk_id=ids["unk"])
+                   strip_text=bool(tokens.get("strip_text", False)),
+                   restore_spaces=bool(tokens.get("restore_spaces", False)), unk_id=ids["unk"],
+                   unknown_pieces=unknown, target_texts=texts)
 
     @property
     def mapped(self) -> bool:
@@ -122,26 +131,39 @@ class Vocabulary:
             return [], text
         return [self.languages.get(found.group(1), self.unk_id)], text[found.end():]
 
-    def to_model(self, piece_ids: list[int]) -> list[int]:
-        """Source piece ids -> the model's ids."""
-        if self.source_map is None:
-            return piece_ids
-        return self.source_map[np.asarray(piece_ids, dtype=np.int64)].tolist() if piece_ids else []
+    def encoder(self, processor) -> "_Encoder":
+        """The source SentencePiece model `processor` as an object whose encode(text) gives the model's ids."""
+        return _Encoder(processor, self)
 
     def to_pieces(self, ids: Sequence[int]) -> list[int]:
         """Model target ids -> target piece ids, leaving out those that are never text."""
         if self.target_map is None:
             return list(ids)
         pieces = self.target_map[np.asarray(ids, dtype=np.int64)] if len(ids) else np.zeros(0, np.int64)
-        return pieces[pieces != _SKIP].tolist()
+        return pieces[pieces >= 0].tolist()
 
     def decoder(self, processor):
         """Returns decode(ids) -> text for the target SentencePiece model `processor`."""
-        if not self.mapped and not self.strip_text:
+        if not self.mapped and not self.strip_text and not self.restore_spaces:
             return processor.decode
-        if self.strip_text:
-            return lambda ids: processor.decode(self.to_pieces(ids)).strip()
-        return lambda ids: processor.decode(self.to_pieces(ids))
+        if not self.target_texts:
+            decode = lambda ids: processor.decode(self.to_pieces(ids))  # noqa: E731
+        else:  # pieces the model lacks are kept as their text, as SentencePiece's DecodePieces keeps them
+            decode = lambda ids: processor.decode_pieces(self.to_texts(processor, ids))  # noqa: E731
+        if self.restore_spaces:
+            decode = (lambda inner: lambda ids: inner(ids).replace("\u2581", " "))(decode)
+        return (lambda ids: decode(ids).strip()) if self.strip_text else decode
+
+    def to_texts(self, processor, ids: Sequence[int]) -> list[str]:
+        """Model target ids -> piece texts, leaving out those that are never text."""
+        out = []
+        for i in ids:
+            m = int(self.target_map[i])
+            if m >= 0:
+                out.append(processor.id_to_piece(m))
+            elif m == _TEXT:
+                out.append(self.target_texts.get(int(i), ""))
+        return out
 
     def language(self, code, option: str) -> int:
         """A language code's token id.
@@ -201,3 +223,44 @@ class Vocabulary:
                                  f"{eos_id}; give target ids of the text before the translation")
             out.append([int(x) for x in prefix])
         return source, out
+
+
+def _read_texts(bundle, target_map) -> tuple[dict[str, int], dict[int, str]]:
+    """vocab_texts: (piece text -> source id, target id -> piece text), checked against the maps."""
+    import json
+
+    where = bundle.file("vocab_texts")
+    fix = "re-export the bundle with `seq2onnx export`"
+    try:
+        data = json.loads(bundle.bytes("vocab_texts").decode("utf-8"))
+        source = {str(k): int(v) for k, v in data.get("source", {}).items()}
+        target = {int(k): str(v) for k, v in data.get("target", {}).items()}
+    except (ValueError, TypeError, AttributeError) as e:
+        raise BundleError(f"{where}: not the vocabulary texts the spec describes ({e}); {fix}") from None
+    src_vocab = bundle.model["src_vocab_size"]
+    if any(not 0 <= v < src_vocab for v in source.values()):
+        raise BundleError(f"{where}: a source id outside [0, {src_vocab}); {fix}")
+    wanted = set(np.flatnonzero(target_map == _TEXT).tolist()) if target_map is not None else set()
+    if wanted - set(target):
+        raise BundleError(f"{where}: no text for target id {min(wanted - set(target))}, which target_vocab marks {_TEXT}; {fix}")
+    return source, target
+
+
+class _Encoder:
+    """encode(text) -> the model's source ids: SentencePiece's ids through the source map, and an unknown piece
+    through tokens.unknown_pieces by its text (as transformers' tokenizers look pieces up by text)."""
+
+    def __init__(self, processor, vocabulary: Vocabulary):
+        self.processor, self.map, self.unknown = processor, vocabulary.source_map, vocabulary.unknown_pieces
+        self.unk_piece = processor.unk_id()
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.processor.encode(text)
+        if self.map is None:
+            return ids
+        out = self.map[np.asarray(ids, dtype=np.int64)].tolist() if ids else []
+        if self.unknown and self.unk_piece in ids:
+            for i, piece in enumerate(self.processor.encode(text, out_type=str)):
+                if ids[i] == self.unk_piece and piece in self.unknown:
+                    out[i] = self.unknown[piece]
+        return out

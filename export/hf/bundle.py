@@ -1,0 +1,85 @@
+"""`seq2onnx export MODEL_DIR OUT`: a Hugging Face Marian or M2M100/NLLB directory -> a bundle.
+
+The same graphs as our own exports (one encoder, one decoder step, the fused decoder where the CPU
+runs it, int8 included), plus the vocabulary maps and the tokens section that let every host
+tokenize to the model's ids (export/hf/tokens.py), and decoding defaults from generation_config.json.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from seq2onnx import atomic
+from seq2onnx.export.bundle import ExportError, _is_bundle, check_options, validate, write_graphs, write_meta
+from seq2onnx.runtime import bundle as fmt
+
+from .read import HFImportError, import_hf, read_config
+from .tokens import load_tokenizer, token_files
+
+
+def decoding_defaults(generation: dict, config: dict, max_positions: int) -> dict:
+    """The bundle's decoding defaults from generation_config.json (transformers' own defaults where it is silent).
+
+    transformers' max_length and min_length count the decoder start token; ours count generated
+    tokens (docs/decoding.md), hence the - 1. Its early_stopping is not carried over: our beam search
+    always stops a sentence once K hypotheses have finished (early_stopping=True).
+    """
+    def get(key, fallback):
+        value = generation.get(key, config.get(key))
+        return fallback if value is None else value
+
+    max_length = int(get("max_length", 20))
+    return {"beam_size": int(get("num_beams", 1)), "length_penalty": float(get("length_penalty", 1.0)),
+            "max_length_a": 0.0, "max_length_b": max(1, min(max_length - 1, max_positions)),
+            "min_length": max(int(get("min_length", 0)) - 1, 0)}
+
+
+def export_hf_bundle(model_dir: str | Path, out: str | Path, *, dtype: str = "float32", quantize: str | None = None,
+                     force: bool = False, decoder: str = "both") -> Path:
+    """Exports a Hugging Face model directory into the bundle `out` (options as export_bundle's).
+
+    Args:
+        model_dir: a directory as save_pretrained writes it (config.json, weights, generation_config.json,
+            tokenizer files) of model_type marian or m2m_100.
+        out: the bundle directory to write (atomically, validated before it is moved into place).
+        dtype, quantize, force, decoder: as seq2onnx.export.bundle.export_bundle.
+
+    Returns:
+        The bundle directory.
+
+    Raises:
+        HFImportError: an unsupported or damaged model directory (one line: the file, the value, the fix); nothing is
+            written.
+        ExportError: bad options or output (as export_bundle).
+    """
+    fused = check_options(dtype, quantize, decoder)
+    model_dir, out = Path(model_dir), Path(out)
+    config = read_config(model_dir)  # before anything is written: an unsupported directory writes nothing
+    tokenizer = load_tokenizer(model_dir)
+    imported = import_hf(model_dir)
+    model, cfg = imported.model, imported.model.cfg
+    files = token_files(model_dir, imported.kind, tokenizer, src_vocab=cfg.src_vocab_size, tgt_vocab=cfg.tgt_vocab_size,
+                        generation=imported.generation)
+    if files.unk_id != cfg.unk_id:
+        model.cfg = cfg = type(cfg)(**{**cfg.to_dict(), "unk_id": files.unk_id})
+    decoding = decoding_defaults(imported.generation, config, cfg.max_positions)
+    with atomic.building(out, force, "bundle", error=ExportError, inputs={"the model directory": model_dir},
+                         ours=_is_bundle) as tmp:
+        scheme = write_graphs(model, tmp, dtype, quantize, fused)
+        shutil.copyfile(files.source_spm, tmp / fmt.SOURCE_SPM)
+        shutil.copyfile(files.target_spm, tmp / fmt.TARGET_SPM)
+        (tmp / fmt.SOURCE_VOCAB).write_bytes(files.source_map.astype("<i4").tobytes())
+        (tmp / fmt.TARGET_VOCAB).write_bytes(files.target_map.astype("<i4").tobytes())
+        if files.texts:
+            (tmp / fmt.VOCAB_TEXTS).write_text(json.dumps(files.texts, ensure_ascii=False, sort_keys=True), encoding="utf-8")
+        origin = {"model_type": imported.kind, "architectures": config.get("architectures"),
+                  "transformers_config": {k: config.get(k) for k in ("activation_function", "scale_embedding",
+                                                                     "max_position_embeddings", "d_model")}}
+        write_meta(tmp, model, source=model_dir.name, dtype=dtype, quantize=quantize, fused=fused, scheme=scheme,
+                   decoding=decoding, extra={"tokens": files.tokens, "imported_from": origin})
+        validate(tmp)
+    return out
+
+
+__all__ = ["HFImportError", "export_hf_bundle", "decoding_defaults"]

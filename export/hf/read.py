@@ -1,0 +1,245 @@
+"""A Hugging Face model directory (Marian / OPUS-MT, M2M100 / NLLB) -> our Transformer with its weights.
+
+Every architectural value is read from the model's own config and weights, never from a library
+default: the activation, the embedding scale, post- or pre-norm with the final norms, the logits
+bias, shared or separate embeddings and output projection, the special ids, and the position
+table, copied from the model as it computes it (HF Marian's table puts sines then cosines, fairseq's
+M2M100 table is offset by padding_idx + 1: neither is ours, so neither is regenerated).
+
+Weights are taken from the loaded transformers model's modules (not from state-dict names), so a
+renamed parameter in a later transformers cannot be silently skipped: every tensor is copied into a
+model whose every parameter must be filled (`_copy` counts them).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from seq2onnx.model.config import ACTIVATIONS, ModelConfig
+from seq2onnx.model.transformer import Transformer
+
+# model_type -> (pre_norm, what the model is); the families this importer knows.
+FAMILIES = {"marian": (False, "Marian (OPUS-MT)"), "m2m_100": (True, "M2M100 / NLLB-200")}
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+_ACTIVATION_NAMES = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+
+
+class HFImportError(ValueError):
+    """A model directory this importer refuses: one line naming the file, the value and the fix."""
+
+
+def is_hf_dir(path: str | Path) -> bool:
+    """True for a directory with a config.json that names a model_type (what save_pretrained writes)."""
+    config = Path(path) / "config.json"
+    try:
+        return "model_type" in json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def read_config(model_dir: Path) -> dict:
+    """config.json, checked for a model_type this importer knows and for weights beside it.
+
+    Raises:
+        HFImportError: naming config.json's model_type or the missing weights.
+    """
+    path = model_dir / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise HFImportError(f"{path}: not a readable JSON config ({e}); give a directory that save_pretrained wrote") from None
+    kind = config.get("model_type")
+    if kind not in FAMILIES:
+        known = ", ".join(f"{k} ({v[1]})" for k, v in FAMILIES.items())
+        raise HFImportError(f"{path}: model_type {kind!r} is not supported; this importer reads {known} "
+                            "(other encoder-decoders: train with `seq2onnx train` or convert elsewhere)")
+    if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
+        raise HFImportError(f"{model_dir}: no weights ({' or '.join(WEIGHT_FILES[:2])}); save the model with "
+                            "save_pretrained (or copy its weights file) into this directory")
+    return config
+
+
+@dataclass
+class Imported:
+    """An imported model: ours, with what the bundle needs besides the graphs.
+
+    Attributes:
+        model: our Transformer, fp32, eval mode, holding the imported weights.
+        kind: config.json's model_type.
+        hf_model: the transformers model it was read from (for verify; fp32).
+        generation: generation_config.json's fields (or {}).
+    """
+
+    model: Transformer
+    kind: str
+    hf_model: object
+    generation: dict
+
+
+def load_hf(model_dir: Path):
+    """Loads the transformers model of a directory in fp32, eval mode.
+
+    Raises:
+        HFImportError: transformers is missing, or cannot read the directory (naming why).
+    """
+    try:
+        from transformers import AutoModelForSeq2SeqLM
+    except ImportError:
+        raise HFImportError("importing a Hugging Face model needs transformers: pip install 'seq2onnx[hf]'") from None
+    try:
+        model = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    except Exception as e:  # transformers raises many kinds; one line with its words
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise HFImportError(f"{model_dir}: transformers cannot load this model: {first}") from None
+    return model.eval()
+
+
+def _positions(hf, n: int, pad_id: int) -> torch.Tensor:
+    """The position table as the model computes it: each stack's embed_positions output for n tokens, captured by a
+    hook on a forward pass with the layers taken out (only the embeddings run)."""
+    enc, dec = hf.get_encoder(), hf.get_decoder()
+    captured: dict[str, torch.Tensor] = {}
+    hooks = [stack.embed_positions.register_forward_hook(lambda m, a, out, side=side: captured.__setitem__(side, out))
+             for side, stack in (("encoder", enc), ("decoder", dec))]
+    layers = enc.layers, dec.layers
+    try:
+        enc.layers, dec.layers = torch.nn.ModuleList(), torch.nn.ModuleList()
+        ids = torch.full((1, n), 1 if pad_id != 1 else 2, dtype=torch.long)  # any non-pad token
+        with torch.no_grad():
+            hf(input_ids=ids, attention_mask=torch.ones_like(ids), decoder_input_ids=ids)
+    finally:
+        enc.layers, dec.layers = layers
+        for h in hooks:
+            h.remove()
+    tables = {side: t.detach().reshape(-1, t.shape[-1])[-n:].float() for side, t in captured.items()}
+    if set(tables) != {"encoder", "decoder"} or tables["encoder"].shape[0] != n:
+        raise HFImportError(f"could not read the position table ({sorted(tables)} captured): this model's "
+                            "embed_positions is not what this importer knows")
+    if not torch.equal(tables["encoder"], tables["decoder"]):
+        raise HFImportError("the encoder's and decoder's position tables differ; this importer supports one table")
+    return tables["encoder"]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() or (a.shape == b.shape and torch.equal(a, b))
+
+
+def model_config(config: dict, hf, model_dir: Path, generation: dict) -> ModelConfig:
+    """Our ModelConfig from a transformers model's config and its weights.
+
+    Raises:
+        HFImportError: an activation we cannot run, or a config that disagrees with its weights.
+    """
+    kind = config["model_type"]
+    enc, dec = hf.get_encoder(), hf.get_decoder()
+    src_embed, tgt_embed = enc.embed_tokens.weight, dec.embed_tokens.weight
+    head = hf.get_output_embeddings().weight
+    src_vocab, tgt_vocab = src_embed.shape[0], head.shape[0]
+    declared = config.get("vocab_size")
+    if declared is not None and declared != src_vocab:
+        raise HFImportError(f"{model_dir / 'config.json'}: vocab_size is {declared} but the weights' embedding has "
+                            f"{src_vocab} rows; the config does not belong to these weights (fix vocab_size or the weights)")
+    activation = _ACTIVATION_NAMES.get(str(config.get("activation_function")))
+    if activation not in ACTIVATIONS:
+        raise HFImportError(f"{model_dir / 'config.json'}: activation_function {config.get('activation_function')!r} "
+                            f"is not supported; supported: {', '.join(sorted(_ACTIVATION_NAMES))}")
+    layer = enc.layers[0]
+    bad_words = generation.get("bad_words_ids") or []
+    suppressed = sorted({ids[0] for ids in bad_words if len(ids) == 1} | set(generation.get("suppress_tokens") or []))
+    if any(len(ids) != 1 for ids in bad_words):
+        raise HFImportError(f"{model_dir / 'generation_config.json'}: bad_words_ids has sequences of several tokens; "
+                            "only single tokens are supported (remove the longer ones)")
+    start = generation.get("decoder_start_token_id", config.get("decoder_start_token_id"))
+    eos, pad = config["eos_token_id"], config["pad_token_id"]
+    bos = config.get("bos_token_id")
+    return ModelConfig(
+        src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, d_model=config["d_model"],
+        n_heads=config["encoder_attention_heads"], n_encoder_layers=len(enc.layers), n_decoder_layers=len(dec.layers),
+        d_ff=layer.fc1.out_features, dropout=0.0, max_positions=config["max_position_embeddings"],
+        pre_norm=FAMILIES[kind][0], tie_embeddings=_same(head, tgt_embed), share_vocab=_same(src_embed, tgt_embed),
+        layer_norm_eps=layer.self_attn_layer_norm.eps, pad_id=pad, unk_id=config.get("unk_token_id", pad) or 0,
+        bos_id=bos if isinstance(bos, int) and 0 <= bos < min(src_vocab, tgt_vocab) else start, eos_id=eos,
+        decoder_start_id=start, activation=activation, scale_embedding=bool(config.get("scale_embedding", False)),
+        logits_bias=getattr(hf, "final_logits_bias", None) is not None, stored_positions=True,
+        suppressed_ids=tuple(suppressed))
+
+
+def _attention(ours, theirs) -> list[tuple]:
+    return [(ours.w_q, theirs.q_proj), (ours.w_k, theirs.k_proj), (ours.w_v, theirs.v_proj), (ours.w_o, theirs.out_proj)]
+
+
+def _copy(model: Transformer, hf, positions: torch.Tensor) -> None:
+    """Copies every tensor of hf into model; every parameter of model must be written exactly once."""
+    enc, dec = hf.get_encoder(), hf.get_decoder()
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def linear(ours, theirs):
+        pairs.extend([(ours.weight, theirs.weight), (ours.bias, theirs.bias)])
+
+    def norm(ours, theirs):
+        pairs.extend([(ours.weight, theirs.weight), (ours.bias, theirs.bias)])
+
+    pairs.append((model.src_embed.weight, enc.embed_tokens.weight))
+    if model.tgt_embed is not model.src_embed:
+        pairs.append((model.tgt_embed.weight, dec.embed_tokens.weight))
+    if model.generator.weight is not model.tgt_embed.weight:
+        pairs.append((model.generator.weight, hf.get_output_embeddings().weight))
+    if model.generator.bias is not None:
+        pairs.append((model.generator.bias, hf.final_logits_bias.reshape(-1)))
+    for ours, theirs in zip(model.encoder_layers, enc.layers):
+        for a, b in _attention(ours.self_attn, theirs.self_attn):
+            linear(a, b)
+        linear(ours.feed_forward.w_1, theirs.fc1)
+        linear(ours.feed_forward.w_2, theirs.fc2)
+        norm(ours.sub_attn.norm, theirs.self_attn_layer_norm)
+        norm(ours.sub_ff.norm, theirs.final_layer_norm)
+    for ours, theirs in zip(model.decoder_layers, dec.layers):
+        for a, b in _attention(ours.self_attn, theirs.self_attn) + _attention(ours.cross_attn, theirs.encoder_attn):
+            linear(a, b)
+        linear(ours.feed_forward.w_1, theirs.fc1)
+        linear(ours.feed_forward.w_2, theirs.fc2)
+        norm(ours.sub_self.norm, theirs.self_attn_layer_norm)
+        norm(ours.sub_cross.norm, theirs.encoder_attn_layer_norm)
+        norm(ours.sub_ff.norm, theirs.final_layer_norm)
+    if model.cfg.pre_norm:
+        norm(model.encoder_norm, enc.layer_norm)
+        norm(model.decoder_norm, dec.layer_norm)
+    written = set()
+    with torch.no_grad():
+        for ours, theirs in pairs:
+            if ours.shape != theirs.shape:
+                raise HFImportError(f"a weight of shape {tuple(theirs.shape)} does not fit ours {tuple(ours.shape)}; "
+                                    "the config does not describe these weights")
+            ours.copy_(theirs)
+            written.add(id(ours))
+        model.positions.copy_(positions)
+    missed = [name for name, p in model.named_parameters() if id(p) not in written]
+    if missed:
+        raise HFImportError(f"parameters {missed[:5]} were not found in the transformers model; this importer does not "
+                            "know this variant of the architecture")
+
+
+def import_hf(model_dir: str | Path) -> Imported:
+    """Reads a Hugging Face Marian or M2M100 directory into our Transformer.
+
+    Args:
+        model_dir: a directory as save_pretrained writes it.
+
+    Returns:
+        The imported model with the transformers model and the generation config.
+
+    Raises:
+        HFImportError: an unsupported or damaged directory (one line: the file, the value, the fix).
+    """
+    model_dir = Path(model_dir)
+    config = read_config(model_dir)
+    hf = load_hf(model_dir)
+    gen_path = model_dir / "generation_config.json"
+    generation = json.loads(gen_path.read_text(encoding="utf-8")) if gen_path.is_file() else {}
+    cfg = model_config(config, hf, model_dir, generation)
+    model = Transformer(cfg).eval()
+    _copy(model, hf, _positions(hf, cfg.max_positions, cfg.pad_id))
+    return Imported(model=model, kind=config["model_type"], hf_model=hf, generation=generation)

@@ -1,0 +1,149 @@
+"""A Hugging Face tokenizer as what every host needs: SentencePiece models, id maps and the tokens section.
+
+The hosts tokenize with SentencePiece alone (no transformers, no tokenizers library), so the
+bundle records how the model's ids relate to SentencePiece's (spec/bundle.json's vocab_maps):
+- source map: each source piece's model id, asked of the tokenizer itself
+  (convert_tokens_to_ids: Marian's vocab.json, M2M100's vocab.json, NLLB's offset ids);
+- target map: each model id's piece in the SentencePiece model the tokenizer decodes with, or -1
+  for the special tokens that batch_decode(skip_special_tokens=True) leaves out;
+- the prefix and suffix the tokenizer puts around a text's pieces, found by encoding a probe text
+  and locating its pieces' ids (so no family's convention is written here twice);
+- the language tokens (M2M100 __xx__, NLLB xxx_Latn, Marian >>xxx<<).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+
+from .read import HFImportError
+
+_PROBE = "The quick brown fox jumps over the lazy dog: 12345 ÆØÅ."
+_SPM_FILES = {"marian": ("source.spm", "target.spm"), "m2m_100": ("sentencepiece.bpe.model", "sentencepiece.bpe.model")}
+
+
+@dataclass
+class TokenFiles:
+    """What the bundle gets from the tokenizer.
+
+    Attributes:
+        source_spm, target_spm: the SentencePiece model files (target: the one the tokenizer decodes with).
+        source_map, target_map: int32 arrays (spec/bundle.json's vocab_maps).
+        tokens: bundle.json's tokens section.
+        texts: vocab_texts ({"source": text -> id, "target": id -> text}), or {} when neither is needed.
+        unk_id: the tokenizer's unknown id.
+    """
+
+    source_spm: Path
+    target_spm: Path
+    source_map: np.ndarray
+    target_map: np.ndarray
+    tokens: dict = field(default_factory=dict)
+    texts: dict = field(default_factory=dict)
+    unk_id: int = 0
+
+
+def load_tokenizer(model_dir: Path):
+    """The directory's tokenizer (transformers' AutoTokenizer), with a one-line error when it cannot load."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise HFImportError(f"{model_dir}: the tokenizer files cannot be loaded ({first}); save the tokenizer with "
+                            "tokenizer.save_pretrained into this directory") from None
+
+
+def _spm_files(model_dir: Path, kind: str, tokenizer) -> tuple[Path, Path]:
+    source, target = (model_dir / name for name in _SPM_FILES[kind])
+    if kind == "marian" and not getattr(tokenizer, "separate_vocabs", False):
+        # transformers 5's MarianTokenizer decodes with the SOURCE model unless the vocabularies are
+        # separate (MarianTokenizer._decode): the hosts decode as batch_decode does.
+        target = source
+    for path in (source, target):
+        if not path.is_file():
+            raise HFImportError(f"{path}: missing; the tokenizer's SentencePiece model is needed (save the tokenizer "
+                                "with save_pretrained into the model directory)")
+    return source, target
+
+
+def _locate(ids: list[int], inner: list[int]) -> tuple[list[int], list[int]]:
+    for start in range(len(ids) - len(inner) + 1):
+        if ids[start : start + len(inner)] == inner:
+            return ids[:start], ids[start + len(inner):]
+    raise HFImportError("the tokenizer's ids of a probe text do not contain its SentencePiece pieces mapped through "
+                        "the vocabulary: this tokenizer pre-processes text in a way the hosts cannot repeat")
+
+
+def token_files(model_dir: Path, kind: str, tokenizer, *, src_vocab: int, tgt_vocab: int,
+                generation: dict) -> TokenFiles:
+    """Builds the maps and tokens section of a Marian or M2M100/NLLB tokenizer.
+
+    Args:
+        model_dir: the model directory.
+        kind: config.json's model_type.
+        tokenizer: the directory's transformers tokenizer.
+        src_vocab, tgt_vocab: the model's vocabulary sizes (from its weights).
+        generation: generation_config.json's fields (forced_bos_token_id is the default target prefix).
+
+    Raises:
+        HFImportError: a tokenizer that does not match the model's vocabulary (naming the file and the value).
+    """
+    source_path, target_path = _spm_files(model_dir, kind, tokenizer)
+    source = spm.SentencePieceProcessor(model_file=str(source_path))
+    target = spm.SentencePieceProcessor(model_file=str(target_path))
+    pieces = [source.id_to_piece(i) for i in range(source.get_piece_size())]
+    source_map = np.array(tokenizer.convert_tokens_to_ids(pieces), dtype=np.int64)
+    if source_map.size and (source_map.min() < 0 or source_map.max() >= src_vocab):
+        bad = int(source_map[(source_map < 0) | (source_map >= src_vocab)][0])
+        raise HFImportError(f"{model_dir}: the tokenizer gives id {bad} to a piece of {source_path.name}, outside the "
+                            f"model's {src_vocab} embeddings: the tokenizer files do not belong to this model")
+    special = set(tokenizer.all_special_ids)
+    tokens = tokenizer.convert_ids_to_tokens(list(range(tgt_vocab)))
+    # Each id's piece in the decoding model; -1 for what batch_decode(skip_special_tokens=True) leaves out;
+    # -2 (its text in vocab_texts) for a piece that model lacks, which DecodePieces keeps as its text.
+    target_map = np.full(tgt_vocab, -1, dtype=np.int64)
+    target_texts: dict[str, str] = {}
+    for i, t in enumerate(tokens):
+        if i in special or t is None:
+            continue
+        piece = target.piece_to_id(t)
+        if piece == target.unk_id() and t != target.id_to_piece(target.unk_id()):
+            target_map[i], target_texts[str(i)] = -2, t
+        else:
+            target_map[i] = piece
+    if len(getattr(tokenizer, "decoder", {}) or {}) > tgt_vocab:
+        raise HFImportError(f"{model_dir}: the tokenizer's vocabulary has {len(tokenizer.decoder)} entries, more than "
+                            f"the model's {tgt_vocab} output ids: the tokenizer files do not belong to this model")
+    # Vocabulary entries that are no source piece: the text of an unknown piece is looked up among them.
+    known = set(pieces)
+    vocab = tokenizer.get_vocab()
+    unknown = {text: int(i) for text, i in vocab.items() if text not in known and i not in special and 0 <= i < src_vocab}
+    # Marian replaces the ▁ that DecodePieces keeps in unknown pieces; M2M100 does not (convert_tokens_to_string).
+    section: dict = {"strip_text": True, "restore_spaces": kind == "marian"}
+    from seq2onnx.runtime.vocab import Vocabulary
+
+    encoder = Vocabulary(source_map=source_map, unknown_pieces=unknown).encoder(source)
+    prefix, suffix = _locate(tokenizer(_PROBE).input_ids, encoder.encode(_PROBE))
+    section.update({"source_prefix": prefix, "source_suffix": suffix})
+    forced = generation.get("forced_bos_token_id")
+    if isinstance(forced, int):
+        section["target_prefix"] = [forced]
+    if kind == "m2m_100":
+        codes = getattr(tokenizer, "lang_code_to_id", None) or {}
+        if not codes:  # NLLB: the language tokens are its additional special tokens, e.g. fra_Latn
+            codes = {t: tokenizer.convert_tokens_to_ids(t) for t in tokenizer.additional_special_tokens}
+        section["languages"] = {code: int(i) for code, i in codes.items() if 0 <= int(i) < min(src_vocab, tgt_vocab)}
+        section["target_lang_in"] = "target_prefix"
+    else:
+        codes = getattr(tokenizer, "supported_language_codes", []) or []
+        if codes:
+            section["languages"] = {c[2:-2]: int(tokenizer.convert_tokens_to_ids(c)) for c in codes}
+            section["target_lang_in"] = "source_prefix"
+            section["text_language_codes"] = True
+    return TokenFiles(source_spm=source_path, target_spm=target_path, source_map=source_map.astype(np.int32),
+                      target_map=target_map.astype(np.int32), tokens=section, unk_id=int(tokenizer.unk_token_id),
+                      texts={"source": unknown, "target": target_texts} if unknown or target_texts else {})

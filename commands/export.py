@@ -16,8 +16,10 @@ def add(sub) -> None:
                        "tokenizers and bundle.json. With --format ctranslate2, a CTranslate2 model directory "
                        "instead (model.bin, config.json, vocabularies, the tokenizers and seq2onnx-ct2.json; "
                        "docs/ctranslate2.md). Written atomically; validated before success is reported.")
-    p.add_argument("checkpoint")
-    p.add_argument("out_dir")
+    p.add_argument("checkpoint", help="our checkpoint (a run directory or one of its step-*/last/best), or a Hugging "
+                   "Face model directory as save_pretrained writes it (model_type marian or m2m_100: OPUS-MT, M2M100, "
+                   "NLLB-200), recognised by its config.json")
+    p.add_argument("out_dir", help="the bundle directory to write (never over an existing one without --force)")
     p.add_argument("--format", default="onnx", choices=EXPORT_FORMATS,
                    help="onnx (default): the ONNX bundle; ctranslate2: a model directory for ctranslate2.Translator "
                    "(float32 weights; choose int8/float16 at load with compute_type)")
@@ -34,6 +36,19 @@ def add(sub) -> None:
 
 def run(args) -> int:
     needs_torch("export")
+    from seq2onnx.export.hf.read import is_hf_dir
+
+    if is_hf_dir(args.checkpoint):
+        if args.format != "onnx":
+            raise CommandError(f"{args.checkpoint} is a Hugging Face model directory: --format {args.format} applies to "
+                               "our checkpoints; for CTranslate2 use its own converter (ct2-transformers-converter)")
+        from seq2onnx.export.hf.bundle import export_hf_bundle
+
+        options = {name: getattr(args, name) for name in ONNX_ONLY if getattr(args, name) is not None}
+        out = export_hf_bundle(args.checkpoint, args.out_dir, force=args.force, **options)
+        print(f"bundle written to {out} ({', '.join(sorted(p.name for p in out.iterdir() if not p.name.startswith('.')))}); "
+              f"check it with: seq2onnx verify {args.checkpoint} {out} --data SENTENCES.txt")
+        return 0
     if args.format == "ctranslate2":
         given = [f"--{name}" for name in ONNX_ONLY if getattr(args, name) is not None]
         if given:

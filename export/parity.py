@@ -322,8 +322,9 @@ def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, de
 
 
 def _value_and_bound(c: dict) -> tuple[str, str]:
-    if c["tier"] == "tokens":
-        return f"{c['value']:.1%}", f">= {c['bound']:.0%}"
+    if c["tier"] == "tokens" or "identical" in c["name"]:  # a share of sentences
+        bound = f"{c['bound']:.0%}" if round(c["bound"] * 100, 6).is_integer() else f"{c['bound']:.1%}"
+        return f"{c['value']:.1%}", f">= {bound}"
     if c["tier"] == "text":
         return f"{c['value']:.2f}", f"<= {c['bound']:.1f}"
     return f"{c['value']:.2e}", f"<= {c['bound']:.1e}"

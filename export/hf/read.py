@@ -87,8 +87,11 @@ def load_hf(model_dir: Path):
     """
     try:
         from transformers import AutoModelForSeq2SeqLM
+        from transformers.utils import logging as hf_logging
     except ImportError:
         raise HFImportError("importing a Hugging Face model needs transformers: pip install 'seq2onnx[hf]'") from None
+    hf_logging.set_verbosity_error()  # our progress and errors are our own lines; its bars and notices are noise here
+    hf_logging.disable_progress_bar()
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir), dtype=torch.float32)
     except Exception as e:  # transformers raises many kinds; one line with its words

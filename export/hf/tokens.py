@@ -47,10 +47,14 @@ class TokenFiles:
 
 def load_tokenizer(model_dir: Path):
     """The directory's tokenizer (transformers' AutoTokenizer), with a one-line error when it cannot load."""
+    import warnings
+
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(model_dir))
+        with warnings.catch_warnings():  # MarianTokenizer recommends sacremoses, for a normaliser it never calls
+            warnings.filterwarnings("ignore", message=".*sacremoses.*")
+            return AutoTokenizer.from_pretrained(str(model_dir))
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise HFImportError(f"{model_dir}: the tokenizer files cannot be loaded ({first}); save the tokenizer with "

@@ -1,0 +1,235 @@
+"""`seq2onnx verify MODEL_DIR BUNDLE`: an imported bundle against transformers' own model and tokenizer.
+
+Tiers, each against the transformers model evaluated in float64 (the reference is the model's own
+library, not our import of it):
+- tensors: the encoder's outputs (each decoder layer's cross-attention keys and values, made by
+  transformers' own k_proj/v_proj from its encoder output) and the decoder's log-probabilities
+  step by step along teacher-forced targets (the references when given, else transformers'
+  greedy outputs, which is the greedy path), for each decoder graph of the bundle;
+- tokens: the source ids identical to the tokenizer's; greedy ids identical to
+  model.generate(num_beams=1, do_sample=False) on every sentence; beam 4 identical to
+  model.generate(num_beams=4, early_stopping=True, length_penalty=1.0) on >= 99.5%, each
+  difference shown with both hypotheses' float64 scores and labelled (a near-tie or not);
+- text: texts identical to the tokenizer's batch_decode(skip_special_tokens=True).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seq2onnx.export.parity import Check
+from seq2onnx.runtime import bundle as fmt
+from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.translator import Translator
+
+from .read import load_hf, read_config
+from .tokens import load_tokenizer
+
+MIN_BEAM_AGREEMENT = 0.995  # the issue's bound for beam 4; greedy must agree on every sentence
+TIE = 1e-4  # nats: a deciding gap this small is float noise between float64 and the bundle's float32
+
+
+def read_sentences(path: str | Path, n: int, src_col: int = 0, tgt_col: int | None = None) -> list[tuple[str, str | None]]:
+    """Up to n (source, reference or None) pairs from a text file: one source per line, or TSV columns.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: no usable line, or a column missing (naming the line).
+    """
+    pairs = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            cols = line.rstrip("\n").split("\t")
+            if not line.strip():
+                continue
+            if src_col >= len(cols) or (tgt_col is not None and tgt_col >= len(cols)):
+                raise ValueError(f"{path}:{number}: {len(cols)} columns; --src-col {src_col}"
+                                 f"{'' if tgt_col is None else f' and --tgt-col {tgt_col}'} need more")
+            pairs.append((cols[src_col], None if tgt_col is None else cols[tgt_col]))
+            if len(pairs) >= n:
+                break
+    if not pairs:
+        raise ValueError(f"{path}: no sentences; give one source sentence per line")
+    return pairs
+
+
+def _generate(hf, enc, *, beams: int, max_length: int, forced: int | None) -> list[list[int]]:
+    extra = {"forced_bos_token_id": forced} if forced is not None else {}
+    if beams > 1:  # transformers warns that these flags mean nothing to greedy search
+        extra.update(early_stopping=True, length_penalty=1.0)
+    with torch.no_grad():
+        out = hf.generate(**enc, num_beams=beams, do_sample=False, max_length=max_length, **extra)
+    return out.tolist()
+
+
+def _strip(ids: list[int], pad: int, eos: int) -> list[int]:
+    """A generate() row as our token_ids: without the start token, padding and a final end token."""
+    ids = ids[1:]
+    while ids and ids[-1] == pad:
+        ids.pop()
+    return ids[:-1] if ids and ids[-1] == eos else ids
+
+
+def _log_probs(hf, enc_row: dict, decoder_input: list[int], suppressed: list[int]) -> np.ndarray:
+    """transformers' float64 log-probabilities (T, V) along decoder_input, suppressed ids at -inf."""
+    with torch.no_grad():
+        logits = hf(**enc_row, decoder_input_ids=torch.tensor([decoder_input])).logits[0].double()
+    lp = torch.log_softmax(logits, dim=-1)
+    lp[:, suppressed] = float("-inf")
+    return lp.numpy()
+
+
+def _score(lp: np.ndarray, tokens: list[int], forced: int, eos: int, alpha: float) -> tuple[float, float]:
+    """(sum of log-probs with the end token, normalised by len^alpha); forced prefix tokens add 0."""
+    seq = tokens + [eos]
+    total = sum(0.0 if t < forced else float(lp[t, tok]) for t, tok in enumerate(seq))
+    return total, total / len(seq) ** alpha
+
+
+def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sentences: int = 100, device: str = "cpu",
+              src_col: int = 0, tgt_col: int | None = None, source_lang: str | None = None,
+              target_lang: str | None = None, tensor_sentences: int = 100, log=None) -> dict:
+    """Runs every tier; returns the report (seq2onnx.export.parity.format_report prints it, then format_differences).
+
+    Args:
+        model_dir: the Hugging Face model directory the bundle was exported from.
+        bundle_dir: the bundle.
+        data, sentences, src_col, tgt_col: up to `sentences` test sentences from a text file (TSV with tgt_col: with
+            references, used as the teacher-forced targets).
+        device: onnxruntime provider for the standard decoder.
+        source_lang, target_lang: language codes of a multilingual model (as translate_batch's).
+        tensor_sentences: the first this many go through the tensor tier.
+        log (Callable[[str], None] | None): progress lines.
+
+    Returns:
+        dict: passed, checks, differences.
+    """
+    say = log or (lambda line: None)
+    model_dir, bundle_dir = Path(model_dir), Path(bundle_dir)
+    read_config(model_dir)
+    bundle = fmt.read_bundle(bundle_dir)
+    tol = bundle.meta["tolerances"]
+    hf = load_hf(model_dir).double()
+    tok = load_tokenizer(model_dir)
+    pairs = read_sentences(data, sentences, src_col, tgt_col)
+    srcs = [s for s, _ in pairs]
+    decoders = tuple(bundle.decoder_variants)
+    translators = {d: Translator(bundle, device="cpu" if d == fmt.FUSED else device, _tuning=SessionTuning(decoder=d))
+                   for d in decoders}
+    first = translators[decoders[0]]
+    cfg, ids = bundle.model, bundle.special_ids
+    eos, pad, start = ids["eos"], ids["pad"], ids["decoder_start"]
+    if source_lang is not None and hasattr(tok, "src_lang"):
+        tok.src_lang = source_lang
+    if target_lang is not None and hasattr(tok, "tgt_lang"):
+        tok.tgt_lang = target_lang
+    options = {"source_lang": source_lang, "target_lang": target_lang}
+    _, [prefix] = first._prefixes(1, first.search_options(**options))  # the forced target ids, as the runtime forces
+    forced = prefix[0] if prefix else None
+    max_length = int(bundle.decoding["max_length_b"]) + 1  # transformers counts the start token
+    suppressed = list(cfg.get("suppressed_ids", []))
+    checks: list[Check] = []
+
+    ours_src = [first._sources.ids(i, s, False, first._prefixes(1, first.search_options(**options))[0])
+                for i, s in enumerate(srcs)]
+    theirs_src = [tok(s).input_ids for s in srcs]
+    same = sum(a == b for a, b in zip(ours_src, theirs_src))
+    checks.append(Check("tokens", "source ids identical to the tokenizer's", same / len(srcs), 1.0, same == len(srcs),
+                        f"{same}/{len(srcs)} sentences"))
+    enc = tok(srcs, return_tensors="pt", padding=True)
+    say(f"tokens: transformers' greedy and beam-4 generate on {len(srcs)} sentences")
+    want = {1: _generate(hf.float(), enc, beams=1, max_length=max_length, forced=forced),
+            4: _generate(hf, enc, beams=4, max_length=max_length, forced=forced)}
+    hf.double()
+    texts = tok.batch_decode(want[1], skip_special_tokens=True)
+    rows = [{k: v[i : i + 1, : int(enc["attention_mask"][i].sum())] for k, v in enc.items()} for i in range(len(srcs))]
+    targets = [(tok(text_target=r).input_ids[:-1] if r is not None else _strip(w, pad, eos))
+               for (_, r), w in zip(pairs, want[1])]
+    differences = []
+    for variant, t in translators.items():
+        checks.extend(_tensor_checks(t, hf, rows[:tensor_sentences], ours_src[:tensor_sentences],
+                                     targets[:tensor_sentences], start, suppressed, tol["tensor_atol"], variant, say))
+        for beams in (1, 4):
+            say(f"tokens: the bundle's {'greedy' if beams == 1 else 'beam-4'} search ({variant} decoder)")
+            got = t.translate_batch(srcs, beam_size=beams, length_penalty=1.0, max_decoding_length=max_length - 1,
+                                    **options)
+            expected = [_strip(w, pad, eos) for w in want[beams]]
+            agree = [g.token_ids[0] == w for g, w in zip(got, expected)]
+            bound = 1.0 if beams == 1 else MIN_BEAM_AGREEMENT
+            rate = sum(agree) / len(agree)
+            checks.append(Check("tokens", f"{'greedy' if beams == 1 else 'beam 4'} ids identical to generate()", rate,
+                                bound, rate >= bound, f"{sum(agree)}/{len(agree)} sentences", variant))
+            for i in np.flatnonzero(~np.array(agree)):
+                lp_ours = _log_probs(hf, rows[i], [start] + got[i].token_ids[0], suppressed)
+                lp_theirs = _log_probs(hf, rows[i], [start] + expected[i], suppressed)
+                n_forced = len(prefix)
+                ours, theirs = _score(lp_ours, got[i].token_ids[0], n_forced, eos, 1.0), _score(lp_theirs, expected[i], n_forced, eos, 1.0)
+                gap = theirs[1] - ours[1]
+                differences.append({"decoder": variant, "search": "greedy" if beams == 1 else "beam 4", "index": int(i),
+                                    "source": srcs[i], "ours": got[i].token_ids[0], "transformers": expected[i],
+                                    "ours_score": ours, "transformers_score": theirs, "gap": gap,
+                                    "kind": "near-tie" if abs(gap) <= TIE else "NOT a near-tie"})
+            if beams == 1:
+                same_text = sum(g.hypotheses[0] == x for g, x in zip(got, texts))
+                checks.append(Check("text", "texts identical to batch_decode", same_text / len(texts), 1.0,
+                                    same_text == len(texts), f"{same_text}/{len(texts)} sentences", variant))
+    return {"bundle": str(bundle_dir), "checkpoint": str(model_dir), "variant": bundle.meta.get("variant", "float32"),
+            "decoders": list(decoders), "provider": first.device.upper() if first.device == "cpu" else "CUDA",
+            "sentences": len(srcs), "tensor_sentences": min(tensor_sentences, len(srcs)),
+            "passed": all(c.passed for c in checks), "checks": [asdict(c) | {"judged": True} for c in checks],
+            "differences": differences, "tie": TIE, "options": options}
+
+
+def _tensor_checks(translator, hf, rows, sources, targets, start, suppressed, atol, variant, say) -> list[Check]:
+    """Encoder K/V and teacher-forced log-probabilities of one decoder against transformers in float64."""
+    if not rows:
+        return []
+    say(f"tensors: {len(rows)} sentences, {variant} decoder, against transformers in float64")
+    worst_kv = worst_lp = 0.0
+    scale_kv = 1.0
+    n_layers = translator.n_layers
+    layers = hf.get_decoder().layers
+    for row, src, target in zip(rows, sources, targets):
+        src_arr, lengths = translator._sources.pad([src])
+        src_mask, cross = translator._encode(src_arr, lengths)
+        with torch.no_grad():
+            memory = hf.get_encoder()(**row).last_hidden_state  # (1, S, D)
+        heads, dh = translator.n_heads, translator.head_dim
+        for i in range(n_layers):
+            attn = layers[i].encoder_attn
+            for proj, got in ((attn.k_proj, cross[2 * i]), (attn.v_proj, cross[2 * i + 1])):
+                with torch.no_grad():
+                    ref = proj(memory).reshape(1, -1, heads, dh).transpose(1, 2).numpy()
+                worst_kv = max(worst_kv, float(np.abs(got.numpy().astype(np.float64) - ref).max()))
+                scale_kv = max(scale_kv, float(np.abs(ref).max()))
+        decoder_input = [start] + target
+        ref = _log_probs(hf, row, decoder_input, suppressed)
+        step = translator._step_fn(src_arr, lengths, None, max_length=len(decoder_input) + 1, encoded=(src_mask, cross))
+        for t, token in enumerate(decoder_input):
+            lp = np.asarray(step(np.array([[token]], dtype=np.int64), np.zeros(1, dtype=np.int64), t, None))[0]
+            finite = np.isfinite(ref[t])
+            if not np.array_equal(finite, np.isfinite(lp)):
+                worst_lp = float("inf")
+                continue
+            worst_lp = max(worst_lp, float(np.abs(lp[finite].astype(np.float64) - ref[t][finite]).max()))
+        translator._recycle(step)
+    kv_bound = atol * scale_kv
+    return [Check("tensor", "encoder K/V (cross-attention inputs)", worst_kv, kv_bound, worst_kv <= kv_bound,
+                  f"x max|K/V| = {scale_kv:.2f}", variant),
+            Check("tensor", "decoder log_probs (teacher-forced)", worst_lp, atol, worst_lp <= atol,
+                  f"{sum(len(t) + 1 for t in targets)} steps", variant)]
+
+
+def format_differences(report: dict) -> str:
+    """The differences of the token tier, each with both float64 scores and its label, or ""."""
+    lines = []
+    for d in report["differences"]:
+        lines.append(f"  {d['search']} ({d['decoder']}) sentence {d['index']}: {d['kind']}, gap {d['gap']:+.2e} "
+                     f"(transformers' hypothesis - ours, score/len under transformers in float64)")
+        lines.append(f"    ours         {d['ours_score'][0]:>10.4f} {d['ours_score'][1]:>8.4f}  {d['ours']}")
+        lines.append(f"    transformers {d['transformers_score'][0]:>10.4f} {d['transformers_score'][1]:>8.4f}  "
+                     f"{d['transformers']}")
+    return ("differences (sum of log-probabilities with </s>, normalised):\n" + "\n".join(lines)) if lines else ""

@@ -150,9 +150,10 @@ def _decode(raw: bytes, line: int, warnings: Warnings) -> str:
         return raw.decode("utf-8", errors="replace")
 
 
-def _source_ids(translator, text: str, line: int, strict: bool, warnings: Warnings) -> list[int]:
+def _source_ids(translator, text: str, line: int, strict: bool, warnings: Warnings, args_langs: dict) -> list[int]:
     """Source ids of one line; an over-long line is truncated with a warning, or an error with strict."""
-    ids, cut = translator.prepare_source(text, truncate=True)
+    ids, cut = translator.prepare_source(text, truncate=True, source_lang=args_langs.get("source_lang"),
+                                         target_lang=args_langs.get("target_lang"))
     if cut:
         # prepare_source tokenised only a prefix (a 55 MB line costs no more than a short one): the
         # count beyond the limit is unknown, and not worth a full tokenisation to report.
@@ -225,10 +226,31 @@ def add(sub) -> None:
                    help="also write each line's cross-attention (the best translation's target pieces x source pieces, "
                    "last decoder layer averaged over heads) to FILE as JSON lines, and heatmaps of the first "
                    f"{MAX_PICTURES} lines to FILE with the suffix .html; the translations are the same as without it")
+    p.add_argument("--source-lang", metavar="CODE", help="multilingual models (an imported M2M100/NLLB): the source "
+                   "language, whose token leads every source (default: the bundle's tokens.source_prefix)")
+    p.add_argument("--target-lang", metavar="CODE", help="multilingual models: the target language, its token forced "
+                   "first in every translation (M2M100/NLLB) or put first in the source (multilingual Marian)")
+    p.add_argument("--target-prefix", metavar="IDS", type=_id_list, help="comma-separated target token ids forced at "
+                   "the start of every translation (as CTranslate2's target_prefix; replaces --target-lang's token)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar on stderr (default: on when stderr is a terminal and the input a file; "
                    "--progress shows it anywhere, e.g. in a log, --no-progress never)")
     p.set_defaults(func=run)
+
+
+def _id_list(text: str) -> list[int]:
+    """--target-prefix: "12,7" -> [12, 7]."""
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of token ids, e.g. 128028 or 5,17")
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more token ids >= 0, separated by commas")
+    return ids
+
+
+def _languages(args) -> dict:
+    return {"source_lang": args.source_lang, "target_lang": args.target_lang}
 
 
 def _check_options(args) -> None:
@@ -245,6 +267,16 @@ def _check_options(args) -> None:
 
 
 def _check_against_model(args, translator) -> None:
+    try:  # language codes and the prefix against the bundle, before the first line is read
+        translator.search_options(**_languages(args), target_prefix=[args.target_prefix] if args.target_prefix else None)
+        translator._prefixes(1, translator.search_options(**_languages(args), target_prefix=[args.target_prefix]
+                                                          if args.target_prefix else None))
+    except ValueError as e:
+        flag = {"source_lang": "--source-lang", "target_lang": "--target-lang", "target_prefix": "--target-prefix"}
+        message = str(e)
+        for name, option in flag.items():
+            message = message.replace(f"{name}=", f"{option} ").replace(f"{name}[0]", option)
+        raise CommandError(message) from None
     beam = args.beam if args.beam is not None else translator.bundle.decoding.get("beam_size", 4)
     if args.n_best > beam:
         raise CommandError(f"--n-best {args.n_best} is more than the beam size {beam}; give --beam {args.n_best} "
@@ -363,7 +395,8 @@ def _translate_stream(translator, reader: LineReader, args, out, warnings: Warni
         for offset, raw in enumerate(batch):
             line = first + offset + 1
             try:
-                ids.append(_source_ids(translator, _decode(raw, line, warnings), line, args.strict, warnings))
+                ids.append(_source_ids(translator, _decode(raw, line, warnings), line, args.strict, warnings,
+                                       _languages(args)))
             except CommandError as e:  # the lines before it are still translated and written
                 error = e
                 break
@@ -371,7 +404,8 @@ def _translate_stream(translator, reader: LineReader, args, out, warnings: Warni
             results = translator.translate_batch(
                 ids, beam_size=args.beam, num_hypotheses=args.n_best, length_penalty=args.length_penalty,
                 max_decoding_length=args.max_length, return_scores=True, return_attention=attention is not None,
-                max_batch_size=args.batch_size)
+                max_batch_size=args.batch_size, target_lang=args.target_lang,
+                target_prefix=[args.target_prefix] * len(ids) if args.target_prefix else None)
             write("".join(_format(r, first + k, args) for k, r in enumerate(results)))
             if attention is not None:
                 attention.write(first, ids, results)

@@ -244,7 +244,8 @@ class Translator:
         resolved = self.search_options(**options)
         return self._iterate(lines, read_batch_size, resolved)
 
-    def prepare_source(self, text: str, *, truncate: bool = False) -> tuple[list[int], bool]:
+    def prepare_source(self, text: str, *, truncate: bool = False, source_lang: str | None = None,
+                       target_lang: str | None = None) -> tuple[list[int], bool]:
         """Returns (ids, whether they were cut) of one text, as translate_batch feeds the ids to the encoder.
 
         The ids end with the end token; an empty or whitespace-only text gives ([], False). A huge text costs
@@ -253,6 +254,7 @@ class Translator:
         Args:
             text: the source text.
             truncate: cut the ids to the model's positions instead of refusing the text.
+            source_lang, target_lang: as translate_batch's (they choose a multilingual model's source prefix).
         Raises:
             TypeError: text is not a str; ValueError: too many tokens without truncate (naming both counts and the fix).
         """
@@ -260,7 +262,8 @@ class Translator:
             raise TypeError(f"text is {type(text).__name__}; give a str")
         if not text.strip():
             return [], False
-        return self._sources.prepare(text, truncate)
+        prefix, _ = self._prefixes(1, self.search_options(source_lang=source_lang, target_lang=target_lang))
+        return self._sources.prepare(text, truncate, prefix)
 
     # -- internals ------------------------------------------------------------------------------
 

@@ -59,7 +59,26 @@ def read_config(model_dir: Path) -> dict:
     if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
         raise HFImportError(f"{model_dir}: no weights ({' or '.join(WEIGHT_FILES[:2])}); save the model with "
                             "save_pretrained (or copy its weights file) into this directory")
+    _check_vocab_size(model_dir, config)
     return config
+
+
+def _check_vocab_size(model_dir: Path, config: dict) -> None:
+    """config.json's vocab_size against the embedding's rows in model.safetensors (read from its header only)."""
+    path = model_dir / "model.safetensors"
+    declared = config.get("vocab_size")
+    if not path.is_file() or not isinstance(declared, int):
+        return  # other weight files are checked after loading (model_config)
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        names = [n for n in f.keys() if n.endswith(("shared.weight", "encoder.embed_tokens.weight"))]
+        if names:
+            rows = f.get_slice(names[0]).get_shape()[0]
+            if rows != declared:
+                raise HFImportError(f"{model_dir / 'config.json'}: vocab_size is {declared} but {path.name}'s {names[0]} "
+                                    f"has {rows} rows; the config does not belong to these weights (set vocab_size to "
+                                    f"{rows} or restore the matching weights)")
 
 
 @dataclass

@@ -74,6 +74,21 @@ def _spm_files(model_dir: Path, kind: str, tokenizer) -> tuple[Path, Path]:
     return source, target
 
 
+def _tokens_of(tokenizer, n: int) -> list[str | None]:
+    """convert_ids_to_tokens for ids 0..n-1; None where the tokenizer has no token (Marian falls back to its
+    SentencePiece model, which raises for an id beyond it)."""
+    try:
+        return tokenizer.convert_ids_to_tokens(list(range(n)))
+    except (IndexError, KeyError, ValueError):
+        out = []
+        for i in range(n):
+            try:
+                out.append(tokenizer.convert_ids_to_tokens(i))
+            except (IndexError, KeyError, ValueError):
+                out.append(None)
+        return out
+
+
 def _locate(ids: list[int], inner: list[int]) -> tuple[list[int], list[int]]:
     for start in range(len(ids) - len(inner) + 1):
         if ids[start : start + len(inner)] == inner:
@@ -105,8 +120,15 @@ def token_files(model_dir: Path, kind: str, tokenizer, *, src_vocab: int, tgt_vo
         bad = int(source_map[(source_map < 0) | (source_map >= src_vocab)][0])
         raise HFImportError(f"{model_dir}: the tokenizer gives id {bad} to a piece of {source_path.name}, outside the "
                             f"model's {src_vocab} embeddings: the tokenizer files do not belong to this model")
+    unk = tokenizer.unk_token_id
+    lost = [p for p, i in zip(pieces, source_map.tolist()) if i == unk and p != tokenizer.unk_token
+            and not source.is_control(pieces.index(p))]
+    if len(lost) > 0.01 * len(pieces):  # a vocabulary made from this SentencePiece model holds its pieces
+        raise HFImportError(f"{model_dir}: {len(lost)} of the {len(pieces)} pieces of {source_path.name} are not in the "
+                            f"tokenizer's vocabulary (e.g. {lost[:3]}): the vocabulary file (vocab.json) does not belong "
+                            "to this SentencePiece model; restore the files that save_pretrained wrote together")
     special = set(tokenizer.all_special_ids)
-    tokens = tokenizer.convert_ids_to_tokens(list(range(tgt_vocab)))
+    tokens = _tokens_of(tokenizer, tgt_vocab)
     # Each id's piece in the decoding model; -1 for what batch_decode(skip_special_tokens=True) leaves out;
     # -2 (its text in vocab_texts) for a piece that model lacks, which DecodePieces keeps as its text.
     target_map = np.full(tgt_vocab, -1, dtype=np.int64)

@@ -132,6 +132,7 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
     max_length = int(bundle.decoding["max_length_b"]) + 1  # transformers counts the start token
     suppressed = list(cfg.get("suppressed_ids", []))
     checks: list[Check] = []
+    exact = bundle.meta["dtype"] == "float32" and not bundle.meta.get("quantization")
 
     ours_src = [first._sources.ids(i, s, False, first._prefixes(1, first.search_options(**options))[0])
                 for i, s in enumerate(srcs)]
@@ -158,7 +159,8 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
                                     **options)
             expected = [_strip(w, pad, eos) for w in want[beams]]
             agree = [g.token_ids[0] == w for g, w in zip(got, expected)]
-            bound = 1.0 if beams == 1 else MIN_BEAM_AGREEMENT
+            # fp32: every greedy sentence, beam 4 on >= 99.5%; int8/fp16: the bundle's own agreement bound
+            bound = min(tol["min_greedy_agreement"], 1.0 if beams == 1 else MIN_BEAM_AGREEMENT)
             rate = sum(agree) / len(agree)
             checks.append(Check("tokens", f"{'greedy' if beams == 1 else 'beam 4'} ids identical to generate()", rate,
                                 bound, rate >= bound, f"{sum(agree)}/{len(agree)} sentences", variant))
@@ -171,15 +173,19 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
                 differences.append({"decoder": variant, "search": "greedy" if beams == 1 else "beam 4", "index": int(i),
                                     "source": srcs[i], "ours": got[i].token_ids[0], "transformers": expected[i],
                                     "ours_score": ours, "transformers_score": theirs, "gap": gap,
-                                    "kind": "near-tie" if abs(gap) <= TIE else "NOT a near-tie"})
+                                    "kind": "near-tie" if abs(gap) <= TIE else "NOT a near-tie" if exact
+                                    else f"{bundle.meta.get('variant')} arithmetic, not a near-tie"})
             if beams == 1:
                 same_text = sum(g.hypotheses[0] == x for g, x in zip(got, texts))
-                checks.append(Check("text", "texts identical to batch_decode", same_text / len(texts), 1.0,
-                                    same_text == len(texts), f"{same_text}/{len(texts)} sentences", variant))
+                rate = same_text / len(texts)
+                checks.append(Check("text", "texts identical to batch_decode", rate, tol["min_greedy_agreement"],
+                                    rate >= tol["min_greedy_agreement"], f"{same_text}/{len(texts)} sentences", variant))
+    # As for our own bundles: the tensor bound of a reduced-precision bundle is a measurement; tokens and text decide.
+    judged = [c for c in checks if c.tier != "tensor" or exact]
     return {"bundle": str(bundle_dir), "checkpoint": str(model_dir), "variant": bundle.meta.get("variant", "float32"),
             "decoders": list(decoders), "provider": first.device.upper() if first.device == "cpu" else "CUDA",
             "sentences": len(srcs), "tensor_sentences": min(tensor_sentences, len(srcs)),
-            "passed": all(c.passed for c in checks), "checks": [asdict(c) | {"judged": True} for c in checks],
+            "passed": all(c.passed for c in judged), "checks": [asdict(c) | {"judged": c in judged} for c in checks],
             "differences": differences, "tie": TIE, "options": options}
 
 

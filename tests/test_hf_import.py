@@ -1,0 +1,177 @@
+"""Hugging Face Marian and M2M100 directories -> bundles, held to transformers' own output (issue 25).
+
+The models are tiny, built from configs and trained for a few hundred steps in the test
+(tests/hf_fixtures.py): no hub, no download. Each bundle is verified against transformers in
+float64 by export/hf/verify.py, the code behind `seq2onnx verify MODEL_DIR BUNDLE`.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")  # the [hf] extra, which [dev] includes: CI has it
+
+import hf_fixtures as F  # noqa: E402
+from seq2onnx.export.hf.bundle import export_hf_bundle  # noqa: E402
+from seq2onnx.export.hf.read import HFImportError  # noqa: E402
+from seq2onnx.export.hf.verify import verify_hf  # noqa: E402
+from seq2onnx.runtime.translator import Translator  # noqa: E402
+
+SENTENCES = 40
+
+
+@pytest.fixture(scope="module")
+def sentences_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("hf") / "sentences.txt"
+    path.write_text("\n".join(F.test_sentences(SENTENCES)) + "\n", encoding="utf-8")
+    return path
+
+
+def _export(tmp_path_factory, model_dir: Path, **options) -> Path:
+    return export_hf_bundle(model_dir, tmp_path_factory.mktemp("bundle") / "b", **options)
+
+
+def _failed(report: dict) -> list[str]:
+    return [f"{c['decoder']} {c['name']}: {c['value']} vs {c['bound']} ({c['detail']})"
+            for c in report["checks"] if c["judged"] and not c["passed"]]
+
+
+def _check(report: dict, name: str, decoder: str) -> dict:
+    [found] = [c for c in report["checks"] if c["name"] == name and c["decoder"] == decoder]
+    return found
+
+
+@pytest.mark.parametrize("options", [
+    {"shared_vocab": True, "activation": "swish"},  # OPUS-MT's own shape
+    {"shared_vocab": False, "activation": "relu"},  # separate vocabularies and embeddings
+], ids=["shared-swish", "separate-relu"])
+def test_marian_bundle_matches_transformers(tmp_path_factory, sentences_file, options):
+    model_dir = F.cached_model("marian", **options)
+    bundle = _export(tmp_path_factory, model_dir)
+    meta = json.loads((bundle / "bundle.json").read_text())
+    assert meta["model"]["activation"] == options["activation"]
+    assert meta["model"]["share_vocab"] is options["shared_vocab"]
+    assert meta["model"]["logits_bias"] is True and meta["model"]["pre_norm"] is False
+    assert meta["special_ids"]["decoder_start"] == meta["special_ids"]["pad"]  # Marian starts from pad
+    assert meta["model"]["suppressed_ids"] == [meta["special_ids"]["pad"]]  # generation_config's bad_words_ids
+    report = verify_hf(model_dir, bundle, data=str(sentences_file), sentences=SENTENCES, tensor_sentences=10)
+    assert report["passed"], _failed(report)
+    for decoder in ("standard", "fused"):
+        assert _check(report, "greedy ids identical to generate()", decoder)["value"] == 1.0
+        assert _check(report, "beam 4 ids identical to generate()", decoder)["value"] >= 0.995
+        assert _check(report, "texts identical to batch_decode", decoder)["value"] == 1.0
+        assert _check(report, "decoder log_probs (teacher-forced)", decoder)["value"] < 1e-4
+    assert _check(report, "source ids identical to the tokenizer's", "")["value"] == 1.0
+
+
+def test_marian_ids_are_not_sentencepiece_ids(tmp_path_factory):
+    """The importer maps pieces through the tokenizer's vocabulary: a bundle that fed SentencePiece's own ids
+    would translate garbage, and the map file says so."""
+    model_dir = F.cached_model("marian")
+    bundle = _export(tmp_path_factory, model_dir, decoder="standard")
+    source_map = np.frombuffer((bundle / "source.vocab.bin").read_bytes(), dtype="<i4")
+    assert (source_map != np.arange(source_map.size)).any()
+    t = Translator(bundle, device="cpu")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    text = F.test_sentences(1)[0]
+    assert t.prepare_source(text)[0] == tok(text).input_ids
+
+
+def test_m2m100_forced_target_language(tmp_path_factory, sentences_file):
+    model_dir = F.cached_model("m2m100")
+    bundle = _export(tmp_path_factory, model_dir)
+    meta = json.loads((bundle / "bundle.json").read_text())
+    assert meta["model"]["pre_norm"] is True and meta["special_ids"]["decoder_start"] == meta["special_ids"]["eos"]
+    assert {"fr", "de"} <= set(meta["tokens"]["languages"])
+    for lang in ("fr", "de"):
+        report = verify_hf(model_dir, bundle, data=str(sentences_file), sentences=SENTENCES, tensor_sentences=5,
+                           source_lang="en", target_lang=lang)
+        assert report["passed"], (lang, _failed(report))
+    t = Translator(bundle, device="cpu")
+    text = F.test_sentences(3)[2]
+    fr, de = (t.translate_batch([text], target_lang=lang, beam_size=1, return_scores=True)[0] for lang in ("fr", "de"))
+    assert fr.token_ids[0][0] == meta["tokens"]["languages"]["fr"] and de.token_ids[0][0] == meta["tokens"]["languages"]["de"]
+    assert fr.hypotheses[0] != de.hypotheses[0]
+    # target_prefix gives the same as target_lang, and the forced token adds 0 to the score
+    by_prefix = t.translate_batch([text], target_prefix=[[meta["tokens"]["languages"]["fr"]]], beam_size=1,
+                                  return_scores=True)[0]
+    assert by_prefix.token_ids == fr.token_ids and by_prefix.scores == pytest.approx(fr.scores)
+    with pytest.raises(ValueError, match="'xx' is not a language of this model; choose one of"):
+        t.translate_batch([text], target_lang="xx")
+    with pytest.raises(ValueError, match="target_prefix has 2 entries for 1 sources"):
+        t.translate_batch([text], target_prefix=[[5], [6]])
+    with pytest.raises(ValueError, match="or the end token"):
+        t.translate_batch([text], target_prefix=[[meta["special_ids"]["eos"]]])
+
+
+def test_int8_bundle_is_judged_by_its_own_bounds(tmp_path_factory, sentences_file):
+    model_dir = F.cached_model("marian")
+    bundle = _export(tmp_path_factory, model_dir, quantize="int8")
+    report = verify_hf(model_dir, bundle, data=str(sentences_file), sentences=SENTENCES, tensor_sentences=5)
+    assert report["passed"], _failed(report)
+    assert _check(report, "greedy ids identical to generate()", "standard")["value"] >= 0.8
+    assert all(not c["judged"] for c in report["checks"] if c["tier"] == "tensor")
+
+
+@pytest.mark.parametrize("how, words", [
+    ("unknown_model_type", ["config.json", "model_type 'bart' is not supported", "marian", "m2m_100"]),
+    ("missing_weights", ["no weights", "model.safetensors", "save_pretrained"]),
+    ("vocab_mismatch", ["config.json", "vocab_size is", "rows", "set vocab_size to"]),
+    ("tokenizer_mismatch", ["source.spm", "not in the tokenizer's vocabulary", "vocab.json"]),
+])
+def test_damaged_directory_is_one_line_and_writes_nothing(tmp_path, how, words):
+    broken = tmp_path / "model"
+    shutil.copytree(F.cached_model("marian", train_steps=0), broken)
+    F.damage(broken, how)
+    out = tmp_path / "bundle"
+    run = subprocess.run([sys.executable, "-m", "seq2onnx.commands", "export", str(broken), str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    errors = [line for line in run.stderr.splitlines() if line.startswith("seq2onnx export: error:")]
+    assert len(errors) == 1, run.stderr
+    for word in words:
+        assert word in errors[0], errors[0]
+    assert "unexpected" not in errors[0] and "Traceback" not in run.stderr
+    assert not out.exists() and not any(p.name.startswith(".bundle") for p in tmp_path.iterdir())
+
+
+def test_import_error_is_raised_before_anything_is_written(tmp_path):
+    broken = tmp_path / "model"
+    shutil.copytree(F.cached_model("m2m100", train_steps=0), broken)
+    F.damage(broken, "unknown_model_type")
+    with pytest.raises(HFImportError, match="model_type 'bart'"):
+        export_hf_bundle(broken, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_export_translate_and_verify(tmp_path, sentences_file):
+    """The commands as a user types them: export, translate with a target language, verify (exit 0)."""
+    model_dir = F.cached_model("m2m100")
+    bundle = tmp_path / "bundle"
+    cli = [sys.executable, "-m", "seq2onnx.commands"]
+    done = subprocess.run([*cli, "export", str(model_dir), str(bundle), "--decoder", "standard"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    text = F.test_sentences(1)[0]
+    got = {lang: subprocess.run([*cli, "translate", str(bundle), "--target-lang", lang, "--beam", "1"], input=text + "\n",
+                                capture_output=True, text=True, timeout=120) for lang in ("fr", "de")}
+    assert all(r.returncode == 0 for r in got.values()), [r.stderr for r in got.values()]
+    assert got["fr"].stdout != got["de"].stdout and got["fr"].stdout.strip()
+    bad = subprocess.run([*cli, "translate", str(bundle), "--target-lang", "xx"], input=text + "\n",
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "--target-lang 'xx' is not a language of this model" in bad.stderr
+    verified = subprocess.run([*cli, "verify", str(model_dir), str(bundle), "--data", str(sentences_file), "--quiet",
+                               "--sentences", "10", "--tensor-sentences", "2", "--target-lang", "de"],
+                              capture_output=True, text=True, timeout=300)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert verified.stdout.rstrip().endswith("PASSED")
+    no_data = subprocess.run([*cli, "verify", str(model_dir), str(bundle)], capture_output=True, text=True, timeout=120)
+    assert no_data.returncode == 1 and "give --data FILE" in no_data.stderr

@@ -180,10 +180,13 @@ def build_fused_decoder(model: Transformer) -> onnx.ModelProto:
         (logits,) = g.node("MatMul", [x, g.const("generator", _t(model.generator))], name="generator")
         if model.generator.bias is not None:  # Marian's final_logits_bias
             (logits,) = g.node("Add", [logits, g.const("generator_bias", model.generator.bias)], name="generator_bias")
-        if cfg.suppressed_ids:  # -inf after the log-softmax, as transformers' bad_words_ids
+        never = np.zeros(cfg.tgt_vocab_size, np.float32)
+        never[list(cfg.suppressed_ids)] = -np.inf
+        if cfg.suppressed_ids and cfg.renormalize:  # -inf before the log-softmax (renormalize_logits)
+            (logits,) = g.node("Add", [logits, g.const("suppressed", never)], name="suppress")
+            g.node("LogSoftmax", [logits], name="log_softmax", axis=-1, outputs=[names.LOG_PROBS])
+        elif cfg.suppressed_ids:  # -inf after the log-softmax, as transformers' bad_words_ids
             (lsm,) = g.node("LogSoftmax", [logits], name="log_softmax", axis=-1)
-            never = np.zeros(cfg.tgt_vocab_size, np.float32)
-            never[list(cfg.suppressed_ids)] = -np.inf
             g.node("Add", [lsm, g.const("suppressed", never)], name="suppress", outputs=[names.LOG_PROBS])
         else:
             g.node("LogSoftmax", [logits], name="log_softmax", axis=-1, outputs=[names.LOG_PROBS])

@@ -41,6 +41,8 @@ class ModelConfig:
             and fairseq's tables differ from ours: never regenerated) instead of our sinusoid.
         suppressed_ids: target ids never generated (transformers' bad_words_ids): their
             log-probabilities are set to -inf after the log-softmax, as transformers does.
+        renormalize: suppressed ids are set to -inf before the log-softmax instead, so the others'
+            probabilities sum to 1 (transformers' renormalize_logits, which OPUS-MT's generation configs set).
 
     Raises:
         ValueError: d_model does not divide by n_heads, share_vocab with unequal vocabularies,
@@ -71,6 +73,7 @@ class ModelConfig:
     logits_bias: bool = False
     stored_positions: bool = False
     suppressed_ids: tuple[int, ...] = ()
+    renormalize: bool = False
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:

@@ -426,13 +426,16 @@ class Transformer(nn.Module):
             x, new, attention = layer.step(x, reordered, kv, cross_bias)
             present.append(new)
         logits = self.generator(self.decoder_norm(x))  # (R, V)
-        log_probs = self.suppress(F.log_softmax(wide(logits), dim=-1).float())
+        if self.cfg.renormalize:  # transformers' renormalize_logits: the log-softmax over the allowed ids
+            log_probs = F.log_softmax(self.suppress(wide(logits)), dim=-1).float()
+        else:
+            log_probs = self.suppress(F.log_softmax(wide(logits), dim=-1).float())
         if return_attention:
             return log_probs, present, attention.float()
         return log_probs, present
 
     def suppress(self, log_probs: Tensor) -> Tensor:
-        """Sets the log-probabilities of cfg.suppressed_ids to -inf, after the log-softmax as transformers does.
+        """Adds -inf to the entries of cfg.suppressed_ids (log-probabilities, or logits when cfg.renormalize).
 
         Args:
             log_probs: (..., V).

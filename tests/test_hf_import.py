@@ -60,6 +60,7 @@ def test_marian_bundle_matches_transformers(tmp_path_factory, sentences_file, op
     assert meta["model"]["logits_bias"] is True and meta["model"]["pre_norm"] is False
     assert meta["special_ids"]["decoder_start"] == meta["special_ids"]["pad"]  # Marian starts from pad
     assert meta["model"]["suppressed_ids"] == [meta["special_ids"]["pad"]]  # generation_config's bad_words_ids
+    assert meta["model"]["renormalize"] is True  # and its renormalize_logits, as OPUS-MT sets
     report = verify_hf(model_dir, bundle, data=str(sentences_file), sentences=SENTENCES, tensor_sentences=10)
     assert report["passed"], _failed(report)
     for decoder in ("standard", "fused"):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from seq2onnx.runtime.search import TopK, beam_search, candidates_needed, greedy_search, sample, stream_greedy
+from seq2onnx.runtime.prefix import force_prefix
 
 CASES = json.loads((Path(__file__).resolve().parents[1] / "spec" / "cases" / "search.json").read_text(encoding="utf-8"))
 START, EOS = CASES["start_id"], CASES["end_id"]
@@ -116,13 +117,16 @@ def case_fn(case: dict):
 
 # -- greedy and beam search: the shared hand-made cases (spec/cases/search.json) -------------------
 
-def _run_case(case: dict, fn, batch: int, max_lengths, step_output: str):
+def _run_case(case: dict, fn, batch: int, max_lengths, step_output: str, sentence: int = 0):
     """One case through greedy_search or beam_search, the Fake answering with full float64 log-probs
     or with the float32 top-k candidates the decoder graph gives."""
     fake = Fake(fn, batch)
     min_length = case.get("min_length", 0)
     beam = case["beam_size"] if case["search"] == "beam" else 1
     step = fake.step if step_output == "full" else _as_top_k(fake.step, candidates_needed(beam, min_length))
+    if "target_prefixes" in case:  # forced prefixes wrap the step, as the Translator does (runtime/prefix.py)
+        prefixes = case["target_prefixes"]
+        step = force_prefix(step, prefixes if len(prefixes) == batch else prefixes[sentence : sentence + 1])
     kw = dict(start_id=START, eos_id=EOS, max_lengths=np.array(max_lengths), min_length=min_length)
     if case["search"] == "greedy":
         return greedy_search(step, batch, **kw), fake
@@ -151,7 +155,7 @@ def test_shared_search_case(case, step_output):
         assert fake.calls == [(t, rows, keep) for t, rows, keep in case["calls"]]
     if batch > 1:  # each sentence alone gives what it gets in the batch
         for s in range(batch):
-            [alone], _ = _run_case(case, lambda _, p, s=s: fn(s, p), 1, max_lengths[s : s + 1], step_output)
+            [alone], _ = _run_case(case, lambda _, p, s=s: fn(s, p), 1, max_lengths[s : s + 1], step_output, s)
             assert (alone.hypotheses, alone.scores) == (res[s].hypotheses, res[s].scores), s
 
 

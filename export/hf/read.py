@@ -186,7 +186,7 @@ def model_config(config: dict, hf, model_dir: Path, generation: dict) -> ModelCo
         bos_id=bos if isinstance(bos, int) and 0 <= bos < min(src_vocab, tgt_vocab) else start, eos_id=eos,
         decoder_start_id=start, activation=activation, scale_embedding=bool(config.get("scale_embedding", False)),
         logits_bias=getattr(hf, "final_logits_bias", None) is not None, stored_positions=True,
-        suppressed_ids=tuple(suppressed))
+        suppressed_ids=tuple(suppressed), renormalize=bool(generation.get("renormalize_logits", False)))
 
 
 def _attention(ours, theirs) -> list[tuple]:

@@ -73,13 +73,14 @@ def _strip(ids: list[int], pad: int, eos: int) -> list[int]:
     return ids[:-1] if ids and ids[-1] == eos else ids
 
 
-def _log_probs(hf, enc_row: dict, decoder_input: list[int], suppressed: list[int]) -> np.ndarray:
-    """transformers' float64 log-probabilities (T, V) along decoder_input, suppressed ids at -inf."""
+def _log_probs(hf, enc_row: dict, decoder_input: list[int], suppressed: list[int], renormalize: bool) -> np.ndarray:
+    """transformers' float64 log-probabilities (T, V) along decoder_input as generate() scores them: suppressed ids
+    (bad_words_ids) at -inf, the rest renormalised when generation_config's renormalize_logits says so."""
     with torch.no_grad():
         logits = hf(**enc_row, decoder_input_ids=torch.tensor([decoder_input])).logits[0].double()
     lp = torch.log_softmax(logits, dim=-1)
     lp[:, suppressed] = float("-inf")
-    return lp.numpy()
+    return (torch.log_softmax(lp, dim=-1) if renormalize else lp).numpy()
 
 
 def _score(lp: np.ndarray, tokens: list[int], forced: int, eos: int, alpha: float) -> tuple[float, float]:
@@ -130,7 +131,7 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
     _, [prefix] = first._prefixes(1, first.search_options(**options))  # the forced target ids, as the runtime forces
     forced = prefix[0] if prefix else None
     max_length = int(bundle.decoding["max_length_b"]) + 1  # transformers counts the start token
-    suppressed = list(cfg.get("suppressed_ids", []))
+    suppressed, renormalize = list(cfg.get("suppressed_ids", [])), bool(cfg.get("renormalize", False))
     checks: list[Check] = []
     exact = bundle.meta["dtype"] == "float32" and not bundle.meta.get("quantization")
 
@@ -152,7 +153,8 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
     differences = []
     for variant, t in translators.items():
         checks.extend(_tensor_checks(t, hf, rows[:tensor_sentences], ours_src[:tensor_sentences],
-                                     targets[:tensor_sentences], start, suppressed, tol["tensor_atol"], variant, say))
+                                     targets[:tensor_sentences], start, (suppressed, renormalize), tol["tensor_atol"],
+                                     variant, say))
         for beams in (1, 4):
             say(f"tokens: the bundle's {'greedy' if beams == 1 else 'beam-4'} search ({variant} decoder)")
             got = t.translate_batch(srcs, beam_size=beams, length_penalty=1.0, max_decoding_length=max_length - 1,
@@ -165,8 +167,8 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
             checks.append(Check("tokens", f"{'greedy' if beams == 1 else 'beam 4'} ids identical to generate()", rate,
                                 bound, rate >= bound, f"{sum(agree)}/{len(agree)} sentences", variant))
             for i in np.flatnonzero(~np.array(agree)):
-                lp_ours = _log_probs(hf, rows[i], [start] + got[i].token_ids[0], suppressed)
-                lp_theirs = _log_probs(hf, rows[i], [start] + expected[i], suppressed)
+                lp_ours = _log_probs(hf, rows[i], [start] + got[i].token_ids[0], suppressed, renormalize)
+                lp_theirs = _log_probs(hf, rows[i], [start] + expected[i], suppressed, renormalize)
                 n_forced = len(prefix)
                 ours, theirs = _score(lp_ours, got[i].token_ids[0], n_forced, eos, 1.0), _score(lp_theirs, expected[i], n_forced, eos, 1.0)
                 gap = theirs[1] - ours[1]
@@ -189,7 +191,7 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
             "differences": differences, "tie": TIE, "options": options}
 
 
-def _tensor_checks(translator, hf, rows, sources, targets, start, suppressed, atol, variant, say) -> list[Check]:
+def _tensor_checks(translator, hf, rows, sources, targets, start, suppression, atol, variant, say) -> list[Check]:
     """Encoder K/V and teacher-forced log-probabilities of one decoder against transformers in float64."""
     if not rows:
         return []
@@ -212,7 +214,7 @@ def _tensor_checks(translator, hf, rows, sources, targets, start, suppressed, at
                 worst_kv = max(worst_kv, float(np.abs(got.numpy().astype(np.float64) - ref).max()))
                 scale_kv = max(scale_kv, float(np.abs(ref).max()))
         decoder_input = [start] + target
-        ref = _log_probs(hf, row, decoder_input, suppressed)
+        ref = _log_probs(hf, row, decoder_input, *suppression)
         step = translator._step_fn(src_arr, lengths, None, max_length=len(decoder_input) + 1, encoded=(src_mask, cross))
         for t, token in enumerate(decoder_input):
             lp = np.asarray(step(np.array([[token]], dtype=np.int64), np.zeros(1, dtype=np.int64), t, None))[0]

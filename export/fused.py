@@ -37,6 +37,7 @@ OPSET = 17
 MS_DOMAIN = names.MS_DOMAIN
 FUSED_DECODER_FILE = names.FUSED_DECODER_FILE
 BEAM_WIDTH, CACHE_INDIRECTION = names.BEAM_WIDTH, names.CACHE_INDIRECTION
+SHARED_TABLE_BYTES = 256 << 20  # a tied table this large is stored once (see build_fused_decoder)
 
 
 def graph_domains(proto: onnx.ModelProto) -> list[str]:
@@ -101,9 +102,18 @@ def build_fused_decoder(model: Transformer) -> onnx.ModelProto:
     with torch.no_grad():
         # 0. embedding: table(ids) * sqrt(D) + PE[step]. The table is pre-scaled: the same fp32
         #    product, computed once. GatherND on tokens (R, 1) gives (R, D) without a Reshape.
-        emb = g.const("embed_scaled", model.tgt_embed.weight * (d**0.5 if cfg.scale_embedding else 1.0))
+        # A large tied output projection shares the table (Gather here, Gemm transB below): one copy of
+        # the largest tensor (NLLB's is 1 GB), so the graph stays under protobuf's 2 GB, for one Mul more
+        # per step. A small table is kept twice, pre-scaled and transposed: no Mul.
+        tied = model.generator.weight is model.tgt_embed.weight and \
+            model.tgt_embed.weight.numel() * 4 >= SHARED_TABLE_BYTES
+        scale = d**0.5 if cfg.scale_embedding else 1.0
         pos = g.const("positions", model.positions)
-        (tok,) = g.node("GatherND", [emb, names.TOKENS], name="embed")
+        if tied:
+            (raw,) = g.node("GatherND", [g.const("embed", model.tgt_embed.weight), names.TOKENS], name="embed")
+            (tok,) = g.node("Mul", [raw, g.const("embed_scale", np.array(scale, np.float32))], name="embed_scale")
+        else:
+            (tok,) = g.node("GatherND", [g.const("embed_scaled", model.tgt_embed.weight * scale), names.TOKENS], name="embed")
         (pe,) = g.node("Gather", [pos, names.STEP], name="position", axis=0)  # (1, D)
         (x,) = g.node("Add", [tok, pe], name="embed_add")  # (R, D), the residual stream
         # Cross-attention queries a sentence's keys with its W beams as one (B, W, D) query: the
@@ -177,7 +187,10 @@ def build_fused_decoder(model: Transformer) -> onnx.ModelProto:
             nxt = (i + 1, "sub_self") if i + 1 < n else (n, "final")
             x, h = residual(i, o, g.const(f"l{i}_ff_b2", ff.w_2.bias), h, "sub_ff", nxt)
         # 4. generator, log-softmax over the target vocabulary, top-k (ties: lower id first)
-        (logits,) = g.node("MatMul", [x, g.const("generator", _t(model.generator))], name="generator")
+        if tied:
+            (logits,) = g.node("Gemm", [x, "embed"], name="generator", transB=1)
+        else:
+            (logits,) = g.node("MatMul", [x, g.const("generator", _t(model.generator))], name="generator")
         if model.generator.bias is not None:  # Marian's final_logits_bias
             (logits,) = g.node("Add", [logits, g.const("generator_bias", model.generator.bias)], name="generator_bias")
         never = np.zeros(cfg.tgt_vocab_size, np.float32)

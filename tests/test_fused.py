@@ -163,6 +163,24 @@ def test_graph_is_fused(make_model):
     assert sum(ops.values()) == 9 + 16 * 3, ops
 
 
+def test_large_tied_table_is_stored_once(make_model, monkeypatch):
+    """Past SHARED_TABLE_BYTES the tied embedding and output projection share one initializer (Gather and Gemm
+    transB): one Mul more per step, the same log-probabilities."""
+    import seq2onnx.export.fused as fused_module
+
+    model = make_model(d_model=16, n_heads=2)
+    mask, cross = source(model, [3, 2])
+    tokens = torch.full((2, 1), model.cfg.decoder_start_id)
+    before, out_before = build_fused_decoder(model), FusedStep(model, mask, cross, beams=1)(tokens, 0)
+    monkeypatch.setattr(fused_module, "SHARED_TABLE_BYTES", 0)
+    after, out_after = build_fused_decoder(model), FusedStep(model, mask, cross, beams=1)(tokens, 0)
+    size = lambda proto: sum(t.ByteSize() for t in proto.graph.initializer)  # noqa: E731
+    table = model.tgt_embed.weight.numel() * 4
+    assert size(before) - size(after) >= table - 64
+    assert Counter(n.op_type for n in after.graph.node)["Mul"] == 1
+    np.testing.assert_allclose(out_before[0], out_after[0], rtol=0, atol=1e-5)
+
+
 def test_fp16_model_is_refused(make_model):
     model = make_model().half()
     with pytest.raises(ValueError, match="fp32-only"):

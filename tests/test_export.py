@@ -387,7 +387,7 @@ def test_failed_export_leaves_no_temporary_directory(monkeypatch):
         raise RuntimeError("validation failed on purpose")
 
     parent = scratch("failed")
-    monkeypatch.setattr(export_module, "_validate", broken)
+    monkeypatch.setattr(export_module, "validate", broken)
     with pytest.raises(RuntimeError, match="on purpose"):
         export_bundle(run_dir() / "last", parent / "bundle")
     assert list(parent.iterdir()) == []
@@ -395,7 +395,7 @@ def test_failed_export_leaves_no_temporary_directory(monkeypatch):
     monkeypatch.undo()
     export_bundle(run_dir() / "last", parent / "bundle")
     before = {p.name: p.read_bytes() for p in (parent / "bundle").iterdir()}
-    monkeypatch.setattr(export_module, "_validate", broken)
+    monkeypatch.setattr(export_module, "validate", broken)
     with pytest.raises(RuntimeError, match="on purpose"):
         export_bundle(run_dir() / "last", parent / "bundle", force=True)
     assert {p.name: p.read_bytes() for p in (parent / "bundle").iterdir()} == before

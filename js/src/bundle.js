@@ -5,7 +5,9 @@
 // The format's names and limits, and the per-field checks of bundle.json, are spec/bundle.json's
 // (src/spec.js), the file runtime/bundle.py reads too: this module spells none of them, and the
 // other modules take them from here.
-import { SPEC, SPEC_URL } from "./spec.js";
+import { SPEC, SPEC_URL, numberLiterals } from "./spec.js";
+
+export { numberLiterals };
 
 export const FORMAT = SPEC.format;
 export const FORMAT_VERSION = SPEC.format_version;
@@ -18,6 +20,21 @@ export const FILE_KEYS = Object.keys(SPEC.files.required);
 export const OPTIONAL_FILE_KEYS = Object.keys(SPEC.files.optional);
 /** Key -> the file name `seq2onnx export` writes, for every file a bundle may have. */
 export const FILE_NAMES = Object.freeze({ ...SPEC.files.required, ...SPEC.files.optional });
+// The optional vocabulary maps of bundles imported from Hugging Face, and the texts of the pieces a
+// SentencePiece model lacks: their keys in files, and the spec's vocab_maps (the maps' element type,
+// byte order, and the skip and text values; src/checks.js reads them).
+export const SOURCE_VOCAB = "source_vocab";
+export const TARGET_VOCAB = "target_vocab";
+export const VOCAB_TEXTS = "vocab_texts";
+export const VOCAB_MAP = SPEC.vocab_maps;
+/** The optional files that are graphs (described in graphs.<key> too): the decoder labels among them. */
+export const OPTIONAL_GRAPH_KEYS = OPTIONAL_FILE_KEYS.filter((k) => Object.values(SPEC.decoders).includes(k));
+/** The files whose bytes a Bundle keeps: the required ones, the vocabulary maps and texts. */
+export const KEPT_FILE_KEYS = [...FILE_KEYS, SOURCE_VOCAB, TARGET_VOCAB, VOCAB_TEXTS];
+// Where tokens.target_lang_in may put target_lang's token: the names of the two tokens fields it may
+// replace, the first the default (docs/bundle-format.md, "The tokens section").
+export const TARGET_LANG_IN = SPEC.target_lang_in;
+export const [TARGET_PREFIX, SOURCE_PREFIX] = TARGET_LANG_IN;
 export const MAX_JSON_BYTES = SPEC.max_json_bytes; // a real bundle.json is ~10 kB: anything near this is not one
 export const DTYPES = SPEC.dtypes; // the key/value element types a host can feed
 export const QUANTIZATIONS = SPEC.quantizations;
@@ -170,15 +187,43 @@ class Schema {
     return value;
   }
 
+  /** A list of token ids: integers >= 0 (an empty list too). */
+  ids(parent, key, field) {
+    const value = parent[key];
+    if (!Array.isArray(value) || !value.every((x) => Number.isInteger(x) && x >= 0)) {
+      this.fail(field, value, "expected a list of token ids (integers >= 0)");
+    }
+    return value;
+  }
+
+  /** An object of language codes to token ids (integers >= 0), none written with a fraction (1.0). */
+  idMap(parent, key, field) {
+    const value = parent[key];
+    const want = "expected an object of language codes to token ids (integers >= 0)";
+    if (!isObject(value) || !Object.values(value).every((x) => Number.isInteger(x) && x >= 0)) this.fail(field, value, want);
+    const literal = (code) => this.fractions.get(`${field}.${code}`);
+    if (Object.keys(value).some(literal)) { // as Python reads it: a float, shown as written
+      const shown = `{${Object.entries(value).map(([c, x]) => `${JSON.stringify(c)}:${literal(c) ?? x}`).join(",")}}`;
+      throw new BundleError(`${this.where}: ${field} is ${shown.length <= 60 ? shown : `${shown.slice(0, 57)}...`}, ${want}; ${FIX_FIELD}`);
+    }
+    return value;
+  }
+
   /**
-   * One row of the spec's `fields` table: {field: "a.b.c", type: "integer" | "number" | "string",
-   * min?, choices? (a list, or the name of one of the spec's lists), nullable?, required? (default true)}.
+   * One row of the spec's `fields` table: {field: "a.b.c", type: "integer" | "number" | "string" |
+   * "ids" | "id_map" | "boolean", min?, choices? (a list, or the name of one of the spec's lists),
+   * nullable?, required? (default true)}. A row that is not required is skipped when its field or
+   * an object on the way to it is absent (the whole optional tokens section, say); an object on the
+   * way that is there must be an object.
    */
   field(meta, row) {
     const path = row.field.split(".");
     const key = path.pop();
     let parent = meta;
-    path.forEach((name, i) => { parent = this.obj(parent, name, path.slice(0, i + 1).join(".")); });
+    for (const [i, name] of path.entries()) {
+      if (!(name in parent) && row.required === false) return;
+      parent = this.obj(parent, name, path.slice(0, i + 1).join("."));
+    }
     if (!(key in parent) && row.required === false) return;
     if (row.nullable && key in parent && parent[key] === null) return;
     switch (row.type) {
@@ -191,8 +236,18 @@ class Schema {
       case "string":
         this.text(parent, key, row.field, typeof row.choices === "string" ? SPEC[row.choices] : row.choices ?? null);
         break;
+      case "ids":
+        this.ids(parent, key, row.field);
+        break;
+      case "id_map":
+        this.idMap(parent, key, row.field);
+        break;
+      case "boolean":
+        if (typeof parent[key] !== "boolean") this.fail(row.field, parent[key], "expected true or false");
+        break;
       default: // a spec this host does not understand: refuse loudly rather than skip a check
-        throw new Error(`${SPEC_URL}: fields[${row.field}] has type ${JSON.stringify(row.type)}; this host knows integer, number, string`);
+        throw new Error(`${SPEC_URL}: fields[${row.field}] has type ${JSON.stringify(row.type)}; ` +
+          "this host knows integer, number, string, ids, id_map, boolean");
     }
   }
 }
@@ -216,6 +271,18 @@ export function validateMeta(meta, where, fractions = new Map()) {
   if (meta.max_positions !== model.max_positions) {
     v.fail("max_positions", meta.max_positions, `expected model.max_positions=${model.max_positions} (the same value twice)`);
   }
+  // The tokens section's ids (its types were checked by the table): inside the vocabularies they go to.
+  const tokens = meta.tokens ?? {};
+  const src = model.src_vocab_size;
+  const both = Math.min(src, model.tgt_vocab_size);
+  const inside = [[SOURCE_PREFIX, src, "the source vocabulary"], ["source_suffix", src, "the source vocabulary"],
+    [TARGET_PREFIX, model.tgt_vocab_size, "the target vocabulary"]];
+  for (const [key, size, what] of inside) {
+    if (key in tokens && tokens[key].some((id) => id >= size)) v.fail(`tokens.${key}`, tokens[key], `expected ids inside ${what} [0, ${size})`);
+  }
+  if (tokens.languages && Object.values(tokens.languages).some((id) => id >= both)) {
+    v.fail("tokens.languages", tokens.languages, `expected ids inside both vocabularies [0, ${both})`);
+  }
   for (const key of ["pad", "unk", "bos", "eos", "decoder_start"]) {
     const value = special[key];
     const vocab = key === "decoder_start" ? model.tgt_vocab_size : Math.min(model.src_vocab_size, model.tgt_vocab_size);
@@ -233,7 +300,7 @@ export function validateMeta(meta, where, fractions = new Map()) {
   }
   const graphs = v.obj(meta, "graphs", "graphs");
   const labels = [ENCODER_LABEL, DECODER_LABELS[STANDARD]];
-  for (const key of OPTIONAL_FILE_KEYS) { // an optional graph is described exactly when its file is listed
+  for (const key of OPTIONAL_GRAPH_KEYS) { // an optional graph is described exactly when its file is listed
     if ((key in files) !== (key in graphs)) {
       const [has, lacks] = key in files ? ["files", "graphs"] : ["graphs", "files"];
       v.fail(`${lacks}.${key}`, undefined, `expected because ${has}.${key} is present`);
@@ -269,68 +336,6 @@ export function validateMeta(meta, where, fractions = new Map()) {
       v.text(entry, "pieces_sha256", `tokenizers.${side}.pieces_sha256`);
     }
   }
-}
-
-/**
- * The numbers of a JSON text written with a fraction or an exponent (2.0, 1e0, 1.5), by the dotted
- * path of object keys that leads to them ("format_version", "model.n_heads"); numbers inside arrays
- * are left out. JSON.parse reads 1.0 as 1, so this is how a host in JavaScript tells an integer from a
- * float as Python's json module does. The text must be valid JSON (JSON.parse it first); the walk is
- * iterative, so nesting depth costs no stack. A key given twice keeps its last value, as JSON.parse.
- * @param {string} text
- * @returns {Map<string, string>}  path -> the literal as written
- */
-export function numberLiterals(text) {
-  const found = new Map();
-  const stack = []; // per open container: {array: boolean, path: string | null}; path null inside arrays
-  let key = null; // the last key read in the innermost object
-  let i = 0;
-  const n = text.length;
-  const skipSpace = () => {
-    while (i < n && (text[i] === " " || text[i] === "\t" || text[i] === "\n" || text[i] === "\r")) i++;
-  };
-  const readString = () => { // at the opening quote; returns the raw literal
-    const start = i++;
-    while (i < n && text[i] !== '"') i += text[i] === "\\" ? 2 : 1;
-    i++;
-    return text.slice(start, i);
-  };
-  const here = () => {
-    const top = stack[stack.length - 1];
-    if (!top || top.path === null || top.array) return null;
-    return top.path ? `${top.path}.${key}` : key;
-  };
-  while (i < n) {
-    skipSpace();
-    const c = text[i];
-    if (c === undefined) break;
-    const top = stack[stack.length - 1];
-    if (c === "{" || c === "[") {
-      const path = stack.length === 0 ? "" : here();
-      stack.push({ array: c === "[", path });
-      key = null;
-      i++;
-    } else if (c === "}" || c === "]") {
-      stack.pop();
-      i++;
-    } else if (c === "," || c === ":") {
-      i++;
-    } else if (c === '"') {
-      const literal = readString();
-      skipSpace();
-      if (top && !top.array && text[i] === ":") key = JSON.parse(literal); // a key, not a value
-    } else { // a number, true, false or null
-      const start = i;
-      while (i < n && !",}] \t\n\r".includes(text[i])) i++;
-      const literal = text.slice(start, i);
-      const path = here();
-      if (path !== null) {
-        if (/^-?\d+$/.test(literal) || !/^-?\d/.test(literal)) found.delete(path);
-        else found.set(path, literal);
-      }
-    }
-  }
-  return found;
 }
 
 /**
@@ -389,7 +394,8 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
     }
     if (!where.exists) throw new BundleError(`${where.path}: missing from the bundle (files.${key} in ${BUNDLE_JSON})`);
     paths[key] = where.path;
-    if (!checkHashes && !FILE_KEYS.includes(key)) continue; // an optional file is read only to be hashed
+    // the fused decoder is read only to be hashed (this host never loads it); the maps are kept
+    if (!checkHashes && !KEPT_FILE_KEYS.includes(key)) continue;
     let bytes;
     try {
       bytes = await platform.readFile(where.path);
@@ -404,7 +410,7 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
         `${where.path}: sha256 differs from ${BUNDLE_JSON} (files.${key}); the file is damaged or was replaced: re-export the bundle`,
       );
     }
-    if (FILE_KEYS.includes(key)) files[key] = bytes;
+    if (KEPT_FILE_KEYS.includes(key)) files[key] = bytes;
   }
   return { path: dir, metaPath, meta, files, paths };
 }

@@ -10,9 +10,10 @@
 // onnxruntime session no initializer shapes); tensor data is skipped by its length, never copied.
 // No Node API: the same checks run in the browser.
 import {
-  BUNDLE_JSON, BundleError, DECODER_LABELS, DTYPES, ENCODER_LABEL, LOG_PROBS, STANDARD, SRC_IDS, STEP, TOP_K, isLayerName,
-  layerName, pastNames,
+  BUNDLE_JSON, BundleError, DECODER_LABELS, DTYPES, ENCODER_LABEL, LOG_PROBS, OPTIONAL_FILE_KEYS, SOURCE_VOCAB, STANDARD,
+  SRC_IDS, STEP, TARGET_VOCAB, TOP_K, VOCAB_MAP, VOCAB_TEXTS, isLayerName, layerName, pastNames, short,
 } from "./bundle.js";
+import { SPEC_URL } from "./spec.js";
 
 const DECODER = DECODER_LABELS[STANDARD]; // the decoder this host drives: graphs.<it> and files.<it>
 
@@ -141,12 +142,89 @@ export function readVocabulary(bytes) {
   return { pieces, types, scores: Float32Array.from(scores), modelType, byteFallback, special };
 }
 
+// -- vocabulary maps and texts ----------------------------------------------------------------------
+
+// How an entry of a map is read: a DataView reader per element type and byte order this host knows.
+// Refused at import if the spec names another layout, rather than reading a map wrongly.
+const READERS = { int32: [4, (view, at, little) => view.getInt32(at, little)] };
+const LITTLE = { little: true, big: false };
+if (![SOURCE_VOCAB, TARGET_VOCAB, VOCAB_TEXTS].every((k) => OPTIONAL_FILE_KEYS.includes(k))
+  || !Object.hasOwn(READERS, VOCAB_MAP.dtype) || !Object.hasOwn(LITTLE, VOCAB_MAP.byte_order)) {
+  throw new Error(`${SPEC_URL}: files.optional or vocab_maps names a vocabulary map this host cannot read`);
+}
+const [ENTRY_BYTES, readEntry] = READERS[VOCAB_MAP.dtype];
+// runtime/vocab.py's words for a map or texts file that does not fit (no hint that bundle.json is
+// right: these files are made by the exporter with the model, not written by hand)
+const REEXPORT = "re-export the bundle with `seq2onnx export`";
+
+/**
+ * One vocabulary map, as runtime/vocab.py's read_map: `length` entries, each in [low, high). The
+ * source map has one entry per source piece, each a model source id; the target map one per model
+ * target id, each a target piece, or the skip value (never written) or the text value (a piece the
+ * target SentencePiece model lacks, whose text is in vocab_texts). Null where the bundle has none.
+ * @returns {Int32Array | null}
+ * @throws {BundleError} naming the file, the value found, the limit and the fix
+ */
+function vocabMap(bundle, key, length, low, high) {
+  const bytes = bundle.files[key];
+  if (!bytes) return null;
+  const where = bundle.paths[key];
+  if (bytes.length % ENTRY_BYTES) {
+    throw new BundleError(`${where}: ${bytes.length} bytes is not a whole number of ${VOCAB_MAP.dtype} entries; ${REEXPORT}`);
+  }
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const map = Int32Array.from({ length: bytes.length / ENTRY_BYTES }, (_, i) => readEntry(view, i * ENTRY_BYTES, LITTLE[VOCAB_MAP.byte_order]));
+  if (map.length !== length) throw new BundleError(`${where}: ${map.length} entries, expected ${length}; ${REEXPORT}`);
+  const bad = map.findIndex((x) => x < low || x >= high);
+  if (bad >= 0) throw new BundleError(`${where}: entry ${bad} is ${map[bad]}, expected an id in [${low}, ${high}); ${REEXPORT}`);
+  return map;
+}
+
+/**
+ * vocab_texts, as runtime/vocab.py's _read_texts: {source: piece text -> model source id (a piece
+ * that SentencePiece marks unknown is looked up by its text), target: model target id -> its text
+ * (for the ids the target map marks with the text value)}; empty maps where the bundle has none.
+ * @returns {{source: Map<string, number>, target: Map<number, string>}}
+ * @throws {BundleError} naming the file, what is wrong and the fix
+ */
+function vocabTexts(bundle, targetMap) {
+  const texts = { source: new Map(), target: new Map() };
+  const bytes = bundle.files[VOCAB_TEXTS];
+  if (!bytes) return texts;
+  const where = bundle.paths[VOCAB_TEXTS];
+  try {
+    const data = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(bytes));
+    if (data === null || typeof data !== "object" || Array.isArray(data)) throw new Error("not an object");
+    for (const [text, id] of Object.entries(data.source ?? {})) {
+      if (!Number.isInteger(id)) throw new Error(`source[${JSON.stringify(text)}] is ${short(id)}, not an id`);
+      texts.source.set(text, id);
+    }
+    for (const [id, text] of Object.entries(data.target ?? {})) {
+      if (!/^\d+$/.test(id) || typeof text !== "string") throw new Error(`target[${JSON.stringify(id)}] is not an id's text`);
+      texts.target.set(Number(id), text);
+    }
+  } catch (e) {
+    throw new BundleError(`${where}: not the vocabulary texts the spec describes (${e.message}); ${REEXPORT}`);
+  }
+  const src = bundle.meta.model.src_vocab_size;
+  if ([...texts.source.values()].some((id) => id < 0 || id >= src)) throw new BundleError(`${where}: a source id outside [0, ${src}); ${REEXPORT}`);
+  const missing = targetMap ? [...targetMap.keys()].filter((i) => targetMap[i] === VOCAB_MAP.text && !texts.target.has(i)) : [];
+  if (missing.length) {
+    throw new BundleError(`${where}: no text for target id ${missing[0]}, which ${TARGET_VOCAB} marks ${VOCAB_MAP.text}; ${REEXPORT}`);
+  }
+  return texts;
+}
+
 /**
  * Checks 5 and 6: each tokenizer's vocabulary size and special ids are bundle.json's, and its
  * pieces are the vocabulary recorded in `tokenizers` (when recorded): an exchanged pair is named
- * as such. As runtime/checks.py's check_tokenizers.
+ * as such. As runtime/checks.py's check_tokenizers. A side with a vocabulary map (a model imported
+ * from Hugging Face, whose ids are not SentencePiece's) has its map checked instead of the size
+ * and the special ids: the SentencePiece model's ids are not the model's there.
  * @param {import("./bundle.js").Bundle} bundle  from readBundle (its files are the hashed bytes)
  * @param {{sha256: (bytes: Uint8Array) => Promise<string>}} platform
+ * @returns {Promise<{source: Int32Array | null, target: Int32Array | null,
+ *   texts: {source: Map<string, number>, target: Map<number, string>}}>} the vocabulary maps and texts
  * @throws {BundleError} naming the file, the field, both values and the fix
  */
 export async function checkTokenizers(bundle, platform) {
@@ -164,6 +242,12 @@ export async function checkTokenizers(bundle, platform) {
     // the fingerprint of runtime/checks.py: sha256 of the pieces in id order joined by "\n"
     if (fingerprints) have[side] = await platform.sha256(new TextEncoder().encode(vocab[side].pieces.join("\n")));
   }
+  // The maps and texts of an imported model first, as the Python runtime reads them (runtime/vocab.py)
+  const maps = {
+    source: vocabMap(bundle, SOURCE_VOCAB, vocab.source.pieces.length, 0, model.src_vocab_size),
+    target: vocabMap(bundle, TARGET_VOCAB, model.tgt_vocab_size, VOCAB_MAP.text, vocab.target.pieces.length),
+  };
+  maps.texts = vocabTexts(bundle, maps.target);
   // As runtime/checks.py: a tokenizer that is the other side's is named as such; "exchanged" when
   // the other file is in turn this side's, else "the same vocabulary as" the other file.
   const wrongVocabulary = (side, key, { isOther = false, exchanged = false } = {}) => {
@@ -186,14 +270,15 @@ export async function checkTokenizers(bundle, platform) {
   }
   for (const [side, sizeKey, key] of sides) {
     const { pieces, special } = vocab[side];
-    if (pieces.length !== model[sizeKey]) {
+    if (!maps[side] && pieces.length !== model[sizeKey]) {
       throw mismatch(bundle, `model.${sizeKey}`, model[sizeKey], pieces.length, `${baseName(file(key))} (get_piece_size())`);
     }
-    for (const name of ["pad", "unk", "bos", "eos"]) {
+    for (const name of maps[side] ? [] : ["pad", "unk", "bos", "eos"]) {
       if (special[name] !== ids[name]) throw mismatch(bundle, `special_ids.${name}`, ids[name], special[name], `${baseName(file(key))} (${name}_id())`);
     }
     if (fingerprints && have[side] !== fingerprints[side].pieces_sha256) throw wrongVocabulary(side, key);
   }
+  return maps;
 }
 
 // -- graphs ---------------------------------------------------------------------------------------

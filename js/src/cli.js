@@ -4,8 +4,11 @@
 //   seq2onnx-js tokenize BUNDLE [--side source|target]                                  < lines
 //
 // translate writes one line per input line: the best translation, or with --json a JSON object
-// {"source_ids", "hypotheses", "token_ids", "scores"} (source_ids as fed to the encoder, end token
-// included; token_ids without the end token). --ids reads each line as a JSON array of source
+// {"source_ids", "hypotheses", "token_ids", "scores"} (source_ids as fed to the encoder, prefix and
+// end token included; token_ids without the end token, a forced target prefix included).
+// --source-lang, --target-lang and --target-prefix are the API's sourceLang, targetLang and one
+// targetPrefix for every line (docs/bundle-format.md, "The tokens section"); an unknown language
+// code is refused before any line is read, naming the code and the known ones. --ids reads each line as a JSON array of source
 // token ids instead of text. --timing adds one last line to standard error,
 // `seq2onnx-js: timing {"load_s", "translate_s", "sources"}`: the seconds spent loading the bundle
 // and inside translateBatch (what `seq2onnx verify-host` reports as the Node host's speed).
@@ -14,8 +17,8 @@
 // As `seq2onnx translate`, a bad line costs only a warning on standard error naming it, and output
 // line i is always the answer to input line i: invalid UTF-8 is replaced by U+FFFD; a line with more
 // tokens than the model's positions gets an empty line (--truncate: its first max_positions - 1
-// tokens and the end token are translated); with --ids, a line that is not an array of ids of the
-// source vocabulary gets an empty line.
+// tokens and the end token are translated, or as many as the bundle's source prefix and suffix leave
+// room for); with --ids, a line that is not an array of ids of the source vocabulary gets an empty line.
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { BUNDLE_JSON } from "./bundle.js";
@@ -24,9 +27,15 @@ import { CORES } from "./platform-node.js";
 
 const USAGE = `usage: seq2onnx-js translate BUNDLE [--beam N] [--n-best N] [--length-penalty A] [--max-length N]
                                  [--min-length N] [--threads N] [--batch-size N] [--truncate] [--json] [--ids]
-                                 [--timing]
+                                 [--timing] [--source-lang CODE] [--target-lang CODE] [--target-prefix IDS]
        seq2onnx-js tokenize BUNDLE [--side source|target]
-Reads lines from standard input and writes one line (or one JSON object) per input line.`;
+Reads lines from standard input and writes one line (or one JSON object) per input line.
+Multilingual models (imported from Hugging Face; their codes are tokens.languages in ${BUNDLE_JSON}):
+  --source-lang CODE   the source language: its token replaces the source prefix the bundle puts before each text
+  --target-lang CODE   the target language: its token is forced first in every translation (M2M100, NLLB), or
+                       leads each source where the bundle says so (multilingual Marian)
+  --target-prefix IDS  target token ids forced at the start of every translation, separated by commas (as
+                       CTranslate2's target prefix); they replace the bundle's and --target-lang's`;
 
 class UsageError extends Error {}
 
@@ -137,13 +146,15 @@ function readLines(input, warnings) {
 }
 
 /**
- * One line's source ids as translateBatch is given them (end token included; [] for an empty line),
- * or null when the line cannot be translated: each case warned about, naming the line (1-based).
+ * One line's source ids as translateBatch is given them (prefix and suffix included; [] for an empty
+ * line), or null when the line cannot be translated: each case warned about, naming the line (1-based).
+ * `layout`: the source prefix and suffix for --source-lang/--target-lang (Tokens.layout).
  */
-function sourceIds(translator, line, n, options, warnings) {
+function sourceIds(translator, line, n, options, warnings, layout) {
   const limit = translator.maxPositions;
   let ids;
   let cut;
+  let prefix = layout.prefix;
   if (options.ids) {
     let parsed;
     try {
@@ -157,28 +168,48 @@ function sourceIds(translator, line, n, options, warnings) {
       return null;
     }
     try {
-      ids = translator._sourceIds(n - 1, parsed, true) ?? [];
+      ({ ids, truncated: cut } = translator._sourceIds(n - 1, parsed, true, layout) ?? { ids: [], truncated: false });
     } catch (e) {
       warnings.warn("ids outside the source vocabulary", `line ${n}: ${e.message.replace(/^source \d+: /, "")}; wrote an empty line`);
       return null;
     }
-    cut = parsed.length + (parsed[parsed.length - 1] === translator.eosId ? 0 : 1) > limit;
+    prefix = []; // ids are the whole row but the suffix
   } else {
-    ({ ids, truncated: cut } = translator.prepareSource(line, { truncate: true }));
+    ({ ids, truncated: cut } = translator._prepareText(line, true, layout));
+    const [code] = translator.tokens.splitCode(line); // a text's leading >>code<< (Marian) is its prefix
+    if (code !== null) prefix = [code];
   }
   if (!cut) return ids;
   const what = `line ${n}: more tokens than the ${limit} positions this model was exported for (max_positions in ${BUNDLE_JSON})`;
+  const { suffix } = layout;
+  const kept = limit - prefix.length - suffix.length;
+  // our own exports add only the end token; imported models may add a prefix and another suffix
+  const added = !prefix.length && suffix.length === 1 && suffix[0] === translator.eosId ? "the end token"
+    : `the ${prefix.length + suffix.length} ids the model adds around them`;
   if (!options.truncate) {
     warnings.warn("more tokens than the model's positions", `${what}: wrote an empty line ` +
-      `(--truncate translates its first ${limit - 1} tokens and the end token)`);
+      `(--truncate translates its first ${kept} tokens and ${added})`);
     return null;
   }
-  warnings.warn("more tokens than the model's positions", `${what}: translated its first ${limit - 1} and the end token (--truncate)`);
+  warnings.warn("more tokens than the model's positions", `${what}: translated its first ${kept} and ${added} (--truncate)`);
   return ids;
 }
 
-/** Option errors that need the bundle, named by their flags (as `seq2onnx translate`), before any line is read. */
-function checkAgainstModel(translator, { beamSize, numHypotheses, maxDecodingLength }) {
+/** --target-prefix: one or more token ids separated by commas (as `seq2onnx translate`), or undefined. */
+function idsOption(options, name) {
+  const raw = options[name];
+  if (raw === undefined) return undefined;
+  if (!/^\s*\d+\s*(,\s*\d+\s*)*$/.test(raw)) {
+    throw new UsageError(`--${name} ${JSON.stringify(raw)}: give one or more token ids >= 0, separated by commas (as 128022 or 5,17)`);
+  }
+  return raw.split(",").map(Number);
+}
+
+/**
+ * Option errors that need the bundle, named by their flags (as `seq2onnx translate`), before any line
+ * is read; returns the source prefix and suffix and the target prefix of --source-lang/--target-lang.
+ */
+function checkAgainstModel(translator, { beamSize, numHypotheses, maxDecodingLength, sourceLang, targetLang, targetPrefix }) {
   const beam = beamSize ?? translator.bundle.meta.decoding.beam_size;
   if (numHypotheses > beam) {
     throw new UsageError(`--n-best ${numHypotheses} is more than the beam size ${beam}; give --beam ${numHypotheses} or more, ` +
@@ -188,6 +219,18 @@ function checkAgainstModel(translator, { beamSize, numHypotheses, maxDecodingLen
   if (maxDecodingLength !== undefined && maxDecodingLength > limit) {
     throw new UsageError(`--max-length ${maxDecodingLength}: this model has ${limit} positions (max_positions in ${BUNDLE_JSON}); ` +
       `give 1 to ${limit}`);
+  }
+  const bad = (targetPrefix ?? []).filter((id) => id >= translator.tgtVocab || id === translator.eosId);
+  if (bad.length) {
+    throw new UsageError(`--target-prefix ${targetPrefix.join(",")}: ids ${JSON.stringify(bad.slice(0, 5))} outside ` +
+      `[0, ${translator.tgtVocab}) or the end token ${translator.eosId}; give target ids of the text before the translation`);
+  }
+  try {
+    return translator.tokens.layout({ sourceLang, targetLang }, { sourceLang: "--source-lang", targetLang: "--target-lang" });
+  } catch (e) {
+    // the words of `seq2onnx translate`: "--target-lang "xx" is not a language of this model; ..."
+    if (e instanceof RangeError || e instanceof TypeError) throw new UsageError(e.message.replace(/^(--[a-z-]+)=/, "$1 "));
+    throw e;
   }
 }
 
@@ -201,10 +244,12 @@ async function translate(bundle, options, io) {
   const lp = options["length-penalty"];
   const lengthPenalty = lp === undefined ? undefined : Number(lp);
   if (lengthPenalty !== undefined && !Number.isFinite(lengthPenalty)) throw new UsageError(`--length-penalty ${lp}: give a number`);
+  const { "source-lang": sourceLang, "target-lang": targetLang } = options;
+  const targetPrefix = idsOption(options, "target-prefix");
   const started = performance.now();
   const translator = await io.load(bundle, { threads });
   const loadSeconds = (performance.now() - started) / 1000;
-  checkAgainstModel(translator, { beamSize, numHypotheses, maxDecodingLength });
+  const layout = checkAgainstModel(translator, { beamSize, numHypotheses, maxDecodingLength, sourceLang, targetLang, targetPrefix });
   let translateSeconds = 0;
   const warnings = new Warnings(io.stderr);
   const lines = readLines(io.stdin(), warnings);
@@ -212,11 +257,12 @@ async function translate(bundle, options, io) {
   const write = io.stdout;
   try {
     for (let start = 0; start < lines.length; start += chunk) {
-      const part = lines.slice(start, start + chunk).map((line, j) => sourceIds(translator, line, start + j + 1, options, warnings));
+      const part = lines.slice(start, start + chunk).map((line, j) => sourceIds(translator, line, start + j + 1, options, warnings, layout));
       const before = performance.now();
       // a line that cannot be translated is given as [], which translates to "" (its place kept)
       const results = await translator.translateBatch(part.map((ids) => ids ?? []), {
         beamSize, numHypotheses, lengthPenalty, returnScores: true, maxDecodingLength, minDecodingLength, maxBatchSize,
+        targetPrefix: part.map(() => targetPrefix ?? layout.targetPrefix), // the lines are ids already: the target side's
       });
       translateSeconds += (performance.now() - before) / 1000;
       let out = "";
@@ -288,6 +334,7 @@ export async function main(argv, io = {}) {
         beam: { type: "string" }, "n-best": { type: "string" }, "length-penalty": { type: "string" },
         "max-length": { type: "string" }, "min-length": { type: "string" }, threads: { type: "string" },
         "batch-size": { type: "string" }, truncate: { type: "boolean" }, json: { type: "boolean" },
+        "source-lang": { type: "string" }, "target-lang": { type: "string" }, "target-prefix": { type: "string" },
         ids: { type: "boolean" }, timing: { type: "boolean" }, side: { type: "string" }, help: { type: "boolean", short: "h" },
       },
     });

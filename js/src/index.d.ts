@@ -3,7 +3,7 @@
 export interface TranslationResult {
   /** Detokenised texts, best first. */
   hypotheses: string[];
-  /** Target ids, end token excluded. */
+  /** Target ids, end token excluded, a forced target prefix included. */
   tokenIds: number[][];
   /** Sums of log-probabilities, end token included (only with returnScores). */
   scores: number[] | null;
@@ -30,6 +30,14 @@ export interface TranslateOptions {
   truncate?: boolean;
   /** Sources per batch (default 32). */
   maxBatchSize?: number;
+  /** A language code of bundle.json's tokens.languages: its token replaces the source prefix (M2M100, NLLB). */
+  sourceLang?: string;
+  /** A language code: its token is forced first in each translation, or replaces the source prefix where
+   *  tokens.target_lang_in says so (multilingual Marian). An unknown code is a RangeError listing the known ones. */
+  targetLang?: string;
+  /** Per source, target ids forced at the start of its translation (docs/bundle-format.md, "A forced target
+   *  prefix"), replacing the bundle's and targetLang's: one array per source, no end token. */
+  targetPrefix?: ArrayLike<number>[];
 }
 
 export interface LoadOptions {
@@ -64,7 +72,11 @@ export declare class PortableTranslator {
   readonly maxPositions: number;
   translate(text: string, options?: TranslateOptions): Promise<string>;
   translateBatch(source: (string | ArrayLike<number>)[], options?: TranslateOptions): Promise<TranslationResult[]>;
-  prepareSource(text: string, options?: { truncate?: boolean }): { ids: number[]; truncated: boolean };
+  /** The encoder's ids of a text: the source prefix, its (mapped) SentencePiece ids, the suffix. */
+  prepareSource(text: string, options?: { truncate?: boolean; sourceLang?: string; targetLang?: string }):
+    { ids: number[]; truncated: boolean };
+  /** bundle.json's tokens section and the vocabulary maps. */
+  readonly tokens: Tokens;
   maxLengths(sources: number[][], maxDecodingLength?: number): number[];
   release(): Promise<void>;
 }
@@ -85,6 +97,8 @@ export type Step = (tokens: number[], cacheIndices: number[], t: number, keep: n
 export interface SearchResult { hypotheses: number[][]; scores: number[] }
 
 export declare function candidatesNeeded(beamSize: number, minLength: number): number;
+/** A step whose rows of sentence s are forced to prefixes[s][t] (0, every other token -inf) at t < its length. */
+export declare function forcePrefix(step: Step, prefixes: (ArrayLike<number> | null | undefined)[]): Step;
 export declare function greedySearch(step: Step, batch: number,
   options: { startId: number; eosId: number; maxLengths: number[]; minLength?: number }): Promise<SearchResult[]>;
 export declare function beamSearch(step: Step, batch: number,
@@ -92,9 +106,30 @@ export declare function beamSearch(step: Step, batch: number,
     lengthPenalty?: number; numHypotheses?: number }): Promise<SearchResult[]>;
 export declare function readBundle(dir: string, platform: Platform, options?: { checkHashes?: boolean }):
   Promise<{ path: string; meta: any; files: Record<string, Uint8Array> }>;
+/** bundle.json's tokens section with its defaults, and the vocabulary maps (docs/bundle-format.md, "Tokenization"). */
+export declare class Tokens {
+  constructor(meta: any, maps?: { source?: Int32Array | null; target?: Int32Array | null;
+    texts?: { source: Map<string, number>; target: Map<number, string> } });
+  readonly sourcePrefix: number[];
+  readonly sourceSuffix: number[];
+  readonly targetPrefix: number[];
+  readonly languages: Record<string, number>;
+  language(code: string, option: string): number;
+  layout(languages?: { sourceLang?: string | null; targetLang?: string | null }, names?: { sourceLang?: string; targetLang?: string }):
+    { prefix: number[]; suffix: number[]; targetPrefix: number[] };
+  splitCode(text: string): [number | null, string];
+  /** A text's model source ids: SentencePiece's through the source map; unknown pieces by their text (vocab_texts). */
+  encodeSource(tokenizer: SentencePiece | { encode(text: string): number[] }, text: string): number[];
+  /** A hypothesis's text: mapped, skipped ids left out, vocab_texts kept as they are, restore_spaces, strip_text. */
+  decode(ids: number[], tokenizer: SentencePiece | { decode(ids: number[]): string }): string;
+}
 export declare class SentencePiece {
   static fromBytes(bytes: Uint8Array, name?: string): Promise<SentencePiece>;
   encode(text: string): number[];
   pieces(text: string): string[];
   decode(ids: number[]): string;
+  /** Python's decode_pieces: a piece the model lacks is kept as it is. */
+  decodePieces(pieces: string[]): string;
+  idToPiece(id: number): string;
+  readonly unkId: number;
 }

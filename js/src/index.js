@@ -5,8 +5,8 @@ import { nodePlatform } from "./platform-node.js";
 import { Translator as PortableTranslator } from "./translator.js";
 
 export { BundleError, FORMAT, FORMAT_VERSION, readBundle } from "./bundle.js";
-export { beamSearch, candidatesNeeded, greedySearch } from "./search.js";
-export { SentencePiece } from "./tokenizer.js";
+export { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
+export { SentencePiece, Tokens } from "./tokenizer.js";
 export { nodePlatform, PortableTranslator };
 
 /** The Translator on onnxruntime-node: `await Translator.load(bundleDir, {threads})`. */

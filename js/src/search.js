@@ -4,7 +4,8 @@
 // from runtime/search.py so that both hosts give the same token ids: scores are sums of
 // log-probabilities (float64), end token included; the n-best is ranked by score / len^alpha; 2K
 // candidates per sentence; an end token finishes only within the top K; at a sentence's last
-// allowed step every top-K candidate finishes; ties go to the lower flat index (beam x V + token).
+// allowed step every top-K candidate finishes; ties go to the lower flat index (beam x V + token);
+// a candidate whose score is -inf never finishes. forcePrefix wraps a step to force target prefixes.
 //
 //   step(tokens: number[], cacheIndices: number[], t: number, keep: number[] | null)
 //     -> Promise<StepOutput>
@@ -22,6 +23,70 @@
  * @typedef {(tokens: number[], cacheIndices: number[], t: number, keep: number[] | null) => Promise<StepOutput> | StepOutput} Step
  * @typedef {{hypotheses: number[][], scores: number[]}} SearchResult
  */
+
+/**
+ * A step that forces each sentence's target prefix (docs/bundle-format.md, "A forced target
+ * prefix"; transformers' forced_bos_token_id): at step t < len(prefix) of a row's sentence, the
+ * row's log-probabilities become 0 for prefix[t] and -inf for every other token, before the search
+ * sees them, so the forced tokens add 0 to the score and count in the length. Works on both step
+ * outputs: a top-k row becomes prefix[t] at 0, then the row's other ids at -inf (which ids those
+ * are changes no result: a -inf candidate never finishes and never wins over a finite one). It
+ * follows the sentences through `keep` as they finish (rows grouped by sentence, beams contiguous),
+ * as the decoder graph does. The twin of runtime/prefix.py's force_prefix.
+ * @param {Step} step
+ * @param {(ArrayLike<number> | null | undefined)[]} prefixes  one per sentence of the batch ([] or null: none)
+ * @returns {Step}  `step` itself when no sentence has a prefix
+ */
+export function forcePrefix(step, prefixes) {
+  const longest = Math.max(0, ...prefixes.map((p) => p?.length ?? 0));
+  if (!longest) return step;
+  let alive = null; // the sentences of the last call's rows, in row order
+  return async (tokens, cacheIndices, t, keep) => {
+    if (t === 0) {
+      if (tokens.length !== prefixes.length) {
+        throw new RangeError(`${prefixes.length} target prefixes for a batch of ${tokens.length} sentences; give one per sentence`);
+      }
+      alive = range(prefixes.length);
+    } else if (keep !== null) {
+      alive = keep.map((i) => alive[i]);
+    }
+    const out = await step(tokens, cacheIndices, t, keep);
+    if (t >= longest) return out;
+    const beams = tokens.length / alive.length;
+    const forced = []; // [row, token]
+    for (let r = 0; r < tokens.length; r++) {
+      const prefix = prefixes[alive[Math.floor(r / beams)]];
+      if (prefix && t < prefix.length) forced.push([r, Number(prefix[t])]);
+    }
+    if (!forced.length) return out;
+    const vocab = out.vocab;
+    for (const [, token] of forced) {
+      if (!(Number.isInteger(token) && token >= 0 && token < vocab)) {
+        throw new RangeError(`target prefix token ${token} is outside the target vocabulary [0, ${vocab})`);
+      }
+    }
+    if ("ids" in out) {
+      const { k } = out;
+      const values = out.values.slice();
+      const ids = out.ids.slice();
+      for (const [r, token] of forced) {
+        values.fill(-Infinity, r * k, (r + 1) * k);
+        values[r * k] = 0;
+        // the forced token first, then the row's other ids (distinct) in their order, as runtime/prefix.py
+        const rest = Array.from(out.ids.slice(r * k, (r + 1) * k), Number).filter((id) => id !== token);
+        ids[r * k] = token;
+        for (let j = 1; j < k; j++) ids[r * k + j] = rest[j - 1];
+      }
+      return { ...out, values, ids };
+    }
+    const logProbs = out.logProbs.slice();
+    for (const [r, token] of forced) {
+      logProbs.fill(-Infinity, r * vocab, (r + 1) * vocab);
+      logProbs[r * vocab + token] = 0;
+    }
+    return { ...out, logProbs };
+  };
+}
 
 /** How many candidates per row a step must return for a search to be exact. */
 export function candidatesNeeded(beamSize, minLength) {
@@ -185,10 +250,11 @@ export async function beamSearch(step, batch, {
       const sent = alive[i];
       const cand = sentenceCandidates(out, i * beams, beams, scores[i], 2 * k, eosId, t < minLength);
       const last = maxLengths[sent] === t + 1;
-      // 1. finish: top-K candidates that end (all top-K at the last step), while room remains
+      // 1. finish: top-K candidates that end (all top-K at the last step), while room remains; a
+      // candidate whose score is -inf (a forbidden or forced-out token) never finishes
       for (let rank = 0; rank < k && fin[sent].length < k; rank++) {
         const token = cand[rank].flat % vocab;
-        if (token === eosId || last) {
+        if ((token === eosId || last) && cand[rank].total !== -Infinity) {
           const beam = Math.floor(cand[rank].flat / vocab);
           fin[sent].push({ tokens: [...history[i][beam], token], score: cand[rank].total });
         }

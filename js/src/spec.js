@@ -9,6 +9,9 @@
 //   - in a browser, fetched from ../spec/bundle.json relative to this module: the site that
 //     `seq2onnx web` builds holds this module in SITE/host/ and the spec in SITE/spec/bundle.json.
 // Not a JSON module import: import attributes print an ExperimentalWarning on Node 20.
+//
+// Also here, because every host reads JSON as the Python runtime's json module does and this is
+// the module about JSON texts: numberLiterals, which tells 2.0 from 2 (JSON.parse cannot).
 
 const IN_NODE = Boolean(globalThis.process?.versions?.node);
 
@@ -46,4 +49,66 @@ function deepFreeze(value) {
     Object.freeze(value);
   }
   return value;
+}
+
+/**
+ * The numbers of a JSON text written with a fraction or an exponent (2.0, 1e0, 1.5), by the dotted
+ * path of object keys that leads to them ("format_version", "model.n_heads"); numbers inside arrays
+ * are left out. JSON.parse reads 1.0 as 1, so this is how a host in JavaScript tells an integer from a
+ * float as Python's json module does. The text must be valid JSON (JSON.parse it first); the walk is
+ * iterative, so nesting depth costs no stack. A key given twice keeps its last value, as JSON.parse.
+ * @param {string} text
+ * @returns {Map<string, string>}  path -> the literal as written
+ */
+export function numberLiterals(text) {
+  const found = new Map();
+  const stack = []; // per open container: {array: boolean, path: string | null}; path null inside arrays
+  let key = null; // the last key read in the innermost object
+  let i = 0;
+  const n = text.length;
+  const skipSpace = () => {
+    while (i < n && (text[i] === " " || text[i] === "\t" || text[i] === "\n" || text[i] === "\r")) i++;
+  };
+  const readString = () => { // at the opening quote; returns the raw literal
+    const start = i++;
+    while (i < n && text[i] !== '"') i += text[i] === "\\" ? 2 : 1;
+    i++;
+    return text.slice(start, i);
+  };
+  const here = () => {
+    const top = stack[stack.length - 1];
+    if (!top || top.path === null || top.array) return null;
+    return top.path ? `${top.path}.${key}` : key;
+  };
+  while (i < n) {
+    skipSpace();
+    const c = text[i];
+    if (c === undefined) break;
+    const top = stack[stack.length - 1];
+    if (c === "{" || c === "[") {
+      const path = stack.length === 0 ? "" : here();
+      stack.push({ array: c === "[", path });
+      key = null;
+      i++;
+    } else if (c === "}" || c === "]") {
+      stack.pop();
+      i++;
+    } else if (c === "," || c === ":") {
+      i++;
+    } else if (c === '"') {
+      const literal = readString();
+      skipSpace();
+      if (top && !top.array && text[i] === ":") key = JSON.parse(literal); // a key, not a value
+    } else { // a number, true, false or null
+      const start = i;
+      while (i < n && !",}] \t\n\r".includes(text[i])) i++;
+      const literal = text.slice(start, i);
+      const path = here();
+      if (path !== null) {
+        if (/^-?\d+$/.test(literal) || !/^-?\d/.test(literal)) found.delete(path);
+        else found.set(path, literal);
+      }
+    }
+  }
+  return found;
 }

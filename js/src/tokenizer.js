@@ -17,12 +17,21 @@
 // float32 sums, ties to the earlier start, user-defined pieces scored 0.1 x (bytes - 1), unknown
 // characters scored min_score - 10, runs of unknowns merged into one id, or split into <0xXX>
 // byte pieces when the model has byte_fallback.
+//
+// Also here: Tokens, the tokens section of bundle.json and the vocabulary maps of models imported
+// from Hugging Face (docs/bundle-format.md, "Tokenization"): the ids around a source's text ids,
+// language codes, and the target ids -> text.
 import { SentencePieceProcessor } from "@sctg/sentencepiece-js";
+import { SOURCE_PREFIX, TARGET_LANG_IN, VOCAB_MAP, short } from "./bundle.js";
 import { MODEL_TYPES, PIECE_TYPES, readVocabulary } from "./checks.js";
 
 // Python's str.isspace() set: a text made only of these is "empty" for the Python runtime
 // (str.strip()), which differs from String.prototype.trim() on \x1c-\x1f, \x85 and \ufeff.
-const PY_SPACE_ONLY = /^[\t\n\v\f\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*$/;
+const PY_SPACE = "\\t\\n\\v\\f\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
+const PY_SPACE_ONLY = new RegExp(`^[${PY_SPACE}]*$`);
+const PY_STRIP = new RegExp(`^[${PY_SPACE}]+|[${PY_SPACE}]+$`, "g"); // str.strip()
+// Marian's leading target-language code, e.g. >>fra<< (runtime/vocab.py's _CODE; Python's \s is str.isspace())
+const LANGUAGE_CODE = new RegExp(`^>>([^<>${PY_SPACE}]+)<<`);
 // A lone UTF-16 surrogate: Python replaces it by "?" before encoding (text.encode("utf-8", "replace")).
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g;
 
@@ -249,5 +258,166 @@ export class SentencePiece {
   /** The text of piece ids. */
   decode(ids) {
     return ids.length ? this.processor.decodeIds(ids) : "";
+  }
+
+  /** The unknown piece's id (Python's unk_id()), -1 where the model has none. */
+  get unkId() {
+    return this.model?.special.unk ?? -1;
+  }
+
+  /** Piece id -> piece (Python's id_to_piece). */
+  idToPiece(id) {
+    return this.model.pieces[id];
+  }
+
+  /**
+   * The text of pieces given as strings, as Python's decode_pieces (SentencePiece's DecodePieces): a
+   * piece the model lacks is kept as it is, "▁" included. The WASM decodes only ids, so each run of
+   * known pieces is decoded by it; a run after text already written is decoded behind a sentinel
+   * piece (one without "▁", whose surface is itself) and the sentinel cut off, so that it keeps the
+   * leading space that DecodePieces strips only at the start of the text.
+   * @param {string[]} pieces
+   */
+  decodePieces(pieces) {
+    this.pieceIds ??= new Map(this.model.pieces.map((p, i) => [p, i]));
+    this.sentinel ??= this.model.pieces.findIndex((p, i) => this.model.types[i] === PIECE_TYPES.NORMAL && p && !p.includes("\u2581"));
+    let out = "";
+    let run = [];
+    const flush = () => {
+      if (!run.length) return;
+      if (out && this.sentinel >= 0) out += this.decode([this.sentinel, ...run]).slice(this.model.pieces[this.sentinel].length);
+      else out += this.decode(run);
+      run = [];
+    };
+    for (const piece of pieces) {
+      const id = this.pieceIds.get(piece);
+      if (id !== undefined) {
+        run.push(id);
+      } else {
+        flush();
+        out += piece;
+      }
+    }
+    flush();
+    return out;
+  }
+}
+
+/**
+ * bundle.json's tokens section with its defaults, and the vocabulary maps: how a source becomes
+ * the encoder's ids and the search's ids become text (docs/bundle-format.md, "Tokenization").
+ * Without a tokens section and maps, exactly the convention of our own exports: [text ids, eos],
+ * no target prefix, SentencePiece's ids decoded as they are.
+ */
+export class Tokens {
+  /**
+   * @param {any} meta  bundle.json (validated)
+   * @param {{source?: Int32Array | null, target?: Int32Array | null,
+   *   texts?: {source: Map<string, number>, target: Map<number, string>}}} [maps]  from checkTokenizers
+   */
+  constructor(meta, { source = null, target = null, texts = { source: new Map(), target: new Map() } } = {}) {
+    const t = meta.tokens ?? {};
+    this.sourcePrefix = t.source_prefix ?? [];
+    this.sourceSuffix = t.source_suffix ?? [meta.special_ids.eos];
+    this.targetPrefix = t.target_prefix ?? [];
+    this.languages = t.languages ?? {};
+    this.targetLangIn = t.target_lang_in ?? TARGET_LANG_IN[0];
+    this.textLanguageCodes = t.text_language_codes ?? false;
+    this.stripText = t.strip_text ?? false;
+    this.restoreSpaces = t.restore_spaces ?? false;
+    this.unkId = meta.special_ids.unk;
+    this.sourceMap = source;
+    this.targetMap = target;
+    this.unknownPieces = texts.source; // vocab_texts: the text of a piece SentencePiece marks unknown -> model id
+    this.targetTexts = texts.target; // vocab_texts: model id -> the text of a piece the target model lacks
+  }
+
+  /**
+   * A language code's token id.
+   * @throws {TypeError} for a code that is not a string
+   * @throws {RangeError} for a code the bundle does not have, naming it and the known ones (runtime/vocab.py's words)
+   */
+  language(code, option) {
+    if (typeof code !== "string") throw new TypeError(`${option}=${short(code)}; give a language code (a string)`);
+    if (Object.hasOwn(this.languages, code)) return this.languages[code];
+    const known = Object.keys(this.languages).sort();
+    const listed = known.slice(0, 10).join(", ") + (known.length > 10 ? ` and ${known.length - 10} more` : "");
+    const fix = known.length ? `choose one of ${listed}` : "this model has no language tokens: leave it out";
+    throw new RangeError(`${option}=${JSON.stringify(code)} is not a language of this model; ${fix}`);
+  }
+
+  /**
+   * The ids put around every source text's ids, and the target prefix, for a caller's languages:
+   * sourceLang replaces the source prefix; targetLang replaces the target prefix, or the source
+   * prefix where tokens.target_lang_in says so (then it wins over sourceLang).
+   * @param {{sourceLang?: string | null, targetLang?: string | null}} [languages]
+   * @param {{sourceLang?: string, targetLang?: string}} [names]  the options' names for messages
+   * @returns {{prefix: number[], suffix: number[], targetPrefix: number[]}}
+   */
+  layout({ sourceLang = null, targetLang = null } = {}, names = {}) {
+    let prefix = this.sourcePrefix;
+    let targetPrefix = this.targetPrefix;
+    if (sourceLang != null) prefix = [this.language(sourceLang, names.sourceLang ?? "sourceLang")];
+    if (targetLang != null) {
+      const id = [this.language(targetLang, names.targetLang ?? "targetLang")];
+      if (this.targetLangIn === SOURCE_PREFIX) prefix = id;
+      else targetPrefix = id;
+    }
+    return { prefix, suffix: this.sourceSuffix, targetPrefix };
+  }
+
+  /**
+   * With tokens.text_language_codes (Marian), a text that starts with ">>code<<" (a code of no
+   * "<", ">" or white space, as runtime/vocab.py's) loses that token before SentencePiece, and its
+   * id replaces the source prefix: [id or null, the rest of the text]. A code the bundle does not
+   * have is the unknown id.
+   */
+  splitCode(text) {
+    const found = this.textLanguageCodes ? LANGUAGE_CODE.exec(text) : null;
+    if (!found) return [null, text];
+    return [Object.hasOwn(this.languages, found[1]) ? this.languages[found[1]] : this.unkId, text.slice(found[0].length)];
+  }
+
+  /**
+   * A text's model source ids: SentencePiece's, through the source map where there is one; a piece
+   * SentencePiece marks unknown whose text vocab_texts lists gets that id (as transformers looks
+   * pieces up by text). As runtime/vocab.py's _Encoder.
+   * @param {{encode: (text: string) => number[], pieces?: (text: string) => string[], unkId?: number}} tokenizer
+   */
+  encodeSource(tokenizer, text) {
+    const ids = tokenizer.encode(text);
+    const map = this.sourceMap;
+    if (!map) return ids;
+    const out = Array.from(ids, (p) => map[p]);
+    const unk = tokenizer.unkId ?? -1;
+    if (this.unknownPieces.size && unk >= 0 && ids.includes(unk)) {
+      const pieces = tokenizer.pieces(text);
+      ids.forEach((p, i) => { if (p === unk && this.unknownPieces.has(pieces[i])) out[i] = this.unknownPieces.get(pieces[i]); });
+    }
+    return out;
+  }
+
+  /**
+   * The text of a hypothesis's ids (its end token already removed), as runtime/vocab.py's decoder:
+   * with a target map, each id's piece, the ids mapped to the skip value (special and language
+   * tokens) left out; where vocab_texts gives the text of pieces the target model lacks (the map's
+   * text value), the pieces as strings through decodePieces, which keeps such a text as it is. Then
+   * "▁" made a space where tokens.restore_spaces says so, and the text stripped as Python's
+   * str.strip() where tokens.strip_text says so.
+   * @param {number[]} ids
+   * @param {{decode: (ids: number[]) => string, decodePieces?: (pieces: string[]) => string,
+   *   idToPiece?: (id: number) => string}} tokenizer  the target SentencePiece model
+   */
+  decode(ids, tokenizer) {
+    const map = this.targetMap;
+    let text;
+    if (map && this.targetTexts.size) {
+      text = tokenizer.decodePieces(ids.flatMap((id) => (map[id] >= 0 ? [tokenizer.idToPiece(map[id])]
+        : map[id] === VOCAB_MAP.text ? [this.targetTexts.get(id) ?? ""] : [])));
+    } else {
+      text = tokenizer.decode(map ? ids.map((id) => map[id]).filter((p) => p >= 0) : ids);
+    }
+    if (this.restoreSpaces) text = text.replaceAll("\u2581", " ");
+    return this.stripText ? text.replace(PY_STRIP, "") : text;
   }
 }

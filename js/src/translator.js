@@ -6,8 +6,8 @@ import {
   presentNames, readBundle, short,
 } from "./bundle.js";
 import { checkGraphs, checkTokenizers } from "./checks.js";
-import { beamSearch, candidatesNeeded, greedySearch } from "./search.js";
-import { SentencePiece, isBlank } from "./tokenizer.js";
+import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
+import { SentencePiece, Tokens, isBlank } from "./tokenizer.js";
 
 // The typed array that carries each cache element type (float16 travels as raw bits); the element
 // types themselves are the spec's dtypes, in its order.
@@ -19,7 +19,7 @@ const LEVELS = { all: "all", extended: "extended", basic: "basic", none: "disabl
 /**
  * @typedef {object} TranslationResult  One source's n-best, best first.
  * @property {string[]} hypotheses  detokenised texts
- * @property {number[][]} tokenIds  target ids, end token excluded
+ * @property {number[][]} tokenIds  target ids, end token excluded, a forced target prefix included
  * @property {number[] | null} scores  sums of log-probabilities, end token included (returnScores)
  * @property {number[][][] | null} attention  per hypothesis [target pieces][source pieces + end token]:
  *   the last decoder layer's cross-attention averaged over heads (returnAttention)
@@ -37,6 +37,11 @@ const LEVELS = { all: "all", extended: "extended", basic: "basic", none: "disabl
  *   forced pass of the decoder over the hypotheses (runtime/attention.py's convention): results are unchanged
  * @property {boolean} [truncate]  cut sources longer than the model's positions instead of refusing them
  * @property {number} [maxBatchSize]  sources per batch (default 32)
+ * @property {string} [sourceLang]  a language code of tokens.languages: its token replaces tokens.source_prefix
+ * @property {string} [targetLang]  a language code: its token replaces tokens.target_prefix (or the source
+ *   prefix, where tokens.target_lang_in says so)
+ * @property {ArrayLike<number>[]} [targetPrefix]  per source, target ids forced at the start of its translation
+ *   (docs/bundle-format.md, "A forced target prefix"), replacing the bundle's and targetLang's
  */
 
 /** Rows `rows` of a tensor along its first axis, in that order. */
@@ -76,8 +81,9 @@ export class Translator {
    * @param {{source: SentencePiece, target: SentencePiece}} tokenizers
    * @param {import("./bundle.js").Platform} platform
    * @param {boolean} topKFromGraph
+   * @param {object} [maps]  the vocabulary maps and texts (checkTokenizers)
    */
-  constructor(bundle, encoder, decoder, tokenizers, platform, topKFromGraph) {
+  constructor(bundle, encoder, decoder, tokenizers, platform, topKFromGraph, maps = {}) {
     const cfg = bundle.meta.model;
     const ids = bundle.meta.special_ids;
     Object.assign(this, {
@@ -86,6 +92,7 @@ export class Translator {
       nLayers: cfg.n_decoder_layers, nHeads: cfg.n_heads, headDim: cfg.d_model / cfg.n_heads,
       maxPositions: cfg.max_positions, srcVocab: cfg.src_vocab_size, tgtVocab: cfg.tgt_vocab_size,
       padId: ids.pad, eosId: ids.eos, startId: ids.decoder_start, cacheType: bundle.meta.dtype,
+      tokens: new Tokens(bundle.meta, maps), // prefixes, suffix, languages, vocabulary maps and texts
     });
     if (!(this.cacheType in CACHE_ARRAY)) {
       throw new BundleError(`${bundle.path}: dtype ${JSON.stringify(this.cacheType)}; ` +
@@ -113,7 +120,7 @@ export class Translator {
     }
     checkThreads(threads, platform);
     const bundle = await readBundle(bundleDir, platform, { checkHashes });
-    await checkTokenizers(bundle, platform); // sizes, special ids, vocabularies: before the graphs load
+    const maps = await checkTokenizers(bundle, platform); // sizes, special ids, vocabularies and maps: before the graphs load
     const options = {
       executionProviders: ["cpu"], graphOptimizationLevel: LEVELS[optimization], intraOpNumThreads: threads,
       logSeverityLevel: 3, extra: { session: { intra_op: { allow_spinning: threadSpinning ? "1" : "0" } } },
@@ -154,7 +161,7 @@ export class Translator {
           "re-export the bundle with `seq2onnx export`");
       }
     }
-    return new Translator(bundle, encoder, decoder, tokenizers, platform, topKFromGraph);
+    return new Translator(bundle, encoder, decoder, tokenizers, platform, topKFromGraph, maps);
   }
 
   /** Frees the onnxruntime sessions. */
@@ -175,11 +182,12 @@ export class Translator {
    * @param {TranslateOptions} [options]
    * @returns {Promise<TranslationResult[]>}
    * @throws {TypeError} for items that are neither strings nor ids
-   * @throws {RangeError} for a source longer than the model's positions (unless truncate) and impossible settings
+   * @throws {RangeError} for a source longer than the model's positions (unless truncate), an unknown
+   *   language code, target prefix ids outside the vocabulary and impossible settings
    */
   async translateBatch(source, {
     beamSize, numHypotheses = 1, lengthPenalty, maxDecodingLength, minDecodingLength, returnScores = false,
-    returnAttention = false, truncate = false, maxBatchSize = 32,
+    returnAttention = false, truncate = false, maxBatchSize = 32, sourceLang, targetLang, targetPrefix,
   } = {}) {
     const defaults = this.bundle.meta.decoding;
     beamSize ??= defaults.beam_size;
@@ -206,7 +214,9 @@ export class Translator {
       throw new BundleError(`${this.bundle.path}: its ${FILE_NAMES[DECODER]} has no "${CROSS_ATTENTION}" output (exported by ` +
         "seq2onnx before 0.3), so attention cannot be returned: export the checkpoint again with `seq2onnx export`");
     }
-    const ids = source.map((item, i) => this._sourceIds(i, item, truncate));
+    const layout = this.tokens.layout({ sourceLang, targetLang });
+    const prefixes = this._targetPrefixes(source.length, targetPrefix, layout.targetPrefix);
+    const ids = source.map((item, i) => this._sourceIds(i, item, truncate, layout)?.ids ?? null);
     const results = new Array(ids.length);
     const n = numHypotheses;
     ids.forEach((s, i) => {
@@ -222,11 +232,11 @@ export class Translator {
     for (let start = 0; start < todo.length; start += maxBatchSize) {
       const chunk = todo.slice(start, start + maxBatchSize);
       const found = await this._search(chunk.map((i) => ids[i]), { beamSize, numHypotheses, lengthPenalty,
-        maxDecodingLength, minDecodingLength });
+        maxDecodingLength, minDecodingLength, prefixes: chunk.map((i) => prefixes[i]) });
       const tokens = found.map((f) => f.hypotheses.map((h) => (h.length && h[h.length - 1] === this.eosId ? h.slice(0, -1) : h)));
       const attention = returnAttention ? await this._attention(chunk.map((i) => ids[i]), tokens) : null;
       chunk.forEach((i, j) => {
-        results[i] = { hypotheses: tokens[j].map((t) => this.targetTokenizer.decode(t)), tokenIds: tokens[j],
+        results[i] = { hypotheses: tokens[j].map((t) => this.tokens.decode(t, this.targetTokenizer)), tokenIds: tokens[j],
           scores: returnScores ? found[j].scores : null, attention: attention ? attention[j] : null };
       });
     }
@@ -234,55 +244,94 @@ export class Translator {
   }
 
   /**
-   * Source token ids of one text, end token included, as translateBatch feeds them to the encoder,
-   * and whether they were cut to the model's positions. An empty or whitespace-only text gives [].
+   * Source token ids of one text as translateBatch feeds them to the encoder (docs/bundle-format.md,
+   * "Tokenization": the source prefix, its text's ids, the suffix: the end token by default), and
+   * whether they were cut to the model's positions. An empty or whitespace-only text gives [].
    * @param {string} text
-   * @param {{truncate?: boolean}} [options]
+   * @param {{truncate?: boolean, sourceLang?: string, targetLang?: string}} [options]  as translateBatch's
    * @returns {{ids: number[], truncated: boolean}}
-   * @throws {RangeError} when the text has more tokens than the model's positions and truncate is false
+   * @throws {RangeError} when the text has more tokens than the model's positions and truncate is false,
+   *   or for an unknown language code
    */
-  prepareSource(text, { truncate = false } = {}) {
-    if (typeof text !== "string") throw new TypeError(`text is ${typeof text}; give a string`);
-    if (isBlank(text)) return { ids: [], truncated: false };
-    const ids = [...this.sourceTokenizer.encode(text), this.eosId];
-    if (ids.length <= this.maxPositions) return { ids, truncated: false };
-    if (!truncate) {
-      throw new RangeError(`${ids.length} tokens; this model was exported for at most ${this.maxPositions} positions ` +
-        `(max_positions in ${BUNDLE_JSON}): shorten it or pass truncate: true`);
-    }
-    return { ids: [...ids.slice(0, this.maxPositions - 1), this.eosId], truncated: true };
+  prepareSource(text, { truncate = false, sourceLang = null, targetLang = null } = {}) {
+    return this._prepareText(text, truncate, this.tokens.layout({ sourceLang, targetLang }));
   }
 
-  _sourceIds(index, item, truncate) {
-    let ids;
+  _prepareText(text, truncate, { prefix, suffix }) {
+    if (typeof text !== "string") throw new TypeError(`text is ${typeof text}; give a string`);
+    if (isBlank(text)) return { ids: [], truncated: false };
+    const [code, rest] = this.tokens.splitCode(text); // a leading >>code<< (Marian) replaces the prefix
+    return this._fit(code === null ? prefix : [code], this.tokens.encodeSource(this.sourceTokenizer, rest), suffix, truncate);
+  }
+
+  /** prefix + body + suffix, or with truncate the first max_positions - len(prefix) - len(suffix) of body. */
+  _fit(prefix, body, suffix, truncate) {
+    const length = prefix.length + body.length + suffix.length;
+    if (length <= this.maxPositions) return { ids: [...prefix, ...body, ...suffix], truncated: false };
+    const room = this.maxPositions - prefix.length - suffix.length;
+    if (!truncate || room < 0) {
+      const fix = room < 0 ? `its ${prefix.length + suffix.length} prefix and suffix ids alone do not fit` : "shorten it or pass truncate: true";
+      throw new RangeError(`${length} tokens; this model was exported for at most ${this.maxPositions} positions ` +
+        `(max_positions in ${BUNDLE_JSON}): ${fix}`);
+    }
+    return { ids: [...prefix, ...body.slice(0, room), ...suffix], truncated: true };
+  }
+
+  /**
+   * One source of translateBatch (a text, or ids: the whole row, the suffix appended unless they end
+   * with it, no prefix) as the encoder's ids and whether they were cut; null for an empty source.
+   */
+  _sourceIds(index, item, truncate, layout = this.tokens.layout()) {
     if (typeof item === "string") {
+      let found;
       try {
-        ids = this.prepareSource(item, { truncate }).ids;
+        found = this._prepareText(item, truncate, layout);
       } catch (e) {
         if (e instanceof RangeError) throw new RangeError(`source ${index} has ${e.message}`);
         throw e;
       }
-      return ids.length ? ids : null;
+      return found.ids.length ? found : null;
     }
     if (!(Array.isArray(item) || ArrayBuffer.isView(item))) {
       throw new TypeError(`source ${index} is ${item === null ? "null" : typeof item}; give a string or an array of token ids`);
     }
-    ids = Array.from(item, (x) => (typeof x === "bigint" ? Number(x) : x));
+    const ids = Array.from(item, (x) => (typeof x === "bigint" ? Number(x) : x));
     if (!ids.every(Number.isInteger)) throw new TypeError(`source ${index}: token ids must be integers`);
     if (!ids.length) return null;
     const bad = ids.filter((x) => x < 0 || x >= this.srcVocab);
     if (bad.length) {
       throw new RangeError(`source ${index}: token ids ${JSON.stringify(bad.slice(0, 5))} are outside the source vocabulary [0, ${this.srcVocab})`);
     }
-    if (ids[ids.length - 1] !== this.eosId) ids.push(this.eosId);
-    if (ids.length > this.maxPositions) {
-      if (!truncate) {
-        throw new RangeError(`source ${index} has ${ids.length} tokens; this model was exported for at most ` +
-          `${this.maxPositions} positions (max_positions in ${BUNDLE_JSON}): shorten it or pass truncate: true`);
-      }
-      ids = [...ids.slice(0, this.maxPositions - 1), this.eosId];
+    const { suffix } = layout;
+    const ends = suffix.length <= ids.length && suffix.every((x, j) => ids[ids.length - suffix.length + j] === x);
+    try {
+      return this._fit([], ends ? ids.slice(0, ids.length - suffix.length) : ids, suffix, truncate);
+    } catch (e) {
+      throw new RangeError(`source ${index} has ${e.message}`);
     }
-    return ids;
+  }
+
+  /**
+   * Each source's forced target prefix: the caller's (targetPrefix, one array per source, replacing
+   * the bundle's and targetLang's) or `fallback`. As runtime/vocab.py's prefixes: the ids lie in the
+   * target vocabulary and are not the end token (a prefix is text before the translation).
+   */
+  _targetPrefixes(n, targetPrefix, fallback) {
+    if (targetPrefix == null) return new Array(n).fill(fallback);
+    if (!Array.isArray(targetPrefix) || targetPrefix.length !== n) {
+      throw new RangeError(`targetPrefix has ${Array.isArray(targetPrefix) ? targetPrefix.length : short(targetPrefix)} ` +
+        `entries for ${n} sources; give one array of target ids per source`);
+    }
+    return targetPrefix.map((p, i) => {
+      const ids = Array.isArray(p) || ArrayBuffer.isView(p) ? Array.from(p, (x) => (typeof x === "bigint" ? Number(x) : x)) : null;
+      if (!ids || !ids.every(Number.isInteger)) throw new TypeError(`targetPrefix[${i}] is ${short(p)}; give an array of target token ids`);
+      const bad = ids.filter((x) => x < 0 || x >= this.tgtVocab || x === this.eosId);
+      if (bad.length) {
+        throw new RangeError(`targetPrefix[${i}] has ids ${JSON.stringify(bad.slice(0, 5))} outside [0, ${this.tgtVocab}) or the end ` +
+          `token ${this.eosId}; give target ids of the text before the translation`);
+      }
+      return ids;
+    });
   }
 
   /** Maximum target lengths: the caller's, or min(floor(a x source length) + b, max_positions). */
@@ -292,11 +341,12 @@ export class Translator {
     return sources.map((s) => Math.min(Math.trunc(a * s.length) + b, this.maxPositions));
   }
 
-  async _search(sources, { beamSize, numHypotheses, lengthPenalty, maxDecodingLength, minDecodingLength }) {
+  async _search(sources, { beamSize, numHypotheses, lengthPenalty, maxDecodingLength, minDecodingLength, prefixes }) {
     const { src, width } = this._pad(sources);
     // Searches need only their candidates: download [rows, 2K(+1)] instead of [rows, vocab].
     const topK = this.topKFromGraph ? Math.min(candidatesNeeded(beamSize, minDecodingLength), this.tgtVocab) : null;
-    const step = await this._stepFn(src, sources.map((s) => s.length), width, topK);
+    // forced target prefixes: the step's log-probs replaced before the search sees them
+    const step = forcePrefix(await this._stepFn(src, sources.map((s) => s.length), width, topK), prefixes);
     const common = { startId: this.startId, eosId: this.eosId, maxLengths: this.maxLengths(sources, maxDecodingLength),
       minLength: minDecodingLength };
     if (beamSize === 1) return greedySearch(step, sources.length, common);

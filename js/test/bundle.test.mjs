@@ -8,7 +8,7 @@ import path from "node:path";
 import { after, test } from "node:test";
 import { BundleError, MAX_JSON_BYTES, readBundle, validateMeta } from "../src/bundle.js";
 import { nodePlatform } from "../src/platform-node.js";
-import { hash, soundFiles, soundMeta, writeBundle } from "./fixtures.mjs";
+import { hash, soundFiles, soundMeta, vocabBytes, writeBundle } from "./fixtures.mjs";
 
 const root = mkdtempSync(path.join(tmpdir(), "seq2onnx-js-bundle-"));
 after(() => rmSync(root, { recursive: true, force: true }));
@@ -149,4 +149,38 @@ test("a listed fused decoder is checked like every file (the Python runtime's li
   writeFileSync(path.join(damaged, "decoder_fused.onnx"), "fused graph, altered");
   await rejects(damaged, /decoder_fused\.onnx: sha256 differs from bundle\.json \(files\.decoder_fused\)/);
   await rejects(bundle(withFused("0".repeat(64))), /decoder_fused\.onnx: missing from the bundle \(files\.decoder_fused/);
+});
+
+test("the vocabulary maps are hashed like every file and kept, also with checkHashes: false", async () => {
+  const source = vocabBytes([4, 5, 6]);
+  const withMaps = (sha) => (m) => {
+    m.files.source_vocab = { path: "source.vocab.bin", sha256: sha };
+    m.files.target_vocab = { path: "maps/target.vocab.bin", sha256: hash(vocabBytes([-1, 0])) };
+  };
+  const write = (dir) => {
+    writeFileSync(path.join(dir, "source.vocab.bin"), source);
+    mkdirSync(path.join(dir, "maps"));
+    writeFileSync(path.join(dir, "maps", "target.vocab.bin"), vocabBytes([-1, 0]));
+    return dir;
+  };
+  const good = write(bundle(withMaps(hash(source))));
+  for (const checkHashes of [true, false]) {
+    const b = await readBundle(good, nodePlatform, { checkHashes });
+    assert.deepEqual(b.files.source_vocab, source);
+    assert.deepEqual(b.files.target_vocab, vocabBytes([-1, 0]));
+    assert.equal(b.files.decoder_fused, undefined);
+  }
+  await rejects(write(bundle(withMaps("0".repeat(64)))), /source\.vocab\.bin: sha256 differs from bundle\.json \(files\.source_vocab\)/);
+  await rejects(bundle(withMaps(hash(source))), /source\.vocab\.bin: missing from the bundle \(files\.source_vocab/);
+  // a map is a file, not a graph: no graphs entry is wanted for it
+  await rejects(write(bundle((m) => { withMaps(hash(source))(m); m.files.source_vocab.path = 5; })),
+    /files\.source_vocab\.path is 5, expected a string/);
+});
+
+test("the tokens section: absent, empty or full is sound; a language id written 6.0 is refused as Python reads it", async () => {
+  const tokens = { source_prefix: [4], source_suffix: [3], target_prefix: [], languages: { de: 6, en: 7 },
+    target_lang_in: "source_prefix", text_language_codes: true, strip_text: true };
+  for (const t of [undefined, {}, tokens]) await readBundle(bundle((m) => ({ ...m, tokens: t })), nodePlatform);
+  const written = (m) => JSON.stringify({ ...m, tokens }).replace('"en":7', '"en":7.0');
+  await rejects(bundle(written), /bundle\.json: tokens\.languages is \{"de":6,"en":7\.0\}, expected an object of language codes to token ids \(integers >= 0\); re-export/);
 });

@@ -8,7 +8,7 @@ import { test } from "node:test";
 import { BundleError } from "../src/bundle.js";
 import { checkGraphs, checkTokenizers, gatherTables, readVocabulary } from "../src/checks.js";
 import { nodePlatform } from "../src/platform-node.js";
-import { fingerprint, graphSignature, onnxModel, soundFiles, soundMeta, spmModel } from "./fixtures.mjs";
+import { fingerprint, graphSignature, onnxModel, soundFiles, soundMeta, spmModel, vocabBytes } from "./fixtures.mjs";
 
 /** A bundle as readBundle returns it, for soundMeta's sizes; `edit(meta, bytes)` before it is made. */
 function bundle(edit = () => {}) {
@@ -78,6 +78,86 @@ test("sound tokenizers pass; a wrong size, a wrong special id, a wrong or exchan
     /target\.spm\.model: its vocabulary is not the target vocabulary the model was exported with \(tokenizers\.target\.pieces_sha256/);
   await refusedAsync(checkTokenizers(bundle((m, bytes) => { bytes["target.spm.model"] = new TextEncoder().encode("\x08\x09"); }), nodePlatform),
     /\/b\/target\.spm\.model: not a SentencePiece model \(.*\); re-export the bundle/);
+});
+
+/**
+ * A bundle of a model imported from Hugging Face: 20 source and 20 target ids over SentencePiece
+ * models of 16 pieces; the source map sends piece p to id p + 4, the target map id i to piece i - 4
+ * (ids 0-3 are the model's own special tokens, never written: -1). `edit(meta, maps)` may change the
+ * maps' entries (arrays), replace their bytes (maps.bytes) or add vocab_texts (maps.texts, as JSON).
+ */
+function mapped(edit = () => {}) {
+  const maps = { source: Array.from({ length: 16 }, (_, p) => p + 4), target: Array.from({ length: 20 }, (_, i) => (i < 4 ? -1 : i - 4)), bytes: {} };
+  return bundle((m, bytes) => {
+    m.model.src_vocab_size = 20;
+    m.model.tgt_vocab_size = 20;
+    edit(m, maps);
+    for (const side of ["source", "target"]) {
+      bytes[`${side}.vocab.bin`] = maps.bytes[side] ?? vocabBytes(maps[side]);
+      m.files[`${side}_vocab`] = { path: `${side}.vocab.bin`, sha256: "" };
+    }
+    if (maps.texts) {
+      bytes["vocab.texts.json"] = new TextEncoder().encode(JSON.stringify(maps.texts));
+      m.files.vocab_texts = { path: "vocab.texts.json", sha256: "" };
+    }
+  });
+}
+
+test("vocabulary maps: sound maps are returned, and replace the size and special-id checks of their side", async () => {
+  const maps = await checkTokenizers(mapped(), nodePlatform);
+  assert.deepEqual([...maps.source], Array.from({ length: 16 }, (_, p) => p + 4));
+  assert.deepEqual([...maps.target].slice(0, 6), [-1, -1, -1, -1, 0, 1]);
+  assert.ok(maps.source instanceof Int32Array && maps.target.length === 20);
+  assert.deepEqual(maps.texts, { source: new Map(), target: new Map() });
+  assert.deepEqual(await checkTokenizers(bundle(), nodePlatform), { source: null, target: null, texts: { source: new Map(), target: new Map() } });
+  // the SentencePiece model's own special ids are not the model's where a map translates them
+  await checkTokenizers(mapped((m) => { m.special_ids.pad = 5; m.model.pad_id = 5; }), nodePlatform);
+  // the fingerprints are still checked
+  await refusedAsync(checkTokenizers(mapped((m) => { m.tokenizers.target = fingerprint(16, { prefix: "z" }); }), nodePlatform),
+    /target\.spm\.model: its vocabulary is not the target vocabulary/);
+  // a side without a map keeps its checks
+  await refusedAsync(checkTokenizers(bundle((m, bytes) => {
+    m.model.tgt_vocab_size = 20;
+    bytes["source.vocab.bin"] = vocabBytes(Array.from({ length: 16 }, (_, p) => p));
+    m.files.source_vocab = { path: "source.vocab.bin", sha256: "" };
+  }), nodePlatform), /model\.tgt_vocab_size=20, but target\.spm\.model \(get_piece_size\(\)\) has 16/);
+});
+
+test("vocabulary maps that do not fit are refused naming the file, the value, the limit and the fix (runtime/vocab.py's words)", async () => {
+  const FIX = "; re-export the bundle with `seq2onnx export`";
+  const cases = [
+    [(m, maps) => { maps.bytes.source = new Uint8Array(63); }, "/b/source.vocab.bin: 63 bytes is not a whole number of int32 entries"],
+    [(m, maps) => { maps.bytes.target = new Uint8Array(6); }, "/b/target.vocab.bin: 6 bytes is not a whole number of int32 entries"],
+    [(m, maps) => { maps.source.pop(); }, "/b/source.vocab.bin: 15 entries, expected 16"], // the source model's pieces
+    [(m, maps) => { maps.target.push(-1); }, "/b/target.vocab.bin: 21 entries, expected 20"], // model.tgt_vocab_size
+    [(m, maps) => { maps.source[3] = 20; }, "/b/source.vocab.bin: entry 3 is 20, expected an id in [0, 20)"],
+    [(m, maps) => { maps.source[0] = -1; }, "/b/source.vocab.bin: entry 0 is -1, expected an id in [0, 20)"],
+    [(m, maps) => { maps.target[5] = 16; }, "/b/target.vocab.bin: entry 5 is 16, expected an id in [-2, 16)"],
+    [(m, maps) => { maps.target[19] = -3; }, "/b/target.vocab.bin: entry 19 is -3, expected an id in [-2, 16)"],
+    // a piece the target model lacks (-2) needs its text in vocab_texts, when the bundle has them
+    [(m, maps) => { maps.target[7] = -2; maps.texts = { target: { 8: "x" } }; },
+      "/b/vocab.texts.json: no text for target id 7, which target_vocab marks -2"],
+    [(m, maps) => { maps.texts = { source: { "\u2581x": 20 } }; }, "/b/vocab.texts.json: a source id outside [0, 20)"],
+    [(m, maps) => { maps.texts = [1]; }, "/b/vocab.texts.json: not the vocabulary texts the spec describes (not an object)"],
+    [(m, maps) => { maps.texts = { source: { a: "5" } }; },
+      '/b/vocab.texts.json: not the vocabulary texts the spec describes (source["a"] is "5", not an id)'],
+    [(m, maps) => { maps.texts = { target: { x: "a" } }; },
+      '/b/vocab.texts.json: not the vocabulary texts the spec describes (target["x"] is not an id\'s text)'],
+  ];
+  for (const [edit, message] of cases) {
+    await assert.rejects(checkTokenizers(mapped(edit), nodePlatform), (e) => {
+      assert.ok(e instanceof BundleError, `${e}`);
+      assert.equal(e.message, message + FIX);
+      return true;
+    });
+  }
+  // a -2 entry without vocab_texts is sound (it decodes to nothing, as in the Python runtime)
+  await checkTokenizers(mapped((m, maps) => { maps.target[7] = -2; }), nodePlatform);
+  const { texts } = await checkTokenizers(mapped((m, maps) => {
+    maps.target[7] = -2;
+    maps.texts = { source: { "\u2581zz": 19 }, target: { 7: "\u2581qq" } };
+  }), nodePlatform);
+  assert.deepEqual(texts, { source: new Map([["\u2581zz", 19]]), target: new Map([[7, "\u2581qq"]]) });
 });
 
 test("the tables gathered by src_ids and step are found in the graph's protobuf, through Constant and Cast", () => {

@@ -13,18 +13,22 @@ import { after, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { main } from "../src/cli.js";
 import { Translator } from "../src/translator.js";
-import { fakeBundle, fakePlatform } from "./fake-host.mjs";
+import { EOS, VOCAB, fakeBundle, fakePlatform } from "./fake-host.mjs";
+import { vocabBytes } from "./fixtures.mjs";
 
 const root = mkdtempSync(path.join(tmpdir(), "seq2onnx-js-cli-"));
 after(() => rmSync(root, { recursive: true, force: true }));
 const BIN = fileURLToPath(new URL("../bin/seq2onnx-js.mjs", import.meta.url));
 
-/** Runs the CLI on `input` (a string or bytes) over a fake bundle; returns {code, out, err, loads}. */
-async function run(args, input, { cores = 4 } = {}) {
+/**
+ * Runs the CLI on `input` (a string or bytes) over a fake bundle (`edit` and `extra` as fakeBundle's);
+ * returns {code, out, err, loads}.
+ */
+async function run(args, input, { cores = 4, edit, extra } = {}) {
   let out = "";
   let err = "";
   const loads = [];
-  const dir = fakeBundle(root);
+  const dir = fakeBundle(root, edit, extra);
   const code = await main(args.map((a) => (a === "BUNDLE" ? dir : a)), {
     stdin: () => (typeof input === "string" ? new TextEncoder().encode(input) : input),
     stdout: (text) => { out += text; },
@@ -131,4 +135,69 @@ test("bin/seq2onnx-js.mjs: --threads 99999 ends at once with one line, status 2;
   const missing = spawnSync(process.execPath, [BIN, "translate", path.join(root, "nowhere")], { input: "x\n", encoding: "utf8", timeout: 60000 });
   assert.equal(missing.status, 1);
   assert.match(missing.stderr, /^seq2onnx-js: error: .*nowhere\/bundle\.json: missing; .* is not a seq2onnx bundle/);
+});
+
+// A bundle imported from Hugging Face (M2M100-like): a source language token first, a target
+// language token forced first, the fake tokenizer's pieces mapped to other model ids.
+const M2M = {
+  edit: (meta) => { meta.tokens = { source_prefix: [13], target_prefix: [14], languages: { de: 13, en: 14, fr: 15 } }; },
+  extra: { source_vocab: vocabBytes(Array.from({ length: VOCAB }, (_, p) => (p < 4 ? p : 19 - p))),
+    target_vocab: vocabBytes(Array.from({ length: VOCAB }, (_, i) => (i >= 13 ? -1 : i))) },
+};
+
+test("--help names --source-lang, --target-lang and --target-prefix", async () => {
+  const { code, out } = await run(["--help"], "");
+  assert.equal(code, 0);
+  for (const flag of ["--source-lang CODE", "--target-lang CODE", "--target-prefix IDS"]) assert.ok(out.includes(flag), flag);
+});
+
+test("--source-lang, --target-lang and --target-prefix: the source prefix and the forced target prefix of every line", async () => {
+  const json = async (args, input = "one two\nthree\n") => {
+    const r = await run(["translate", "BUNDLE", "--json", "--beam", "2", ...args], input, M2M);
+    assert.equal(r.code, 0, r.err);
+    return lines(r.out).map((l) => JSON.parse(l));
+  };
+  const plain = await json([]);
+  assert.deepEqual(plain[0].source_ids, [13, 12, 12, EOS]); // "one", "two": piece 4 + 3, model id 19 - 7
+  for (const r of plain) r.token_ids.forEach((ids) => assert.equal(ids[0], 14, "the bundle's target prefix"));
+  const langs = await json(["--source-lang", "fr", "--target-lang", "de"]);
+  assert.deepEqual(langs.map((r) => r.source_ids[0]), [15, 15]);
+  for (const r of langs) assert.equal(r.token_ids[0][0], 13);
+  const forced = await json(["--target-lang", "de", "--target-prefix", "5, 6"]);
+  for (const r of forced) assert.deepEqual(r.token_ids[0].slice(0, 2), [5, 6]);
+  const ids = await json(["--ids"], "[7, 8]\n");
+  assert.deepEqual(ids[0].source_ids, [7, 8, EOS]);
+  assert.equal(ids[0].token_ids[0][0], 14);
+});
+
+test("an unknown language code, target ids that are not ids or not the vocabulary's: refused naming the flag", async () => {
+  const lang = await run(["translate", "BUNDLE", "--target-lang", "xx"], "one\n", M2M);
+  assert.equal(lang.code, 2);
+  assert.equal(lang.err, 'seq2onnx-js: error: --target-lang "xx" is not a language of this model; choose one of de, en, fr\n');
+  assert.equal(lang.out, "");
+  const none = await run(["translate", "BUNDLE", "--source-lang", "de"], "one\n");
+  assert.match(none.err, /^seq2onnx-js: error: --source-lang "de" is not a language of this model; this model has no language tokens: leave it out\n$/);
+  assert.equal(none.code, 2);
+  for (const raw of ["5,x", "", "-1", "5,"]) {
+    const bad = await run(["translate", "BUNDLE", `--target-prefix=${raw}`], "one\n", M2M);
+    assert.equal(bad.code, 2);
+    assert.equal(bad.err, `seq2onnx-js: error: --target-prefix ${JSON.stringify(raw)}: give one or more token ids >= 0, separated by commas ` +
+      "(as 128022 or 5,17)\n");
+    assert.deepEqual(bad.loads, [], "refused before the bundle loads");
+  }
+  const outside = await run(["translate", "BUNDLE", "--target-prefix", "5,16,3"], "one\n", M2M);
+  assert.equal(outside.code, 2);
+  assert.equal(outside.err, "seq2onnx-js: error: --target-prefix 5,16,3: ids [16,3] outside [0, 16) or the end token 3; " +
+    "give target ids of the text before the translation\n");
+});
+
+test("an over-long line of a bundle with a source prefix: the warning counts what the prefix and suffix leave", async () => {
+  const cut = await run(["translate", "BUNDLE"], `${words(30)}\n`, M2M);
+  assert.equal(cut.err, "seq2onnx-js: warning: line 1: more tokens than the 12 positions this model was exported for " +
+    "(max_positions in bundle.json): wrote an empty line (--truncate translates its first 10 tokens and the 2 ids the model adds around them)\n");
+  const kept = await run(["translate", "BUNDLE", "--truncate", "--json"], `${words(30)}\n`, M2M);
+  const [r] = lines(kept.out).map((l) => JSON.parse(l));
+  assert.equal(r.source_ids.length, 12);
+  assert.deepEqual([r.source_ids[0], r.source_ids[11]], [13, EOS]);
+  assert.match(kept.err, /: translated its first 10 and the 2 ids the model adds around them \(--truncate\)\n$/);
 });

@@ -107,8 +107,10 @@ export function graphSignature() {
 /**
  * A bundle folder under `root` whose bundle.json describes the fake sessions; `edit(meta)` before it is written.
  * @param {string} root
+ * @param {(meta: any) => void} [edit]
+ * @param {Record<string, Uint8Array>} [extra]  more files by their key in `files` (the vocabulary maps), listed and hashed
  */
-export function fakeBundle(root, edit = () => {}) {
+export function fakeBundle(root, edit = () => {}, extra = {}) {
   const dir = mkdtempSync(path.join(root, "b"));
   const meta = {
     format: "seq2onnx-bundle", format_version: 1, dtype: "float32", max_positions: 12,
@@ -124,6 +126,10 @@ export function fakeBundle(root, edit = () => {}) {
     const bytes = real[names[key]];
     writeFileSync(path.join(dir, key), bytes);
     meta.files[key] = { path: key, sha256: createHash("sha256").update(bytes).digest("hex") };
+  }
+  for (const [key, bytes] of Object.entries(extra)) {
+    writeFileSync(path.join(dir, `${key}.bin`), bytes);
+    meta.files[key] = { path: `${key}.bin`, sha256: createHash("sha256").update(bytes).digest("hex") };
   }
   edit(meta);
   mkdirSync(dir, { recursive: true });

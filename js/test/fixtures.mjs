@@ -132,6 +132,14 @@ export function soundFiles({ vocab = 16, dModel = 8, maxPositions = 12 } = {}) {
   return { bytes, files };
 }
 
+/** A vocabulary map file's bytes (spec/bundle.json's vocab_maps: little-endian int32 entries). */
+export function vocabBytes(entries) {
+  const bytes = new Uint8Array(4 * entries.length);
+  const view = new DataView(bytes.buffer);
+  entries.forEach((x, i) => view.setInt32(4 * i, x, true));
+  return bytes;
+}
+
 /**
  * Writes a sound bundle directory (soundFiles' files) at `dir`, whose bundle.json is `edit(meta)`
  * serialised with `stringify` (a string that `edit` returns is written as is); returns `dir`.

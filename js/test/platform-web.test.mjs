@@ -3,10 +3,15 @@
 // onnxruntime-web settings (local WASM file, one thread). The real browser runs in tests/test_web.py.
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
+import { mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
 import { test } from "node:test";
 import { BundleError, readBundle } from "../src/bundle.js";
 import { configureOrt, sha256Hex, webPlatform } from "../src/platform-web.js";
-import { soundMeta } from "./fixtures.mjs";
+import { Translator } from "../src/translator.js";
+import { EOS, VOCAB, fakeBundle, fakeOrt, fakeTokenizer } from "./fake-host.mjs";
+import { soundMeta, vocabBytes } from "./fixtures.mjs";
 
 const BASE = "http://127.0.0.1:8000/bundle/";
 const hash = (bytes) => createHash("sha256").update(bytes).digest("hex");
@@ -106,4 +111,26 @@ test("onnxruntime-web is pointed at the local .wasm, one thread, no proxy worker
   assert.deepEqual(ort.env.wasm, { wasmPaths: { wasm: "http://127.0.0.1:8000/ort/ort-wasm-simd-threaded.wasm" },
     numThreads: 1, proxy: false });
   assert.throws(() => configureOrt(ort, "http://127.0.0.1:8000/ort"), /must end with "\/"/);
+});
+
+test("the browser build carries the vocabulary maps and the tokens section: fetched, hashed, used", async () => {
+  const root = mkdtempSync(path.join(tmpdir(), "seq2onnx-js-web-"));
+  try {
+    const maps = { source_vocab: vocabBytes(Array.from({ length: VOCAB }, (_, p) => (p < 4 ? p : 19 - p))),
+      target_vocab: vocabBytes(Array.from({ length: VOCAB }, (_, i) => (i >= 13 ? -1 : i))) };
+    const dir = fakeBundle(root, (meta) => { meta.tokens = { source_prefix: [13], target_prefix: [14], languages: { de: 13, fr: 15 } }; }, maps);
+    const files = new Map(readdirSync(dir).map((name) => [BASE + name, new Uint8Array(readFileSync(path.join(dir, name)))]));
+    const { fetch, requests } = server(files);
+    const platform = { ...webPlatform(fakeOrt([]), { fetch, subtle: null }), loadTokenizer: fakeTokenizer };
+    const t = await Translator.load(BASE, { platform });
+    assert.ok(["source_vocab.bin", "target_vocab.bin"].every((f) => requests.includes(`GET ${BASE}${f}`)), requests.join("\n"));
+    const [r] = await t.translateBatch(["one two"], { beamSize: 2, targetLang: "fr" });
+    assert.equal(r.tokenIds[0][0], 15);
+    assert.equal(r.hypotheses[0], r.tokenIds[0].filter((id) => id < 13).join("-"));
+    assert.deepEqual(t.prepareSource("one two", { sourceLang: "fr" }).ids, [15, 12, 12, EOS]);
+    files.set(`${BASE}target_vocab.bin`, vocabBytes([1, 2, 3]));
+    await rejects(Translator.load(BASE, { platform }), /target_vocab\.bin: sha256 differs from bundle\.json \(files\.target_vocab\)/);
+  } finally {
+    rmSync(root, { recursive: true, force: true });
+  }
 });

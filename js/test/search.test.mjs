@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
-import { beamSearch, candidatesNeeded, greedySearch } from "../src/search.js";
+import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "../src/search.js";
 
 const CASES = JSON.parse(readFileSync(new URL("../../spec/cases/search.json", import.meta.url), "utf8"));
 const START = CASES.start_id;
@@ -113,22 +113,27 @@ const beam = (fake, batch, options) => beamSearch(fake.step, batch, { startId: S
 
 // -- greedy and beam search: the shared hand-made cases (spec/cases/search.json) ---------------
 
-/** One case through greedySearch or beamSearch, the Fake answering with full log-probs or top-k. */
-async function runCase(c, fn, maxLengths, stepOutput) {
+/**
+ * One case through greedySearch or beamSearch, the Fake answering with full log-probs or top-k,
+ * through forcePrefix where the case has target prefixes (`prefixes`, one per sentence searched).
+ */
+async function runCase(c, fn, maxLengths, stepOutput, prefixes = c.target_prefixes) {
   const minLength = c.min_length ?? 0;
   const beamSize = c.search === "beam" ? c.beam_size : 1;
   const fake = new Fake(fn, maxLengths.length, stepOutput === "full" ? null : candidatesNeeded(beamSize, minLength));
+  const step = prefixes ? forcePrefix(fake.step, prefixes) : fake.step;
   const common = { startId: START, eosId: EOS, maxLengths, minLength };
-  if (c.search === "greedy") return [await greedySearch(fake.step, maxLengths.length, common), fake];
+  if (c.search === "greedy") return [await greedySearch(step, maxLengths.length, common), fake];
   assert.equal(c.search, "beam");
   const options = { ...common, beamSize, numHypotheses: c.num_hypotheses, lengthPenalty: c.length_penalty };
-  return [await beamSearch(fake.step, maxLengths.length, options), fake];
+  return [await beamSearch(step, maxLengths.length, options), fake];
 }
 
 for (const c of CASES.cases) {
   for (const stepOutput of c.steps) {
     test(`${c.name} [${stepOutput}]`, async () => {
       assert.ok(["full", "top_k"].includes(stepOutput), stepOutput);
+      if (c.target_prefixes) assert.equal(c.target_prefixes.length, c.max_lengths.length, "one prefix per sentence");
       const fn = caseFn(c);
       const [res, fake] = await runCase(c, fn, c.max_lengths, stepOutput);
       assert.equal(res.length, c.max_lengths.length);
@@ -141,7 +146,8 @@ for (const c of CASES.cases) {
       if (c.calls) assert.deepEqual(fake.calls, c.calls);
       if (c.max_lengths.length > 1) { // each sentence alone gives what it gets in the batch
         for (let s = 0; s < c.max_lengths.length; s++) {
-          const [[alone]] = await runCase(c, (_, p) => fn(s, p), [c.max_lengths[s]], stepOutput);
+          const [[alone]] = await runCase(c, (_, p) => fn(s, p), [c.max_lengths[s]], stepOutput,
+            c.target_prefixes && [c.target_prefixes[s]]);
           assert.deepEqual(alone, res[s], `sentence ${s}`);
         }
       }
@@ -165,21 +171,26 @@ test("search: argument errors name the value", async () => {
 
 // -- against a plain reference -----------------------------------------------------------------
 
-/** One sentence's beam search written straight from docs/bundle-format.md, no batching, no cache. */
-function reference(fn, s, { k, alpha, minLength, maxLength }) {
+/**
+ * One sentence's beam search written straight from docs/bundle-format.md, no batching, no cache; a
+ * forced prefix replaces the log-probs at t < its length (0 for its token, -inf elsewhere).
+ */
+function reference(fn, s, { k, alpha, minLength, maxLength, prefix = [] }) {
   let live = [{ tokens: [], score: 0 }];
   const fin = [];
   for (let t = 0; t < maxLength && fin.length < k; t++) {
     const cand = [];
     live.forEach((b, j) => fn(s, b.tokens).forEach((lp, v) => {
-      const value = t < minLength && v === EOS ? -Infinity : lp;
+      const forced = t < prefix.length ? (v === prefix[t] ? 0 : -Infinity) : lp;
+      const value = t < minLength && v === EOS ? -Infinity : forced;
       cand.push({ beam: j, token: v, total: b.score + value, flat: j * 1e6 + v });
     }));
     cand.sort((a, b) => (a.total > b.total ? -1 : a.total < b.total ? 1 : a.flat - b.flat));
     const top = cand.slice(0, 2 * k);
     const last = t + 1 === maxLength;
-    for (const c of top.slice(0, k)) {
-      if ((c.token === EOS || last) && fin.length < k) fin.push({ tokens: [...live[c.beam].tokens, c.token], score: c.total });
+    for (const c of top.slice(0, k)) { // a candidate at -inf never finishes
+      const finishes = (c.token === EOS || last) && c.total !== -Infinity;
+      if (finishes && fin.length < k) fin.push({ tokens: [...live[c.beam].tokens, c.token], score: c.total });
     }
     live = top.filter((c) => c.token !== EOS).slice(0, k).map((c) => ({ tokens: [...live[c.beam].tokens, c.token], score: c.total }));
   }
@@ -240,4 +251,60 @@ test("beam with K = 1 equals greedy, through both step outputs", async () => {
       greedy.forEach((r, s) => assert.deepEqual(r.hypotheses[0], reference(fn, s, { k: 1, alpha: 1, minLength, maxLength: maxLengths[s] }).hypotheses[0]));
     }
   }
+});
+
+test("forced prefixes: beam and greedy equal the plain reference, through both step outputs, sentences leaving", async () => {
+  const vocab = 9;
+  const pick = (seed, s) => [[], [5], [7, 4], [3], [6, 3, 8], [1, 1, 1, 1, 1]][(seed * 7 + s * 3) % 6];
+  let checked = 0;
+  for (const k of [1, 2, 4]) {
+    for (let seed = 0; seed < 6; seed++) {
+      const fn = randomFn(500 + seed * 10 + k, vocab, { ties: seed % 3 === 2 });
+      const maxLengths = seed % 2 ? [7, 3, 9, 5] : [6, 6, 6, 6];
+      const prefixes = maxLengths.map((_, s) => pick(seed, s));
+      for (const [alpha, minLength] of [[1.0, 0], [0.0, 2], [0.6, 0]]) {
+        const options = { beamSize: k, maxLengths, minLength, lengthPenalty: alpha, numHypotheses: k };
+        const full = await beam({ step: forcePrefix(new Fake(fn, 4).step, prefixes) }, 4, options);
+        const topK = await beam({ step: forcePrefix(new Fake(fn, 4, candidatesNeeded(k, minLength)).step, prefixes) }, 4, options);
+        assert.deepEqual(topK, full);
+        for (let s = 0; s < 4; s++) {
+          const want = reference(fn, s, { k, alpha, minLength, maxLength: maxLengths[s], prefix: prefixes[s] });
+          const where = JSON.stringify({ k, seed, alpha, minLength, s, prefix: prefixes[s] });
+          assert.deepEqual(full[s].hypotheses, want.hypotheses, where);
+          full[s].scores.forEach((x, i) => close(x, want.scores[i]));
+          for (const h of full[s].hypotheses) assert.deepEqual(h.slice(0, prefixes[s].length), prefixes[s].slice(0, h.length), where);
+          checked++;
+        }
+        if (k === 1) {
+          const common = { startId: START, eosId: EOS, maxLengths, minLength };
+          const greedy = await greedySearch(forcePrefix(new Fake(fn, 4).step, prefixes), 4, common);
+          const greedyTopK = await greedySearch(forcePrefix(new Fake(fn, 4, candidatesNeeded(1, minLength)).step, prefixes), 4, common);
+          // An end token forced where the minimum length forbids it leaves no finite candidate: the
+          // argmax of a row of -inf is then the step output's first entry, unspecified. Elsewhere
+          // greedy is beam K = 1, through both step outputs.
+          greedy.forEach((r, s) => {
+            if (prefixes[s].slice(0, minLength).includes(EOS)) return;
+            assert.deepEqual(greedyTopK[s], r, `greedy ${s}`);
+            assert.deepEqual(r.hypotheses, full[s].hypotheses, `greedy ${s}`);
+          });
+        }
+      }
+    }
+  }
+  assert.equal(checked, 3 * 6 * 3 * 4);
+});
+
+test("forcePrefix: the step itself without prefixes; one prefix per sentence; ids inside the vocabulary", async () => {
+  const fake = new Fake(randomFn(1, 6), 2);
+  assert.equal(forcePrefix(fake.step, [[], null]), fake.step);
+  const kw = { startId: START, eosId: EOS, maxLengths: [4, 4] };
+  await assert.rejects(greedySearch(forcePrefix(new Fake(randomFn(1, 6), 2).step, [[4]]), 2, kw), /1 target prefixes for a batch of 2 sentences/);
+  await assert.rejects(greedySearch(forcePrefix(new Fake(randomFn(1, 6), 2).step, [[4], [6]]), 2, kw),
+    /target prefix token 6 is outside the target vocabulary \[0, 6\)/);
+  // the rows forced, the step's own arrays untouched
+  const out = { values: Float32Array.of(-0.5, -1, -2, -0.1, -0.2, -0.3), ids: Int32Array.of(4, 0, 1, 2, 5, 3), k: 3, vocab: 6 };
+  const forced = await forcePrefix(() => out, [[0], [5]])([START, START], [0, 1], 0, null);
+  assert.deepEqual([...forced.ids], [0, 4, 1, 5, 2, 3]); // the forced id, then the row's others in order
+  assert.deepEqual([...forced.values], [0, -Infinity, -Infinity, 0, -Infinity, -Infinity]);
+  assert.deepEqual([...out.ids], [4, 0, 1, 2, 5, 3]);
 });

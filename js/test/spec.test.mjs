@@ -53,7 +53,18 @@ function locate(meta, field) {
   const key = path.pop();
   return [path.reduce((node, k) => node[k], meta), key];
 }
-const WRONG = { integer: "x", number: "x", string: 7 }; // a value of another type, for each type
+const WRONG = { integer: "x", number: "x", string: 7, ids: "x", id_map: [5], boolean: 1 }; // a value of another type, for each type
+// Further wrong values of the types made of parts: each must be refused as the whole value is.
+const WRONG_PARTS = { ids: [[1, -1], [true], [1.5], [[2]], {}], id_map: [{ de: -1 }, { de: "6" }, { de: true }, null], boolean: ["true", 0, []] };
+const WANT = {
+  ids: "expected a list of token ids (integers >= 0)",
+  id_map: "expected an object of language codes to token ids (integers >= 0)",
+  boolean: "expected true or false",
+};
+// A sound tokens section (bundles imported from Hugging Face), added to BASE where a row needs it.
+const TOKENS = { source_prefix: [4], source_suffix: [3], target_prefix: [5], languages: { de: 6, en: 7 },
+  target_lang_in: "target_prefix", text_language_codes: true, strip_text: false };
+const withTokens = () => ({ ...structuredClone(BASE), tokens: structuredClone(TOKENS) });
 
 const refusal = (field, want) => (e) => {
   assert.ok(e instanceof B.BundleError, `${field}: ${e}`);
@@ -65,9 +76,10 @@ const refusal = (field, want) => (e) => {
 test("validateMeta checks each row of the spec's fields table: type, min, choices, nullable, required", () => {
   assert.ok(SPEC.fields.length > 0);
   B.validateMeta(structuredClone(BASE), "B/bundle.json");
+  B.validateMeta(withTokens(), "B/bundle.json");
   for (const row of SPEC.fields) {
     const check = (edit, want) => {
-      const meta = structuredClone(BASE);
+      const meta = withTokens();
       const [parent, key] = locate(meta, row.field);
       edit(parent, key);
       if (want === null) B.validateMeta(meta, "B/bundle.json");
@@ -76,8 +88,10 @@ test("validateMeta checks each row of the spec's fields table: type, min, choice
     const choices = typeof row.choices === "string" ? SPEC[row.choices] : row.choices;
     const expected = row.type === "integer" ? `expected an integer >= ${row.min ?? 0}`
       : row.type === "number" ? `expected a finite number${row.min !== undefined ? ` >= ${row.min}` : ""}`
-        : choices ? `expected one of ${choices.join(", ")}` : "expected a string";
+        : WANT[row.type] ?? (choices ? `expected one of ${choices.join(", ")}` : "expected a string");
+    assert.ok(row.type in WRONG, `a test value for the type ${row.type}`);
     check((p, k) => { p[k] = WRONG[row.type]; }, expected);
+    for (const value of WRONG_PARTS[row.type] ?? []) check((p, k) => { p[k] = value; }, `is ${JSON.stringify(value)}, ${expected}`);
     check((p, k) => { delete p[k]; }, row.required === false ? null : `${row.field} is missing, ${expected}`);
     check((p, k) => { p[k] = null; }, row.nullable ? null : `is null, ${expected}`);
     if (row.min !== undefined) check((p, k) => { p[k] = row.min - 1; }, `is ${row.min - 1}, ${expected}`);
@@ -90,12 +104,26 @@ test("validateMeta checks each row of the spec's fields table: type, min, choice
 
 test("validateMeta reports the first wrong field in the order of the spec's fields table", () => {
   for (let first = 0; first < SPEC.fields.length; first++) {
-    const meta = structuredClone(BASE);
+    const meta = withTokens();
     for (const row of SPEC.fields.slice(first)) {
       const [parent, key] = locate(meta, row.field);
       parent[key] = WRONG[row.type];
     }
     assert.throws(() => B.validateMeta(meta, "B/bundle.json"), refusal(SPEC.fields[first].field));
+  }
+});
+
+test("optional rows under an absent object are skipped; an object on the way must be an object", () => {
+  const optional = SPEC.fields.filter((row) => row.required === false && row.field.includes("."));
+  const parents = new Set(optional.map((row) => row.field.split(".")[0]).filter((p) => !(p in BASE)));
+  assert.ok(parents.has("tokens"), [...parents].join(", "));
+  for (const parent of parents) {
+    B.validateMeta(structuredClone(BASE), "B/bundle.json"); // BASE lacks it: nothing to check
+    for (const value of [[], 5, null, "x"]) {
+      assert.throws(() => B.validateMeta({ ...structuredClone(BASE), [parent]: value }, "B/bundle.json"),
+        refusal(parent, `is ${JSON.stringify(value)}, expected an object`));
+    }
+    B.validateMeta({ ...structuredClone(BASE), [parent]: {} }, "B/bundle.json"); // every field of it optional
   }
 });
 

@@ -272,7 +272,8 @@ def _target_tokens(results) -> int:
 
 
 def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, threads: int = 1, node: str | None = None,
-                js_dir: str | Path | None = None, log=None) -> dict:
+                js_dir: str | Path | None = None, log=None, source_lang: str | None = None,
+                target_lang: str | None = None) -> dict:
     """Translates `sentences` with the Python runtime and the Node host, and compares them.
 
     Args:
@@ -281,6 +282,7 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
         threads: onnxruntime threads on each side.
         node, js_dir: the node executable and the JS host's folder (find_node_host).
         log (Callable[[str], None] | None): called with a line of progress.
+        source_lang, target_lang: a multilingual bundle's languages, given to both hosts.
 
     Returns:
         The report (see format_report): `passed`, the checks, up to SHOWN_DIFFERENCES differences per check, timing.
@@ -298,7 +300,9 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
     host = find_node_host(node, js_dir)
     started = time.perf_counter()
     translator = Translator(bundle_dir, device="cpu", intra_threads=threads, _tuning=SessionTuning(decoder="standard"))
-    prepared = [translator.prepare_source(s, truncate=True) for s in sentences]
+    langs = {"source_lang": source_lang, "target_lang": target_lang}
+    prepared = [translator.prepare_source(s, truncate=True, **langs) for s in sentences]
+    flags = [x for name, v in langs.items() if v for x in (f"--{name.replace('_', '-')}", v)]
     source_ids = [ids for ids, _ in prepared]
     searches = {"greedy": (1, 1), f"beam {beam}": (beam, beam)}
     python, python_s = {}, {}
@@ -308,7 +312,7 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
         python[label] = [r for start in range(0, len(source_ids), READ_CHUNK)
                          for r in translator.translate_batch(source_ids[start:start + READ_CHUNK], beam_size=size,
                                                              num_hypotheses=n_best, return_scores=True,
-                                                             max_batch_size=MAX_BATCH)]
+                                                             max_batch_size=MAX_BATCH, target_lang=target_lang)]
         python_s[label] = time.perf_counter() - t0
     node, node_timing = {}, {}
     id_lines = [json.dumps(ids) for ids in source_ids]
@@ -316,7 +320,8 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
         log(f"the Node host: {label} on {len(sentences)} sentences")
         node[label], node_timing[label] = _run_node(host, ["translate", str(bundle_dir), "--ids", "--json", "--timing",
                                                            "--beam", str(size), "--n-best", str(n_best),
-                                                           "--threads", str(threads), "--batch-size", str(MAX_BATCH)],
+                                                           "--threads", str(threads), "--batch-size", str(MAX_BATCH),
+                                                           *flags],
                                                     id_lines)
     # target texts: every hypothesis the Python runtime wrote, once each, in order
     targets = list(dict.fromkeys(h for label in searches for r in python[label] for h in r.hypotheses if h.strip()))
@@ -416,19 +421,14 @@ def add(sub) -> None:
     p.add_argument("--beam", type=int, default=4, metavar="K", help="beam size of the beam-search row; its n-best is all K (default 4)")
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="onnxruntime intra-op threads of each host (default 1; the hosts run one after the other)")
+    p.add_argument("--source-lang", metavar="CODE", help="a multilingual bundle's source language, on both hosts")
+    p.add_argument("--target-lang", metavar="CODE", help="a multilingual bundle's target language, on both hosts")
     p.add_argument("--node", metavar="PATH", help="the node executable (default: node on PATH)")
     p.add_argument("--js-dir", metavar="DIR", default=None,
                    help=f"the JS host's folder, with node_modules installed (default: {_js_dir_default()})")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE (refused if it exists, unless --force)")
     p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     p.set_defaults(func=run)
-
-
-def _write_json(path: Path, report: dict, force: bool) -> None:
-    if path.exists() and not force:
-        raise errors.CommandError(f"{path} exists; choose another --json FILE or pass --force to replace it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_file(path, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
 
 
 def run(args) -> int:
@@ -438,9 +438,11 @@ def run(args) -> int:
     sentences, source = read_sentences(bundle_dir=args.bundle, data=args.data, src_col=args.src_col,
                                        sentences_file=args.sentences_file, synthetic=args.synthetic, count=args.sentences)
     report = verify_host(args.bundle, sentences, beam=args.beam, threads=args.threads, node=args.node,
-                         js_dir=args.js_dir, log=lambda m: print(f"verify-host: {m}", file=sys.stderr, flush=True))
+                         js_dir=args.js_dir, log=lambda m: print(f"verify-host: {m}", file=sys.stderr, flush=True),
+                         source_lang=args.source_lang, target_lang=args.target_lang)
     report["source"] = source
     print(format_report(report, source))
-    if args.json:
-        _write_json(Path(args.json), report, args.force)
+    if args.json:  # refused above when it existed without --force
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_file(Path(args.json), json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return 0 if report["passed"] else errors.EXIT_FAIL

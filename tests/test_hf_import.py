@@ -176,3 +176,50 @@ def test_cli_export_translate_and_verify(tmp_path, sentences_file):
     assert verified.stdout.rstrip().endswith("PASSED")
     no_data = subprocess.run([*cli, "verify", str(model_dir), str(bundle)], capture_output=True, text=True, timeout=120)
     assert no_data.returncode == 1 and "give --data FILE" in no_data.stderr
+
+
+def test_node_host_agrees_on_imported_bundles(tmp_path_factory, sentences_file):
+    """verify-host: the Node host tokenizes through the maps and forces the language as the Python runtime does."""
+    from seq2onnx.commands.verify_host import verify_host
+
+    sentences = F.test_sentences(SENTENCES)
+    marian = _export(tmp_path_factory, F.cached_model("marian", shared_vocab=False, activation="relu"), decoder="standard")
+    m2m = _export(tmp_path_factory, F.cached_model("m2m100"), decoder="standard")
+    for bundle, langs in ((marian, {}), (m2m, {"source_lang": "en", "target_lang": "de"})):
+        report = verify_host(bundle, sentences, beam=4, **langs)
+        failed = [c for c in report["checks"] if not c["passed"]]
+        assert report["passed"], (bundle, failed, report["differences"][:3])
+
+
+def test_browser_translates_an_imported_bundle_as_python_does(tmp_path_factory, tmp_path):
+    """One browser run (Chromium, onnxruntime-web) on an imported Marian bundle: the page's texts, ids and scores
+    are the Python runtime's."""
+    from test_web import _BROWSER_SKIP, CHROMIUM, DRIVER, JS, NODE, _Server
+
+    if _BROWSER_SKIP:
+        pytest.skip(_BROWSER_SKIP)
+    from seq2onnx.commands.web import build_site
+
+    bundle = _export(tmp_path_factory, F.cached_model("marian"), decoder="standard")
+    site = build_site(bundle, tmp_path / "site")
+    sentences = F.test_sentences(6)
+    server = _Server(site)
+    try:
+        job = {"url": server.url, "chromium": CHROMIUM, "sentences": sentences, "timeoutMs": 240_000,
+               "runs": [{"beamSize": 1, "numHypotheses": 1}, {"beamSize": 4, "numHypotheses": 2}],
+               "screenshot": str(tmp_path / "page.png")}
+        proc = subprocess.run([NODE, str(DRIVER)], input=json.dumps(job), capture_output=True, text=True,
+                              encoding="utf-8", cwd=JS, timeout=600)
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["errors"] == [] and report["loadStatus"]["state"] == "ready", report
+    translator = Translator(bundle, device="cpu", intra_threads=1)
+    for run in report["runs"]:
+        want = translator.translate_batch(sentences, beam_size=run["beamSize"], num_hypotheses=run["numHypotheses"],
+                                          return_scores=True)
+        for got, expected in zip(run["results"], want):
+            assert [h["text"] for h in got["hypotheses"]] == expected.hypotheses
+            assert [h["tokens"] for h in got["hypotheses"]] == expected.token_ids
+            assert all(abs(h["score"] - s) <= 1e-4 for h, s in zip(got["hypotheses"], expected.scores))

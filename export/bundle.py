@@ -138,12 +138,46 @@ def check_options(dtype: str, quantize: str | None, decoder: str) -> bool:
     return decoder == "both" and dtype == "float32"  # int8 quantizes the fused graph's GEMMs, not its attention
 
 
+PROTOBUF_LIMIT = 2**31  # bytes: one ONNX file (a protobuf message) cannot be larger
+
+
+def graph_sizes(model, dtype: str) -> dict[str, int]:
+    """Estimates the bytes of weights each graph holds: the encoder (source embedding, encoder layers, the decoder's
+    cross-attention key/value projections) and the decoder step (the rest; one copy of a tied table)."""
+    width = 2 if dtype == "float16" else 4
+    encoder = decoder = 0
+    for name, p in model.named_parameters():  # shared tensors are listed once
+        cross_kv = ".cross_attn.w_k." in name or ".cross_attn.w_v." in name
+        if name.startswith(("src_embed", "encoder_")) or cross_kv:
+            encoder += p.numel() * width
+        if not name.startswith(("encoder_",)) and not cross_kv:
+            decoder += p.numel() * width
+    return {"encoder": encoder, "decoder": decoder}
+
+
+def check_graph_sizes(model, dtype: str) -> None:
+    """Refuses a model whose graphs would not fit in one ONNX file each, before minutes of tracing.
+
+    Raises:
+        ExportError: naming the graph, its size, the limit and what to do.
+    """
+    for label, size in graph_sizes(model, dtype).items():
+        if size >= PROTOBUF_LIMIT - (64 << 20):
+            raise ExportError(f"the {label} graph would hold {size / 2**30:.2f} GiB of weights, over the 2 GiB one ONNX "
+                              "file can hold; ONNX external data is not supported yet: export with --dtype float16 (half the "
+                              "size, for CUDA) or a smaller model")
+
+
 def write_graphs(model, directory: Path, dtype: str, quantize: str | None, fused: bool) -> dict | None:
     """Writes the encoder, the decoder step and (when fused) the fused decoder, quantized when asked.
 
     Returns:
         The quantization scheme (export/quantize.py), or None.
+
+    Raises:
+        ExportError: a graph over protobuf's 2 GiB (check_graph_sizes).
     """
+    check_graph_sizes(model, dtype)
     export_graphs(model, directory, dtype=torch.float16 if dtype == "float16" else torch.float32)
     if fused:
         export_fused_decoder(model, directory)

@@ -563,3 +563,23 @@ def test_fp16_decoder_runs_on_cpu_and_agrees_with_fp32_torch(fp16_bundle):
     want = [w[:-1] if w and w[-1] == model.cfg.eos_id else w for w in want]
     agree = sum(g.token_ids[0] == w for g, w in zip(got, want)) / len(srcs)
     assert agree >= 0.8, agree
+
+
+def test_a_graph_over_two_gib_is_refused_before_tracing():
+    """One ONNX file holds at most 2 GiB; external data is not written yet, so such a model is refused up front."""
+    import torch
+
+    from seq2onnx.export.bundle import ExportError, check_graph_sizes, graph_sizes
+    from seq2onnx.model.config import ModelConfig
+    from seq2onnx.model.transformer import Transformer
+
+    with torch.device("meta"):  # shapes only: no memory for 700M parameters
+        big = Transformer(ModelConfig(src_vocab_size=400_000, tgt_vocab_size=400_000, share_vocab=True, d_model=1024,
+                                      n_heads=16, d_ff=4096, n_encoder_layers=12, n_decoder_layers=12))
+        nllb = Transformer(ModelConfig(src_vocab_size=256_206, tgt_vocab_size=256_206, share_vocab=True, d_model=1024,
+                                       n_heads=16, d_ff=4096, n_encoder_layers=12, n_decoder_layers=12, pre_norm=True))
+    with pytest.raises(ExportError, match=r"the encoder graph would hold 2\.\d\d GiB .* over the 2 GiB"):
+        check_graph_sizes(big, "float32")
+    check_graph_sizes(nllb, "float32")  # NLLB-600M's graphs fit, each under 2 GiB
+    assert max(graph_sizes(nllb, "float32").values()) < 2**31
+    check_graph_sizes(big, "float16")

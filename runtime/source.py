@@ -97,14 +97,14 @@ class Sources:
         self.vocabulary = vocabulary or Vocabulary(source_suffix=[eos_id])
         self.suffix = self.vocabulary.source_suffix
         self.bounded = word_bounded(tokenizer)
-        self._encoder = self.vocabulary.encoder(tokenizer)  # text -> the model's ids
 
     def _encode(self, text: str, prefix: list[int] | None) -> tuple[list[int], list[int], bool]:
         """(prefix, the text's model ids, complete) with at most as many ids as fit, plus one."""
         code, text = self.vocabulary.split_code(text)
         prefix = code or (self.vocabulary.source_prefix if prefix is None else prefix)
         room = self.max_positions - len(prefix) - len(self.suffix)
-        ids, complete = encode_limited(self._encoder, text, max(room, 0), bounded=self.bounded)
+        encoder = self.vocabulary.encoder(self.tokenizer)  # text -> the model's ids (cheap: made per text)
+        ids, complete = encode_limited(encoder, text, max(room, 0), bounded=self.bounded)
         return prefix, ids, complete
 
     def prepare(self, text: str, truncate: bool, prefix: list[int] | None = None) -> tuple[list[int], bool]:

@@ -251,3 +251,4 @@ def validate(directory: Path) -> None:
     for variant_ in bundle.decoder_variants:
         translator = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=variant_))
         translator.translate_batch([[4, 5, 6]], beam_size=2, max_decoding_length=3)
+        del translator  # one set of sessions at a time: a large model's sessions hold gigabytes

@@ -37,7 +37,8 @@ OPSET = 17
 MS_DOMAIN = names.MS_DOMAIN
 FUSED_DECODER_FILE = names.FUSED_DECODER_FILE
 BEAM_WIDTH, CACHE_INDIRECTION = names.BEAM_WIDTH, names.CACHE_INDIRECTION
-SHARED_TABLE_BYTES = 256 << 20  # a tied table this large is stored once (see build_fused_decoder)
+# A tied table this large is stored once (see build_fused_decoder); one threshold for both decoders.
+from .graphs import SHARED_TABLE_BYTES  # noqa: E402
 
 
 def graph_domains(proto: onnx.ModelProto) -> list[str]:
@@ -80,11 +81,12 @@ def _t(linear: torch.nn.Linear) -> torch.Tensor:
     return linear.weight.detach().t().contiguous()
 
 
-def build_fused_decoder(model: Transformer) -> onnx.ModelProto:
+def build_fused_decoder(model: Transformer, *, check: bool = True) -> onnx.ModelProto:
     """Builds the fused decoder-step graph of `model`, checked by onnx.checker.
 
     Args:
         model: the model, fp32 and in eval mode.
+        check: run onnx.checker on the proto (export_fused_decoder checks the file instead: no second copy).
 
     Returns:
         The graph (inputs and outputs as runtime.signature.fused_signature gives them).
@@ -213,7 +215,8 @@ def build_fused_decoder(model: Transformer) -> onnx.ModelProto:
                               [value_info(s) for s in sig["outputs"]], initializer=g.inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
                               producer_name="seq2onnx.export.fused")
-    onnx.checker.check_model(proto)  # contrib ops have no ONNX schema: structure and types only
+    if check:
+        onnx.checker.check_model(proto)  # contrib ops have no ONNX schema: structure and types only
     return proto
 
 
@@ -231,5 +234,6 @@ def export_fused_decoder(model: Transformer, out_dir: Path) -> Path:
         ValueError: as build_fused_decoder.
     """
     path = Path(out_dir) / FUSED_DECODER_FILE
-    onnx.save(build_fused_decoder(model.eval()), str(path))
+    onnx.save(build_fused_decoder(model.eval(), check=False), str(path))
+    onnx.checker.check_model(str(path))  # from the file, in C++: an NLLB-size graph is 1.7 GB per copy
     return path

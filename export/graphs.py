@@ -5,7 +5,7 @@ or 1 are specialised to constants), opset 17, attention as explicit MatMul/Softm
 """
 from __future__ import annotations
 
-import io
+import contextlib
 import warnings
 from pathlib import Path
 
@@ -15,6 +15,9 @@ from torch import Tensor, nn
 
 from seq2onnx.model.transformer import Transformer
 from seq2onnx.runtime import bundle as names
+
+# A tied table this large is stored once in each graph (export/fused.py and _shared_generator below).
+SHARED_TABLE_BYTES = 256 << 20
 
 OPSET = 17
 
@@ -119,7 +122,7 @@ def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = tor
         (encoder path, decoder path).
 
     Raises:
-        RuntimeError: a graph holds training-only nodes (check_graph).
+        RuntimeError: a graph holds training-only nodes (check_graph_file).
     """
     model = model.to(dtype).eval()
     n = model.cfg.n_decoder_layers
@@ -134,7 +137,8 @@ def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = tor
             axes={names.SRC_IDS: {0: "batch", 1: "src_len"}, names.SRC_LENGTHS: {0: "batch"},
                   names.SRC_MASK: {0: "batch", 1: "src_len"}, **cross_axes},
         )
-        _export(
+        with _shared_generator(model):
+          _export(
             DecoderGraph(model), dec_inputs, dec_path,
             inputs=[names.TOKENS, names.STEP, names.CACHE_INDICES, *names.past_names(n), *names.cross_names(n), names.SRC_MASK],
             outputs=[names.LOG_PROBS, *names.present_names(n), names.CROSS_ATTENTION],
@@ -145,25 +149,47 @@ def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = tor
                 names.CROSS_ATTENTION: {0: "rows", 1: "src_len"},
                 **cross_axes, names.SRC_MASK: {0: "batch", 1: "src_len"},
             },
-        )
+          )
     return enc_path, dec_path
 
 
+@contextlib.contextmanager
+def _shared_generator(model: Transformer):
+    """A large tied output projection traced as Gemm(x, E, 0, transB=1) on the embedding's own initializer.
+
+    Traced as it is (a Linear without bias), it becomes MatMul(x, Transpose(E)), and constant folding
+    stores E transposed beside E: NLLB-600M's decoder would hold its 1 GB table twice and pass the 2 GB
+    of one ONNX file. With a bias the exporter makes one Gemm with transB (adding 0 changes no value).
+    """
+    gen = model.generator
+    shared = gen.weight is model.tgt_embed.weight and gen.bias is None and \
+        gen.weight.numel() * gen.weight.element_size() >= SHARED_TABLE_BYTES
+    if shared:
+        gen.bias = nn.Parameter(torch.zeros(gen.out_features, dtype=gen.weight.dtype, device=gen.weight.device))
+    try:
+        yield
+    finally:
+        if shared:
+            gen.bias = None
+
+
 def _export(module: nn.Module, args: tuple, path: Path, *, inputs: list[str], outputs: list[str], axes: dict) -> None:
-    buffer = io.BytesIO()
     # The TorchScript exporter on purpose: its dynamic_axes give the named axes of bundle.json
-    # directly, and it emits plain MatMul/Softmax at opset 17. It warns that it is legacy.
+    # directly, and it emits plain MatMul/Softmax at opset 17. It warns that it is legacy. It writes
+    # to the file (not to a buffer), and the file is checked from disk: an NLLB-size graph is 1.7 GB,
+    # and each in-memory copy (buffer, proto, the checker's serialisation) would cost that again.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
-            module, args, buffer, input_names=inputs, output_names=outputs, dynamic_axes=axes,
+            module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=axes,
             opset_version=OPSET, do_constant_folding=True, dynamo=False,
         )
-    proto = onnx.load_from_string(buffer.getvalue())
     if names.LOG_PROBS in outputs:
+        proto = onnx.load(str(path))
         add_top_k(proto)
-    check_graph(proto, path.name)
-    onnx.save(proto, str(path))
+        onnx.save(proto, str(path))
+        del proto
+    check_graph_file(path)
 
 
 def add_top_k(proto: onnx.ModelProto) -> None:
@@ -186,21 +212,33 @@ def add_top_k(proto: onnx.ModelProto) -> None:
     graph.output.append(helper.make_tensor_value_info(names.TOPK_IDS, TensorProto.INT64, ["rows", "k"]))
 
 
-def check_graph(proto: onnx.ModelProto, label: str) -> None:
-    """Checks a graph: onnx.checker with full check, strict shape inference, and no training-only nodes.
+def check_graph_file(path: Path) -> None:
+    """Checks a graph file: onnx.checker with full check, strict shape inference, and no training-only nodes.
+
+    The checker and shape inference read the file in C++: no Python copy of a large graph.
 
     Args:
-        proto: the graph.
-        label: its name, for the message.
+        path: the graph file.
 
     Raises:
         RuntimeError: training-only nodes (Dropout, losses) in the graph.
         onnx.checker.ValidationError: the checker fails.
         onnx.shape_inference.InferenceError: strict shape inference fails.
     """
-    onnx.checker.check_model(proto, full_check=True)
-    onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
-    training = {"Dropout", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"}
-    found = sorted({node.op_type for node in proto.graph.node} & training)
+    import os
+    import tempfile
+
+    onnx.checker.check_model(str(path), full_check=True)
+    fd, inferred = tempfile.mkstemp(suffix=".onnx", dir=path.parent)
+    os.close(fd)
+    try:
+        onnx.shape_inference.infer_shapes_path(str(path), inferred, check_type=True, strict_mode=True)
+    finally:
+        os.unlink(inferred)
+    proto = onnx.load(str(path), load_external_data=False)
+    found = sorted({node.op_type for node in proto.graph.node} & TRAINING_NODES)
     if found:
-        raise RuntimeError(f"{label}: training-only nodes {found} in the exported graph")
+        raise RuntimeError(f"{path.name}: training-only nodes {found} in the exported graph")
+
+
+TRAINING_NODES = {"Dropout", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"}

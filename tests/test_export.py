@@ -583,3 +583,36 @@ def test_a_graph_over_two_gib_is_refused_before_tracing():
     check_graph_sizes(nllb, "float32")  # NLLB-600M's graphs fit, each under 2 GiB
     assert max(graph_sizes(nllb, "float32").values()) < 2**31
     check_graph_sizes(big, "float16")
+
+
+def test_a_large_tied_table_is_stored_once_in_the_decoder(monkeypatch, tmp_path):
+    """Past SHARED_TABLE_BYTES the tied output projection is traced as Gemm(transB) on the embedding's own
+    initializer: no transposed copy (NLLB's would pass 2 GiB), and the same log-probabilities."""
+    import onnx
+    import onnxruntime as ort
+    import torch
+
+    import seq2onnx.export.graphs as graphs
+    from seq2onnx.model.config import ModelConfig
+    from seq2onnx.model.transformer import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=300, tgt_vocab_size=300, share_vocab=True, d_model=16, n_heads=2,
+                                    d_ff=32, n_encoder_layers=1, n_decoder_layers=1)).eval()
+    out = {}
+    for label, limit in (("copied", 1 << 40), ("shared", 0)):
+        monkeypatch.setattr(graphs, "SHARED_TABLE_BYTES", limit)
+        directory = tmp_path / label
+        directory.mkdir()
+        _, dec = graphs.export_graphs(model, directory)
+        proto = onnx.load(str(dec))
+        out[label] = sum(300 in i.dims and 16 in i.dims for i in proto.graph.initializer)
+        torch.manual_seed(1)  # the same random feeds for both graphs
+        _, feeds = graphs.example_inputs(model, torch.float32)
+        session = ort.InferenceSession(str(dec), providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        values = [t.numpy() for t in feeds] + [np.array([3], np.int64)]
+        out[label + "_lp"] = session.run(["log_probs"], dict(zip(names, values)))[0]
+    assert out["copied"] == 2 and out["shared"] == 1
+    np.testing.assert_allclose(out["copied_lp"], out["shared_lp"], rtol=0, atol=1e-5)
+    assert model.generator.bias is None  # the zero bias was only there for the tracing

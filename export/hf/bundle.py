@@ -6,6 +6,7 @@ tokenize to the model's ids (export/hf/tokens.py), and decoding defaults from ge
 """
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 from pathlib import Path
@@ -58,12 +59,13 @@ def export_hf_bundle(model_dir: str | Path, out: str | Path, *, dtype: str = "fl
     config = read_config(model_dir)  # before anything is written: an unsupported directory writes nothing
     tokenizer = load_tokenizer(model_dir)
     imported = import_hf(model_dir)
-    model, cfg = imported.model, imported.model.cfg
-    files = token_files(model_dir, imported.kind, tokenizer, src_vocab=cfg.src_vocab_size, tgt_vocab=cfg.tgt_vocab_size,
+    model, cfg, kind = imported.model, imported.model.cfg, imported.kind
+    files = token_files(model_dir, kind, tokenizer, src_vocab=cfg.src_vocab_size, tgt_vocab=cfg.tgt_vocab_size,
                         generation=imported.generation)
     if files.unk_id != cfg.unk_id:
         model.cfg = cfg = type(cfg)(**{**cfg.to_dict(), "unk_id": files.unk_id})
     decoding = decoding_defaults(imported.generation, config, cfg.max_positions)
+    del imported  # the model alone holds the weights from here on
     with atomic.building(out, force, "bundle", error=ExportError, inputs={"the model directory": model_dir},
                          ours=_is_bundle) as tmp:
         scheme = write_graphs(model, tmp, dtype, quantize, fused)
@@ -73,11 +75,13 @@ def export_hf_bundle(model_dir: str | Path, out: str | Path, *, dtype: str = "fl
         (tmp / fmt.TARGET_VOCAB).write_bytes(files.target_map.astype("<i4").tobytes())
         if files.texts:
             (tmp / fmt.VOCAB_TEXTS).write_text(json.dumps(files.texts, ensure_ascii=False, sort_keys=True), encoding="utf-8")
-        origin = {"model_type": imported.kind, "architectures": config.get("architectures"),
+        origin = {"model_type": kind, "architectures": config.get("architectures"),
                   "transformers_config": {k: config.get(k) for k in ("activation_function", "scale_embedding",
                                                                      "max_position_embeddings", "d_model")}}
         write_meta(tmp, model, source=model_dir.name, dtype=dtype, quantize=quantize, fused=fused, scheme=scheme,
                    decoding=decoding, extra={"tokens": files.tokens, "imported_from": origin})
+        del model  # the validation's sessions need the memory more
+        gc.collect()
         validate(tmp)
     return out
 

@@ -12,6 +12,7 @@ model whose every parameter must be filled (`_copy` counts them).
 """
 from __future__ import annotations
 
+import gc
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,16 +86,16 @@ def _check_vocab_size(model_dir: Path, config: dict) -> None:
 class Imported:
     """An imported model: ours, with what the bundle needs besides the graphs.
 
+    The transformers model it was read from is not kept: an export holds one copy of the weights.
+
     Attributes:
         model: our Transformer, fp32, eval mode, holding the imported weights.
         kind: config.json's model_type.
-        hf_model: the transformers model it was read from (for verify; fp32).
         generation: generation_config.json's fields (or {}).
     """
 
     model: Transformer
     kind: str
-    hf_model: object
     generation: dict
 
 
@@ -264,4 +265,6 @@ def import_hf(model_dir: str | Path) -> Imported:
     cfg = model_config(config, hf, model_dir, generation)
     model = Transformer(cfg).eval()
     _copy(model, hf, _positions(hf, cfg.max_positions, cfg.pad_id))
-    return Imported(model=model, kind=config["model_type"], hf_model=hf, generation=generation)
+    del hf
+    gc.collect()
+    return Imported(model=model, kind=config["model_type"], generation=generation)

@@ -1,7 +1,8 @@
 """`seq2onnx bench`'s child process: one engine, loaded once, timed over the job's batches.
 
 Run as `python -m seq2onnx.bench.engines JOB.json OUT.json` by bench/run.py: every
-engine gets a fresh process, so its peak memory is its own and no engine warms another's caches.
+engine, at every thread setting (bench/settings.py), gets a fresh process, so its peak memory is its
+own and no engine warms another's caches.
 
 Engines (name -> kind, device, precision in ENGINES):
   torch            model.search.translate_ids, the PyTorch reference with its key/value cache. Its
@@ -26,6 +27,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from seq2onnx.bench.settings import PARALLEL_KINDS, Setting, describe_setting
 
 # name -> (kind, device, precision)
 ENGINES = {
@@ -94,14 +97,19 @@ def make_runner(job: dict):
         job: the job (engine, sources, limits, threads, eos_id and the engine's checkpoint, bundles or model).
 
     Returns:
-        (run, description): run(indices, beam) -> target ids per index (end token excluded); the
-        engine and its settings in words.
+        (run, description, run_many): run(indices, beam) -> target ids per index (end token
+        excluded); the engine and its settings in words; with job["parallel"] > 1,
+        run_many(chunks, beam) -> run's answer per chunk, the chunks decoded `parallel` at a time
+        (bench/settings.py says how each engine does it), else None.
 
     Raises:
-        ValueError: an unknown engine kind.
+        ValueError: an unknown engine kind, or a parallel setting for an engine without one.
     """
     kind, device, precision = ENGINES[job["engine"]]
     sources, limits, threads, eos = job["sources"], job["limits"], job["threads"], job["eos_id"]
+    parallel = job.get("parallel", 1)
+    if parallel > 1 and kind not in PARALLEL_KINDS:
+        raise ValueError(f"{job['engine']} has no parallel setting")
     if kind == "torch":
         import torch
 
@@ -116,7 +124,7 @@ def make_runner(job: dict):
                                  batch_size=max(len(indices), 1))
             return [_strip_eos(h[0].tokens, eos) for h in hyps]
 
-        return run, f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        return run, f"torch {torch.__version__}, {torch.get_num_threads()} threads", None
     if kind == "torch-batched":
         import numpy as np
         import torch
@@ -154,7 +162,7 @@ def make_runner(job: dict):
                      beam_search(step, len(srcs), beam_size=beam, length_penalty=1.0, **common))
             return [_strip_eos(r.hypotheses[0], eos) for r in found]
 
-        return run, f"torch {torch.__version__} + runtime/search.py, {torch.get_num_threads()} threads"
+        return run, f"torch {torch.__version__} + runtime/search.py, {torch.get_num_threads()} threads", None
     if kind == "onnx":
         import onnxruntime
 
@@ -167,28 +175,51 @@ def make_runner(job: dict):
                                      max_batch_size=max(len(indices), 1))
             return [list(r.token_ids[0]) for r in res]
 
-        return run, f"onnxruntime {onnxruntime.__version__} ({tr.device}), intra_op_num_threads={threads}"
+        run_many = None
+        if parallel > 1:  # one Translator shared by `parallel` threads, each taking the next batch
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = ThreadPoolExecutor(parallel)
+
+            def run_many(chunks, beam):
+                return list(pool.map(lambda chunk: run(chunk, beam), chunks))
+
+        return (run, f"onnxruntime {onnxruntime.__version__} ({tr.device}), "
+                f"{describe_setting(kind, Setting(threads, parallel))}", run_many)
     if kind == "ct2":
         import ctranslate2
 
         tr = ctranslate2.Translator(job["ct2_model"], device=device, compute_type=CT2_COMPUTE[precision],
-                                    intra_threads=threads, inter_threads=1)
+                                    intra_threads=threads, inter_threads=parallel)
         src_pieces, tgt_ids = job["source_pieces"], {p: i for i, p in enumerate(job["target_pieces"])}
         unk = job["unk_id"]
 
-        def run(indices, beam):
+        def call(indices, beam, asynchronous=False):
             tokens = [[src_pieces[t] for t in sources[i]] for i in indices]
             # One maximum length per call: each output is cut at its own sentence's limit afterwards
             # (greedy decisions do not look ahead, so the cut output is what a per-sentence limit gives).
             # min_decoding_length 0: CTranslate2's default 1 forbids the end token at the first step, which
-            # our convention (and PyTorch's search) allows.
-            res = tr.translate_batch(tokens, beam_size=beam, length_penalty=1.0, max_batch_size=max(len(indices), 1),
-                                     batch_type="examples", max_decoding_length=max(limits[i] for i in indices),
-                                     min_decoding_length=0)
+            # our convention (and PyTorch's search) allows. max_batch_size = the call's sentences: one
+            # batch per call, the bench's batch.
+            return tr.translate_batch(tokens, beam_size=beam, length_penalty=1.0, max_batch_size=max(len(indices), 1),
+                                      batch_type="examples", max_decoding_length=max(limits[i] for i in indices),
+                                      min_decoding_length=0, asynchronous=asynchronous)
+
+        def ids(indices, res):
             return [[tgt_ids.get(p, unk) for p in r.hypotheses[0]][: limits[i]] for i, r in zip(indices, res)]
 
+        def run(indices, beam):
+            return ids(indices, call(indices, beam))
+
+        run_many = None
+        if parallel > 1:  # every batch queued at once: CTranslate2's inter_threads workers take them in turn
+
+            def run_many(chunks, beam):
+                pending = [call(chunk, beam, asynchronous=True) for chunk in chunks]
+                return [ids(chunk, [a.result() for a in res]) for chunk, res in zip(chunks, pending)]
+
         return run, (f"ctranslate2 {ctranslate2.__version__} ({device}, compute_type={CT2_COMPUTE[precision]}), "
-                     f"intra_threads={threads} inter_threads=1")
+                     f"{describe_setting(kind, Setting(threads, parallel))}"), run_many
     raise ValueError(f"unknown engine kind {kind}")
 
 
@@ -206,34 +237,46 @@ def run_engine(job: dict) -> dict:
         RSS and one entry per configuration.
     """
     t0 = time.perf_counter()
-    run, description = make_runner(job)
+    run, description, run_many = make_runner(job)
     load_s = time.perf_counter() - t0
     rss_loaded = rss_mb()
     order = job["order"]
+    parallel = job.get("parallel", 1)
     results = []
     for beam, batch in job["configs"]:
         chunks = [order[i : i + batch] for i in range(0, len(order), batch)]
-        run(chunks[0], beam)  # warm-up: first-call allocations, graph optimisation, thread pools
+        if run_many is None:
+            run(chunks[0], beam)  # warm-up: first-call allocations, graph optimisation, thread pools
+        else:
+            run_many(chunks[:parallel], beam)  # every worker's first call
         passes = []
         outputs: dict[int, list[int]] = {}
         for _ in range(job["repeat"]):
             times = []
-            for chunk in chunks:
+            if run_many is None:
+                for chunk in chunks:
+                    t = time.perf_counter()
+                    out = run(chunk, beam)
+                    times.append(time.perf_counter() - t)
+                    outputs.update(zip(chunk, out))
+            else:  # the batches overlap: only the pass's wall time means something
                 t = time.perf_counter()
-                out = run(chunk, beam)
+                for chunk, out in zip(chunks, run_many(chunks, beam)):
+                    outputs.update(zip(chunk, out))
                 times.append(time.perf_counter() - t)
-                outputs.update(zip(chunk, out))
             passes.append(times)
         totals = [sum(p) for p in passes]
         median_pass = passes[totals.index(sorted(totals)[(len(totals) - 1) // 2])]
-        latencies = [statistics.median(p[c] for p in passes) * 1000 for c in range(len(chunks))]
+        latencies = ([statistics.median(p[c] for p in passes) * 1000 for c in range(len(chunks))]
+                     if run_many is None else None)
         results.append({
             "beam": beam, "batch": batch, "seconds": sum(median_pass), "pass_seconds": totals,
             "latencies_ms": latencies if batch == 1 else None,
             "batch_latencies_ms": latencies if batch != 1 else None,
             "outputs": [outputs[i] for i in range(len(job["sources"]))],
         })
-    return {"engine": job["engine"], "description": description, "load_seconds": load_s,
+    return {"engine": job["engine"], "intra_threads": job["threads"], "parallel": parallel,
+            "description": description, "load_seconds": load_s,
             "rss_after_load_mb": rss_loaded, "peak_rss_mb": peak_rss_mb(), "configs": results}
 
 

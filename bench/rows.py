@@ -1,9 +1,16 @@
 """`seq2onnx bench`'s rows: the children's timings and outputs -> tokens/s, latency percentiles,
 agreement with the PyTorch reference, CTranslate2's validity and the ratios.
 
+One row per engine, thread setting (bench/settings.py) and configuration. Three views of them:
+  rows        the equal-threads rows: every engine at the same threads (report["threads"], one batch
+              at a time). Without a sweep these are all the rows.
+  sweep_rows  every setting of every engine (only with a sweep).
+  best        per engine and configuration, the row of its fastest setting (only with a sweep).
+
 Ratios: "x torch" is tokens/s over the torch row's tokens/s (same search and batch); "x ct2" is
 tokens/s over the CTranslate2 row of the same device and precision (torch and fp32 rows against
-ct2-*-fp32, int8 against ct2-cpu-int8, fp16 against ct2-cuda-fp16), same search and batch. With
+ct2-*-fp32, int8 against ct2-cpu-int8, fp16 against ct2-cuda-fp16), same search and batch. In `rows`
+the peer row is at the same threads; in `best` it is the peer's best row (best against best). With
 several rounds (--repeat) a ratio is the median over rounds of the ratio within a round: the engines
 of one round run minutes apart at most, the rounds further apart, and a machine's speed drifts.
 """
@@ -14,6 +21,7 @@ import statistics
 import numpy as np
 
 from seq2onnx.bench.engines import ENGINES
+from seq2onnx.bench.settings import Setting
 
 
 def target_tokens(outputs: list[list[int]], limits: list[int]) -> int:
@@ -39,8 +47,14 @@ def percentile(values: list[float] | None, q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def _row(name: str, res: dict, c: dict, n: int, limits: list[int], ref_out: dict) -> dict:
+def _setting(res: dict, threads: int | None) -> Setting:
+    """The setting a child ran at (results made before the sweep carry none: the equal threads)."""
+    return Setting(res.get("intra_threads") or threads or 0, res.get("parallel", 1))
+
+
+def _row(name: str, res: dict, c: dict, n: int, limits: list[int], ref_out: dict, threads: int | None) -> dict:
     beam, batch = c["beam"], c["batch"]
+    setting = _setting(res, threads)
     tokens = target_tokens(c["outputs"], limits)
     ref_same = ref_out.get((beam, 1))  # torch, same search, one sentence at a time
     ref_greedy = ref_out.get((1, 1))
@@ -48,6 +62,7 @@ def _row(name: str, res: dict, c: dict, n: int, limits: list[int], ref_out: dict
     return {
         "engine": name, "kind": ENGINES[name][0], "device": ENGINES[name][1], "precision": ENGINES[name][2],
         "search": "greedy" if beam == 1 else f"beam{beam}", "beam": beam, "batch": batch,
+        "intra_threads": setting.intra, "parallel": setting.parallel, "setting": setting.label,
         "seconds": c["seconds"], "pass_seconds": c["pass_seconds"], "target_tokens": tokens,
         "tokens_per_s": tokens / c["seconds"] if c["seconds"] > 0 else None,
         "sentences_per_s": n / c["seconds"] if c["seconds"] > 0 else None,
@@ -136,18 +151,47 @@ def _add_ratios(rows: list[dict]) -> None:
         r["x_ct2"] = _ratio(r, peer) if peer and not peer.get("void") else None
 
 
-def fill_rows(report: dict, results: dict[str, dict], limits: list[int]) -> None:
-    """Sets report["rows"] (one per engine and configuration) and report["ct2_check"] from the children's results.
+def _best(rows: list[dict]) -> list[dict]:
+    """Per engine and configuration, a copy of its fastest row (most tokens/s), with ratios against the
+    torch row's best and the CTranslate2 peer's best of the same configuration, and every setting's tokens/s."""
+    by_key: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by_key.setdefault((r["engine"], r["beam"], r["batch"]), []).append(r)
+    best = []
+    for group in by_key.values():
+        top = max(group, key=lambda r: r["tokens_per_s"] or 0.0)
+        best.append({**top, "settings_tried": {r["setting"]: r["tokens_per_s"] for r in group}})
+    _add_ratios(best)
+    return best
+
+
+def fill_rows(report: dict, results: dict, limits: list[int]) -> None:
+    """Sets report["rows"] (the equal-threads rows), and with a sweep report["sweep_rows"] and
+    report["best"], and report["ct2_check"], from the children's results.
 
     Args:
-        report: the bench report, changed in place.
-        results: engine name -> what engines.run_engine returned (merged over rounds).
+        report: the bench report, changed in place; report["sweep"] (a list of settings per engine,
+            or absent) says whether the threads were swept, report["threads"] is the equal setting.
+        results: any key (the engine name, or (engine, setting key) with a sweep) -> what
+            engines.run_engine returned (merged over rounds); each names its engine and setting.
         limits: each sentence's maximum length.
     """
     n = report["sentences"]
-    ref = results.get("torch")
+    threads = report.get("threads")
+    equal = Setting(threads or 0)
+    swept = bool(report.get("sweep"))
+
+    def is_equal(res: dict) -> bool:
+        return not swept or _setting(res, threads) == equal
+
+    refs = [res for res in results.values() if res["engine"] == "torch"]
+    ref = next((res for res in refs if is_equal(res)), refs[0] if refs else None)
     ref_out = {(c["beam"], c["batch"]): c["outputs"] for c in ref["configs"]} if ref else {}
-    rows = [_row(name, res, c, n, limits, ref_out) for name, res in results.items() for c in res["configs"]]
-    report["ct2_check"] = _check_ct2(rows, n)
+    every = [_row(res["engine"], res, c, n, limits, ref_out, threads) for res in results.values() for c in res["configs"]]
+    report["ct2_check"] = _check_ct2(every, n)  # every CTranslate2 setting's outputs must be the model's
+    rows = [r for r in every if not swept or (r["intra_threads"], r["parallel"]) == (equal.intra, equal.parallel)]
     _add_ratios(rows)
     report["rows"] = rows
+    if swept:
+        report["sweep_rows"] = every
+        report["best"] = _best(every)

@@ -1,9 +1,11 @@
-"""`seq2onnx bench`'s run: sentences, bundles, one child process per engine, the report.
+"""`seq2onnx bench`'s run: sentences, bundles, one child process per engine and thread setting, the report.
 
-All engines use the same number of threads, the same sentences and the same batches: the sentences
-are sorted by source length once and cut into batches here, and every engine gets exactly those
-batches. Each engine runs in a fresh child process (`python -m seq2onnx.bench.engines JOB
-OUT`), so its peak memory is its own and no engine warms another's caches.
+All engines get the same sentences and the same batches: the sentences are sorted by source length
+once and cut into batches here, and every engine gets exactly those batches. By default each engine
+runs at every thread setting of the sweep (bench/settings.py), and the report puts each engine's
+best setting per configuration first; with `threads` given, every engine runs at those threads only.
+Each (engine, setting) runs in a fresh child process (`python -m seq2onnx.bench.engines JOB OUT`),
+so its peak memory is its own and no engine warms another's caches.
 """
 from __future__ import annotations
 
@@ -19,10 +21,15 @@ from pathlib import Path
 from seq2onnx.bench.engines import ENGINES, PEAK_RSS_NOTE, TORCH_BEAM_NOTE
 from seq2onnx.bench.machine import describe_machine, usable_cores
 from seq2onnx.bench.rows import fill_rows, merge_rounds
+from seq2onnx.bench.settings import Setting, sweep_settings
 
 CONFIGS = [(1, 1), (1, 32), (4, 1), (4, 32)]  # (beam size, batch size); beam 1 is greedy
 QUICK_SENTENCES, DEFAULT_SENTENCES = 16, 100
 CHILD_MODULE = "seq2onnx.bench.engines"
+SWEEP_NOTE = ("every engine ran at each thread setting (bench/settings.py; N x 1 thread: N batches at once, CTranslate2 "
+              "inter_threads=N, seq2onnx one Translator shared by N threads); best: per engine and configuration the "
+              "setting with the most tokens/s, x torch / x ct2 against the other's best; rows: every engine at "
+              "`threads`, one batch at a time")
 
 
 def _load_sentences(ckpt_dir: Path, n: int, data: str | None) -> tuple[list[tuple[str, str]], str]:
@@ -98,7 +105,7 @@ def _ct2_cuda_reason() -> str | None:
 
 
 def _run_child(job: dict, workdir: Path, timeout: float | None) -> dict:
-    name = job["engine"]
+    name = f"{job['engine']}-{Setting(job['threads'], job.get('parallel', 1)).key}"
     job_path, out_path = workdir / f"job-{name}.json", workdir / f"result-{name}.json"
     job_path.write_text(json.dumps(job))
     env = dict(os.environ)
@@ -114,18 +121,24 @@ def _run_child(job: dict, workdir: Path, timeout: float | None) -> dict:
 
 def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, threads: int = 0,
               bundle_dir: str | Path | None = None, quick: bool = False, engines: list[str] | None = None,
-              repeat: int = 1, data: str | None = None, log=print) -> dict:
+              repeat: int = 1, data: str | None = None, sweep: bool = False, max_threads: int = 0,
+              log=print) -> dict:
     """Runs the benchmark and returns the report (what --json writes).
 
     Args:
         checkpoint_path (str | Path): the checkpoint (or run) directory.
         sentences (int | None): how many; default QUICK_SENTENCES with quick, else DEFAULT_SENTENCES.
-        threads (int): threads for every engine; 0: the cores this process may use.
+        threads (int): threads for every engine; 0: the cores this process may use (or max_threads).
+            With sweep, the equal-threads setting (the secondary table).
+        sweep (bool): run every engine at every setting of bench/settings.py's sweep, up to `threads`
+            (each a child process in every round); the report's `best` rows are each engine's
+            fastest setting per configuration.
+        max_threads (int): with threads 0, at most this many threads (0: no cap).
         bundle_dir (str | Path | None): where the bundles and the CTranslate2 model go (kept and
             reused); None: a temporary directory.
         quick (bool): fewer sentences by default.
         engines (list[str] | None): names of ENGINES; torch is always added (the reference); None: all.
-        repeat (int): rounds, each running every engine once in rotating order.
+        repeat (int): rounds, each running every engine (at every setting) once in rotating order.
         data (str | None): a TSV file of sentences instead of the checkpoint's test split.
         log (Callable[[str], None]): called with a line of progress.
 
@@ -139,7 +152,8 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
     from seq2onnx.export.ctranslate2.convert import ct2_available, source_pieces, target_pieces
     from seq2onnx.model import checkpoint
 
-    threads = threads or usable_cores()
+    cores = usable_cores()
+    threads = threads or (min(max_threads, cores) if max_threads else cores)
     n = sentences or (QUICK_SENTENCES if quick else DEFAULT_SENTENCES)
     wanted = engines or list(ENGINES)
     unknown = [e for e in wanted if e not in ENGINES]
@@ -165,12 +179,13 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
     report: dict = {
         "checkpoint": str(ckpt_dir), "sentences": len(sources), "sentences_source": origin,
         "sentences_dropped_too_long": too_long, "mean_source_tokens": sum(map(len, sources)) / len(sources),
-        "model": cfg.to_dict(), "machine": machine, "threads": threads, "repeat": repeat,
+        "model": cfg.to_dict(), "machine": machine, "threads": threads, "repeat": repeat, "sweep": None,
         "configs": [{"search": "greedy" if b == 1 else f"beam{b}", "beam": b, "batch": bs} for b, bs in CONFIGS],
         "max_length": f"min({dd['max_length_a']} x source tokens + {dd['max_length_b']}, {cfg.max_positions})",
         "notes": [TORCH_BEAM_NOTE,
                   "target tokens: generated tokens including the end token, summed over sentences",
-                  f"{repeat} round{'s' if repeat > 1 else ''}, each running every engine once in rotating order; "
+                  f"{repeat} round{'s' if repeat > 1 else ''}, each running every engine{' at every setting' if sweep else ''} "
+                  "once in rotating order; "
                   "tokens/s: the median pass; x torch / x ct2: the median over rounds of the ratio within a round",
                   PEAK_RSS_NOTE],
         "rows": [], "skipped": [],
@@ -196,6 +211,13 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
             elif device == "cuda" and kind == "ct2" and (cuda_why or _ct2_cuda_reason()):
                 skipped[name] = f"no usable GPU: {cuda_why or _ct2_cuda_reason()}"
         active = [e for e in wanted if e not in skipped]
+        # (engine, setting) pairs, one child each per round; without a sweep every engine at `threads`
+        settings = {e: sweep_settings(ENGINES[e][0], ENGINES[e][1], threads) if sweep else [Setting(threads)]
+                    for e in active}
+        variants = [(e, s) for e in active for s in settings[e]]
+        if sweep:
+            report["sweep"] = {e: [s.label for s in settings[e]] for e in active}
+            report["notes"].append(SWEEP_NOTE)
 
         bundles: dict[str, str] = {}
         precisions = sorted({ENGINES[e][2] for e in active if ENGINES[e][0] == "onnx"})
@@ -224,21 +246,26 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
                     "threads": threads, "eos_id": cfg.eos_id, "unk_id": cfg.unk_id, "repeat": 1,  # one pass per child: rounds repeat
                     "configs": CONFIGS, "bundles": bundles, "ct2_model": ct2_model,
                     "source_pieces": source_pieces(tok), "target_pieces": target_pieces(tok)}
-        # Rounds: each runs every engine once (a child process, one timed pass per configuration),
-        # the order rotating from round to round. A machine's speed drifts over minutes; engines
+        # Rounds: each runs every engine at every setting once (a child process, one timed pass per
+        # configuration), the order rotating from round to round. A machine's speed drifts over minutes; engines
         # timed in the same round see about the same machine, so ratios are taken within rounds.
-        rounds: dict[str, list[dict]] = {name: [] for name in active}
+        rounds: dict[tuple, list[dict]] = {(name, s.key): [] for name, s in variants}
+        failed: set[tuple] = set()
         with tempfile.TemporaryDirectory(prefix="seq2onnx-bench-jobs-") as jobs:
             for r in range(repeat):
-                for name in active[r % len(active):] + active[: r % len(active)]:
-                    if name in skipped:
+                for name, s in variants[r % len(variants):] + variants[: r % len(variants)]:
+                    if (name, s.key) in failed:
                         continue
-                    log(f"running {name} ..." if repeat == 1 else f"round {r + 1}/{repeat}: running {name} ...")
+                    what = f"{name} ({s.label})" if sweep else name
+                    log(f"running {what} ..." if repeat == 1 else f"round {r + 1}/{repeat}: running {what} ...")
                     try:
-                        rounds[name].append(_run_child({**job_base, "engine": name}, Path(jobs), timeout=None))
+                        rounds[(name, s.key)].append(_run_child(
+                            {**job_base, "engine": name, "threads": s.intra, "parallel": s.parallel}, Path(jobs),
+                            timeout=None))
                     except Exception as e:  # one engine failing leaves the others' rows
-                        skipped[name] = f"failed: {e}"
-        results = {name: merge_rounds(rounds[name]) for name in active if name not in skipped}
+                        failed.add((name, s.key))
+                        skipped[name if not sweep else f"{name} ({s.label})"] = f"failed: {e}"
+        results = {key: merge_rounds(rounds[key]) for key in rounds if key not in failed}
         report["skipped"] = [{"engine": k, "reason": v} for k, v in skipped.items()]
         fill_rows(report, results, limits)
     finally:

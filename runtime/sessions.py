@@ -121,7 +121,23 @@ class Sessions:
         return loaded
 
 
-def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_threads: int) -> Sessions:
+def _drop_model_copy(session) -> None:
+    """Makes a CPU session forget the serialized model it was made from.
+
+    onnxruntime's Python InferenceSession keeps the bytes it was given (its `_model_bytes`) for as long
+    as it lives, so that set_providers(), or the fallback of a run whose execution provider failed, can
+    make the session again: a second copy of every graph next to the session's own weights (48 MB for
+    the Tatoeba model's three fp32 graphs; docs/optimisation-notes.md, row 19). A CPU session has no
+    provider to fall back to (the fallback is the CPU provider itself), so the runtime turns the fallback
+    off and lets the copy go. Where onnxruntime has no such attribute nothing happens.
+    """
+    if isinstance(getattr(session, "_model_bytes", None), bytes) and session.get_providers() == ["CPUExecutionProvider"]:
+        session.disable_fallback()
+        session._model_bytes = None
+
+
+def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_threads: int, *,
+                  release_bytes: bool = False) -> Sessions:
     """Loads a bundle's encoder, its standard decoder and the decoder to drive, from the bytes read.
 
     Args:
@@ -129,6 +145,10 @@ def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_thre
         device: "auto", "cuda" or "cpu" (pick_device).
         tuning: optimisation level, spinning and which decoder (SessionTuning).
         intra_threads: threads inside each operator (0: onnxruntime's default).
+        release_bytes: the caller owns `bundle` and needs no graph's bytes after this: on the CPU each
+            graph's bytes leave bundle.data as soon as its session is made, so that the load's peak
+            memory holds the graphs not yet loaded rather than all of them (on CUDA they stay: a provider
+            that does not start means loading every graph again on the CPU).
 
     Returns:
         The sessions. With device "auto", a CUDA provider that did not start falls back to the CPU
@@ -145,7 +165,12 @@ def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_thre
     providers = providers_for(picked)
 
     def load(label: str, options=decoder_options):
-        return ort.InferenceSession(bundle.bytes(label), options, providers=providers)
+        session = ort.InferenceSession(bundle.bytes(label), options, providers=providers)
+        if picked == "cpu":
+            _drop_model_copy(session)
+            if release_bytes:
+                bundle.data.pop(label, None)  # made: these bytes are needed no more
+        return session
 
     def checked(label: str, options=decoder_options):
         try:

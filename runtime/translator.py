@@ -113,7 +113,8 @@ class Translator:
                                 vocab=self.src_vocab, max_positions=self.max_positions, vocabulary=self.vocabulary)
         self._decode = self.vocabulary.decoder(self.target_tokenizer)
         graphs = read_graphs(bundle)  # every listed graph parsed, whichever decoder is driven
-        s = open_sessions(bundle, device, tuning, intra_threads)
+        # a bundle read here is ours: each graph's bytes may go once its session is made (lower peak memory)
+        s = open_sessions(bundle, device, tuning, intra_threads, release_bytes=not isinstance(bundle_dir, Bundle))
         self.device, self.device_reason, self.encoder, self.decoder = s.device, s.device_reason, s.encoder, s.decoder
         self.decoder_variant, self.decoder_reason, self._standard_decoder = s.variant, s.reason, s.standard
         check_graphs(bundle, s.by_label(), graphs)

@@ -296,3 +296,160 @@ def test_bench_rounds_interleave_engines(capsys):
         within = [(r["target_tokens"] / a) / (torch_row["target_tokens"] / b)
                   for a, b in zip(r["pass_seconds"], torch_row["pass_seconds"])]
         assert r["x_torch"] == pytest.approx(float(np.median(within)))
+
+
+# -- the thread sweep: every engine at each setting, the best per row, best against best ---------------
+
+def test_sweep_settings():
+    from seq2onnx.bench.settings import Setting, intra_counts, sweep_settings
+
+    assert intra_counts(1) == [1] and intra_counts(2) == [1, 2] and intra_counts(6) == [1, 2, 4, 6]
+    assert intra_counts(8) == [1, 2, 4, 8]
+    assert sweep_settings("ct2", "cpu", 2) == [Setting(1), Setting(2), Setting(1, 2)]
+    assert sweep_settings("onnx", "cpu", 4) == [Setting(1), Setting(2), Setting(4), Setting(1, 4)]
+    assert sweep_settings("torch", "cpu", 2) == [Setting(1), Setting(2)]  # the reference has no parallel mode
+    assert sweep_settings("onnx", "cpu", 1) == [Setting(1)]
+    assert sweep_settings("ct2", "cuda", 4) == [Setting(4)]
+    assert [s.label for s in sweep_settings("ct2", "cpu", 2)] == ["1 thread", "2 threads", "2 x 1 thread"]
+    assert Setting(1, 2).key == "2x1" and Setting(2).key == "2"
+
+
+SWEEP_SPEED = {  # engine -> {setting: speed factor}: which setting is fastest differs by engine and configuration
+    "torch": {(1, 1): 1.0, (2, 1): 1.5},
+    "onnx-cpu-int8": {(1, 1): 1.0, (2, 1): 1.2, (1, 2): 1.6},
+    "ct2-cpu-fp32": {(1, 1): 1.0, (2, 1): 1.8, (1, 2): 1.1},
+    "ct2-cpu-int8": {(1, 1): 2.0, (2, 1): 0.2, (1, 2): 1.5},
+}
+BEAM4_B32_SLOW = {("onnx-cpu-int8", (1, 2)): 0.5}  # in one configuration that engine's parallel setting is slow
+
+
+def _sweep_speed(engine: str, setting: tuple, beam: int, batch: int) -> float:
+    factor = SWEEP_SPEED[engine][setting]
+    return factor * (BEAM4_B32_SLOW.get((engine, setting), 1.0) if (beam, batch) == (4, 32) else 1.0)
+
+
+def _sweep_report() -> dict:
+    results = {}
+    for engine, settings in SWEEP_SPEED.items():
+        for (intra, parallel) in settings:
+            fake = _fake(engine, OUTPUTS[engine])
+            fake.update(intra_threads=intra, parallel=parallel, peak_rss_mb=20.0 + len(engine) + intra + 10 * parallel)
+            for c in fake["configs"]:
+                c["seconds"] /= _sweep_speed(engine, (intra, parallel), c["beam"], c["batch"])
+                c["pass_seconds"] = [c["seconds"]]
+            results[(engine, intra, parallel)] = fake
+    report = {"sentences": len(LIMITS), "skipped": [], "threads": 2, "repeat": 1,
+              "sweep": {e: [] for e in SWEEP_SPEED},
+              "configs": [{"search": "greedy" if b == 1 else f"beam{b}", "beam": b, "batch": bs} for b, bs in bench_run.CONFIGS]}
+    bench_rows.fill_rows(report, results, LIMITS)
+    return report
+
+
+def test_sweep_best_rows_are_best_against_best():
+    report = _sweep_report()
+    assert report["ct2_check"]["valid"] is True
+    assert len(report["sweep_rows"]) == sum(map(len, SWEEP_SPEED.values())) * len(bench_run.CONFIGS)
+    peer_of = {"torch": "ct2-cpu-fp32", "onnx-cpu-int8": "ct2-cpu-int8", "ct2-cpu-fp32": "ct2-cpu-fp32",
+               "ct2-cpu-int8": "ct2-cpu-int8"}
+    assert len(report["best"]) == len(SWEEP_SPEED) * len(bench_run.CONFIGS)
+
+    def best_of(engine, beam, batch):
+        speeds = {s: _tokens(engine) / _seconds(engine, beam, batch) * _sweep_speed(engine, s, beam, batch)
+                  for s in SWEEP_SPEED[engine]}
+        top = max(speeds, key=speeds.get)
+        return top, speeds[top]
+
+    for r in report["best"]:
+        e, beam, batch = r["engine"], r["beam"], r["batch"]
+        (intra, parallel), speed = best_of(e, beam, batch)
+        assert (r["intra_threads"], r["parallel"]) == (intra, parallel), (e, beam, batch)
+        assert r["tokens_per_s"] == pytest.approx(speed)
+        assert r["peak_rss_mb"] == 20.0 + len(e) + intra + 10 * parallel  # the best setting's own process
+        assert r["x_torch"] == pytest.approx(speed / best_of("torch", beam, batch)[1])
+        assert r["x_ct2_engine"] == peer_of[e]
+        assert r["x_ct2"] == pytest.approx(speed / best_of(peer_of[e], beam, batch)[1])
+        assert len(r["settings_tried"]) == len(SWEEP_SPEED[e])
+    # the choice differs by configuration: int8's parallel setting wins except at beam 4 batch 32
+    int8 = {(r["beam"], r["batch"]): r["setting"] for r in report["best"] if r["engine"] == "onnx-cpu-int8"}
+    assert int8 == {(1, 1): "2 x 1 thread", (1, 32): "2 x 1 thread", (4, 1): "2 x 1 thread", (4, 32): "2 threads"}
+
+    # the equal-threads rows: every engine at 2 threads, one batch at a time, ratios at equal threads
+    assert {(r["engine"], r["intra_threads"], r["parallel"]) for r in report["rows"]} == {(e, 2, 1) for e in SWEEP_SPEED}
+    for r in report["rows"]:
+        speed = {x: _tokens(x) / _seconds(x, r["beam"], r["batch"]) * _sweep_speed(x, (2, 1), r["beam"], r["batch"])
+                 for x in SWEEP_SPEED}
+        assert r["x_ct2"] == pytest.approx(speed[r["engine"]] / speed[peer_of[r["engine"]]])
+
+
+def test_sweep_report_prints_the_three_tables():
+    report = _sweep_report()
+    report.update(machine={"cpu": "cpu", "logical_cores": 2, "physical_cores": 2, "usable_cores": 2, "memory_gb": 1,
+                           "os": "os", "python": "3", "load_average_at_start": None,
+                           "versions": {"torch": "t", "ctranslate2": "c", "onnxruntime": "o", "numpy": "n"}},
+                  checkpoint="ckpt", sentences_source="corpus", mean_source_tokens=3.0, max_length="m",
+                  model={"d_model": 8, "n_encoder_layers": 1, "n_decoder_layers": 1, "n_heads": 2, "d_ff": 16,
+                         "src_vocab_size": 10, "tgt_vocab_size": 10, "pre_norm": False},
+                  sweep={e: [f"{i} thread{'s' if i > 1 else ''}" if p == 1 else f"{p} x {i} thread"
+                             for i, p in SWEEP_SPEED[e]] for e in SWEEP_SPEED})
+    text = bench_format.format_report(report)
+    assert text.index("best setting per row") < text.index("every setting") < text.index("equal threads")
+    best = bench_format.format_table(report, "best").splitlines()
+    assert best[0].split()[:4] == ["engine", "search", "batch", "setting"]
+    for r in report["best"]:
+        (line,) = [t for t in best if t.startswith(r["engine"] + " ") and t.split()[1:3] == [r["search"], str(r["batch"])]]
+        assert f"  {r['setting']}  " in line and f"{r['tokens_per_s']:.0f}" in line and f"{r['x_ct2']:.2f}" in line
+    every = bench_format.format_settings(report).splitlines()
+    for r in report["sweep_rows"]:
+        (line,) = [t for t in every if t.startswith(r["engine"] + " ") and f"  {r['setting']}  " in t]
+        column = [c["search"] + str(c["batch"]) for c in report["configs"]].index(r["search"] + str(r["batch"]))
+        cell = line.split(r["setting"])[1].split()[column]
+        is_best = any(b["engine"] == r["engine"] and b["beam"] == r["beam"] and b["batch"] == r["batch"]
+                      and b["setting"] == r["setting"] for b in report["best"])
+        assert cell == f"{r['tokens_per_s']:.0f}" + ("*" if is_best else "")
+        assert line.split()[-1] == f"{r['peak_rss_mb']:.0f}"
+
+
+def test_bench_sweep_runs_every_setting(capsys):
+    """The default: every engine at each thread setting in its own child; the N x 1 settings' outputs
+    are the one-thread settings' (the batches overlap, the answers come back in order)."""
+    out = scratch("bench-sweep") / "bench.json"
+    engines = "onnx-cpu-fp32,ct2-cpu-fp32" if HAVE_CT2 else "onnx-cpu-fp32"
+    rc = main(["bench", str(tiny_run() / "last"), "--sentences", "4", "--max-threads", "2", "--engines", engines,
+               "--json", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out
+    report = json.loads(out.read_text())
+    cores = min(2, bench_run.usable_cores())
+    from seq2onnx.bench.settings import sweep_settings
+
+    for engine in ["torch", *engines.split(",")]:
+        want = {(s.intra, s.parallel) for s in sweep_settings(bench_engines.ENGINES[engine][0], "cpu", cores)}
+        rows = [r for r in report["sweep_rows"] if r["engine"] == engine]
+        assert {(r["intra_threads"], r["parallel"]) for r in rows} == want, engine
+        assert len(rows) == len(want) * len(CONFIGS)
+        for r in rows:
+            if r["search"] == "greedy":
+                assert r["agreement"] == report["sentences"], (engine, r["setting"])
+            if r["parallel"] > 1:
+                assert r["p50_ms"] is None and r["tokens_per_s"] > 0
+        assert len({r["peak_rss_mb"] for r in rows}) >= 1
+        best = [r for r in report["best"] if r["engine"] == engine]
+        assert {(r["search"], r["batch"]) for r in best} == CONFIGS
+        for b in best:
+            same = [r for r in rows if r["search"] == b["search"] and r["batch"] == b["batch"]]
+            assert b["tokens_per_s"] == max(r["tokens_per_s"] for r in same)
+    assert {(r["engine"], r["intra_threads"], r["parallel"]) for r in report["rows"]} == \
+        {(e, cores, 1) for e in ["torch", *engines.split(",")]}
+    assert "running onnx-cpu-fp32 (1 thread)" in captured.err
+    printed = captured.out
+    assert "best setting per row" in printed and "every setting" in printed and "equal threads" in printed
+    assert "threads:   swept" in printed
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--threads", "1", "--max-threads", "2"], "--threads N runs every engine at N threads only; --max-threads caps"),
+    (["--max-threads", "-1"], "--max-threads -1: give 0 (all cores) or more"),
+])
+def test_bench_thread_options_are_checked(capsys, args, message):
+    rc = main(["bench", str(tiny_run() / "last"), *args])
+    assert rc != 0 and message in capsys.readouterr().err

@@ -1,0 +1,60 @@
+"""What a loaded Translator holds (docs/optimisation-notes.md, rows 19-20): no second copy of any graph's
+bytes beside its session, and while the sessions are made only the bytes of the graphs not yet loaded."""
+from __future__ import annotations
+
+import onnxruntime
+import pytest
+
+from seq2onnx.runtime import bundle as names, sessions, translator as translator_module
+from seq2onnx.runtime.bundle import read_bundle
+from seq2onnx.runtime.translator import Translator
+from tiny import tiny_bundle
+
+TEXTS = ["the old cat sees two birds", "a dog", "five brave cats"]
+GRAPHS = {"encoder", *names.DECODER_LABELS.values()}
+
+
+def _keeps_model_bytes() -> bool:
+    """Whether this onnxruntime's InferenceSession keeps the bytes it was made from (its `_model_bytes`)."""
+    data = (tiny_bundle() / "encoder.onnx").read_bytes()
+    return getattr(onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"]), "_model_bytes", None) is data
+
+
+def test_cpu_sessions_keep_no_copy_of_their_graph():
+    if not _keeps_model_bytes():
+        pytest.skip("this onnxruntime keeps no copy of a session's model bytes")
+    t = Translator(tiny_bundle(), device="cpu")
+    for session in (t.encoder, t.decoder, t._standard_decoder):
+        assert session._model_bytes is None
+    assert t.bundle.data == {}  # and the bundle's bytes went with the load
+    results = t.translate_batch(TEXTS, beam_size=2, return_attention=True)
+    assert all(r.hypotheses and r.attention for r in results)
+
+
+def test_each_graphs_bytes_go_once_its_session_is_made(monkeypatch):
+    """A bundle the Translator reads itself: each session is made while only the graphs not yet loaded are
+    held. A Bundle passed in is the caller's: its bytes stay."""
+    read: list = []
+    seen: list[set] = []
+
+    def reading(*args, **kwargs):
+        read.append(read_bundle(*args, **kwargs))
+        return read[-1]
+
+    class Recording(onnxruntime.InferenceSession):
+        def __init__(self, data, *args, **kwargs):
+            seen.append({k for k in read[-1].data if k in GRAPHS})
+            super().__init__(data, *args, **kwargs)
+
+    monkeypatch.setattr(translator_module, "read_bundle", reading)
+    monkeypatch.setattr(sessions.ort, "InferenceSession", Recording)
+    t = Translator(tiny_bundle(), device="cpu")
+    assert t.decoder_variant == "fused"
+    assert seen == [GRAPHS, GRAPHS - {"encoder"}, GRAPHS - {"encoder", names.DECODER_LABELS["fused"]}]
+    assert t.translate(TEXTS[0])
+
+    bundle = read_bundle(tiny_bundle())
+    seen.clear()
+    read.append(bundle)
+    Translator(bundle, device="cpu")
+    assert seen == [GRAPHS] * 3 and GRAPHS <= set(bundle.data)

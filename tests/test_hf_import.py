@@ -194,7 +194,7 @@ def test_node_host_agrees_on_imported_bundles(tmp_path_factory, sentences_file):
 def test_browser_translates_an_imported_bundle_as_python_does(tmp_path_factory, tmp_path):
     """One browser run (Chromium, onnxruntime-web) on an imported Marian bundle: the page's texts, ids and scores
     are the Python runtime's."""
-    from test_web import _BROWSER_SKIP, CHROMIUM, DRIVER, JS, NODE, _Server
+    from test_web import _BROWSER_SKIP, drive_page
 
     if _BROWSER_SKIP:
         pytest.skip(_BROWSER_SKIP)
@@ -203,22 +203,15 @@ def test_browser_translates_an_imported_bundle_as_python_does(tmp_path_factory, 
     bundle = _export(tmp_path_factory, F.cached_model("marian"), decoder="standard")
     site = build_site(bundle, tmp_path / "site")
     sentences = F.test_sentences(6)
-    server = _Server(site)
-    try:
-        job = {"url": server.url, "chromium": CHROMIUM, "sentences": sentences, "timeoutMs": 240_000,
-               "runs": [{"beamSize": 1, "numHypotheses": 1}, {"beamSize": 4, "numHypotheses": 2}],
-               "screenshot": str(tmp_path / "page.png")}
-        proc = subprocess.run([NODE, str(DRIVER)], input=json.dumps(job), capture_output=True, text=True,
-                              encoding="utf-8", cwd=JS, timeout=600)
-    finally:
-        server.stop()
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    runs = [{"beamSize": 1, "numHypotheses": 1}, {"beamSize": 4, "numHypotheses": 2}]
+    report, _ = drive_page(site, sentences, runs, tmp_path / "page.png")
     assert report["errors"] == [] and report["loadStatus"]["state"] == "ready", report
     translator = Translator(bundle, device="cpu", intra_threads=1)
+    assert [r["beamSize"] for r in report["runs"]] == [1, 4]  # both runs came back: the loop below checks each
     for run in report["runs"]:
         want = translator.translate_batch(sentences, beam_size=run["beamSize"], num_hypotheses=run["numHypotheses"],
                                           return_scores=True)
+        assert len(run["results"]) == len(want) == len(sentences)
         for got, expected in zip(run["results"], want):
             assert [h["text"] for h in got["hypotheses"]] == expected.hypotheses
             assert [h["tokens"] for h in got["hypotheses"]] == expected.token_ids

@@ -172,23 +172,32 @@ class _Server:
         self.proc.stdout.close()
 
 
-@pytest.mark.skipif(bool(_BROWSER_SKIP), reason=_BROWSER_SKIP)
-def test_browser_translations_match_the_python_runtime(site, bundle, tmp_path):
-    runs = [{"beamSize": 1, "numHypotheses": 1}, {"beamSize": 4, "numHypotheses": 4}]
-    screenshot = tmp_path / "page.png"
+def drive_page(site: Path, sentences: list[str], runs: list[dict], screenshot: Path) -> tuple[dict, str]:
+    """Serves `site` on 127.0.0.1 and drives its page in Chromium (js/tools/drive-page.mjs) through `runs`.
+
+    Returns:
+        (the driver's JSON report, the server's URL).
+    """
     server = _Server(site)
     try:
-        job = {"url": server.url, "chromium": CHROMIUM, "sentences": SENTENCES, "runs": runs,
+        job = {"url": server.url, "chromium": CHROMIUM, "sentences": sentences, "runs": runs,
                "screenshot": str(screenshot), "timeoutMs": 240_000}
         proc = subprocess.run([NODE, str(DRIVER)], input=json.dumps(job), capture_output=True, text=True,
                               encoding="utf-8", cwd=JS, timeout=600)
     finally:
         server.stop()
     assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    return json.loads(proc.stdout), server.url
+
+
+@pytest.mark.skipif(bool(_BROWSER_SKIP), reason=_BROWSER_SKIP)
+def test_browser_translations_match_the_python_runtime(site, bundle, tmp_path):
+    runs = [{"beamSize": 1, "numHypotheses": 1}, {"beamSize": 4, "numHypotheses": 4}]
+    screenshot = tmp_path / "page.png"
+    report, url = drive_page(site, SENTENCES, runs, screenshot)
     assert report["loadStatus"]["state"] == "ready", report["loadStatus"]
     assert report["errors"] == []
-    assert report["requests"] and all(url.startswith(server.url) for url in report["requests"]), report["requests"]
+    assert report["requests"] and all(r.startswith(url) for r in report["requests"]), report["requests"]
     translator = Translator(bundle, device="cpu", intra_threads=1)
     for run in report["runs"]:
         beam, n = run["beamSize"], run["numHypotheses"]

@@ -268,9 +268,9 @@ def _check_options(args) -> None:
 
 def _check_against_model(args, translator) -> None:
     try:  # language codes and the prefix against the bundle, before the first line is read
-        translator.search_options(**_languages(args), target_prefix=[args.target_prefix] if args.target_prefix else None)
-        translator._prefixes(1, translator.search_options(**_languages(args), target_prefix=[args.target_prefix]
-                                                          if args.target_prefix else None))
+        options = translator.search_options(**_languages(args),
+                                            target_prefix=[args.target_prefix] if args.target_prefix else None)
+        translator._prefixes(1, options)
     except ValueError as e:
         flag = {"source_lang": "--source-lang", "target_lang": "--target-lang", "target_prefix": "--target-prefix"}
         message = str(e)

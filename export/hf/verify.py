@@ -128,15 +128,14 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
     if target_lang is not None and hasattr(tok, "tgt_lang"):
         tok.tgt_lang = target_lang
     options = {"source_lang": source_lang, "target_lang": target_lang}
-    _, [prefix] = first._prefixes(1, first.search_options(**options))  # the forced target ids, as the runtime forces
+    source_prefix, [prefix] = first._prefixes(1, first.search_options(**options))  # as the runtime puts them
     forced = prefix[0] if prefix else None
     max_length = int(bundle.decoding["max_length_b"]) + 1  # transformers counts the start token
     suppressed, renormalize = list(cfg.get("suppressed_ids", [])), bool(cfg.get("renormalize", False))
     checks: list[Check] = []
     exact = bundle.meta["dtype"] == "float32" and not bundle.meta.get("quantization")
 
-    ours_src = [first._sources.ids(i, s, False, first._prefixes(1, first.search_options(**options))[0])
-                for i, s in enumerate(srcs)]
+    ours_src = [first._sources.ids(i, s, False, source_prefix) for i, s in enumerate(srcs)]
     theirs_src = [tok(s).input_ids for s in srcs]
     same = sum(a == b for a, b in zip(ours_src, theirs_src))
     checks.append(Check("tokens", "source ids identical to the tokenizer's", same / len(srcs), 1.0, same == len(srcs),

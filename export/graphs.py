@@ -65,7 +65,7 @@ class DecoderGraph(nn.Module):
 
         Args:
             tokens: (R, 1) the newest tokens.
-            step: (1,) their position.
+            step: (1,) their position, or (R,) each row's (a serving batch, Transformer.decode_step).
             cache_indices: (R,) the past row each row continues.
             *rest: per layer past key, value; per layer cross key, value; then src_mask.
 
@@ -101,7 +101,7 @@ def example_inputs(model: Transformer, dtype: torch.dtype) -> tuple[tuple, tuple
     cache = torch.randn(prev_rows, cfg.n_heads, past, cfg.head_dim, dtype=dtype)
     dec = (
         torch.randint(4, cfg.tgt_vocab_size, (rows, 1)),
-        torch.tensor([past]),
+        torch.tensor([past, past, 1, past, 0, 2]),  # (rows,): traced per row, so that a serving batch runs too
         torch.tensor([0, 1, 1, 2, 3, 3]),
         *[cache.clone() for _ in range(2 * cfg.n_decoder_layers)],
         *cross,
@@ -143,7 +143,8 @@ def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = tor
             inputs=[names.TOKENS, names.STEP, names.CACHE_INDICES, *names.past_names(n), *names.cross_names(n), names.SRC_MASK],
             outputs=[names.LOG_PROBS, *names.present_names(n), names.CROSS_ATTENTION],
             axes={
-                names.TOKENS: {0: "rows"}, names.CACHE_INDICES: {0: "rows"}, names.LOG_PROBS: {0: "rows"},
+                names.TOKENS: {0: "rows"}, names.STEP: {0: "step_rows"}, names.CACHE_INDICES: {0: "rows"},
+                names.LOG_PROBS: {0: "rows"},
                 **{p: {0: "prev_rows", 2: "past"} for p in names.past_names(n)},
                 **{p: {0: "rows", 2: "past_plus_1"} for p in names.present_names(n)},
                 names.CROSS_ATTENTION: {0: "rows", 1: "src_len"},

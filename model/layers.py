@@ -35,6 +35,24 @@ def padding_bias(mask: Tensor) -> Tensor:
     return torch.where(mask, zero, float("-inf"))[:, None, None, :]
 
 
+def own_past_bias(step: Tensor, past_len: int) -> Tensor:
+    """Returns the (R or 1, 1, 1, P+1) additive bias, 0 or -inf, of one decoding step's self-attention.
+
+    Row r holds step[r] positions of its own at the END of the P cached slots, then the new one (slot
+    P). In a batch decoded together every row has step = P, so every slot is its own (the bias is 0).
+    A serving batch mixes sentences at different steps (serve/batcher.py): a row that joined it later
+    has fewer positions, and the slots before its own are another sentence's history or padding.
+
+    Args:
+        step: (R,) or (1,) each row's position (its count of cached positions).
+        past_len: P, the cache's length.
+    """
+    slots = torch.arange(past_len + 1, device=step.device)  # (P+1,)
+    own = slots[None, :] >= (past_len - step)[:, None]  # (R, P+1)
+    zero = torch.zeros((), device=step.device)
+    return torch.where(own, zero, float("-inf"))[:, None, None, :]
+
+
 def causal_bias(t: int, device: torch.device) -> Tensor:
     """Returns the (T, T) additive causal bias, 0 or -inf: position i attends to positions <= i only.
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .layers import LayerNorm, causal_bias, padding_bias, sinusoid_table, wide  # noqa: F401 (sinusoid_table: API)
+from .layers import LayerNorm, causal_bias, own_past_bias, padding_bias, sinusoid_table, wide  # noqa: F401 (sinusoid_table: API)
 
 KV = tuple[Tensor, Tensor]
 
@@ -97,20 +97,21 @@ class MultiHeadAttention(nn.Module):
         """(R, D) -> (R, H, 1, Dh)."""
         return x.reshape(-1, self.n_heads, 1, self.head_dim)  # (R, D) -> (R, H, 1, Dh)
 
-    def step_self(self, x: Tensor, past: KV) -> tuple[Tensor, KV]:
+    def step_self(self, x: Tensor, past: KV, bias: Tensor | None = None) -> tuple[Tensor, KV]:
         """Self-attention of one new position per row over the cache and itself.
 
         Args:
             x: (R, D) the new positions.
             past: 2 x (R, H, P, Dh) the cached keys and values.
+            bias: (R or 1, 1, 1, P+1) which slots are the row's own (layers.own_past_bias), or None: all.
 
         Returns:
             (R, D) and the cache 2 x (R, H, P+1, Dh).
         """
         k = torch.cat([past[0], self.rows_to_heads(self.w_k(x))], dim=2)
         v = torch.cat([past[1], self.rows_to_heads(self.w_v(x))], dim=2)
-        # the newest position attends to every cached one: no mask
-        context = self.attention(self.rows_to_heads(self.w_q(x)), k, v, None)  # (R, H, 1, Dh)
+        # the newest position attends to every cached position of its own (all of them, but in a serving batch)
+        context = self.attention(self.rows_to_heads(self.w_q(x)), k, v, bias)  # (R, H, 1, Dh)
         return self.w_o(context.reshape(-1, self.n_heads * self.head_dim)), (k, v)
 
     def step_cross(self, x: Tensor, kv: KV, bias: Tensor) -> tuple[Tensor, Tensor]:
@@ -220,7 +221,8 @@ class DecoderLayer(nn.Module):
         x = self.sub_cross(x, lambda y: self.cross_attn(y, cross, cross_bias))
         return self.sub_ff(x, self.feed_forward)
 
-    def step(self, x: Tensor, past: KV, cross: KV, cross_bias: Tensor) -> tuple[Tensor, KV, Tensor]:
+    def step(self, x: Tensor, past: KV, cross: KV, cross_bias: Tensor,
+             self_bias: Tensor | None = None) -> tuple[Tensor, KV, Tensor]:
         """One new position per row.
 
         Args:
@@ -228,6 +230,7 @@ class DecoderLayer(nn.Module):
             past: 2 x (R, H, P, Dh), already reordered to the rows.
             cross: 2 x (B, H, S, Dh) the source's keys and values.
             cross_bias: (B, 1, 1, S) padding bias.
+            self_bias: (R or 1, 1, 1, P+1) the rows' own cached slots (layers.own_past_bias), or None: all.
 
         Returns:
             x, the layer's new cache and its cross-attention averaged over heads (R, S).
@@ -236,7 +239,7 @@ class DecoderLayer(nn.Module):
         attention: list[Tensor] = []
 
         def self_attention(y: Tensor) -> Tensor:
-            out, kv = self.self_attn.step_self(y, past)
+            out, kv = self.self_attn.step_self(y, past, self_bias)
             present.append(kv)
             return out
 
@@ -350,7 +353,8 @@ class Transformer(nn.Module):
 
         Args:
             tokens: (R, 1) the newest token of each row.
-            step: (1,) its position.
+            step: (1,) its position, or (R,) each row's (a serving batch: rows at different steps, each
+                with its step[r] cached positions at the end of the P slots; layers.own_past_bias).
             cache_indices: (R,) the row of `past` each new row continues (beam reordering, dropping finished rows).
             past: per layer 2 x (R_prev, H, P, Dh).
             cross: per layer 2 x (B, H, S, Dh).
@@ -362,13 +366,14 @@ class Transformer(nn.Module):
             return_attention also the last layer's cross-attention averaged over heads (R, S) in
             fp32 (CTranslate2's return_attention convention), what the decoder graph outputs.
         """
-        positions = self.positions.index_select(0, step)  # (1, D)
+        positions = self.positions.index_select(0, step)  # (1 or R, D)
         x = self.embed(self.tgt_embed, tokens.reshape(-1), positions)  # (R, D)
         cross_bias = padding_bias(src_mask)
+        self_bias = own_past_bias(step, past[0][0].shape[2])  # (1 or R, 1, 1, P+1): 0 but in a serving batch
         present: list[KV] = []
         for layer, (pk, pv), kv in zip(self.decoder_layers, past, cross):
             reordered = (pk.index_select(0, cache_indices), pv.index_select(0, cache_indices))
-            x, new, attention = layer.step(x, reordered, kv, cross_bias)
+            x, new, attention = layer.step(x, reordered, kv, cross_bias, self_bias)
             present.append(new)
         logits = self.generator(self.decoder_norm(x))  # (R, V)
         if self.cfg.renormalize:  # transformers' renormalize_logits: the log-softmax over the allowed ids

@@ -72,7 +72,8 @@ def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str, voca
         "decoder": {
             "inputs": [
                 {"name": TOKENS, "dtype": "int64", "shape": ["rows", 1]},
-                {"name": STEP, "dtype": "int64", "shape": [1]},
+                # 1, or rows: each row's own step in a serving batch (serve/batcher.py); bundles exported before serve/ say [1]
+                {"name": STEP, "dtype": "int64", "shape": ["step_rows"]},
                 {"name": CACHE_INDICES, "dtype": "int64", "shape": ["rows"]},
             ]
             + [kv(n, "prev_rows", "past") for n in past_names(n_layers)]

@@ -217,8 +217,12 @@ class Translator:
         options = self.search_options(beam_size=1, max_decoding_length=max_decoding_length,
                                       min_decoding_length=min_decoding_length, truncate=truncate,
                                       source_lang=source_lang, target_lang=target_lang)
+        return self._stream_text(text, options)
+
+    def _stream_text(self, text: str, options: SearchOptions) -> Iterator[str]:
+        """generate_tokens with checked options (beam_size 1; serve/ streams with it)."""
         source_prefix, [target_prefix] = self._prefixes(1, options)
-        ids = self._sources.ids(0, text, truncate, source_prefix)
+        ids = self._sources.ids(0, text, options.truncate, source_prefix)
         if ids is None:
             return iter(())
         [limit] = self._max_lengths([ids], options)

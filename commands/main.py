@@ -24,6 +24,7 @@ COMMANDS = {
     "translate": "translate",
     "translate-dataset": "translate_dataset",
     "web": "web",
+    "serve": "serve",
     "verify-host": "verify_host",
 }
 # The commands that need the training extra (torch); the others need only the runtime.

@@ -3,8 +3,8 @@
 Layers, bottom up (docs/architecture.md): the leaf modules at the package root (errors.py,
 atomic.py), then runtime/ (the torch-free library an app embeds: it imports nothing outside
 itself) and model/ (the PyTorch side: only itself and the leaves), then export/ (model, runtime),
-bench/ (all of those), and commands/ on top, which nothing imports. Every import counts, at the
-top of a module or inside a function.
+serve/ (the HTTP server: runtime and the leaves, never torch), bench/ (all of those), and commands/
+on top, which nothing imports. Every import counts, at the top of a module or inside a function.
 """
 from __future__ import annotations
 
@@ -14,15 +14,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("runtime", "model", "export", "bench", "commands")
+PACKAGES = ("runtime", "model", "export", "serve", "bench", "commands")
 LEAVES = {"seq2onnx.errors", "seq2onnx.atomic"}
 # What each layer may import besides itself and the standard library / third-party packages.
 ALLOWED = {
     "runtime": set(),
     "model": {"leaves"},
     "export": {"leaves", "model", "runtime"},
-    "bench": {"leaves", "model", "runtime", "export"},
-    "commands": {"leaves", "model", "runtime", "export", "bench"},
+    "serve": {"leaves", "runtime"},  # torch-free: a service installs seq2onnx[serve,cpu]
+    "bench": {"leaves", "model", "runtime", "export", "serve"},
+    "commands": {"leaves", "model", "runtime", "export", "serve", "bench"},
     "root": {"leaves", "runtime"},  # seq2onnx/__init__.py: the lazy Translator
 }
 MAX_LINES = 450
@@ -83,6 +84,7 @@ def test_the_scan_sees_the_package():
     # a known edge, so that a scan that found nothing would fail here
     assert "seq2onnx.runtime.bundle" in graph["seq2onnx.runtime.translator"]
     assert "seq2onnx.model.checkpoint" in graph["seq2onnx.export.bundle"]
+    assert "seq2onnx.serve.engine" in graph["seq2onnx.serve.app"]
 
 
 def test_each_layer_imports_only_the_layers_below_it():

@@ -1,0 +1,110 @@
+"""`seq2onnx serve BUNDLE`: the bundle's Translator over HTTP (serve/app.py under uvicorn, serve/server.py).
+
+Torch-free: it needs the runtime and the serve extra (pip install 'seq2onnx[serve,cpu]'). FastAPI, uvicorn and
+the engines are imported when the command runs, so `seq2onnx --help` works without them. docs/serving.md.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+from seq2onnx.errors import CommandError
+
+BATCHING = ("continuous", "request")
+# (option, default, what it bounds): each an int >= 1; the front end answers 413 or 503 beyond it
+LIMITS = (
+    ("--max-queue", 256, "requests accepted and not yet answered; beyond: 503 with Retry-After"),
+    ("--max-texts", 64, "texts per request; beyond: 413"),
+    ("--max-chars", 10000, "characters per request, all texts together; beyond: 413"),
+    ("--max-body-bytes", 1 << 20, "request body bytes; beyond: 413"),
+)
+
+
+def add(subparsers) -> None:
+    """Registers `seq2onnx serve` on the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "serve", help="serve a bundle over HTTP: batch and streaming translation, health, Prometheus metrics",
+        description="Serve BUNDLE over HTTP (FastAPI under uvicorn): POST /v1/translate (texts and translate_batch's "
+                    "options as JSON), POST /v1/translate/stream (one text, NDJSON pieces), GET /health, /ready, "
+                    "/metrics, and the API's page at /docs. Prints one line once listening. SIGTERM or Ctrl-C drains: "
+                    "new requests are refused, those in flight are answered (for at most --drain-seconds), then it "
+                    "exits 0. Needs pip install 'seq2onnx[serve,cpu]'; docs/serving.md explains every endpoint.")
+    p.add_argument("bundle", metavar="BUNDLE", help="a bundle made by `seq2onnx export`")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000; 0 picks a free one and prints it)")
+    p.add_argument("--batching", choices=BATCHING, default="continuous",
+                   help="continuous (the default): one scheduler decodes the sentences of every request together, "
+                        "joining at each step (serve/batcher.py); request: each request decoded as its own batch, "
+                        "--workers at a time")
+    p.add_argument("--workers", type=int, default=2,
+                   help="--batching request only: requests decoded at once, each on a thread of its own (default 2)")
+    p.add_argument("--intra-threads", type=int, default=0,
+                   help="onnxruntime threads inside each operator (default 0: onnxruntime's, one per core)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where to run the graphs (default auto: CUDA where onnxruntime can run it, else the CPU)")
+    for option, default, text in LIMITS:
+        p.add_argument(option, type=int, default=default, help=f"at most this many {text} (default {default})")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds from a request's arrival to its answer; beyond: 504 and its job is cancelled (default 60)")
+    p.add_argument("--drain-seconds", type=float, default=25.0,
+                   help="after SIGTERM, seconds the requests in flight get to finish before they are cancelled (default "
+                        "25: below Kubernetes' default grace period of 30 s, so that the engine closes before SIGKILL)")
+    p.set_defaults(func=run)
+
+
+def _check(args) -> None:
+    """Raises CommandError for an option out of its range (before the bundle is loaded)."""
+    if not 0 <= args.port <= 65535:
+        raise CommandError(f"--port {args.port}: give 1..65535, or 0 for a free port")
+    if args.workers < 1:
+        raise CommandError(f"--workers {args.workers}: give an int >= 1 (requests decoded at once)")
+    for option, _, _ in LIMITS:
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value < 1:
+            raise CommandError(f"{option} {value}: give an int >= 1")
+    if not 0 < args.timeout < math.inf:
+        raise CommandError(f"--timeout {args.timeout}: give a number of seconds > 0")
+    if not 0 <= args.drain_seconds < math.inf:
+        raise CommandError(f"--drain-seconds {args.drain_seconds}: give a number of seconds >= 0")
+
+
+def _engine(args, translator):
+    if args.batching == "request":
+        from seq2onnx.serve.engine import RequestEngine
+
+        return RequestEngine(translator, workers=args.workers)
+    try:
+        from seq2onnx.serve.batcher import ContinuousEngine
+    except ModuleNotFoundError as e:
+        if e.name != "seq2onnx.serve.batcher":
+            raise
+        raise CommandError("--batching continuous: this install has no continuous batcher (seq2onnx/serve/batcher.py); "
+                           "use --batching request") from None
+    return ContinuousEngine(translator)
+
+
+def run(args) -> int:
+    """`seq2onnx serve`: loads the bundle, starts the engine and serves until SIGTERM or Ctrl-C."""
+    _check(args)
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise CommandError(f"`seq2onnx serve` needs {e.name}, which this install lacks: pip install "
+                           "'seq2onnx[serve,cpu]' (or 'seq2onnx[serve,gpu]' on a CUDA machine)") from None
+    from seq2onnx.runtime.translator import Translator
+    from seq2onnx.serve.app import create_app
+    from seq2onnx.serve.server import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s seq2onnx serve: %(message)s")
+    translator = Translator(args.bundle, device=args.device, intra_threads=args.intra_threads)
+    engine = _engine(args, translator)
+    try:
+        app = create_app(engine, max_queue=args.max_queue, max_texts=args.max_texts, max_chars=args.max_chars,
+                         max_body_bytes=args.max_body_bytes, timeout_s=args.timeout)
+    except BaseException:
+        engine.close()
+        raise
+    return serve(app, host=args.host, port=args.port, drain_s=args.drain_seconds)

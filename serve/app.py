@@ -1,0 +1,450 @@
+"""The HTTP front end of `seq2onnx serve`: FastAPI endpoints over an Engine (serve/engine.py); docs/serving.md.
+
+Admission is decided here, before an engine sees a request: a bounded queue (503 + Retry-After), limits on body
+bytes, texts and characters (413), a deadline (504; the job is cancelled, as when the client leaves). Every error
+is JSON {"error": message, "field": name or null}; an accepted request gets exactly one answer.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import re
+import threading
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+
+from seq2onnx.serve.engine import Cancelled, Engine, Job
+
+log = logging.getLogger("seq2onnx.serve")
+
+TRANSLATE, STREAM = "/v1/translate", "/v1/translate/stream"
+ENDPOINTS = (TRANSLATE, STREAM, "/health", "/ready", "/metrics", "/docs", "/openapi.json")  # metric labels; others: "other"
+RETRY_AFTER_S = 1  # what a 503 asks a client to wait: a queue slot frees as soon as one request is answered
+CLIENT_LEFT = 499  # nginx's status for "client closed request": only /metrics sees it, nobody reads the answer
+
+
+# -- request and response bodies (FastAPI's /docs and /openapi.json show these) ----------------------
+
+class _Options(BaseModel):
+    # strict: "4" is no beam size and 1 no boolean; the runtime checks the ranges (engine.check)
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_decoding_length: int | None = Field(None, description="default max_length_a x source tokens + max_length_b")
+    min_decoding_length: int | None = Field(None, description="the end token is forbidden before this many tokens")
+    truncate: bool = Field(False, description="cut a source longer than the model's positions instead of refusing it")
+    source_lang: str | None = Field(None, description="a multilingual model's source language code")
+    target_lang: str | None = Field(None, description="a multilingual model's target language code")
+
+
+class TranslateRequest(_Options):
+    """POST /v1/translate: texts and Translator.translate_batch's options by name."""
+    texts: list[str] = Field(description="the source texts; an empty text translates to \"\"", examples=[["the queen sees"]])
+    beam_size: int | None = Field(None, description="1 is greedy search; default bundle.json's decoding.beam_size")
+    num_hypotheses: int = Field(1, description="the n-best returned per text (at most beam_size, or samples)")
+    length_penalty: float | None = Field(None, description="alpha in score / length^alpha; default bundle.json's")
+    return_scores: bool = Field(False, description="return each hypothesis's score (sum of log-probabilities)")
+    sampling_temperature: float | None = Field(None, description="> 0 samples instead of searching")
+    sampling_topk: int = Field(0, description="sample among the k likeliest tokens (0: all)")
+    sampling_topp: float = Field(1.0, description="... within this probability mass (1.0: all)")
+    seed: int | None = Field(None, description="sampling seed: a text's sample depends only on (seed, text)")
+    target_prefix: list[list[int]] | None = Field(None, description="per text, target ids forced first")
+
+
+class StreamRequest(_Options):
+    """POST /v1/translate/stream: one text, translated greedily, sent piece by piece."""
+    text: str = Field(description="the source text", examples=["the queen sees young mice with an old box"])
+
+
+class Translation(BaseModel):
+    """One text's n-best, best first."""
+    hypotheses: list[str]
+    token_ids: list[list[int]] = Field(description="each hypothesis's target ids, end token excluded")
+    scores: list[float | None] | None = Field(description="with return_scores (null for a non-finite score), else null")
+
+
+class TranslateResponse(BaseModel):
+    translations: list[Translation] = Field(description="one per text, in order")
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(description="what is wrong, the limit and the fix")
+    field: str | None = Field(None, description="the request's field at fault, if one is")
+
+
+_ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in (
+    (400, "malformed JSON, or not UTF-8"), (408, "the body came too slowly"), (413, "over a limit (bytes, texts, characters)"),
+    (422, "a wrong field, type or option value"), (500, "the engine failed"), (503, "queue full (Retry-After), or draining"),
+    (504, "no answer within the timeout: the job was cancelled"))}
+
+
+def _error(status: int, message: str, field: str | None = None, retry: bool = False) -> JSONResponse:
+    return JSONResponse({"error": message, "field": field}, status, {"Retry-After": str(RETRY_AFTER_S)} if retry else None)
+
+
+# -- state, metrics and admission -----------------------------------------------------------------
+
+class Frontend:
+    """What an app of create_app shares between its endpoints and serve/server.py (app.state.frontend).
+
+    Attributes:
+        engine: the Engine served; inflight: requests accepted and not yet answered (the queue's depth); draining:
+            set by drain(), then /ready and new POSTs answer 503.
+    """
+
+    def __init__(self, engine: Engine, max_queue: int, max_texts: int, max_chars: int, max_body_bytes: int,
+                 timeout_s: float, registry: CollectorRegistry):
+        self.engine, self.max_queue, self.max_texts, self.max_chars = engine, max_queue, max_texts, max_chars
+        self.max_body_bytes, self.timeout_s, self.registry = max_body_bytes, timeout_s, registry
+        self.inflight, self.draining, r = 0, False, registry
+        self.too_slow = f"no answer within {timeout_s:g} s (--timeout); the job was cancelled: send fewer or shorter " \
+                        "texts, or raise --timeout"
+        self.requests = Counter("seq2onnx_requests", "HTTP requests answered, by endpoint and status",
+                                ["endpoint", "status"], registry=r)
+        self.latency = Histogram("seq2onnx_request_seconds", "time from arrival to the answer's last byte, by endpoint",
+                                 ["endpoint"], buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
+        self.texts = Counter("seq2onnx_texts", "texts translated (a stream counts one)", registry=r)
+        self.tokens = Counter("seq2onnx_generated_tokens", "target tokens returned (every hypothesis; a stream's "
+                              "pieces); tokens/s = rate()", registry=r)
+        self.cancelled = Counter("seq2onnx_cancelled_jobs", "jobs cancelled by the front end, by reason "
+                                 "(disconnect, timeout, shutdown)", ["reason"], registry=r)
+        Gauge("seq2onnx_queue_depth", "requests accepted and not yet answered (at most --max-queue)",
+              registry=r).set_function(lambda: self.inflight)
+        for key in ("active_requests", "active_sentences", "active_rows"):
+            Gauge(f"seq2onnx_{key}", f"{key.replace('_', ' ')} being decoded now (the engine's load())",
+                  registry=r).set_function(lambda key=key: engine.load()[key])
+        Gauge("seq2onnx_engine_info", "the engine served", ["batching"], registry=r).labels(engine.batching).set(1)
+
+    def drain(self) -> None:
+        """Refuses new requests (503) from now on; those accepted are still answered."""
+        self.draining = True
+
+
+class _Admission:
+    """ASGI middleware: counts every answer by endpoint and status; admits a POST to the bounded queue and
+    reads its body within the byte limit (a body is never buffered past it) before the app sees it."""
+
+    def __init__(self, app, frontend: Frontend):
+        self.app, self.frontend = app, frontend
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"].removeprefix(scope.get("root_path", ""))  # Starlette's paths include a mount's prefix
+        endpoint = path if path in ENDPOINTS else "other"
+        status: list[int] = []
+
+        async def answer(message):
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        start = time.perf_counter()
+        try:
+            if scope["method"] == "POST" and path in (TRANSLATE, STREAM):
+                await self._admit(scope, receive, answer)
+            else:
+                await self.app(scope, receive, answer)
+        except BaseException:
+            status.append(500)  # Starlette's ServerErrorMiddleware answers it
+            raise
+        finally:
+            self.frontend.requests.labels(endpoint, str(status[0] if status else CLIENT_LEFT)).inc()
+            self.frontend.latency.labels(endpoint).observe(time.perf_counter() - start)
+
+    async def _admit(self, scope, receive, send) -> None:
+        f = self.frontend
+        if f.draining or f.inflight >= f.max_queue:
+            why = "the server is shutting down (draining): send the request to another replica" if f.draining else \
+                f"the queue is full: {f.inflight} requests accepted and unanswered, the limit (--max-queue) is " \
+                f"{f.max_queue}: retry after {RETRY_AFTER_S} s or raise --max-queue"
+            return await _error(503, why, retry=True)(scope, receive, send)
+        f.inflight += 1
+        try:
+            scope["seq2onnx.deadline"] = asyncio.get_running_loop().time() + f.timeout_s
+            body = await self._body(scope, receive)
+            if not isinstance(body, bytes):  # refused (answer it) or the client left (None)
+                return None if body is None else await body(scope, receive, send)
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def replay():  # the body once, then the client's disconnect when it comes
+                return messages.pop() if messages else await receive()
+
+            await self.app(scope, replay, send)
+        finally:
+            f.inflight -= 1
+
+    async def _body(self, scope, receive) -> bytes | Response | None:
+        """The request's body; or the answer refusing it (413, 408, 400); or None when the client left."""
+        limit, loop, chunks, size = self.frontend.max_body_bytes, asyncio.get_running_loop(), [], 0
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        over = f"the body has {int(length)} bytes" if length.isdigit() and int(length) > limit else None
+        while over is None:
+            try:  # a client that sends its body slowly holds a queue slot: the request's deadline covers it
+                message = await asyncio.wait_for(receive(), scope["seq2onnx.deadline"] - loop.time())
+            except asyncio.TimeoutError:
+                return _error(408, f"the body did not arrive within {self.frontend.timeout_s:g} s (--timeout): send it at once")
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                over = f"the body has more than {limit} bytes"
+            elif not message.get("more_body", False):
+                break
+        if over is not None:
+            return _error(413, f"{over}; the limit (--max-body-bytes) is {limit}: send fewer or shorter texts per "
+                               "request, or raise --max-body-bytes")
+        body = b"".join(chunks)
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as e:  # json.loads would guess another encoding, or fail without saying where
+            return _error(400, f"the body is not UTF-8 (byte {e.start}: {body[e.start:e.start + 1]!r}): send JSON "
+                               "encoded as UTF-8")
+        return body
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+def _invalid(errors: list[dict], model: type[BaseModel]) -> JSONResponse:
+    """The first of pydantic's errors as one message naming the field, the value and the fix."""
+    e = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # an unknown name first: it explains the rest
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    loc = [str(p) for p in e["loc"]][1 if e["loc"][:1] == ("body",) else 0:]
+    if e["type"] == "json_invalid":
+        return _error(400, f"the body is not valid JSON ({e.get('ctx', {}).get('error', e['msg'])}, at character "
+                           f"{loc[0] if loc else 0}): send one JSON object")
+    if not loc:
+        example = '{"texts": ["Hello"]}' if model is TranslateRequest else '{"text": "Hello"}'
+        return _error(422, f"the body must be a JSON object such as {example}: {e['msg']}")
+    names = ", ".join(sorted(model.model_fields, key=lambda name: name not in ("text", "texts")))
+    field, where = loc[0], loc[0] + "".join(f"[{p}]" for p in loc[1:])
+    if e["type"] == "extra_forbidden":
+        if field == "return_attention":
+            return _error(422, "return_attention is not served over HTTP (an array per hypothesis): use the Python "
+                               "runtime's Translator.translate_batch(return_attention=True)", field)
+        return _error(422, f"unknown field {field!r}: this endpoint takes {names}", field)
+    if e["type"] == "missing":
+        return _error(422, f"{where} is missing: this endpoint takes {names}{more}", field)
+    shown = json.dumps(e.get("input"), default=repr)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return _error(422, f"{where}={shown}: {e['msg']}{more}", field)
+
+
+def _engine_error(e: BaseException, model: type[BaseModel]) -> JSONResponse:
+    """A ValueError/TypeError of the runtime (its message names the value and the fix): 422; anything else: 500."""
+    if isinstance(e, (ValueError, TypeError)):
+        name = re.match(r"\w+", str(e))  # the runtime's messages begin with the option at fault: "beam_size=0 ..."
+        field = name.group() if name and name.group() in model.model_fields else None
+        text = "texts" if "texts" in model.model_fields else "text"  # "source 3 has ...": the text's fault
+        return _error(422, str(e), field or (text if str(e).startswith("source") else None))
+    log.error("the engine failed: %s: %s", type(e).__name__, e, exc_info=e)
+    return _error(500, f"the engine failed ({type(e).__name__}: {e}); the server log has the traceback")
+
+
+def _checked(f: Frontend, texts: list[str], field: str, options: dict, model: type[BaseModel]):
+    """The request's SearchOptions; or the answer refusing it (413 over a limit, 422 a bad option value)."""
+    for count, what, limit, flag in ((len(texts), "texts", f.max_texts, "--max-texts"),
+                                     (sum(map(len, texts)), "characters", f.max_chars, "--max-chars")):
+        if count > limit:
+            return _error(413, f"{count} {what}; the limit ({flag}) is {limit} per request: split the request or "
+                               f"raise {flag}", field)
+    try:
+        return f.engine.check(options)
+    except Exception as e:  # ValueError, TypeError: 422; anything else is the engine's failure (500)
+        return _engine_error(e, model)
+
+
+# -- waiting for an engine -------------------------------------------------------------------------
+
+async def _wait(f: Frontend, waited: asyncio.Future, request: Request, job: Job) -> JSONResponse | None:
+    """Waits for `waited`: None once it is done; else cancels the job and returns the answer (504, or 499 for a
+    client that left). A wait cancelled by the server's drain limit cancels the job too."""
+    loop, outcome = asyncio.get_running_loop(), "shutdown"
+
+    async def left():  # the only reader of receive() now (the body was read before); a broken receive: gone too
+        with contextlib.suppress(Exception):
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+    listener = asyncio.ensure_future(left())
+    try:
+        await asyncio.wait({waited, listener}, timeout=max(0.0, request.scope["seq2onnx.deadline"] - loop.time()),
+                           return_when=asyncio.FIRST_COMPLETED)
+        outcome = "done" if waited.done() else "disconnect" if listener.done() else "timeout"
+    finally:
+        listener.cancel()
+        if outcome != "done":
+            waited.cancel()
+            job.cancel()
+            f.cancelled.labels(outcome).inc()
+    return None if outcome == "done" else _error(504, f.too_slow) if outcome == "timeout" else \
+        _error(CLIENT_LEFT, "the client left")
+
+
+def _soon(loop: asyncio.AbstractEventLoop, call, *args) -> None:
+    """Runs call(*args) on the event loop, from an engine's thread; nothing once the loop has closed (nobody waits)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(call, *args)
+
+
+def _bridge(job: Job) -> asyncio.Future:
+    """An asyncio future done with job.future; cancelling it never cancels the engine's (read the result there)."""
+    done = (loop := asyncio.get_running_loop()).create_future()
+    job.future.add_done_callback(lambda _: _soon(loop, lambda: done.done() or done.set_result(None)))
+    return done
+
+
+def _pump(engine: Engine, text: str, options, job: Job) -> asyncio.Queue:
+    """Runs engine.stream on a thread; ("piece", str)..., then ("done", None) or ("error", exception) come on the queue."""
+    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+    def run():
+        try:
+            for piece in engine.stream(text, options, job):
+                _soon(loop, queue.put_nowait, ("piece", piece))
+            _soon(loop, queue.put_nowait, ("done", None))
+        except BaseException as e:  # the stream's answer carries it
+            _soon(loop, queue.put_nowait, ("error", e))
+
+    threading.Thread(target=run, name="seq2onnx-stream", daemon=True).start()
+    return queue
+
+
+async def _lines(f: Frontend, job: Job, queue: asyncio.Queue, event: tuple, deadline: float):
+    """The NDJSON lines of a stream whose first event has come; an early end (the client left) cancels the job."""
+    loop, pieces, finished = asyncio.get_running_loop(), [], False
+    try:
+        while event[0] == "piece":
+            pieces.append(event[1])
+            yield json.dumps({"text": event[1]}, ensure_ascii=False) + "\n"
+            try:
+                event = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                event = ("timeout", None)
+        (kind, value), finished = event, True
+        if kind == "done":
+            f.texts.inc()
+            f.tokens.inc(len(pieces))
+        elif kind == "timeout":
+            job.cancel()
+            f.cancelled.labels("timeout").inc()
+        elif not isinstance(value, (ValueError, TypeError)):
+            log.error("the engine failed mid-stream", exc_info=value)
+        last = {"done": True, "text": "".join(pieces)} if kind == "done" else {"error": f.too_slow} if kind == "timeout" \
+            else {"error": f"{type(value).__name__}: {value}"}
+        yield json.dumps(last, ensure_ascii=False) + "\n"
+    finally:
+        if not finished:  # the client left mid-stream, or the server's drain limit
+            job.cancel()
+            f.cancelled.labels("disconnect").inc()
+
+
+# -- the app ---------------------------------------------------------------------------------------
+
+def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max_chars: int = 10000,
+               max_body_bytes: int = 1 << 20, timeout_s: float = 60.0,
+               registry: CollectorRegistry | None = None) -> FastAPI:
+    """Makes the ASGI app that serves `engine`: POST /v1/translate and /v1/translate/stream, GET /health, /ready, /metrics.
+
+    Args:
+        engine: the Engine (serve/engine.py) to drive; serve/server.py closes it after draining.
+        max_queue: requests accepted and not yet answered, at most; beyond: 503 with Retry-After.
+        max_texts: texts per request, at most (413 beyond).
+        max_chars: characters per request, all texts together (413 beyond).
+        max_body_bytes: request body bytes, at most (413 beyond; checked on Content-Length and while reading).
+        timeout_s: seconds from a request's arrival to its answer; then 504 and the job is cancelled.
+        registry: the prometheus_client registry of /metrics; None: a new one for this app (never the global one,
+            so that several apps can live in one process).
+    Returns:
+        The FastAPI app; app.state.frontend is its Frontend (the engine, the queue's depth, drain()).
+    Raises:
+        ValueError: a limit that is not an int >= 1, or a timeout that is not a finite number > 0.
+    """
+    limits = dict(max_queue=max_queue, max_texts=max_texts, max_chars=max_chars, max_body_bytes=max_body_bytes)
+    for name, value in limits.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r}: give an int >= 1")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+        raise ValueError(f"timeout_s={timeout_s!r}: give a finite number of seconds > 0")
+    f = Frontend(engine, **limits, timeout_s=float(timeout_s), registry=CollectorRegistry() if registry is None else registry)
+    app = FastAPI(title="seq2onnx serve", summary="A seq2onnx bundle's Translator over HTTP (docs/serving.md).")
+    app.state.frontend = f
+    app.add_middleware(_Admission, frontend=f)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        return _invalid(list(exc.errors()), StreamRequest if request.url.path.endswith(STREAM) else TranslateRequest)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        where = f"no endpoint {request.method} {request.url.path}: /docs lists them" if exc.status_code in (404, 405) else ""
+        return JSONResponse({"error": where or str(exc.detail), "field": None}, exc.status_code, exc.headers)
+
+    @app.post(TRANSLATE, response_model=TranslateResponse, responses=_ERRORS, summary="Translate texts")
+    async def translate(body: TranslateRequest, request: Request):
+        """Returns each text's n-best (texts, token ids, and scores with return_scores) in the order given."""
+        search = _checked(f, body.texts, "texts", body.model_dump(exclude_unset=True, exclude={"texts"}), TranslateRequest)
+        if isinstance(search, Response):
+            return search
+        try:
+            job = engine.submit(body.texts, search)
+            answer = await _wait(f, _bridge(job), request, job)
+            if answer is not None:
+                return answer
+            results = job.future.result()
+        except Cancelled:
+            return _error(503, "the engine dropped the request (it is closing): retry on another replica", retry=True)
+        except Exception as e:
+            return _engine_error(e, TranslateRequest)
+        f.texts.inc(len(results))
+        f.tokens.inc(sum(len(ids) for r in results for ids in r.token_ids))
+        return JSONResponse({"translations": [{  # JSON has no -inf: a non-finite score is null
+            "hypotheses": r.hypotheses, "token_ids": [list(map(int, ids)) for ids in r.token_ids],
+            "scores": None if r.scores is None else [s if math.isfinite(s) else None for s in r.scores]} for r in results]})
+
+    @app.post(STREAM, responses={**_ERRORS, 200: {"content": {"application/x-ndjson": {"example": (
+        '{"text": "lo"}\n{"text": " kesari"}\n{"done": true, "text": "lo kesari"}\n')}},
+        "description": 'NDJSON: a line {"text": piece} per piece, then {"done": true, "text": the whole translation}; '
+                       'an error after the first piece ends the stream with {"error": message}'}},
+        summary="Translate one text greedily, piece by piece as each token is decided (NDJSON)")
+    async def translate_stream(body: StreamRequest, request: Request):
+        """Streams the greedy translation of one text; the pieces join to its translation with beam_size=1."""
+        options = {**body.model_dump(exclude_unset=True, exclude={"text"}), "beam_size": 1}
+        search = _checked(f, [body.text], "text", options, StreamRequest)
+        if isinstance(search, Response):
+            return search
+        queue = _pump(engine, body.text, search, job := Job())
+        first = asyncio.ensure_future(queue.get())
+        answer = await _wait(f, first, request, job)
+        if answer is not None:
+            return answer
+        if first.result()[0] == "error":  # before any piece: still a plain HTTP error
+            return _engine_error(first.result()[1], StreamRequest)
+        return StreamingResponse(_lines(f, job, queue, first.result(), request.scope["seq2onnx.deadline"]),
+                                 media_type="application/x-ndjson")
+
+    @app.get("/health", summary="The process is alive (200)")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/ready", summary="200 while the server takes requests; 503 while it drains",
+             responses={503: {"model": ErrorResponse, "description": "draining"}})
+    async def ready():
+        if f.draining:
+            return _error(503, "draining: the server is shutting down and takes no new requests")
+        return {"ready": True, "batching": engine.batching}
+
+    @app.get("/metrics", summary="Prometheus metrics (text format): requests, queue depth, load, tokens, latency",
+             response_class=Response)
+    async def metrics():
+        return Response(generate_latest(f.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,124 @@
+"""Runs an app of serve/app.py's create_app under uvicorn until SIGTERM or SIGINT, then drains and stops.
+
+Shutdown, one log line per phase:
+1. the signal: the front end drains at once (/ready and new POSTs answer 503 with Retry-After);
+2. uvicorn closes its listening socket (new connections are refused) and its idle keep-alive connections;
+3. the requests in flight are answered, for at most `drain_s` seconds (then uvicorn cancels them, and the
+   front end cancels their jobs);
+4. the engine is closed (its threads end once every submitted job is answered), and serve() returns 0.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+
+import uvicorn
+
+from seq2onnx.errors import CommandError
+
+log = logging.getLogger("seq2onnx.serve")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, with the front end's drain at the signal and a line at each phase of the shutdown."""
+
+    def __init__(self, config: uvicorn.Config, frontend, listening: str, drain_s: float):
+        super().__init__(config)
+        self.frontend, self.listening, self.drain_s = frontend, listening, drain_s
+        self.signal_name = "stop"
+
+    def handle_exit(self, sig: int, frame) -> None:
+        # In the signal handler: only flags here (logging waits for shutdown()). The drain starts now, not at
+        # uvicorn's next tick (0.1 s later), so that a request arriving in between is refused, not half served.
+        self.frontend.drain()
+        self.signal_name = signal.Signals(sig).name
+        super().handle_exit(sig, frame)
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:  # listening now: the line that scripts and tests wait for
+            print(self.listening, flush=True)
+
+    async def shutdown(self, sockets=None) -> None:
+        started = time.monotonic()
+        log.info("%s: draining: %d requests in flight, new connections refused, at most %g s (--drain-seconds)",
+                 self.signal_name, self.frontend.inflight, self.drain_s)
+        await super().shutdown(sockets)
+        left = self.frontend.inflight
+        log.info("drained in %.1f s: %s", time.monotonic() - started,
+                 f"{left} requests cancelled at the drain limit" if left else "every request answered")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening-ready socket on (host, port); port 0 picks a free one (read it with getsockname)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise CommandError(f"--host {host}: not an address of this machine ({e}); give an IP address or a host name "
+                           "such as 127.0.0.1 or 0.0.0.0") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart may reuse a port in TIME_WAIT
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise CommandError(f"--host {host} --port {port}: cannot listen there ({e.strerror}): choose another --port "
+                           "(0 picks a free one) or --host") from None
+    return sock
+
+
+def serve(app, *, host: str = "127.0.0.1", port: int = 8000, drain_s: float = 25.0, log_level: str = "info") -> int:
+    """Serves `app` (from create_app) on host:port until SIGTERM or SIGINT, then drains and closes its engine.
+
+    Prints one line once listening: "seq2onnx serve: listening on http://HOST:PORT (batching B, bundle PATH)".
+    The app's engine is closed whenever serve returns or raises (after a bad drain_s, the caller still owns it).
+
+    Args:
+        app: the FastAPI app of seq2onnx.serve.app.create_app (app.state.frontend holds its engine).
+        host: the address to listen on.
+        port: the port; 0 picks a free one (the line above names it).
+        drain_s: seconds the requests in flight get to finish after the signal (uvicorn's timeout_graceful_shutdown).
+        log_level: uvicorn's log level.
+    Returns:
+        0 once stopped (the exit status of `seq2onnx serve`).
+    Raises:
+        CommandError: host:port cannot be listened on (the message names them and the fix).
+        ValueError: drain_s is not a number >= 0.
+    """
+    if isinstance(drain_s, bool) or not isinstance(drain_s, (int, float)) or not 0 <= drain_s < float("inf"):
+        raise ValueError(f"drain_s={drain_s!r}: give a finite number of seconds >= 0")
+    frontend = app.state.frontend
+    engine = frontend.engine
+    try:
+        sock = _bind(host, port)
+    except BaseException:
+        engine.close()  # its threads would keep the process alive after the error
+        raise
+    where = sock.getsockname()
+    url = f"http://[{where[0]}]:{where[1]}" if sock.family == socket.AF_INET6 else f"http://{where[0]}:{where[1]}"
+    bundle = getattr(getattr(engine, "translator", None), "bundle", None)
+    listening = f"seq2onnx serve: listening on {url} (batching {engine.batching}, bundle {getattr(bundle, 'path', '?')})"
+    # lifespan off: the engine exists before the app and is closed after uvicorn (below), not by the app
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=drain_s)
+    server = _Server(config, frontend, listening, drain_s)
+    # uvicorn raises the signal it caught again once it has stopped, so that the process dies of it; this
+    # process exits 0 instead: while it serves, its own handlers for those signals do nothing (uvicorn's
+    # replace them until it stops, then these take that second signal).
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in STOP_SIGNALS} if main else {}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sock.close()
+        log.info("closing the engine (batching %s)", engine.batching)
+        engine.close()
+        log.info("stopped")
+    return 0

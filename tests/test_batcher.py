@@ -1,0 +1,155 @@
+"""Continuous batching (serve/batcher.py): a request's result is translate_batch's of that request alone.
+
+Requests of every kind are decoded at once by one scheduler: greedy and beam, n-best, scores, forced
+prefixes and sampling, sources of different lengths, requests that join while others are half way.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.translator import Translator
+from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder, Scheduler
+from seq2onnx.serve.engine import Cancelled
+from tiny import copy_bundle, edit_bundle_json
+
+TEXTS = ["the cat dances in the box", "a small bird sleeps", "the red dog", "a", "the small cat sees a big red bird",
+         "", "bird", "the dog sleeps in the small box with a cat"]
+REQUESTS = [  # (texts, options): mixed kinds, all in flight together
+    (TEXTS[:3], {"beam_size": 1, "return_scores": True}),
+    (TEXTS[3:5], {"beam_size": 4, "num_hypotheses": 3, "return_scores": True}),
+    ([TEXTS[4]], {"beam_size": 1}),
+    (TEXTS, {"beam_size": 2, "return_scores": True, "length_penalty": 0.6}),
+    ([TEXTS[7]], {"beam_size": 4, "min_decoding_length": 3, "return_scores": True}),
+    (TEXTS[:2], {"beam_size": 1, "max_decoding_length": 4, "return_scores": True}),
+    (TEXTS[1:4], {"sampling_temperature": 0.8, "seed": 7, "num_hypotheses": 2, "return_scores": True}),
+    (TEXTS[5:], {"beam_size": 3, "max_batch_size": 1, "return_scores": True}),
+]
+
+
+@pytest.fixture(scope="module", params=["standard", "fused"])
+def engine(bundle, request):
+    """A ContinuousEngine over a Translator driving either decoder (the rounds always run decoder.onnx)."""
+    t = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=request.param))
+    e = ContinuousEngine(t)
+    yield e
+    e.close()
+
+
+def _alone(translator: Translator, texts, options):
+    return translator.translate_batch(texts, **options)
+
+
+def _same(a, b) -> None:
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert [r.hypotheses for r in a] == [r.hypotheses for r in b]
+    if a[0].scores is not None:
+        np.testing.assert_allclose([s for r in a for s in r.scores], [s for r in b for s in r.scores], rtol=0, atol=1e-4)
+
+
+def test_concurrent_requests_equal_each_request_alone(engine):
+    wanted = [_alone(engine.translator, texts, options) for texts, options in REQUESTS]
+    jobs = [engine.submit(texts, engine.check(options)) for texts, options in REQUESTS * 3]
+    got = [job.future.result(timeout=120) for job in jobs]
+    for i, result in enumerate(got):
+        _same(result, wanted[i % len(REQUESTS)])
+    assert engine.scheduler.rounds > 0
+    assert engine.load()["active_requests"] == 0
+
+
+def test_rows_of_many_requests_share_one_round(engine, monkeypatch):
+    members_per_round = []
+    run_round = engine.scheduler._round
+
+    def counted(work):
+        if not members_per_round:  # the first round waits (bounded) until all five have joined: no race
+            deadline = time.monotonic() + 30
+            while len(engine.scheduler._members) < 5 and time.monotonic() < deadline:
+                time.sleep(0.005)
+        members_per_round.append(len(work))
+        return run_round(work)
+
+    monkeypatch.setattr(engine.scheduler, "_round", counted)
+    options = engine.check({"beam_size": 1, "max_decoding_length": 8})
+    jobs = [engine.submit([text], options) for text in TEXTS[:5]]
+    steps = [min(len(job.future.result(timeout=60)[0].token_ids[0]) + 1, 8) for job in jobs]  # + the end token
+    assert max(members_per_round) >= 2  # requests decoded together
+    assert len(members_per_round) < sum(steps)  # one request after another would take sum(steps) rounds
+
+
+def test_requests_join_a_running_batch(engine):
+    """A request submitted while another is half way joins it: rows at different steps in one round."""
+    options = engine.check({"beam_size": 2, "return_scores": True, "max_decoding_length": 20})
+    long_text = [TEXTS[7]] * 4
+    first = engine.submit(long_text, options)
+    later = []
+    for text in TEXTS[:5]:
+        threading.Event().wait(0.01)
+        later.append((text, engine.submit([text], options)))
+    _same(first.future.result(timeout=60), _alone(engine.translator, long_text, dict(beam_size=2, return_scores=True,
+                                                                                         max_decoding_length=20)))
+    for text, job in later:
+        _same(job.future.result(timeout=60), _alone(engine.translator, [text], dict(beam_size=2, return_scores=True,
+                                                                                      max_decoding_length=20)))
+
+
+def test_stream_equals_greedy_translate(engine):
+    options = engine.check({"beam_size": 1})
+    from seq2onnx.serve.engine import Job
+
+    pieces = list(engine.stream(TEXTS[4], options, Job()))
+    assert "".join(pieces) == engine.translator.translate(TEXTS[4], beam_size=1)
+    assert len(pieces) > 1
+
+
+def test_a_cancelled_request_leaves_and_the_others_finish(engine):
+    options = engine.check({"beam_size": 4, "max_decoding_length": 30})
+    jobs = [engine.submit([TEXTS[7]] * 8, options) for _ in range(2)]
+    jobs[0].cancel()
+    with pytest.raises(Cancelled):
+        jobs[0].future.result(timeout=60)
+    _same(jobs[1].future.result(timeout=60), _alone(engine.translator, [TEXTS[7]] * 8,
+                                                   dict(beam_size=4, max_decoding_length=30)))
+    assert engine.scheduler.load()["active_searches"] == 0
+
+
+def test_a_bad_request_fails_alone(engine):
+    bad = engine.submit(["x " * 5000], engine.check({}))  # too long for the model's positions, no truncate
+    good = engine.submit([TEXTS[0]], engine.check({}))
+    with pytest.raises(ValueError, match="truncate"):
+        bad.future.result(timeout=60)
+    _same(good.future.result(timeout=60), _alone(engine.translator, [TEXTS[0]], {}))
+
+
+def test_bundle_without_per_row_steps_is_refused(bundle, tmp_path):
+    """A decoder.onnx whose step is [1] (exported before serve/) cannot be served continuously."""
+    import onnx
+
+    old = copy_bundle(bundle, "old-step")
+    proto = onnx.load(str(old / "decoder.onnx"))
+    step = next(i for i in proto.graph.input if i.name == "step")
+    step.type.tensor_type.shape.dim[0].Clear()
+    step.type.tensor_type.shape.dim[0].dim_value = 1
+    onnx.save(proto, str(old / "decoder.onnx"))
+
+    def restate(meta):  # bundle.json states the graph as it now is (the hashes are not checked below)
+        for entry in meta["graphs"]["decoder"]["inputs"]:
+            if entry["name"] == "step":
+                entry["shape"] = [1]
+
+    edit_bundle_json(old, restate)
+    with pytest.raises(NoServingDecoder, match="--batching request"):
+        ContinuousEngine(Translator(old, device="cpu", check_hashes=False))
+
+
+def test_scheduler_refuses_members_after_close(bundle):
+    t = Translator(bundle, device="cpu")
+    s = Scheduler(t._standard_decoder, n_layers=t.n_layers, n_heads=t.n_heads, head_dim=t.head_dim,
+                  cache_dtype=t.cache_dtype, vocab=t.tgt_vocab)
+    s.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        s.join(object())

@@ -1,0 +1,290 @@
+"""serve/ray_deploy.py: the serve app as a Ray Serve deployment, 2 replicas on a local 2-CPU Ray.
+
+Real HTTP to Ray's proxy on 127.0.0.1. One module-scoped deployment; the tests run in order:
+requests spread over both replicas (X-Replica), then one replica is killed under load and must be
+replaced while every request the client sent ends with exactly one right answer.
+
+What a client sees of a replica killed under it (docs/serving-ray.md, with the evidence): a request
+the dead replica had accepted is answered by the proxy with 500 and Ray's ActorDiedError text (Ray
+Serve never re-sends an accepted request: it cannot know whether it ran); a request only being
+routed to it is re-routed by Ray to a live replica, unseen. So the client policy here, and the one
+the docs give, is: a translation is a pure function of its body, so on 500/502/503/504 or a
+connection error, send it again (at most RETRIES times, with a short pause). The test asserts that
+each request ends with exactly one 200 carrying the right translation, that every error on the
+way was such a clean, retryable one, and that no attempt went unanswered (no client timeout).
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from seq2onnx.model.corpus import generate_pairs
+
+TEXTS = [s for s, _ in generate_pairs(40, seed=5)]
+PER_REQUEST = 4  # texts per request: long enough that a killed replica has some in flight
+RETRIES = 5
+RETRYABLE = {500, 502, 503, 504}
+WAIT_S = 60.0  # the bound on every wait for Ray (start, recovery)
+
+
+def _ray_serve():
+    """ray and ray.serve, or a failed test that says what to install (this is a core test: no skip)."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError as e:
+        pytest.fail(f"Ray Serve cannot be imported ({e}); it is part of the dev extra: "
+                    "pip install -e '.[dev]' (or pip install 'ray[serve]>=2.9')", pytrace=False)
+    return ray, serve
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _replicas(serve) -> dict:
+    """The deployment's replica states, e.g. {"RUNNING": 2}."""
+    from seq2onnx.serve.ray_deploy import APP_NAME, DEPLOYMENT_NAME
+
+    app = serve.status().applications.get(APP_NAME)
+    return dict(app.deployments[DEPLOYMENT_NAME].replica_states) if app and DEPLOYMENT_NAME in app.deployments else {}
+
+
+def _replica_actors(ray) -> dict[str, str]:
+    """Tag -> actor name of the live replica actors (named SERVE_REPLICA::app#deployment#tag)."""
+    from seq2onnx.serve.ray_deploy import APP_NAME, DEPLOYMENT_NAME
+
+    prefix = f"SERVE_REPLICA::{APP_NAME}#{DEPLOYMENT_NAME}#"
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+    return {n[len(prefix):]: n for n in names}
+
+
+def test_build_refuses_a_wrong_bundle_or_limit_before_any_replica_starts(bundle, tmp_path):
+    _ray_serve()
+    from seq2onnx.serve.ray_deploy import build, main
+
+    with pytest.raises(ValueError, match="no bundle.json there"):
+        build(tmp_path)
+    with pytest.raises(TypeError, match="unknown limit.*max_queu.*create_app takes max_queue"):
+        build(bundle, max_queu=3)
+    with pytest.raises(ValueError, match="batching='dynamic'"):
+        build(bundle, batching="dynamic")
+    with pytest.raises(ValueError, match="max_texts=0"):  # create_app's own check, made before Ray deploys
+        build(bundle, max_texts=0)
+    assert main([str(tmp_path), "--port", "1"]) == 2  # one line on stderr, and no Ray started
+    assert main([str(bundle), "--detach"]) == 2  # a local Ray would end with the command
+
+
+def test_the_module_serves_until_sigint(bundle):
+    """`python -m seq2onnx.serve.ray_deploy` on its own local Ray (before the module's Ray starts)."""
+    _ray_serve()
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, "-m", "seq2onnx.serve.ray_deploy", str(bundle), "--replicas", "1",
+                             "--port", str(port)], env=env, cwd=Path(__file__).parent, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, answer = time.monotonic() + WAIT_S, None
+        # The proxy listens (404: no route yet) before the replica is up.
+        while (answer is None or answer.status_code in (404, 503)) and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                answer = httpx.post(f"http://127.0.0.1:{port}/v1/translate", json={"texts": [TEXTS[0]]}, timeout=10)
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        assert answer is not None, f"no answer within {WAIT_S:.0f} s; exit {proc.poll()}"
+        assert answer.status_code == 200 and answer.headers["x-replica"], answer.text
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=WAIT_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stderr = proc.stderr.read()
+    assert f"1 replica(s) (continuous batching) on http://127.0.0.1:{port}/" in stderr, stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def served(bundle):
+    """The deployment on a fresh local Ray (2 CPUs, one per replica); Ray is shut down whatever happens."""
+    ray, serve = _ray_serve()
+    from seq2onnx.runtime.translator import Translator
+    from seq2onnx.serve.ray_deploy import APP_NAME, build
+
+    translator = Translator(bundle, device="cpu", intra_threads=1)
+    expected = {t: r.hypotheses[0] for t, r in zip(TEXTS, translator.translate_batch(TEXTS, beam_size=1))}
+    port = _free_port()
+    # "local": a fresh instance even where RAY_ADDRESS names a cluster; a small object store (no data moves).
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024,
+             logging_level="WARNING")
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
+        # serve.run waits for both replicas; on another thread so that the wait is bounded here.
+        # The replicas log at WARNING: an access line per request would bury the test's output.
+        pool.submit(serve.run, build(bundle, num_replicas=2, threads=1), name=APP_NAME, route_prefix="/",
+                    logging_config={"log_level": "WARNING"}).result(timeout=WAIT_S)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0) as client:
+            yield {"ray": ray, "serve": serve, "client": client, "expected": expected}
+    finally:
+        pool.shutdown(wait=False)
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def _request(n: int) -> list[str]:
+    return [TEXTS[(n * PER_REQUEST + i) % len(TEXTS)] for i in range(PER_REQUEST)]
+
+
+def _translate(client: httpx.Client, texts: list[str]) -> httpx.Response:
+    return client.post("/v1/translate", json={"texts": texts, "beam_size": 1})
+
+
+def test_requests_spread_over_both_replicas(served):
+    client, expected = served["client"], served["expected"]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(lambda n: (n, _translate(client, _request(n))), range(40)))
+    spread = collections.Counter()
+    for n, r in responses:
+        assert r.status_code == 200, r.text
+        assert [t["hypotheses"][0] for t in r.json()["translations"]] == [expected[t] for t in _request(n)]
+        spread[r.headers["x-replica"]] += 1
+    print(f"\nspread of 40 requests over the replicas: {dict(spread)}")
+    assert len(spread) == 2 and min(spread.values()) >= 5, f"requests did not spread over 2 replicas: {dict(spread)}"
+
+
+def test_the_app_s_other_endpoints_answer_through_the_proxy(served):
+    client, expected = served["client"], served["expected"]
+    ready = client.get("/ready")
+    assert ready.status_code == 200 and ready.json() == {"ready": True, "batching": "continuous"}
+    assert ready.headers["x-replica"]
+    assert "seq2onnx_requests" in client.get("/metrics").text
+    # The stream's NDJSON lines pass through Ray's proxy as they come; they join to the greedy translation.
+    with client.stream("POST", "/v1/translate/stream", json={"text": TEXTS[0]}) as r:
+        assert r.status_code == 200 and r.headers["x-replica"]
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    assert lines[-1] == {"done": True, "text": expected[TEXTS[0]]}
+    assert "".join(line["text"] for line in lines[:-1]) == expected[TEXTS[0]]
+    # The app's own errors come back as the app wrote them (JSON, the replica named).
+    bad = client.post("/v1/translate", json={"texts": ["x"], "beam_size": "4"})
+    assert bad.status_code == 422 and bad.json()["field"] == "beam_size" and bad.headers["x-replica"]
+
+
+class Load:
+    """Client threads sending translate requests until stopped, each retried per the module's policy.
+
+    Every request (`n`) records its attempts: (status or exception name, replica, body excerpt).
+    """
+
+    def __init__(self, client: httpx.Client, expected: dict, threads: int = 6):
+        self.client, self.expected = client, expected
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.next = 0
+        self.attempts: dict[int, list[tuple]] = collections.defaultdict(list)
+        self.answers: dict[int, list[str]] = collections.defaultdict(list)  # n -> replicas that answered 200
+        self.wrong: list[int] = []
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def _run(self):
+        while not self.stop.is_set():
+            with self.lock:
+                n, self.next = self.next, self.next + 1
+            texts = _request(n)
+            for attempt in range(RETRIES):
+                try:
+                    r = _translate(self.client, texts)
+                except httpx.TransportError as e:  # a dropped connection is retryable; a timeout is "no answer"
+                    self.attempts[n].append((type(e).__name__, None, str(e)[:200]))
+                    if isinstance(e, httpx.TimeoutException):
+                        break
+                    time.sleep(0.2 * (attempt + 1))
+                    continue
+                self.attempts[n].append((r.status_code, r.headers.get("x-replica"), r.text[:200]))
+                if r.status_code == 200:
+                    self.answers[n].append(r.headers["x-replica"])
+                    if [t["hypotheses"][0] for t in r.json()["translations"]] != [self.expected[t] for t in texts]:
+                        self.wrong.append(n)
+                    break
+                if r.status_code not in RETRYABLE:
+                    break
+                time.sleep(0.2 * (attempt + 1))
+
+    def served_by(self) -> collections.Counter:
+        return collections.Counter(rep for reps in list(self.answers.values()) for rep in reps)
+
+
+def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered_once(served):
+    ray, serve, client = served["ray"], served["serve"], served["client"]
+    before = _replica_actors(ray)
+    assert len(before) == 2 and _replicas(serve).get("RUNNING") == 2, (before, _replicas(serve))
+    load = Load(client, served["expected"])
+    for t in load.threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        # Both replicas busy first, so that the one killed has requests in flight.
+        while not (len(load.served_by()) == 2 and min(load.served_by().values()) >= 3) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        victim = sorted(before)[0]
+        ray.kill(ray.get_actor(before[victim], namespace="serve"), no_restart=True)
+        killed_at = time.monotonic()
+        answered_at_kill = len(load.answers)
+        # Recovery: two RUNNING replicas again, one of them new, and the new one answering requests.
+        recovered_s = None
+        while time.monotonic() - killed_at < WAIT_S:
+            now = _replica_actors(ray)
+            if recovered_s is None and _replicas(serve).get("RUNNING") == 2 and len(now) == 2 and victim not in now:
+                recovered_s = time.monotonic() - killed_at
+                new = (set(now) - set(before)).pop()
+            if recovered_s is not None and load.served_by()[new] >= 3:
+                break
+            time.sleep(0.2)
+        assert recovered_s is not None, f"no replacement within {WAIT_S:.0f} s: {_replicas(serve)}, {_replica_actors(ray)}"
+        assert load.served_by()[new] >= 3, f"the new replica {new} answered nothing: {dict(load.served_by())}"
+    finally:
+        load.stop.set()
+        for t in load.threads:
+            t.join(timeout=WAIT_S)
+    assert not any(t.is_alive() for t in load.threads), "a client thread is still waiting for an answer"
+
+    sent = sorted(load.attempts)
+    statuses = collections.Counter(a[0] for n in sent for a in load.attempts[n])
+    errors = [(n, a) for n in sent for a in load.attempts[n] if a[0] != 200]
+    retried = [n for n in sent if len(load.attempts[n]) > 1]
+    print(f"\nkilled replica {victim} after {answered_at_kill} answered requests; two replicas RUNNING again "
+          f"after {recovered_s:.1f} s (new replica {new})\n"
+          f"requests sent: {len(sent)}, HTTP attempts: {sum(statuses.values())}, by status: {dict(statuses)}\n"
+          f"requests retried: {len(retried)}, answered 200 by replica: {dict(load.served_by())}")
+    for n, (status, replica, body) in errors[:5]:
+        print(f"  request {n}: {status} from {replica or 'the proxy'}: {body!r}")
+
+    assert not load.wrong, f"wrong translations for requests {load.wrong[:10]}"
+    # Exactly one answer per request: each ends with one 200 (never two, never none).
+    unanswered = [n for n in sent if len(load.answers[n]) == 0]
+    doubled = [n for n in sent if len(load.answers[n]) > 1]
+    assert not unanswered, f"{len(unanswered)} requests never got a 200: {[load.attempts[n] for n in unanswered[:3]]}"
+    assert not doubled, f"requests answered twice: {doubled[:10]}"
+    # Every error on the way was a clean one a client can retry: a 5xx from the proxy or a dropped connection.
+    unclean = [(n, a) for n, a in errors if a[0] not in RETRYABLE and a[0] not in ("RemoteProtocolError", "ConnectError",
+                                                                                   "ReadError")]
+    assert not unclean, f"errors a client cannot retry: {unclean[:5]}"
+    # A 500 here is the proxy's (the request died with its replica), never the app's: every answer of the app
+    # names its replica, and the engine did not fail.
+    assert all(a[1] is None for n, a in errors if a[0] == 500), f"a 500 from the app: {errors[:5]}"

@@ -17,6 +17,8 @@ LIMITS = (
     ("--max-texts", 64, "texts per request; beyond: 413"),
     ("--max-chars", 10000, "characters per request, all texts together; beyond: 413"),
     ("--max-body-bytes", 1 << 20, "request body bytes; beyond: 413"),
+    ("--max-rows", 1024, "decoder rows one request holds at once (texts decoded together x beam_size, or x "
+                         "num_hypotheses when sampling); beyond: 422"),
 )
 
 
@@ -73,15 +75,13 @@ def _engine(args, translator):
     if args.batching == "request":
         from seq2onnx.serve.engine import RequestEngine
 
-        return RequestEngine(translator, workers=args.workers)
+        return RequestEngine(translator, workers=args.workers, max_rows=args.max_rows)
+    from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder
+
     try:
-        from seq2onnx.serve.batcher import ContinuousEngine
-    except ModuleNotFoundError as e:
-        if e.name != "seq2onnx.serve.batcher":
-            raise
-        raise CommandError("--batching continuous: this install has no continuous batcher (seq2onnx/serve/batcher.py); "
-                           "use --batching request") from None
-    return ContinuousEngine(translator)
+        return ContinuousEngine(translator, max_rows=args.max_rows)
+    except NoServingDecoder as e:
+        raise CommandError(str(e)) from None
 
 
 def run(args) -> int:

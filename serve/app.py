@@ -224,7 +224,8 @@ def _invalid(errors: list[dict], model: type[BaseModel]) -> JSONResponse:
                            f"{loc[0] if loc else 0}): send one JSON object")
     if not loc:
         example = '{"texts": ["Hello"]}' if model is TranslateRequest else '{"text": "Hello"}'
-        return _error(422, f"the body must be a JSON object such as {example}: {e['msg']}")
+        return _error(422, f"the body must be a JSON object such as {example}, sent as Content-Type: application/json: "
+                           f"{e['msg']}")
     names = ", ".join(sorted(model.model_fields, key=lambda name: name not in ("text", "texts")))
     field, where = loc[0], loc[0] + "".join(f"[{p}]" for p in loc[1:])
     if e["type"] == "extra_forbidden":
@@ -258,7 +259,7 @@ def _checked(f: Frontend, texts: list[str], field: str, options: dict, model: ty
             return _error(413, f"{count} {what}; the limit ({flag}) is {limit} per request: split the request or "
                                f"raise {flag}", field)
     try:
-        return f.engine.check(options)
+        return f.engine.check(options, len(texts))
     except Exception as e:  # ValueError, TypeError: 422; anything else is the engine's failure (500)
         return _engine_error(e, model)
 

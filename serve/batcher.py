@@ -39,6 +39,10 @@ from seq2onnx.runtime.translator import Translator
 from .engine import Cancelled, Engine, Job
 
 
+class RoundFailed(RuntimeError):
+    """The decoder graph failed on a round: every request in it is answered 500 (not its own fault: no 422)."""
+
+
 class NoServingDecoder(ValueError):
     """The bundle's decoder.onnx takes one step for all rows (exported before serve/ existed)."""
 
@@ -72,10 +76,10 @@ class Member:
                  top_k: int | None):
         self.scheduler, self.job, self.top_k = scheduler, job, top_k
         self.src_mask, self.cross = src_mask, cross
+        self.blocks: tuple | None = None  # (key, mask, cross): its rows' blocks of the round's cross inputs
         self.serial = next(_SERIALS)
         self.version = 0  # changes when sentences leave: the scheduler's per-row cross is then made again
         self.offset: int | None = None  # its first row in the previous round's output (None before its first step)
-        self.t = 0
 
     def __call__(self, tokens: np.ndarray, cache_indices: np.ndarray, t: int, keep: np.ndarray | None):
         if self.job.cancelled.is_set():
@@ -101,12 +105,15 @@ class Scheduler:
         n_layers, n_heads, head_dim: the decoder's sizes.
         cache_dtype: numpy dtype of the cache.
         vocab: the target vocabulary's size.
+        to_device: numpy array -> OrtValue on the session's device; device: "cpu" or "cuda", where the cache stays.
     """
 
-    def __init__(self, decoder, *, n_layers: int, n_heads: int, head_dim: int, cache_dtype, vocab: int):
+    def __init__(self, decoder, *, n_layers: int, n_heads: int, head_dim: int, cache_dtype, vocab: int,
+                 to_device=None, device: str = "cpu"):
         import onnxruntime
 
-        self._ort = onnxruntime
+        self._to = to_device or onnxruntime.OrtValue.ortvalue_from_numpy
+        self.device = device
         self.decoder, self.n_layers, self.n_heads, self.head_dim = decoder, n_layers, n_heads, head_dim
         self.cache_dtype, self.vocab = cache_dtype, vocab
         self._cond = threading.Condition()
@@ -134,13 +141,15 @@ class Scheduler:
             if member in self._members:
                 self._members.remove(member)
                 self._pending.pop(member, None)
-                if not self._members:
-                    self._past = None  # nobody reads the cache any more
+                if not self._members:  # nobody reads the cache or the cross inputs any more
+                    self._past, self._cross_key, self._cross = None, None, ()
                 self._cond.notify_all()  # the others may now all be waiting: one of them runs the round
 
     def step(self, member: Member, tokens: np.ndarray, cache_indices: np.ndarray, t: int):
         """Hands in a member's rows and returns its output (log-probabilities or a TopK) once its round ran."""
         with self._cond:
+            if member not in self._members:
+                raise RuntimeError("a member stepped after leaving (or before joining) the scheduler")
             self._pending[member] = (tokens, cache_indices, t)
             while member not in self._answers:
                 if not self._running and len(self._pending) == len(self._members):
@@ -159,8 +168,8 @@ class Scheduler:
         self._cond.release()
         try:
             answers = self._round(work)
-        except BaseException as e:  # every member of the round gets the error
-            answers = {m: e for m, *_ in work}
+        except BaseException as e:  # every member of the round gets the error, as a fault of the server
+            answers = {m: RoundFailed(f"the decoder step failed: {type(e).__name__}: {e}") for m, *_ in work}
             self._past = None
             for m, *_ in work:
                 m.offset = None
@@ -190,7 +199,9 @@ class Scheduler:
         steps = np.empty(total, dtype=np.int64)
         for (m, _, local, t), start, n in zip(work, starts, rows):
             steps[start:start + n] = t
-            if m.offset is not None and t > 0:
+            if t > 0:
+                if m.offset is None:
+                    raise RuntimeError("a member at step > 0 has no rows in the previous round")
                 indices[start:start + n] = m.offset + local
             # else: a first step; any row will do (its cached slots are all masked): row 0
         if indices.max(initial=0) >= prev_rows:
@@ -213,7 +224,7 @@ class Scheduler:
         b.bind_ortvalue_input(names.SRC_MASK, src_mask)
         present = names.present_names(self.n_layers)
         for name in present:
-            b.bind_output(name, "cpu")
+            b.bind_output(name, self.device)  # the cache stays where the graph runs
         wanted = ([names.LOG_PROBS] if full else []) + ([names.TOPK_LOG_PROBS, names.TOPK_IDS] if k_wanted else [])
         for name in wanted:
             b.bind_output(name, "cpu")
@@ -237,13 +248,11 @@ class Scheduler:
         """The previous round's cache, its leading slots cut when no row of this round reads them."""
         shape = (1, self.n_heads, 0, self.head_dim)
         if self._past is None:
-            empty = np.zeros(shape, dtype=self.cache_dtype)
-            return [self._ort.OrtValue.ortvalue_from_numpy(empty) for _ in range(2 * self.n_layers)]
+            return [self._to(np.zeros(shape, dtype=self.cache_dtype)) for _ in range(2 * self.n_layers)]
         length = self._past[0].shape()[2]
         # Cutting copies the whole cache (as each round's Concat does): only once enough slots are idle.
         if length - needed >= max(4, needed // 4):
-            self._past = [self._ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v.numpy()[:, :, length - needed:]))
-                          for v in self._past]
+            self._past = [self._to(np.ascontiguousarray(v.numpy()[:, :, length - needed:])) for v in self._past]
         return self._past
 
     def _per_row_cross(self, work: list, rows: list[int]) -> tuple:
@@ -258,14 +267,16 @@ class Scheduler:
                  for _ in range(2 * self.n_layers)]
         start = 0
         for (m, *_), n in zip(work, rows):
-            per = n // m.src_mask.shape[0]  # rows per sentence: its live beams (1 for greedy)
-            s = m.src_mask.shape[1]
-            mask[start:start + n, :s] = np.repeat(m.src_mask, per, axis=0)
-            for out, c in zip(cross, m.cross):
-                out[start:start + n, :, :s] = np.repeat(c, per, axis=0)
+            if m.blocks is None or m.blocks[0] != (m.version, n):  # a member's own rows: repeated once per change
+                per = n // m.src_mask.shape[0]  # rows per sentence: its live beams (1 for greedy)
+                m.blocks = ((m.version, n), np.repeat(m.src_mask, per, axis=0), [np.repeat(c, per, axis=0) for c in m.cross])
+            _, block_mask, block_cross = m.blocks
+            s = block_mask.shape[1]
+            mask[start:start + n, :s] = block_mask
+            for out, c in zip(cross, block_cross):
+                out[start:start + n, :, :s] = c
             start += n
-        to = self._ort.OrtValue.ortvalue_from_numpy
-        self._cross_key, self._cross = key, (to(mask), [to(c) for c in cross])
+        self._cross_key, self._cross = key, (self._to(mask), [self._to(c) for c in cross])
         return self._cross
 
 
@@ -275,19 +286,21 @@ class ContinuousEngine(Engine):
     Args:
         translator: the Translator of the bundle served; its decoder.onnx must take per-row steps.
         max_workers: requests decoded at once (each on its own thread, its rows in the shared batch).
+        max_rows: as Engine's.
     Raises:
         NoServingDecoder: a bundle exported before continuous batching (the message says what to do).
     """
 
     batching = "continuous"
 
-    def __init__(self, translator: Translator, max_workers: int = 1024):
-        super().__init__(translator)
+    def __init__(self, translator: Translator, max_workers: int = 1024, max_rows: int = 1024):
+        super().__init__(translator, max_rows)
         decoder = translator._standard_decoder
         _check_decoder(decoder, translator.bundle.path)
         self.scheduler = Scheduler(decoder, n_layers=translator.n_layers, n_heads=translator.n_heads,
                                    head_dim=translator.head_dim, cache_dtype=translator.cache_dtype,
-                                   vocab=translator.tgt_vocab)
+                                   vocab=translator.tgt_vocab, to_device=translator._to_device,
+                                   device=translator._ort_device)
         # The runtime's own code drives each request; only its step and its recycling are ours.
         self._view = view = copy.copy(translator)
         view._step_fn, view._recycle = self._member, self._leave
@@ -318,6 +331,8 @@ class ContinuousEngine(Engine):
         finally:
             for m in members:
                 self.scheduler.leave(m)
+            if self._local.members is members:  # a pool thread keeps no finished job (nor its encoder outputs)
+                self._local.job, self._local.members = None, []
             with self._lock:
                 self._jobs.pop(id(job), None)
 
@@ -326,6 +341,8 @@ class ContinuousEngine(Engine):
 
         def work():
             try:
+                if job.cancelled.is_set():  # left while queued: not even encoded
+                    raise Cancelled("cancelled before decoding")
                 with self._decoding(job, len(texts)):
                     result = self._view._translate(texts, options)
                 job.future.set_result(result)

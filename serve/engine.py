@@ -11,6 +11,7 @@ An engine never limits how many requests wait: admission (the bounded queue, 503
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import threading
 from typing import Iterator
 
@@ -44,21 +45,35 @@ class Engine:
 
     Args:
         translator: the Translator of the bundle served.
+        max_rows: decoder rows one request may hold at once: min(texts, max_batch_size) x beam_size (x
+            num_hypotheses when sampling). A legal beam_size of 1000 would otherwise hold every other request's
+            memory hostage.
     """
 
     #: the name `seq2onnx serve --batching` gives this engine, and /metrics and /ready report
     batching = "none"
 
-    def __init__(self, translator: Translator):
-        self.translator = translator
+    def __init__(self, translator: Translator, max_rows: int = 1024):
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"max_rows={max_rows!r}; give an int >= 1")
+        self.translator, self.max_rows = translator, max_rows
 
-    def check(self, options: dict) -> SearchOptions:
-        """Returns the SearchOptions of a request's options (translate_batch's names).
+    def check(self, options: dict, texts: int = 1) -> SearchOptions:
+        """Returns the SearchOptions of a request's options (translate_batch's names) for `texts` texts.
 
         Raises:
-            ValueError, TypeError: a wrong value or an unknown name (the message names the option, the value and the fix).
+            ValueError, TypeError: a wrong value, an unknown name, or more rows than max_rows (the message names
+                the option, the value, the limit and the fix).
         """
-        return self.translator.search_options(**options)
+        options = self.translator.search_options(**options)
+        width = options.num_hypotheses if options.sampling else options.beam_size
+        rows = min(texts, options.max_batch_size) * width
+        if rows > self.max_rows:
+            raise ValueError(
+                f"beam_size={options.beam_size}, num_hypotheses={options.num_hypotheses} over {min(texts, options.max_batch_size)} "
+                f"texts decoded together make {rows} decoder rows; the limit (--max-rows) is {self.max_rows} per request: "
+                "use a smaller beam_size, fewer hypotheses or texts, or raise --max-rows")
+        return options
 
     def submit(self, texts: list[str], options: SearchOptions) -> Job:
         """Starts translating `texts` with `options`; returns at once."""
@@ -85,12 +100,18 @@ class RequestEngine(Engine):
     Args:
         translator: the Translator of the bundle served.
         workers: requests decoded at once (threads sharing the one Translator).
+        max_rows: as Engine's.
     """
 
     batching = "request"
 
-    def __init__(self, translator: Translator, workers: int = 2):
-        super().__init__(translator)
+    def __init__(self, translator: Translator, workers: int = 2, max_rows: int = 1024):
+        super().__init__(translator, max_rows)
+        # The runtime's own code decodes; its step only checks first whether the job was cancelled (its
+        # client left, its time ran out), so that an abandoned request frees its worker at the next step.
+        self._view = view = copy.copy(translator)
+        self._local = threading.local()
+        view._step_fn = self._checked_step
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seq2onnx-request")
         self._lock = threading.Lock()
         self._active = {"active_requests": 0, "active_sentences": 0, "active_rows": 0}
@@ -104,14 +125,27 @@ class RequestEngine(Engine):
                 return
             self._count(len(texts), options, +1)
             try:
-                job.future.set_result(self.translator._translate(texts, options))
+                self._local.job = job
+                job.future.set_result(self._view._translate(texts, options))
             except BaseException as e:  # the job carries it; the pool thread lives on
                 job.future.set_exception(e)
             finally:
+                self._local.job = None
                 self._count(len(texts), options, -1)
 
         self._pool.submit(work)
         return job
+
+    def _checked_step(self, *args, **kwargs):
+        step, job = self.translator._step_fn(*args, **kwargs), self._local.job
+
+        def checked(tokens, cache_indices, t, keep):
+            if job is not None and job.cancelled.is_set():
+                raise Cancelled("the request was cancelled")
+            return step(tokens, cache_indices, t, keep)
+
+        checked.buffers = step.buffers  # Translator._recycle offers a fused step's buffers to the next batch
+        return checked
 
     def stream(self, text: str, options: SearchOptions, job: Job) -> Iterator[str]:
         self._count(1, options, +1)
@@ -134,4 +168,4 @@ class RequestEngine(Engine):
             return dict(self._active)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)  # a job never started is never answered: it was cancelled

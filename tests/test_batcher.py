@@ -14,7 +14,7 @@ import pytest
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
 from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder, Scheduler
-from seq2onnx.serve.engine import Cancelled
+from seq2onnx.serve.engine import Cancelled, Engine, RequestEngine
 from tiny import copy_bundle, edit_bundle_json
 
 TEXTS = ["the cat dances in the box", "a small bird sleeps", "the red dog", "a", "the small cat sees a big red bird",
@@ -153,3 +153,39 @@ def test_scheduler_refuses_members_after_close(bundle):
     s.close()
     with pytest.raises(RuntimeError, match="closed"):
         s.join(object())
+
+
+def test_rows_over_the_limit_are_refused(engine):
+    small = ContinuousEngine.__new__(ContinuousEngine)  # only check(): no scheduler needed
+    Engine.__init__(small, engine.translator, max_rows=8)
+    assert small.check({"beam_size": 4}, texts=2).beam_size == 4
+    with pytest.raises(ValueError, match=r"12 decoder rows; the limit \(--max-rows\) is 8"):
+        small.check({"beam_size": 4}, texts=3)
+    with pytest.raises(ValueError, match="--max-rows"):
+        small.check({"sampling_temperature": 1.0, "num_hypotheses": 9}, texts=1)
+    assert small.check({"beam_size": 4, "max_batch_size": 2}, texts=50).beam_size == 4  # 2 texts at a time
+
+
+def test_request_engine_stops_a_cancelled_request_at_its_next_step(bundle, monkeypatch):
+    translator = Translator(bundle, device="cpu")
+    engine = RequestEngine(translator, workers=1)
+    made, steps, job = translator._step_fn, [], []
+
+    def spying(*args, **kwargs):
+        step = made(*args, **kwargs)
+
+        def counted(tokens, cache_indices, t, keep):
+            steps.append(t)
+            if t == 2:
+                job[0].cancel()  # as the front end does when the client leaves
+            return step(tokens, cache_indices, t, keep)
+
+        counted.buffers = step.buffers
+        return counted
+
+    monkeypatch.setattr(translator, "_step_fn", spying)
+    job.append(engine.submit([TEXTS[7]] * 4, engine.check({"beam_size": 4, "max_decoding_length": 40})))
+    with pytest.raises(Cancelled):
+        job[0].future.result(timeout=60)
+    assert steps == [0, 1, 2]  # step 3 was never run
+    engine.close()

@@ -201,11 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Serve a CTranslate2 model behind seq2onnx serve's front end (serve/app.py).")
     p.add_argument("bundle", type=Path, help="the bundle: its tokenizers, length rule and option defaults")
     p.add_argument("ct2_model", type=Path, help="the CTranslate2 model of the same checkpoint")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="0: a free port (the line printed at start names it)")
     p.add_argument("--inter-threads", type=int, default=1, help="requests decoded at once (default 1)")
     p.add_argument("--intra-threads", type=int, default=2, help="threads per request (default 2)")
-    p.add_argument("--compute-type", default="float32", choices=COMPUTE_TYPES)
+    p.add_argument("--compute-type", default="float32", choices=COMPUTE_TYPES, help="CTranslate2's compute type (default float32)")
     p.add_argument("--max-queue", type=int, default=256, help="requests admitted at once, else 503 (create_app's)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (create_app's timeout_s)")
     return p

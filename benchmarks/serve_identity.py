@@ -91,19 +91,19 @@ def as_text(report: dict) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("bundle", type=Path)
+    p.add_argument("bundle", type=Path, help="the bundle served and translated in process")
     p.add_argument("--out", type=Path, required=True, help="output directory (refused when not empty, unless --force)")
-    p.add_argument("--force", action="store_true")
-    p.add_argument("--sentences", type=int, default=1000)
-    p.add_argument("--clients", type=int, default=32)
-    p.add_argument("--beams", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--batching", default="continuous", choices=("continuous", "request"))
-    p.add_argument("--intra-threads", type=int, default=2)
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.add_argument("--sentences", type=int, default=1000, help="real sentences sent, one per request (default 1000)")
+    p.add_argument("--clients", type=int, default=32, help="concurrent clients (default 32)")
+    p.add_argument("--beams", type=int, nargs="+", default=[1, 4], help="beam sizes checked (default 1 4)")
+    p.add_argument("--batching", default="continuous", choices=("continuous", "request"), help="the server's batching (default continuous)")
+    p.add_argument("--intra-threads", type=int, default=2, help="the server's onnxruntime threads (default 2)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="TSV of sentences (default: Tatoeba cmn.txt)")
     p.add_argument("--src-col", type=int, default=1, help="its column of source texts (default 1: Chinese)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--start-timeout", type=float, default=180.0)
-    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sentences' choice (default 0)")
+    p.add_argument("--start-timeout", type=float, default=180.0, help="seconds the server may take to start (default 180)")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="the client's timeout per request (default 600)")
     return p
 
 

@@ -18,7 +18,7 @@ sentences still decoding: finished sentences are dropped so that they cost no mo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, Generator, Iterator, NamedTuple
 
 import numpy as np
 
@@ -37,6 +37,25 @@ class TopK(NamedTuple):
 
 
 Step = Callable[[np.ndarray, np.ndarray, int, "np.ndarray | None"], "np.ndarray | TopK"]
+# A search program: a generator that yields each step's request (tokens, cache_indices, t, keep), is sent
+# the step's output, and returns its results. run(program, step) drives one; serve/batcher.py drives many
+# at once, one decoder run for all of their requests.
+Program = Generator[tuple, "np.ndarray | TopK", object]
+
+
+def run(program: Program, step: Step):
+    """Drives a search program with a step callable and returns its result.
+
+    Args:
+        program: a search program (greedy_program, beam_program, ...), not started.
+        step: the step callable that answers its requests.
+    """
+    try:
+        request = next(program)
+        while True:
+            request = program.send(step(*request))
+    except StopIteration as done:
+        return done.value
 
 
 def candidates_needed(beam_size: int, min_length: int) -> int:
@@ -76,26 +95,33 @@ def _check(beam_size: int, max_lengths: np.ndarray, min_length: int) -> None:
 def greedy_search(
     step: Step, batch: int, *, start_id: int, eos_id: int, max_lengths: np.ndarray, min_length: int = 0,
 ) -> list[SearchResult]:
-    """Greedy search: argmax at each step (first index on ties).
+    """Greedy search: run(greedy_program(...), step); its arguments and results are greedy_program's."""
+    return run(greedy_program(batch, start_id=start_id, eos_id=eos_id, max_lengths=max_lengths,
+                              min_length=min_length), step)
+
+
+def greedy_program(
+    batch: int, *, start_id: int, eos_id: int, max_lengths: np.ndarray, min_length: int = 0,
+) -> Program:
+    """Greedy search as a program: argmax at each step (first index on ties).
 
     Args:
-        step: the step callable (see the module docstring).
         batch: the number of sentences.
         start_id, eos_id: the first decoder input and the end token.
         max_lengths: per sentence, the tokens it may generate (end token included), then it stops.
         min_length: the end token is forbidden before this many tokens.
 
     Returns:
-        One SearchResult per sentence, with one hypothesis.
+        (as the program's result) One SearchResult per sentence, with one hypothesis.
 
     Raises:
-        ValueError: impossible lengths.
+        ValueError: impossible lengths (at the first request).
     """
     max_lengths = np.asarray(max_lengths, dtype=np.int64)
     _check(1, max_lengths, min_length)
     if batch == 1:
-        return [_greedy_one(step, start_id=start_id, eos_id=eos_id, max_length=int(max_lengths[0]),
-                            min_length=min_length)]
+        return [(yield from greedy_one_program(start_id=start_id, eos_id=eos_id, max_length=int(max_lengths[0]),
+                                               min_length=min_length))]
     out = np.zeros((batch, int(max_lengths.max(initial=0))), dtype=np.int64)
     lengths = np.zeros(batch, dtype=np.int64)
     scores = np.zeros(batch, dtype=np.float64)
@@ -105,7 +131,7 @@ def greedy_search(
     keep = None
     t = 0
     while alive.size:
-        best, best_lp = _argmax(step(tokens, cache_indices, t, keep), eos_id, forbid_eos=t < min_length)
+        best, best_lp = _argmax((yield tokens, cache_indices, t, keep), eos_id, forbid_eos=t < min_length)
         out[alive, t] = best
         scores[alive] += best_lp
         lengths[alive] = t + 1
@@ -123,38 +149,40 @@ def greedy_search(
     return [SearchResult([out[b, : lengths[b]].tolist()], [float(scores[b])]) for b in range(batch)]
 
 
-def _greedy_one(step: Step, *, start_id: int, eos_id: int, max_length: int, min_length: int) -> SearchResult:
-    """greedy_search for one sentence with Python scalars: the same tokens and float64 score."""
-    out: list[int] = []
-    score = 0.0  # summed in order, as the batched loop's float64 scores
-    for token, log_prob in _greedy_tokens(step, start_id=start_id, eos_id=eos_id, max_length=max_length,
-                                          min_length=min_length):
-        out.append(token)
-        score += log_prob
-    return SearchResult([out], [score])
-
-
-def _greedy_tokens(
-    step: Step, *, start_id: int, eos_id: int, max_length: int, min_length: int,
-) -> Iterator[tuple[int, float]]:
-    """One sentence's greedy tokens and their log-probabilities, lazily (the end token last, if chosen).
+def greedy_one_program(*, start_id: int, eos_id: int, max_length: int, min_length: int,
+                       on_token: Callable[[int], None] | None = None) -> Program:
+    """greedy_program for one sentence with Python scalars: the same tokens and float64 score.
 
     Python scalars instead of the batched loop's ~25 numpy calls per step: between two decoder steps
     every numpy call runs on caches the step has just flushed (~2-3 us each at one row,
-    docs/optimisation-notes.md row 16)."""
+    docs/optimisation-notes.md row 16).
+
+    Args:
+        start_id, eos_id, max_length, min_length: as greedy_program's, for one sentence.
+        on_token: called with each token as soon as it is chosen (the end token too), for streaming.
+
+    Returns:
+        (as the program's result) The sentence's SearchResult.
+    """
+    out: list[int] = []
+    score = 0.0  # summed in order, as the batched loop's float64 scores
     tokens = np.full((1, 1), start_id, dtype=np.int64)
     cache_indices = np.zeros(1, dtype=np.int64)
     for t in range(max_length):
-        found = step(tokens, cache_indices, t, None)
+        found = yield tokens, cache_indices, t, None
         if isinstance(found, TopK) and t >= min_length:
             token, log_prob = int(found.ids[0, 0]), float(found.values[0, 0])  # sorted: column 0 is the argmax
         else:
             best, best_lp = _argmax(found, eos_id, forbid_eos=t < min_length)
             token, log_prob = int(best[0]), float(best_lp[0])
-        yield token, log_prob
+        out.append(token)
+        score += log_prob
+        if on_token is not None:
+            on_token(token)
         if token == eos_id:
-            return
+            break
         tokens = np.array([[token]], dtype=np.int64)  # new each step: a step may keep what it was given
+    return SearchResult([out], [score])
 
 
 def _argmax(out: "np.ndarray | TopK", eos_id: int, forbid_eos: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -195,8 +223,12 @@ def _top_candidates(total: np.ndarray, n: int) -> np.ndarray:
     return np.take_along_axis(part, order, axis=1)
 
 
-def beam_search(
-    step: Step,
+def beam_search(step: Step, batch: int, **options) -> list[SearchResult]:
+    """Beam search: run(beam_program(batch, **options), step); the step must give at least 2K candidates per row."""
+    return run(beam_program(batch, **options), step)
+
+
+def beam_program(
     batch: int,
     *,
     beam_size: int,
@@ -206,11 +238,10 @@ def beam_search(
     min_length: int = 0,
     length_penalty: float = 1.0,
     num_hypotheses: int = 1,
-) -> list[SearchResult]:
-    """Beam search over `batch` sentences at once; each sentence finishes on its own.
+) -> Program:
+    """Beam search as a program over `batch` sentences at once; each sentence finishes on its own.
 
     Args:
-        step: the step callable; it must give at least 2K candidates per row.
         batch: the number of sentences.
         beam_size: K.
         start_id, eos_id: the first decoder input and the end token.
@@ -220,10 +251,10 @@ def beam_search(
         num_hypotheses: the n-best per sentence, 1..K.
 
     Returns:
-        One SearchResult per sentence, best first.
+        (as the program's result) One SearchResult per sentence, best first.
 
     Raises:
-        ValueError: impossible settings, or a vocabulary or step with fewer than 2K candidates.
+        ValueError: impossible settings (at the first request), or a vocabulary or step with fewer than 2K candidates.
     """
     max_lengths = np.asarray(max_lengths, dtype=np.int64)
     _check(beam_size, max_lengths, min_length)
@@ -250,7 +281,7 @@ def beam_search(
         b = alive.size
         if rows.shape[0] != b:  # sentences left: a new index only then
             rows = rows[:b]
-        out = step(tokens, cache_indices, t, keep)
+        out = yield tokens, cache_indices, t, keep
         vocab = out.vocab if isinstance(out, TopK) else out.shape[1]
         if vocab < 2 * k:
             raise ValueError(f"beam_size={k} needs a vocabulary of at least {2 * k} tokens, this one has {vocab}")
@@ -325,106 +356,10 @@ def beam_search(
     return results
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _uniform(keys: np.ndarray, t: int) -> np.ndarray:
-    """One draw in [0, 1) per key at step t: SplitMix64 of key + (t + 1) x the golden gamma (a
-    counter-based generator: a row's draw depends on its key and the step alone). Array
-    arithmetic on uint64 wraps, as the hash means it to."""
-    z = keys + np.full(keys.shape, t + 1, dtype=np.uint64) * _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
-
-
-def sample(
-    step: Step, batch: int, *, start_id: int, eos_id: int, max_lengths: np.ndarray, min_length: int = 0,
-    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-    row_keys: "list[list[int]] | None" = None,
-) -> list[SearchResult]:
-    """Random sampling from softmax(log_probs / temperature), restricted to top_k and top_p.
-
-    Each sentence's draws depend only on (seed, *row_keys[sentence]) and the step, so that its
-    sample does not depend on the other sentences of the batch: the translator keys a sentence by
-    its source ids and hypothesis index.
-
-    Args:
-        step: the step callable; it must return full log-probabilities (not TopK).
-        batch: the number of sentences.
-        start_id, eos_id: the first decoder input and the end token.
-        max_lengths: per sentence, the tokens it may generate (end token included).
-        min_length: the end token is forbidden before this many tokens.
-        temperature, top_k, top_p: sample from softmax(log_probs / temperature) (temperature > 0), among the
-            top_k tokens (0: all) and the smallest set whose probability reaches top_p.
-        seed: None draws a fresh seed.
-        row_keys: one key per sentence (default key: the sentence's index).
-
-    Returns:
-        One SearchResult per sentence; scores are the model's log-probabilities of the sampled tokens.
-
-    Raises:
-        ValueError: a setting out of range, or not one row key per sentence.
-    """
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature}; it must be > 0 (use beam_size=1 for greedy)")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p} must lie in (0, 1]")
-    if top_k < 0:
-        raise ValueError(f"top_k={top_k} must be >= 0 (0 keeps every token)")
-    _check(1, np.asarray(max_lengths, dtype=np.int64), min_length)
-    keys = [[r] for r in range(batch)] if row_keys is None else row_keys
-    if len(keys) != batch:
-        raise ValueError(f"row_keys has {len(keys)} keys for {batch} sentences; give one per sentence")
-    if seed is None:
-        seed = int(np.random.SeedSequence().entropy)
-    # One 64-bit stream key per sentence, made once per batch; each step's draws are then one
-    # vectorised hash of (key, step) rather than a generator call per row.
-    stream = np.array([np.random.SeedSequence([seed, *(int(k) for k in key)]).generate_state(1, np.uint64)[0]
-                       for key in keys], dtype=np.uint64)
-    alive = np.arange(batch)  # sentence of each row, followed through `keep` as greedy_search drops them
-
-    def sampled_step(tokens, cache_indices, t, keep):
-        nonlocal alive
-        if keep is not None:
-            alive = alive[keep]
-        log_probs = step(tokens, cache_indices, t, keep).astype(np.float64)
-        if t < min_length:
-            log_probs[:, eos_id] = -np.inf
-        logits = log_probs / temperature
-        if 0 < top_k < logits.shape[1]:
-            # keep exactly top_k tokens per row, ties to the lower id (as greedy does)
-            order = np.argsort(-logits, axis=1, kind="stable")
-            outside = np.zeros_like(logits, dtype=bool)
-            np.put_along_axis(outside, order[:, top_k:], True, axis=1)
-            logits = np.where(outside, -np.inf, logits)
-        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-        probs /= probs.sum(axis=1, keepdims=True)
-        if top_p < 1:
-            order = np.argsort(-probs, axis=1, kind="stable")
-            sorted_p = np.take_along_axis(probs, order, axis=1)
-            outside = np.cumsum(sorted_p, axis=1) - sorted_p >= top_p  # mass before it already enough
-            mask = np.zeros_like(probs, dtype=bool)
-            np.put_along_axis(mask, order, outside, axis=1)
-            probs = np.where(mask, 0.0, probs)
-            probs /= probs.sum(axis=1, keepdims=True)
-        draws = _uniform(stream[alive], t)[:, None]  # (R, 1): each row's own stream at step t
-        choice = (probs.cumsum(axis=1) > draws).argmax(axis=1)
-        # Greedy search below takes the argmax: hand it a one-hot of the choice, scored by the model.
-        out = np.full_like(log_probs, -np.inf)
-        rows = np.arange(log_probs.shape[0])
-        out[rows, choice] = log_probs[rows, choice]
-        return out
-
-    return greedy_search(sampled_step, batch, start_id=start_id, eos_id=eos_id, max_lengths=max_lengths,
-                         min_length=0)
-
-
 def stream_greedy(
     step: Step, *, start_id: int, eos_id: int, max_length: int, min_length: int = 0,
 ) -> Iterator[int]:
-    """Greedy decoding of one sentence, yielding each token as soon as it is chosen.
+    """Greedy decoding of one sentence, yielding each token as soon as it is chosen (before the next step runs).
 
     Args:
         step: the step callable, for one row.
@@ -439,8 +374,18 @@ def stream_greedy(
         ValueError: impossible lengths.
     """
     _check(1, np.array([max_length]), min_length)
-    for token, _ in _greedy_tokens(step, start_id=start_id, eos_id=eos_id, max_length=max_length,
-                                   min_length=min_length):
-        if token == eos_id:
+    chosen: list[int] = []
+    program = greedy_one_program(start_id=start_id, eos_id=eos_id, max_length=max_length, min_length=min_length,
+                                 on_token=chosen.append)
+    request = next(program)
+    while True:
+        try:
+            request = program.send(step(*request))
+        except StopIteration:
+            request = None
+        for token in chosen:
+            if token != eos_id:
+                yield token
+        chosen.clear()
+        if request is None:
             return
-        yield token

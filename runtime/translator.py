@@ -21,7 +21,8 @@ from .checks import check_graphs, check_tokenizers, read_graphs
 from .fused_step import FusedStep, StepBufferPool
 from .options import SearchOptions, SessionTuning, check_intra_threads, resolve_search_options
 from .prefix import force_prefix
-from .search import SearchResult, beam_search, candidates_needed, greedy_search, sample, stream_greedy
+from .sampling import sample_program
+from .search import SearchResult, beam_program, candidates_needed, greedy_program, run, stream_greedy
 from .sessions import DEVICES, ort, open_sessions
 from .source import Sources
 from .standard_step import StandardStep
@@ -365,6 +366,15 @@ class Translator:
                 prefixes: list[list[int]]) -> tuple:
         """(results, encoded): encoded is the encoder's (src_mask, cross) of `sources`, which the search
         leaves unchanged, for the attention pass to reuse; None after sampling (its rows repeat sources)."""
+        program, step, encoded = self._search_program(sources, max_lengths, options, prefixes)
+        found = run(program, step)
+        self._recycle(step)
+        return found, encoded
+
+    def _search_program(self, sources: list[list[int]], max_lengths: np.ndarray, options: SearchOptions,
+                        prefixes: list[list[int]]) -> tuple:
+        """(program, step, encoded): the search of `sources` as a program (runtime/search.py), not started, and the
+        step that answers it (serve/batcher.py drives many programs with one decoder run per step)."""
         common = dict(start_id=self.start_id, eos_id=self.eos_id, min_length=options.min_decoding_length)
         if options.sampling:
             # n independent samples per source, each row keyed by (hypothesis, source ids) so that
@@ -374,24 +384,19 @@ class Translator:
             keys = [[h, len(s), *s] for s in sources for h in range(n)]
             step = force_prefix(self._step_fn(*self._sources.pad(rows), top_k=None,  # sampling needs every log-prob
                                               max_length=int(max_lengths.max())), [p for p in prefixes for _ in range(n)])
-            flat = sample(step, len(rows), temperature=options.sampling_temperature, top_k=options.sampling_topk,
-                          top_p=options.sampling_topp, seed=options.seed, row_keys=keys,
-                          max_lengths=np.repeat(max_lengths, n), **common)
-            self._recycle(step)
-            return [SearchResult([h for r in flat[i * n:(i + 1) * n] for h in r.hypotheses],
-                                 [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(len(sources))], None
+            flat = sample_program(len(rows), temperature=options.sampling_temperature, top_k=options.sampling_topk,
+                                  top_p=options.sampling_topp, seed=options.seed, row_keys=keys,
+                                  max_lengths=np.repeat(max_lengths, n), **common)
+            return _regroup(flat, n, len(sources)), step, None
         src, lengths = self._sources.pad(sources)
         encoded = self._encode(src, lengths)
         step = force_prefix(self._step_fn(src, lengths, top_k=self._top_k(options.beam_size, options.min_decoding_length),
                                           max_length=int(max_lengths.max()), beam_width=options.beam_size, encoded=encoded),
                             prefixes)
         if options.beam_size == 1:
-            found = greedy_search(step, len(sources), max_lengths=max_lengths, **common)
-        else:
-            found = beam_search(step, len(sources), beam_size=options.beam_size, length_penalty=options.length_penalty,
-                                num_hypotheses=options.num_hypotheses, max_lengths=max_lengths, **common)
-        self._recycle(step)
-        return found, encoded
+            return greedy_program(len(sources), max_lengths=max_lengths, **common), step, encoded
+        return beam_program(len(sources), beam_size=options.beam_size, length_penalty=options.length_penalty,
+                            num_hypotheses=options.num_hypotheses, max_lengths=max_lengths, **common), step, encoded
 
     def _recycle(self, step) -> None:
         """Offers a fused step's buffers to the next batch (the standard step has none). Called only
@@ -429,3 +434,10 @@ class Translator:
         return StandardStep(self.decoder, rows=src.shape[0], src_mask=src_mask, cross=cross, n_layers=self.n_layers,
                             n_heads=self.n_heads, head_dim=self.head_dim, cache_dtype=self.cache_dtype, top_k=top_k,
                             vocab=self.tgt_vocab, to_device=self._to_device, device=self._ort_device)
+
+
+def _regroup(program, n: int, sources: int):
+    """A sampling program's flat results (n rows per source) as one SearchResult of n hypotheses per source."""
+    flat = yield from program
+    return [SearchResult([h for r in flat[i * n:(i + 1) * n] for h in r.hypotheses],
+                         [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(sources)]

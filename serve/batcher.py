@@ -1,17 +1,20 @@
 """Continuous batching: one scheduler runs the decoder step over the rows of every request at once.
 
-Each request is translated by the runtime's own code (Translator.translate_batch, generate_tokens)
-on a worker thread, unchanged but for its step: instead of running the decoder graph itself, the
-step (a Member) hands its rows to the Scheduler and waits. The scheduler waits until every member
-has handed in its rows (the step boundary), runs decoder.onnx ONCE over all of them, and hands each
-member its own rows of the output. So:
-- a new request's sentences are encoded (by its thread, batched among themselves as translate_batch
-  batches them) and join the running batch at the next step boundary;
-- a finished sentence leaves at once (the search drops it, `keep`); a request is answered as soon
-  as its last sentence finishes; a cancelled one raises at its next step and its rows leave;
-- the search (greedy, beam with a sentence's beams together, n-best, scores, sampling, forced
-  prefixes) is runtime/search.py's own, so a sentence's result is what translate_batch gives, up to
-  the arithmetic of the graph on a batch of another shape (docs/serving.md#continuous-batching).
+Each request is translated by the runtime's own code (Translator.translate_batch, generate_tokens) on
+a worker thread, but for its searches: the thread tokenizes, encodes its sources (batched among
+themselves exactly as translate_batch batches them) and builds each search as a program
+(runtime/search.py: a generator that yields each step's request and is sent the step's output),
+then hands it to the Scheduler and waits for its result. The scheduler's one thread runs rounds:
+each round runs decoder.onnx ONCE over the rows of every program, then sends each program its own
+rows of the output (through the same step wrappers translate_batch uses: forced prefixes). So:
+- a new search joins the running batch at the next round; a finished sentence leaves at once (the
+  search drops it, `keep`); a request is answered as soon as its last search finishes; a cancelled
+  one (its client left, its time ran out) is dropped at the next round;
+- the searches (greedy, beam with a sentence's beams together, n-best, scores, sampling, forced
+  prefixes) are runtime/search.py's own, so a sentence's result is what translate_batch gives, up to
+  the arithmetic of the graph on a batch of another shape (docs/serving.md#continuous-batching);
+- between two rounds no thread hands over to another: the programs are advanced in the scheduler's
+  thread (a thread per request waiting at every step cost more than the decoder at 128 requests).
 
 The rows of a round sit at different steps. decoder.onnx takes each row's own step (`step` of shape
 [rows], Transformer.decode_step): row r's cached positions are the LAST step[r] slots of the shared
@@ -26,6 +29,7 @@ import concurrent.futures
 import contextlib
 import copy
 import itertools
+import queue
 import threading
 from typing import Iterator
 
@@ -33,7 +37,9 @@ import numpy as np
 
 from seq2onnx.runtime import bundle as names
 from seq2onnx.runtime.options import SearchOptions
-from seq2onnx.runtime.search import TopK
+from seq2onnx.runtime.prefix import force_prefix
+from seq2onnx.runtime.search import TopK, greedy_one_program
+from seq2onnx.runtime.text import text_increments
 from seq2onnx.runtime.translator import Translator
 
 from .engine import Cancelled, Engine, Job
@@ -60,11 +66,11 @@ _SERIALS = itertools.count()  # a member's key in the scheduler's caches (an id(
 
 
 class Member:
-    """One search's rows in the shared batch: the step callable its search drives (runtime/search.py).
+    """One search's rows in the shared batch, and the innermost step of its program: it answers with its
+    rows of the round's output (the scheduler sets `answer` before it sends the program its output).
 
     Args:
-        scheduler: the Scheduler that runs the rounds.
-        job: the request's Job (its cancel flag is read at every step).
+        job: the request's Job (its cancel flag is read at every round).
         src_mask: (B, S) bool, the encoder's mask of this search's sources.
         cross: per layer and kind (B, H, S, Dh), the encoder's keys and values.
         top_k: candidates per row the search needs, or None for the full log-probabilities.
@@ -72,33 +78,36 @@ class Member:
 
     buffers = None  # Translator._recycle offers a step's buffers to its pool: a member has none
 
-    def __init__(self, scheduler: "Scheduler", job: Job, src_mask: np.ndarray, cross: list[np.ndarray],
-                 top_k: int | None):
-        self.scheduler, self.job, self.top_k = scheduler, job, top_k
-        self.src_mask, self.cross = src_mask, cross
+    def __init__(self, job: Job, src_mask: np.ndarray, cross: list[np.ndarray], top_k: int | None):
+        self.job, self.top_k, self.src_mask, self.cross = job, top_k, src_mask, cross
         self.blocks: tuple | None = None  # (key, mask, cross): its rows' blocks of the round's cross inputs
         self.serial = next(_SERIALS)
-        self.version = 0  # changes when sentences leave: the scheduler's per-row cross is then made again
+        self.version = 0  # changes when sentences leave: its per-row cross is then made again
         self.offset: int | None = None  # its first row in the previous round's output (None before its first step)
+        self.answer = None
 
-    def __call__(self, tokens: np.ndarray, cache_indices: np.ndarray, t: int, keep: np.ndarray | None):
-        if self.job.cancelled.is_set():
-            raise Cancelled("the request was cancelled")
-        if keep is not None:  # finished sentences leave: their encoder outputs go too
-            self.cross = [c[keep] for c in self.cross]
-            self.src_mask = self.src_mask[keep]
-            self.version += 1
-        return self.scheduler.step(self, np.asarray(tokens, dtype=np.int64).reshape(-1),
-                                   np.asarray(cache_indices, dtype=np.int64).reshape(-1), t)
+    def drop(self, keep: np.ndarray) -> None:
+        """Finished sentences leave: their encoder outputs go too (`keep`: the sentences still decoding)."""
+        self.cross = [c[keep] for c in self.cross]
+        self.src_mask = self.src_mask[keep]
+        self.version += 1
+
+    def __call__(self, tokens, cache_indices, t, keep):
+        return self.answer
+
+
+class _Search:
+    """A program in the scheduler: its member, the step that answers it (the member under its wrappers),
+    its pending request (tokens, cache_indices, t, keep) and the future of its result."""
+
+    def __init__(self, member: Member, program, step):
+        self.member, self.program, self.step = member, program, step
+        self.request: tuple | None = None
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
 
 
 class Scheduler:
-    """Runs the decoder graph over the rows of every active Member, one round per step boundary.
-
-    There is no scheduler thread: the member whose rows complete a step boundary (every member has
-    handed in its rows) runs the round on its own thread while the others wait, then wakes them.
-    One request alone thus runs its steps on its own thread, as Translator.translate_batch would,
-    with no hand-over between threads per step.
+    """Runs the decoder graph over the rows of every active search program, one round per step, on its own thread.
 
     Args:
         decoder: the onnxruntime session of decoder.onnx (per-row steps: NoServingDecoder otherwise).
@@ -117,77 +126,101 @@ class Scheduler:
         self.decoder, self.n_layers, self.n_heads, self.head_dim = decoder, n_layers, n_heads, head_dim
         self.cache_dtype, self.vocab = cache_dtype, vocab
         self._cond = threading.Condition()
-        self._members: list[Member] = []  # registration order: the rows' order in a round
-        self._pending: dict[Member, tuple] = {}
-        self._answers: dict[Member, object] = {}
-        self._running = False  # a round is under way (on some member's thread)
+        self._incoming: list[_Search] = []
+        self._active: list[_Search] = []  # the rows' order in a round
         self._past: list | None = None  # the previous round's present_* OrtValues
         self._cross_key = None
         self._cross: tuple = ()
+        self._width = 0  # the source positions of the rounds' cross inputs
         self._closed = False
         self.rounds = 0
         self.last_rows = 0
+        self._thread = threading.Thread(target=self._loop, name="seq2onnx-scheduler", daemon=True)
+        self._thread.start()
 
-    def join(self, member: Member) -> None:
-        """Adds a member: the next round waits for its rows."""
+    def submit(self, member: Member, program, step) -> concurrent.futures.Future:
+        """Adds a search program (not started) answered by `step` (member, or a wrapper of it); returns the
+        future of its result. It joins the running batch at the next round."""
+        search = _Search(member, program, step)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
-            self._members.append(member)
-
-    def leave(self, member: Member) -> None:
-        """Removes a member (its search ended, or raised): rounds no longer wait for it. Idempotent."""
-        with self._cond:
-            if member in self._members:
-                self._members.remove(member)
-                self._pending.pop(member, None)
-                if not self._members:  # nobody reads the cache or the cross inputs any more
-                    self._past, self._cross_key, self._cross = None, None, ()
-                self._cond.notify_all()  # the others may now all be waiting: one of them runs the round
-
-    def step(self, member: Member, tokens: np.ndarray, cache_indices: np.ndarray, t: int):
-        """Hands in a member's rows and returns its output (log-probabilities or a TopK) once its round ran."""
-        with self._cond:
-            if member not in self._members:
-                raise RuntimeError("a member stepped after leaving (or before joining) the scheduler")
-            self._pending[member] = (tokens, cache_indices, t)
-            while member not in self._answers:
-                if not self._running and len(self._pending) == len(self._members):
-                    self._lead()  # this thread completes the step boundary: it runs the round
-                else:
-                    self._cond.wait()
-            answer = self._answers.pop(member)
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-    def _lead(self) -> None:
-        """Runs one round over every pending member; called holding the lock, releases it meanwhile."""
-        work = [(m, *self._pending.pop(m)) for m in self._members]
-        self._running = True
-        self._cond.release()
-        try:
-            answers = self._round(work)
-        except BaseException as e:  # every member of the round gets the error, as a fault of the server
-            answers = {m: RoundFailed(f"the decoder step failed: {type(e).__name__}: {e}") for m, *_ in work}
-            self._past = None
-            for m, *_ in work:
-                m.offset = None
-        finally:
-            self._cond.acquire()
-        self._answers.update(answers)
-        self._running = False
-        self._cond.notify_all()
+            self._incoming.append(search)
+            self._cond.notify()
+        return search.future
 
     def close(self) -> None:
-        """Refuses new members (those decoding finish)."""
+        """Refuses new searches; the loop ends once those running are done."""
         with self._cond:
             self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
 
     def load(self) -> dict:
-        """{"active_searches": members now, "active_rows": rows of the last round}."""
-        with self._cond:
-            return {"active_searches": len(self._members), "active_rows": self.last_rows}
+        """{"active_searches": searches running now, "active_rows": rows of the last round}."""
+        running = sum(not s.future.done() for s in list(self._active))  # read from another thread: a copy
+        return {"active_searches": running, "active_rows": self.last_rows if running else 0}
+
+    # -- the rounds (the scheduler's thread only) --------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._incoming and not self._active:
+                    if self._closed:
+                        return
+                    self._cond.wait()
+                new, self._incoming = self._incoming, []
+            for search in new:
+                self._advance(search, first=True)
+            for search in self._active:
+                if search.member.job.cancelled.is_set():
+                    self._finish(search, error=Cancelled("the request was cancelled"))
+            self._active = [s for s in self._active if not s.future.done()]
+            if not self._active:  # nobody reads the cache or the cross inputs any more
+                self._past, self._cross_key, self._cross = None, None, ()
+                continue
+            work = []
+            for search in self._active:
+                tokens, cache_indices, t, keep = search.request
+                if keep is not None:
+                    search.member.drop(keep)
+                work.append((search.member, np.asarray(tokens, dtype=np.int64).reshape(-1),
+                             np.asarray(cache_indices, dtype=np.int64).reshape(-1), t))
+            try:
+                answers = self._round(work)
+            except Exception as e:  # every search of the round fails, as a fault of the server
+                failed = RoundFailed(f"the decoder step failed: {type(e).__name__}: {e}")
+                for search in self._active:
+                    self._finish(search, error=failed)
+                self._active, self._past = [], None
+                continue
+            for search in self._active:
+                search.member.answer = answers[search.member]
+                self._advance(search)
+                search.member.answer = None
+            self._active = [s for s in self._active if not s.future.done()]
+
+    def _advance(self, search: _Search, first: bool = False) -> None:
+        """Sends a program its step's output (or starts it): its next request, or its end."""
+        try:
+            search.request = next(search.program) if first else search.program.send(search.step(*search.request))
+        except StopIteration as done:
+            self._finish(search, result=done.value)
+            return
+        except BaseException as e:  # the program's own error (a ValueError of its options): its request's answer
+            self._finish(search, error=e)
+            return
+        if first:
+            self._active.append(search)
+
+    def _finish(self, search: _Search, *, result=None, error: BaseException | None = None) -> None:
+        search.program.close()
+        search.request = None
+        if error is not None:
+            search.future.set_exception(error)
+        else:
+            search.future.set_result(result)
 
     def _round(self, work: list) -> dict:
         rows = [len(tokens) for _, tokens, _, _ in work]
@@ -261,21 +294,28 @@ class Scheduler:
         key = tuple((m.serial, m.version, n) for (m, *_), n in zip(work, rows))
         if key == self._cross_key:
             return self._cross
-        total, longest = sum(rows), max(m.src_mask.shape[1] for m, *_ in work)
-        mask = np.zeros((total, longest), dtype=bool)
-        cross = [np.zeros((total, self.n_heads, longest, self.head_dim), dtype=self.cache_dtype)
-                 for _ in range(2 * self.n_layers)]
-        start = 0
+        # Each member keeps its rows' block padded to the rounds' width (the longest source rounded up to 8; it
+        # grows at once and shrinks only below 60%, so that blocks are seldom padded again): a round then joins
+        # the blocks with one concatenate per input. Writing each member's rows into one array instead cost ~10
+        # numpy calls per member and round (14 ms at 128 members); np.pad per round, more.
+        needed = -(-max(m.src_mask.shape[1] for m, *_ in work) // 8) * 8
+        if needed > self._width or needed < 0.6 * self._width:
+            self._width = needed
+        width = self._width
         for (m, *_), n in zip(work, rows):
-            if m.blocks is None or m.blocks[0] != (m.version, n):  # a member's own rows: repeated once per change
-                per = n // m.src_mask.shape[0]  # rows per sentence: its live beams (1 for greedy)
-                m.blocks = ((m.version, n), np.repeat(m.src_mask, per, axis=0), [np.repeat(c, per, axis=0) for c in m.cross])
-            _, block_mask, block_cross = m.blocks
-            s = block_mask.shape[1]
-            mask[start:start + n, :s] = block_mask
-            for out, c in zip(cross, block_cross):
-                out[start:start + n, :, :s] = c
-            start += n
+            if m.blocks is None or m.blocks[0] != (m.version, n, width):
+                per, s = n // m.src_mask.shape[0], m.src_mask.shape[1]  # rows per sentence: its live beams
+                mask = np.zeros((n, width), dtype=bool)
+                mask[:, :s] = np.repeat(m.src_mask, per, axis=0)
+                cross = []
+                for c in m.cross:
+                    block = np.zeros((n, self.n_heads, width, self.head_dim), dtype=self.cache_dtype)
+                    block[:, :, :s] = np.repeat(c, per, axis=0) if per > 1 else c
+                    cross.append(block)
+                m.blocks = ((m.version, n, width), mask, cross)
+        members = [m for m, *_ in work]
+        mask = np.concatenate([m.blocks[1] for m in members])
+        cross = [np.concatenate([m.blocks[2][i] for m in members]) for i in range(2 * self.n_layers)]
         self._cross_key, self._cross = key, (self._to(mask), [self._to(c) for c in cross])
         return self._cross
 
@@ -285,7 +325,7 @@ class ContinuousEngine(Engine):
 
     Args:
         translator: the Translator of the bundle served; its decoder.onnx must take per-row steps.
-        max_workers: requests decoded at once (each on its own thread, its rows in the shared batch).
+        max_workers: requests prepared at once (tokenized, encoded, then waiting for their searches).
         max_rows: as Engine's.
     Raises:
         NoServingDecoder: a bundle exported before continuous batching (the message says what to do).
@@ -301,38 +341,50 @@ class ContinuousEngine(Engine):
                                    head_dim=translator.head_dim, cache_dtype=translator.cache_dtype,
                                    vocab=translator.tgt_vocab, to_device=translator._to_device,
                                    device=translator._ort_device)
-        # The runtime's own code drives each request; only its step and its recycling are ours.
+        # The runtime's own code prepares each request; its searches run in the scheduler.
         self._view = view = copy.copy(translator)
-        view._step_fn, view._recycle = self._member, self._leave
-        self._local = threading.local()  # the job of the request this thread decodes
+        view._step_fn, view._search, view._stream = self._member, self._scheduled_search, self._scheduled_stream
+        self._local = threading.local()  # the job of the request this thread prepares
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="seq2onnx-job")
         self._lock = threading.Lock()
         self._jobs: dict[int, int] = {}  # id(job) -> its sentences, while decoding
 
     def _member(self, src, lengths, top_k, *, max_length: int, beam_width: int = 1, encoded=None) -> Member:
         src_mask, cross = encoded if encoded is not None else self.translator._encode(src, lengths)
-        member = Member(self.scheduler, self._local.job, src_mask.numpy(), [c.numpy() for c in cross], top_k)
-        self._local.members.append(member)
-        self.scheduler.join(member)
-        return member
+        return Member(self._local.job, src_mask.numpy(), [c.numpy() for c in cross], top_k)
 
-    def _leave(self, step) -> None:
-        self.scheduler.leave(getattr(step, "inner", step))  # inner: under force_prefix
+    def _scheduled_search(self, sources, max_lengths, options, prefixes) -> tuple:
+        program, step, encoded = self._view._search_program(sources, max_lengths, options, prefixes)
+        return self.scheduler.submit(getattr(step, "inner", step), program, step).result(), encoded
+
+    def _scheduled_stream(self, ids: list[int], limit: int, min_length: int, target_prefix: list[int]) -> Iterator[str]:
+        t = self.translator
+        member = self._member(np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64),
+                              t._top_k(1, min_length), max_length=limit)
+        chosen: queue.SimpleQueue = queue.SimpleQueue()
+        program = greedy_one_program(start_id=t.start_id, eos_id=t.eos_id, max_length=limit, min_length=min_length,
+                                     on_token=chosen.put)
+        done = self.scheduler.submit(member, program, force_prefix(member, [target_prefix]))
+        done.add_done_callback(lambda _: chosen.put(None))
+
+        def tokens() -> Iterator[int]:
+            while (token := chosen.get()) is not None:
+                if token != t.eos_id:
+                    yield token
+            done.result()  # the program's error, if it ended with one (Cancelled)
+
+        return text_increments(t._decode, tokens())
 
     @contextlib.contextmanager
     def _decoding(self, job: Job, sentences: int):
-        """This thread decodes `job` inside the block; whatever happens, the members it made leave the rounds."""
-        members = self._local.members = []  # this list object: a stream may be resumed on another thread
+        """This thread prepares `job` inside the block (its members carry the job)."""
         self._local.job = job
         with self._lock:
             self._jobs[id(job)] = sentences
         try:
             yield
         finally:
-            for m in members:
-                self.scheduler.leave(m)
-            if self._local.members is members:  # a pool thread keeps no finished job (nor its encoder outputs)
-                self._local.job, self._local.members = None, []
+            self._local.job = None  # a pool thread keeps no finished job
             with self._lock:
                 self._jobs.pop(id(job), None)
 
@@ -354,7 +406,9 @@ class ContinuousEngine(Engine):
 
     def stream(self, text: str, options: SearchOptions, job: Job) -> Iterator[str]:
         with self._decoding(job, 1):
-            yield from self._view._stream_text(text, options)
+            pieces = self._view._stream_text(text, options)  # its member is made now, on this thread
+        with self._decoding(job, 1):
+            yield from pieces
 
     def load(self) -> dict:
         with self._lock:
@@ -363,5 +417,5 @@ class ContinuousEngine(Engine):
                 "active_rows": self.scheduler.load()["active_rows"] if requests else 0}
 
     def close(self) -> None:
-        self.scheduler.close()
         self._pool.shutdown(wait=True)
+        self.scheduler.close()

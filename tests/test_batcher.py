@@ -68,7 +68,7 @@ def test_rows_of_many_requests_share_one_round(engine, monkeypatch):
     def counted(work):
         if not members_per_round:  # the first round waits (bounded) until all five have joined: no race
             deadline = time.monotonic() + 30
-            while len(engine.scheduler._members) < 5 and time.monotonic() < deadline:
+            while len(engine.scheduler._active) + len(engine.scheduler._incoming) < 5 and time.monotonic() < deadline:
                 time.sleep(0.005)
         members_per_round.append(len(work))
         return run_round(work)
@@ -152,7 +152,7 @@ def test_scheduler_refuses_members_after_close(bundle):
                   cache_dtype=t.cache_dtype, vocab=t.tgt_vocab)
     s.close()
     with pytest.raises(RuntimeError, match="closed"):
-        s.join(object())
+        s.submit(None, iter(()), None)
 
 
 def test_rows_over_the_limit_are_refused(engine):

@@ -242,11 +242,11 @@ def test_buffer_pool_keeps_small_buffers_only_and_after_a_normal_end(bundle, mon
     # a search that raises gives nothing back (its buffers may be half bound)
     monkeypatch.setattr(pool, "max_bytes", 4 << 20)
 
-    def failing(step, batch, **kw):
-        step(np.full((batch, 1), t.start_id, np.int64), np.arange(batch), 0, None)
+    def failing(batch, **kw):  # a search program that raises after its first step
+        yield np.full((batch, 1), t.start_id, np.int64), np.arange(batch), 0, None
         raise RuntimeError("stop")
 
-    monkeypatch.setattr(translator_module, "greedy_search", failing)
+    monkeypatch.setattr(translator_module, "greedy_program", failing)
     with pytest.raises(RuntimeError, match="stop"):
         t.translate_batch(TEXTS[:1], beam_size=1)
     assert pool._spares == []

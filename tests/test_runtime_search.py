@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seq2onnx.runtime.search import TopK, beam_search, candidates_needed, greedy_search, sample, stream_greedy
+from seq2onnx.runtime.sampling import sample
+from seq2onnx.runtime.search import TopK, beam_search, candidates_needed, greedy_search, stream_greedy
 from seq2onnx.runtime.prefix import force_prefix
 
 CASES = json.loads((Path(__file__).resolve().parents[1] / "spec" / "cases" / "search.json").read_text(encoding="utf-8"))

@@ -91,13 +91,13 @@ class CT2Engine(Engine):
         self._lock = threading.Lock()
         self._active = {"active_requests": 0, "active_sentences": 0, "active_rows": 0}
 
-    def check(self, options: dict) -> SearchOptions:
+    def check(self, options: dict, texts: int = 1) -> SearchOptions:
         """As Engine.check; ValueError also for an option CTranslate2 cannot honour (UNSUPPORTED)."""
         for name, why in UNSUPPORTED.items():
             value = options.get(name)
             if value is not None and value is not False:
                 raise ValueError(f"{name}={value!r}: the CTranslate2 engine cannot honour it ({why}); leave it out")
-        return super().check(options)
+        return super().check(options, texts)
 
     def _pieces(self, text: str, options: SearchOptions) -> list[str] | None:
         """The source's pieces as our runtime encodes them (end token included); None for an empty text."""

@@ -7,8 +7,8 @@ Servers, each given --threads compute threads in all (default 2: the cores of th
   (a) continuous  `seq2onnx serve BUNDLE --batching continuous --intra-threads T`
   (b) request     `seq2onnx serve BUNDLE --batching request --workers W --intra-threads T/W`, W = 1 and T
   (c) ct2         `python benchmarks/serve_ct2.py BUNDLE CT2_MODEL_DIR --inter-threads I --intra-threads T/I`, I = 1 and T
-(b) and (c) are reported at their best setting per point, named. The load generator (one asyncio process, httpx,
-on the same cores) runs C closed-loop clients, each sending one sentence per request and the next once answered
+(b) and (c) are reported at their best setting per point, named. The load generator (one asyncio process,
+benchmarks/raw_http.py's keep-alive client, on the same cores) runs C closed-loop clients, each sending one sentence per request and the next once answered
 (load_point says how the window is measured). Right after (a), Translator.translate in this process (1 caller,
 no HTTP), against (a) at 1 client. Writes DIR/results.json, results.md, plot.png and logs/ (each server's output).
 """
@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -177,13 +178,15 @@ async def load_point(url: str, sentences: list[str], clients: int, beam: int, *,
                      requests: int | None, timeout: float, transport=None) -> dict:
     """C closed-loop clients, one sentence per request: the figures of the measured window.
 
-    The warm-up lasts `warmup` seconds and until every client has had an answer (a closed loop is in its steady
-    state only then: at 128 clients the first answers may take longer than any fixed warm-up); the window starts
-    there. Duration mode (requests None): the requests answered in [start, start + seconds] count. Request mode:
-    the first `requests` requests sent from the start; the window ends at the last answer.
-    transport: an httpx transport instead of the network (tests).
+    The warm-up lasts `warmup` seconds and until every client has had an answer (at 128 clients the first answers
+    may take longer than any fixed warm-up); the window starts there. Duration mode (requests None): the requests
+    answered in [start, start + seconds] count; request mode: the first `requests` sent from the start, to the last
+    answer. transport: an httpx transport instead of the network (tests); else raw_http.py's light client.
     """
     import httpx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # raw_http.py beside this file, however it was loaded
+    from raw_http import Connection, HTTPError
 
     order, measured = itertools.count(), itertools.count()
     records = []  # (sent, done, tokens or None, error or None)
@@ -191,9 +194,17 @@ async def load_point(url: str, sentences: list[str], clients: int, beam: int, *,
     answered: set[int] = set()
     window = {"start": float("inf")}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    parts = urllib.parse.urlsplit(url)
     async with httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport) as client:
 
+        async def post(connection, payload):  # (status, JSON): one keep-alive connection per client
+            if transport is not None:
+                r = await client.post(url, json=payload)
+                return r.status_code, r.json() if r.status_code == 200 else None
+            return await connection.post_json(parts.path, payload, timeout)
+
         async def one_client(me: int):
+            connection = Connection(parts.hostname, parts.port)
             while True:
                 sent, start = time.perf_counter(), window["start"]
                 if (sent >= start + seconds if requests is None
@@ -202,12 +213,12 @@ async def load_point(url: str, sentences: list[str], clients: int, beam: int, *,
                 text = sentences[next(order) % len(sentences)]
                 tokens = error = None
                 try:
-                    r = await client.post(url, json={"texts": [text], "beam_size": beam})
-                    if r.status_code == 200:
-                        tokens = len(r.json()["translations"][0]["token_ids"][0])
+                    status, answer = await post(connection, {"texts": [text], "beam_size": beam})
+                    if status == 200:
+                        tokens = len(answer["translations"][0]["token_ids"][0])
                     else:
-                        error = f"HTTP {r.status_code}"
-                except httpx.HTTPError as e:
+                        error = f"HTTP {status}"
+                except (httpx.HTTPError, HTTPError, asyncio.TimeoutError) as e:
                     error = type(e).__name__
                 done = time.perf_counter()
                 records.append((sent, done, tokens, error))
@@ -408,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = (f"closed loop, {args.warmup:g} s warm-up then "
             f"{f'{args.seconds:g} s' if args.requests is None else f'{args.requests} requests'} measured per point")
     note = (f"{args.threads} compute threads in all per server (workers/inter threads x intra threads); this machine "
-            f"has {os.cpu_count()} cores, shared by the server and the load generator (one asyncio process, httpx).")
+            f"has {os.cpu_count()} cores, shared by the server and the load generator (one asyncio process, benchmarks/raw_http.py).")
     log(note)
     report = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "threads_note": note, "bundle": str(args.bundle),
               "ct2_model": str(args.ct2_model), "data": str(args.data), "src_col": args.src_col,

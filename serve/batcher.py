@@ -43,6 +43,7 @@ from seq2onnx.runtime.text import text_increments
 from seq2onnx.runtime.translator import Translator
 
 from .engine import Cancelled, Engine, Job
+from .layout import RowLayout
 
 
 class RoundFailed(RuntimeError):
@@ -80,7 +81,7 @@ class Member:
 
     def __init__(self, job: Job, src_mask: np.ndarray, cross: list[np.ndarray], top_k: int | None):
         self.job, self.top_k, self.src_mask, self.cross = job, top_k, src_mask, cross
-        self.blocks: tuple | None = None  # (key, mask, cross): its rows' blocks of the round's cross inputs
+        self.placed: tuple | None = None  # its rows in the rounds' cross inputs (serve/layout.py)
         self.serial = next(_SERIALS)
         self.version = 0  # changes when sentences leave: its per-row cross is then made again
         self.offset: int | None = None  # its first row in the previous round's output (None before its first step)
@@ -129,9 +130,8 @@ class Scheduler:
         self._incoming: list[_Search] = []
         self._active: list[_Search] = []  # the rows' order in a round
         self._past: list | None = None  # the previous round's present_* OrtValues
-        self._cross_key = None
-        self._cross: tuple = ()
-        self._width = 0  # the source positions of the rounds' cross inputs
+        self.layout = RowLayout(n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, dtype=cache_dtype,
+                                to_device=self._to, shares_memory=device == "cpu")
         self._closed = False
         self.rounds = 0
         self.last_rows = 0
@@ -178,7 +178,8 @@ class Scheduler:
                     self._finish(search, error=Cancelled("the request was cancelled"))
             self._active = [s for s in self._active if not s.future.done()]
             if not self._active:  # nobody reads the cache or the cross inputs any more
-                self._past, self._cross_key, self._cross = None, None, ()
+                self._past = None
+                self.layout.clear()
                 continue
             work = []
             for search in self._active:
@@ -194,6 +195,7 @@ class Scheduler:
                 for search in self._active:
                     self._finish(search, error=failed)
                 self._active, self._past = [], None
+                self.layout.clear()
                 continue
             for search in self._active:
                 search.member.answer = answers[search.member]
@@ -223,27 +225,27 @@ class Scheduler:
             search.future.set_result(result)
 
     def _round(self, work: list) -> dict:
-        rows = [len(tokens) for _, tokens, _, _ in work]
-        total = sum(rows)
-        starts = np.cumsum([0, *rows[:-1]])
+        members, rows = [m for m, *_ in work], [len(tokens) for _, tokens, _, _ in work]
+        starts = self.layout.place(members, rows)
+        total = self.layout.used  # the members' rows and the holes between them (dummy rows, outputs unread)
         past = self._trimmed_past(max(t for *_, t in work))
         prev_rows = past[0].shape()[0]
-        indices = np.zeros(total, dtype=np.int64)
-        steps = np.empty(total, dtype=np.int64)
-        for (m, _, local, t), start, n in zip(work, starts, rows):
+        tokens = np.zeros((total, 1), dtype=np.int64)
+        steps = np.zeros(total, dtype=np.int64)
+        indices = np.zeros(total, dtype=np.int64)  # a dummy row, or a first step: any row will do (all masked)
+        for (m, tok, local, t), start, n in zip(work, starts, rows):
+            tokens[start:start + n, 0] = tok
             steps[start:start + n] = t
             if t > 0:
                 if m.offset is None:
                     raise RuntimeError("a member at step > 0 has no rows in the previous round")
                 indices[start:start + n] = m.offset + local
-            # else: a first step; any row will do (its cached slots are all masked): row 0
         if indices.max(initial=0) >= prev_rows:
             raise RuntimeError(f"cache row {int(indices.max())} of {prev_rows}: a member skipped a round")
-        tokens = np.concatenate([tok for _, tok, _, _ in work])[:, None]
-        k_wanted = [m.top_k for m, *_ in work if m.top_k is not None]
+        k_wanted = [m.top_k for m in members if m.top_k is not None]
         top_k = max(k_wanted, default=1)
-        full = any(m.top_k is None for m, *_ in work)
-        src_mask, cross = self._per_row_cross(work, rows)
+        full = any(m.top_k is None for m in members)
+        src_mask, cross = self.layout.inputs()
 
         b = self.decoder.io_binding()
         b.bind_cpu_input(names.TOKENS, tokens)
@@ -266,9 +268,9 @@ class Scheduler:
         self._past = out[: len(present)]
         got = dict(zip(wanted, (o.numpy() for o in out[len(present):])))
         self.rounds += 1
-        self.last_rows = total
+        self.last_rows = sum(rows)
         answers = {}
-        for (m, *_), start, n in zip(work, starts, rows):
+        for m, start, n in zip(members, starts, rows):
             m.offset = int(start)
             if m.top_k is None:
                 answers[m] = got[names.LOG_PROBS][start:start + n]
@@ -287,37 +289,6 @@ class Scheduler:
         if length - needed >= max(4, needed // 4):
             self._past = [self._to(np.ascontiguousarray(v.numpy()[:, :, length - needed:])) for v in self._past]
         return self._past
-
-    def _per_row_cross(self, work: list, rows: list[int]) -> tuple:
-        """src_mask (R, S) and the cross keys/values (R, H, S, Dh) of the round's rows, S the longest
-        source; made again only when the rows' sentences change (a member joins, leaves, or drops one)."""
-        key = tuple((m.serial, m.version, n) for (m, *_), n in zip(work, rows))
-        if key == self._cross_key:
-            return self._cross
-        # Each member keeps its rows' block padded to the rounds' width (the longest source rounded up to 8; it
-        # grows at once and shrinks only below 60%, so that blocks are seldom padded again): a round then joins
-        # the blocks with one concatenate per input. Writing each member's rows into one array instead cost ~10
-        # numpy calls per member and round (14 ms at 128 members); np.pad per round, more.
-        needed = -(-max(m.src_mask.shape[1] for m, *_ in work) // 8) * 8
-        if needed > self._width or needed < 0.6 * self._width:
-            self._width = needed
-        width = self._width
-        for (m, *_), n in zip(work, rows):
-            if m.blocks is None or m.blocks[0] != (m.version, n, width):
-                per, s = n // m.src_mask.shape[0], m.src_mask.shape[1]  # rows per sentence: its live beams
-                mask = np.zeros((n, width), dtype=bool)
-                mask[:, :s] = np.repeat(m.src_mask, per, axis=0)
-                cross = []
-                for c in m.cross:
-                    block = np.zeros((n, self.n_heads, width, self.head_dim), dtype=self.cache_dtype)
-                    block[:, :, :s] = np.repeat(c, per, axis=0) if per > 1 else c
-                    cross.append(block)
-                m.blocks = ((m.version, n, width), mask, cross)
-        members = [m for m, *_ in work]
-        mask = np.concatenate([m.blocks[1] for m in members])
-        cross = [np.concatenate([m.blocks[2][i] for m in members]) for i in range(2 * self.n_layers)]
-        self._cross_key, self._cross = key, (self._to(mask), [self._to(c) for c in cross])
-        return self._cross
 
 
 class ContinuousEngine(Engine):

@@ -224,8 +224,7 @@ def _invalid(errors: list[dict], model: type[BaseModel]) -> JSONResponse:
                            f"{loc[0] if loc else 0}): send one JSON object")
     if not loc:
         example = '{"texts": ["Hello"]}' if model is TranslateRequest else '{"text": "Hello"}'
-        return _error(422, f"the body must be a JSON object such as {example}, sent as Content-Type: application/json: "
-                           f"{e['msg']}")
+        return _error(422, f"the body must be a JSON object such as {example} (Content-Type: application/json): {e['msg']}")
     names = ", ".join(sorted(model.model_fields, key=lambda name: name not in ("text", "texts")))
     field, where = loc[0], loc[0] + "".join(f"[{p}]" for p in loc[1:])
     if e["type"] == "extra_forbidden":

@@ -20,7 +20,6 @@ import argparse
 import concurrent.futures
 import json
 import sys
-import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -88,8 +87,6 @@ class CT2Engine(Engine):
         self._source_pieces = translator.source_tokenizer.id_to_piece
         self._target_id = translator.target_tokenizer.piece_to_id
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=inter_threads, thread_name_prefix="seq2onnx-ct2")
-        self._lock = threading.Lock()
-        self._active = {"active_requests": 0, "active_sentences": 0, "active_rows": 0}
 
     def check(self, options: dict, texts: int = 1) -> SearchOptions:
         """As Engine.check; ValueError also for an option CTranslate2 cannot honour (UNSUPPORTED)."""
@@ -181,16 +178,6 @@ class CT2Engine(Engine):
             yield from text_increments(self.translator._decode, ids())
         finally:
             self._count(1, options, -1)
-
-    def _count(self, sentences: int, options: SearchOptions, sign: int) -> None:
-        with self._lock:
-            self._active["active_requests"] += sign
-            self._active["active_sentences"] += sign * sentences
-            self._active["active_rows"] += sign * sentences * options.beam_size
-
-    def load(self) -> dict:
-        with self._lock:
-            return dict(self._active)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -317,7 +317,6 @@ class ContinuousEngine(Engine):
         view._step_fn, view._search, view._stream = self._member, self._scheduled_search, self._scheduled_stream
         self._local = threading.local()  # the job of the request this thread prepares
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="seq2onnx-job")
-        self._lock = threading.Lock()
         self._jobs: dict[int, int] = {}  # id(job) -> its sentences, while decoding
 
     def _member(self, src, lengths, top_k, *, max_length: int, beam_width: int = 1, encoded=None) -> Member:

@@ -57,6 +57,8 @@ class Engine:
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"max_rows={max_rows!r}; give an int >= 1")
         self.translator, self.max_rows = translator, max_rows
+        self._lock = threading.Lock()
+        self._active = {"active_requests": 0, "active_sentences": 0, "active_rows": 0}  # _count's, load()'s default
 
     def check(self, options: dict, texts: int = 1) -> SearchOptions:
         """Returns the SearchOptions of a request's options (translate_batch's names) for `texts` texts.
@@ -87,8 +89,16 @@ class Engine:
         raise NotImplementedError
 
     def load(self) -> dict:
-        """Returns {"active_requests", "active_sentences", "active_rows"}: what is being decoded now."""
-        raise NotImplementedError
+        """Returns {"active_requests", "active_sentences", "active_rows"}: what is being decoded now (_count's sums)."""
+        with self._lock:
+            return dict(self._active)
+
+    def _count(self, sentences: int, options: SearchOptions, sign: int) -> None:
+        """Adds (sign +1) or removes (-1) one request of `sentences` texts to what load() reports."""
+        with self._lock:
+            self._active["active_requests"] += sign
+            self._active["active_sentences"] += sign * sentences
+            self._active["active_rows"] += sign * sentences * options.beam_size
 
     def close(self) -> None:
         """Stops the engine's threads once every submitted job is answered (the front end drains first)."""
@@ -113,8 +123,6 @@ class RequestEngine(Engine):
         self._local = threading.local()
         view._step_fn = self._checked_step
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seq2onnx-request")
-        self._lock = threading.Lock()
-        self._active = {"active_requests": 0, "active_sentences": 0, "active_rows": 0}
 
     def submit(self, texts: list[str], options: SearchOptions) -> Job:
         job = Job()
@@ -156,16 +164,6 @@ class RequestEngine(Engine):
                 yield piece
         finally:
             self._count(1, options, -1)
-
-    def _count(self, sentences: int, options: SearchOptions, sign: int) -> None:
-        with self._lock:
-            self._active["active_requests"] += sign
-            self._active["active_sentences"] += sign * sentences
-            self._active["active_rows"] += sign * sentences * options.beam_size
-
-    def load(self) -> dict:
-        with self._lock:
-            return dict(self._active)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)  # a job never started is never answered: it was cancelled

@@ -12,17 +12,17 @@ import json
 import logging
 import math
 import re
-import threading
 import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from seq2onnx.serve.engine import Cancelled, Engine, Job
+from seq2onnx.serve.stream import Stream, lines, pump, soon
 
 log = logging.getLogger("seq2onnx.serve")
 
@@ -289,62 +289,11 @@ async def _wait(f: Frontend, waited: asyncio.Future, request: Request, job: Job)
         _error(CLIENT_LEFT, "the client left")
 
 
-def _soon(loop: asyncio.AbstractEventLoop, call, *args) -> None:
-    """Runs call(*args) on the event loop, from an engine's thread; nothing once the loop has closed (nobody waits)."""
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(call, *args)
-
-
 def _bridge(job: Job) -> asyncio.Future:
     """An asyncio future done with job.future; cancelling it never cancels the engine's (read the result there)."""
     done = (loop := asyncio.get_running_loop()).create_future()
-    job.future.add_done_callback(lambda _: _soon(loop, lambda: done.done() or done.set_result(None)))
+    job.future.add_done_callback(lambda _: soon(loop, lambda: done.done() or done.set_result(None)))
     return done
-
-
-def _pump(engine: Engine, text: str, options, job: Job) -> asyncio.Queue:
-    """Runs engine.stream on a thread; ("piece", str)..., then ("done", None) or ("error", exception) come on the queue."""
-    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-
-    def run():
-        try:
-            for piece in engine.stream(text, options, job):
-                _soon(loop, queue.put_nowait, ("piece", piece))
-            _soon(loop, queue.put_nowait, ("done", None))
-        except BaseException as e:  # the stream's answer carries it
-            _soon(loop, queue.put_nowait, ("error", e))
-
-    threading.Thread(target=run, name="seq2onnx-stream", daemon=True).start()
-    return queue
-
-
-async def _lines(f: Frontend, job: Job, queue: asyncio.Queue, event: tuple, deadline: float):
-    """The NDJSON lines of a stream whose first event has come; an early end (the client left) cancels the job."""
-    loop, pieces, finished = asyncio.get_running_loop(), [], False
-    try:
-        while event[0] == "piece":
-            pieces.append(event[1])
-            yield json.dumps({"text": event[1]}, ensure_ascii=False) + "\n"
-            try:
-                event = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                event = ("timeout", None)
-        (kind, value), finished = event, True
-        if kind == "done":
-            f.texts.inc()
-            f.tokens.inc(len(pieces))
-        elif kind == "timeout":
-            job.cancel()
-            f.cancelled.labels("timeout").inc()
-        elif not isinstance(value, (ValueError, TypeError)):
-            log.error("the engine failed mid-stream", exc_info=value)
-        last = {"done": True, "text": "".join(pieces)} if kind == "done" else {"error": f.too_slow} if kind == "timeout" \
-            else {"error": f"{type(value).__name__}: {value}"}
-        yield json.dumps(last, ensure_ascii=False) + "\n"
-    finally:
-        if not finished:  # the client left mid-stream, or the server's drain limit
-            job.cancel()
-            f.cancelled.labels("disconnect").inc()
 
 
 # -- the app ---------------------------------------------------------------------------------------
@@ -421,15 +370,14 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
         search = _checked(f, [body.text], "text", options, StreamRequest)
         if isinstance(search, Response):
             return search
-        queue = _pump(engine, body.text, search, job := Job())
+        queue = pump(engine, body.text, search, job := Job())
         first = asyncio.ensure_future(queue.get())
         answer = await _wait(f, first, request, job)
         if answer is not None:
             return answer
         if first.result()[0] == "error":  # before any piece: still a plain HTTP error
             return _engine_error(first.result()[1], StreamRequest)
-        return StreamingResponse(_lines(f, job, queue, first.result(), request.scope["seq2onnx.deadline"]),
-                                 media_type="application/x-ndjson")
+        return Stream(lines(f, job, queue, first.result(), request.scope["seq2onnx.deadline"]), job)
 
     @app.get("/health", summary="The process is alive (200)")
     async def health():

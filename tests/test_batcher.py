@@ -189,3 +189,28 @@ def test_request_engine_stops_a_cancelled_request_at_its_next_step(bundle, monke
         job[0].future.result(timeout=60)
     assert steps == [0, 1, 2]  # step 3 was never run
     engine.close()
+
+
+def test_a_stream_answer_cancels_its_job_however_it_ends():
+    """Starlette never starts a stream's lines when the client is gone first: the answer itself cancels the job."""
+    import asyncio
+
+    from starlette.requests import ClientDisconnect
+
+    from seq2onnx.serve.engine import Job
+    from seq2onnx.serve.stream import Stream
+
+    async def never_started():
+        raise AssertionError("not reached")
+        yield ""
+
+    async def gone(message):
+        raise OSError("the client left")
+
+    async def nothing():
+        return {"type": "http.disconnect"}
+
+    job = Job()
+    with pytest.raises((OSError, ClientDisconnect)):  # Starlette turns the send's OSError into ClientDisconnect
+        asyncio.run(Stream(never_started(), job)({"type": "http", "asgi": {"spec_version": "2.4"}}, nothing, gone))
+    assert job.cancelled.is_set()

@@ -26,7 +26,7 @@ from typing import Iterator
 from seq2onnx.runtime.options import SearchOptions
 from seq2onnx.runtime.text import text_increments
 from seq2onnx.runtime.translator import TranslationResult, Translator
-from seq2onnx.serve.engine import Cancelled, Engine, Job
+from seq2onnx.serve.engine import Engine, Job
 
 COMPUTE_TYPES = ("float32", "int8")
 # SearchOptions fields CTranslate2 cannot give as our runtime does, with the reason (a request naming one gets a 422).
@@ -139,22 +139,7 @@ class CT2Engine(Engine):
         return results  # type: ignore[return-value]
 
     def submit(self, texts: list[str], options: SearchOptions) -> Job:
-        job = Job()
-
-        def work():
-            if job.cancelled.is_set():  # left before its turn: never decoded
-                job.future.set_exception(Cancelled("cancelled before decoding"))
-                return
-            self._count(len(texts), options, +1)
-            try:
-                job.future.set_result(self._translate(texts, options))
-            except BaseException as e:  # the job carries it; the pool thread lives on
-                job.future.set_exception(e)
-            finally:
-                self._count(len(texts), options, -1)
-
-        self._pool.submit(work)
-        return job
+        return self._on_pool(self._pool, texts, options, lambda job: self._translate(texts, options))
 
     def stream(self, text: str, options: SearchOptions, job: Job) -> Iterator[str]:
         """Greedy pieces from ctranslate2.Translator.generate_tokens, detokenised as the runtime does."""

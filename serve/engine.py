@@ -93,6 +93,26 @@ class Engine:
         with self._lock:
             return dict(self._active)
 
+    def _on_pool(self, pool: concurrent.futures.Executor, texts: list[str], options: SearchOptions, decode) -> Job:
+        """Runs decode(job) -> results on `pool` as a new job: never if it was cancelled while queued; counted in
+        load() while it runs; its result or error on job.future (the pool thread lives on)."""
+        job = Job()
+
+        def work():
+            if job.cancelled.is_set():  # left before its turn: never decoded
+                job.future.set_exception(Cancelled("cancelled before decoding"))
+                return
+            self._count(len(texts), options, +1)
+            try:
+                job.future.set_result(decode(job))
+            except BaseException as e:  # the job carries it
+                job.future.set_exception(e)
+            finally:
+                self._count(len(texts), options, -1)
+
+        pool.submit(work)
+        return job
+
     def _count(self, sentences: int, options: SearchOptions, sign: int) -> None:
         """Adds (sign +1) or removes (-1) one request of `sentences` texts to what load() reports."""
         with self._lock:
@@ -125,24 +145,14 @@ class RequestEngine(Engine):
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seq2onnx-request")
 
     def submit(self, texts: list[str], options: SearchOptions) -> Job:
-        job = Job()
+        return self._on_pool(self._pool, texts, options, lambda job: self._translate_as(job, texts, options))
 
-        def work():
-            if job.cancelled.is_set():  # left before its turn: never decoded
-                job.future.set_exception(Cancelled("cancelled before decoding"))
-                return
-            self._count(len(texts), options, +1)
-            try:
-                self._local.job = job
-                job.future.set_result(self._view._translate(texts, options))
-            except BaseException as e:  # the job carries it; the pool thread lives on
-                job.future.set_exception(e)
-            finally:
-                self._local.job = None
-                self._count(len(texts), options, -1)
-
-        self._pool.submit(work)
-        return job
+    def _translate_as(self, job: Job, texts: list[str], options: SearchOptions):
+        self._local.job = job  # its steps check the job's cancel flag (_checked_step)
+        try:
+            return self._view._translate(texts, options)
+        finally:
+            self._local.job = None
 
     def _checked_step(self, *args, **kwargs):
         step, job = self.translator._step_fn(*args, **kwargs), self._local.job

@@ -11,16 +11,21 @@ fused decoder -- becomes, with m = max|x| over the row (K values):
 
     codes = QuantizeLinear(x / m, 1/127, 128)             uint8, one pass per input tensor (shared
                                                           by the layers that read it, e.g. Q, K, V)
-    y     = (codes - 128) @ (Wq - z_w)  x  (s_w / 127)  x  m  +  b    [Relu]
+    y     = (codes - 128) @ Wq  x  (s_w / 127)  x  m  +  b   [Relu]
 
-with Wq = round(W / s_w) + z_w per output column n: uint8 codes, s_w = (max - min of W[:, n], 0
-included) / 255 and z_w the code of 0, so 0 is exact. uint8 x uint8, not uint8 x int8, because of
-the CPU this was built for (AVX2 without VNNI): there onnxruntime's u8 x s8 kernel adds pairs of
-products in signed 16 bits (vpmaddubsw), which saturates for 8-bit weights (255 x 127 x 2 > 32,767;
-onnxruntime documents this as the u8s8 saturation issue), while its u8 x u8 kernel widens to 16 bits
-first and is exact. The other remedy, 7-bit int8 weights (`reduce_range`), was measured too: its
-kernel is ~1.1x faster at 32-128 rows, but greedy outputs equal fp32's on 73% of 300 Tatoeba
-sentences against 87% for these 8-bit weights (docs/optimisation-notes.md).
+with Wq = round(W / s_w) + z_w per output column n: int8 codes in [-128, 127], s_w = (max - min of
+W[:, n], 0 included) / 255 and z_w the code of 0, so 0 is exact. These are the uint8 codes of the
+column's own range minus 128 (the zero point moved with them): the products are a u8 x u8
+product's, to the bit, while uint8 x int8 is onnxruntime's fast integer product: with VNNI
+(vpdpbusd) or on ARM it accumulates in 32 bits, exactly, ~2x its u8 x u8 kernel at 32-128 rows
+(docs/optimisation-notes.md, row 27). On x86 CPUs without VNNI its kernel adds pairs of products in
+signed 16 bits (vpmaddubsw) and saturates (255 x 128 x 2 > 32,767; onnxruntime documents this as
+the u8s8 saturation issue): there the runtime turns on onnxruntime's `session.x64quantprecision`,
+which rewrites int8 weights as uint8 (w + 128, zero point + 128) for its exact u8 x u8 kernel
+(runtime/u8s8_probe.py asks onnxruntime which case a CPU is). Measured alternatives (row 27):
+symmetric int8 weights (max|w| / 127), and 7-bit activations (which never saturate) change
+agreement with PyTorch by -3 to +1 points on 500 sentences; 7-bit weights (`reduce_range`) lose
+accuracy (row 8).
 
 A row whose values are all 0 gives m = 0 and codes of 0/0: whatever codes QuantizeLinear makes of
 them, the integer product is finite and is multiplied by m = 0, so y = b exactly (tested), and no
@@ -42,13 +47,16 @@ from onnx import TensorProto, helper, numpy_helper
 
 MS_DOMAIN = "com.microsoft"
 ACTIVATION_QMAX = 127  # activation codes 128 +- 127: uint8 with zero point 128, symmetric
+ACTIVATION_ZERO = 128
 SCHEME = {  # what bundle.json's `quantization_scheme` records
-    "name": "int8-per-row-u8u8",
-    "activations": {"bits": 8, "type": "uint8", "zero_point": 128, "scale": "per row: max|x| / 127, at run time",
-                    "block_size": "row (the whole input dimension)"},
-    "weights": {"bits": 8, "type": "uint8", "zero_point": "per output channel: the code of 0",
+    "name": "int8-per-row-u8s8",
+    "activations": {"bits": 8, "type": "uint8", "zero_point": ACTIVATION_ZERO, "range": [1, 255],
+                    "scale": f"per row: max|x| / {ACTIVATION_QMAX}, at run time", "block_size": "row (the whole input dimension)"},
+    "weights": {"bits": 8, "type": "int8", "zero_point": "per output channel: the code of 0", "range": [-128, 127],
                 "scale": "per output channel: (max - min, 0 included) / 255", "block_size": "column (the whole input dimension)"},
     "batch_invariant": True,
+    "exact_products": "u8 x s8 where onnxruntime's kernel accumulates in 32 bits (VNNI, ARM); elsewhere on x86 the "
+                      "runtime sets session.x64quantprecision (u8 x u8)",
     "fp32": "attention products, softmax, embeddings, layer norms, contrib attention kernels",
 }
 
@@ -101,17 +109,22 @@ def linear_weights(node: onnx.NodeProto, inits: dict[str, np.ndarray]):
 def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Quantizes weights per output column: W ~ (codes - zero point) x scale, with 0 exactly representable.
 
+    The 256 levels span each column's own [min, max] (0 included), as uint8 codes would; stored as
+    int8 (uint8 code - 128, the zero point moved with them), so the products are the same as a
+    uint8 x uint8 product's, on onnxruntime's faster u8 x s8 kernel.
+
     Args:
         w: W (K, N) fp32.
 
     Returns:
-        (codes (K, N) uint8, scale (N,), zero point (N,) uint8).
+        (codes (K, N) int8, scale (N,), zero point (N,) int8).
     """
     low, high = np.minimum(w.min(axis=0), 0), np.maximum(w.max(axis=0), 0)
     scale = ((high - low) / 255).astype(np.float32)
-    scale[scale == 0] = 1.0  # an all-zero column: codes = zero point = 0
+    scale[scale == 0] = 1.0  # an all-zero column: codes = zero point = -128
     zero = np.clip(np.round(-low / scale), 0, 255)
-    return np.clip(np.round(w / scale) + zero, 0, 255).astype(np.uint8), scale, zero.astype(np.uint8)
+    codes = np.clip(np.round(w / scale) + zero, 0, 255)
+    return (codes - 128).astype(np.int8), scale, (zero - 128).astype(np.int8)
 
 
 def quantize_model(proto: onnx.ModelProto, *, contrib: bool) -> int:
@@ -137,7 +150,7 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool) -> int:
             added[name] = numpy_helper.from_array(np.asarray(value), name)
         return name
 
-    zp = const("rowq/zero_point", np.array(128, np.uint8))
+    zp = const("rowq/zero_point", np.array(ACTIVATION_ZERO, np.uint8))
     codes_of: dict[str, tuple[str, str]] = {}  # input tensor -> (its uint8 codes, its row max (.., 1))
     weights_of: dict[tuple[str, bool], tuple[str, str, str]] = {}  # (initializer, transposed) -> (codes, zero point, scale / 127)
     nodes: list[onnx.NodeProto] = []

@@ -9,6 +9,7 @@ from .bundle import DECODER_LABELS, STANDARD, Bundle, BundleError
 from .fused_step import pick_decoder
 from .options import SessionTuning, spin_settings
 from .ort_install import import_onnxruntime
+from .u8s8_probe import precision_entries
 
 ort = import_onnxruntime()  # names a missing or doubly installed onnxruntime, with the fix
 
@@ -80,12 +81,15 @@ def session_options(tuning: SessionTuning, intra_threads: int, graph: str) -> or
         graph: "encoder" or "decoder" (they spin differently; runtime/options.py says why).
 
     Returns:
-        Options for ort.InferenceSession.
+        Options for ort.InferenceSession; where this CPU's u8 x s8 kernel saturates, also
+        onnxruntime's exact u8 x u8 products for int8 graphs (runtime/u8s8_probe.py).
     """
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[tuning.optimization])
     options.intra_op_num_threads = intra_threads
-    for key, value in spin_settings(tuning.thread_spinning, graph, ort.__version__).items():
+    # x86 without VNNI: int8 bundles' products made exact through u8 x u8 (runtime/u8s8_probe.py)
+    entries = {**spin_settings(tuning.thread_spinning, graph, ort.__version__), **precision_entries(ort)}
+    for key, value in entries.items():
         options.add_session_config_entry(key, value)
     options.log_severity_level = 3  # no warnings about provider fallbacks on stderr
     return options

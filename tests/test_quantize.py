@@ -4,7 +4,9 @@ onnxruntime's dynamic quantization (quantize_dynamic), the int8 of earlier bundl
 activations per tensor, i.e. over the whole batch: on the tiny model's generate_pairs(200, seed=777)
 it gave the same greedy translation alone and in batches of 32 for 102 of the 200, and each of the
 batch, row, encoder and agreement checks below fails on such a bundle (run by hand when this file
-was written; the old exporter is gone).
+was written; the old exporter is gone). The codes are uint8 activations against int8 weights,
+onnxruntime's fast u8 x s8 product; every session here takes the runtime's options for it
+(runtime/u8s8_probe.py), so on an x86 CPU without VNNI these tests check the exact u8 x u8 path.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
+from seq2onnx.runtime.u8s8_probe import precision_entries
 
 TEXTS = [s for s, _ in generate_pairs(48, seed=777)]  # 4 to 11 words: every batch mixes lengths
 VARIANTS = (fmt.STANDARD, fmt.FUSED)
@@ -37,6 +40,8 @@ def _session(path: Path) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2  # as the runtime: rows may be split between threads
     options.log_severity_level = 3
+    for key, value in precision_entries(ort).items():
+        options.add_session_config_entry(key, value)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -58,13 +63,15 @@ def test_int8_bundle_records_its_scheme_and_loads_with_hashes(int8):
         assert "DynamicQuantizeLinear" not in ops and not ops & {"Gemm", "FusedGemm"}, (label, ops)
         products = [n for n in proto.graph.node if n.op_type == graph["product"]]
         assert len(products) == graph["linear_layers"] > 0, label
-        # uint8 x uint8 (exact on AVX2: no u8s8 saturation), the activations' zero point a scalar 128
-        # (one for every row), the weights' one per output column
+        # uint8 activations x int8 weights (onnxruntime's fast kernel): the activations' zero point a scalar
+        # 128 (one for every row), the weights' one per output column
         inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
         for node in products:
             weights, a_zero, w_zero = (inits[node.input[i]] for i in ((1, 2, 3) if label != "decoder_fused" else (1, 4, 5)))
-            assert weights.dtype == a_zero.dtype == w_zero.dtype == np.uint8 and a_zero.shape == () and a_zero == 128
-            assert w_zero.shape == weights.shape[1:], node.name
+            assert a_zero.dtype == np.uint8 and a_zero.shape == () and a_zero == 128, node.name
+            assert weights.dtype == w_zero.dtype == np.int8 and w_zero.shape == weights.shape[1:], node.name
+        codes = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"]
+        assert codes and all(inits[n.input[1]] == np.float32(1 / 127) and inits[n.input[2]] == 128 for n in codes)
     t = Translator(int8, device="cpu", check_hashes=True)
     assert t.decoder_variant == fmt.FUSED and t.translate(TEXTS[0])
 
@@ -162,16 +169,21 @@ def test_linear_layer_zero_rows_extremes_and_accuracy(op, contrib):
     assert quantize_model(proto, contrib=contrib) == 1
     inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
     codes, zero, scale127 = (inits[f"w/rowq_t/{name}"] for name in ("codes", "zero_point", "scale"))
-    assert codes.min() == 0 and codes.max() == 255 and np.all(codes[:, 0] == zero[0])  # the full 8-bit range
+    assert codes.dtype == zero.dtype == np.int8 and np.all(codes[:, 0] == zero[0])  # an all-zero column: its zero point
+    assert codes.min() == -128 and codes.max() == 127  # the full 8-bit range
     dequantized = (codes.astype(np.float64) - zero) * scale127 * 127
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    for key, value in precision_entries(ort).items():
+        options.add_session_config_entry(key, value)
+    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     relu = (lambda v: np.maximum(v, 0)) if op == "FusedGemm" else (lambda v: v)
     x = np.stack([np.zeros(k), np.full(k, 2.5), np.full(k, -2.5), *rng.standard_normal((5, k))]).astype(np.float32)
     y = session.run(None, {"x": x})[0]
     # an all-zero row: codes of 0/0 times a row scale of 0 leave the bias, exactly
     assert np.array_equal(y[0], relu(b))
-    # activation codes at their ends (255, 1) against weight codes 0..255: x / max|x| is exactly +-1, so
-    # the integer product is exact (no saturation) and y is x times the dequantized weights, plus b
+    # activation codes at their ends (255, 1) against weight codes -128..127: x / max|x| is exactly +-1, so
+    # the integer product is exact (no u8s8 saturation: on x86 without VNNI through the runtime's session
+    # option) and y is x times the dequantized weights, plus b
     np.testing.assert_allclose(y[1:3], relu(x[1:3] @ dequantized + b), rtol=1e-5, atol=1e-4)
     # other rows: int8's error, small against the outputs' scale
     want = relu(x[3:] @ w + b)

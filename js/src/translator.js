@@ -123,7 +123,10 @@ export class Translator {
     const maps = await checkTokenizers(bundle, platform); // sizes, special ids, vocabularies and maps: before the graphs load
     const options = {
       executionProviders: ["cpu"], graphOptimizationLevel: LEVELS[optimization], intraOpNumThreads: threads,
-      logSeverityLevel: 3, extra: { session: { intra_op: { allow_spinning: threadSpinning ? "1" : "0" } } },
+      logSeverityLevel: 3,
+      // x64quantprecision: int8 bundles multiply uint8 by int8, which onnxruntime's x86 kernels without VNNI
+      // saturate; "1" makes them exact (u8 x u8) there, and costs speed on VNNI CPUs (docs/bundle-format.md).
+      extra: { session: { intra_op: { allow_spinning: threadSpinning ? "1" : "0" }, x64quantprecision: "1" } },
     };
     // Each graph's failure names its file (the path found for files.<key>), what failed and the fix.
     const session = async (key) => {

@@ -1,0 +1,65 @@
+"""runtime/u8s8_probe.py: the int8 products' kernel asked whether it saturates, and the option that makes it exact.
+
+onnxruntime's u8 x s8 kernel on x86 without VNNI saturates (pairs of products summed in 16 bits);
+its `session.x64quantprecision` option rewrites int8 weights as uint8 for the exact u8 x u8 kernel.
+On a CPU with VNNI (this project's development machine) both paths are exact, so they must agree
+to the bit; on one without, the probe must say so and the runtime's options must carry the entry.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from tiny import tiny_bundle
+
+from seq2onnx.model.corpus import generate_pairs
+from seq2onnx.runtime import sessions, u8s8_probe
+from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.translator import Translator
+
+TEXTS = [s for s, _ in generate_pairs(24, seed=778)]
+
+
+def _run_probe(entries: dict) -> np.ndarray:
+    options = ort.SessionOptions()
+    for key, value in entries.items():
+        options.add_session_config_entry(key, value)
+    session = ort.InferenceSession(u8s8_probe.probe_model(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"a": np.array([[255] * 64, [0] * 64, list(range(64)), [1, 254] * 32], np.uint8)})[0]
+
+
+def test_the_probe_is_a_valid_onnx_graph_whose_exact_path_gives_the_integer_product():
+    proto = onnx.load_from_string(u8s8_probe.probe_model())
+    onnx.checker.check_model(proto, full_check=True)
+    assert [n.op_type for n in proto.graph.node] == ["MatMulInteger"]
+    a = np.array([[255] * 64, [0] * 64, list(range(64)), [1, 254] * 32], np.int64)
+    want = a @ np.full((64, 16), 127, np.int64)
+    assert want[0, 0] == 64 * 255 * 127 > 2 * 32767  # pairs of these products overflow 16 bits
+    assert np.array_equal(_run_probe({u8s8_probe.PRECISION_KEY: "1"}), want)  # the exact u8 x u8 path
+    default = _run_probe({})
+    assert np.array_equal(default, want) != u8s8_probe.u8s8_saturates(ort)  # the probe tells which this CPU is
+
+
+@pytest.mark.parametrize("saturates", [False, True])
+def test_the_runtime_sets_the_precision_option_exactly_where_the_kernel_saturates(monkeypatch, saturates):
+    monkeypatch.setattr(sessions, "precision_entries", lambda _: {u8s8_probe.PRECISION_KEY: "1"} if saturates else {})
+    options = sessions.session_options(SessionTuning(), 1, "decoder")
+    entry = options.get_session_config_entry(u8s8_probe.PRECISION_KEY) if saturates else None
+    assert entry == ("1" if saturates else None)
+    if not saturates:
+        with pytest.raises(Exception):  # onnxruntime raises for an entry never set
+            options.get_session_config_entry(u8s8_probe.PRECISION_KEY)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_an_int8_bundle_translates_alike_through_either_kernel(monkeypatch, beam):
+    """The u8 x u8 rewrite (what a CPU without VNNI runs) gives the same tokens as this CPU's own path."""
+    bundle = tiny_bundle(quantize="int8")
+    default = Translator(bundle, device="cpu")
+    monkeypatch.setattr(sessions, "precision_entries", lambda _: {u8s8_probe.PRECISION_KEY: "1"})
+    exact = Translator(bundle, device="cpu")
+    got = [r.token_ids[0] for r in exact.translate_batch(TEXTS, beam_size=beam)]
+    assert got == [r.token_ids[0] for r in default.translate_batch(TEXTS, beam_size=beam)]
+    assert len({tuple(t) for t in got}) > len(TEXTS) // 2  # real translations

@@ -162,7 +162,14 @@ def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_thre
         BundleError: onnxruntime cannot load a graph (the message names the file).
         RuntimeError: device="cuda" where CUDA cannot run or its provider did not start.
         DecoderUnavailable: tuning forces the fused decoder where it cannot run.
+        ValueError: an int8 bundle with optimisations below 'extended' where onnxruntime's u8 x s8 kernel
+            saturates (its exact rewrite is an extended-level optimisation).
     """
+    if bundle.meta.get("quantization") and precision_entries(ort) and tuning.optimization in ("basic", "none"):
+        # onnxruntime rewrites int8 weights for its exact kernel in an extended-level optimisation only
+        raise ValueError(f"optimization={tuning.optimization!r} with an int8 bundle on this CPU: its int8 products "
+                         "are exact only through onnxruntime's 'extended' or 'all' optimisations "
+                         "(runtime/u8s8_probe.py); use one of those, or a float32 bundle")
     encoder_options = session_options(tuning, intra_threads, "encoder")
     decoder_options = session_options(tuning, intra_threads, "decoder")
     picked, why = pick_device(device)

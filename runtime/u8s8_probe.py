@@ -10,6 +10,10 @@ VNNI included, where the u8 x s8 kernel is exact already and about 2x faster (do
 row 27). So the runtime asks once per process: it multiplies 255 x 127 over 64 terms with the
 default kernel, and sets the option only where the answer is wrong.
 
+onnxruntime applies that rewrite among its 'extended' graph optimisations: with 'basic' or none the
+option does nothing, so the runtime refuses an int8 bundle at those levels where the probe says the
+kernel saturates (runtime/sessions.py: open_sessions).
+
 The probe graph is written here byte by byte (the runtime does not depend on the onnx package): one
 MatMulInteger, A uint8 [rows, 64] as input, B int8 [64, 16] = 127 as initializer (shapes the
 kernel meets in a decoder step, not a vector product that another code path might take).

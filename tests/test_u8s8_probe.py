@@ -63,3 +63,17 @@ def test_an_int8_bundle_translates_alike_through_either_kernel(monkeypatch, beam
     got = [r.token_ids[0] for r in exact.translate_batch(TEXTS, beam_size=beam)]
     assert got == [r.token_ids[0] for r in default.translate_batch(TEXTS, beam_size=beam)]
     assert len({tuple(t) for t in got}) > len(TEXTS) // 2  # real translations
+
+
+@pytest.mark.parametrize("optimization", ["basic", "none"])
+def test_an_int8_bundle_below_extended_optimisation_is_refused_where_the_kernel_saturates(monkeypatch, optimization):
+    """onnxruntime's exact rewrite is an extended-level optimisation: without it the products would saturate."""
+    bundle = tiny_bundle(quantize="int8")
+    if not u8s8_probe.u8s8_saturates(ort):  # a CPU whose own kernel is exact loads it at any level
+        Translator(bundle, device="cpu", _tuning=SessionTuning(optimization=optimization))
+    monkeypatch.setattr(sessions, "precision_entries", lambda _: {u8s8_probe.PRECISION_KEY: "1"})
+    with pytest.raises(ValueError, match=f"optimization='{optimization}' with an int8 bundle on this CPU.*"
+                                         "'extended' or 'all'"):
+        Translator(bundle, device="cpu", _tuning=SessionTuning(optimization=optimization))
+    Translator(tiny_bundle(), device="cpu", _tuning=SessionTuning(optimization=optimization))  # float32: any level
+    assert Translator(bundle, device="cpu", _tuning=SessionTuning(optimization="extended")).translate(TEXTS[0])

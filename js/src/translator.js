@@ -120,6 +120,11 @@ export class Translator {
     }
     checkThreads(threads, platform);
     const bundle = await readBundle(bundleDir, platform, { checkHashes });
+    if (bundle.meta.quantization && (optimization === "basic" || optimization === "none")) {
+      // onnxruntime's exact rewrite of int8 weights (x64quantprecision, below) is an extended-level optimisation
+      throw new RangeError(`optimization=${JSON.stringify(optimization)} with an int8 bundle: its int8 products are exact ` +
+        `on every CPU only with "extended" or "all"; use one of those, or a float32 bundle`);
+    }
     const maps = await checkTokenizers(bundle, platform); // sizes, special ids, vocabularies and maps: before the graphs load
     const options = {
       executionProviders: ["cpu"], graphOptimizationLevel: LEVELS[optimization], intraOpNumThreads: threads,

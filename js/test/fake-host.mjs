@@ -83,10 +83,17 @@ export function fakeOrt(log) {
       return Object.fromEntries(fetches.map((name) => [name, out[name]]));
     },
   };
+  const created = []; // the options of each session made, in order
   return {
     sessions: { encoder, decoder },
+    created,
     Tensor: ort.Tensor,
-    InferenceSession: { create: async (bytes) => (new TextDecoder().decode(bytes).includes("encoder") ? encoder : decoder) },
+    InferenceSession: {
+      create: async (bytes, options) => {
+        created.push(options);
+        return new TextDecoder().decode(bytes).includes("encoder") ? encoder : decoder;
+      },
+    },
   };
 }
 

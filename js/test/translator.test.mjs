@@ -186,3 +186,18 @@ test("a vocabulary map that does not fit the model is refused at load", async ()
   await assert.rejects(load([], imported({ ...M2M, target_prefix: [16] }), {}, MAPS),
     (e) => e instanceof BundleError && /tokens\.target_prefix is \[16\], expected ids inside the target vocabulary \[0, 16\)/.test(e.message));
 });
+
+test("int8 bundles: every session asks for exact int8 products, and optimisations below extended are refused", async () => {
+  const int8 = (meta) => { meta.quantization = "int8"; meta.variant = "int8"; };
+  const platform = fakePlatform([]);
+  const t = await Translator.load(fakeBundle(root, int8), { platform });
+  assert.ok(platform.ort.created.length >= 2);
+  for (const options of platform.ort.created) assert.equal(options.extra.session.x64quantprecision, "1");
+  await t.release();
+  for (const optimization of ["basic", "none"]) {
+    await assert.rejects(Translator.load(fakeBundle(root, int8), { platform: fakePlatform([]), optimization }),
+      (e) => e instanceof RangeError && e.message.includes(`optimization="${optimization}" with an int8 bundle`)
+        && e.message.includes('"extended" or "all"'));
+    await Translator.load(fakeBundle(root), { platform: fakePlatform([]), optimization }); // float32: any level
+  }
+});

@@ -77,3 +77,15 @@ def test_an_int8_bundle_below_extended_optimisation_is_refused_where_the_kernel_
         Translator(bundle, device="cpu", _tuning=SessionTuning(optimization=optimization))
     Translator(tiny_bundle(), device="cpu", _tuning=SessionTuning(optimization=optimization))  # float32: any level
     assert Translator(bundle, device="cpu", _tuning=SessionTuning(optimization="extended")).translate(TEXTS[0])
+
+
+def test_a_probe_that_cannot_run_asks_for_the_exact_kernel(monkeypatch):
+    class Broken:  # an onnxruntime whose sessions fail, as a build without MatMulInteger would
+        SessionOptions = ort.SessionOptions
+
+        class InferenceSession:
+            def __init__(self, *args, **kwargs):
+                raise RuntimeError("NOT_IMPLEMENTED: MatMulInteger")
+
+    assert u8s8_probe.u8s8_saturates(Broken()) is True
+    assert u8s8_probe.precision_entries(Broken()) == {u8s8_probe.PRECISION_KEY: "1"}

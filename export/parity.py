@@ -318,11 +318,27 @@ def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, de
     judged = [c for c in checks if c.tier != "tensor" or meta["dtype"] == "float32" and not meta.get("quantization")]
     return {
         "bundle": str(bundle_dir), "checkpoint": str(ckpt_dir), "variant": meta.get("variant", meta["dtype"]),
-        "decoders": list(decoders),
+        "decoders": list(decoders), "int8_products": int8_products(meta),
         "provider": translator.device.upper() if translator.device == "cpu" else "CUDA",
         "sentences": len(pairs), "tensor_sentences": len(sample), "passed": all(c.passed for c in judged),
         "checks": [asdict(c) | {"judged": c in judged} for c in checks],
     }
+
+
+def int8_products(meta: dict) -> str | None:
+    """Says which integer kernel this CPU's onnxruntime multiplies an int8 bundle with (runtime/u8s8_probe.py).
+
+    Args:
+        meta: bundle.json.
+
+    Returns:
+        The kernel in words for verify's report; None for a bundle that is not int8.
+    """
+    if not meta.get("quantization"):
+        return None
+    if precision_entries(ort):
+        return "u8 x u8 (session.x64quantprecision: this CPU's u8 x s8 kernel saturates)"
+    return "u8 x s8 (exact on this CPU)"
 
 
 def _value_and_bound(c: dict) -> tuple[str, str]:
@@ -354,6 +370,8 @@ def format_report(report: dict) -> str:
         f"variant {report['variant']}, {report['provider']} provider, {report['sentences']} test sentences, "
         f"decoders: {', '.join(report.get('decoders', ['standard']))}",
     ]
+    if report.get("int8_products"):
+        lines.append(f"int8 products: {report['int8_products']}")
     if report.get("tensor_sentences", report["sentences"]) < report["sentences"]:
         lines.append(f"tiers: tensors on the first {report['tensor_sentences']} sentences; tokens and BLEU on all "
                      f"{report['sentences']}")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
@@ -23,6 +24,7 @@ from seq2onnx.model.search import translate_ids
 from seq2onnx.model.metrics import bleu
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.u8s8_probe import precision_entries
 from seq2onnx.runtime.translator import Translator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,6 +169,9 @@ def test_int8_bundle_is_judged_by_the_codes_bounds_on_tokens_and_bleu():
             [line] = [line for line in text.splitlines() if name in line and f" {decoder} " in line]
             assert (" ok " in line) is ok and ("FAIL" in line) is not ok, line
     assert report["passed"] is all(verdicts), text
+    # the integer kernel this CPU multiplies with, as the runtime chose it (runtime/u8s8_probe.py)
+    want = "u8 x u8 (session.x64quantprecision" if precision_entries(ort) else "u8 x s8 (exact on this CPU)"
+    assert text.splitlines()[2].startswith(f"int8 products: {want}"), text
     # int8 changes logits by far more than fp32's 1e-4: tensor differences are measurements, not checks
     tensor = checks(report, "tensor")
     assert tensor and not any(c["judged"] for c in tensor) and max(c["value"] for c in tensor) > 1e-2, text

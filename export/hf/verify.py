@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seq2onnx.export.parity import Check
+from seq2onnx.export.parity import Check, int8_products
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
@@ -184,7 +184,8 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
     # As for our own bundles: the tensor bound of a reduced-precision bundle is a measurement; tokens and text decide.
     judged = [c for c in checks if c.tier != "tensor" or exact]
     return {"bundle": str(bundle_dir), "checkpoint": str(model_dir), "variant": bundle.meta.get("variant", "float32"),
-            "decoders": list(decoders), "provider": first.device.upper() if first.device == "cpu" else "CUDA",
+            "decoders": list(decoders), "int8_products": int8_products(bundle.meta),
+            "provider": first.device.upper() if first.device == "cpu" else "CUDA",
             "sentences": len(srcs), "tensor_sentences": min(tensor_sentences, len(srcs)),
             "passed": all(c.passed for c in judged), "checks": [asdict(c) | {"judged": c in judged} for c in checks],
             "differences": differences, "tie": TIE, "options": options}

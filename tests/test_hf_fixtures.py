@@ -10,12 +10,14 @@ import json
 import shutil
 
 import pytest
+
+from extras import require
 import sentencepiece as spm
 import torch
 
 import hf_fixtures as hf
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers", "hf")
 
 # MarianTokenizer warns on every load when sacremoses (its optional punctuation normaliser) is absent.
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended:UserWarning")

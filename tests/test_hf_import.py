@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("transformers")  # the [hf] extra, which [dev] includes: CI has it
+from extras import require
+
+require("transformers", "hf")
 
 import hf_fixtures as F  # noqa: E402
 from seq2onnx.export.hf.bundle import export_hf_bundle  # noqa: E402

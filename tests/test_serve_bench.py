@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from tiny import scratch, tiny_bundle, tiny_run
+from extras import require
 
-pytest.importorskip("ctranslate2")
-pytest.importorskip("httpx")
-pytest.importorskip("fastapi")
+require("ctranslate2", "bench")
+require("httpx", "bench")
+require("fastapi", "serve")
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

@@ -18,7 +18,9 @@ import time
 
 import pytest
 
-pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install 'seq2onnx[serve]')")
+from extras import require
+
+require("fastapi", "serve")
 import httpx  # noqa: E402
 
 from serve_process import ServeProcess  # noqa: E402

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="translate-dataset needs Ray Data: pip install 'seq2onnx[scale]'")
+from extras import require
+
+ray = require("ray", "scale")
 
 import pyarrow as pa  # noqa: E402  (ray[data] brings pyarrow)
 import pyarrow.parquet as pq  # noqa: E402

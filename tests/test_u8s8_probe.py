@@ -46,10 +46,10 @@ def test_the_probe_is_a_valid_onnx_graph_whose_exact_path_gives_the_integer_prod
 def test_the_runtime_sets_the_precision_option_exactly_where_the_kernel_saturates(monkeypatch, saturates):
     monkeypatch.setattr(sessions, "precision_entries", lambda _: {u8s8_probe.PRECISION_KEY: "1"} if saturates else {})
     options = sessions.session_options(SessionTuning(), 1, "decoder")
-    entry = options.get_session_config_entry(u8s8_probe.PRECISION_KEY) if saturates else None
-    assert entry == ("1" if saturates else None)
-    if not saturates:
-        with pytest.raises(Exception):  # onnxruntime raises for an entry never set
+    if saturates:
+        assert options.get_session_config_entry(u8s8_probe.PRECISION_KEY) == "1"
+    else:
+        with pytest.raises(Exception, match=u8s8_probe.PRECISION_KEY):  # onnxruntime: an entry never set
             options.get_session_config_entry(u8s8_probe.PRECISION_KEY)
 
 

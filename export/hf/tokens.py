@@ -68,10 +68,33 @@ def _spm_files(model_dir: Path, kind: str, tokenizer) -> tuple[Path, Path]:
         # separate (MarianTokenizer._decode): the hosts decode as batch_decode does.
         target = source
     for path in (source, target):
-        if not path.is_file():
-            raise HFImportError(f"{path}: missing; the tokenizer's SentencePiece model is needed (save the tokenizer "
-                                "with save_pretrained into the model directory)")
+        if path.is_file():
+            continue
+        if kind == "m2m_100" and (model_dir / "tokenizer.json").is_file():
+            # transformers 5 saves NLLB/M2M100 tokenizers as tokenizer.json alone; the hosts tokenize with
+            # SentencePiece, and every NLLB-200 checkpoint shares one file, so it is fetched, not rebuilt.
+            raise HFImportError(f"{path}: missing (transformers 5's save_pretrained writes tokenizer.json only); the "
+                                f"hosts tokenize with SentencePiece: copy {path.name} from the hub snapshot this model "
+                                "was fine-tuned from, e.g. hf_hub_download('facebook/nllb-200-distilled-600M', "
+                                f"'{path.name}'), into {model_dir}")
+        raise HFImportError(f"{path}: missing; the tokenizer's SentencePiece model is needed (save the tokenizer "
+                            "with save_pretrained into the model directory)")
     return source, target
+
+
+def _vocab_size(tokenizer) -> int:
+    """Entries of the tokenizer's vocabulary: a slow tokenizer's id -> token dict, else get_vocab() (a
+    tokenizers-backed one, e.g. transformers 5's NllbTokenizer, whose .decoder is a Metaspace decoder)."""
+    decoder = getattr(tokenizer, "decoder", None)
+    return len(decoder) if isinstance(decoder, dict) else len(tokenizer.get_vocab())
+
+
+def _extra_special_tokens(tokenizer) -> list[str]:
+    """transformers 5's extra_special_tokens (a list, or a dict of named ones), 4.x's additional_special_tokens."""
+    extra = getattr(tokenizer, "extra_special_tokens", None)
+    if extra is None:
+        extra = getattr(tokenizer, "additional_special_tokens", None) or []
+    return [str(t) for t in (extra.values() if isinstance(extra, dict) else extra)]
 
 
 def _tokens_of(tokenizer, n: int) -> list[str | None]:
@@ -141,8 +164,8 @@ def token_files(model_dir: Path, kind: str, tokenizer, *, src_vocab: int, tgt_vo
             target_map[i], target_texts[str(i)] = -2, t
         else:
             target_map[i] = piece
-    if len(getattr(tokenizer, "decoder", {}) or {}) > tgt_vocab:
-        raise HFImportError(f"{model_dir}: the tokenizer's vocabulary has {len(tokenizer.decoder)} entries, more than "
+    if _vocab_size(tokenizer) > tgt_vocab:
+        raise HFImportError(f"{model_dir}: the tokenizer's vocabulary has {_vocab_size(tokenizer)} entries, more than "
                             f"the model's {tgt_vocab} output ids: the tokenizer files do not belong to this model")
     # Vocabulary entries that are no source piece: the text of an unknown piece is looked up among them.
     known = set(pieces)
@@ -161,7 +184,9 @@ def token_files(model_dir: Path, kind: str, tokenizer, *, src_vocab: int, tgt_vo
     if kind == "m2m_100":
         codes = getattr(tokenizer, "lang_code_to_id", None) or {}
         if not codes:  # NLLB: the language tokens are its additional special tokens, e.g. fra_Latn
-            codes = {t: tokenizer.convert_tokens_to_ids(t) for t in tokenizer.additional_special_tokens}
+            codes = {t: tokenizer.convert_tokens_to_ids(t) for t in _extra_special_tokens(tokenizer)}
+            named = {getattr(tokenizer, f"{n}_token_id", None) for n in ("bos", "eos", "unk", "pad", "mask", "sep", "cls")}
+            codes = {t: i for t, i in codes.items() if i not in named}
         section["languages"] = {code: int(i) for code, i in codes.items() if 0 <= int(i) < min(src_vocab, tgt_vocab)}
         section["target_lang_in"] = "target_prefix"
     else:

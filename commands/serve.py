@@ -19,6 +19,8 @@ LIMITS = (
     ("--max-body-bytes", 1 << 20, "request body bytes; beyond: 413"),
     ("--max-rows", 1024, "decoder rows one request holds at once (texts decoded together x beam_size, or x "
                          "num_hypotheses when sampling); beyond: 422"),
+    ("--max-connections", 512, "open connections (each one file descriptor); beyond: 503 and closed at once"),
+    ("--max-header-bytes", 65536, "bytes of a request's line and headers; beyond: 431 and the connection closed"),
 )
 
 
@@ -49,6 +51,12 @@ def add(subparsers) -> None:
         p.add_argument(option, type=int, default=default, help=f"at most this many {text} (default {default})")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds from a request's arrival to its answer; beyond: 504 and its job is cancelled (default 60)")
+    p.add_argument("--read-timeout", type=float, default=10.0,
+                   help="seconds a request's line and headers may take to arrive (from the connection's start, or a "
+                        "later request's first byte), and again its body after them; beyond: 408 and the "
+                        "connection closed (default 10; separate from --timeout)")
+    p.add_argument("--keep-alive", type=float, default=5.0,
+                   help="seconds an idle connection is kept open after an answer (default 5)")
     p.add_argument("--drain-seconds", type=float, default=25.0,
                    help="after SIGTERM, seconds the requests in flight get to finish before they are cancelled (default "
                         "25: below Kubernetes' default grace period of 30 s, so that the engine closes before SIGKILL)")
@@ -65,8 +73,10 @@ def _check(args) -> None:
         value = getattr(args, option[2:].replace("-", "_"))
         if value < 1:
             raise CommandError(f"{option} {value}: give an int >= 1")
-    if not 0 < args.timeout < math.inf:
-        raise CommandError(f"--timeout {args.timeout}: give a number of seconds > 0")
+    for option in ("--timeout", "--read-timeout", "--keep-alive"):
+        value = getattr(args, option[2:].replace("-", "_"))
+        if not 0 < value < math.inf:
+            raise CommandError(f"{option} {value}: give a number of seconds > 0")
     if not 0 <= args.drain_seconds < math.inf:
         raise CommandError(f"--drain-seconds {args.drain_seconds}: give a number of seconds >= 0")
 
@@ -103,8 +113,9 @@ def run(args) -> int:
     engine = _engine(args, translator)
     try:
         app = create_app(engine, max_queue=args.max_queue, max_texts=args.max_texts, max_chars=args.max_chars,
-                         max_body_bytes=args.max_body_bytes, timeout_s=args.timeout)
+                         max_body_bytes=args.max_body_bytes, timeout_s=args.timeout, read_timeout_s=args.read_timeout)
     except BaseException:
         engine.close()
         raise
-    return serve(app, host=args.host, port=args.port, drain_s=args.drain_seconds)
+    return serve(app, host=args.host, port=args.port, drain_s=args.drain_seconds, max_connections=args.max_connections,
+                 read_timeout_s=args.read_timeout, max_header_bytes=args.max_header_bytes, keep_alive_s=args.keep_alive)

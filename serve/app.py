@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from seq2onnx.serve.checks import contradiction, json_problem
 from seq2onnx.serve.engine import Cancelled, Engine, Job
 from seq2onnx.serve.stream import Stream, lines, pump, soon
 
@@ -46,16 +47,22 @@ class _Options(BaseModel):
 
 
 class TranslateRequest(_Options):
-    """POST /v1/translate: texts and Translator.translate_batch's options by name."""
+    """POST /v1/translate: texts and Translator.translate_batch's options by name. Options that contradict each
+    other are refused (422 naming both): beam_size > 1 with sampling_temperature; seed, sampling_topk or
+    sampling_topp without it. A key given twice in the JSON is refused (422)."""
     texts: list[str] = Field(description="the source texts; an empty text translates to \"\"", examples=[["the queen sees"]])
-    beam_size: int | None = Field(None, description="1 is greedy search; default bundle.json's decoding.beam_size")
+    beam_size: int | None = Field(None, description="1 is greedy search; default bundle.json's decoding.beam_size; "
+                                  "with sampling_temperature only 1 (else 422: sampling has no beams)")
     num_hypotheses: int = Field(1, description="the n-best returned per text (at most beam_size, or samples)")
     length_penalty: float | None = Field(None, description="alpha in score / length^alpha; default bundle.json's")
     return_scores: bool = Field(False, description="return each hypothesis's score (sum of log-probabilities)")
     sampling_temperature: float | None = Field(None, description="> 0 samples instead of searching")
-    sampling_topk: int = Field(0, description="sample among the k likeliest tokens (0: all)")
-    sampling_topp: float = Field(1.0, description="... within this probability mass (1.0: all)")
-    seed: int | None = Field(None, description="sampling seed: a text's sample depends only on (seed, text)")
+    sampling_topk: int = Field(0, description="sample among the k likeliest tokens (0: all); other than 0 only "
+                               "with sampling_temperature (else 422)")
+    sampling_topp: float = Field(1.0, description="... within this probability mass (1.0: all); other than 1.0 only "
+                                 "with sampling_temperature (else 422)")
+    seed: int | None = Field(None, description="sampling seed: a text's sample depends only on (seed, text); only "
+                             "with sampling_temperature (else 422)")
     target_prefix: list[list[int]] | None = Field(None, description="per text, target ids forced first")
 
 
@@ -81,13 +88,17 @@ class ErrorResponse(BaseModel):
 
 
 _ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in (
-    (400, "malformed JSON, or not UTF-8"), (408, "the body came too slowly"), (413, "over a limit (bytes, texts, characters)"),
+    (400, "malformed JSON, nested too deeply, an integer of too many digits, or not UTF-8"),
+    (408, "the body came too slowly (--read-timeout)"), (413, "over a limit (bytes, texts, characters)"),
     (422, "a wrong field, type or option value"), (500, "the engine failed"), (503, "queue full (Retry-After), or draining"),
     (504, "no answer within the timeout: the job was cancelled"))}
 
 
-def _error(status: int, message: str, field: str | None = None, retry: bool = False) -> JSONResponse:
-    return JSONResponse({"error": message, "field": field}, status, {"Retry-After": str(RETRY_AFTER_S)} if retry else None)
+def _error(status: int, message: str, field: str | None = None, retry: bool = False, close: bool = False) -> JSONResponse:
+    """The JSON error answer; `close` ends the connection after it (the rest of an unread body would otherwise
+    be read as the next request)."""
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if retry else {}
+    return JSONResponse({"error": message, "field": field}, status, {**headers, **({"Connection": "close"} if close else {})})
 
 
 # -- state, metrics and admission -----------------------------------------------------------------
@@ -101,9 +112,10 @@ class Frontend:
     """
 
     def __init__(self, engine: Engine, max_queue: int, max_texts: int, max_chars: int, max_body_bytes: int,
-                 timeout_s: float, registry: CollectorRegistry):
+                 timeout_s: float, registry: CollectorRegistry, read_timeout_s: float = 10.0):
         self.engine, self.max_queue, self.max_texts, self.max_chars = engine, max_queue, max_texts, max_chars
         self.max_body_bytes, self.timeout_s, self.registry = max_body_bytes, timeout_s, registry
+        self.read_timeout_s = read_timeout_s
         self.inflight, self.draining, r = 0, False, registry
         self.too_slow = f"no answer within {timeout_s:g} s (--timeout); the job was cancelled: send fewer or shorter " \
                         "texts, or raise --timeout"
@@ -129,8 +141,8 @@ class Frontend:
 
 
 class _Admission:
-    """ASGI middleware: counts every answer by endpoint and status; admits a POST to the bounded queue and
-    reads its body within the byte limit (a body is never buffered past it) before the app sees it."""
+    """ASGI middleware: counts every answer by endpoint and status; reads a POST's body within the byte and time
+    limits (a body is never buffered past them), checks its JSON, then admits it to the bounded queue."""
 
     def __init__(self, app, frontend: Frontend):
         self.app, self.frontend = app, frontend
@@ -153,15 +165,31 @@ class _Admission:
                 await self._admit(scope, receive, answer)
             else:
                 await self.app(scope, receive, answer)
-        except BaseException:
-            status.append(500)  # Starlette's ServerErrorMiddleware answers it
-            raise
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still in flight at the drain limit: a JSON 503 (retrying elsewhere
+            # is safe: the job was cancelled), not its 500 and a traceback per request.
+            asyncio.current_task().uncancel()
+            await _cut(scope, receive, answer, status, path == STREAM)
+        except Exception as e:  # a fault of the server's own code: JSON, one traceback in the log
+            log.error("the request failed: %s: %s", type(e).__name__, e, exc_info=e)
+            if not status:
+                await _error(500, f"the server failed ({type(e).__name__}: {e}); the server log has the "
+                                  "traceback", close=True)(scope, receive, answer)
         finally:
             self.frontend.requests.labels(endpoint, str(status[0] if status else CLIENT_LEFT)).inc()
             self.frontend.latency.labels(endpoint).observe(time.perf_counter() - start)
 
     async def _admit(self, scope, receive, send) -> None:
-        f = self.frontend
+        f, loop = self.frontend, asyncio.get_running_loop()
+        scope["seq2onnx.deadline"] = loop.time() + f.timeout_s
+        if f.draining:
+            return await _error(503, "the server is shutting down (draining): send the request to another replica",
+                                retry=True, close=True)(scope, receive, send)
+        # The body before the queue: a client that stalls its body holds its connection (--max-connections,
+        # for at most --read-timeout), never a queue slot that another request could use.
+        body = await self._body(scope, receive, min(scope["seq2onnx.deadline"], loop.time() + f.read_timeout_s))
+        if not isinstance(body, bytes):  # refused (answer it) or the client left (None)
+            return None if body is None else await body(scope, receive, send)
         if f.draining or f.inflight >= f.max_queue:
             why = "the server is shutting down (draining): send the request to another replica" if f.draining else \
                 f"the queue is full: {f.inflight} requests accepted and unanswered, the limit (--max-queue) is " \
@@ -169,10 +197,6 @@ class _Admission:
             return await _error(503, why, retry=True)(scope, receive, send)
         f.inflight += 1
         try:
-            scope["seq2onnx.deadline"] = asyncio.get_running_loop().time() + f.timeout_s
-            body = await self._body(scope, receive)
-            if not isinstance(body, bytes):  # refused (answer it) or the client left (None)
-                return None if body is None else await body(scope, receive, send)
             messages = [{"type": "http.request", "body": body, "more_body": False}]
 
             async def replay():  # the body once, then the client's disconnect when it comes
@@ -182,16 +206,19 @@ class _Admission:
         finally:
             f.inflight -= 1
 
-    async def _body(self, scope, receive) -> bytes | Response | None:
-        """The request's body; or the answer refusing it (413, 408, 400); or None when the client left."""
+    async def _body(self, scope, receive, until: float) -> bytes | Response | None:
+        """The request's body, by `until` (the loop's time); or the answer refusing it (413, 408, 400, 422);
+        or None when the client left."""
         limit, loop, chunks, size = self.frontend.max_body_bytes, asyncio.get_running_loop(), [], 0
         length = dict(scope["headers"]).get(b"content-length", b"")
         over = f"the body has {int(length)} bytes" if length.isdigit() and int(length) > limit else None
         while over is None:
-            try:  # a client that sends its body slowly holds a queue slot: the request's deadline covers it
-                message = await asyncio.wait_for(receive(), scope["seq2onnx.deadline"] - loop.time())
+            try:
+                message = await asyncio.wait_for(receive(), until - loop.time())
             except asyncio.TimeoutError:
-                return _error(408, f"the body did not arrive within {self.frontend.timeout_s:g} s (--timeout): send it at once")
+                return _error(408, f"the body did not arrive in time ({self.frontend.read_timeout_s:g} s after the "
+                                   f"headers, --read-timeout; {self.frontend.timeout_s:g} s after the arrival, --timeout): "
+                                   "send it at once", close=True)
             if message["type"] == "http.disconnect":
                 return None
             chunks.append(message.get("body", b""))
@@ -202,14 +229,26 @@ class _Admission:
                 break
         if over is not None:
             return _error(413, f"{over}; the limit (--max-body-bytes) is {limit}: send fewer or shorter texts per "
-                               "request, or raise --max-body-bytes")
+                               "request, or raise --max-body-bytes", close=True)
         body = b"".join(chunks)
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as e:  # json.loads would guess another encoding, or fail without saying where
             return _error(400, f"the body is not UTF-8 (byte {e.start}: {body[e.start:e.start + 1]!r}): send JSON "
                                "encoded as UTF-8")
-        return body
+        problem = json_problem(body)
+        return body if problem is None else _error(*problem)
+
+
+async def _cut(scope, receive, send, status: list[int], stream: bool) -> None:
+    """Answers a request cancelled by the drain limit: 503 as JSON, or a stream's last line if it has begun."""
+    message = "the server stopped before answering (the drain limit, --drain-seconds, passed): the job was cancelled; " \
+              "retry on another replica"
+    with contextlib.suppress(Exception):
+        if not status:
+            return await _error(503, message, retry=True, close=True)(scope, receive, send)
+        end = (json.dumps({"error": message}) + "\n").encode() if stream else b""
+        await send({"type": "http.response.body", "body": end, "more_body": False})
 
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -299,7 +338,7 @@ def _bridge(job: Job) -> asyncio.Future:
 # -- the app ---------------------------------------------------------------------------------------
 
 def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max_chars: int = 10000,
-               max_body_bytes: int = 1 << 20, timeout_s: float = 60.0,
+               max_body_bytes: int = 1 << 20, timeout_s: float = 60.0, read_timeout_s: float = 10.0,
                registry: CollectorRegistry | None = None) -> FastAPI:
     """Makes the ASGI app that serves `engine`: POST /v1/translate and /v1/translate/stream, GET /health, /ready, /metrics.
 
@@ -310,6 +349,8 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
         max_chars: characters per request, all texts together (413 beyond).
         max_body_bytes: request body bytes, at most (413 beyond; checked on Content-Length and while reading).
         timeout_s: seconds from a request's arrival to its answer; then 504 and the job is cancelled.
+        read_timeout_s: seconds a request's body may take to arrive after its headers; then 408, and the
+            connection closes.
         registry: the prometheus_client registry of /metrics; None: a new one for this app (never the global one,
             so that several apps can live in one process).
     Returns:
@@ -321,9 +362,11 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
     for name, value in limits.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: give an int >= 1")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
-        raise ValueError(f"timeout_s={timeout_s!r}: give a finite number of seconds > 0")
-    f = Frontend(engine, **limits, timeout_s=float(timeout_s), registry=CollectorRegistry() if registry is None else registry)
+    for name, value in (("timeout_s", timeout_s), ("read_timeout_s", read_timeout_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError(f"{name}={value!r}: give a finite number of seconds > 0")
+    f = Frontend(engine, **limits, timeout_s=float(timeout_s), read_timeout_s=float(read_timeout_s),
+                 registry=CollectorRegistry() if registry is None else registry)
     app = FastAPI(title="seq2onnx serve", summary="A seq2onnx bundle's Translator over HTTP (docs/serving.md).")
     app.state.frontend = f
     app.add_middleware(_Admission, frontend=f)
@@ -340,7 +383,9 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
     @app.post(TRANSLATE, response_model=TranslateResponse, responses=_ERRORS, summary="Translate texts")
     async def translate(body: TranslateRequest, request: Request):
         """Returns each text's n-best (texts, token ids, and scores with return_scores) in the order given."""
-        search = _checked(f, body.texts, "texts", body.model_dump(exclude_unset=True, exclude={"texts"}), TranslateRequest)
+        options = body.model_dump(exclude_unset=True, exclude={"texts"})
+        clash = contradiction(options)
+        search = _error(*clash) if clash else _checked(f, body.texts, "texts", options, TranslateRequest)
         if isinstance(search, Response):
             return search
         try:

@@ -18,10 +18,13 @@ import time
 import uvicorn
 
 from seq2onnx.errors import CommandError
+from seq2onnx.serve.connection import limited_protocol
 
 log = logging.getLogger("seq2onnx.serve")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+BACKLOG = 2048  # uvicorn's default: connections the kernel queues before they are accepted
+FD_SPARE = 64  # descriptors besides the connections: the bundle's files, the log, onnxruntime, the listener
 
 
 class _Server(uvicorn.Server):
@@ -65,6 +68,9 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart may reuse a port in TIME_WAIT
         sock.bind((host, port))
+        # Listen now: with SO_REUSEADDR two processes may both bind a port that neither listens on yet, and
+        # only listen() tells the second that the first has it (else it would say "listening" and hear nothing).
+        sock.listen(BACKLOG)
     except OSError as e:
         sock.close()
         raise CommandError(f"--host {host} --port {port}: cannot listen there ({e.strerror}): choose another --port "
@@ -72,7 +78,22 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(app, *, host: str = "127.0.0.1", port: int = 8000, drain_s: float = 25.0, log_level: str = "info") -> int:
+def _descriptors(max_connections: int) -> None:
+    """Raises the soft limit on open files to fit max_connections (up to the hard limit), or refuses."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = max_connections + FD_SPARE
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise CommandError(f"--max-connections {max_connections} needs {needed} open files; this process may "
+                               f"open {hard} (ulimit -Hn): lower --max-connections or raise the limit")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+def serve(app, *, host: str = "127.0.0.1", port: int = 8000, drain_s: float = 25.0, log_level: str = "info",
+          max_connections: int = 512, read_timeout_s: float = 10.0, max_header_bytes: int = 65536,
+          keep_alive_s: float = 5.0) -> int:
     """Serves `app` (from create_app) on host:port until SIGTERM or SIGINT, then drains and closes its engine.
 
     Prints one line once listening: "seq2onnx serve: listening on http://HOST:PORT (batching B, bundle PATH)".
@@ -84,17 +105,24 @@ def serve(app, *, host: str = "127.0.0.1", port: int = 8000, drain_s: float = 25
         port: the port; 0 picks a free one (the line above names it).
         drain_s: seconds the requests in flight get to finish after the signal (uvicorn's timeout_graceful_shutdown).
         log_level: uvicorn's log level.
+        max_connections: open connections at most; beyond, a new one is answered 503 and closed at once.
+        read_timeout_s: seconds a request's line and headers may take to arrive (408 and closed beyond; the body's
+            own limit is the app's).
+        max_header_bytes: bytes of a request's line and headers at most (431 and closed beyond).
+        keep_alive_s: seconds an idle kept-alive connection stays open (uvicorn's timeout_keep_alive).
     Returns:
         0 once stopped (the exit status of `seq2onnx serve`).
     Raises:
         CommandError: host:port cannot be listened on (the message names them and the fix).
         ValueError: drain_s is not a number >= 0.
+        CommandError: the file descriptor limit is too low for max_connections.
     """
     if isinstance(drain_s, bool) or not isinstance(drain_s, (int, float)) or not 0 <= drain_s < float("inf"):
         raise ValueError(f"drain_s={drain_s!r}: give a finite number of seconds >= 0")
     frontend = app.state.frontend
     engine = frontend.engine
     try:
+        _descriptors(max_connections)
         sock = _bind(host, port)
     except BaseException:
         engine.close()  # its threads would keep the process alive after the error
@@ -104,8 +132,13 @@ def serve(app, *, host: str = "127.0.0.1", port: int = 8000, drain_s: float = 25
     bundle = getattr(getattr(engine, "translator", None), "bundle", None)
     listening = f"seq2onnx serve: listening on {url} (batching {engine.batching}, bundle {getattr(bundle, 'path', '?')})"
     # lifespan off: the engine exists before the app and is closed after uvicorn (below), not by the app
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=drain_s)
+    # h11, not httptools: only uvicorn's h11 protocol bounds the headers (h11_max_incomplete_event_size);
+    # serve/connection.py adds the head's read timeout and the connection cap that uvicorn lacks.
+    protocol = limited_protocol(read_timeout_s=read_timeout_s, max_connections=max_connections,
+                                max_header_bytes=max_header_bytes)
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", http=protocol,
+                            timeout_graceful_shutdown=drain_s, timeout_keep_alive=keep_alive_s,
+                            h11_max_incomplete_event_size=max_header_bytes, backlog=BACKLOG)
     server = _Server(config, frontend, listening, drain_s)
     # uvicorn raises the signal it caught again once it has stopped, so that the process dies of it; this
     # process exits 0 instead: while it serves, its own handlers for those signals do nothing (uvicorn's

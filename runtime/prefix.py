@@ -1,10 +1,15 @@
-"""A forced target prefix as a step wrapper: transformers' forced_bos_token_id, CTranslate2's target_prefix.
+"""Forced tokens as a step wrapper: a target prefix (transformers' forced_bos_token_id, CTranslate2's
+target_prefix) and a forced end token at the last allowed step (transformers' forced_eos_token_id).
 
 At step t < len(prefix) of a row's sentence the step's log-probabilities become 0 for the prefix's
 token t and -inf for every other token, before any search sees them (docs/decoding.md). The
 searches stay as they are: greedy takes the forced token, beam search keeps one finite beam (the
 others carry -inf until the prefix ends, and a -inf candidate never finishes), sampling draws it
 with probability 1. Each forced token adds 0 to the score and counts in the length.
+
+The forced end token (a bundle whose decoding says forced_eos) is the same rule at one step: at
+t = max_length - 1 of a sentence that is still decoding, the end token at 0 and -inf elsewhere, so a
+sentence that reaches its maximum length ends with </s> as generate() ends it.
 """
 from __future__ import annotations
 
@@ -46,20 +51,29 @@ class _Forced:
         return TopK(values, ids, out.vocab)
 
 
-def force_prefix(step: Step, prefixes: Sequence[Sequence[int]]) -> Step:
-    """Wraps a step so that each sentence's first tokens are its prefix.
+def force_prefix(step: Step, prefixes: Sequence[Sequence[int]], *, end_id: int | None = None,
+                 max_lengths: Sequence[int] | None = None) -> Step:
+    """Wraps a step so that each sentence's first tokens are its prefix (and, with end_id, its last the end token).
 
     Args:
         step: the search's step (runtime/search.py), its rows grouped by sentence.
         prefixes: one list of target ids per sentence of the search, in its order ([] for none).
+        end_id: the end token to force at each sentence's last allowed step (forced_eos), or None.
+        max_lengths: with end_id, each sentence's maximum length, as the search is given them.
 
     Returns:
-        `step` itself when no sentence has a prefix, else the forcing step (its `inner` is `step`).
+        `step` itself when nothing is forced, else the forcing step (its `inner` is `step`).
     """
     longest = max((len(p) for p in prefixes), default=0)
-    if not longest:
+    lengths = np.asarray(max_lengths if end_id is not None else [], dtype=np.int64)
+    if end_id is not None and lengths.shape != (len(prefixes),):
+        raise ValueError(f"{lengths.size} max lengths for {len(prefixes)} sentences; give one per sentence")
+    width = max(longest, int(lengths.max(initial=0)))
+    if not width:
         return step
-    table = np.full((len(prefixes), longest), -1, dtype=np.int64)
+    table = np.full((len(prefixes), width), -1, dtype=np.int64)
     for i, prefix in enumerate(prefixes):
         table[i, : len(prefix)] = prefix
+    if end_id is not None:  # after the prefix: at a 1-token limit transformers' forced EOS wins over forced BOS too
+        table[np.arange(len(prefixes)), np.maximum(lengths, 1) - 1] = end_id
     return _Forced(step, table)

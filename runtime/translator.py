@@ -287,9 +287,14 @@ class Translator:
         return self.vocabulary.prefixes(n, source_lang=options.source_lang, target_lang=options.target_lang,
                                         target_prefix=options.target_prefix, tgt_vocab=self.tgt_vocab, eos_id=self.eos_id)
 
+    def _forced_end(self, max_lengths) -> dict:
+        """force_prefix's end-token options: the bundle's decoding.forced_eos (transformers' forced_eos_token_id)."""
+        return {"end_id": self.eos_id, "max_lengths": max_lengths} if self.bundle.decoding.get("forced_eos") else {}
+
     def _stream(self, ids: list[int], limit: int, min_length: int, target_prefix: list[int]) -> Iterator[str]:
         step = force_prefix(self._step_fn(np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64),
-                                          top_k=self._top_k(1, min_length), max_length=limit), [target_prefix])
+                                          top_k=self._top_k(1, min_length), max_length=limit), [target_prefix],
+                            **self._forced_end([limit]))
 
         def tokens() -> Iterator[int]:
             yield from stream_greedy(step, start_id=self.start_id, eos_id=self.eos_id, max_length=limit,
@@ -383,7 +388,8 @@ class Translator:
             rows = [s for s in sources for _ in range(n)]
             keys = [[h, len(s), *s] for s in sources for h in range(n)]
             step = force_prefix(self._step_fn(*self._sources.pad(rows), top_k=None,  # sampling needs every log-prob
-                                              max_length=int(max_lengths.max())), [p for p in prefixes for _ in range(n)])
+                                              max_length=int(max_lengths.max())), [p for p in prefixes for _ in range(n)],
+                                **self._forced_end(np.repeat(max_lengths, n)))
             flat = sample_program(len(rows), temperature=options.sampling_temperature, top_k=options.sampling_topk,
                                   top_p=options.sampling_topp, seed=options.seed, row_keys=keys,
                                   max_lengths=np.repeat(max_lengths, n), **common)
@@ -392,7 +398,7 @@ class Translator:
         encoded = self._encode(src, lengths)
         step = force_prefix(self._step_fn(src, lengths, top_k=self._top_k(options.beam_size, options.min_decoding_length),
                                           max_length=int(max_lengths.max()), beam_width=options.beam_size, encoded=encoded),
-                            prefixes)
+                            prefixes, **self._forced_end(max_lengths))
         if options.beam_size == 1:
             return greedy_program(len(sources), max_lengths=max_lengths, **common), step, encoded
         return beam_program(len(sources), beam_size=options.beam_size, length_penalty=options.length_penalty,

@@ -334,7 +334,7 @@ class ContinuousEngine(Engine):
         chosen: queue.SimpleQueue = queue.SimpleQueue()
         program = greedy_one_program(start_id=t.start_id, eos_id=t.eos_id, max_length=limit, min_length=min_length,
                                      on_token=chosen.put)
-        done = self.scheduler.submit(member, program, force_prefix(member, [target_prefix]))
+        done = self.scheduler.submit(member, program, force_prefix(member, [target_prefix], **t._forced_end([limit])))
         done.add_done_callback(lambda _: chosen.put(None))
 
         def tokens() -> Iterator[int]:

@@ -125,9 +125,10 @@ def _run_case(case: dict, fn, batch: int, max_lengths, step_output: str, sentenc
     min_length = case.get("min_length", 0)
     beam = case["beam_size"] if case["search"] == "beam" else 1
     step = fake.step if step_output == "full" else _as_top_k(fake.step, candidates_needed(beam, min_length))
-    if "target_prefixes" in case:  # forced prefixes wrap the step, as the Translator does (runtime/prefix.py)
-        prefixes = case["target_prefixes"]
-        step = force_prefix(step, prefixes if len(prefixes) == batch else prefixes[sentence : sentence + 1])
+    if "target_prefixes" in case or case.get("forced_eos"):  # forced tokens wrap the step, as the Translator does
+        prefixes = case.get("target_prefixes", [[]] * len(case["max_lengths"]))
+        step = force_prefix(step, prefixes if len(prefixes) == batch else prefixes[sentence : sentence + 1],
+                            end_id=EOS if case.get("forced_eos") else None, max_lengths=max_lengths)
     kw = dict(start_id=START, eos_id=EOS, max_lengths=np.array(max_lengths), min_length=min_length)
     if case["search"] == "greedy":
         return greedy_search(step, batch, **kw), fake

@@ -24,16 +24,32 @@ def decoding_defaults(generation: dict, config: dict, max_positions: int) -> dic
 
     transformers' max_length and min_length count the decoder start token; ours count generated
     tokens (docs/decoding.md), hence the - 1. Its early_stopping is not carried over: our beam search
-    always stops a sentence once K hypotheses have finished (early_stopping=True).
+    always stops a sentence once K hypotheses have finished (early_stopping=True). Its
+    forced_eos_token_id (OPUS-MT sets the end token) is recorded as forced_eos: every host then forces
+    the end token at a sentence's last allowed step, as generate() does.
+
+    Raises:
+        HFImportError: a forced_eos_token_id other than the end token.
     """
     def get(key, fallback):
         value = generation.get(key, config.get(key))
         return fallback if value is None else value
 
     max_length = int(get("max_length", 20))
-    return {"beam_size": int(get("num_beams", 1)), "length_penalty": float(get("length_penalty", 1.0)),
-            "max_length_a": 0.0, "max_length_b": max(1, min(max_length - 1, max_positions)),
-            "min_length": max(int(get("min_length", 0)) - 1, 0)}
+    decoding = {"beam_size": int(get("num_beams", 1)), "length_penalty": float(get("length_penalty", 1.0)),
+                "max_length_a": 0.0, "max_length_b": max(1, min(max_length - 1, max_positions)),
+                "min_length": max(int(get("min_length", 0)) - 1, 0)}
+    forced = get("forced_eos_token_id", None)
+    if isinstance(forced, list) and len(forced) == 1:
+        forced = forced[0]
+    if forced is not None:
+        # transformers' ForcedEOSTokenLogitsProcessor: the end token at the last allowed position (runtime/prefix.py)
+        if forced != config.get("eos_token_id"):
+            raise HFImportError(f"generation_config.json: forced_eos_token_id {forced!r} is not the end token "
+                                f"{config.get('eos_token_id')!r}; only the end token can be forced (remove the field "
+                                "or set it to eos_token_id)")
+        decoding["forced_eos"] = True
+    return decoding
 
 
 def export_hf_bundle(model_dir: str | Path, out: str | Path, *, dtype: str = "float32", quantize: str | None = None,

@@ -32,13 +32,25 @@
  * outputs: a top-k row becomes prefix[t] at 0, then the row's other ids at -inf (which ids those
  * are changes no result: a -inf candidate never finishes and never wins over a finite one). It
  * follows the sentences through `keep` as they finish (rows grouped by sentence, beams contiguous),
- * as the decoder graph does. The twin of runtime/prefix.py's force_prefix.
+ * as the decoder graph does. With `end` it forces the end token at each sentence's last allowed step
+ * (t = maxLengths[s] - 1) the same way: a bundle's decoding.forced_eos, transformers'
+ * forced_eos_token_id. The twin of runtime/prefix.py's force_prefix.
  * @param {Step} step
  * @param {(ArrayLike<number> | null | undefined)[]} prefixes  one per sentence of the batch ([] or null: none)
- * @returns {Step}  `step` itself when no sentence has a prefix
+ * @param {{endId: number, maxLengths: number[]} | null} [end]  the forced end token and each sentence's max length
+ * @returns {Step}  `step` itself when nothing is forced
  */
-export function forcePrefix(step, prefixes) {
-  const longest = Math.max(0, ...prefixes.map((p) => p?.length ?? 0));
+export function forcePrefix(step, prefixes, end = null) {
+  if (end && end.maxLengths.length !== prefixes.length) {
+    throw new RangeError(`${end.maxLengths.length} max lengths for ${prefixes.length} sentences; give one per sentence`);
+  }
+  // each sentence's forced tokens by step: its prefix, then (with end) the end token at its last step
+  const table = prefixes.map((p, s) => {
+    const row = Array.from(p ?? [], Number);
+    if (end) row[Math.max(end.maxLengths[s], 1) - 1] = end.endId; // holes: nothing forced there
+    return row;
+  });
+  const longest = Math.max(0, ...table.map((row) => row.length));
   if (!longest) return step;
   let alive = null; // the sentences of the last call's rows, in row order
   return async (tokens, cacheIndices, t, keep) => {
@@ -55,8 +67,8 @@ export function forcePrefix(step, prefixes) {
     const beams = tokens.length / alive.length;
     const forced = []; // [row, token]
     for (let r = 0; r < tokens.length; r++) {
-      const prefix = prefixes[alive[Math.floor(r / beams)]];
-      if (prefix && t < prefix.length) forced.push([r, Number(prefix[t])]);
+      const token = table[alive[Math.floor(r / beams)]][t];
+      if (token !== undefined) forced.push([r, token]);
     }
     if (!forced.length) return out;
     const vocab = out.vocab;

@@ -353,10 +353,12 @@ export class Translator {
     const { src, width } = this._pad(sources);
     // Searches need only their candidates: download [rows, 2K(+1)] instead of [rows, vocab].
     const topK = this.topKFromGraph ? Math.min(candidatesNeeded(beamSize, minDecodingLength), this.tgtVocab) : null;
-    // forced target prefixes: the step's log-probs replaced before the search sees them
-    const step = forcePrefix(await this._stepFn(src, sources.map((s) => s.length), width, topK), prefixes);
-    const common = { startId: this.startId, eosId: this.eosId, maxLengths: this.maxLengths(sources, maxDecodingLength),
-      minLength: minDecodingLength };
+    const maxLengths = this.maxLengths(sources, maxDecodingLength);
+    // forced target prefixes, and forced_eos' end token at the last step: the step's log-probs replaced before
+    // the search sees them
+    const end = this.bundle.meta.decoding.forced_eos ? { endId: this.eosId, maxLengths } : null;
+    const step = forcePrefix(await this._stepFn(src, sources.map((s) => s.length), width, topK), prefixes, end);
+    const common = { startId: this.startId, eosId: this.eosId, maxLengths, minLength: minDecodingLength };
     if (beamSize === 1) return greedySearch(step, sources.length, common);
     return beamSearch(step, sources.length, { ...common, beamSize, lengthPenalty, numHypotheses });
   }

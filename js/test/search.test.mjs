@@ -115,13 +115,16 @@ const beam = (fake, batch, options) => beamSearch(fake.step, batch, { startId: S
 
 /**
  * One case through greedySearch or beamSearch, the Fake answering with full log-probs or top-k,
- * through forcePrefix where the case has target prefixes (`prefixes`, one per sentence searched).
+ * through forcePrefix where the case has target prefixes (`prefixes`, one per sentence searched) or
+ * forced_eos.
  */
 async function runCase(c, fn, maxLengths, stepOutput, prefixes = c.target_prefixes) {
   const minLength = c.min_length ?? 0;
   const beamSize = c.search === "beam" ? c.beam_size : 1;
   const fake = new Fake(fn, maxLengths.length, stepOutput === "full" ? null : candidatesNeeded(beamSize, minLength));
-  const step = prefixes ? forcePrefix(fake.step, prefixes) : fake.step;
+  const end = c.forced_eos ? { endId: EOS, maxLengths } : null; // forced_eos: the end token at the last step
+  const forced = prefixes ?? (end ? maxLengths.map(() => []) : null);
+  const step = forced ? forcePrefix(fake.step, forced, end) : fake.step;
   const common = { startId: START, eosId: EOS, maxLengths, minLength };
   if (c.search === "greedy") return [await greedySearch(step, maxLengths.length, common), fake];
   assert.equal(c.search, "beam");

@@ -1,0 +1,711 @@
+"""The GPU check of issue 39 in one call: train, export, test, verify, count copies, bench; tables under OUT.
+
+    python benchmarks/gpu_check.py --mode gpu --out OUT [--data cmn.txt]    (benchmarks/gpu_check.sh calls it)
+    python benchmarks/gpu_check.py --mode cpu --out OUT                     (the same steps, CPU provider)
+
+`--mode gpu` runs on a machine with an NVIDIA GPU and onnxruntime-gpu (gpu_check.sh installs the carried
+wheel); `--mode cpu` runs every step on the CPU provider with a tiny model, so that CI runs this script
+(tests/test_gpu_check.py) and it cannot rot. Steps, each its own child process with a time limit, so that a
+crash in one (a CUDA library that does not load) is recorded and the next still runs:
+
+  env      versions, providers, nvidia-smi
+  train    `seq2onnx train --device cuda` (bf16 autocast: model/train.py) for a minute: tokens/s, steps/s
+  export   the fp32 and fp16 bundles (`seq2onnx export`, `--dtype float16`)
+  tests    `pytest -m gpu tests/test_gpu.py` (they skip, with one line each, where CUDA cannot run)
+  verify   `seq2onnx verify --device cuda` on the fp32 and the fp16 bundle (their printed tables)
+  parity   greedy and beam 4 token ids of the fp32 bundle against the PyTorch reference on every test
+           sentence; the fp16 bundle's greedy agreement with fp32, BLEU of each, non-finite scores
+  copies   host<->device copies per decoder step: the IO binding's inputs and outputs (where each lives),
+           the Memcpy nodes onnxruntime put into the decoder graph, and on CUDA the copies CUPTI saw
+           (torch.profiler), each per step from two runs of forced lengths (per-batch copies cancel)
+  bench    `seq2onnx bench` with the CUDA engines (onnx fp32/fp16, CTranslate2 fp32/fp16) against PyTorch
+  torch    the PyTorch reference decoder on the same device (bench's torch engine runs on the CPU only)
+
+OUT gets summary.md (every table), results.json (every step's numbers) and logs.tar.xz (each step's log and
+JSON): three files, within the device tool's eight.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+STEPS = ("env", "train", "export", "tests", "verify", "parity", "copies", "bench", "torch")
+# Seconds each step may take at most (GPU mode); the overall --budget-s cuts the later ones shorter.
+LIMITS = {"env": 60, "train": 150, "export": 120, "tests": 150, "verify": 150, "parity": 120, "copies": 90,
+          "bench": 180, "torch": 90}
+TINY = ["--pairs", "3000", "--valid-size", "50", "--test-size", "50", "--vocab-size", "120",
+        "--max-len", "40",
+        "--d-model", "32", "--heads", "4", "--layers", "2", "--d-ff", "64", "--dropout", "0",
+        "--max-tokens", "1500",
+        "--warmup", "100", "--lr", "2.0", "--max-steps", "150", "--eval-every", "150",
+        "--bleu-sentences", "10"]
+# The README's Tatoeba recipe (d_model 256, 3+3 layers, d_ff 1024, 3,000 pieces), for one minute.
+RECIPE = ["--d-model", "256", "--heads", "4", "--layers", "3", "--d-ff", "1024", "--max-minutes", "1",
+          "--max-steps", "100000", "--eval-every", "1000", "--bleu-sentences", "200"]
+
+
+def sizes(mode: str) -> dict:
+    """The sentences, batches and threads of each step in a mode."""
+    if mode == "gpu":
+        return {"device": "cuda", "parity": 500, "verify": 500, "tensor": 50, "bench": 200, "torch": 200,
+                "copies_rows": 32, "threads": os.cpu_count() or 1}
+    return {"device": "cpu", "parity": 24, "verify": 24, "tensor": 4, "bench": 16, "torch": 16,
+            "copies_rows": 4,
+            "threads": 1}
+
+
+def cli(*args: str) -> list[str]:
+    """The `seq2onnx` command as a child of this Python (works without the console script installed)."""
+    return [sys.executable, "-m", "seq2onnx.commands", *args]
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float) -> int:
+    """Runs cmd with its output appended to log; returns its exit status (124 when it ran past timeout)."""
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        try:
+            return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            f.write(f"\n[gpu_check] timed out after {timeout:.0f} s\n")
+            return 124
+
+
+# -- the steps: each runs in a child (`--step NAME`), reads ctx, writes WORK/NAME.json ------------------
+
+def step_env(ctx: dict) -> dict:
+    import platform
+
+    out = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        out["torch_cuda"] = torch.version.cuda
+        out["torch_sees_gpu"] = torch.cuda.is_available()
+        if torch.cuda.is_available():
+            out["gpu"] = torch.cuda.get_device_name(0)
+    except Exception as e:  # the summary says what is missing rather than stopping here
+        out["torch_error"] = repr(e)
+    from seq2onnx.runtime import ort_install
+    from seq2onnx.runtime.sessions import cuda_usable
+
+    out["onnxruntime_distributions"] = ort_install.onnxruntime_distributions()
+    ort = ort_install.import_onnxruntime()
+    out["onnxruntime"] = ort.__version__
+    out["providers"] = ort.get_available_providers()
+    out["cuda_usable"] = list(cuda_usable())
+    if ctx["mode"] == "gpu":
+        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True)
+        out["nvidia_smi"] = smi.stdout.strip().splitlines()[:12]
+        if not cuda_usable()[0]:
+            raise SystemExit(f"mode gpu, but CUDA cannot run: {cuda_usable()[1]}")
+    try:
+        import ctranslate2
+
+        out["ctranslate2"] = ctranslate2.__version__
+        out["ctranslate2_cuda_devices"] = ctranslate2.get_cuda_device_count()
+    except Exception as e:
+        out["ctranslate2"] = f"not usable: {e!r}"
+    return out
+
+
+def step_train(ctx: dict) -> dict:
+    work, log = Path(ctx["work"]), Path(ctx["log"])
+    if ctx["mode"] == "gpu":
+        tatoeba = ["--data", ctx["data"], "--src-col", "1", "--tgt-col", "0", "--vocab-size", "3000"]
+        data = tatoeba if ctx["data"] else ["--pairs", "20000", "--vocab-size", "1000"]
+        args = RECIPE + data
+    else:
+        args = TINY
+    t0 = time.time()
+    cmd = cli("train", str(work / "run"), "--device", ctx["sizes"]["device"], "--force", *args)
+    rc = run_logged(cmd, log, ctx["timeout"])
+    if rc:
+        raise SystemExit(f"seq2onnx train exited {rc}")
+    state = json.loads((work / "run" / "last" / "train_state.json").read_text())
+    history = state["history"]
+    # The trainer prints tokens/s on its progress bar (target tokens of every batch over the wall time since
+    # the first step); the bar's last line is the run's figure.
+    tok_s = re.findall(r"tok_s=([\d,]+)", log.read_text())
+    last = history[-1]
+    return {"seconds": time.time() - t0, "steps": state["step"], "train_seconds": last["elapsed_s"],
+            "steps_per_s": state["step"] / last["elapsed_s"],
+            "tokens_per_s": int(tok_s[-1].replace(",", "")) if tok_s else None,
+            "precision": "bf16 autocast (model/train.py on CUDA)" if ctx["mode"] == "gpu" else "fp32 (CPU)",
+            "valid_bleu": last["valid_bleu"], "valid_loss": last["valid_loss"],
+            "data": ctx["data"] or "generated",
+            "args": args}
+
+
+def step_export(ctx: dict) -> dict:
+    work, log = Path(ctx["work"]), Path(ctx["log"])
+    out = {}
+    for name, extra in (("fp32", []), ("fp16", ["--dtype", "float16"])):
+        t0 = time.time()
+        rc = run_logged(cli("export", str(work / "run" / "best"), str(work / name), "--force", *extra), log,
+                        ctx["timeout"])
+        if rc:
+            raise SystemExit(f"seq2onnx export ({name}) exited {rc}")
+        out[name] = {"seconds": time.time() - t0,
+                     "bytes": sum(p.stat().st_size for p in (work / name).iterdir())}
+    return out
+
+
+def step_tests(ctx: dict) -> dict:
+    work, log = Path(ctx["work"]), Path(ctx["log"])
+    xml = work / "tests.xml"
+    rc = run_logged([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider",
+                     f"--junitxml={xml}", str(Path(ctx["repo"]) / "tests" / "test_gpu.py")], log,
+                    ctx["timeout"])
+    import xml.etree.ElementTree as ET
+
+    cases = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        status = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                status = child.tag
+                cases.append({"name": case.get("name"), "status": status,
+                              "message": (child.get("message") or "").splitlines()[0][:200]})
+                break
+        else:
+            cases.append({"name": case.get("name"), "status": status, "message": ""})
+    counts = {s: sum(c["status"] == s for c in cases) for s in ("passed", "failure", "error", "skipped")}
+    if rc not in (0, 5) or counts["failure"] or counts["error"]:
+        raise SystemExit(f"pytest exited {rc}: {counts}")
+    return {"counts": counts, "cases": cases}
+
+
+def step_verify(ctx: dict) -> dict:
+    work, log = Path(ctx["work"]), Path(ctx["log"])
+    s = ctx["sizes"]
+    out = {}
+    for name in ("fp32", "fp16"):
+        report = work / f"verify-{name}.json"
+        text = work / f"verify-{name}.txt"
+        cmd = cli("verify", str(work / "run" / "best"), str(work / name), "--device", s["device"],
+                  "--sentences", str(s["verify"]), "--tensor-sentences", str(s["tensor"]),
+                  "--json", str(report), "--quiet")
+        with open(log, "a") as f:
+            f.write(f"$ {' '.join(cmd)}\n")
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=ctx["timeout"] / 2)
+        text.write_text(done.stdout + done.stderr)
+        with open(log, "a") as f:
+            f.write(done.stdout + done.stderr)
+        if not report.is_file():
+            raise SystemExit(f"seq2onnx verify ({name}) exited {done.returncode} without a report")
+        r = json.loads(report.read_text())
+        out[name] = {"passed": r["passed"], "provider": r["provider"], "sentences": r["sentences"],
+                     "exit": done.returncode, "table": done.stdout.strip()}
+    if not all(v["passed"] for v in out.values()):
+        raise SystemExit("verify failed: " + ", ".join(k for k, v in out.items() if not v["passed"]))
+    return out
+
+
+def _sources(ckpt: str, n: int):
+    from seq2onnx.export.parity import test_sentences
+    from seq2onnx.model import checkpoint
+
+    model, tok, ckpt_dir = checkpoint.load(ckpt)
+    pairs = test_sentences(ckpt_dir, n)
+    return model, tok, pairs, [tok.encode_source(src)[: model.cfg.max_positions] for src, _ in pairs]
+
+
+def step_parity(ctx: dict) -> dict:
+    from seq2onnx.model.metrics import bleu
+    from seq2onnx.model.search import translate_ids
+    from seq2onnx.runtime.translator import Translator
+
+    work, device = Path(ctx["work"]), ctx["sizes"]["device"]
+    model, tok, pairs, srcs = _sources(str(work / "run" / "best"), ctx["sizes"]["parity"])
+    refs = [t for _, t in pairs]
+    eos = model.cfg.eos_id
+    strip = lambda ids: ids[:-1] if ids and ids[-1] == eos else ids  # noqa: E731
+    t32 = Translator(work / "fp32", device=device)
+    t16 = Translator(work / "fp16", device=device)
+    out = {"device": t32.device, "decoder": t32.decoder_variant, "sentences": len(srcs)}
+    for beam in (1, 4):
+        want = [strip(h[0].tokens) for h in translate_ids(model, srcs, beam_size=beam)]
+        got = t32.translate_batch(srcs, beam_size=beam, return_scores=True)
+        same = sum(g.token_ids[0] == w for g, w in zip(got, want))
+        out[f"fp32_beam{beam}"] = {"identical": same, "of": len(srcs), "non_finite_scores": sum(
+            not math.isfinite(s) for g in got for s in g.scores),
+            "bleu": bleu([g.hypotheses[0] for g in got], refs),
+            "torch_bleu": bleu([tok.decode_target(w) for w in want], refs)}
+        if beam == 1:
+            greedy32 = got
+    got16 = t16.translate_batch(srcs, beam_size=1, return_scores=True)
+    agree = sum(a.token_ids[0] == b.token_ids[0] for a, b in zip(got16, greedy32))
+    b32, b16 = bleu([g.hypotheses[0] for g in greedy32], refs), bleu([g.hypotheses[0] for g in got16], refs)
+    out["fp16_greedy"] = {"agree_with_fp32": agree, "of": len(srcs), "rate": agree / max(len(srcs), 1),
+                          "bleu_fp32": b32, "bleu_fp16": b16, "bleu_drop": b32 - b16,
+                          "non_finite_scores": sum(not math.isfinite(s) for g in got16 for s in g.scores)}
+    return out
+
+
+class _Recording:
+    """An IOBinding that notes how each input is bound and where each output goes (the rest is the binding's).
+
+    An input is "array" (a numpy array: copied up at every run on CUDA), "fed back" (an OrtValue that this
+    session's previous run output: it never left the device) or "value" (another OrtValue, e.g. the
+    encoder's).
+    """
+
+    def __init__(self, binding, fed: dict):
+        self._b, self._fed, self.inputs, self.outputs = binding, fed, {}, {}
+
+    def __getattr__(self, name):
+        return getattr(self._b, name)
+
+    def bind_cpu_input(self, name, array):
+        self.inputs[name] = ("array", "cpu", int(array.nbytes))
+        return self._b.bind_cpu_input(name, array)
+
+    def bind_ortvalue_input(self, name, value):
+        how = "fed back" if id(value) in self._fed.get("ids", ()) else "value"
+        self.inputs[name] = (how, value.device_name().lower(), 0)
+        return self._b.bind_ortvalue_input(name, value)
+
+    def bind_input(self, name, device_type, *args, **kwargs):
+        self.inputs[name] = ("value", str(device_type).lower(), 0)
+        return self._b.bind_input(name, device_type, *args, **kwargs)
+
+    def bind_output(self, name, device_type="cpu", *args, **kwargs):
+        self.outputs[name] = str(device_type).lower()
+        return self._b.bind_output(name, device_type, *args, **kwargs)
+
+    def bind_ortvalue_output(self, name, value):
+        self.outputs[name] = value.device_name().lower()
+        return self._b.bind_ortvalue_output(name, value)
+
+    def get_outputs(self):
+        values = self._b.get_outputs()
+        self._fed["ids"] = {id(v) for v in values}  # what the next run may bind again without a copy
+        return values
+
+
+def record_bindings(session, runs: list) -> None:
+    """Makes session note, at every run_with_iobinding, how each input is bound and each output placed.
+
+    Args:
+        session: an onnxruntime InferenceSession (its methods are replaced on this instance only).
+        runs: gets one {"inputs": {name: (how, device, bytes)}, "outputs": {name: device}} per run; an
+            input is "fed back" when it is the very value that the run before output.
+    """
+    make, run, fed = session.io_binding, session.run_with_iobinding, {}
+
+    def io_binding():
+        return _Recording(make(), fed)
+
+    def run_with_iobinding(binding, run_options=None):
+        if isinstance(binding, _Recording):
+            runs.append({"inputs": dict(binding.inputs), "outputs": dict(binding.outputs)})
+            binding = binding._b
+        return run(binding, run_options)
+
+    session.io_binding, session.run_with_iobinding = io_binding, run_with_iobinding
+
+
+def step_copies_of(translator, sources: list, beam: int, lengths=(8, 24), cupti: bool = False) -> dict:
+    """Host<->device copies per decoder step of translator, from two runs of forced lengths.
+
+    No sentence ends before L - 1 tokens nor after L (min and max decoding length), so none leaves the
+    batch, and the difference between the runs at L2 and L1, divided by their difference in steps, is what
+    one step costs, whatever the encoder and the first step copy once per batch.
+
+    Args:
+        translator: a Translator (its decoder session gets recorded).
+        sources: the batch (ids or texts).
+        beam: beam size.
+        lengths: the two forced lengths.
+        cupti: also count the copies CUDA made (torch.profiler over CUPTI: the whole process's, so
+            onnxruntime's too).
+
+    Returns:
+        dict: for a step in the middle of the search, the inputs bound from host arrays (copied up each
+        step on CUDA) and their bytes, the inputs fed back from the previous step, those bound once per
+        batch, the outputs read by the search and the outputs fed back (with the device of each), and
+        (cupti) CUDA's HtoD/DtoH
+        copies and kernels per step.
+    """
+    runs: list = []
+    record_bindings(translator.decoder, runs)
+    per_run, cuda_counts = [], []
+    for length in lengths:
+        start = len(runs)
+
+        def work(length=length):
+            translator.translate_batch(sources, beam_size=beam, max_decoding_length=length,
+                                       min_decoding_length=length - 1)
+
+        cuda_counts.append(_cupti_count(work) if cupti else work())
+        per_run.append(runs[start:])
+    steps = [len(r) for r in per_run]
+    mid, after = per_run[1][-2], per_run[1][-1]  # two steps in the middle: after's inputs say what mid fed
+    fed_back = {k for k, v in after["inputs"].items() if v[0] == "fed back"}
+    present = set(mid["outputs"]) & set(_present_names(translator))
+    same = all(r["inputs"] == after["inputs"] and r["outputs"] == after["outputs"] for r in per_run[1][1:])
+    out = {"beam": beam, "rows": len(sources), "steps": steps, "device": translator.device,
+           "inputs_from_host": sorted(k for k, v in after["inputs"].items() if v[0] == "array"),
+           "upload_bytes_per_step": sum(v[2] for v in after["inputs"].values() if v[0] == "array"),
+           "inputs_fed_back": sorted(fed_back), "inputs_per_batch": sorted(
+               k for k, v in after["inputs"].items() if v[0] == "value"),
+           "input_devices": sorted({v[1] for v in after["inputs"].values() if v[0] != "array"}),
+           "outputs_read": sorted(k for k in after["outputs"] if k not in present),
+           "outputs_read_devices": sorted({v for k, v in after["outputs"].items() if k not in present}),
+           "outputs_fed_back": sorted(present), "outputs_fed_back_devices": sorted(
+               {v for k, v in after["outputs"].items() if k in present}),
+           "same_bindings_every_step": same}
+    if cupti:
+        d = steps[1] - steps[0]
+        out["cupti"] = {k: (cuda_counts[1][k] - cuda_counts[0][k]) / d for k in cuda_counts[0]}
+        out["cupti_runs"] = cuda_counts
+    return out
+
+
+def _present_names(translator) -> list[str]:
+    from seq2onnx.runtime import bundle as fmt
+
+    return fmt.present_names(translator.n_layers)
+
+
+def _cupti_count(work) -> dict:
+    """Runs work under torch.profiler (CUDA activity from CUPTI) and counts its copies by direction."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        work()
+        torch.cuda.synchronize()
+    counts = {"htod": 0, "dtoh": 0, "dtod": 0, "kernels": 0}
+    for e in prof.events():
+        name = e.name.lower()
+        if "memcpy" in name:
+            key = next((k for k in ("htod", "dtoh", "dtod") if k in name), None)
+            if key:
+                counts[key] += 1
+        elif getattr(e, "device_type", None) is not None and "cuda" in str(e.device_type).lower():
+            counts["kernels"] += 1
+    return counts
+
+
+def memcpy_nodes(bundle: Path, device: str) -> dict:
+    """Counts the Memcpy nodes onnxruntime inserts into the decoder graph here (each runs every step)."""
+    import onnx
+
+    from seq2onnx.runtime import bundle as fmt
+    from seq2onnx.runtime.ort_install import import_onnxruntime
+    from seq2onnx.runtime.sessions import providers_for
+
+    ort = import_onnxruntime()
+    opts = ort.SessionOptions()
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        saved = Path(tmp) / "decoder-optimized.onnx"
+        opts.optimized_model_filepath = str(saved)
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        ort.InferenceSession(str(bundle / fmt.DECODER_FILE), opts, providers=providers_for(device))
+        kinds = [n.op_type for n in onnx.load(str(saved), load_external_data=False).graph.node]
+    return {"MemcpyFromHost": kinds.count("MemcpyFromHost"), "MemcpyToHost": kinds.count("MemcpyToHost"),
+            "nodes": len(kinds)}
+
+
+def step_copies(ctx: dict) -> dict:
+    from seq2onnx.runtime.translator import Translator
+
+    work, s = Path(ctx["work"]), ctx["sizes"]
+    _, _, _, srcs = _sources(str(work / "run" / "best"), s["copies_rows"])
+    cupti = ctx["mode"] == "gpu"
+    out = {}
+    for name in ("fp32", "fp16"):
+        t = Translator(work / name, device=s["device"], _tuning=_standard())
+        for beam in (1, 4):
+            try:
+                out[f"{name}_beam{beam}"] = step_copies_of(t, srcs, beam, cupti=cupti)
+            except Exception as e:  # CUPTI may be unusable there: the binding's record still stands
+                if not cupti:
+                    raise
+                out[f"{name}_beam{beam}"] = step_copies_of(t, srcs, beam) | {"cupti_error": repr(e)[:300]}
+        try:
+            out[f"{name}_memcpy_nodes"] = memcpy_nodes(work / name, t.device)
+        except Exception as e:
+            out[f"{name}_memcpy_nodes"] = {"error": repr(e)[:300]}
+    return out
+
+
+def _standard():
+    from seq2onnx.runtime.options import SessionTuning
+
+    return SessionTuning(decoder="standard")
+
+
+def step_bench(ctx: dict) -> dict:
+    work, log, s = Path(ctx["work"]), Path(ctx["log"]), ctx["sizes"]
+    if ctx["mode"] == "gpu":
+        engines = "onnx-cuda-fp32,onnx-cuda-fp16,ct2-cuda-fp32,ct2-cuda-fp16"
+        size = ["--sentences", str(s["bench"])]
+    else:
+        engines, size = "onnx-cpu-fp32,ct2-cpu-fp32", ["--quick"]
+    report = work / "bench.json"
+    rc = run_logged(cli("bench", str(work / "run" / "best"), "--engines", engines, "--threads",
+                        str(s["threads"]),
+                        "--bundle-dir", str(work / "bench-bundles"), "--json", str(report), *size), log,
+                    ctx["timeout"])
+    if not report.is_file():
+        raise SystemExit(f"seq2onnx bench exited {rc} without a report")
+    r = json.loads(report.read_text())
+    rows = [{k: row.get(k) for k in ("engine", "search", "batch", "tokens_per_s", "agreement", "agreement_of",
+                                      "x_torch", "x_ct2", "peak_rss_mb")}
+            for row in r.get("best_rows", r["rows"])]
+    text = log.read_text()
+    table = text[text.rfind("$ "):]
+    if rc:
+        raise SystemExit(f"seq2onnx bench exited {rc}")
+    return {"rows": rows, "skipped": r["skipped"],
+            "report": table.split("\n", 1)[1] if "\n" in table else table}
+
+
+def step_torch(ctx: dict) -> dict:
+    """The PyTorch reference decoder on the mode's device: bench's configurations, its tokens/s."""
+    import torch
+
+    from seq2onnx.export.bundle import DECODING_DEFAULTS as dd
+    from seq2onnx.model import checkpoint
+    from seq2onnx.model.search import translate_ids
+
+    work, s = Path(ctx["work"]), ctx["sizes"]
+    torch.set_num_threads(s["threads"])
+    _, _, _, srcs = _sources(str(work / "run" / "best"), s["torch"])
+    model, _, _ = checkpoint.load(work / "run" / "best", device=s["device"])
+    srcs = sorted(srcs, key=len)
+    def limit(src):
+        return min(int(dd["max_length_a"] * len(src)) + dd["max_length_b"], model.cfg.max_positions)
+
+    rows = []
+    translate_ids(model, srcs[:2], beam_size=4)  # warm-up: kernels chosen, allocator filled
+    for beam, batch in ((1, 1), (1, 32), (4, 1), (4, 32)):
+        tokens, t0 = 0, time.perf_counter()
+        with torch.inference_mode():
+            for i in range(0, len(srcs), batch):
+                chunk = srcs[i: i + batch]
+                for src, h in zip(chunk, translate_ids(model, chunk, beam_size=beam,
+                                                        max_length=max(limit(x) for x in chunk))):
+                    tokens += min(len(h[0].tokens), limit(src))
+        if s["device"] == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        rows.append({"engine": f"torch-{s['device']}", "search": "greedy" if beam == 1 else f"beam{beam}",
+                     "batch": batch, "tokens_per_s": tokens / seconds, "sentences": len(srcs)})
+    return {"rows": rows, "device": s["device"]}
+
+
+# -- the parent: runs the steps within the budget, writes OUT ------------------------------------------
+
+def run_step(name: str, ctx: dict, deadline: float) -> dict:
+    """Runs one step as a child process (`--step NAME`), within its limit and the time left."""
+    work = Path(ctx["work"])
+    log = work / "logs" / f"{name}.log"
+    left = deadline - time.time()
+    limit = LIMITS[name] if ctx["mode"] == "gpu" else LIMITS[name] * 2  # the CPU is slower: a generous bound
+    if left < 10:
+        return {"status": "not run", "reason": f"the budget was spent ({ctx['budget_s']} s)"}
+    timeout = min(limit, left)
+    child = dict(ctx, log=str(log), timeout=timeout * 0.95)
+    t0 = time.time()
+    cmd = [sys.executable, __file__, "--step", name, "--ctx", json.dumps(child)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if ctx["mode"] == "cpu":  # tiny models run fastest on one thread; more thrash on a shared machine
+        env.setdefault("OMP_NUM_THREADS", "1")
+    with open(log, "a") as f:
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    result_file = work / f"{name}.json"
+    result = json.loads(result_file.read_text()) if result_file.is_file() else None
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+    return {"status": "ok" if rc == 0 else "failed", "exit": rc, "seconds": round(time.time() - t0, 1),
+            "result": result, "reason": None if rc == 0 else (tail[0][:300] if tail else "no output")}
+
+
+def child(name: str, ctx: dict) -> int:
+    """The child side of run_step: runs step_NAME, writes its result as WORK/NAME.json."""
+    result = globals()[f"step_{name}"](ctx)
+    (Path(ctx["work"]) / f"{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return 0
+
+
+def fmt_num(x, digits: int = 0) -> str:
+    return "—" if x is None else f"{x:,.{digits}f}" if isinstance(x, (int, float)) else str(x)
+
+
+def _md_table(head: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(map(str, r)) + " |"
+                                                                         for r in rows]
+
+
+def summary(results: dict, mode: str, seconds: float) -> str:
+    """The Markdown report of every step: what summary.md holds."""
+    r = {k: (v.get("result") or {}) for k, v in results.items()}
+    lines = [f"# GPU check ({mode} mode): {seconds:.0f} s", ""]
+    lines += _md_table(["step", "status", "seconds", "why not ok"],
+                       [[k, v["status"], fmt_num(v.get("seconds"), 1), v.get("reason") or ""]
+                        for k, v in results.items()])
+    env = r["env"]
+    lines += ["", "## Environment", "",
+              f"python {env.get('python')}, torch {env.get('torch')} (CUDA {env.get('torch_cuda')},"
+              f" GPU: {env.get('gpu', 'none')}), onnxruntime {env.get('onnxruntime')} "
+              f"({', '.join(env.get('onnxruntime_distributions', []))}), providers {env.get('providers')}, "
+              f"ctranslate2 {env.get('ctranslate2')}", ""]
+    lines += [f"    {x}" for x in env.get("nvidia_smi", [])]
+    t = r["train"]
+    lines += ["", "## Training", ""] + _md_table(
+        ["device", "precision", "steps", "train s", "steps/s", "tokens/s", "valid BLEU", "data"],
+        [[env.get("gpu", "cpu"), t.get("precision"), fmt_num(t.get("steps")),
+          fmt_num(t.get("train_seconds"), 1),
+          fmt_num(t.get("steps_per_s"), 1), fmt_num(t.get("tokens_per_s")), fmt_num(t.get("valid_bleu"), 1),
+          t.get("data")]])
+    tests = r["tests"]
+    lines += ["", "## GPU tests (`pytest -m gpu tests/test_gpu.py`)", "",
+              f"counts: {tests.get('counts')}", ""]
+    lines += _md_table(["test", "status", "message"], [[c["name"], c["status"], c["message"]]
+                                                       for c in tests.get("cases", [])])
+    lines += ["", "## verify"]
+    for name, v in r["verify"].items():
+        verdict = "PASSED" if v["passed"] else "FAILED"
+        lines += ["", f"### {name}: {verdict} on {v['provider']}, {v['sentences']} sentences", "",
+                  "```", v["table"], "```"]
+    p = r["parity"]
+    if p:
+        f16 = p["fp16_greedy"]
+        lines += ["", f"## Parity ({p['device']}, {p['decoder']} decoder, {p['sentences']} test sentences)",
+                  ""]
+        lines += _md_table(["check", "result", "goal"], [
+            ["fp32 greedy token ids = PyTorch", f"{p['fp32_beam1']['identical']}/{p['fp32_beam1']['of']}",
+             "all"],
+            ["fp32 beam 4 token ids = PyTorch", f"{p['fp32_beam4']['identical']}/{p['fp32_beam4']['of']}",
+             "all"],
+            ["fp16 greedy = fp32 greedy", f"{f16['agree_with_fp32']}/{f16['of']} ({100 * f16['rate']:.1f}%)",
+             ">= 99%"],
+            ["BLEU fp32 - fp16 (greedy)",
+             f"{f16['bleu_fp32']:.2f} - {f16['bleu_fp16']:.2f} = {f16['bleu_drop']:.2f}",
+             "<= 0.3"],
+            ["non-finite scores (fp32 greedy, beam 4, fp16)", f"{p['fp32_beam1']['non_finite_scores']}, "
+             f"{p['fp32_beam4']['non_finite_scores']}, {f16['non_finite_scores']}", "0"]])
+    c = r["copies"]
+    if c:
+        lines += ["", "## Host <-> device copies per decoder step (standard decoder)", "",
+                  "Inputs bound from host arrays are copied up at every step on CUDA; outputs placed on the "
+                  "host are copied down; values fed back (each step's cache into the next) and those bound "
+                  "once per batch stay where they are. CUPTI counts what CUDA did: the difference of two "
+                  "runs "
+                  "of forced lengths over their difference in steps.", ""]
+        rows = []
+        for key, v in c.items():
+            if key.endswith("_memcpy_nodes"):
+                continue
+            cu = v.get("cupti")
+            rows.append([key, v["rows"], v["device"],
+                         f"{', '.join(v['inputs_from_host'])} ({v['upload_bytes_per_step']} B)",
+                         f"{len(v['inputs_fed_back'])} + {len(v['inputs_per_batch'])} "
+                         f"on {v['input_devices']}",
+                         f"{', '.join(v['outputs_read'])} on {v['outputs_read_devices']}",
+                         f"{len(v['outputs_fed_back'])} on {v['outputs_fed_back_devices']}",
+                         v["same_bindings_every_step"],
+                         "n/a" if not cu else f"{cu['htod']:.2f} / {cu['dtoh']:.2f} / {cu['dtod']:.2f} "
+                                              f"({cu['kernels']:.0f} kernels)", v.get("cupti_error", "")])
+        lines += _md_table(["bundle, search", "rows", "device", "up each step: host arrays",
+                            "inputs fed back + per batch", "read by the search", "outputs fed back",
+                            "same every step", "CUPTI per step: HtoD / DtoH / DtoD", "note"], rows)
+        nodes = "; ".join(f"{k.split('_')[0]}: {v}" for k, v in c.items() if k.endswith("_memcpy_nodes"))
+        lines += ["", f"Memcpy nodes onnxruntime put into the decoder graph (each runs every step): {nodes}"]
+    b = r["bench"]
+    if b:
+        lines += ["", "## seq2onnx bench", "", "```", b["report"].strip(), "```"]
+    tr = r["torch"]
+    if tr:
+        lines += ["", f"## PyTorch reference decoder on {tr['device']}", ""]
+        by = {(x["search"], x["batch"]): x["tokens_per_s"] for x in tr["rows"]}
+        rows = [[x["engine"], x["search"], x["batch"], fmt_num(x["tokens_per_s"])] for x in tr["rows"]]
+        for row in (b or {}).get("rows", []):
+            ref = by.get((row["search"], row["batch"]))
+            if row["engine"] != "torch" and ref and row["tokens_per_s"]:
+                rows.append([row["engine"], row["search"], row["batch"], f"{fmt_num(row['tokens_per_s'])} "
+                             f"({row['tokens_per_s'] / ref:.2f}x torch-{tr['device']})"])
+        lines += _md_table(["engine", "search", "batch", "tokens/s"], rows)
+    return "\n".join(lines) + "\n"
+
+
+# Which steps need which: a step whose input failed is not run, and says so.
+NEEDS = {"export": "train", "verify": "export", "parity": "export", "copies": "export", "bench": "train",
+         "torch": "train"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mode", choices=["gpu", "cpu"], default="gpu")
+    p.add_argument("--out", help="where summary.md, results.json and logs.tar.xz go (default $OUT, else "
+                   "/tmp/gpu-check-out)")
+    p.add_argument("--work", help="scratch directory (runs, bundles, logs); default OUT/../gpu-check-work")
+    p.add_argument("--data", help="the Tatoeba corpus (cmn.txt) for the recipe model; default: the generated "
+                   "corpus")
+    p.add_argument("--budget-s", type=float,
+                   help="seconds for all steps (default 420 in gpu mode, 300 in cpu mode)")
+    p.add_argument("--steps", help=f"comma-separated subset of {','.join(STEPS)}")
+    p.add_argument("--step", help=argparse.SUPPRESS)
+    p.add_argument("--ctx", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.step:
+        return child(args.step, json.loads(args.ctx))
+    out = Path(args.out or os.environ.get("OUT") or Path(tempfile.gettempdir()) / "gpu-check-out").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work).resolve() if args.work else out.parent / f"{out.name}-work"
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    budget = args.budget_s or (420 if args.mode == "gpu" else 300)
+    ctx = {"mode": args.mode, "work": str(work),
+           "data": str(Path(args.data).resolve()) if args.data else None,
+           "sizes": sizes(args.mode), "repo": str(Path(__file__).resolve().parents[1]), "budget_s": budget}
+    wanted = args.steps.split(",") if args.steps else list(STEPS)
+    t0 = time.time()
+    deadline = t0 + budget
+    results: dict = {}
+    for name in STEPS:
+        need = NEEDS.get(name)
+        if name not in wanted:
+            results[name] = {"status": "not run", "reason": "not asked for (--steps)"}
+        elif need and results.get(need, {}).get("status") == "failed":
+            results[name] = {"status": "not run", "reason": f"needs {need}, which failed"}
+        else:
+            print(f"[gpu_check {time.time() - t0:5.0f} s] {name} ...", flush=True)
+            results[name] = run_step(name, ctx, deadline)
+            print(f"[gpu_check {time.time() - t0:5.0f} s] {name}: {results[name]['status']}"
+                  + (f" ({results[name]['reason']})" if results[name].get("reason") else ""), flush=True)
+    from seq2onnx import atomic
+
+    text = summary(results, args.mode, time.time() - t0)
+    atomic.write_file(out / "summary.md", text)
+    atomic.write_file(out / "results.json", json.dumps({"mode": args.mode, "seconds": time.time() - t0,
+                                                        "steps": results}, indent=1, default=str) + "\n")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+        for f in sorted(work.glob("*.json")) + sorted(work.glob("*.txt")) + sorted(work.glob("*.xml")) \
+                + sorted((work / "logs").glob("*.log")):
+            tar.add(f, arcname=str(f.relative_to(work)))
+    atomic.write_file(out / "logs.tar.xz", buf.getvalue())
+    print(text)
+    return 0 if all(v["status"] == "ok" for k, v in results.items() if k in wanted) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

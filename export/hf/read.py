@@ -13,7 +13,6 @@ model whose every parameter must be filled (`_copy` counts them).
 from __future__ import annotations
 
 import gc
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,37 +21,35 @@ import torch
 from seq2onnx.model.config import ACTIVATIONS, ModelConfig
 from seq2onnx.model.transformer import Transformer
 
+from .checks import (ACTIVATION_NAMES, HFImportError, check_directory, looks_like_hf, read_generation,
+                     read_json_object)
+
 # model_type -> (pre_norm, what the model is); the families this importer knows.
 FAMILIES = {"marian": (False, "Marian (OPUS-MT)"), "m2m_100": (True, "M2M100 / NLLB-200")}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
-_ACTIVATION_NAMES = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
-
-
-class HFImportError(ValueError):
-    """A model directory this importer refuses: one line naming the file, the value and the fix."""
+_CONFIG_FIX = "the config.json that save_pretrained writes"
 
 
 def is_hf_dir(path: str | Path) -> bool:
-    """True for a directory with a config.json that names a model_type (what save_pretrained writes)."""
-    config = Path(path) / "config.json"
-    try:
-        return "model_type" in json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
-        return False
+    """True for a directory that save_pretrained wrote: a config.json with a model_type, or a damaged
+    config.json beside the files save_pretrained writes (its error then names config.json; checks.py)."""
+    return looks_like_hf(path)
 
 
 def read_config(model_dir: Path) -> dict:
-    """config.json, checked for a model_type this importer knows and for weights beside it.
+    """config.json, checked for a model_type this importer knows, then every file the import reads
+    (export/hf/checks.py), before transformers reads any.
 
     Raises:
-        HFImportError: naming config.json's model_type or the missing weights.
+        HFImportError: naming the file, the field, the value and the fix (config.json's model_type, the
+            missing weights, a value of config.json or generation_config.json, vocab.json, the weights' header).
     """
     path = model_dir / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise HFImportError(f"{path}: not a readable JSON config ({e}); give a directory that save_pretrained wrote") from None
-    kind = config.get("model_type")
+    config = read_json_object(path, _CONFIG_FIX)
+    if "model_type" not in config:
+        raise HFImportError(f"{path}: has no model_type; restore {_CONFIG_FIX} (\"marian\" for a Marian "
+                            "model, \"m2m_100\" for M2M100 and NLLB)")
+    kind = config["model_type"]
     if kind not in FAMILIES:
         known = ", ".join(f"{k} ({v[1]})" for k, v in FAMILIES.items())
         raise HFImportError(f"{path}: model_type {kind!r} is not supported; this importer reads {known} "
@@ -60,26 +57,8 @@ def read_config(model_dir: Path) -> dict:
     if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
         raise HFImportError(f"{model_dir}: no weights ({' or '.join(WEIGHT_FILES[:2])}); save the model with "
                             "save_pretrained (or copy its weights file) into this directory")
-    _check_vocab_size(model_dir, config)
+    check_directory(model_dir, config)
     return config
-
-
-def _check_vocab_size(model_dir: Path, config: dict) -> None:
-    """config.json's vocab_size against the embedding's rows in model.safetensors (read from its header only)."""
-    path = model_dir / "model.safetensors"
-    declared = config.get("vocab_size")
-    if not path.is_file() or not isinstance(declared, int):
-        return  # other weight files are checked after loading (model_config)
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        names = [n for n in f.keys() if n.endswith(("shared.weight", "encoder.embed_tokens.weight"))]
-        if names:
-            rows = f.get_slice(names[0]).get_shape()[0]
-            if rows != declared:
-                raise HFImportError(f"{model_dir / 'config.json'}: vocab_size is {declared} but {path.name}'s {names[0]} "
-                                    f"has {rows} rows; the config does not belong to these weights (set vocab_size to "
-                                    f"{rows} or restore the matching weights)")
 
 
 @dataclass
@@ -165,10 +144,10 @@ def model_config(config: dict, hf, model_dir: Path, generation: dict) -> ModelCo
     if declared is not None and declared != src_vocab:
         raise HFImportError(f"{model_dir / 'config.json'}: vocab_size is {declared} but the weights' embedding has "
                             f"{src_vocab} rows; the config does not belong to these weights (fix vocab_size or the weights)")
-    activation = _ACTIVATION_NAMES.get(str(config.get("activation_function")))
+    activation = ACTIVATION_NAMES.get(str(config.get("activation_function")))
     if activation not in ACTIVATIONS:
         raise HFImportError(f"{model_dir / 'config.json'}: activation_function {config.get('activation_function')!r} "
-                            f"is not supported; supported: {', '.join(sorted(_ACTIVATION_NAMES))}")
+                            f"is not supported; supported: {', '.join(sorted(ACTIVATION_NAMES))}")
     layer = enc.layers[0]
     bad_words = generation.get("bad_words_ids") or []
     suppressed = sorted({ids[0] for ids in bad_words if len(ids) == 1} | set(generation.get("suppress_tokens") or []))
@@ -258,10 +237,9 @@ def import_hf(model_dir: str | Path) -> Imported:
         HFImportError: an unsupported or damaged directory (one line: the file, the value, the fix).
     """
     model_dir = Path(model_dir)
-    config = read_config(model_dir)
+    config = read_config(model_dir)  # every file checked before transformers reads one (export/hf/checks.py)
     hf = load_hf(model_dir)
-    gen_path = model_dir / "generation_config.json"
-    generation = json.loads(gen_path.read_text(encoding="utf-8")) if gen_path.is_file() else {}
+    generation = read_generation(model_dir)
     cfg = model_config(config, hf, model_dir, generation)
     model = Transformer(cfg).eval()
     _copy(model, hf, _positions(hf, cfg.max_positions, cfg.pad_id))

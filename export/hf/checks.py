@@ -1,0 +1,446 @@
+"""Checks of a Hugging Face model directory before transformers reads a byte of it (issue 37).
+
+transformers fills what a config lacks with its class defaults, initialises at random the layers a
+config has and the weights lack, and leaves a damaged file to fail deep inside torch or safetensors.
+So every value the importer takes is checked here first, from the files themselves, and each
+refusal is one line naming the file, the field, the value and the fix:
+
+- config.json and generation_config.json: each field against its rule (the tables CONFIG_RULES and
+  GENERATION_RULES), then the rules between fields;
+- vocab.json (and Marian's target_vocab.json): one token per id, ids inside the embeddings, the pad token;
+- model.safetensors: the 8-byte length and the JSON header read by hand (safetensors' own format),
+  every tensor's offsets inside the file, then the config against the tensors' shapes;
+- the parameters the config implies against this machine's memory, before anything is allocated.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from pathlib import Path
+
+from seq2onnx.model.config import available_memory, gib
+
+# transformers' activation names -> ours
+ACTIVATION_NAMES = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+# Files that save_pretrained writes beside a Hugging Face config.json, and files only our checkpoints have.
+HF_MARKERS = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json",
+              "vocab.json", "source.spm", "sentencepiece.bpe.model", "pytorch_model.bin",
+              "model.safetensors.index.json", "pytorch_model.bin.index.json")
+OUR_MARKERS = ("source.spm.model", "target.spm.model", "train_state.json")
+# The bundle's own check (export.bundle.validate) decodes 3 tokens from a 3-token source: with the
+# decoder start that is 4 positions. A shorter table fails there (Marian: IndexError) and holds no sentence.
+MIN_POSITIONS = 4
+# safetensors refuses headers over 100 MB itself; a real one of a few thousand tensors is under 1 MB.
+MAX_HEADER = 100_000_000
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+_RESTORE = "restore the config.json that save_pretrained wrote with these weights"
+_ID_FIX = "set it to the id that save_pretrained wrote (an id of the model's vocabulary)"
+_IDS_FIX = "list only ids of the model's vocabulary, or remove it"
+_COPY_FIX = "copy the weights again (save_pretrained writes the whole file; a download may stop short)"
+_VOCAB_FIX = "restore the vocabulary files that tokenizer.save_pretrained wrote with this model"
+
+
+class HFImportError(ValueError):
+    """A model directory this importer refuses: one line naming the file, the value and the fix."""
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# A rule takes (value, vocabulary size) and returns what was expected, or None for a good value.
+def _count(low: int):
+    return lambda v, n: None if _is_int(v) and v >= low else f"an integer >= {low}"
+
+
+def _token_id(v, n: int):
+    return None if _is_int(v) and 0 <= v < n else f"a token id from 0 to {n - 1} (the model has {n} ids)"
+
+
+def _token_ids(v, n: int):
+    ok = isinstance(v, list) and all(_token_id(i, n) is None for i in v)
+    return None if ok else f"a list of token ids from 0 to {n - 1}"
+
+
+def _bad_words(v, n: int):
+    ok = isinstance(v, list) and all(ids and _token_ids(ids, n) is None for ids in v)
+    return None if ok else f"a list of lists of token ids from 0 to {n - 1}"
+
+
+def _finite(v, n: int):
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return None if ok else "a finite number"
+
+
+def _boolean(v, n: int):
+    return None if isinstance(v, bool) else "true or false"
+
+
+def _activation(v, n: int):
+    return None if v in ACTIVATION_NAMES else f"one of {', '.join(sorted(ACTIVATION_NAMES))}"
+
+
+# config.json: field -> (rule, required, fix). A required field is one that transformers would otherwise
+# fill with its class default (d_model 1024, ...), which then disagrees with the weights.
+CONFIG_RULES = {
+    "d_model": (_count(1), True, _RESTORE),
+    "encoder_layers": (_count(1), True, _RESTORE),
+    "decoder_layers": (_count(1), True, _RESTORE),
+    "encoder_attention_heads": (_count(1), True, _RESTORE),
+    "decoder_attention_heads": (_count(1), True, _RESTORE),
+    "encoder_ffn_dim": (_count(1), True, _RESTORE),
+    "decoder_ffn_dim": (_count(1), True, _RESTORE),
+    "vocab_size": (_count(1), True, _RESTORE),
+    "decoder_vocab_size": (_count(1), False, _RESTORE),
+    "max_position_embeddings": (_count(MIN_POSITIONS), True, _RESTORE + " (the longest input, e.g. 512)"),
+    "activation_function": (_activation, True, "other activations are not supported by this importer"),
+    "scale_embedding": (_boolean, False, _RESTORE),
+    "pad_token_id": (_token_id, True, _ID_FIX),
+    "eos_token_id": (_token_id, True, _ID_FIX),
+    "unk_token_id": (_token_id, False, _ID_FIX),
+}
+# generation_config.json (or, where it is silent, config.json): field -> (rule, fix). transformers'
+# max_length and min_length count the decoder start token: a max_length below 2 generates nothing.
+GENERATION_RULES = {
+    "max_length": (_count(2), "set it to the longest translation in tokens + 1 (OPUS-MT ships 512), or "
+                   "remove it (transformers' default is 20)"),
+    "min_length": (_count(0), "set it to 0, or remove it"),
+    "num_beams": (_count(1), "set it to 1 (greedy search) or the model's beam size (e.g. 4), or remove it"),
+    "length_penalty": (_finite, "set it to 1.0, or remove it"),
+    "decoder_start_token_id": (_token_id, _ID_FIX),
+    "forced_bos_token_id": (_token_id, _ID_FIX + ", or remove it"),
+    "bad_words_ids": (_bad_words, _IDS_FIX),
+    "suppress_tokens": (_token_ids, _IDS_FIX),
+    "renormalize_logits": (_boolean, "set it to true or false, or remove it"),
+}
+
+
+def read_json_object(path: Path, what: str) -> dict:
+    """A JSON file that must hold an object.
+
+    Args:
+        path: the file.
+        what: what a good one is, for the fix (e.g. "the config.json that save_pretrained writes").
+
+    Raises:
+        HFImportError: unreadable, invalid JSON, or not an object.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise HFImportError(f"{path}: cannot be read ({e}); restore {what}") from None
+    except ValueError as e:
+        raise HFImportError(f"{path}: not valid JSON ({e}); restore {what}") from None
+    if not isinstance(data, dict):
+        raise HFImportError(f"{path}: holds a JSON {type(data).__name__}, not an object; restore {what}")
+    return data
+
+
+def looks_like_hf(path: str | Path) -> bool:
+    """True for a directory that save_pretrained wrote, even when its config.json is damaged.
+
+    A config.json with a model_type is one. So is a config.json that is unreadable, not an object or
+    without a model_type, beside files that save_pretrained writes and none that only our checkpoints
+    have: its error then names config.json rather than the files of our own checkpoints.
+    """
+    path = Path(path)
+    config = path / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict) and ("model_type" in data or "src_vocab_size" in data):  # src_vocab_size: ours
+        return "model_type" in data
+    return (any((path / name).exists() for name in HF_MARKERS)
+            and not any((path / name).exists() for name in OUR_MARKERS))
+
+
+def _check_fields(path: Path, data: dict, rules: dict, vocab: int) -> None:
+    for field, (rule, *rest) in rules.items():
+        required, fix = rest if len(rest) == 2 else (False, rest[0])
+        if data.get(field) is None:  # transformers reads null as absent
+            if required:
+                raise HFImportError(f"{path}: has no {field}; {fix}")
+            continue
+        expected = rule(data[field], vocab)
+        if expected:
+            raise HFImportError(f"{path}: {field} is {_show(data[field])}, expected {expected}; {fix}")
+
+
+def check_config(model_dir: Path, config: dict) -> None:
+    """config.json's fields (CONFIG_RULES) and the rules between them.
+
+    Raises:
+        HFImportError: naming config.json, the field, its value and the fix.
+    """
+    path = model_dir / "config.json"
+    sizes = [s for s in (config.get("vocab_size"), config.get("decoder_vocab_size")) if _is_int(s) and s >= 1]
+    # vocab_size's own rule comes before the ids' rules, which it bounds
+    _check_fields(path, config, CONFIG_RULES, min(sizes) if sizes else 1)
+    d, heads = config["d_model"], config["encoder_attention_heads"]
+    if d % heads:
+        raise HFImportError(f"{path}: d_model {d} is not a multiple of encoder_attention_heads {heads}; "
+                            f"{_RESTORE}")
+    pairs = ("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")
+    for a, b in pairs:
+        if config[a] != config[b]:
+            raise HFImportError(f"{path}: {a} is {config[a]} but {b} is {config[b]}; this importer's model "
+                                f"has one value for both stacks: not supported (or {_RESTORE})")
+
+
+def check_generation(model_dir: Path, config: dict, generation: dict) -> None:
+    """The decoding values the bundle takes (GENERATION_RULES), from generation_config.json or config.json.
+
+    Raises:
+        HFImportError: naming the file the value came from, the field, the value and the fix.
+    """
+    vocab = config.get("decoder_vocab_size") or config["vocab_size"]
+    _check_fields(model_dir / "generation_config.json", generation, GENERATION_RULES, vocab)
+    fallback = {k: v for k, v in config.items() if k in GENERATION_RULES and generation.get(k) is None}
+    _check_fields(model_dir / "config.json", fallback, GENERATION_RULES, vocab)
+    if generation.get("decoder_start_token_id", config.get("decoder_start_token_id")) is None:
+        raise HFImportError(f"{model_dir / 'config.json'}: has no decoder_start_token_id (nor has "
+                            f"generation_config.json); {_ID_FIX}")
+    low, high = (generation.get(k, config.get(k)) for k in ("min_length", "max_length"))
+    if low is not None and high is not None and low > high:
+        where = "generation_config.json" if "min_length" in generation else "config.json"
+        raise HFImportError(f"{model_dir / where}: min_length {low} is above max_length {high}; lower "
+                            "min_length (0 lets a translation end anywhere) or raise max_length")
+
+
+def pad_token(model_dir: Path) -> str:
+    """tokenizer_config.json's pad_token (a string or {"content": ...}), or "<pad>" (Marian's, M2M100's)."""
+    path = model_dir / "tokenizer_config.json"
+    value = read_json_object(path, "the file that tokenizer.save_pretrained wrote").get("pad_token") \
+        if path.is_file() else None
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else "<pad>"
+
+
+def check_vocab(model_dir: Path, config: dict, pad: str) -> None:
+    """vocab.json (and target_vocab.json): an object of token -> id, one token per id, ids inside the
+    embeddings, and the pad token at config.json's pad_token_id (what the tokenizer pads with and the
+    model masks).
+
+    Args:
+        model_dir: the model directory.
+        config: its config.json, checked by check_config.
+        pad: the tokenizer's pad token (pad_token()).
+
+    Raises:
+        HFImportError: naming the file, the tokens or ids and the fix.
+    """
+    target = config.get("decoder_vocab_size") or config["vocab_size"]
+    for name, size in (("vocab.json", config["vocab_size"]), ("target_vocab.json", target)):
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        vocab = read_json_object(path, "the file that tokenizer.save_pretrained wrote")
+        owners: dict[int, str] = {}
+        for token, i in vocab.items():
+            if not _is_int(i) or not 0 <= i < size:
+                raise HFImportError(f"{path}: token {_show(token)} has id {_show(i)}, outside the model's "
+                                    f"{size} embeddings (0 to {size - 1}); {_VOCAB_FIX}")
+            if i in owners:
+                raise HFImportError(f"{path}: tokens {_show(owners[i])} and {_show(token)} both have id {i}; "
+                                    f"an id must name one token, or decoding picks one of them; {_VOCAB_FIX}")
+            owners[i] = token
+        pad_id = config["pad_token_id"]
+        if pad not in vocab:
+            raise HFImportError(f"{path}: has no pad token {pad!r} (tokenizer_config.json's pad_token; "
+                                f"config.json's pad_token_id is {pad_id}); {_VOCAB_FIX}")
+        if vocab[pad] != pad_id:
+            raise HFImportError(f"{path}: the pad token {pad!r} has id {vocab[pad]} but config.json's "
+                                f"pad_token_id is {pad_id}; {_VOCAB_FIX} (or set pad_token_id to "
+                                f"{vocab[pad]})")
+
+
+def safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """Reads a safetensors file's header by hand: an 8-byte little-endian length, then that much JSON.
+
+    Nothing else of the file is read, so a damaged file is refused before safetensors or torch maps it.
+
+    Returns:
+        Tensor name -> (dtype, shape).
+
+    Raises:
+        HFImportError: an empty or truncated file, a length or offsets beyond the file, an invalid header.
+    """
+    size = path.stat().st_size
+    if size < 8:
+        raise HFImportError(f"{path}: is {size} bytes, too short for a safetensors file (an 8-byte header "
+                            f"length, the header, the data); {_COPY_FIX}")
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        if length > min(size - 8, MAX_HEADER):
+            raise HFImportError(f"{path}: its header claims {length:,} bytes but the file holds {size - 8:,} "
+                                f"after the length (safetensors allows {MAX_HEADER:,}): truncated or not "
+                                f"safetensors; {_COPY_FIX}")
+        raw = f.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise HFImportError(f"{path}: its {length:,}-byte header is not valid JSON ({e}); "
+                            f"{_COPY_FIX}") from None
+    if not isinstance(header, dict):
+        raise HFImportError(f"{path}: its header is a JSON {type(header).__name__}, not an object; "
+                            f"{_COPY_FIX}")
+    data_bytes, tensors = size - 8 - length, {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
+            good = all(_is_int(x) and x >= 0 for x in [*shape, begin, end]) and begin <= end
+            nbytes = DTYPE_BYTES[dtype] * math.prod(shape) if good else 0
+        except (TypeError, KeyError, ValueError):
+            good = False
+        if not good:
+            raise HFImportError(f"{path}: tensor {name}'s header entry {_show(entry)} is not a safetensors "
+                                f"entry (dtype, shape, data_offsets); {_COPY_FIX}")
+        if nbytes != end - begin:
+            raise HFImportError(f"{path}: tensor {name} of shape {shape} ({dtype}) needs {nbytes:,} bytes "
+                                f"but its data_offsets hold {end - begin:,}: the header is damaged; "
+                                f"{_COPY_FIX}")
+        if end > data_bytes:
+            raise HFImportError(f"{path}: tensor {name} ends at byte {end:,} of the data but the file holds "
+                                f"{data_bytes:,}: the file is truncated; {_COPY_FIX}")
+        tensors[name] = (dtype, shape)
+    return tensors
+
+
+def weight_headers(model_dir: Path) -> dict[str, tuple[str, list[int]]] | None:
+    """The tensors of model.safetensors (or of the shards its index lists); None for pickled weights.
+
+    Raises:
+        HFImportError: as safetensors_header, or an index naming a missing shard.
+    """
+    single, index = model_dir / "model.safetensors", model_dir / "model.safetensors.index.json"
+    if single.is_file():
+        return safetensors_header(single)
+    if not index.is_file():
+        return None
+    weight_map = read_json_object(index, "the index that save_pretrained wrote").get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise HFImportError(f"{index}: has no weight_map object; restore the index save_pretrained wrote")
+    tensors: dict = {}
+    for shard in sorted(set(map(str, weight_map.values()))):
+        if not (model_dir / shard).is_file():
+            raise HFImportError(f"{index}: lists the shard {shard}, which is missing; copy every shard into "
+                                f"{model_dir}")
+        tensors.update(safetensors_header(model_dir / shard))
+    return tensors
+
+
+def _layers(tensors: dict, stack: str) -> int:
+    pattern = re.compile(rf"(?:^|\.){stack}\.layers\.(\d+)\.")
+    return len({m.group(1) for name in tensors if (m := pattern.search(name))})
+
+
+def check_weights(model_dir: Path, config: dict, tensors: dict) -> None:
+    """config.json against the tensors' shapes: what transformers would otherwise fill at random or drop.
+
+    Raises:
+        HFImportError: naming config.json's field, its value, what the weights hold, and the fix.
+    """
+    path = model_dir / "config.json"
+    weights = "model.safetensors" if (model_dir / "model.safetensors").is_file() else "the safetensors shards"
+    match = "or restore the matching weights"
+    embeds = [n for n in tensors if n.endswith(("shared.weight", "encoder.embed_tokens.weight"))]
+    if embeds:
+        rows, width = (tensors[embeds[0]][1] + [0, 0])[:2]
+        found = ("vocab_size", rows, f"has {rows} rows"), ("d_model", width, f"is {width} wide")
+        for field, value, what in found:
+            if value != config[field]:
+                raise HFImportError(f"{path}: {field} is {config[field]} but {weights}'s {embeds[0]} {what}; "
+                                    f"the config does not belong to these weights (set {field} to {value} "
+                                    f"{match})")
+    for stack in ("encoder", "decoder"):
+        found, declared = _layers(tensors, stack), config[f"{stack}_layers"]
+        if found and found != declared:
+            raise HFImportError(f"{path}: {stack}_layers is {declared} but {weights} hold {found} {stack} "
+                                f"layers; transformers would {'invent' if declared > found else 'drop'} the "
+                                f"difference (set {stack}_layers to {found} {match})")
+        fc1 = [shape for name, (_, shape) in tensors.items()
+               if re.search(rf"{stack}\.layers\.0\.fc1\.weight$", name)]
+        field = f"{stack}_ffn_dim"
+        if fc1 and fc1[0][0] != config[field]:
+            raise HFImportError(f"{path}: {field} is {config[field]} but {weights}' feed-forward is "
+                                f"{fc1[0][0]} wide (set {field} to {fc1[0][0]} {match})")
+
+
+def parameter_estimate(config: dict) -> int:
+    """The parameters config.json implies (with the position tables), from fields check_config passed."""
+    d, ff = config["d_model"], max(config["encoder_ffn_dim"], config["decoder_ffn_dim"])
+    source, target = config["vocab_size"], config.get("decoder_vocab_size") or config["vocab_size"]
+    embeddings = source + (target if config.get("share_encoder_decoder_embeddings") is False else 0)
+    embeddings += 0 if config.get("tie_word_embeddings", True) else target  # an output projection of its own
+    attention, feed_forward = 4 * d * d + 4 * d, 2 * d * ff + ff + d
+    return (config["encoder_layers"] * (attention + feed_forward + 4 * d)
+            + config["decoder_layers"] * (2 * attention + feed_forward + 6 * d)
+            + embeddings * d + target + 2 * config["max_position_embeddings"] * d)
+
+
+def check_memory(model_dir: Path, config: dict, limit: int | None = None) -> None:
+    """Refuses, before anything is allocated, a config whose model cannot fit in this machine's memory.
+
+    Args:
+        model_dir: the model directory.
+        config: config.json, checked by check_config.
+        limit: bytes there are (default: seq2onnx.model.config.available_memory(), physical or cgroup).
+
+    Raises:
+        HFImportError: naming config.json's sizes, the bytes needed and the memory there is.
+    """
+    limit = available_memory() if limit is None else limit
+    params = parameter_estimate(config)
+    need = 2 * 4 * params  # the transformers model and ours, both float32, exist at once while importing
+    if limit is not None and need > limit:
+        raise HFImportError(
+            f"{model_dir / 'config.json'}: d_model {config['d_model']}, {config['encoder_layers']}+"
+            f"{config['decoder_layers']} layers and vocab_size {config['vocab_size']} make about {params:,} "
+            f"parameters, which need about {gib(need)} to import, more than this machine's {gib(limit)}; "
+            "check those fields (or export on a machine with more memory)")
+
+
+def read_generation(model_dir: Path) -> dict:
+    """generation_config.json as an object ({} when the directory has none).
+
+    Raises:
+        HFImportError: unreadable, invalid JSON, or not an object.
+    """
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return {}
+    return read_json_object(path, "the file that save_pretrained wrote (or delete it)")
+
+
+def check_directory(model_dir: Path, config: dict) -> None:
+    """Every check above, in an order that names the first cause: config.json, generation_config.json,
+    the vocabularies, the weights' headers against config.json, then memory.
+
+    Args:
+        model_dir: a directory whose config.json names a model_type the importer knows.
+        config: its config.json.
+
+    Raises:
+        HFImportError: the first value refused, in one line.
+    """
+    check_config(model_dir, config)
+    check_generation(model_dir, config, read_generation(model_dir))
+    check_vocab(model_dir, config, pad_token(model_dir))
+    tensors = weight_headers(model_dir)
+    if tensors:
+        check_weights(model_dir, config, tensors)
+    check_memory(model_dir, config)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ENV, REPO, cli  # ENV: one OpenMP thread, as CTranslate2 needs here
 from tiny import scratch, tiny_run
 
 from seq2onnx.atomic import MARKER
@@ -32,19 +32,8 @@ from seq2onnx.export.parity import test_sentences as split_sentences  # noqa: E4
 from seq2onnx.model import checkpoint  # noqa: E402
 from seq2onnx.model.search import translate_ids  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 CT2_FILES = {"model.bin", "config.json", "source_vocabulary.json", "target_vocabulary.json",
              "source.spm.model", "target.spm.model", DEPLOY_JSON, MARKER}
-
-
-# One thread for torch and CTranslate2 in the children: the tests' models are tiny, and CTranslate2's
-# default 4 spinning OpenMP threads made the docs snippet 70x slower on a loaded 2-core machine.
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seq2onnx.commands", *args], input=stdin, capture_output=True, text=True,
-                          timeout=600, env=ENV)
 
 
 def ckpt() -> Path:

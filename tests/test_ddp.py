@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import free_port
 from seq2onnx.model import checkpoint
 from seq2onnx.model.distributed import Group, without_option
 from seq2onnx.model.train import TrainOptions, train
@@ -34,15 +34,9 @@ TOL = 1e-4
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(out: Path, max_steps: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-            "--master_port", str(_free_port()), "-m", "seq2onnx.commands", "train", str(out), *FLAGS,
+            "--master_port", str(free_port()), "-m", "seq2onnx.commands", "train", str(out), *FLAGS,
             "--max-steps", str(max_steps), *extra]
 
 

@@ -3,23 +3,16 @@ output that cannot be written is named (not its temporary file). Real commands, 
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from seq2onnx import atomic
 from seq2onnx.export.ctranslate2.convert import ct2_available
+from helpers import cli
 from tiny import scratch, tiny_run
 
-REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT_FILES = {"config.json", "model.safetensors", "source.spm.model", "target.spm.model"}
-
-
-def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seq2onnx.commands", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """`seq2onnx translate BUNDLE` (python -m seq2onnx.commands translate) against Translator.translate_batch."""
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import shlex
@@ -10,10 +11,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
+from helpers import ENV, cli
+from helpers import REPO as ROOT
 from tiny import scratch
 
 try:  # the tiny model is built with torch: one thread is much faster on a small shared machine
@@ -23,7 +25,6 @@ try:  # the tiny model is built with torch: one thread is much faster on a small
 except ImportError:  # pragma: no cover
     pass
 
-ROOT = Path(__file__).resolve().parents[1]
 LINES = [
     "the cat dances in the box",
     "",
@@ -37,17 +38,8 @@ LINES = [
 
 
 COMMAND = [sys.executable, "-m", "seq2onnx.commands", "translate"]
-# An ordinary UTF-8 locale (C.UTF-8: en_US.UTF-8 is not installed everywhere), no override of Python's encodings.
-ENV = {**{k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONIOENCODING"))}, "LC_ALL": "C.UTF-8"}
-
-
-def cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*COMMAND, *args], input=input, capture_output=True, text=True, encoding="utf-8",
-                          cwd=ROOT, env=ENV, timeout=120)
-
-
-def cli_bytes(*args: str, input: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run([*COMMAND, *args], input=input, capture_output=True, cwd=ROOT, env=ENV, timeout=120)
+# `seq2onnx translate ...` in a child (tests/helpers.py: a UTF-8 locale; bytes as input give bytes back).
+translate = functools.partial(cli, "translate")
 
 
 def _ok(proc: subprocess.CompletedProcess) -> list[str]:
@@ -57,22 +49,22 @@ def _ok(proc: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_translate_stdin_one_line_per_input_line(bundle, translator):
-    out = _ok(cli(str(bundle), "--device", "cpu", input="\n".join(LINES) + "\n"))
+    out = _ok(translate(str(bundle), "--device", "cpu", input="\n".join(LINES) + "\n"))
     assert len(out) == len(LINES)
     assert out == [r.hypotheses[0] for r in translator.translate_batch(LINES)]  # bundle defaults: beam 4
     assert out[1] == "" and out[4] == "" and out[0] and out[2]
     # no trailing newline on the last line: still read; order kept across --batch-size batches
-    small = _ok(cli(str(bundle), "--batch-size", "2", input="\n".join(LINES)))
+    small = _ok(translate(str(bundle), "--batch-size", "2", input="\n".join(LINES)))
     assert small == out
 
 
 def test_translate_beam_one(bundle, translator):
-    out = _ok(cli(str(bundle), "--beam", "1", input="\n".join(LINES) + "\n"))
+    out = _ok(translate(str(bundle), "--beam", "1", input="\n".join(LINES) + "\n"))
     assert out == [r.hypotheses[0] for r in translator.translate_batch(LINES, beam_size=1)]
 
 
 def test_translate_scores(bundle, translator):
-    out = _ok(cli(str(bundle), "--scores", "--beam", "2", "--length-penalty", "0.6", input="\n".join(LINES) + "\n"))
+    out = _ok(translate(str(bundle), "--scores", "--beam", "2", "--length-penalty", "0.6", input="\n".join(LINES) + "\n"))
     want = translator.translate_batch(LINES, beam_size=2, length_penalty=0.6, return_scores=True)
     assert len(out) == len(LINES)
     for line, r in zip(out, want):
@@ -84,7 +76,7 @@ def test_translate_scores(bundle, translator):
 
 
 def test_translate_n_best(bundle, translator):
-    out = _ok(cli(str(bundle), "--n-best", "2", input="\n".join(LINES) + "\n"))
+    out = _ok(translate(str(bundle), "--n-best", "2", input="\n".join(LINES) + "\n"))
     want = translator.translate_batch(LINES, num_hypotheses=2, return_scores=True)
     assert len(out) == 2 * len(LINES)
     expected = [f"{i} ||| {text} ||| {score:.4f}" for i, r in enumerate(want) for text, score in zip(r.hypotheses, r.scores)]
@@ -96,7 +88,7 @@ def test_translate_n_best(bundle, translator):
 def test_translate_files(bundle, translator):
     d = scratch("cli-files")
     (d / "in.txt").write_text("\n".join(LINES) + "\n", encoding="utf-8")
-    proc = cli(str(bundle), "-i", str(d / "in.txt"), "-o", str(d / "out.txt"), "--beam", "2")
+    proc = translate(str(bundle), "-i", str(d / "in.txt"), "-o", str(d / "out.txt"), "--beam", "2")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
     out = (d / "out.txt").read_text(encoding="utf-8").split("\n")
@@ -117,30 +109,30 @@ def _one_error_line(proc: subprocess.CompletedProcess, *words: str) -> str:
 
 def test_missing_input_file(bundle):
     missing = scratch("cli-missing") / "nope.txt"
-    _one_error_line(cli(str(bundle), "-i", str(missing)), "nope.txt")
+    _one_error_line(translate(str(bundle), "-i", str(missing)), "nope.txt")
 
 
 def test_bad_bundle_path():
     bad = scratch("cli-bad") / "no-bundle"
-    _one_error_line(cli(str(bad), input="the cat\n"), "no-bundle")
+    _one_error_line(translate(str(bad), input="the cat\n"), "no-bundle")
     empty = scratch("cli-empty")  # a directory without bundle.json
-    _one_error_line(cli(str(empty), input="the cat\n"), "bundle.json")
+    _one_error_line(translate(str(empty), input="the cat\n"), "bundle.json")
 
 
 def test_help():
-    proc = cli("--help")
+    proc = translate("--help")
     assert proc.returncode == 0
     assert "--beam" in proc.stdout and "--n-best" in proc.stdout and "--scores" in proc.stdout
 
 
 def test_unicode_line_separators_do_not_split_lines(bundle):
     lines = ["the cat\x0cdances in the box", "a small\u2028bird sleeps", "the farmer liked 12 green cows"]
-    out = _ok(cli(str(bundle), "--beam", "1", input="\n".join(lines) + "\n"))
+    out = _ok(translate(str(bundle), "--beam", "1", input="\n".join(lines) + "\n"))
     assert len(out) == len(lines)
 
 
 def test_help_explains_the_filter_options():
-    text = cli("--help").stdout
+    text = translate("--help").stdout
     for option in ("--strict", "--truncate", "--progress", "--no-progress", "--force", "--threads", "Unix filter", "U+FFFD"):
         assert option in text, option
 
@@ -183,7 +175,7 @@ def test_invalid_utf8_is_replaced_with_one_warning_stdin_and_file_alike(bundle, 
     want = "".join(r.hypotheses[0] + "\n" for r in translator.translate_batch(expected_lines)).encode("utf-8")
     path = scratch("cli-utf8") / "in.txt"
     path.write_bytes(data)
-    for proc in (cli_bytes(str(bundle), input=data), cli_bytes(str(bundle), "-i", str(path))):
+    for proc in (translate(str(bundle), input=data), translate(str(bundle), "-i", str(path), input=b"")):
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout == want
         warnings = proc.stderr.decode().splitlines()
@@ -196,7 +188,7 @@ def test_over_long_line_is_truncated_with_a_warning_and_the_others_translated(bu
     lines = [LINES[0], LINES[2], LINES[3], long, LINES[5], LINES[6]]
     want = [r.hypotheses[0] for r in translator.translate_batch(lines, truncate=True)]
     for extra in ([], ["--truncate"]):  # the old flag is accepted and is the default
-        out = cli(str(bundle), "--batch-size", "2", *extra, input="\n".join(lines) + "\n")
+        out = translate(str(bundle), "--batch-size", "2", *extra, input="\n".join(lines) + "\n")
         assert _ok(out) == want
         warnings = out.stderr.splitlines()
         assert len(warnings) == 1 and "line 4:" in warnings[0] and "--strict" in warnings[0], warnings
@@ -206,7 +198,7 @@ def test_over_long_line_is_truncated_with_a_warning_and_the_others_translated(bu
 def test_strict_error_names_the_input_line(bundle, translator):
     short = [LINES[i % 3 * 2] for i in range(300)]  # lines 0, 2, 4 of LINES: two texts and an empty line
     lines = short[:280] + ["the cat dances " * 200] + short[280:]
-    proc = cli(str(bundle), "--strict", "--beam", "1", input="\n".join(lines) + "\n")
+    proc = translate(str(bundle), "--strict", "--beam", "1", input="\n".join(lines) + "\n")
     assert proc.returncode == 1
     errors = proc.stderr.strip().splitlines()
     assert len(errors) == 1 and errors[0].startswith("seq2onnx translate: error: input line 281 has "), proc.stderr
@@ -221,14 +213,14 @@ def test_output_file_needs_force_to_replace_and_gets_the_usual_mode(bundle, tran
     d = scratch("cli-force")
     out = d / "out.txt"
     out.write_text("old\n")
-    proc = cli(str(bundle), "-o", str(out), input="a small bird sleeps\n")
+    proc = translate(str(bundle), "-o", str(out), input="a small bird sleeps\n")
     assert proc.returncode == 1 and "--force" in proc.stderr and str(out) in proc.stderr
     assert out.read_text() == "old\n"
-    proc = cli(str(bundle), "-o", str(out), "--force", input="a small bird sleeps\n")
+    proc = translate(str(bundle), "-o", str(out), "--force", input="a small bird sleeps\n")
     assert proc.returncode == 0, proc.stderr
     assert out.read_text(encoding="utf-8") == translator.translate("a small bird sleeps") + "\n"
     new = d / "new.txt"
-    assert cli(str(bundle), "-o", str(new), input="a small bird sleeps\n").returncode == 0
+    assert translate(str(bundle), "-o", str(new), input="a small bird sleeps\n").returncode == 0
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~umask  # not the temporary file's 0600
@@ -238,11 +230,11 @@ def test_output_file_needs_force_to_replace_and_gets_the_usual_mode(bundle, tran
 def test_output_file_is_not_left_partial_on_failure(bundle):
     d = scratch("cli-partial")
     lines = "\n".join([LINES[0], LINES[2], "the cat dances " * 200]) + "\n"
-    proc = cli(str(bundle), "-o", str(d / "out.txt"), "--strict", input=lines)
+    proc = translate(str(bundle), "-o", str(d / "out.txt"), "--strict", input=lines)
     assert proc.returncode == 1 and "input line 3" in proc.stderr
     assert list(d.iterdir()) == []
     (d / "out.txt").write_text("old\n")
-    proc = cli(str(bundle), "-o", str(d / "out.txt"), "--strict", "--force", input=lines)
+    proc = translate(str(bundle), "-o", str(d / "out.txt"), "--strict", "--force", input=lines)
     assert proc.returncode == 1
     assert [p.name for p in d.iterdir()] == ["out.txt"] and (d / "out.txt").read_text() == "old\n"
 
@@ -284,14 +276,14 @@ def test_output_file_is_not_left_partial_on_ctrl_c(bundle):
 def test_progress_only_when_asked_or_on_a_terminal(bundle):
     path = scratch("cli-progress") / "in.txt"
     path.write_text("\n".join(LINES) + "\n", encoding="utf-8")
-    plain = cli(str(bundle), "-i", str(path))
+    plain = translate(str(bundle), "-i", str(path))
     assert plain.returncode == 0 and plain.stderr == ""  # stderr is a pipe here: no bar by default
-    shown = cli(str(bundle), "-i", str(path), "--progress")
+    shown = translate(str(bundle), "-i", str(path), "--progress")
     assert shown.returncode == 0 and shown.stdout == plain.stdout
     assert f"{len(LINES)}/{len(LINES)} lines" in shown.stderr
-    from_stdin = cli(str(bundle), "--progress", input="\n".join(LINES) + "\n")
+    from_stdin = translate(str(bundle), "--progress", input="\n".join(LINES) + "\n")
     assert f"{len(LINES)} lines, " in from_stdin.stderr and from_stdin.stdout == plain.stdout
-    assert cli(str(bundle), "-i", str(path), "--no-progress").stderr == ""
+    assert translate(str(bundle), "-i", str(path), "--no-progress").stderr == ""
     env = {**ENV, "SEQ2ONNX_PROGRESS": "1"}  # the old undocumented switch is gone
     old = subprocess.run([*COMMAND, str(bundle), "-i", str(path)], capture_output=True, text=True, env=env, timeout=120)
     assert old.returncode == 0 and old.stderr == ""
@@ -300,8 +292,8 @@ def test_progress_only_when_asked_or_on_a_terminal(bundle):
 def test_option_errors_name_the_value_and_the_fix(bundle):
     cores = os.cpu_count()
     for value in ("100000", "-1"):
-        line = _one_error_line(cli(str(bundle), "--threads", value, input="a\n"), f"--threads {value}")
+        line = _one_error_line(translate(str(bundle), "--threads", value, input="a\n"), f"--threads {value}")
         assert f"{cores} cores" in line and "0 to use them all" in line
-    _one_error_line(cli(str(bundle), "--n-best", "3", "--beam", "2", input="a\n"), "--n-best 3", "--beam 3")
-    _one_error_line(cli(str(bundle), "--batch-size", "0", input="a\n"), "--batch-size 0")
-    _one_error_line(cli(str(bundle), "--max-length", "100000", input="a\n"), "--max-length 100000", "max_positions")
+    _one_error_line(translate(str(bundle), "--n-best", "3", "--beam", "2", input="a\n"), "--n-best 3", "--beam 3")
+    _one_error_line(translate(str(bundle), "--batch-size", "0", input="a\n"), "--batch-size 0")
+    _one_error_line(translate(str(bundle), "--max-length", "100000", input="a\n"), "--max-length 100000", "max_positions")

@@ -5,7 +5,6 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -16,6 +15,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from helpers import cli
 from tiny import scratch, tiny_bundle, tiny_run
 
 from seq2onnx.export.bundle import DECODING_DEFAULTS, TOLERANCES, ExportError, export_bundle
@@ -28,7 +28,6 @@ from seq2onnx.runtime.signature import graph_signature
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.translator import Translator
 
-REPO = Path(__file__).resolve().parents[1]
 ATOL = 1e-4
 GRAPHS = (fmt.ENCODER_FILE, fmt.DECODER_FILE)
 
@@ -436,11 +435,6 @@ def test_bad_checkpoints_raise_checkpoint_error_naming_the_problem():
         with pytest.raises(CheckpointError, match=pattern):
             export_bundle(path, out_parent / "bundle")
         assert list(out_parent.iterdir()) == [], label  # nothing written, no temporary left
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seq2onnx.commands", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
 
 
 def test_cli_export_errors_are_one_line():

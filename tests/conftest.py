@@ -2,24 +2,74 @@
 
 tests/tiny.py builds the tiny trained runs and bundles once per test session (cached on disk);
 these fixtures hand them to the tests.
+
+`pytest --runtime-only` runs the runtime's tests (RUNTIME_FILES) where only `seq2onnx[cpu]` is
+installed, as an app installs it: nothing here imports torch at the top, and the bundles come
+prebuilt (SEQ2ONNX_TEST_BUNDLES, tests/tiny.py). .ci/run runs it in a venv without torch, so a
+torch import that reaches the runtime fails CI.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
-from pathlib import Path
 
 import pytest
-import torch
 
-from seq2onnx.model.config import ModelConfig
-from seq2onnx.model.transformer import Transformer
-from tiny import tiny_bundle
+try:  # absent in the runtime-only run
+    import torch
+except ImportError:
+    torch = None
+else:  # tiny models run fastest on one thread; on a shared 2-core machine more threads thrash
+    torch.set_num_threads(1)
 
-# Tiny models run fastest on one thread; on a shared 2-core machine more threads thrash.
-torch.set_num_threads(1)
+# The runtime's test files: they import neither torch nor the training side at the top, and need
+# only tiny_bundle()'s prebuilt bundles (fp32 and int8). Keep a new runtime test file in this list.
+RUNTIME_FILES = ("test_bad_bundles.py", "test_bundle_spec.py", "test_bundle_trust.py", "test_fuzz.py",
+                 "test_runtime_api.py", "test_runtime_memory.py", "test_runtime_search.py",
+                 "test_translate_cli.py")
+# Their tests that compare with the PyTorch oracle (model/search.py), left out of the runtime-only run.
+NEEDS_TORCH = ("test_runtime_search.py::test_beam_equals_torch_oracle",
+               "test_runtime_search.py::test_beam_one_equals_greedy_and_greedy_equals_oracle")
 
 
-def _tiny_model(seed: int = 0, **overrides) -> Transformer:
+def pytest_addoption(parser):
+    parser.addoption("--runtime-only", action="store_true",
+                     help="run only the runtime's tests (conftest.RUNTIME_FILES), in a venv with "
+                          "seq2onnx[cpu] and no torch; the tiny bundles come from SEQ2ONNX_TEST_BUNDLES "
+                          "(see .ci/run)")
+
+
+def pytest_configure(config):
+    if not config.getoption("--runtime-only"):
+        return
+    # Without these the run would prove nothing, or would fail on every test with a less clear error.
+    if importlib.util.find_spec("torch") is not None:
+        raise pytest.UsageError("--runtime-only: torch is installed here, so the run cannot show that "
+                                "the runtime needs none; run it in a venv with only seq2onnx[cpu] (.ci/run)")
+    if not os.environ.get("SEQ2ONNX_TEST_BUNDLES"):
+        raise pytest.UsageError("--runtime-only: SEQ2ONNX_TEST_BUNDLES is not set; build the tiny bundles "
+                                "with torch first: PYTHONPATH=tests python -m helpers DIR (as .ci/run does)")
+
+
+def pytest_ignore_collect(collection_path, config):
+    if config.getoption("--runtime-only") and collection_path.suffix == ".py":
+        return collection_path.name.startswith("test_") and collection_path.name not in RUNTIME_FILES
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--runtime-only"):
+        return
+    kept = [item for item in items if not item.nodeid.split("[")[0].endswith(NEEDS_TORCH)]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+
+
+def _tiny_model(seed: int = 0, **overrides):
+    from seq2onnx.model.config import ModelConfig
+    from seq2onnx.model.transformer import Transformer
+
     fields = dict(src_vocab_size=40, tgt_vocab_size=30, d_model=16, n_heads=2, n_encoder_layers=2,
                   n_decoder_layers=2, d_ff=32, dropout=0.0, max_positions=64)
     fields.update(overrides)
@@ -34,8 +84,10 @@ def make_model():
 
 
 @pytest.fixture(scope="session")
-def bundle() -> Path:
+def bundle():
     """The tiny trained model's fp32 bundle (both decoders), shared read-only: copy it to edit it."""
+    from tiny import tiny_bundle
+
     return tiny_bundle()
 
 
@@ -49,7 +101,7 @@ def translator(bundle):
 
 # In CI (CI=true, as .ci/run runs) the JavaScript host must be tested: a test that would skip for a
 # missing node or js/node_modules fails instead, so that a CI machine without them cannot pass.
-_JS_SKIPS = ("node is not installed", "js/node_modules is missing")
+_JS_SKIPS = ("node is not installed", "npm is not installed", "js/node_modules is missing")
 
 
 @pytest.hookimpl(hookwrapper=True)

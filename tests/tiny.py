@@ -8,14 +8,10 @@ from __future__ import annotations
 import atexit
 import functools
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
-
-import torch
-
-# Tiny models run fastest on one thread, and on a shared 2-core machine more threads thrash.
-torch.set_num_threads(1)
 
 _ROOT = Path(tempfile.mkdtemp(prefix="seq2onnx-tests-"))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
@@ -34,7 +30,11 @@ def tiny_bundle(pre_norm: bool = False, tie: bool = True, quantize: str | None =
 # lru_cache keys on how arguments are passed (f() and f(False) differ): normalise first.
 @functools.lru_cache(maxsize=None)
 def _run(pre_norm: bool, tie: bool, steps: int) -> Path:
+    import torch  # here, not at the top: the runtime-only run (conftest.py) imports this module without torch
+
     from seq2onnx.model.train import TrainOptions, train
+
+    torch.set_num_threads(1)  # tiny models run fastest on one thread; on 2 shared cores more threads thrash
 
     out = _ROOT / f"run-pre{int(pre_norm)}-tie{int(tie)}-{steps}"
     train(TrainOptions(
@@ -48,9 +48,16 @@ def _run(pre_norm: bool, tie: bool, steps: int) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def _bundle(pre_norm: bool, tie: bool, quantize: str | None) -> Path:
+    name = f"bundle-pre{int(pre_norm)}-tie{int(tie)}-{quantize or 'fp32'}"
+    prebuilt = os.environ.get("SEQ2ONNX_TEST_BUNDLES")  # the runtime-only run: built beforehand with torch
+    if prebuilt:
+        if not (Path(prebuilt) / name).is_dir():
+            raise FileNotFoundError(f"SEQ2ONNX_TEST_BUNDLES={prebuilt} has no {name}: build it with "
+                                    "`PYTHONPATH=tests python -m helpers DIR` (tests/helpers.py)")
+        return Path(prebuilt) / name
     from seq2onnx.export.bundle import export_bundle
 
-    out = _ROOT / f"bundle-pre{int(pre_norm)}-tie{int(tie)}-{quantize or 'fp32'}"
+    out = _ROOT / name
     return export_bundle(tiny_run(pre_norm, tie) / "last", out, quantize=quantize)
 
 

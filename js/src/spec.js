@@ -4,8 +4,10 @@
 // src/bundle.js takes every name and limit from here, and no other module of this host spells one.
 //
 // Loaded once, when this module is first imported (top-level await):
-//   - in Node, from the repository's spec/ folder beside js/ (../../spec/bundle.json from here),
-//     read with node:fs, imported dynamically so that a browser never asks for it;
+//   - in Node, from the package's own spec/ (../spec/bundle.json from here: `npm pack` copies the
+//     repository's spec/ into it, package.json's prepack) where it is there, as in an installed
+//     package; else from the repository's spec/ folder beside js/ (../../spec/bundle.json), as in
+//     a checkout; read with node:fs, imported dynamically so that a browser never asks for it;
 //   - in a browser, fetched from ../spec/bundle.json relative to this module: the site that
 //     `seq2onnx web` builds holds this module in SITE/host/ and the spec in SITE/spec/bundle.json.
 // Not a JSON module import: import attributes print an ExperimentalWarning on Node 20.
@@ -15,8 +17,16 @@
 
 const IN_NODE = Boolean(globalThis.process?.versions?.node);
 
+const IN_CHECKOUT = IN_NODE && !await packaged();
 /** Where the spec is read from: a file: URL in Node, an http(s): URL in a browser. */
-export const SPEC_URL = new URL(IN_NODE ? "../../spec/bundle.json" : "../spec/bundle.json", import.meta.url);
+export const SPEC_URL = new URL(IN_CHECKOUT ? "../../spec/bundle.json" : "../spec/bundle.json",
+  import.meta.url);
+
+/** Whether this module runs from a packed npm package (with its own spec/) rather than a checkout. */
+async function packaged() {
+  const { existsSync } = await import("node:fs");
+  return existsSync(new URL("../spec/bundle.json", import.meta.url));
+}
 
 async function loadSpec() {
   let text;
@@ -31,7 +41,8 @@ async function loadSpec() {
     }
   } catch (e) {
     throw new Error(`${SPEC_URL}: the seq2onnx bundle spec cannot be read (${e?.message ?? e}); ` +
-      "the JS host needs the repository's spec/bundle.json (a site built by `seq2onnx web` serves it as spec/bundle.json)");
+      "the JS host needs the repository's spec/bundle.json, or its copy in the npm package " +
+      "(a site built by `seq2onnx web` serves it as spec/bundle.json)");
   }
   try {
     return JSON.parse(text);

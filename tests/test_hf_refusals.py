@@ -23,7 +23,8 @@ require("transformers", "hf")
 
 import hf_fixtures as F  # noqa: E402
 from seq2onnx.export.hf.bundle import export_hf_bundle  # noqa: E402
-from seq2onnx.export.hf.checks import check_memory, parameter_estimate, safetensors_header  # noqa: E402
+from seq2onnx.export.hf.checks import (  # noqa: E402
+    MIN_POSITIONS, check_memory, parameter_estimate, safetensors_header)
 from seq2onnx.export.hf.read import HFImportError, is_hf_dir, read_config  # noqa: E402
 
 
@@ -114,9 +115,9 @@ CASES = {
     "cfg_decoder_layers_3": ("marian", _set(CFG, decoder_layers=3),
                              [CFG, "decoder_layers is 3", "hold 2 decoder layers", "decoder_layers to 2"]),
     "cfg_max_positions_1": ("marian", _set(CFG, max_position_embeddings=1),
-                            [CFG, "max_position_embeddings is 1", ">= 4"]),
+                            [CFG, "max_position_embeddings is 1", ">= 5"]),
     "cfg_max_positions_1_m2m": ("m2m100", _set(CFG, max_position_embeddings=1),
-                                [CFG, "max_position_embeddings is 1", ">= 4"]),
+                                [CFG, "max_position_embeddings is 1", ">= 5"]),
     "cfg_d_model_1e9": ("marian", _set(CFG, d_model=10**9),
                         [CFG, "d_model is 1000000000", "32 wide", "set d_model to 32"]),
     "cfg_d_model_1e9_pickled": ("marian", _pickled_huge,
@@ -210,6 +211,18 @@ def test_undamaged_directories_pass_every_check(model, options):
     """The checks refuse what is broken, not the models the importer exists for."""
     directory = F.random_model(model, **options)
     assert read_config(directory)["model_type"] == {"marian": "marian", "m2m100": "m2m_100"}[model]
+
+
+def test_shortest_position_table_exports(tmp_path):
+    """MIN_POSITIONS is the exporter's true limit: a table that long exports, one shorter is refused."""
+    model = tmp_path / "model"
+    shutil.copytree(F.random_model("marian"), model)
+    _set(CFG, max_position_embeddings=MIN_POSITIONS - 1)(model)
+    with pytest.raises(HFImportError, match=f"max_position_embeddings is {MIN_POSITIONS - 1}, expected"):
+        export_hf_bundle(model, tmp_path / "refused")
+    _set(CFG, max_position_embeddings=MIN_POSITIONS)(model)
+    bundle = export_hf_bundle(model, tmp_path / "bundle", decoder="standard")
+    assert json.loads((bundle / "bundle.json").read_text())["model"]["max_positions"] == MIN_POSITIONS
 
 
 def test_header_reader_agrees_with_safetensors():

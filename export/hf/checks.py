@@ -29,9 +29,9 @@ HF_MARKERS = ("generation_config.json", "tokenizer_config.json", "special_tokens
               "vocab.json", "source.spm", "sentencepiece.bpe.model", "pytorch_model.bin",
               "model.safetensors.index.json", "pytorch_model.bin.index.json")
 OUR_MARKERS = ("source.spm.model", "target.spm.model", "train_state.json")
-# The bundle's own check (export.bundle.validate) decodes 3 tokens from a 3-token source: with the
-# decoder start that is 4 positions. A shorter table fails there (Marian: IndexError) and holds no sentence.
-MIN_POSITIONS = 4
+# The graphs are traced with a 5-token source (export.graphs.example_inputs): a shorter position table
+# fails there, or earlier in transformers (Marian's IndexError), and would hold no sentence anyway.
+MIN_POSITIONS = 5
 # safetensors refuses headers over 100 MB itself; a real one of a few thousand tensors is under 1 MB.
 MAX_HEADER = 100_000_000
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,

@@ -87,9 +87,9 @@ def _dummy_wheel(directory: Path) -> Path:
 def test_pack_is_joined_checked_and_installed():
     tmp = scratch("gpu-pack")
     pack, target = tmp / "pack", tmp / "target"
+    env = _env(GPU_PACK_OUT=str(pack), GPU_PACK_ANY="1", PART_BYTES="250000", GPU_DATA=str(tmp / "none.txt"))
     made = subprocess.run(["bash", str(PACK), str(_dummy_wheel(tmp))], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env=_env(GPU_PACK_OUT=str(pack), GPU_PACK_ANY="1",
-                                                          PART_BYTES="250000", GPU_DATA=str(tmp / "none.txt")))
+                          timeout=300, cwd=ROOT, env=env)
     assert made.returncode == 0, made.stdout + made.stderr
     assert sorted(p.name for p in pack.iterdir() if p.is_dir()) == ["1", "2", "3"], made.stdout
     assert "call 3: carry" in made.stdout

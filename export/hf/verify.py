@@ -30,6 +30,7 @@ from .tokens import load_tokenizer
 
 MIN_BEAM_AGREEMENT = 0.995  # the issue's bound for beam 4; greedy must agree on every sentence
 TIE = 1e-4  # nats: a deciding gap this small is float noise between float64 and the bundle's float32
+CHUNK = 32  # sentences per generate() and translate_batch call: bounded padding and memory, a progress line each
 
 
 def read_sentences(path: str | Path, n: int, src_col: int = 0, tgt_col: int | None = None) -> list[tuple[str, str | None]]:
@@ -56,13 +57,37 @@ def read_sentences(path: str | Path, n: int, src_col: int = 0, tgt_col: int | No
     return pairs
 
 
-def _generate(hf, enc, *, beams: int, max_length: int, forced: int | None) -> list[list[int]]:
+def _generate(hf, tok, texts: list[str], *, beams: int, max_length: int, forced: int | None, say) -> list[list[int]]:
+    """generate() on `texts` in chunks of CHUNK sentences, a progress line each (1000 sentences take minutes)."""
     extra = {"forced_bos_token_id": forced} if forced is not None else {}
     if beams > 1:  # transformers warns that these flags mean nothing to greedy search
         extra.update(early_stopping=True, length_penalty=1.0)
-    with torch.no_grad():
-        out = hf.generate(**enc, num_beams=beams, do_sample=False, max_length=max_length, **extra)
-    return out.tolist()
+    rows: list[list[int]] = []
+    for i in range(0, len(texts), CHUNK):
+        say(f"tokens: transformers' {'greedy' if beams == 1 else f'beam-{beams}'} generate, {i}/{len(texts)} sentences")
+        enc = tok(texts[i : i + CHUNK], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            rows.extend(hf.generate(**enc, num_beams=beams, do_sample=False, max_length=max_length, **extra).tolist())
+    return rows
+
+
+def _translate(translator, srcs: list[str], *, beams: int, max_length: int, options: dict, say, label: str) -> list:
+    """The bundle's search on `srcs` in chunks of CHUNK sentences, a progress line each."""
+    got = []
+    for i in range(0, len(srcs), CHUNK):
+        say(f"tokens: the bundle's {'greedy' if beams == 1 else f'beam-{beams}'} search ({label} decoder), "
+            f"{i}/{len(srcs)} sentences")
+        got.extend(translator.translate_batch(srcs[i : i + CHUNK], beam_size=beams, length_penalty=1.0,
+                                              max_decoding_length=max_length, **options))
+    return got
+
+
+def _language_text(tokens: dict, tok, target_lang: str | None) -> str:
+    """The text transformers needs in front of a source for the target language, where the bundle puts it as a source
+    token (Marian's >>fra<<: MarianTokenizer reads it from the text, the hosts from target_lang), else ""."""
+    if target_lang is None or tokens.get("target_lang_in") != "source_prefix":
+        return ""
+    return f"{tok.convert_ids_to_tokens(int(tokens['languages'][target_lang]))} "
 
 
 def _strip(ids: list[int], pad: int, eos: int) -> list[int]:
@@ -136,28 +161,29 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
     exact = bundle.meta["dtype"] == "float32" and not bundle.meta.get("quantization")
 
     ours_src = [first._sources.ids(i, s, False, source_prefix) for i, s in enumerate(srcs)]
-    theirs_src = [tok(s).input_ids for s in srcs]
-    same = sum(a == b for a, b in zip(ours_src, theirs_src))
-    checks.append(Check("tokens", "source ids identical to the tokenizer's", same / len(srcs), 1.0, same == len(srcs),
-                        f"{same}/{len(srcs)} sentences"))
-    enc = tok(srcs, return_tensors="pt", padding=True)
-    say(f"tokens: transformers' greedy and beam-4 generate on {len(srcs)} sentences")
-    want = {1: _generate(hf.float(), enc, beams=1, max_length=max_length, forced=forced),
-            4: _generate(hf, enc, beams=4, max_length=max_length, forced=forced)}
+    hf_srcs = [_language_text(bundle.meta.get("tokens", {}), tok, target_lang) + s for s in srcs]
+    theirs_src = [tok(s).input_ids for s in hf_srcs]
+    same_ids = [a == b for a, b in zip(ours_src, theirs_src)]
+    checks.append(Check("tokens", "source ids identical to the tokenizer's", sum(same_ids) / len(srcs), 1.0,
+                        all(same_ids), f"{sum(same_ids)}/{len(srcs)} sentences"))
+    want = {1: _generate(hf.float(), tok, hf_srcs, beams=1, max_length=max_length, forced=forced, say=say),
+            4: _generate(hf, tok, hf_srcs, beams=4, max_length=max_length, forced=forced, say=say)}
     hf.double()
     texts = tok.batch_decode(want[1], skip_special_tokens=True)
-    rows = [{k: v[i : i + 1, : int(enc["attention_mask"][i].sum())] for k, v in enc.items()} for i in range(len(srcs))]
+    rows = [{k: torch.tensor([v]) for k, v in tok(s).items() if k in ("input_ids", "attention_mask")}
+            for s in hf_srcs]
     targets = [(tok(text_target=r).input_ids[:-1] if r is not None else _strip(w, pad, eos))
                for (_, r), w in zip(pairs, want[1])]
+    # the tensor tier compares encoder outputs position by position: only sentences whose ids agree (the token tier
+    # above reports the others)
+    tensor_rows = [i for i in range(min(tensor_sentences, len(srcs))) if same_ids[i]]
     differences = []
     for variant, t in translators.items():
-        checks.extend(_tensor_checks(t, hf, rows[:tensor_sentences], ours_src[:tensor_sentences],
-                                     targets[:tensor_sentences], start, (suppressed, renormalize), tol["tensor_atol"],
-                                     variant, say))
+        checks.extend(_tensor_checks(t, hf, [rows[i] for i in tensor_rows], [ours_src[i] for i in tensor_rows],
+                                     [targets[i] for i in tensor_rows], start, (suppressed, renormalize),
+                                     tol["tensor_atol"], variant, say))
         for beams in (1, 4):
-            say(f"tokens: the bundle's {'greedy' if beams == 1 else 'beam-4'} search ({variant} decoder)")
-            got = t.translate_batch(srcs, beam_size=beams, length_penalty=1.0, max_decoding_length=max_length - 1,
-                                    **options)
+            got = _translate(t, srcs, beams=beams, max_length=max_length - 1, options=options, say=say, label=variant)
             expected = [_strip(w, pad, eos) for w in want[beams]]
             agree = [g.token_ids[0] == w for g, w in zip(got, expected)]
             # fp32: every greedy sentence, beam 4 on >= 99.5%; int8/fp16: the bundle's own agreement bound

@@ -18,6 +18,7 @@ from .spec import SPEC, TARGET_LANG_IN, BundleError
 
 _SKIP, _TEXT = SPEC["vocab_maps"]["skip"], SPEC["vocab_maps"]["text"]
 _CODE = re.compile(r">>([^<>\s]+)<<")  # Marian's leading target-language code, e.g. >>fra<<
+SPACES = " \t\n\r\f"  # the white space of tokens.trailing_space (ASCII: every host agrees on it; NLLB drops \v)
 
 
 def read_map(data: bytes, where: str, length: int, low: int, high: int) -> np.ndarray:
@@ -64,6 +65,8 @@ class Vocabulary:
         unk_id: the model's unknown id (for a >>code<< that is no language).
         unknown_pieces: the text of a piece SentencePiece marks unknown -> its model id (vocab_texts' source).
         target_texts: model target id -> its piece text, for ids the target map marks -2 (vocab_texts' target).
+        trailing_space: ids after a text that ends in white space (tokens.trailing_space: NLLB's tokenizer gives a
+            lone ▁ where SentencePiece drops the space).
     """
 
     source_map: np.ndarray | None = None
@@ -79,6 +82,7 @@ class Vocabulary:
     unk_id: int = 1
     unknown_pieces: dict[str, int] = field(default_factory=dict)
     target_texts: dict[int, str] = field(default_factory=dict)
+    trailing_space: list[int] = field(default_factory=list)
 
     @classmethod
     def of_bundle(cls, bundle, source_pieces: int, target_pieces: int) -> "Vocabulary":
@@ -111,7 +115,8 @@ class Vocabulary:
                    text_language_codes=bool(tokens.get("text_language_codes", False)),
                    strip_text=bool(tokens.get("strip_text", False)),
                    restore_spaces=bool(tokens.get("restore_spaces", False)), unk_id=ids["unk"],
-                   unknown_pieces=unknown, target_texts=texts)
+                   unknown_pieces=unknown, target_texts=texts,
+                   trailing_space=list(tokens.get("trailing_space", [])))
 
     @property
     def mapped(self) -> bool:
@@ -253,11 +258,16 @@ class _Encoder:
     def __init__(self, processor, vocabulary: Vocabulary):
         self.processor, self.map, self.unknown = processor, vocabulary.source_map, vocabulary.unknown_pieces
         self.unk_piece = processor.unk_id()
+        self.trailing = vocabulary.trailing_space
 
     def encode(self, text: str) -> list[int]:
         ids = self.processor.encode(text)
-        if self.map is None:
-            return ids
+        out = ids if self.map is None else self._mapped(text, ids)
+        if self.trailing and ids and text[-1] in SPACES:  # SentencePiece dropped the space; transformers does not
+            out = out + self.trailing
+        return out
+
+    def _mapped(self, text: str, ids: list[int]) -> list[int]:
         out = self.map[np.asarray(ids, dtype=np.int64)].tolist() if ids else []
         if self.unknown and self.unk_piece in ids:
             for i, piece in enumerate(self.processor.encode(text, out_type=str)):

@@ -112,6 +112,23 @@ def _tokens_of(tokenizer, n: int) -> list[str | None]:
         return out
 
 
+def _trailing_space(tokenizer, suffix: list[int]) -> list[int]:
+    """The ids the tokenizer adds for white space at a text's end (tokens.trailing_space), or [].
+
+    SentencePiece drops it; transformers 5's NLLB tokenizer (Metaspace, split) keeps it as a lone ▁. Recorded
+    only when every white-space character and run the hosts test for (runtime/vocab.py's SPACES) gives the same ids.
+    """
+    base = tokenizer(_PROBE).input_ids
+    body = base[: len(base) - len(suffix)]
+    tails = []
+    for space in (" ", "\n", "\t", "\r", "\f", "\r\n", " \n\n", "\t  "):
+        ids = tokenizer(_PROBE + space).input_ids
+        if ids[: len(body)] != body or ids[len(ids) - len(suffix):] != suffix:
+            return []
+        tails.append(ids[len(body) : len(ids) - len(suffix)])
+    return tails[0] if all(t == tails[0] for t in tails) else []
+
+
 def _locate(ids: list[int], inner: list[int]) -> tuple[list[int], list[int]]:
     for start in range(len(ids) - len(inner) + 1):
         if ids[start : start + len(inner)] == inner:
@@ -178,6 +195,9 @@ def token_files(model_dir: Path, kind: str, tokenizer, *, src_vocab: int, tgt_vo
     encoder = Vocabulary(source_map=source_map, unknown_pieces=unknown).encoder(source)
     prefix, suffix = _locate(tokenizer(_PROBE).input_ids, encoder.encode(_PROBE))
     section.update({"source_prefix": prefix, "source_suffix": suffix})
+    trailing = _trailing_space(tokenizer, suffix)
+    if trailing:
+        section["trailing_space"] = trailing
     forced = generation.get("forced_bos_token_id")
     if isinstance(forced, int):
         section["target_prefix"] = [forced]

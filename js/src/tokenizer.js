@@ -32,6 +32,7 @@ const PY_SPACE_ONLY = new RegExp(`^[${PY_SPACE}]*$`);
 const PY_STRIP = new RegExp(`^[${PY_SPACE}]+|[${PY_SPACE}]+$`, "g"); // str.strip()
 // Marian's leading target-language code, e.g. >>fra<< (runtime/vocab.py's _CODE; Python's \s is str.isspace())
 const LANGUAGE_CODE = new RegExp(`^>>([^<>${PY_SPACE}]+)<<`);
+const TRAILING_SPACE = /[ \t\n\r\f]$/; // runtime/vocab.py's SPACES: a text that ends so gets tokens.trailing_space
 // A lone UTF-16 surrogate: Python replaces it by "?" before encoding (text.encode("utf-8", "replace")).
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g;
 
@@ -330,6 +331,7 @@ export class Tokens {
     this.targetMap = target;
     this.unknownPieces = texts.source; // vocab_texts: the text of a piece SentencePiece marks unknown -> model id
     this.targetTexts = texts.target; // vocab_texts: model id -> the text of a piece the target model lacks
+    this.trailingSpace = t.trailing_space ?? []; // ids after a text ending in white space (runtime/vocab.py SPACES)
   }
 
   /**
@@ -385,6 +387,13 @@ export class Tokens {
    * @param {{encode: (text: string) => number[], pieces?: (text: string) => string[], unkId?: number}} tokenizer
    */
   encodeSource(tokenizer, text) {
+    const ids = this._mapped(tokenizer, text);
+    // tokens.trailing_space: SentencePiece drops a text's final white space, NLLB's tokenizer keeps a lone ▁
+    if (this.trailingSpace.length && ids.length && TRAILING_SPACE.test(text)) return [...ids, ...this.trailingSpace];
+    return ids;
+  }
+
+  _mapped(tokenizer, text) {
     const ids = tokenizer.encode(text);
     const map = this.sourceMap;
     if (!map) return ids;

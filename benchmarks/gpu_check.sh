@@ -10,7 +10,7 @@
 #                                          join the parts, check every sha256, pip install --target
 #
 # OUT (default /tmp/gpu-check-out) gets summary.md, results.json, logs.tar.xz, and install.log in gpu mode.
-# GPU_CHECK_BUDGET_S (default 420) bounds the Python steps; the install takes ~20 s before them.
+# GPU_CHECK_BUDGET_S (default 440) bounds the Python steps; the install takes ~20 s before them.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -90,6 +90,6 @@ if [ "$mode" = gpu ]; then
   cat "$OUT/install.log"
   [ -f "$work/cmn.txt" ] && data=(--data "$work/cmn.txt")
 fi
-budget=${GPU_CHECK_BUDGET_S:-$([ "$mode" = gpu ] && echo 420 || echo 300)}
+budget=${GPU_CHECK_BUDGET_S:-$([ "$mode" = gpu ] && echo 440 || echo 600)}
 exec "$py" benchmarks/gpu_check.py --mode "$mode" --out "$OUT" --work "$work" "${data[@]}" \
   --budget-s "$budget"

@@ -17,7 +17,8 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
+                               generate_latest)
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
@@ -134,6 +135,8 @@ class Frontend:
             Gauge(f"seq2onnx_{key}", f"{key.replace('_', ' ')} being decoded now (the engine's load())",
                   registry=r).set_function(lambda key=key: engine.load()[key])
         Gauge("seq2onnx_engine_info", "the engine served", ["batching"], registry=r).labels(engine.batching).set(1)
+        # process_resident_memory_bytes, process_open_fds, process_max_fds...: the bounds an operator watches
+        ProcessCollector(registry=r)
 
     def drain(self) -> None:
         """Refuses new requests (503) from now on; those accepted are still answered."""

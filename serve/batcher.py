@@ -29,6 +29,7 @@ import concurrent.futures
 import contextlib
 import copy
 import itertools
+import logging
 import queue
 import threading
 from typing import Iterator
@@ -44,6 +45,9 @@ from seq2onnx.runtime.translator import Translator
 
 from .engine import Cancelled, Engine, Job
 from .layout import RowLayout
+from .memory import TRIM_AFTER_ROUNDS, ArenaShrink, trim
+
+log = logging.getLogger("seq2onnx.serve")
 
 
 class RoundFailed(RuntimeError):
@@ -133,6 +137,7 @@ class Scheduler:
         self.layout = RowLayout(n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, dtype=cache_dtype,
                                 to_device=self._to, shares_memory=device == "cpu")
         self._closed = False
+        self.shrink, self._trimmed_at = ArenaShrink(device), 0  # memory given back after bursts (serve/memory.py)
         self.rounds = 0
         self.last_rows = 0
         self._thread = threading.Thread(target=self._loop, name="seq2onnx-scheduler", daemon=True)
@@ -177,9 +182,8 @@ class Scheduler:
                 if search.member.job.cancelled.is_set():
                     self._finish(search, error=Cancelled("the request was cancelled"))
             self._active = [s for s in self._active if not s.future.done()]
-            if not self._active:  # nobody reads the cache or the cross inputs any more
-                self._past = None
-                self.layout.clear()
+            if not self._active:
+                self._idle()
                 continue
             work = []
             for search in self._active:
@@ -202,6 +206,42 @@ class Scheduler:
                 self._advance(search)
                 search.member.answer = None
             self._active = [s for s in self._active if not s.future.done()]
+            if not self._active:
+                self._idle()
+
+    def _idle(self) -> None:
+        """Nobody reads the cache or the cross inputs any more: drop them, and give the freed heap pages back
+        (after TRIM_AFTER_ROUNDS rounds at least: serve/memory.py), before the thread waits for work."""
+        self._past = None
+        self.layout.clear()
+        if self.rounds - self._trimmed_at >= TRIM_AFTER_ROUNDS:
+            self._trimmed_at = self.rounds
+            try:
+                self._shrink_arena()
+            except Exception as e:  # giving memory back must never fail a server: say so, serve on
+                log.warning("could not shrink the decoder's memory arena: %s: %s", type(e).__name__, e)
+            trim()
+
+    def _shrink_arena(self) -> None:
+        """One dummy round of one row under onnxruntime's arena shrinkage: the arena gives back every chunk of
+        the last burst (a burst whose rows never fell, its sentences ending together, was never shrunk)."""
+        cross = self._to(np.zeros((1, self.n_heads, 8, self.head_dim), dtype=self.cache_dtype))
+        mask = np.zeros((1, 8), dtype=bool)
+        mask[0, 0] = True
+        b = self.decoder.io_binding()
+        for name, value in ((names.TOKENS, np.zeros((1, 1), np.int64)), (names.STEP, np.zeros(1, np.int64)),
+                            (names.CACHE_INDICES, np.zeros(1, np.int64)), (names.TOP_K, np.ones(1, np.int64)),
+                            (names.SRC_MASK, mask)):
+            b.bind_cpu_input(name, value)
+        for name, value in zip(names.past_names(self.n_layers), self._trimmed_past(0)):
+            b.bind_ortvalue_input(name, value)
+        for name in names.cross_names(self.n_layers):
+            b.bind_ortvalue_input(name, cross)
+        for name in names.present_names(self.n_layers):
+            b.bind_output(name, self.device)
+        for name in (names.TOPK_LOG_PROBS, names.TOPK_IDS):
+            b.bind_output(name, "cpu")
+        self.decoder.run_with_iobinding(b, self.shrink.options)
 
     def _advance(self, search: _Search, first: bool = False) -> None:
         """Sends a program its step's output (or starts it): its next request, or its end."""
@@ -263,7 +303,7 @@ class Scheduler:
         wanted = ([names.LOG_PROBS] if full else []) + ([names.TOPK_LOG_PROBS, names.TOPK_IDS] if k_wanted else [])
         for name in wanted:
             b.bind_output(name, "cpu")
-        self.decoder.run_with_iobinding(b)
+        self.decoder.run_with_iobinding(b, self.shrink.run_options(total))
         out = b.get_outputs()
         self._past = out[: len(present)]
         got = dict(zip(wanted, (o.numpy() for o in out[len(present):])))

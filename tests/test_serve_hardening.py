@@ -26,7 +26,7 @@ from serve_process import ServeProcess  # noqa: E402
 TRANSLATE, STREAM = "/v1/translate", "/v1/translate/stream"
 READ_TIMEOUT_S, MAX_CONNECTIONS, MAX_HEADER_BYTES = 1.5, 24, 8192
 HARD = ("--max-connections", str(MAX_CONNECTIONS), "--read-timeout", str(READ_TIMEOUT_S), "--max-header-bytes",
-        str(MAX_HEADER_BYTES), "--keep-alive", "1", "--max-queue", "4")
+        str(MAX_HEADER_BYTES), "--keep-alive", "1", "--max-queue", "4", "--max-chars", "20000")
 LONG = "the quick brown fox jumps over the lazy dog again and again " * 3
 # 32 sentences x 8 beams x >= 100 steps: seconds on the tests' machine, far past --drain-seconds 0.5
 SLOW = {"texts": [LONG] * 32, "beam_size": 8, "min_decoding_length": 100, "max_decoding_length": 120}
@@ -338,3 +338,39 @@ def test_requests_cut_by_the_drain_limit_get_json_503_and_no_traceback(servers):
     log = server.log()
     assert "3 requests cancelled at the drain limit" in log, log
     assert "Traceback" not in log and "CancelledError" not in log, log
+
+
+# -- item 8: memory after a burst -----------------------------------------------------------------------
+
+# 2 requests x 64 texts x 16 beams: 2,048 rows of ~120 cache slots, ~125 MB of the tiny model's cache per round
+BURST = {"texts": [LONG] * 64, "beam_size": 16, "min_decoding_length": 100, "max_decoding_length": 120}
+
+
+def test_memory_after_a_burst_of_large_rounds_returns_near_the_warm_level(hard):
+    for _ in range(3):  # warm: every graph has run, the arenas hold a small round's tensors
+        assert hard.client.post(TRANSLATE, json={"texts": [LONG] * 4, "beam_size": 4}).status_code == 200
+    warm = hard.metric("process_resident_memory_bytes")
+    peak_before = _status_kb(hard.proc.pid, "VmHWM") * 1024
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(
+        httpx.post(hard.url + TRANSLATE, json=BURST, timeout=120).status_code)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert answers == [200, 200]
+    grown = _status_kb(hard.proc.pid, "VmHWM") * 1024 - max(warm, peak_before)
+    assert grown > 100e6, f"the burst grew the server by {grown / 1e6:.0f} MB only: it measured nothing"
+    time.sleep(0.5)  # the scheduler falls idle, trims
+    after = hard.metric("process_resident_memory_bytes")
+    assert after < 1.5 * warm, f"resident {after / 1e6:.0f} MB after the burst, {warm / 1e6:.0f} MB warm"
+
+
+def test_arena_shrink_asks_once_the_rows_fall_to_half_and_not_on_every_round():
+    from seq2onnx.serve.memory import MIN_ROUNDS_BETWEEN, ArenaShrink, trim
+
+    shrink = ArenaShrink("cpu")
+    asked = [shrink.run_options(rows) is not None for rows in [1000] * MIN_ROUNDS_BETWEEN + [600, 500, 400, 300]]
+    assert asked == [False] * MIN_ROUNDS_BETWEEN + [False, True, False, False]  # 500 <= 1000 / 2, then 8 rounds
+    assert shrink.peak == 500 and shrink.count == 1
+    assert trim() is True  # glibc: this project's Linux machines

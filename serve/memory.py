@@ -1,0 +1,63 @@
+"""Giving memory back after a burst: the serving scheduler's part of issue 37, item 8.
+
+Two allocators keep what a burst of large rounds took, and neither gives it back by itself:
+- onnxruntime's CPU arena (a BFC arena) grows by chunks to hold the largest round's tensors (the cache is
+  rows x slots x layers x d_model) and keeps them for the session's life. Its documented remedy is a run
+  option, "memory.enable_memory_arena_shrinkage", which frees the arena's wholly unused chunks at the end of
+  that run; `ArenaShrink` asks for it on a round once the rows have fallen to half of their peak since the
+  last shrink (not every round: freed chunks would be allocated again at the next growth);
+- glibc's malloc keeps freed blocks of the numpy arrays (the rounds' inputs, the cross rows of serve/layout.py,
+  the encoder's outputs on the request threads' arenas) below its mmap threshold in its heaps; `trim()` calls
+  malloc_trim(0), which returns their free pages, when the scheduler falls idle (the scheduler drops
+  its cache and cross rows then too).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+SHRINK_KEY = "memory.enable_memory_arena_shrinkage"
+TRIM_AFTER_ROUNDS = 64  # a trim costs a walk of the heaps: not after every one-sentence request of a lone client
+MIN_ROUNDS_BETWEEN = 8  # a shrink frees chunks that the next growth allocates again: not on every falling round
+
+
+class ArenaShrink:
+    """When a round should run with onnxruntime's arena shrinkage, and the RunOptions that ask for it.
+
+    Args:
+        device: "cpu" or "cuda": whose arena is shrunk (the CPU's always: outputs are bound there too).
+    """
+
+    def __init__(self, device: str = "cpu"):
+        import onnxruntime
+
+        self.options = onnxruntime.RunOptions()
+        self.options.add_run_config_entry(SHRINK_KEY, "cpu:0;gpu:0" if device == "cuda" else "cpu:0")
+        self.peak, self.since, self.count = 0, 0, 0
+
+    def run_options(self, rows: int):
+        """The RunOptions for a round of `rows` rows: the shrinking ones, or None (onnxruntime's defaults)."""
+        self.peak, self.since = max(self.peak, rows), self.since + 1
+        if 2 * rows > self.peak or self.since < MIN_ROUNDS_BETWEEN:
+            return None
+        self.peak, self.since, self.count = rows, 0, self.count + 1
+        return self.options
+
+
+def _malloc_trim():
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim") if name else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to call
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def trim() -> bool:
+    """Returns the C heap's free pages to the system (glibc's malloc_trim(0)); False where there is none."""
+    if _TRIM is None:
+        return False
+    _TRIM(0)
+    return True

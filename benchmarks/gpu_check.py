@@ -421,6 +421,31 @@ def memcpy_nodes(bundle: Path, device: str) -> dict:
             "nodes": len(kinds)}
 
 
+def tf32_probe(translator, bundle: Path, sources: list) -> dict:
+    """The encoder's outputs on this provider, with onnxruntime's CUDA default (TF32 matrix products allowed
+    on Ampere and later) and with use_tf32=0, each against the CPU provider: whether TF32 is what separates
+    CUDA fp32 from PyTorch (the runtime passes no provider options)."""
+    import numpy as np
+
+    from seq2onnx.runtime import bundle as fmt
+    from seq2onnx.runtime.ort_install import import_onnxruntime
+
+    ort = import_onnxruntime()
+    src, lengths = translator._sources.pad(sources)
+    feeds = {fmt.SRC_IDS: src, fmt.SRC_LENGTHS: lengths}
+    path = str(bundle / fmt.ENCODER_FILE)
+    cpu = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
+    out = {}
+    for label, providers in (("default", ["CUDAExecutionProvider"]),
+                             ("use_tf32=0", [("CUDAExecutionProvider", {"use_tf32": "0"})])):
+        if translator.device != "cuda":
+            providers = ["CPUExecutionProvider"]
+        got = ort.InferenceSession(path, providers=providers + ["CPUExecutionProvider"]).run(None, feeds)
+        out[label] = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+                         for a, b in zip(got, cpu))
+    return out
+
+
 def step_copies(ctx: dict) -> dict:
     from seq2onnx.runtime.translator import Translator
 
@@ -441,6 +466,10 @@ def step_copies(ctx: dict) -> dict:
             out[f"{name}_memcpy_nodes"] = memcpy_nodes(work / name, t.device)
         except Exception as e:
             out[f"{name}_memcpy_nodes"] = {"error": repr(e)[:300]}
+    try:
+        out["tf32_probe"] = tf32_probe(Translator(work / "fp32", device=s["device"]), work / "fp32", srcs)
+    except Exception as e:  # a diagnosis, not a check: its failure is reported, the step stands
+        out["tf32_probe"] = {"error": repr(e)[:300]}
     return out
 
 
@@ -613,7 +642,7 @@ def summary(results: dict, mode: str, seconds: float) -> str:
                   "of forced lengths over their difference in steps.", ""]
         rows = []
         for key, v in c.items():
-            if key.endswith("_memcpy_nodes"):
+            if key.endswith("_memcpy_nodes") or key == "tf32_probe":
                 continue
             cu = v.get("cupti")
             rows.append([key, v["rows"], v["device"],
@@ -630,6 +659,8 @@ def summary(results: dict, mode: str, seconds: float) -> str:
                             "same every step", "CUPTI per step: HtoD / DtoH / DtoD", "note"], rows)
         nodes = "; ".join(f"{k.split('_')[0]}: {v}" for k, v in c.items() if k.endswith("_memcpy_nodes"))
         lines += ["", f"Memcpy nodes onnxruntime put into the decoder graph (each runs every step): {nodes}"]
+        lines += ["", "fp32 encoder outputs, max abs difference from the CPU provider, with onnxruntime's "
+                  f"CUDA default and with use_tf32=0: {c.get('tf32_probe')}"]
     b = r["bench"]
     if b:
         lines += ["", "## seq2onnx bench", "", "```", b["report"].strip(), "```"]

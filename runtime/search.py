@@ -41,6 +41,7 @@ Step = Callable[[np.ndarray, np.ndarray, int, "np.ndarray | None"], "np.ndarray 
 # the step's output, and returns its results. run(program, step) drives one; serve/batcher.py drives many
 # at once, one decoder run for all of their requests.
 Program = Generator[tuple, "np.ndarray | TopK", object]
+BEAM_CONVENTIONS = ("fairseq", "transformers")  # spec/bundle.json's beam_conventions (docs/decoding.md)
 
 
 def run(program: Program, step: Step):
@@ -238,6 +239,7 @@ def beam_program(
     min_length: int = 0,
     length_penalty: float = 1.0,
     num_hypotheses: int = 1,
+    convention: str = "fairseq",
 ) -> Program:
     """Beam search as a program over `batch` sentences at once; each sentence finishes on its own.
 
@@ -249,6 +251,9 @@ def beam_program(
         min_length: the end token is forbidden before this many tokens.
         length_penalty: alpha of the ranking score / len^alpha.
         num_hypotheses: the n-best per sentence, 1..K.
+        convention: "fairseq" (a finishing candidate takes a free place among the K, docs/decoding.md) or
+            "transformers" (generate()'s: the K best by normalised score of those finished so far and this step's,
+            which may displace one finished earlier; bundle.json's decoding.beam_convention).
 
     Returns:
         (as the program's result) One SearchResult per sentence, best first.
@@ -259,6 +264,8 @@ def beam_program(
     max_lengths = np.asarray(max_lengths, dtype=np.int64)
     _check(beam_size, max_lengths, min_length)
     k = beam_size
+    if convention not in BEAM_CONVENTIONS:
+        raise ValueError(f"convention={convention!r}; choose one of {', '.join(BEAM_CONVENTIONS)}")
     if not 1 <= num_hypotheses <= k:
         raise ValueError(f"num_hypotheses={num_hypotheses} must lie in [1, beam_size={k}]")
     longest = int(max_lengths.max(initial=0))
@@ -312,8 +319,16 @@ def beam_program(
         #    candidate at -inf (forced or forbidden tokens) never finishes
         finishing = in_top_k & (is_eos | last) & (cand_scores > -np.inf)
         accepted = finishing & (np.cumsum(finishing, axis=1) + n_finished[alive, None] <= k)
+        if convention == "transformers":  # rows with more finishing than free places: the best K, below
+            accepted |= finishing
         for row, rank in zip(*np.nonzero(accepted)):
             sent, slot = alive[row], n_finished[alive[row]]
+            if slot == k:  # transformers: this step's candidates are best first, so the worst finished may go
+                norm = fin_scores[sent] / fin_lengths[sent].astype(np.float64) ** length_penalty
+                slot = int(np.argmin(norm))
+                if not cand_scores[row, rank] / float(t + 1) ** length_penalty > norm[slot]:
+                    continue
+                n_finished[sent] -= 1
             fin_tokens[sent, slot, :t] = history[row, cand_beam[row, rank]]
             fin_tokens[sent, slot, t] = cand_token[row, rank]
             fin_lengths[sent, slot] = t + 1

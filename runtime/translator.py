@@ -402,7 +402,8 @@ class Translator:
         if options.beam_size == 1:
             return greedy_program(len(sources), max_lengths=max_lengths, **common), step, encoded
         return beam_program(len(sources), beam_size=options.beam_size, length_penalty=options.length_penalty,
-                            num_hypotheses=options.num_hypotheses, max_lengths=max_lengths, **common), step, encoded
+                            num_hypotheses=options.num_hypotheses, max_lengths=max_lengths,
+                            convention=self.bundle.decoding.get("beam_convention", "fairseq"), **common), step, encoded
 
     def _recycle(self, step) -> None:
         """Offers a fused step's buffers to the next batch (the standard step has none). Called only

@@ -93,3 +93,67 @@ def test_forced_eos_other_than_the_end_token_is_refused():
     assert "forced_eos" not in decoding_defaults({}, config, 512)
     with pytest.raises(HFImportError, match="forced_eos_token_id 7 is not the end token 0"):
         decoding_defaults({"forced_eos_token_id": 7}, config, 512)
+
+
+def _strip(row: list[int], pad: int, eos: int) -> list[int]:
+    row = row[1:]
+    while row and row[-1] == pad:
+        row.pop()
+    return row[:-1] if row and row[-1] == eos else row
+
+
+def test_n_best_is_generate_s(tmp_path):
+    """Issue 35 item 2: beam 5 x 3 hypotheses identical to generate(num_return_sequences=3) under the bundle's
+    beam_convention "transformers"; the same bundle under our own convention differs on some sentences (the
+    finished hypotheses, not the best: a later, better-normalised one displaces one finished earlier)."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import hf_nllb as N
+
+    model_dir = N.cached_nllb(with_spm=True)
+    bundle = export_hf_bundle(model_dir, tmp_path / "bundle", decoder="standard")
+    meta = json.loads((bundle / "bundle.json").read_text())
+    assert meta["decoding"]["beam_convention"] == "transformers"
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    hf = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir)).eval()
+    sources = F.test_sentences(200)
+    forced = tok.convert_tokens_to_ids("fra_Latn")
+    rows: list[list[int]] = []
+    for i in range(0, len(sources), 50):
+        batch = tok(sources[i : i + 50], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            rows += hf.generate(**batch, num_beams=5, num_return_sequences=3, early_stopping=True, length_penalty=1.0,
+                                forced_bos_token_id=forced, max_length=F.MAX_LENGTH).tolist()
+    want = [[_strip(rows[3 * i + j], tok.pad_token_id, tok.eos_token_id) for j in range(3)] for i in range(len(sources))]
+    agree = {}
+    for convention in ("transformers", "fairseq"):
+        meta["decoding"]["beam_convention"] = convention
+        (bundle / "bundle.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+        got = Translator(bundle, device="cpu").translate_batch(
+            sources, beam_size=5, num_hypotheses=3, length_penalty=1.0, max_decoding_length=F.MAX_LENGTH - 1,
+            source_lang="eng_Latn", target_lang="fra_Latn")
+        agree[convention] = (sum(g.token_ids == w for g, w in zip(got, want)),
+                             sum(g.token_ids[0] == w[0] for g, w in zip(got, want)))
+    assert agree["transformers"] == (len(sources), len(sources)), agree
+    assert agree["fairseq"][1] == len(sources) and agree["fairseq"][0] < len(sources), agree
+
+
+def test_node_host_n_best_follows_the_bundle_s_convention(tmp_path):
+    from seq2onnx.commands.verify_host import verify_host
+
+    import hf_nllb as N
+
+    bundle = export_hf_bundle(N.cached_nllb(with_spm=True), tmp_path / "bundle", decoder="standard")
+    assert json.loads((bundle / "bundle.json").read_text())["decoding"]["beam_convention"] == "transformers"
+    report = verify_host(bundle, F.test_sentences(60), beam=5, source_lang="eng_Latn", target_lang="fra_Latn")
+    assert report["passed"], ([c for c in report["checks"] if not c["passed"]], report["differences"][:3])
+
+
+def test_beam_conventions_are_the_spec_s():
+    from seq2onnx.runtime.search import BEAM_CONVENTIONS, beam_search
+    from seq2onnx.runtime.spec import SPEC
+
+    assert list(BEAM_CONVENTIONS) == SPEC["beam_conventions"] == ["fairseq", "transformers"]
+    with pytest.raises(ValueError, match="convention='hf'; choose one of fairseq, transformers"):
+        beam_search(lambda *a: None, 1, beam_size=2, start_id=0, eos_id=1, max_lengths=[3], convention="hf")

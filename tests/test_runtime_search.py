@@ -134,7 +134,7 @@ def _run_case(case: dict, fn, batch: int, max_lengths, step_output: str, sentenc
         return greedy_search(step, batch, **kw), fake
     assert case["search"] == "beam", case["search"]
     return beam_search(step, batch, beam_size=beam, num_hypotheses=case["num_hypotheses"],
-                       length_penalty=case["length_penalty"], **kw), fake
+                       length_penalty=case["length_penalty"], convention=case.get("convention", "fairseq"), **kw), fake
 
 
 SPEC_RUNS = [(case, step_output) for case in CASES["cases"] for step_output in case["steps"]]

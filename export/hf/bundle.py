@@ -38,7 +38,8 @@ def decoding_defaults(generation: dict, config: dict, max_positions: int) -> dic
     max_length = int(get("max_length", 20))
     decoding = {"beam_size": int(get("num_beams", 1)), "length_penalty": float(get("length_penalty", 1.0)),
                 "max_length_a": 0.0, "max_length_b": max(1, min(max_length - 1, max_positions)),
-                "min_length": max(int(get("min_length", 0)) - 1, 0)}
+                "min_length": max(int(get("min_length", 0)) - 1, 0),
+                "beam_convention": "transformers"}  # generate()'s finished hypotheses (docs/decoding.md)
     forced = get("forced_eos_token_id", None)
     if isinstance(forced, list) and len(forced) == 1:
         forced = forced[0]

@@ -106,6 +106,7 @@ export function candidatesNeeded(beamSize, minLength) {
 }
 
 const range = (n) => Array.from({ length: n }, (_, i) => i);
+const BEAM_CONVENTIONS = ["fairseq", "transformers"]; // spec/bundle.json's beam_conventions
 
 function check(beamSize, maxLengths, minLength) {
   if (!(Number.isInteger(beamSize) && beamSize >= 1)) {
@@ -221,15 +222,22 @@ function sentenceCandidates(out, row0, beams, beamScores, n, eosId, forbidEos) {
  * Beam search over `batch` sentences at once; each sentence finishes on its own.
  * @param {Step} step
  * @param {number} batch
+ * `convention`: "fairseq" (a finishing candidate takes a free place among the K, docs/decoding.md) or
+ * "transformers" (generate()'s: the K best by normalised score of those finished so far and this
+ * step's, which may displace one finished earlier; bundle.json's decoding.beam_convention).
  * @param {{beamSize: number, startId: number, eosId: number, maxLengths: number[], minLength?: number,
- *          lengthPenalty?: number, numHypotheses?: number}} options
+ *          lengthPenalty?: number, numHypotheses?: number, convention?: string}} options
  * @returns {Promise<SearchResult[]>}
  */
 export async function beamSearch(step, batch, {
-  beamSize, startId, eosId, maxLengths, minLength = 0, lengthPenalty = 1.0, numHypotheses = 1,
+  beamSize, startId, eosId, maxLengths, minLength = 0, lengthPenalty = 1.0, numHypotheses = 1, convention = "fairseq",
 }) {
   check(beamSize, maxLengths, minLength);
+  if (!BEAM_CONVENTIONS.includes(convention)) {
+    throw new RangeError(`convention=${JSON.stringify(convention)}; choose one of ${BEAM_CONVENTIONS.join(", ")}`);
+  }
   const k = beamSize;
+  const norm = (score, length) => score / length ** lengthPenalty;
   if (!(Number.isInteger(numHypotheses) && numHypotheses >= 1 && numHypotheses <= k)) {
     throw new RangeError(`numHypotheses=${numHypotheses} must lie in [1, beamSize=${k}]`);
   }
@@ -264,11 +272,20 @@ export async function beamSearch(step, batch, {
       const last = maxLengths[sent] === t + 1;
       // 1. finish: top-K candidates that end (all top-K at the last step), while room remains; a
       // candidate whose score is -inf (a forbidden or forced-out token) never finishes
-      for (let rank = 0; rank < k && fin[sent].length < k; rank++) {
+      const room = fin[sent].length < k; // transformers: a full sentence this step may still swap (below)
+      for (let rank = 0; rank < k && (fin[sent].length < k || (room && convention === "transformers")); rank++) {
         const token = cand[rank].flat % vocab;
         if ((token === eosId || last) && cand[rank].total !== -Infinity) {
           const beam = Math.floor(cand[rank].flat / vocab);
-          fin[sent].push({ tokens: [...history[i][beam], token], score: cand[rank].total });
+          const done = { tokens: [...history[i][beam], token], score: cand[rank].total };
+          if (fin[sent].length < k) {
+            fin[sent].push(done);
+            continue;
+          }
+          // this step's candidates come best first: each may displace the worst finished (the first of equal ones)
+          const norms = fin[sent].map((h) => norm(h.score, h.tokens.length));
+          const worst = norms.indexOf(Math.min(...norms));
+          if (norm(done.score, t + 1) > norms[worst]) fin[sent][worst] = done;
         }
       }
       // 2. continue: the first K candidates that do not end (each beam offers at most one end
@@ -293,7 +310,7 @@ export async function beamSearch(step, batch, {
     beams = k;
   }
   return fin.map((done) => {
-    const ranked = done.map((h) => ({ ...h, norm: h.score / h.tokens.length ** lengthPenalty }));
+    const ranked = done.map((h) => ({ ...h, norm: norm(h.score, h.tokens.length) }));
     // stable: equal normalised scores keep their finishing order, as numpy's stable argsort does
     ranked.sort((x, y) => (x.norm > y.norm ? -1 : x.norm < y.norm ? 1 : 0));
     const best = ranked.slice(0, numHypotheses);

@@ -360,7 +360,8 @@ export class Translator {
     const step = forcePrefix(await this._stepFn(src, sources.map((s) => s.length), width, topK), prefixes, end);
     const common = { startId: this.startId, eosId: this.eosId, maxLengths, minLength: minDecodingLength };
     if (beamSize === 1) return greedySearch(step, sources.length, common);
-    return beamSearch(step, sources.length, { ...common, beamSize, lengthPenalty, numHypotheses });
+    const convention = this.bundle.meta.decoding.beam_convention ?? "fairseq"; // transformers' n-best for its imports
+    return beamSearch(step, sources.length, { ...common, beamSize, lengthPenalty, numHypotheses, convention });
   }
 
   _pad(sources) {

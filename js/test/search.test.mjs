@@ -128,7 +128,8 @@ async function runCase(c, fn, maxLengths, stepOutput, prefixes = c.target_prefix
   const common = { startId: START, eosId: EOS, maxLengths, minLength };
   if (c.search === "greedy") return [await greedySearch(step, maxLengths.length, common), fake];
   assert.equal(c.search, "beam");
-  const options = { ...common, beamSize, numHypotheses: c.num_hypotheses, lengthPenalty: c.length_penalty };
+  const options = { ...common, beamSize, numHypotheses: c.num_hypotheses, lengthPenalty: c.length_penalty,
+    convention: c.convention ?? "fairseq" };
   return [await beamSearch(step, maxLengths.length, options), fake];
 }
 

@@ -518,7 +518,8 @@ def step_torch(ctx: dict) -> dict:
     _, _, _, srcs = _sources(str(work / "run" / "best"), s["torch"])
     model, _, _ = checkpoint.load(work / "run" / "best", device=s["device"])
     srcs = sorted(srcs, key=len)
-    def limit(src):
+
+    def limit(src):  # bench's maximum length (bench/run.py)
         return min(int(dd["max_length_a"] * len(src)) + dd["max_length_b"], model.cfg.max_positions)
 
     rows = []

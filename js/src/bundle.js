@@ -38,6 +38,7 @@ export const [TARGET_PREFIX, SOURCE_PREFIX] = TARGET_LANG_IN;
 export const MAX_JSON_BYTES = SPEC.max_json_bytes; // a real bundle.json is ~10 kB: anything near this is not one
 export const DTYPES = SPEC.dtypes; // the key/value element types a host can feed
 export const QUANTIZATIONS = SPEC.quantizations;
+export const BEAM_CONVENTIONS = SPEC.beam_conventions; // decoding.beam_convention: [ours (default), transformers']
 // The decoder graphs by variant (bundle.json's graphs.<label>.variant): the standard one, which
 // this host drives, and the fused one, built from onnxruntime's contrib kernels (CONTRIB_DOMAIN).
 export const STANDARD = "standard";

@@ -106,7 +106,6 @@ export function candidatesNeeded(beamSize, minLength) {
 }
 
 const range = (n) => Array.from({ length: n }, (_, i) => i);
-const BEAM_CONVENTIONS = ["fairseq", "transformers"]; // spec/bundle.json's beam_conventions
 
 function check(beamSize, maxLengths, minLength) {
   if (!(Number.isInteger(beamSize) && beamSize >= 1)) {
@@ -222,20 +221,18 @@ function sentenceCandidates(out, row0, beams, beamScores, n, eosId, forbidEos) {
  * Beam search over `batch` sentences at once; each sentence finishes on its own.
  * @param {Step} step
  * @param {number} batch
- * `convention`: "fairseq" (a finishing candidate takes a free place among the K, docs/decoding.md) or
- * "transformers" (generate()'s: the K best by normalised score of those finished so far and this
- * step's, which may displace one finished earlier; bundle.json's decoding.beam_convention).
+ * `bestFinished`: false, a finishing candidate takes a free place among the K (our convention,
+ * docs/decoding.md); true, transformers' (generate()'s): the K best by normalised score of those
+ * finished so far and this step's, which may displace one finished earlier (bundle.json's
+ * decoding.beam_convention names which).
  * @param {{beamSize: number, startId: number, eosId: number, maxLengths: number[], minLength?: number,
- *          lengthPenalty?: number, numHypotheses?: number, convention?: string}} options
+ *          lengthPenalty?: number, numHypotheses?: number, bestFinished?: boolean}} options
  * @returns {Promise<SearchResult[]>}
  */
 export async function beamSearch(step, batch, {
-  beamSize, startId, eosId, maxLengths, minLength = 0, lengthPenalty = 1.0, numHypotheses = 1, convention = "fairseq",
+  beamSize, startId, eosId, maxLengths, minLength = 0, lengthPenalty = 1.0, numHypotheses = 1, bestFinished = false,
 }) {
   check(beamSize, maxLengths, minLength);
-  if (!BEAM_CONVENTIONS.includes(convention)) {
-    throw new RangeError(`convention=${JSON.stringify(convention)}; choose one of ${BEAM_CONVENTIONS.join(", ")}`);
-  }
   const k = beamSize;
   const norm = (score, length) => score / length ** lengthPenalty;
   if (!(Number.isInteger(numHypotheses) && numHypotheses >= 1 && numHypotheses <= k)) {
@@ -272,8 +269,8 @@ export async function beamSearch(step, batch, {
       const last = maxLengths[sent] === t + 1;
       // 1. finish: top-K candidates that end (all top-K at the last step), while room remains; a
       // candidate whose score is -inf (a forbidden or forced-out token) never finishes
-      const room = fin[sent].length < k; // transformers: a full sentence this step may still swap (below)
-      for (let rank = 0; rank < k && (fin[sent].length < k || (room && convention === "transformers")); rank++) {
+      const room = fin[sent].length < k; // bestFinished: a sentence filled at this step may still swap (below)
+      for (let rank = 0; rank < k && (fin[sent].length < k || (room && bestFinished)); rank++) {
         const token = cand[rank].flat % vocab;
         if ((token === eosId || last) && cand[rank].total !== -Infinity) {
           const beam = Math.floor(cand[rank].flat / vocab);

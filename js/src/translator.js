@@ -3,7 +3,7 @@
 import {
   BUNDLE_JSON, BundleError, CACHE_INDICES, CROSS_ATTENTION, DECODER_LABELS, DTYPES, ENCODER_LABEL, FILE_NAMES, LOG_PROBS,
   SRC_IDS, SRC_LENGTHS, SRC_MASK, STANDARD, STEP, TOKENS, TOP_K, TOPK_IDS, TOPK_LOG_PROBS, crossNames, pastNames,
-  presentNames, readBundle, short,
+  presentNames, readBundle, short, BEAM_CONVENTIONS,
 } from "./bundle.js";
 import { checkGraphs, checkTokenizers } from "./checks.js";
 import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
@@ -360,8 +360,9 @@ export class Translator {
     const step = forcePrefix(await this._stepFn(src, sources.map((s) => s.length), width, topK), prefixes, end);
     const common = { startId: this.startId, eosId: this.eosId, maxLengths, minLength: minDecodingLength };
     if (beamSize === 1) return greedySearch(step, sources.length, common);
-    const convention = this.bundle.meta.decoding.beam_convention ?? "fairseq"; // transformers' n-best for its imports
-    return beamSearch(step, sources.length, { ...common, beamSize, lengthPenalty, numHypotheses, convention });
+    // imported bundles: transformers' rule for the finished hypotheses (its n-best), docs/decoding.md
+    const bestFinished = this.bundle.meta.decoding.beam_convention === BEAM_CONVENTIONS[1];
+    return beamSearch(step, sources.length, { ...common, beamSize, lengthPenalty, numHypotheses, bestFinished });
   }
 
   _pad(sources) {

@@ -129,7 +129,7 @@ async function runCase(c, fn, maxLengths, stepOutput, prefixes = c.target_prefix
   if (c.search === "greedy") return [await greedySearch(step, maxLengths.length, common), fake];
   assert.equal(c.search, "beam");
   const options = { ...common, beamSize, numHypotheses: c.num_hypotheses, lengthPenalty: c.length_penalty,
-    convention: c.convention ?? "fairseq" };
+    bestFinished: c.convention === "transformers" };
   return [await beamSearch(step, maxLengths.length, options), fake];
 }
 

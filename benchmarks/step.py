@@ -38,7 +38,7 @@ def optimized_node_count(path: Path, tmp: str) -> int:
     o.log_severity_level = 3
     o.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
     ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
-    return len(onnx.load(o.optimized_model_filepath).graph.node)
+    return len(onnx.load(o.optimized_model_filepath, load_external_data=False).graph.node)
 
 
 def feeds(meta: names.Bundle, rows: int, batch: int, past: int, src_len: int = 12) -> dict:
@@ -83,7 +83,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for b, meta in bundles.items():
             for label in [names.DECODER_LABELS[v] for v in meta.decoder_variants]:
-                exported = len(onnx.load(str(meta.file(label))).graph.node)
+                exported = len(onnx.load(str(meta.file(label)), load_external_data=False).graph.node)
                 print(f"{b} {label}: {exported} nodes exported, {optimized_node_count(meta.file(label), tmp)} "
                       "after optimisation")
     wanted = [names.TOPK_LOG_PROBS, names.TOPK_IDS]

@@ -100,6 +100,9 @@ def _write_site(site: Path, bundle, js_dir: Path) -> None:
     for key, entry in meta["files"].items():
         dest = target / entry["path"]
         dest.parent.mkdir(parents=True, exist_ok=True)
+        if key == "weights":  # read as a stream (runtime/weights.py): copied from the directory checked, hashed again
+            bundle.weights.copy_to(dest)
+            continue
         dest.write_bytes(bundle.bytes(key))  # the bytes that were hashed and checked, not the path again
     if meta == bundle.meta:  # byte for byte when nothing was left out
         (target / BUNDLE_JSON).write_bytes(bundle.bytes(BUNDLE_JSON))

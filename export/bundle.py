@@ -20,6 +20,7 @@ from seq2onnx.runtime.signature import graph_signature
 from .fused import export_fused_decoder, graph_domains
 from .graphs import OPSET, export_graphs
 from .quantize import quantize_graphs
+from .weights import check_stored_graph, store_weights
 
 DECODERS = ("both", "standard")  # export_bundle's `decoder`: which decoder graphs a bundle gets
 DECODING_DEFAULTS = {"beam_size": 4, "length_penalty": 1.0, "max_length_a": 1.5, "max_length_b": 10, "min_length": 0}
@@ -169,7 +170,8 @@ def check_graph_sizes(model, dtype: str) -> None:
 
 
 def write_graphs(model, directory: Path, dtype: str, quantize: str | None, fused: bool) -> dict | None:
-    """Writes the encoder, the decoder step and (when fused) the fused decoder, quantized when asked.
+    """Writes the encoder, the decoder step and (when fused) the fused decoder, quantized when asked, their
+    large initializers in one weights file, each distinct tensor once (export/weights.py).
 
     Returns:
         The quantization scheme (export/quantize.py), or None.
@@ -181,11 +183,15 @@ def write_graphs(model, directory: Path, dtype: str, quantize: str | None, fused
     export_graphs(model, directory, dtype=torch.float16 if dtype == "float16" else torch.float32)
     if fused:
         export_fused_decoder(model, directory)
-    if quantize != "int8":
-        return None
     graphs = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
-    return quantize_graphs(directory, {k: v for k, v in graphs.items() if v.endswith(".onnx")},
-                           contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS))
+    graphs = {k: v for k, v in graphs.items() if v.endswith(".onnx")}
+    scheme = None
+    if quantize == "int8":
+        scheme = quantize_graphs(directory, graphs, contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS))
+    store_weights(directory, list(graphs.values()))
+    for name in graphs.values():  # each graph again from its file, now with its external data
+        check_stored_graph(directory / name)
+    return scheme
 
 
 def write_meta(directory: Path, model, *, source: str, dtype: str, quantize: str | None, fused: bool,

@@ -2,9 +2,10 @@
 
 Built node by node with `onnx.helper` from the weights of a `Transformer` (not traced), so that each
 sublayer is a handful of kernels: one QKV Gemm -> Split -> DecoderMaskedMultiHeadAttention (cache
-updated in place) -> MatMul -> SkipLayerNormalization; MatMul -> MultiHeadAttention over the sentence's
-cross keys/values -> MatMul -> SkipLayerNormalization; FusedGemm(Relu) -> MatMul ->
-SkipLayerNormalization. docs/fused-decoder.md gives the inputs, layouts, masks and pitfalls.
+updated in place) -> Gemm -> SkipLayerNormalization; Gemm -> MultiHeadAttention over the sentence's
+cross keys/values -> Gemm -> SkipLayerNormalization; FusedGemm(Relu) -> Gemm -> SkipLayerNormalization.
+Every weight is the model's own (out, in) tensor under transB, as in decoder.onnx, so that the
+bundle's one weights file holds each once for both decoders (export/weights.py). docs/fused-decoder.md gives the inputs, layouts, masks and pitfalls.
 
 Shape legend: R rows (B sentences x W beams, beams contiguous), B sentences, W = R / B, H heads,
 Dh head size, D d_model, F d_ff, M max_length (the cache buffer's positions), S source, V vocab.
@@ -37,8 +38,6 @@ OPSET = 17
 MS_DOMAIN = names.MS_DOMAIN
 FUSED_DECODER_FILE = names.FUSED_DECODER_FILE
 BEAM_WIDTH, CACHE_INDIRECTION = names.BEAM_WIDTH, names.CACHE_INDIRECTION
-# A tied table this large is stored once (see build_fused_decoder); one threshold for both decoders.
-from .graphs import SHARED_TABLE_BYTES  # noqa: E402
 
 
 def graph_domains(proto: onnx.ModelProto) -> list[str]:
@@ -76,11 +75,6 @@ class _Graph:
         return outs
 
 
-def _t(linear: torch.nn.Linear) -> torch.Tensor:
-    """nn.Linear's weight as the right-hand side of x @ W: (in, out)."""
-    return linear.weight.detach().t().contiguous()
-
-
 def build_fused_decoder(model: Transformer, *, check: bool = True) -> onnx.ModelProto:
     """Builds the fused decoder-step graph of `model`, checked by onnx.checker.
 
@@ -102,20 +96,16 @@ def build_fused_decoder(model: Transformer, *, check: bool = True) -> onnx.Model
     eps = float(cfg.layer_norm_eps)
     g = _Graph()
     with torch.no_grad():
-        # 0. embedding: table(ids) * sqrt(D) + PE[step]. The table is pre-scaled: the same fp32
-        #    product, computed once. GatherND on tokens (R, 1) gives (R, D) without a Reshape.
-        # A large tied output projection shares the table (Gather here, Gemm transB below): one copy of
-        # the largest tensor (NLLB's is 1 GB), so the graph stays under protobuf's 2 GB, for one Mul more
-        # per step. A small table is kept twice, pre-scaled and transposed: no Mul.
-        tied = model.generator.weight is model.tgt_embed.weight and \
-            model.tgt_embed.weight.numel() * 4 >= SHARED_TABLE_BYTES
+        # 0. embedding: table(ids) * sqrt(D) + PE[step]. GatherND on tokens (R, 1) gives (R, D) without a
+        #    Reshape. The table is the model's own (out, in) tensor, never a scaled or transposed copy: the
+        #    same bytes as the standard decoder's table (and the tied output projection's, a Gemm transB
+        #    below), so the bundle's weights file stores it once (export/weights.py), for one Mul per step.
+        tied = model.generator.weight is model.tgt_embed.weight
         scale = d**0.5 if cfg.scale_embedding else 1.0
         pos = g.const("positions", model.positions)
-        if tied:
-            (raw,) = g.node("GatherND", [g.const("embed", model.tgt_embed.weight), names.TOKENS], name="embed")
-            (tok,) = g.node("Mul", [raw, g.const("embed_scale", np.array(scale, np.float32))], name="embed_scale")
-        else:
-            (tok,) = g.node("GatherND", [g.const("embed_scaled", model.tgt_embed.weight * scale), names.TOKENS], name="embed")
+        (tok,) = g.node("GatherND", [g.const("embed", model.tgt_embed.weight), names.TOKENS], name="embed")
+        if scale != 1.0:
+            (tok,) = g.node("Mul", [tok, g.const("embed_scale", np.array(scale, np.float32))], name="embed_scale")
         (pe,) = g.node("Gather", [pos, names.STEP], name="position", axis=0)  # (1, D)
         (x,) = g.node("Add", [tok, pe], name="embed_add")  # (R, D), the residual stream
         # Cross-attention queries a sentence's keys with its W beams as one (B, W, D) query: the
@@ -152,10 +142,12 @@ def build_fused_decoder(model: Transformer, *, check: bool = True) -> onnx.Model
         for i, layer in enumerate(model.decoder_layers):
             sa, ca, ff = layer.self_attn, layer.cross_attn, layer.feed_forward
             # 1. self-attention: one QKV Gemm (R, 3D), bias included, viewed (R, 1, 3D) and split in
-            #    three: the CPU kernel rejects packed QKV, and its bias input breaks on it.
-            w_qkv = g.const(f"l{i}_w_qkv", torch.cat([_t(sa.w_q), _t(sa.w_k), _t(sa.w_v)], dim=1))
+            #    three: the CPU kernel rejects packed QKV, and its bias input breaks on it. Every weight
+            #    is nn.Linear's (out, in) tensor under Gemm transB: W_q, W_k, W_v stacked are three
+            #    (D, D) blocks one after another, which the weights file stores once for both decoders.
+            w_qkv = g.const(f"l{i}_w_qkv", torch.cat([sa.w_q.weight, sa.w_k.weight, sa.w_v.weight], dim=0))
             b_qkv = g.const(f"l{i}_b_qkv", torch.cat([sa.w_q.bias, sa.w_k.bias, sa.w_v.bias]))
-            (qkv,) = g.node("Gemm", [x, w_qkv, b_qkv], name=f"l{i}_qkv")
+            (qkv,) = g.node("Gemm", [x, w_qkv, b_qkv], name=f"l{i}_qkv", transB=1)
             (qkv3,) = g.node("Reshape", [qkv, rows_qkv], name=f"l{i}_qkv_3d")
             q, k, v = g.node("Split", [qkv3, split3], 3, name=f"l{i}_qkv_split", axis=2)  # 3 x (R, 1, D)
             ctx, _, _ = g.node(
@@ -164,35 +156,34 @@ def build_fused_decoder(model: Transformer, *, check: bool = True) -> onnx.Model
                 name=f"l{i}_self_attn", ms=True, outputs=[f"l{i}_self_ctx", present[2 * i], present[2 * i + 1]],
                 num_heads=heads, past_present_share_buffer=1)  # (R, 1, D)
             (ctx2,) = g.node("Reshape", [ctx, rows_d], name=f"l{i}_self_ctx_2d")
-            (o,) = g.node("MatMul", [ctx2, g.const(f"l{i}_self_wo", _t(sa.w_o))], name=f"l{i}_self_out")
+            (o,) = g.node("Gemm", [ctx2, g.const(f"l{i}_self_wo", sa.w_o.weight)], name=f"l{i}_self_out", transB=1)
             x, h = residual(i, o, g.const(f"l{i}_self_bo", sa.w_o.bias), h, "sub_self", (i, "sub_cross"))
             # 2. cross-attention: q (R, D) -> (B, W, D); keys/values (B, H, S, Dh) as the encoder
             #    made them. The q bias rides in the kernel's bias input [b_q, 0, 0].
-            (q,) = g.node("MatMul", [x, g.const(f"l{i}_cross_wq", _t(ca.w_q))], name=f"l{i}_cross_q")
+            (q,) = g.node("Gemm", [x, g.const(f"l{i}_cross_wq", ca.w_q.weight)], name=f"l{i}_cross_q", transB=1)
             (q3,) = g.node("Reshape", [q, q_shape], name=f"l{i}_cross_q_3d")
             b_q = g.const(f"l{i}_cross_bq", np.concatenate([ca.w_q.bias.detach().numpy(), zeros_kv]))
             (cctx,) = g.node("MultiHeadAttention", [q3, names.key_cross(i), names.value_cross(i), b_q, mask],
                              name=f"l{i}_cross_attn", ms=True, num_heads=heads)  # (B, W, D)
             (cctx2,) = g.node("Reshape", [cctx, rows_d], name=f"l{i}_cross_ctx_2d")
-            (o,) = g.node("MatMul", [cctx2, g.const(f"l{i}_cross_wo", _t(ca.w_o))], name=f"l{i}_cross_out")
+            (o,) = g.node("Gemm", [cctx2, g.const(f"l{i}_cross_wo", ca.w_o.weight)], name=f"l{i}_cross_out",
+                          transB=1)
             x, h = residual(i, o, g.const(f"l{i}_cross_bo", ca.w_o.bias), h, "sub_cross", (i, "sub_ff"))
             # 3. feed-forward: act(x W1 + b1), then W2 with b2 in the norm. Relu fuses into the
             #    Gemm; swish is QuickGelu with alpha 1 (x * sigmoid(x)), gelu the contrib Gelu (erf).
-            w1, b1 = g.const(f"l{i}_ff_w1", _t(ff.w_1)), g.const(f"l{i}_ff_b1", ff.w_1.bias)
+            w1, b1 = g.const(f"l{i}_ff_w1", ff.w_1.weight), g.const(f"l{i}_ff_b1", ff.w_1.bias)
             if cfg.activation == "relu":
-                (f1,) = g.node("FusedGemm", [x, w1, b1], name=f"l{i}_ff_1", ms=True, activation="Relu")
+                (f1,) = g.node("FusedGemm", [x, w1, b1], name=f"l{i}_ff_1", ms=True, activation="Relu", transB=1)
             else:
-                (pre,) = g.node("Gemm", [x, w1, b1], name=f"l{i}_ff_1")
+                (pre,) = g.node("Gemm", [x, w1, b1], name=f"l{i}_ff_1", transB=1)
                 op, attrs = ("QuickGelu", {"alpha": 1.0}) if cfg.activation == "swish" else ("Gelu", {})
                 (f1,) = g.node(op, [pre], name=f"l{i}_ff_act", ms=True, **attrs)
-            (o,) = g.node("MatMul", [f1, g.const(f"l{i}_ff_w2", _t(ff.w_2))], name=f"l{i}_ff_2")
+            (o,) = g.node("Gemm", [f1, g.const(f"l{i}_ff_w2", ff.w_2.weight)], name=f"l{i}_ff_2", transB=1)
             nxt = (i + 1, "sub_self") if i + 1 < n else (n, "final")
             x, h = residual(i, o, g.const(f"l{i}_ff_b2", ff.w_2.bias), h, "sub_ff", nxt)
         # 4. generator, log-softmax over the target vocabulary, top-k (ties: lower id first)
-        if tied:
-            (logits,) = g.node("Gemm", [x, "embed"], name="generator", transB=1)
-        else:
-            (logits,) = g.node("MatMul", [x, g.const("generator", _t(model.generator))], name="generator")
+        table = "embed" if tied else g.const("generator", model.generator.weight)  # (V, D)
+        (logits,) = g.node("Gemm", [x, table], name="generator", transB=1)
         if model.generator.bias is not None:  # Marian's final_logits_bias
             (logits,) = g.node("Add", [logits, g.const("generator_bias", model.generator.bias)], name="generator_bias")
         never = np.zeros(cfg.tgt_vocab_size, np.float32)

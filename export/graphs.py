@@ -16,9 +16,6 @@ from torch import Tensor, nn
 from seq2onnx.model.transformer import Transformer
 from seq2onnx.runtime import bundle as names
 
-# A tied table this large is stored once in each graph (export/fused.py and _shared_generator below).
-SHARED_TABLE_BYTES = 256 << 20
-
 OPSET = 17
 
 
@@ -156,15 +153,15 @@ def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = tor
 
 @contextlib.contextmanager
 def _shared_generator(model: Transformer):
-    """A large tied output projection traced as Gemm(x, E, 0, transB=1) on the embedding's own initializer.
+    """The output projection traced as Gemm(x, W, 0, transB=1) on its own (V, D) initializer.
 
-    Traced as it is (a Linear without bias), it becomes MatMul(x, Transpose(E)), and constant folding
-    stores E transposed beside E: NLLB-600M's decoder would hold its 1 GB table twice and pass the 2 GB
-    of one ONNX file. With a bias the exporter makes one Gemm with transB (adding 0 changes no value).
+    Traced as it is (a Linear without bias), it becomes MatMul(x, Transpose(W)), and constant folding
+    stores W transposed: a tied table would be held twice (NLLB-600M's decoder would pass the 2 GB of
+    one ONNX file), and the bundle's weights file could not share W with the fused decoder, which
+    multiplies by W itself. With a bias the exporter makes one Gemm with transB (adding 0 changes no value).
     """
     gen = model.generator
-    shared = gen.weight is model.tgt_embed.weight and gen.bias is None and \
-        gen.weight.numel() * gen.weight.element_size() >= SHARED_TABLE_BYTES
+    shared = gen.bias is None
     if shared:
         gen.bias = nn.Parameter(torch.zeros(gen.out_features, dtype=gen.weight.dtype, device=gen.weight.device))
     try:

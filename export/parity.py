@@ -30,6 +30,7 @@ from seq2onnx.runtime.fused_step import FusedStep
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
 from seq2onnx.runtime.u8s8_probe import precision_entries
+from seq2onnx.runtime.sessions import graph_session
 
 
 @dataclass
@@ -157,13 +158,11 @@ def tensor_checks(model, tok, bundle: fmt.Bundle, pairs, device: str, atol: floa
     cfg = model.cfg
     n = cfg.n_decoder_layers
     exact_model = copy.deepcopy(model).double()
-    options = ort.SessionOptions()
-    for key, value in precision_entries(ort).items():  # int8 products exact on x86 without VNNI, as the runtime's
-        options.add_session_config_entry(key, value)
-    enc = ort.InferenceSession(bundle.bytes("encoder"), options, providers=_providers(device))
-    dec = ort.InferenceSession(bundle.bytes(fmt.DECODER_LABELS[fmt.STANDARD]), options, providers=_providers(device))
+    entries = precision_entries(ort)  # int8 products exact on x86 without VNNI, as the runtime's
+    enc = graph_session(bundle, "encoder", _providers(device), entries)
+    dec = graph_session(bundle, fmt.DECODER_LABELS[fmt.STANDARD], _providers(device), entries)
     # The fused cache layout is the CPU kernels' (runtime/fused_step.py): checked on the CPU.
-    fused = (ort.InferenceSession(bundle.bytes(fmt.DECODER_LABELS[fmt.FUSED]), options, providers=["CPUExecutionProvider"])
+    fused = (graph_session(bundle, fmt.DECODER_LABELS[fmt.FUSED], ["CPUExecutionProvider"], entries)
              if fmt.FUSED in decoders else None)
     half = enc.get_outputs()[1].type == "tensor(float16)"
     outputs = ("decoder log_probs (teacher-forced)", "decoder log_probs (greedy path)", "decoder cache")

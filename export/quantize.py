@@ -45,6 +45,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from seq2onnx.runtime import bundle as names
+
+from .weights import constants_to_initializers
+
 MS_DOMAIN = "com.microsoft"
 ACTIVATION_QMAX = 127  # activation codes 128 +- 127: uint8 with zero point 128, symmetric
 ACTIVATION_ZERO = 128
@@ -58,6 +62,17 @@ SCHEME = {  # what bundle.json's `quantization_scheme` records
     "exact_products": "u8 x s8 where onnxruntime's kernel accumulates in 32 bits (VNNI, ARM); elsewhere on x86 the "
                       "runtime sets session.x64quantprecision (u8 x u8)",
     "fp32": "attention products, softmax, embeddings, layer norms, contrib attention kernels",
+}
+
+
+ID_INPUTS = (names.SRC_IDS, names.TOKENS)  # the graph inputs of token ids: lookups in them are embeddings
+
+
+TABLES = {  # what bundle.json's quantization_scheme.tables records where the embeddings are int8
+    "bits": 8, "type": "int8", "zero_point": 0, "range": [-127, 127], "scale": "per row: max|e| / 127",
+    "lookup": "Gather of the codes and of the row scales, Cast, Mul",
+    "tied_projection": "the same codes, transposed (a Transpose node onnxruntime folds at load), against per-row "
+                       "activation codes as every linear layer",
 }
 
 
@@ -127,13 +142,76 @@ def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return (codes - 128).astype(np.int8), scale, (zero - 128).astype(np.int8)
 
 
-def quantize_model(proto: onnx.ModelProto, *, contrib: bool) -> int:
+def quantize_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Quantizes an embedding table per row, symmetric, as CTranslate2 quantizes its embeddings.
+
+    Args:
+        table: E (V, D) fp32.
+
+    Returns:
+        (codes (V, D) int8 in [-127, 127], scale (V, 1) fp32): E ~ codes x scale, row by row.
+    """
+    scale = (np.abs(table).max(axis=1, keepdims=True) / 127).astype(np.float32)
+    scale[scale == 0] = 1.0  # an all-zero row: codes 0
+    return np.clip(np.round(table / scale), -127, 127).astype(np.int8), scale
+
+
+def _id_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray]) -> list[onnx.NodeProto]:
+    """The Gather / GatherND nodes of constant fp32 tables whose indices are token ids (a graph input
+    `src_ids` or `tokens`, through Reshapes): the embeddings, never the positional table."""
+    made_by = {o: n for n in graph.node for o in n.output}
+    found = []
+    for node in graph.node:
+        if node.op_type not in ("Gather", "GatherND") or node.input[0] not in inits:
+            continue
+        table, index = inits[node.input[0]], node.input[1]
+        while index in made_by and made_by[index].op_type in ("Reshape", "Unsqueeze", "Squeeze", "Cast"):
+            index = made_by[index].input[0]
+        if table.ndim == 2 and table.dtype == np.float32 and index in ID_INPUTS:
+            found.append(node)
+    return found
+
+
+def _quantize_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray], const) -> dict[str, tuple[str, str]]:
+    """Rewrites each embedding lookup as a lookup of int8 codes and their row scales (quantize_table).
+
+    Returns:
+        Table initializer -> (its codes, its scales (V, 1), the scales' values): a tied output projection
+        multiplies by the same codes (transposed) rather than by codes of its own.
+    """
+    tables: dict[str, tuple[str, str, np.ndarray]] = {}
+    rewritten: dict[int, list[onnx.NodeProto]] = {}
+    for node in _id_tables(graph, inits):
+        name = node.input[0]
+        if name not in tables:
+            codes, scale = quantize_table(inits[name])
+            tables[name] = (const(f"{name}/rowq8/codes", codes), const(f"{name}/rowq8/scale", scale), scale)
+        codes, scale, _ = tables[name]
+        tag, attrs = node.name or node.output[0], {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        rewritten[id(node)] = [
+            helper.make_node(node.op_type, [codes, node.input[1]], [f"{tag}/lookup8/codes"], name=f"{tag}/lookup8/codes",
+                             **attrs),
+            helper.make_node(node.op_type, [scale, node.input[1]], [f"{tag}/lookup8/scale"], name=f"{tag}/lookup8/scale",
+                             **attrs),
+            helper.make_node("Cast", [f"{tag}/lookup8/codes"], [f"{tag}/lookup8/float"], name=f"{tag}/lookup8/cast",
+                             to=TensorProto.FLOAT),
+            helper.make_node("Mul", [f"{tag}/lookup8/float", f"{tag}/lookup8/scale"], [node.output[0]], name=f"{tag}/lookup8/mul"),
+        ]
+    nodes = [n for node in graph.node for n in rewritten.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return tables
+
+
+def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True) -> int:
     """Rewrites every linear layer of `proto` (in place) as described in the module docstring.
 
     Args:
         proto: the graph.
         contrib: use com.microsoft's MatMulIntegerToFloat (for the fused decoder, which needs
             com.microsoft anyway); otherwise plain opset-17 operators.
+        tables: the embedding tables in int8 too, per row (quantize_table), and a tied output
+            projection multiplied by their codes; False keeps them fp32.
 
     Returns:
         How many layers were quantized.
@@ -142,13 +220,19 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool) -> int:
         QuantizeError: the graph has no linear layer to quantize.
     """
     graph = proto.graph
+    constants_to_initializers(graph, 0)  # a bias the tracer folded into a Constant (equal zero biases are shared)
     inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for node in graph.node:  # and one it shares with an equal bias through an Identity
+        if node.op_type == "Identity" and node.input[0] in inits:
+            inits[node.output[0]] = inits[node.input[0]]
     added: dict[str, onnx.TensorProto] = {}
 
     def const(name: str, value: np.ndarray) -> str:
         if name not in added:
             added[name] = numpy_helper.from_array(np.asarray(value), name)
         return name
+
+    quantized_tables = _quantize_tables(graph, inits, const) if tables else {}
 
     zp = const("rowq/zero_point", np.array(ACTIVATION_ZERO, np.uint8))
     codes_of: dict[str, tuple[str, str]] = {}  # input tensor -> (its uint8 codes, its row max (.., 1))
@@ -176,6 +260,13 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool) -> int:
             codes_of[x] = (f"{q}/codes", f"{q}/max")
         codes, row_max = codes_of[x]
         key = (node.input[1], node.op_type != "MatMul" and bool(_attrs(node).get("transB", 0)))
+        if key not in weights_of and key[1] and key[0] in quantized_tables:  # 2. a tied output projection: E^T's codes
+            # (V, D) codes transposed by a node (onnxruntime folds it at load): the file holds the codes once
+            table_codes, _, row_scale = quantized_tables[key[0]]
+            nodes.append(helper.make_node("Transpose", [table_codes], [f"{table_codes}/t"], name=f"{table_codes}/t",
+                                          perm=[1, 0]))
+            weights_of[key] = (f"{table_codes}/t", const(f"{key[0]}/rowq8/zero_point", np.zeros(w.shape[1], np.int8)),
+                               const(f"{key[0]}/rowq8/scale_t", (row_scale.reshape(-1) / ACTIVATION_QMAX).astype(np.float32)))
         if key not in weights_of:  # 2. the weights, once per initializer
             wq, scale, zero = quantize_weights(w)
             base = f"{node.input[1]}/rowq" + ("_t" if key[1] else "")
@@ -215,13 +306,15 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool) -> int:
     return count
 
 
-def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tuple[str, ...] = ()) -> dict:
+def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tuple[str, ...] = (), *,
+                    tables: bool = True) -> dict:
     """Quantizes the graph files of a bundle directory in place.
 
     Args:
         directory: the bundle directory.
         files: {label: file name} of the graphs to quantize.
         contrib_labels: the labels whose graphs use com.microsoft operators.
+        tables: the embedding tables (and a tied output projection) in int8 per row too (quantize_model).
 
     Returns:
         bundle.json's `quantization_scheme`: SCHEME plus, per graph, the layers quantized and the
@@ -238,7 +331,7 @@ def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tupl
         proto = onnx.load(str(path))
         contrib = label in contrib_labels
         try:
-            count = quantize_model(proto, contrib=contrib)
+            count = quantize_model(proto, contrib=contrib, tables=tables)
         except QuantizeError as e:
             raise QuantizeError(f"{name}: {e}") from None
         if contrib:
@@ -248,4 +341,6 @@ def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tupl
             onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
         onnx.save(proto, str(path))
         layers[label] = {"linear_layers": count, "product": "MatMulIntegerToFloat" if contrib else "MatMulInteger"}
-    return {**SCHEME, "graphs": layers}
+    if not tables:
+        return {**SCHEME, "tables": "fp32", "graphs": layers}
+    return {**SCHEME, "tables": TABLES, "fp32": SCHEME["fp32"].replace("embeddings, ", ""), "graphs": layers}

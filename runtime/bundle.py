@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .meta import _short, validate_meta
+from .weights import WeightsFile, read_weights
 from .spec import (  # noqa: F401  (re-exported: the format's names, as `from . import bundle as names` reads them)
     BEAM_WIDTH,
     BUNDLE_JSON,
@@ -42,6 +43,8 @@ from .spec import (  # noqa: F401  (re-exported: the format's names, as `from . 
     SOURCE_VOCAB,
     TARGET_VOCAB,
     VOCAB_TEXTS,
+    WEIGHTS_ALIGNMENT,
+    WEIGHTS_FILE,
     SOURCE_SPM,
     SPEC,
     SPEC_PATH,
@@ -137,6 +140,13 @@ class Bundle:
         return self.path / self.meta["files"][key]["path"]
 
     @property
+    def weights(self) -> WeightsFile | None:
+        """The checked weights file every graph points into (runtime/weights.py), or None: a bundle whose graphs
+        hold their own weights (before 0.4), or one whose files were let go (without_data)."""
+        found = self.data.get("weights")
+        return found if isinstance(found, WeightsFile) else None
+
+    @property
     def decoder_variants(self) -> list[str]:
         """The decoder variants this bundle has: "standard" always, "fused" where it was exported."""
         return [v for v, label in DECODER_LABELS.items() if label in self.meta["files"]]
@@ -225,22 +235,29 @@ class _Directory:
         except OSError:
             return True
 
-    def read(self, relative: str, limit: int | None = None) -> bytes:
-        """A regular file's bytes; refuses anything else (a FIFO, a device, /dev/zero) before reading."""
+    def open(self, relative: str, limit: int | None = None):
+        """Opens a regular file for reading; refuses anything else (a FIFO, a device, /dev/zero) before reading."""
         where = self.path / relative
         flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
         try:
             fd = os.open(relative if self.fd is not None else where, flags, dir_fd=self.fd)
         except FileNotFoundError:
             raise BundleError(f"{where}: missing from the bundle") from None
-        with os.fdopen(fd, "rb") as f:
-            info = os.fstat(f.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise BundleError(f"{where}: not a regular file (a device, pipe or socket); a bundle holds files: "
-                                  "re-export it")
-            if limit is not None and info.st_size > limit:
-                raise BundleError(f"{where}: {info.st_size} bytes, more than the {limit} a bundle description can be; "
-                                  "this is not a bundle.json made by `seq2onnx export`")
+        f = os.fdopen(fd, "rb")
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            f.close()
+            raise BundleError(f"{where}: not a regular file (a device, pipe or socket); a bundle holds files: "
+                              "re-export it")
+        if limit is not None and info.st_size > limit:
+            f.close()
+            raise BundleError(f"{where}: {info.st_size} bytes, more than the {limit} a bundle description can be; "
+                              "this is not a bundle.json made by `seq2onnx export`")
+        return f
+
+    def read(self, relative: str, limit: int | None = None) -> bytes:
+        """A regular file's bytes (Directory.open's checks)."""
+        with self.open(relative, limit) as f:
             return f.read()
 
 
@@ -273,6 +290,13 @@ def _read(path: Path, directory: _Directory, check_hashes: bool) -> Bundle:
         target = (path / entry["path"]).resolve()
         if root not in target.parents:
             raise BundleError(f"{meta_path}: files.{key}.path {entry['path']!r} points outside the bundle; refusing it")
+        if key == "weights":  # checked as a stream: onnxruntime reads it itself (runtime/weights.py)
+            try:
+                data[key] = read_weights(path / entry["path"], entry["path"], entry["sha256"] if check_hashes else None,
+                                         directory.open, directory.fd)
+            except BundleError as e:
+                raise BundleError(f"{e} (files.{key} in {BUNDLE_JSON})") from None
+            continue
         try:
             data[key] = directory.read(entry["path"])
         except BundleError as e:

@@ -6,7 +6,8 @@ expose. Only the few fields needed are decoded; tensor data is skipped by its le
 copied, so a graph of any size costs one pass over its field headers.
 
 ModelProto.graph = 7; GraphProto.node = 1, initializer = 5; NodeProto.input = 1, output = 2,
-op_type = 4, attribute = 5; AttributeProto.name = 1, t = 5; TensorProto.dims = 1, name = 8.
+op_type = 4, attribute = 5; AttributeProto.name = 1, t = 5; TensorProto.dims = 1, data_type = 2,
+name = 8, external_data = 13 (StringStringEntryProto key = 1, value = 2), data_location = 14.
 """
 from __future__ import annotations
 
@@ -57,6 +58,36 @@ def _text(buf, span) -> str:
     return bytes(buf[span[0]:span[1]]).decode("utf-8", "replace")
 
 
+@dataclass(frozen=True)
+class ExternalTensor:
+    """An initializer whose bytes are ONNX external data (a file beside the graph).
+
+    Attributes:
+        name: the initializer's name.
+        data_type: its ONNX element type (TensorProto.DataType).
+        dims: its shape.
+        entries: its external_data entries (location, offset, length, ...), as written.
+    """
+
+    name: str
+    data_type: int
+    dims: tuple[int, ...]
+    entries: dict
+
+
+def _external(buf, span, name: str, dims: list) -> ExternalTensor | None:
+    data_type, location, entries = 0, 0, {}
+    for number, wire, value in _fields(buf, *span):
+        if number == 2 and wire == 0:
+            data_type = value
+        elif number == 14 and wire == 0:
+            location = value
+        elif number == 13 and wire == 2:
+            pair = {n: _text(buf, v) for n, w, v in _fields(buf, *value) if w == 2}
+            entries[pair.get(1, "")] = pair.get(2, "")
+    return ExternalTensor(name, data_type, tuple(dims), entries) if location == 1 or entries else None
+
+
 def _tensor(buf, span) -> tuple[str, tuple[int, ...]]:
     name, dims = "", []
     for number, wire, value in _fields(buf, *span):
@@ -72,6 +103,50 @@ def _tensor(buf, span) -> tuple[str, tuple[int, ...]]:
     return name, tuple(dims)
 
 
+# ONNX element types (TensorProto.DataType) as onnxruntime's sessions name them
+_ELEM_TYPES = {1: "tensor(float)", 2: "tensor(uint8)", 3: "tensor(int8)", 6: "tensor(int32)", 7: "tensor(int64)",
+               9: "tensor(bool)", 10: "tensor(float16)"}
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """A graph input or output as read from the file, with the attributes of onnxruntime's NodeArg.
+
+    Attributes:
+        name: its name.
+        type: its type as onnxruntime names it ("tensor(float)", ...).
+        shape: each dimension, a number or a symbolic name (None where the file gives neither).
+    """
+
+    name: str
+    type: str
+    shape: list
+
+
+def _value_info(buf, span) -> ValueInfo:
+    # ValueInfoProto.name = 1, type = 2; TypeProto.tensor_type = 1; Tensor.elem_type = 1, shape = 2;
+    # TensorShapeProto.dim = 1; Dimension.dim_value = 1, dim_param = 2
+    name, elem, shape = "", 0, []
+    for number, wire, value in _fields(buf, *span):
+        if number == 1 and wire == 2:
+            name = _text(buf, value)
+        elif number == 2 and wire == 2:
+            for tn, tw, tv in _fields(buf, *value):
+                if tn != 1 or tw != 2:
+                    continue
+                for en, ew, ev in _fields(buf, *tv):
+                    if en == 1 and ew == 0:
+                        elem = ev
+                    elif en == 2 and ew == 2:
+                        for dn, dw, dv in _fields(buf, *ev):
+                            if dn == 1 and dw == 2:
+                                dim = None
+                                for n, w, v in _fields(buf, *dv):
+                                    dim = v if (n, w) == (1, 0) else _text(buf, v) if (n, w) == (2, 2) else dim
+                                shape.append(dim)
+    return ValueInfo(name, _ELEM_TYPES.get(elem, f"tensor({elem})"), shape)
+
+
 @dataclass
 class GraphInfo:
     """What read_graph_info found in a graph.
@@ -79,10 +154,22 @@ class GraphInfo:
     Attributes:
         shapes: constant tensors (initializers and Constant nodes' values): name -> shape.
         nodes: every node as (op_type, inputs, outputs).
+        external: the initializers whose bytes are external data, with their references.
     """
 
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     nodes: list[tuple[str, list[str], list[str]]] = field(default_factory=list)  # (op_type, inputs, outputs)
+    external: list[ExternalTensor] = field(default_factory=list)  # initializers kept in a weights file
+    inputs: list["ValueInfo"] = field(default_factory=list)
+    outputs: list["ValueInfo"] = field(default_factory=list)
+
+    def get_inputs(self) -> list["ValueInfo"]:
+        """The graph's inputs, as an onnxruntime session lists them (name, type, shape)."""
+        return self.inputs
+
+    def get_outputs(self) -> list["ValueInfo"]:
+        """The graph's outputs, as an onnxruntime session lists them (name, type, shape)."""
+        return self.outputs
 
     def table_shape(self, name: str, depth: int = 4) -> tuple[int, ...] | None:
         """Finds the shape of the constant behind `name`, followed back through casts and dequantization.
@@ -144,9 +231,14 @@ def _read_info(buf) -> GraphInfo:
         for number, wire, value in _fields(buf, *graphs[0]):
             if wire != 2:
                 continue
-            if number == 5:
+            if number in (11, 12):  # GraphProto.input, output
+                (info.inputs if number == 11 else info.outputs).append(_value_info(buf, value))
+            elif number == 5:
                 name, dims = _tensor(buf, value)
                 info.shapes[name] = dims
+                found = _external(buf, value, name, list(dims))
+                if found is not None:
+                    info.external.append(found)
             elif number == 1:
                 op, inputs, outputs, values = "", [], [], []
                 for n, w, v in _fields(buf, *value):

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from .bundle import DECODER_LABELS, STANDARD, Bundle, BundleError
 from .fused_step import pick_decoder
@@ -106,8 +108,10 @@ class Sessions:
         decoder: the session of the decoder the search drives.
         variant: "fused" or "standard", the decoder driven.
         reason: why that one.
-        standard: the standard decoder's session (the same as decoder when that is the one driven):
-            loaded and checked whichever decoder is driven, and what return_attention runs.
+        standard: the standard decoder's session (the same as decoder when that is the one driven), what
+            return_attention and the continuous batcher run. Where the fused decoder is driven and the
+            bundle keeps its weights in a weights file, it is loaded (and checked) the first time it is
+            asked for: most translators never need it, and it would hold a copy of the decoder's weights.
     """
 
     device: str
@@ -116,12 +120,25 @@ class Sessions:
     decoder: object
     variant: str
     reason: str
-    standard: object
+    _standard: object = None
+    _load_standard: Callable[[], object] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def standard(self):
+        """The standard decoder's session, loaded now if it was not yet."""
+        if self._standard is None:
+            with self._lock:
+                if self._standard is None:
+                    self._standard = self._load_standard()
+                    self._load_standard = None  # its bytes may go
+        return self._standard
 
     def by_label(self) -> dict:
-        """Returns {file key: session} of every graph loaded."""
-        loaded = {"encoder": self.encoder, DECODER_LABELS[STANDARD]: self.standard}
-        loaded[DECODER_LABELS[self.variant]] = self.decoder
+        """Returns {file key: session} of every graph loaded so far."""
+        loaded = {"encoder": self.encoder, DECODER_LABELS[self.variant]: self.decoder}
+        if self._standard is not None:
+            loaded[DECODER_LABELS[STANDARD]] = self._standard
         return loaded
 
 
@@ -141,7 +158,7 @@ def _drop_model_copy(session) -> None:
 
 
 def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_threads: int, *,
-                  release_bytes: bool = False) -> Sessions:
+                  release_bytes: bool = False, check_late: Callable[[str, object], None] | None = None) -> Sessions:
     """Loads a bundle's encoder, its standard decoder and the decoder to drive, from the bytes read.
 
     Args:
@@ -153,6 +170,8 @@ def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_thre
             graph's bytes leave bundle.data as soon as its session is made, so that the load's peak
             memory holds the graphs not yet loaded rather than all of them (on CUDA they stay: a provider
             that does not start means loading every graph again on the CPU).
+        check_late: check_late(label, session) checks a session loaded after this returns (the standard
+            decoder, loaded when first asked for: Sessions.standard) as the caller checked the others.
 
     Returns:
         The sessions. With device "auto", a CUDA provider that did not start falls back to the CPU
@@ -170,36 +189,75 @@ def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_thre
         raise ValueError(f"optimization={tuning.optimization!r} with an int8 bundle on this CPU: its int8 products "
                          "are exact only through onnxruntime's 'extended' or 'all' optimisations "
                          "(runtime/u8s8_probe.py); use one of those, or a float32 bundle")
-    encoder_options = session_options(tuning, intra_threads, "encoder")
-    decoder_options = session_options(tuning, intra_threads, "decoder")
     picked, why = pick_device(device)
     providers = providers_for(picked)
+    weights = bundle.weights
 
-    def load(label: str, options=decoder_options):
-        session = ort.InferenceSession(bundle.bytes(label), options, providers=providers)
+    def load(label: str):
+        data = bundle.bytes(label)
+
+        def create(configure=None):  # one SessionOptions per session: the weights file's option is per session
+            options = session_options(tuning, intra_threads, "encoder" if label == "encoder" else "decoder")
+            if configure is not None:
+                configure(options)
+            return ort.InferenceSession(data, options, providers=providers)
+
+        session = create() if weights is None else weights.open_session(create)
         if picked == "cpu":
             _drop_model_copy(session)
             if release_bytes:
                 bundle.data.pop(label, None)  # made: these bytes are needed no more
         return session
 
-    def checked(label: str, options=decoder_options):
+    def checked(label: str):
         try:
-            return load(label, options)
+            return load(label)
         except Exception as e:  # onnxruntime raises its own types for unreadable graphs
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise BundleError(f"{bundle.file(label)}: onnxruntime cannot load this graph ({first[:300]}); "
                               f"re-export the bundle (files.{label})") from e
 
     standard_label = DECODER_LABELS[STANDARD]
-    encoder = checked("encoder", encoder_options)
+    encoder = checked("encoder")
     variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
     if picked == "cuda" and decoder.get_providers()[0] != "CUDAExecutionProvider":
         if device == "cuda":
             raise RuntimeError("onnxruntime's CUDA provider did not start (check the CUDA and cuDNN libraries)")
         picked, why = "cpu", "the CUDA provider did not start; using the CPU"
         providers = providers_for(picked)  # load() reads it when called
-        encoder = checked("encoder", encoder_options)
+        encoder = checked("encoder")
         variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
-    standard = decoder if variant == STANDARD else checked(standard_label)
-    return Sessions(picked, why, encoder, decoder, variant, reason, standard)
+    if variant == STANDARD:
+        return Sessions(picked, why, encoder, decoder, variant, reason, decoder)
+    if weights is None:  # its weights are inside its graph file: load it now and let the bytes go, as before
+        return Sessions(picked, why, encoder, decoder, variant, reason, checked(standard_label))
+
+    def load_standard():
+        session = checked(standard_label)
+        if check_late is not None:
+            check_late(standard_label, session)
+        return session
+
+    return Sessions(picked, why, encoder, decoder, variant, reason, None, load_standard)
+
+
+def graph_session(bundle: Bundle, label: str, providers: list[str], entries: dict[str, str] | None = None):
+    """Makes an onnxruntime session of one of a bundle's graphs, its external data from the bundle's weights file.
+
+    For callers that make their own sessions (`seq2onnx verify`); a Translator's sessions are open_sessions'.
+
+    Args:
+        bundle: the bundle read (its graph's bytes kept).
+        label: the graph's file key.
+        providers: onnxruntime's providers.
+        entries: session config entries (onnxruntime's defaults otherwise).
+    """
+    def create(configure=None):
+        options = ort.SessionOptions()
+        for key, value in (entries or {}).items():
+            options.add_session_config_entry(key, value)
+        if configure is not None:
+            configure(options)
+        return ort.InferenceSession(bundle.bytes(label), options, providers=providers)
+
+    return create() if bundle.weights is None else bundle.weights.open_session(create)

@@ -30,6 +30,11 @@ FUSED_DECODER_FILE = OPTIONAL_FILE_KEYS["decoder_fused"]
 OPTIONAL_GRAPH_KEYS = {k: v for k, v in OPTIONAL_FILE_KEYS.items() if v.endswith(".onnx")}
 SOURCE_VOCAB, TARGET_VOCAB = OPTIONAL_FILE_KEYS["source_vocab"], OPTIONAL_FILE_KEYS["target_vocab"]
 VOCAB_TEXTS = OPTIONAL_FILE_KEYS["vocab_texts"]
+# One file of every graph's large initializers (ONNX external data), each distinct tensor once:
+# its byte alignment and the element size of each ONNX data type a reference may name.
+WEIGHTS_FILE = OPTIONAL_FILE_KEYS["weights"]
+WEIGHTS_ALIGNMENT = SPEC["weights"]["alignment"]
+ELEMENT_BYTES = {int(k): v for k, v in SPEC["weights"]["element_bytes"].items()}
 VOCAB_MAPS = SPEC["vocab_maps"]
 TARGET_LANG_IN = tuple(SPEC["target_lang_in"])
 # The decoder graphs by variant (bundle.json's graphs.<label>.variant), and the operator domain

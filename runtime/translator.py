@@ -7,7 +7,6 @@ device and session options come from runtime/sessions.py, the searches from runt
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -26,31 +25,11 @@ from .search import SearchResult, beam_program, candidates_needed, greedy_progra
 from .sessions import DEVICES, ort, open_sessions
 from .source import Sources
 from .standard_step import StandardStep
+from .result import TranslationResult  # noqa: F401  (re-exported: the public result type)
 from .text import text_increments
 from .vocab import Vocabulary
 
 _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
-
-
-@dataclass(frozen=True)
-class TranslationResult:
-    """One source's n-best, best first; scores and attention are None unless asked for (return_scores, return_attention).
-
-    Attributes:
-        hypotheses, token_ids: detokenised texts, and their target ids (end token excluded).
-        scores, attention: sums of log-probabilities (end token included); per hypothesis the array of the comment below.
-    """
-
-    hypotheses: list[str]
-    token_ids: list[list[int]]
-    scores: list[float] | None = None
-    # with return_attention: per hypothesis a float32 [len(token_ids[i]), source pieces + end
-    # token] array, the last layer's cross-attention averaged over heads (runtime/attention.py)
-    attention: list[np.ndarray] | None = None
-
-    def __repr__(self) -> str:
-        scores = "" if self.scores is None else f", scores={[round(s, 4) for s in self.scores]}"
-        return f"TranslationResult(hypotheses={self.hypotheses!r}{scores})"
 
 
 class Translator:
@@ -115,10 +94,12 @@ class Translator:
         self._decode = self.vocabulary.decoder(self.target_tokenizer)
         graphs = read_graphs(bundle)  # every listed graph parsed, whichever decoder is driven
         # a bundle read here is ours: each graph's bytes may go once its session is made (lower peak memory)
-        s = open_sessions(bundle, device, tuning, intra_threads, release_bytes=not isinstance(bundle_dir, Bundle))
+        s = open_sessions(bundle, device, tuning, intra_threads, release_bytes=not isinstance(bundle_dir, Bundle),
+                          check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs))
         self.device, self.device_reason, self.encoder, self.decoder = s.device, s.device_reason, s.encoder, s.decoder
-        self.decoder_variant, self.decoder_reason, self._standard_decoder = s.variant, s.reason, s.standard
-        check_graphs(bundle, s.by_label(), graphs)
+        self.decoder_variant, self.decoder_reason, self._sessions = s.variant, s.reason, s
+        # every graph checked now; one not loaded yet (the standard decoder) from its file (runtime/onnx_info.py)
+        check_graphs(bundle, {**graphs, **s.by_label()}, graphs)
         if not isinstance(bundle_dir, Bundle):
             self.bundle = bundle.without_data()  # the sessions hold what they need
         self._ort_device = "cuda" if self.device == "cuda" else "cpu"
@@ -337,6 +318,12 @@ class Translator:
                 results[i] = TranslationResult([self._decode(t) for t in tokens], tokens,
                                                r.scores if options.return_scores else None, weights)
         return results  # type: ignore[return-value]
+
+    @property
+    def _standard_decoder(self):
+        """The standard decoder's session: the driven one, or loaded and checked when first asked for
+        (return_attention, the continuous batcher) where the fused one is driven (runtime/sessions.py)."""
+        return self._sessions.standard
 
     def _attention_decoder(self):
         """The standard decoder (loaded and checked with the bundle), with its cross_attention output."""

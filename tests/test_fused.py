@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from seq2onnx.export.fused import BEAM_WIDTH, CACHE_INDIRECTION, build_fused_decoder, export_fused_decoder, fused_signature
+from onnx import numpy_helper
+
 from seq2onnx.runtime import bundle as names
 
 ATOL = 1e-4
@@ -158,27 +160,28 @@ def test_graph_is_fused(make_model):
     assert ops["DecoderMaskedMultiHeadAttention"] == 3 and ops["MultiHeadAttention"] == 3
     assert ops["SkipLayerNormalization"] == 9 and ops["FusedGemm"] == 3
     assert ops["Softmax"] == ops["Transpose"] == 0 and ops["Concat"] == 1  # the one cross-query shape
-    # 9 nodes once (embedding 3, cross-query shape 2, mask cast, generator, log-softmax, top-k) and
-    # 16 per layer, 4 of them aliasing Reshapes (docs/fused-decoder.md): a change here is a design change
-    assert sum(ops.values()) == 9 + 16 * 3, ops
+    # 10 nodes once (embedding 4: the model's own table, scaled by a Mul; cross-query shape 2, mask cast,
+    # generator, log-softmax, top-k) and 16 per layer, 4 of them aliasing Reshapes (docs/fused-decoder.md):
+    # a change here is a design change
+    assert sum(ops.values()) == 10 + 16 * 3, ops
 
 
-def test_large_tied_table_is_stored_once(make_model, monkeypatch):
-    """Past SHARED_TABLE_BYTES the tied embedding and output projection share one initializer (Gather and Gemm
-    transB): one Mul more per step, the same log-probabilities."""
-    import seq2onnx.export.fused as fused_module
-
+def test_tied_table_and_weights_are_the_models_own_tensors(make_model):
+    """The tied embedding and output projection are one initializer (Gather, then Gemm transB), and every
+    linear weight is nn.Linear's (out, in) tensor: the bytes the standard decoder holds, so that the
+    bundle's weights file stores them once (export/weights.py)."""
     model = make_model(d_model=16, n_heads=2)
-    mask, cross = source(model, [3, 2])
-    tokens = torch.full((2, 1), model.cfg.decoder_start_id)
-    before, out_before = build_fused_decoder(model), FusedStep(model, mask, cross, beams=1)(tokens, 0)
-    monkeypatch.setattr(fused_module, "SHARED_TABLE_BYTES", 0)
-    after, out_after = build_fused_decoder(model), FusedStep(model, mask, cross, beams=1)(tokens, 0)
-    size = lambda proto: sum(t.ByteSize() for t in proto.graph.initializer)  # noqa: E731
-    table = model.tgt_embed.weight.numel() * 4
-    assert size(before) - size(after) >= table - 64
-    assert Counter(n.op_type for n in after.graph.node)["Mul"] == 1
-    np.testing.assert_allclose(out_before[0], out_after[0], rtol=0, atol=1e-5)
+    proto = build_fused_decoder(model)
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    table = model.tgt_embed.weight.detach().numpy()
+    assert sum(a.shape == table.shape and np.array_equal(a, table) for a in inits.values()) == 1
+    layer = model.decoder_layers[0]
+    stacked = torch.cat([layer.self_attn.w_q.weight, layer.self_attn.w_k.weight, layer.self_attn.w_v.weight])
+    np.testing.assert_array_equal(inits["l0_w_qkv"], stacked.detach().numpy())
+    np.testing.assert_array_equal(inits["l0_ff_w2"], layer.feed_forward.w_2.weight.detach().numpy())
+    gemms = [n for n in proto.graph.node if n.op_type in ("Gemm", "FusedGemm")]
+    assert gemms and all(any(a.name == "transB" and a.i == 1 for a in n.attribute) for n in gemms)
+    assert not [n for n in proto.graph.node if n.op_type == "MatMul"]
 
 
 def test_fp16_model_is_refused(make_model):

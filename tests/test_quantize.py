@@ -66,6 +66,9 @@ def test_int8_bundle_records_its_scheme_and_loads_with_hashes(int8):
         # uint8 activations x int8 weights (onnxruntime's fast kernel): the activations' zero point a scalar
         # 128 (one for every row), the weights' one per output column
         inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+        # a tied output projection multiplies by the embedding's int8 codes, transposed by a node
+        inits.update({n.output[0]: inits[n.input[0]].T for n in proto.graph.node
+                      if n.op_type == "Transpose" and n.input[0] in inits})
         for node in products:
             weights, a_zero, w_zero = (inits[node.input[i]] for i in ((1, 2, 3) if label != "decoder_fused" else (1, 4, 5)))
             assert a_zero.dtype == np.uint8 and a_zero.shape == () and a_zero == 128, node.name

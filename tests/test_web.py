@@ -32,7 +32,7 @@ JS = ROOT / "js"
 DRIVER = JS / "tools" / "drive-page.mjs"
 NODE = shutil.which("node")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-STANDARD_FILES = {"encoder", "decoder", "source_tokenizer", "target_tokenizer"}
+STANDARD_FILES = {"encoder", "decoder", "source_tokenizer", "target_tokenizer", "weights"}
 # Generated sentences and two the corpus never has (accents: unknown pieces for the tiny model).
 SENTENCES = [src for src, _ in generate_pairs(6, seed=5)] + ["Ünïcödé façade", "the cat dances in the box"]
 

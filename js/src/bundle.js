@@ -29,6 +29,11 @@ export const VOCAB_TEXTS = "vocab_texts";
 export const VOCAB_MAP = SPEC.vocab_maps;
 /** The optional files that are graphs (described in graphs.<key> too): the decoder labels among them. */
 export const OPTIONAL_GRAPH_KEYS = OPTIONAL_FILE_KEYS.filter((k) => Object.values(SPEC.decoders).includes(k));
+// The one file of every graph's large initializers (ONNX external data, each tensor once) and the rules
+// of its references (alignment, element sizes): src/checks.js checks them, the platform hands the file
+// to onnxruntime (a folder in Node, the bytes in the browser).
+export const WEIGHTS = "weights";
+export const WEIGHTS_SPEC = SPEC.weights;
 /** The files whose bytes a Bundle keeps: the required ones, the vocabulary maps and texts. */
 export const KEPT_FILE_KEYS = [...FILE_KEYS, SOURCE_VOCAB, TARGET_VOCAB, VOCAB_TEXTS];
 // Where tokens.target_lang_in may put target_lang's token: the names of the two tokens fields it may
@@ -387,6 +392,7 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
   validateMeta(meta, metaPath, fractions);
   const files = {};
   const paths = {};
+  let weightsSize = 0;
   for (const key of [...FILE_KEYS, ...OPTIONAL_FILE_KEYS.filter((k) => k in meta.files)]) {
     const entry = meta.files[key];
     const where = await platform.resolveInside(dir, entry.path);
@@ -395,8 +401,9 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
     }
     if (!where.exists) throw new BundleError(`${where.path}: missing from the bundle (files.${key} in ${BUNDLE_JSON})`);
     paths[key] = where.path;
-    // the fused decoder is read only to be hashed (this host never loads it); the maps are kept
-    if (!checkHashes && !KEPT_FILE_KEYS.includes(key)) continue;
+    // the fused decoder is read only to be hashed (this host never loads it); the maps are kept; the
+    // weights file is read for its hash and size, and kept where the platform hands onnxruntime bytes
+    if (!checkHashes && !KEPT_FILE_KEYS.includes(key) && key !== WEIGHTS) continue;
     let bytes;
     try {
       bytes = await platform.readFile(where.path);
@@ -411,9 +418,10 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
         `${where.path}: sha256 differs from ${BUNDLE_JSON} (files.${key}); the file is damaged or was replaced: re-export the bundle`,
       );
     }
-    if (KEPT_FILE_KEYS.includes(key)) files[key] = bytes;
+    if (KEPT_FILE_KEYS.includes(key) || (key === WEIGHTS && platform.keepsWeights)) files[key] = bytes;
+    if (key === WEIGHTS) weightsSize = bytes.length;
   }
-  return { path: dir, metaPath, meta, files, paths };
+  return { path: dir, metaPath, meta, files, paths, weightsSize };
 }
 
 function tooLarge(metaPath, size) {

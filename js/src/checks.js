@@ -11,7 +11,8 @@
 // No Node API: the same checks run in the browser.
 import {
   BUNDLE_JSON, BundleError, DECODER_LABELS, DTYPES, ENCODER_LABEL, LOG_PROBS, OPTIONAL_FILE_KEYS, SOURCE_VOCAB, STANDARD,
-  SRC_IDS, STEP, TARGET_VOCAB, TOP_K, VOCAB_MAP, VOCAB_TEXTS, isLayerName, layerName, pastNames, short,
+  SRC_IDS, STEP, TARGET_VOCAB, TOP_K, VOCAB_MAP, VOCAB_TEXTS, WEIGHTS, WEIGHTS_SPEC, isLayerName, layerName, pastNames,
+  short,
 } from "./bundle.js";
 import { SPEC_URL } from "./spec.js";
 
@@ -423,6 +424,77 @@ export function gatherTables(buf) {
     .map((n) => [n.inputs[1], tableShape(n.inputs[0])]).filter(([, shape]) => shape !== null);
 }
 
+/**
+ * The initializers of an ONNX model's bytes whose data is external (TensorProto.data_location = 1, or
+ * external_data entries): TensorProto.data_type = 2, external_data = 13 (key = 1, value = 2), data_location = 14.
+ * @param {Uint8Array} buf
+ * @returns {{name: string, dataType: number, dims: number[], entries: Record<string, string>}[]}
+ */
+export function externalTensors(buf) {
+  const graphs = [...fields(buf, 0, buf.length)].filter(([n, w]) => n === 7 && w === 2);
+  if (graphs.length !== 1) throw new ProtoError(`${graphs.length} graphs in the model`);
+  const found = [];
+  for (const [number, wire, value] of fields(buf, ...graphs[0][2])) {
+    if (number !== 5 || wire !== 2) continue;
+    const { name, dims } = tensorInfo(buf, value);
+    let dataType = 0;
+    let location = 0;
+    const entries = {};
+    for (const [n, w, v] of fields(buf, ...value)) {
+      if (n === 2 && w === 0) dataType = v;
+      else if (n === 14 && w === 0) location = v;
+      else if (n === 13 && w === 2) {
+        const pair = {};
+        for (const [pn, pw, pv] of fields(buf, ...v)) if (pw === 2) pair[pn] = text(buf, pv);
+        entries[pair[1] ?? ""] = pair[2] ?? "";
+      }
+    }
+    if (location === 1 || Object.keys(entries).length) found.push({ name, dataType, dims, entries });
+  }
+  return found;
+}
+
+/**
+ * Every external reference of a graph points into the bundle's weights file, as spec/bundle.json's
+ * `weights` says: that file's name, whole numbers inside it, aligned, the tensor's length (runtime/weights.py).
+ * @param {object} bundle  readBundle's result (weightsSize: the checked file's size)
+ * @param {string} key  the graph's file key
+ * @throws {BundleError} naming the initializer and the fix
+ */
+export function checkReferences(bundle, key) {
+  const file = bundle.paths[key];
+  let found;
+  try {
+    found = externalTensors(bundle.files[key]);
+  } catch (e) {
+    throw new BundleError(`${file}: not a readable ONNX graph (${e.message}); ${REEXPORT}`);
+  }
+  const weights = bundle.meta.files[WEIGHTS];
+  for (const t of found) {
+    const where = `${file}: initializer ${JSON.stringify(t.name)}`;
+    if (!weights) throw new BundleError(`${where} is external data but ${BUNDLE_JSON} lists no files.weights; ${REEXPORT}`);
+    if (t.entries.location !== weights.path) {
+      throw new BundleError(`${where} points at ${JSON.stringify(t.entries.location ?? null)}; a bundle's graphs may only ` +
+        `point at its weights file ${JSON.stringify(weights.path)}; ${REEXPORT}`);
+    }
+    const offset = Number(t.entries.offset ?? "0");
+    const length = Number(t.entries.length);
+    if (!/^\d+$/.test(t.entries.offset ?? "0") || !/^\d+$/.test(t.entries.length ?? "")) {
+      throw new BundleError(`${where}: offset/length are not whole numbers; ${REEXPORT}`);
+    }
+    const width = WEIGHTS_SPEC.element_bytes[String(t.dataType)];
+    const count = t.dims.reduce((a, b) => a * b, 1);
+    if (width === undefined || length !== count * width) {
+      throw new BundleError(`${where}: ${length} bytes for a tensor of shape ${JSON.stringify(t.dims)} and ONNX type ` +
+        `${t.dataType}; ${REEXPORT}`);
+    }
+    if (offset % WEIGHTS_SPEC.alignment || offset + length > bundle.weightsSize) {
+      throw new BundleError(`${where}: bytes ${offset}..${offset + length} of ${weights.path} (${bundle.weightsSize} bytes, ` +
+        `alignment ${WEIGHTS_SPEC.alignment}); the file is truncated or the graph damaged: ${REEXPORT}`);
+    }
+  }
+}
+
 /** The source embedding's rows and the positional table's rows, read from the graph files. */
 function checkTables(bundle) {
   const { model } = bundle.meta;
@@ -432,6 +504,8 @@ function checkTables(bundle) {
     let found;
     try {
       found = gatherTables(bundle.files[key]).filter(([idx]) => idx === indices).map(([, shape]) => shape);
+      // an int8 table is looked up twice, its codes and its row scales [rows, 1] (export/quantize.py)
+      if (found.length > 1) found = found.filter((shape) => !(shape.length === 2 && shape[1] === 1));
     } catch (e) {
       throw new BundleError(`${file}: cannot be read for its tables (${e.message}); ${FIX}`);
     }

@@ -66,4 +66,12 @@ export const nodePlatform = {
   async sha256(bytes) {
     return createHash("sha256").update(bytes).digest("hex");
   },
+  /**
+   * Session options that let onnxruntime-node read a bundle's weights file itself (its externalData
+   * option is the browser's): the folder of the file checked, as the Python runtime sets it.
+   */
+  weightsOptions(options, bundle) {
+    const session = { ...(options.extra?.session ?? {}), model_external_initializers_file_folder_path: path.dirname(bundle.paths.weights) };
+    return { ...options, extra: { ...(options.extra ?? {}), session } };
+  },
 };

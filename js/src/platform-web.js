@@ -60,6 +60,10 @@ export function webPlatform(ort, { fetch: fetchFn = globalThis.fetch, subtle = g
       if (subtle) return hex(new Uint8Array(await subtle.digest("SHA-256", bytes)));
       return sha256Hex(bytes);
     },
+    keepsWeights: true, // onnxruntime-web takes a bundle's weights file as bytes (externalData)
+    weightsOptions(options, bundle) {
+      return { ...options, externalData: [{ path: bundle.meta.files.weights.path, data: bundle.files.weights }] };
+    },
   };
 }
 

@@ -5,7 +5,7 @@ import {
   SRC_IDS, SRC_LENGTHS, SRC_MASK, STANDARD, STEP, TOKENS, TOP_K, TOPK_IDS, TOPK_LOG_PROBS, crossNames, pastNames,
   presentNames, readBundle, short, BEAM_CONVENTIONS,
 } from "./bundle.js";
-import { checkGraphs, checkTokenizers } from "./checks.js";
+import { checkGraphs, checkReferences, checkTokenizers } from "./checks.js";
 import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
 import { SentencePiece, Tokens, isBlank } from "./tokenizer.js";
 
@@ -135,8 +135,12 @@ export class Translator {
     };
     // Each graph's failure names its file (the path found for files.<key>), what failed and the fix.
     const session = async (key) => {
+      checkReferences(bundle, key); // its external data points into the weights file, as the spec says
+      // a bundle's weights file, as this platform hands it to onnxruntime (a folder in Node, bytes in a browser)
+      const withWeights = bundle.meta.files.weights && platform.weightsOptions
+        ? platform.weightsOptions(options, bundle) : options;
       try {
-        return await platform.ort.InferenceSession.create(bundle.files[key], options);
+        return await platform.ort.InferenceSession.create(bundle.files[key], withWeights);
       } catch (e) {
         throw new BundleError(`${bundle.paths[key] ?? FILE_NAMES[key]}: onnxruntime cannot load this graph ` +
           `(${String(e?.message ?? e).trim()}); re-export the bundle with \`seq2onnx export\``);

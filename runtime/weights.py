@@ -1,0 +1,182 @@
+"""A bundle's weights file: every graph's large initializers, each stored once (spec/bundle.json's `weights`).
+
+The exporter (export/weights.py) moves the graphs' large initializers into one file, `files.weights`,
+as ONNX external data. Here the runtime
+
+- checks the file like every other (a regular file, its sha256), hashing it as a stream rather than
+  keeping a copy: onnxruntime reads it itself, memory-mapped on the CPU, and frees what it has packed
+  into its own layout (docs/optimisation-notes.md row 29), so a weight costs one copy in memory;
+- checks every graph's references before onnxruntime follows them (the name of the file, whole
+  numbers inside it, aligned, the length of the tensor), so a damaged or crafted graph is refused by
+  name rather than read from the wrong bytes or from outside the bundle;
+- points onnxruntime at the directory that was read: `/proc/self/fd/N` of a descriptor held open on
+  it where the OS has one, so that a bundle replaced on disk (`seq2onnx export --force` renames a new
+  directory into place) cannot mix its weights into the graphs read from the old one; where that
+  directory no longer holds the file checked (replaced, deleted), onnxruntime gets the bytes of the
+  file held open instead (WeightsFile.open_session).
+
+A bundle without `files.weights` (before 0.4) keeps its weights inside each graph file, as before.
+"""
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import weakref
+from pathlib import Path
+
+from .onnx_info import GraphInfo
+from .spec import ELEMENT_BYTES, WEIGHTS_ALIGNMENT, BundleError
+
+# onnxruntime's session option: where the external data of a model loaded from bytes lies.
+FOLDER_OPTION = "session.model_external_initializers_file_folder_path"
+
+
+class WeightsFile:
+    """The weights file of a bundle read: checked, held open, and handed to onnxruntime.
+
+    Attributes:
+        path: the file's path (for messages).
+        name: its name in the bundle (files.weights.path), the location every reference must give.
+        size: its size in bytes as checked.
+        sha256: its hash as checked (None where hashes were not checked).
+    """
+
+    def __init__(self, path: Path, name: str, size: int, dir_fd: int | None, file_fd: int, sha256: str | None = None):
+        self.path, self.name, self.size, self.sha256 = path, name, size, sha256
+        self._dir_fd, self._file_fd = dir_fd, file_fd
+        for fd in (dir_fd, file_fd):  # held while a session may still be made (a standard decoder loaded late)
+            if fd is not None:
+                weakref.finalize(self, os.close, fd)
+
+    def folder(self) -> str:
+        """The directory onnxruntime reads the file from: the one that was checked, where the OS allows."""
+        proc = f"/proc/self/fd/{self._dir_fd}" if self._dir_fd is not None else None
+        if proc and os.path.isdir(proc):
+            return proc
+        return str(self.path.parent)
+
+    def _intact(self) -> bool:
+        """Whether the file under folder() is still the very file checked (not replaced, not deleted)."""
+        try:
+            on_disk = os.stat(os.path.join(self.folder(), self.name))
+        except OSError:
+            return False
+        held = os.fstat(self._file_fd)
+        return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+    def open_session(self, create):
+        """Makes a session whose external data onnxruntime reads from this file, as checked.
+
+        onnxruntime reads the file itself (memory-mapped on the CPU; what it packs into its own layout
+        is the only copy it keeps). Where the bundle directory has been replaced or deleted since it was
+        read (a session made late), it is given the bytes of the file held open instead: a weight then
+        costs a copy more while that session lives, and never comes from another bundle.
+
+        Args:
+            create: create(configure) makes the session, calling configure(session_options) first.
+
+        Returns:
+            What create returned.
+        """
+        if self._intact():
+            try:
+                session = create(lambda options: options.add_session_config_entry(FOLDER_OPTION, self.folder()))
+            except Exception:  # onnxruntime's own types
+                if self._intact():
+                    raise  # a failure of the graph itself, not of a directory replaced while it read
+            else:
+                if self._intact():  # nothing was swapped in while onnxruntime read it
+                    return session
+        with mmap.mmap(self._file_fd, 0, access=mmap.ACCESS_READ) as held:
+            data = memoryview(held)
+            try:
+                return create(lambda options: options.add_external_initializers_from_files_in_memory(
+                    [self.name], [data], [len(data)]))
+            finally:
+                data.release()
+
+    def copy_to(self, dest: Path) -> None:
+        """Copies the file as checked into `dest` (`seq2onnx web`'s site), hashing the copy again.
+
+        Raises:
+            BundleError: the file changed since it was checked (naming it and the fix).
+        """
+        h = hashlib.sha256()
+        with open(dest, "wb") as out:
+            offset = 0
+            while block := os.pread(self._file_fd, 8 << 20, offset):
+                h.update(block)
+                out.write(block)
+                offset += len(block)
+        if self.sha256 is not None and h.hexdigest() != self.sha256:
+            raise BundleError(f"{self.path}: changed since it was read (sha256 differs from bundle.json); re-export "
+                              "the bundle, or wait for the export that is writing it")
+
+
+def read_weights(path: Path, name: str, expected_sha256: str | None, opener, dir_fd: int | None) -> WeightsFile:
+    """Checks a weights file as a stream: a regular file whose sha256 is bundle.json's.
+
+    Args:
+        path: the file's path (for messages).
+        name: files.weights.path.
+        expected_sha256: bundle.json's hash, or None not to check it.
+        opener: opens the file relative to the directory held open (runtime/bundle.py's _Directory).
+        dir_fd: the directory's descriptor (duplicated here and kept), or None where the OS has none.
+
+    Returns:
+        The checked file.
+
+    Raises:
+        BundleError: missing, not a regular file, or a hash that differs (naming the file and the fix).
+    """
+    with opener(name) as f:
+        size = os.fstat(f.fileno()).st_size
+        if expected_sha256 is not None:
+            h = hashlib.sha256()
+            for block in iter(lambda: f.read(8 << 20), b""):
+                h.update(block)
+            if h.hexdigest() != expected_sha256:
+                raise BundleError(f"{path}: sha256 differs from bundle.json (files.weights); the file is damaged or "
+                                  "was replaced: re-export the bundle")
+        held = os.dup(f.fileno())
+    return WeightsFile(path, name, size, os.dup(dir_fd) if dir_fd is not None else None, held, expected_sha256)
+
+
+def check_references(graph_path: Path, info: GraphInfo, weights: WeightsFile | None) -> None:
+    """Checks every external reference of one graph against the bundle's weights file.
+
+    Args:
+        graph_path: the graph file (for messages).
+        info: the graph as read (runtime/onnx_info.py).
+        weights: the bundle's weights file, or None where bundle.json lists none.
+
+    Raises:
+        BundleError: a reference without a weights file, to another file, or outside the file, unaligned,
+            or of a length that is not its tensor's (naming the initializer and the fix).
+    """
+    fix = "re-export the bundle with `seq2onnx export`"
+    for t in info.external:
+        where = f"{graph_path}: initializer {t.name!r}"
+        if weights is None:
+            raise BundleError(f"{where} is external data ({t.entries.get('location')!r}) but bundle.json lists no "
+                              f"files.weights; {fix}")
+        if t.entries.get("location") != weights.name:
+            raise BundleError(f"{where} points at {t.entries.get('location')!r}; a bundle's graphs may only point at "
+                              f"its weights file {weights.name!r}; {fix}")
+        try:
+            offset, length = int(t.entries.get("offset", "0")), int(t.entries["length"])
+        except (KeyError, ValueError):
+            raise BundleError(f"{where}: offset/length {t.entries.get('offset')!r}/{t.entries.get('length')!r} are "
+                              f"not whole numbers; {fix}") from None
+        width = ELEMENT_BYTES.get(t.data_type)
+        count = 1
+        for d in t.dims:
+            count *= d
+        if width is None or length != count * width:
+            raise BundleError(f"{where}: {length} bytes for a tensor of shape {list(t.dims)} and ONNX type "
+                              f"{t.data_type}; {fix}")
+        if offset < 0 or offset % WEIGHTS_ALIGNMENT or offset + length > weights.size:
+            raise BundleError(f"{where}: bytes {offset}..{offset + length} of {weights.path.name} "
+                              f"({weights.size} bytes, alignment {WEIGHTS_ALIGNMENT}); the file is truncated or "
+                              f"the graph damaged: {fix}")

@@ -1,0 +1,174 @@
+"""One weights file per bundle (export/weights.py, runtime/weights.py): every weight stored once, loaded from
+the file onnxruntime reads itself, the standard decoder loaded only when asked for, old bundles still read."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from seq2onnx.export.bundle import write_graphs
+from seq2onnx.model.config import ModelConfig
+from seq2onnx.model.transformer import Transformer
+from seq2onnx.runtime import bundle as names
+from seq2onnx.runtime.bundle import sha256
+from seq2onnx.runtime.translator import Translator
+from tiny import copy_bundle, scratch, tiny_bundle, tiny_run
+
+TEXTS = ["the old cat sees two birds", "a dog", "five brave cats near the car"]
+GRAPHS = (names.ENCODER_FILE, names.DECODER_FILE, names.FUSED_DECODER_FILE)
+
+
+def _model(**overrides) -> Transformer:
+    torch.manual_seed(0)
+    cfg = dict(src_vocab_size=600, tgt_vocab_size=600, share_vocab=True, d_model=128, n_heads=4, d_ff=512,
+               n_encoder_layers=2, n_decoder_layers=2, max_positions=64)
+    return Transformer(ModelConfig(**{**cfg, **overrides})).eval()
+
+
+def _tensor_bytes(model: Transformer) -> int:
+    """The model's distinct tensors: parameters (a tied table once) and the positional table."""
+    return sum(p.numel() * p.element_size() for p in model.parameters()) + model.positions.numel() * 4
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_every_weight_is_stored_once(tmp_path, tie):
+    """The three graphs and the weights file together are the model's tensors, not three copies of them."""
+    model = _model(tie_embeddings=tie, share_vocab=tie)
+    write_graphs(model, tmp_path, "float32", None, fused=True)
+    on_disk = sum((tmp_path / name).stat().st_size for name in (*GRAPHS, names.WEIGHTS_FILE))
+    assert on_disk <= 1.05 * _tensor_bytes(model), (on_disk, _tensor_bytes(model))
+    # each graph points into the one file; none holds a large tensor of its own
+    for name in GRAPHS:
+        proto = onnx.load(str(tmp_path / name), load_external_data=False)
+        inline = [t.name for t in proto.graph.initializer if len(t.raw_data) >= 1024]
+        assert not inline, (name, inline)
+        assert {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"} == \
+            {names.WEIGHTS_FILE}
+
+
+def test_stored_weights_compute_what_the_graphs_did(tmp_path):
+    """Moving the tensors into the file changes no value: each graph's initializers, read back through its
+    references, are the model's own tensors (the fused Q, K, V are the three standard weights stacked)."""
+    model = _model()
+    write_graphs(model, tmp_path, "float32", None, fused=True)
+    fused = onnx.load(str(tmp_path / names.FUSED_DECODER_FILE))  # external data followed
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in fused.graph.initializer}
+    sa = model.decoder_layers[1].self_attn
+    want = torch.cat([sa.w_q.weight, sa.w_k.weight, sa.w_v.weight]).detach().numpy()
+    np.testing.assert_array_equal(inits["l1_w_qkv"], want)
+    np.testing.assert_array_equal(inits["embed"], model.tgt_embed.weight.detach().numpy())
+
+
+def _old_format(bundle: Path) -> Path:
+    """The bundle as exported before the weights file: every graph holds its own tensors."""
+    path = copy_bundle(bundle, "old-format")
+    meta = json.loads((path / names.BUNDLE_JSON).read_text())
+    for name in GRAPHS:
+        proto = onnx.load(str(path / name))  # the external data read in
+        for tensor in proto.graph.initializer:
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
+        onnx.save(proto, str(path / name))
+    (path / names.WEIGHTS_FILE).unlink()
+    del meta["files"]["weights"]
+    for entry in meta["files"].values():
+        entry["sha256"] = sha256(path / entry["path"])
+    (path / names.BUNDLE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return path
+
+
+def test_a_bundle_without_a_weights_file_loads_and_translates_the_same():
+    bundle = tiny_bundle()
+    old = _old_format(bundle)
+    assert not (old / names.WEIGHTS_FILE).exists() and (old / names.DECODER_FILE).stat().st_size > 20_000
+    new, before = Translator(bundle, device="cpu"), Translator(old, device="cpu")
+    for beam in (1, 3):
+        a = new.translate_batch(TEXTS, beam_size=beam, return_scores=True)
+        b = before.translate_batch(TEXTS, beam_size=beam, return_scores=True)
+        assert [r.token_ids for r in a] == [r.token_ids for r in b]
+        np.testing.assert_allclose([r.scores for r in a], [r.scores for r in b], rtol=0, atol=1e-6)
+
+
+def test_the_standard_decoder_is_loaded_when_first_asked_for():
+    t = Translator(tiny_bundle(), device="cpu")
+    assert t.decoder_variant == "fused"
+    assert t._sessions._standard is None  # not loaded: most translators never need it
+    plain = t.translate_batch(TEXTS, beam_size=2)
+    with_attention = t.translate_batch(TEXTS, beam_size=2, return_attention=True)  # runs the standard decoder
+    assert t._sessions._standard is not None
+    assert [r.token_ids for r in plain] == [r.token_ids for r in with_attention]
+    assert all(r.attention is not None and len(r.attention) for r in with_attention)
+
+
+def test_a_weights_file_changed_after_the_export_is_refused():
+    path = copy_bundle(tiny_bundle(), "swapped-weights")
+    shutil.copyfile(tiny_bundle(quantize="int8") / names.WEIGHTS_FILE, path / names.WEIGHTS_FILE)
+    from seq2onnx.runtime.bundle import BundleError
+
+    with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json \(files\.weights\)"):
+        Translator(path, device="cpu")
+
+
+_RSS_SCRIPT = """
+import json, sys, psutil
+from seq2onnx.runtime.translator import Translator
+rss = lambda: psutil.Process().memory_info().rss
+t = Translator(sys.argv[1], device="cpu", intra_threads=1)
+t.translate_batch(["the cat sees a dog"] * 4, beam_size=2)
+fused = rss()
+t.translate_batch(["the cat sees a dog"] * 4, beam_size=2, return_attention=True)
+print(json.dumps({"fused": fused, "both": rss()}))
+"""
+
+
+def _wide_bundle() -> Path:
+    """A bundle of a random model whose decoder layers (50 MB) dwarf onnxruntime's own memory."""
+    from safetensors.torch import save_file
+
+    from seq2onnx.export.bundle import export_bundle
+    from seq2onnx.model.checkpoint import _unique_state
+
+    ckpt = scratch("wide") / "ckpt"
+    shutil.copytree((tiny_run() / "last").resolve(), ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.update(d_model=512, n_heads=8, d_ff=2048, n_decoder_layers=3, n_encoder_layers=1)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**cfg))
+    save_file(_unique_state(model), str(ckpt / "model.safetensors"))
+    model.cfg.save(ckpt / "config.json")
+    return export_bundle(ckpt, ckpt.parent / "bundle"), sum(p.numel() * 4 for p in model.decoder_layers.parameters())
+
+
+@pytest.mark.slow
+def test_loading_the_second_decoder_costs_one_copy_of_its_weights():
+    """The standard decoder beside the fused one adds about one copy of the decoder's weights (onnxruntime's
+    packed layout, read from the weights file), not two (a copy of the file's bytes and the packed one)."""
+    bundle, decoder_bytes = _wide_bundle()
+    out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(bundle)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rss = json.loads(out.stdout.strip().splitlines()[-1])
+    extra = rss["both"] - rss["fused"]
+    assert 0.5 * decoder_bytes < extra < 1.4 * decoder_bytes, (extra / 1e6, decoder_bytes / 1e6)
+
+
+def test_an_int8_bundle_is_a_quarter_of_the_weights(tmp_path):
+    """int8 layers and int8 embedding tables (per row), the tied projection multiplying by the same codes: the
+    files hold about a quarter of the fp32 tensors (CTranslate2's int8 model is the anchor, about 0.26x)."""
+    model = _model(d_model=256, d_ff=1024, src_vocab_size=2000, tgt_vocab_size=2000)  # graph protobufs ~5% of it
+    write_graphs(model, tmp_path, "float32", "int8", fused=True)
+    on_disk = sum((tmp_path / name).stat().st_size for name in (*GRAPHS, names.WEIGHTS_FILE))
+    assert on_disk <= 0.30 * _tensor_bytes(model), (on_disk, _tensor_bytes(model))
+    for name in GRAPHS:  # every embedding lookup reads int8 codes
+        proto = onnx.load(str(tmp_path / name), load_external_data=False)
+        dtypes = {t.name: t.data_type for t in proto.graph.initializer}
+        tables = [n.input[0] for n in proto.graph.node if n.op_type in ("Gather", "GatherND") and n.input[0] in dtypes
+                  and len(next(t.dims for t in proto.graph.initializer if t.name == n.input[0])) == 2]
+        assert tables and all(dtypes[t] in (onnx.TensorProto.INT8, onnx.TensorProto.FLOAT) for t in tables)
+        assert any(dtypes[t] == onnx.TensorProto.INT8 for t in tables), name

@@ -3,12 +3,14 @@
     python benchmarks/soak.py BUNDLE [--sentences 10000] [--batch 32] [--beam 4]
     python benchmarks/soak.py BUNDLE --serve [--clients 64] [--minutes 10] [--every 10] --out DIR
 
---serve (issue 37, item 8): a real server on 127.0.0.1 (`seq2onnx serve BUNDLE --batching continuous`) and
---clients closed-loop clients of mixed requests (greedy, beam 4 with 2-best and scores, sampling with a seed, 1-8
-texts of 1-40 words, some with a max_decoding_length), for --minutes. Every --every seconds it samples the
-server's resident set (/proc/PID/status VmRSS), its open file descriptors (/proc/PID/fd) and the p99 latency of
-the requests answered in that window; then the clients stop and the idle server is sampled for --idle seconds.
-Writes DIR/soak.json and DIR/soak.png (RSS, descriptors and p99 against time); see serve_soak() for the figures.
+--serve (issue 37, item 8): a real server on 127.0.0.1 (`seq2onnx serve BUNDLE --batching continuous`)
+and --clients closed-loop clients of mixed requests (greedy, beam 4 with 2-best and scores, sampling with
+a seed, 1-8 texts of 1-40 words, some with a max_decoding_length), for --minutes, after a warm-up of
+--warmup seconds with one client of the same mix (every graph and kind of search has run: the reference
+reading). Every --every seconds it samples the server's resident set (/proc/PID/status VmRSS), its open
+file descriptors (/proc/PID/fd) and the p99 latency of the requests answered in that window; then the
+clients stop and the idle server is sampled for --idle seconds. Writes DIR/soak.json and DIR/soak.png
+(RSS, descriptors and p99 against time); see serve_soak() for the figures.
 
 Without --serve:
 Memory is read from /proc/self/statm (resident set) after every batch. The inputs cycle through a
@@ -20,6 +22,7 @@ leak: growth is the median of the readings over the last tenth of the run agains
 the tenth after the warm-up. The largest reading is reported too; the run fails (exit 1) when the
 growth is 5% or more.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +54,8 @@ def sentences(n: int) -> list[str]:
     return [pool[i % len(pool)] for i in range(n)]
 
 
-
 # -- --serve: a server process under many clients -------------------------------------------------
+
 
 def proc_rss_mb(pid: int) -> float:
     """A process's resident set (VmRSS), MB."""
@@ -66,7 +69,9 @@ def proc_fds(pid: int) -> int:
 
 def mixed_request(rng, pool: list[str]) -> dict:
     """One of the mixed requests (the module docstring): texts of the pool and options drawn at random."""
-    texts = [" ".join(rng.choice(pool).split()[: rng.randint(1, 40)]) for _ in range(rng.choice((1, 1, 2, 4, 8)))]
+    texts = [
+        " ".join(rng.choice(pool).split()[: rng.randint(1, 40)]) for _ in range(rng.choice((1, 1, 2, 4, 8)))
+    ]
     kind = rng.random()
     if kind < 0.4:
         body = {"texts": texts, "beam_size": 1}
@@ -79,7 +84,9 @@ def mixed_request(rng, pool: list[str]) -> dict:
     return body
 
 
-async def _clients(host: str, port: int, n: int, seconds: float, pool: list[str], done: list, errors: list) -> None:
+async def _clients(
+    host: str, port: int, n: int, seconds: float, pool: list[str], done: list, errors: list
+) -> None:
     import random
 
     from raw_http import Connection, HTTPError
@@ -104,7 +111,7 @@ async def _clients(host: str, port: int, n: int, seconds: float, pool: list[str]
 def serve_soak(args) -> int:
     """Runs the --serve soak (the module docstring); writes DIR/soak.json and DIR/soak.png.
 
-    The figures: rss_after_warmup_mb (the first sample at or after --warmup seconds), rss_peak_mb,
+    The figures: rss_after_warmup_mb (at the end of the one-client warm-up), rss_peak_mb,
     rss_end_mb (the last sample under load), rss_idle_mb (after --idle seconds without clients), and
     rss_idle_over_warmup, the ratio the issue bounds at 1.5; fds at the same points; p99 per window.
     """
@@ -117,14 +124,42 @@ def serve_soak(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pool = sentences(POOL)
-    argv = [sys.executable, "-m", "seq2onnx.commands", "serve", args.bundle, "--batching", args.batching,
-            "--max-queue", str(4 * args.clients), "--max-texts", "64", *args.server_args]
+    argv = [
+        sys.executable,
+        "-m",
+        "seq2onnx.commands",
+        "serve",
+        args.bundle,
+        "--batching",
+        args.batching,
+        "--max-queue",
+        str(4 * args.clients),
+        "--max-texts",
+        "64",
+        *args.server_args,
+    ]
     done, errors, samples = [], [], []
     with Server(argv, out / "server.log", probe=pool[0]) as server:
         pid, port = server.proc.pid, int(server.url.split(":")[2].split("/")[0])
+        warm_done, warm_errors = [], []
+        asyncio.run(_clients("127.0.0.1", port, 1, args.warmup, pool, warm_done, warm_errors))
+        warm = {
+            "t_s": 0.0,
+            "rss_mb": round(proc_rss_mb(pid), 1),
+            "fds": proc_fds(pid),
+            "p99_s": None,
+            "answered": len(warm_done),
+            "non_200": sum(st != 200 for *_, st in warm_done),
+            "load": False,
+        }
+        print("warm-up:", json.dumps(warm), flush=True)
         t0 = time.monotonic()
-        load = threading.Thread(target=lambda: asyncio.run(
-            _clients("127.0.0.1", port, args.clients, args.minutes * 60, pool, done, errors)), daemon=True)
+        load = threading.Thread(
+            target=lambda: asyncio.run(
+                _clients("127.0.0.1", port, args.clients, args.minutes * 60, pool, done, errors)
+            ),
+            daemon=True,
+        )
         load.start()
         seen = 0
         while load.is_alive() or time.monotonic() - t0 < args.minutes * 60 + args.idle:
@@ -133,27 +168,53 @@ def serve_soak(args) -> int:
             seen += len(window)
             latencies = sorted(lat for _, lat, _ in window)
             p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
-            samples.append({"t_s": round(now - t0, 1), "rss_mb": round(proc_rss_mb(pid), 1), "fds": proc_fds(pid),
-                            "p99_s": None if p99 is None else round(p99, 3), "answered": len(window),
-                            "non_200": sum(st != 200 for *_, st in window), "load": load.is_alive()})
+            samples.append(
+                {
+                    "t_s": round(now - t0, 1),
+                    "rss_mb": round(proc_rss_mb(pid), 1),
+                    "fds": proc_fds(pid),
+                    "p99_s": None if p99 is None else round(p99, 3),
+                    "answered": len(window),
+                    "non_200": sum(st != 200 for *_, st in window),
+                    "load": load.is_alive(),
+                }
+            )
             print(json.dumps(samples[-1]), flush=True)
             if not load.is_alive() and now - t0 >= args.minutes * 60 + args.idle:
                 break
         metrics = __import__("httpx").get(server.url.replace("/v1/translate", "/metrics"), timeout=10).text
     under = [x for x in samples if x["load"]]
-    warm = next((x for x in under if x["t_s"] >= args.warmup), under[0])
     idle = samples[-1]
-    report = {"bundle": args.bundle, "batching": args.batching, "clients": args.clients, "minutes": args.minutes,
-              "every_s": args.every, "requests": len(done), "non_200": sum(st != 200 for *_, st in done),
-              "client_errors": len(errors), "rss_after_warmup_mb": warm["rss_mb"], "warmup_s": warm["t_s"],
-              "rss_peak_mb": max(x["rss_mb"] for x in samples), "rss_end_mb": under[-1]["rss_mb"],
-              "rss_idle_mb": idle["rss_mb"], "rss_idle_over_warmup": round(idle["rss_mb"] / warm["rss_mb"], 3),
-              "rss_end_over_warmup": round(under[-1]["rss_mb"] / warm["rss_mb"], 3),
-              "fds_after_warmup": warm["fds"], "fds_peak": max(x["fds"] for x in samples), "fds_idle": idle["fds"],
-              "p99_s_max": max((x["p99_s"] for x in under if x["p99_s"] is not None), default=None),
-              "p99_s_median": statistics.median([x["p99_s"] for x in under if x["p99_s"] is not None] or [0]),
-              "memory_metrics": [line for line in metrics.splitlines() if line.startswith("seq2onnx_memory")],
-              "samples": samples}
+    report = {
+        "bundle": args.bundle,
+        "batching": args.batching,
+        "clients": args.clients,
+        "minutes": args.minutes,
+        "every_s": args.every,
+        "requests": len(done),
+        "non_200": sum(st != 200 for *_, st in done),
+        "client_errors": len(errors),
+        "rss_after_warmup_mb": warm["rss_mb"],
+        "warmup_s": args.warmup,
+        "warmup_requests": len(warm_done),
+        "rss_first_sample_mb": under[0]["rss_mb"],
+        "rss_peak_mb": max(x["rss_mb"] for x in samples),
+        "rss_end_mb": under[-1]["rss_mb"],
+        "rss_idle_mb": idle["rss_mb"],
+        "rss_idle_over_warmup": round(idle["rss_mb"] / warm["rss_mb"], 3),
+        "rss_end_over_warmup": round(under[-1]["rss_mb"] / warm["rss_mb"], 3),
+        "fds_after_warmup": warm["fds"],
+        "fds_peak": max(x["fds"] for x in samples),
+        "fds_idle": idle["fds"],
+        "p99_s_max": max((x["p99_s"] for x in under if x["p99_s"] is not None), default=None),
+        "p99_s_median": statistics.median([x["p99_s"] for x in under if x["p99_s"] is not None] or [0]),
+        "memory_metrics": [
+            line
+            for line in metrics.splitlines()
+            if line.startswith(("process_resident", "process_open_fds", "seq2onnx_round_cache"))
+        ],
+        "samples": samples,
+    }
     write_file(out / "soak.json", json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=2))
     plot_soak(report, out / "soak.png")
@@ -170,23 +231,36 @@ def plot_soak(report: dict, path: Path) -> None:
     samples = report["samples"]
     t = [x["t_s"] / 60 for x in samples]
     fig, axes = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True)
-    for ax, key, label in zip(axes, ("rss_mb", "fds", "p99_s"), ("resident set (MB)", "open descriptors",
-                                                                  "p99 latency (s), per window")):
+    for ax, key, label in zip(
+        axes,
+        ("rss_mb", "fds", "p99_s"),
+        ("resident set (MB)", "open descriptors", "p99 latency (s), per window"),
+    ):
         ax.plot(t, [x[key] for x in samples], marker=".")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ends = [x["t_s"] / 60 for x in samples if not x["load"]]
         if ends:
             ax.axvspan(ends[0] - report["every_s"] / 60, ends[-1], color="grey", alpha=0.15)
-    axes[0].axhline(report["rss_after_warmup_mb"] * 1.5, color="red", ls="--", lw=1, label="1.5 x after warm-up")
+    axes[0].scatter(
+        [0], [report["rss_after_warmup_mb"]], color="green", zorder=3, label="after the 1-client warm-up"
+    )
+    axes[1].scatter([0], [report["fds_after_warmup"]], color="green", zorder=3)
+    axes[0].axhline(
+        report["rss_after_warmup_mb"] * 1.5, color="red", ls="--", lw=1, label="1.5 x after warm-up"
+    )
     axes[0].legend(loc="lower right")
-    axes[0].set_title(f"seq2onnx serve --batching {report['batching']}: {report['clients']} clients of mixed requests, "
-                      f"{report['minutes']:g} min, then idle (shaded)", fontsize=9)
+    axes[0].set_title(
+        f"seq2onnx serve --batching {report['batching']}: {report['clients']} clients of mixed requests, "
+        f"{report['minutes']:g} min, then idle (shaded)",
+        fontsize=9,
+    )
     axes[-1].set_xlabel("minutes")
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110)
     os.replace(tmp, path)  # written whole or not at all
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -195,15 +269,21 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--json", help="write the figures here")
-    p.add_argument("--serve", action="store_true", help="soak a `seq2onnx serve` process instead (the docstring)")
+    p.add_argument(
+        "--serve", action="store_true", help="soak a `seq2onnx serve` process instead (the docstring)"
+    )
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--every", type=float, default=10.0, help="seconds between samples")
-    p.add_argument("--warmup", type=float, default=60.0, help="seconds of load before the reference sample")
+    p.add_argument(
+        "--warmup", type=float, default=30.0, help="seconds of one client before the reference sample"
+    )
     p.add_argument("--idle", type=float, default=30.0, help="seconds sampled without clients at the end")
     p.add_argument("--batching", default="continuous")
     p.add_argument("--out", default="soak-out")
-    p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="more `seq2onnx serve` options")
+    p.add_argument(
+        "--server-args", nargs=argparse.REMAINDER, default=[], help="more `seq2onnx serve` options"
+    )
     args = p.parse_args()
     if args.serve:
         return serve_soak(args)
@@ -229,11 +309,21 @@ def main() -> int:
     growth = (final - baseline) / baseline
     peak = max(m for _, m in samples)
     peak_after = max(m for done, m in samples if done >= warmup_end)
-    report = {"sentences": len(texts), "distinct": min(POOL, len(texts)), "beam": args.beam, "batch": args.batch,
-              "warmup_sentences": warmup_end, "rss_after_warmup_mb": baseline, "rss_final_mb": final, "window_sentences": window,
-              "rss_peak_mb": peak, "growth_after_warmup": growth,
-              "largest_growth_after_warmup": (peak_after - baseline) / baseline, "seconds": time.time() - t0,
-              "readings": [{"sentences": d, "rss_mb": round(m, 1)} for d, m in samples]}
+    report = {
+        "sentences": len(texts),
+        "distinct": min(POOL, len(texts)),
+        "beam": args.beam,
+        "batch": args.batch,
+        "warmup_sentences": warmup_end,
+        "rss_after_warmup_mb": baseline,
+        "rss_final_mb": final,
+        "window_sentences": window,
+        "rss_peak_mb": peak,
+        "growth_after_warmup": growth,
+        "largest_growth_after_warmup": (peak_after - baseline) / baseline,
+        "seconds": time.time() - t0,
+        "readings": [{"sentences": d, "rss_mb": round(m, 1)} for d, m in samples],
+    }
     print(json.dumps({k: v for k, v in report.items() if k != "readings"}, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

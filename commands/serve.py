@@ -20,7 +20,7 @@ LIMITS = (
     ("--max-rows", 1024, "decoder rows one request holds at once (texts decoded together x beam_size, or x "
                          "num_hypotheses when sampling); beyond: 422"),
     ("--max-connections", 512, "open connections (each one file descriptor); beyond: 503 and closed at once"),
-    ("--max-header-bytes", 65536, "bytes of a request's line and headers; beyond: 431 and the connection closed"),
+    ("--max-header-bytes", 65536, "bytes of a request's line and headers; beyond: 431, connection closed"),
 )
 
 
@@ -52,9 +52,9 @@ def add(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds from a request's arrival to its answer; beyond: 504 and its job is cancelled (default 60)")
     p.add_argument("--read-timeout", type=float, default=10.0,
-                   help="seconds a request's line and headers may take to arrive (from the connection's start, or a "
-                        "later request's first byte), and again its body after them; beyond: 408 and the "
-                        "connection closed (default 10; separate from --timeout)")
+                   help="seconds a request's line and headers may take to arrive (from the connection's "
+                        "start, or a later request's first byte), and again its body after them; beyond: 408 "
+                        "and the connection closed (default 10; separate from --timeout)")
     p.add_argument("--keep-alive", type=float, default=5.0,
                    help="seconds an idle connection is kept open after an answer (default 5)")
     p.add_argument("--drain-seconds", type=float, default=25.0,
@@ -113,9 +113,11 @@ def run(args) -> int:
     engine = _engine(args, translator)
     try:
         app = create_app(engine, max_queue=args.max_queue, max_texts=args.max_texts, max_chars=args.max_chars,
-                         max_body_bytes=args.max_body_bytes, timeout_s=args.timeout, read_timeout_s=args.read_timeout)
+                         max_body_bytes=args.max_body_bytes, timeout_s=args.timeout,
+                         read_timeout_s=args.read_timeout)
     except BaseException:
         engine.close()
         raise
-    return serve(app, host=args.host, port=args.port, drain_s=args.drain_seconds, max_connections=args.max_connections,
-                 read_timeout_s=args.read_timeout, max_header_bytes=args.max_header_bytes, keep_alive_s=args.keep_alive)
+    return serve(app, host=args.host, port=args.port, drain_s=args.drain_seconds,
+                 max_connections=args.max_connections, read_timeout_s=args.read_timeout,
+                 max_header_bytes=args.max_header_bytes, keep_alive_s=args.keep_alive)

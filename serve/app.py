@@ -17,8 +17,8 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
-                               generate_latest)
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               ProcessCollector, generate_latest)
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
@@ -31,6 +31,7 @@ log = logging.getLogger("seq2onnx.serve")
 TRANSLATE, STREAM = "/v1/translate", "/v1/translate/stream"
 ENDPOINTS = (TRANSLATE, STREAM, "/health", "/ready", "/metrics", "/docs", "/openapi.json")  # metric labels; others: "other"
 RETRY_AFTER_S = 1  # what a 503 asks a client to wait: a queue slot frees as soon as one request is answered
+CLOSE = {"Connection": "close"}  # after an answer sent before the body was read: the rest is not a request
 CLIENT_LEFT = 499  # nginx's status for "client closed request": only /metrics sees it, nobody reads the answer
 
 
@@ -48,22 +49,23 @@ class _Options(BaseModel):
 
 
 class TranslateRequest(_Options):
-    """POST /v1/translate: texts and Translator.translate_batch's options by name. Options that contradict each
-    other are refused (422 naming both): beam_size > 1 with sampling_temperature; seed, sampling_topk or
-    sampling_topp without it. A key given twice in the JSON is refused (422)."""
+    """POST /v1/translate: texts and Translator.translate_batch's options by name. Options that contradict
+    each other are refused (422 naming both): beam_size > 1 with sampling_temperature; seed, sampling_topk
+    or sampling_topp without it. A key given twice in the JSON is refused (422)."""
     texts: list[str] = Field(description="the source texts; an empty text translates to \"\"", examples=[["the queen sees"]])
-    beam_size: int | None = Field(None, description="1 is greedy search; default bundle.json's decoding.beam_size; "
-                                  "with sampling_temperature only 1 (else 422: sampling has no beams)")
+    beam_size: int | None = Field(None, description="1 is greedy search; default bundle.json's "
+                                  "decoding.beam_size; with sampling_temperature only 1 (else 422: "
+                                  "sampling has no beams)")
     num_hypotheses: int = Field(1, description="the n-best returned per text (at most beam_size, or samples)")
     length_penalty: float | None = Field(None, description="alpha in score / length^alpha; default bundle.json's")
     return_scores: bool = Field(False, description="return each hypothesis's score (sum of log-probabilities)")
     sampling_temperature: float | None = Field(None, description="> 0 samples instead of searching")
-    sampling_topk: int = Field(0, description="sample among the k likeliest tokens (0: all); other than 0 only "
-                               "with sampling_temperature (else 422)")
-    sampling_topp: float = Field(1.0, description="... within this probability mass (1.0: all); other than 1.0 only "
-                                 "with sampling_temperature (else 422)")
-    seed: int | None = Field(None, description="sampling seed: a text's sample depends only on (seed, text); only "
-                             "with sampling_temperature (else 422)")
+    sampling_topk: int = Field(0, description="sample among the k likeliest tokens (0: all); other than 0 "
+                               "only with sampling_temperature (else 422)")
+    sampling_topp: float = Field(1.0, description="... within this probability mass (1.0: all); other than "
+                                 "1.0 only with sampling_temperature (else 422)")
+    seed: int | None = Field(None, description="sampling seed: a text's sample depends only on (seed, text); "
+                             "only with sampling_temperature (else 422)")
     target_prefix: list[list[int]] | None = Field(None, description="per text, target ids forced first")
 
 
@@ -89,17 +91,17 @@ class ErrorResponse(BaseModel):
 
 
 _ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in (
-    (400, "malformed JSON, nested too deeply, an integer of too many digits, or not UTF-8"),
-    (408, "the body came too slowly (--read-timeout)"), (413, "over a limit (bytes, texts, characters)"),
+    (400, "malformed JSON, too deep, too long an integer, or not UTF-8"), (408, "the body came too slowly"),
+    (413, "over a limit (bytes, texts, characters)"),
     (422, "a wrong field, type or option value"), (500, "the engine failed"), (503, "queue full (Retry-After), or draining"),
     (504, "no answer within the timeout: the job was cancelled"))}
 
 
-def _error(status: int, message: str, field: str | None = None, retry: bool = False, close: bool = False) -> JSONResponse:
-    """The JSON error answer; `close` ends the connection after it (the rest of an unread body would otherwise
-    be read as the next request)."""
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if retry else {}
-    return JSONResponse({"error": message, "field": field}, status, {**headers, **({"Connection": "close"} if close else {})})
+def _error(status: int, message: str, field: str | None = None, retry: bool = False,
+           close: bool = False) -> JSONResponse:
+    """The JSON error answer; `close` ends the connection after it (CLOSE)."""
+    headers = ({"Retry-After": str(RETRY_AFTER_S)} if retry else {}) | (CLOSE if close else {})
+    return JSONResponse({"error": message, "field": field}, status, headers or None)
 
 
 # -- state, metrics and admission -----------------------------------------------------------------
@@ -135,8 +137,7 @@ class Frontend:
             Gauge(f"seq2onnx_{key}", f"{key.replace('_', ' ')} being decoded now (the engine's load())",
                   registry=r).set_function(lambda key=key: engine.load()[key])
         Gauge("seq2onnx_engine_info", "the engine served", ["batching"], registry=r).labels(engine.batching).set(1)
-        # process_resident_memory_bytes, process_open_fds, process_max_fds...: the bounds an operator watches
-        ProcessCollector(registry=r)
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds...: what bounds watch
 
     def drain(self) -> None:
         """Refuses new requests (503) from now on; those accepted are still answered."""
@@ -144,8 +145,8 @@ class Frontend:
 
 
 class _Admission:
-    """ASGI middleware: counts every answer by endpoint and status; reads a POST's body within the byte and time
-    limits (a body is never buffered past them), checks its JSON, then admits it to the bounded queue."""
+    """ASGI middleware: counts every answer by endpoint and status; reads a POST's body within the byte and
+    time limits (a body is never buffered past them), checks its JSON, then admits it to the bounded queue."""
 
     def __init__(self, app, frontend: Frontend):
         self.app, self.frontend = app, frontend
@@ -184,13 +185,13 @@ class _Admission:
 
     async def _admit(self, scope, receive, send) -> None:
         f, loop = self.frontend, asyncio.get_running_loop()
-        scope["seq2onnx.deadline"] = loop.time() + f.timeout_s
+        scope["seq2onnx.deadline"] = deadline = loop.time() + f.timeout_s
         if f.draining:
-            return await _error(503, "the server is shutting down (draining): send the request to another replica",
-                                retry=True, close=True)(scope, receive, send)
+            why = "the server is shutting down (draining): send the request to another replica"
+            return await _error(503, why, retry=True, close=True)(scope, receive, send)
         # The body before the queue: a client that stalls its body holds its connection (--max-connections,
         # for at most --read-timeout), never a queue slot that another request could use.
-        body = await self._body(scope, receive, min(scope["seq2onnx.deadline"], loop.time() + f.read_timeout_s))
+        body = await self._body(scope, receive, min(deadline, loop.time() + f.read_timeout_s))
         if not isinstance(body, bytes):  # refused (answer it) or the client left (None)
             return None if body is None else await body(scope, receive, send)
         if f.draining or f.inflight >= f.max_queue:
@@ -219,9 +220,10 @@ class _Admission:
             try:
                 message = await asyncio.wait_for(receive(), until - loop.time())
             except asyncio.TimeoutError:
-                return _error(408, f"the body did not arrive in time ({self.frontend.read_timeout_s:g} s after the "
-                                   f"headers, --read-timeout; {self.frontend.timeout_s:g} s after the arrival, --timeout): "
-                                   "send it at once", close=True)
+                f = self.frontend
+                return _error(408, f"the body did not arrive in time ({f.read_timeout_s:g} s after the "
+                                   f"headers, --read-timeout; {f.timeout_s:g} s after the arrival, "
+                                   "--timeout): send it at once", close=True)
             if message["type"] == "http.disconnect":
                 return None
             chunks.append(message.get("body", b""))
@@ -244,9 +246,9 @@ class _Admission:
 
 
 async def _cut(scope, receive, send, status: list[int], stream: bool) -> None:
-    """Answers a request cancelled by the drain limit: 503 as JSON, or a stream's last line if it has begun."""
-    message = "the server stopped before answering (the drain limit, --drain-seconds, passed): the job was cancelled; " \
-              "retry on another replica"
+    """Answers a request cut by the drain limit: 503 as JSON, or a stream's last line if it has begun."""
+    message = "the server stopped before answering (the drain limit, --drain-seconds, passed): the job was " \
+              "cancelled; retry on another replica"
     with contextlib.suppress(Exception):
         if not status:
             return await _error(503, message, retry=True, close=True)(scope, receive, send)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import copy
+import gc
 import itertools
 import logging
 import queue
@@ -45,7 +46,7 @@ from seq2onnx.runtime.translator import Translator
 
 from .engine import Cancelled, Engine, Job
 from .layout import RowLayout
-from .memory import TRIM_AFTER_ROUNDS, ArenaShrink, trim
+from .memory import IDLE_S, TRIM_AFTER_ROUNDS, ArenaShrink, trim
 
 log = logging.getLogger("seq2onnx.serve")
 
@@ -67,6 +68,8 @@ def _check_decoder(session, bundle_path) -> None:
             "bundle with --batching request")
 
 
+# the decoder's output types, for arrays that its outputs are written into
+_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
 _SERIALS = itertools.count()  # a member's key in the scheduler's caches (an id() may be reused)
 
 
@@ -126,7 +129,8 @@ class Scheduler:
                  to_device=None, device: str = "cpu"):
         import onnxruntime
 
-        self._to = to_device or onnxruntime.OrtValue.ortvalue_from_numpy
+        self._host = onnxruntime.OrtValue.ortvalue_from_numpy
+        self._to = to_device or self._host
         self.device = device
         self.decoder, self.n_layers, self.n_heads, self.head_dim = decoder, n_layers, n_heads, head_dim
         self.cache_dtype, self.vocab = cache_dtype, vocab
@@ -137,7 +141,8 @@ class Scheduler:
         self.layout = RowLayout(n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, dtype=cache_dtype,
                                 to_device=self._to, shares_memory=device == "cpu")
         self._closed = False
-        self.shrink, self._trimmed_at = ArenaShrink(device), 0  # memory given back after bursts (serve/memory.py)
+        # memory given back after bursts (serve/memory.py)
+        self.shrink, self._trimmed_at, self._release_due = ArenaShrink(device), 0, False
         self.rounds = 0
         self.last_rows = 0
         self._thread = threading.Thread(target=self._loop, name="seq2onnx-scheduler", daemon=True)
@@ -174,6 +179,10 @@ class Scheduler:
                 while not self._incoming and not self._active:
                     if self._closed:
                         return
+                    if self._release_due:  # still idle IDLE_S after a burst: give its memory back
+                        if not self._cond.wait(timeout=IDLE_S):
+                            self._release()
+                        continue
                     self._cond.wait()
                 new, self._incoming = self._incoming, []
             for search in new:
@@ -210,21 +219,28 @@ class Scheduler:
                 self._idle()
 
     def _idle(self) -> None:
-        """Nobody reads the cache or the cross inputs any more: drop them, and give the freed heap pages back
-        (after TRIM_AFTER_ROUNDS rounds at least: serve/memory.py), before the thread waits for work."""
+        """Nobody reads the cache or the cross inputs any more: drop them; after a burst (TRIM_AFTER_ROUNDS
+        rounds at least: serve/memory.py) the memory is given back once the scheduler has stayed idle IDLE_S,
+        when the requests' threads have let go of their buffers too."""
         self._past = None
         self.layout.clear()
-        if self.rounds - self._trimmed_at >= TRIM_AFTER_ROUNDS:
-            self._trimmed_at = self.rounds
-            try:
+        self._release_due = self.rounds - self._trimmed_at >= TRIM_AFTER_ROUNDS
+
+    def _release(self) -> None:
+        """The arena's chunks and the heaps' free pages back to the system (under the lock: a few ms)."""
+        self._release_due, self._trimmed_at = False, self.rounds
+        gc.collect()  # the burst's searches sit in reference cycles (programs, their steps and members)
+        try:
+            for _ in range(2 if self.shrink.enabled else 0):  # twice: the first run's tensors may pin a chunk
                 self._shrink_arena()
-            except Exception as e:  # giving memory back must never fail a server: say so, serve on
-                log.warning("could not shrink the decoder's memory arena: %s: %s", type(e).__name__, e)
-            trim()
+        except Exception as e:  # giving memory back must never fail a server: say so, serve on
+            log.warning("could not shrink the decoder's memory arena: %s: %s", type(e).__name__, e)
+        trim()
 
     def _shrink_arena(self) -> None:
         """One dummy round of one row under onnxruntime's arena shrinkage: the arena gives back every chunk of
-        the last burst (a burst whose rows never fell, its sentences ending together, was never shrunk)."""
+        the last burst (a burst whose rows never fell, its sentences ending together, was never shrunk). Its
+        outputs are written into arrays of ours: one left in the arena would pin the chunk it was cut from."""
         cross = self._to(np.zeros((1, self.n_heads, 8, self.head_dim), dtype=self.cache_dtype))
         mask = np.zeros((1, 8), dtype=bool)
         mask[0, 0] = True
@@ -237,11 +253,12 @@ class Scheduler:
             b.bind_ortvalue_input(name, value)
         for name in names.cross_names(self.n_layers):
             b.bind_ortvalue_input(name, cross)
+        kinds = {o.name: _NUMPY[o.type] for o in self.decoder.get_outputs()}
         for name in names.present_names(self.n_layers):
-            b.bind_output(name, self.device)
-        for name in (names.TOPK_LOG_PROBS, names.TOPK_IDS):
-            b.bind_output(name, "cpu")
-        self.decoder.run_with_iobinding(b, self.shrink.options)
+            b.bind_ortvalue_output(name, self._to(np.zeros((1, self.n_heads, 1, self.head_dim), kinds[name])))
+        for name in (names.TOPK_LOG_PROBS, names.TOPK_IDS):  # on the host, as in a round
+            b.bind_ortvalue_output(name, self._host(np.zeros((1, 1), kinds[name])))
+        self.shrink.run(self.decoder, b, shrink=True)
 
     def _advance(self, search: _Search, first: bool = False) -> None:
         """Sends a program its step's output (or starts it): its next request, or its end."""
@@ -303,7 +320,7 @@ class Scheduler:
         wanted = ([names.LOG_PROBS] if full else []) + ([names.TOPK_LOG_PROBS, names.TOPK_IDS] if k_wanted else [])
         for name in wanted:
             b.bind_output(name, "cpu")
-        self.decoder.run_with_iobinding(b, self.shrink.run_options(total))
+        self.shrink.run(self.decoder, b, total)
         out = b.get_outputs()
         self._past = out[: len(present)]
         got = dict(zip(wanted, (o.numpy() for o in out[len(present):])))

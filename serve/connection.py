@@ -1,17 +1,20 @@
-"""uvicorn's h11 connection, with the bounds that uvicorn lacks: a time limit on a request's head, and a cap on
-connections that closes those beyond it at once; its framing errors answered as JSON.
+"""uvicorn's h11 connection, with the bounds that uvicorn lacks: a time limit on a request's head, and a cap
+on connections that closes those beyond it at once; its framing errors answered as JSON.
 
-uvicorn bounds a request's headers (h11's max_incomplete_event_size: `--max-header-bytes`, which also bounds the
-count of header fields) and idle keep-alive connections (timeout_keep_alive: `--keep-alive`). It has no
+uvicorn bounds a request's headers (h11's max_incomplete_event_size: `--max-header-bytes`, which also bounds
+the count of header fields) and idle keep-alive connections (timeout_keep_alive: `--keep-alive`). It has no
 timeout on reading a request's head (uvicorn issue #157, "--timeout-request-start", open since 2018): a
 connection that sends nothing, or half its headers, is held forever. Its limit_concurrency answers 503 only
-once a request's head is read, so connections that never send one still pile up until file descriptors run out.
-This protocol adds both, as Go's ReadHeaderTimeout and hyper's header_read_timeout do:
+once a request's head is read, so connections that never send one still pile up until file descriptors
+run out. This protocol adds both, as Go's ReadHeaderTimeout and hyper's header_read_timeout do:
 - the head must arrive within `read_timeout_s` of the connection's start (its first request) or of its first
   byte (a later request; the idle time before it is timeout_keep_alive's); else 408 and the connection closes;
-- beyond `max_connections` open connections, a new one is answered 503 and closed at once (its descriptor freed).
-The body's time limit is the front end's (serve/app.py), which can answer it with the request's own JSON error.
+- beyond `max_connections` open connections, a new one is answered 503 and closed at once (its descriptor
+  freed).
+The body's time limit is the front end's (serve/app.py), which can answer it with the request's own JSON
+error.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +27,12 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 LOG_EVERY_S = 60.0
 LINGER_S = 2.0  # how long a refused request's rest is read and dropped before the connection closes
 _HEAD_END = re.compile(rb"\n\r?\n")  # h11 ends a head at a blank line, "\r\n" or a bare "\n"
-REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
-           503: "Service Unavailable"}
+REASONS = {
+    400: "Bad Request",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
 
 
 class _Connection(h11.Connection):
@@ -50,11 +57,15 @@ def answer(status: int, message: str, retry_after: int | None = None) -> bytes:
     """A whole HTTP/1.1 answer that closes the connection: {"error": message, "field": null} as JSON."""
     body = json.dumps({"error": message, "field": None}).encode()
     retry = f"retry-after: {retry_after}\r\n" if retry_after is not None else ""
-    return (f"HTTP/1.1 {status} {REASONS[status]}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
-            f"\r\n{retry}connection: close\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status} {REASONS[status]}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n{retry}connection: close\r\n\r\n"
+    ).encode() + body
 
 
-def limited_protocol(*, read_timeout_s: float, max_connections: int, max_header_bytes: int) -> type[H11Protocol]:
+def limited_protocol(
+    *, read_timeout_s: float, max_connections: int, max_header_bytes: int
+) -> type[H11Protocol]:
     """uvicorn's H11Protocol with a head read timeout and a connection cap (the module docstring).
 
     Args:
@@ -78,12 +89,21 @@ def limited_protocol(*, read_timeout_s: float, max_connections: int, max_header_
             if len(self.connections) > max_connections:
                 refused[0] += 1
                 if self.loop.time() - refused[1] >= LOG_EVERY_S:  # one line a minute at most, under a flood
-                    self.logger.warning("refused %d connections since the last such line: %d open, the limit "
-                                        "(--max-connections) is %d", refused[0], max_connections, max_connections)
+                    self.logger.warning(
+                        "refused %d connections since the last such line: %d open, the limit "
+                        "(--max-connections) is %d",
+                        refused[0],
+                        max_connections,
+                        max_connections,
+                    )
                     refused[:] = [0, self.loop.time()]
-                self._close_with(503, f"too many connections: {max_connections} are open, the limit "
-                                      "(--max-connections): retry after 1 s, or reuse a connection", retry_after=1,
-                                 linger=False)  # its descriptor now: the cap is what bounds them
+                self._close_with(
+                    503,
+                    f"too many connections: {max_connections} are open, the limit "
+                    "(--max-connections): retry after 1 s, or reuse a connection",
+                    retry_after=1,
+                    linger=False,
+                )  # its descriptor now: the cap is what bounds them
                 return
             self._arm()  # the first request's head: from the connection's start
 
@@ -94,7 +114,8 @@ def limited_protocol(*, read_timeout_s: float, max_connections: int, max_header_
                 if self._head_timer is None:
                     self._arm()  # a later request's head: from its first byte
                 if len(self.conn.trailing_data[0]) + len(data) > max_header_bytes and not _head_ends(
-                        self.conn.trailing_data[0] + data, max_header_bytes):
+                    self.conn.trailing_data[0] + data, max_header_bytes
+                ):
                     # h11 measures only a head still incomplete after a read: one that came whole in a
                     # single read of up to 256 KiB would pass
                     self.conn.error = h11.RemoteProtocolError("head too long", error_status_hint=431)
@@ -117,11 +138,17 @@ def limited_protocol(*, read_timeout_s: float, max_connections: int, max_header_
         def send_400_response(self, msg: str) -> None:
             e = self.conn.error
             if e is not None and e.error_status_hint == 431:
-                self._close_with(431, f"the request's line and headers exceed {max_header_bytes} bytes (the limit, "
-                                      "--max-header-bytes): send fewer or shorter headers")
+                self._close_with(
+                    431,
+                    f"the request's line and headers exceed {max_header_bytes} bytes (the limit, "
+                    "--max-header-bytes): send fewer or shorter headers",
+                )
             else:
-                self._close_with(400, f"malformed HTTP/1.1 request ({e if e is not None else msg}): send a valid "
-                                      "request line, headers and body framing")
+                self._close_with(
+                    400,
+                    f"malformed HTTP/1.1 request ({e if e is not None else msg}): send a valid "
+                    "request line, headers and body framing",
+                )
 
         def _arm(self) -> None:
             self._disarm()
@@ -135,12 +162,18 @@ def limited_protocol(*, read_timeout_s: float, max_connections: int, max_header_
         def _head_too_slow(self) -> None:
             self._head_timer = None
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                self._close_with(408, f"the request's line and headers did not arrive within {read_timeout_s:g} s "
-                                      "(--read-timeout): send them at once")
+                self._close_with(
+                    408,
+                    f"the request's line and headers did not arrive within {read_timeout_s:g} s "
+                    "(--read-timeout): send them at once",
+                )
 
-        def _close_with(self, status: int, message: str, retry_after: int | None = None, linger: bool = True) -> None:
+        def _close_with(
+            self, status: int, message: str, retry_after: int | None = None, linger: bool = True
+        ) -> None:
             """Answers and closes. Closing a socket with unread input resets it, and the client may lose the
-            answer: so, as nginx's lingering_close, the input is read and dropped for at most LINGER_S first."""
+            answer: so, as nginx's lingering_close, the input is read and dropped for at most LINGER_S
+            first."""
             self._disarm()
             self._unset_keepalive_if_required()
             if self.transport.is_closing() or self._lingering is not None:

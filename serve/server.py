@@ -69,7 +69,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart may reuse a port in TIME_WAIT
         sock.bind((host, port))
         # Listen now: with SO_REUSEADDR two processes may both bind a port that neither listens on yet, and
-        # only listen() tells the second that the first has it (else it would say "listening" and hear nothing).
+        # only listen() tells the second that the first has it (else it says "listening" and hears nothing).
         sock.listen(BACKLOG)
     except OSError as e:
         sock.close()
@@ -86,8 +86,8 @@ def _descriptors(max_connections: int) -> None:
     needed = max_connections + FD_SPARE
     if soft != resource.RLIM_INFINITY and soft < needed:
         if hard != resource.RLIM_INFINITY and hard < needed:
-            raise CommandError(f"--max-connections {max_connections} needs {needed} open files; this process may "
-                               f"open {hard} (ulimit -Hn): lower --max-connections or raise the limit")
+            raise CommandError(f"--max-connections {max_connections} needs {needed} open files; this process "
+                               f"may open {hard} (ulimit -Hn): lower --max-connections or raise the limit")
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
@@ -106,8 +106,8 @@ def serve(app, *, host: str = "127.0.0.1", port: int = 8000, drain_s: float = 25
         drain_s: seconds the requests in flight get to finish after the signal (uvicorn's timeout_graceful_shutdown).
         log_level: uvicorn's log level.
         max_connections: open connections at most; beyond, a new one is answered 503 and closed at once.
-        read_timeout_s: seconds a request's line and headers may take to arrive (408 and closed beyond; the body's
-            own limit is the app's).
+        read_timeout_s: seconds a request's line and headers may take to arrive (408 and closed beyond; the
+            body's own limit is the app's).
         max_header_bytes: bytes of a request's line and headers at most (431 and closed beyond).
         keep_alive_s: seconds an idle kept-alive connection stays open (uvicorn's timeout_keep_alive).
     Returns:

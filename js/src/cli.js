@@ -22,12 +22,14 @@
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { BUNDLE_JSON } from "./bundle.js";
+import { checkSampling } from "./sampling.js";
 import { Translator } from "./index.js";
 import { CORES } from "./platform-node.js";
 
 const USAGE = `usage: seq2onnx-js translate BUNDLE [--beam N] [--n-best N] [--length-penalty A] [--max-length N]
                                  [--min-length N] [--threads N] [--batch-size N] [--truncate] [--json] [--ids]
                                  [--timing] [--source-lang CODE] [--target-lang CODE] [--target-prefix IDS]
+                                 [--sampling-temperature T [--sampling-topk K] [--sampling-topp P] [--seed N]]
        seq2onnx-js tokenize BUNDLE [--side source|target]
 Reads lines from standard input and writes one line (or one JSON object) per input line.
 Multilingual models (imported from Hugging Face; their codes are tokens.languages in ${BUNDLE_JSON}):
@@ -35,7 +37,12 @@ Multilingual models (imported from Hugging Face; their codes are tokens.language
   --target-lang CODE   the target language: its token is forced first in every translation (M2M100, NLLB), or
                        leads each source where the bundle says so (multilingual Marian)
   --target-prefix IDS  target token ids forced at the start of every translation, separated by commas (as
-                       CTranslate2's target prefix); they replace the bundle's and --target-lang's`;
+                       CTranslate2's target prefix); they replace the bundle's and --target-lang's
+Random sampling (the Python runtime's sampling_* options and stream: the same seed draws the same tokens):
+  --sampling-temperature T  sample from softmax(log-probs / T) instead of beam search (--n-best N: N samples)
+  --sampling-topk K         among the K likeliest tokens (0: all)
+  --sampling-topp P         ... and the smallest set whose probability reaches P (1: all)
+  --seed N                  the seed, an integer >= 0 (default: a fresh one per run)`;
 
 class UsageError extends Error {}
 
@@ -72,6 +79,43 @@ function integer(options, name, { min = 0, max, fallback } = {}) {
     throw new UsageError(`--${name} ${raw}: give an integer ${max === undefined ? `>= ${min}` : `from ${min} to ${max}`}`);
   }
   return value;
+}
+
+/** --sampling-*: the API's sampling options (undefined when --sampling-temperature is not given). */
+function samplingOptions(options) {
+  const number = (name) => {
+    const raw = options[name];
+    if (raw === undefined) return undefined;
+    const value = Number(raw);
+    if (raw.trim() === "" || !Number.isFinite(value)) throw new UsageError(`--${name} ${raw}: give a number`);
+    return value;
+  };
+  const samplingTemperature = number("sampling-temperature");
+  const given = ["sampling-topk", "sampling-topp", "seed"].filter((name) => options[name] !== undefined);
+  if (samplingTemperature === undefined) {
+    if (given.length) {
+      const flag = `--${given[0]}`;
+      throw new UsageError(`${flag} needs --sampling-temperature (sampling); give it, or drop ${flag}`);
+    }
+    return {};
+  }
+  const seedRaw = options.seed;
+  if (seedRaw !== undefined && !/^\d+$/.test(seedRaw)) {
+    throw new UsageError(`--seed ${seedRaw}: give an integer >= 0`);
+  }
+  const seed = seedRaw === undefined ? undefined : BigInt(seedRaw);
+  const found = { samplingTemperature, samplingTopk: integer(options, "sampling-topk", { fallback: 0 }),
+    samplingTopp: number("sampling-topp") ?? 1, seed };
+  try {
+    const { samplingTopk: topK, samplingTopp: topP } = found;
+    checkSampling({ temperature: samplingTemperature, topK, topP, seed });
+  } catch (e) {
+    // the API's words with the flags' names: "--sampling-topp 1.5: give a number in (0, 1] ..."
+    const flags = { samplingTemperature: "--sampling-temperature", samplingTopp: "--sampling-topp" };
+    const named = e.message.replace(/^(samplingTemperature|samplingTopp)=/, (_, name) => `${flags[name]} `);
+    throw new UsageError(named);
+  }
+  return found;
 }
 
 /** --threads: 0 (all cores) to this machine's cores, refused before the bundle loads (as `seq2onnx translate`). */
@@ -209,9 +253,11 @@ function idsOption(options, name) {
  * Option errors that need the bundle, named by their flags (as `seq2onnx translate`), before any line
  * is read; returns the source prefix and suffix and the target prefix of --source-lang/--target-lang.
  */
-function checkAgainstModel(translator, { beamSize, numHypotheses, maxDecodingLength, sourceLang, targetLang, targetPrefix }) {
+function checkAgainstModel(translator, {
+  beamSize, numHypotheses, maxDecodingLength, sourceLang, targetLang, targetPrefix, sampling,
+}) {
   const beam = beamSize ?? translator.bundle.meta.decoding.beam_size;
-  if (numHypotheses > beam) {
+  if (numHypotheses > beam && !sampling) {
     throw new UsageError(`--n-best ${numHypotheses} is more than the beam size ${beam}; give --beam ${numHypotheses} or more, ` +
       "or a smaller --n-best");
   }
@@ -246,10 +292,12 @@ async function translate(bundle, options, io) {
   if (lengthPenalty !== undefined && !Number.isFinite(lengthPenalty)) throw new UsageError(`--length-penalty ${lp}: give a number`);
   const { "source-lang": sourceLang, "target-lang": targetLang } = options;
   const targetPrefix = idsOption(options, "target-prefix");
+  const sampling = samplingOptions(options);
   const started = performance.now();
   const translator = await io.load(bundle, { threads });
   const loadSeconds = (performance.now() - started) / 1000;
-  const layout = checkAgainstModel(translator, { beamSize, numHypotheses, maxDecodingLength, sourceLang, targetLang, targetPrefix });
+  const layout = checkAgainstModel(translator, { beamSize, numHypotheses, maxDecodingLength, sourceLang,
+    targetLang, targetPrefix, sampling: "samplingTemperature" in sampling });
   let translateSeconds = 0;
   const warnings = new Warnings(io.stderr);
   const lines = readLines(io.stdin(), warnings);
@@ -263,6 +311,7 @@ async function translate(bundle, options, io) {
       const results = await translator.translateBatch(part.map((ids) => ids ?? []), {
         beamSize, numHypotheses, lengthPenalty, returnScores: true, maxDecodingLength, minDecodingLength, maxBatchSize,
         targetPrefix: part.map(() => targetPrefix ?? layout.targetPrefix), // the lines are ids already: the target side's
+        ...sampling,
       });
       translateSeconds += (performance.now() - before) / 1000;
       let out = "";
@@ -335,6 +384,8 @@ export async function main(argv, io = {}) {
         "max-length": { type: "string" }, "min-length": { type: "string" }, threads: { type: "string" },
         "batch-size": { type: "string" }, truncate: { type: "boolean" }, json: { type: "boolean" },
         "source-lang": { type: "string" }, "target-lang": { type: "string" }, "target-prefix": { type: "string" },
+        "sampling-temperature": { type: "string" }, "sampling-topk": { type: "string" },
+        "sampling-topp": { type: "string" }, seed: { type: "string" },
         ids: { type: "boolean" }, timing: { type: "boolean" }, side: { type: "string" }, help: { type: "boolean", short: "h" },
       },
     });

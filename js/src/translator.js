@@ -6,6 +6,7 @@ import {
   presentNames, readBundle, short, BEAM_CONVENTIONS,
 } from "./bundle.js";
 import { checkGraphs, checkReferences, checkTokenizers } from "./checks.js";
+import { checkSampling, sampleSearch } from "./sampling.js";
 import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
 import { SentencePiece, Tokens, isBlank } from "./tokenizer.js";
 
@@ -42,6 +43,12 @@ const LEVELS = { all: "all", extended: "extended", basic: "basic", none: "disabl
  *   prefix, where tokens.target_lang_in says so)
  * @property {ArrayLike<number>[]} [targetPrefix]  per source, target ids forced at the start of its translation
  *   (docs/bundle-format.md, "A forced target prefix"), replacing the bundle's and targetLang's
+ * @property {number} [samplingTemperature]  switches to random sampling (> 0): numHypotheses independent
+ *   samples per source, each depending only on the seed and its source, drawn as the Python runtime draws
+ *   them (src/sampling.js)
+ * @property {number} [samplingTopk]  sample among the k likeliest tokens (0: all, the default)
+ * @property {number} [samplingTopp]  ... and among the smallest set whose probability reaches p (1: all)
+ * @property {number | bigint} [seed]  the sampling seed, an integer >= 0 (default: a fresh one each call)
  */
 
 /** Rows `rows` of a tensor along its first axis, in that order. */
@@ -200,6 +207,7 @@ export class Translator {
   async translateBatch(source, {
     beamSize, numHypotheses = 1, lengthPenalty, maxDecodingLength, minDecodingLength, returnScores = false,
     returnAttention = false, truncate = false, maxBatchSize = 32, sourceLang, targetLang, targetPrefix,
+    samplingTemperature, samplingTopk = 0, samplingTopp = 1, seed,
   } = {}) {
     const defaults = this.bundle.meta.decoding;
     beamSize ??= defaults.beam_size;
@@ -211,7 +219,10 @@ export class Translator {
     if (!(Number.isInteger(beamSize) && beamSize >= 1)) {
       throw new RangeError(`beamSize=${beamSize}; it must be an integer of at least 1 (1 is greedy search)`);
     }
-    if (!(Number.isInteger(numHypotheses) && numHypotheses >= 1 && numHypotheses <= beamSize)) {
+    const sampling = samplingTemperature == null ? null
+      : { temperature: samplingTemperature, topK: samplingTopk, topP: samplingTopp, seed };
+    if (sampling) checkSampling({ ...sampling, minLength: minDecodingLength });
+    if (!(Number.isInteger(numHypotheses) && numHypotheses >= 1 && (sampling || numHypotheses <= beamSize))) {
       throw new RangeError(`numHypotheses=${numHypotheses} must lie in [1, beamSize=${beamSize}]`);
     }
     if (!(Number.isInteger(maxBatchSize) && maxBatchSize >= 1)) {
@@ -244,7 +255,7 @@ export class Translator {
     for (let start = 0; start < todo.length; start += maxBatchSize) {
       const chunk = todo.slice(start, start + maxBatchSize);
       const found = await this._search(chunk.map((i) => ids[i]), { beamSize, numHypotheses, lengthPenalty,
-        maxDecodingLength, minDecodingLength, prefixes: chunk.map((i) => prefixes[i]) });
+        maxDecodingLength, minDecodingLength, prefixes: chunk.map((i) => prefixes[i]), sampling });
       const tokens = found.map((f) => f.hypotheses.map((h) => (h.length && h[h.length - 1] === this.eosId ? h.slice(0, -1) : h)));
       const attention = returnAttention ? await this._attention(chunk.map((i) => ids[i]), tokens) : null;
       chunk.forEach((i, j) => {
@@ -353,7 +364,9 @@ export class Translator {
     return sources.map((s) => Math.min(Math.trunc(a * s.length) + b, this.maxPositions));
   }
 
-  async _search(sources, { beamSize, numHypotheses, lengthPenalty, maxDecodingLength, minDecodingLength, prefixes }) {
+  async _search(sources, options) {
+    if (options.sampling) return this._sample(sources, options);
+    const { beamSize, numHypotheses, lengthPenalty, maxDecodingLength, minDecodingLength, prefixes } = options;
     const { src, width } = this._pad(sources);
     // Searches need only their candidates: download [rows, 2K(+1)] instead of [rows, vocab].
     const topK = this.topKFromGraph ? Math.min(candidatesNeeded(beamSize, minDecodingLength), this.tgtVocab) : null;
@@ -367,6 +380,27 @@ export class Translator {
     // imported bundles: transformers' rule for the finished hypotheses (its n-best), docs/decoding.md
     const bestFinished = this.bundle.meta.decoding.beam_convention === BEAM_CONVENTIONS[1];
     return beamSearch(step, sources.length, { ...common, beamSize, lengthPenalty, numHypotheses, bestFinished });
+  }
+
+  /**
+   * numHypotheses samples per source, as runtime/translator.py: each source's rows repeated n times, row h of
+   * source s keyed by [h, len(s), ...s], so that its sample depends only on the seed and that key.
+   */
+  async _sample(sources, { numHypotheses: n, maxDecodingLength, minDecodingLength, prefixes, sampling }) {
+    const rows = sources.flatMap((s) => new Array(n).fill(s));
+    const keys = sources.flatMap((s) => Array.from({ length: n }, (_, h) => [h, s.length, ...s]));
+    const maxLengths = this.maxLengths(rows, maxDecodingLength);
+    const end = this.bundle.meta.decoding.forced_eos ? { endId: this.eosId, maxLengths } : null;
+    const { src, width } = this._pad(rows);
+    const rowPrefixes = prefixes.flatMap((p) => new Array(n).fill(p));
+    const inner = await this._stepFn(src, rows.map((s) => s.length), width, null); // every log-prob: no top-k
+    const step = forcePrefix(inner, rowPrefixes, end);
+    const flat = await sampleSearch(step, rows.length, { startId: this.startId, eosId: this.eosId, maxLengths,
+      minLength: minDecodingLength, ...sampling, rowKeys: keys });
+    return sources.map((_, i) => {
+      const mine = flat.slice(i * n, (i + 1) * n);
+      return { hypotheses: mine.flatMap((r) => r.hypotheses), scores: mine.flatMap((r) => r.scores) };
+    });
   }
 
   _pad(sources) {

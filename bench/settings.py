@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PARALLEL_KINDS = ("onnx", "ct2")  # engine kinds with a parallel setting (bench/engines.py ENGINES)
+PARALLEL_KINDS = ("onnx", "ct2")  # engine kinds with a parallel setting (bench/engines/ ENGINES)
 
 
 @dataclass(frozen=True, order=True)

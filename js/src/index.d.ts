@@ -38,6 +38,15 @@ export interface TranslateOptions {
   /** Per source, target ids forced at the start of its translation (docs/bundle-format.md, "A forced target
    *  prefix"), replacing the bundle's and targetLang's: one array per source, no end token. */
   targetPrefix?: ArrayLike<number>[];
+  /** Random sampling instead of beam search (> 0): numHypotheses samples per source, each depending only on
+   *  the seed and its source, the Python runtime's stream (src/sampling.js). */
+  samplingTemperature?: number;
+  /** Sample among the k likeliest tokens (0: all). */
+  samplingTopk?: number;
+  /** ... and among the smallest set whose probability reaches p (1: all). */
+  samplingTopp?: number;
+  /** The sampling seed, an integer >= 0 (a bigint above 2^53); default: a fresh one per call. */
+  seed?: number | bigint;
 }
 
 export interface LoadOptions {

@@ -180,7 +180,7 @@ function freshSeed() {
  *          topK?: number, topP?: number, seed?: number | bigint | null,
  *          rowKeys?: (number | bigint)[][] | null}} options
  *   rowKeys: one key per sentence (default: its index); a sentence's draws depend only on (seed, key).
- * @returns {Promise<import("./search.js").SearchResult[]>}  scores: the model's log-probs of the sampled tokens
+ * @returns {Promise<import("./search.js").SearchResult[]>}  scores: the model's log-probs of the samples
  * @throws {RangeError} a setting out of range, or not one row key per sentence
  */
 export async function sampleSearch(step, batch, {
@@ -207,10 +207,11 @@ export async function sampleSearch(step, batch, {
     const { vocab } = out;
     const oneHot = new Float64Array(alive.length * vocab).fill(-Infinity);
     alive.forEach((sentence, r) => {
-      const row = Float64Array.from(out.logProbs.subarray(r * vocab, (r + 1) * vocab));
+      // slice: the step may hand a typed array or a plain one
+      const row = Float64Array.from(out.logProbs.slice(r * vocab, (r + 1) * vocab));
       if (t < minLength) row[eosId] = -Infinity;
       const choice = pick(rowProbabilities(row, { temperature, topK, topP }), uniform(streams[sentence], t));
-      oneHot[r * vocab + choice] = row[choice]; // greedy search takes its argmax: the choice, the model's score
+      oneHot[r * vocab + choice] = row[choice]; // greedy search's argmax: the choice, the model's score
     });
     return { logProbs: oneHot, vocab };
   };

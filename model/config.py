@@ -43,6 +43,10 @@ class ModelConfig:
             log-probabilities are set to -inf after the log-softmax, as transformers does.
         renormalize: suppressed ids are set to -inf before the log-softmax instead, so the others'
             probabilities sum to 1 (transformers' renormalize_logits, which OPUS-MT's generation configs set).
+        embedding_norm: a LayerNorm of each stack's own after embeddings + positions (mBART's
+            layernorm_embedding, fairseq's layernorm_embedding).
+        separate_positions: the decoder has a stored position table of its own (mBART learns one per
+            stack); needs stored_positions.
 
     Raises:
         ValueError: d_model does not divide by n_heads, share_vocab with unequal vocabularies,
@@ -74,6 +78,8 @@ class ModelConfig:
     stored_positions: bool = False
     suppressed_ids: tuple[int, ...] = ()
     renormalize: bool = False
+    embedding_norm: bool = False  # mBART's layernorm_embedding: LN(embed + positions), one per stack
+    separate_positions: bool = False  # the decoder's own stored position table (mBART's learned ones)
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -86,6 +92,8 @@ class ModelConfig:
                 f"share_vocab needs equal vocabularies, got {self.src_vocab_size} and "
                 f"{self.tgt_vocab_size}"
             )
+        if self.separate_positions and not self.stored_positions:
+            raise ValueError("separate_positions needs stored_positions (a decoder table is imported, never computed)")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation={self.activation!r}; choose one of {', '.join(ACTIVATIONS)}")
         object.__setattr__(self, "suppressed_ids", tuple(int(i) for i in self.suppressed_ids))
@@ -117,7 +125,8 @@ class ModelConfig:
         embeddings = self.src_vocab_size * d + (0 if self.share_vocab else self.tgt_vocab_size * d)
         generator = (0 if self.tie_embeddings else self.tgt_vocab_size * d) + (self.tgt_vocab_size if self.logits_bias else 0)
         final_norms = 2 * norm if self.pre_norm else 0
-        return encoder + decoder + embeddings + generator + final_norms
+        embedding_norms = 2 * norm if self.embedding_norm else 0
+        return encoder + decoder + embeddings + generator + final_norms + embedding_norms
 
     def to_dict(self) -> dict:
         """The fields as a JSON-ready dict."""

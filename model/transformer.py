@@ -272,7 +272,12 @@ class Transformer(nn.Module):
         )
         # Stored positions (an imported model's own table) travel with the weights; ours are recomputed.
         self.register_buffer("positions", sinusoid_table(cfg.max_positions, d), persistent=cfg.stored_positions)
+        if cfg.separate_positions:  # mBART learns a table per stack: the decoder's, imported beside the encoder's
+            self.register_buffer("tgt_positions", sinusoid_table(cfg.max_positions, d))
         self.embed_dropout = nn.Dropout(cfg.dropout)
+        # mBART normalises embeddings + positions before the first layer, each stack with its own norm.
+        self.encoder_embed_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.embedding_norm else nn.Identity()
+        self.decoder_embed_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.embedding_norm else nn.Identity()
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-LN leaves the residual stream unnormalised: one more norm at the top of each stack.
@@ -298,10 +303,17 @@ class Transformer(nn.Module):
             with torch.no_grad():
                 emb.weight[self.cfg.pad_id].zero_()
 
-    def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor) -> Tensor:
-        """table(ids) * sqrt(d_model) (unless not cfg.scale_embedding) + positions, then dropout."""
+    @property
+    def target_positions(self) -> Tensor:
+        """The decoder's position table: its own (cfg.separate_positions), else the one both stacks share."""
+        return self.tgt_positions if self.cfg.separate_positions else self.positions
+
+    def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor, norm: nn.Module | None = None) -> Tensor:
+        """table(ids) * sqrt(d_model) (unless not cfg.scale_embedding) + positions, through `norm` (the stack's
+        embedding norm; None: the target's), then dropout."""
         x = table(ids) * math.sqrt(self.cfg.d_model) if self.cfg.scale_embedding else table(ids)
-        return self.embed_dropout(x + positions)
+        norm = self.decoder_embed_norm if norm is None else norm
+        return self.embed_dropout(norm(x + positions))
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
         """Returns the encoder's memory (B, S, D) for a batch of sources.
@@ -310,7 +322,7 @@ class Transformer(nn.Module):
             src: (B, S) ids.
             src_mask: (B, S), True for real tokens.
         """
-        x = self.embed(self.src_embed, src, self.positions[: src.shape[1]])
+        x = self.embed(self.src_embed, src, self.positions[: src.shape[1]], self.encoder_embed_norm)
         bias = padding_bias(src_mask)
         for layer in self.encoder_layers:
             x = layer(x, bias)
@@ -333,7 +345,7 @@ class Transformer(nn.Module):
             tgt_in: (B, T) target ids starting with decoder_start_id.
         """
         cross = self.cross_kv(self.encode(src, src_mask))
-        x = self.embed(self.tgt_embed, tgt_in, self.positions[: tgt_in.shape[1]])
+        x = self.embed(self.tgt_embed, tgt_in, self.target_positions[: tgt_in.shape[1]])
         self_bias, cross_bias = causal_bias(tgt_in.shape[1], src.device), padding_bias(src_mask)
         for layer, kv in zip(self.decoder_layers, cross):
             x = layer(x, self_bias, kv, cross_bias)
@@ -366,7 +378,7 @@ class Transformer(nn.Module):
             return_attention also the last layer's cross-attention averaged over heads (R, S) in
             fp32 (CTranslate2's return_attention convention), what the decoder graph outputs.
         """
-        positions = self.positions.index_select(0, step)  # (1 or R, D)
+        positions = self.target_positions.index_select(0, step)  # (1 or R, D)
         x = self.embed(self.tgt_embed, tokens.reshape(-1), positions)  # (R, D)
         cross_bias = padding_bias(src_mask)
         self_bias = own_past_bias(step, past[0][0].shape[2])  # (1 or R, 1, 1, P+1): 0 but in a serving batch

@@ -1,4 +1,4 @@
-"""`seq2onnx export MODEL_DIR OUT`: a Hugging Face Marian or M2M100/NLLB directory -> a bundle.
+"""`seq2onnx export MODEL_DIR OUT`: a Hugging Face Marian, M2M100/NLLB or mBART-50 directory -> a bundle.
 
 The same graphs as our own exports (one encoder, one decoder step, the fused decoder where the CPU
 runs it, int8 included), plus the vocabulary maps and the tokens section that let every host
@@ -9,48 +9,25 @@ from __future__ import annotations
 import gc
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from seq2onnx import atomic
 from seq2onnx.export.bundle import ExportError, _is_bundle, check_options, validate, write_graphs, write_meta
 from seq2onnx.runtime import bundle as fmt
 
+from .family import Family
 from .read import HFImportError, import_hf, read_config
 from .tokens import load_tokenizer, token_files
 
 
 def decoding_defaults(generation: dict, config: dict, max_positions: int) -> dict:
-    """The bundle's decoding defaults from generation_config.json (transformers' own defaults where it is silent).
-
-    transformers' max_length and min_length count the decoder start token; ours count generated
-    tokens (docs/decoding.md), hence the - 1. Its early_stopping is not carried over: our beam search
-    always stops a sentence once K hypotheses have finished (early_stopping=True). Its
-    forced_eos_token_id (OPUS-MT sets the end token) is recorded as forced_eos: every host then forces
-    the end token at a sentence's last allowed step, as generate() does.
+    """The decoding defaults every family shares (Family.decoding_defaults; a family may override them).
 
     Raises:
-        HFImportError: a forced_eos_token_id other than the end token.
+        HFImportError: as Family.decoding_defaults.
     """
-    def get(key, fallback):
-        value = generation.get(key, config.get(key))
-        return fallback if value is None else value
-
-    max_length = int(get("max_length", 20))
-    decoding = {"beam_size": int(get("num_beams", 1)), "length_penalty": float(get("length_penalty", 1.0)),
-                "max_length_a": 0.0, "max_length_b": max(1, min(max_length - 1, max_positions)),
-                "min_length": max(int(get("min_length", 0)) - 1, 0),
-                "beam_convention": "transformers"}  # generate()'s finished hypotheses (docs/decoding.md)
-    forced = get("forced_eos_token_id", None)
-    if isinstance(forced, list) and len(forced) == 1:
-        forced = forced[0]
-    if forced is not None:
-        # transformers' ForcedEOSTokenLogitsProcessor: the end token at the last allowed position (runtime/prefix.py)
-        if forced != config.get("eos_token_id"):
-            raise HFImportError(f"generation_config.json: forced_eos_token_id {forced!r} is not the end token "
-                                f"{config.get('eos_token_id')!r}; only the end token can be forced (remove the field "
-                                "or set it to eos_token_id)")
-        decoding["forced_eos"] = True
-    return decoding
+    return Family().decoding_defaults(generation, config, max_positions)
 
 
 def export_hf_bundle(model_dir: str | Path, out: str | Path, *, dtype: str = "float32", quantize: str | None = None,
@@ -59,7 +36,7 @@ def export_hf_bundle(model_dir: str | Path, out: str | Path, *, dtype: str = "fl
 
     Args:
         model_dir: a directory as save_pretrained writes it (config.json, weights, generation_config.json,
-            tokenizer files) of model_type marian or m2m_100.
+            tokenizer files) of a model_type that a family of export/hf/family_*.py reads.
         out: the bundle directory to write (atomically, validated before it is moved into place).
         dtype, quantize, force, decoder: as seq2onnx.export.bundle.export_bundle.
 
@@ -76,12 +53,18 @@ def export_hf_bundle(model_dir: str | Path, out: str | Path, *, dtype: str = "fl
     config = read_config(model_dir)  # before anything is written: an unsupported directory writes nothing
     tokenizer = load_tokenizer(model_dir)
     imported = import_hf(model_dir)
-    model, cfg, kind = imported.model, imported.model.cfg, imported.kind
-    files = token_files(model_dir, kind, tokenizer, src_vocab=cfg.src_vocab_size, tgt_vocab=cfg.tgt_vocab_size,
+    model, cfg, kind, family = imported.model, imported.model.cfg, imported.kind, imported.family
+    files = token_files(model_dir, family, tokenizer, src_vocab=cfg.src_vocab_size, tgt_vocab=cfg.tgt_vocab_size,
                         generation=imported.generation)
     if files.unk_id != cfg.unk_id:
         model.cfg = cfg = type(cfg)(**{**cfg.to_dict(), "unk_id": files.unk_id})
-    decoding = decoding_defaults(imported.generation, config, cfg.max_positions)
+    decoding = family.decoding_defaults(imported.generation, config, cfg.max_positions)
+    if (cfg.embedding_norm or cfg.separate_positions) and fused:
+        # export/fused.py builds the fused step by hand, with no embedding norm and the encoder's position table:
+        # the standard decoder only, until it has both.
+        print("seq2onnx export: note: the fused decoder has no embedding norm or decoder position table (mBART's); "
+              "writing the standard decoder only", file=sys.stderr)
+        fused = False
     del imported  # the model alone holds the weights from here on
     with atomic.building(out, force, "bundle", error=ExportError, inputs={"the model directory": model_dir},
                          ours=_is_bundle) as tmp:

@@ -1,10 +1,12 @@
-"""A Hugging Face model directory (Marian / OPUS-MT, M2M100 / NLLB) -> our Transformer with its weights.
+"""A Hugging Face model directory (Marian / OPUS-MT, M2M100 / NLLB, mBART-50) -> our Transformer with its weights.
 
 Every architectural value is read from the model's own config and weights, never from a library
 default: the activation, the embedding scale, post- or pre-norm with the final norms, the logits
 bias, shared or separate embeddings and output projection, the special ids, and the position
 table, copied from the model as it computes it (HF Marian's table puts sines then cosines, fairseq's
-M2M100 table is offset by padding_idx + 1: neither is ours, so neither is regenerated).
+M2M100 table is offset by padding_idx + 1, mBART's is learned and offset by 2: none is ours, so none is
+regenerated). What differs between families (norms, weights beyond the shared layout, refused config
+fields) is each family's class (export/hf/family.py).
 
 Weights are taken from the loaded transformers model's modules (not from state-dict names), so a
 renamed parameter in a later transformers cannot be silently skipped: every tensor is copied into a
@@ -23,9 +25,8 @@ from seq2onnx.model.transformer import Transformer
 
 from .checks import (ACTIVATION_NAMES, HFImportError, check_directory, looks_like_hf, read_generation,
                      read_json_object)
+from .family import Family, family_of
 
-# model_type -> (pre_norm, what the model is); the families this importer knows.
-FAMILIES = {"marian": (False, "Marian (OPUS-MT)"), "m2m_100": (True, "M2M100 / NLLB-200")}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 _CONFIG_FIX = "the config.json that save_pretrained writes"
 
@@ -46,18 +47,12 @@ def read_config(model_dir: Path) -> dict:
     """
     path = model_dir / "config.json"
     config = read_json_object(path, _CONFIG_FIX)
-    if "model_type" not in config:
-        raise HFImportError(f"{path}: has no model_type; restore {_CONFIG_FIX} (\"marian\" for a Marian "
-                            "model, \"m2m_100\" for M2M100 and NLLB)")
-    kind = config["model_type"]
-    if kind not in FAMILIES:
-        known = ", ".join(f"{k} ({v[1]})" for k, v in FAMILIES.items())
-        raise HFImportError(f"{path}: model_type {kind!r} is not supported; this importer reads {known} "
-                            "(other encoder-decoders: train with `seq2onnx train` or convert elsewhere)")
+    family = family_of(config, path)  # export/hf/family_*.py: one class per model_type
     if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
         raise HFImportError(f"{model_dir}: no weights ({' or '.join(WEIGHT_FILES[:2])}); save the model with "
                             "save_pretrained (or copy its weights file) into this directory")
     check_directory(model_dir, config)
+    family.check_config(model_dir, config, read_generation(model_dir))  # its fields, honoured or refused by name
     return config
 
 
@@ -71,11 +66,13 @@ class Imported:
         model: our Transformer, fp32, eval mode, holding the imported weights.
         kind: config.json's model_type.
         generation: generation_config.json's fields (or {}).
+        family: the model_type's family (export/hf/family.py).
     """
 
     model: Transformer
     kind: str
     generation: dict
+    family: Family
 
 
 def load_hf(model_dir: Path):
@@ -99,9 +96,9 @@ def load_hf(model_dir: Path):
     return model.eval()
 
 
-def _positions(hf, n: int, pad_id: int) -> torch.Tensor:
-    """The position table as the model computes it: each stack's embed_positions output for n tokens, captured by a
-    hook on a forward pass with the layers taken out (only the embeddings run)."""
+def _positions(hf, n: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The position tables as the model computes them, (encoder, decoder): each stack's embed_positions output for n
+    tokens, captured by a hook on a forward pass with the layers taken out (only the embeddings run)."""
     enc, dec = hf.get_encoder(), hf.get_decoder()
     captured: dict[str, torch.Tensor] = {}
     hooks = [stack.embed_positions.register_forward_hook(lambda m, a, out, side=side: captured.__setitem__(side, out))
@@ -120,22 +117,20 @@ def _positions(hf, n: int, pad_id: int) -> torch.Tensor:
     if set(tables) != {"encoder", "decoder"} or tables["encoder"].shape[0] != n:
         raise HFImportError(f"could not read the position table ({sorted(tables)} captured): this model's "
                             "embed_positions is not what this importer knows")
-    if not torch.equal(tables["encoder"], tables["decoder"]):
-        raise HFImportError("the encoder's and decoder's position tables differ; this importer supports one table")
-    return tables["encoder"]
+    return tables["encoder"], tables["decoder"]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() or (a.shape == b.shape and torch.equal(a, b))
 
 
-def model_config(config: dict, hf, model_dir: Path, generation: dict) -> ModelConfig:
+def model_config(config: dict, hf, model_dir: Path, generation: dict, family: Family,
+                 separate_positions: bool = False) -> ModelConfig:
     """Our ModelConfig from a transformers model's config and its weights.
 
     Raises:
         HFImportError: an activation we cannot run, or a config that disagrees with its weights.
     """
-    kind = config["model_type"]
     enc, dec = hf.get_encoder(), hf.get_decoder()
     src_embed, tgt_embed = enc.embed_tokens.weight, dec.embed_tokens.weight
     head = hf.get_output_embeddings().weight
@@ -161,11 +156,12 @@ def model_config(config: dict, hf, model_dir: Path, generation: dict) -> ModelCo
         src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, d_model=config["d_model"],
         n_heads=config["encoder_attention_heads"], n_encoder_layers=len(enc.layers), n_decoder_layers=len(dec.layers),
         d_ff=layer.fc1.out_features, dropout=0.0, max_positions=config["max_position_embeddings"],
-        pre_norm=FAMILIES[kind][0], tie_embeddings=_same(head, tgt_embed), share_vocab=_same(src_embed, tgt_embed),
+        **family.model_fields(config), tie_embeddings=_same(head, tgt_embed), share_vocab=_same(src_embed, tgt_embed),
         layer_norm_eps=layer.self_attn_layer_norm.eps, pad_id=pad, unk_id=config.get("unk_token_id", pad) or 0,
         bos_id=bos if isinstance(bos, int) and 0 <= bos < min(src_vocab, tgt_vocab) else start, eos_id=eos,
         decoder_start_id=start, activation=activation, scale_embedding=bool(config.get("scale_embedding", False)),
         logits_bias=getattr(hf, "final_logits_bias", None) is not None, stored_positions=True,
+        separate_positions=separate_positions,
         suppressed_ids=tuple(suppressed), renormalize=bool(generation.get("renormalize_logits", False)))
 
 
@@ -173,7 +169,7 @@ def _attention(ours, theirs) -> list[tuple]:
     return [(ours.w_q, theirs.q_proj), (ours.w_k, theirs.k_proj), (ours.w_v, theirs.v_proj), (ours.w_o, theirs.out_proj)]
 
 
-def _copy(model: Transformer, hf, positions: torch.Tensor) -> None:
+def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], family: Family) -> None:
     """Copies every tensor of hf into model; every parameter of model must be written exactly once."""
     enc, dec = hf.get_encoder(), hf.get_decoder()
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -206,9 +202,7 @@ def _copy(model: Transformer, hf, positions: torch.Tensor) -> None:
         norm(ours.sub_self.norm, theirs.self_attn_layer_norm)
         norm(ours.sub_cross.norm, theirs.encoder_attn_layer_norm)
         norm(ours.sub_ff.norm, theirs.final_layer_norm)
-    if model.cfg.pre_norm:
-        norm(model.encoder_norm, enc.layer_norm)
-        norm(model.decoder_norm, dec.layer_norm)
+    pairs.extend(family.weight_pairs(model, hf))  # the final norms, an embedding norm: the family's own
     written = set()
     with torch.no_grad():
         for ours, theirs in pairs:
@@ -217,7 +211,9 @@ def _copy(model: Transformer, hf, positions: torch.Tensor) -> None:
                                     "the config does not describe these weights")
             ours.copy_(theirs)
             written.add(id(ours))
-        model.positions.copy_(positions)
+        model.positions.copy_(positions[0])
+        if model.cfg.separate_positions:
+            model.tgt_positions.copy_(positions[1])
     missed = [name for name, p in model.named_parameters() if id(p) not in written]
     if missed:
         raise HFImportError(f"parameters {missed[:5]} were not found in the transformers model; this importer does not "
@@ -225,7 +221,7 @@ def _copy(model: Transformer, hf, positions: torch.Tensor) -> None:
 
 
 def import_hf(model_dir: str | Path) -> Imported:
-    """Reads a Hugging Face Marian or M2M100 directory into our Transformer.
+    """Reads a Hugging Face Marian, M2M100/NLLB or mBART-50 directory into our Transformer.
 
     Args:
         model_dir: a directory as save_pretrained writes it.
@@ -240,9 +236,13 @@ def import_hf(model_dir: str | Path) -> Imported:
     config = read_config(model_dir)  # every file checked before transformers reads one (export/hf/checks.py)
     hf = load_hf(model_dir)
     generation = read_generation(model_dir)
-    cfg = model_config(config, hf, model_dir, generation)
+    family = family_of(config, model_dir / "config.json")
+    n = int(config["max_position_embeddings"])
+    positions = _positions(hf, n, int(config["pad_token_id"]))
+    # One table where both stacks compute the same (Marian's, fairseq's sinusoids), else one each (mBART's learned)
+    cfg = model_config(config, hf, model_dir, generation, family, not torch.equal(*positions))
     model = Transformer(cfg).eval()
-    _copy(model, hf, _positions(hf, cfg.max_positions, cfg.pad_id))
+    _copy(model, hf, positions, family)
     del hf
     gc.collect()
-    return Imported(model=model, kind=config["model_type"], generation=generation)
+    return Imported(model=model, kind=config["model_type"], generation=generation, family=family)

@@ -8,7 +8,8 @@ bundle records how the model's ids relate to SentencePiece's (spec/bundle.json's
   for the special tokens that batch_decode(skip_special_tokens=True) leaves out;
 - the prefix and suffix the tokenizer puts around a text's pieces, found by encoding a probe text
   and locating its pieces' ids (so no family's convention is written here twice);
-- the language tokens (M2M100 __xx__, NLLB xxx_Latn, Marian >>xxx<<).
+- the language tokens (M2M100 __xx__, NLLB xxx_Latn, mBART-50 xx_XX, Marian >>xxx<<), which each
+  family finds its own way (export/hf/family_*.py).
 """
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from .family import Family
 from .read import HFImportError
 
 _PROBE = "The quick brown fox jumps over the lazy dog: 12345 ÆØÅ."
-_SPM_FILES = {"marian": ("source.spm", "target.spm"), "m2m_100": ("sentencepiece.bpe.model", "sentencepiece.bpe.model")}
 
 
 @dataclass
@@ -61,40 +62,11 @@ def load_tokenizer(model_dir: Path):
                             "tokenizer.save_pretrained into this directory") from None
 
 
-def _spm_files(model_dir: Path, kind: str, tokenizer) -> tuple[Path, Path]:
-    source, target = (model_dir / name for name in _SPM_FILES[kind])
-    if kind == "marian" and not getattr(tokenizer, "separate_vocabs", False):
-        # transformers 5's MarianTokenizer decodes with the SOURCE model unless the vocabularies are
-        # separate (MarianTokenizer._decode): the hosts decode as batch_decode does.
-        target = source
-    for path in (source, target):
-        if path.is_file():
-            continue
-        if kind == "m2m_100" and (model_dir / "tokenizer.json").is_file():
-            # transformers 5 saves NLLB/M2M100 tokenizers as tokenizer.json alone; the hosts tokenize with
-            # SentencePiece, and every NLLB-200 checkpoint shares one file, so it is fetched, not rebuilt.
-            raise HFImportError(f"{path}: missing (transformers 5's save_pretrained writes tokenizer.json only); the "
-                                f"hosts tokenize with SentencePiece: copy {path.name} from the hub snapshot this model "
-                                "was fine-tuned from, e.g. hf_hub_download('facebook/nllb-200-distilled-600M', "
-                                f"'{path.name}'), into {model_dir}")
-        raise HFImportError(f"{path}: missing; the tokenizer's SentencePiece model is needed (save the tokenizer "
-                            "with save_pretrained into the model directory)")
-    return source, target
-
-
 def _vocab_size(tokenizer) -> int:
     """Entries of the tokenizer's vocabulary: a slow tokenizer's id -> token dict, else get_vocab() (a
     tokenizers-backed one, e.g. transformers 5's NllbTokenizer, whose .decoder is a Metaspace decoder)."""
     decoder = getattr(tokenizer, "decoder", None)
     return len(decoder) if isinstance(decoder, dict) else len(tokenizer.get_vocab())
-
-
-def _extra_special_tokens(tokenizer) -> list[str]:
-    """transformers 5's extra_special_tokens (a list, or a dict of named ones), 4.x's additional_special_tokens."""
-    extra = getattr(tokenizer, "extra_special_tokens", None)
-    if extra is None:
-        extra = getattr(tokenizer, "additional_special_tokens", None) or []
-    return [str(t) for t in (extra.values() if isinstance(extra, dict) else extra)]
 
 
 def _tokens_of(tokenizer, n: int) -> list[str | None]:
@@ -137,13 +109,13 @@ def _locate(ids: list[int], inner: list[int]) -> tuple[list[int], list[int]]:
                         "the vocabulary: this tokenizer pre-processes text in a way the hosts cannot repeat")
 
 
-def token_files(model_dir: Path, kind: str, tokenizer, *, src_vocab: int, tgt_vocab: int,
+def token_files(model_dir: Path, family: Family, tokenizer, *, src_vocab: int, tgt_vocab: int,
                 generation: dict) -> TokenFiles:
-    """Builds the maps and tokens section of a Marian or M2M100/NLLB tokenizer.
+    """Builds the maps and tokens section of a Marian, M2M100/NLLB or mBART-50 tokenizer.
 
     Args:
         model_dir: the model directory.
-        kind: config.json's model_type.
+        family: the model's family (its SentencePiece files, its language tokens; export/hf/family.py).
         tokenizer: the directory's transformers tokenizer.
         src_vocab, tgt_vocab: the model's vocabulary sizes (from its weights).
         generation: generation_config.json's fields (forced_bos_token_id is the default target prefix).
@@ -151,7 +123,7 @@ def token_files(model_dir: Path, kind: str, tokenizer, *, src_vocab: int, tgt_vo
     Raises:
         HFImportError: a tokenizer that does not match the model's vocabulary (naming the file and the value).
     """
-    source_path, target_path = _spm_files(model_dir, kind, tokenizer)
+    source_path, target_path = family.spm_paths(model_dir, tokenizer)
     source = spm.SentencePieceProcessor(model_file=str(source_path))
     target = spm.SentencePieceProcessor(model_file=str(target_path))
     pieces = [source.id_to_piece(i) for i in range(source.get_piece_size())]
@@ -189,7 +161,7 @@ def token_files(model_dir: Path, kind: str, tokenizer, *, src_vocab: int, tgt_vo
     vocab = tokenizer.get_vocab()
     unknown = {text: int(i) for text, i in vocab.items() if text not in known and i not in special and 0 <= i < src_vocab}
     # Marian replaces the ▁ that DecodePieces keeps in unknown pieces; M2M100 does not (convert_tokens_to_string).
-    section: dict = {"strip_text": True, "restore_spaces": kind == "marian"}
+    section: dict = {"strip_text": True, "restore_spaces": family.restore_spaces}
     from seq2onnx.runtime.vocab import Vocabulary
 
     encoder = Vocabulary(source_map=source_map, unknown_pieces=unknown).encoder(source)
@@ -201,20 +173,7 @@ def token_files(model_dir: Path, kind: str, tokenizer, *, src_vocab: int, tgt_vo
     forced = generation.get("forced_bos_token_id")
     if isinstance(forced, int):
         section["target_prefix"] = [forced]
-    if kind == "m2m_100":
-        codes = getattr(tokenizer, "lang_code_to_id", None) or {}
-        if not codes:  # NLLB: the language tokens are its additional special tokens, e.g. fra_Latn
-            codes = {t: tokenizer.convert_tokens_to_ids(t) for t in _extra_special_tokens(tokenizer)}
-            named = {getattr(tokenizer, f"{n}_token_id", None) for n in ("bos", "eos", "unk", "pad", "mask", "sep", "cls")}
-            codes = {t: i for t, i in codes.items() if i not in named}
-        section["languages"] = {code: int(i) for code, i in codes.items() if 0 <= int(i) < min(src_vocab, tgt_vocab)}
-        section["target_lang_in"] = "target_prefix"
-    else:
-        codes = getattr(tokenizer, "supported_language_codes", []) or []
-        if codes:
-            section["languages"] = {c[2:-2]: int(tokenizer.convert_tokens_to_ids(c)) for c in codes}
-            section["target_lang_in"] = "source_prefix"
-            section["text_language_codes"] = True
+    section.update(family.languages(tokenizer, min(src_vocab, tgt_vocab)))
     return TokenFiles(source_spm=source_path, target_spm=target_path, source_map=source_map.astype(np.int32),
                       target_map=target_map.astype(np.int32), tokens=section, unk_id=int(tokenizer.unk_token_id),
                       texts={"source": unknown, "target": target_texts} if unknown or target_texts else {})

@@ -10,7 +10,10 @@ save_pretrained, random (seeded) weights from their configs:
   parameters), OPUS-MT's conventions (</s> 0, <unk> 1, <pad> = decoder start = 58,100, swish, bad_words_ids
   [[58100]], renormalize_logits, forced_eos_token_id 0);
 - nllb: NLLB-600M size as an M2M100 (d_model 1024, 12+12 layers, 16 heads, ffn 4096, vocabulary 256,206,
-  about 615M parameters; <s> 0 <pad> 1 </s> 2 <unk> 3, decoder start 2, relu), M2M100Tokenizer's layout.
+  about 615M parameters; <s> 0 <pad> 1 </s> 2 <unk> 3, decoder start 2, relu), M2M100Tokenizer's layout;
+- mbart (asked for by name: --models mbart): mBART-50 many-to-many size (d_model 1024, 12+12 layers, 16 heads,
+  ffn 4096, vocabulary 250,054, about 611M parameters; gelu, layernorm_embedding, learned positions),
+  MBart50Tokenizer's layout, en_XX -> fr_XX forced (issue 35, item 7).
 
 The tokenizers are a unigram SentencePiece model trained on English (the first column of
 ../shared/data/tatoeba-cmn-eng/cmn.txt when it exists, CC-BY 2.0 France, tatoeba.org; generated text
@@ -52,11 +55,17 @@ M2M_LANGS, M2M_MADEUP = 100, 8  # M2M100Tokenizer's language tokens and num_made
 SIZES = {  # family, d_model, layers (each side), heads, ffn, vocabulary, SentencePiece pieces trained
     "marian": dict(family="marian", d=512, layers=6, heads=8, ffn=2048, vocab=58101, spm=8000),
     "nllb": dict(family="m2m100", d=1024, layers=12, heads=16, ffn=4096, vocab=256206, spm=8000),
+    # mBART-50 many-to-many (facebook/mbart-large-50-many-to-many-mmt): about 611M parameters
+    "mbart": dict(family="mbart", d=1024, layers=12, heads=16, ffn=4096, vocab=250054, spm=8000),
 }
 TINY = {
     "marian": dict(family="marian", d=64, layers=2, heads=4, ffn=256, vocab=3000, spm=1000),
     "nllb": dict(family="m2m100", d=64, layers=2, heads=4, ffn=256, vocab=3000, spm=1000),
+    "mbart": dict(family="mbart", d=64, layers=2, heads=4, ffn=256, vocab=3000, spm=1000),
 }
+MBART_LANGS = 52  # MBart50Tokenizer's language codes, after the pieces and before <mask>
+# The multilingual families' source and target languages: (tokenizer's src_lang, target token, translate_batch's)
+LANGS = {"m2m_100": ("en", "__fr__", "fr"), "mbart": ("en_XX", "fr_XX", "fr_XX")}
 
 
 def log(msg: str) -> None:
@@ -184,6 +193,22 @@ def job_build(spec: dict) -> dict:
         model.generation_config = GenerationConfig(
             bad_words_ids=[[pad]], bos_token_id=0, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
             max_length=512, num_beams=4, pad_token_id=pad, renormalize_logits=True)
+    elif s["family"] == "mbart":
+        from transformers import MBart50Tokenizer, MBartConfig, MBartForConditionalGeneration
+
+        # MBart50Tokenizer's ids: <s> <pad> </s> <unk>, the pieces but SentencePiece's own three, 52 codes, <mask>
+        train_spm(texts, out / "sentencepiece.bpe.model", s["spm"], V - 4 - MBART_LANGS - 1 + 3)
+        tok = MBart50Tokenizer.from_pretrained(str(out), src_lang="en_XX")
+        assert len(tok) == V, (len(tok), V)
+        config = MBartConfig(**shape, vocab_size=V, activation_function="gelu", max_position_embeddings=1024,
+                             bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+                             forced_eos_token_id=2, tie_word_embeddings=True, normalize_before=True,
+                             normalize_embedding=True, static_position_embeddings=False, add_final_layer_norm=True,
+                             add_bias_logits=False)
+        model = MBartForConditionalGeneration(config)
+        model.generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, early_stopping=True,
+                                                   eos_token_id=2, forced_eos_token_id=2, max_length=200,
+                                                   num_beams=5, pad_token_id=1)
     else:
         from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
         from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
@@ -225,8 +250,9 @@ def job_prepare(spec: dict) -> dict:
     config = json.loads((Path(spec["model_dir"]) / "config.json").read_text())
     V = config["vocab_size"]
     m2m = config["model_type"] == "m2m_100"
-    if m2m:
-        tok.src_lang = "en"
+    source_lang, forced_token, target_lang = LANGS.get(config["model_type"], (None, None, None))
+    if source_lang:
+        tok.src_lang = source_lang
     sentences = spec["sentences"]
     ids = [tok(s).input_ids for s in sentences]
     table = tok.convert_ids_to_tokens(list(range(V)))
@@ -236,7 +262,8 @@ def job_prepare(spec: dict) -> dict:
     Path(spec["vocab_out"]).write_text(json.dumps(table, ensure_ascii=False), encoding="utf-8")
     return {"sentences": sentences, "source_ids": ids, "source_tokens": [tok.convert_ids_to_tokens(x) for x in ids],
             "eos": config["eos_token_id"], "pad": config["pad_token_id"], "start": config["decoder_start_token_id"],
-            "forced_id": tok.get_lang_id("fr") if m2m else None, "forced_token": "__fr__" if m2m else None,
+            "forced_id": tok.convert_tokens_to_ids(forced_token) if forced_token else None,
+            "forced_token": forced_token, "target_lang": target_lang,
             "source_lens": [len(x) for x in ids]}
 
 
@@ -289,8 +316,9 @@ def job_export(spec: dict) -> dict:
     t = time.perf_counter()
     export_hf_bundle(spec["model_dir"], spec["out"], quantize=spec["quantize"], force=True)
     seconds = time.perf_counter() - t
+    files = {p.name: p.stat().st_size for p in Path(spec["out"]).iterdir() if p.suffix in (".onnx", ".bin")}
     return {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"])),
-            "peak_where": sampler.close()}
+            "graph_and_weights_bytes": files, "peak_where": sampler.close()}
 
 
 def job_ct2_convert(spec: dict) -> dict:
@@ -302,7 +330,12 @@ def job_ct2_convert(spec: dict) -> dict:
     base = memory_mb()["rss_mb"]
     t = time.perf_counter()
     TransformersConverter(spec["model_dir"]).convert(spec["out"], quantization=None, force=True)
-    return {"seconds": time.perf_counter() - t, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"]))}
+    seconds = time.perf_counter() - t
+    # the anchor of an int8 bundle's size: CTranslate2's own converter with quantization="int8" (size only)
+    TransformersConverter(spec["model_dir"]).convert(spec["out"] + "-int8", quantization="int8", force=True)
+    return {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"])),
+            "int8_model_bin_bytes": (Path(spec["out"] + "-int8") / "model.bin").stat().st_size,
+            "model_bin_bytes": (Path(spec["out"]) / "model.bin").stat().st_size}
 
 
 # --------------------------------------------------------------------------------------------- engines
@@ -335,10 +368,8 @@ def _decoder(spec: dict, prep: dict):
         model = AutoModelForSeq2SeqLM.from_pretrained(spec["model_dir"], dtype=torch.float32).eval()
         eos, pad = prep["eos"], prep["pad"]
         extra = {"forced_bos_token_id": prep["forced_id"]} if prep["forced_id"] is not None else {}
-        # transformers forces </s> as the last token at max_length when generation_config says forced_eos_token_id
-        # (OPUS-MT: 0); neither our runtime nor CTranslate2 does, and random weights reach max_length on every
-        # sentence, so the reference generates max_new_tokens free tokens like the others (see the report's notes).
-        extra["forced_eos_token_id"] = None
+        # transformers forces </s> as the last token at max_length where generation_config says forced_eos_token_id
+        # (OPUS-MT: 0); imported bundles do too (decoding.forced_eos), CTranslate2 does not (see the report's notes).
 
         def decode(idx, beam):
             srcs = [prep["source_ids"][i] for i in idx]
@@ -352,7 +383,7 @@ def _decoder(spec: dict, prep: dict):
             return [_strip(r, eos, pad) for r in out.tolist()]
     elif engine == "ours":
         tr = Translator(spec["bundle"], device="cpu", intra_threads=threads)
-        extra = {"target_lang": "fr"} if prep["forced_id"] is not None else {}
+        extra = {"target_lang": prep.get("target_lang", "fr")} if prep["forced_id"] is not None else {}
 
         def decode(idx, beam):
             res = tr.translate_batch([prep["source_ids"][i] for i in idx], beam_size=beam, max_decoding_length=L,
@@ -756,10 +787,10 @@ def markdown(report: dict) -> str:
         if m.get("errors"):
             lines += ["Failures:", ""] + [f"- {k}: {v}" for k, v in m["errors"].items()] + [""]
     lines += ["Notes:", "",
-              "- transformers' generate runs with forced_eos_token_id=None: OPUS-MT's generation_config has 0, which "
-              "makes transformers force </s> as the last token at max_length; neither our runtime nor CTranslate2 does, and "
-              "random weights run every sentence to max_length, so with it every Marian output of transformers would end "
-              "one token earlier, in the forced </s> (not measured here).",
+              "- transformers' generate runs with the model's forced_eos_token_id (OPUS-MT's generation_config has 0: "
+              "</s> forced as the last token at max_length); imported bundles do the same (decoding.forced_eos), "
+              "CTranslate2 does not, and random weights run every sentence to max_length, so CTranslate2's Marian "
+              "outputs differ from transformers' in that last token.",
               "- Every engine gets the same limit: our max_decoding_length, CTranslate2's max_decoding_length and "
               "transformers' max_length - 1 all count the forced __fr__ and the end token (checked: equal output lengths).",
               "- Random weights: near-ties in the scores are possible; identity below n/n at fp32 is reported, not judged. "
@@ -809,7 +840,8 @@ def main(argv=None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
     p.add_argument("--work", type=Path, help="working directory: model directories (cached: a rerun reuses them), "
                                              "bundles, CTranslate2 models, job logs (WORK/jobs/*.log)")
-    p.add_argument("--models", default="marian,nllb", help="comma-separated subset of marian,nllb (default both)")
+    p.add_argument("--models", default="marian,nllb",
+                   help="comma-separated subset of marian,nllb,mbart (default marian,nllb)")
     p.add_argument("--sentences", type=int, default=32, help="test sentences (default 32); the batch-32 rows decode them "
                                                              "in batches of 32, the batch-1 rows the first 8 one at a time")
     p.add_argument("--max-new-tokens", type=int, default=32,

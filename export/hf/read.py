@@ -89,10 +89,18 @@ def load_hf(model_dir: Path):
     hf_logging.set_verbosity_error()  # our progress and errors are our own lines; its bars and notices are noise here
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        model, info = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                            output_loading_info=True)
     except Exception as e:  # transformers raises many kinds; one line with its words
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise HFImportError(f"{model_dir}: transformers cannot load this model: {first}") from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        # transformers fills them at random, differently at each load (e.g. tie_word_embeddings false in 5.x unties
+        # the encoder's and decoder's tables too, which a checkpoint saved tied does not hold)
+        raise HFImportError(f"{model_dir}: the weights lack {len(missing)} tensors the config implies (e.g. "
+                            f"{missing[:3]}), which transformers would fill at random; restore the config.json "
+                            "saved with these weights (tie_word_embeddings, the layer counts) or the weights")
     return model.eval()
 
 

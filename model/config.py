@@ -93,7 +93,8 @@ class ModelConfig:
                 f"{self.tgt_vocab_size}"
             )
         if self.separate_positions and not self.stored_positions:
-            raise ValueError("separate_positions needs stored_positions (a decoder table is imported, never computed)")
+            raise ValueError("separate_positions needs stored_positions (a decoder table is imported, "
+                             "never computed)")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation={self.activation!r}; choose one of {', '.join(ACTIVATIONS)}")
         object.__setattr__(self, "suppressed_ids", tuple(int(i) for i in self.suppressed_ids))

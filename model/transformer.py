@@ -272,12 +272,13 @@ class Transformer(nn.Module):
         )
         # Stored positions (an imported model's own table) travel with the weights; ours are recomputed.
         self.register_buffer("positions", sinusoid_table(cfg.max_positions, d), persistent=cfg.stored_positions)
-        if cfg.separate_positions:  # mBART learns a table per stack: the decoder's, imported beside the encoder's
+        if cfg.separate_positions:  # mBART learns a table per stack: the decoder's, beside the encoder's
             self.register_buffer("tgt_positions", sinusoid_table(cfg.max_positions, d))
         self.embed_dropout = nn.Dropout(cfg.dropout)
         # mBART normalises embeddings + positions before the first layer, each stack with its own norm.
-        self.encoder_embed_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.embedding_norm else nn.Identity()
-        self.decoder_embed_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.embedding_norm else nn.Identity()
+        eps = cfg.layer_norm_eps
+        self.encoder_embed_norm = LayerNorm(d, eps=eps) if cfg.embedding_norm else nn.Identity()
+        self.decoder_embed_norm = LayerNorm(d, eps=eps) if cfg.embedding_norm else nn.Identity()
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-LN leaves the residual stream unnormalised: one more norm at the top of each stack.
@@ -308,9 +309,10 @@ class Transformer(nn.Module):
         """The decoder's position table: its own (cfg.separate_positions), else the one both stacks share."""
         return self.tgt_positions if self.cfg.separate_positions else self.positions
 
-    def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor, norm: nn.Module | None = None) -> Tensor:
-        """table(ids) * sqrt(d_model) (unless not cfg.scale_embedding) + positions, through `norm` (the stack's
-        embedding norm; None: the target's), then dropout."""
+    def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor,
+              norm: nn.Module | None = None) -> Tensor:
+        """table(ids) * sqrt(d_model) (unless not cfg.scale_embedding) + positions, through `norm` (the
+        stack's embedding norm; None: the target's), then dropout."""
         x = table(ids) * math.sqrt(self.cfg.d_model) if self.cfg.scale_embedding else table(ids)
         norm = self.decoder_embed_norm if norm is None else norm
         return self.embed_dropout(norm(x + positions))

@@ -1,4 +1,5 @@
-"""A tiny mBART-50 many-to-many checkpoint as transformers 5 writes it, for the importer's tests (issue 35, item 7).
+"""A tiny mBART-50 many-to-many checkpoint as transformers 5 writes it, for the importer's tests
+(issue 35, item 7).
 
 MBart50Tokenizer is tokenizers-backed in transformers 5. The builder trains a unigram SentencePiece
 model on the toy corpus of tests/hf_fixtures.py, loads it with MBart50Tokenizer (which converts it,
@@ -7,6 +8,7 @@ en_XX -> fr_XX / de_XX, and saves both with save_pretrained, with the .model fil
 Sources are `[en_XX] pieces </s>`, targets `[fr_XX|de_XX] pieces </s>`, the decoder starts from
 </s>, and the caller picks the target with forced_bos_token_id, as the published checkpoint.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,9 +22,15 @@ import hf_fixtures as F
 
 CODES = {"en": "en_XX", "fr": "fr_XX", "de": "de_DE"}  # mBART-50's codes of the toy corpus' languages
 SPM_FILE = "sentencepiece.bpe.model"
-# The switches facebook/mbart-large-50-many-to-many-mmt's config.json carries (transformers reads none of them).
-PUBLISHED = dict(normalize_before=True, normalize_embedding=True, static_position_embeddings=False,
-                 add_final_layer_norm=True, add_bias_logits=False)
+# The switches facebook/mbart-large-50-many-to-many-mmt's config.json carries (transformers reads
+# none of them).
+PUBLISHED = dict(
+    normalize_before=True,
+    normalize_embedding=True,
+    static_position_embeddings=False,
+    add_final_layer_norm=True,
+    add_bias_logits=False,
+)
 
 
 def make_mbart(directory: str | Path, *, train_steps: int = 300, seed: int = 0, **config) -> Path:
@@ -48,8 +56,16 @@ def make_mbart(directory: str | Path, *, train_steps: int = 300, seed: int = 0, 
         tokenizer = MBart50Tokenizer.from_pretrained(snapshot, src_lang=CODES["en"])
         shutil.copyfile(Path(snapshot) / SPM_FILE, out / SPM_FILE)
     fields = {**F._SHAPE, "activation_function": "gelu", **PUBLISHED, **config}
-    model_config = MBartConfig(**fields, vocab_size=len(tokenizer), bos_token_id=0, pad_token_id=1, eos_token_id=2,
-                               decoder_start_token_id=2, forced_eos_token_id=2, tie_word_embeddings=True)
+    model_config = MBartConfig(
+        **fields,
+        vocab_size=len(tokenizer),
+        bos_token_id=0,
+        pad_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=2,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(seed)
     model = MBartForConditionalGeneration(model_config)
     examples = []
@@ -61,8 +77,15 @@ def make_mbart(directory: str | Path, *, train_steps: int = 300, seed: int = 0, 
     F._fit(model, examples, model_config.pad_token_id, train_steps, seed, lr=2e-2)
     tokenizer.tgt_lang = None
     model.generation_config = GenerationConfig(
-        bos_token_id=0, decoder_start_token_id=2, early_stopping=True, eos_token_id=2, forced_eos_token_id=2,
-        max_length=F.MAX_LENGTH, num_beams=5, pad_token_id=1)
+        bos_token_id=0,
+        decoder_start_token_id=2,
+        early_stopping=True,
+        eos_token_id=2,
+        forced_eos_token_id=2,
+        max_length=F.MAX_LENGTH,
+        num_beams=5,
+        pad_token_id=1,
+    )
     with F._quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)

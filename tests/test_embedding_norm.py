@@ -1,6 +1,7 @@
 """ModelConfig.embedding_norm (mBART's layernorm_embedding, issue 35 item 7): a LayerNorm of each stack's own
 after embeddings + positions. Off, the model and its state dict are as before; on, encode, the teacher-forced
 pass and decode_step all apply it."""
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,19 @@ from seq2onnx.model.transformer import Transformer
 
 def _model(**fields) -> Transformer:
     torch.manual_seed(0)
-    cfg = ModelConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=16, n_heads=2, n_encoder_layers=2,
-                      n_decoder_layers=2, d_ff=32, dropout=0.0, max_positions=16, pre_norm=True, **fields)
+    cfg = ModelConfig(
+        src_vocab_size=40,
+        tgt_vocab_size=40,
+        d_model=16,
+        n_heads=2,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        d_ff=32,
+        dropout=0.0,
+        max_positions=16,
+        pre_norm=True,
+        **fields,
+    )
     model = Transformer(cfg).eval()
     with torch.no_grad():  # norms that are not the identity, so that a skipped one shows
         for name, p in model.named_parameters():
@@ -29,7 +41,9 @@ def test_off_leaves_the_state_dict_as_before():
     keys = set(_model().state_dict())
     assert not any("embed_norm" in k for k in keys)
     with_norm = set(_model(embedding_norm=True).state_dict())
-    assert with_norm - keys == {f"{s}_embed_norm.{p}" for s in ("encoder", "decoder") for p in ("weight", "bias")}
+    assert with_norm - keys == {
+        f"{s}_embed_norm.{p}" for s in ("encoder", "decoder") for p in ("weight", "bias")
+    }
 
 
 @pytest.mark.parametrize("on", [False, True])
@@ -43,7 +57,9 @@ def test_encode_normalises_embeddings_plus_positions():
     src = torch.tensor([[5, 6, 7, 3]])
     mask = torch.ones_like(src, dtype=torch.bool)
     x = model.src_embed(src) * math.sqrt(16) + model.positions[:4]
-    x = torch.nn.functional.layer_norm(x, (16,), model.encoder_embed_norm.weight, model.encoder_embed_norm.bias, 1e-5)
+    x = torch.nn.functional.layer_norm(
+        x, (16,), model.encoder_embed_norm.weight, model.encoder_embed_norm.bias, 1e-5
+    )
     for layer in model.encoder_layers:
         x = layer(x, padding_bias(mask))
     expected = model.encoder_norm(x)
@@ -63,6 +79,7 @@ def test_decode_step_agrees_with_the_teacher_forced_pass():
         full = torch.log_softmax(model(src, mask, tgt), dim=-1)[0]
         cross, past = model.cross_kv(model.encode(src, mask)), model.empty_cache(1)
         for t in range(tgt.shape[1]):
-            log_probs, past = model.decode_step(tgt[:, t : t + 1], torch.tensor([t]), torch.tensor([0]), past, cross,
-                                                mask)
+            log_probs, past = model.decode_step(
+                tgt[:, t : t + 1], torch.tensor([t]), torch.tensor([0]), past, cross, mask
+            )
             assert torch.allclose(log_probs[0], full[t], atol=1e-5), t

@@ -1,10 +1,12 @@
-"""Every computation-changing config field of Marian, M2M100 and mBART, honoured or refused by name (issue 35, item 8).
+"""Every computation-changing config field of Marian, M2M100 and mBART, honoured or refused by name
+(issue 35, item 8).
 
 Honoured: a tiny random model with the field set away from the fixtures' value is exported and held to
 generate() by export/hf/verify.py (source ids, teacher-forced log-probabilities, greedy and beam 4 ids,
 texts), and the bundle records what it read. Refused: the export stops in one line naming the field.
 docs/hf-config-flags.md lists each field with what the importer does and the test here that shows it.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +27,13 @@ from seq2onnx.export.hf.read import HFImportError, read_config  # noqa: E402
 from seq2onnx.export.hf.verify import verify_hf  # noqa: E402
 
 SENTENCES = 8
-LEGACY = ("normalize_before", "normalize_embedding", "static_position_embeddings", "add_final_layer_norm",
-          "add_bias_logits")
+LEGACY = (
+    "normalize_before",
+    "normalize_embedding",
+    "static_position_embeddings",
+    "add_final_layer_norm",
+    "add_bias_logits",
+)
 
 
 def _random(family: str) -> Path:
@@ -48,7 +55,8 @@ def _edit(path: Path, **fields) -> None:
 
 
 def _resave(directory: Path, change) -> None:
-    """Loads the model, lets `change(model)` alter it and its config, and saves it over itself (weights included)."""
+    """Loads the model, lets `change(model)` alter it and its config, and saves it over itself (weights
+    included)."""
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
@@ -60,23 +68,28 @@ def _resave(directory: Path, change) -> None:
 
 
 def _untie(model) -> None:
-    """tie_word_embeddings false, as transformers 5 builds such a model: the output projection and the encoder's
-    and decoder's tables are tensors of their own (here copies of the shared table; the projection redrawn)."""
+    """tie_word_embeddings false, as transformers 5 builds such a model: the output projection and the
+    encoder's and decoder's tables are tensors of their own (here copies of the shared table, the
+    projection near it)."""
     import torch
 
     model.config.tie_word_embeddings = False
     shared = model.get_input_embeddings().weight.detach()
     for stack in (model.get_encoder(), model.get_decoder()):
-        stack.embed_tokens = torch.nn.Embedding.from_pretrained(shared.clone(), freeze=False,
-                                                                padding_idx=model.config.pad_token_id)
+        stack.embed_tokens = torch.nn.Embedding.from_pretrained(
+            shared.clone(), freeze=False, padding_idx=model.config.pad_token_id
+        )
     model.lm_head = torch.nn.Linear(model.config.d_model, model.config.vocab_size, bias=False)
-    with torch.no_grad():  # near the shared table, so that a trained model stays trained, but a tensor of its own
+    with (
+        torch.no_grad()
+    ):  # near the shared table, so that a trained model stays trained, but a tensor of its own
         model.lm_head.weight.copy_(shared + 0.05 * torch.randn_like(shared))
 
 
 def test_weights_missing_for_the_config_are_refused(tmp_path):
-    """A checkpoint saved tied, whose config.json then says tie_word_embeddings false: transformers 5 unties the
-    encoder's and decoder's tables too and fills them at random at each load; refused, naming them."""
+    """A checkpoint saved tied, whose config.json then says tie_word_embeddings false: transformers 5
+    unties the encoder's and decoder's tables too and fills them at random at each load; refused,
+    naming them."""
     directory = _copy(tmp_path, "m2m100")
     _edit(directory / "config.json", tie_word_embeddings=False)
     with pytest.raises(HFImportError, match=r"the weights lack \d+ tensors .*embed_tokens"):
@@ -97,8 +110,17 @@ HONOURED = {
     "m2m100-activation-silu": ("m2m100", {"activation_function": "silu"}, {"activation": "swish"}),
     "mbart-activation-relu": ("mbart", {"activation_function": "relu"}, {"activation": "relu"}),
     # generate() runs in eval mode: dropout and layerdrop change nothing, in transformers or here
-    "marian-dropout-layerdrop": ("marian", {"dropout": 0.3, "attention_dropout": 0.3, "activation_dropout": 0.3,
-                                            "encoder_layerdrop": 0.5, "decoder_layerdrop": 0.5}, {"dropout": 0.0}),
+    "marian-dropout-layerdrop": (
+        "marian",
+        {
+            "dropout": 0.3,
+            "attention_dropout": 0.3,
+            "activation_dropout": 0.3,
+            "encoder_layerdrop": 0.5,
+            "decoder_layerdrop": 0.5,
+        },
+        {"dropout": 0.0},
+    ),
     "m2m100-tie_word_embeddings-false": ("m2m100-trained", _untie, {"tie_embeddings": False}),
     "mbart-tie_word_embeddings-false": ("mbart", _untie, {"tie_embeddings": False}),
     "m2m100-decoder_layers-1": ("m2m100", _one_decoder_layer, {"n_encoder_layers": 2, "n_decoder_layers": 1}),
@@ -123,26 +145,40 @@ def test_honoured_against_generate(tmp_path, sentences_file, case):
     bundle = export_hf_bundle(directory, tmp_path / "bundle", decoder="standard")
     model = json.loads((bundle / "bundle.json").read_text())["model"]
     assert {k: model[k] for k in shown} == shown
-    options = {"source_lang": "en_XX", "target_lang": "fr_XX"} if family == "mbart" else \
-        {"source_lang": "en", "target_lang": "fr"} if family.startswith("m2m100") else {}
-    report = verify_hf(directory, bundle, data=str(sentences_file), sentences=SENTENCES, tensor_sentences=2, **options)
-    failed = [(c["name"], c["value"], c["bound"]) for c in report["checks"] if c["judged"] and not c["passed"]]
+    options = (
+        {"source_lang": "en_XX", "target_lang": "fr_XX"}
+        if family == "mbart"
+        else {"source_lang": "en", "target_lang": "fr"}
+        if family.startswith("m2m100")
+        else {}
+    )
+    report = verify_hf(
+        directory, bundle, data=str(sentences_file), sentences=SENTENCES, tensor_sentences=2, **options
+    )
+    failed = [
+        (c["name"], c["value"], c["bound"]) for c in report["checks"] if c["judged"] and not c["passed"]
+    ]
     assert report["passed"], failed
     [greedy] = [c for c in report["checks"] if c["name"] == "greedy ids identical to generate()"]
     assert greedy["value"] == 1.0
 
 
 def test_flip_changes_the_output(tmp_path):
-    """The honoured cases could fail: the same weights with scale_embedding flipped give other log-probabilities."""
+    """The honoured cases could fail: the same weights with scale_embedding flipped give other
+    log-probabilities."""
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
     directory = _copy(tmp_path, "marian")
     ids = torch.tensor([[5, 6, 7, 0]])
     start = torch.tensor([[json.loads((directory / "config.json").read_text())["decoder_start_token_id"]]])
-    before = AutoModelForSeq2SeqLM.from_pretrained(str(directory))(input_ids=ids, decoder_input_ids=start).logits
+    before = AutoModelForSeq2SeqLM.from_pretrained(str(directory))(
+        input_ids=ids, decoder_input_ids=start
+    ).logits
     _edit(directory / "config.json", scale_embedding=False)
-    after = AutoModelForSeq2SeqLM.from_pretrained(str(directory))(input_ids=ids, decoder_input_ids=start).logits
+    after = AutoModelForSeq2SeqLM.from_pretrained(str(directory))(
+        input_ids=ids, decoder_input_ids=start
+    ).logits
     assert (before - after).abs().max() > 1e-2
 
 
@@ -155,17 +191,32 @@ def test_fields_transformers_never_reads_are_refused_unless_computed(tmp_path, f
     _edit(directory / "config.json", **{field: computed})
     read_config(directory)  # the value transformers computes is accepted
     _edit(directory / "config.json", **{field: not computed})
-    with pytest.raises(HFImportError, match=rf"config\.json: {field} is {not computed!r}, but transformers' .* "
-                                            rf"computes {field}={computed!r}") as e:
+    with pytest.raises(
+        HFImportError,
+        match=rf"config\.json: {field} is {not computed!r}, but transformers' .* "
+        rf"computes {field}={computed!r}",
+    ) as e:
         read_config(directory)
     assert "\n" not in str(e.value)
 
 
-BAD_GENERATION = {"do_sample": True, "num_beam_groups": 2, "diversity_penalty": 0.5, "repetition_penalty": 1.2,
-                  "no_repeat_ngram_size": 3, "encoder_no_repeat_ngram_size": 2, "encoder_repetition_penalty": 1.1,
-                  "exponential_decay_length_penalty": [5, 1.1], "sequence_bias": [[[5], 1.0]],
-                  "begin_suppress_tokens": [5], "max_new_tokens": 10, "min_new_tokens": 2,
-                  "forced_decoder_ids": [[1, 5]], "force_words_ids": [[5]], "constraints": [{"token_ids": [5]}]}
+BAD_GENERATION = {
+    "do_sample": True,
+    "num_beam_groups": 2,
+    "diversity_penalty": 0.5,
+    "repetition_penalty": 1.2,
+    "no_repeat_ngram_size": 3,
+    "encoder_no_repeat_ngram_size": 2,
+    "encoder_repetition_penalty": 1.1,
+    "exponential_decay_length_penalty": [5, 1.1],
+    "sequence_bias": [[[5], 1.0]],
+    "begin_suppress_tokens": [5],
+    "max_new_tokens": 10,
+    "min_new_tokens": 2,
+    "forced_decoder_ids": [[1, 5]],
+    "force_words_ids": [[5]],
+    "constraints": [{"token_ids": [5]}],
+}
 
 
 def test_every_refused_generation_field_has_a_case():

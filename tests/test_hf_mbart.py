@@ -1,10 +1,12 @@
-"""mBART-50 many-to-many as transformers 5 saves it (issue 35, item 7), held to generate() by `seq2onnx verify`.
+"""mBART-50 many-to-many as transformers 5 saves it (issue 35, item 7), held to generate() by
+`seq2onnx verify`.
 
 The checkpoint is built in the test (tests/hf_mbart.py): MBart50Tokenizer from a SentencePiece model
 trained here, an MBartForConditionalGeneration trained en_XX -> fr_XX / de_DE. What the family adds
 over M2M100 (export/hf/family_mbart.py): layernorm_embedding, a learned position table per stack
 (offset 2), the language code as the source's first token and as the forced first target token.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,33 +41,67 @@ def test_fixture_is_mbart50_as_transformers_5_saves_it():
 def test_export_verifies_against_generate_in_both_target_languages(tmp_path):
     model_dir = M.cached_mbart()
     bundle = tmp_path / "bundle"
-    done = subprocess.run([*CLI, "export", str(model_dir), str(bundle)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*CLI, "export", str(model_dir), str(bundle)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert "writing the standard decoder only" in done.stderr  # export/fused.py has no embedding norm yet
     meta = json.loads((bundle / "bundle.json").read_text())
     model, tokens = meta["model"], meta["tokens"]
-    assert model["embedding_norm"] is True and model["separate_positions"] is True and model["pre_norm"] is True
+    assert (
+        model["embedding_norm"] is True and model["separate_positions"] is True and model["pre_norm"] is True
+    )
     assert model["logits_bias"] is True and model["activation"] == "gelu"
-    assert {"en_XX", "fr_XX", "de_DE"} <= set(tokens["languages"]) and tokens["target_lang_in"] == "target_prefix"
+    assert {"en_XX", "fr_XX", "de_DE"} <= set(tokens["languages"]) and tokens[
+        "target_lang_in"
+    ] == "target_prefix"
     assert tokens["source_prefix"] == [tokens["languages"]["en_XX"]] and tokens["source_suffix"] == [2]
     assert meta["decoding"]["forced_eos"] is True and meta["special_ids"]["decoder_start"] == 2
     data = tmp_path / "sentences.txt"
     data.write_text("\n".join(F.test_sentences(30)) + "\n", encoding="utf-8")
     for lang in ("fr_XX", "de_DE"):
-        verified = subprocess.run([*CLI, "verify", str(model_dir), str(bundle), "--data", str(data), "--sentences",
-                                   "30", "--tensor-sentences", "3", "--source-lang", "en_XX", "--target-lang", lang],
-                                  capture_output=True, text=True, timeout=600)
+        verified = subprocess.run(
+            [
+                *CLI,
+                "verify",
+                str(model_dir),
+                str(bundle),
+                "--data",
+                str(data),
+                "--sentences",
+                "30",
+                "--tensor-sentences",
+                "3",
+                "--source-lang",
+                "en_XX",
+                "--target-lang",
+                lang,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert verified.returncode == 0, verified.stdout + verified.stderr
-        for check in ("source ids identical to the tokenizer's", "greedy ids identical to generate()",
-                      "beam 4 ids identical to generate()", "texts identical to batch_decode"):
+        for check in (
+            "source ids identical to the tokenizer's",
+            "greedy ids identical to generate()",
+            "beam 4 ids identical to generate()",
+            "texts identical to batch_decode",
+        ):
             [row] = [line for line in verified.stdout.splitlines() if check in line]
             assert "100.0%" in row and row.split()[-3] == "ok", row
         assert verified.stdout.rstrip().endswith("PASSED")
     # the forced first token picks the language: the trained model's outputs differ between the two
     translator = Translator(bundle, device="cpu")
     sentences = F.test_sentences(5)
-    french = [r.hypotheses[0] for r in translator.translate_batch(sentences, source_lang="en_XX", target_lang="fr_XX")]
-    german = [r.hypotheses[0] for r in translator.translate_batch(sentences, source_lang="en_XX", target_lang="de_DE")]
+    french = [
+        r.hypotheses[0]
+        for r in translator.translate_batch(sentences, source_lang="en_XX", target_lang="fr_XX")
+    ]
+    german = [
+        r.hypotheses[0]
+        for r in translator.translate_batch(sentences, source_lang="en_XX", target_lang="de_DE")
+    ]
     assert french != german and all(french) and all(german)
 
 
@@ -74,9 +110,15 @@ def test_tokenizer_json_alone_is_refused_naming_the_file(tmp_path):
     shutil.copytree(M.cached_mbart(), model_dir)
     (model_dir / M.SPM_FILE).unlink()
     out = tmp_path / "bundle"
-    run = subprocess.run([*CLI, "export", str(model_dir), str(out)], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [*CLI, "export", str(model_dir), str(out)], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 1, run.stderr
     [error] = [line for line in run.stderr.splitlines() if line.startswith("seq2onnx export: error:")]
-    for words in ("sentencepiece.bpe.model: missing", "facebook/mbart-large-50-many-to-many-mmt", str(model_dir)):
+    for words in (
+        "sentencepiece.bpe.model: missing",
+        "facebook/mbart-large-50-many-to-many-mmt",
+        str(model_dir),
+    ):
         assert words in error, error
     assert not out.exists()

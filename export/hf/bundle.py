@@ -54,16 +54,16 @@ def export_hf_bundle(model_dir: str | Path, out: str | Path, *, dtype: str = "fl
     tokenizer = load_tokenizer(model_dir)
     imported = import_hf(model_dir)
     model, cfg, kind, family = imported.model, imported.model.cfg, imported.kind, imported.family
-    files = token_files(model_dir, family, tokenizer, src_vocab=cfg.src_vocab_size, tgt_vocab=cfg.tgt_vocab_size,
-                        generation=imported.generation)
+    files = token_files(model_dir, family, tokenizer, src_vocab=cfg.src_vocab_size,
+                        tgt_vocab=cfg.tgt_vocab_size, generation=imported.generation)
     if files.unk_id != cfg.unk_id:
         model.cfg = cfg = type(cfg)(**{**cfg.to_dict(), "unk_id": files.unk_id})
     decoding = family.decoding_defaults(imported.generation, config, cfg.max_positions)
     if (cfg.embedding_norm or cfg.separate_positions) and fused:
-        # export/fused.py builds the fused step by hand, with no embedding norm and the encoder's position table:
-        # the standard decoder only, until it has both.
-        print("seq2onnx export: note: the fused decoder has no embedding norm or decoder position table (mBART's); "
-              "writing the standard decoder only", file=sys.stderr)
+        # export/fused.py builds the fused step by hand, with no embedding norm and the encoder's position
+        # table: the standard decoder only, until it has both.
+        print("seq2onnx export: note: the fused decoder has no embedding norm or decoder position table "
+              "(mBART's); writing the standard decoder only", file=sys.stderr)
         fused = False
     del imported  # the model alone holds the weights from here on
     with atomic.building(out, force, "bundle", error=ExportError, inputs={"the model directory": model_dir},

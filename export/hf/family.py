@@ -9,6 +9,7 @@ Each family lives in its own module, export/hf/family_<name>.py, and registers i
 @register; `families()` imports every such module, so adding a family is one new file. This is how
 CTranslate2's converters register one loader per config class.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -21,11 +22,23 @@ from .checks import HFImportError
 _REGISTRY: dict[str, type[Family]] = {}
 # generation_config.json (or config.json) fields that change generate()'s output and that no host emulates:
 # field -> the value that leaves generate() as the bundle decodes (refused by name when set otherwise).
-NEUTRAL_GENERATION = {"do_sample": False, "num_beam_groups": 1, "diversity_penalty": 0.0, "repetition_penalty": 1.0,
-                      "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0,
-                      "exponential_decay_length_penalty": None, "sequence_bias": None, "begin_suppress_tokens": None,
-                      "max_new_tokens": None, "min_new_tokens": None, "forced_decoder_ids": None,
-                      "constraints": None, "force_words_ids": None}
+NEUTRAL_GENERATION = {
+    "do_sample": False,
+    "num_beam_groups": 1,
+    "diversity_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "encoder_repetition_penalty": 1.0,
+    "exponential_decay_length_penalty": None,
+    "sequence_bias": None,
+    "begin_suppress_tokens": None,
+    "max_new_tokens": None,
+    "min_new_tokens": None,
+    "forced_decoder_ids": None,
+    "constraints": None,
+    "force_words_ids": None,
+}
 
 
 def register(cls: type[Family]) -> type[Family]:
@@ -52,13 +65,16 @@ def family_of(config: dict, path: Path) -> Family:
     known = families()
     if "model_type" not in config:
         names = ", ".join(f'"{k}" for {c.title}' for k, c in known.items())
-        raise HFImportError(f"{path}: has no model_type; restore the config.json that save_pretrained writes "
-                            f"({names})")
+        raise HFImportError(
+            f"{path}: has no model_type; restore the config.json that save_pretrained writes ({names})"
+        )
     kind = config["model_type"]
     if kind not in known:
         names = ", ".join(f"{k} ({c.title})" for k, c in known.items())
-        raise HFImportError(f"{path}: model_type {kind!r} is not supported; this importer reads {names} "
-                            "(other encoder-decoders: train with `seq2onnx train` or convert elsewhere)")
+        raise HFImportError(
+            f"{path}: model_type {kind!r} is not supported; this importer reads {names} "
+            "(other encoder-decoders: train with `seq2onnx train` or convert elsewhere)"
+        )
     return known[kind]()
 
 
@@ -86,8 +102,8 @@ class Family:
     fixed: ClassVar[dict[str, object]] = {}
 
     def check_config(self, model_dir: Path, config: dict, generation: dict) -> None:
-        """Refuses, by name, each field whose value this family's transformers class does not compute, and each
-        generation field that changes generate()'s output in a way no host emulates.
+        """Refuses, by name, each field whose value this family's transformers class does not compute,
+        and each generation field that changes generate()'s output in a way no host emulates.
 
         Raises:
             HFImportError: naming the file, the field, its value and the fix.
@@ -96,28 +112,37 @@ class Family:
             value = config.get(field)
             if value is not None and value != computed:
                 raise HFImportError(
-                    f"{model_dir / 'config.json'}: {field} is {value!r}, but transformers' {self.title} code never "
-                    f"reads it and computes {field}={computed!r}: the weights were made for another implementation; "
-                    f"not supported (set {field} to {computed!r} if generate()'s output is the one you want)")
+                    f"{model_dir / 'config.json'}: {field} is {value!r}, but transformers' {self.title} "
+                    f"code never reads it and computes {field}={computed!r}: the weights were made for "
+                    "another implementation; "
+                    f"not supported (set {field} to {computed!r} if generate()'s output is the one you want)"
+                )
         for field, neutral in NEUTRAL_GENERATION.items():
             source = "generation_config.json" if generation.get(field) is not None else "config.json"
             value = generation.get(field, config.get(field)) if source == "config.json" else generation[field]
             if value not in (None, neutral, [] if neutral is None else neutral):
-                raise HFImportError(f"{model_dir / source}: {field} is {value!r}, which changes generate()'s output "
-                                    f"and is not emulated by the bundle's search; set it to {neutral!r} or remove it")
+                raise HFImportError(
+                    f"{model_dir / source}: {field} is {value!r}, which changes generate()'s output "
+                    f"and is not emulated by the bundle's search; set it to {neutral!r} or remove it"
+                )
 
     def model_fields(self, config: dict) -> dict:
         """The ModelConfig fields this family decides (the rest are read from the weights in read.py)."""
         return {"pre_norm": self.pre_norm, "embedding_norm": self.embedding_norm}
 
     def weight_pairs(self, model, hf) -> list[tuple]:
-        """(our tensor, transformers' tensor) for every weight outside the layers and the embedding tables that
-        this family has beyond the shared layout (read.py copies the shared ones): here the final norms."""
+        """(our tensor, transformers' tensor) for every weight outside the layers and the embedding tables
+        that this family has beyond the shared layout (read.py copies the shared ones): here the final
+        norms."""
         if not self.pre_norm:
             return []
         enc, dec = hf.get_encoder(), hf.get_decoder()
-        return [(model.encoder_norm.weight, enc.layer_norm.weight), (model.encoder_norm.bias, enc.layer_norm.bias),
-                (model.decoder_norm.weight, dec.layer_norm.weight), (model.decoder_norm.bias, dec.layer_norm.bias)]
+        return [
+            (model.encoder_norm.weight, enc.layer_norm.weight),
+            (model.encoder_norm.bias, enc.layer_norm.bias),
+            (model.decoder_norm.weight, dec.layer_norm.weight),
+            (model.decoder_norm.bias, dec.layer_norm.bias),
+        ]
 
     def spm_paths(self, model_dir: Path, tokenizer) -> tuple[Path, Path]:
         """The SentencePiece models the hosts tokenize with: (source, the one the tokenizer decodes with).
@@ -133,8 +158,10 @@ class Family:
 
     def missing_spm(self, model_dir: Path, path: Path) -> str:
         """The one-line error for a missing SentencePiece file."""
-        return (f"{path}: missing; the tokenizer's SentencePiece model is needed (save the tokenizer with "
-                "save_pretrained into the model directory)")
+        return (
+            f"{path}: missing; the tokenizer's SentencePiece model is needed (save the tokenizer with "
+            "save_pretrained into the model directory)"
+        )
 
     def languages(self, tokenizer, size: int) -> dict:
         """The tokens section's language entries (languages, target_lang_in, ...); {} for a one-pair model.
@@ -146,7 +173,8 @@ class Family:
         return {}
 
     def decoding_defaults(self, generation: dict, config: dict, max_positions: int) -> dict:
-        """The bundle's decoding defaults from generation_config.json (transformers' own defaults where it is silent).
+        """The bundle's decoding defaults from generation_config.json (transformers' own defaults where it
+        is silent).
 
         transformers' max_length and min_length count the decoder start token; ours count generated
         tokens (docs/decoding.md), hence the - 1. Its early_stopping is not carried over: our beam search
@@ -157,30 +185,39 @@ class Family:
         Raises:
             HFImportError: a forced_eos_token_id other than the end token.
         """
+
         def get(key, fallback):
             value = generation.get(key, config.get(key))
             return fallback if value is None else value
 
         max_length = int(get("max_length", 20))
-        decoding = {"beam_size": int(get("num_beams", 1)), "length_penalty": float(get("length_penalty", 1.0)),
-                    "max_length_a": 0.0, "max_length_b": max(1, min(max_length - 1, max_positions)),
-                    "min_length": max(int(get("min_length", 0)) - 1, 0),
-                    "beam_convention": "transformers"}  # generate()'s finished hypotheses (docs/decoding.md)
+        decoding = {
+            "beam_size": int(get("num_beams", 1)),
+            "length_penalty": float(get("length_penalty", 1.0)),
+            "max_length_a": 0.0,
+            "max_length_b": max(1, min(max_length - 1, max_positions)),
+            "min_length": max(int(get("min_length", 0)) - 1, 0),
+            "beam_convention": "transformers",
+        }  # generate()'s finished hypotheses (docs/decoding.md)
         forced = get("forced_eos_token_id", None)
         if isinstance(forced, list) and len(forced) == 1:
             forced = forced[0]
         if forced is not None:
-            # transformers' ForcedEOSTokenLogitsProcessor: the end token at the last allowed position (runtime/prefix.py)
+            # transformers' ForcedEOSTokenLogitsProcessor: the end token at the last allowed position
+            # (runtime/prefix.py)
             if forced != config.get("eos_token_id"):
-                raise HFImportError(f"generation_config.json: forced_eos_token_id {forced!r} is not the end token "
-                                    f"{config.get('eos_token_id')!r}; only the end token can be forced (remove the "
-                                    "field or set it to eos_token_id)")
+                raise HFImportError(
+                    f"generation_config.json: forced_eos_token_id {forced!r} is not the end token "
+                    f"{config.get('eos_token_id')!r}; only the end token can be forced (remove the "
+                    "field or set it to eos_token_id)"
+                )
             decoding["forced_eos"] = True
         return decoding
 
 
 def extra_special_tokens(tokenizer) -> list[str]:
-    """transformers 5's extra_special_tokens (a list, or a dict of named ones), 4.x's additional_special_tokens."""
+    """transformers 5's extra_special_tokens (a list, or a dict of named ones), or 4.x's
+    additional_special_tokens."""
     extra = getattr(tokenizer, "extra_special_tokens", None)
     if extra is None:
         extra = getattr(tokenizer, "additional_special_tokens", None) or []

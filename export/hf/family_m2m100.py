@@ -1,5 +1,7 @@
 """M2M100 and NLLB-200: pre-norm with final norms, fairseq's sinusoidal positions (offset by padding_idx + 1),
-one SentencePiece model, language tokens (__fr__, fra_Latn) before the source and forced as the target's first."""
+one SentencePiece model, language tokens (__fr__, fra_Latn) before the source and forced as the
+target's first."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,24 +18,38 @@ class M2M100(Family):
     pre_norm = True
     spm_files = ("sentencepiece.bpe.model", "sentencepiece.bpe.model")
     # fairseq's switches as M2M100ForConditionalGeneration computes them (it reads none of them).
-    fixed = {"normalize_before": True, "normalize_embedding": False, "static_position_embeddings": True,
-             "add_final_layer_norm": True, "add_bias_logits": False}
+    fixed = {
+        "normalize_before": True,
+        "normalize_embedding": False,
+        "static_position_embeddings": True,
+        "add_final_layer_norm": True,
+        "add_bias_logits": False,
+    }
 
     def missing_spm(self, model_dir: Path, path: Path) -> str:
         if not (model_dir / "tokenizer.json").is_file():
             return super().missing_spm(model_dir, path)
         # transformers 5 saves NLLB/M2M100 tokenizers as tokenizer.json alone; the hosts tokenize with
         # SentencePiece, and every NLLB-200 checkpoint shares one file, so it is fetched, not rebuilt.
-        return (f"{path}: missing (transformers 5's save_pretrained writes tokenizer.json only); the hosts tokenize "
-                f"with SentencePiece: copy {path.name} from the hub snapshot this model was fine-tuned from, e.g. "
-                f"hf_hub_download('facebook/nllb-200-distilled-600M', '{path.name}'), into {model_dir}")
+        return (
+            f"{path}: missing (transformers 5's save_pretrained writes tokenizer.json only); the hosts "
+            f"tokenize with SentencePiece: copy {path.name} from the hub snapshot this model was "
+            "fine-tuned from, e.g. "
+            f"hf_hub_download('facebook/nllb-200-distilled-600M', '{path.name}'), into {model_dir}"
+        )
 
     def languages(self, tokenizer, size: int) -> dict:
-        """M2M100's lang_code_to_id (__fr__), or NLLB's language tokens: its extra special tokens (fra_Latn)."""
+        """M2M100's lang_code_to_id (__fr__), or NLLB's language tokens: its extra special tokens
+        (fra_Latn)."""
         codes = getattr(tokenizer, "lang_code_to_id", None) or {}
         if not codes:
             codes = {t: tokenizer.convert_tokens_to_ids(t) for t in extra_special_tokens(tokenizer)}
-            named = {getattr(tokenizer, f"{n}_token_id", None) for n in ("bos", "eos", "unk", "pad", "mask", "sep", "cls")}
+            named = {
+                getattr(tokenizer, f"{n}_token_id", None)
+                for n in ("bos", "eos", "unk", "pad", "mask", "sep", "cls")
+            }
             codes = {t: i for t, i in codes.items() if i not in named}
-        return {"languages": {code: int(i) for code, i in codes.items() if 0 <= int(i) < size},
-                "target_lang_in": "target_prefix"}
+        return {
+            "languages": {code: int(i) for code, i in codes.items() if 0 <= int(i) < size},
+            "target_lang_in": "target_prefix",
+        }

@@ -1,6 +1,7 @@
 """mBART-50 (many-to-many): pre-norm with final norms and a LayerNorm after embeddings + positions
 (layernorm_embedding), learned positions offset by 2, a final logits bias, one SentencePiece model, and
 language codes (fr_XX) as the source's first token and forced as the target's first (forced_bos_token_id)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,25 +20,41 @@ class MBart(Family):
     spm_files = ("sentencepiece.bpe.model", "sentencepiece.bpe.model")
     # fairseq's switches as MBartForConditionalGeneration computes them (facebook/mbart-large-50's config.json
     # carries exactly these); it reads none of them.
-    fixed = {"normalize_before": True, "normalize_embedding": True, "static_position_embeddings": False,
-             "add_final_layer_norm": True, "add_bias_logits": False}
+    fixed = {
+        "normalize_before": True,
+        "normalize_embedding": True,
+        "static_position_embeddings": False,
+        "add_final_layer_norm": True,
+        "add_bias_logits": False,
+    }
 
     def weight_pairs(self, model, hf) -> list[tuple]:
         """The final norms, and each stack's layernorm_embedding."""
         pairs = super().weight_pairs(model, hf)
-        for ours, stack in ((model.encoder_embed_norm, hf.get_encoder()), (model.decoder_embed_norm, hf.get_decoder())):
-            pairs += [(ours.weight, stack.layernorm_embedding.weight), (ours.bias, stack.layernorm_embedding.bias)]
+        for ours, stack in (
+            (model.encoder_embed_norm, hf.get_encoder()),
+            (model.decoder_embed_norm, hf.get_decoder()),
+        ):
+            pairs += [
+                (ours.weight, stack.layernorm_embedding.weight),
+                (ours.bias, stack.layernorm_embedding.bias),
+            ]
         return pairs
 
     def missing_spm(self, model_dir: Path, path: Path) -> str:
         if not (model_dir / "tokenizer.json").is_file():
             return super().missing_spm(model_dir, path)
-        return (f"{path}: missing (transformers 5's save_pretrained writes tokenizer.json only); the hosts tokenize "
-                f"with SentencePiece: copy {path.name} from the hub snapshot this model was fine-tuned from, e.g. "
-                f"hf_hub_download('facebook/mbart-large-50-many-to-many-mmt', '{path.name}'), into {model_dir}")
+        return (
+            f"{path}: missing (transformers 5's save_pretrained writes tokenizer.json only); the hosts "
+            f"tokenize with SentencePiece: copy {path.name} from the hub snapshot this model was "
+            "fine-tuned from, e.g. "
+            f"hf_hub_download('facebook/mbart-large-50-many-to-many-mmt', '{path.name}'), into {model_dir}"
+        )
 
     def languages(self, tokenizer, size: int) -> dict:
         """MBart50Tokenizer's lang_code_to_id (en_XX, fr_XX, ...)."""
         codes = getattr(tokenizer, "lang_code_to_id", None) or {}
-        return {"languages": {code: int(i) for code, i in codes.items() if 0 <= int(i) < size},
-                "target_lang_in": "target_prefix"}
+        return {
+            "languages": {code: int(i) for code, i in codes.items() if 0 <= int(i) < size},
+            "target_lang_in": "target_prefix",
+        }

@@ -1,4 +1,5 @@
-"""A Hugging Face model directory (Marian / OPUS-MT, M2M100 / NLLB, mBART-50) -> our Transformer with its weights.
+"""A Hugging Face model directory (Marian / OPUS-MT, M2M100 / NLLB, mBART-50) -> our Transformer with its
+weights.
 
 Every architectural value is read from the model's own config and weights, never from a library
 default: the activation, the embedding scale, post- or pre-norm with the final norms, the logits
@@ -52,7 +53,7 @@ def read_config(model_dir: Path) -> dict:
         raise HFImportError(f"{model_dir}: no weights ({' or '.join(WEIGHT_FILES[:2])}); save the model with "
                             "save_pretrained (or copy its weights file) into this directory")
     check_directory(model_dir, config)
-    family.check_config(model_dir, config, read_generation(model_dir))  # its fields, honoured or refused by name
+    family.check_config(model_dir, config, read_generation(model_dir))  # its fields, refused by name
     return config
 
 
@@ -96,17 +97,19 @@ def load_hf(model_dir: Path):
         raise HFImportError(f"{model_dir}: transformers cannot load this model: {first}") from None
     missing = sorted(info.get("missing_keys") or [])
     if missing:
-        # transformers fills them at random, differently at each load (e.g. tie_word_embeddings false in 5.x unties
-        # the encoder's and decoder's tables too, which a checkpoint saved tied does not hold)
+        # transformers fills them at random, differently at each load (e.g. tie_word_embeddings false in 5.x
+        # unties the encoder's and decoder's tables too, which a checkpoint saved tied does not hold)
         raise HFImportError(f"{model_dir}: the weights lack {len(missing)} tensors the config implies (e.g. "
-                            f"{missing[:3]}), which transformers would fill at random; restore the config.json "
-                            "saved with these weights (tie_word_embeddings, the layer counts) or the weights")
+                            f"{missing[:3]}), which transformers would fill at random; restore the "
+                            "config.json saved with these weights (tie_word_embeddings, the layer counts) or "
+                            "the weights")
     return model.eval()
 
 
 def _positions(hf, n: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The position tables as the model computes them, (encoder, decoder): each stack's embed_positions output for n
-    tokens, captured by a hook on a forward pass with the layers taken out (only the embeddings run)."""
+    """The position tables as the model computes them, (encoder, decoder): each stack's embed_positions
+    output for n tokens, captured by a hook on a forward pass with the layers taken out (only the
+    embeddings run)."""
     enc, dec = hf.get_encoder(), hf.get_decoder()
     captured: dict[str, torch.Tensor] = {}
     hooks = [stack.embed_positions.register_forward_hook(lambda m, a, out, side=side: captured.__setitem__(side, out))
@@ -164,7 +167,8 @@ def model_config(config: dict, hf, model_dir: Path, generation: dict, family: Fa
         src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, d_model=config["d_model"],
         n_heads=config["encoder_attention_heads"], n_encoder_layers=len(enc.layers), n_decoder_layers=len(dec.layers),
         d_ff=layer.fc1.out_features, dropout=0.0, max_positions=config["max_position_embeddings"],
-        **family.model_fields(config), tie_embeddings=_same(head, tgt_embed), share_vocab=_same(src_embed, tgt_embed),
+        **family.model_fields(config), tie_embeddings=_same(head, tgt_embed),
+        share_vocab=_same(src_embed, tgt_embed),
         layer_norm_eps=layer.self_attn_layer_norm.eps, pad_id=pad, unk_id=config.get("unk_token_id", pad) or 0,
         bos_id=bos if isinstance(bos, int) and 0 <= bos < min(src_vocab, tgt_vocab) else start, eos_id=eos,
         decoder_start_id=start, activation=activation, scale_embedding=bool(config.get("scale_embedding", False)),
@@ -247,7 +251,8 @@ def import_hf(model_dir: str | Path) -> Imported:
     family = family_of(config, model_dir / "config.json")
     n = int(config["max_position_embeddings"])
     positions = _positions(hf, n, int(config["pad_token_id"]))
-    # One table where both stacks compute the same (Marian's, fairseq's sinusoids), else one each (mBART's learned)
+    # One table where both stacks compute the same (Marian's, fairseq's sinusoids), else one each (mBART's
+    # learned ones)
     cfg = model_config(config, hf, model_dir, generation, family, not torch.equal(*positions))
     model = Transformer(cfg).eval()
     _copy(model, hf, positions, family)

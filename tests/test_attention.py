@@ -33,6 +33,7 @@ def standard():
     return Translator(tiny_bundle(), device="cpu", _tuning=SessionTuning(decoder="standard"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam,n_best", [(1, 1), (4, 2)])
 @pytest.mark.parametrize("which", ["fused", "standard"])
 def test_asking_for_attention_leaves_hypotheses_and_scores_unchanged(request, which, beam, n_best):
@@ -51,6 +52,7 @@ def test_asking_for_attention_leaves_hypotheses_and_scores_unchanged(request, wh
             np.testing.assert_allclose(weights.sum(axis=1), 1.0, atol=1e-5)  # a distribution per target piece
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_attention_is_pytorchs_along_the_hypothesis(standard):
     model, _, _ = checkpoint.load(tiny_run() / "last")
@@ -114,6 +116,7 @@ def _translate(*args, stdin: str):
                           input=stdin, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_translate_attention_writes_json_lines_and_a_heatmap_page():
     out = scratch("attention-cli")
     data = out / "attention.jsonl"
@@ -139,6 +142,7 @@ def test_translate_attention_writes_json_lines_and_a_heatmap_page():
     assert forced.returncode == 0 and len(data.read_text().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_verify_checks_the_attention_output_against_pytorch():
     report = verify(tiny_run() / "last", tiny_bundle(), sentences=8)
     [check] = [c for c in report["checks"] if c["name"] == "decoder cross_attention max abs"]

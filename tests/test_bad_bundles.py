@@ -75,6 +75,7 @@ def test_the_python_runtime_refuses_it(case, copies):
     assert "\n" not in message and re.search(case["message"], message), (case["message"], message)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(skip_reason("the Node host")), reason=skip_reason("the Node host"))
 @pytest.mark.parametrize("case", CASES, ids=[c["what"] for c in CASES])
 def test_the_node_host_refuses_it_the_same_way(case, copies):

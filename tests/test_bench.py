@@ -28,6 +28,7 @@ def _row(report: dict, engine: str, search: str, batch: int) -> dict:
     return row
 
 
+@pytest.mark.slow
 def test_bench_quick(capsys):
     """One real run, as CI runs it: every engine in its own child process."""
     out = scratch("bench") / "bench.json"
@@ -87,6 +88,7 @@ def test_bench_quick(capsys):
     assert "one sentence at a time" in printed  # the reference beam caveat is stated
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_CT2, reason="ctranslate2 not installed")
 def test_ct2_conversion_pre_norm():
     """Pre-LN adds the stacks' final norms: CTranslate2 must still decode exactly as we do."""
@@ -98,6 +100,7 @@ def test_ct2_conversion_pre_norm():
             assert r["agreement"] == report["sentences"]
 
 
+@pytest.mark.slow
 def test_ct2_missing_is_skipped_with_the_install_hint(monkeypatch):
     monkeypatch.setattr(ct2convert, "ct2_available", lambda: (False, ct2convert.CT2_MISSING))
     report = bench_run.run_bench(tiny_run() / "last", sentences=4, threads=1,
@@ -117,6 +120,7 @@ def test_counting_helpers():
     assert bench_rows.percentile([], 50) is None and bench_rows.percentile(None, 50) is None
 
 
+@pytest.mark.slow
 def test_peak_memory_is_the_childs_own():
     """A child of a process holding 300 MB reports its own small peak (ru_maxrss would report the parent's)."""
     held = np.ones(300 * 2**20 // 8)  # written, so resident
@@ -278,6 +282,7 @@ def test_ratios_are_taken_within_rounds():
         assert r["x_ct2"] != pytest.approx(r["tokens_per_s"] / _row(report, "ct2-cpu-fp32", r["search"], r["batch"])["tokens_per_s"])
 
 
+@pytest.mark.slow
 def test_bench_rounds_interleave_engines(capsys):
     """--repeat 2: two rounds, each running every engine once; every row keeps both passes."""
     out = scratch("bench-rounds") / "bench.json"
@@ -409,6 +414,7 @@ def test_sweep_report_prints_the_three_tables():
         assert line.split()[-1] == f"{r['peak_rss_mb']:.0f}"
 
 
+@pytest.mark.slow
 def test_bench_sweep_runs_every_setting(capsys):
     """The default: every engine at each thread setting in its own child; the N x 1 settings' outputs
     are the one-thread settings' (the batches overlap, the answers come back in order)."""

@@ -44,6 +44,7 @@ def _swap(bundle: Path, source: Path) -> None:
     replace_dir(temp, bundle)
 
 
+@pytest.mark.slow
 def test_a_translator_keeps_its_bundle_when_the_directory_is_replaced_or_deleted():
     a, b, out_a, out_b = _pair()
     live = scratch("swap") / "bundle"

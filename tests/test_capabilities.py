@@ -137,6 +137,7 @@ _NODE_SKIP = skip_reason("sampling in the Node host against this runtime")
         (["--sampling-topp", "0.8"], dict(sampling_topp=0.8)),
     ],
 )
+@pytest.mark.slow
 def test_node_samples_as_python_on_the_tiny_model(bundle, flags, options):
     """The real graphs, 60 generated sentences, 3 samples each at temperature 1.5: the same token ids."""
     from seq2onnx.model.corpus import generate_pairs

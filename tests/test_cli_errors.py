@@ -43,6 +43,7 @@ def cases():
     return _cases()
 
 
+@pytest.mark.slow
 def test_each_command_error_is_one_line_without_traceback(cases):
     seen = set()
     for command, args, needle in cases:
@@ -62,6 +63,7 @@ def test_debug_shows_the_traceback(tmp_path):
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
+@pytest.mark.slow
 def test_debug_after_the_subcommand(tmp_path):
     result = run("translate", str(tmp_path / "nobundle"), "--debug")
     assert result.returncode != 0 and "Traceback" in result.stderr and "nobundle" in result.stderr
@@ -69,6 +71,7 @@ def test_debug_after_the_subcommand(tmp_path):
     assert plain.returncode == 1 and "Traceback" not in plain.stderr
 
 
+@pytest.mark.slow
 def test_threads_above_the_cores_is_an_error_naming_the_limit():
     cores = os.cpu_count()
     for value in (100000, -1, cores + 1):
@@ -82,6 +85,7 @@ def test_usage_errors_exit_2():
     assert run().returncode == 2  # no command: help, exit 2
 
 
+@pytest.mark.slow
 def test_help_explains_every_command():
     for command in ("train", "export", "verify", "evaluate", "translate", "demo"):
         result = run(command, "--help")

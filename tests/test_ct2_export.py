@@ -73,6 +73,7 @@ def reference(beam_size: int) -> tuple[list[str], list[list[int]]]:
     return texts, [h[0].tokens[:-1] if h[0].tokens[-1:] == [eos] else h[0].tokens for h in hyps]
 
 
+@pytest.mark.slow
 def test_export_writes_the_directory_and_refuses_to_overwrite_without_force():
     out = scratch("ct2-cli") / "model"
     r = cli("export", "--format", "ctranslate2", str(ckpt()), str(out))
@@ -106,6 +107,7 @@ def test_export_writes_the_directory_and_refuses_to_overwrite_without_force():
     assert {p.name for p in out.iterdir()} == CT2_FILES  # replaced whole, not merged
 
 
+@pytest.mark.slow
 def test_onnx_options_are_refused_for_ctranslate2():
     out = scratch("ct2-opts") / "model"
     r = cli("export", "--format", "ctranslate2", str(ckpt()), str(out), "--dtype", "float16", "--decoder", "standard")
@@ -166,6 +168,7 @@ def test_the_docs_snippet_translates_as_pytorch_beam_search():
     assert r.stdout.splitlines() == [tok.decode_target(w) for w in want]
 
 
+@pytest.mark.slow
 def test_verify_passes_for_the_exported_model(tmp_path):
     report_path = tmp_path / "report.json"
     r = cli("verify", str(ckpt()), str(exported()), "--json", str(report_path))
@@ -184,6 +187,7 @@ def test_verify_passes_for_the_exported_model(tmp_path):
     assert len(scores) == 2 and all(m["value"] < 1e-4 for m in scores)  # same weights: float noise only
 
 
+@pytest.mark.slow
 def test_verify_fails_on_a_perturbed_weight_and_shows_both_scores(tmp_path):
     report_path = tmp_path / "report.json"
     r = cli("verify", str(ckpt()), str(damaged_copy(0.2)), "--json", str(report_path))
@@ -204,6 +208,7 @@ def test_verify_fails_on_a_perturbed_weight_and_shows_both_scores(tmp_path):
     assert f"{first['torch']['torch_score']:.4f}" in r.stdout and f"{first['ct2']['torch_score']:.4f}" in r.stdout
 
 
+@pytest.mark.slow
 def test_verify_names_a_recipe_that_departs_from_the_convention():
     """length_penalty 0 in the recipe: CTranslate2 ranks by raw score (and stops early); PyTorch keeps
     the convention's 1.0. Same weights, so every difference is a search difference, not a near-tie."""

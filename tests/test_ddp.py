@@ -86,6 +86,7 @@ def busy_cores():
 REPEATS = 3
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path, one_process, busy_cores):
     for i in range(1, REPEATS):
         done = _run(_torchrun(tmp_path / f"again-{i}", 20))
@@ -110,6 +111,7 @@ def test_two_processes_match_one_process(tmp_path, one_process, busy_cores):
     assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no probe or temporary leftovers
 
 
+@pytest.mark.slow
 def test_two_process_checkpoint_resumes_in_one_process(tmp_path, one_process):
     run = tmp_path / "run"
     _run(_launch(run, 10))
@@ -120,6 +122,7 @@ def test_two_process_checkpoint_resumes_in_one_process(tmp_path, one_process):
     _assert_same_history(state["history"], _state(one_process)["history"])
 
 
+@pytest.mark.slow
 def test_one_process_checkpoint_resumes_in_two_processes(tmp_path, one_process):
     run = tmp_path / "run"
     train(TrainOptions(out=str(run), max_steps=10, **OPTIONS))
@@ -147,6 +150,7 @@ def _workers(agent: int) -> dict[int, int]:
     return found
 
 
+@pytest.mark.slow
 def test_killing_one_rank_ends_the_run_with_a_clear_error(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen(_torchrun(run, 100_000, "--eval-every", "5"), env=ENV, stdout=subprocess.DEVNULL,
@@ -175,6 +179,7 @@ def test_killing_one_rank_ends_the_run_with_a_clear_error(tmp_path):
     assert _state(run)["step"] == step + 2
 
 
+@pytest.mark.slow
 def test_failure_on_rank_0_at_start_stops_every_rank(tmp_path):
     """An occupied OUT is refused by rank 0; rank 1 stops too, at once, instead of waiting for it."""
     run = tmp_path / "run"

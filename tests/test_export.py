@@ -355,6 +355,7 @@ def leftovers(parent: Path, name: str) -> list[str]:
     return [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.tmp-") or p.name.startswith(f".{name}.old-")]
 
 
+@pytest.mark.slow
 def test_export_refuses_to_overwrite_without_force_and_replaces_with_it():
     out = scratch("overwrite") / "bundle"
     export_bundle(run_dir() / "last", out)
@@ -379,6 +380,7 @@ def test_export_to_an_unwritable_place_names_it():
     assert sorted(p.name for p in parent.iterdir()) == ["a-file"]
 
 
+@pytest.mark.slow
 def test_failed_export_leaves_no_temporary_directory(monkeypatch):
     import seq2onnx.export.bundle as export_module
 
@@ -437,6 +439,7 @@ def test_bad_checkpoints_raise_checkpoint_error_naming_the_problem():
         assert list(out_parent.iterdir()) == [], label  # nothing written, no temporary left
 
 
+@pytest.mark.slow
 def test_cli_export_errors_are_one_line():
     cases = bad_checkpoints()
     out = scratch("cli-out") / "bundle"
@@ -456,6 +459,7 @@ def test_cli_export_errors_are_one_line():
     assert len(lines) == 1 and lines[0].startswith("seq2onnx export: error:") and "--force" in lines[0], r.stderr
 
 
+@pytest.mark.slow
 def test_cli_export_decoder_choice():
     out = scratch("cli-decoder") / "bundle"
     r = cli("export", str(run_dir()), str(out), "--decoder", "standard")

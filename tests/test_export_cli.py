@@ -30,6 +30,7 @@ def test_top_level_help_lists_every_command_with_its_one_line_help():
         assert text and f" {name} {' '.join(text.split())} " in listing, (name, r.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_each_command_has_its_own_help(name):
     r = _help(name)

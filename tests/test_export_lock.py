@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tiny import scratch, tiny_run
 
 from seq2onnx.runtime import bundle as fmt
@@ -60,6 +62,7 @@ def _leftovers(parent: Path, name: str) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p.name != name)
 
 
+@pytest.mark.slow
 def test_concurrent_exports_one_succeeds_the_other_fails_clearly():
     ckpt = (tiny_run() / "last").resolve()
     procs = _workers(2)
@@ -95,6 +98,7 @@ def test_concurrent_exports_one_succeeds_the_other_fails_clearly():
             p.wait(timeout=60)
 
 
+@pytest.mark.slow
 def test_two_cli_exports_started_together():
     """The user's case: two `seq2onnx export` commands into one directory; one prints success."""
     ckpt = tiny_run()

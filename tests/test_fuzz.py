@@ -36,6 +36,7 @@ def _check(translator: Translator, result: TranslationResult, text: str, max_len
         assert translator.target_tokenizer.decode(ids) == hypothesis
 
 
+@pytest.mark.slow
 @settings(max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(texts=st.lists(TEXT, min_size=1, max_size=5))
 def test_translate_batch_fuzzed(translator, texts):

@@ -84,6 +84,7 @@ def _dummy_wheel(directory: Path) -> Path:
     return whl
 
 
+@pytest.mark.slow
 def test_pack_is_joined_checked_and_installed():
     tmp = scratch("gpu-pack")
     pack, target = tmp / "pack", tmp / "target"

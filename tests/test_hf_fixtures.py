@@ -63,6 +63,7 @@ def test_corpus_is_deterministic_and_test_sentences_are_held_out():
     assert hf.translate("the big cat sees a dog", "de") == "der gross katze ein hund sieht"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shared_vocab", [True, False])
 def test_marian_directory_is_what_transformers_writes_and_loads(shared_vocab):
     path = hf.random_model("marian", shared_vocab=shared_vocab)
@@ -136,6 +137,7 @@ def test_m2m100_directory_is_what_transformers_writes_and_loads():
     assert model.generation_config.num_beams == 5 and model.generation_config.decoder_start_token_id == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [{}, {"shared_vocab": False, "activation": "relu"}], ids=["shared-swish", "separate-relu"])
 def test_trained_marian_translates_and_stops(options):
     tokenizer, model = _load(hf.cached_model("marian", **options))
@@ -145,6 +147,7 @@ def test_trained_marian_translates_and_stops(options):
     assert _word_accuracy(texts, [hf.translate(s, "fr") for s in sentences]) >= 0.5
 
 
+@pytest.mark.slow
 def test_trained_m2m100_follows_the_forced_language():
     tokenizer, model = _load(hf.cached_model("m2m100"))
     sentences = hf.test_sentences(N_TEST)

@@ -53,6 +53,7 @@ def _check(report: dict, name: str, decoder: str) -> dict:
     {"shared_vocab": True, "activation": "swish"},  # OPUS-MT's own shape
     {"shared_vocab": False, "activation": "relu"},  # separate vocabularies and embeddings
 ], ids=["shared-swish", "separate-relu"])
+@pytest.mark.slow
 def test_marian_bundle_matches_transformers(tmp_path_factory, sentences_file, options):
     model_dir = F.cached_model("marian", **options)
     bundle = _export(tmp_path_factory, model_dir)
@@ -73,6 +74,7 @@ def test_marian_bundle_matches_transformers(tmp_path_factory, sentences_file, op
     assert _check(report, "source ids identical to the tokenizer's", "")["value"] == 1.0
 
 
+@pytest.mark.slow
 def test_marian_ids_are_not_sentencepiece_ids(tmp_path_factory):
     """The importer maps pieces through the tokenizer's vocabulary: a bundle that fed SentencePiece's own ids
     would translate garbage, and the map file says so."""
@@ -88,6 +90,7 @@ def test_marian_ids_are_not_sentencepiece_ids(tmp_path_factory):
     assert t.prepare_source(text)[0] == tok(text).input_ids
 
 
+@pytest.mark.slow
 def test_m2m100_forced_target_language(tmp_path_factory, sentences_file):
     model_dir = F.cached_model("m2m100")
     bundle = _export(tmp_path_factory, model_dir)
@@ -115,6 +118,7 @@ def test_m2m100_forced_target_language(tmp_path_factory, sentences_file):
         t.translate_batch([text], target_prefix=[[meta["special_ids"]["eos"]]])
 
 
+@pytest.mark.slow
 def test_int8_bundle_is_judged_by_its_own_bounds(tmp_path_factory, sentences_file):
     model_dir = F.cached_model("marian")
     bundle = _export(tmp_path_factory, model_dir, quantize="int8")
@@ -130,6 +134,7 @@ def test_int8_bundle_is_judged_by_its_own_bounds(tmp_path_factory, sentences_fil
     ("vocab_mismatch", ["config.json", "vocab_size is", "rows", "set vocab_size to"]),
     ("tokenizer_mismatch", ["source.spm", "not in the tokenizer's vocabulary", "vocab.json"]),
 ])
+@pytest.mark.slow
 def test_damaged_directory_is_one_line_and_writes_nothing(tmp_path, how, words):
     broken = tmp_path / "model"
     shutil.copytree(F.cached_model("marian", train_steps=0), broken)
@@ -155,6 +160,7 @@ def test_import_error_is_raised_before_anything_is_written(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_cli_export_translate_and_verify(tmp_path, sentences_file):
     """The commands as a user types them: export, translate with a target language, verify (exit 0)."""
     model_dir = F.cached_model("m2m100")
@@ -180,6 +186,7 @@ def test_cli_export_translate_and_verify(tmp_path, sentences_file):
     assert no_data.returncode == 1 and "give --data FILE" in no_data.stderr
 
 
+@pytest.mark.slow
 def test_node_host_agrees_on_imported_bundles(tmp_path_factory, sentences_file):
     """verify-host: the Node host tokenizes through the maps and forces the language as the Python runtime does."""
     from seq2onnx.commands.verify_host import verify_host
@@ -193,6 +200,7 @@ def test_node_host_agrees_on_imported_bundles(tmp_path_factory, sentences_file):
         assert report["passed"], (bundle, failed, report["differences"][:3])
 
 
+@pytest.mark.slow
 def test_browser_translates_an_imported_bundle_as_python_does(tmp_path_factory, tmp_path):
     """One browser run (Chromium, onnxruntime-web) on an imported Marian bundle: the page's texts, ids and scores
     are the Python runtime's."""

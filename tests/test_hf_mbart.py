@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from extras import require
 
 require("transformers", "hf")
@@ -25,6 +27,7 @@ from seq2onnx.runtime.translator import Translator  # noqa: E402
 CLI = [sys.executable, "-m", "seq2onnx.commands"]
 
 
+@pytest.mark.slow
 def test_fixture_is_mbart50_as_transformers_5_saves_it():
     from transformers import AutoConfig, AutoTokenizer
 
@@ -38,6 +41,7 @@ def test_fixture_is_mbart50_as_transformers_5_saves_it():
     assert type(config).__name__ == "MBartConfig" and config.scale_embedding is True
 
 
+@pytest.mark.slow
 def test_export_verifies_against_generate_in_both_target_languages(tmp_path):
     model_dir = M.cached_mbart()
     bundle = tmp_path / "bundle"
@@ -105,6 +109,7 @@ def test_export_verifies_against_generate_in_both_target_languages(tmp_path):
     assert french != german and all(french) and all(german)
 
 
+@pytest.mark.slow
 def test_tokenizer_json_alone_is_refused_naming_the_file(tmp_path):
     model_dir = tmp_path / "model"
     shutil.copytree(M.cached_mbart(), model_dir)

@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from extras import require
 
 require("transformers", "hf")
@@ -21,6 +23,7 @@ import hf_nllb as N  # noqa: E402
 CLI = [sys.executable, "-m", "seq2onnx.commands"]
 
 
+@pytest.mark.slow
 def test_tokenizer_is_what_transformers_5_saves():
     """The fixture is the case of the issue: the fast NllbTokenizer, a Metaspace decoder, no .model saved."""
     from transformers import AutoTokenizer
@@ -33,6 +36,7 @@ def test_tokenizer_is_what_transformers_5_saves():
     assert (N.cached_nllb(with_spm=True) / N.SPM_FILE).is_file()
 
 
+@pytest.mark.slow
 def test_hub_snapshot_exports_and_verifies(tmp_path):
     model_dir = N.cached_nllb(with_spm=True)
     bundle = tmp_path / "bundle"
@@ -58,6 +62,7 @@ def test_hub_snapshot_exports_and_verifies(tmp_path):
         assert verified.stdout.rstrip().endswith("PASSED")
 
 
+@pytest.mark.slow
 def test_tokenizer_json_alone_is_refused_naming_the_file(tmp_path):
     model_dir = N.cached_nllb(with_spm=False)
     out = tmp_path / "bundle"

@@ -188,6 +188,7 @@ def test_refused_by_name(tmp_path, name):
     assert _digest(broken) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TYPED)
 def test_refused_as_typed(tmp_path, name):
     broken = _broken(tmp_path, name)
@@ -213,6 +214,7 @@ def test_undamaged_directories_pass_every_check(model, options):
     assert read_config(directory)["model_type"] == {"marian": "marian", "m2m100": "m2m_100"}[model]
 
 
+@pytest.mark.slow
 def test_shortest_position_table_exports(tmp_path):
     """MIN_POSITIONS is the exporter's true limit: a table that long exports, one shorter is refused."""
     model = tmp_path / "model"

@@ -48,6 +48,7 @@ def _token_checks(report: dict) -> dict:
     return {c["name"]: c for c in report["checks"] if c["tier"] == "tokens" and c["decoder"]}
 
 
+@pytest.mark.slow
 def test_forced_eos_is_recorded_and_matches_generate(short_marian):
     model_dir, bundle, data = short_marian
     decoding = json.loads((bundle / "bundle.json").read_text())["decoding"]
@@ -66,6 +67,7 @@ def test_forced_eos_is_recorded_and_matches_generate(short_marian):
     assert eos == 0
 
 
+@pytest.mark.slow
 def test_without_forced_eos_the_bundle_differs(short_marian, tmp_path):
     """The control: the same bundle told nothing of forced_eos stops without </s> and generate() disagrees."""
     model_dir, bundle, data = short_marian
@@ -79,6 +81,7 @@ def test_without_forced_eos_the_bundle_differs(short_marian, tmp_path):
     assert _token_checks(report)["greedy ids identical to generate()"]["value"] < 0.75
 
 
+@pytest.mark.slow
 def test_node_host_forces_the_end_token_too(short_marian):
     from seq2onnx.commands.verify_host import verify_host
 
@@ -102,6 +105,7 @@ def _strip(row: list[int], pad: int, eos: int) -> list[int]:
     return row[:-1] if row and row[-1] == eos else row
 
 
+@pytest.mark.slow
 def test_n_best_is_generate_s(tmp_path):
     """Issue 35 item 2: beam 5 x 3 hypotheses identical to generate(num_return_sequences=3) under the bundle's
     beam_convention "transformers"; the same bundle under our own convention differs on some sentences (the
@@ -139,6 +143,7 @@ def test_n_best_is_generate_s(tmp_path):
     assert agree["fairseq"][1] == len(sources) and agree["fairseq"][0] < len(sources), agree
 
 
+@pytest.mark.slow
 def test_node_host_n_best_follows_the_bundle_s_convention(tmp_path):
     from seq2onnx.commands.verify_host import verify_host
 

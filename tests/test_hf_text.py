@@ -56,6 +56,7 @@ def _node_ids(bundle: Path, texts: list[str]) -> list[list[int]]:
     return json.loads(run.stdout)
 
 
+@pytest.mark.slow
 def test_trailing_white_space_matches_transformers(nllb):
     bundle, tok, t = nllb
     space = tok.convert_tokens_to_ids("\u2581")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from extras import require
 
 require("transformers", "hf")
@@ -20,6 +22,7 @@ from seq2onnx.runtime.translator import Translator  # noqa: E402
 CLI = [sys.executable, "-m", "seq2onnx.commands"]
 
 
+@pytest.mark.slow
 def test_multi_target_marian_verifies_with_target_lang(tmp_path):
     model_dir = M.cached_marian_multi()
     bundle = export_hf_bundle(model_dir, tmp_path / "bundle", decoder="standard")
@@ -43,6 +46,7 @@ def test_multi_target_marian_verifies_with_target_lang(tmp_path):
         assert "30/30 sentences" in run.stdout
 
 
+@pytest.mark.slow
 def test_long_verify_reports_progress_per_chunk(tmp_path):
     """Every CHUNK sentences of each long phase says how far it is (the command prints them at most every 2 s)."""
     model_dir = F.cached_model("marian")

@@ -113,6 +113,7 @@ def standard_bundle(bundle, tmp_path_factory):
 @settings(max_examples=HYPOTHESIS_EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.data_too_large,
                                  HealthCheck.too_slow, HealthCheck.large_base_example])
+@pytest.mark.slow
 @given(lines=st.lists(_LINE, min_size=LINES_PER_EXAMPLE, max_size=LINES_PER_EXAMPLE))
 def test_both_hosts_answer_hypothesis_lines_alike(standard_bundle, tmp_path_factory, lines):
     source = tmp_path_factory.mktemp("fuzz") / "lines.txt"

@@ -72,6 +72,7 @@ def _assert_same(got: list[dict], want, k: int) -> None:
     assert [g["hypotheses"] for g in got] == [w.hypotheses for w in want]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam,n_best", [(1, 1), (4, 1), (4, 4)])
 def test_node_equals_python_on_generated_sentences(bundle, translator, sentences, beam, n_best):
     got = node_json("translate", str(bundle), "--json", "--beam", str(beam), "--n-best", str(n_best),

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 
 from seq2onnx.model import checkpoint
 
@@ -57,6 +59,7 @@ def _writes_in_progress(out: Path) -> list[Path]:
     return [d for d in out.glob(".tmp-*") if not d.name.startswith(".tmp-del-") and (d / checkpoint.STATE).is_file()]
 
 
+@pytest.mark.slow
 def test_sigkill_inside_writes_and_at_random_moments_then_resume(tmp_path):
     out = tmp_path / "run"
     rng = random.Random(1234)
@@ -112,6 +115,7 @@ def _safe_step(out: Path) -> int:
         return -1
 
 
+@pytest.mark.slow
 def test_resume_continues_to_max_steps(tmp_path):
     out = tmp_path / "run"
     first = _start(out, 4, resume=False)

@@ -26,6 +26,7 @@ def checkpoint() -> Path:
 FORMATS = ["onnx"] + (["ctranslate2"] if ct2_available()[0] else [])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("format_", FORMATS)
 def test_export_into_its_own_checkpoint_is_refused_and_the_checkpoint_kept(checkpoint, format_):
     before = {p.name: p.read_bytes() for p in checkpoint.iterdir()}
@@ -37,6 +38,7 @@ def test_export_into_its_own_checkpoint_is_refused_and_the_checkpoint_kept(check
     assert CHECKPOINT_FILES <= set(before)
 
 
+@pytest.mark.slow
 def test_export_into_a_run_through_its_last_link_is_refused(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(tiny_run(), run, symlinks=True)
@@ -45,6 +47,7 @@ def test_export_into_a_run_through_its_last_link_is_refused(tmp_path):
     assert (run / "last" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("format_", FORMATS)
 def test_force_never_empties_a_folder_seq2onnx_did_not_write(checkpoint, tmp_path, format_):
     mine = tmp_path / "mine"

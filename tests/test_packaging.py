@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tiny import scratch, tiny_bundle
 
 import seq2onnx
@@ -39,6 +41,7 @@ def test_no_bare_top_level_names_are_installed():
                                                      "atomic"), False)
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_every_layer_and_the_spec_under_one_name(tmp_path):
     """What `pip install seq2onnx` unpacks: the package and its data files, nothing else at the top."""
     import zipfile

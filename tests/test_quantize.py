@@ -83,6 +83,7 @@ def _outputs(translator: Translator, texts: list[str], beam: int, batch: int) ->
     return [list(r.token_ids[0]) for r in translator.translate_batch(texts, beam_size=beam, max_batch_size=batch)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("beam", [1, 4])
 def test_a_sentence_translates_alike_alone_and_in_any_batch(int8, variant, beam):

@@ -125,6 +125,7 @@ def beam_reference(reference):
     return ids, want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_batch_size", [1, 32])
 def test_beam_parity_n_best(any_translator, beam_reference, max_batch_size):
     ids, want = beam_reference

@@ -53,6 +53,7 @@ def test_training_lowers_the_loss(tmp_path):
     assert model.cfg.src_vocab_size == tok.src_vocab_size
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(tmp_path):
     """20 steps + resume to 30 == 30 steps at once, bit for bit (dropout 0, CPU).
 
@@ -219,6 +220,7 @@ def test_steps_reachable_counts_toward_the_first_limit():
     assert steps_reachable(4000, 0, 50, 2000.0, 30) == 50  # past the time limit: this is the last step
 
 
+@pytest.mark.slow
 def test_progress_bar_total_follows_the_time_limit(tmp_path, monkeypatch):
     import seq2onnx.model.train as train_module
 

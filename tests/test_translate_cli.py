@@ -273,6 +273,7 @@ def test_output_file_is_not_left_partial_on_ctrl_c(bundle):
 
 # -- progress --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_progress_only_when_asked_or_on_a_terminal(bundle):
     path = scratch("cli-progress") / "in.txt"
     path.write_text("\n".join(LINES) + "\n", encoding="utf-8")

@@ -60,6 +60,7 @@ def write_text(path: Path, lines: list[str], newline: str = "\n") -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_text_output_is_byte_identical_to_seq2onnx_translate(local_ray, bundle, capsys):
     d = scratch("ds-text")
     source = write_text(d / "in.txt", LINES, newline="\r\n")  # CRLF: the \r must go, as in translate
@@ -75,6 +76,7 @@ def test_text_output_is_byte_identical_to_seq2onnx_translate(local_ray, bundle, 
     assert not [p.name for p in d.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_parquet_column_in_parquet_out_keeps_order_and_nulls(local_ray, bundle, greedy):
     d = scratch("ds-parquet")
     texts = LINES[:60] + [None] + LINES[60:90]
@@ -83,6 +85,7 @@ def test_parquet_column_in_parquet_out_keeps_order_and_nulls(local_ray, bundle, 
     assert pq.read_table(d / "out.parquet").column("translation").to_pylist() == greedy[:60] + [None] + greedy[60:90]
 
 
+@pytest.mark.slow
 def test_jsonl_column_in_text_out(local_ray, bundle, greedy):
     d = scratch("ds-jsonl")
     with open(d / "in.jsonl", "w", encoding="utf-8") as f:
@@ -92,6 +95,7 @@ def test_jsonl_column_in_text_out(local_ray, bundle, greedy):
     assert (d / "out.txt").read_text(encoding="utf-8").split("\n")[:-1] == greedy[:50]
 
 
+@pytest.mark.slow
 def test_killed_worker_is_restarted_and_its_block_retried(local_ray, bundle, greedy):
     d = scratch("ds-crash")
     marker = str(d / "crashed")
@@ -119,6 +123,7 @@ def test_killed_worker_is_restarted_and_its_block_retried(local_ray, bundle, gre
     assert (d / "out.txt").read_text(encoding="utf-8").split("\n")[:-1] == greedy
 
 
+@pytest.mark.slow
 def test_bundle_a_worker_cannot_read_fails_before_work_starts(local_ray, bundle, monkeypatch):
     d = scratch("ds-nobundle")
     source = write_text(d / "in.txt", LINES[:10])
@@ -140,6 +145,7 @@ def test_unreadable_bundle_here_fails_before_ray_work(local_ray, tmp_path):
     assert not (tmp_path / "out.txt").exists()
 
 
+@pytest.mark.slow
 def test_refuses_to_overwrite_without_force(local_ray, bundle, greedy):
     d = scratch("ds-force")
     source = write_text(d / "in.txt", LINES[:12])
@@ -151,6 +157,7 @@ def test_refuses_to_overwrite_without_force(local_ray, bundle, greedy):
     assert (d / "out.txt").read_text(encoding="utf-8").split("\n")[:-1] == greedy[:12]
 
 
+@pytest.mark.slow
 def test_translator_error_on_a_worker_ends_the_job_with_its_reason(local_ray, bundle):
     d = scratch("ds-long")
     source = write_text(d / "in.txt", ["the cat sleeps", "the cat " * 400])

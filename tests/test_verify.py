@@ -40,6 +40,7 @@ def checks(report: dict, tier: str) -> list[dict]:
     return [c for c in report["checks"] if c["tier"] == tier]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
 def test_verify_passes_for_the_exported_model(variant):
     pre_norm, tie = VARIANTS[variant]
@@ -103,6 +104,7 @@ def perturbed_bundle(key: str = "decoder") -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken, intact", [("standard", "fused"), ("fused", "standard")])
 def test_verify_fails_when_either_decoder_does_not_match(broken, intact):
     report = verify(tiny_run(False, True) / "last", perturbed_bundle("decoder_fused") if broken == "fused" else perturbed_bundle())
@@ -119,6 +121,7 @@ def test_verify_fails_when_either_decoder_does_not_match(broken, intact):
     assert text.splitlines()[-1].startswith("FAILED")
 
 
+@pytest.mark.slow
 def test_verify_fails_on_a_bundle_that_does_not_match():
     report = verify(tiny_run(False, True) / "last", perturbed_bundle())
     text = format_report(report)
@@ -146,6 +149,7 @@ def _independent_agreement(run: Path, bundle: Path, n: int, decoder: str = "auto
     return sum(g.token_ids[0] == w for g, w in zip(got, want)) / len(pairs), drop
 
 
+@pytest.mark.slow
 def test_int8_bundle_is_judged_by_the_codes_bounds_on_tokens_and_bleu():
     run, bundle = tiny_run(False, True) / "last", tiny_bundle(False, True, "int8")
     bounds = TOLERANCES["int8"]  # the one constant export writes into bundle.json
@@ -190,6 +194,7 @@ def _with_tolerances(name: str, **tolerances) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_int8_verdict_moves_with_its_bounds_and_names_the_failing_check():
     run = tiny_run(False, True) / "last"
     # An agreement of at least 0% and any BLEU drop pass, however far the tensors are off (atol 0).
@@ -234,6 +239,7 @@ def cli_verify(bundle: Path, json_out: Path) -> subprocess.CompletedProcess:
         cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_verify_exit_status_and_json():
     out = scratch("cli-verify")
     good = cli_verify(tiny_bundle(), out / "good.json")

@@ -89,6 +89,7 @@ def fake_node(directory: Path, fault: str, node: str | None = NODE, version: str
     return path
 
 
+@pytest.mark.slow
 @needs_node
 def test_passes_on_the_tiny_bundle_and_writes_the_report(bundle, sentences_file, tmp_path):
     report_path = tmp_path / "report.json"
@@ -120,6 +121,7 @@ def test_passes_on_the_tiny_bundle_and_writes_the_report(bundle, sentences_file,
     ("score", "greedy max |score diff|"),
     ("tokens", "target tokenizer ids identical"),
 ])
+@pytest.mark.slow
 def test_fails_when_the_node_host_differs(bundle, sentences_file, tmp_path, fault, failing):
     proc = verify_host(str(bundle), "--sentences-file", str(sentences_file), "--node", str(fake_node(tmp_path, fault)))
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -133,6 +135,7 @@ def test_fails_when_the_node_host_differs(bundle, sentences_file, tmp_path, faul
         assert f"{1e-3:.1e}" in next(line for line in proc.stdout.splitlines() if line.startswith(failing))
 
 
+@pytest.mark.slow
 def test_missing_node_and_missing_node_modules_name_what_to_install(tmp_path):
     sentences = tmp_path / "s.txt"
     sentences.write_text("the cat\n")

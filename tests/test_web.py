@@ -190,6 +190,7 @@ def drive_page(site: Path, sentences: list[str], runs: list[dict], screenshot: P
     return json.loads(proc.stdout), server.url
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(_BROWSER_SKIP), reason=_BROWSER_SKIP)
 def test_browser_translations_match_the_python_runtime(site, bundle, tmp_path):
     runs = [{"beamSize": 1, "numHypotheses": 1}, {"beamSize": 4, "numHypotheses": 4}]

@@ -134,6 +134,7 @@ def sentences_file(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(HONOURED))
 def test_honoured_against_generate(tmp_path, sentences_file, case):
     family, change, shown = HONOURED[case]

@@ -66,6 +66,7 @@ def test_trailing_white_space_matches_transformers(nllb):
     assert tok(SENTENCE + "\n").input_ids == tok(SENTENCE).input_ids[:-1] + [space] + tok(SENTENCE).input_ids[-1:]
 
 
+@pytest.mark.slow
 def test_literal_special_tokens_are_read_as_text(nllb):
     """The documented difference: the text's pieces (SentencePiece through the source map), never a special id."""
     import numpy as np
@@ -82,6 +83,7 @@ def test_literal_special_tokens_are_read_as_text(nllb):
         assert ids != tok(text).input_ids, text  # transformers reads the token as special: the difference is real
 
 
+@pytest.mark.slow
 def test_node_host_reads_the_edges_as_python_does(nllb):
     bundle, _, t = nllb
     texts = TRAILING + PLAIN + LITERAL

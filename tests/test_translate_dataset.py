@@ -138,6 +138,7 @@ def test_bundle_a_worker_cannot_read_fails_before_work_starts(local_ray, bundle,
     assert not started and not (d / "out.txt").exists()
 
 
+@pytest.mark.slow
 def test_unreadable_bundle_here_fails_before_ray_work(local_ray, tmp_path):
     source = write_text(tmp_path / "in.txt", LINES[:3])
     with pytest.raises(BundleError, match="not a bundle directory"):

@@ -64,7 +64,7 @@ TINY = {
     "mbart": dict(family="mbart", d=64, layers=2, heads=4, ffn=256, vocab=3000, spm=1000),
 }
 MBART_LANGS = 52  # MBart50Tokenizer's language codes, after the pieces and before <mask>
-# The multilingual families' source and target languages: (tokenizer's src_lang, target token, translate_batch's)
+# The multilingual families' languages: (tokenizer's src_lang, target token, translate_batch's target_lang)
 LANGS = {"m2m_100": ("en", "__fr__", "fr"), "mbart": ("en_XX", "fr_XX", "fr_XX")}
 
 
@@ -196,19 +196,22 @@ def job_build(spec: dict) -> dict:
     elif s["family"] == "mbart":
         from transformers import MBart50Tokenizer, MBartConfig, MBartForConditionalGeneration
 
-        # MBart50Tokenizer's ids: <s> <pad> </s> <unk>, the pieces but SentencePiece's own three, 52 codes, <mask>
+        # MBart50Tokenizer's ids: <s> <pad> </s> <unk>, the pieces but SentencePiece's own three, 52 codes,
+        # <mask>
         train_spm(texts, out / "sentencepiece.bpe.model", s["spm"], V - 4 - MBART_LANGS - 1 + 3)
-        tok = MBart50Tokenizer.from_pretrained(str(out), src_lang="en_XX")
+        # bos_token as the published special_tokens_map.json has it (CTranslate2's converter reads it)
+        tok = MBart50Tokenizer.from_pretrained(str(out), src_lang="en_XX", bos_token="<s>")
         assert len(tok) == V, (len(tok), V)
         config = MBartConfig(**shape, vocab_size=V, activation_function="gelu", max_position_embeddings=1024,
                              bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
                              forced_eos_token_id=2, tie_word_embeddings=True, normalize_before=True,
-                             normalize_embedding=True, static_position_embeddings=False, add_final_layer_norm=True,
-                             add_bias_logits=False)
+                             normalize_embedding=True, static_position_embeddings=False,
+                             add_final_layer_norm=True, add_bias_logits=False,
+                             tokenizer_class="MBart50Tokenizer")  # as published; CTranslate2 reads it
         model = MBartForConditionalGeneration(config)
-        model.generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, early_stopping=True,
-                                                   eos_token_id=2, forced_eos_token_id=2, max_length=200,
-                                                   num_beams=5, pad_token_id=1)
+        model.generation_config = GenerationConfig(
+            bos_token_id=0, decoder_start_token_id=2, early_stopping=True, eos_token_id=2, forced_eos_token_id=2,
+            max_length=200, num_beams=5, pad_token_id=1)
     else:
         from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
         from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES

@@ -19,8 +19,8 @@ from seq2onnx import atomic
 from seq2onnx.runtime.bundle import BUNDLE_JSON, DECODER_LABELS, SPEC_PATH, STANDARD
 
 # The JS host's platform-free modules and its browser entry point (never platform-node.js).
-HOST_FILES = ("spec.js", "bundle.js", "checks.js", "search.js", "tokenizer.js", "translator.js", "platform-web.js",
-              "index-web.js")
+HOST_FILES = ("spec.js", "bundle.js", "checks.js", "search.js", "sampling.js", "tokenizer.js", "translator.js",
+              "platform-web.js", "index-web.js")
 # Where the site keeps the bundle spec: host/spec.js fetches ../spec/bundle.json beside itself. It is
 # the spec of this package (SPEC_PATH, the repository's spec/bundle.json), the one that checked the bundle.
 SITE_SPEC = "spec/bundle.json"

@@ -165,8 +165,8 @@ def check_graph_sizes(model, dtype: str) -> None:
     for label, size in graph_sizes(model, dtype).items():
         if size >= PROTOBUF_LIMIT - (64 << 20):
             raise ExportError(f"the {label} graph would hold {size / 2**30:.2f} GiB of weights, over the 2 GiB one ONNX "
-                              "file can hold; ONNX external data is not supported yet: export with --dtype float16 (half the "
-                              "size, for CUDA) or a smaller model")
+                              "file can hold: the exporter still writes each graph whole before moving its weights into "
+                              "weights.bin; export with --dtype float16 (half the size, for CUDA) or a smaller model")
 
 
 def write_graphs(model, directory: Path, dtype: str, quantize: str | None, fused: bool) -> dict | None:
@@ -188,7 +188,8 @@ def write_graphs(model, directory: Path, dtype: str, quantize: str | None, fused
     scheme = None
     if quantize == "int8":
         scheme = quantize_graphs(directory, graphs, contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS))
-    store_weights(directory, list(graphs.values()))
+    # the fused decoder first: its stacked QKV weights are stored whole, the standard decoder's Q, K, V as their parts
+    store_weights(directory, sorted(graphs.values(), key=lambda name: name != fmt.FUSED_DECODER_FILE))
     for name in graphs.values():  # each graph again from its file, now with its external data
         check_stored_graph(directory / name)
     return scheme

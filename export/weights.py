@@ -63,8 +63,9 @@ def store_weights(directory: Path, files: list[str]) -> WeightsReport:
 
     Args:
         directory: the bundle being written.
-        files: the graph file names, in the order their tensors are offered (largest tensors go first
-            whatever the order, so that a part is always found in its whole).
+        files: the graph file names, one loaded at a time in this order, each graph's largest tensors first: a
+            graph holding stacked weights (the fused decoder's QKV) goes before the one holding their parts, so
+            that a part is found in its whole.
 
     Returns:
         What was written.
@@ -74,40 +75,48 @@ def store_weights(directory: Path, files: list[str]) -> WeightsReport:
     """
     directory = Path(directory)
     report = WeightsReport(directory / names.WEIGHTS_FILE)
-    protos = {name: onnx.load(str(directory / name)) for name in files}
-    found: list[tuple[int, str, onnx.TensorProto]] = []
-    for name, proto in protos.items():
-        constants_to_initializers(proto.graph)
-        for tensor in proto.graph.initializer:
-            if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                raise ValueError(f"{name}: initializer {tensor.name!r} is already external data")
-            if not tensor.HasField("raw_data"):  # typed fields (float_data, ...) -> raw bytes
-                tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
-            if len(tensor.raw_data) >= MIN_EXTERNAL_BYTES:
-                found.append((len(tensor.raw_data), name, tensor))
     where: dict[tuple[int, int, str], int] = {}  # (type, length, sha256) -> offset in the file
-    found.sort(key=lambda item: -item[0])  # wholes before their parts
     with open(report.path, "wb") as out:
-        for size, name, tensor in found:
-            raw = tensor.raw_data
-            key = _key(tensor.data_type, raw)
-            if key not in where:
-                pad = -out.tell() % names.WEIGHTS_ALIGNMENT
-                out.write(b"\0" * pad)
-                where[key] = offset = out.tell()
-                out.write(raw)
-                report.tensors += 1
-                _register_parts(where, tensor, raw, offset)
-            report.referenced += size
-            report.references += 1
-            report.per_graph[name] = report.per_graph.get(name, 0) + size
-            external_data_helper.set_external_data(tensor, names.WEIGHTS_FILE, offset=where[key], length=size)
-            tensor.ClearField("raw_data")
-            tensor.data_location = onnx.TensorProto.EXTERNAL
+        for name in files:  # one graph in memory at a time: a large model's graphs are gigabytes each
+            proto = onnx.load(str(directory / name))
+            found = _large_initializers(name, proto)
+            found.sort(key=lambda tensor: -len(tensor.raw_data))  # wholes before their parts
+            for tensor in found:
+                size, key = len(tensor.raw_data), _key(tensor.data_type, tensor.raw_data)
+                if key not in where:
+                    out.write(b"\0" * (-out.tell() % names.WEIGHTS_ALIGNMENT))
+                    where[key] = out.tell()
+                    out.write(tensor.raw_data)
+                    report.tensors += 1
+                    _register_parts(where, tensor, tensor.raw_data, where[key])
+                report.referenced += size
+                report.references += 1
+                report.per_graph[name] = report.per_graph.get(name, 0) + size
+                external_data_helper.set_external_data(tensor, names.WEIGHTS_FILE, offset=where[key], length=size)
+                tensor.ClearField("raw_data")
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+            onnx.save(proto, str(directory / name))  # the graph alone: its tensors' bytes are in the file
+            del proto, found
         report.stored = out.tell()
-    for name, proto in protos.items():
-        onnx.save(proto, str(directory / name))  # the graph alone: its tensors' bytes are in the file
     return report
+
+
+def _large_initializers(name: str, proto: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """The initializers of MIN_EXTERNAL_BYTES or more (large Constant nodes made initializers first), as raw bytes.
+
+    Raises:
+        ValueError: an initializer that is already external data.
+    """
+    constants_to_initializers(proto.graph)
+    found = []
+    for tensor in proto.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            raise ValueError(f"{name}: initializer {tensor.name!r} is already external data")
+        if not tensor.HasField("raw_data"):  # typed fields (float_data, ...) -> raw bytes
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
+        if len(tensor.raw_data) >= MIN_EXTERNAL_BYTES:
+            found.append(tensor)
+    return found
 
 
 def constants_to_initializers(graph: onnx.GraphProto, min_bytes: int = MIN_EXTERNAL_BYTES) -> None:

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import onnx
-from onnx import numpy_helper
 
 from tiny import tiny_bundle
 
@@ -26,11 +25,15 @@ def _gemm_module():
 
 def test_shapes_are_the_fused_decoders_weight_matrices():
     bundle = tiny_bundle()
-    graph = onnx.load(str(bundle / fmt.FUSED_DECODER_FILE)).graph
-    weights = {i.name: numpy_helper.to_array(i).shape for i in graph.initializer}
+    graph = onnx.load(str(bundle / fmt.FUSED_DECODER_FILE), load_external_data=False).graph
+    weights = {i.name: tuple(i.dims) for i in graph.initializer}
+
+    def logical(node) -> tuple[int, int]:  # (in, out): a weight under transB is nn.Linear's (out, in) tensor
+        shape = weights[node.input[1]]
+        return shape[::-1] if any(a.name == "transB" and a.i == 1 for a in node.attribute) else shape
+
     # the right-hand side of every product with a constant matrix: Gemm, MatMul, FusedGemm
-    used = sorted(weights[n.input[1]] for n in graph.node
-                  if n.op_type in ("Gemm", "MatMul", "FusedGemm") and n.input[1] in weights)
+    used = sorted(logical(n) for n in graph.node if n.op_type in ("Gemm", "MatMul", "FusedGemm") and n.input[1] in weights)
     model = json.loads((bundle / fmt.BUNDLE_JSON).read_text())["model"]
     assert sorted(_gemm_module().weight_shapes(model)) == used
 

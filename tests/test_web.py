@@ -224,3 +224,16 @@ def test_browser_translations_match_the_python_runtime(site, bundle, tmp_path):
     assert [r["beamSize"] for r in report["runs"]] == [1, 4]
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 10_000
     print(f"screenshot: {screenshot}")
+
+
+def test_the_site_carries_every_module_the_browser_host_imports():
+    """Each relative import of the host files the site carries is one of them: a module added to js/src and
+    imported by the translator but left out of HOST_FILES would leave the page loading for ever."""
+    import re
+
+    from seq2onnx.commands.web import HOST_FILES
+
+    for name in HOST_FILES:
+        text = (JS / "src" / name).read_text(encoding="utf-8")
+        imported = set(re.findall(r"""(?:from|import)\s*\(?\s*["']\./([\w.-]+\.js)["']""", text))
+        assert imported <= set(HOST_FILES), (name, sorted(imported - set(HOST_FILES)))

@@ -27,9 +27,11 @@ else:  # tiny models run fastest on one thread; on a shared 2-core machine more 
 RUNTIME_FILES = ("test_bad_bundles.py", "test_bundle_spec.py", "test_bundle_trust.py", "test_fuzz.py",
                  "test_runtime_api.py", "test_runtime_memory.py", "test_runtime_search.py",
                  "test_translate_cli.py")
-# Their tests that compare with the PyTorch oracle (model/search.py), left out of the runtime-only run.
-NEEDS_TORCH = ("test_runtime_search.py::test_beam_equals_torch_oracle",
-               "test_runtime_search.py::test_beam_one_equals_greedy_and_greedy_equals_oracle")
+# Their tests that need the training side ([train]), left out of the runtime-only run: the PyTorch oracle
+# (model/search.py), or onnx to build a graph. (onnx stays out of that venv: the runtime must not need it.)
+NEEDS_TRAIN = ("test_runtime_search.py::test_beam_equals_torch_oracle",
+               "test_runtime_search.py::test_beam_one_equals_greedy_and_greedy_equals_oracle",
+               "test_runtime_memory.py::test_cpu_sessions_keep_no_copy_of_their_graph")
 
 # The serving suites' slow tests (real servers under load, Ray), marked `slow` here rather than in their
 # files: `pytest -m "not slow"` leaves them out as it does the tests decorated @pytest.mark.slow.
@@ -93,7 +95,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
     if not config.getoption("--runtime-only"):
         return
-    kept = [item for item in items if not item.nodeid.split("[")[0].endswith(NEEDS_TORCH)]
+    kept = [item for item in items if not item.nodeid.split("[")[0].endswith(NEEDS_TRAIN)]
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept

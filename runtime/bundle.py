@@ -243,12 +243,13 @@ class _Directory:
             fd = os.open(relative if self.fd is not None else where, flags, dir_fd=self.fd)
         except FileNotFoundError:
             raise BundleError(f"{where}: missing from the bundle") from None
-        f = os.fdopen(fd, "rb")
-        info = os.fstat(f.fileno())
+        info = os.fstat(fd)  # before a file object: Python refuses a directory with a bare "[Errno 21] ... : 7"
         if not stat.S_ISREG(info.st_mode):
-            f.close()
-            raise BundleError(f"{where}: not a regular file (a device, pipe or socket); a bundle holds files: "
-                              "re-export it")
+            os.close(fd)
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a device, pipe or socket"
+            raise BundleError(f"{where}: not a regular file ({kind}); a bundle holds files: re-export it with "
+                              "`seq2onnx export`")
+        f = os.fdopen(fd, "rb")
         if limit is not None and info.st_size > limit:
             f.close()
             raise BundleError(f"{where}: {info.st_size} bytes, more than the {limit} a bundle description can be; "

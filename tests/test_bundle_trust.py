@@ -262,3 +262,23 @@ def test_deeply_nested_json_is_a_bundle_error(bundle):
     path = _copy(bundle, "nested")
     (path / "bundle.json").write_text("[" * 100_000 + "]" * 100_000)
     _refused(path, "bundle.json")
+
+
+def test_a_graph_that_is_a_directory_is_named_by_both_hosts(bundle):
+    """A directory where decoder.onnx should be: one line naming the file and the fix on Python and Node alike
+    (Python's file object said only `[Errno 21] Is a directory: 7`)."""
+    import subprocess
+
+    from node_host import JS, NODE, skip_reason
+
+    path = _copy(bundle, "graph-dir")
+    (path / "decoder.onnx").unlink()
+    (path / "decoder.onnx").mkdir()
+    message = _refused(path, "decoder.onnx: not a regular file (a directory)", "re-export")
+    assert "Errno" not in message
+    if skip_reason("the Node host"):
+        assert not __import__("os").environ.get("CI"), skip_reason("the Node host")  # CI has node: never skip there
+        return
+    out = subprocess.run([NODE, str(JS / "bin" / "seq2onnx-js.mjs"), "translate", str(path)], input="a cat\n",
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "decoder.onnx: not a regular file (a directory" in out.stderr, out.stderr

@@ -102,12 +102,16 @@ def build_fused_decoder(model: Transformer, *, check: bool = True) -> onnx.Model
         #    below), so the bundle's weights file stores it once (export/weights.py), for one Mul per step.
         tied = model.generator.weight is model.tgt_embed.weight
         scale = d**0.5 if cfg.scale_embedding else 1.0
-        pos = g.const("positions", model.positions)
+        pos = g.const("positions", model.target_positions)  # the decoder's own table where it has one (mBART)
         (tok,) = g.node("GatherND", [g.const("embed", model.tgt_embed.weight), names.TOKENS], name="embed")
         if scale != 1.0:
             (tok,) = g.node("Mul", [tok, g.const("embed_scale", np.array(scale, np.float32))], name="embed_scale")
         (pe,) = g.node("Gather", [pos, names.STEP], name="position", axis=0)  # (1, D)
         (x,) = g.node("Add", [tok, pe], name="embed_add")  # (R, D), the residual stream
+        if cfg.embedding_norm:  # mBART's layernorm_embedding: LN(embedding + position) feeds the layers
+            norm = model.decoder_embed_norm
+            (x,) = g.node("LayerNormalization", [x, g.const("embed_norm_g", norm.weight), g.const("embed_norm_b", norm.bias)],
+                          name="embed_norm", axis=-1, epsilon=eps)
         # Cross-attention queries a sentence's keys with its W beams as one (B, W, D) query: the
         # target shape [B, -1, D], made once per step from the mask's batch.
         (batch,) = g.node("Shape", [names.SRC_MASK], name="batch", start=0, end=1)

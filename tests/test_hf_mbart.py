@@ -49,8 +49,8 @@ def test_export_verifies_against_generate_in_both_target_languages(tmp_path):
         [*CLI, "export", str(model_dir), str(bundle)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    assert "writing the standard decoder only" in done.stderr  # export/fused.py has no embedding norm yet
     meta = json.loads((bundle / "bundle.json").read_text())
+    assert "decoder_fused" in meta["graphs"]  # the fused step has the embedding norm and the decoder's own table
     model, tokens = meta["model"], meta["tokens"]
     assert (
         model["embedding_norm"] is True and model["separate_positions"] is True and model["pre_norm"] is True
@@ -92,8 +92,10 @@ def test_export_verifies_against_generate_in_both_target_languages(tmp_path):
             "beam 4 ids identical to generate()",
             "texts identical to batch_decode",
         ):
-            [row] = [line for line in verified.stdout.splitlines() if check in line]
-            assert "100.0%" in row and row.split()[-3] == "ok", row
+            rows = [line for line in verified.stdout.splitlines() if check in line]
+            assert rows and all("100.0%" in row and row.split()[-3] == "ok" for row in rows), rows
+            if "source ids" not in check:  # one row per decoder: the standard and the fused one
+                assert sorted(row.split()[1] for row in rows) == ["fused", "standard"], rows
         assert verified.stdout.rstrip().endswith("PASSED")
     # the forced first token picks the language: the trained model's outputs differ between the two
     translator = Translator(bundle, device="cpu")

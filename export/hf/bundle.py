@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import json
 import shutil
-import sys
 from pathlib import Path
 
 from seq2onnx import atomic
@@ -59,12 +58,6 @@ def export_hf_bundle(model_dir: str | Path, out: str | Path, *, dtype: str = "fl
     if files.unk_id != cfg.unk_id:
         model.cfg = cfg = type(cfg)(**{**cfg.to_dict(), "unk_id": files.unk_id})
     decoding = family.decoding_defaults(imported.generation, config, cfg.max_positions)
-    if (cfg.embedding_norm or cfg.separate_positions) and fused:
-        # export/fused.py builds the fused step by hand, with no embedding norm and the encoder's position
-        # table: the standard decoder only, until it has both.
-        print("seq2onnx export: note: the fused decoder has no embedding norm or decoder position table "
-              "(mBART's); writing the standard decoder only", file=sys.stderr)
-        fused = False
     del imported  # the model alone holds the weights from here on
     with atomic.building(out, force, "bundle", error=ExportError, inputs={"the model directory": model_dir},
                          ours=_is_bundle) as tmp:

@@ -100,6 +100,9 @@ class Family:
     spm_files: ClassVar[tuple[str, str]]
     restore_spaces: ClassVar[bool] = False
     fixed: ClassVar[dict[str, object]] = {}
+    # A hub snapshot whose SentencePiece file every checkpoint of the family shares: where transformers 5 saved
+    # tokenizer.json alone, the error says to copy the file from there (it is fetched, not rebuilt).
+    spm_snapshot: ClassVar[str | None] = None
 
     def check_config(self, model_dir: Path, config: dict, generation: dict) -> None:
         """Refuses, by name, each field whose value this family's transformers class does not compute,
@@ -158,6 +161,12 @@ class Family:
 
     def missing_spm(self, model_dir: Path, path: Path) -> str:
         """The one-line error for a missing SentencePiece file."""
+        if self.spm_snapshot and (model_dir / "tokenizer.json").is_file():
+            return (
+                f"{path}: missing (transformers 5's save_pretrained writes tokenizer.json only); the hosts "
+                f"tokenize with SentencePiece: copy {path.name} from the hub snapshot this model was "
+                f"fine-tuned from, e.g. hf_hub_download('{self.spm_snapshot}', '{path.name}'), into {model_dir}"
+            )
         return (
             f"{path}: missing; the tokenizer's SentencePiece model is needed (save the tokenizer with "
             "save_pretrained into the model directory)"

@@ -4,7 +4,6 @@ target's first."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from .family import Family, extra_special_tokens, register
 
@@ -18,6 +17,7 @@ class M2M100(Family):
     pre_norm = True
     spm_files = ("sentencepiece.bpe.model", "sentencepiece.bpe.model")
     # fairseq's switches as M2M100ForConditionalGeneration computes them (it reads none of them).
+    spm_snapshot = "facebook/nllb-200-distilled-600M"  # every checkpoint shares its SentencePiece file (Family.missing_spm)
     fixed = {
         "normalize_before": True,
         "normalize_embedding": False,
@@ -25,18 +25,6 @@ class M2M100(Family):
         "add_final_layer_norm": True,
         "add_bias_logits": False,
     }
-
-    def missing_spm(self, model_dir: Path, path: Path) -> str:
-        if not (model_dir / "tokenizer.json").is_file():
-            return super().missing_spm(model_dir, path)
-        # transformers 5 saves NLLB/M2M100 tokenizers as tokenizer.json alone; the hosts tokenize with
-        # SentencePiece, and every NLLB-200 checkpoint shares one file, so it is fetched, not rebuilt.
-        return (
-            f"{path}: missing (transformers 5's save_pretrained writes tokenizer.json only); the hosts "
-            f"tokenize with SentencePiece: copy {path.name} from the hub snapshot this model was "
-            "fine-tuned from, e.g. "
-            f"hf_hub_download('facebook/nllb-200-distilled-600M', '{path.name}'), into {model_dir}"
-        )
 
     def languages(self, tokenizer, size: int) -> dict:
         """M2M100's lang_code_to_id (__fr__), or NLLB's language tokens: its extra special tokens

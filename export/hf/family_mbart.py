@@ -4,7 +4,6 @@ language codes (fr_XX) as the source's first token and forced as the target's fi
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from .family import Family, register
 
@@ -20,6 +19,7 @@ class MBart(Family):
     spm_files = ("sentencepiece.bpe.model", "sentencepiece.bpe.model")
     # fairseq's switches as MBartForConditionalGeneration computes them (facebook/mbart-large-50's config.json
     # carries exactly these); it reads none of them.
+    spm_snapshot = "facebook/mbart-large-50-many-to-many-mmt"  # every checkpoint shares its SentencePiece file (Family.missing_spm)
     fixed = {
         "normalize_before": True,
         "normalize_embedding": True,
@@ -40,16 +40,6 @@ class MBart(Family):
                 (ours.bias, stack.layernorm_embedding.bias),
             ]
         return pairs
-
-    def missing_spm(self, model_dir: Path, path: Path) -> str:
-        if not (model_dir / "tokenizer.json").is_file():
-            return super().missing_spm(model_dir, path)
-        return (
-            f"{path}: missing (transformers 5's save_pretrained writes tokenizer.json only); the hosts "
-            f"tokenize with SentencePiece: copy {path.name} from the hub snapshot this model was "
-            "fine-tuned from, e.g. "
-            f"hf_hub_download('facebook/mbart-large-50-many-to-many-mmt', '{path.name}'), into {model_dir}"
-        )
 
     def languages(self, tokenizer, size: int) -> dict:
         """MBart50Tokenizer's lang_code_to_id (en_XX, fr_XX, ...)."""

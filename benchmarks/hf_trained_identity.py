@@ -358,7 +358,10 @@ def markdown(report: dict) -> str:
     lines += ["", "int8 and CTranslate2 rows are held to generate()'s fp32 at the same search. "
               "CTranslate2 is given the tokenizer's pieces; its texts are not compared. "
               "CTranslate2 does not emulate "
-              "forced_eos_token_id (Marian, mBART): a sentence reaching max_length differs there."]
+              "forced_eos_token_id (Marian, mBART): a sentence reaching max_length differs there. "
+              "generate() runs with each checkpoint's generation_config.json: Marian's, as OPUS-MT's, has no "
+              "early_stopping (transformers' default False), which neither bundle nor CTranslate2 emulates "
+              "(docs/decoding.md), so its beam rows differ where a longer hypothesis wins late."]
     return "\n".join(lines) + "\n"
 
 

@@ -414,7 +414,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     quiet()
     if not TATOEBA.is_file():
-        print(f"skipped: {TATOEBA} is absent; put the Tatoeba cmn-eng pairs (cmn.txt from\n"
+        print(f"skipped: {TATOEBA} is absent; put the Tatoeba cmn-eng pairs (cmn.txt from "
               "manythings.org/anki, tatoeba.org's sentence pairs) there", file=sys.stderr)
         return 0
     train, test = read_pairs(args.sentences)

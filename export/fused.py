@@ -30,11 +30,11 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from seq2onnx.export.graphs import IR_VERSION, OPSET
 from seq2onnx.model.transformer import Transformer
 from seq2onnx.runtime import bundle as names
 from seq2onnx.runtime.signature import fused_signature  # defined once, with every graph name
 
-OPSET = 17
 MS_DOMAIN = names.MS_DOMAIN
 FUSED_DECODER_FILE = names.FUSED_DECODER_FILE
 BEAM_WIDTH, CACHE_INDIRECTION = names.BEAM_WIDTH, names.CACHE_INDIRECTION
@@ -209,7 +209,7 @@ def build_fused_decoder(model: Transformer, *, check: bool = True) -> onnx.Model
     graph = helper.make_graph(g.nodes, "decoder_step_fused", [value_info(s) for s in sig["inputs"]],
                               [value_info(s) for s in sig["outputs"]], initializer=g.inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
-                              producer_name="seq2onnx.export.fused")
+                              producer_name="seq2onnx.export.fused", ir_version=IR_VERSION)
     if check:
         onnx.checker.check_model(proto)  # contrib ops have no ONNX schema: structure and types only
     return proto

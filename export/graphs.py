@@ -17,6 +17,10 @@ from seq2onnx.model.transformer import Transformer
 from seq2onnx.runtime import bundle as names
 
 OPSET = 17
+# The IR version every graph is written with: opset 17's (onnx 1.12), what torch.onnx writes. onnx's
+# helper.make_model stamps its own newest IR instead (14 for onnx 1.23), which onnxruntime 1.31 refuses
+# ("Unsupported model IR version: 14, max supported IR version: 13"): the GPU check found it.
+IR_VERSION = 8
 
 
 class EncoderGraph(nn.Module):

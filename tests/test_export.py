@@ -19,7 +19,7 @@ from helpers import cli
 from tiny import scratch, tiny_bundle, tiny_run
 
 from seq2onnx.export.bundle import DECODING_DEFAULTS, TOLERANCES, ExportError, export_bundle
-from seq2onnx.export.graphs import OPSET
+from seq2onnx.export.graphs import IR_VERSION, OPSET
 from seq2onnx.export.parity import test_sentences as split_sentences
 from seq2onnx.model import checkpoint
 from seq2onnx.model.checkpoint import CheckpointError
@@ -126,6 +126,19 @@ def test_fp32_bundle_has_the_standard_and_the_fused_decoder():
         assert meta["graphs"][label]["domains"] == sorted(used), label
     assert meta["graphs"]["decoder"]["domains"] == meta["graphs"]["encoder"]["domains"] == [""]
     assert meta["graphs"]["decoder_fused"]["domains"] == ["", "com.microsoft"]
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_every_graph_has_opset_17s_ir_version(quantize):
+    """Every graph, the fused decoder and int8's included, is written with opset 17's IR version:
+    onnx's make_model would stamp its own newest (14 with onnx 1.23), which onnxruntime 1.31
+    refuses to load at all (found on the GPU machine, whose image has 1.31)."""
+    from tiny import tiny_bundle
+
+    versions = {p.name: onnx.load(p, load_external_data=False).ir_version
+                for p in tiny_bundle(quantize=quantize).glob("*.onnx")}
+    assert fmt.FUSED_DECODER_FILE in versions or quantize, versions
+    assert versions and set(versions.values()) == {IR_VERSION} == {8}, versions
 
 
 def test_decoder_standard_writes_no_fused_graph_and_a_bad_choice_is_named():

@@ -30,7 +30,7 @@ from seq2onnx.runtime.fused_step import FusedStep
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
 from seq2onnx.runtime.u8s8_probe import precision_entries
-from seq2onnx.runtime.sessions import graph_session
+from seq2onnx.runtime.sessions import graph_session, providers_for
 
 
 @dataclass
@@ -107,10 +107,6 @@ def _diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     return float(d.max()), rel
 
 
-def _providers(device: str) -> list[str]:
-    return ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-
-
 class _Worst:
     """Largest differences seen for one output: bundle vs fp64, PyTorch fp32 vs fp64, bundle vs fp32."""
 
@@ -159,8 +155,8 @@ def tensor_checks(model, tok, bundle: fmt.Bundle, pairs, device: str, atol: floa
     n = cfg.n_decoder_layers
     exact_model = copy.deepcopy(model).double()
     entries = precision_entries(ort)  # int8 products exact on x86 without VNNI, as the runtime's
-    enc = graph_session(bundle, "encoder", _providers(device), entries)
-    dec = graph_session(bundle, fmt.DECODER_LABELS[fmt.STANDARD], _providers(device), entries)
+    enc = graph_session(bundle, "encoder", providers_for(device), entries)
+    dec = graph_session(bundle, fmt.DECODER_LABELS[fmt.STANDARD], providers_for(device), entries)
     # The fused cache layout is the CPU kernels' (runtime/fused_step.py): checked on the CPU.
     fused = (graph_session(bundle, fmt.DECODER_LABELS[fmt.FUSED], ["CPUExecutionProvider"], entries)
              if fmt.FUSED in decoders else None)

@@ -160,6 +160,8 @@ class SessionTuning:
         decoder: which decoder graph to drive: "auto" (the fused one where the bundle has it and this
             onnxruntime can run it on the chosen provider, else the standard one), "standard" or
             "fused" (an error where the fused one cannot run), for measuring and testing both.
+        tf32: let onnxruntime's CUDA provider use TF32 for float32 products (faster on Ampere and later,
+            ~1e-3 relative error: token parity with the checkpoint no longer holds). Off by default.
 
     Raises:
         ValueError: a value outside its choices.
@@ -169,11 +171,13 @@ class SessionTuning:
     top_k_from_graph: bool = True
     thread_spinning: str = "bounded"
     decoder: str = "auto"
+    tf32: bool = False
 
     def __post_init__(self) -> None:
         if self.optimization not in ("all", "extended", "basic", "none"):
             raise ValueError(f"optimization={self.optimization!r}; choose one of all, extended, basic, none")
         _bool("top_k_from_graph", self.top_k_from_graph)
+        _bool("tf32", self.tf32)
         if self.thread_spinning not in SPINNING:
             raise ValueError(f"thread_spinning={self.thread_spinning!r}; choose one of {', '.join(SPINNING)}")
         if self.decoder not in ("auto", "standard", "fused"):

@@ -5,7 +5,8 @@ sublayer is a handful of kernels: one QKV Gemm -> Split -> DecoderMaskedMultiHea
 updated in place) -> Gemm -> SkipLayerNormalization; Gemm -> MultiHeadAttention over the sentence's
 cross keys/values -> Gemm -> SkipLayerNormalization; FusedGemm(Relu) -> Gemm -> SkipLayerNormalization.
 Every weight is the model's own (out, in) tensor under transB, as in decoder.onnx, so that the
-bundle's one weights file holds each once for both decoders (export/weights.py). docs/fused-decoder.md gives the inputs, layouts, masks and pitfalls.
+bundle's one weights file holds each once for both decoders (export/weights.py).
+docs/fused-decoder.md gives the inputs, layouts, masks and pitfalls.
 
 Shape legend: R rows (B sentences x W beams, beams contiguous), B sentences, W = R / B, H heads,
 Dh head size, D d_model, F d_ff, M max_length (the cache buffer's positions), S source, V vocab.
@@ -71,7 +72,8 @@ class _Graph:
     def node(self, op: str, inputs: list[str], n_out: int = 1, *, name: str, outputs: list[str] | None = None,
              ms: bool = False, **attrs) -> list[str]:
         outs = outputs or [f"{name}/out{i}" for i in range(n_out)]
-        self.nodes.append(helper.make_node(op, inputs, outs, name=name, domain=MS_DOMAIN if ms else "", **attrs))
+        domain = MS_DOMAIN if ms else ""
+        self.nodes.append(helper.make_node(op, inputs, outs, name=name, domain=domain, **attrs))
         return outs
 
 
@@ -80,7 +82,8 @@ def build_fused_decoder(model: Transformer, *, check: bool = True) -> onnx.Model
 
     Args:
         model: the model, fp32 and in eval mode.
-        check: run onnx.checker on the proto (export_fused_decoder checks the file instead: no second copy).
+        check: run onnx.checker on the proto (export_fused_decoder checks the file instead: no
+            second copy).
 
     Returns:
         The graph (inputs and outputs as runtime.signature.fused_signature gives them).
@@ -88,108 +91,170 @@ def build_fused_decoder(model: Transformer, *, check: bool = True) -> onnx.Model
     Raises:
         ValueError: the model's weights are not fp32 (the CPU kernels are fp32-only).
     """
-    cfg = model.cfg
     if model.generator.weight.dtype != torch.float32:
-        raise ValueError(f"the fused decoder is fp32-only; the model's weights are {model.generator.weight.dtype}: "
-                         "call model.float() first")
-    d, heads, hd, n = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.n_decoder_layers
-    eps = float(cfg.layer_norm_eps)
-    g = _Graph()
+        raise ValueError(f"the fused decoder is fp32-only; the model's weights are "
+                         f"{model.generator.weight.dtype}: call model.float() first")
     with torch.no_grad():
-        # 0. embedding: table(ids) * sqrt(D) + PE[step]. GatherND on tokens (R, 1) gives (R, D) without a
-        #    Reshape. The table is the model's own (out, in) tensor, never a scaled or transposed copy: the
-        #    same bytes as the standard decoder's table (and the tied output projection's, a Gemm transB
-        #    below), so the bundle's weights file stores it once (export/weights.py), for one Mul per step.
-        tied = model.generator.weight is model.tgt_embed.weight
-        scale = d**0.5 if cfg.scale_embedding else 1.0
+        builder = _StepBuilder(model)
+        x = builder.embedding()
+        builder.shared_constants()
+        x, h = builder.first_norm(x)
+        for i in range(model.cfg.n_decoder_layers):
+            x, h = builder.self_attention(i, x, h)
+            x, h = builder.cross_attention(i, x, h)
+            x, h = builder.feed_forward(i, x, h)
+        builder.generator(x)
+    proto = _model_proto(builder.g, model.cfg)
+    if check:
+        onnx.checker.check_model(proto)  # contrib ops have no ONNX schema: structure and types only
+    return proto
+
+
+class _StepBuilder:
+    """Adds the fused step's nodes to one _Graph, sublayer by sublayer, in the graph's order.
+
+    Post-LN: x <- LN(x + f(x)). Pre-LN: h <- h + f(y), y = LN_next(h); SkipLayerNormalization gives
+    both LN_next(h) and (output 3) the sum h, so each residual is one node either way. Each sublayer
+    method takes and returns (x, h): the next sublayer's input and the residual stream.
+    """
+
+    def __init__(self, model: Transformer):
+        self.model, self.cfg, self.g = model, model.cfg, _Graph()
+        self.eps = float(model.cfg.layer_norm_eps)
+
+    def embedding(self) -> str:
+        """0. table(ids) * sqrt(D) + PE[step]: the residual stream (R, D).
+
+        GatherND on tokens (R, 1) gives (R, D) without a Reshape. The table is the model's own
+        (out, in) tensor, never a scaled or transposed copy: the same bytes as the standard
+        decoder's table (and the tied output projection's, a Gemm transB below), so the bundle's
+        weights file stores it once (export/weights.py), for one Mul per step.
+        """
+        g, cfg, model = self.g, self.cfg, self.model
+        scale = cfg.d_model**0.5 if cfg.scale_embedding else 1.0
         pos = g.const("positions", model.target_positions)  # the decoder's own table where it has one (mBART)
         (tok,) = g.node("GatherND", [g.const("embed", model.tgt_embed.weight), names.TOKENS], name="embed")
         if scale != 1.0:
-            (tok,) = g.node("Mul", [tok, g.const("embed_scale", np.array(scale, np.float32))], name="embed_scale")
+            scale_const = g.const("embed_scale", np.array(scale, np.float32))
+            (tok,) = g.node("Mul", [tok, scale_const], name="embed_scale")
         (pe,) = g.node("Gather", [pos, names.STEP], name="position", axis=0)  # (1, D)
         (x,) = g.node("Add", [tok, pe], name="embed_add")  # (R, D), the residual stream
         if cfg.embedding_norm:  # mBART's layernorm_embedding: LN(embedding + position) feeds the layers
             norm = model.decoder_embed_norm
-            (x,) = g.node("LayerNormalization", [x, g.const("embed_norm_g", norm.weight), g.const("embed_norm_b", norm.bias)],
-                          name="embed_norm", axis=-1, epsilon=eps)
-        # Cross-attention queries a sentence's keys with its W beams as one (B, W, D) query: the
-        # target shape [B, -1, D], made once per step from the mask's batch.
+            gamma, beta = g.const("embed_norm_g", norm.weight), g.const("embed_norm_b", norm.bias)
+            (x,) = g.node("LayerNormalization", [x, gamma, beta], name="embed_norm", axis=-1,
+                          epsilon=self.eps)
+        return x
+
+    def shared_constants(self) -> None:
+        """The shapes, split sizes and int32 mask every layer uses, made once per step.
+
+        Cross-attention queries a sentence's keys with its W beams as one (B, W, D) query: the
+        target shape [B, -1, D], made from the mask's batch.
+        """
+        g, d = self.g, self.cfg.d_model
         (batch,) = g.node("Shape", [names.SRC_MASK], name="batch", start=0, end=1)
         bwd = g.const("minus1_d", np.array([-1, d], np.int64))
-        (q_shape,) = g.node("Concat", [batch, bwd], name="cross_q_shape", axis=0)
-        rows_qkv = g.const("rows_1_3d", np.array([-1, 1, 3 * d], np.int64))
-        rows_d = g.const("rows_d", np.array([-1, d], np.int64))
-        split3 = g.const("split_d", np.array([d, d, d], np.int64))
-        (mask,) = g.node("Cast", [names.SRC_MASK], name="mask_int32", to=TensorProto.INT32)
-        zeros_kv = np.zeros(2 * d, np.float32)
+        (self.q_shape,) = g.node("Concat", [batch, bwd], name="cross_q_shape", axis=0)
+        self.rows_qkv = g.const("rows_1_3d", np.array([-1, 1, 3 * d], np.int64))
+        self.rows_d = g.const("rows_d", np.array([-1, d], np.int64))
+        self.split3 = g.const("split_d", np.array([d, d, d], np.int64))
+        (self.mask,) = g.node("Cast", [names.SRC_MASK], name="mask_int32", to=TensorProto.INT32)
+        self.zeros_kv = np.zeros(2 * d, np.float32)
 
-        def norm_args(i: int, which: str) -> list[str]:
-            ln = getattr(model.decoder_layers[i], which).norm if which != "final" else model.decoder_norm
-            return [g.const(f"ln{i}_{which}_g", ln.weight), g.const(f"ln{i}_{which}_b", ln.bias)]
+    def norm_args(self, i: int, which: str) -> list[str]:
+        """The gamma and beta inputs of layer i's norm `which` ("sub_self", ...; "final": the stack's)."""
+        model = self.model
+        ln = getattr(model.decoder_layers[i], which).norm if which != "final" else model.decoder_norm
+        return [self.g.const(f"ln{i}_{which}_g", ln.weight), self.g.const(f"ln{i}_{which}_b", ln.bias)]
 
-        # Post-LN: x <- LN(x + f(x)). Pre-LN: h <- h + f(y), y = LN_next(h); SkipLayerNormalization
-        # gives both LN_next(h) and (output 3) the sum h, so each residual is one node either way.
+    def first_norm(self, x: str) -> tuple[str, str]:
+        """Pre-LN's norm before layer 0 (none for post-LN): the first (x, h)."""
         h = x
-        if cfg.pre_norm:
-            (x,) = g.node("LayerNormalization", [h, *norm_args(0, "sub_self")], name="ln0_first", axis=-1, epsilon=eps)
+        if self.cfg.pre_norm:
+            (x,) = self.g.node("LayerNormalization", [h, *self.norm_args(0, "sub_self")], name="ln0_first",
+                               axis=-1, epsilon=self.eps)
+        return x, h
 
-        def residual(i: int, out: str, bias: str, skip: str, label: str, next_norm: tuple[int, str]) -> tuple[str, str]:
-            if cfg.pre_norm:
-                y, _, _, h = g.node("SkipLayerNormalization", [out, skip, *norm_args(*next_norm), bias], 4,
-                                    name=f"l{i}_{label}_sln", ms=True, epsilon=eps)
-                return y, h
-            (y,) = g.node("SkipLayerNormalization", [out, skip, *norm_args(i, label), bias],
-                          name=f"l{i}_{label}_sln", ms=True, epsilon=eps)
-            return y, y
+    def residual(self, i: int, out: str, bias: str, skip: str, label: str,
+                 next_norm: tuple[int, str]) -> tuple[str, str]:
+        """One SkipLayerNormalization: the sublayer's output plus its bias and the skip, normed."""
+        g, eps = self.g, self.eps
+        if self.cfg.pre_norm:
+            y, _, _, h = g.node("SkipLayerNormalization", [out, skip, *self.norm_args(*next_norm), bias], 4,
+                                name=f"l{i}_{label}_sln", ms=True, epsilon=eps)
+            return y, h
+        (y,) = g.node("SkipLayerNormalization", [out, skip, *self.norm_args(i, label), bias],
+                      name=f"l{i}_{label}_sln", ms=True, epsilon=eps)
+        return y, y
 
-        present = names.present_names(n)
-        for i, layer in enumerate(model.decoder_layers):
-            sa, ca, ff = layer.self_attn, layer.cross_attn, layer.feed_forward
-            # 1. self-attention: one QKV Gemm (R, 3D), bias included, viewed (R, 1, 3D) and split in
-            #    three: the CPU kernel rejects packed QKV, and its bias input breaks on it. Every weight
-            #    is nn.Linear's (out, in) tensor under Gemm transB: W_q, W_k, W_v stacked are three
-            #    (D, D) blocks one after another, which the weights file stores once for both decoders.
-            w_qkv = g.const(f"l{i}_w_qkv", torch.cat([sa.w_q.weight, sa.w_k.weight, sa.w_v.weight], dim=0))
-            b_qkv = g.const(f"l{i}_b_qkv", torch.cat([sa.w_q.bias, sa.w_k.bias, sa.w_v.bias]))
-            (qkv,) = g.node("Gemm", [x, w_qkv, b_qkv], name=f"l{i}_qkv", transB=1)
-            (qkv3,) = g.node("Reshape", [qkv, rows_qkv], name=f"l{i}_qkv_3d")
-            q, k, v = g.node("Split", [qkv3, split3], 3, name=f"l{i}_qkv_split", axis=2)  # 3 x (R, 1, D)
-            ctx, _, _ = g.node(
-                "DecoderMaskedMultiHeadAttention",
-                [q, k, v, "", "", names.past_key(i), names.past_value(i), names.STEP, BEAM_WIDTH, CACHE_INDIRECTION],
-                name=f"l{i}_self_attn", ms=True, outputs=[f"l{i}_self_ctx", present[2 * i], present[2 * i + 1]],
-                num_heads=heads, past_present_share_buffer=1)  # (R, 1, D)
-            (ctx2,) = g.node("Reshape", [ctx, rows_d], name=f"l{i}_self_ctx_2d")
-            (o,) = g.node("Gemm", [ctx2, g.const(f"l{i}_self_wo", sa.w_o.weight)], name=f"l{i}_self_out", transB=1)
-            x, h = residual(i, o, g.const(f"l{i}_self_bo", sa.w_o.bias), h, "sub_self", (i, "sub_cross"))
-            # 2. cross-attention: q (R, D) -> (B, W, D); keys/values (B, H, S, Dh) as the encoder
-            #    made them. The q bias rides in the kernel's bias input [b_q, 0, 0].
-            (q,) = g.node("Gemm", [x, g.const(f"l{i}_cross_wq", ca.w_q.weight)], name=f"l{i}_cross_q", transB=1)
-            (q3,) = g.node("Reshape", [q, q_shape], name=f"l{i}_cross_q_3d")
-            b_q = g.const(f"l{i}_cross_bq", np.concatenate([ca.w_q.bias.detach().numpy(), zeros_kv]))
-            (cctx,) = g.node("MultiHeadAttention", [q3, names.key_cross(i), names.value_cross(i), b_q, mask],
-                             name=f"l{i}_cross_attn", ms=True, num_heads=heads)  # (B, W, D)
-            (cctx2,) = g.node("Reshape", [cctx, rows_d], name=f"l{i}_cross_ctx_2d")
-            (o,) = g.node("Gemm", [cctx2, g.const(f"l{i}_cross_wo", ca.w_o.weight)], name=f"l{i}_cross_out",
-                          transB=1)
-            x, h = residual(i, o, g.const(f"l{i}_cross_bo", ca.w_o.bias), h, "sub_cross", (i, "sub_ff"))
-            # 3. feed-forward: act(x W1 + b1), then W2 with b2 in the norm. Relu fuses into the
-            #    Gemm; swish is QuickGelu with alpha 1 (x * sigmoid(x)), gelu the contrib Gelu (erf).
-            w1, b1 = g.const(f"l{i}_ff_w1", ff.w_1.weight), g.const(f"l{i}_ff_b1", ff.w_1.bias)
-            if cfg.activation == "relu":
-                (f1,) = g.node("FusedGemm", [x, w1, b1], name=f"l{i}_ff_1", ms=True, activation="Relu", transB=1)
-            else:
-                (pre,) = g.node("Gemm", [x, w1, b1], name=f"l{i}_ff_1", transB=1)
-                op, attrs = ("QuickGelu", {"alpha": 1.0}) if cfg.activation == "swish" else ("Gelu", {})
-                (f1,) = g.node(op, [pre], name=f"l{i}_ff_act", ms=True, **attrs)
-            (o,) = g.node("Gemm", [f1, g.const(f"l{i}_ff_w2", ff.w_2.weight)], name=f"l{i}_ff_2", transB=1)
-            nxt = (i + 1, "sub_self") if i + 1 < n else (n, "final")
-            x, h = residual(i, o, g.const(f"l{i}_ff_b2", ff.w_2.bias), h, "sub_ff", nxt)
-        # 4. generator, log-softmax over the target vocabulary, top-k (ties: lower id first)
+    def self_attention(self, i: int, x: str, h: str) -> tuple[str, str]:
+        """1. layer i's self-attention over the in-place cache.
+
+        One QKV Gemm (R, 3D), bias included, viewed (R, 1, 3D) and split in three: the CPU kernel
+        rejects packed QKV, and its bias input breaks on it. Every weight is nn.Linear's (out, in)
+        tensor under Gemm transB: W_q, W_k, W_v stacked are three (D, D) blocks one after another,
+        which the weights file stores once for both decoders.
+        """
+        g, sa = self.g, self.model.decoder_layers[i].self_attn
+        present = names.present_names(self.cfg.n_decoder_layers)
+        w_qkv = g.const(f"l{i}_w_qkv", torch.cat([sa.w_q.weight, sa.w_k.weight, sa.w_v.weight], dim=0))
+        b_qkv = g.const(f"l{i}_b_qkv", torch.cat([sa.w_q.bias, sa.w_k.bias, sa.w_v.bias]))
+        (qkv,) = g.node("Gemm", [x, w_qkv, b_qkv], name=f"l{i}_qkv", transB=1)
+        (qkv3,) = g.node("Reshape", [qkv, self.rows_qkv], name=f"l{i}_qkv_3d")
+        q, k, v = g.node("Split", [qkv3, self.split3], 3, name=f"l{i}_qkv_split", axis=2)  # 3 x (R, 1, D)
+        cache = [names.past_key(i), names.past_value(i), names.STEP, BEAM_WIDTH, CACHE_INDIRECTION]
+        ctx, _, _ = g.node(
+            "DecoderMaskedMultiHeadAttention", [q, k, v, "", "", *cache],
+            name=f"l{i}_self_attn", ms=True, outputs=[f"l{i}_self_ctx", present[2 * i], present[2 * i + 1]],
+            num_heads=self.cfg.n_heads, past_present_share_buffer=1)  # (R, 1, D)
+        (ctx2,) = g.node("Reshape", [ctx, self.rows_d], name=f"l{i}_self_ctx_2d")
+        wo = g.const(f"l{i}_self_wo", sa.w_o.weight)
+        (o,) = g.node("Gemm", [ctx2, wo], name=f"l{i}_self_out", transB=1)
+        return self.residual(i, o, g.const(f"l{i}_self_bo", sa.w_o.bias), h, "sub_self", (i, "sub_cross"))
+
+    def cross_attention(self, i: int, x: str, h: str) -> tuple[str, str]:
+        """2. layer i's cross-attention: q (R, D) -> (B, W, D); keys/values (B, H, S, Dh) as the
+        encoder made them. The q bias rides in the kernel's bias input [b_q, 0, 0]."""
+        g, ca = self.g, self.model.decoder_layers[i].cross_attn
+        (q,) = g.node("Gemm", [x, g.const(f"l{i}_cross_wq", ca.w_q.weight)], name=f"l{i}_cross_q", transB=1)
+        (q3,) = g.node("Reshape", [q, self.q_shape], name=f"l{i}_cross_q_3d")
+        b_q = g.const(f"l{i}_cross_bq", np.concatenate([ca.w_q.bias.detach().numpy(), self.zeros_kv]))
+        (cctx,) = g.node("MultiHeadAttention", [q3, names.key_cross(i), names.value_cross(i), b_q, self.mask],
+                         name=f"l{i}_cross_attn", ms=True, num_heads=self.cfg.n_heads)  # (B, W, D)
+        (cctx2,) = g.node("Reshape", [cctx, self.rows_d], name=f"l{i}_cross_ctx_2d")
+        wo = g.const(f"l{i}_cross_wo", ca.w_o.weight)
+        (o,) = g.node("Gemm", [cctx2, wo], name=f"l{i}_cross_out", transB=1)
+        return self.residual(i, o, g.const(f"l{i}_cross_bo", ca.w_o.bias), h, "sub_cross", (i, "sub_ff"))
+
+    def feed_forward(self, i: int, x: str, h: str) -> tuple[str, str]:
+        """3. layer i's feed-forward: act(x W1 + b1), then W2 with b2 in the norm.
+
+        Relu fuses into the Gemm; swish is QuickGelu with alpha 1 (x * sigmoid(x)), gelu the
+        contrib Gelu (erf).
+        """
+        g, cfg, ff = self.g, self.cfg, self.model.decoder_layers[i].feed_forward
+        w1, b1 = g.const(f"l{i}_ff_w1", ff.w_1.weight), g.const(f"l{i}_ff_b1", ff.w_1.bias)
+        if cfg.activation == "relu":
+            (f1,) = g.node("FusedGemm", [x, w1, b1], name=f"l{i}_ff_1", ms=True, activation="Relu", transB=1)
+        else:
+            (pre,) = g.node("Gemm", [x, w1, b1], name=f"l{i}_ff_1", transB=1)
+            op, attrs = ("QuickGelu", {"alpha": 1.0}) if cfg.activation == "swish" else ("Gelu", {})
+            (f1,) = g.node(op, [pre], name=f"l{i}_ff_act", ms=True, **attrs)
+        (o,) = g.node("Gemm", [f1, g.const(f"l{i}_ff_w2", ff.w_2.weight)], name=f"l{i}_ff_2", transB=1)
+        n = cfg.n_decoder_layers
+        nxt = (i + 1, "sub_self") if i + 1 < n else (n, "final")
+        return self.residual(i, o, g.const(f"l{i}_ff_b2", ff.w_2.bias), h, "sub_ff", nxt)
+
+    def generator(self, x: str) -> None:
+        """4. generator, log-softmax over the target vocabulary, top-k (ties: lower id first)."""
+        g, cfg, model = self.g, self.cfg, self.model
+        tied = model.generator.weight is model.tgt_embed.weight
         table = "embed" if tied else g.const("generator", model.generator.weight)  # (V, D)
         (logits,) = g.node("Gemm", [x, table], name="generator", transB=1)
         if model.generator.bias is not None:  # Marian's final_logits_bias
-            (logits,) = g.node("Add", [logits, g.const("generator_bias", model.generator.bias)], name="generator_bias")
+            bias = g.const("generator_bias", model.generator.bias)
+            (logits,) = g.node("Add", [logits, bias], name="generator_bias")
         never = np.zeros(cfg.tgt_vocab_size, np.float32)
         never[list(cfg.suppressed_ids)] = -np.inf
         if cfg.suppressed_ids and cfg.renormalize:  # -inf before the log-softmax (renormalize_logits)
@@ -200,19 +265,24 @@ def build_fused_decoder(model: Transformer, *, check: bool = True) -> onnx.Model
             g.node("Add", [lsm, g.const("suppressed", never)], name="suppress", outputs=[names.LOG_PROBS])
         else:
             g.node("LogSoftmax", [logits], name="log_softmax", axis=-1, outputs=[names.LOG_PROBS])
-        g.node("TopK", [names.LOG_PROBS, names.TOP_K], name="top_k", outputs=[names.TOPK_LOG_PROBS, names.TOPK_IDS],
-               axis=-1, largest=1, sorted=1)
+        g.node("TopK", [names.LOG_PROBS, names.TOP_K], name="top_k",
+               outputs=[names.TOPK_LOG_PROBS, names.TOPK_IDS], axis=-1, largest=1, sorted=1)
 
-    sig = fused_signature(n, heads, hd, cfg.tgt_vocab_size)
-    types = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32, "bool": TensorProto.BOOL}
-    value_info = lambda spec: helper.make_tensor_value_info(spec["name"], types[spec["dtype"]], spec["shape"])
+
+def _model_proto(g: _Graph, cfg) -> onnx.ModelProto:
+    """The ModelProto of g's nodes and initializers, with fused_signature's inputs and outputs."""
+    sig = fused_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, cfg.tgt_vocab_size)
+    types = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
+             "bool": TensorProto.BOOL}
+
+    def value_info(spec: dict) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(spec["name"], types[spec["dtype"]], spec["shape"])
+
     graph = helper.make_graph(g.nodes, "decoder_step_fused", [value_info(s) for s in sig["inputs"]],
                               [value_info(s) for s in sig["outputs"]], initializer=g.inits)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
-                              producer_name="seq2onnx.export.fused", ir_version=IR_VERSION)
-    if check:
-        onnx.checker.check_model(proto)  # contrib ops have no ONNX schema: structure and types only
-    return proto
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
+    return helper.make_model(graph, opset_imports=opsets, producer_name="seq2onnx.export.fused",
+                             ir_version=IR_VERSION)
 
 
 def export_fused_decoder(model: Transformer, out_dir: Path) -> Path:

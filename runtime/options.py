@@ -1,5 +1,9 @@
 """The runtime's options, each checked once by type and range: SearchOptions (how to search),
-SessionTuning (measuring knobs for onnxruntime sessions) and the intra-op thread count.
+SessionTuning (measuring knobs for onnxruntime sessions), the intra-op thread count, and the options
+checked against a model (lengths, beam against the vocabulary, languages, target prefixes).
+
+Every refusal is an OptionError naming the option by its Python name; a front end names it its own way
+(serve/app.py's JSON field, commands/translate.py's --flag) from .option, never from the message's text.
 
 bool is not accepted where an int is meant (True is an int to Python, never a beam size here),
 and NaN is refused wherever a float is compared (NaN compares false with every bound).
@@ -11,6 +15,44 @@ import numbers
 import os
 import re
 from dataclasses import dataclass
+
+
+class OptionError(ValueError):
+    """An option's value refused; str(e) is the message in the Python API's names.
+
+    The message reads "{option}={value}{says}{hint}", e.g. "beam_size=0 (int): give an int >= 1 (1 is
+    greedy search)". A front end that calls the option otherwise renders it with named(), not by editing
+    the text.
+
+    Attributes:
+        option: the option's name in the Python API (translate_batch's keyword, or Translator's), e.g.
+            "beam_size".
+        value: the value refused, as given.
+        limit: what the option accepts, in words, e.g. "an int >= 1", "(0, 1]", "one of auto, standard,
+            fused".
+        hint: the fix, e.g. "give an int >= 1 (1 is greedy search)".
+    """
+
+    def __init__(self, option: str, value, *, limit: str, hint: str, says: str = ": ", shown: str | None = "",
+                 index: int | None = None, before: str = ""):
+        """Args:
+            option, value, limit, hint: the attributes.
+            says: what the message says between the value and the hint (the reason, with its punctuation).
+            shown: the value as the message shows it: "" its repr, None not at all ("target_prefix has 3
+                entries...").
+            index: the item of a list-valued option at fault ("target_prefix[1] ..."); a front end drops it.
+            before: what the message says before the option, e.g. "source 2: ".
+        """
+        self.option, self.value, self.limit, self.hint = option, value, limit, hint
+        self.says, self.shown, self.index, self.before = says, repr(value) if shown == "" else shown, index, before
+        super().__init__(self.named(option if index is None else f"{option}[{index}]", "="))
+
+    def named(self, name: str, sep: str = " ") -> str:
+        """The message with the option called `name`, its value after `sep`.
+
+        named("--beam") is "--beam 0 (int): give an int >= 1 ..." where str(e) is "beam_size=0 (int): ...".
+        """
+        return f"{self.before}{name}{'' if self.shown is None else sep + self.shown}{self.says}{self.hint}"
 
 
 def _is_int(value) -> bool:
@@ -27,14 +69,20 @@ def _describe(value) -> str:
 
 def _int(name: str, value, low: int, fix: str) -> int:
     if not _is_int(value) or value < low:
-        raise ValueError(f"{name}={_describe(value)}: {fix}")
+        raise OptionError(name, value, limit=f"an int >= {low}", hint=fix, shown=_describe(value))
     return int(value)
 
 
 def _bool(name: str, value) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"{name}={_describe(value)}: give True or False")
+        raise OptionError(name, value, limit="True or False", hint="give True or False", shown=_describe(value))
     return value
+
+
+def _choice(name: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        listed = ", ".join(choices)
+        raise OptionError(name, value, limit=f"one of {listed}", hint=f"choose one of {listed}", says="; ")
 
 
 @dataclass(frozen=True)
@@ -62,7 +110,7 @@ class SearchOptions:
         target_prefix: per source, the target ids forced first (docs/decoding.md).
 
     Raises:
-        ValueError: naming the field, its value and the accepted range.
+        OptionError: naming the field, its value and the accepted range.
     """
 
     beam_size: int = 4  # 1 is greedy search
@@ -88,22 +136,22 @@ class SearchOptions:
         put("beam_size", _int("beam_size", self.beam_size, 1, "give an int >= 1 (1 is greedy search)"))
         put("num_hypotheses", _int("num_hypotheses", self.num_hypotheses, 1, "give an int >= 1"))
         if self.sampling_temperature is None and self.num_hypotheses > self.beam_size:
-            raise ValueError(
-                f"num_hypotheses={self.num_hypotheses} must lie in [1, beam_size={self.beam_size}]: "
-                "raise beam_size or lower num_hypotheses"
-            )
+            raise OptionError("num_hypotheses", self.num_hypotheses, limit=f"[1, beam_size={self.beam_size}]",
+                              says=f" must lie in [1, beam_size={self.beam_size}]: ",
+                              hint="raise beam_size or lower num_hypotheses")
         if not _is_real(self.length_penalty) or not math.isfinite(self.length_penalty):
-            raise ValueError(f"length_penalty={_describe(self.length_penalty)}: give a finite number (1.0 is the default)")
+            raise OptionError("length_penalty", self.length_penalty, limit="a finite number",
+                              hint="give a finite number (1.0 is the default)", shown=_describe(self.length_penalty))
         put("length_penalty", float(self.length_penalty))
         if self.max_decoding_length is not None:
             put("max_decoding_length", _int("max_decoding_length", self.max_decoding_length, 1,
                                             "give an int >= 1, at most the model's max_positions, or None"))
         put("min_decoding_length", _int("min_decoding_length", self.min_decoding_length, 0, "give an int >= 0"))
         if self.max_decoding_length is not None and self.min_decoding_length >= self.max_decoding_length:
-            raise ValueError(
-                f"min_decoding_length={self.min_decoding_length} must be below max_decoding_length="
-                f"{self.max_decoding_length}: lower the minimum or raise the maximum"
-            )
+            raise OptionError("min_decoding_length", self.min_decoding_length,
+                              limit=f"below max_decoding_length={self.max_decoding_length}",
+                              says=f" must be below max_decoding_length={self.max_decoding_length}: ",
+                              hint="lower the minimum or raise the maximum")
         put("return_scores", _bool("return_scores", self.return_scores))
         put("return_attention", _bool("return_attention", self.return_attention))
         put("truncate", _bool("truncate", self.truncate))
@@ -111,18 +159,20 @@ class SearchOptions:
         t = self.sampling_temperature
         if t is not None:
             if not _is_real(t) or not math.isfinite(t) or t <= 0:
-                raise ValueError(f"sampling_temperature={_describe(t)}: give a finite number > 0, "
-                                 "or None for beam search (beam_size=1 is greedy)")
+                raise OptionError("sampling_temperature", t, limit="a finite number > 0", shown=_describe(t),
+                                  hint="give a finite number > 0, or None for beam search (beam_size=1 is greedy)")
             put("sampling_temperature", float(t))
         put("sampling_topk", _int("sampling_topk", self.sampling_topk, 0, "give an int >= 0 (0 keeps every token)"))
         p = self.sampling_topp
         if not _is_real(p) or not 0 < p <= 1:  # NaN fails the range test
-            raise ValueError(f"sampling_topp={_describe(p)}: give a number in (0, 1] (1 keeps every token)")
+            raise OptionError("sampling_topp", p, limit="(0, 1]", shown=_describe(p),
+                              hint="give a number in (0, 1] (1 keeps every token)")
         put("sampling_topp", float(p))
         for name in ("source_lang", "target_lang"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name}={_describe(value)}: give a language code (a str) or None")
+                raise OptionError(name, value, limit="a str or None", shown=_describe(value),
+                                  hint="give a language code (a str) or None")
         if self.seed is not None:
             put("seed", _int("seed", self.seed, 0, "give an int >= 0, or None for a different sample each call"))
 
@@ -164,7 +214,7 @@ class SessionTuning:
             ~1e-3 relative error: token parity with the checkpoint no longer holds). Off by default.
 
     Raises:
-        ValueError: a value outside its choices.
+        OptionError: a value outside its choices.
     """
 
     optimization: str = "all"
@@ -174,14 +224,11 @@ class SessionTuning:
     tf32: bool = False
 
     def __post_init__(self) -> None:
-        if self.optimization not in ("all", "extended", "basic", "none"):
-            raise ValueError(f"optimization={self.optimization!r}; choose one of all, extended, basic, none")
+        _choice("optimization", self.optimization, ("all", "extended", "basic", "none"))
         _bool("top_k_from_graph", self.top_k_from_graph)
         _bool("tf32", self.tf32)
-        if self.thread_spinning not in SPINNING:
-            raise ValueError(f"thread_spinning={self.thread_spinning!r}; choose one of {', '.join(SPINNING)}")
-        if self.decoder not in ("auto", "standard", "fused"):
-            raise ValueError(f"decoder={self.decoder!r}; choose one of auto, standard, fused")
+        _choice("thread_spinning", self.thread_spinning, SPINNING)
+        _choice("decoder", self.decoder, ("auto", "standard", "fused"))
 
 
 def spin_settings(spinning: str, graph: str, ort_version: str) -> dict[str, str]:
@@ -224,14 +271,13 @@ def check_intra_threads(value) -> int:
         The count, as an int.
 
     Raises:
-        ValueError: not an int in that range (a bool is not an int here).
+        OptionError: not an int in that range (a bool is not an int here).
     """
     cores = os.cpu_count() or 1
     if not _is_int(value) or not 0 <= value <= cores:
-        raise ValueError(
-            f"intra_threads={_describe(value)}: this machine has {cores} cores (os.cpu_count()); "
-            f"give an int from 0 (onnxruntime's default: one per core) to {cores}"
-        )
+        raise OptionError("intra_threads", value, limit=f"an int in [0, {cores}]", shown=_describe(value),
+                          says=f": this machine has {cores} cores (os.cpu_count()); ",
+                          hint=f"give an int from 0 (onnxruntime's default: one per core) to {cores}")
     return int(value)
 
 
@@ -248,7 +294,7 @@ def resolve_search_options(options: dict, decoding: dict, max_positions: int, tg
         The checked options.
 
     Raises:
-        ValueError: a value of the wrong type or range (the message names it, its limit and the fix).
+        OptionError: a value of the wrong type or range (the message names it, its limit and the fix).
         TypeError: an unknown option name.
     """
     defaults = decoding
@@ -258,17 +304,114 @@ def resolve_search_options(options: dict, decoding: dict, max_positions: int, tg
             options[name] = defaults.get(key, fallback)
     resolved = SearchOptions(**options)
     limit = max_positions
+    positions = f"; this model has {limit} positions (max_positions in bundle.json): "
     if resolved.max_decoding_length is not None and resolved.max_decoding_length > limit:
-        raise ValueError(
-            f"max_decoding_length={resolved.max_decoding_length}; this model has {limit} positions "
-            "(max_positions in bundle.json): choose 1..that"
-        )
+        raise OptionError("max_decoding_length", resolved.max_decoding_length, limit=f"[1, {limit}]",
+                          says=positions, hint="choose 1..that")
     if resolved.min_decoding_length >= limit:
-        raise ValueError(
-            f"min_decoding_length={resolved.min_decoding_length}; this model has {limit} positions "
-            f"(max_positions in bundle.json): choose 0..{limit - 1}"
-        )
-    if not resolved.sampling and resolved.beam_size > 1 and 2 * resolved.beam_size > tgt_vocab:
-        raise ValueError(f"beam_size={resolved.beam_size} needs a target vocabulary of at least "
-                         f"{2 * resolved.beam_size} pieces, this model has {tgt_vocab}: choose a smaller beam")
+        raise OptionError("min_decoding_length", resolved.min_decoding_length, limit=f"[0, {limit - 1}]",
+                          says=positions, hint=f"choose 0..{limit - 1}")
+    beam = resolved.beam_size
+    if not resolved.sampling and beam > 1 and 2 * beam > tgt_vocab:  # each step keeps 2 x beam candidates
+        raise OptionError("beam_size", beam, limit=f"at most {tgt_vocab // 2}", hint="choose a smaller beam",
+                          says=f" needs a target vocabulary of at least {2 * beam} pieces, this model has {tgt_vocab}: ")
     return resolved
+
+
+def language_id(languages: dict[str, int], code, option: str) -> int:
+    """A language code's token id (runtime/vocab.py's Vocabulary.language).
+
+    Args:
+        languages: the model's language code -> token id (bundle.json's tokens.languages).
+        code: the code asked for.
+        option: "source_lang" or "target_lang", for the error.
+
+    Raises:
+        OptionError: a code this model does not have, naming it and the known ones.
+    """
+    if not isinstance(code, str):
+        raise OptionError(option, code, limit="a str", says="; ", hint="give a language code (a str)")
+    if code not in languages:
+        known = sorted(languages)
+        listed = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+        fix = f"choose one of {listed}" if known else "this model has no language tokens: leave it out"
+        raise OptionError(option, code, limit=f"one of {listed}" if known else "none (no language tokens)",
+                          says=" is not a language of this model; ", hint=fix)
+    return languages[code]
+
+
+def target_prefixes(target_prefix, n: int, tgt_vocab: int, eos_id: int) -> list[list[int]]:
+    """Checks translate_batch's target_prefix for n sources: one list of target ids per source.
+
+    Args:
+        target_prefix: one sequence of target ids per source.
+        n: the sources.
+        tgt_vocab: the target vocabulary's size.
+        eos_id: the end token, which a prefix may not hold.
+
+    Returns:
+        The prefixes as lists of ints.
+
+    Raises:
+        OptionError: a list of the wrong length, an item not a list of ids, ids out of range or the end
+            token.
+    """
+    if not isinstance(target_prefix, (list, tuple)) or len(target_prefix) != n:
+        got = len(target_prefix) if isinstance(target_prefix, (list, tuple)) else type(target_prefix).__name__
+        raise OptionError("target_prefix", target_prefix, limit=f"{n} lists of target ids", shown=None,
+                          says=f" has {got} entries for {n} sources; ", hint="give one list of target ids per source")
+    out = []
+    for i, prefix in enumerate(target_prefix):
+        if not isinstance(prefix, (list, tuple)) or not all(_is_int(x) for x in prefix):
+            raise OptionError("target_prefix", target_prefix, limit="lists of target ids", shown=None, index=i,
+                              says=f" is {prefix!r}; ", hint="give a list of target token ids")
+        bad = [int(x) for x in prefix if not 0 <= int(x) < tgt_vocab or int(x) == eos_id]
+        if bad:
+            raise OptionError("target_prefix", target_prefix, limit=f"ids in [0, {tgt_vocab}) but {eos_id}",
+                              shown=None, index=i, hint="give target ids of the text before the translation",
+                              says=f" has ids {bad[:5]} outside [0, {tgt_vocab}) or the end token {eos_id}; ")
+        out.append([int(x) for x in prefix])
+    return out
+
+
+def check_prefix_options(options: SearchOptions, n: int, languages: dict[str, int], tgt_vocab: int,
+                         eos_id: int) -> None:
+    """Checks the options that depend on a model's vocabulary (source_lang, target_lang, target_prefix) for n
+    sources, as translate_batch would, so that a front end refuses them before it starts any work.
+
+    Args:
+        options: the checked SearchOptions.
+        n: the sources the options go with.
+        languages, tgt_vocab, eos_id: the model's (Translator.vocabulary.languages, .tgt_vocab, .eos_id).
+
+    Raises:
+        OptionError: as language_id and target_prefixes.
+    """
+    for name in ("source_lang", "target_lang"):
+        if getattr(options, name) is not None:
+            language_id(languages, getattr(options, name), name)
+    if options.target_prefix is not None:
+        target_prefixes(options.target_prefix, n, tgt_vocab, eos_id)
+
+
+def check_min_length(min_decoding_length: int, limit: int, tokens: int, source: int | None = None) -> None:
+    """Checks min_decoding_length against one source's maximum length (translate_batch's per-source check).
+
+    Args:
+        min_decoding_length: the option's value.
+        limit: the source's maximum target length (max_length_a x tokens + max_length_b, at most
+            max_positions).
+        tokens: the source's tokens.
+        source: the source's index in a batch; None for generate_tokens's one text.
+
+    Raises:
+        OptionError: min_decoding_length >= limit.
+    """
+    if min_decoding_length < limit:
+        return
+    whose = "this text's" if source is None else "its"
+    raise OptionError("min_decoding_length", min_decoding_length, limit=f"below {limit}",
+                      before="" if source is None else f"source {source}: ",
+                      says=f" is not below {whose} maximum length {limit} (max_length_a x {tokens} tokens + "
+                      "max_length_b in bundle.json, at most max_positions): ",
+                      hint="pass a larger max_decoding_length or a smaller min_decoding_length")

@@ -60,7 +60,8 @@ class ParityError(AssertionError):
     """The bundle does not compute what the checkpoint computes, within the stated tolerance."""
 
 
-def test_sentences(ckpt_dir: Path, n: int, data: str | None = None, src_col: int = 0, tgt_col: int = 1) -> list[tuple[str, str]]:
+def test_sentences(ckpt_dir: Path, n: int, data: str | None = None, src_col: int = 0,
+                   tgt_col: int = 1) -> list[tuple[str, str]]:
     """Picks the sentences to verify on: the test split of the corpus the checkpoint was trained on.
 
     Args:
@@ -77,7 +78,8 @@ def test_sentences(ckpt_dir: Path, n: int, data: str | None = None, src_col: int
         FileNotFoundError: the corpus the checkpoint was trained on is not here.
         DataError: `data` (or the training corpus) cannot be read.
     """
-    state = json.loads((ckpt_dir / checkpoint.STATE).read_text()) if (ckpt_dir / checkpoint.STATE).exists() else {}
+    state_file = ckpt_dir / checkpoint.STATE
+    state = json.loads(state_file.read_text()) if state_file.exists() else {}
     options = state.get("options")
     if data is not None:
         from seq2onnx.model.data import read_pairs
@@ -89,7 +91,8 @@ def test_sentences(ckpt_dir: Path, n: int, data: str | None = None, src_col: int
     opts = TrainOptions(**options)
     if opts.data is not None and not Path(opts.data).is_file():
         raise FileNotFoundError(
-            f"the checkpoint was trained on {opts.data}, which is not here; pass --data FILE with test sentences"
+            f"the checkpoint was trained on {opts.data}, which is not here; "
+            "pass --data FILE with test sentences"
         )
     return load_split(opts, valid=False).test[:n]  # the test split never depends on --valid-data
 
@@ -125,7 +128,7 @@ class _Worst:
 @torch.no_grad()
 def tensor_checks(model, tok, bundle: fmt.Bundle, pairs, device: str, atol: float, batch_size: int = 16,
                   decoders: tuple[str, ...] = (fmt.STANDARD,), log=None) -> list[Check]:
-    """Checks encoder and decoder-step outputs of the bundle against the checkpoint, batches with padding.
+    """Checks encoder and decoder-step outputs of the bundle against the checkpoint, batches padded.
 
     The reference is the checkpoint evaluated in float64: what the trained function computes.
     PyTorch's own fp32 evaluation is measured against it too, because a trained model can be
@@ -139,7 +142,8 @@ def tensor_checks(model, tok, bundle: fmt.Bundle, pairs, device: str, atol: floa
     Args:
         model (Transformer): the checkpoint's model.
         tok (Tokenizer): its tokenizer.
-        bundle: the bundle as read_bundle returned it, with its files' bytes (the sessions are made from them).
+        bundle: the bundle as read_bundle returned it, with its files' bytes (the sessions are made
+            from them).
         pairs (list[tuple[str, str]]): the sentences.
         device: "cpu" or "cuda", for the standard graphs.
         atol: the tolerance.
@@ -151,28 +155,64 @@ def tensor_checks(model, tok, bundle: fmt.Bundle, pairs, device: str, atol: floa
     Returns:
         The tensor checks: the encoder's mask, then the worst differences per decoder and output.
     """
-    cfg = model.cfg
-    n = cfg.n_decoder_layers
-    exact_model = copy.deepcopy(model).double()
-    entries = precision_entries(ort)  # int8 products exact on x86 without VNNI, as the runtime's
-    enc = graph_session(bundle, "encoder", providers_for(device), entries)
-    dec = graph_session(bundle, fmt.DECODER_LABELS[fmt.STANDARD], providers_for(device), entries)
-    # The fused cache layout is the CPU kernels' (runtime/fused_step.py): checked on the CPU.
-    fused = (graph_session(bundle, fmt.DECODER_LABELS[fmt.FUSED], ["CPUExecutionProvider"], entries)
-             if fmt.FUSED in decoders else None)
-    half = enc.get_outputs()[1].type == "tensor(float16)"
-    outputs = ("decoder log_probs (teacher-forced)", "decoder log_probs (greedy path)", "decoder cache")
-    worst = {("", "encoder cross K/V"): _Worst(), **{(d, name): _Worst() for d in decoders for name in outputs}}
-    dec_outputs = [o.name for o in dec.get_outputs()]
-    attention_at = dec_outputs.index(fmt.CROSS_ATTENTION) if fmt.CROSS_ATTENTION in dec_outputs else None
-    if fmt.STANDARD in decoders and attention_at is not None:  # bundles before 0.3 have no attention output
-        worst[fmt.STANDARD, "decoder cross_attention"] = _Worst()
+    parity = _TensorParity(model, bundle, device, decoders)
     mask_ok = True
     for start in range(0, len(pairs), batch_size):
         if log is not None:
             log(f"tensors: sentences {start + 1}-{min(start + batch_size, len(pairs))} of {len(pairs)}")
         chunk = pairs[start : start + batch_size]
-        srcs = [tok.encode_source(s)[: cfg.max_positions] for s, _ in chunk]
+        batch = parity.encode([tok.encode_source(s)[: model.cfg.max_positions] for s, _ in chunk])
+        mask_ok &= batch.mask_ok
+        greedy = translate_ids(model, batch.srcs, beam_size=1)
+        paths = {
+            "decoder log_probs (teacher-forced)":
+                [tok.encode_target(t)[: model.cfg.max_positions - 1] for _, t in chunk],
+            "decoder log_probs (greedy path)": [h[0].tokens for h in greedy],
+        }
+        for label, targets in paths.items():
+            parity.decode_path(batch, label, targets)
+    checks = [Check("tensor", "encoder src_mask equal", float(not mask_ok), 0.0, mask_ok)]
+    return checks + _worst_checks(parity.worst, atol)
+
+
+@dataclass
+class _Batch:
+    """One padded batch of sources, encoded by the checkpoint (fp32 and fp64) and by the bundle."""
+
+    srcs: list[list[int]]  # source ids, unpadded
+    lengths: torch.Tensor  # (B,)
+    mask: torch.Tensor  # (B, S) bool, real positions
+    cross: list  # the fp32 model's cross keys/values per layer
+    cross64: list  # ... and the fp64 model's
+    ort_out: list[np.ndarray]  # the encoder graph's outputs: src_mask, then the cross keys/values
+    mask_ok: bool  # the graph's src_mask equals the model's
+
+
+class _TensorParity:
+    """The sessions, the fp64 copy of the model and the worst differences, for tensor_checks."""
+
+    def __init__(self, model, bundle: fmt.Bundle, device: str, decoders: tuple[str, ...]):
+        self.model, self.cfg, self.decoders = model, model.cfg, decoders
+        self.exact_model = copy.deepcopy(model).double()
+        entries = precision_entries(ort)  # int8 products exact on x86 without VNNI, as the runtime's
+        self.enc = graph_session(bundle, "encoder", providers_for(device), entries)
+        self.dec = graph_session(bundle, fmt.DECODER_LABELS[fmt.STANDARD], providers_for(device), entries)
+        # The fused cache layout is the CPU kernels' (runtime/fused_step.py): checked on the CPU.
+        self.fused = (graph_session(bundle, fmt.DECODER_LABELS[fmt.FUSED], ["CPUExecutionProvider"], entries)
+                      if fmt.FUSED in decoders else None)
+        self.half = self.enc.get_outputs()[1].type == "tensor(float16)"
+        outputs = ("decoder log_probs (teacher-forced)", "decoder log_probs (greedy path)", "decoder cache")
+        self.worst = {("", "encoder cross K/V"): _Worst(),
+                      **{(d, name): _Worst() for d in decoders for name in outputs}}
+        dec_outputs = [o.name for o in self.dec.get_outputs()]
+        self.attention_at = (dec_outputs.index(fmt.CROSS_ATTENTION)
+                             if fmt.CROSS_ATTENTION in dec_outputs else None)
+        if fmt.STANDARD in decoders and self.attention_at is not None:  # bundles before 0.3 have none
+            self.worst[fmt.STANDARD, "decoder cross_attention"] = _Worst()
+
+    def encode(self, srcs: list[list[int]]) -> _Batch:
+        """Pads and encodes one batch three ways; records the cross keys/values' differences."""
+        cfg, model, exact_model = self.cfg, self.model, self.exact_model
         lengths = torch.tensor([len(s) for s in srcs])
         src = torch.full((len(srcs), int(lengths.max())), cfg.pad_id, dtype=torch.long)
         for i, s in enumerate(srcs):
@@ -180,70 +220,101 @@ def tensor_checks(model, tok, bundle: fmt.Bundle, pairs, device: str, atol: floa
         mask = src != cfg.pad_id
         cross = model.cross_kv(model.encode(src, mask))
         cross64 = exact_model.cross_kv(exact_model.encode(src, mask))
-        ort_out = enc.run(None, {fmt.SRC_IDS: src.numpy(), fmt.SRC_LENGTHS: lengths.numpy()})
-        mask_ok &= bool(np.array_equal(ort_out[0], mask.numpy()))
-        for got, want, exact in zip(ort_out[1:], [t for kv in cross for t in kv], [t for kv in cross64 for t in kv]):
+        ort_out = self.enc.run(None, {fmt.SRC_IDS: src.numpy(), fmt.SRC_LENGTHS: lengths.numpy()})
+        mask_ok = bool(np.array_equal(ort_out[0], mask.numpy()))
+        flat32, flat64 = [t for kv in cross for t in kv], [t for kv in cross64 for t in kv]
+        for got, want, exact in zip(ort_out[1:], flat32, flat64):
             for i, v in enumerate(lengths.tolist()):  # real source positions only
-                worst["", "encoder cross K/V"].update(got[i, :, :v], want[i, :, :v].numpy(), exact[i, :, :v].numpy())
-        greedy = translate_ids(model, srcs, beam_size=1)
-        paths = {
-            "decoder log_probs (teacher-forced)": [tok.encode_target(t)[: cfg.max_positions - 1] for _, t in chunk],
-            "decoder log_probs (greedy path)": [h[0].tokens for h in greedy],
-        }
-        for label, targets in paths.items():
-            # Compare only real positions: the start token and each row's target, end included.
-            # Positions after a row's end see pad tokens, out of distribution, and their
-            # log-probabilities are ill-conditioned even between fp32 and fp64 PyTorch.
-            valid = [min(len(t) + 1, cfg.max_positions) for t in targets]
-            steps = max(valid)
-            tgt_in = torch.full((len(srcs), steps), cfg.pad_id, dtype=torch.long)
-            for i, t in enumerate(targets):
-                seq = ([cfg.decoder_start_id] + t)[:steps]
-                tgt_in[i, : len(seq)] = torch.tensor(seq)
-            past, past64 = model.empty_cache(len(srcs)), exact_model.empty_cache(len(srcs))
-            ort_past = [np.zeros((len(srcs), cfg.n_heads, 0, cfg.head_dim), np.float16 if half else np.float32)] * (2 * n)
-            rows = torch.arange(len(srcs))
-            feed_const = {**dict(zip(fmt.cross_names(n), ort_out[1:])), fmt.SRC_MASK: ort_out[0]}
-            fused_step = None if fused is None else FusedStep(
-                fused, src_mask=ort_out[0], cross=ort_out[1:], n_layers=n, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
-                beam_width=1, max_length=steps, top_k=None, vocab=cfg.tgt_vocab_size)
-            for t in range(steps):
-                tokens = tgt_in[:, t : t + 1]
-                position = torch.tensor([t])
-                log_probs, past, attention = model.decode_step(tokens, position, rows, past, cross, mask,
-                                                               return_attention=True)
-                exact, past64, attention64 = exact_model.decode_step(tokens, position, rows, past64, cross64, mask,
-                                                                     return_attention=True)
-                live = np.array([t < v for v in valid])
-                if fmt.STANDARD in decoders:
-                    out = dec.run(None, {fmt.TOKENS: tokens.numpy(), fmt.STEP: np.array([t], np.int64),
-                                         fmt.CACHE_INDICES: rows.numpy(), fmt.TOP_K: np.array([1], np.int64),
-                                         **dict(zip(fmt.past_names(n), ort_past)), **feed_const})
-                    worst[fmt.STANDARD, label].update(out[0][live], log_probs.numpy()[live], exact.numpy()[live])
-                    if attention_at is not None:
-                        for i in np.flatnonzero(live):  # real source positions only
-                            v = int(lengths[i])
-                            worst[fmt.STANDARD, "decoder cross_attention"].update(
-                                out[attention_at][i, :v], attention.numpy()[i, :v], attention64.numpy()[i, :v])
-                    ort_past = out[1 : 1 + 2 * n]
-                if fused_step is not None:
-                    got = fused_step(tokens.numpy(), rows.numpy(), t, None)
-                    worst[fmt.FUSED, label].update(got[live], log_probs.numpy()[live], exact.numpy()[live])
-            flat32, flat64 = [x for kv in past for x in kv], [x for kv in past64 for x in kv]
-            caches = {fmt.STANDARD: ort_past if fmt.STANDARD in decoders else None,
-                      fmt.FUSED: None if fused_step is None else fused_step._cache}  # [rows, H, max_length, Dh]
-            for variant, cache in caches.items():
-                for got, want, exact in zip(cache or [], flat32, flat64):
-                    for i, v in enumerate(valid):
-                        worst[variant, "decoder cache"].update(got[i, :, :v], want[i, :, :v].numpy(),
-                                                               exact[i, :, :v].numpy())
-    checks = [Check("tensor", "encoder src_mask equal", float(not mask_ok), 0.0, mask_ok)]
+                self.worst["", "encoder cross K/V"].update(got[i, :, :v], want[i, :, :v].numpy(),
+                                                          exact[i, :, :v].numpy())
+        return _Batch(srcs, lengths, mask, cross, cross64, ort_out, mask_ok)
+
+    def decode_path(self, batch: _Batch, label: str, targets: list[list[int]]) -> None:
+        """Steps every decoder along `targets` (teacher-forced or the greedy path), recording the
+        log-probabilities', the attention's and, at the end, the cache's differences.
+
+        Compares only real positions: the start token and each row's target, end included.
+        Positions after a row's end see pad tokens, out of distribution, and their
+        log-probabilities are ill-conditioned even between fp32 and fp64 PyTorch.
+        """
+        cfg, n, rows_n = self.cfg, self.cfg.n_decoder_layers, len(batch.srcs)
+        valid = [min(len(t) + 1, cfg.max_positions) for t in targets]
+        steps = max(valid)
+        tgt_in = torch.full((rows_n, steps), cfg.pad_id, dtype=torch.long)
+        for i, t in enumerate(targets):
+            seq = ([cfg.decoder_start_id] + t)[:steps]
+            tgt_in[i, : len(seq)] = torch.tensor(seq)
+        past, past64 = self.model.empty_cache(rows_n), self.exact_model.empty_cache(rows_n)
+        dtype = np.float16 if self.half else np.float32
+        ort_past = [np.zeros((rows_n, cfg.n_heads, 0, cfg.head_dim), dtype)] * (2 * n)
+        rows = torch.arange(rows_n)
+        fused_step = self._fused_step(batch, steps)
+        for t in range(steps):
+            tokens = tgt_in[:, t : t + 1]
+            position = torch.tensor([t])
+            log_probs, past, attention = self.model.decode_step(tokens, position, rows, past, batch.cross,
+                                                                batch.mask, return_attention=True)
+            exact, past64, attention64 = self.exact_model.decode_step(tokens, position, rows, past64,
+                                                                      batch.cross64, batch.mask,
+                                                                      return_attention=True)
+            live = np.array([t < v for v in valid])
+            want = (log_probs.numpy()[live], exact.numpy()[live])
+            if fmt.STANDARD in self.decoders:
+                ort_past = self._standard_step(batch, label, t, tokens, rows, ort_past, live, want,
+                                               (attention.numpy(), attention64.numpy()))
+            if fused_step is not None:
+                got = fused_step(tokens.numpy(), rows.numpy(), t, None)
+                self.worst[fmt.FUSED, label].update(got[live], *want)
+        caches = {fmt.STANDARD: ort_past if fmt.STANDARD in self.decoders else None,
+                  fmt.FUSED: None if fused_step is None else fused_step._cache}  # [rows, H, max_length, Dh]
+        self._compare_caches(caches, past, past64, valid)
+
+    def _fused_step(self, batch: _Batch, steps: int) -> FusedStep | None:
+        """The runtime's fused step loop over this batch (None without the fused decoder)."""
+        if self.fused is None:
+            return None
+        cfg = self.cfg
+        return FusedStep(self.fused, src_mask=batch.ort_out[0], cross=batch.ort_out[1:],
+                         n_layers=cfg.n_decoder_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
+                         beam_width=1, max_length=steps, top_k=None, vocab=cfg.tgt_vocab_size)
+
+    def _standard_step(self, batch: _Batch, label: str, t: int, tokens: torch.Tensor, rows: torch.Tensor,
+                       ort_past: list, live: np.ndarray, want: tuple[np.ndarray, np.ndarray],
+                       attention: tuple[np.ndarray, np.ndarray]) -> list:
+        """Runs decoder.onnx for step t, records its differences; returns its cache (present_*)."""
+        n = self.cfg.n_decoder_layers
+        feed_const = {**dict(zip(fmt.cross_names(n), batch.ort_out[1:])), fmt.SRC_MASK: batch.ort_out[0]}
+        out = self.dec.run(None, {fmt.TOKENS: tokens.numpy(), fmt.STEP: np.array([t], np.int64),
+                                  fmt.CACHE_INDICES: rows.numpy(), fmt.TOP_K: np.array([1], np.int64),
+                                  **dict(zip(fmt.past_names(n), ort_past)), **feed_const})
+        self.worst[fmt.STANDARD, label].update(out[0][live], *want)
+        if self.attention_at is not None:
+            for i in np.flatnonzero(live):  # real source positions only
+                v = int(batch.lengths[i])
+                self.worst[fmt.STANDARD, "decoder cross_attention"].update(
+                    out[self.attention_at][i, :v], attention[0][i, :v], attention[1][i, :v])
+        return out[1 : 1 + 2 * n]
+
+    def _compare_caches(self, caches: dict, past, past64, valid: list[int]) -> None:
+        """Records each decoder's final cache against the models' (real positions only)."""
+        flat32, flat64 = [x for kv in past for x in kv], [x for kv in past64 for x in kv]
+        for variant, cache in caches.items():
+            for got, want, exact in zip(cache or [], flat32, flat64):
+                for i, v in enumerate(valid):
+                    self.worst[variant, "decoder cache"].update(got[i, :, :v], want[i, :, :v].numpy(),
+                                                                exact[i, :, :v].numpy())
+
+
+def _worst_checks(worst: dict[tuple[str, str], _Worst], atol: float) -> list[Check]:
+    """One Check per (decoder, output): its worst difference against its bound."""
+    checks = []
     for (variant, name), w in worst.items():
         scaled = "log_probs" not in name
         bound = max(atol * (max(1.0, w.scale) if scaled else 1.0), 2.0 * w.torch_abs)
-        checks.append(Check("tensor", f"{name} max abs", w.bundle_abs, bound, w.bundle_abs <= bound,
-                            f"vs fp64; PyTorch fp32 {w.torch_abs:.1e}; bundle vs PyTorch fp32 {w.vs_torch:.1e}; "
-                            f"max rel {w.bundle_rel:.1e}" + (f"; max|x| {w.scale:.1f}" if scaled else ""), variant))
+        detail = (f"vs fp64; PyTorch fp32 {w.torch_abs:.1e}; bundle vs PyTorch fp32 {w.vs_torch:.1e}; "
+                  f"max rel {w.bundle_rel:.1e}" + (f"; max|x| {w.scale:.1f}" if scaled else ""))
+        checks.append(Check("tensor", f"{name} max abs", w.bundle_abs, bound, w.bundle_abs <= bound, detail,
+                            variant))
     return checks
 
 
@@ -253,8 +324,8 @@ TENSOR_SENTENCES = 100
 
 
 def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, device: str = "cpu",
-           data: str | None = None, src_col: int = 0, tgt_col: int = 1, tensor_sentences: int = TENSOR_SENTENCES,
-           log=None) -> dict:
+           data: str | None = None, src_col: int = 0, tgt_col: int = 1,
+           tensor_sentences: int = TENSOR_SENTENCES, log=None) -> dict:
     """Runs every tier and returns the report (format_report prints it).
 
     Args:
@@ -285,12 +356,30 @@ def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, de
     decoders = tuple(bundle.decoder_variants)
     # One Translator per decoder, each forced to it: a fused decoder that cannot run is an error here.
     # The fused graph's kernels are the CPU's (its cache layout), so it is verified on the CPU.
-    translators = {d: Translator(bundle, device="cpu" if d == fmt.FUSED else device, _tuning=SessionTuning(decoder=d))
+    translators = {d: Translator(bundle, device="cpu" if d == fmt.FUSED else device,
+                                 _tuning=SessionTuning(decoder=d))
                    for d in decoders}
     translator = translators[fmt.STANDARD]
     sample = pairs[: max(0, tensor_sentences)]
-    checks = tensor_checks(model, tok, bundle, sample, translator.device, tol["tensor_atol"], decoders=decoders,
-                           log=say) if sample else []
+    checks = tensor_checks(model, tok, bundle, sample, translator.device, tol["tensor_atol"],
+                           decoders=decoders, log=say) if sample else []
+    checks += _search_checks(model, tok, translators, pairs, tol, say)
+    # The tensor bound of a reduced-precision bundle is informative; its verdict rests on tokens and text.
+    full_precision = meta["dtype"] == "float32" and not meta.get("quantization")
+    judged = [c for c in checks if c.tier != "tensor" or full_precision]
+    return {
+        "bundle": str(bundle_dir), "checkpoint": str(ckpt_dir), "variant": meta.get("variant", meta["dtype"]),
+        "decoders": list(decoders), "int8_products": int8_products(meta),
+        "provider": translator.device.upper() if translator.device == "cpu" else "CUDA",
+        "sentences": len(pairs), "tensor_sentences": len(sample), "passed": all(c.passed for c in judged),
+        "checks": [asdict(c) | {"judged": c in judged} for c in checks],
+    }
+
+
+def _search_checks(model, tok, translators: dict[str, Translator], pairs: list[tuple[str, str]], tol: dict,
+                   say) -> list[Check]:
+    """The token and text tiers: each decoder's greedy ids against the checkpoint's, and its BLEU drop."""
+    checks = []
     srcs = [tok.encode_source(s)[: model.cfg.max_positions] for s, _ in pairs]
     say(f"tokens: the PyTorch reference's greedy search on {len(srcs)} sentences")
     want = [h[0].tokens for h in translate_ids(model, srcs, beam_size=1)]
@@ -307,21 +396,15 @@ def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, de
         bundle_bleu = bleu([g.hypotheses[0] for g in got], refs)
         drop = torch_bleu - bundle_bleu
         checks.append(Check("text", "BLEU drop (torch - bundle)", drop, tol["max_bleu_drop"],
-                            drop <= tol["max_bleu_drop"] + 1e-9, f"torch {torch_bleu:.2f}, bundle {bundle_bleu:.2f}",
-                            variant))
-    # The tensor bound of a reduced-precision bundle is informative; its verdict rests on tokens and text.
-    judged = [c for c in checks if c.tier != "tensor" or meta["dtype"] == "float32" and not meta.get("quantization")]
-    return {
-        "bundle": str(bundle_dir), "checkpoint": str(ckpt_dir), "variant": meta.get("variant", meta["dtype"]),
-        "decoders": list(decoders), "int8_products": int8_products(meta),
-        "provider": translator.device.upper() if translator.device == "cpu" else "CUDA",
-        "sentences": len(pairs), "tensor_sentences": len(sample), "passed": all(c.passed for c in judged),
-        "checks": [asdict(c) | {"judged": c in judged} for c in checks],
-    }
+                            drop <= tol["max_bleu_drop"] + 1e-9,
+                            f"torch {torch_bleu:.2f}, bundle {bundle_bleu:.2f}", variant))
+    return checks
 
 
 def int8_products(meta: dict) -> str | None:
-    """Says which integer kernel this CPU's onnxruntime multiplies an int8 bundle with (runtime/u8s8_probe.py).
+    """Says which integer kernel this CPU's onnxruntime multiplies an int8 bundle with.
+
+    See runtime/u8s8_probe.py.
 
     Args:
         meta: bundle.json.
@@ -368,21 +451,23 @@ def format_report(report: dict) -> str:
     if report.get("int8_products"):
         lines.append(f"int8 products: {report['int8_products']}")
     if report.get("tensor_sentences", report["sentences"]) < report["sentences"]:
-        lines.append(f"tiers: tensors on the first {report['tensor_sentences']} sentences; tokens and BLEU on all "
-                     f"{report['sentences']}")
+        lines.append(f"tiers: tensors on the first {report['tensor_sentences']} sentences; "
+                     f"tokens and BLEU on all {report['sentences']}")
     if any(c["tier"] == "tensor" for c in judged):
-        lines.append("tensors: max abs difference from the checkpoint evaluated in float64; bound: the tolerance "
-                     "(x max|x| for K/V and cache), or 2 x PyTorch fp32's own difference where that is larger")
+        lines.append("tensors: max abs difference from the checkpoint evaluated in float64; "
+                     "bound: the tolerance (x max|x| for K/V and cache), "
+                     "or 2 x PyTorch fp32's own difference where that is larger")
     lines.append(f"{'tier':<7} {'decoder':<8} {'check':<42} {'value':>10} {'bound':>10}  result")
     for c in judged:
         value, bound = _value_and_bound(c)
         lines.append(f"{c['tier']:<7} {c.get('decoder') or '-':<8} {c['name']:<42} {value:>10} {bound:>10}  "
                      f"{'ok' if c['passed'] else 'FAIL'}  {c['detail']}")
     if measured:
-        lines.append(f"measurements (not checks: this {report['variant']} bundle is judged by the checks above), "
-                     "max abs difference from the checkpoint evaluated in float64:")
+        lines.append(f"measurements (not checks: this {report['variant']} bundle is judged by the checks "
+                     "above), max abs difference from the checkpoint evaluated in float64:")
         for c in measured:
-            lines.append(f"{c['tier']:<7} {c.get('decoder') or '-':<8} {c['name']:<42} {_value_and_bound(c)[0]:>10}  "
+            value = _value_and_bound(c)[0]
+            lines.append(f"{c['tier']:<7} {c.get('decoder') or '-':<8} {c['name']:<42} {value:>10}  "
                          f"{c['detail']}")
     lines.append("PASSED" if report["passed"] else "FAILED: see the checks marked FAIL")
     return "\n".join(lines)

@@ -26,7 +26,9 @@ ALLOWED = {
     "commands": {"leaves", "model", "runtime", "export", "serve", "bench"},
     "root": {"leaves", "runtime"},  # seq2onnx/__init__.py: the lazy Translator
 }
-MAX_LINES = 450
+# A backstop only: the size that matters is a function's, which ruff's C901, PLR0912 and PLR0915
+# measure (pyproject.toml, issue 38); a file past this has more than one job.
+MAX_LINES = 600
 
 
 def _modules() -> dict[str, Path]:
@@ -61,7 +63,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         for target in targets:
             while target and target not in modules:
                 target = target.rpartition(".")[0]
-            if target.startswith("seq2onnx") and target != name and (target != "seq2onnx" or len(targets) == 1):
+            package_itself = target == "seq2onnx" and len(targets) > 1  # `from seq2onnx import x` counts x
+            if target.startswith("seq2onnx") and target != name and not package_itself:
                 out.add(target)
     return out
 
@@ -98,7 +101,8 @@ def test_each_layer_imports_only_the_layers_below_it():
             other = _layer(target)
             if other != layer and other not in ALLOWED[layer]:
                 bad.append((module, target))
-    assert not bad, "imports against the layers (module -> import): " + ", ".join(f"{a} -> {b}" for a, b in bad)
+    listed = ", ".join(f"{a} -> {b}" for a, b in bad)
+    assert not bad, f"imports against the layers (module -> import): {listed}"
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -144,4 +148,5 @@ def test_the_cycle_finder_finds_a_circle():
 @pytest.mark.parametrize("path", sorted(_modules().values()), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_file_over_the_size_limit(path):
     lines = len(path.read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (limit {MAX_LINES}): split it by job"
+    where = path.relative_to(ROOT)
+    assert lines <= MAX_LINES, f"{where} has {lines} lines (limit {MAX_LINES}): split it by job"

@@ -2,7 +2,7 @@
 
 Admission is decided here, before an engine sees a request: a bounded queue (503 + Retry-After), limits on body
 bytes, texts and characters (413), a deadline (504; the job is cancelled, as when the client leaves). Every error
-is JSON {"error": message, "field": name or null}; an accepted request gets exactly one answer.
+is JSON {"error": message, "field": name or null} (serve/errors.py); an accepted request gets exactly one answer.
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import math
-import re
 import time
 
 from fastapi import FastAPI, Request
@@ -22,16 +21,16 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from seq2onnx.runtime.options import check_prefix_options
 from seq2onnx.serve.checks import contradiction, json_problem
 from seq2onnx.serve.engine import Cancelled, Engine, Job
+from seq2onnx.serve.errors import RETRY_AFTER_S, engine_error, error, invalid
 from seq2onnx.serve.stream import Stream, lines, pump, soon
 
 log = logging.getLogger("seq2onnx.serve")
 
 TRANSLATE, STREAM = "/v1/translate", "/v1/translate/stream"
 ENDPOINTS = (TRANSLATE, STREAM, "/health", "/ready", "/metrics", "/docs", "/openapi.json")  # metric labels; others: "other"
-RETRY_AFTER_S = 1  # what a 503 asks a client to wait: a queue slot frees as soon as one request is answered
-CLOSE = {"Connection": "close"}  # after an answer sent before the body was read: the rest is not a request
 CLIENT_LEFT = 499  # nginx's status for "client closed request": only /metrics sees it, nobody reads the answer
 
 
@@ -95,13 +94,6 @@ _ERRORS = {status: {"model": ErrorResponse, "description": text} for status, tex
     (413, "over a limit (bytes, texts, characters)"),
     (422, "a wrong field, type or option value"), (500, "the engine failed"), (503, "queue full (Retry-After), or draining"),
     (504, "no answer within the timeout: the job was cancelled"))}
-
-
-def _error(status: int, message: str, field: str | None = None, retry: bool = False,
-           close: bool = False) -> JSONResponse:
-    """The JSON error answer; `close` ends the connection after it (CLOSE)."""
-    headers = ({"Retry-After": str(RETRY_AFTER_S)} if retry else {}) | (CLOSE if close else {})
-    return JSONResponse({"error": message, "field": field}, status, headers or None)
 
 
 # -- state, metrics and admission -----------------------------------------------------------------
@@ -177,7 +169,7 @@ class _Admission:
         except Exception as e:  # a fault of the server's own code: JSON, one traceback in the log
             log.error("the request failed: %s: %s", type(e).__name__, e, exc_info=e)
             if not status:
-                await _error(500, f"the server failed ({type(e).__name__}: {e}); the server log has the "
+                await error(500, f"the server failed ({type(e).__name__}: {e}); the server log has the "
                                   "traceback", close=True)(scope, receive, answer)
         finally:
             self.frontend.requests.labels(endpoint, str(status[0] if status else CLIENT_LEFT)).inc()
@@ -188,7 +180,7 @@ class _Admission:
         scope["seq2onnx.deadline"] = deadline = loop.time() + f.timeout_s
         if f.draining:
             why = "the server is shutting down (draining): send the request to another replica"
-            return await _error(503, why, retry=True, close=True)(scope, receive, send)
+            return await error(503, why, retry=True, close=True)(scope, receive, send)
         # The body before the queue: a client that stalls its body holds its connection (--max-connections,
         # for at most --read-timeout), never a queue slot that another request could use.
         body = await self._body(scope, receive, min(deadline, loop.time() + f.read_timeout_s))
@@ -198,7 +190,7 @@ class _Admission:
             why = "the server is shutting down (draining): send the request to another replica" if f.draining else \
                 f"the queue is full: {f.inflight} requests accepted and unanswered, the limit (--max-queue) is " \
                 f"{f.max_queue}: retry after {RETRY_AFTER_S} s or raise --max-queue"
-            return await _error(503, why, retry=True)(scope, receive, send)
+            return await error(503, why, retry=True)(scope, receive, send)
         f.inflight += 1
         try:
             messages = [{"type": "http.request", "body": body, "more_body": False}]
@@ -221,7 +213,7 @@ class _Admission:
                 message = await asyncio.wait_for(receive(), until - loop.time())
             except asyncio.TimeoutError:
                 f = self.frontend
-                return _error(408, f"the body did not arrive in time ({f.read_timeout_s:g} s after the "
+                return error(408, f"the body did not arrive in time ({f.read_timeout_s:g} s after the "
                                    f"headers, --read-timeout; {f.timeout_s:g} s after the arrival, "
                                    "--timeout): send it at once", close=True)
             if message["type"] == "http.disconnect":
@@ -233,16 +225,16 @@ class _Admission:
             elif not message.get("more_body", False):
                 break
         if over is not None:
-            return _error(413, f"{over}; the limit (--max-body-bytes) is {limit}: send fewer or shorter texts per "
+            return error(413, f"{over}; the limit (--max-body-bytes) is {limit}: send fewer or shorter texts per "
                                "request, or raise --max-body-bytes", close=True)
         body = b"".join(chunks)
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as e:  # json.loads would guess another encoding, or fail without saying where
-            return _error(400, f"the body is not UTF-8 (byte {e.start}: {body[e.start:e.start + 1]!r}): send JSON "
+            return error(400, f"the body is not UTF-8 (byte {e.start}: {body[e.start:e.start + 1]!r}): send JSON "
                                "encoded as UTF-8")
         problem = json_problem(body)
-        return body if problem is None else _error(*problem)
+        return body if problem is None else error(*problem)
 
 
 async def _cut(scope, receive, send, status: list[int], stream: bool) -> None:
@@ -251,60 +243,29 @@ async def _cut(scope, receive, send, status: list[int], stream: bool) -> None:
               "cancelled; retry on another replica"
     with contextlib.suppress(Exception):
         if not status:
-            return await _error(503, message, retry=True, close=True)(scope, receive, send)
+            return await error(503, message, retry=True, close=True)(scope, receive, send)
         end = (json.dumps({"error": message}) + "\n").encode() if stream else b""
         await send({"type": "http.response.body", "body": end, "more_body": False})
 
 
-# -- errors ----------------------------------------------------------------------------------------
-
-def _invalid(errors: list[dict], model: type[BaseModel]) -> JSONResponse:
-    """The first of pydantic's errors as one message naming the field, the value and the fix."""
-    e = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # an unknown name first: it explains the rest
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    loc = [str(p) for p in e["loc"]][1 if e["loc"][:1] == ("body",) else 0:]
-    if e["type"] == "json_invalid":
-        return _error(400, f"the body is not valid JSON ({e.get('ctx', {}).get('error', e['msg'])}, at character "
-                           f"{loc[0] if loc else 0}): send one JSON object")
-    if not loc:
-        example = '{"texts": ["Hello"]}' if model is TranslateRequest else '{"text": "Hello"}'
-        return _error(422, f"the body must be a JSON object such as {example} (Content-Type: application/json): {e['msg']}")
-    names = ", ".join(sorted(model.model_fields, key=lambda name: name not in ("text", "texts")))
-    field, where = loc[0], loc[0] + "".join(f"[{p}]" for p in loc[1:])
-    if e["type"] == "extra_forbidden":
-        if field == "return_attention":
-            return _error(422, "return_attention is not served over HTTP (an array per hypothesis): use the Python "
-                               "runtime's Translator.translate_batch(return_attention=True)", field)
-        return _error(422, f"unknown field {field!r}: this endpoint takes {names}", field)
-    if e["type"] == "missing":
-        return _error(422, f"{where} is missing: this endpoint takes {names}{more}", field)
-    shown = json.dumps(e.get("input"), default=repr)
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    return _error(422, f"{where}={shown}: {e['msg']}{more}", field)
-
-
-def _engine_error(e: BaseException, model: type[BaseModel]) -> JSONResponse:
-    """A ValueError/TypeError of the runtime (its message names the value and the fix): 422; anything else: 500."""
-    if isinstance(e, (ValueError, TypeError)):
-        name = re.match(r"\w+", str(e))  # the runtime's messages begin with the option at fault: "beam_size=0 ..."
-        field = name.group() if name and name.group() in model.model_fields else None
-        text = "texts" if "texts" in model.model_fields else "text"  # "source 3 has ...": the text's fault
-        return _error(422, str(e), field or (text if str(e).startswith("source") else None))
-    log.error("the engine failed: %s: %s", type(e).__name__, e, exc_info=e)
-    return _error(500, f"the engine failed ({type(e).__name__}: {e}); the server log has the traceback")
-
+# -- checking a request --------------------------------------------------------------------------
 
 def _checked(f: Frontend, texts: list[str], field: str, options: dict, model: type[BaseModel]):
     """The request's SearchOptions; or the answer refusing it (413 over a limit, 422 a bad option value)."""
     for count, what, limit, flag in ((len(texts), "texts", f.max_texts, "--max-texts"),
                                      (sum(map(len, texts)), "characters", f.max_chars, "--max-chars")):
         if count > limit:
-            return _error(413, f"{count} {what}; the limit ({flag}) is {limit} per request: split the request or "
+            return error(413, f"{count} {what}; the limit ({flag}) is {limit} per request: split the request or "
                                f"raise {flag}", field)
     try:
-        return f.engine.check(options, len(texts))
+        search = f.engine.check(options, len(texts))
+        # Languages and prefixes against the model now, as the CLI does: a bad one is refused before it is queued,
+        # as an OptionError that names its field.
+        t = f.engine.translator
+        check_prefix_options(search, len(texts), t.vocabulary.languages, t.tgt_vocab, t.eos_id)
+        return search
     except Exception as e:  # ValueError, TypeError: 422; anything else is the engine's failure (500)
-        return _engine_error(e, model)
+        return engine_error(e, model)
 
 
 # -- waiting for an engine -------------------------------------------------------------------------
@@ -329,8 +290,8 @@ async def _wait(f: Frontend, waited: asyncio.Future, request: Request, job: Job)
             waited.cancel()
             job.cancel()
             f.cancelled.labels(outcome).inc()
-    return None if outcome == "done" else _error(504, f.too_slow) if outcome == "timeout" else \
-        _error(CLIENT_LEFT, "the client left")
+    return None if outcome == "done" else error(504, f.too_slow) if outcome == "timeout" else \
+        error(CLIENT_LEFT, "the client left")
 
 
 def _bridge(job: Job) -> asyncio.Future:
@@ -377,8 +338,8 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
     app.add_middleware(_Admission, frontend=f)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        return _invalid(list(exc.errors()), StreamRequest if request.url.path.endswith(STREAM) else TranslateRequest)
+    async def refuse_invalid(request: Request, exc: RequestValidationError):
+        return invalid(list(exc.errors()), StreamRequest if request.url.path.endswith(STREAM) else TranslateRequest)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
@@ -390,7 +351,7 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
         """Returns each text's n-best (texts, token ids, and scores with return_scores) in the order given."""
         options = body.model_dump(exclude_unset=True, exclude={"texts"})
         clash = contradiction(options)
-        search = _error(*clash) if clash else _checked(f, body.texts, "texts", options, TranslateRequest)
+        search = error(*clash) if clash else _checked(f, body.texts, "texts", options, TranslateRequest)
         if isinstance(search, Response):
             return search
         try:
@@ -400,9 +361,9 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
                 return answer
             results = job.future.result()
         except Cancelled:
-            return _error(503, "the engine dropped the request (it is closing): retry on another replica", retry=True)
+            return error(503, "the engine dropped the request (it is closing): retry on another replica", retry=True)
         except Exception as e:
-            return _engine_error(e, TranslateRequest)
+            return engine_error(e, TranslateRequest)
         f.texts.inc(len(results))
         f.tokens.inc(sum(len(ids) for r in results for ids in r.token_ids))
         return JSONResponse({"translations": [{  # JSON has no -inf: a non-finite score is null
@@ -426,7 +387,7 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
         if answer is not None:
             return answer
         if first.result()[0] == "error":  # before any piece: still a plain HTTP error
-            return _engine_error(first.result()[1], StreamRequest)
+            return engine_error(first.result()[1], StreamRequest)
         return Stream(lines(f, job, queue, first.result(), request.scope["seq2onnx.deadline"]), job)
 
     @app.get("/health", summary="The process is alive (200)")
@@ -437,7 +398,7 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
              responses={503: {"model": ErrorResponse, "description": "draining"}})
     async def ready():
         if f.draining:
-            return _error(503, "draining: the server is shutting down and takes no new requests")
+            return error(503, "draining: the server is shutting down and takes no new requests")
         return {"ready": True, "batching": engine.batching}
 
     @app.get("/metrics", summary="Prometheus metrics (text format): requests, queue depth, load, tokens, latency",

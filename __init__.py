@@ -6,6 +6,7 @@ training and export code (seq2onnx.model, seq2onnx.export) is imported only by w
 This file is the repository root's: pyproject.toml maps the package `seq2onnx` onto the root and its
 subpackages onto the folders model/, export/ and runtime/.
 """
+
 __version__ = "0.2.0"
 
 __all__ = ["Translator", "TranslationResult", "BundleError", "__version__"]

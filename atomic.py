@@ -6,6 +6,7 @@ it replaces: a reader sees the old file or the new one, never half of one, even 
 Ctrl-C. A directory is built in a temporary sibling, under a lock beside it, and swapped in by
 `replace_dir`. This module imports nothing of the package, so every layer may use it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -35,8 +36,9 @@ def _temp_beside(path: Path) -> tuple[int, Path]:
     try:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     except OSError as e:
-        raise OutputError(f"cannot write {path}: {e.strerror or e} (in {path.parent}); "
-                          "choose a writable directory") from None
+        raise OutputError(
+            f"cannot write {path}: {e.strerror or e} (in {path.parent}); choose a writable directory"
+        ) from None
     return fd, Path(name)
 
 
@@ -70,7 +72,7 @@ class AtomicFile:
         self.path = Path(path)
         self.mode = _default_mode(self.path)
         fd, self.temp = _temp_beside(self.path)
-        self.file: IO = (os.fdopen(fd, "w", encoding="utf-8", newline="\n") if text else os.fdopen(fd, "wb"))
+        self.file: IO = os.fdopen(fd, "w", encoding="utf-8", newline="\n") if text else os.fdopen(fd, "wb")
 
     def commit(self) -> None:
         """Closes the file and renames it over `path`, with `path`'s mode (mkstemp makes it 0600)."""
@@ -163,7 +165,8 @@ def _exchange(a: Path, b: Path) -> bool:
     at_fdcwd, rename_exchange = -100, 2
     if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
         return True
-    if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.EPERM):  # file system or kernel lacks it
+    # file system or kernel lacks it
+    if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.EPERM):
         return False
     raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(b))
 
@@ -198,8 +201,11 @@ def replace_dir(temp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def refuse_overlap(out: str | os.PathLike[str], inputs: Mapping[str, str | os.PathLike[str]],
-                   error: type[Exception] = OutputError) -> None:
+def refuse_overlap(
+    out: str | os.PathLike[str],
+    inputs: Mapping[str, str | os.PathLike[str]],
+    error: type[Exception] = OutputError,
+) -> None:
     """Refuses an output that is, contains or is inside one of the inputs (links followed).
 
     Args:
@@ -214,12 +220,15 @@ def refuse_overlap(out: str | os.PathLike[str], inputs: Mapping[str, str | os.Pa
     for name, path in inputs.items():
         for source in {Path(os.path.abspath(path)), Path(path).resolve()}:  # a link (run/last) and its target
             if where == source or source in where.parents or where in source.parents:
-                raise error(f"the output {out} overlaps {name} {path} (it is, holds or lies inside it): "
-                            "writing there would destroy what is being read; choose an output outside it")
+                raise error(
+                    f"the output {out} overlaps {name} {path} (it is, holds or lies inside it): "
+                    "writing there would destroy what is being read; choose an output outside it"
+                )
 
 
-def check_replaceable(out: Path, ours: Callable[[Path], bool] | None, what: str,
-                      error: type[Exception] = OutputError) -> None:
+def check_replaceable(
+    out: Path, ours: Callable[[Path], bool] | None, what: str, error: type[Exception] = OutputError
+) -> None:
     """With --force, `out` may be replaced only if it is empty or something this package wrote.
 
     Args:
@@ -233,17 +242,27 @@ def check_replaceable(out: Path, ours: Callable[[Path], bool] | None, what: str,
         error: `out` is a file, or a non-empty directory that `ours` does not recognise.
     """
     if not out.is_dir() or out.is_symlink():
-        raise error(f"{out} exists and is not a directory; refusing to replace it with a {what}: "
-                    "choose another output or remove it yourself")
+        raise error(
+            f"{out} exists and is not a directory; refusing to replace it with a {what}: "
+            "choose another output or remove it yourself"
+        )
     if any(out.iterdir()) and not ((out / MARKER).is_file() or (ours is not None and ours(out))):
-        raise error(f"{out} is a non-empty directory that seq2onnx did not write (not a {what}); --force replaces "
-                    "only what seq2onnx wrote: choose another output or empty it yourself")
+        raise error(
+            f"{out} is a non-empty directory that seq2onnx did not write (not a {what}); --force replaces "
+            "only what seq2onnx wrote: choose another output or empty it yourself"
+        )
 
 
 @contextmanager
-def building(out: str | os.PathLike[str], force: bool, what: str = "output",
-             error: type[Exception] = OutputError, *, inputs: Mapping[str, str | os.PathLike[str]] | None = None,
-             ours: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+def building(
+    out: str | os.PathLike[str],
+    force: bool,
+    what: str = "output",
+    error: type[Exception] = OutputError,
+    *,
+    inputs: Mapping[str, str | os.PathLike[str]] | None = None,
+    ours: Callable[[Path], bool] | None = None,
+) -> Iterator[Path]:
     """A temporary sibling directory of `out` to write `what` into, under out's lock.
 
     Renamed onto `out` (replace_dir) when the block ends without error, removed when it raises.
@@ -278,7 +297,9 @@ def building(out: str | os.PathLike[str], force: bool, what: str = "output",
         raise error(f"cannot write the {what} at {out}: {e.strerror}; choose a writable directory") from e
     with OutputLock(out, what, error):
         if out.exists() and not force:
-            raise error(f"{out} already exists (written by another {what} meanwhile); pass --force to replace it")
+            raise error(
+                f"{out} already exists (written by another {what} meanwhile); pass --force to replace it"
+            )
         if out.exists():
             check_replaceable(out, ours, what, error)
         try:
@@ -287,7 +308,9 @@ def building(out: str | os.PathLike[str], force: bool, what: str = "output",
             raise error(f"cannot write the {what} at {out}: {e.strerror}; choose a writable directory") from e
         try:
             yield tmp
-            (tmp / MARKER).write_text(f"written by seq2onnx: a {what}; `--force` may replace this directory\n")
+            (tmp / MARKER).write_text(
+                f"written by seq2onnx: a {what}; `--force` may replace this directory\n"
+            )
             replace_dir(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -321,8 +344,10 @@ class OutputLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise self.error(f"cannot write the {self.what} at {self.out}: {e.strerror} ({self.path}); "
-                             "choose a writable directory") from e
+            raise self.error(
+                f"cannot write the {self.what} at {self.out}: {e.strerror} ({self.path}); "
+                "choose a writable directory"
+            ) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
@@ -333,8 +358,10 @@ class OutputLock:
             same = False
         if not same:
             os.close(fd)
-            raise self.error(f"another export is writing {self.out} right now (it holds {self.path}); "
-                             "wait for it to finish, or export to another directory")
+            raise self.error(
+                f"another export is writing {self.out} right now (it holds {self.path}); "
+                "wait for it to finish, or export to another directory"
+            )
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd

@@ -3,6 +3,7 @@
 Any layer may raise CommandError (the commands print it as one line with exit status 1) without
 importing a command: this module imports nothing of the package.
 """
+
 from __future__ import annotations
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -27,6 +28,7 @@ def needs_torch(command: str) -> None:
         import torch  # noqa: F401
     except ImportError:
         raise CommandError(
-            f"`seq2onnx {command}` needs PyTorch, which this install lacks: pip install 'seq2onnx[train,cpu]' "
+            f"`seq2onnx {command}` needs PyTorch, which this install lacks: pip install "
+            "'seq2onnx[train,cpu]' "
             "(or 'seq2onnx[train,gpu]' on a CUDA machine)"
         ) from None

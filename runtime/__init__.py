@@ -1,4 +1,5 @@
 """seq2onnx runtime: decode exported bundles with onnxruntime, numpy and sentencepiece (never torch)."""
+
 from .bundle import Bundle, BundleError, read_bundle
 from .options import SearchOptions
 

@@ -7,6 +7,7 @@ kernels (docs/fused-decoder.md): a host that cannot run com.microsoft uses graph
 Every graph input and output name comes from spec/bundle.json (runtime/spec.py reads it; this
 module re-exports the names); bundle.json's fields are checked by runtime/meta.py.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,7 +20,9 @@ from pathlib import Path
 
 from .meta import _short, validate_meta
 from .weights import WeightsFile, read_weights
-from .spec import (  # noqa: F401  (re-exported: the format's names, as `from . import bundle as names` reads them)
+
+# re-exported: the format's names, as `from . import bundle as names` reads them
+from .spec import (  # noqa: F401
     BEAM_WIDTH,
     BUNDLE_JSON,
     BundleError,
@@ -98,8 +101,10 @@ class Bundle:
             BundleError: the bytes were not kept (a Bundle after without_data()).
         """
         if key not in self.data:
-            raise BundleError(f"{self.file(key)}: its bytes were not kept with the bundle read from {self.path}; "
-                              "read the bundle again (read_bundle) to load it")
+            raise BundleError(
+                f"{self.file(key)}: its bytes were not kept with the bundle read from {self.path}; "
+                "read the bundle again (read_bundle) to load it"
+            )
         return self.data[key]
 
     def without_data(self) -> "Bundle":
@@ -141,8 +146,8 @@ class Bundle:
 
     @property
     def weights(self) -> WeightsFile | None:
-        """The checked weights file every graph points into (runtime/weights.py), or None: a bundle whose graphs
-        hold their own weights (before 0.4), or one whose files were let go (without_data)."""
+        """The checked weights file every graph points into (runtime/weights.py), or None: a bundle whose
+        graphs hold their own weights (before 0.4), or one whose files were let go (without_data)."""
         found = self.data.get("weights")
         return found if isinstance(found, WeightsFile) else None
 
@@ -194,7 +199,9 @@ def read_bundle(path: str | Path, *, check_hashes: bool = True) -> Bundle:
             if attempt + 1 < _READ_ATTEMPTS and os.path.lexists(path.parent):
                 time.sleep(0.01 * (attempt + 1))  # a moment between two renames of an export elsewhere
                 continue
-            raise BundleError(f"{path}: not a bundle directory (make one with `seq2onnx export CHECKPOINT {path}`)")
+            raise BundleError(
+                f"{path}: not a bundle directory (make one with `seq2onnx export CHECKPOINT {path}`)"
+            )
         try:
             directory = _Directory(path)
         except FileNotFoundError:  # renamed away since the check above
@@ -206,10 +213,14 @@ def read_bundle(path: str | Path, *, check_hashes: bool = True) -> Bundle:
                 if not directory.replaced():
                     raise
                 if attempt + 1 == _READ_ATTEMPTS:
-                    raise BundleError(f"{path}: replaced by another export {_READ_ATTEMPTS} times while being read "
-                                      f"(last: {e}); try again once the export is done") from e
+                    raise BundleError(
+                        f"{path}: replaced by another export {_READ_ATTEMPTS} times while being read "
+                        f"(last: {e}); try again once the export is done"
+                    ) from e
                 # the directory was swapped for a new export while being read: read the new one
-    raise BundleError(f"{path}: replaced by another export {_READ_ATTEMPTS} times while being read; try again")
+    raise BundleError(
+        f"{path}: replaced by another export {_READ_ATTEMPTS} times while being read; try again"
+    )
 
 
 class _Directory:
@@ -218,7 +229,11 @@ class _Directory:
 
     def __init__(self, path: Path):
         self.path = path
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if os.open in os.supports_dir_fd else None
+        self.fd = (
+            os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            if os.open in os.supports_dir_fd
+            else None
+        )
         # the inode of what was opened (the path may already lead to another directory)
         self.inode = os.fstat(self.fd).st_ino if self.fd is not None else os.stat(path).st_ino
 
@@ -236,24 +251,31 @@ class _Directory:
             return True
 
     def open(self, relative: str, limit: int | None = None):
-        """Opens a regular file for reading; refuses anything else (a FIFO, a device, /dev/zero) before reading."""
+        """Opens a regular file for reading; refuses anything else (a FIFO, a device, /dev/zero) before
+        reading.
+        """
         where = self.path / relative
         flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
         try:
             fd = os.open(relative if self.fd is not None else where, flags, dir_fd=self.fd)
         except FileNotFoundError:
             raise BundleError(f"{where}: missing from the bundle") from None
-        info = os.fstat(fd)  # before a file object: Python refuses a directory with a bare "[Errno 21] ... : 7"
+        # before a file object: Python refuses a directory with a bare "[Errno 21] ... : 7"
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a device, pipe or socket"
-            raise BundleError(f"{where}: not a regular file ({kind}); a bundle holds files: re-export it with "
-                              "`seq2onnx export`")
+            raise BundleError(
+                f"{where}: not a regular file ({kind}); a bundle holds files: re-export it with "
+                "`seq2onnx export`"
+            )
         f = os.fdopen(fd, "rb")
         if limit is not None and info.st_size > limit:
             f.close()
-            raise BundleError(f"{where}: {info.st_size} bytes, more than the {limit} a bundle description can be; "
-                              "this is not a bundle.json made by `seq2onnx export`")
+            raise BundleError(
+                f"{where}: {info.st_size} bytes, more than the {limit} a bundle description can be; "
+                "this is not a bundle.json made by `seq2onnx export`"
+            )
         return f
 
     def read(self, relative: str, limit: int | None = None) -> bytes:
@@ -275,12 +297,15 @@ def _read(path: Path, directory: _Directory, check_hashes: bool) -> Bundle:
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise BundleError(f"{meta_path}: invalid JSON ({e}); re-export the bundle") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise BundleError(f"{meta_path}: not a {FORMAT} description "
-                          f"(format={_short(meta.get('format')) if isinstance(meta, dict) else None})")
+        raise BundleError(
+            f"{meta_path}: not a {FORMAT} description "
+            f"(format={_short(meta.get('format')) if isinstance(meta, dict) else None})"
+        )
     version = meta.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool) or version != FORMAT_VERSION:
         raise BundleError(
-            f"{meta_path}: format_version {_short(version)}, this runtime reads version {FORMAT_VERSION} (an integer); "
+            f"{meta_path}: format_version {_short(version)}, this runtime reads version {FORMAT_VERSION} (an "
+            "integer); "
             "re-export the bundle with this seq2onnx or install the matching runtime"
         )
     validate_meta(meta, meta_path)
@@ -290,11 +315,18 @@ def _read(path: Path, directory: _Directory, check_hashes: bool) -> Bundle:
         entry = meta["files"][key]
         target = (path / entry["path"]).resolve()
         if root not in target.parents:
-            raise BundleError(f"{meta_path}: files.{key}.path {entry['path']!r} points outside the bundle; refusing it")
+            raise BundleError(
+                f"{meta_path}: files.{key}.path {entry['path']!r} points outside the bundle; refusing it"
+            )
         if key == "weights":  # checked as a stream: onnxruntime reads it itself (runtime/weights.py)
             try:
-                data[key] = read_weights(path / entry["path"], entry["path"], entry["sha256"] if check_hashes else None,
-                                         directory.open, directory.fd)
+                data[key] = read_weights(
+                    path / entry["path"],
+                    entry["path"],
+                    entry["sha256"] if check_hashes else None,
+                    directory.open,
+                    directory.fd,
+                )
             except BundleError as e:
                 raise BundleError(f"{e} (files.{key} in {BUNDLE_JSON})") from None
             continue
@@ -304,7 +336,8 @@ def _read(path: Path, directory: _Directory, check_hashes: bool) -> Bundle:
             raise BundleError(f"{e} (files.{key} in {BUNDLE_JSON})") from None
         if check_hashes and hashlib.sha256(data[key]).hexdigest() != entry["sha256"]:
             raise BundleError(
-                f"{path / entry['path']}: sha256 differs from bundle.json (files.{key}); the file is damaged or was "
+                f"{path / entry['path']}: sha256 differs from bundle.json (files.{key}); the file is damaged "
+                "or was "
                 "replaced: re-export the bundle"
             )
     return Bundle(path=path, meta=meta, data=data)

@@ -5,18 +5,34 @@ garbage (source and target tokenizers exchanged) or fails at the first step with
 onnxruntime error (a wrong head count). Each check here turns that into a BundleError at load
 that names the field, both values and the fix.
 """
+
 from __future__ import annotations
 
 import hashlib
 
-from .bundle import (DTYPES, LOG_PROBS, SRC_IDS, STEP, TOP_K, Bundle, BundleError, past_key,
-                     past_names, past_value)
+from .bundle import (
+    DTYPES,
+    LOG_PROBS,
+    SRC_IDS,
+    STEP,
+    TOP_K,
+    Bundle,
+    BundleError,
+    past_key,
+    past_names,
+    past_value,
+)
 from .onnx_info import GraphInfo, GraphReadError, read_graph_info
 from .weights import check_references
 
 # onnxruntime's type strings for the element types bundle.json names
-_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
-              "tensor(int32)": "int32", "tensor(bool)": "bool"}
+_ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(bool)": "bool",
+}
 _FIX = "re-export the bundle with `seq2onnx export` (its bundle.json does not describe these files)"
 
 
@@ -40,7 +56,10 @@ def tokenizer_fingerprint(processor) -> dict:
         {"pieces": vocabulary size, "pieces_sha256": hash of the pieces in id order}.
     """
     pieces = "\n".join(processor.id_to_piece(i) for i in range(processor.get_piece_size()))
-    return {"pieces": processor.get_piece_size(), "pieces_sha256": hashlib.sha256(pieces.encode("utf-8")).hexdigest()}
+    return {
+        "pieces": processor.get_piece_size(),
+        "pieces_sha256": hashlib.sha256(pieces.encode("utf-8")).hexdigest(),
+    }
 
 
 def check_tokenizers(bundle: Bundle, source, target, vocabulary=None) -> None:
@@ -61,7 +80,10 @@ def check_tokenizers(bundle: Bundle, source, target, vocabulary=None) -> None:
     """
     model, ids = bundle.model, bundle.special_ids
     fingerprints = bundle.meta.get("tokenizers")
-    sides = (("source", source, "src_vocab_size", "source_tokenizer"), ("target", target, "tgt_vocab_size", "target_tokenizer"))
+    sides = (
+        ("source", source, "src_vocab_size", "source_tokenizer"),
+        ("target", target, "tgt_vocab_size", "target_tokenizer"),
+    )
     have = {side: tokenizer_fingerprint(proc) for side, proc, _, _ in sides} if fingerprints else {}
 
     def wrong_vocabulary(side: str, key: str, is_other: bool = False, exchanged: bool = False) -> BundleError:
@@ -69,7 +91,8 @@ def check_tokenizers(bundle: Bundle, source, target, vocabulary=None) -> None:
         if exchanged:
             what = f"; it is the {other} tokenizer: the two .model files are exchanged"
         elif is_other:
-            what = f"; it is the {other} tokenizer (the same vocabulary as {bundle.file(other + '_tokenizer').name})"
+            same = bundle.file(other + "_tokenizer").name
+            what = f"; it is the {other} tokenizer (the same vocabulary as {same})"
         else:
             what = ""
         return BundleError(
@@ -87,8 +110,10 @@ def check_tokenizers(bundle: Bundle, source, target, vocabulary=None) -> None:
             other = "target" if side == "source" else "source"
             if own[side] == want[other] != want[side]:
                 raise wrong_vocabulary(side, key, is_other=True, exchanged=own[other] == want[side])
-    mapped = {"source": vocabulary is not None and vocabulary.source_map is not None,
-              "target": vocabulary is not None and vocabulary.target_map is not None}
+    mapped = {
+        "source": vocabulary is not None and vocabulary.source_map is not None,
+        "target": vocabulary is not None and vocabulary.target_map is not None,
+    }
     for side, proc, size_key, key in sides:
         if mapped[side]:
             if have and have[side]["pieces_sha256"] != fingerprints[side]["pieces_sha256"]:
@@ -97,9 +122,16 @@ def check_tokenizers(bundle: Bundle, source, target, vocabulary=None) -> None:
         where = f"{bundle.file(key).name} (get_piece_size())"
         if proc.get_piece_size() != model[size_key]:
             raise _mismatch(bundle, f"model.{size_key}", model[size_key], proc.get_piece_size(), where)
-        for name, own in (("pad", proc.pad_id()), ("unk", proc.unk_id()), ("bos", proc.bos_id()), ("eos", proc.eos_id())):
+        for name, own in (
+            ("pad", proc.pad_id()),
+            ("unk", proc.unk_id()),
+            ("bos", proc.bos_id()),
+            ("eos", proc.eos_id()),
+        ):
             if own != ids[name]:
-                raise _mismatch(bundle, f"special_ids.{name}", ids[name], own, f"{bundle.file(key).name} ({name}_id())")
+                raise _mismatch(
+                    bundle, f"special_ids.{name}", ids[name], own, f"{bundle.file(key).name} ({name}_id())"
+                )
         if have and have[side]["pieces_sha256"] != fingerprints[side]["pieces_sha256"]:
             raise wrong_vocabulary(side, key)
 
@@ -126,8 +158,10 @@ def read_graphs(bundle: Bundle) -> dict[str, GraphInfo]:
         try:
             graphs[label] = read_graph_info(bundle.bytes(label))
         except GraphReadError as e:
-            raise BundleError(f"{bundle.file(label)}: not a readable ONNX graph ({e}); the file is damaged or was "
-                              f"replaced (files.{label}): re-export the bundle") from e
+            raise BundleError(
+                f"{bundle.file(label)}: not a readable ONNX graph ({e}); the file is damaged or was "
+                f"replaced (files.{label}): re-export the bundle"
+            ) from e
         check_references(bundle.file(label), graphs[label], bundle.weights)  # before onnxruntime follows them
     return graphs
 
@@ -173,13 +207,17 @@ def _check_signature(bundle: Bundle, label: str, session) -> None:
             arg = have[side][name]
             dtype = _ORT_TYPES.get(arg.type, arg.type)
             if dtype != item["dtype"]:
-                raise _mismatch(bundle, f"graphs.{label}.{kind}[{name}].dtype", item["dtype"], dtype, f"{path.name}")
+                raise _mismatch(
+                    bundle, f"graphs.{label}.{kind}[{name}].dtype", item["dtype"], dtype, f"{path.name}"
+                )
             shape = _shape_of(arg)
             fixed = [(i, d) for i, d in enumerate(item["shape"]) if isinstance(d, int)]
             if not_loaded and side == 1:  # a file may name an output's size that onnxruntime infers at load
                 fixed = [(i, d) for i, d in fixed if i >= len(shape) or isinstance(shape[i], int)]
             if len(shape) != len(item["shape"]) or any(shape[i] != d for i, d in fixed):
-                raise _mismatch(bundle, f"graphs.{label}.{kind}[{name}].shape", item["shape"], shape, path.name)
+                raise _mismatch(
+                    bundle, f"graphs.{label}.{kind}[{name}].shape", item["shape"], shape, path.name
+                )
 
 
 def _check_decoder(bundle: Bundle, dec_label: str, decoder) -> None:
@@ -191,23 +229,42 @@ def _check_decoder(bundle: Bundle, dec_label: str, decoder) -> None:
     prefixes = (past_key(0).removesuffix("0"), past_value(0).removesuffix("0"))  # the spec's per-layer names
     cache_inputs = sum(1 for n in dec_inputs if n.startswith(prefixes))
     if cache_inputs != 2 * n_layers or not all(n in dec_inputs for n in past_names(n_layers)):
-        raise _mismatch(bundle, "model.n_decoder_layers", n_layers, cache_inputs // 2,
-                        f"{dec_file.name} (its {prefixes[0]}*/{prefixes[1]}* inputs, layers)")
+        raise _mismatch(
+            bundle,
+            "model.n_decoder_layers",
+            n_layers,
+            cache_inputs // 2,
+            f"{dec_file.name} (its {prefixes[0]}*/{prefixes[1]}* inputs, layers)",
+        )
     cache = _shape_of(dec_inputs[past_key(0)])
     where = f"{dec_file.name} (input {past_key(0)} of shape {cache})"
     head_dim = model["d_model"] // model["n_heads"]
     if len(cache) != 4 or cache[1] != model["n_heads"]:
-        raise _mismatch(bundle, "model.n_heads", model["n_heads"], cache[1] if len(cache) == 4 else cache, where)
+        raise _mismatch(
+            bundle, "model.n_heads", model["n_heads"], cache[1] if len(cache) == 4 else cache, where
+        )
     if cache[3] != head_dim:
-        raise _mismatch(bundle, "model.d_model", model["d_model"], cache[3] * model["n_heads"],
-                        where + f": head size {cache[3]} x {model['n_heads']} heads")
+        raise _mismatch(
+            bundle,
+            "model.d_model",
+            model["d_model"],
+            cache[3] * model["n_heads"],
+            where + f": head size {cache[3]} x {model['n_heads']} heads",
+        )
     cache_type = _ORT_TYPES.get(dec_inputs[past_key(0)].type, dec_inputs[past_key(0)].type)
     if cache_type not in DTYPES or cache_type != bundle.dtype:
         raise _mismatch(bundle, "dtype", bundle.dtype, cache_type, where)
     log_probs = _shape_of({o.name: o for o in decoder.get_outputs()}[LOG_PROBS])
-    if log_probs[-1] != model["tgt_vocab_size"] and not (isinstance(decoder, GraphInfo) and isinstance(log_probs[-1], str)):
-        raise _mismatch(bundle, "model.tgt_vocab_size", model["tgt_vocab_size"], log_probs[-1],
-                        f"{dec_file.name} (output {LOG_PROBS} of shape {log_probs})")
+    if log_probs[-1] != model["tgt_vocab_size"] and not (
+        isinstance(decoder, GraphInfo) and isinstance(log_probs[-1], str)
+    ):
+        raise _mismatch(
+            bundle,
+            "model.tgt_vocab_size",
+            model["tgt_vocab_size"],
+            log_probs[-1],
+            f"{dec_file.name} (output {LOG_PROBS} of shape {log_probs})",
+        )
     if TOP_K not in dec_inputs:
         raise BundleError(f"{dec_file}: no {TOP_K} input; {_FIX}")
 
@@ -215,11 +272,14 @@ def _check_decoder(bundle: Bundle, dec_label: str, decoder) -> None:
 def _check_tables(bundle: Bundle, graphs: dict[str, GraphInfo], dec_label: str) -> None:
     """The source embedding's rows and the positional table's rows, read from the graph files."""
     model = bundle.model
-    tables = [(bundle.file("encoder").name, graphs["encoder"], SRC_IDS, "model.src_vocab_size", "source embedding"),
-              (bundle.file(dec_label).name, graphs[dec_label], STEP, "model.max_positions", "positional table")]
+    tables = [
+        (bundle.file("encoder").name, graphs["encoder"], SRC_IDS, "model.src_vocab_size", "source embedding"),
+        (bundle.file(dec_label).name, graphs[dec_label], STEP, "model.max_positions", "positional table"),
+    ]
     for name, info, indices, field, what in tables:
         found = [shape for idx, shape in info.gather_tables() if idx == indices]
-        if len(found) > 1:  # an int8 table is looked up twice, its codes and its row scales (rows, 1) (export/quantize.py)
+        # an int8 table is looked up twice, its codes and its row scales (rows, 1) (export/quantize.py)
+        if len(found) > 1:
             found = [shape for shape in found if list(shape[1:]) != [1]]
         if len(found) != 1 or len(found[0]) != 2:
             raise BundleError(f"{bundle.path / name}: no {what} (a Gather of {indices}) found; {_FIX}")
@@ -228,4 +288,10 @@ def _check_tables(bundle: Bundle, graphs: dict[str, GraphInfo], dec_label: str) 
         if rows != stated:
             raise _mismatch(bundle, field, stated, rows, f"{name} ({what} of shape [{rows}, {width}])")
         if width != model["d_model"]:
-            raise _mismatch(bundle, "model.d_model", model["d_model"], width, f"{name} ({what} of shape [{rows}, {width}])")
+            raise _mismatch(
+                bundle,
+                "model.d_model",
+                model["d_model"],
+                width,
+                f"{name} ({what} of shape [{rows}, {width}])",
+            )

@@ -1,11 +1,22 @@
 """bundle.json's fields checked: the spec's `fields` table, then the checks that relate fields."""
+
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
 
-from .spec import DECODER_LABELS, FILE_KEYS, FUSED, OPTIONAL_FILE_KEYS, OPTIONAL_GRAPH_KEYS, SPEC, SPEC_PATH, STANDARD, BundleError
+from .spec import (
+    DECODER_LABELS,
+    FILE_KEYS,
+    FUSED,
+    OPTIONAL_FILE_KEYS,
+    OPTIONAL_GRAPH_KEYS,
+    SPEC,
+    SPEC_PATH,
+    STANDARD,
+    BundleError,
+)
 
 
 _MISSING = object()  # a field that is absent, shown as `missing`
@@ -29,12 +40,16 @@ class _Schema:
         self.where = where
 
     def fail(self, field: str, value, want: str):
-        raise BundleError(f"{self.where}: {field} is {_short(value)}, {want}; re-export the bundle with "
-                          "`seq2onnx export` (or correct the field)")
+        raise BundleError(
+            f"{self.where}: {field} is {_short(value)}, {want}; re-export the bundle with "
+            "`seq2onnx export` (or correct the field)"
+        )
 
     def obj(self, parent: dict, key: str, field: str) -> dict:
         if key not in parent:
-            raise BundleError(f"{self.where}: missing the field {field!r}; re-export the bundle with `seq2onnx export`")
+            raise BundleError(
+                f"{self.where}: missing the field {field!r}; re-export the bundle with `seq2onnx export`"
+            )
         value = parent[key]
         if not isinstance(value, dict):
             self.fail(field, value, "expected an object")
@@ -52,15 +67,21 @@ class _Schema:
         value = parent.get(key)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if key not in parent or not ok or (low is not None and value < low):
-            self.fail(field, value if key in parent else _MISSING,
-                      "expected a finite number" + (f" >= {low}" if low is not None else ""))
+            self.fail(
+                field,
+                value if key in parent else _MISSING,
+                "expected a finite number" + (f" >= {low}" if low is not None else ""),
+            )
         return float(value)
 
     def text(self, parent: dict, key: str, field: str, choices: tuple | None = None) -> str:
         value = parent.get(key)
         if key not in parent or not isinstance(value, str) or (choices and value not in choices):
-            self.fail(field, value if key in parent else _MISSING,
-                      f"expected one of {', '.join(choices)}" if choices else "expected a string")
+            self.fail(
+                field,
+                value if key in parent else _MISSING,
+                f"expected one of {', '.join(choices)}" if choices else "expected a string",
+            )
         return value
 
 
@@ -96,8 +117,10 @@ def _check_field(v: _Schema, meta: dict, spec: dict) -> None:
         if not isinstance(value, dict) or not all(_nonnegative(x) for x in value.values()):
             v.fail(spec["field"], value, "expected an object of language codes to token ids (integers >= 0)")
     else:  # a spec this runtime does not understand: refuse loudly rather than skip a check
-        raise RuntimeError(f"{SPEC_PATH}: fields[{spec['field']}] has type {kind!r}; this runtime knows integer, number, "
-                           "string, boolean, ids, id_map")
+        raise RuntimeError(
+            f"{SPEC_PATH}: fields[{spec['field']}] has type {kind!r}; this runtime knows integer, number, "
+            "string, boolean, ids, id_map"
+        )
 
 
 def _nonnegative(x) -> bool:
@@ -110,8 +133,11 @@ def _check_tokens(v: _Schema, meta: dict, sizes: dict) -> None:
     if tokens is None:
         return
     src, tgt = sizes["src_vocab_size"], sizes["tgt_vocab_size"]
-    limits = (("source_prefix", src, "the source vocabulary"), ("source_suffix", src, "the source vocabulary"),
-              ("target_prefix", tgt, "the target vocabulary"))
+    limits = (
+        ("source_prefix", src, "the source vocabulary"),
+        ("source_suffix", src, "the source vocabulary"),
+        ("target_prefix", tgt, "the target vocabulary"),
+    )
     for key, limit, what in limits:
         if key in tokens and any(x >= limit for x in tokens[key]):
             v.fail(f"tokens.{key}", tokens[key], f"expected ids inside {what} [0, {limit})")
@@ -138,23 +164,43 @@ def validate_meta(meta: dict, where: Path) -> None:
     for spec in SPEC["fields"]:
         _check_field(v, meta, spec)
     model = meta["model"]
-    sizes = {k: model[k] for k in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_decoder_layers",
-                                   "max_positions")}
+    sizes = {
+        k: model[k]
+        for k in (
+            "src_vocab_size",
+            "tgt_vocab_size",
+            "d_model",
+            "n_heads",
+            "n_decoder_layers",
+            "max_positions",
+        )
+    }
     if sizes["d_model"] % sizes["n_heads"]:
         v.fail("model.d_model", sizes["d_model"], f"expected a multiple of model.n_heads={sizes['n_heads']}")
     if meta["max_positions"] != sizes["max_positions"]:
-        v.fail("max_positions", meta["max_positions"],
-               f"expected model.max_positions={sizes['max_positions']} (the same value twice)")
+        v.fail(
+            "max_positions",
+            meta["max_positions"],
+            f"expected model.max_positions={sizes['max_positions']} (the same value twice)",
+        )
     _check_tokens(v, meta, sizes)
     special = meta["special_ids"]
     for key in ("pad", "unk", "bos", "eos", "decoder_start"):
         value = special[key]
-        vocab = sizes["tgt_vocab_size"] if key == "decoder_start" else min(sizes["src_vocab_size"], sizes["tgt_vocab_size"])
+        vocab = (
+            sizes["tgt_vocab_size"]
+            if key == "decoder_start"
+            else min(sizes["src_vocab_size"], sizes["tgt_vocab_size"])
+        )
         if value >= vocab:
             v.fail(f"special_ids.{key}", value, f"expected an id inside the vocabulary [0, {vocab})")
         model_key = "decoder_start_id" if key == "decoder_start" else f"{key}_id"
         if model_key in model and model[model_key] != value:
-            v.fail(f"special_ids.{key}", value, f"expected model.{model_key}={_short(model[model_key])} (the same id twice)")
+            v.fail(
+                f"special_ids.{key}",
+                value,
+                f"expected model.{model_key}={_short(model[model_key])} (the same id twice)",
+            )
     files = v.obj(meta, "files", "files")
     for key in [*FILE_KEYS, *(k for k in OPTIONAL_FILE_KEYS if k in files)]:
         entry = v.obj(files, key, f"files.{key}")
@@ -164,8 +210,11 @@ def validate_meta(meta: dict, where: Path) -> None:
     labels = ["encoder", "decoder"]
     for key in OPTIONAL_GRAPH_KEYS:  # an optional graph is described exactly when its file is listed
         if (key in files) != (key in graphs):
-            v.fail(f"graphs.{key}" if key in files else f"files.{key}", _MISSING,
-                   f"expected because {'files' if key in files else 'graphs'}.{key} is present")
+            v.fail(
+                f"graphs.{key}" if key in files else f"files.{key}",
+                _MISSING,
+                f"expected because {'files' if key in files else 'graphs'}.{key} is present",
+            )
         if key in files:
             labels.append(key)
     for label in labels:
@@ -174,12 +223,18 @@ def validate_meta(meta: dict, where: Path) -> None:
             want = FUSED if label == DECODER_LABELS[FUSED] else STANDARD
             v.text(graph, "variant", f"graphs.{label}.variant", (want,))
         domains = graph.get("domains")
-        if "domains" in graph and (not isinstance(domains, list) or not all(isinstance(d, str) for d in domains)):
+        if "domains" in graph and (
+            not isinstance(domains, list) or not all(isinstance(d, str) for d in domains)
+        ):
             v.fail(f"graphs.{label}.domains", domains, "expected a list of operator domains (strings)")
         for side in ("inputs", "outputs"):
             items = graph.get(side)
             if not isinstance(items, list) or not items:
-                v.fail(f"graphs.{label}.{side}", items if side in graph else _MISSING, "expected a non-empty list")
+                v.fail(
+                    f"graphs.{label}.{side}",
+                    items if side in graph else _MISSING,
+                    "expected a non-empty list",
+                )
             for i, item in enumerate(items):
                 field = f"graphs.{label}.{side}[{i}]"
                 if not isinstance(item, dict):
@@ -188,8 +243,14 @@ def validate_meta(meta: dict, where: Path) -> None:
                 v.text(item, "dtype", f"{field}.dtype")
                 shape = item.get("shape")
                 if not isinstance(shape, list) or not all(
-                        isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in shape):
-                    v.fail(f"{field}.shape", shape, "expected a list of sizes (integers) and axis names (strings)")
+                    isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
+                    for d in shape
+                ):
+                    v.fail(
+                        f"{field}.shape",
+                        shape,
+                        "expected a list of sizes (integers) and axis names (strings)",
+                    )
     tokenizers = meta.get("tokenizers")
     if tokenizers is not None:  # optional: vocabulary fingerprints (runtime.checks.tokenizer_fingerprint)
         tokenizers = v.obj(meta, "tokenizers", "tokenizers")

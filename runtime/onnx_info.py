@@ -9,6 +9,7 @@ ModelProto.graph = 7; GraphProto.node = 1, initializer = 5; NodeProto.input = 1,
 op_type = 4, attribute = 5; AttributeProto.name = 1, t = 5; TensorProto.dims = 1, data_type = 2,
 name = 8, external_data = 13 (StringStringEntryProto key = 1, value = 2), data_location = 14.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -55,7 +56,7 @@ def _fields(buf, start: int, end: int):
 
 
 def _text(buf, span) -> str:
-    return bytes(buf[span[0]:span[1]]).decode("utf-8", "replace")
+    return bytes(buf[span[0] : span[1]]).decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,15 @@ def _tensor(buf, span) -> tuple[str, tuple[int, ...]]:
 
 
 # ONNX element types (TensorProto.DataType) as onnxruntime's sessions name them
-_ELEM_TYPES = {1: "tensor(float)", 2: "tensor(uint8)", 3: "tensor(int8)", 6: "tensor(int32)", 7: "tensor(int64)",
-               9: "tensor(bool)", 10: "tensor(float16)"}
+_ELEM_TYPES = {
+    1: "tensor(float)",
+    2: "tensor(uint8)",
+    3: "tensor(int8)",
+    6: "tensor(int32)",
+    7: "tensor(int64)",
+    9: "tensor(bool)",
+    10: "tensor(float16)",
+}
 
 
 @dataclass(frozen=True)
@@ -142,7 +150,9 @@ def _value_info(buf, span) -> ValueInfo:
                             if dn == 1 and dw == 2:
                                 dim = None
                                 for n, w, v in _fields(buf, *dv):
-                                    dim = v if (n, w) == (1, 0) else _text(buf, v) if (n, w) == (2, 2) else dim
+                                    dim = (
+                                        v if (n, w) == (1, 0) else _text(buf, v) if (n, w) == (2, 2) else dim
+                                    )
                                 shape.append(dim)
     return ValueInfo(name, _ELEM_TYPES.get(elem, f"tensor({elem})"), shape)
 

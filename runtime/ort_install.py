@@ -5,6 +5,7 @@ installs the same import package, `onnxruntime/`, into the same directory. Two o
 overwrite each other's files: the import may work and then miss the CUDA provider, or load a
 mix of two versions. pip cannot see the clash, so the runtime names it before importing.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -55,7 +56,8 @@ def check_install(dists: list[str]) -> None:
         names = [d.split()[0] for d in dists]
         gpu = any("gpu" in n for n in names)
         raise ImportError(
-            f"{' and '.join(dists)} are {'both' if len(dists) == 2 else 'all'} installed and share one directory (onnxruntime/), so each "
+            f"{' and '.join(dists)} are {'both' if len(dists) == 2 else 'all'} installed and share one "
+            "directory (onnxruntime/), so each "
             f"overwrote the other's files; keep exactly one: pip uninstall -y {' '.join(names)} && "
             + ("pip install 'seq2onnx[gpu]' (or [cpu])" if gpu else "pip install 'seq2onnx[cpu]' (or [gpu])")
         )

@@ -11,6 +11,7 @@ The forced end token (a bundle whose decoding says forced_eos) is the same rule 
 t = max_length - 1 of a sentence that is still decoding, the end token at 0 and -inf elsewhere, so a
 sentence that reaches its maximum length ends with </s> as generate() ends it.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -51,9 +52,15 @@ class _Forced:
         return TopK(values, ids, out.vocab)
 
 
-def force_prefix(step: Step, prefixes: Sequence[Sequence[int]], *, end_id: int | None = None,
-                 max_lengths: Sequence[int] | None = None) -> Step:
-    """Wraps a step so that each sentence's first tokens are its prefix (and, with end_id, its last the end token).
+def force_prefix(
+    step: Step,
+    prefixes: Sequence[Sequence[int]],
+    *,
+    end_id: int | None = None,
+    max_lengths: Sequence[int] | None = None,
+) -> Step:
+    """Wraps a step so that each sentence's first tokens are its prefix (and, with end_id, its last the end
+    token).
 
     Args:
         step: the search's step (runtime/search.py), its rows grouped by sentence.
@@ -74,6 +81,7 @@ def force_prefix(step: Step, prefixes: Sequence[Sequence[int]], *, end_id: int |
     table = np.full((len(prefixes), width), -1, dtype=np.int64)
     for i, prefix in enumerate(prefixes):
         table[i, : len(prefix)] = prefix
-    if end_id is not None:  # after the prefix: at a 1-token limit transformers' forced EOS wins over forced BOS too
+    # after the prefix: at a 1-token limit transformers' forced EOS wins over forced BOS too
+    if end_id is not None:
         table[np.arange(len(prefixes)), np.maximum(lengths, 1) - 1] = end_id
     return _Forced(step, table)

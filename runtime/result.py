@@ -1,4 +1,7 @@
-"""The result type of Translator.translate_batch: one source's n-best, with scores and attention when asked for."""
+"""The result type of Translator.translate_batch: one source's n-best, with scores and attention when asked
+for.
+"""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,11 +11,13 @@ import numpy as np
 
 @dataclass(frozen=True)
 class TranslationResult:
-    """One source's n-best, best first; scores and attention are None unless asked for (return_scores, return_attention).
+    """One source's n-best, best first; scores and attention are None unless asked for (return_scores,
+    return_attention).
 
     Attributes:
         hypotheses, token_ids: detokenised texts, and their target ids (end token excluded).
-        scores, attention: sums of log-probabilities (end token included); per hypothesis the array of the comment below.
+        scores, attention: sums of log-probabilities (end token included); per hypothesis the array of the
+        comment below.
     """
 
     hypotheses: list[str]

@@ -3,6 +3,7 @@
 Each sentence's draws come from a counter-based generator keyed by (seed, the sentence's key) and the
 step, so that a sentence's sample does not depend on the other sentences of its batch.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,13 +26,23 @@ def _uniform(keys: np.ndarray, t: int) -> np.ndarray:
 
 
 def sample(step: Step, batch: int, **options) -> list[SearchResult]:
-    """Random sampling: run(sample_program(batch, **options), step); the step must return full log-probabilities."""
+    """Random sampling: run(sample_program(batch, **options), step); the step must return full
+    log-probabilities.
+    """
     return run(sample_program(batch, **options), step)
 
 
 def sample_program(
-    batch: int, *, start_id: int, eos_id: int, max_lengths: np.ndarray, min_length: int = 0,
-    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+    batch: int,
+    *,
+    start_id: int,
+    eos_id: int,
+    max_lengths: np.ndarray,
+    min_length: int = 0,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
     row_keys: "list[list[int]] | None" = None,
 ) -> Program:
     """Random sampling as a program: from softmax(log_probs / temperature), restricted to top_k and top_p.
@@ -51,8 +62,8 @@ def sample_program(
         row_keys: one key per sentence (default key: the sentence's index).
 
     Returns:
-        (as the program's result) One SearchResult per sentence; scores are the model's log-probabilities of the
-        sampled tokens.
+        (as the program's result) One SearchResult per sentence; scores are the model's log-probabilities of
+        the sampled tokens.
 
     Raises:
         ValueError: a setting out of range, or not one row key per sentence.
@@ -71,8 +82,13 @@ def sample_program(
         seed = int(np.random.SeedSequence().entropy)
     # One 64-bit stream key per sentence, made once per batch; each step's draws are then one
     # vectorised hash of (key, step) rather than a generator call per row.
-    stream = np.array([np.random.SeedSequence([seed, *(int(k) for k in key)]).generate_state(1, np.uint64)[0]
-                       for key in keys], dtype=np.uint64)
+    stream = np.array(
+        [
+            np.random.SeedSequence([seed, *(int(k) for k in key)]).generate_state(1, np.uint64)[0]
+            for key in keys
+        ],
+        dtype=np.uint64,
+    )
     alive = np.arange(batch)  # sentence of each row, followed through `keep` as greedy search drops them
 
     def sampled(out, t, keep):

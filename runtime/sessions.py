@@ -1,4 +1,5 @@
 """Where a Translator runs: the device, and the onnxruntime session options of each graph."""
+
 from __future__ import annotations
 
 import ctypes
@@ -16,8 +17,12 @@ from .u8s8_probe import precision_entries
 ort = import_onnxruntime()  # names a missing or doubly installed onnxruntime, with the fix
 
 DEVICES = ("auto", "cuda", "cpu")
-_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
-           "none": "ORT_DISABLE_ALL"}
+_LEVELS = {
+    "all": "ORT_ENABLE_ALL",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "basic": "ORT_ENABLE_BASIC",
+    "none": "ORT_DISABLE_ALL",
+}
 
 
 def cuda_usable() -> tuple[bool, str]:
@@ -160,13 +165,22 @@ def _drop_model_copy(session) -> None:
     provider to fall back to (the fallback is the CPU provider itself), so the runtime turns the fallback
     off and lets the copy go. Where onnxruntime has no such attribute nothing happens.
     """
-    if isinstance(getattr(session, "_model_bytes", None), bytes) and session.get_providers() == ["CPUExecutionProvider"]:
+    if isinstance(getattr(session, "_model_bytes", None), bytes) and session.get_providers() == [
+        "CPUExecutionProvider"
+    ]:
         session.disable_fallback()
         session._model_bytes = None
 
 
-def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_threads: int, *,
-                  release_bytes: bool = False, check_late: Callable[[str, object], None] | None = None) -> Sessions:
+def open_sessions(
+    bundle: Bundle,
+    device: str,
+    tuning: SessionTuning,
+    intra_threads: int,
+    *,
+    release_bytes: bool = False,
+    check_late: Callable[[str, object], None] | None = None,
+) -> Sessions:
     """Loads a bundle's encoder, its standard decoder and the decoder to drive, from the bytes read.
 
     Args:
@@ -192,11 +206,17 @@ def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_thre
         ValueError: an int8 bundle with optimisations below 'extended' where onnxruntime's u8 x s8 kernel
             saturates (its exact rewrite is an extended-level optimisation).
     """
-    if bundle.meta.get("quantization") and precision_entries(ort) and tuning.optimization in ("basic", "none"):
+    if (
+        bundle.meta.get("quantization")
+        and precision_entries(ort)
+        and tuning.optimization in ("basic", "none")
+    ):
         # onnxruntime rewrites int8 weights for its exact kernel in an extended-level optimisation only
-        raise ValueError(f"optimization={tuning.optimization!r} with an int8 bundle on this CPU: its int8 products "
-                         "are exact only through onnxruntime's 'extended' or 'all' optimisations "
-                         "(runtime/u8s8_probe.py); use one of those, or a float32 bundle")
+        raise ValueError(
+            f"optimization={tuning.optimization!r} with an int8 bundle on this CPU: its int8 products "
+            "are exact only through onnxruntime's 'extended' or 'all' optimisations "
+            "(runtime/u8s8_probe.py); use one of those, or a float32 bundle"
+        )
     picked, why = pick_device(device)
     providers = providers_for(picked, tuning.tf32)
     weights = bundle.weights
@@ -204,7 +224,8 @@ def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_thre
     def load(label: str):
         data = bundle.bytes(label)
 
-        def create(configure=None):  # one SessionOptions per session: the weights file's option is per session
+        # one SessionOptions per session: the weights file's option is per session
+        def create(configure=None):
             options = session_options(tuning, intra_threads, "encoder" if label == "encoder" else "decoder")
             if configure is not None:
                 configure(options)
@@ -222,15 +243,19 @@ def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_thre
             return load(label)
         except Exception as e:  # onnxruntime raises its own types for unreadable graphs
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise BundleError(f"{bundle.file(label)}: onnxruntime cannot load this graph ({first[:300]}); "
-                              f"re-export the bundle (files.{label})") from e
+            raise BundleError(
+                f"{bundle.file(label)}: onnxruntime cannot load this graph ({first[:300]}); "
+                f"re-export the bundle (files.{label})"
+            ) from e
 
     standard_label = DECODER_LABELS[STANDARD]
     encoder = checked("encoder")
     variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
     if picked == "cuda" and decoder.get_providers()[0] != "CUDAExecutionProvider":
         if device == "cuda":
-            raise RuntimeError("onnxruntime's CUDA provider did not start (check the CUDA and cuDNN libraries)")
+            raise RuntimeError(
+                "onnxruntime's CUDA provider did not start (check the CUDA and cuDNN libraries)"
+            )
         picked, why = "cpu", "the CUDA provider did not start; using the CPU"
         providers = providers_for(picked, tuning.tf32)  # load() reads it when called
         encoder = checked("encoder")
@@ -250,7 +275,8 @@ def open_sessions(bundle: Bundle, device: str, tuning: SessionTuning, intra_thre
 
 
 def graph_session(bundle: Bundle, label: str, providers: list[str], entries: dict[str, str] | None = None):
-    """Makes an onnxruntime session of one of a bundle's graphs, its external data from the bundle's weights file.
+    """Makes an onnxruntime session of one of a bundle's graphs, its external data from the bundle's weights
+    file.
 
     For callers that make their own sessions (`seq2onnx verify`); a Translator's sessions are open_sessions'.
 
@@ -260,6 +286,7 @@ def graph_session(bundle: Bundle, label: str, providers: list[str], entries: dic
         providers: onnxruntime's providers.
         entries: session config entries (onnxruntime's defaults otherwise).
     """
+
     def create(configure=None):
         options = ort.SessionOptions()
         for key, value in (entries or {}).items():

@@ -1,10 +1,29 @@
 """Every input and output of a bundle's graphs, as bundle.json's `graphs` states them: name, element
 type and shape with named axes. The names come from runtime/bundle.py (and so from spec/bundle.json)."""
+
 from __future__ import annotations
 
-from .bundle import (BEAM_WIDTH, CACHE_INDICES, CACHE_INDIRECTION, CROSS_ATTENTION, DECODER_LABELS, FUSED, LOG_PROBS,
-                     SRC_IDS, SRC_LENGTHS, SRC_MASK, STANDARD, STEP, TOKENS, TOP_K, TOPK_IDS, TOPK_LOG_PROBS, cross_names,
-                     past_names, present_names)
+from .bundle import (
+    BEAM_WIDTH,
+    CACHE_INDICES,
+    CACHE_INDIRECTION,
+    CROSS_ATTENTION,
+    DECODER_LABELS,
+    FUSED,
+    LOG_PROBS,
+    SRC_IDS,
+    SRC_LENGTHS,
+    SRC_MASK,
+    STANDARD,
+    STEP,
+    TOKENS,
+    TOP_K,
+    TOPK_IDS,
+    TOPK_LOG_PROBS,
+    cross_names,
+    past_names,
+    present_names,
+)
 
 
 def fused_signature(n_layers: int, n_heads: int, head_dim: int, vocab: int) -> dict:
@@ -22,7 +41,11 @@ def fused_signature(n_layers: int, n_heads: int, head_dim: int, vocab: int) -> d
     Returns:
         {"inputs": [...], "outputs": [...]}, each entry {"name", "dtype", "shape"}.
     """
-    cache = lambda name: {"name": name, "dtype": "float32", "shape": ["rows", n_heads, "max_length", head_dim]}
+    cache = lambda name: {
+        "name": name,
+        "dtype": "float32",
+        "shape": ["rows", n_heads, "max_length", head_dim],
+    }
     cross = lambda name: {"name": name, "dtype": "float32", "shape": ["batch", n_heads, "src_len", head_dim]}
     return {
         "inputs": [
@@ -33,17 +56,24 @@ def fused_signature(n_layers: int, n_heads: int, head_dim: int, vocab: int) -> d
         ]
         + [cache(n) for n in past_names(n_layers)]
         + [cross(n) for n in cross_names(n_layers)]
-        + [{"name": SRC_MASK, "dtype": "bool", "shape": ["batch", "src_len"]},
-           {"name": TOP_K, "dtype": "int64", "shape": [1]}],
+        + [
+            {"name": SRC_MASK, "dtype": "bool", "shape": ["batch", "src_len"]},
+            {"name": TOP_K, "dtype": "int64", "shape": [1]},
+        ],
         "outputs": [{"name": LOG_PROBS, "dtype": "float32", "shape": ["rows", vocab]}]
         + [cache(n) for n in present_names(n_layers)]
-        + [{"name": TOPK_LOG_PROBS, "dtype": "float32", "shape": ["rows", "k"]},
-           {"name": TOPK_IDS, "dtype": "int64", "shape": ["rows", "k"]}],
+        + [
+            {"name": TOPK_LOG_PROBS, "dtype": "float32", "shape": ["rows", "k"]},
+            {"name": TOPK_IDS, "dtype": "int64", "shape": ["rows", "k"]},
+        ],
     }
 
 
-def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str, vocab: int, *, fused: bool = False) -> dict:
-    """Every input and output of the graphs, with each decoder's variant: name, element type and shape (axes named).
+def graph_signature(
+    n_layers: int, n_heads: int, head_dim: int, dtype: str, vocab: int, *, fused: bool = False
+) -> dict:
+    """Every input and output of the graphs, with each decoder's variant: name, element type and shape (axes
+    named).
 
     The operator domains of each graph are read from the files by the exporter, not stated here.
 
@@ -72,22 +102,30 @@ def graph_signature(n_layers: int, n_heads: int, head_dim: int, dtype: str, voca
         "decoder": {
             "inputs": [
                 {"name": TOKENS, "dtype": "int64", "shape": ["rows", 1]},
-                # 1, or rows: each row's own step in a serving batch (serve/batcher.py); bundles exported before serve/ say [1]
+                # 1, or rows: each row's own step in a serving batch (serve/batcher.py); bundles exported
+                # before serve/ say [1]
                 {"name": STEP, "dtype": "int64", "shape": ["step_rows"]},
                 {"name": CACHE_INDICES, "dtype": "int64", "shape": ["rows"]},
             ]
             + [kv(n, "prev_rows", "past") for n in past_names(n_layers)]
             + [kv(n, "batch", "src_len") for n in cross_names(n_layers)]
-            + [{"name": SRC_MASK, "dtype": "bool", "shape": ["batch", "src_len"]},
-               {"name": TOP_K, "dtype": "int64", "shape": [1]}],
+            + [
+                {"name": SRC_MASK, "dtype": "bool", "shape": ["batch", "src_len"]},
+                {"name": TOP_K, "dtype": "int64", "shape": [1]},
+            ],
             "outputs": [{"name": LOG_PROBS, "dtype": "float32", "shape": ["rows", vocab]}]
             + [kv(n, "rows", "past_plus_1") for n in present_names(n_layers)]
             + [{"name": CROSS_ATTENTION, "dtype": "float32", "shape": ["rows", "src_len"]}]
-            + [{"name": TOPK_LOG_PROBS, "dtype": "float32", "shape": ["rows", "k"]},
-               {"name": TOPK_IDS, "dtype": "int64", "shape": ["rows", "k"]}],
+            + [
+                {"name": TOPK_LOG_PROBS, "dtype": "float32", "shape": ["rows", "k"]},
+                {"name": TOPK_IDS, "dtype": "int64", "shape": ["rows", "k"]},
+            ],
             "variant": STANDARD,
         },
     }
     if fused:
-        graphs[DECODER_LABELS[FUSED]] = {**fused_signature(n_layers, n_heads, head_dim, vocab), "variant": FUSED}
+        graphs[DECODER_LABELS[FUSED]] = {
+            **fused_signature(n_layers, n_heads, head_dim, vocab),
+            "variant": FUSED,
+        }
     return graphs

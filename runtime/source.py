@@ -22,6 +22,7 @@ from the full text's, so the prefix must give _MARGIN ids more than are kept. Th
 practice (a unigram or BPE segmentation only changes near where the text changes) but, unlike
 the cut at a space, not by construction.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -87,11 +88,20 @@ class Sources:
         eos_id: the end token.
         vocab: the source vocabulary's size (ids given directly must be below it).
         max_positions: the model's positions, prefix and suffix included.
-        vocabulary: the bundle's maps and tokens (runtime/vocab.py); None: SentencePiece's ids, the end token as suffix.
+        vocabulary: the bundle's maps and tokens (runtime/vocab.py); None: SentencePiece's ids, the end token
+            as suffix.
     """
 
-    def __init__(self, tokenizer, *, pad_id: int, eos_id: int, vocab: int, max_positions: int,
-                 vocabulary: Vocabulary | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        pad_id: int,
+        eos_id: int,
+        vocab: int,
+        max_positions: int,
+        vocabulary: Vocabulary | None = None,
+    ):
         self.tokenizer, self.pad_id, self.eos_id = tokenizer, pad_id, eos_id
         self.vocab, self.max_positions = vocab, max_positions
         self.vocabulary = vocabulary or Vocabulary(source_suffix=[eos_id])
@@ -124,7 +134,9 @@ class Sources:
         prefix, ids, complete = self._encode(text, prefix)
         return self.fit(ids, complete, truncate, prefix)
 
-    def fit(self, ids: list[int], complete: bool, truncate: bool, prefix: list[int] = ()) -> tuple[list[int], bool]:
+    def fit(
+        self, ids: list[int], complete: bool, truncate: bool, prefix: list[int] = ()
+    ) -> tuple[list[int], bool]:
         """Puts the prefix before ids and the suffix after them, cut to the model's positions when truncate.
 
         Args:
@@ -153,11 +165,13 @@ class Sources:
         return prefix + ids[: max(limit, 0)] + self.suffix, True
 
     def ids(self, index: int, item, truncate: bool, prefix: list[int] | None = None) -> list[int] | None:
-        """translate_batch's source `index` (a text or token ids) as the encoder's ids, prefix and suffix included.
+        """translate_batch's source `index` (a text or token ids) as the encoder's ids, prefix and suffix
+        included.
 
         Args:
             index: the source's place in the batch, for messages.
-            item: a str, or a sequence of ints: the whole row but the suffix, added when missing (no prefix is added).
+            item: a str, or a sequence of ints: the whole row but the suffix, added when missing (no prefix is
+                added).
             truncate: cut a source longer than the model's positions instead of refusing it.
             prefix: the ids before a text (None: the bundle's tokens.source_prefix).
 
@@ -173,15 +187,18 @@ class Sources:
                 return None
             prefix, ids, complete = self._encode(item, prefix)
         elif isinstance(item, (list, tuple, np.ndarray)) and all(
-                isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in item):
+            isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in item
+        ):
             ids, complete, prefix = [int(x) for x in item], True, []
             if not ids:
                 return None
             bad = [x for x in ids if not 0 <= x < self.vocab]
             if bad:
-                raise ValueError(f"source {index}: token ids {bad[:5]} are outside the source vocabulary [0, {self.vocab})")
-            if self.suffix and ids[-len(self.suffix):] == self.suffix:
-                del ids[-len(self.suffix):]
+                raise ValueError(
+                    f"source {index}: token ids {bad[:5]} are outside the source vocabulary [0, {self.vocab})"
+                )
+            if self.suffix and ids[-len(self.suffix) :] == self.suffix:
+                del ids[-len(self.suffix) :]
         else:
             raise TypeError(f"source {index} is {type(item).__name__}; give a str or a list of token ids")
         try:

@@ -4,6 +4,7 @@ spec/bundle.json ships inside the package; this module reads it once. Every grap
 name, file key and limit of the Python side comes from here (through runtime/bundle.py, which
 re-exports them), so that a change in the spec changes the Python and JavaScript hosts alike.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,12 @@ _NAMES = SPEC["names"]
 # Encoder graph: source ids and lengths -> the source mask and every layer's cross keys/values.
 SRC_IDS, SRC_LENGTHS, SRC_MASK = _NAMES["src_ids"], _NAMES["src_lengths"], _NAMES["src_mask"]
 # Decoder step graph.
-TOKENS, STEP, CACHE_INDICES, LOG_PROBS = _NAMES["tokens"], _NAMES["step"], _NAMES["cache_indices"], _NAMES["log_probs"]
+TOKENS, STEP, CACHE_INDICES, LOG_PROBS = (
+    _NAMES["tokens"],
+    _NAMES["step"],
+    _NAMES["cache_indices"],
+    _NAMES["log_probs"],
+)
 # The k best log-probabilities of each row, best first (ties: lower token id first), so that a
 # search can download [rows, k] instead of [rows, vocab]. `top_k` is an input: 1 <= k <= vocab.
 TOP_K, TOPK_LOG_PROBS, TOPK_IDS = _NAMES["top_k"], _NAMES["topk_log_probs"], _NAMES["topk_ids"]

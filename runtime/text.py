@@ -1,4 +1,5 @@
 """Text from target ids as it grows: what each new token adds to the detokenised text (streaming)."""
+
 from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator
@@ -28,10 +29,10 @@ def text_increments(decode: Callable[[list[int]], str], tokens: Iterable[int]) -
         seen.append(token)
         text = decode(seen).rstrip("\ufffd")
         if len(text) > len(emitted) and text.startswith(emitted):
-            yield text[len(emitted):]
+            yield text[len(emitted) :]
             emitted = text
     final = decode(seen)
     if not final.startswith(emitted):  # never seen: SentencePiece's decode of a prefix is a prefix
         raise RuntimeError(f"the detokenised text {final!r} does not continue {emitted!r}")
     if len(final) > len(emitted):
-        yield final[len(emitted):]
+        yield final[len(emitted) :]

@@ -18,6 +18,7 @@ The probe graph is written here byte by byte (the runtime does not depend on the
 MatMulInteger, A uint8 [rows, 64] as input, B int8 [64, 16] = 127 as initializer (shapes the
 kernel meets in a decoder step, not a vector product that another code path might take).
 """
+
 from __future__ import annotations
 
 import functools
@@ -56,11 +57,23 @@ def _tensor(name: str, elem_type: int, dims: list[int], raw: bytes) -> bytes:
 
 
 def probe_model() -> bytes:
-    """Returns the probe graph's ONNX bytes: y (rows, 16) int32 = MatMulInteger(a (rows, 64) uint8, B = 127)."""
-    node = b"".join(_field(1, n) for n in ("a", "b")) + _field(2, "y") + _field(3, "probe") + _field(4, "MatMulInteger")
-    graph = (_field(1, node) + _field(2, "u8s8_probe")
-             + _field(5, _tensor("b", _INT8, [_K, _N], np.full(_K * _N, 127, np.int8).tobytes()))
-             + _field(11, _value_info("a", _UINT8, ["rows", _K])) + _field(12, _value_info("y", _INT32, ["rows", _N])))
+    """Returns the probe graph's ONNX bytes.
+
+    y (rows, 16) int32 = MatMulInteger(a (rows, 64) uint8, B = 127).
+    """
+    node = (
+        b"".join(_field(1, n) for n in ("a", "b"))
+        + _field(2, "y")
+        + _field(3, "probe")
+        + _field(4, "MatMulInteger")
+    )
+    graph = (
+        _field(1, node)
+        + _field(2, "u8s8_probe")
+        + _field(5, _tensor("b", _INT8, [_K, _N], np.full(_K * _N, 127, np.int8).tobytes()))
+        + _field(11, _value_info("a", _UINT8, ["rows", _K]))
+        + _field(12, _value_info("y", _INT32, ["rows", _N]))
+    )
     return _field(1, 8) + _field(8, _field(1, "") + _field(2, 17)) + _field(7, graph)  # IR 8, opset 17
 
 

@@ -6,6 +6,7 @@ vocab.json; NLLB's SentencePiece ids plus an offset and language tokens), so suc
 one int32 array per side (spec/bundle.json's `vocab_maps`; docs/bundle-format.md#tokenization):
 source piece id -> model id, and model target id -> target piece id or -1 (never written as text).
 """
+
 from __future__ import annotations
 
 import re
@@ -18,7 +19,8 @@ from .spec import SPEC, TARGET_LANG_IN, BundleError
 
 _SKIP, _TEXT = SPEC["vocab_maps"]["skip"], SPEC["vocab_maps"]["text"]
 _CODE = re.compile(r">>([^<>\s]+)<<")  # Marian's leading target-language code, e.g. >>fra<<
-SPACES = " \t\n\r\f"  # the white space of tokens.trailing_space (ASCII: every host agrees on it; NLLB drops \v)
+# the white space of tokens.trailing_space (ASCII: every host agrees on it; NLLB drops \v)
+SPACES = " \t\n\r\f"
 
 
 def read_map(data: bytes, where: str, length: int, low: int, high: int) -> np.ndarray:
@@ -64,9 +66,10 @@ class Vocabulary:
         restore_spaces: ▁ left in the decoded text become spaces (before stripping).
         unk_id: the model's unknown id (for a >>code<< that is no language).
         unknown_pieces: the text of a piece SentencePiece marks unknown -> its model id (vocab_texts' source).
-        target_texts: model target id -> its piece text, for ids the target map marks -2 (vocab_texts' target).
-        trailing_space: ids after a text that ends in white space (tokens.trailing_space: NLLB's tokenizer gives a
-            lone ▁ where SentencePiece drops the space).
+        target_texts: model target id -> its piece text, for ids the target map marks -2 (vocab_texts'
+            target).
+        trailing_space: ids after a text that ends in white space (tokens.trailing_space: NLLB's tokenizer
+            gives a lone ▁ where SentencePiece drops the space).
     """
 
     source_map: np.ndarray | None = None
@@ -86,7 +89,8 @@ class Vocabulary:
 
     @classmethod
     def of_bundle(cls, bundle, source_pieces: int, target_pieces: int) -> "Vocabulary":
-        """Reads a bundle's maps and tokens section (validate_meta has checked the section's types and ranges).
+        """Reads a bundle's maps and tokens section (validate_meta has checked the section's types and
+        ranges).
 
         Args:
             bundle (runtime.bundle.Bundle): the bundle read, with its files' bytes.
@@ -100,23 +104,38 @@ class Vocabulary:
         files = bundle.meta["files"]
         source_map = target_map = None
         if "source_vocab" in files:
-            source_map = read_map(bundle.bytes("source_vocab"), str(bundle.file("source_vocab")), source_pieces,
-                                  0, model["src_vocab_size"])
+            source_map = read_map(
+                bundle.bytes("source_vocab"),
+                str(bundle.file("source_vocab")),
+                source_pieces,
+                0,
+                model["src_vocab_size"],
+            )
         if "target_vocab" in files:
-            target_map = read_map(bundle.bytes("target_vocab"), str(bundle.file("target_vocab")),
-                                  model["tgt_vocab_size"], _TEXT, target_pieces)
+            target_map = read_map(
+                bundle.bytes("target_vocab"),
+                str(bundle.file("target_vocab")),
+                model["tgt_vocab_size"],
+                _TEXT,
+                target_pieces,
+            )
         unknown, texts = _read_texts(bundle, target_map) if "vocab_texts" in files else ({}, {})
-        return cls(source_map=source_map, target_map=target_map,
-                   source_prefix=list(tokens.get("source_prefix", [])),
-                   source_suffix=list(tokens.get("source_suffix", [ids["eos"]])),
-                   target_prefix=list(tokens.get("target_prefix", [])),
-                   languages=dict(tokens.get("languages", {})),
-                   target_lang_in=tokens.get("target_lang_in", TARGET_LANG_IN[0]),
-                   text_language_codes=bool(tokens.get("text_language_codes", False)),
-                   strip_text=bool(tokens.get("strip_text", False)),
-                   restore_spaces=bool(tokens.get("restore_spaces", False)), unk_id=ids["unk"],
-                   unknown_pieces=unknown, target_texts=texts,
-                   trailing_space=list(tokens.get("trailing_space", [])))
+        return cls(
+            source_map=source_map,
+            target_map=target_map,
+            source_prefix=list(tokens.get("source_prefix", [])),
+            source_suffix=list(tokens.get("source_suffix", [ids["eos"]])),
+            target_prefix=list(tokens.get("target_prefix", [])),
+            languages=dict(tokens.get("languages", {})),
+            target_lang_in=tokens.get("target_lang_in", TARGET_LANG_IN[0]),
+            text_language_codes=bool(tokens.get("text_language_codes", False)),
+            strip_text=bool(tokens.get("strip_text", False)),
+            restore_spaces=bool(tokens.get("restore_spaces", False)),
+            unk_id=ids["unk"],
+            unknown_pieces=unknown,
+            target_texts=texts,
+            trailing_space=list(tokens.get("trailing_space", [])),
+        )
 
     @property
     def mapped(self) -> bool:
@@ -134,10 +153,10 @@ class Vocabulary:
         found = _CODE.match(text)
         if not found:
             return [], text
-        return [self.languages.get(found.group(1), self.unk_id)], text[found.end():]
+        return [self.languages.get(found.group(1), self.unk_id)], text[found.end() :]
 
     def encoder(self, processor) -> "_Encoder":
-        """The source SentencePiece model `processor` as an object whose encode(text) gives the model's ids."""
+        """The source SentencePiece model `processor`, as an object whose encode(text) gives model ids."""
         return _Encoder(processor, self)
 
     def to_pieces(self, ids: Sequence[int]) -> list[int]:
@@ -185,14 +204,16 @@ class Vocabulary:
             raise ValueError(f"{option}={code!r} is not a language of this model; {fix}")
         return self.languages[code]
 
-    def prefixes(self, n: int, *, source_lang=None, target_lang=None, target_prefix=None, tgt_vocab: int,
-                 eos_id: int) -> tuple[list[int], list[list[int]]]:
+    def prefixes(
+        self, n: int, *, source_lang=None, target_lang=None, target_prefix=None, tgt_vocab: int, eos_id: int
+    ) -> tuple[list[int], list[list[int]]]:
         """The source prefix and each of n sentences' forced target prefix for one call.
 
         Args:
             n: the sentences.
             source_lang, target_lang: language codes, or None.
-            target_prefix: None, or one list of target ids per sentence (it replaces the bundle's and target_lang's).
+            target_prefix: None, or one list of target ids per sentence (it replaces the bundle's and
+                target_lang's).
             tgt_vocab: the target vocabulary's size.
             eos_id: the end token, which a prefix may not hold.
 
@@ -200,7 +221,8 @@ class Vocabulary:
             (source prefix, n target prefixes).
 
         Raises:
-            ValueError: an unknown language, a prefix list of the wrong length, ids out of range or the end token.
+            ValueError: an unknown language, a prefix list of the wrong length, ids out of range or the end
+                token.
         """
         source = list(self.source_prefix)
         target = list(self.target_prefix)
@@ -215,17 +237,26 @@ class Vocabulary:
         if target_prefix is None:
             return source, [target] * n
         if not isinstance(target_prefix, (list, tuple)) or len(target_prefix) != n:
-            got = len(target_prefix) if isinstance(target_prefix, (list, tuple)) else type(target_prefix).__name__
-            raise ValueError(f"target_prefix has {got} entries for {n} sources; give one list of target ids per source")
+            got = (
+                len(target_prefix)
+                if isinstance(target_prefix, (list, tuple))
+                else type(target_prefix).__name__
+            )
+            raise ValueError(
+                f"target_prefix has {got} entries for {n} sources; give one list of target ids per source"
+            )
         out = []
         for i, prefix in enumerate(target_prefix):
             if not isinstance(prefix, (list, tuple)) or not all(
-                    isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in prefix):
+                isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in prefix
+            ):
                 raise ValueError(f"target_prefix[{i}] is {prefix!r}; give a list of target token ids")
             bad = [int(x) for x in prefix if not 0 <= int(x) < tgt_vocab or int(x) == eos_id]
             if bad:
-                raise ValueError(f"target_prefix[{i}] has ids {bad[:5]} outside [0, {tgt_vocab}) or the end token "
-                                 f"{eos_id}; give target ids of the text before the translation")
+                raise ValueError(
+                    f"target_prefix[{i}] has ids {bad[:5]} outside [0, {tgt_vocab}) or the end token "
+                    f"{eos_id}; give target ids of the text before the translation"
+                )
             out.append([int(x) for x in prefix])
         return source, out
 
@@ -247,13 +278,16 @@ def _read_texts(bundle, target_map) -> tuple[dict[str, int], dict[int, str]]:
         raise BundleError(f"{where}: a source id outside [0, {src_vocab}); {fix}")
     wanted = set(np.flatnonzero(target_map == _TEXT).tolist()) if target_map is not None else set()
     if wanted - set(target):
-        raise BundleError(f"{where}: no text for target id {min(wanted - set(target))}, which target_vocab marks {_TEXT}; {fix}")
+        raise BundleError(
+            f"{where}: no text for target id {min(wanted - set(target))}, which target_vocab marks {_TEXT}; "
+            f"{fix}"
+        )
     return source, target
 
 
 class _Encoder:
-    """encode(text) -> the model's source ids: SentencePiece's ids through the source map, and an unknown piece
-    through tokens.unknown_pieces by its text (as transformers' tokenizers look pieces up by text)."""
+    """encode(text) -> the model's source ids: SentencePiece's ids through the source map, and an unknown
+    piece through tokens.unknown_pieces by its text (as transformers' tokenizers look pieces up by text)."""
 
     def __init__(self, processor, vocabulary: Vocabulary):
         self.processor, self.map, self.unknown = processor, vocabulary.source_map, vocabulary.unknown_pieces
@@ -263,7 +297,8 @@ class _Encoder:
     def encode(self, text: str) -> list[int]:
         ids = self.processor.encode(text)
         out = ids if self.map is None else self._mapped(text, ids)
-        if self.trailing and ids and text[-1] in SPACES:  # SentencePiece dropped the space; transformers does not
+        # SentencePiece dropped the space; transformers does not
+        if self.trailing and ids and text[-1] in SPACES:
             out = out + self.trailing
         return out
 

@@ -17,6 +17,7 @@ as ONNX external data. Here the runtime
 
 A bundle without `files.weights` (before 0.4) keeps its weights inside each graph file, as before.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,10 +43,13 @@ class WeightsFile:
         sha256: its hash as checked (None where hashes were not checked).
     """
 
-    def __init__(self, path: Path, name: str, size: int, dir_fd: int | None, file_fd: int, sha256: str | None = None):
+    def __init__(
+        self, path: Path, name: str, size: int, dir_fd: int | None, file_fd: int, sha256: str | None = None
+    ):
         self.path, self.name, self.size, self.sha256 = path, name, size, sha256
         self._dir_fd, self._file_fd = dir_fd, file_fd
-        for fd in (dir_fd, file_fd):  # held while a session may still be made (a standard decoder loaded late)
+        # held while a session may still be made (a standard decoder loaded late)
+        for fd in (dir_fd, file_fd):
             if fd is not None:
                 weakref.finalize(self, os.close, fd)
 
@@ -81,7 +85,9 @@ class WeightsFile:
         """
         if self._intact():
             try:
-                session = create(lambda options: options.add_session_config_entry(FOLDER_OPTION, self.folder()))
+                session = create(
+                    lambda options: options.add_session_config_entry(FOLDER_OPTION, self.folder())
+                )
             except Exception:  # onnxruntime's own types
                 if self._intact():
                     raise  # a failure of the graph itself, not of a directory replaced while it read
@@ -91,8 +97,11 @@ class WeightsFile:
         with mmap.mmap(self._file_fd, 0, access=mmap.ACCESS_READ) as held:
             data = memoryview(held)
             try:
-                return create(lambda options: options.add_external_initializers_from_files_in_memory(
-                    [self.name], [data], [len(data)]))
+                return create(
+                    lambda options: options.add_external_initializers_from_files_in_memory(
+                        [self.name], [data], [len(data)]
+                    )
+                )
             finally:
                 data.release()
 
@@ -110,11 +119,15 @@ class WeightsFile:
                 out.write(block)
                 offset += len(block)
         if self.sha256 is not None and h.hexdigest() != self.sha256:
-            raise BundleError(f"{self.path}: changed since it was read (sha256 differs from bundle.json); re-export "
-                              "the bundle, or wait for the export that is writing it")
+            raise BundleError(
+                f"{self.path}: changed since it was read (sha256 differs from bundle.json); re-export "
+                "the bundle, or wait for the export that is writing it"
+            )
 
 
-def read_weights(path: Path, name: str, expected_sha256: str | None, opener, dir_fd: int | None) -> WeightsFile:
+def read_weights(
+    path: Path, name: str, expected_sha256: str | None, opener, dir_fd: int | None
+) -> WeightsFile:
     """Checks a weights file as a stream: a regular file whose sha256 is bundle.json's.
 
     Args:
@@ -137,10 +150,14 @@ def read_weights(path: Path, name: str, expected_sha256: str | None, opener, dir
             for block in iter(lambda: f.read(8 << 20), b""):
                 h.update(block)
             if h.hexdigest() != expected_sha256:
-                raise BundleError(f"{path}: sha256 differs from bundle.json (files.weights); the file is damaged or "
-                                  "was replaced: re-export the bundle")
+                raise BundleError(
+                    f"{path}: sha256 differs from bundle.json (files.weights); the file is damaged or "
+                    "was replaced: re-export the bundle"
+                )
         held = os.dup(f.fileno())
-    return WeightsFile(path, name, size, os.dup(dir_fd) if dir_fd is not None else None, held, expected_sha256)
+    return WeightsFile(
+        path, name, size, os.dup(dir_fd) if dir_fd is not None else None, held, expected_sha256
+    )
 
 
 def check_references(graph_path: Path, info: GraphInfo, weights: WeightsFile | None) -> None:
@@ -159,24 +176,34 @@ def check_references(graph_path: Path, info: GraphInfo, weights: WeightsFile | N
     for t in info.external:
         where = f"{graph_path}: initializer {t.name!r}"
         if weights is None:
-            raise BundleError(f"{where} is external data ({t.entries.get('location')!r}) but bundle.json lists no "
-                              f"files.weights; {fix}")
+            raise BundleError(
+                f"{where} is external data ({t.entries.get('location')!r}) but bundle.json lists no "
+                f"files.weights; {fix}"
+            )
         if t.entries.get("location") != weights.name:
-            raise BundleError(f"{where} points at {t.entries.get('location')!r}; a bundle's graphs may only point at "
-                              f"its weights file {weights.name!r}; {fix}")
+            raise BundleError(
+                f"{where} points at {t.entries.get('location')!r}; a bundle's graphs may only point at "
+                f"its weights file {weights.name!r}; {fix}"
+            )
         try:
             offset, length = int(t.entries.get("offset", "0")), int(t.entries["length"])
         except (KeyError, ValueError):
-            raise BundleError(f"{where}: offset/length {t.entries.get('offset')!r}/{t.entries.get('length')!r} are "
-                              f"not whole numbers; {fix}") from None
+            raise BundleError(
+                f"{where}: offset/length {t.entries.get('offset')!r}/{t.entries.get('length')!r} are "
+                f"not whole numbers; {fix}"
+            ) from None
         width = ELEMENT_BYTES.get(t.data_type)
         count = 1
         for d in t.dims:
             count *= d
         if width is None or length != count * width:
-            raise BundleError(f"{where}: {length} bytes for a tensor of shape {list(t.dims)} and ONNX type "
-                              f"{t.data_type}; {fix}")
+            raise BundleError(
+                f"{where}: {length} bytes for a tensor of shape {list(t.dims)} and ONNX type "
+                f"{t.data_type}; {fix}"
+            )
         if offset < 0 or offset % WEIGHTS_ALIGNMENT or offset + length > weights.size:
-            raise BundleError(f"{where}: bytes {offset}..{offset + length} of {weights.path.name} "
-                              f"({weights.size} bytes, alignment {WEIGHTS_ALIGNMENT}); the file is truncated or "
-                              f"the graph damaged: {fix}")
+            raise BundleError(
+                f"{where}: bytes {offset}..{offset + length} of {weights.path.name} "
+                f"({weights.size} bytes, alignment {WEIGHTS_ALIGNMENT}); the file is truncated or "
+                f"the graph damaged: {fix}"
+            )

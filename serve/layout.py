@@ -1,4 +1,5 @@
-"""Where each search's rows sit in a serving round, and the rounds' cross-attention inputs, kept between rounds.
+"""Where each search's rows sit in a serving round, and the rounds' cross-attention inputs, kept between
+rounds.
 
 decoder.onnx takes the encoder's keys/values and mask per row here (a sentence's copied for each of its
 beams, padded to one source width). Made anew for every round, they cost more than the decoder run at
@@ -9,6 +10,7 @@ or at the end. Holes are decoded as dummy rows (token 0 at step 0, their outputs
 stay under a quarter of the rows; beyond, or when the arrays are too small or too narrow, everything
 is laid out afresh.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,7 +42,8 @@ class RowLayout:
         self._values: tuple | None = None
 
     def place(self, members: list, rows: list[int]) -> list[int]:
-        """Places each member's `rows` rows (writing those that moved or changed); returns each one's first row.
+        """Places each member's `rows` rows (writing those that moved or changed); returns each one's first
+        row.
 
         Rows [0, used) are the round's; those of no member are holes (dummy rows).
         """
@@ -48,8 +51,12 @@ class RowLayout:
         moved = [i for i, (m, n) in enumerate(zip(members, rows)) if not self._in_place(m, n)]
         growth = sum(rows[i] for i in moved)
         staying = sum(rows) - growth
-        if (width > self.width or width < 0.6 * self.width or self.used + growth > self.capacity
-                or self.used - staying > max(8, (self.used + growth) // 4)):
+        if (
+            width > self.width
+            or width < 0.6 * self.width
+            or self.used + growth > self.capacity
+            or self.used - staying > max(8, (self.used + growth) // 4)
+        ):
             self._allocate(width, max(64, 2 * sum(rows)))
             moved = list(range(len(members)))
         holes = self._holes([m.placed for i, m in enumerate(members) if i not in set(moved)]) if moved else []
@@ -68,7 +75,11 @@ class RowLayout:
     def inputs(self) -> tuple:
         """(src_mask, cross values) of rows [0, used), as OrtValues on the decoder's device."""
         if self._values is None or self._values[0] != self.used:
-            self._values = (self.used, self._to(self.mask[: self.used]), [self._to(c[: self.used]) for c in self.cross])
+            self._values = (
+                self.used,
+                self._to(self.mask[: self.used]),
+                [self._to(c[: self.used]) for c in self.cross],
+            )
         return self._values[1], self._values[2]
 
     def _holes(self, placed: list[tuple]) -> list[tuple[int, int]]:
@@ -91,8 +102,10 @@ class RowLayout:
         self.used, self.width, self.capacity = 0, width, capacity
         self.mask = np.zeros((capacity, width), dtype=bool)
         self.mask[:, 0] = True  # a dummy row attends somewhere: its softmax stays finite (no 0/0)
-        self.cross = [np.zeros((capacity, self.n_heads, width, self.head_dim), dtype=self.dtype)
-                      for _ in range(2 * self.n_layers)]
+        self.cross = [
+            np.zeros((capacity, self.n_heads, width, self.head_dim), dtype=self.dtype)
+            for _ in range(2 * self.n_layers)
+        ]
         self._values = None
 
     def _write(self, m, n: int, start: int) -> None:

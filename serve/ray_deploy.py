@@ -20,6 +20,7 @@ what happens to the requests of a replica that dies.
 
 Ray is imported inside functions: this module is importable (and its Replica testable) without it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -127,8 +128,17 @@ def _replica_name() -> str:
         return "local"
 
 
-def build(bundle: str | Path, num_replicas: int = 2, batching: str = "continuous", *, device: str = "cpu",
-          threads: int = 1, workers: int = 2, health_check_period_s: float = 2.0, **limits):
+def build(
+    bundle: str | Path,
+    num_replicas: int = 2,
+    batching: str = "continuous",
+    *,
+    device: str = "cpu",
+    threads: int = 1,
+    workers: int = 2,
+    health_check_period_s: float = 2.0,
+    **limits,
+):
     """Returns the bound Ray Serve application: `num_replicas` replicas of the seq2onnx app.
 
     Args:
@@ -158,11 +168,15 @@ def build(bundle: str | Path, num_replicas: int = 2, batching: str = "continuous
     from seq2onnx.serve.engine import Engine
 
     if tuple(int(part) for part in ray.__version__.split(".")[:2]) < MIN_RAY:
-        raise RuntimeError(f"Ray {ray.__version__} is installed; this deployment needs Ray "
-                           f"{'.'.join(map(str, MIN_RAY))} or newer: pip install 'ray[serve]>={'.'.join(map(str, MIN_RAY))}'")
+        raise RuntimeError(
+            f"Ray {ray.__version__} is installed; this deployment needs Ray "
+            f"{'.'.join(map(str, MIN_RAY))} or newer: pip install 'ray[serve]>={'.'.join(map(str, MIN_RAY))}'"
+        )
     path = Path(bundle).expanduser().resolve()  # absolute: the replicas may run on other nodes
     if not (path / "bundle.json").is_file():
-        raise ValueError(f"{bundle}: no bundle.json there; give a bundle directory (`seq2onnx export` writes one)")
+        raise ValueError(
+            f"{bundle}: no bundle.json there; give a bundle directory (`seq2onnx export` writes one)"
+        )
     if batching not in BATCHINGS:
         raise ValueError(f"batching={batching!r}; choose one of {', '.join(BATCHINGS)}")
     for name, value in (("num_replicas", num_replicas), ("threads", threads), ("workers", workers)):
@@ -196,22 +210,34 @@ def build(bundle: str | Path, num_replicas: int = 2, batching: str = "continuous
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m seq2onnx.serve.ray_deploy",
-                                description="Serve a bundle over HTTP from Ray Serve replicas (docs/serving-ray.md).")
+    p = argparse.ArgumentParser(
+        prog="python -m seq2onnx.serve.ray_deploy",
+        description="Serve a bundle over HTTP from Ray Serve replicas (docs/serving-ray.md).",
+    )
     p.add_argument("bundle", help="bundle directory (the same path on every node of a cluster)")
     p.add_argument("--replicas", type=int, default=2, help="replicas, each with its own engine (default 2)")
     p.add_argument("--batching", choices=BATCHINGS, default="continuous", help="each replica's engine")
     p.add_argument("--threads", type=int, default=1, help="onnxruntime threads (and Ray CPUs) per replica")
-    p.add_argument("--workers", type=int, default=2, help="requests decoded at once per replica (--batching request)")
+    p.add_argument(
+        "--workers", type=int, default=2, help="requests decoded at once per replica (--batching request)"
+    )
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
     p.add_argument("--host", default="127.0.0.1", help="address the proxies listen on (0.0.0.0 on a cluster)")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port of the proxy on every node (default 8000)")
-    p.add_argument("--address", default=None,
-                   help="a running cluster (auto, HOST:6379); default a fresh local Ray on this machine")
+    p.add_argument(
+        "--port", type=int, default=8000, help="HTTP port of the proxy on every node (default 8000)"
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="a running cluster (auto, HOST:6379); default a fresh local Ray on this machine",
+    )
     p.add_argument("--max-queue", type=int, default=256, help="requests admitted per replica (then 503)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (then 504)")
-    p.add_argument("--detach", action="store_true",
-                   help="return once deployed, leaving the app on the cluster (stop it: `serve shutdown`)")
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="return once deployed, leaving the app on the cluster (stop it: `serve shutdown`)",
+    )
     return p
 
 
@@ -226,12 +252,23 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     if args.detach and not args.address:  # a local Ray ends with this process: nothing would be left
-        print("error: --detach leaves the app on a cluster; give --address too (a local Ray stops when this "
-              "command ends)", file=sys.stderr)
+        print(
+            "error: --detach leaves the app on a cluster; give --address too (a local Ray stops when this "
+            "command ends)",
+            file=sys.stderr,
+        )
         return 2
     try:
-        app = build(args.bundle, args.replicas, args.batching, device=args.device, threads=args.threads,
-                    workers=args.workers, max_queue=args.max_queue, timeout_s=args.timeout)
+        app = build(
+            args.bundle,
+            args.replicas,
+            args.batching,
+            device=args.device,
+            threads=args.threads,
+            workers=args.workers,
+            max_queue=args.max_queue,
+            timeout_s=args.timeout,
+        )
     except (ValueError, TypeError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -246,8 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     # and a node's loss does not take the only entry point with it.
     serve.start(http_options={"host": args.host, "port": args.port, "location": "EveryNode"})
     serve.run(app, name=APP_NAME, route_prefix="/")
-    print(f"seq2onnx: {args.replicas} replica(s) ({args.batching} batching) on http://{args.host}:{args.port}/",
-          file=sys.stderr, flush=True)
+    print(
+        f"seq2onnx: {args.replicas} replica(s) ({args.batching} batching) on http://{args.host}:{args.port}/",
+        file=sys.stderr,
+        flush=True,
+    )
     if args.detach:
         return 0
     while not stop.wait(1.0):  # a timed wait, so that the signal handler runs promptly

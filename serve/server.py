@@ -7,6 +7,7 @@ Shutdown, one log line per phase:
    front end cancels their jobs);
 4. the engine is closed (its threads end once every submitted job is answered), and serve() returns 0.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,7 +38,8 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame) -> None:
         # In the signal handler: only flags here (logging waits for shutdown()). The drain starts now, not at
-        # uvicorn's next tick (0.1 s later), so that a request arriving in between is refused, not half served.
+        # uvicorn's next tick (0.1 s later), so that a request arriving in between is refused, not half
+        # served.
         self.frontend.drain()
         self.signal_name = signal.Signals(sig).name
         super().handle_exit(sig, frame)
@@ -49,12 +51,19 @@ class _Server(uvicorn.Server):
 
     async def shutdown(self, sockets=None) -> None:
         started = time.monotonic()
-        log.info("%s: draining: %d requests in flight, new connections refused, at most %g s (--drain-seconds)",
-                 self.signal_name, self.frontend.inflight, self.drain_s)
+        log.info(
+            "%s: draining: %d requests in flight, new connections refused, at most %g s (--drain-seconds)",
+            self.signal_name,
+            self.frontend.inflight,
+            self.drain_s,
+        )
         await super().shutdown(sockets)
         left = self.frontend.inflight
-        log.info("drained in %.1f s: %s", time.monotonic() - started,
-                 f"{left} requests cancelled at the drain limit" if left else "every request answered")
+        log.info(
+            "drained in %.1f s: %s",
+            time.monotonic() - started,
+            f"{left} requests cancelled at the drain limit" if left else "every request answered",
+        )
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -63,8 +72,10 @@ def _bind(host: str, port: int) -> socket.socket:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         sock = socket.socket(family, socket.SOCK_STREAM)
     except OSError as e:
-        raise CommandError(f"--host {host}: not an address of this machine ({e}); give an IP address or a host name "
-                           "such as 127.0.0.1 or 0.0.0.0") from None
+        raise CommandError(
+            f"--host {host}: not an address of this machine ({e}); give an IP address or a host name "
+            "such as 127.0.0.1 or 0.0.0.0"
+        ) from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart may reuse a port in TIME_WAIT
         sock.bind((host, port))
@@ -73,8 +84,10 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.listen(BACKLOG)
     except OSError as e:
         sock.close()
-        raise CommandError(f"--host {host} --port {port}: cannot listen there ({e.strerror}): choose another --port "
-                           "(0 picks a free one) or --host") from None
+        raise CommandError(
+            f"--host {host} --port {port}: cannot listen there ({e.strerror}): choose another --port "
+            "(0 picks a free one) or --host"
+        ) from None
     return sock
 
 
@@ -86,24 +99,37 @@ def _descriptors(max_connections: int) -> None:
     needed = max_connections + FD_SPARE
     if soft != resource.RLIM_INFINITY and soft < needed:
         if hard != resource.RLIM_INFINITY and hard < needed:
-            raise CommandError(f"--max-connections {max_connections} needs {needed} open files; this process "
-                               f"may open {hard} (ulimit -Hn): lower --max-connections or raise the limit")
+            raise CommandError(
+                f"--max-connections {max_connections} needs {needed} open files; this process "
+                f"may open {hard} (ulimit -Hn): lower --max-connections or raise the limit"
+            )
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
-def serve(app, *, host: str = "127.0.0.1", port: int = 8000, drain_s: float = 25.0, log_level: str = "info",
-          max_connections: int = 512, read_timeout_s: float = 10.0, max_header_bytes: int = 65536,
-          keep_alive_s: float = 5.0) -> int:
+def serve(
+    app,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    drain_s: float = 25.0,
+    log_level: str = "info",
+    max_connections: int = 512,
+    read_timeout_s: float = 10.0,
+    max_header_bytes: int = 65536,
+    keep_alive_s: float = 5.0,
+) -> int:
     """Serves `app` (from create_app) on host:port until SIGTERM or SIGINT, then drains and closes its engine.
 
     Prints one line once listening: "seq2onnx serve: listening on http://HOST:PORT (batching B, bundle PATH)".
-    The app's engine is closed whenever serve returns or raises (after a bad drain_s, the caller still owns it).
+    The app's engine is closed whenever serve returns or raises (after a bad drain_s, the caller still owns
+    it).
 
     Args:
         app: the FastAPI app of seq2onnx.serve.app.create_app (app.state.frontend holds its engine).
         host: the address to listen on.
         port: the port; 0 picks a free one (the line above names it).
-        drain_s: seconds the requests in flight get to finish after the signal (uvicorn's timeout_graceful_shutdown).
+        drain_s: seconds the requests in flight get to finish after the signal (uvicorn's
+            timeout_graceful_shutdown).
         log_level: uvicorn's log level.
         max_connections: open connections at most; beyond, a new one is answered 503 and closed at once.
         read_timeout_s: seconds a request's line and headers may take to arrive (408 and closed beyond; the
@@ -128,17 +154,31 @@ def serve(app, *, host: str = "127.0.0.1", port: int = 8000, drain_s: float = 25
         engine.close()  # its threads would keep the process alive after the error
         raise
     where = sock.getsockname()
-    url = f"http://[{where[0]}]:{where[1]}" if sock.family == socket.AF_INET6 else f"http://{where[0]}:{where[1]}"
+    url = (
+        f"http://[{where[0]}]:{where[1]}"
+        if sock.family == socket.AF_INET6
+        else f"http://{where[0]}:{where[1]}"
+    )
     bundle = getattr(getattr(engine, "translator", None), "bundle", None)
-    listening = f"seq2onnx serve: listening on {url} (batching {engine.batching}, bundle {getattr(bundle, 'path', '?')})"
+    where = getattr(bundle, "path", "?")
+    listening = f"seq2onnx serve: listening on {url} (batching {engine.batching}, bundle {where})"
     # lifespan off: the engine exists before the app and is closed after uvicorn (below), not by the app
     # h11, not httptools: only uvicorn's h11 protocol bounds the headers (h11_max_incomplete_event_size);
     # serve/connection.py adds the head's read timeout and the connection cap that uvicorn lacks.
-    protocol = limited_protocol(read_timeout_s=read_timeout_s, max_connections=max_connections,
-                                max_header_bytes=max_header_bytes)
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", http=protocol,
-                            timeout_graceful_shutdown=drain_s, timeout_keep_alive=keep_alive_s,
-                            h11_max_incomplete_event_size=max_header_bytes, backlog=BACKLOG)
+    protocol = limited_protocol(
+        read_timeout_s=read_timeout_s, max_connections=max_connections, max_header_bytes=max_header_bytes
+    )
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        http=protocol,
+        timeout_graceful_shutdown=drain_s,
+        timeout_keep_alive=keep_alive_s,
+        h11_max_incomplete_event_size=max_header_bytes,
+        backlog=BACKLOG,
+    )
     server = _Server(config, frontend, listening, drain_s)
     # uvicorn raises the signal it caught again once it has stopped, so that the process dies of it; this
     # process exits 0 instead: while it serves, its own handlers for those signals do nothing (uvicorn's

@@ -3,7 +3,8 @@
 Two users: `seq2onnx export --format ctranslate2` (export_ctranslate2: a deployable directory,
 written atomically, with the tokenizers and DEPLOY_JSON saying how to drive it) and `seq2onnx
 bench` (convert_checkpoint: the bare model, the peer the ONNX runtime is measured against, so it
-must run the very same weights). docs/ctranslate2.md describes the directory. The mapping, checked against ctranslate2's own converters (opennmt_py.py, fairseq.py):
+must run the very same weights). docs/ctranslate2.md describes the directory. The mapping, checked against
+ctranslate2's own converters (opennmt_py.py, fairseq.py):
 
     ours                                     CTranslate2 spec
     src_embed / tgt_embed                    encoder.embeddings[0] / decoder.embeddings (scaled by sqrt(d))
@@ -26,6 +27,7 @@ as ours do. Vocabularies are our SentencePiece pieces in id order (ids 0..3 are 
 The conversion itself needs ctranslate2 and torch (the `[bench]` extra); this module imports
 neither at its top, so that ct2_available() can say what is missing.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +54,10 @@ def ct2_available() -> tuple[bool, str]:
     except ImportError:
         return False, CT2_MISSING
     except Exception as e:  # a broken install (missing shared libraries) is as good as none
-        return False, f"ctranslate2 cannot be imported ({type(e).__name__}: {e}): pip install 'seq2onnx[bench]'"
+        return (
+            False,
+            f"ctranslate2 cannot be imported ({type(e).__name__}: {e}): pip install 'seq2onnx[bench]'",
+        )
     return True, ""
 
 
@@ -87,7 +92,8 @@ def build_spec(model, tokenizer):
 
     cfg = model.cfg
     spec = transformer_spec.TransformerSpec.from_config(
-        (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.pre_norm)
+        (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.pre_norm
+    )
     positions = _np(model.positions)
 
     enc, dec = spec.encoder, spec.decoder
@@ -194,11 +200,15 @@ def load_ct2(model_dir: str | Path, **options):
     model = Path(model_dir) / MODEL_BIN
     fix = f"export it again: seq2onnx export CHECKPOINT {model_dir} --format ctranslate2 --force"
     if not model.is_file():
-        raise ExportError(f"{model}: missing; {model_dir} is an incomplete CTranslate2 model directory: {fix}")
+        raise ExportError(
+            f"{model}: missing; {model_dir} is an incomplete CTranslate2 model directory: {fix}"
+        )
     try:
         return ctranslate2.Translator(str(model_dir), **options)
     except (RuntimeError, ValueError) as e:
-        raise ExportError(f"{model}: CTranslate2 cannot load it ({e}); the file is damaged or incomplete: {fix}") from e
+        raise ExportError(
+            f"{model}: CTranslate2 cannot load it ({e}); the file is damaged or incomplete: {fix}"
+        ) from e
 
 
 def _version(dist: str) -> str | None:
@@ -233,23 +243,42 @@ def deploy_recipe(model, tokenizer, ckpt_dir: Path) -> dict:
     return {
         "format": DEPLOY_FORMAT,
         "format_version": DEPLOY_FORMAT_VERSION,
-        "source": {"tokenizer": SOURCE_MODEL, "append": [eos],
-                   "how": "pieces = source SentencePiece encode(text, out_type=str) + append"},
-        "target": {"tokenizer": TARGET_MODEL, "start_token": tokenizer.target.id_to_piece(cfg.decoder_start_id),
-                   "end_token": tokenizer.target.id_to_piece(cfg.eos_id), "target_prefix": None,
-                   "how": "the start token is in config.json (decoder_start_token): give no target_prefix; "
-                          "decode the result's pieces with the target SentencePiece model"},
-        "translate_batch": {"beam_size": dd["beam_size"], "length_penalty": dd["length_penalty"],
-                            "min_decoding_length": dd["min_length"], "max_input_length": cfg.max_positions},
-        "max_decoding_length": {"a": dd["max_length_a"], "b": dd["max_length_b"], "max": cfg.max_positions,
-                                "rule": "per sentence: min(floor(a * n) + b, max), n = its pieces with the appended "
-                                        "end token, at most max_input_length"},
+        "source": {
+            "tokenizer": SOURCE_MODEL,
+            "append": [eos],
+            "how": "pieces = source SentencePiece encode(text, out_type=str) + append",
+        },
+        "target": {
+            "tokenizer": TARGET_MODEL,
+            "start_token": tokenizer.target.id_to_piece(cfg.decoder_start_id),
+            "end_token": tokenizer.target.id_to_piece(cfg.eos_id),
+            "target_prefix": None,
+            "how": "the start token is in config.json (decoder_start_token): give no target_prefix; "
+            "decode the result's pieces with the target SentencePiece model",
+        },
+        "translate_batch": {
+            "beam_size": dd["beam_size"],
+            "length_penalty": dd["length_penalty"],
+            "min_decoding_length": dd["min_length"],
+            "max_input_length": cfg.max_positions,
+        },
+        "max_decoding_length": {
+            "a": dd["max_length_a"],
+            "b": dd["max_length_b"],
+            "max": cfg.max_positions,
+            "rule": "per sentence: min(floor(a * n) + b, max), n = its pieces with the appended "
+            "end token, at most max_input_length",
+        },
         "compute_type": "the weights are float32; pick the precision at load: ctranslate2.Translator(dir, "
-                        "compute_type='int8') on the CPU, 'float16' or 'int8_float16' on CUDA (verify checks float32)",
+        "compute_type='int8') on the CPU, 'float16' or 'int8_float16' on CUDA (verify checks float32)",
         "model": cfg.to_dict(),
         "source_checkpoint": ckpt_dir.name,
-        "producer": {"seq2onnx": _version("seq2onnx"), "ctranslate2": _version("ctranslate2"),
-                     "torch": _version("torch"), "python": platform.python_version()},
+        "producer": {
+            "seq2onnx": _version("seq2onnx"),
+            "ctranslate2": _version("ctranslate2"),
+            "torch": _version("torch"),
+            "python": platform.python_version(),
+        },
     }
 
 
@@ -318,10 +347,13 @@ def _validate(directory: Path, recipe: dict) -> None:
     source = spm.SentencePieceProcessor(model_file=str(directory / recipe["source"]["tokenizer"]))
     pieces = source.encode("a", out_type=str) + recipe["source"]["append"]
     translator = load_ct2(directory, device="cpu", compute_type="float32", intra_threads=1)
-    translator.translate_batch([pieces], **{**recipe["translate_batch"], "beam_size": 2}, max_decoding_length=3)
+    translator.translate_batch(
+        [pieces], **{**recipe["translate_batch"], "beam_size": 2}, max_decoding_length=3
+    )
 
 
 # -- the bare model (`seq2onnx bench`) ----------------------------------------------------------------
+
 
 def convert_checkpoint(ckpt: str | Path, out: str | Path, quantization: str | None = None) -> Path:
     """Writes the bare CTranslate2 model of a checkpoint into `out`.

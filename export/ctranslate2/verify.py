@@ -15,6 +15,7 @@ on the same tokens compute differently (weights, tokenizer, source); engines tha
 deciding gap of float noise (<= TIE), met a near-tie; engines that agree with a wide gap searched
 differently (options, convention). The bounds are there to catch the first and the last.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ from pathlib import Path
 
 import torch
 
-from seq2onnx.export.ctranslate2.convert import (load_ct2, DEPLOY_FORMAT, DEPLOY_FORMAT_VERSION, DEPLOY_JSON, deploy_recipe,
-                                        max_decoding_length)
+from seq2onnx.export.ctranslate2.convert import (
+    load_ct2,
+    DEPLOY_FORMAT,
+    DEPLOY_FORMAT_VERSION,
+    DEPLOY_JSON,
+    deploy_recipe,
+    max_decoding_length,
+)
 
 MIN_GREEDY_AGREEMENT = 1.0  # greedy: identical token ids on every sentence
 MIN_BEAM_AGREEMENT = 0.995  # beam K: identical on >= 99.5% (near-ties may flip, see above)
@@ -47,12 +54,16 @@ def read_recipe(model_dir: Path) -> dict:
     """
     path = model_dir / DEPLOY_JSON
     if not path.is_file():
-        raise ValueError(f"{model_dir} has a CTranslate2 model.bin but no {DEPLOY_JSON}: it was not written by "
-                         "`seq2onnx export --format ctranslate2`; export it again with that command")
+        raise ValueError(
+            f"{model_dir} has a CTranslate2 model.bin but no {DEPLOY_JSON}: it was not written by "
+            "`seq2onnx export --format ctranslate2`; export it again with that command"
+        )
     recipe = json.loads(path.read_text())
     if recipe.get("format") != DEPLOY_FORMAT or recipe.get("format_version") != DEPLOY_FORMAT_VERSION:
-        raise ValueError(f"{path}: format {recipe.get('format')!r} version {recipe.get('format_version')!r}; this "
-                         f"seq2onnx reads {DEPLOY_FORMAT!r} version {DEPLOY_FORMAT_VERSION}: export the model again")
+        raise ValueError(
+            f"{path}: format {recipe.get('format')!r} version {recipe.get('format_version')!r}; this "
+            f"seq2onnx reads {DEPLOY_FORMAT!r} version {DEPLOY_FORMAT_VERSION}: export the model again"
+        )
     return recipe
 
 
@@ -72,8 +83,9 @@ def ct2_device(device: str) -> str:
     return device
 
 
-def ct2_search(translator, pieces: list[list[str]], limits: list[int], options: dict, beam_size: int,
-               piece_to_id) -> list[tuple[list[int], float]]:
+def ct2_search(
+    translator, pieces: list[list[str]], limits: list[int], options: dict, beam_size: int, piece_to_id
+) -> list[tuple[list[int], float]]:
     """Finds CTranslate2's best hypothesis per sentence.
 
     Sentences of one max_decoding_length share a call: CTranslate2 takes one limit per call, and a
@@ -95,8 +107,13 @@ def ct2_search(translator, pieces: list[list[str]], limits: list[int], options: 
     for limit in sorted(set(limits)):
         rows = [i for i, n in enumerate(limits) if n == limit]
         results = translator.translate_batch(
-            [pieces[i] for i in rows], **{**options, "beam_size": beam_size}, max_decoding_length=limit,
-            return_end_token=True, return_scores=True, max_batch_size=32)
+            [pieces[i] for i in rows],
+            **{**options, "beam_size": beam_size},
+            max_decoding_length=limit,
+            return_end_token=True,
+            return_scores=True,
+            max_batch_size=32,
+        )
         for i, r in zip(rows, results):
             found[i] = ([piece_to_id(p) for p in r.hypotheses[0]], float(r.scores[0]))
     return found  # type: ignore[return-value]
@@ -126,8 +143,9 @@ def token_log_probs(model, src: list[int], tokens: list[int]) -> list[float]:
     return log_probs[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
 
 
-def ct2_token_log_probs(translator, pieces: list[str], tokens: list[int], id_to_piece, eos_id: int,
-                        max_positions: int) -> list[float] | None:
+def ct2_token_log_probs(
+    translator, pieces: list[str], tokens: list[int], id_to_piece, eos_id: int, max_positions: int
+) -> list[float] | None:
     """Scores tokens under CTranslate2 (Translator.score_batch, which appends the end token itself).
 
     Args:
@@ -150,9 +168,21 @@ def ct2_token_log_probs(translator, pieces: list[str], tokens: list[int], id_to_
     return list(result.log_probs)[: len(tokens)]
 
 
-def describe_difference(model, tok, translator, search: str, index: int, source: str, src: list[int],
-                        pieces: list[str], want: list[int], got: list[int], length_penalty: float) -> dict:
-    """Describes one sentence where the searches part: both hypotheses scored by both engines (teacher forcing).
+def describe_difference(
+    model,
+    tok,
+    translator,
+    search: str,
+    index: int,
+    source: str,
+    src: list[int],
+    pieces: list[str],
+    want: list[int],
+    got: list[int],
+    length_penalty: float,
+) -> dict:
+    """Describes one sentence where the searches part: both hypotheses scored by both engines (teacher
+    forcing).
 
     So a near-tie can be told from engines that compute differently or search differently.
 
@@ -176,46 +206,81 @@ def describe_difference(model, tok, translator, search: str, index: int, source:
 
     def side(tokens: list[int]) -> dict:
         by_torch = token_log_probs(model, src, tokens)
-        by_ct2 = ct2_token_log_probs(translator, pieces, tokens, tok.target.id_to_piece, cfg.eos_id, cfg.max_positions)
+        by_ct2 = ct2_token_log_probs(
+            translator, pieces, tokens, tok.target.id_to_piece, cfg.eos_id, cfg.max_positions
+        )
         norm = max(len(tokens), 1) ** length_penalty
-        return {"tokens": tokens, "text": tok.decode_target(tokens), "length": len(tokens),
-                "torch_log_probs": by_torch, "ct2_log_probs": by_ct2,
-                "torch_score": float(sum(by_torch)), "torch_normalized": float(sum(by_torch)) / norm,
-                "ct2_score": None if by_ct2 is None else float(sum(by_ct2)),
-                "ct2_normalized": None if by_ct2 is None else float(sum(by_ct2)) / norm}
+        return {
+            "tokens": tokens,
+            "text": tok.decode_target(tokens),
+            "length": len(tokens),
+            "torch_log_probs": by_torch,
+            "ct2_log_probs": by_ct2,
+            "torch_score": float(sum(by_torch)),
+            "torch_normalized": float(sum(by_torch)) / norm,
+            "ct2_score": None if by_ct2 is None else float(sum(by_ct2)),
+            "ct2_normalized": None if by_ct2 is None else float(sum(by_ct2)) / norm,
+        }
 
     torch_side, ct2_side = side(want), side(got)
     # How far the engines' own log-probabilities of the same tokens lie apart: float noise, or not.
-    pairs = [(x, y) for h in (torch_side, ct2_side) if h["ct2_log_probs"] is not None
-             for x, y in zip(h["torch_log_probs"], h["ct2_log_probs"])]
+    pairs = [
+        (x, y)
+        for h in (torch_side, ct2_side)
+        if h["ct2_log_probs"] is not None
+        for x, y in zip(h["torch_log_probs"], h["ct2_log_probs"])
+    ]
     disagreement = max((abs(x - y) for x, y in pairs), default=0.0)
     first = next((t for t, (x, y) in enumerate(zip(want, got)) if x != y), None)
     first_difference = None
     if first is not None:  # the same prefix before it: both tokens from one distribution per engine
         lp = lambda h, engine: None if h[f"{engine}_log_probs"] is None else h[f"{engine}_log_probs"][first]
-        first_difference = {"position": first, "torch_piece": tok.target.id_to_piece(want[first]),
-                            "ct2_piece": tok.target.id_to_piece(got[first]),
-                            "torch_gap": lp(torch_side, "torch") - lp(ct2_side, "torch")}
+        first_difference = {
+            "position": first,
+            "torch_piece": tok.target.id_to_piece(want[first]),
+            "ct2_piece": tok.target.id_to_piece(got[first]),
+            "torch_gap": lp(torch_side, "torch") - lp(ct2_side, "torch"),
+        }
         if lp(torch_side, "ct2") is not None and lp(ct2_side, "ct2") is not None:
             first_difference["ct2_gap"] = lp(torch_side, "ct2") - lp(ct2_side, "ct2")
     gap = torch_side["torch_normalized"] - ct2_side["torch_normalized"]
     # Greedy parts where the two argmaxes part, so the gap of those two tokens decides; beam search
     # ranks finished hypotheses by their normalised scores, so the gap of those decides.
-    decisive = gap if search != "greedy" else None if first_difference is None else first_difference["torch_gap"]
+    decisive = (
+        gap if search != "greedy" else None if first_difference is None else first_difference["torch_gap"]
+    )
     if disagreement > TIE:
         kind = f"the engines' log-probabilities differ by up to {disagreement:.1e}: they compute differently"
     elif decisive is not None and abs(decisive) <= TIE:
         kind = "near-tie"
     else:
         kind = "NOT a near-tie; same log-probabilities, so the searches differ: options or convention" + (
-            "" if search == "greedy" else ", or a tie among pruned candidates")
-    return {"search": search, "index": index, "source": source, "torch": torch_side, "ct2": ct2_side,
-            "first_difference": first_difference, "gap": gap, "engine_disagreement": disagreement,
-            "near_tie": kind == "near-tie", "kind": kind}
+            "" if search == "greedy" else ", or a tie among pruned candidates"
+        )
+    return {
+        "search": search,
+        "index": index,
+        "source": source,
+        "torch": torch_side,
+        "ct2": ct2_side,
+        "first_difference": first_difference,
+        "gap": gap,
+        "engine_disagreement": disagreement,
+        "near_tie": kind == "near-tie",
+        "kind": kind,
+    }
 
 
-def verify_ct2(ckpt: str | Path, model_dir: str | Path, *, sentences: int = 100, device: str = "cpu",
-               data: str | None = None, src_col: int = 0, tgt_col: int = 1) -> dict:
+def verify_ct2(
+    ckpt: str | Path,
+    model_dir: str | Path,
+    *,
+    sentences: int = 100,
+    device: str = "cpu",
+    data: str | None = None,
+    src_col: int = 0,
+    tgt_col: int = 1,
+) -> dict:
     """Checks greedy and beam search of the CTranslate2 model against the PyTorch reference on the test split.
 
     Args:
@@ -250,10 +315,12 @@ def verify_ct2(ckpt: str | Path, model_dir: str | Path, *, sentences: int = 100,
     # PyTorch decodes by the project's convention (what export writes today); CTranslate2 as the
     # directory's recipe says. An edited or stale recipe then shows as differences, and is named.
     reference = deploy_recipe(model, tok, ckpt_dir)
-    recipe_changes = [f"{part}.{key} {recipe[part].get(key)!r} (the convention: {want!r})"
-                      for part in ("source", "translate_batch", "max_decoding_length")
-                      for key, want in reference[part].items() if key not in ("how", "rule")
-                      and recipe.get(part, {}).get(key) != want]
+    recipe_changes = [
+        f"{part}.{key} {recipe[part].get(key)!r} (the convention: {want!r})"
+        for part in ("source", "translate_batch", "max_decoding_length")
+        for key, want in reference[part].items()
+        if key not in ("how", "rule") and recipe.get(part, {}).get(key) != want
+    ]
     pairs = test_sentences(ckpt_dir, sentences, data, src_col, tgt_col)
     source_spm = spm.SentencePieceProcessor(model_file=str(model_dir / recipe["source"]["tokenizer"]))
     target_spm = spm.SentencePieceProcessor(model_file=str(model_dir / recipe["target"]["tokenizer"]))
@@ -268,7 +335,9 @@ def verify_ct2(ckpt: str | Path, model_dir: str | Path, *, sentences: int = 100,
     device = ct2_device(device)
     # As many threads as PyTorch's side: CTranslate2's default (4 OpenMP threads, which spin) made
     # one-sentence calls 70x slower on the loaded 2-core machine this was written on.
-    translator = load_ct2(model_dir, device=device, compute_type="float32", intra_threads=torch.get_num_threads())
+    translator = load_ct2(
+        model_dir, device=device, compute_type="float32", intra_threads=torch.get_num_threads()
+    )
     refs = [t for _, t in pairs]
 
     searches = {"greedy": 1}
@@ -276,36 +345,88 @@ def verify_ct2(ckpt: str | Path, model_dir: str | Path, *, sentences: int = 100,
         searches[f"beam {convention['beam_size']}"] = convention["beam_size"]
     checks, measurements, differences = [], [], []
     for name, beam in searches.items():
-        want = [h[0] for h in translate_ids(model, srcs, beam_size=beam, length_penalty=alpha,
-                                            min_length=convention["min_decoding_length"],
-                                            max_length_a=rule["a"], max_length_b=rule["b"])]
+        want = [
+            h[0]
+            for h in translate_ids(
+                model,
+                srcs,
+                beam_size=beam,
+                length_penalty=alpha,
+                min_length=convention["min_decoding_length"],
+                max_length_a=rule["a"],
+                max_length_b=rule["b"],
+            )
+        ]
         got = ct2_search(translator, pieces, limits, options, beam, target_spm.piece_to_id)
         same = [w.tokens == g for w, (g, _) in zip(want, got)]
         rate = sum(same) / max(len(pairs), 1)
         bound = MIN_GREEDY_AGREEMENT if beam == 1 else MIN_BEAM_AGREEMENT
-        checks.append({"tier": "tokens", "search": name, "name": "token ids identical", "value": rate,
-                       "bound": bound, "passed": rate >= bound, "detail": f"{sum(same)}/{len(pairs)} sentences"})
+        checks.append(
+            {
+                "tier": "tokens",
+                "search": name,
+                "name": "token ids identical",
+                "value": rate,
+                "bound": bound,
+                "passed": rate >= bound,
+                "detail": f"{sum(same)}/{len(pairs)} sentences",
+            }
+        )
         # CTranslate2 reports score / len^(its length_penalty): back to the sum of log-probabilities
         raw = [s * max(len(g), 1) ** options["length_penalty"] for g, s in got]
         score_diffs = [abs(w.score - r) for w, r, ok in zip(want, raw, same) if ok]
-        measurements.append({"tier": "score", "search": name, "name": "max |ct2 - torch| search score, same ids",
-                             "value": max(score_diffs, default=0.0),
-                             "detail": f"sum of log-probabilities, over {len(score_diffs)} sentences"})
+        measurements.append(
+            {
+                "tier": "score",
+                "search": name,
+                "name": "max |ct2 - torch| search score, same ids",
+                "value": max(score_diffs, default=0.0),
+                "detail": f"sum of log-probabilities, over {len(score_diffs)} sentences",
+            }
+        )
         torch_bleu = bleu([tok.decode_target(w.tokens) for w in want], refs)
         ct2_bleu = bleu([tok.decode_target(g) for g, _ in got], refs)
-        measurements.append({"tier": "text", "search": name, "name": "BLEU drop (torch - ct2)",
-                             "value": torch_bleu - ct2_bleu, "detail": f"torch {torch_bleu:.2f}, ct2 {ct2_bleu:.2f}"})
+        measurements.append(
+            {
+                "tier": "text",
+                "search": name,
+                "name": "BLEU drop (torch - ct2)",
+                "value": torch_bleu - ct2_bleu,
+                "detail": f"torch {torch_bleu:.2f}, ct2 {ct2_bleu:.2f}",
+            }
+        )
         for i, ok in enumerate(same):
             if not ok:
-                differences.append(describe_difference(model, tok, translator, name, i, pairs[i][0], srcs[i],
-                                                       pieces[i], want[i].tokens, got[i][0], alpha))
+                differences.append(
+                    describe_difference(
+                        model,
+                        tok,
+                        translator,
+                        name,
+                        i,
+                        pairs[i][0],
+                        srcs[i],
+                        pieces[i],
+                        want[i].tokens,
+                        got[i][0],
+                        alpha,
+                    )
+                )
     return {
-        "format": "ctranslate2", "model_dir": str(model_dir), "checkpoint": str(ckpt_dir),
-        "engine": f"CTranslate2 {ctranslate2.__version__}", "device": device, "compute_type": "float32",
-        "sentences": len(pairs), "options": {**convention, "max_decoding_length": rule}, "tie": TIE,
+        "format": "ctranslate2",
+        "model_dir": str(model_dir),
+        "checkpoint": str(ckpt_dir),
+        "engine": f"CTranslate2 {ctranslate2.__version__}",
+        "device": device,
+        "compute_type": "float32",
+        "sentences": len(pairs),
+        "options": {**convention, "max_decoding_length": rule},
+        "tie": TIE,
         "recipe_changes": recipe_changes,
         "passed": all(c["passed"] for c in checks),
-        "checks": checks, "measurements": measurements, "differences": differences,
+        "checks": checks,
+        "measurements": measurements,
+        "differences": differences,
     }
 
 
@@ -314,8 +435,10 @@ def _num(x: float | None, fmt: str) -> str:
 
 
 def _side_line(label: str, side: dict) -> str:
-    return (f"    {label:<12} {side['length']:>4} {side['torch_score']:>10.4f} {side['torch_normalized']:>8.4f} "
-            f"{_num(side['ct2_score'], '.4f'):>10} {_num(side['ct2_normalized'], '.4f'):>8}  {side['text']!r}")
+    return (
+        f"    {label:<12} {side['length']:>4} {side['torch_score']:>10.4f} {side['torch_normalized']:>8.4f} "
+        f"{_num(side['ct2_score'], '.4f'):>10} {_num(side['ct2_normalized'], '.4f'):>8}  {side['text']!r}"
+    )
 
 
 def format_ct2_report(report: dict) -> str:
@@ -335,44 +458,63 @@ def format_ct2_report(report: dict) -> str:
     alpha = o["length_penalty"]
     lines = [
         f"verify {report['model_dir']} against {report['checkpoint']}",
-        f"{report['engine']} ({report['device']}, compute_type {report['compute_type']}) driven by {DEPLOY_JSON}, "
-        f"{report['sentences']} test sentences; the convention: length_penalty {alpha:g}, min_decoding_length "
+        f"{report['engine']} ({report['device']}, compute_type {report['compute_type']}) driven by "
+        f"{DEPLOY_JSON}, "
+        f"{report['sentences']} test sentences; the convention: length_penalty {alpha:g}, "
+        "min_decoding_length "
         f"{o['min_decoding_length']}, max_decoding_length min({rule['a']:g} x source pieces + {rule['b']}, "
         f"{rule['max']}) per sentence",
     ]
     if report.get("recipe_changes"):
-        lines.append(f"{DEPLOY_JSON} departs from the convention (PyTorch keeps to it): "
-                     + "; ".join(report["recipe_changes"]))
+        lines.append(
+            f"{DEPLOY_JSON} departs from the convention (PyTorch keeps to it): "
+            + "; ".join(report["recipe_changes"])
+        )
     lines += [
         f"{'tier':<7} {'search':<8} {'check':<42} {'value':>10} {'bound':>10}  result",
     ]
     for c in report["checks"]:
-        lines.append(f"{c['tier']:<7} {c['search']:<8} {c['name']:<42} {c['value']:>10.1%} {'>= ' + format(c['bound'], '.1%'):>10}  "
-                     f"{'ok' if c['passed'] else 'FAIL'}  {c['detail']}")
+        lines.append(
+            f"{c['tier']:<7} {c['search']:<8} {c['name']:<42} {c['value']:>10.1%} "
+            f"{'>= ' + format(c['bound'], '.1%'):>10}  "
+            f"{'ok' if c['passed'] else 'FAIL'}  {c['detail']}"
+        )
     lines.append("measurements (not checks):")
     for m in report["measurements"]:
         value = f"{m['value']:.2e}" if m["tier"] == "score" else f"{m['value']:.2f}"
         lines.append(f"{m['tier']:<7} {m['search']:<8} {m['name']:<42} {value:>10}  {m['detail']}")
     diffs = report["differences"]
     if diffs:
-        lines.append(f"differences ({len(diffs)}): both hypotheses scored by both engines (teacher forcing; score = sum "
-                     f"of log-probabilities with </s>); gap = torch's - ct2's hypothesis, score/len^{alpha:g} under "
-                     f"PyTorch (> 0: PyTorch's scores higher); near-tie: the engines' log-probabilities agree within "
-                     f"{report['tie']:g} and the deciding gap (greedy: of the first differing tokens; beam: of the "
-                     f"hypotheses) is <= {report['tie']:g}")
+        lines.append(
+            f"differences ({len(diffs)}): both hypotheses scored by both engines (teacher forcing; score = "
+            "sum "
+            f"of log-probabilities with </s>); gap = torch's - ct2's hypothesis, score/len^{alpha:g} under "
+            f"PyTorch (> 0: PyTorch's scores higher); near-tie: the engines' log-probabilities agree within "
+            f"{report['tie']:g} and the deciding gap (greedy: of the first differing tokens; beam: of the "
+            f"hypotheses) is <= {report['tie']:g}"
+        )
         shown: dict[str, int] = {}
         for d in diffs:
             shown[d["search"]] = shown.get(d["search"], 0) + 1
             if shown[d["search"]] > SHOWN:
                 continue
             f = d["first_difference"]
-            where = "" if f is None else (
-                f"; first differs at token {f['position']}: torch {f['torch_piece']!r}, ct2 {f['ct2_piece']!r}, "
-                f"log-probability gap {f['torch_gap']:.1e} under PyTorch, {_num(f.get('ct2_gap'), '.1e')} under CTranslate2")
+            where = (
+                ""
+                if f is None
+                else (
+                    f"; first differs at token {f['position']}: torch {f['torch_piece']!r}, ct2 "
+                    f"{f['ct2_piece']!r}, "
+                    f"log-probability gap {f['torch_gap']:.1e} under PyTorch, "
+                    f"{_num(f.get('ct2_gap'), '.1e')} under CTranslate2"
+                )
+            )
             lines.append(f"  {d['search']} sentence {d['index']}: gap {d['gap']:.1e} ({d['kind']}){where}")
             lines.append(f"    source {d['source']!r}")
-            lines.append(f"    {'hypothesis':<12} {'len':>4} {'torch score':>10} {'/len^' + format(alpha, 'g'):>8} "
-                         f"{'ct2 score':>10} {'/len^' + format(alpha, 'g'):>8}  text")
+            lines.append(
+                f"    {'hypothesis':<12} {'len':>4} {'torch score':>10} {'/len^' + format(alpha, 'g'):>8} "
+                f"{'ct2 score':>10} {'/len^' + format(alpha, 'g'):>8}  text"
+            )
             lines.append(_side_line("torch's", d["torch"]))
             lines.append(_side_line("ct2's", d["ct2"]))
         for search, n in shown.items():

@@ -4,6 +4,7 @@ The same graphs as our own exports (one encoder, one decoder step, the fused dec
 runs it, int8 included), plus the vocabulary maps and the tokens section that let every host
 tokenize to the model's ids (export/hf/tokens.py), and decoding defaults from generation_config.json.
 """
+
 from __future__ import annotations
 
 import gc
@@ -29,8 +30,15 @@ def decoding_defaults(generation: dict, config: dict, max_positions: int) -> dic
     return Family().decoding_defaults(generation, config, max_positions)
 
 
-def export_hf_bundle(model_dir: str | Path, out: str | Path, *, dtype: str = "float32", quantize: str | None = None,
-                     force: bool = False, decoder: str = "both") -> Path:
+def export_hf_bundle(
+    model_dir: str | Path,
+    out: str | Path,
+    *,
+    dtype: str = "float32",
+    quantize: str | None = None,
+    force: bool = False,
+    decoder: str = "both",
+) -> Path:
     """Exports a Hugging Face model directory into the bundle `out` (options as export_bundle's).
 
     Args:
@@ -43,8 +51,8 @@ def export_hf_bundle(model_dir: str | Path, out: str | Path, *, dtype: str = "fl
         The bundle directory.
 
     Raises:
-        HFImportError: an unsupported or damaged model directory (one line: the file, the value, the fix); nothing is
-            written.
+        HFImportError: an unsupported or damaged model directory (one line: the file, the value, the fix);
+            nothing is written.
         ExportError: bad options or output (as export_bundle).
     """
     fused = check_options(dtype, quantize, decoder)
@@ -53,26 +61,49 @@ def export_hf_bundle(model_dir: str | Path, out: str | Path, *, dtype: str = "fl
     tokenizer = load_tokenizer(model_dir)
     imported = import_hf(model_dir)
     model, cfg, kind, family = imported.model, imported.model.cfg, imported.kind, imported.family
-    files = token_files(model_dir, family, tokenizer, src_vocab=cfg.src_vocab_size,
-                        tgt_vocab=cfg.tgt_vocab_size, generation=imported.generation)
+    files = token_files(
+        model_dir,
+        family,
+        tokenizer,
+        src_vocab=cfg.src_vocab_size,
+        tgt_vocab=cfg.tgt_vocab_size,
+        generation=imported.generation,
+    )
     if files.unk_id != cfg.unk_id:
         model.cfg = cfg = type(cfg)(**{**cfg.to_dict(), "unk_id": files.unk_id})
     decoding = family.decoding_defaults(imported.generation, config, cfg.max_positions)
     del imported  # the model alone holds the weights from here on
-    with atomic.building(out, force, "bundle", error=ExportError, inputs={"the model directory": model_dir},
-                         ours=_is_bundle) as tmp:
+    with atomic.building(
+        out, force, "bundle", error=ExportError, inputs={"the model directory": model_dir}, ours=_is_bundle
+    ) as tmp:
         scheme = write_graphs(model, tmp, dtype, quantize, fused)
         shutil.copyfile(files.source_spm, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(files.target_spm, tmp / fmt.TARGET_SPM)
         (tmp / fmt.SOURCE_VOCAB).write_bytes(files.source_map.astype("<i4").tobytes())
         (tmp / fmt.TARGET_VOCAB).write_bytes(files.target_map.astype("<i4").tobytes())
         if files.texts:
-            (tmp / fmt.VOCAB_TEXTS).write_text(json.dumps(files.texts, ensure_ascii=False, sort_keys=True), encoding="utf-8")
-        origin = {"model_type": kind, "architectures": config.get("architectures"),
-                  "transformers_config": {k: config.get(k) for k in ("activation_function", "scale_embedding",
-                                                                     "max_position_embeddings", "d_model")}}
-        write_meta(tmp, model, source=model_dir.name, dtype=dtype, quantize=quantize, fused=fused, scheme=scheme,
-                   decoding=decoding, extra={"tokens": files.tokens, "imported_from": origin})
+            (tmp / fmt.VOCAB_TEXTS).write_text(
+                json.dumps(files.texts, ensure_ascii=False, sort_keys=True), encoding="utf-8"
+            )
+        origin = {
+            "model_type": kind,
+            "architectures": config.get("architectures"),
+            "transformers_config": {
+                k: config.get(k)
+                for k in ("activation_function", "scale_embedding", "max_position_embeddings", "d_model")
+            },
+        }
+        write_meta(
+            tmp,
+            model,
+            source=model_dir.name,
+            dtype=dtype,
+            quantize=quantize,
+            fused=fused,
+            scheme=scheme,
+            decoding=decoding,
+            extra={"tokens": files.tokens, "imported_from": origin},
+        )
         del model  # the validation's sessions need the memory more
         gc.collect()
         validate(tmp)

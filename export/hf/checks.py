@@ -12,6 +12,7 @@ refusal is one line naming the file, the field, the value and the fix:
   every tensor's offsets inside the file, then the config against the tensors' shapes;
 - the parameters the config implies against this machine's memory, before anything is allocated.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,17 +26,41 @@ from seq2onnx.model.config import available_memory, gib
 # transformers' activation names -> ours
 ACTIVATION_NAMES = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
 # Files that save_pretrained writes beside a Hugging Face config.json, and files only our checkpoints have.
-HF_MARKERS = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json",
-              "vocab.json", "source.spm", "sentencepiece.bpe.model", "pytorch_model.bin",
-              "model.safetensors.index.json", "pytorch_model.bin.index.json")
+HF_MARKERS = (
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "vocab.json",
+    "source.spm",
+    "sentencepiece.bpe.model",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
 OUR_MARKERS = ("source.spm.model", "target.spm.model", "train_state.json")
 # The graphs are traced with a 5-token source (export.graphs.example_inputs): a shorter position table
 # fails there, or earlier in transformers (Marian's IndexError), and would hold no sentence anyway.
 MIN_POSITIONS = 5
 # safetensors refuses headers over 100 MB itself; a real one of a few thousand tensors is under 1 MB.
 MAX_HEADER = 100_000_000
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
-               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 _RESTORE = "restore the config.json that save_pretrained wrote with these weights"
 _ID_FIX = "set it to the id that save_pretrained wrote (an id of the model's vocabulary)"
 _IDS_FIX = "list only ids of the model's vocabulary, or remove it"
@@ -110,8 +135,11 @@ CONFIG_RULES = {
 # generation_config.json (or, where it is silent, config.json): field -> (rule, fix). transformers'
 # max_length and min_length count the decoder start token: a max_length below 2 generates nothing.
 GENERATION_RULES = {
-    "max_length": (_count(2), "set it to the longest translation in tokens + 1 (OPUS-MT ships 512), or "
-                   "remove it (transformers' default is 20)"),
+    "max_length": (
+        _count(2),
+        "set it to the longest translation in tokens + 1 (OPUS-MT ships 512), or "
+        "remove it (transformers' default is 20)",
+    ),
     "min_length": (_count(0), "set it to 0, or remove it"),
     "num_beams": (_count(1), "set it to 1 (greedy search) or the model's beam size (e.g. 4), or remove it"),
     "length_penalty": (_finite, "set it to 1.0, or remove it"),
@@ -161,8 +189,9 @@ def looks_like_hf(path: str | Path) -> bool:
         data = None
     if isinstance(data, dict) and ("model_type" in data or "src_vocab_size" in data):  # src_vocab_size: ours
         return "model_type" in data
-    return (any((path / name).exists() for name in HF_MARKERS)
-            and not any((path / name).exists() for name in OUR_MARKERS))
+    return any((path / name).exists() for name in HF_MARKERS) and not any(
+        (path / name).exists() for name in OUR_MARKERS
+    )
 
 
 def _check_fields(path: Path, data: dict, rules: dict, vocab: int) -> None:
@@ -189,13 +218,16 @@ def check_config(model_dir: Path, config: dict) -> None:
     _check_fields(path, config, CONFIG_RULES, min(sizes) if sizes else 1)
     d, heads = config["d_model"], config["encoder_attention_heads"]
     if d % heads:
-        raise HFImportError(f"{path}: d_model {d} is not a multiple of encoder_attention_heads {heads}; "
-                            f"{_RESTORE}")
+        raise HFImportError(
+            f"{path}: d_model {d} is not a multiple of encoder_attention_heads {heads}; {_RESTORE}"
+        )
     pairs = ("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")
     for a, b in pairs:
         if config[a] != config[b]:
-            raise HFImportError(f"{path}: {a} is {config[a]} but {b} is {config[b]}; this importer's model "
-                                f"has one value for both stacks: not supported (or {_RESTORE})")
+            raise HFImportError(
+                f"{path}: {a} is {config[a]} but {b} is {config[b]}; this importer's model "
+                f"has one value for both stacks: not supported (or {_RESTORE})"
+            )
 
 
 def check_generation(model_dir: Path, config: dict, generation: dict) -> None:
@@ -209,20 +241,27 @@ def check_generation(model_dir: Path, config: dict, generation: dict) -> None:
     fallback = {k: v for k, v in config.items() if k in GENERATION_RULES and generation.get(k) is None}
     _check_fields(model_dir / "config.json", fallback, GENERATION_RULES, vocab)
     if generation.get("decoder_start_token_id", config.get("decoder_start_token_id")) is None:
-        raise HFImportError(f"{model_dir / 'config.json'}: has no decoder_start_token_id (nor has "
-                            f"generation_config.json); {_ID_FIX}")
+        raise HFImportError(
+            f"{model_dir / 'config.json'}: has no decoder_start_token_id (nor has "
+            f"generation_config.json); {_ID_FIX}"
+        )
     low, high = (generation.get(k, config.get(k)) for k in ("min_length", "max_length"))
     if low is not None and high is not None and low > high:
         where = "generation_config.json" if "min_length" in generation else "config.json"
-        raise HFImportError(f"{model_dir / where}: min_length {low} is above max_length {high}; lower "
-                            "min_length (0 lets a translation end anywhere) or raise max_length")
+        raise HFImportError(
+            f"{model_dir / where}: min_length {low} is above max_length {high}; lower "
+            "min_length (0 lets a translation end anywhere) or raise max_length"
+        )
 
 
 def pad_token(model_dir: Path) -> str:
     """tokenizer_config.json's pad_token (a string or {"content": ...}), or "<pad>" (Marian's, M2M100's)."""
     path = model_dir / "tokenizer_config.json"
-    value = read_json_object(path, "the file that tokenizer.save_pretrained wrote").get("pad_token") \
-        if path.is_file() else None
+    value = (
+        read_json_object(path, "the file that tokenizer.save_pretrained wrote").get("pad_token")
+        if path.is_file()
+        else None
+    )
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else "<pad>"
@@ -250,20 +289,28 @@ def check_vocab(model_dir: Path, config: dict, pad: str) -> None:
         owners: dict[int, str] = {}
         for token, i in vocab.items():
             if not _is_int(i) or not 0 <= i < size:
-                raise HFImportError(f"{path}: token {_show(token)} has id {_show(i)}, outside the model's "
-                                    f"{size} embeddings (0 to {size - 1}); {_VOCAB_FIX}")
+                raise HFImportError(
+                    f"{path}: token {_show(token)} has id {_show(i)}, outside the model's "
+                    f"{size} embeddings (0 to {size - 1}); {_VOCAB_FIX}"
+                )
             if i in owners:
-                raise HFImportError(f"{path}: tokens {_show(owners[i])} and {_show(token)} both have id {i}; "
-                                    f"an id must name one token, or decoding picks one of them; {_VOCAB_FIX}")
+                raise HFImportError(
+                    f"{path}: tokens {_show(owners[i])} and {_show(token)} both have id {i}; "
+                    f"an id must name one token, or decoding picks one of them; {_VOCAB_FIX}"
+                )
             owners[i] = token
         pad_id = config["pad_token_id"]
         if pad not in vocab:
-            raise HFImportError(f"{path}: has no pad token {pad!r} (tokenizer_config.json's pad_token; "
-                                f"config.json's pad_token_id is {pad_id}); {_VOCAB_FIX}")
+            raise HFImportError(
+                f"{path}: has no pad token {pad!r} (tokenizer_config.json's pad_token; "
+                f"config.json's pad_token_id is {pad_id}); {_VOCAB_FIX}"
+            )
         if vocab[pad] != pad_id:
-            raise HFImportError(f"{path}: the pad token {pad!r} has id {vocab[pad]} but config.json's "
-                                f"pad_token_id is {pad_id}; {_VOCAB_FIX} (or set pad_token_id to "
-                                f"{vocab[pad]})")
+            raise HFImportError(
+                f"{path}: the pad token {pad!r} has id {vocab[pad]} but config.json's "
+                f"pad_token_id is {pad_id}; {_VOCAB_FIX} (or set pad_token_id to "
+                f"{vocab[pad]})"
+            )
 
 
 def safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
@@ -279,23 +326,29 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
     """
     size = path.stat().st_size
     if size < 8:
-        raise HFImportError(f"{path}: is {size} bytes, too short for a safetensors file (an 8-byte header "
-                            f"length, the header, the data); {_COPY_FIX}")
+        raise HFImportError(
+            f"{path}: is {size} bytes, too short for a safetensors file (an 8-byte header "
+            f"length, the header, the data); {_COPY_FIX}"
+        )
     with path.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         if length > min(size - 8, MAX_HEADER):
-            raise HFImportError(f"{path}: its header claims {length:,} bytes but the file holds {size - 8:,} "
-                                f"after the length (safetensors allows {MAX_HEADER:,}): truncated or not "
-                                f"safetensors; {_COPY_FIX}")
+            raise HFImportError(
+                f"{path}: its header claims {length:,} bytes but the file holds {size - 8:,} "
+                f"after the length (safetensors allows {MAX_HEADER:,}): truncated or not "
+                f"safetensors; {_COPY_FIX}"
+            )
         raw = f.read(length)
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise HFImportError(f"{path}: its {length:,}-byte header is not valid JSON ({e}); "
-                            f"{_COPY_FIX}") from None
+        raise HFImportError(
+            f"{path}: its {length:,}-byte header is not valid JSON ({e}); {_COPY_FIX}"
+        ) from None
     if not isinstance(header, dict):
-        raise HFImportError(f"{path}: its header is a JSON {type(header).__name__}, not an object; "
-                            f"{_COPY_FIX}")
+        raise HFImportError(
+            f"{path}: its header is a JSON {type(header).__name__}, not an object; {_COPY_FIX}"
+        )
     data_bytes, tensors = size - 8 - length, {}
     for name, entry in header.items():
         if name == "__metadata__":
@@ -307,15 +360,21 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
         except (TypeError, KeyError, ValueError):
             good = False
         if not good:
-            raise HFImportError(f"{path}: tensor {name}'s header entry {_show(entry)} is not a safetensors "
-                                f"entry (dtype, shape, data_offsets); {_COPY_FIX}")
+            raise HFImportError(
+                f"{path}: tensor {name}'s header entry {_show(entry)} is not a safetensors "
+                f"entry (dtype, shape, data_offsets); {_COPY_FIX}"
+            )
         if nbytes != end - begin:
-            raise HFImportError(f"{path}: tensor {name} of shape {shape} ({dtype}) needs {nbytes:,} bytes "
-                                f"but its data_offsets hold {end - begin:,}: the header is damaged; "
-                                f"{_COPY_FIX}")
+            raise HFImportError(
+                f"{path}: tensor {name} of shape {shape} ({dtype}) needs {nbytes:,} bytes "
+                f"but its data_offsets hold {end - begin:,}: the header is damaged; "
+                f"{_COPY_FIX}"
+            )
         if end > data_bytes:
-            raise HFImportError(f"{path}: tensor {name} ends at byte {end:,} of the data but the file holds "
-                                f"{data_bytes:,}: the file is truncated; {_COPY_FIX}")
+            raise HFImportError(
+                f"{path}: tensor {name} ends at byte {end:,} of the data but the file holds "
+                f"{data_bytes:,}: the file is truncated; {_COPY_FIX}"
+            )
         tensors[name] = (dtype, shape)
     return tensors
 
@@ -337,8 +396,9 @@ def weight_headers(model_dir: Path) -> dict[str, tuple[str, list[int]]] | None:
     tensors: dict = {}
     for shard in sorted(set(map(str, weight_map.values()))):
         if not (model_dir / shard).is_file():
-            raise HFImportError(f"{index}: lists the shard {shard}, which is missing; copy every shard into "
-                                f"{model_dir}")
+            raise HFImportError(
+                f"{index}: lists the shard {shard}, which is missing; copy every shard into {model_dir}"
+            )
         tensors.update(safetensors_header(model_dir / shard))
     return tensors
 
@@ -363,21 +423,30 @@ def check_weights(model_dir: Path, config: dict, tensors: dict) -> None:
         found = ("vocab_size", rows, f"has {rows} rows"), ("d_model", width, f"is {width} wide")
         for field, value, what in found:
             if value != config[field]:
-                raise HFImportError(f"{path}: {field} is {config[field]} but {weights}'s {embeds[0]} {what}; "
-                                    f"the config does not belong to these weights (set {field} to {value} "
-                                    f"{match})")
+                raise HFImportError(
+                    f"{path}: {field} is {config[field]} but {weights}'s {embeds[0]} {what}; "
+                    f"the config does not belong to these weights (set {field} to {value} "
+                    f"{match})"
+                )
     for stack in ("encoder", "decoder"):
         found, declared = _layers(tensors, stack), config[f"{stack}_layers"]
         if found and found != declared:
-            raise HFImportError(f"{path}: {stack}_layers is {declared} but {weights} hold {found} {stack} "
-                                f"layers; transformers would {'invent' if declared > found else 'drop'} the "
-                                f"difference (set {stack}_layers to {found} {match})")
-        fc1 = [shape for name, (_, shape) in tensors.items()
-               if re.search(rf"{stack}\.layers\.0\.fc1\.weight$", name)]
+            raise HFImportError(
+                f"{path}: {stack}_layers is {declared} but {weights} hold {found} {stack} "
+                f"layers; transformers would {'invent' if declared > found else 'drop'} the "
+                f"difference (set {stack}_layers to {found} {match})"
+            )
+        fc1 = [
+            shape
+            for name, (_, shape) in tensors.items()
+            if re.search(rf"{stack}\.layers\.0\.fc1\.weight$", name)
+        ]
         field = f"{stack}_ffn_dim"
         if fc1 and fc1[0][0] != config[field]:
-            raise HFImportError(f"{path}: {field} is {config[field]} but {weights}' feed-forward is "
-                                f"{fc1[0][0]} wide (set {field} to {fc1[0][0]} {match})")
+            raise HFImportError(
+                f"{path}: {field} is {config[field]} but {weights}' feed-forward is "
+                f"{fc1[0][0]} wide (set {field} to {fc1[0][0]} {match})"
+            )
 
 
 def parameter_estimate(config: dict) -> int:
@@ -387,9 +456,13 @@ def parameter_estimate(config: dict) -> int:
     embeddings = source + (target if config.get("share_encoder_decoder_embeddings") is False else 0)
     embeddings += 0 if config.get("tie_word_embeddings", True) else target  # an output projection of its own
     attention, feed_forward = 4 * d * d + 4 * d, 2 * d * ff + ff + d
-    return (config["encoder_layers"] * (attention + feed_forward + 4 * d)
-            + config["decoder_layers"] * (2 * attention + feed_forward + 6 * d)
-            + embeddings * d + target + 2 * config["max_position_embeddings"] * d)
+    return (
+        config["encoder_layers"] * (attention + feed_forward + 4 * d)
+        + config["decoder_layers"] * (2 * attention + feed_forward + 6 * d)
+        + embeddings * d
+        + target
+        + 2 * config["max_position_embeddings"] * d
+    )
 
 
 def check_memory(model_dir: Path, config: dict, limit: int | None = None) -> None:
@@ -411,7 +484,8 @@ def check_memory(model_dir: Path, config: dict, limit: int | None = None) -> Non
             f"{model_dir / 'config.json'}: d_model {config['d_model']}, {config['encoder_layers']}+"
             f"{config['decoder_layers']} layers and vocab_size {config['vocab_size']} make about {params:,} "
             f"parameters, which need about {gib(need)} to import, more than this machine's {gib(limit)}; "
-            "check those fields (or export on a machine with more memory)")
+            "check those fields (or export on a machine with more memory)"
+        )
 
 
 def read_generation(model_dir: Path) -> dict:

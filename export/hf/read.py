@@ -13,6 +13,7 @@ Weights are taken from the loaded transformers model's modules (not from state-d
 renamed parameter in a later transformers cannot be silently skipped: every tensor is copied into a
 model whose every parameter must be filled (`_copy` counts them).
 """
+
 from __future__ import annotations
 
 import gc
@@ -24,11 +25,22 @@ import torch
 from seq2onnx.model.config import ACTIVATIONS, ModelConfig
 from seq2onnx.model.transformer import Transformer
 
-from .checks import (ACTIVATION_NAMES, HFImportError, check_directory, looks_like_hf, read_generation,
-                     read_json_object)
+from .checks import (
+    ACTIVATION_NAMES,
+    HFImportError,
+    check_directory,
+    looks_like_hf,
+    read_generation,
+    read_json_object,
+)
 from .family import Family, family_of
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
 _CONFIG_FIX = "the config.json that save_pretrained writes"
 
 
@@ -44,14 +56,17 @@ def read_config(model_dir: Path) -> dict:
 
     Raises:
         HFImportError: naming the file, the field, the value and the fix (config.json's model_type, the
-            missing weights, a value of config.json or generation_config.json, vocab.json, the weights' header).
+            missing weights, a value of config.json or generation_config.json, vocab.json, the weights'
+            header).
     """
     path = model_dir / "config.json"
     config = read_json_object(path, _CONFIG_FIX)
     family = family_of(config, path)  # export/hf/family_*.py: one class per model_type
     if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
-        raise HFImportError(f"{model_dir}: no weights ({' or '.join(WEIGHT_FILES[:2])}); save the model with "
-                            "save_pretrained (or copy its weights file) into this directory")
+        raise HFImportError(
+            f"{model_dir}: no weights ({' or '.join(WEIGHT_FILES[:2])}); save the model with "
+            "save_pretrained (or copy its weights file) into this directory"
+        )
     check_directory(model_dir, config)
     family.check_config(model_dir, config, read_generation(model_dir))  # its fields, refused by name
     return config
@@ -86,12 +101,16 @@ def load_hf(model_dir: Path):
         from transformers import AutoModelForSeq2SeqLM
         from transformers.utils import logging as hf_logging
     except ImportError:
-        raise HFImportError("importing a Hugging Face model needs transformers: pip install 'seq2onnx[hf]'") from None
-    hf_logging.set_verbosity_error()  # our progress and errors are our own lines; its bars and notices are noise here
+        raise HFImportError(
+            "importing a Hugging Face model needs transformers: pip install 'seq2onnx[hf]'"
+        ) from None
+    # our progress and errors are our own lines; its bars and notices are noise here
+    hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        model, info = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                            output_loading_info=True)
+        model, info = AutoModelForSeq2SeqLM.from_pretrained(
+            str(model_dir), dtype=torch.float32, output_loading_info=True
+        )
     except Exception as e:  # transformers raises many kinds; one line with its words
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise HFImportError(f"{model_dir}: transformers cannot load this model: {first}") from None
@@ -99,10 +118,12 @@ def load_hf(model_dir: Path):
     if missing:
         # transformers fills them at random, differently at each load (e.g. tie_word_embeddings false in 5.x
         # unties the encoder's and decoder's tables too, which a checkpoint saved tied does not hold)
-        raise HFImportError(f"{model_dir}: the weights lack {len(missing)} tensors the config implies (e.g. "
-                            f"{missing[:3]}), which transformers would fill at random; restore the "
-                            "config.json saved with these weights (tie_word_embeddings, the layer counts) or "
-                            "the weights")
+        raise HFImportError(
+            f"{model_dir}: the weights lack {len(missing)} tensors the config implies (e.g. "
+            f"{missing[:3]}), which transformers would fill at random; restore the "
+            "config.json saved with these weights (tie_word_embeddings, the layer counts) or "
+            "the weights"
+        )
     return model.eval()
 
 
@@ -112,8 +133,12 @@ def _positions(hf, n: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     embeddings run)."""
     enc, dec = hf.get_encoder(), hf.get_decoder()
     captured: dict[str, torch.Tensor] = {}
-    hooks = [stack.embed_positions.register_forward_hook(lambda m, a, out, side=side: captured.__setitem__(side, out))
-             for side, stack in (("encoder", enc), ("decoder", dec))]
+    hooks = [
+        stack.embed_positions.register_forward_hook(
+            lambda m, a, out, side=side: captured.__setitem__(side, out)
+        )
+        for side, stack in (("encoder", enc), ("decoder", dec))
+    ]
     layers = enc.layers, dec.layers
     try:
         enc.layers, dec.layers = torch.nn.ModuleList(), torch.nn.ModuleList()
@@ -126,8 +151,10 @@ def _positions(hf, n: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
             h.remove()
     tables = {side: t.detach().reshape(-1, t.shape[-1])[-n:].float() for side, t in captured.items()}
     if set(tables) != {"encoder", "decoder"} or tables["encoder"].shape[0] != n:
-        raise HFImportError(f"could not read the position table ({sorted(tables)} captured): this model's "
-                            "embed_positions is not what this importer knows")
+        raise HFImportError(
+            f"could not read the position table ({sorted(tables)} captured): this model's "
+            "embed_positions is not what this importer knows"
+        )
     return tables["encoder"], tables["decoder"]
 
 
@@ -135,8 +162,9 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() or (a.shape == b.shape and torch.equal(a, b))
 
 
-def model_config(config: dict, hf, model_dir: Path, generation: dict, family: Family,
-                 separate_positions: bool = False) -> ModelConfig:
+def model_config(
+    config: dict, hf, model_dir: Path, generation: dict, family: Family, separate_positions: bool = False
+) -> ModelConfig:
     """Our ModelConfig from a transformers model's config and its weights.
 
     Raises:
@@ -148,37 +176,65 @@ def model_config(config: dict, hf, model_dir: Path, generation: dict, family: Fa
     src_vocab, tgt_vocab = src_embed.shape[0], head.shape[0]
     declared = config.get("vocab_size")
     if declared is not None and declared != src_vocab:
-        raise HFImportError(f"{model_dir / 'config.json'}: vocab_size is {declared} but the weights' embedding has "
-                            f"{src_vocab} rows; the config does not belong to these weights (fix vocab_size or the weights)")
+        raise HFImportError(
+            f"{model_dir / 'config.json'}: vocab_size is {declared} but the weights' embedding has "
+            f"{src_vocab} rows; the config does not belong to these weights (fix vocab_size or the weights)"
+        )
     activation = ACTIVATION_NAMES.get(str(config.get("activation_function")))
     if activation not in ACTIVATIONS:
-        raise HFImportError(f"{model_dir / 'config.json'}: activation_function {config.get('activation_function')!r} "
-                            f"is not supported; supported: {', '.join(sorted(ACTIVATION_NAMES))}")
+        raise HFImportError(
+            f"{model_dir / 'config.json'}: activation_function {config.get('activation_function')!r} "
+            f"is not supported; supported: {', '.join(sorted(ACTIVATION_NAMES))}"
+        )
     layer = enc.layers[0]
     bad_words = generation.get("bad_words_ids") or []
-    suppressed = sorted({ids[0] for ids in bad_words if len(ids) == 1} | set(generation.get("suppress_tokens") or []))
+    suppressed = sorted(
+        {ids[0] for ids in bad_words if len(ids) == 1} | set(generation.get("suppress_tokens") or [])
+    )
     if any(len(ids) != 1 for ids in bad_words):
-        raise HFImportError(f"{model_dir / 'generation_config.json'}: bad_words_ids has sequences of several tokens; "
-                            "only single tokens are supported (remove the longer ones)")
+        raise HFImportError(
+            f"{model_dir / 'generation_config.json'}: bad_words_ids has sequences of several tokens; "
+            "only single tokens are supported (remove the longer ones)"
+        )
     start = generation.get("decoder_start_token_id", config.get("decoder_start_token_id"))
     eos, pad = config["eos_token_id"], config["pad_token_id"]
     bos = config.get("bos_token_id")
     return ModelConfig(
-        src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, d_model=config["d_model"],
-        n_heads=config["encoder_attention_heads"], n_encoder_layers=len(enc.layers), n_decoder_layers=len(dec.layers),
-        d_ff=layer.fc1.out_features, dropout=0.0, max_positions=config["max_position_embeddings"],
-        **family.model_fields(config), tie_embeddings=_same(head, tgt_embed),
+        src_vocab_size=src_vocab,
+        tgt_vocab_size=tgt_vocab,
+        d_model=config["d_model"],
+        n_heads=config["encoder_attention_heads"],
+        n_encoder_layers=len(enc.layers),
+        n_decoder_layers=len(dec.layers),
+        d_ff=layer.fc1.out_features,
+        dropout=0.0,
+        max_positions=config["max_position_embeddings"],
+        **family.model_fields(config),
+        tie_embeddings=_same(head, tgt_embed),
         share_vocab=_same(src_embed, tgt_embed),
-        layer_norm_eps=layer.self_attn_layer_norm.eps, pad_id=pad, unk_id=config.get("unk_token_id", pad) or 0,
-        bos_id=bos if isinstance(bos, int) and 0 <= bos < min(src_vocab, tgt_vocab) else start, eos_id=eos,
-        decoder_start_id=start, activation=activation, scale_embedding=bool(config.get("scale_embedding", False)),
-        logits_bias=getattr(hf, "final_logits_bias", None) is not None, stored_positions=True,
+        layer_norm_eps=layer.self_attn_layer_norm.eps,
+        pad_id=pad,
+        unk_id=config.get("unk_token_id", pad) or 0,
+        bos_id=bos if isinstance(bos, int) and 0 <= bos < min(src_vocab, tgt_vocab) else start,
+        eos_id=eos,
+        decoder_start_id=start,
+        activation=activation,
+        scale_embedding=bool(config.get("scale_embedding", False)),
+        logits_bias=getattr(hf, "final_logits_bias", None) is not None,
+        stored_positions=True,
         separate_positions=separate_positions,
-        suppressed_ids=tuple(suppressed), renormalize=bool(generation.get("renormalize_logits", False)))
+        suppressed_ids=tuple(suppressed),
+        renormalize=bool(generation.get("renormalize_logits", False)),
+    )
 
 
 def _attention(ours, theirs) -> list[tuple]:
-    return [(ours.w_q, theirs.q_proj), (ours.w_k, theirs.k_proj), (ours.w_v, theirs.v_proj), (ours.w_o, theirs.out_proj)]
+    return [
+        (ours.w_q, theirs.q_proj),
+        (ours.w_k, theirs.k_proj),
+        (ours.w_v, theirs.v_proj),
+        (ours.w_o, theirs.out_proj),
+    ]
 
 
 def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], family: Family) -> None:
@@ -207,7 +263,9 @@ def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], 
         norm(ours.sub_attn.norm, theirs.self_attn_layer_norm)
         norm(ours.sub_ff.norm, theirs.final_layer_norm)
     for ours, theirs in zip(model.decoder_layers, dec.layers):
-        for a, b in _attention(ours.self_attn, theirs.self_attn) + _attention(ours.cross_attn, theirs.encoder_attn):
+        for a, b in _attention(ours.self_attn, theirs.self_attn) + _attention(
+            ours.cross_attn, theirs.encoder_attn
+        ):
             linear(a, b)
         linear(ours.feed_forward.w_1, theirs.fc1)
         linear(ours.feed_forward.w_2, theirs.fc2)
@@ -219,8 +277,10 @@ def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], 
     with torch.no_grad():
         for ours, theirs in pairs:
             if ours.shape != theirs.shape:
-                raise HFImportError(f"a weight of shape {tuple(theirs.shape)} does not fit ours {tuple(ours.shape)}; "
-                                    "the config does not describe these weights")
+                raise HFImportError(
+                    f"a weight of shape {tuple(theirs.shape)} does not fit ours {tuple(ours.shape)}; "
+                    "the config does not describe these weights"
+                )
             ours.copy_(theirs)
             written.add(id(ours))
         model.positions.copy_(positions[0])
@@ -228,8 +288,10 @@ def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], 
             model.tgt_positions.copy_(positions[1])
     missed = [name for name, p in model.named_parameters() if id(p) not in written]
     if missed:
-        raise HFImportError(f"parameters {missed[:5]} were not found in the transformers model; this importer does not "
-                            "know this variant of the architecture")
+        raise HFImportError(
+            f"parameters {missed[:5]} were not found in the transformers model; this importer does not "
+            "know this variant of the architecture"
+        )
 
 
 def import_hf(model_dir: str | Path) -> Imported:

@@ -11,6 +11,7 @@ bundle records how the model's ids relate to SentencePiece's (spec/bundle.json's
 - the language tokens (M2M100 __xx__, NLLB xxx_Latn, mBART-50 xx_XX, Marian >>xxx<<), which each
   family finds its own way (export/hf/family_*.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -53,13 +54,16 @@ def load_tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 
     try:
-        with warnings.catch_warnings():  # MarianTokenizer recommends sacremoses, for a normaliser it never calls
+        # MarianTokenizer recommends sacremoses, for a normaliser it never calls
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*sacremoses.*")
             return AutoTokenizer.from_pretrained(str(model_dir))
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise HFImportError(f"{model_dir}: the tokenizer files cannot be loaded ({first}); save the tokenizer with "
-                            "tokenizer.save_pretrained into this directory") from None
+        raise HFImportError(
+            f"{model_dir}: the tokenizer files cannot be loaded ({first}); save the tokenizer with "
+            "tokenizer.save_pretrained into this directory"
+        ) from None
 
 
 def _vocab_size(tokenizer) -> int:
@@ -88,14 +92,15 @@ def _trailing_space(tokenizer, suffix: list[int]) -> list[int]:
     """The ids the tokenizer adds for white space at a text's end (tokens.trailing_space), or [].
 
     SentencePiece drops it; transformers 5's NLLB tokenizer (Metaspace, split) keeps it as a lone ▁. Recorded
-    only when every white-space character and run the hosts test for (runtime/vocab.py's SPACES) gives the same ids.
+    only when every white-space character and run the hosts test for (runtime/vocab.py's SPACES) gives the
+    same ids.
     """
     base = tokenizer(_PROBE).input_ids
     body = base[: len(base) - len(suffix)]
     tails = []
     for space in (" ", "\n", "\t", "\r", "\f", "\r\n", " \n\n", "\t  "):
         ids = tokenizer(_PROBE + space).input_ids
-        if ids[: len(body)] != body or ids[len(ids) - len(suffix):] != suffix:
+        if ids[: len(body)] != body or ids[len(ids) - len(suffix) :] != suffix:
             return []
         tails.append(ids[len(body) : len(ids) - len(suffix)])
     return tails[0] if all(t == tails[0] for t in tails) else []
@@ -104,13 +109,16 @@ def _trailing_space(tokenizer, suffix: list[int]) -> list[int]:
 def _locate(ids: list[int], inner: list[int]) -> tuple[list[int], list[int]]:
     for start in range(len(ids) - len(inner) + 1):
         if ids[start : start + len(inner)] == inner:
-            return ids[:start], ids[start + len(inner):]
-    raise HFImportError("the tokenizer's ids of a probe text do not contain its SentencePiece pieces mapped through "
-                        "the vocabulary: this tokenizer pre-processes text in a way the hosts cannot repeat")
+            return ids[:start], ids[start + len(inner) :]
+    raise HFImportError(
+        "the tokenizer's ids of a probe text do not contain its SentencePiece pieces mapped through "
+        "the vocabulary: this tokenizer pre-processes text in a way the hosts cannot repeat"
+    )
 
 
-def token_files(model_dir: Path, family: Family, tokenizer, *, src_vocab: int, tgt_vocab: int,
-                generation: dict) -> TokenFiles:
+def token_files(
+    model_dir: Path, family: Family, tokenizer, *, src_vocab: int, tgt_vocab: int, generation: dict
+) -> TokenFiles:
     """Builds the maps and tokens section of a Marian, M2M100/NLLB or mBART-50 tokenizer.
 
     Args:
@@ -130,15 +138,22 @@ def token_files(model_dir: Path, family: Family, tokenizer, *, src_vocab: int, t
     source_map = np.array(tokenizer.convert_tokens_to_ids(pieces), dtype=np.int64)
     if source_map.size and (source_map.min() < 0 or source_map.max() >= src_vocab):
         bad = int(source_map[(source_map < 0) | (source_map >= src_vocab)][0])
-        raise HFImportError(f"{model_dir}: the tokenizer gives id {bad} to a piece of {source_path.name}, outside the "
-                            f"model's {src_vocab} embeddings: the tokenizer files do not belong to this model")
+        raise HFImportError(
+            f"{model_dir}: the tokenizer gives id {bad} to a piece of {source_path.name}, outside the "
+            f"model's {src_vocab} embeddings: the tokenizer files do not belong to this model"
+        )
     unk = tokenizer.unk_token_id
-    lost = [p for p, i in zip(pieces, source_map.tolist()) if i == unk and p != tokenizer.unk_token
-            and not source.is_control(pieces.index(p))]
+    lost = [
+        p
+        for p, i in zip(pieces, source_map.tolist())
+        if i == unk and p != tokenizer.unk_token and not source.is_control(pieces.index(p))
+    ]
     if len(lost) > 0.01 * len(pieces):  # a vocabulary made from this SentencePiece model holds its pieces
-        raise HFImportError(f"{model_dir}: {len(lost)} of the {len(pieces)} pieces of {source_path.name} are not in the "
-                            f"tokenizer's vocabulary (e.g. {lost[:3]}): the vocabulary file (vocab.json) does not belong "
-                            "to this SentencePiece model; restore the files that save_pretrained wrote together")
+        raise HFImportError(
+            f"{model_dir}: {len(lost)} of the {len(pieces)} pieces of {source_path.name} are not in the "
+            f"tokenizer's vocabulary (e.g. {lost[:3]}): the vocabulary file (vocab.json) does not belong "
+            "to this SentencePiece model; restore the files that save_pretrained wrote together"
+        )
     special = set(tokenizer.all_special_ids)
     tokens = _tokens_of(tokenizer, tgt_vocab)
     # Each id's piece in the decoding model; -1 for what batch_decode(skip_special_tokens=True) leaves out;
@@ -154,13 +169,20 @@ def token_files(model_dir: Path, family: Family, tokenizer, *, src_vocab: int, t
         else:
             target_map[i] = piece
     if _vocab_size(tokenizer) > tgt_vocab:
-        raise HFImportError(f"{model_dir}: the tokenizer's vocabulary has {_vocab_size(tokenizer)} entries, more than "
-                            f"the model's {tgt_vocab} output ids: the tokenizer files do not belong to this model")
+        raise HFImportError(
+            f"{model_dir}: the tokenizer's vocabulary has {_vocab_size(tokenizer)} entries, more than "
+            f"the model's {tgt_vocab} output ids: the tokenizer files do not belong to this model"
+        )
     # Vocabulary entries that are no source piece: the text of an unknown piece is looked up among them.
     known = set(pieces)
     vocab = tokenizer.get_vocab()
-    unknown = {text: int(i) for text, i in vocab.items() if text not in known and i not in special and 0 <= i < src_vocab}
-    # Marian replaces the ▁ that DecodePieces keeps in unknown pieces; M2M100 does not (convert_tokens_to_string).
+    unknown = {
+        text: int(i)
+        for text, i in vocab.items()
+        if text not in known and i not in special and 0 <= i < src_vocab
+    }
+    # Marian replaces the ▁ that DecodePieces keeps in unknown pieces; M2M100 does not
+    # (convert_tokens_to_string).
     section: dict = {"strip_text": True, "restore_spaces": family.restore_spaces}
     from seq2onnx.runtime.vocab import Vocabulary
 
@@ -174,6 +196,12 @@ def token_files(model_dir: Path, family: Family, tokenizer, *, src_vocab: int, t
     if isinstance(forced, int):
         section["target_prefix"] = [forced]
     section.update(family.languages(tokenizer, min(src_vocab, tgt_vocab)))
-    return TokenFiles(source_spm=source_path, target_spm=target_path, source_map=source_map.astype(np.int32),
-                      target_map=target_map.astype(np.int32), tokens=section, unk_id=int(tokenizer.unk_token_id),
-                      texts={"source": unknown, "target": target_texts} if unknown or target_texts else {})
+    return TokenFiles(
+        source_spm=source_path,
+        target_spm=target_path,
+        source_map=source_map.astype(np.int32),
+        target_map=target_map.astype(np.int32),
+        tokens=section,
+        unk_id=int(tokenizer.unk_token_id),
+        texts={"source": unknown, "target": target_texts} if unknown or target_texts else {},
+    )

@@ -11,11 +11,15 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from seq2onnx import atomic
 from seq2onnx.errors import CommandError
 from seq2onnx.commands.lines import LineReader
 from seq2onnx.commands.heatmap import MAX_PICTURES, json_line, page, picture_path, record
+
+if TYPE_CHECKING:  # the runtime is imported when a bundle is loaded, not for --help
+    from seq2onnx.runtime.options import OptionError
 
 # -- translate: input, output, messages ------------------------------------------------------------
 
@@ -267,16 +271,10 @@ def _check_options(args) -> None:
 
 
 def _check_against_model(args, translator) -> None:
-    try:  # language codes and the prefix against the bundle, before the first line is read
-        options = translator.search_options(**_languages(args),
-                                            target_prefix=[args.target_prefix] if args.target_prefix else None)
-        translator._prefixes(1, options)
-    except ValueError as e:
-        flag = {"source_lang": "--source-lang", "target_lang": "--target-lang", "target_prefix": "--target-prefix"}
-        message = str(e)
-        for name, option in flag.items():
-            message = message.replace(f"{name}=", f"{option} ").replace(f"{name}[0]", option)
-        raise CommandError(message) from None
+    """Option errors that need the bundle, before the first line is read: the command's own, then every option
+    as translate_batch will check it (languages and the prefix against the bundle too)."""
+    from seq2onnx.runtime.options import OptionError, check_prefix_options
+
     beam = args.beam if args.beam is not None else translator.bundle.decoding.get("beam_size", 4)
     if args.n_best > beam:
         raise CommandError(f"--n-best {args.n_best} is more than the beam size {beam}; give --beam {args.n_best} "
@@ -285,6 +283,31 @@ def _check_against_model(args, translator) -> None:
     if args.max_length is not None and not 1 <= args.max_length <= limit:
         raise CommandError(f"--max-length {args.max_length}: this model has {limit} positions (max_positions in "
                            f"bundle.json); give 1 to {limit}")
+    try:
+        options = translator.search_options(**_search_options(args))
+        check_prefix_options(options, 1, translator.vocabulary.languages, translator.tgt_vocab, translator.eos_id)
+    except OptionError as e:
+        raise option_error(e) from None
+
+
+# The runtime's option (OptionError.option) -> the flag that sets it, so that an error names what the user typed.
+# An option the command does not set is absent: its error keeps the runtime's name.
+FLAGS = {"beam_size": "--beam", "num_hypotheses": "--n-best", "length_penalty": "--length-penalty",
+         "max_decoding_length": "--max-length", "max_batch_size": "--batch-size", "intra_threads": "--threads",
+         "source_lang": "--source-lang", "target_lang": "--target-lang", "target_prefix": "--target-prefix"}
+
+
+def option_error(e: OptionError) -> CommandError:
+    """The runtime's OptionError as the command's one-line error, naming the option's flag (FLAGS)."""
+    flag = FLAGS.get(e.option)
+    return CommandError(e.named(flag) if flag else str(e))
+
+
+def _search_options(args) -> dict:
+    """translate_batch's options as the command's flags set them (None: the bundle's default)."""
+    return dict(beam_size=args.beam, num_hypotheses=args.n_best, length_penalty=args.length_penalty,
+                max_decoding_length=args.max_length, max_batch_size=args.batch_size, **_languages(args),
+                target_prefix=[args.target_prefix] if args.target_prefix else None)
 
 
 def run(args) -> int:

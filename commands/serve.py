@@ -28,29 +28,36 @@ def add(subparsers) -> None:
     """Registers `seq2onnx serve` on the CLI's subparsers."""
     p = subparsers.add_parser(
         "serve", help="serve a bundle over HTTP: batch and streaming translation, health, Prometheus metrics",
-        description="Serve BUNDLE over HTTP (FastAPI under uvicorn): POST /v1/translate (texts and translate_batch's "
-                    "options as JSON), POST /v1/translate/stream (one text, NDJSON pieces), GET /health, /ready, "
-                    "/metrics, and the API's page at /docs. Prints one line once listening. SIGTERM or Ctrl-C drains: "
-                    "new requests are refused, those in flight are answered (for at most --drain-seconds), then it "
-                    "exits 0. Needs pip install 'seq2onnx[serve,cpu]'; docs/serving.md explains every endpoint.")
+        description="Serve BUNDLE over HTTP (FastAPI under uvicorn): POST /v1/translate (texts and "
+                    "translate_batch's options as JSON), POST /v1/translate/stream (one text, NDJSON "
+                    "pieces), GET /health, /ready, /metrics, and the API's page at /docs. Prints one line "
+                    "once listening. SIGTERM or Ctrl-C drains: new requests are refused, those in flight are "
+                    "answered (for at most --drain-seconds), then it exits 0. Needs pip install "
+                    "'seq2onnx[serve,cpu]'; docs/serving.md explains every endpoint.")
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle made by `seq2onnx export`")
     p.add_argument("--host", default="127.0.0.1",
-                   help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
-    p.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000; 0 picks a free one and prints it)")
+                   help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every "
+                        "interface)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="the port to listen on (default 8000; 0 picks a free one and prints it)")
     p.add_argument("--batching", choices=BATCHING, default="continuous",
-                   help="continuous (the default): one scheduler decodes the sentences of every request together, "
-                        "joining at each step (serve/batcher.py); request: each request decoded as its own batch, "
-                        "--workers at a time")
+                   help="continuous (the default): one scheduler decodes the sentences of every request "
+                        "together, joining at each step (serve/batcher.py); request: each request decoded as "
+                        "its own batch, --workers at a time")
     p.add_argument("--workers", type=int, default=2,
-                   help="--batching request only: requests decoded at once, each on a thread of its own (default 2)")
+                   help="--batching request only: requests decoded at once, each on a thread of its own "
+                        "(default 2)")
     p.add_argument("--intra-threads", type=int, default=0,
                    help="onnxruntime threads inside each operator (default 0: onnxruntime's, one per core)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where to run the graphs (default auto: CUDA where onnxruntime can run it, else the CPU)")
+                   help="where to run the graphs (default auto: CUDA where onnxruntime can run it, else the "
+                        "CPU)")
     for option, default, text in LIMITS:
-        p.add_argument(option, type=int, default=default, help=f"at most this many {text} (default {default})")
+        p.add_argument(option, type=int, default=default,
+                       help=f"at most this many {text} (default {default})")
     p.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds from a request's arrival to its answer; beyond: 504 and its job is cancelled (default 60)")
+                   help="seconds from a request's arrival to its answer; beyond: 504 and its job is "
+                        "cancelled (default 60)")
     p.add_argument("--read-timeout", type=float, default=10.0,
                    help="seconds a request's line and headers may take to arrive (from the connection's "
                         "start, or a later request's first byte), and again its body after them; beyond: 408 "
@@ -58,8 +65,9 @@ def add(subparsers) -> None:
     p.add_argument("--keep-alive", type=float, default=5.0,
                    help="seconds an idle connection is kept open after an answer (default 5)")
     p.add_argument("--drain-seconds", type=float, default=25.0,
-                   help="after SIGTERM, seconds the requests in flight get to finish before they are cancelled (default "
-                        "25: below Kubernetes' default grace period of 30 s, so that the engine closes before SIGKILL)")
+                   help="after SIGTERM, seconds the requests in flight get to finish before they are "
+                        "cancelled (default 25: below Kubernetes' default grace period of 30 s, so that the "
+                        "engine closes before SIGKILL)")
     p.set_defaults(func=run)
 
 

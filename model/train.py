@@ -87,15 +87,17 @@ def check_memory(cfg: ModelConfig, max_tokens: int, limit: int | None) -> None:
     if limit is None or weights + activations <= limit:
         return
     raise TrainError(
-        f"this model would need about {gib(weights + activations)} to train: {cfg.parameter_count():,} parameters "
-        f"x 16 bytes (weights, gradients, Adam's two moments) = {gib(weights)}, plus about {gib(activations)} of "
-        f"activations for --max-tokens {max_tokens}; this machine has {gib(limit)}. Choose a smaller --d-model "
+        f"this model would need about {gib(weights + activations)} to train: "
+        f"{cfg.parameter_count():,} parameters x 16 bytes (weights, gradients, Adam's two moments) = "
+        f"{gib(weights)}, plus about {gib(activations)} of activations for --max-tokens {max_tokens}; "
+        f"this machine has {gib(limit)}. Choose a smaller --d-model "
         f"(now {cfg.d_model}), --d-ff ({cfg.d_ff}), --layers ({cfg.n_encoder_layers}), --vocab-size "
         f"({max(cfg.src_vocab_size, cfg.tgt_vocab_size)}) or --max-tokens ({max_tokens})"
     )
 
 
-def steps_reachable(max_steps: int, start_step: int, step: int, elapsed_s: float, max_minutes: float | None) -> int:
+def steps_reachable(max_steps: int, start_step: int, step: int, elapsed_s: float,
+                    max_minutes: float | None) -> int:
     """Returns the step at which the run will stop: max_steps, or sooner when --max-minutes ends it first.
 
     The time limit is turned into steps with the rate measured so far in this process (steps
@@ -177,20 +179,24 @@ def evaluate(model, tok, examples, pairs, cfg, device, max_tokens, bleu_sentence
         bleu_sentences (int): the first this many pairs are decoded for BLEU.
 
     Returns:
-        {"valid_loss", "valid_bleu", "samples"}: samples are up to 3 (source, translation) of distinct sources.
+        {"valid_loss", "valid_bleu", "samples"}: samples are up to 3 (source, translation) of distinct
+        sources.
     """
     model.eval()
     total, count = 0.0, 0
-    for batch in token_batches([(len(s), len(t) + 1) for s, t in examples], max_tokens=max_tokens, shuffle=False):
+    lengths = [(len(s), len(t) + 1) for s, t in examples]
+    for batch in token_batches(lengths, max_tokens=max_tokens, shuffle=False):
         src, mask, tgt_in, tgt_out = make_batch(examples, batch, cfg, device)
         logits = model(src, mask, tgt_in)
-        total += F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=cfg.pad_id, reduction="sum").item()
+        total += F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=cfg.pad_id,
+                                 reduction="sum").item()
         count += int((tgt_out != cfg.pad_id).sum())
     n = min(bleu_sentences, len(pairs))
     hyps = translate_ids(model, [tok.encode_source(s) for s, _ in pairs[:n]], beam_size=1)
     texts = [tok.decode_target(h[0].tokens) for h in hyps]
     model.train()
-    return {"valid_loss": total / max(count, 1), "valid_bleu": bleu(texts, [t for _, t in pairs[:n]]) if n else 0.0,
+    valid_bleu = bleu(texts, [t for _, t in pairs[:n]]) if n else 0.0
+    return {"valid_loss": total / max(count, 1), "valid_bleu": valid_bleu,
             "samples": _distinct_samples([s for s, _ in pairs[:n]], texts, 3)}
 
 
@@ -242,10 +248,11 @@ def _new_run(opts: TrainOptions, out: Path, device: torch.device, main: bool) ->
         raise TrainError(f"{out} is a file, not a run directory; choose another OUT")
     if out.exists() and any(out.iterdir()):
         if not opts.force:
-            raise TrainError(f"{out} already holds a run; pass --resume to continue it or --force to start over")
+            raise TrainError(f"{out} already holds a run; pass --resume to continue it "
+                             "or --force to start over")
         if not ((out / "last").is_symlink() or any(p.name.startswith("step-") for p in out.iterdir())):
-            raise TrainError(f"{out} holds files but no run of `seq2onnx train` (no last or step-* inside): --force "
-                             "replaces only a run; choose another OUT or empty it yourself")
+            raise TrainError(f"{out} holds files but no run of `seq2onnx train` (no last or step-* inside): "
+                             "--force replaces only a run; choose another OUT or empty it yourself")
         for flag, path in (("--data", opts.data), ("--valid-data", opts.valid_data)):
             if path is not None and out.resolve() in Path(path).resolve().parents:
                 raise TrainError(f"{flag} {path} lies inside OUT {out}, which --force would delete; "
@@ -311,13 +318,77 @@ def train(opts: TrainOptions) -> Path:
         group.close(clean=clean)  # on every path: success, error, KeyboardInterrupt
 
 
+@dataclasses.dataclass
+class _Run:
+    """What one training run holds from step to step (every rank has its own)."""
+
+    opts: TrainOptions  # the resumed run's own options where --resume
+    group: distributed.Group
+    model: Transformer
+    net: torch.nn.Module  # the model, or its DistributedDataParallel wrapper
+    tok: Tokenizer
+    split: Split
+    train_ex: list[tuple[list[int], list[int]]]  # encoded, too-long pairs dropped
+    valid_ex: list[tuple[list[int], list[int]]]  # encoded, cut to the model's positions
+    optimizer: torch.optim.Optimizer
+    state: dict  # train_state.json: step, epoch, batch_in_epoch, best_valid_loss, history, options
+    amp: torch.autocast  # bf16 autocast on CUDA, a no-op on the CPU
+    start_step: int  # the step the run (or its resumption) started at
+    t0: float = dataclasses.field(default_factory=time.time)
+    tokens_seen: int = 0
+
+    @property
+    def out(self) -> Path:
+        return Path(self.opts.out)
+
+    @property
+    def lengths(self) -> list[tuple[int, int]]:
+        """Each training pair's source length and target length (end token included)."""
+        return [(len(s), len(t) + 1) for s, t in self.train_ex]
+
+
 def _train(opts: TrainOptions, group: distributed.Group) -> Path:
+    run, dropped = _prepare(opts, group)
+    opts, state, main = run.opts, run.state, group.is_main
+    lengths = run.lengths
+    # On a terminal the bar redraws often; into a log file a line every 30 s is enough.
+    interval = 0.5 if sys.stderr.isatty() else 30.0
+    bar = _Bar(total=opts.max_steps, initial=run.start_step, disable=not (opts.progress and main),
+               unit="step", dynamic_ncols=True, mininterval=interval)
+    if main and not opts.resume:
+        _announce(run, dropped)
+    # A resumed run that already reached max_steps is finished: train nothing more.
+    stop = state["step"] >= opts.max_steps
+    if stop and main:
+        print(f"{run.out} already reached step {state['step']} of {opts.max_steps}; "
+              "raise --max-steps to train further")
+    try:  # the bar's monitor thread is joined by bar.close(), on every path
+        while not stop:
+            batches = token_batches(lengths, max_tokens=opts.max_tokens, shuffle=True,
+                                    seed=opts.seed + run.state["epoch"])
+            for b in range(run.state["batch_in_epoch"], len(batches)):
+                stop = _step(run, lengths, batches[b], b, bar)
+                if stop:
+                    break
+            else:
+                run.state.update(epoch=run.state["epoch"] + 1, batch_in_epoch=0)
+    except RuntimeError as e:
+        if group.active and distributed.is_collective_failure(e):
+            raise distributed.describe_failure(group, e, run.state["step"]) from e
+        raise
+    finally:
+        bar.close()
+    return run.out
+
+
+def _prepare(opts: TrainOptions, group: distributed.Group) -> tuple[_Run, int]:
+    """Opens or starts the run, reads the corpus, makes the model and optimizer (seeded in that
+    order); returns the run and how many training pairs were too long."""
     out, device, main = Path(opts.out), group.device, group.is_main
     state: dict = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_valid_loss": None, "history": []}
     # Each rank checks what it can; a failure on any rank stops all of them (Group.agree).
     if opts.resume:
         opts, model, tok, ckpt = group.agree(lambda: _open_run(opts, out, device, main))
-        cfg = model.cfg
     else:
         group.agree(lambda: _new_run(opts, out, device, main))
     random.seed(opts.seed)
@@ -325,16 +396,9 @@ def _train(opts: TrainOptions, group: distributed.Group) -> Path:
     split, trained = group.agree(lambda: _corpus(opts, group))
     if not opts.resume:
         tok = _share(trained, group)
-        cfg = _config(opts, tok.src_vocab_size, tok.tgt_vocab_size)
-        model = Transformer(cfg).to(device)
-    net = model
-    if group.active:
-        from torch.nn.parallel import DistributedDataParallel
-
-        # Rank 0's initial weights reach every rank here, so all ranks start from the same model.
-        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        if group.rank:  # rank 0 keeps the single-process random stream; the others draw other dropout masks
-            torch.manual_seed(opts.seed + 7919 * group.rank)
+        model = Transformer(_config(opts, tok.src_vocab_size, tok.tgt_vocab_size)).to(device)
+    cfg = model.cfg
+    net = _parallel(model, opts, group)
     train_ex = encode_pairs(tok, split.train)
     keep, dropped = filter_by_length(train_ex, max_len=opts.max_len)
     train_ex = [train_ex[i] for i in keep]
@@ -345,85 +409,112 @@ def _train(opts: TrainOptions, group: distributed.Group) -> Path:
         state = checkpoint.load_training_state(ckpt, optimizer)
     state["options"] = dataclasses.asdict(opts)
     model.train()
-    lengths = [(len(s), len(t) + 1) for s, t in train_ex]
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    start, tokens_seen, t0 = state["step"], 0, time.time()
-    # On a terminal the bar redraws often; into a log file a line every 30 s is enough.
-    interval = 0.5 if sys.stderr.isatty() else 30.0
-    bar = _Bar(total=opts.max_steps, initial=start, disable=not (opts.progress and main), unit="step",
-               dynamic_ncols=True, mininterval=interval)
-    if main and not opts.resume:
-        print(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {device}"
-              + (f" x {group.world_size} processes" if group.active else "") + ": "
-              f"{len(train_ex)} pairs ({dropped} longer than {opts.max_len} tokens dropped), "
-              f"vocabularies {cfg.src_vocab_size}/{cfg.tgt_vocab_size}")
-    # A resumed run that already reached max_steps is finished: train nothing more.
-    stop = state["step"] >= opts.max_steps
-    if stop and main:
-        print(f"{out} already reached step {state['step']} of {opts.max_steps}; raise --max-steps to train further")
-    try:  # the bar's monitor thread is joined by bar.close(), on every path
-        while not stop:
-            batches = token_batches(lengths, max_tokens=opts.max_tokens, shuffle=True, seed=opts.seed + state["epoch"])
-            for b in range(state["batch_in_epoch"], len(batches)):
-                # Every rank builds the same global batches; each takes its part (all of it in one process).
-                mine = group.shard(batches[b])
-                src, mask, tgt_in, tgt_out = make_batch(train_ex, mine or batches[b][:1], cfg, device)
-                total = sum(lengths[i][1] for i in batches[b])  # target tokens of the global batch
-                step = state["step"] + 1
-                for group_ in optimizer.param_groups:
-                    group_["lr"] = inverse_sqrt(step, cfg.d_model, opts.warmup, opts.lr)
-                with amp:
-                    logits = net(src, mask, tgt_in)
-                if group.active:
-                    # This rank's summed loss over the global batch's tokens, times N because DDP
-                    # averages gradients over ranks: the gradient is the single-process gradient of
-                    # the whole batch. A rank with no examples computes on a stand-in, weighted 0,
-                    # so that it still joins DDP's all-reduce.
-                    loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=cfg.pad_id,
-                                           label_smoothing=opts.label_smoothing, reduction="sum") * (1.0 if mine else 0.0)
-                    objective = loss * (group.world_size / total)
-                else:
-                    loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=cfg.pad_id,
-                                           label_smoothing=opts.label_smoothing)
-                    objective = loss
-                optimizer.zero_grad(set_to_none=True)
-                objective.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
-                optimizer.step()
-                state.update(step=step, batch_in_epoch=b + 1)
-                tokens_seen += total
-                bar.update(1)
-                if opts.max_minutes is not None:  # count toward whichever limit ends the run first
-                    reachable = steps_reachable(opts.max_steps, start, step, time.time() - t0, opts.max_minutes)
-                    if reachable != bar.total:
-                        bar.total = reachable
-                timed_out = opts.max_minutes is not None and time.time() - t0 > 60 * opts.max_minutes
-                if group.active:
-                    # One collective for the batch's loss and rank 0's clock: all ranks stop at the same step.
-                    shared = torch.tensor([loss.item(), float(timed_out and main)], dtype=torch.float64, device=device)
-                    group.all_reduce_sum(shared)
-                    train_loss, timed_out = shared[0].item() / total, shared[1].item() > 0
-                else:
-                    train_loss = loss.item()
-                bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_seen / max(time.time() - t0, 1e-9):,.0f}",
-                                refresh=False)
-                if step % opts.eval_every == 0 or step >= opts.max_steps or timed_out:
-                    if main:  # validation runs once, on rank 0; the others wait for its state below
-                        _validate_and_save(model, tok, valid_ex, split, cfg, device, opts, state, optimizer, bar,
-                                           train_loss, grad_norm.item(), t0, out)
-                    state = group.broadcast(state)
-                if step >= opts.max_steps or timed_out:
-                    stop = True
-                    break
-            else:
-                state.update(epoch=state["epoch"] + 1, batch_in_epoch=0)
-    except RuntimeError as e:
-        if group.active and distributed.is_collective_failure(e):
-            raise distributed.describe_failure(group, e, state["step"]) from e
-        raise
-    finally:
-        bar.close()
-    return out
+    amp = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+           else torch.autocast("cpu", enabled=False))
+    run = _Run(opts, group, model, net, tok, split, train_ex, valid_ex, optimizer, state, amp, state["step"])
+    return run, dropped
+
+
+def _parallel(model: Transformer, opts: TrainOptions, group: distributed.Group) -> torch.nn.Module:
+    """The model itself in one process; under torchrun, its DistributedDataParallel wrapper."""
+    if not group.active:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = group.device
+    # Rank 0's initial weights reach every rank here, so all ranks start from the same model.
+    net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if group.rank:  # rank 0 keeps the single-process random stream; the others draw other dropout masks
+        torch.manual_seed(opts.seed + 7919 * group.rank)
+    return net
+
+
+def _announce(run: _Run, dropped: int) -> None:
+    """The new run's first line: parameters, device, pairs and vocabularies."""
+    group, cfg = run.group, run.model.cfg
+    print(f"training {sum(p.numel() for p in run.model.parameters()):,} parameters on {group.device}"
+          + (f" x {group.world_size} processes" if group.active else "") + ": "
+          f"{len(run.train_ex)} pairs ({dropped} longer than {run.opts.max_len} tokens dropped), "
+          f"vocabularies {cfg.src_vocab_size}/{cfg.tgt_vocab_size}")
+
+
+def _step(run: _Run, lengths: list[tuple[int, int]], batch: list[int], b: int, bar: _Bar) -> bool:
+    """One optimizer step on the global batch `batch` (number b of its epoch), validation when due.
+
+    Returns:
+        Whether the run is over (max_steps reached, or max_minutes on rank 0's clock).
+    """
+    opts, group, cfg = run.opts, run.group, run.model.cfg
+    # Every rank builds the same global batches; each takes its part (all of it in one process).
+    mine = group.shard(batch)
+    src, mask, tgt_in, tgt_out = make_batch(run.train_ex, mine or batch[:1], cfg, group.device)
+    total = sum(lengths[i][1] for i in batch)  # target tokens of the global batch
+    step = run.state["step"] + 1
+    for group_ in run.optimizer.param_groups:
+        group_["lr"] = inverse_sqrt(step, cfg.d_model, opts.warmup, opts.lr)
+    loss, grad_norm = _backward(run, (src, mask, tgt_in, tgt_out), bool(mine), total)
+    run.state.update(step=step, batch_in_epoch=b + 1)
+    run.tokens_seen += total
+    bar.update(1)
+    if opts.max_minutes is not None:  # count toward whichever limit ends the run first
+        elapsed_s = time.time() - run.t0
+        reachable = steps_reachable(opts.max_steps, run.start_step, step, elapsed_s, opts.max_minutes)
+        if reachable != bar.total:
+            bar.total = reachable
+    timed_out = opts.max_minutes is not None and time.time() - run.t0 > 60 * opts.max_minutes
+    train_loss, timed_out = _agree_on_loss(run, loss, total, timed_out)
+    speed = run.tokens_seen / max(time.time() - run.t0, 1e-9)
+    bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{speed:,.0f}", refresh=False)
+    if step % opts.eval_every == 0 or step >= opts.max_steps or timed_out:
+        if group.is_main:  # validation runs once, on rank 0; the others wait for its state below
+            _validate_and_save(run.model, run.tok, run.valid_ex, run.split, cfg, group.device, opts,
+                               run.state, run.optimizer, bar, train_loss, grad_norm.item(), run.t0, run.out)
+        run.state = group.broadcast(run.state)
+    return step >= opts.max_steps or timed_out
+
+
+def _backward(run: _Run, batch: tuple[torch.Tensor, ...], has_examples: bool,
+              total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward, loss, backward, clipping and the optimizer's step; returns (loss, grad norm).
+
+    Under torchrun the loss is this rank's sum over the global batch's tokens, times N because DDP
+    averages gradients over ranks: the gradient is the single-process gradient of the whole batch.
+    A rank with no examples computes on a stand-in, weighted 0, so that it still joins DDP's
+    all-reduce.
+    """
+    opts, cfg = run.opts, run.model.cfg
+    src, mask, tgt_in, tgt_out = batch
+    with run.amp:
+        logits = run.net(src, mask, tgt_in)
+    flat_logits, flat_target = logits.flatten(0, 1).float(), tgt_out.flatten()
+    if run.group.active:
+        weight = 1.0 if has_examples else 0.0
+        loss = F.cross_entropy(flat_logits, flat_target, ignore_index=cfg.pad_id,
+                               label_smoothing=opts.label_smoothing, reduction="sum") * weight
+        objective = loss * (run.group.world_size / total)
+    else:
+        loss = F.cross_entropy(flat_logits, flat_target, ignore_index=cfg.pad_id,
+                               label_smoothing=opts.label_smoothing)
+        objective = loss
+    run.optimizer.zero_grad(set_to_none=True)
+    objective.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), opts.clip_norm)
+    run.optimizer.step()
+    return loss, grad_norm
+
+
+def _agree_on_loss(run: _Run, loss: torch.Tensor, total: int, timed_out: bool) -> tuple[float, bool]:
+    """The batch's training loss, and whether the run is out of time, the same on every rank.
+
+    One collective for the batch's loss and rank 0's clock: all ranks stop at the same step.
+    """
+    group = run.group
+    if not group.active:
+        return loss.item(), timed_out
+    shared = torch.tensor([loss.item(), float(timed_out and group.is_main)], dtype=torch.float64,
+                          device=group.device)
+    group.all_reduce_sum(shared)
+    return shared[0].item() / total, shared[1].item() > 0
 
 
 def _validate_and_save(model, tok, valid_ex, split, cfg, device, opts, state, optimizer, bar, train_loss,

@@ -55,12 +55,15 @@ ACTIVATION_ZERO = 128
 SCHEME = {  # what bundle.json's `quantization_scheme` records
     "name": "int8-per-row-u8s8",
     "activations": {"bits": 8, "type": "uint8", "zero_point": ACTIVATION_ZERO, "range": [1, 255],
-                    "scale": f"per row: max|x| / {ACTIVATION_QMAX}, at run time", "block_size": "row (the whole input dimension)"},
-    "weights": {"bits": 8, "type": "int8", "zero_point": "per output channel: the code of 0", "range": [-128, 127],
-                "scale": "per output channel: (max - min, 0 included) / 255", "block_size": "column (the whole input dimension)"},
+                    "scale": f"per row: max|x| / {ACTIVATION_QMAX}, at run time",
+                    "block_size": "row (the whole input dimension)"},
+    "weights": {"bits": 8, "type": "int8", "zero_point": "per output channel: the code of 0",
+                "range": [-128, 127],
+                "scale": "per output channel: (max - min, 0 included) / 255",
+                "block_size": "column (the whole input dimension)"},
     "batch_invariant": True,
-    "exact_products": "u8 x s8 where onnxruntime's kernel accumulates in 32 bits (VNNI, ARM); elsewhere on x86 the "
-                      "runtime sets session.x64quantprecision (u8 x u8)",
+    "exact_products": "u8 x s8 where onnxruntime's kernel accumulates in 32 bits (VNNI, ARM); elsewhere on "
+                      "x86 the runtime sets session.x64quantprecision (u8 x u8)",
     "fp32": "attention products, softmax, embeddings, layer norms, contrib attention kernels",
 }
 
@@ -71,8 +74,8 @@ ID_INPUTS = (names.SRC_IDS, names.TOKENS)  # the graph inputs of token ids: look
 TABLES = {  # what bundle.json's quantization_scheme.tables records where the embeddings are int8
     "bits": 8, "type": "int8", "zero_point": 0, "range": [-127, 127], "scale": "per row: max|e| / 127",
     "lookup": "Gather of the codes and of the row scales, Cast, Mul",
-    "tied_projection": "the same codes, transposed (a Transpose node onnxruntime folds at load), against per-row "
-                       "activation codes as every linear layer",
+    "tied_projection": "the same codes, transposed (a Transpose node onnxruntime folds at load), against "
+                       "per-row activation codes as every linear layer",
 }
 
 
@@ -95,7 +98,8 @@ def linear_weights(node: onnx.NodeProto, inits: dict[str, np.ndarray]):
         (W (K, N), bias (N,) or None, activation or None), W transposed back when transB is set;
         None for any other node (it stays as it is).
     """
-    if node.op_type not in ("MatMul", "Gemm", "FusedGemm") or len(node.input) < 2 or node.input[1] not in inits:
+    if (node.op_type not in ("MatMul", "Gemm", "FusedGemm") or len(node.input) < 2
+            or node.input[1] not in inits):
         return None
     w = inits[node.input[1]]
     if w.ndim != 2 or w.dtype != np.float32:
@@ -172,7 +176,8 @@ def _id_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray]) -> list[onn
     return found
 
 
-def _quantize_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray], const) -> dict[str, tuple[str, str]]:
+def _quantize_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray],
+                     const) -> dict[str, tuple[str, str]]:
     """Rewrites each embedding lookup as a lookup of int8 codes and their row scales (quantize_table).
 
     Returns:
@@ -187,15 +192,15 @@ def _quantize_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray], const
             codes, scale = quantize_table(inits[name])
             tables[name] = (const(f"{name}/rowq8/codes", codes), const(f"{name}/rowq8/scale", scale), scale)
         codes, scale, _ = tables[name]
-        tag, attrs = node.name or node.output[0], {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        tag, attrs = node.name or node.output[0], _attrs(node)
+        t = f"{tag}/lookup8"
         rewritten[id(node)] = [
-            helper.make_node(node.op_type, [codes, node.input[1]], [f"{tag}/lookup8/codes"], name=f"{tag}/lookup8/codes",
+            helper.make_node(node.op_type, [codes, node.input[1]], [f"{t}/codes"], name=f"{t}/codes",
                              **attrs),
-            helper.make_node(node.op_type, [scale, node.input[1]], [f"{tag}/lookup8/scale"], name=f"{tag}/lookup8/scale",
+            helper.make_node(node.op_type, [scale, node.input[1]], [f"{t}/scale"], name=f"{t}/scale",
                              **attrs),
-            helper.make_node("Cast", [f"{tag}/lookup8/codes"], [f"{tag}/lookup8/float"], name=f"{tag}/lookup8/cast",
-                             to=TensorProto.FLOAT),
-            helper.make_node("Mul", [f"{tag}/lookup8/float", f"{tag}/lookup8/scale"], [node.output[0]], name=f"{tag}/lookup8/mul"),
+            helper.make_node("Cast", [f"{t}/codes"], [f"{t}/float"], name=f"{t}/cast", to=TensorProto.FLOAT),
+            helper.make_node("Mul", [f"{t}/float", f"{t}/scale"], [node.output[0]], name=f"{t}/mul"),
         ]
     nodes = [n for node in graph.node for n in rewritten.get(id(node), [node])]
     del graph.node[:]
@@ -220,81 +225,19 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True
         QuantizeError: the graph has no linear layer to quantize.
     """
     graph = proto.graph
-    constants_to_initializers(graph, 0)  # a bias the tracer folded into a Constant (equal zero biases are shared)
-    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    for node in graph.node:  # and one it shares with an equal bias through an Identity
-        if node.op_type == "Identity" and node.input[0] in inits:
-            inits[node.output[0]] = inits[node.input[0]]
-    added: dict[str, onnx.TensorProto] = {}
-
-    def const(name: str, value: np.ndarray) -> str:
-        if name not in added:
-            added[name] = numpy_helper.from_array(np.asarray(value), name)
-        return name
-
-    quantized_tables = _quantize_tables(graph, inits, const) if tables else {}
-
-    zp = const("rowq/zero_point", np.array(ACTIVATION_ZERO, np.uint8))
-    codes_of: dict[str, tuple[str, str]] = {}  # input tensor -> (its uint8 codes, its row max (.., 1))
-    weights_of: dict[tuple[str, bool], tuple[str, str, str]] = {}  # (initializer, transposed) -> (codes, zero point, scale / 127)
-    nodes: list[onnx.NodeProto] = []
+    rewriter = _Rewriter(graph, contrib, tables)
     count = 0
     for node in graph.node:
-        found = linear_weights(node, inits)
+        found = linear_weights(node, rewriter.inits)
         if found is None:
-            nodes.append(node)
+            rewriter.nodes.append(node)
             continue
-        w, bias, activation = found
         count += 1
-        x, y = node.input[0], node.output[0]
-        tag = node.name or y
-        if x not in codes_of:  # 1. the input's codes (.., K) uint8, once per tensor; m = max|x| per row (.., 1)
-            q = f"{x}/rowq"
-            nodes += [
-                helper.make_node("Abs", [x], [f"{q}/abs"], name=f"{q}/abs"),
-                helper.make_node("ReduceMax", [f"{q}/abs"], [f"{q}/max"], name=f"{q}/max", axes=[-1], keepdims=1),
-                helper.make_node("Div", [x, f"{q}/max"], [f"{q}/unit"], name=f"{q}/unit"),  # in [-1, 1]
-                helper.make_node("QuantizeLinear", [f"{q}/unit", const("rowq/scale", np.array(1 / ACTIVATION_QMAX,
-                                 np.float32)), zp], [f"{q}/codes"], name=f"{q}/codes"),
-            ]
-            codes_of[x] = (f"{q}/codes", f"{q}/max")
-        codes, row_max = codes_of[x]
-        key = (node.input[1], node.op_type != "MatMul" and bool(_attrs(node).get("transB", 0)))
-        if key not in weights_of and key[1] and key[0] in quantized_tables:  # 2. a tied output projection: E^T's codes
-            # (V, D) codes transposed by a node (onnxruntime folds it at load): the file holds the codes once
-            table_codes, _, row_scale = quantized_tables[key[0]]
-            nodes.append(helper.make_node("Transpose", [table_codes], [f"{table_codes}/t"], name=f"{table_codes}/t",
-                                          perm=[1, 0]))
-            weights_of[key] = (f"{table_codes}/t", const(f"{key[0]}/rowq8/zero_point", np.zeros(w.shape[1], np.int8)),
-                               const(f"{key[0]}/rowq8/scale_t", (row_scale.reshape(-1) / ACTIVATION_QMAX).astype(np.float32)))
-        if key not in weights_of:  # 2. the weights, once per initializer
-            wq, scale, zero = quantize_weights(w)
-            base = f"{node.input[1]}/rowq" + ("_t" if key[1] else "")
-            weights_of[key] = (const(f"{base}/codes", wq), const(f"{base}/zero_point", zero),
-                               const(f"{base}/scale", (scale / ACTIVATION_QMAX).astype(np.float32)))
-        w_codes, w_zero, w_scale = weights_of[key]
-        # 3. the integer product (.., N), rescaled per column (weights) and per row (m), then bias and Relu
-        if contrib:
-            nodes.append(helper.make_node(
-                "MatMulIntegerToFloat", [codes, w_codes, const("rowq/one", np.array(1.0, np.float32)), w_scale, zp, w_zero],
-                [f"{tag}/rowq/col"], name=f"{tag}/rowq/matmul", domain=MS_DOMAIN))
-        else:
-            nodes += [
-                helper.make_node("MatMulInteger", [codes, w_codes, zp, w_zero], [f"{tag}/rowq/int"], name=f"{tag}/rowq/matmul"),
-                helper.make_node("Cast", [f"{tag}/rowq/int"], [f"{tag}/rowq/float"], name=f"{tag}/rowq/cast",
-                                 to=TensorProto.FLOAT),
-                helper.make_node("Mul", [f"{tag}/rowq/float", w_scale], [f"{tag}/rowq/col"], name=f"{tag}/rowq/col"),
-            ]
-        out = y if bias is None and activation is None else f"{tag}/rowq/row"
-        nodes.append(helper.make_node("Mul", [f"{tag}/rowq/col", row_max], [out], name=f"{tag}/rowq/row"))
-        if bias is not None:
-            biased = y if activation is None else f"{tag}/rowq/biased"
-            nodes.append(helper.make_node("Add", [out, const(f"{tag}/rowq/bias", bias)], [biased], name=f"{tag}/rowq/bias"))
-            out = biased
-        if activation is not None:
-            nodes.append(helper.make_node(activation, [out], [y], name=f"{tag}/rowq/{activation.lower()}"))
+        rewriter.linear(node, *found)
     if count == 0:
-        raise QuantizeError(f"graph {graph.name!r} has no linear layer with constant fp32 weights to quantize")
+        raise QuantizeError(f"graph {graph.name!r} has no linear layer with constant fp32 weights to "
+                            "quantize")
+    nodes, added = rewriter.nodes, rewriter.added
     used = {name for n in nodes for name in n.input}
     kept = [i for i in graph.initializer if i.name in used]  # the fp32 weights now quantized go
     del graph.node[:]
@@ -304,6 +247,110 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True
     if contrib and not any(o.domain == MS_DOMAIN for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return count
+
+
+class _Rewriter:
+    """The new node list of one graph, and the initializers it adds, built layer by layer."""
+
+    def __init__(self, graph: onnx.GraphProto, contrib: bool, tables: bool):
+        self.contrib = contrib
+        # a bias the tracer folded into a Constant (equal zero biases are shared)
+        constants_to_initializers(graph, 0)
+        self.inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+        for node in graph.node:  # and one it shares with an equal bias through an Identity
+            if node.op_type == "Identity" and node.input[0] in self.inits:
+                self.inits[node.output[0]] = self.inits[node.input[0]]
+        self.added: dict[str, onnx.TensorProto] = {}
+        self.tables = _quantize_tables(graph, self.inits, self.const) if tables else {}
+        self.zp = self.const("rowq/zero_point", np.array(ACTIVATION_ZERO, np.uint8))
+        # input tensor -> (its uint8 codes, its row max (.., 1))
+        self.codes_of: dict[str, tuple[str, str]] = {}
+        # (initializer, transposed) -> (codes, zero point, scale / 127)
+        self.weights_of: dict[tuple[str, bool], tuple[str, str, str]] = {}
+        self.nodes: list[onnx.NodeProto] = []
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        """An initializer added under `name` (once: a second call returns the first's name)."""
+        if name not in self.added:
+            self.added[name] = numpy_helper.from_array(np.asarray(value), name)
+        return name
+
+    def linear(self, node: onnx.NodeProto, w: np.ndarray, bias: np.ndarray | None,
+               activation: str | None) -> None:
+        """The nodes that replace one linear layer: codes, integer product, rescaling, bias, Relu."""
+        x, y = node.input[0], node.output[0]
+        tag = node.name or y
+        codes, row_max = self.row_codes(x)
+        w_codes, w_zero, w_scale = self.weights(node, w)
+        # 3. the integer product (.., N), rescaled per column (weights) and per row (m), then bias and Relu
+        self.product(tag, codes, w_codes, w_zero, w_scale)
+        out = y if bias is None and activation is None else f"{tag}/rowq/row"
+        self.nodes.append(helper.make_node("Mul", [f"{tag}/rowq/col", row_max], [out],
+                                           name=f"{tag}/rowq/row"))
+        if bias is not None:
+            biased = y if activation is None else f"{tag}/rowq/biased"
+            self.nodes.append(helper.make_node("Add", [out, self.const(f"{tag}/rowq/bias", bias)], [biased],
+                                               name=f"{tag}/rowq/bias"))
+            out = biased
+        if activation is not None:
+            self.nodes.append(helper.make_node(activation, [out], [y],
+                                               name=f"{tag}/rowq/{activation.lower()}"))
+
+    def row_codes(self, x: str) -> tuple[str, str]:
+        """1. the input's codes (.., K) uint8, once per tensor; m = max|x| per row (.., 1)."""
+        if x not in self.codes_of:
+            q = f"{x}/rowq"
+            scale = self.const("rowq/scale", np.array(1 / ACTIVATION_QMAX, np.float32))
+            self.nodes += [
+                helper.make_node("Abs", [x], [f"{q}/abs"], name=f"{q}/abs"),
+                helper.make_node("ReduceMax", [f"{q}/abs"], [f"{q}/max"], name=f"{q}/max", axes=[-1],
+                                 keepdims=1),
+                helper.make_node("Div", [x, f"{q}/max"], [f"{q}/unit"], name=f"{q}/unit"),  # in [-1, 1]
+                helper.make_node("QuantizeLinear", [f"{q}/unit", scale, self.zp], [f"{q}/codes"],
+                                 name=f"{q}/codes"),
+            ]
+            self.codes_of[x] = (f"{q}/codes", f"{q}/max")
+        return self.codes_of[x]
+
+    def weights(self, node: onnx.NodeProto, w: np.ndarray) -> tuple[str, str, str]:
+        """2. the weights' codes, zero points and scales / 127, once per initializer (and transposition).
+
+        A tied output projection uses the embedding table's codes, transposed by a node (onnxruntime
+        folds it at load): the file holds the codes once.
+        """
+        key = (node.input[1], node.op_type != "MatMul" and bool(_attrs(node).get("transB", 0)))
+        if key not in self.weights_of and key[1] and key[0] in self.tables:  # E^T's codes
+            table_codes, _, row_scale = self.tables[key[0]]  # (V, D)
+            self.nodes.append(helper.make_node("Transpose", [table_codes], [f"{table_codes}/t"],
+                                               name=f"{table_codes}/t", perm=[1, 0]))
+            zero = self.const(f"{key[0]}/rowq8/zero_point", np.zeros(w.shape[1], np.int8))
+            scale = (row_scale.reshape(-1) / ACTIVATION_QMAX).astype(np.float32)
+            self.weights_of[key] = (f"{table_codes}/t", zero, self.const(f"{key[0]}/rowq8/scale_t", scale))
+        if key not in self.weights_of:
+            wq, scale, zero = quantize_weights(w)
+            base = f"{node.input[1]}/rowq" + ("_t" if key[1] else "")
+            self.weights_of[key] = (self.const(f"{base}/codes", wq), self.const(f"{base}/zero_point", zero),
+                                    self.const(f"{base}/scale", (scale / ACTIVATION_QMAX).astype(np.float32)))
+        return self.weights_of[key]
+
+    def product(self, tag: str, codes: str, w_codes: str, w_zero: str, w_scale: str) -> None:
+        """The integer product rescaled per column, as `{tag}/rowq/col`: MatMulIntegerToFloat with
+        contrib, else MatMulInteger -> Cast -> Mul."""
+        zp = self.zp
+        if self.contrib:
+            one = self.const("rowq/one", np.array(1.0, np.float32))
+            self.nodes.append(helper.make_node(
+                "MatMulIntegerToFloat", [codes, w_codes, one, w_scale, zp, w_zero],
+                [f"{tag}/rowq/col"], name=f"{tag}/rowq/matmul", domain=MS_DOMAIN))
+            return
+        self.nodes += [
+            helper.make_node("MatMulInteger", [codes, w_codes, zp, w_zero], [f"{tag}/rowq/int"],
+                             name=f"{tag}/rowq/matmul"),
+            helper.make_node("Cast", [f"{tag}/rowq/int"], [f"{tag}/rowq/float"], name=f"{tag}/rowq/cast",
+                             to=TensorProto.FLOAT),
+            helper.make_node("Mul", [f"{tag}/rowq/float", w_scale], [f"{tag}/rowq/col"],
+                             name=f"{tag}/rowq/col"),
+        ]
 
 
 def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tuple[str, ...] = (), *,
@@ -340,7 +387,8 @@ def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tupl
             onnx.checker.check_model(proto, full_check=True)
             onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
         onnx.save(proto, str(path))
-        layers[label] = {"linear_layers": count, "product": "MatMulIntegerToFloat" if contrib else "MatMulInteger"}
+        product = "MatMulIntegerToFloat" if contrib else "MatMulInteger"
+        layers[label] = {"linear_layers": count, "product": product}
     if not tables:
         return {**SCHEME, "tables": "fp32", "graphs": layers}
     return {**SCHEME, "tables": TABLES, "fp32": SCHEME["fp32"].replace("embeddings, ", ""), "graphs": layers}

@@ -41,7 +41,9 @@ Step = Callable[[np.ndarray, np.ndarray, int, "np.ndarray | None"], "np.ndarray 
 # the step's output, and returns its results. run(program, step) drives one; serve/batcher.py drives many
 # at once, one decoder run for all of their requests.
 Program = Generator[tuple, "np.ndarray | TopK", object]
-BEAM_CONVENTIONS = ("fairseq", "transformers")  # spec/bundle.json's beam_conventions (docs/decoding.md)
+BEAM_CONVENTIONS = ("fairseq", "transformers", "transformers_heuristic", "transformers_never")  # spec/bundle.json's
+# beam_conventions (docs/decoding.md); each transformers one is generate()'s with this early_stopping:
+EARLY_STOPPING = {"fairseq": True, "transformers": True, "transformers_heuristic": False, "transformers_never": "never"}
 
 
 def run(program: Program, step: Step):
@@ -251,9 +253,13 @@ def beam_program(
         min_length: the end token is forbidden before this many tokens.
         length_penalty: alpha of the ranking score / len^alpha.
         num_hypotheses: the n-best per sentence, 1..K.
-        convention: "fairseq" (a finishing candidate takes a free place among the K, docs/decoding.md) or
-            "transformers" (generate()'s: the K best by normalised score of those finished so far and this step's,
-            which may displace one finished earlier; bundle.json's decoding.beam_convention).
+        convention: "fairseq" (a finishing candidate takes a free place among the K, docs/decoding.md) or one of
+            generate()'s (the K best by normalised score of those finished so far and this step's, which may displace
+            one finished earlier), which stop a sentence as its early_stopping does (EARLY_STOPPING): "transformers"
+            (True) once K have finished; "transformers_heuristic" (False) and "transformers_never" ("never") once
+            the best live beam's score / len^alpha is no better than the worst finished one's, len being the
+            tokens generated so far, or for "never" with alpha > 0 the sentence's max length (_check_early_stop_
+            heuristic); bundle.json's decoding.beam_convention.
 
     Returns:
         (as the program's result) One SearchResult per sentence, best first.
@@ -266,6 +272,7 @@ def beam_program(
     k = beam_size
     if convention not in BEAM_CONVENTIONS:
         raise ValueError(f"convention={convention!r}; choose one of {', '.join(BEAM_CONVENTIONS)}")
+    best_finished, early_stopping = convention != "fairseq", EARLY_STOPPING[convention]
     if not 1 <= num_hypotheses <= k:
         raise ValueError(f"num_hypotheses={num_hypotheses} must lie in [1, beam_size={k}]")
     longest = int(max_lengths.max(initial=0))
@@ -319,7 +326,7 @@ def beam_program(
         #    candidate at -inf (forced or forbidden tokens) never finishes
         finishing = in_top_k & (is_eos | last) & (cand_scores > -np.inf)
         accepted = finishing & (np.cumsum(finishing, axis=1) + n_finished[alive, None] <= k)
-        if convention == "transformers":  # rows with more finishing than free places: the best K, below
+        if best_finished:  # rows with more finishing than free places, or full ones still live: the best K, below
             accepted |= finishing
         for row, rank in zip(*np.nonzero(accepted)):
             sent, slot = alive[row], n_finished[alive[row]]
@@ -345,7 +352,16 @@ def beam_program(
 
         # 3. drop sentences that are done
         t += 1
-        still = (n_finished[alive] < k) & ~last[:, 0]
+        still = ~last[:, 0]
+        full = n_finished[alive] == k
+        if early_stopping is True:
+            still &= ~full
+        elif full.any():  # generate()'s _check_early_stop_heuristic: can the best live beam still beat the worst finished?
+            done = np.flatnonzero(full & still)
+            sents = alive[done]
+            worst = (fin_scores[sents] / fin_lengths[sents].astype(np.float64) ** length_penalty).min(axis=1)
+            reach = max_lengths[sents] if early_stopping == "never" and length_penalty > 0 else np.full(done.size, t)
+            still[done] = next_scores[done, 0] / reach.astype(np.float64) ** length_penalty > worst
         origin = rows * beams + next_beam  # (b, K) rows of this step the new beams continue
         history = np.concatenate([history[rows, next_beam], next_token[:, :, None]], axis=2)
         if still.all():

@@ -159,6 +159,7 @@ def test_beam_conventions_are_the_spec_s():
     from seq2onnx.runtime.search import BEAM_CONVENTIONS, beam_search
     from seq2onnx.runtime.spec import SPEC
 
-    assert list(BEAM_CONVENTIONS) == SPEC["beam_conventions"] == ["fairseq", "transformers"]
+    assert list(BEAM_CONVENTIONS) == SPEC["beam_conventions"] == ["fairseq", "transformers", "transformers_heuristic",
+                                                                  "transformers_never"]  # tests/test_early_stopping.py
     with pytest.raises(ValueError, match="convention='hf'; choose one of fairseq, transformers"):
         beam_search(lambda *a: None, 1, beam_size=2, start_id=0, eos_id=1, max_lengths=[3], convention="hf")

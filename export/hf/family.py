@@ -186,13 +186,15 @@ class Family:
         is silent).
 
         transformers' max_length and min_length count the decoder start token; ours count generated
-        tokens (docs/decoding.md), hence the - 1. Its early_stopping is not carried over: our beam search
-        always stops a sentence once K hypotheses have finished (early_stopping=True). Its
-        forced_eos_token_id (OPUS-MT and mBART set the end token) is recorded as forced_eos: every host then
-        forces the end token at a sentence's last allowed step, as generate() does.
+        tokens (docs/decoding.md), hence the - 1. Its early_stopping (True, False: transformers' default and
+        OPUS-MT's, or "never") names the beam_convention, which stops sentences as generate() does
+        (runtime/search.py EARLY_STOPPING). Its forced_eos_token_id (OPUS-MT and mBART set the end token) is
+        recorded as forced_eos: every host then forces the end token at a sentence's last allowed step, as
+        generate() does.
 
         Raises:
-            HFImportError: a forced_eos_token_id other than the end token.
+            HFImportError: a forced_eos_token_id other than the end token, or an early_stopping other than
+                True, False or "never".
         """
 
         def get(key, fallback):
@@ -206,8 +208,8 @@ class Family:
             "max_length_a": 0.0,
             "max_length_b": max(1, min(max_length - 1, max_positions)),
             "min_length": max(int(get("min_length", 0)) - 1, 0),
-            "beam_convention": "transformers",
-        }  # generate()'s finished hypotheses (docs/decoding.md)
+            "beam_convention": _beam_convention(get("early_stopping", False)),
+        }  # generate()'s finished hypotheses and stopping (docs/decoding.md)
         forced = get("forced_eos_token_id", None)
         if isinstance(forced, list) and len(forced) == 1:
             forced = forced[0]
@@ -222,6 +224,17 @@ class Family:
                 )
             decoding["forced_eos"] = True
         return decoding
+
+
+def _beam_convention(early_stopping) -> str:
+    """The beam_convention that stops sentences as generate() with this early_stopping does (docs/decoding.md)."""
+    conventions = {True: "transformers", False: "transformers_heuristic", "never": "transformers_never"}
+    if isinstance(early_stopping, bool) or early_stopping == "never":
+        return conventions[early_stopping]
+    raise HFImportError(
+        f"generation_config.json: early_stopping {early_stopping!r} is not one of true, false, \"never\" "
+        "(transformers' values); set one of them"
+    )
 
 
 def extra_special_tokens(tokenizer) -> list[str]:

@@ -100,6 +100,9 @@ export function forcePrefix(step, prefixes, end = null) {
   };
 }
 
+/** transformers' early_stopping values, beamSearch's earlyStopping. */
+const EARLY_STOPPING = [true, false, "never"];
+
 /** How many candidates per row a step must return for a search to be exact. */
 export function candidatesNeeded(beamSize, minLength) {
   return 2 * beamSize + (minLength > 0 ? 1 : 0);
@@ -223,16 +226,25 @@ function sentenceCandidates(out, row0, beams, beamScores, n, eosId, forbidEos) {
  * @param {number} batch
  * `bestFinished`: false, a finishing candidate takes a free place among the K (our convention,
  * docs/decoding.md); true, transformers' (generate()'s): the K best by normalised score of those
- * finished so far and this step's, which may displace one finished earlier (bundle.json's
- * decoding.beam_convention names which).
+ * finished so far and this step's, which may displace one finished earlier. `earlyStopping`, with
+ * bestFinished, is generate()'s: true, a sentence is done once K have finished; false or "never", a
+ * full sentence goes on while its best live beam's score / len^alpha beats the worst finished one's,
+ * len being the tokens generated so far, or for "never" with alpha > 0 the sentence's max length
+ * (its _check_early_stop_heuristic). bundle.json's decoding.beam_convention names both (translator.js).
  * @param {{beamSize: number, startId: number, eosId: number, maxLengths: number[], minLength?: number,
- *          lengthPenalty?: number, numHypotheses?: number, bestFinished?: boolean}} options
+ *          lengthPenalty?: number, numHypotheses?: number, bestFinished?: boolean,
+ *          earlyStopping?: boolean | "never"}} options
  * @returns {Promise<SearchResult[]>}
  */
 export async function beamSearch(step, batch, {
   beamSize, startId, eosId, maxLengths, minLength = 0, lengthPenalty = 1.0, numHypotheses = 1, bestFinished = false,
+  earlyStopping = true,
 }) {
   check(beamSize, maxLengths, minLength);
+  if (!EARLY_STOPPING.includes(earlyStopping) || (earlyStopping !== true && !bestFinished)) {
+    throw new RangeError(`earlyStopping=${JSON.stringify(earlyStopping)}: true, false or "never", and ` +
+      "false or \"never\" only with bestFinished (transformers' rule)");
+  }
   const k = beamSize;
   const norm = (score, length) => score / length ** lengthPenalty;
   if (!(Number.isInteger(numHypotheses) && numHypotheses >= 1 && numHypotheses <= k)) {
@@ -269,8 +281,8 @@ export async function beamSearch(step, batch, {
       const last = maxLengths[sent] === t + 1;
       // 1. finish: top-K candidates that end (all top-K at the last step), while room remains; a
       // candidate whose score is -inf (a forbidden or forced-out token) never finishes
-      const room = fin[sent].length < k; // bestFinished: a sentence filled at this step may still swap (below)
-      for (let rank = 0; rank < k && (fin[sent].length < k || (room && bestFinished)); rank++) {
+      // bestFinished: a sentence filled at this step, or full and still live, may swap (below)
+      for (let rank = 0; rank < k && (fin[sent].length < k || bestFinished); rank++) {
         const token = cand[rank].flat % vocab;
         if ((token === eosId || last) && cand[rank].total !== -Infinity) {
           const beam = Math.floor(cand[rank].flat / vocab);
@@ -293,8 +305,18 @@ export async function beamSearch(step, batch, {
       nextScores.push(cont.map((c) => c.total));
       nextTokens.push(cont.map((c) => c.flat % vocab));
       origins.push(cont.map((c) => i * beams + Math.floor(c.flat / vocab)));
-      // 3. the sentence stays if it has room for more finished hypotheses and steps left
-      if (fin[sent].length < k && !last) still.push(i);
+      // 3. the sentence stays if it has steps left and room for more finished hypotheses, or (early
+      // stopping false or "never") while its best live beam could still beat the worst finished one
+      let stays = !last;
+      if (stays && fin[sent].length === k) {
+        if (earlyStopping === true) stays = false;
+        else {
+          const worst = Math.min(...fin[sent].map((h) => norm(h.score, h.tokens.length)));
+          const reach = earlyStopping === "never" && lengthPenalty > 0 ? maxLengths[sent] : t + 1;
+          stays = cont[0].total / reach ** lengthPenalty > worst;
+        }
+      }
+      if (stays) still.push(i);
     }
     t += 1;
     keep = still.length === b ? null : still;

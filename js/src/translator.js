@@ -6,6 +6,7 @@ import {
   presentNames, readBundle, short, BEAM_CONVENTIONS,
 } from "./bundle.js";
 import { checkGraphs, checkReferences, checkTokenizers } from "./checks.js";
+import { SPEC_URL } from "./spec.js";
 import { checkSampling, sampleSearch } from "./sampling.js";
 import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
 import { SentencePiece, Tokens, isBlank } from "./tokenizer.js";
@@ -16,6 +17,16 @@ const ARRAYS = { float32: Float32Array, float16: Uint16Array };
 const CACHE_ARRAY = Object.fromEntries(DTYPES.filter((d) => d in ARRAYS).map((d) => [d, ARRAYS[d]]));
 const DECODER = DECODER_LABELS[STANDARD]; // the decoder this host drives (files.<it>, graphs.<it>)
 const LEVELS = { all: "all", extended: "extended", basic: "basic", none: "disabled" };
+// decoding.beam_convention, by its place in spec/bundle.json's beam_conventions: ours (fairseq, the default),
+// then transformers' rule with generate()'s early_stopping true, false, "never" (docs/decoding.md; the Python
+// runtime's search.EARLY_STOPPING)
+const EARLY_STOPPING = [true, true, false, "never"];
+if (EARLY_STOPPING.length !== BEAM_CONVENTIONS.length) throw new Error(`${SPEC_URL}: beam_conventions changed`);
+/** beamSearch's {bestFinished, earlyStopping} for a bundle's decoding.beam_convention (validated at load). */
+const beamRule = (convention = BEAM_CONVENTIONS[0]) => {
+  const at = BEAM_CONVENTIONS.indexOf(convention);
+  return { bestFinished: at > 0, earlyStopping: EARLY_STOPPING[at] };
+};
 
 /**
  * @typedef {object} TranslationResult  One source's n-best, best first.
@@ -377,9 +388,9 @@ export class Translator {
     const step = forcePrefix(await this._stepFn(src, sources.map((s) => s.length), width, topK), prefixes, end);
     const common = { startId: this.startId, eosId: this.eosId, maxLengths, minLength: minDecodingLength };
     if (beamSize === 1) return greedySearch(step, sources.length, common);
-    // imported bundles: transformers' rule for the finished hypotheses (its n-best), docs/decoding.md
-    const bestFinished = this.bundle.meta.decoding.beam_convention === BEAM_CONVENTIONS[1];
-    return beamSearch(step, sources.length, { ...common, beamSize, lengthPenalty, numHypotheses, bestFinished });
+    // imported bundles: transformers' rule for the finished hypotheses (its n-best) and its early_stopping, docs/decoding.md
+    const rule = beamRule(this.bundle.meta.decoding.beam_convention);
+    return beamSearch(step, sources.length, { ...common, beamSize, lengthPenalty, numHypotheses, ...rule });
   }
 
   /**

@@ -7,6 +7,13 @@ import { test } from "node:test";
 import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "../src/search.js";
 
 const CASES = JSON.parse(readFileSync(new URL("../../spec/cases/search.json", import.meta.url), "utf8"));
+// a case's convention (bundle.json's decoding.beam_convention) as beamSearch's options, as src/translator.js maps it
+const RULES = {
+  fairseq: { bestFinished: false, earlyStopping: true },
+  transformers: { bestFinished: true, earlyStopping: true },
+  transformers_heuristic: { bestFinished: true, earlyStopping: false },
+  transformers_never: { bestFinished: true, earlyStopping: "never" },
+};
 const START = CASES.start_id;
 const EOS = CASES.end_id;
 const NEG = CASES.never; // "never" without -inf
@@ -129,7 +136,7 @@ async function runCase(c, fn, maxLengths, stepOutput, prefixes = c.target_prefix
   if (c.search === "greedy") return [await greedySearch(step, maxLengths.length, common), fake];
   assert.equal(c.search, "beam");
   const options = { ...common, beamSize, numHypotheses: c.num_hypotheses, lengthPenalty: c.length_penalty,
-    bestFinished: c.convention === "transformers" };
+    ...RULES[c.convention ?? "fairseq"] };
   return [await beamSearch(step, maxLengths.length, options), fake];
 }
 
@@ -161,12 +168,21 @@ for (const c of CASES.cases) {
 
 // -- argument errors ---------------------------------------------------------------------------
 
+test("beam conventions: every one of the spec's, in its order (src/translator.js maps them by place), has cases", () => {
+  const spec = JSON.parse(readFileSync(new URL("../../spec/bundle.json", import.meta.url), "utf8"));
+  assert.deepEqual(spec.beam_conventions, Object.keys(RULES));
+  const used = new Set(CASES.cases.filter((c) => c.search === "beam").map((c) => c.convention ?? "fairseq"));
+  assert.deepEqual([...used].sort(), Object.keys(RULES).sort());
+});
+
 test("search: argument errors name the value", async () => {
   const fn = randomFn(0, 6);
   const kw = { startId: START, eosId: EOS };
   await assert.rejects(beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 0, maxLengths: [5] }), /beamSize=0/);
   await assert.rejects(beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 2, numHypotheses: 3, maxLengths: [5] }), /numHypotheses=3/);
   await assert.rejects(beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 2, minLength: 5, maxLengths: [5] }), /minDecodingLength=5/);
+  await assert.rejects(beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 2, maxLengths: [5], bestFinished: true, earlyStopping: "no" }), /earlyStopping="no"/);
+  await assert.rejects(beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 2, maxLengths: [5], earlyStopping: false }), /only with bestFinished/);
   await assert.rejects(greedySearch(new Fake(fn, 1).step, 1, { ...kw, minLength: -1, maxLengths: [5] }), /minDecodingLength/);
   await assert.rejects(greedySearch(new Fake(fn, 1).step, 1, { ...kw, maxLengths: [0] }), /maxDecodingLength=0/);
   await assert.rejects(beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 4, maxLengths: [5] }), /vocabulary of at least 8/);

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .options import language_id, target_prefixes
 from .spec import SPEC, TARGET_LANG_IN, BundleError
 
 _SKIP, _TEXT = SPEC["vocab_maps"]["skip"], SPEC["vocab_maps"]["text"]
@@ -193,16 +194,9 @@ class Vocabulary:
         """A language code's token id.
 
         Raises:
-            ValueError: a code this model does not have, naming it and the known ones.
+            OptionError: a code this model does not have, naming it and the known ones.
         """
-        if not isinstance(code, str):
-            raise ValueError(f"{option}={code!r}; give a language code (a str)")
-        if code not in self.languages:
-            known = sorted(self.languages)
-            listed = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
-            fix = f"choose one of {listed}" if known else "this model has no language tokens: leave it out"
-            raise ValueError(f"{option}={code!r} is not a language of this model; {fix}")
-        return self.languages[code]
+        return language_id(self.languages, code, option)
 
     def prefixes(
         self, n: int, *, source_lang=None, target_lang=None, target_prefix=None, tgt_vocab: int, eos_id: int
@@ -221,7 +215,7 @@ class Vocabulary:
             (source prefix, n target prefixes).
 
         Raises:
-            ValueError: an unknown language, a prefix list of the wrong length, ids out of range or the end
+            OptionError: an unknown language, a prefix list of the wrong length, ids out of range or the end
                 token.
         """
         source = list(self.source_prefix)
@@ -236,29 +230,7 @@ class Vocabulary:
                 target = [token]
         if target_prefix is None:
             return source, [target] * n
-        if not isinstance(target_prefix, (list, tuple)) or len(target_prefix) != n:
-            got = (
-                len(target_prefix)
-                if isinstance(target_prefix, (list, tuple))
-                else type(target_prefix).__name__
-            )
-            raise ValueError(
-                f"target_prefix has {got} entries for {n} sources; give one list of target ids per source"
-            )
-        out = []
-        for i, prefix in enumerate(target_prefix):
-            if not isinstance(prefix, (list, tuple)) or not all(
-                isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in prefix
-            ):
-                raise ValueError(f"target_prefix[{i}] is {prefix!r}; give a list of target token ids")
-            bad = [int(x) for x in prefix if not 0 <= int(x) < tgt_vocab or int(x) == eos_id]
-            if bad:
-                raise ValueError(
-                    f"target_prefix[{i}] has ids {bad[:5]} outside [0, {tgt_vocab}) or the end token "
-                    f"{eos_id}; give target ids of the text before the translation"
-                )
-            out.append([int(x) for x in prefix])
-        return source, out
+        return source, target_prefixes(target_prefix, n, tgt_vocab, eos_id)
 
 
 def _read_texts(bundle, target_map) -> tuple[dict[str, int], dict[int, str]]:

@@ -22,7 +22,8 @@ from .config import ModelConfig, available_memory, gib
 from .tokenizer import SOURCE_MODEL, TARGET_MODEL, Tokenizer
 from .transformer import Transformer
 
-CONFIG, WEIGHTS, STATE, OPTIMIZER = "config.json", "model.safetensors", "train_state.json", "optimizer.safetensors"
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+STATE, OPTIMIZER = "train_state.json", "optimizer.safetensors"
 REQUIRED = (CONFIG, WEIGHTS, SOURCE_MODEL, TARGET_MODEL)
 
 
@@ -56,11 +57,13 @@ def resolve(path: str | Path) -> Path:
     """
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint directory; give a run directory or one of its step-*/last/best")
+        raise CheckpointError(f"{path}: no such checkpoint directory; give a run directory or one of its "
+                              "step-*/last/best")
     if path.is_dir() and not (path / CONFIG).exists() and (path / "last").exists():
         path = path / "last"
     if not path.is_dir():
-        raise CheckpointError(f"{path}: is not a directory; a checkpoint is a directory with {', '.join(REQUIRED)}")
+        raise CheckpointError(f"{path}: is not a directory; a checkpoint is a directory with "
+                              f"{', '.join(REQUIRED)}")
     missing = [name for name in REQUIRED if not (path / name).is_file()]
     if missing:
         raise CheckpointError(
@@ -123,9 +126,10 @@ def _check_fits(cfg: ModelConfig, path: Path) -> None:
     limit = available_memory()
     if limit is not None and need > limit:
         raise CheckpointError(
-            f"{path / CONFIG}: this model has {cfg.parameter_count():,} parameters and needs about {gib(need)} "
-            f"to load, more than this machine's {gib(limit)}; load it on a machine with more memory, or check "
-            f"that d_model ({cfg.d_model}), d_ff ({cfg.d_ff}) and the vocabulary sizes in config.json are right"
+            f"{path / CONFIG}: this model has {cfg.parameter_count():,} parameters and needs about "
+            f"{gib(need)} to load, more than this machine's {gib(limit)}; load it on a machine with more "
+            f"memory, or check that d_model ({cfg.d_model}), d_ff ({cfg.d_ff}) and the vocabulary sizes in "
+            "config.json are right"
         )
 
 

@@ -100,7 +100,8 @@ class ModelConfig:
         object.__setattr__(self, "suppressed_ids", tuple(int(i) for i in self.suppressed_ids))
         bad = [i for i in self.suppressed_ids if not 0 <= i < self.tgt_vocab_size]
         if bad:
-            raise ValueError(f"suppressed_ids {bad} lie outside the target vocabulary [0, {self.tgt_vocab_size})")
+            raise ValueError(f"suppressed_ids {bad} lie outside the target vocabulary [0, "
+                             f"{self.tgt_vocab_size})")
         for name in ("pad_id", "unk_id", "bos_id", "eos_id", "decoder_start_id"):
             value = getattr(self, name)
             if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
@@ -124,7 +125,8 @@ class ModelConfig:
         encoder = self.n_encoder_layers * (attention + feed_forward + 2 * norm)
         decoder = self.n_decoder_layers * (2 * attention + feed_forward + 3 * norm)
         embeddings = self.src_vocab_size * d + (0 if self.share_vocab else self.tgt_vocab_size * d)
-        generator = (0 if self.tie_embeddings else self.tgt_vocab_size * d) + (self.tgt_vocab_size if self.logits_bias else 0)
+        generator = ((0 if self.tie_embeddings else self.tgt_vocab_size * d)
+                     + (self.tgt_vocab_size if self.logits_bias else 0))
         final_norms = 2 * norm if self.pre_norm else 0
         embedding_norms = 2 * norm if self.embedding_norm else 0
         return encoder + decoder + embeddings + generator + final_norms + embedding_norms

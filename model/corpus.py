@@ -202,7 +202,8 @@ class Clause:
             raise ValueError(f"verb={self.verb!r} is not in the vocabulary; use one of VERBS")
         if (self.verb in TRANSITIVE_VERBS) != (self.obj is not None):
             kind = "transitive" if self.verb in TRANSITIVE_VERBS else "intransitive"
-            raise ValueError(f"verb={self.verb!r} is {kind}; {'give' if kind == 'transitive' else 'drop'} the object")
+            raise ValueError(f"verb={self.verb!r} is {kind}; {'give' if kind == 'transitive' else 'drop'} "
+                             "the object")
 
 
 def _english_np(np: NounPhrase) -> list[str]:
@@ -300,7 +301,8 @@ def sample_clause(rng: random.Random) -> Clause:
     transitive = rng.random() < 0.8
     # Intransitive clauses always get a place so that no sentence is shorter than 3 words.
     with_pp = not transitive or rng.random() < 0.3
-    pp = PrepPhrase(rng.choice(_PREP_KEYS), _sample_np(rng, PLACE_NOUNS, allow_number=False)) if with_pp else None
+    pp = (PrepPhrase(rng.choice(_PREP_KEYS), _sample_np(rng, PLACE_NOUNS, allow_number=False))
+          if with_pp else None)
     if transitive:
         return Clause(subject, rng.choice(_TRANSITIVE_KEYS), _sample_np(rng, _NOUN_KEYS), past, pp)
     return Clause(subject, rng.choice(_INTRANSITIVE_KEYS), None, past, pp)

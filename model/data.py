@@ -46,33 +46,13 @@ def read_pairs(
         raise DataError(f"{path}: no such file; check the corpus path") from None
     if data.startswith(_BOM):
         data = data[len(_BOM):]
-    need = max(src_col, tgt_col) + 1
     pairs: list[tuple[str, str]] = []
     skipped = 0
     # Split bytes, not text, so that invalid UTF-8 is reported at its own line number.
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
-        problem = None
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            problem = f"invalid UTF-8 at byte {e.start} of the line; re-encode the file as UTF-8 or"
-        else:
-            if not line.strip():
-                continue  # blank lines (a trailing newline included) carry nothing
-            fields = line.rstrip("\r").split("\t")
-            if len(fields) < need:
-                problem = (
-                    f"expected at least {need} tab-separated columns "
-                    f"(src_col={src_col}, tgt_col={tgt_col}), found {len(fields)}; fix the line or"
-                )
-            else:
-                src, tgt = fields[src_col].strip(), fields[tgt_col].strip()
-                if not src or not tgt:
-                    side = "source" if not src else "target"
-                    col = src_col if not src else tgt_col
-                    problem = f"empty {side} field (column {col}); fix the line or"
-                else:
-                    pairs.append((src, tgt))
+        pair, problem = _parse_line(raw, src_col, tgt_col)
+        if pair is not None:
+            pairs.append(pair)
         if problem is not None:
             if not skip_bad:
                 raise DataError(f"{path}:{lineno}: {problem} {_SKIP_HINT}")
@@ -81,6 +61,30 @@ def read_pairs(
         detail = f" ({skipped} malformed lines skipped)" if skipped else ""
         raise DataError(f"{path}: no sentence pairs found{detail}; give a file with source<TAB>target lines")
     return pairs, skipped
+
+
+def _parse_line(raw: bytes, src_col: int, tgt_col: int) -> tuple[tuple[str, str] | None, str | None]:
+    """One line of a corpus: (the pair, None), or (None, what is wrong with it); (None, None) for a
+    blank line (a trailing newline included), which carries nothing."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"invalid UTF-8 at byte {e.start} of the line; re-encode the file as UTF-8 or"
+    if not line.strip():
+        return None, None
+    need = max(src_col, tgt_col) + 1
+    fields = line.rstrip("\r").split("\t")
+    if len(fields) < need:
+        return None, (
+            f"expected at least {need} tab-separated columns "
+            f"(src_col={src_col}, tgt_col={tgt_col}), found {len(fields)}; fix the line or"
+        )
+    src, tgt = fields[src_col].strip(), fields[tgt_col].strip()
+    if not src or not tgt:
+        side = "source" if not src else "target"
+        col = src_col if not src else tgt_col
+        return None, f"empty {side} field (column {col}); fix the line or"
+    return (src, tgt), None
 
 
 @dataclass(frozen=True)

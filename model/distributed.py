@@ -185,7 +185,8 @@ def _env_int(name: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise DistributedError(f"{name}={value!r} is not an integer; start the run with torchrun, which sets it") from None
+        raise DistributedError(f"{name}={value!r} is not an integer; start the run with torchrun, which sets "
+                               "it") from None
 
 
 def start(device: torch.device) -> Group:
@@ -210,7 +211,8 @@ def start(device: torch.device) -> Group:
         if local_rank >= count:
             raise DistributedError(
                 f"rank {rank} has LOCAL_RANK {local_rank}, but this node has {count} CUDA device(s); "
-                f"start at most {count} processes per node (--nproc-per-node {count}) or train with --device cpu")
+                f"start at most {count} processes per node (--nproc-per-node {count}) or train with --device "
+                "cpu")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -237,9 +239,10 @@ def describe_failure(group: Group, error: BaseException, step: int) -> Distribut
         A DistributedError that tells how to resume.
     """
     return DistributedError(
-        f"rank {group.rank} of {group.world_size} lost the process group at step {step}: another rank stopped, "
-        f"was killed or timed out (torchrun's summary names it). The last checkpoint is intact: continue with "
-        f"--resume (any number of processes). Cause: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
+        f"rank {group.rank} of {group.world_size} lost the process group at step {step}: another rank "
+        "stopped, was killed or timed out (torchrun's summary names it). The last checkpoint is intact: "
+        "continue with --resume (any number of processes). Cause: "
+        f"{str(error).splitlines()[0] if str(error) else type(error).__name__}")
 
 
 def is_collective_failure(error: BaseException) -> bool:
@@ -255,7 +258,8 @@ def is_collective_failure(error: BaseException) -> bool:
         return True
     text = str(error)
     return isinstance(error, RuntimeError) and any(
-        s in text for s in ("Connection closed by peer", "Connection reset by peer", "Timed out", "NCCL", "Gloo"))
+        s in text
+        for s in ("Connection closed by peer", "Connection reset by peer", "Timed out", "NCCL", "Gloo"))
 
 
 # -- launching ---------------------------------------------------------------------------------
@@ -299,7 +303,8 @@ def launch(nproc: int, argv: list[str]) -> int:
         DistributedError: nproc < 1, or called inside a torchrun worker.
     """
     if nproc < 1:
-        raise DistributedError(f"--nproc {nproc}: need at least 1 process; use the number of GPUs (or CPU workers)")
+        raise DistributedError(f"--nproc {nproc}: need at least 1 process; use the number of GPUs (or CPU "
+                               "workers)")
     if in_torchrun():
         raise DistributedError("--nproc was given inside a torchrun worker (RANK is set); "
                                "either launch with torchrun or with --nproc, not both")

@@ -64,7 +64,8 @@ def causal_bias(t: int, device: torch.device) -> Tensor:
 
 
 def wide(x: Tensor) -> Tensor:
-    """Returns x in at least fp32 (fp16 and bf16 become fp32): fp16 overflows in LayerNorm, softmax and large sums.
+    """Returns x in at least fp32 (fp16 and bf16 become fp32): fp16 overflows in LayerNorm, softmax and
+    large sums.
 
     Args:
         x: any tensor; fp32 and fp64 are returned as they are.

@@ -5,7 +5,8 @@ from __future__ import annotations
 def bleu(hypotheses: list[str], references: list[str]) -> float:
     """Corpus BLEU of hypotheses against one reference each.
 
-    The tokenisation is 'zh' when the references are Chinese (a CJK character in one of the first 50), else '13a'.
+    The tokenisation is 'zh' when the references are Chinese (a CJK character in one of the first 50),
+    else '13a'.
 
     Args:
         hypotheses: the translations to score.

@@ -99,7 +99,8 @@ def beam_search(
     cache_indices = torch.tensor([0])
     for t in range(max_length):
         log_probs, state = step(tokens, cache_indices, t, state)
-        log_probs = log_probs.double().cpu()  # the search's bookkeeping is on the host; the step owns the device
+        # the search's bookkeeping is on the host; the step owns the device
+        log_probs = log_probs.double().cpu()
         if t < min_length:
             log_probs[:, eos_id] = float("-inf")
         vocab = log_probs.shape[1]
@@ -157,7 +158,8 @@ def greedy_search(
     done = [False] * rows
     for t in range(max(limits)):
         log_probs, state = step(tokens, cache_indices, t, state)
-        log_probs = log_probs.double().cpu()  # the search's bookkeeping is on the host; the step owns the device
+        # the search's bookkeeping is on the host; the step owns the device
+        log_probs = log_probs.double().cpu()
         if t < min_length:
             log_probs[:, eos_id] = float("-inf")
         best = log_probs.argmax(dim=-1)

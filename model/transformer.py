@@ -110,7 +110,8 @@ class MultiHeadAttention(nn.Module):
         """
         k = torch.cat([past[0], self.rows_to_heads(self.w_k(x))], dim=2)
         v = torch.cat([past[1], self.rows_to_heads(self.w_v(x))], dim=2)
-        # the newest position attends to every cached position of its own (all of them, but in a serving batch)
+        # the newest position attends to every cached position of its own (all of them, but in a serving
+        # batch)
         context = self.attention(self.rows_to_heads(self.w_q(x)), k, v, bias)  # (R, H, 1, Dh)
         return self.w_o(context.reshape(-1, self.n_heads * self.head_dim)), (k, v)
 
@@ -128,9 +129,11 @@ class MultiHeadAttention(nn.Module):
         Returns:
             (R, D), and the attention weights averaged over heads (R, S) in fp32.
         """
-        q = self.w_q(x).reshape(kv[0].shape[0], -1, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, R/B, Dh)
+        # (B, H, R/B, Dh)
+        q = self.w_q(x).reshape(kv[0].shape[0], -1, self.n_heads, self.head_dim).transpose(1, 2)
         weights = self.attention_weights(q, kv[0], bias)  # (B, H, R/B, S)
-        context = torch.matmul(self.dropout(weights.to(kv[1].dtype)), kv[1]).transpose(1, 2)  # (B, R/B, H, Dh)
+        # (B, R/B, H, Dh)
+        context = torch.matmul(self.dropout(weights.to(kv[1].dtype)), kv[1]).transpose(1, 2)
         averaged = weights.mean(dim=1).reshape(-1, weights.shape[-1])  # (R, S)
         return self.w_o(context.reshape(-1, self.n_heads * self.head_dim)), averaged
 
@@ -209,7 +212,8 @@ class DecoderLayer(nn.Module):
         self.sub_self, self.sub_cross, self.sub_ff = Sublayer(cfg), Sublayer(cfg), Sublayer(cfg)
 
     def forward(self, x: Tensor, self_bias: Tensor, cross: KV, cross_bias: Tensor) -> Tensor:
-        """Returns the layer's output (B, T, D), teacher-forced: all target positions at once under the causal mask.
+        """Returns the layer's output (B, T, D), teacher-forced: all target positions at once under the
+        causal mask.
 
         Args:
             x: (B, T, D).
@@ -271,7 +275,8 @@ class Transformer(nn.Module):
             else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
         )
         # Stored positions (an imported model's own table) travel with the weights; ours are recomputed.
-        self.register_buffer("positions", sinusoid_table(cfg.max_positions, d), persistent=cfg.stored_positions)
+        self.register_buffer("positions", sinusoid_table(cfg.max_positions, d),
+                             persistent=cfg.stored_positions)
         if cfg.separate_positions:  # mBART learns a table per stack: the decoder's, beside the encoder's
             self.register_buffer("tgt_positions", sinusoid_table(cfg.max_positions, d))
         self.embed_dropout = nn.Dropout(cfg.dropout)
@@ -290,7 +295,8 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Initialises the weights: Xavier-uniform matrices, zero biases, N(0, d_model^-0.5) embeddings, zero pad row."""
+        """Initialises the weights: Xavier-uniform matrices, zero biases, N(0, d_model^-0.5) embeddings,
+        zero pad row."""
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed" not in name:
                 nn.init.xavier_uniform_(p)
@@ -369,7 +375,8 @@ class Transformer(nn.Module):
             tokens: (R, 1) the newest token of each row.
             step: (1,) its position, or (R,) each row's (a serving batch: rows at different steps, each
                 with its step[r] cached positions at the end of the P slots; layers.own_past_bias).
-            cache_indices: (R,) the row of `past` each new row continues (beam reordering, dropping finished rows).
+            cache_indices: (R,) the row of `past` each new row continues (beam reordering, dropping
+                finished rows).
             past: per layer 2 x (R_prev, H, P, Dh).
             cross: per layer 2 x (B, H, S, Dh).
             src_mask: (B, S).

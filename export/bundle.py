@@ -23,7 +23,8 @@ from .quantize import quantize_graphs
 from .weights import check_stored_graph, store_weights
 
 DECODERS = ("both", "standard")  # export_bundle's `decoder`: which decoder graphs a bundle gets
-DECODING_DEFAULTS = {"beam_size": 4, "length_penalty": 1.0, "max_length_a": 1.5, "max_length_b": 10, "min_length": 0}
+DECODING_DEFAULTS = {"beam_size": 4, "length_penalty": 1.0, "max_length_a": 1.5, "max_length_b": 10,
+                     "min_length": 0}
 # What `verify` holds each kind of bundle to. fp32 is held to 1e-4 on log-probabilities (we aim for
 # 1e-5); reduced precision is judged by its own bounds plus agreement with the fp32 model.
 TOLERANCES = {
@@ -63,7 +64,8 @@ def building(out: Path, force: bool, what: str, ckpt: str | Path):
     Raises:
         ExportError: as atomic.building raises its `error`.
     """
-    return atomic.building(out, force, what, error=ExportError, inputs={"the checkpoint": ckpt}, ours=_is_bundle)
+    return atomic.building(out, force, what, error=ExportError, inputs={"the checkpoint": ckpt},
+                           ours=_is_bundle)
 
 
 def _version(dist: str) -> str | None:
@@ -117,7 +119,8 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
         scheme = write_graphs(model, tmp, dtype, quantize, fused)
         shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
-        write_meta(tmp, model, source=ckpt_dir.name, dtype=dtype, quantize=quantize, fused=fused, scheme=scheme)
+        write_meta(tmp, model, source=ckpt_dir.name, dtype=dtype, quantize=quantize, fused=fused,
+                   scheme=scheme)
         validate(tmp)
     return out
 
@@ -136,15 +139,17 @@ def check_options(dtype: str, quantize: str | None, decoder: str) -> bool:
         raise ExportError("--quantize int8 starts from float32 graphs; drop --dtype float16")
     if decoder not in DECODERS:
         raise ExportError(f"--decoder {decoder}: choose {' or '.join(DECODERS)}")
-    return decoder == "both" and dtype == "float32"  # int8 quantizes the fused graph's GEMMs, not its attention
+    # int8 quantizes the fused graph's GEMMs, not its attention
+    return decoder == "both" and dtype == "float32"
 
 
 PROTOBUF_LIMIT = 2**31  # bytes: one ONNX file (a protobuf message) cannot be larger
 
 
 def graph_sizes(model, dtype: str) -> dict[str, int]:
-    """Estimates the bytes of weights each graph holds: the encoder (source embedding, encoder layers, the decoder's
-    cross-attention key/value projections) and the decoder step (the rest; one copy of a tied table)."""
+    """Estimates the bytes of weights each graph holds: the encoder (source embedding, encoder layers,
+    the decoder's cross-attention key/value projections) and the decoder step (the rest; one copy of a
+    tied table)."""
     width = 2 if dtype == "float16" else 4
     encoder = decoder = 0
     for name, p in model.named_parameters():  # shared tensors are listed once
@@ -164,9 +169,10 @@ def check_graph_sizes(model, dtype: str) -> None:
     """
     for label, size in graph_sizes(model, dtype).items():
         if size >= PROTOBUF_LIMIT - (64 << 20):
-            raise ExportError(f"the {label} graph would hold {size / 2**30:.2f} GiB of weights, over the 2 GiB one ONNX "
-                              "file can hold: the exporter still writes each graph whole before moving its weights into "
-                              "weights.bin; export with --dtype float16 (half the size, for CUDA) or a smaller model")
+            raise ExportError(f"the {label} graph would hold {size / 2**30:.2f} GiB of weights, over the 2 "
+                              "GiB one ONNX file can hold: the exporter still writes each graph whole before "
+                              "moving its weights into weights.bin; export with --dtype float16 (half the "
+                              "size, for CUDA) or a smaller model")
 
 
 def write_graphs(model, directory: Path, dtype: str, quantize: str | None, fused: bool) -> dict | None:
@@ -188,7 +194,8 @@ def write_graphs(model, directory: Path, dtype: str, quantize: str | None, fused
     scheme = None
     if quantize == "int8":
         scheme = quantize_graphs(directory, graphs, contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS))
-    # the fused decoder first: its stacked QKV weights are stored whole, the standard decoder's Q, K, V as their parts
+    # the fused decoder first: its stacked QKV weights are stored whole, the standard decoder's Q, K, V
+    # as their parts
     store_weights(directory, sorted(graphs.values(), key=lambda name: name != fmt.FUSED_DECODER_FILE))
     for name in graphs.values():  # each graph again from its file, now with its external data
         check_stored_graph(directory / name)
@@ -214,7 +221,8 @@ def write_meta(directory: Path, model, *, source: str, dtype: str, quantize: str
     keys.update({k: v for k, v in fmt.OPTIONAL_FILE_KEYS.items() if k not in fmt.OPTIONAL_GRAPH_KEYS
                  and (directory / v).is_file()})
     files = {key: {"path": path, "sha256": fmt.sha256(directory / path)} for key, path in keys.items()}
-    graphs = graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size, fused=fused)
+    graphs = graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size,
+                             fused=fused)
     for label, graph in graphs.items():  # what a host's runtime must be able to run, read from the files
         graph["domains"] = graph_domains(onnx.load(str(directory / keys[label]), load_external_data=False))
     meta = {
@@ -226,12 +234,14 @@ def write_meta(directory: Path, model, *, source: str, dtype: str, quantize: str
         "max_positions": cfg.max_positions,
         "dtype": dtype,
         "quantization": quantize,
-        "quantization_scheme": scheme,  # export/quantize.py's SCHEME and the layers per graph; None unquantized
+        # export/quantize.py's SCHEME and the layers per graph; None unquantized
+        "quantization_scheme": scheme,
         "variant": variant(dtype, quantize),
         "tolerances": TOLERANCES[variant(dtype, quantize)],
         "files": files,
-        "tokenizers": {side: tokenizer_fingerprint(spm.SentencePieceProcessor(model_file=str(directory / path)))
-                       for side, path in (("source", fmt.SOURCE_SPM), ("target", fmt.TARGET_SPM))},
+        "tokenizers": {
+            side: tokenizer_fingerprint(spm.SentencePieceProcessor(model_file=str(directory / path)))
+            for side, path in (("source", fmt.SOURCE_SPM), ("target", fmt.TARGET_SPM))},
         "graphs": graphs,
         "decoding": DECODING_DEFAULTS if decoding is None else decoding,
         "source_checkpoint": source,

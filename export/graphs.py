@@ -24,7 +24,8 @@ IR_VERSION = 8
 
 
 class EncoderGraph(nn.Module):
-    """The encoder graph: (src_ids (B, S), src_lengths (B,)) -> src_mask (B, S), then per layer key, value (B, H, S, Dh).
+    """The encoder graph: (src_ids (B, S), src_lengths (B,)) -> src_mask (B, S), then per layer key,
+    value (B, H, S, Dh).
 
     Args:
         model: the model to trace.
@@ -48,7 +49,8 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderGraph(nn.Module):
-    """The decoder graph, one step: decode_step with its lists flattened in the order of runtime.bundle's names.
+    """The decoder graph, one step: decode_step with its lists flattened in the order of runtime.bundle's
+    names.
 
     It also outputs the last layer's head-averaged cross-attention (computed anyway: one ReduceMean more).
 
@@ -61,7 +63,8 @@ class DecoderGraph(nn.Module):
         self.model = model
         self.n_layers = model.cfg.n_decoder_layers
 
-    def forward(self, tokens: Tensor, step: Tensor, cache_indices: Tensor, *rest: Tensor) -> tuple[Tensor, ...]:
+    def forward(self, tokens: Tensor, step: Tensor, cache_indices: Tensor,
+                *rest: Tensor) -> tuple[Tensor, ...]:
         """Runs decode_step on flat inputs.
 
         Args:
@@ -83,7 +86,8 @@ class DecoderGraph(nn.Module):
 
 
 def example_inputs(model: Transformer, dtype: torch.dtype) -> tuple[tuple, tuple]:
-    """Returns tracing inputs with every dynamic size distinct and >= 2: batch 2, src 5, rows 6, prev 4, past 3.
+    """Returns tracing inputs with every dynamic size distinct and >= 2: batch 2, src 5, rows 6, prev 4,
+    past 3.
 
     Args:
         model: the model (its encoder is run to make the decoder's cross inputs).
@@ -102,7 +106,8 @@ def example_inputs(model: Transformer, dtype: torch.dtype) -> tuple[tuple, tuple
     cache = torch.randn(prev_rows, cfg.n_heads, past, cfg.head_dim, dtype=dtype)
     dec = (
         torch.randint(4, cfg.tgt_vocab_size, (rows, 1)),
-        torch.tensor([past, past, 1, past, 0, 2]),  # (rows,): traced per row, so that a serving batch runs too
+        # (rows,): traced per row, so that a serving batch runs too
+        torch.tensor([past, past, 1, past, 0, 2]),
         torch.tensor([0, 1, 1, 2, 3, 3]),
         *[cache.clone() for _ in range(2 * cfg.n_decoder_layers)],
         *cross,
@@ -111,7 +116,8 @@ def example_inputs(model: Transformer, dtype: torch.dtype) -> tuple[tuple, tuple
     return enc, dec
 
 
-def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = torch.float32) -> tuple[Path, Path]:
+def export_graphs(model: Transformer, out_dir: Path, *,
+                  dtype: torch.dtype = torch.float32) -> tuple[Path, Path]:
     """Writes encoder.onnx and decoder.onnx into out_dir.
 
     Args:
@@ -141,7 +147,8 @@ def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = tor
         with _shared_generator(model):
           _export(
             DecoderGraph(model), dec_inputs, dec_path,
-            inputs=[names.TOKENS, names.STEP, names.CACHE_INDICES, *names.past_names(n), *names.cross_names(n), names.SRC_MASK],
+            inputs=[names.TOKENS, names.STEP, names.CACHE_INDICES, *names.past_names(n),
+                    *names.cross_names(n), names.SRC_MASK],
             outputs=[names.LOG_PROBS, *names.present_names(n), names.CROSS_ATTENTION],
             axes={
                 names.TOKENS: {0: "rows"}, names.STEP: {0: "step_rows"}, names.CACHE_INDICES: {0: "rows"},
@@ -167,7 +174,8 @@ def _shared_generator(model: Transformer):
     gen = model.generator
     shared = gen.bias is None
     if shared:
-        gen.bias = nn.Parameter(torch.zeros(gen.out_features, dtype=gen.weight.dtype, device=gen.weight.device))
+        gen.bias = nn.Parameter(torch.zeros(gen.out_features, dtype=gen.weight.dtype,
+                                            device=gen.weight.device))
     try:
         yield
     finally:
@@ -175,7 +183,8 @@ def _shared_generator(model: Transformer):
             gen.bias = None
 
 
-def _export(module: nn.Module, args: tuple, path: Path, *, inputs: list[str], outputs: list[str], axes: dict) -> None:
+def _export(module: nn.Module, args: tuple, path: Path, *, inputs: list[str], outputs: list[str],
+            axes: dict) -> None:
     # The TorchScript exporter on purpose: its dynamic_axes give the named axes of bundle.json
     # directly, and it emits plain MatMul/Softmax at opset 17. It warns that it is legacy. It writes
     # to the file (not to a buffer), and the file is checked from disk: an NLLB-size graph is 1.7 GB,

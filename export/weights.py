@@ -63,9 +63,9 @@ def store_weights(directory: Path, files: list[str]) -> WeightsReport:
 
     Args:
         directory: the bundle being written.
-        files: the graph file names, one loaded at a time in this order, each graph's largest tensors first: a
-            graph holding stacked weights (the fused decoder's QKV) goes before the one holding their parts, so
-            that a part is found in its whole.
+        files: the graph file names, one loaded at a time in this order, each graph's largest tensors
+            first: a graph holding stacked weights (the fused decoder's QKV) goes before the one holding
+            their parts, so that a part is found in its whole.
 
     Returns:
         What was written.
@@ -92,7 +92,8 @@ def store_weights(directory: Path, files: list[str]) -> WeightsReport:
                 report.referenced += size
                 report.references += 1
                 report.per_graph[name] = report.per_graph.get(name, 0) + size
-                external_data_helper.set_external_data(tensor, names.WEIGHTS_FILE, offset=where[key], length=size)
+                external_data_helper.set_external_data(tensor, names.WEIGHTS_FILE, offset=where[key],
+                                                       length=size)
                 tensor.ClearField("raw_data")
                 tensor.data_location = onnx.TensorProto.EXTERNAL
             onnx.save(proto, str(directory / name))  # the graph alone: its tensors' bytes are in the file
@@ -102,7 +103,8 @@ def store_weights(directory: Path, files: list[str]) -> WeightsReport:
 
 
 def _large_initializers(name: str, proto: onnx.ModelProto) -> list[onnx.TensorProto]:
-    """The initializers of MIN_EXTERNAL_BYTES or more (large Constant nodes made initializers first), as raw bytes.
+    """The initializers of MIN_EXTERNAL_BYTES or more (large Constant nodes made initializers first), as
+    raw bytes.
 
     Raises:
         ValueError: an initializer that is already external data.
@@ -120,12 +122,14 @@ def _large_initializers(name: str, proto: onnx.ModelProto) -> list[onnx.TensorPr
 
 
 def constants_to_initializers(graph: onnx.GraphProto, min_bytes: int = MIN_EXTERNAL_BYTES) -> None:
-    """Turns Constant nodes of at least `min_bytes` into initializers of the same name: a large one (the tracer's
-    positional table) can then live in the weights file (a Constant's value cannot be external data), and a
-    layer's bias that the tracer folded into a Constant is an initializer that export/quantize.py can read."""
+    """Turns Constant nodes of at least `min_bytes` into initializers of the same name: a large one (the
+    tracer's positional table) can then live in the weights file (a Constant's value cannot be external
+    data), and a layer's bias that the tracer folded into a Constant is an initializer that
+    export/quantize.py can read."""
     keep = []
     for node in graph.node:
-        value = next((a.t for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
+        value = (next((a.t for a in node.attribute if a.name == "value"), None)
+                 if node.op_type == "Constant" else None)
         if value is not None and len(node.output) == 1 and numpy_helper.to_array(value).nbytes >= min_bytes:
             tensor = numpy_helper.from_array(numpy_helper.to_array(value), node.output[0])
             graph.initializer.append(tensor)
@@ -137,7 +141,8 @@ def constants_to_initializers(graph: onnx.GraphProto, min_bytes: int = MIN_EXTER
 
 
 def _register_parts(where: dict, tensor: onnx.TensorProto, raw: bytes, offset: int) -> None:
-    """Registers the equal parts of a tensor along its first axis (halves, thirds) as found at their offsets."""
+    """Registers the equal parts of a tensor along its first axis (halves, thirds) as found at their
+    offsets."""
     rows = tensor.dims[0] if tensor.dims else 0
     view = memoryview(raw)
     for k in PARTS:

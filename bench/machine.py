@@ -66,6 +66,7 @@ def describe_machine(threads: int) -> dict:
         "os": platform.platform(), "python": platform.python_version(),
         "versions": {
             "torch": _version("torch"), "onnxruntime": _version("onnxruntime-gpu", "onnxruntime"),
-            "ctranslate2": _version("ctranslate2"), "numpy": _version("numpy"), "seq2onnx": _version("seq2onnx"),
+            "ctranslate2": _version("ctranslate2"), "numpy": _version("numpy"),
+            "seq2onnx": _version("seq2onnx"),
         },
     }

@@ -33,22 +33,24 @@ def format_machine(report: dict) -> str:
     if report.get("sweep"):
         tried = sorted({label for labels in report["sweep"].values() for label in labels}, key=_setting_order)
         threads = (f"swept: every engine at {', '.join(tried)} (N x 1 thread: N batches at once, CTranslate2 "
-                   f"inter_threads=N; seq2onnx one Translator shared by N threads; not for torch); the equal-threads "
-                   f"table is every engine at {report['threads']}")
+                   "inter_threads=N; seq2onnx one Translator shared by N threads; not for torch); the "
+                   f"equal-threads table is every engine at {report['threads']}")
     else:
-        threads = (f"{report['threads']} for every engine (torch.set_num_threads, onnxruntime intra_op_num_threads, "
-                   f"ctranslate2 intra_threads; inter_threads=1)")
+        threads = (f"{report['threads']} for every engine (torch.set_num_threads, onnxruntime "
+                   f"intra_op_num_threads, ctranslate2 intra_threads; inter_threads=1)")
     lines = [
         f"machine:   {m['cpu']} ({cores}; {m['memory_gb']} GB), {m['os']}, Python {m['python']}",
         f"threads:   {threads}",
-        f"versions:  torch {v['torch']}, onnxruntime {v['onnxruntime']}, ctranslate2 {v['ctranslate2'] or '(not installed)'}, "
-        f"numpy {v['numpy']}",
+        f"versions:  torch {v['torch']}, onnxruntime {v['onnxruntime']}, ctranslate2 "
+        f"{v['ctranslate2'] or '(not installed)'}, numpy {v['numpy']}",
         f"load avg:  {m['load_average_at_start']} at start (other processes on the CPU make timings noisy)",
-        f"model:     {report['checkpoint']}: d_model {cfg['d_model']}, {cfg['n_encoder_layers']}+{cfg['n_decoder_layers']} layers, "
-        f"{cfg['n_heads']} heads, d_ff {cfg['d_ff']}, vocab {cfg['src_vocab_size']}/{cfg['tgt_vocab_size']}, "
+        f"model:     {report['checkpoint']}: d_model {cfg['d_model']}, "
+        f"{cfg['n_encoder_layers']}+{cfg['n_decoder_layers']} layers, {cfg['n_heads']} heads, d_ff "
+        f"{cfg['d_ff']}, vocab {cfg['src_vocab_size']}/{cfg['tgt_vocab_size']}, "
         f"{'pre' if cfg['pre_norm'] else 'post'}-LN",
-        f"sentences: {report['sentences']} from the {report['sentences_source']}, {report['mean_source_tokens']:.1f} "
-        f"source tokens on average; the same sentences and batches for every engine; max length {report['max_length']}",
+        f"sentences: {report['sentences']} from the {report['sentences_source']}, "
+        f"{report['mean_source_tokens']:.1f} source tokens on average; the same sentences and batches for "
+        f"every engine; max length {report['max_length']}",
     ]
     return "\n".join(lines)
 
@@ -89,8 +91,8 @@ def format_table(report: dict, key: str = "rows") -> str:
         The table.
     """
     setting = key == "best"
-    head = ["engine", "search", "batch", *(["setting"] if setting else []), "tokens/s", "sent/s", "p50 ms", "p90 ms",
-            "peak RSS MB", "x torch", "x ct2", "agree"]
+    head = ["engine", "search", "batch", *(["setting"] if setting else []), "tokens/s", "sent/s", "p50 ms",
+            "p90 ms", "peak RSS MB", "x torch", "x ct2", "agree"]
     rows = []
     for r in report[key]:
         agree = "-" if r["agreement"] is None else f"{r['agreement']}/{r['agreement_of']}"
@@ -116,14 +118,16 @@ def format_settings(report: dict) -> str:
     best = {(r["engine"], r["search"], r["batch"]): r["setting"] for r in report["best"]}
     cells: dict[tuple, dict] = {}
     for r in report["sweep_rows"]:
-        cells.setdefault((r["engine"], r["setting"]), {"rss": r["peak_rss_mb"]})[(r["search"], r["batch"])] = r
+        cell = cells.setdefault((r["engine"], r["setting"]), {"rss": r["peak_rss_mb"]})
+        cell[(r["search"], r["batch"])] = r
     head = ["engine", "setting", *(f"{s} b{b}" for s, b in configs), "peak RSS MB"]
     order = sorted(cells, key=lambda k: (list(ENGINES).index(k[0]), _setting_order(k[1])))
     rows = []
     for engine, label in order:
         got = cells[(engine, label)]
-        rows.append([engine, label, *(_f(got[c]["tokens_per_s"], ".0f") + ("*" if best.get((engine, *c)) == label else " ")
-                                      if c in got else "-" for c in configs), _f(got["rss"], ".0f")])
+        marked = [_f(got[c]["tokens_per_s"], ".0f") + ("*" if best.get((engine, *c)) == label else " ")
+                  if c in got else "-" for c in configs]
+        rows.append([engine, label, *marked, _f(got["rss"], ".0f")])
     return "\n".join(_lines(head, rows, [k[0] for k in order], {"engine", "setting"}))
 
 
@@ -139,22 +143,26 @@ def format_report(report: dict) -> str:
     parts = [format_machine(report), ""]
     each = "every engine at every setting" if report.get("sweep") else "every engine"
     rounds = (f"; {report['repeat']} rounds, each running {each} once: tokens/s is the median pass, "
-              "a ratio the median over rounds of the ratio within a round" if report.get("repeat", 1) > 1 else "")
+              "a ratio the median over rounds of the ratio within a round"
+              if report.get("repeat", 1) > 1 else "")
     if report.get("sweep"):
-        parts += ["each engine at its best setting per row (best against best):", format_table(report, "best"), "",
-                  "every setting, tokens/s (* the engine's best in that column):", format_settings(report), "",
-                  f"every engine at {report['threads']} thread{'s' if report['threads'] > 1 else ''}, one batch at a "
-                  "time (equal threads):", format_table(report), ""]
-        parts.append("agree: outputs (best hypothesis) equal to torch's at batch 1 with the same search; x torch / "
-                     "x ct2: tokens/s ratios against the torch row and the CTranslate2 row of the same device and "
-                     "precision (same search, same batch): in the first table each engine's best against the other's "
-                     "best, in the last the rows at equal threads; p50/p90 are empty for N x 1 settings (batches "
-                     "overlap: only a pass's wall time is measured)" + rounds)
+        parts += ["each engine at its best setting per row (best against best):",
+                  format_table(report, "best"), "",
+                  "every setting, tokens/s (* the engine's best in that column):", format_settings(report),
+                  "",
+                  f"every engine at {report['threads']} thread{'s' if report['threads'] > 1 else ''}, one "
+                  "batch at a time (equal threads):", format_table(report), ""]
+        parts.append("agree: outputs (best hypothesis) equal to torch's at batch 1 with the same search; x "
+                     "torch / x ct2: tokens/s ratios against the torch row and the CTranslate2 row of the "
+                     "same device and precision (same search, same batch): in the first table each engine's "
+                     "best against the other's best, in the last the rows at equal threads; p50/p90 are "
+                     "empty for N x 1 settings (batches overlap: only a pass's wall time is measured)"
+                     + rounds)
     else:
         parts += [format_table(report), ""]
         parts.append("agree: outputs (best hypothesis) equal to torch's at batch 1 with the same search; "
-                     "x torch / x ct2: tokens/s ratios against the torch row and the CTranslate2 row of the same "
-                     "device and precision (same search, same batch)" + rounds)
+                     "x torch / x ct2: tokens/s ratios against the torch row and the CTranslate2 row of the "
+                     "same device and precision (same search, same batch)" + rounds)
     parts.append("note: " + TORCH_BEAM_NOTE)
     ct2 = report.get("ct2_check")
     if ct2 and ct2.get("reason"):

@@ -52,7 +52,8 @@ def _setting(res: dict, threads: int | None) -> Setting:
     return Setting(res.get("intra_threads") or threads or 0, res.get("parallel", 1))
 
 
-def _row(name: str, res: dict, c: dict, n: int, limits: list[int], ref_out: dict, threads: int | None) -> dict:
+def _row(name: str, res: dict, c: dict, n: int, limits: list[int], ref_out: dict,
+         threads: int | None) -> dict:
     beam, batch = c["beam"], c["batch"]
     setting = _setting(res, threads)
     tokens = target_tokens(c["outputs"], limits)
@@ -70,7 +71,8 @@ def _row(name: str, res: dict, c: dict, n: int, limits: list[int], ref_out: dict
         "batch_latency_p50_ms": percentile(c["batch_latencies_ms"], 50),
         "peak_rss_mb": res["peak_rss_mb"], "rss_after_load_mb": res["rss_after_load_mb"],
         "load_seconds": res["load_seconds"], "description": res["description"],
-        "agreement": sum(a == b for a, b in zip(c["outputs"], ref_same)) if ref_same else None, "agreement_of": n,
+        "agreement": sum(a == b for a, b in zip(c["outputs"], ref_same)) if ref_same else None,
+        "agreement_of": n,
         "greedy_agreement": (sum(a == b for a, b in zip(c["outputs"], ref_greedy))
                              if beam == 1 and ref_greedy else None),
         "outputs": c["outputs"],
@@ -85,13 +87,15 @@ def _check_ct2(rows: list[dict], n: int) -> dict:
     if any(r["kind"] == "ct2" for r in rows):
         bad = [r for r in ct2_check if r["greedy_agreement"] != n]
         if not ct2_check:
-            ct2.update(valid=False, reason="ct2-cpu-fp32 did not run, so the conversion is unchecked: timings void")
+            ct2.update(valid=False, reason="ct2-cpu-fp32 did not run, so the conversion is unchecked: "
+                                           "timings void")
         elif bad:
             worst = min(r["greedy_agreement"] or 0 for r in bad)
-            ct2.update(valid=False, reason=f"CTranslate2's fp32 greedy outputs equal ours on only {worst}/{n} "
-                       "sentences: the conversion is not the same model, its timings are void")
+            ct2.update(valid=False, reason="CTranslate2's fp32 greedy outputs equal ours on only "
+                       f"{worst}/{n} sentences: the conversion is not the same model, its timings are void")
         else:
-            ct2.update(valid=True, reason=f"CTranslate2's fp32 greedy outputs equal ours on {n}/{n} sentences")
+            ct2.update(valid=True, reason=f"CTranslate2's fp32 greedy outputs equal ours on {n}/{n} "
+                                          "sentences")
         for r in rows:
             if r["kind"] == "ct2":
                 r["void"] = not ct2["valid"]
@@ -136,7 +140,8 @@ def _ratio(r: dict, base: dict) -> float | None:
         return None
     a, b = r["pass_seconds"], base["pass_seconds"]
     if len(a) == len(b) > 1 and all(x > 0 for x in a + b):
-        return float(np.median([(r["target_tokens"] / x) / (base["target_tokens"] / y) for x, y in zip(a, b)]))
+        return float(np.median([(r["target_tokens"] / x) / (base["target_tokens"] / y)
+                                for x, y in zip(a, b)]))
     return r["tokens_per_s"] / base["tokens_per_s"]
 
 
@@ -153,7 +158,8 @@ def _add_ratios(rows: list[dict]) -> None:
 
 def _best(rows: list[dict]) -> list[dict]:
     """Per engine and configuration, a copy of its fastest row (most tokens/s), with ratios against the
-    torch row's best and the CTranslate2 peer's best of the same configuration, and every setting's tokens/s."""
+    torch row's best and the CTranslate2 peer's best of the same configuration, and every setting's
+    tokens/s."""
     by_key: dict[tuple, list[dict]] = {}
     for r in rows:
         by_key.setdefault((r["engine"], r["beam"], r["batch"]), []).append(r)
@@ -187,9 +193,11 @@ def fill_rows(report: dict, results: dict, limits: list[int]) -> None:
     refs = [res for res in results.values() if res["engine"] == "torch"]
     ref = next((res for res in refs if is_equal(res)), refs[0] if refs else None)
     ref_out = {(c["beam"], c["batch"]): c["outputs"] for c in ref["configs"]} if ref else {}
-    every = [_row(res["engine"], res, c, n, limits, ref_out, threads) for res in results.values() for c in res["configs"]]
+    every = [_row(res["engine"], res, c, n, limits, ref_out, threads)
+             for res in results.values() for c in res["configs"]]
     report["ct2_check"] = _check_ct2(every, n)  # every CTranslate2 setting's outputs must be the model's
-    rows = [r for r in every if not swept or (r["intra_threads"], r["parallel"]) == (equal.intra, equal.parallel)]
+    rows = [r for r in every
+            if not swept or (r["intra_threads"], r["parallel"]) == (equal.intra, equal.parallel)]
     _add_ratios(rows)
     report["rows"] = rows
     if swept:

@@ -79,7 +79,8 @@ def _ensure_bundle(ckpt_dir: Path, directory: Path, precision: str, weights_sha:
         return "reused"
     if directory.exists() and not (directory / "bundle.json").is_file():
         raise ValueError(f"{directory} exists and is not a bundle; remove it or choose another --bundle-dir")
-    dtype, quantize = {"fp32": ("float32", None), "int8": ("float32", "int8"), "fp16": ("float16", None)}[precision]
+    exports = {"fp32": ("float32", None), "int8": ("float32", "int8"), "fp16": ("float16", None)}
+    dtype, quantize = exports[precision]
     export_bundle(ckpt_dir, directory, dtype=dtype, quantize=quantize, force=directory.exists())
     stamps[precision] = stamp
     stamps_path.write_text(json.dumps(stamps, indent=1) + "\n")
@@ -229,7 +230,8 @@ def _report_head(ckpt_dir: str, cfg, sources: list[list[int]], origin: str, too_
         "sentences_dropped_too_long": too_long, "mean_source_tokens": sum(map(len, sources)) / len(sources),
         "model": cfg.to_dict(), "machine": describe_machine(threads), "threads": threads, "repeat": repeat,
         "sweep": None,
-        "configs": [{"search": "greedy" if b == 1 else f"beam{b}", "beam": b, "batch": bs} for b, bs in CONFIGS],
+        "configs": [{"search": "greedy" if b == 1 else f"beam{b}", "beam": b, "batch": bs}
+                    for b, bs in CONFIGS],
         "max_length": f"min({dd['max_length_a']} x source tokens + {dd['max_length_b']}, "
                       f"{cfg.max_positions})",
         "notes": [TORCH_BEAM_NOTE,

@@ -84,7 +84,8 @@ def describe_setting(kind: str, setting: Setting) -> str:
     """The engine's own words for a setting (the report's notes and each row's description)."""
     if kind == "ct2":
         text = f"intra_threads={setting.intra} inter_threads={setting.parallel}"
-        return text + (", the pass's batches submitted at once (asynchronous=True)" if setting.parallel > 1 else "")
+        at_once = ", the pass's batches submitted at once (asynchronous=True)"
+        return text + (at_once if setting.parallel > 1 else "")
     if kind == "onnx":
         text = f"intra_op_num_threads={setting.intra}"
         return text + (f", one Translator shared by {setting.parallel} threads, each taking the next batch"

@@ -36,8 +36,9 @@ class CT2Runner(Runner):
         # our convention (and PyTorch's search) allows. max_batch_size = the call's sentences: one
         # batch per call, the bench's batch.
         return self.tr.translate_batch(
-            tokens, beam_size=beam, length_penalty=1.0, max_batch_size=max(len(indices), 1), batch_type="examples",
-            max_decoding_length=max(self.limits[i] for i in indices), min_decoding_length=0, asynchronous=asynchronous)
+            tokens, beam_size=beam, length_penalty=1.0, max_batch_size=max(len(indices), 1),
+            batch_type="examples", max_decoding_length=max(self.limits[i] for i in indices),
+            min_decoding_length=0, asynchronous=asynchronous)
 
     def _ids(self, indices, res):
         return [[self.tgt_ids.get(p, self.unk) for p in r.hypotheses[0]][: self.limits[i]]

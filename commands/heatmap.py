@@ -25,7 +25,9 @@ def picture_path(path: Path) -> Path:
     Args:
         path: the attention file (JSON lines); without a suffix, or with .html, ".html" is appended.
     """
-    return path.with_suffix(".html") if path.suffix and path.suffix != ".html" else path.with_name(path.name + ".html")
+    if path.suffix and path.suffix != ".html":
+        return path.with_suffix(".html")
+    return path.with_name(path.name + ".html")
 
 
 def record(line: int, source_pieces: list[str], target_pieces: list[str], weights: np.ndarray) -> dict:
@@ -44,8 +46,8 @@ def record(line: int, source_pieces: list[str], target_pieces: list[str], weight
         ValueError: weights of another shape.
     """
     if weights.shape != (len(target_pieces), len(source_pieces)):
-        raise ValueError(f"line {line}: attention of shape {weights.shape} for {len(target_pieces)} target and "
-                         f"{len(source_pieces)} source pieces")
+        raise ValueError(f"line {line}: attention of shape {weights.shape} for {len(target_pieces)} target "
+                         f"and {len(source_pieces)} source pieces")
     return {"line": line, "source_pieces": source_pieces, "target_pieces": target_pieces,
             "attention": np.round(weights.astype(np.float64), DIGITS).tolist()}
 
@@ -104,8 +106,8 @@ def page(records: list[dict], total: int, data_name: str) -> str:
     """
     parts = [f"<!doctype html><meta charset=utf-8><title>seq2onnx attention</title><style>{_STYLE}</style>",
              "<h1 style='font-size:18px'>Cross-attention, last decoder layer, averaged over heads</h1>",
-             f"<p>Rows: target pieces; columns: source pieces (the end token last); cells: weight in percent. "
-             f"{len(records)} of {total} lines drawn; all are in {html.escape(data_name)}.</p>"]
+             "<p>Rows: target pieces; columns: source pieces (the end token last); cells: weight in "
+             f"percent. {len(records)} of {total} lines drawn; all are in {html.escape(data_name)}.</p>"]
     for rec in records:
         parts.append(f"<h2>line {rec['line']}</h2>{table(rec)}")
     return "\n".join(parts) + "\n"

@@ -12,20 +12,24 @@ _EOF = object()
 
 
 class LineReader:
-    """Lines from a byte source, read on a thread, so that the translating thread can answer before more input comes.
+    """Lines from a byte source, read on a thread, so that the translating thread can answer before more
+    input comes.
 
-    The translating thread takes the lines that have arrived so far and translates them (a filter, a co-process,
-    `tail -f | seq2onnx translate`). The reading thread holds no lock of Python's buffered streams, so a thread still blocked
-    on stdin cannot stall the interpreter's exit. Lines end at b"\\n" only; each is handed over as raw bytes, without its "\\n".
+    The translating thread takes the lines that have arrived so far and translates them (a filter, a
+    co-process, `tail -f | seq2onnx translate`). The reading thread holds no lock of Python's buffered
+    streams, so a thread still blocked on stdin cannot stall the interpreter's exit. Lines end at b"\\n"
+    only; each is handed over as raw bytes, without its "\\n".
 
     Args:
-        read (Callable[[], bytes]): os.read on a file descriptor for stdin and -i FILE alike, so both take the same path.
+        read (Callable[[], bytes]): os.read on a file descriptor for stdin and -i FILE alike, so both
+            take the same path.
         max_queued: lines held at most (bounded: a fast producer cannot fill memory).
     """
 
     def __init__(self, read, max_queued: int = 4096):
         self._queue: queue.Queue = queue.Queue(max_queued)  # bounded: a fast producer cannot fill memory
-        threading.Thread(target=self._run, args=(read,), daemon=True, name="seq2onnx-translate-reader").start()
+        threading.Thread(target=self._run, args=(read,), daemon=True,
+                         name="seq2onnx-translate-reader").start()
 
     def _run(self, read) -> None:
         pending = bytearray()

@@ -55,10 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     """
     parser = argparse.ArgumentParser(
         prog="seq2onnx",
-        description="Train a Transformer in PyTorch, export it as two ONNX graphs, verify parity, translate without torch.",
-        epilog="`seq2onnx COMMAND --help` explains a command. translate, translate-dataset, web and verify-host need "
-               "only the runtime (pip install 'seq2onnx[cpu]'; verify-host also Node.js and npm ci --prefix js); the "
-               f"others ({', '.join(TRAINING_COMMANDS)}) need the training extra (pip install 'seq2onnx[train,cpu]').",
+        description="Train a Transformer in PyTorch, export it as two ONNX graphs, verify parity, translate "
+                    "without torch.",
+        epilog="`seq2onnx COMMAND --help` explains a command. translate, translate-dataset, web and "
+               "verify-host need only the runtime (pip install 'seq2onnx[cpu]'; verify-host also Node.js and "
+               f"npm ci --prefix js); the others ({', '.join(TRAINING_COMMANDS)}) need the training extra "
+               "(pip install 'seq2onnx[train,cpu]').",
     )
     parser.add_argument("--version", action="version", version=f"seq2onnx {_version()}")
     add_debug(parser)
@@ -98,9 +100,10 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
             raise
         from seq2onnx.runtime.bundle import BundleError
 
-        known = (CommandError, BundleError, ImportError, ValueError, TypeError, FileNotFoundError, PermissionError,
-                 RuntimeError, OSError)
-        kind = "" if isinstance(e, known) else f"unexpected {type(e).__name__} (rerun with --debug for the traceback): "
+        known = (CommandError, BundleError, ImportError, ValueError, TypeError, FileNotFoundError,
+                 PermissionError, RuntimeError, OSError)
+        kind = ("" if isinstance(e, known)
+                else f"unexpected {type(e).__name__} (rerun with --debug for the traceback): ")
         print(f"seq2onnx {args.command}: error: {kind}{e}", file=sys.stderr)
         return EXIT_FAIL
 

@@ -51,12 +51,14 @@ def import_ray():
         import ray.data  # noqa: F401  (ray without the [data] extra lacks pyarrow)
         import pyarrow  # noqa: F401
     except ImportError as e:
-        raise errors.CommandError(f"translate-dataset needs Ray Data ({e}): pip install 'seq2onnx[scale]'") from e
+        raise errors.CommandError(f"translate-dataset needs Ray Data ({e}): "
+                                  "pip install 'seq2onnx[scale]'") from e
     return ray
 
 
 def guess_format(path: Path, given: str | None, choices: tuple[str, ...]) -> str:
-    """Picks a file's format: the one given, else the one named by the suffix (.parquet, .jsonl/.ndjson/.json), else text.
+    """Picks a file's format: the one given, else the one named by the suffix (.parquet,
+    .jsonl/.ndjson/.json), else text.
 
     Args:
         path: the file.
@@ -99,7 +101,8 @@ def read_source(path: Path, fmt: str, column: str | None):
         raise errors.CommandError(f"INPUT {path}: no such file")
     if fmt == "text":
         if column is not None:
-            raise errors.CommandError(f"--column {column!r} applies to Parquet or JSONL input; {path} is read as text lines")
+            raise errors.CommandError(f"--column {column!r} applies to Parquet or JSONL input; {path} is "
+                                      "read as text lines")
         with open(path, encoding="utf-8", errors="replace", newline="") as f:
             lines = f.read().split("\n")
         if lines and lines[-1] == "":
@@ -116,13 +119,15 @@ def read_source(path: Path, fmt: str, column: str | None):
     names = table.column_names
     if column is None:
         if len(names) != 1:
-            raise errors.CommandError(f"{path} has the columns {names}; choose the one to translate with --column")
+            raise errors.CommandError(f"{path} has the columns {names}; choose the one to translate with "
+                                      "--column")
         column = names[0]
     if column not in names:
         raise errors.CommandError(f"--column {column!r} is not in {path}; its columns are {names}")
     values = table.column(column)
     if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
-        raise errors.CommandError(f"--column {column!r} of {path} holds {values.type}, not text; choose a string column")
+        raise errors.CommandError(f"--column {column!r} of {path} holds {values.type}, not text; choose a "
+                                  "string column")
     return values.combine_chunks().cast(pa.string())
 
 
@@ -143,19 +148,20 @@ def check_bundle_on_nodes(ray, bundle: Path) -> None:
 
     probe = ray.remote(num_cpus=0, max_retries=0)(_probe_bundle)
     nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
-    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(str(bundle))
-            for n in nodes]
+    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+            .remote(str(bundle)) for n in nodes]
     try:
         answers = ray.get(refs, timeout=PROBE_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError as e:
-        raise errors.CommandError(f"the Ray nodes did not answer the bundle check within {PROBE_TIMEOUT_S} s; is the cluster busy?") from e
+        raise errors.CommandError(f"the Ray nodes did not answer the bundle check within {PROBE_TIMEOUT_S} "
+                                  "s; is the cluster busy?") from e
     except ray.exceptions.RayError as e:  # typically: seq2onnx cannot be imported there
         raise errors.CommandError(f"a Ray worker could not check the bundle ({_worker_reason(e)}); "
                            "install seq2onnx[cpu] in every node's Python environment") from e
     failed = [a for a in answers if a]
     if failed:
-        raise errors.CommandError(f"a Ray worker cannot read the bundle {bundle}: {failed[0]}; put the bundle at the same "
-                           "path on every node (a shared filesystem) before translating")
+        raise errors.CommandError(f"a Ray worker cannot read the bundle {bundle}: {failed[0]}; put the "
+                           "bundle at the same path on every node (a shared filesystem) before translating")
 
 
 def _probe_bundle(path: str) -> str | None:
@@ -215,9 +221,9 @@ class TranslateBatches:
         return pa.table({"index": batch.column("index"), "translation": pa.array(out, pa.string())})
 
 
-def translate_dataset(bundle: str | Path, source, output: Path, *, output_format: str = "text", workers: int = 1,
-                      threads: int = 1, device: str = "cpu", lines_per_task: int = 256, actor_class=TranslateBatches,
-                      **options) -> dict:
+def translate_dataset(bundle: str | Path, source, output: Path, *, output_format: str = "text",
+                      workers: int = 1, threads: int = 1, device: str = "cpu", lines_per_task: int = 256,
+                      actor_class=TranslateBatches, **options) -> dict:
     """Translates `source` (a pyarrow string array) on the connected Ray instance into `output`.
 
     Args:
@@ -268,7 +274,8 @@ def translate_dataset(bundle: str | Path, source, output: Path, *, output_format
     finally:
         ctx.execution_options.preserve_order = saved
     seconds = time.perf_counter() - t0
-    return {"lines": n, "seconds": round(seconds, 3), "lines_per_second": round(n / seconds, 2) if seconds else None,
+    return {"lines": n, "seconds": round(seconds, 3),
+            "lines_per_second": round(n / seconds, 2) if seconds else None,
             "workers": workers, "threads": threads}
 
 
@@ -292,8 +299,8 @@ class _Writer:
     def write(self, batch) -> None:
         index = batch.column("index").to_pylist()
         if index != list(range(self.rows, self.rows + len(index))):
-            raise RuntimeError(f"rows came back out of order: expected index {self.rows}, got {index[:1]}...; "
-                               "the output was not written")
+            raise RuntimeError(f"rows came back out of order: expected index {self.rows}, got "
+                               f"{index[:1]}...; the output was not written")
         if self.fmt == "parquet":
             self.file.write_table(batch.select(["translation"]).cast(self.schema))
         else:
@@ -308,19 +315,25 @@ class _Writer:
 
 def add(sub) -> None:
     """Registers `translate-dataset` on the `seq2onnx` subparsers."""
-    p = sub.add_parser("translate-dataset", help="translate a corpus on Ray Data (pip install 'seq2onnx[scale]')",
-                       description="Translate a text file, or one column of a Parquet/JSONL file, over a pool of Ray "
-                       "actors that each load the bundle once; write the translations in input order, one per line "
-                       "(text) or as the column 'translation' (Parquet). Runs a local Ray instance unless --address.")
+    p = sub.add_parser("translate-dataset", help="translate a corpus on Ray Data (pip install "
+                                                 "'seq2onnx[scale]')",
+                       description="Translate a text file, or one column of a Parquet/JSONL file, over a "
+                       "pool of Ray actors that each load the bundle once; write the translations in input "
+                       "order, one per line (text) or as the column 'translation' (Parquet). Runs a local "
+                       "Ray instance unless --address.")
     p.add_argument("bundle")
     p.add_argument("input", help="text file (one source per line), .parquet or .jsonl")
     p.add_argument("output", help="file to write: text, or Parquet for a .parquet name (see --format)")
-    p.add_argument("--column", help="the column to translate in Parquet/JSONL input (default: the only column)")
+    p.add_argument("--column", help="the column to translate in Parquet/JSONL input (default: the only "
+                                    "column)")
     p.add_argument("--input-format", choices=INPUT_FORMATS, help="default: from INPUT's suffix")
     p.add_argument("--format", choices=OUTPUT_FORMATS, help="output format (default: from OUTPUT's suffix)")
-    p.add_argument("--address", help="an existing Ray cluster (host:port, ray://..., or 'auto'); default: a local instance")
-    p.add_argument("--workers", type=int, default=2, help="actors, each with its own copy of the model (default 2)")
-    p.add_argument("--threads", type=int, default=1, help="onnxruntime threads, and Ray CPUs, per actor (default 1)")
+    p.add_argument("--address", help="an existing Ray cluster (host:port, ray://..., or 'auto'); default: a "
+                                     "local instance")
+    p.add_argument("--workers", type=int, default=2, help="actors, each with its own copy of the model "
+                                                          "(default 2)")
+    p.add_argument("--threads", type=int, default=1, help="onnxruntime threads, and Ray CPUs, per actor "
+                                                          "(default 1)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda gives each actor one GPU")
     p.add_argument("--beam", type=int, default=None, help="beam size; 1 is greedy (default: the bundle's)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per decoder batch, as in translate")
@@ -328,7 +341,8 @@ def add(sub) -> None:
                    help="at most this many rows per block sent to an actor (the unit retried; default 256)")
     p.add_argument("--truncate", action="store_true", help="cut sources longer than the model's positions")
     p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
-    p.add_argument("--json", action="store_true", help="print the run's statistics as one JSON line on stdout")
+    p.add_argument("--json", action="store_true", help="print the run's statistics as one JSON line on "
+                                                       "stdout")
     p.set_defaults(func=run)
 
 
@@ -336,7 +350,8 @@ def run(args) -> int:
     """Runs `seq2onnx translate-dataset`; user errors raise CommandError (or BundleError)."""
     for name in ("workers", "threads", "batch_size", "lines_per_task"):
         if getattr(args, name) < 1:
-            raise errors.CommandError(f"--{name.replace('_', '-')} {getattr(args, name)}; it must be at least 1")
+            raise errors.CommandError(f"--{name.replace('_', '-')} {getattr(args, name)}; it must be at "
+                                      "least 1")
     # abspath, not resolve: a shared mount may be reached through a symlink that differs per node.
     bundle, source_path, output = Path(os.path.abspath(args.bundle)), Path(args.input), Path(args.output)
     atomic.refuse_overlap(output, {"INPUT": source_path, "the bundle": bundle}, errors.CommandError)
@@ -349,26 +364,29 @@ def run(args) -> int:
                                   "choose a writable place for the output")
     ray = import_ray()
     read_bundle(bundle)  # here, hashes included; before Ray starts
-    source = read_source(source_path, guess_format(source_path, args.input_format, INPUT_FORMATS), args.column)
+    source = read_source(source_path, guess_format(source_path, args.input_format, INPUT_FORMATS),
+                         args.column)
     started = not ray.is_initialized()
     if started:  # "local" starts a fresh instance even where `ray start` left one running
         ray.init(address=args.address or "local", include_dashboard=False, logging_level=logging.WARNING)
     try:
         need, have = args.workers * args.threads, ray.cluster_resources().get("CPU", 0)
         if need > have:
-            message = (f"--workers {args.workers} x --threads {args.threads} needs {need} CPUs; the Ray instance has "
-                       f"{have:g}: lower --workers or --threads")
+            message = (f"--workers {args.workers} x --threads {args.threads} needs {need} CPUs; the Ray "
+                       f"instance has {have:g}: lower --workers or --threads")
             if not args.address:
                 raise errors.CommandError(message)
             print(f"warning: {message} (or wait for the cluster to scale up)", file=sys.stderr)
         check_bundle_on_nodes(ray, bundle)
         options = {"beam_size": args.beam, "max_batch_size": args.batch_size, "truncate": args.truncate}
         try:
-            stats = translate_dataset(bundle, source, output, output_format=guess_format(output, args.format, OUTPUT_FORMATS),
+            output_format = guess_format(output, args.format, OUTPUT_FORMATS)
+            stats = translate_dataset(bundle, source, output, output_format=output_format,
                                       workers=args.workers, threads=args.threads, device=args.device,
                                       lines_per_task=args.lines_per_task, **options)
         except ray.exceptions.RayError as e:  # a worker's error, wrapped by Ray: name the worker's exception
-            raise RuntimeError(f"translation failed on a Ray worker: {_worker_reason(e)}; {output} was not written") from e
+            raise RuntimeError(f"translation failed on a Ray worker: {_worker_reason(e)}; {output} was not "
+                               "written") from e
     finally:
         if started:
             ray.shutdown()

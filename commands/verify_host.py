@@ -48,47 +48,53 @@ def _js_dir_default() -> Path:
 
 
 def find_node_host(node: str | None = None, js_dir: str | Path | None = None) -> dict:
-    """Returns the Node host to run: {"node": executable, "cli": seq2onnx-js.mjs, "js_dir", "node_version", "onnxruntime_node"}.
+    """Returns the Node host to run: {"node": executable, "cli": seq2onnx-js.mjs, "js_dir",
+    "node_version", "onnxruntime_node"}.
 
     Args:
         node: the node executable; None: the one on PATH.
         js_dir: the checkout's js/ folder; None: default_js_dir().
 
     Raises:
-        CommandError: naming what to install or pass when node, the JS host or its node_modules is missing (or not Node.js).
+        CommandError: naming what to install or pass when node, the JS host or its node_modules is
+            missing (or not Node.js).
     """
     js = Path(js_dir) if js_dir is not None else _js_dir_default()
     script = js / "bin" / "seq2onnx-js.mjs"
     if not script.is_file():
-        raise errors.CommandError(f"{js}: no JS host there (bin/seq2onnx-js.mjs); verify-host needs the js/ folder of a "
-                               "seq2onnx checkout: pass --js-dir DIR")
+        raise errors.CommandError(f"{js}: no JS host there (bin/seq2onnx-js.mjs); verify-host needs the js/ "
+                                  "folder of a seq2onnx checkout: pass --js-dir DIR")
     if node is None:
         found = shutil.which("node")
         if found is None:
-            raise errors.CommandError("node is not installed (not on PATH): install Node.js >= 18.17 (Debian: apt-get "
-                                   f"install nodejs npm), then the JS host's dependencies: npm ci --prefix {js}; "
-                                   "or pass --node PATH")
+            raise errors.CommandError("node is not installed (not on PATH): install Node.js >= 18.17 "
+                                      "(Debian: apt-get install nodejs npm), then the JS host's "
+                                      f"dependencies: npm ci --prefix {js}; or pass --node PATH")
         node = found
     elif not (os.path.isfile(node) and os.access(node, os.X_OK)):
         raise errors.CommandError(f"--node {node}: not an executable file; give the path of the node binary")
     for package in ("onnxruntime-node", "@sctg/sentencepiece-js"):
         if not (js / "node_modules" / package / "package.json").is_file():
-            raise errors.CommandError(f"{js / 'node_modules' / package}: missing; install the JS host's dependencies: "
-                                   f"npm ci --prefix {js}")
+            raise errors.CommandError(f"{js / 'node_modules' / package}: missing; install the JS host's "
+                                      f"dependencies: npm ci --prefix {js}")
     try:
-        version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+        version = subprocess.run([node, "--version"], capture_output=True, text=True,
+                                 timeout=60).stdout.strip()
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise errors.CommandError(f"{node} --version failed ({e}); give a working node with --node PATH") from e
+        raise errors.CommandError(f"{node} --version failed ({e}); "
+                                  "give a working node with --node PATH") from e
     match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+\S*", version)
     if not match:
         said = version.splitlines()[0][:60] if version else "nothing"
-        raise errors.CommandError(f"--node {node}: not Node.js (`{node} --version` printed {said!r}, not a version like "
-                                  "v20.11.1); give the path of the node binary with --node PATH")
+        raise errors.CommandError(f"--node {node}: not Node.js (`{node} --version` printed {said!r}, not a "
+                                  "version like v20.11.1); give the path of the node binary with --node PATH")
     if tuple(map(int, match.groups())) < NODE_MIN:
         raise errors.CommandError(f"{node} is Node.js {version}; the JS host needs Node.js >= "
                                   f"{NODE_MIN[0]}.{NODE_MIN[1]}: install a newer one or pass --node PATH")
-    ort_node = json.loads((js / "node_modules" / "onnxruntime-node" / "package.json").read_text(encoding="utf-8"))
-    return {"node": node, "cli": script, "js_dir": js, "node_version": version, "onnxruntime_node": ort_node.get("version")}
+    ort_package = js / "node_modules" / "onnxruntime-node" / "package.json"
+    ort_node = json.loads(ort_package.read_text(encoding="utf-8"))
+    return {"node": node, "cli": script, "js_dir": js, "node_version": version,
+            "onnxruntime_node": ort_node.get("version")}
 
 
 def _run_node(host: dict, args: list[str], lines: list[str]) -> tuple[list[dict], dict | None]:
@@ -97,15 +103,17 @@ def _run_node(host: dict, args: list[str], lines: list[str]) -> tuple[list[dict]
     stdin = "".join(line + "\n" for line in lines)
     # The host runs in its own folder: paths given relative to ours are made absolute first.
     args = [str(Path(a).resolve()) if i == 1 else a for i, a in enumerate(args)]
-    proc = subprocess.run([host["node"], str(host["cli"]), *args], input=stdin, capture_output=True, text=True,
-                          encoding="utf-8", cwd=host["js_dir"])
+    proc = subprocess.run([host["node"], str(host["cli"]), *args], input=stdin, capture_output=True,
+                          text=True, encoding="utf-8", cwd=host["js_dir"])
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-3:]
-        raise errors.CommandError(f"the Node host failed (exit {proc.returncode}) on `{' '.join(args[:2])} ...`: "
-                               + (" | ".join(tail) or "no message"))
+        command = " ".join(args[:2])
+        raise errors.CommandError(f"the Node host failed (exit {proc.returncode}) on `{command} ...`: "
+                                  + (" | ".join(tail) or "no message"))
     out = proc.stdout.splitlines()
     if len(out) != len(lines):
-        raise errors.CommandError(f"the Node host wrote {len(out)} lines for {len(lines)} inputs (`{' '.join(args[:2])}`)")
+        raise errors.CommandError(f"the Node host wrote {len(out)} lines for {len(lines)} inputs "
+                                  f"(`{' '.join(args[:2])}`)")
     timing = None
     for line in proc.stderr.splitlines():
         if line.startswith("seq2onnx-js: timing "):
@@ -127,7 +135,8 @@ def _lines(path: Path) -> list[str]:
         raise errors.CommandError(f"{path}: no such file") from None
     except UnicodeDecodeError as e:
         line = path.read_bytes()[: e.start].count(b"\n") + 1
-        raise errors.CommandError(f"{path}: line {line} is not UTF-8 ({e.reason}); give a UTF-8 file") from None
+        raise errors.CommandError(f"{path}: line {line} is not UTF-8 ({e.reason}); "
+                                  "give a UTF-8 file") from None
     lines = text.removeprefix("\ufeff").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -162,7 +171,8 @@ def _synthetic(bundle_dir: Path, count: int, seed: int = 0) -> list[str]:
 def read_sentences(*, bundle_dir: str | Path, data: str | None = None, src_col: int = 0,
                    sentences_file: str | None = None, synthetic: bool = False,
                    count: int = DEFAULT_SENTENCES) -> tuple[list[str], str]:
-    """Returns the sentences to compare and a description of where they come from, read from exactly one source.
+    """Returns the sentences to compare and a description of where they come from, read from exactly
+    one source.
 
     Args:
         bundle_dir: the bundle (its vocabulary, for synthetic sentences).
@@ -172,19 +182,22 @@ def read_sentences(*, bundle_dir: str | Path, data: str | None = None, src_col: 
         count: blank lines and empty sentences are left out; of the rest, `count` evenly spaced ones are kept.
 
     Raises:
-        CommandError: none or several sources are given, the file lacks the column, or a bad count or no sentence.
+        CommandError: none or several sources are given, the file lacks the column, or a bad count or
+            no sentence.
     """
-    given = [name for name, on in (("--data", data), ("--sentences-file", sentences_file), ("--synthetic", synthetic)) if on]
+    sources = (("--data", data), ("--sentences-file", sentences_file), ("--synthetic", synthetic))
+    given = [name for name, on in sources if on]
     if not given:
-        raise errors.CommandError("give the sentences to compare: --sentences-file FILE (one per line), --data TSV "
-                               "--src-col N (a column of a tab-separated file) or --synthetic (random pieces of the "
-                               "bundle's source vocabulary)")
+        raise errors.CommandError("give the sentences to compare: --sentences-file FILE (one per line), "
+                                  "--data TSV --src-col N (a column of a tab-separated file) or --synthetic "
+                                  "(random pieces of the bundle's source vocabulary)")
     if len(given) > 1:
         raise errors.CommandError(f"{' and '.join(given)}: give one source of sentences")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise errors.CommandError(f"--sentences {count}: give an integer >= 1")
     if synthetic:
-        return _synthetic(Path(bundle_dir), count), f"{count} synthetic texts from the bundle's source vocabulary (seed 0)"
+        described = f"{count} synthetic texts from the bundle's source vocabulary (seed 0)"
+        return _synthetic(Path(bundle_dir), count), described
     path = Path(data or sentences_file)
     lines = _lines(path)
     if data:
@@ -196,8 +209,8 @@ def read_sentences(*, bundle_dir: str | Path, data: str | None = None, src_col: 
                 continue
             columns = line.split("\t")
             if src_col >= len(columns):
-                raise errors.CommandError(f"{path}: line {n} has {len(columns)} tab-separated columns; --src-col {src_col} "
-                                       f"needs at least {src_col + 1}")
+                raise errors.CommandError(f"{path}: line {n} has {len(columns)} tab-separated columns; "
+                                          f"--src-col {src_col} needs at least {src_col + 1}")
             texts.append(columns[src_col])
         what = f"column {src_col} of {path.name}"
     else:
@@ -220,14 +233,16 @@ def _cut(text: str, n: int = 50) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _compare_search(label: str, sources: list[str], python, node: list[dict], differences: list) -> tuple[dict, dict, float, int]:
+def _compare_search(label: str, sources: list[str], python, node: list[dict],
+                    differences: list) -> tuple[dict, dict, float, int]:
     """Rows for one search: ids identical per sentence (every hypothesis), texts identical, and the
     largest score difference over hypotheses whose ids agree."""
     same_ids = same_text = hyps = compared = 0
     worst = 0.0
     shown = 0
     for i, (p, n) in enumerate(zip(python, node)):
-        ids_equal = [a == b for a, b in zip(p.token_ids, n["token_ids"])] + [False] * abs(len(p.token_ids) - len(n["token_ids"]))
+        missing = abs(len(p.token_ids) - len(n["token_ids"]))  # hypotheses one side lacks
+        ids_equal = [a == b for a, b in zip(p.token_ids, n["token_ids"])] + [False] * missing
         same_ids += all(ids_equal)
         hyps += len(p.hypotheses)
         same_text += sum(a == b for a, b in zip(p.hypotheses, n["hypotheses"]))
@@ -263,7 +278,8 @@ def _compare_tokens(label: str, texts: list[str], tokenizer, node: list[dict], d
             differences.append({"check": label, "sentence": i, "source": text,
                                 "python": {"ids": ids, "decoded": tokenizer.decode(ids)},
                                 "node": {"ids": n["ids"], "decoded": n["decoded"]}})
-    return _check(f"{label} ids identical", f"{same}/{len(texts)}", "all", same == len(texts), "ids and detokenised text")
+    return _check(f"{label} ids identical", f"{same}/{len(texts)}", "all", same == len(texts),
+                  "ids and detokenised text")
 
 
 def _target_tokens(results) -> int:
@@ -271,9 +287,39 @@ def _target_tokens(results) -> int:
     return sum(len(r[0]) + 1 for r in results)
 
 
-def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, threads: int = 1, node: str | None = None,
-                js_dir: str | Path | None = None, log=None, source_lang: str | None = None,
-                target_lang: str | None = None) -> dict:
+def _python_searches(translator, source_ids: list[list[int]], searches: dict[str, tuple[int, int]],
+                     target_lang: str | None, log) -> tuple[dict[str, list], dict[str, float]]:
+    """Each search's results from the Python runtime, read in chunks, and its seconds."""
+    python, python_s = {}, {}
+    for label, (size, n_best) in searches.items():
+        log(f"the Python runtime: {label} on {len(source_ids)} sentences")
+        t0 = time.perf_counter()
+        python[label] = [r for start in range(0, len(source_ids), READ_CHUNK)
+                         for r in translator.translate_batch(source_ids[start:start + READ_CHUNK],
+                                                             beam_size=size, num_hypotheses=n_best,
+                                                             return_scores=True, max_batch_size=MAX_BATCH,
+                                                             target_lang=target_lang)]
+        python_s[label] = time.perf_counter() - t0
+    return python, python_s
+
+
+def _node_searches(host: dict, bundle_dir: str | Path, source_ids: list[list[int]],
+                   searches: dict[str, tuple[int, int]], threads: int, flags: list[str],
+                   log) -> tuple[dict[str, list[dict]], dict[str, dict | None]]:
+    """Each search's results from the Node host (given the same source ids), and its timing."""
+    node, node_timing = {}, {}
+    id_lines = [json.dumps(ids) for ids in source_ids]
+    for label, (size, n_best) in searches.items():
+        log(f"the Node host: {label} on {len(source_ids)} sentences")
+        args = ["translate", str(bundle_dir), "--ids", "--json", "--timing", "--beam", str(size),
+                "--n-best", str(n_best), "--threads", str(threads), "--batch-size", str(MAX_BATCH), *flags]
+        node[label], node_timing[label] = _run_node(host, args, id_lines)
+    return node, node_timing
+
+
+def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, threads: int = 1,
+                node: str | None = None, js_dir: str | Path | None = None, log=None,
+                source_lang: str | None = None, target_lang: str | None = None) -> dict:
     """Translates `sentences` with the Python runtime and the Node host, and compares them.
 
     Args:
@@ -285,7 +331,8 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
         source_lang, target_lang: a multilingual bundle's languages, given to both hosts.
 
     Returns:
-        The report (see format_report): `passed`, the checks, up to SHOWN_DIFFERENCES differences per check, timing.
+        The report (see format_report): `passed`, the checks, up to SHOWN_DIFFERENCES differences per
+        check, timing.
 
     Raises:
         CommandError: the host cannot run (the message names what to install), or a beam below 2.
@@ -296,52 +343,43 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
 
     log = log or (lambda message: None)
     if isinstance(beam, bool) or not isinstance(beam, int) or beam < 2:
-        raise errors.CommandError(f"--beam {beam}: give a beam of at least 2 (greedy search is compared anyway)")
+        raise errors.CommandError(f"--beam {beam}: give a beam of at least 2 (greedy search is compared "
+                                  "anyway)")
     host = find_node_host(node, js_dir)
     started = time.perf_counter()
-    translator = Translator(bundle_dir, device="cpu", intra_threads=threads, _tuning=SessionTuning(decoder="standard"))
+    translator = Translator(bundle_dir, device="cpu", intra_threads=threads,
+                            _tuning=SessionTuning(decoder="standard"))
     langs = {"source_lang": source_lang, "target_lang": target_lang}
     prepared = [translator.prepare_source(s, truncate=True, **langs) for s in sentences]
     flags = [x for name, v in langs.items() if v for x in (f"--{name.replace('_', '-')}", v)]
     source_ids = [ids for ids, _ in prepared]
     searches = {"greedy": (1, 1), f"beam {beam}": (beam, beam)}
-    python, python_s = {}, {}
-    for label, (size, n_best) in searches.items():
-        log(f"the Python runtime: {label} on {len(sentences)} sentences")
-        t0 = time.perf_counter()
-        python[label] = [r for start in range(0, len(source_ids), READ_CHUNK)
-                         for r in translator.translate_batch(source_ids[start:start + READ_CHUNK], beam_size=size,
-                                                             num_hypotheses=n_best, return_scores=True,
-                                                             max_batch_size=MAX_BATCH, target_lang=target_lang)]
-        python_s[label] = time.perf_counter() - t0
-    node, node_timing = {}, {}
-    id_lines = [json.dumps(ids) for ids in source_ids]
-    for label, (size, n_best) in searches.items():
-        log(f"the Node host: {label} on {len(sentences)} sentences")
-        node[label], node_timing[label] = _run_node(host, ["translate", str(bundle_dir), "--ids", "--json", "--timing",
-                                                           "--beam", str(size), "--n-best", str(n_best),
-                                                           "--threads", str(threads), "--batch-size", str(MAX_BATCH),
-                                                           *flags],
-                                                    id_lines)
+    python, python_s = _python_searches(translator, source_ids, searches, target_lang, log)
+    node, node_timing = _node_searches(host, bundle_dir, source_ids, searches, threads, flags, log)
     # target texts: every hypothesis the Python runtime wrote, once each, in order
-    targets = list(dict.fromkeys(h for label in searches for r in python[label] for h in r.hypotheses if h.strip()))
+    targets = list(dict.fromkeys(h for label in searches for r in python[label] for h in r.hypotheses
+                                 if h.strip()))
     log("the Node host: tokenizers")
     node_source_tokens, _ = _run_node(host, ["tokenize", str(bundle_dir), "--side", "source"], sentences)
     node_target_tokens, _ = _run_node(host, ["tokenize", str(bundle_dir), "--side", "target"], targets)
 
     differences: list[dict] = []
-    checks = [_compare_tokens("source tokenizer", sentences, translator.source_tokenizer, node_source_tokens, differences),
-              _compare_tokens("target tokenizer", targets, translator.target_tokenizer, node_target_tokens, differences)]
+    checks = [_compare_tokens("source tokenizer", sentences, translator.source_tokenizer, node_source_tokens,
+                              differences),
+              _compare_tokens("target tokenizer", targets, translator.target_tokenizer, node_target_tokens,
+                              differences)]
     score_rows = []
     for label, (size, n_best) in searches.items():
         name = label if size == 1 else f"{label} (n-best {n_best})"
-        ids_row, text_row, worst, compared = _compare_search(name, sentences, python[label], node[label], differences)
+        ids_row, text_row, worst, compared = _compare_search(name, sentences, python[label], node[label],
+                                                             differences)
         checks += [ids_row, text_row]
-        score_rows.append(_check(f"{name} max |score diff|", f"{worst:.1e}", f"{SCORE_BOUND:.0e}", worst <= SCORE_BOUND,
-                                 f"over {compared} hypotheses with identical ids"))
+        score_rows.append(_check(f"{name} max |score diff|", f"{worst:.1e}", f"{SCORE_BOUND:.0e}",
+                                 worst <= SCORE_BOUND, f"over {compared} hypotheses with identical ids"))
     checks += score_rows
     speed = {label: {
-        "python_s": python_s[label], "node_s": node_timing[label]["translate_s"] if node_timing[label] else None,
+        "python_s": python_s[label],
+        "node_s": node_timing[label]["translate_s"] if node_timing[label] else None,
         "python_tokens": _target_tokens([r.token_ids for r in python[label]]),
         "node_tokens": _target_tokens([n["token_ids"] for n in node[label]]),
     } for label in searches}
@@ -370,26 +408,33 @@ def format_report(report: dict, source: str = "") -> str:
     lines = [
         f"verify-host {report['bundle']}: the Node host ({report['node_version']}, onnxruntime-node "
         f"{report['onnxruntime_node']}) against the Python runtime (onnxruntime {report['onnxruntime']})",
-        f"{report['decoder']} decoder on both, CPU, {report['threads']} thread(s) each; {source or str(report['sentences']) + ' sentences'}"
-        f"; {report['empty']} empty, {report['truncated']} cut to max_positions",
+        f"{report['decoder']} decoder on both, CPU, {report['threads']} thread(s) each; "
+        f"{source or str(report['sentences']) + ' sentences'}; {report['empty']} empty, "
+        f"{report['truncated']} cut to max_positions",
         f"{'check':<44} {'value':>11} {'bound':>7}  result",
     ]
     for c in report["checks"]:
-        lines.append(f"{c['name']:<44} {c['value']:>11} {c['bound']:>7}  {'ok' if c['passed'] else 'FAIL'}  {c['detail']}")
+        lines.append(f"{c['name']:<44} {c['value']:>11} {c['bound']:>7}  {'ok' if c['passed'] else 'FAIL'}  "
+                     f"{c['detail']}")
     if report["differences"]:
-        lines.append("differences (first of each check; scores are sums of log-probabilities, end token included):")
+        lines.append("differences (first of each check; scores are sums of log-probabilities, end token "
+                     "included):")
         for d in report["differences"]:
-            where = f"  {d['check']}, sentence {d['sentence']}" + (f", hypothesis {d['hypothesis']}" if "hypothesis" in d else "")
+            hypothesis = f", hypothesis {d['hypothesis']}" if "hypothesis" in d else ""
+            where = f"  {d['check']}, sentence {d['sentence']}{hypothesis}"
             lines.append(f"{where}: {_cut(d['source'])!r}")
             for side in ("python", "node"):
                 values = d[side]
-                shown = ", ".join(f"{k} {_cut(json.dumps(v, ensure_ascii=False), 80)}" for k, v in values.items())
+                shown = ", ".join(f"{k} {_cut(json.dumps(v, ensure_ascii=False), 80)}"
+                                  for k, v in values.items())
                 lines.append(f"    {side:<6} {shown}")
-    lines.append("speed (a measurement, not a check): target tokens per second inside translate calls, bundle load excluded")
+    lines.append("speed (a measurement, not a check): target tokens per second inside translate calls, "
+                 "bundle load excluded")
     for label, s in report["speed"].items():
         rate = lambda tokens, seconds: f"{tokens / seconds:,.0f}" if seconds else "-"  # noqa: E731
-        lines.append(f"  {label:<8} python {rate(s['python_tokens'], s['python_s']):>8} tok/s ({s['python_s']:.2f} s)   "
-                     f"node {rate(s['node_tokens'], s['node_s']):>8} tok/s ({s['node_s'] or 0:.2f} s)")
+        lines.append(f"  {label:<8} python {rate(s['python_tokens'], s['python_s']):>8} tok/s "
+                     f"({s['python_s']:.2f} s)   node {rate(s['node_tokens'], s['node_s']):>8} tok/s "
+                     f"({s['node_s'] or 0:.2f} s)")
     lines.append(f"wall time {report['wall_s']:.1f} s")
     lines.append("PASSED" if report["passed"] else "FAILED: see the rows marked FAIL")
     return "\n".join(lines)
@@ -400,33 +445,44 @@ def format_report(report: dict, source: str = "") -> str:
 def add(sub) -> None:
     """Registers `seq2onnx verify-host` on the CLI's subparsers."""
     p = sub.add_parser(
-        "verify-host", help="check that the Node host (js/) translates a bundle exactly as the Python runtime does",
+        "verify-host", help="check that the Node host (js/) translates a bundle exactly as the Python "
+                            "runtime does",
         description="Translate the same sentences with the Python runtime and with the Node host (node "
-                    "js/bin/seq2onnx-js.mjs) on the same bundle, and compare: tokenizer ids, greedy and beam-search "
-                    "token ids (the whole n-best), texts, and scores within 1e-4. Needs no PyTorch; needs Node.js "
-                    ">= 18.17 and the JS host's dependencies (npm ci --prefix js). Exit 1 when any check fails.",
-        epilog="Sentences: --sentences-file FILE (one per line), --data TSV --src-col N, or --synthetic (random "
-               "pieces of the bundle's source vocabulary, for a bundle without data at hand). Of a longer file, "
-               "--sentences lines evenly spaced over it are used. Example: seq2onnx verify-host my-bundle --data "
-               "corpus.tsv --src-col 1 --sentences 200")
+                    "js/bin/seq2onnx-js.mjs) on the same bundle, and compare: tokenizer ids, greedy and "
+                    "beam-search token ids (the whole n-best), texts, and scores within 1e-4. Needs no "
+                    "PyTorch; needs Node.js >= 18.17 and the JS host's dependencies (npm ci --prefix js). "
+                    "Exit 1 when any check fails.",
+        epilog="Sentences: --sentences-file FILE (one per line), --data TSV --src-col N, or --synthetic "
+               "(random pieces of the bundle's source vocabulary, for a bundle without data at hand). Of a "
+               "longer file, --sentences lines evenly spaced over it are used. Example: seq2onnx verify-host "
+               "my-bundle --data corpus.tsv --src-col 1 --sentences 200")
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle made by `seq2onnx export`")
-    p.add_argument("--host", default="node", choices=HOSTS, help="the host to compare with the Python runtime (default node)")
+    p.add_argument("--host", default="node", choices=HOSTS, help="the host to compare with the Python "
+                                                                 "runtime (default node)")
     given = p.add_argument_group("sentences (give one)")
     given.add_argument("--sentences-file", metavar="FILE", help="a text file, one sentence per line")
-    given.add_argument("--data", metavar="TSV", help="a tab-separated file; the sentences are column --src-col")
-    given.add_argument("--src-col", type=int, default=0, metavar="N", help="column of --data, from 0 (default 0)")
-    given.add_argument("--synthetic", action="store_true", help="texts of random pieces of the bundle's source vocabulary")
+    given.add_argument("--data", metavar="TSV", help="a tab-separated file; the sentences are column "
+                                                     "--src-col")
+    given.add_argument("--src-col", type=int, default=0, metavar="N", help="column of --data, from 0 "
+                                                                           "(default 0)")
+    given.add_argument("--synthetic", action="store_true", help="texts of random pieces of the bundle's "
+                                                                "source vocabulary")
     p.add_argument("--sentences", type=int, default=DEFAULT_SENTENCES, metavar="N",
                    help=f"how many sentences to compare (default {DEFAULT_SENTENCES})")
-    p.add_argument("--beam", type=int, default=4, metavar="K", help="beam size of the beam-search row; its n-best is all K (default 4)")
+    p.add_argument("--beam", type=int, default=4, metavar="K", help="beam size of the beam-search row; its "
+                                                                    "n-best is all K (default 4)")
     p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="onnxruntime intra-op threads of each host (default 1; the hosts run one after the other)")
-    p.add_argument("--source-lang", metavar="CODE", help="a multilingual bundle's source language, on both hosts")
-    p.add_argument("--target-lang", metavar="CODE", help="a multilingual bundle's target language, on both hosts")
+                   help="onnxruntime intra-op threads of each host (default 1; the hosts run one after the "
+                        "other)")
+    p.add_argument("--source-lang", metavar="CODE", help="a multilingual bundle's source language, on both "
+                                                         "hosts")
+    p.add_argument("--target-lang", metavar="CODE", help="a multilingual bundle's target language, on both "
+                                                         "hosts")
     p.add_argument("--node", metavar="PATH", help="the node executable (default: node on PATH)")
     p.add_argument("--js-dir", metavar="DIR", default=None,
                    help=f"the JS host's folder, with node_modules installed (default: {_js_dir_default()})")
-    p.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE (refused if it exists, unless --force)")
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE (refused if it "
+                                                  "exists, unless --force)")
     p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     p.set_defaults(func=run)
 
@@ -434,11 +490,14 @@ def add(sub) -> None:
 def run(args) -> int:
     """`seq2onnx verify-host`: the table on stdout, progress on stderr; exit 1 on any failed check."""
     if args.json and Path(args.json).exists() and not args.force:  # before minutes of work, not after
-        raise errors.CommandError(f"{args.json} exists; choose another --json FILE or pass --force to replace it")
+        raise errors.CommandError(f"{args.json} exists; choose another --json FILE or pass --force to "
+                                  "replace it")
     sentences, source = read_sentences(bundle_dir=args.bundle, data=args.data, src_col=args.src_col,
-                                       sentences_file=args.sentences_file, synthetic=args.synthetic, count=args.sentences)
+                                       sentences_file=args.sentences_file, synthetic=args.synthetic,
+                                       count=args.sentences)
     report = verify_host(args.bundle, sentences, beam=args.beam, threads=args.threads, node=args.node,
-                         js_dir=args.js_dir, log=lambda m: print(f"verify-host: {m}", file=sys.stderr, flush=True),
+                         js_dir=args.js_dir,
+                         log=lambda m: print(f"verify-host: {m}", file=sys.stderr, flush=True),
                          source_lang=args.source_lang, target_lang=args.target_lang)
     report["source"] = source
     print(format_report(report, source))

@@ -19,8 +19,8 @@ from seq2onnx import atomic
 from seq2onnx.runtime.bundle import BUNDLE_JSON, DECODER_LABELS, SPEC_PATH, STANDARD
 
 # The JS host's platform-free modules and its browser entry point (never platform-node.js).
-HOST_FILES = ("spec.js", "bundle.js", "checks.js", "search.js", "sampling.js", "tokenizer.js", "translator.js",
-              "platform-web.js", "index-web.js")
+HOST_FILES = ("spec.js", "bundle.js", "checks.js", "search.js", "sampling.js", "tokenizer.js",
+              "translator.js", "platform-web.js", "index-web.js")
 # Where the site keeps the bundle spec: host/spec.js fetches ../spec/bundle.json beside itself. It is
 # the spec of this package (SPEC_PATH, the repository's spec/bundle.json), the one that checked the bundle.
 SITE_SPEC = "spec/bundle.json"
@@ -51,18 +51,19 @@ def _check_js_dir(js_dir: Path) -> None:
     from seq2onnx.errors import CommandError
 
     if not all((js_dir / name).is_file() for name in ("package.json", "src/index-web.js", "web/index.html")):
-        raise CommandError(f"--js-dir {js_dir}: no JS host there (package.json, src/index-web.js, web/index.html); "
-                           "point it at the js/ folder of a seq2onnx checkout")
+        raise CommandError(f"--js-dir {js_dir}: no JS host there (package.json, src/index-web.js, "
+                           "web/index.html); point it at the js/ folder of a seq2onnx checkout")
     missing = [f"src/{name}" for name in HOST_FILES if not (js_dir / "src" / name).is_file()]
     missing += [f"web/{name}" for name in PAGE_FILES if not (js_dir / "web" / name).is_file()]
     if missing:
-        raise CommandError(f"--js-dir {js_dir}: the JS host lacks {', '.join(missing)}; point it at the js/ folder "
-                           "of a seq2onnx checkout of this version")
+        raise CommandError(f"--js-dir {js_dir}: the JS host lacks {', '.join(missing)}; point it at the js/ "
+                           "folder of a seq2onnx checkout of this version")
     manifest = json.loads((js_dir / "package.json").read_text(encoding="utf-8"))
     for package, _, _ in VENDOR_FILES:
         installed = js_dir / "node_modules" / package / "package.json"
         if not installed.is_file():
-            raise CommandError(f"{installed.parent}: missing; install the JS dependencies first: npm ci --prefix {js_dir}")
+            raise CommandError(f"{installed.parent}: missing; install the JS dependencies first: npm ci "
+                               f"--prefix {js_dir}")
         want = manifest.get("dependencies", {}).get(package)
         have = json.loads(installed.read_text(encoding="utf-8")).get("version")
         if want is not None and have != want:
@@ -92,15 +93,16 @@ def _write_site(site: Path, bundle, js_dir: Path) -> None:
         shutil.copyfile(js_dir / "node_modules" / package / source, site / target)
     # index.html's import map names the .js copy of onnxruntime-web (see VENDOR_FILES).
     page = site / "index.html"
-    page.write_text(page.read_text(encoding="utf-8").replace("ort.wasm.bundle.min.mjs", "ort.wasm.bundle.min.js"),
-                    encoding="utf-8")
+    html = page.read_text(encoding="utf-8").replace("ort.wasm.bundle.min.mjs", "ort.wasm.bundle.min.js")
+    page.write_text(html, encoding="utf-8")
     meta = _site_meta(bundle.meta)
     target = site / BUNDLE_FOLDER
     target.mkdir()
     for key, entry in meta["files"].items():
         dest = target / entry["path"]
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if key == "weights":  # read as a stream (runtime/weights.py): copied from the directory checked, hashed again
+        # read as a stream (runtime/weights.py): copied from the directory checked, hashed again
+        if key == "weights":
             bundle.weights.copy_to(dest)
             continue
         dest.write_bytes(bundle.bytes(key))  # the bytes that were hashed and checked, not the path again
@@ -112,7 +114,8 @@ def _write_site(site: Path, bundle, js_dir: Path) -> None:
 
 def build_site(bundle_dir: str | Path, out: str | Path, *, js_dir: str | Path | None = None,
                force: bool = False) -> Path:
-    """Writes the static site for a bundle into `out`, atomically (a temporary folder beside it, then a rename).
+    """Writes the static site for a bundle into `out`, atomically (a temporary folder beside it, then a
+    rename).
 
     The bundle is read once and loaded by the Python runtime first, with every check a host makes
     (every graph, the tokenizers, bundle.json against both): a bundle the browser would refuse is
@@ -158,10 +161,11 @@ def _size(path: Path) -> int:
 def add(subparsers) -> None:
     """Registers `seq2onnx web` on the CLI's subparsers."""
     p = subparsers.add_parser(
-        "web", help="write a static site that translates in the browser (onnxruntime-web, no server-side inference)",
+        "web", help="write a static site that translates in the browser (onnxruntime-web, no server-side "
+                    "inference)",
         description="Write a self-contained static site into OUT: the page, the JS host and its bundle spec, "
-                    "onnxruntime-web's WebAssembly files and the bundle's standard graphs. Serve it with any static "
-                    "file server, "
+                    "onnxruntime-web's WebAssembly files and the bundle's standard graphs. Serve it with any "
+                    "static file server, "
                     "e.g. python -m http.server -d OUT -b 127.0.0.1 8000. Needs the JS dependencies: "
                     "npm ci --prefix js.")
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle made by `seq2onnx export`")

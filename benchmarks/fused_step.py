@@ -180,23 +180,20 @@ def end_to_end(args) -> int:
     for d, t in tr.items():
         timed = _TimedSession(t.decoder)
         t.decoder = timed
-        inner = t._step_fn
         step_seconds = [0.0]
 
-        def step_fn(*a, _inner=inner, **kw):
-            step = _inner(*a, **kw)
-
+        def timing(step):
             def timed_step(*sa):
                 t0 = time.perf_counter()
                 out = step(*sa)
                 step_seconds[0] += time.perf_counter() - t0
                 return out
             return timed_step
-        t._step_fn = step_fn
-        t0 = time.perf_counter()
-        t.translate_batch(texts, beam_size=1, max_batch_size=1)
+        t0 = time.perf_counter()  # translate_batch, planned and run here with each search's step timed
+        plan = t.plan(texts, t.search_options(beam_size=1, max_batch_size=1))
+        plan.run(lambda job, _t=t: _t.search(job, wrap=timing))
         total = time.perf_counter() - t0
-        t.decoder, t._step_fn = timed.session, inner
+        t.decoder = timed.session
         n = timed.calls
         run_us, step_us, token_us = timed.seconds / n * 1e6, step_seconds[0] / n * 1e6, total / n * 1e6
         print(f"{d} greedy batch 1, {n} steps: session run {run_us:,.0f} us, step function {step_us:,.0f} us "

@@ -262,35 +262,35 @@ class _Recording:
     encoder's).
     """
 
-    def __init__(self, binding, fed: dict):
-        self._b, self._fed, self.inputs, self.outputs = binding, fed, {}, {}
+    def __init__(self, binding, fed: dict):  # binding: the IOBinding recorded
+        self.binding, self._fed, self.inputs, self.outputs = binding, fed, {}, {}
 
     def __getattr__(self, name):
-        return getattr(self._b, name)
+        return getattr(self.binding, name)
 
     def bind_cpu_input(self, name, array):
         self.inputs[name] = ("array", "cpu", int(array.nbytes))
-        return self._b.bind_cpu_input(name, array)
+        return self.binding.bind_cpu_input(name, array)
 
     def bind_ortvalue_input(self, name, value):
         how = "fed back" if id(value) in self._fed.get("ids", ()) else "value"
         self.inputs[name] = (how, value.device_name().lower(), 0)
-        return self._b.bind_ortvalue_input(name, value)
+        return self.binding.bind_ortvalue_input(name, value)
 
     def bind_input(self, name, device_type, *args, **kwargs):
         self.inputs[name] = ("value", str(device_type).lower(), 0)
-        return self._b.bind_input(name, device_type, *args, **kwargs)
+        return self.binding.bind_input(name, device_type, *args, **kwargs)
 
     def bind_output(self, name, device_type="cpu", *args, **kwargs):
         self.outputs[name] = str(device_type).lower()
-        return self._b.bind_output(name, device_type, *args, **kwargs)
+        return self.binding.bind_output(name, device_type, *args, **kwargs)
 
     def bind_ortvalue_output(self, name, value):
         self.outputs[name] = value.device_name().lower()
-        return self._b.bind_ortvalue_output(name, value)
+        return self.binding.bind_ortvalue_output(name, value)
 
     def get_outputs(self):
-        values = self._b.get_outputs()
+        values = self.binding.get_outputs()
         self._fed["ids"] = {id(v) for v in values}  # what the next run may bind again without a copy
         return values
 
@@ -311,7 +311,7 @@ def record_bindings(session, runs: list) -> None:
     def run_with_iobinding(binding, run_options=None):
         if isinstance(binding, _Recording):
             runs.append({"inputs": dict(binding.inputs), "outputs": dict(binding.outputs)})
-            binding = binding._b
+            binding = binding.binding
         return run(binding, run_options)
 
     session.io_binding, session.run_with_iobinding = io_binding, run_with_iobinding
@@ -431,7 +431,7 @@ def tf32_probe(translator, bundle: Path, sources: list) -> dict:
     from seq2onnx.runtime.ort_install import import_onnxruntime
 
     ort = import_onnxruntime()
-    src, lengths = translator._sources.pad(sources)
+    src, lengths = translator.sources.pad(sources)
     feeds = {fmt.SRC_IDS: src, fmt.SRC_LENGTHS: lengths}
     path = str(bundle / fmt.ENCODER_FILE)
     cpu = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)

@@ -103,7 +103,7 @@ class CT2Engine(Engine):
 
     def _limit(self, pieces: list[str], options: SearchOptions) -> int:
         """The runtime's maximum decoding length for a source of len(pieces) ids."""
-        return int(self.translator._max_lengths([pieces], options)[0])
+        return int(self.translator.max_lengths([pieces], options)[0])
 
     def _translate(self, texts: list[str], options: SearchOptions) -> list[TranslationResult]:
         n = options.num_hypotheses
@@ -135,7 +135,7 @@ class CT2Engine(Engine):
                 # for greedy search too; ours is the sum: multiplied back.
                 scores = ([float(s) * max(len(h), 1) ** options.length_penalty for s, h in zip(r.scores, full)]
                           if options.return_scores else None)
-                results[i] = TranslationResult([self.translator._decode(t) for t in ids], ids, scores)
+                results[i] = TranslationResult([self.translator.detokenize(t) for t in ids], ids, scores)
         return results  # type: ignore[return-value]
 
     def submit(self, texts: list[str], options: SearchOptions) -> Job:
@@ -160,7 +160,7 @@ class CT2Engine(Engine):
                         return
                     yield self._target_id(step.token)
 
-            yield from text_increments(self.translator._decode, ids())
+            yield from text_increments(self.translator.detokenize, ids())
         finally:
             self._count(1, options, -1)
 

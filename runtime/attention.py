@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import bundle as names
+from .binding import bind_decoder
 
 
 class NoAttentionOutput(ValueError):
@@ -78,19 +79,10 @@ def forced_attention(decoder, *, src_mask, cross: list, rows_per_source: int, hy
     keep = np.arange(rows, dtype=np.int64)  # every row continues itself
     weights = []
     for t in range(steps):
-        b = decoder.io_binding()
-        b.bind_cpu_input(names.TOKENS, np.ascontiguousarray(tokens[:, t : t + 1]))
-        b.bind_cpu_input(names.STEP, np.array([t], dtype=np.int64))
-        b.bind_cpu_input(names.CACHE_INDICES, keep)
-        b.bind_cpu_input(names.TOP_K, np.array([1], dtype=np.int64))
-        for name, value in zip(names.past_names(n_layers), past):
-            b.bind_ortvalue_input(name, value)
-        for name, value in zip(names.cross_names(n_layers), cross):
-            b.bind_ortvalue_input(name, value)
-        b.bind_ortvalue_input(names.SRC_MASK, src_mask)
-        for name in names.present_names(n_layers):
-            b.bind_output(name, device)
-        b.bind_output(names.CROSS_ATTENTION, "cpu")
+        b = bind_decoder(decoder, tokens=np.ascontiguousarray(tokens[:, t : t + 1]),
+                         steps=np.array([t], dtype=np.int64), cache_indices=keep,
+                         top_k=np.array([1], dtype=np.int64), past=past, cross=cross, src_mask=src_mask,
+                         present=device, outputs={names.CROSS_ATTENTION: "cpu"})
         decoder.run_with_iobinding(b)
         outputs = b.get_outputs()
         past = outputs[: 2 * n_layers]

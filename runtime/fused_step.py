@@ -298,6 +298,12 @@ class FusedStep:
         self._binding = buffers.binding
         self._bind()
 
+    @property
+    def cache(self) -> list[np.ndarray]:
+        """The key/value cache the kernel writes in place, per layer key then value: (rows, H, max_length,
+        Dh) each."""
+        return self._cache
+
     def _bind(self) -> None:
         """Binds the first batch x W rows of every array, sharing memory. The cache, tokens and
         outputs are rebound only when the rows change (a compaction, or buffers made for another

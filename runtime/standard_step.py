@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from . import bundle as names
+from .binding import bind_decoder
 from .search import TopK
 
 
@@ -45,11 +46,10 @@ class StandardStep:
         empty = np.zeros((rows, n_heads, 0, head_dim), dtype=cache_dtype)  # [rows, heads, 0 positions, head_dim]
         self.past = [to_device(empty) for _ in range(2 * n_layers)]
         self.cross, self.mask = cross, src_mask
-        self._wanted = [names.LOG_PROBS] if top_k is None else [names.TOPK_LOG_PROBS, names.TOPK_IDS]
+        # only what the search needs comes down
+        wanted = [names.LOG_PROBS] if top_k is None else [names.TOPK_LOG_PROBS, names.TOPK_IDS]
+        self._wanted = {name: "cpu" for name in wanted}
         self._k_input = np.array([top_k or 1], dtype=np.int64)
-        self._cross_names = names.cross_names(n_layers)
-        self._past_names = names.past_names(n_layers)
-        self._present_names = names.present_names(n_layers)
 
     def __call__(self, tokens: np.ndarray, cache_indices: np.ndarray, t: int, keep: np.ndarray | None):
         """Runs step t.
@@ -68,23 +68,14 @@ class StandardStep:
             # times per batch, not per step, so a round trip through the host is cheap.
             self.cross = [self._to_device(np.ascontiguousarray(v.numpy()[keep])) for v in self.cross]
             self.mask = self._to_device(np.ascontiguousarray(self.mask.numpy()[keep]))
-        b = self.decoder.io_binding()
-        b.bind_cpu_input(names.TOKENS, np.ascontiguousarray(tokens, dtype=np.int64))
-        b.bind_cpu_input(names.STEP, np.array([t], dtype=np.int64))
-        b.bind_cpu_input(names.CACHE_INDICES, np.ascontiguousarray(cache_indices, dtype=np.int64))
-        b.bind_cpu_input(names.TOP_K, self._k_input)
-        for name, value in zip(self._past_names, self.past):
-            b.bind_ortvalue_input(name, value)
-        for name, value in zip(self._cross_names, self.cross):
-            b.bind_ortvalue_input(name, value)
-        b.bind_ortvalue_input(names.SRC_MASK, self.mask)
-        for name in self._present_names:
-            b.bind_output(name, self._device)
-        for name in self._wanted:
-            b.bind_output(name, "cpu")  # only what the search needs comes down
+        b = bind_decoder(self.decoder, tokens=np.ascontiguousarray(tokens, dtype=np.int64),
+                         steps=np.array([t], dtype=np.int64),
+                         cache_indices=np.ascontiguousarray(cache_indices, dtype=np.int64),
+                         top_k=self._k_input, past=self.past, cross=self.cross, src_mask=self.mask,
+                         present=self._device, outputs=self._wanted)
         self.decoder.run_with_iobinding(b)
         outputs = b.get_outputs()
-        self.past = outputs[: len(self._present_names)]
+        self.past = outputs[: len(self.past)]
         if self.top_k is None:
             return outputs[-1].numpy()
         return TopK(outputs[-2].numpy(), outputs[-1].numpy(), self.vocab)

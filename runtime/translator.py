@@ -8,20 +8,20 @@ device and session options come from runtime/sessions.py, the searches from runt
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
 from . import bundle as names
 from .attention import check_attention_output, forced_attention
+from .binding import bind_encoder
 from .bundle import Bundle, BundleError, read_bundle
 from .checks import check_graphs, check_tokenizers, read_graphs
 from .fused_step import FusedStep, StepBufferPool
 from .options import SearchOptions, SessionTuning, check_intra_threads, resolve_search_options
-from .prefix import force_prefix
-from .sampling import sample_program
-from .search import SearchResult, beam_program, candidates_needed, greedy_program, run, stream_greedy
+from .plan import Plan, SearchJob, stream_job
+from .search import SearchResult, Step, candidates_needed, run, stream_greedy
 from .sessions import DEVICES, ort, open_sessions
 from .source import Sources
 from .standard_step import StandardStep
@@ -47,6 +47,12 @@ class Translator:
         _tuning: SessionTuning, knobs for measuring the defaults (benchmarks only; another type is a TypeError).
     Attributes:
         decoder_variant, decoder_reason: "fused" or "standard", the decoder graph driven, and why.
+        encoder, decoder: the onnxruntime sessions of the encoder and of the decoder driven.
+        sources: runtime/source.py's Sources: texts or ids to the encoder's ids (`ids`, `prepare`), and
+            padding (`pad`).
+        ort_device: "cpu" or "cuda", where the encoder's outputs and the cache stay.
+        The seam below translate_batch (plan, search, decoder_step, ...) is runtime/plan.py's; serve/ drives
+        it.
     Raises:
         BundleError: the bundle is missing, damaged, of another format version, or its
             bundle.json disagrees with its graphs or tokenizers (the message names the field).
@@ -89,8 +95,9 @@ class Translator:
         self.vocabulary = Vocabulary.of_bundle(bundle, self.source_tokenizer.get_piece_size(),
                                                self.target_tokenizer.get_piece_size())
         check_tokenizers(self.bundle, self.source_tokenizer, self.target_tokenizer, self.vocabulary)
-        self._sources = Sources(self.source_tokenizer, pad_id=self.pad_id, eos_id=self.eos_id,
-                                vocab=self.src_vocab, max_positions=self.max_positions, vocabulary=self.vocabulary)
+        self.sources = Sources(self.source_tokenizer, pad_id=self.pad_id, eos_id=self.eos_id,
+                               vocab=self.src_vocab, max_positions=self.max_positions,
+                               vocabulary=self.vocabulary)
         self._decode = self.vocabulary.decoder(self.target_tokenizer)
         graphs = read_graphs(bundle)  # every listed graph parsed, whichever decoder is driven
         # a bundle read here is ours: each graph's bytes may go once its session is made (lower peak memory)
@@ -102,7 +109,7 @@ class Translator:
         check_graphs(bundle, {**graphs, **s.by_label()}, graphs)
         if not isinstance(bundle_dir, Bundle):
             self.bundle = bundle.without_data()  # the sessions hold what they need
-        self._ort_device = "cuda" if self.device == "cuda" else "cpu"
+        self.ort_device = "cuda" if self.device == "cuda" else "cpu"
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -125,7 +132,7 @@ class Translator:
             min_decoding_length=min_decoding_length, truncate=truncate, sampling_temperature=sampling_temperature,
             sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed, source_lang=source_lang,
             target_lang=target_lang)
-        return self._translate([text], options)[0].hypotheses[0]
+        return self.plan([text], options).run(self.search)[0].hypotheses[0]
 
     def translate_batch(self, source: Sequence[str | Sequence[int]], *, beam_size: int | None = None,
                         num_hypotheses: int = 1, length_penalty: float | None = None,
@@ -169,7 +176,7 @@ class Translator:
             max_batch_size=max_batch_size,
             sampling_temperature=sampling_temperature, sampling_topk=sampling_topk, sampling_topp=sampling_topp,
             seed=seed, source_lang=source_lang, target_lang=target_lang, target_prefix=target_prefix)
-        return self._translate(source, options)
+        return self.plan(source, options).run(self.search)  # plan, then run here
 
     def search_options(self, **options) -> SearchOptions:
         """Returns SearchOptions, with the bundle's beam_size, length_penalty, min_decoding_length where None or left out.
@@ -199,22 +206,7 @@ class Translator:
         options = self.search_options(beam_size=1, max_decoding_length=max_decoding_length,
                                       min_decoding_length=min_decoding_length, truncate=truncate,
                                       source_lang=source_lang, target_lang=target_lang)
-        return self._stream_text(text, options)
-
-    def _stream_text(self, text: str, options: SearchOptions) -> Iterator[str]:
-        """generate_tokens with checked options (beam_size 1; serve/ streams with it)."""
-        source_prefix, [target_prefix] = self._prefixes(1, options)
-        ids = self._sources.ids(0, text, options.truncate, source_prefix)
-        if ids is None:
-            return iter(())
-        [limit] = self._max_lengths([ids], options)
-        if options.min_decoding_length >= limit:  # now, not when the first piece is taken
-            raise ValueError(
-                f"min_decoding_length={options.min_decoding_length} is not below this text's maximum length {limit} "
-                f"(max_length_a x {len(ids)} tokens + max_length_b in bundle.json, at most max_positions): pass a "
-                "larger max_decoding_length or a smaller min_decoding_length"
-            )
-        return self._stream(ids, int(limit), options.min_decoding_length, target_prefix)
+        return self.stream(text, options)
 
     def translate_iterable(self, lines: Iterable[str], *, read_batch_size: int = 256, **options) -> Iterator[TranslationResult]:
         """Yields the TranslationResult of each line of a stream, in input order.
@@ -249,189 +241,191 @@ class Translator:
             raise TypeError(f"text is {type(text).__name__}; give a str")
         if not text.strip():
             return [], False
-        prefix, _ = self._prefixes(1, self.search_options(source_lang=source_lang, target_lang=target_lang))
-        return self._sources.prepare(text, truncate, prefix)
+        prefix, _ = self.prefixes(1, self.search_options(source_lang=source_lang, target_lang=target_lang))
+        return self.sources.prepare(text, truncate, prefix)
 
-    # -- internals ------------------------------------------------------------------------------
+    # -- the seam: planning, the step functions, detokenisation (runtime/plan.py; serve/ drives these) ----
 
-    def _iterate(self, lines: Iterable[str], read_batch_size: int, options: SearchOptions) -> Iterator[TranslationResult]:
-        buffer: list[str] = []
-        for line in lines:
-            buffer.append(line)
-            if len(buffer) >= read_batch_size:
-                yield from self._translate(buffer, options)
-                buffer = []
-        if buffer:
-            yield from self._translate(buffer, options)
+    def plan(self, source: Sequence[str | Sequence[int]], options: SearchOptions) -> Plan:
+        """Plans a translate_batch call: its sources checked and tokenized now, its jobs made when taken.
 
-    def _prefixes(self, n: int, options: SearchOptions) -> tuple[list[int], list[list[int]]]:
-        return self.vocabulary.prefixes(n, source_lang=options.source_lang, target_lang=options.target_lang,
-                                        target_prefix=options.target_prefix, tgt_vocab=self.tgt_vocab, eos_id=self.eos_id)
+        Args:
+            source: as translate_batch's.
+            options: SearchOptions (search_options()).
+        Returns:
+            The Plan (runtime/plan.py): plan.run(self.search) is translate_batch's result.
+        Raises:
+            TypeError, ValueError: as translate_batch.
+        """
+        return Plan(self, source, options)
 
-    def _forced_end(self, max_lengths) -> dict:
-        """force_prefix's end-token options: the bundle's decoding.forced_eos (transformers' forced_eos_token_id)."""
-        return {"end_id": self.eos_id, "max_lengths": max_lengths} if self.bundle.decoding.get("forced_eos") else {}
+    def plan_stream(self, text: str, options: SearchOptions) -> SearchJob | None:
+        """Plans generate_tokens: one text's greedy SearchJob, encoded now (its program None: a streaming
+        runner makes its own); None for an empty text.
 
-    def _stream(self, ids: list[int], limit: int, min_length: int, target_prefix: list[int]) -> Iterator[str]:
-        step = force_prefix(self._step_fn(np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64),
-                                          top_k=self._top_k(1, min_length), max_length=limit), [target_prefix],
-                            **self._forced_end([limit]))
+        Raises:
+            TypeError, ValueError: as generate_tokens.
+        """
+        return stream_job(self, text, options)
+
+    def search(self, job: SearchJob, wrap: Callable[[Step], Step] | None = None) -> list[SearchResult]:
+        """Runs a job's search here, over this translator's decoder; returns one SearchResult per source.
+
+        Args:
+            job: a SearchJob of plan().jobs().
+            wrap: step -> the step the search calls (serve/engine.py's cancel check); the job's forced
+                prefixes go over it.
+        """
+        step = self.decoder_step(job.encoded, rows=job.rows, top_k=job.top_k, max_length=job.max_length,
+                                 beam_width=job.beam_width)
+        found = run(job.program, job.force(step if wrap is None else wrap(step)))
+        self.recycle(step)
+        return found
+
+    def stream(self, text: str, options: SearchOptions) -> Iterator[str]:
+        """generate_tokens with options already checked (beam_size 1): plan_stream, then run here.
+
+        Raises:
+            ValueError: as generate_tokens (at this call).
+        """
+        job = self.plan_stream(text, options)
+        if job is None:
+            return iter(())
+        step = self.decoder_step(job.encoded, rows=1, top_k=job.top_k, max_length=job.max_length)
+        forced = job.force(step)
 
         def tokens() -> Iterator[int]:
-            yield from stream_greedy(step, start_id=self.start_id, eos_id=self.eos_id, max_length=limit,
-                                     min_length=min_length)
-            self._recycle(step)  # once the stream is read to its end
+            yield from stream_greedy(forced, start_id=self.start_id, eos_id=self.eos_id,
+                                     max_length=job.max_length, min_length=job.min_length)
+            self.recycle(step)  # once the stream is read to its end
 
-        return text_increments(self._decode, tokens())
+        return text_increments(self.detokenize, tokens())
 
-    def _translate(self, source, options: SearchOptions) -> list[TranslationResult]:
-        if isinstance(source, (str, bytes)):
-            raise TypeError("translate_batch takes a list of sources; for one string use translate(text)")
-        n = options.num_hypotheses
-        source_prefix, target_prefixes = self._prefixes(len(source), options)
-        ids = [self._sources.ids(i, item, options.truncate, source_prefix) for i, item in enumerate(source)]
-        results: list[TranslationResult | None] = [None] * len(ids)
-        todo = [i for i, s in enumerate(ids) if s is not None]
-        limits = dict(zip(todo, self._max_lengths([ids[i] for i in todo], options)))
-        for i in todo:
-            if options.min_decoding_length >= limits[i]:
-                raise ValueError(
-                    f"source {i}: min_decoding_length={options.min_decoding_length} is not below its maximum length "
-                    f"{limits[i]} (max_length_a x {len(ids[i])} tokens + max_length_b in bundle.json, at most "
-                    f"max_positions): pass a larger max_decoding_length or a smaller min_decoding_length"
-                )
-        if options.return_attention:
-            self._attention_decoder()  # a bundle without the output is refused before searching
-        for i, s in enumerate(ids):
-            if s is None:  # empty text: nothing to translate
-                results[i] = TranslationResult([""] * n, [[]] * n, [0.0] * n if options.return_scores else None,
-                                               [np.zeros((0, 0), np.float32)] * n if options.return_attention else None)
-        todo.sort(key=lambda i: len(ids[i]))  # similar lengths share a batch: less padding
-        for start in range(0, len(todo), options.max_batch_size):
-            chunk = todo[start : start + options.max_batch_size]
-            found, encoded = self._search([ids[i] for i in chunk], np.array([limits[i] for i in chunk], dtype=np.int64),
-                                          options, [target_prefixes[i] for i in chunk])
-            found_tokens = [[h[:-1] if h and h[-1] == self.eos_id else h for h in r.hypotheses] for r in found]
-            attention = (self._attention([ids[i] for i in chunk], found_tokens, encoded) if options.return_attention
-                         else [None] * len(chunk))
-            for i, r, tokens, weights in zip(chunk, found, found_tokens, attention):
-                results[i] = TranslationResult([self._decode(t) for t in tokens], tokens,
-                                               r.scores if options.return_scores else None, weights)
-        return results  # type: ignore[return-value]
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Returns the text of target ids (end token excluded), as TranslationResult.hypotheses hold it."""
+        return self._decode(ids)
 
-    @property
-    def _standard_decoder(self):
-        """The standard decoder's session: the driven one, or loaded and checked when first asked for
-        (return_attention, the continuous batcher) where the fused one is driven (runtime/sessions.py)."""
-        return self._sessions.standard
+    def prefixes(self, n: int, options: SearchOptions) -> tuple[list[int], list[list[int]]]:
+        """Returns (the source ids' prefix, each of n sources' forced target ids) of options' languages and
+        target_prefix.
 
-    def _attention_decoder(self):
-        """The standard decoder (loaded and checked with the bundle), with its cross_attention output."""
-        check_attention_output(self._standard_decoder, self.bundle.path)
-        return self._standard_decoder
+        Raises:
+            ValueError: an unknown language, or a target_prefix of the wrong length or ids.
+        """
+        return self.vocabulary.prefixes(n, source_lang=options.source_lang, target_lang=options.target_lang,
+                                        target_prefix=options.target_prefix, tgt_vocab=self.tgt_vocab,
+                                        eos_id=self.eos_id)
 
-    def _attention(self, sources: list[list[int]], hypotheses: list[list[list[int]]], encoded) -> list[list[np.ndarray]]:
-        """Each source's hypotheses' cross-attention, by a forced pass (runtime/attention.py). encoded is the search's
-        (src_mask, cross) of these very sources, or None (sampling encodes each source once per sample row): encoded here."""
-        n = max(len(h) for h in hypotheses)
-        rows = [h[j] if j < len(h) else [] for h in hypotheses for j in range(n)]  # n rows per source
-        src_mask, cross = encoded if encoded is not None else self._encode(*self._sources.pad(sources))
-        flat = forced_attention(self._attention_decoder(), src_mask=src_mask, cross=cross, rows_per_source=n,
-                                hypotheses=rows, source_lengths=[len(s) for s in sources], start_id=self.start_id,
-                                eos_id=self.eos_id, n_heads=self.n_heads, head_dim=self.head_dim,
-                                cache_dtype=self.cache_dtype, to_device=self._to_device, device=self._ort_device)
-        return [flat[i * n : i * n + len(h)] for i, h in enumerate(hypotheses)]
-
-    def _max_lengths(self, sources: list[list[int]], options: SearchOptions) -> np.ndarray:
+    def max_lengths(self, sources: list[list[int]], options: SearchOptions) -> np.ndarray:
+        """Returns each source's maximum decoding length (int64): options' max_decoding_length, else the
+        bundle's max_length_a x its ids + max_length_b, at most max_positions."""
         if options.max_decoding_length is not None:
             return np.full(len(sources), options.max_decoding_length, dtype=np.int64)
         a, b = self.bundle.decoding["max_length_a"], self.bundle.decoding["max_length_b"]
         return np.array([min(int(a * len(s)) + b, self.max_positions) for s in sources], dtype=np.int64)
 
-    def _top_k(self, beam_size: int, min_length: int) -> int | None:
-        """Candidates per row to download from the graph's TopK (None: the full log-probabilities)."""
+    def forced_end(self, max_lengths) -> dict:
+        """force_prefix's end-token options: the bundle's decoding.forced_eos (transformers'
+        forced_eos_token_id), else {}."""
+        if not self.bundle.decoding.get("forced_eos"):
+            return {}
+        return {"end_id": self.eos_id, "max_lengths": max_lengths}
+
+    def step_top_k(self, beam_size: int, min_length: int) -> int | None:
+        """Candidates per row a step downloads from the graph's TopK for this search (None: every
+        log-probability)."""
         if not self._tuning.top_k_from_graph:
             return None
         return min(candidates_needed(beam_size, min_length), self.tgt_vocab)
 
-    def _search(self, sources: list[list[int]], max_lengths: np.ndarray, options: SearchOptions,
-                prefixes: list[list[int]]) -> tuple:
-        """(results, encoded): encoded is the encoder's (src_mask, cross) of `sources`, which the search
-        leaves unchanged, for the attention pass to reuse; None after sampling (its rows repeat sources)."""
-        program, step, encoded = self._search_program(sources, max_lengths, options, prefixes)
-        found = run(program, step)
-        self._recycle(step)
-        return found, encoded
-
-    def _search_program(self, sources: list[list[int]], max_lengths: np.ndarray, options: SearchOptions,
-                        prefixes: list[list[int]]) -> tuple:
-        """(program, step, encoded): the search of `sources` as a program (runtime/search.py), not started, and the
-        step that answers it (serve/batcher.py drives many programs with one decoder run per step)."""
-        common = dict(start_id=self.start_id, eos_id=self.eos_id, min_length=options.min_decoding_length)
-        if options.sampling:
-            # n independent samples per source, each row keyed by (hypothesis, source ids) so that
-            # its generator, hence its sample, does not depend on the rest of the batch.
-            n = options.num_hypotheses
-            rows = [s for s in sources for _ in range(n)]
-            keys = [[h, len(s), *s] for s in sources for h in range(n)]
-            step = force_prefix(self._step_fn(*self._sources.pad(rows), top_k=None,  # sampling needs every log-prob
-                                              max_length=int(max_lengths.max())), [p for p in prefixes for _ in range(n)],
-                                **self._forced_end(np.repeat(max_lengths, n)))
-            flat = sample_program(len(rows), temperature=options.sampling_temperature, top_k=options.sampling_topk,
-                                  top_p=options.sampling_topp, seed=options.seed, row_keys=keys,
-                                  max_lengths=np.repeat(max_lengths, n), **common)
-            return _regroup(flat, n, len(sources)), step, None
-        src, lengths = self._sources.pad(sources)
-        encoded = self._encode(src, lengths)
-        step = force_prefix(self._step_fn(src, lengths, top_k=self._top_k(options.beam_size, options.min_decoding_length),
-                                          max_length=int(max_lengths.max()), beam_width=options.beam_size, encoded=encoded),
-                            prefixes, **self._forced_end(max_lengths))
-        if options.beam_size == 1:
-            return greedy_program(len(sources), max_lengths=max_lengths, **common), step, encoded
-        return beam_program(len(sources), beam_size=options.beam_size, length_penalty=options.length_penalty,
-                            num_hypotheses=options.num_hypotheses, max_lengths=max_lengths,
-                            convention=self.bundle.decoding.get("beam_convention", "fairseq"), **common), step, encoded
-
-    def _recycle(self, step) -> None:
-        """Offers a fused step's buffers to the next batch (the standard step has none). Called only
-        after a search that ended normally: one that raised may have left them half bound."""
-        self._buffer_pool.give(getattr(getattr(step, "inner", step), "buffers", None))  # inner: under force_prefix
-
-    def _to_device(self, array: np.ndarray) -> ort.OrtValue:
-        return ort.OrtValue.ortvalue_from_numpy(array, self._ort_device, 0)
-
-    def _encode(self, src: np.ndarray, lengths: np.ndarray) -> tuple:
-        """The encoder's src_mask and cross keys/values, left on the device as OrtValues."""
-        binding = self.encoder.io_binding()
-        binding.bind_cpu_input(names.SRC_IDS, src)
-        binding.bind_cpu_input(names.SRC_LENGTHS, lengths)
-        for name in [names.SRC_MASK, *names.cross_names(self.n_layers)]:
-            binding.bind_output(name, self._ort_device)
+    def encode(self, src: np.ndarray, lengths: np.ndarray) -> tuple:
+        """Runs the encoder over padded sources (Sources.pad): (src_mask, cross keys/values), OrtValues on the
+        device (ort_device)."""
+        binding = bind_encoder(self.encoder, src=src, lengths=lengths, n_layers=self.n_layers,
+                               device=self.ort_device)
         self.encoder.run_with_iobinding(binding)
         src_mask, *cross = binding.get_outputs()
         return src_mask, cross
 
-    def _step_fn(self, src: np.ndarray, lengths: np.ndarray, top_k: int | None, *, max_length: int,
-                 beam_width: int = 1, encoded: tuple | None = None):
-        """Returns the search's step over the decoder graph, encoding the sources once (unless `encoded`: _encode(src, lengths)).
+    def decoder_step(self, encoded: tuple, *, rows: int, top_k: int | None, max_length: int,
+                     beam_width: int = 1) -> Step:
+        """Returns the search's step (runtime/search.py) over the decoder driven, for sources encoded already.
 
-        With top_k the step downloads the graph's TopK outputs ([rows, top_k]); without, all log-probabilities ([rows, vocab]).
-        max_length (the batch's longest decoding; StepBufferPool may round it up) and beam_width size the fused cache buffers."""
-        src_mask, cross = encoded if encoded is not None else self._encode(src, lengths)
+        Args:
+            encoded: encode()'s (src_mask, cross) of the sources.
+            rows: the sources (sentences at the first step).
+            top_k: the step returns a TopK of [rows, top_k] (step_top_k()); None: every log-probability,
+                [rows, vocab].
+            max_length: the longest decoding (the fused step's buffers; StepBufferPool may round it up).
+            beam_width: rows per sentence after the first step (the fused step's buffers).
+        Returns:
+            A FusedStep or a StandardStep; give it to recycle() once its search ended normally.
+        """
+        src_mask, cross = encoded
         if self.decoder_variant == names.FUSED:
-            rows = src.shape[0] * beam_width
-            max_length = self._buffer_pool.positions(rows, beam_width, max_length, top_k)
+            max_length = self._buffer_pool.positions(rows * beam_width, beam_width, max_length, top_k)
             return FusedStep(self.decoder, src_mask=src_mask.numpy(), cross=[c.numpy() for c in cross],
                              n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim,
                              beam_width=beam_width, max_length=max_length, top_k=top_k, vocab=self.tgt_vocab,
-                             buffers=self._buffer_pool.take(rows, beam_width, max_length, top_k))
-        return StandardStep(self.decoder, rows=src.shape[0], src_mask=src_mask, cross=cross, n_layers=self.n_layers,
-                            n_heads=self.n_heads, head_dim=self.head_dim, cache_dtype=self.cache_dtype, top_k=top_k,
-                            vocab=self.tgt_vocab, to_device=self._to_device, device=self._ort_device)
+                             buffers=self._buffer_pool.take(rows * beam_width, beam_width, max_length, top_k))
+        return StandardStep(self.decoder, rows=rows, src_mask=src_mask, cross=cross, n_layers=self.n_layers,
+                            n_heads=self.n_heads, head_dim=self.head_dim, cache_dtype=self.cache_dtype,
+                            top_k=top_k, vocab=self.tgt_vocab, to_device=self.to_device,
+                            device=self.ort_device)
 
+    def recycle(self, step) -> None:
+        """Offers a decoder_step's buffers to the next batch (a standard step has none). Call it only after a
+        search that ended normally: one that raised may have left them half bound."""
+        inner = getattr(step, "inner", step)  # under force_prefix
+        self._buffer_pool.give(getattr(inner, "buffers", None))
 
-def _regroup(program, n: int, sources: int):
-    """A sampling program's flat results (n rows per source) as one SearchResult of n hypotheses per source."""
-    flat = yield from program
-    return [SearchResult([h for r in flat[i * n:(i + 1) * n] for h in r.hypotheses],
-                         [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(sources)]
+    def to_device(self, array: np.ndarray) -> ort.OrtValue:
+        """Returns a numpy array as an OrtValue on this translator's device (ort_device)."""
+        return ort.OrtValue.ortvalue_from_numpy(array, self.ort_device, 0)
+
+    @property
+    def standard_decoder(self):
+        """The standard decoder's session: the driven one, or loaded and checked when first asked for
+        (return_attention, the continuous batcher) where the fused one is driven (runtime/sessions.py)."""
+        return self._sessions.standard
+
+    def attention_decoder(self):
+        """Returns the standard decoder with its cross_attention output checked.
+
+        Raises:
+            NoAttentionOutput: a bundle exported before 0.3 (runtime/attention.py).
+        """
+        check_attention_output(self.standard_decoder, self.bundle.path)
+        return self.standard_decoder
+
+    def attention(self, sources: list[list[int]], hypotheses: list[list[list[int]]],
+                  encoded) -> list[list[np.ndarray]]:
+        """Each source's hypotheses' cross-attention, by a forced pass (runtime/attention.py).
+
+        Args:
+            sources: encoder ids.
+            hypotheses: per source, its hypotheses' ids (end token excluded).
+            encoded: encode()'s (src_mask, cross) of these very sources, or None: encoded here.
+        """
+        n = max(len(h) for h in hypotheses)
+        rows = [h[j] if j < len(h) else [] for h in hypotheses for j in range(n)]  # n rows per source
+        src_mask, cross = encoded if encoded is not None else self.encode(*self.sources.pad(sources))
+        flat = forced_attention(self.attention_decoder(), src_mask=src_mask, cross=cross, rows_per_source=n,
+                                hypotheses=rows, source_lengths=[len(s) for s in sources],
+                                start_id=self.start_id, eos_id=self.eos_id, n_heads=self.n_heads,
+                                head_dim=self.head_dim, cache_dtype=self.cache_dtype,
+                                to_device=self.to_device, device=self.ort_device)
+        return [flat[i * n : i * n + len(h)] for i, h in enumerate(hypotheses)]
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _iterate(self, lines: Iterable[str], read_batch_size: int,
+                 options: SearchOptions) -> Iterator[TranslationResult]:
+        buffer: list[str] = []
+        for line in lines:
+            buffer.append(line)
+            if len(buffer) >= read_batch_size:
+                yield from self.plan(buffer, options).run(self.search)
+                buffer = []
+        if buffer:
+            yield from self.plan(buffer, options).run(self.search)

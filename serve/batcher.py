@@ -1,12 +1,13 @@
 """Continuous batching: one scheduler runs the decoder step over the rows of every request at once.
 
-Each request is translated by the runtime's own code (Translator.translate_batch, generate_tokens) on
-a worker thread, but for its searches: the thread tokenizes, encodes its sources (batched among
-themselves exactly as translate_batch batches them) and builds each search as a program
-(runtime/search.py: a generator that yields each step's request and is sent the step's output),
-then hands it to the Scheduler and waits for its result. The scheduler's one thread runs rounds:
-each round runs decoder.onnx ONCE over the rows of every program, then sends each program its own
-rows of the output (through the same step wrappers translate_batch uses: forced prefixes). So:
+Each request is planned by the runtime's own code on a worker thread (Translator.plan, plan_stream:
+runtime/plan.py): it tokenizes, batches its sources exactly as translate_batch batches them, and makes
+each batch a SearchJob: its sources encoded, its search program (runtime/search.py: a generator that
+yields each step's request and is sent the step's output), its forced prefixes. Where translate_batch
+runs a job here, this engine hands it to the Scheduler and waits for its result (plan.run). The
+scheduler's one thread runs rounds: each round runs decoder.onnx ONCE over the rows of every program,
+then sends each program its own rows of the output (under job.force, the step wrapper translate_batch
+uses too: forced prefixes). So:
 - a new search joins the running batch at the next round; a finished sentence leaves at once (the
   search drops it, `keep`); a request is answered as soon as its last search finishes; a cancelled
   one (its client left, its time ran out) is dropped at the next round;
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import copy
 import gc
 import itertools
 import logging
@@ -38,8 +38,9 @@ from typing import Iterator
 import numpy as np
 
 from seq2onnx.runtime import bundle as names
+from seq2onnx.runtime.binding import bind_decoder
 from seq2onnx.runtime.options import SearchOptions
-from seq2onnx.runtime.prefix import force_prefix
+from seq2onnx.runtime.plan import SearchJob
 from seq2onnx.runtime.search import TopK, greedy_one_program
 from seq2onnx.runtime.text import text_increments
 from seq2onnx.runtime.translator import Translator
@@ -73,6 +74,12 @@ _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(in
 _SERIALS = itertools.count()  # a member's key in the scheduler's caches (an id() may be reused)
 
 
+def _member(search: SearchJob, job: Job) -> Member:
+    """The member of a planned search: its encoder outputs on the host, for the scheduler's per-row inputs."""
+    src_mask, cross = search.encoded
+    return Member(job, src_mask.numpy(), [c.numpy() for c in cross], search.top_k)
+
+
 class Member:
     """One search's rows in the shared batch, and the innermost step of its program: it answers with its
     rows of the round's output (the scheduler sets `answer` before it sends the program its output).
@@ -84,7 +91,6 @@ class Member:
         top_k: candidates per row the search needs, or None for the full log-probabilities.
     """
 
-    buffers = None  # Translator._recycle offers a step's buffers to its pool: a member has none
 
     def __init__(self, job: Job, src_mask: np.ndarray, cross: list[np.ndarray], top_k: int | None):
         self.job, self.top_k, self.src_mask, self.cross = job, top_k, src_mask, cross
@@ -244,20 +250,15 @@ class Scheduler:
         cross = self._to(np.zeros((1, self.n_heads, 8, self.head_dim), dtype=self.cache_dtype))
         mask = np.zeros((1, 8), dtype=bool)
         mask[0, 0] = True
-        b = self.decoder.io_binding()
-        for name, value in ((names.TOKENS, np.zeros((1, 1), np.int64)), (names.STEP, np.zeros(1, np.int64)),
-                            (names.CACHE_INDICES, np.zeros(1, np.int64)), (names.TOP_K, np.ones(1, np.int64)),
-                            (names.SRC_MASK, mask)):
-            b.bind_cpu_input(name, value)
-        for name, value in zip(names.past_names(self.n_layers), self._trimmed_past(0)):
-            b.bind_ortvalue_input(name, value)
-        for name in names.cross_names(self.n_layers):
-            b.bind_ortvalue_input(name, cross)
         kinds = {o.name: _NUMPY[o.type] for o in self.decoder.get_outputs()}
-        for name in names.present_names(self.n_layers):
-            b.bind_ortvalue_output(name, self._to(np.zeros((1, self.n_heads, 1, self.head_dim), kinds[name])))
-        for name in (names.TOPK_LOG_PROBS, names.TOPK_IDS):  # on the host, as in a round
-            b.bind_ortvalue_output(name, self._host(np.zeros((1, 1), kinds[name])))
+        present = [self._to(np.zeros((1, self.n_heads, 1, self.head_dim), kinds[name]))
+                   for name in names.present_names(self.n_layers)]
+        on_host = {name: self._host(np.zeros((1, 1), kinds[name]))  # on the host, as in a round
+                   for name in (names.TOPK_LOG_PROBS, names.TOPK_IDS)}
+        b = bind_decoder(self.decoder, tokens=np.zeros((1, 1), np.int64), steps=np.zeros(1, np.int64),
+                         cache_indices=np.zeros(1, np.int64), top_k=np.ones(1, np.int64),
+                         past=self._trimmed_past(0), cross=[cross] * (2 * self.n_layers), src_mask=mask,
+                         present=present, outputs=on_host)
         self.shrink.run(self.decoder, b, shrink=True)
 
     def _advance(self, search: _Search, first: bool = False) -> None:
@@ -304,26 +305,15 @@ class Scheduler:
         full = any(m.top_k is None for m in members)
         src_mask, cross = self.layout.inputs()
 
-        b = self.decoder.io_binding()
-        b.bind_cpu_input(names.TOKENS, tokens)
-        b.bind_cpu_input(names.STEP, steps)
-        b.bind_cpu_input(names.CACHE_INDICES, indices)
-        b.bind_cpu_input(names.TOP_K, np.array([top_k], dtype=np.int64))
-        for name, value in zip(names.past_names(self.n_layers), past):
-            b.bind_ortvalue_input(name, value)
-        for name, value in zip(names.cross_names(self.n_layers), cross):
-            b.bind_ortvalue_input(name, value)
-        b.bind_ortvalue_input(names.SRC_MASK, src_mask)
-        present = names.present_names(self.n_layers)
-        for name in present:
-            b.bind_output(name, self.device)  # the cache stays where the graph runs
         wanted = ([names.LOG_PROBS] if full else []) + ([names.TOPK_LOG_PROBS, names.TOPK_IDS] if k_wanted else [])
-        for name in wanted:
-            b.bind_output(name, "cpu")
+        # the cache stays where the graph runs; what the searches read comes down
+        b = bind_decoder(self.decoder, tokens=tokens, steps=steps, cache_indices=indices,
+                         top_k=np.array([top_k], dtype=np.int64), past=past, cross=cross, src_mask=src_mask,
+                         present=self.device, outputs={name: "cpu" for name in wanted})
         self.shrink.run(self.decoder, b, total)
         out = b.get_outputs()
-        self._past = out[: len(present)]
-        got = dict(zip(wanted, (o.numpy() for o in out[len(present):])))
+        self._past = out[: len(past)]
+        got = dict(zip(wanted, (o.numpy() for o in out[len(past):])))
         self.rounds += 1
         self.last_rows = sum(rows)
         answers = {}
@@ -363,35 +353,31 @@ class ContinuousEngine(Engine):
 
     def __init__(self, translator: Translator, max_workers: int = 1024, max_rows: int = 1024):
         super().__init__(translator, max_rows)
-        decoder = translator._standard_decoder
+        decoder = translator.standard_decoder
         _check_decoder(decoder, translator.bundle.path)
         self.scheduler = Scheduler(decoder, n_layers=translator.n_layers, n_heads=translator.n_heads,
                                    head_dim=translator.head_dim, cache_dtype=translator.cache_dtype,
-                                   vocab=translator.tgt_vocab, to_device=translator._to_device,
-                                   device=translator._ort_device)
-        # The runtime's own code prepares each request; its searches run in the scheduler.
-        self._view = view = copy.copy(translator)
-        view._step_fn, view._search, view._stream = self._member, self._scheduled_search, self._scheduled_stream
-        self._local = threading.local()  # the job of the request this thread prepares
+                                   vocab=translator.tgt_vocab, to_device=translator.to_device,
+                                   device=translator.ort_device)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="seq2onnx-job")
         self._jobs: dict[int, int] = {}  # id(job) -> its sentences, while decoding
 
-    def _member(self, src, lengths, top_k, *, max_length: int, beam_width: int = 1, encoded=None) -> Member:
-        src_mask, cross = encoded if encoded is not None else self.translator._encode(src, lengths)
-        return Member(self._local.job, src_mask.numpy(), [c.numpy() for c in cross], top_k)
+    def _scheduled(self, search: SearchJob, job: Job):
+        """Runs a planned search in the scheduler (its rows join the running batch); returns its results."""
+        member = _member(search, job)
+        return self.scheduler.submit(member, search.program, search.force(member)).result()
 
-    def _scheduled_search(self, sources, max_lengths, options, prefixes) -> tuple:
-        program, step, encoded = self._view._search_program(sources, max_lengths, options, prefixes)
-        return self.scheduler.submit(getattr(step, "inner", step), program, step).result(), encoded
-
-    def _scheduled_stream(self, ids: list[int], limit: int, min_length: int, target_prefix: list[int]) -> Iterator[str]:
+    def _scheduled_stream(self, text: str, options: SearchOptions, job: Job) -> Iterator[str]:
+        """Plans the stream now (this thread encodes it), starts its program in the scheduler; its pieces."""
         t = self.translator
-        member = self._member(np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64),
-                              t._top_k(1, min_length), max_length=limit)
+        search = t.plan_stream(text, options)
+        if search is None:
+            return iter(())
+        member = _member(search, job)
         chosen: queue.SimpleQueue = queue.SimpleQueue()
-        program = greedy_one_program(start_id=t.start_id, eos_id=t.eos_id, max_length=limit, min_length=min_length,
-                                     on_token=chosen.put)
-        done = self.scheduler.submit(member, program, force_prefix(member, [target_prefix], **t._forced_end([limit])))
+        program = greedy_one_program(start_id=t.start_id, eos_id=t.eos_id, max_length=search.max_length,
+                                     min_length=search.min_length, on_token=chosen.put)
+        done = self.scheduler.submit(member, program, search.force(member))
         done.add_done_callback(lambda _: chosen.put(None))
 
         def tokens() -> Iterator[int]:
@@ -400,18 +386,16 @@ class ContinuousEngine(Engine):
                     yield token
             done.result()  # the program's error, if it ended with one (Cancelled)
 
-        return text_increments(t._decode, tokens())
+        return text_increments(t.detokenize, tokens())
 
     @contextlib.contextmanager
     def _decoding(self, job: Job, sentences: int):
-        """This thread prepares `job` inside the block (its members carry the job)."""
-        self._local.job = job
+        """`job` is counted in load() inside the block."""
         with self._lock:
             self._jobs[id(job)] = sentences
         try:
             yield
         finally:
-            self._local.job = None  # a pool thread keeps no finished job
             with self._lock:
                 self._jobs.pop(id(job), None)
 
@@ -422,8 +406,9 @@ class ContinuousEngine(Engine):
             try:
                 if job.cancelled.is_set():  # left while queued: not even encoded
                     raise Cancelled("cancelled before decoding")
-                with self._decoding(job, len(texts)):
-                    result = self._view._translate(texts, options)
+                with self._decoding(job, len(texts)):  # plan, then hand the jobs to the scheduler
+                    plan = self.translator.plan(texts, options)
+                    result = plan.run(lambda search: self._scheduled(search, job))
                 job.future.set_result(result)
             except BaseException as e:  # the job carries it (Cancelled included)
                 job.future.set_exception(e)
@@ -433,7 +418,7 @@ class ContinuousEngine(Engine):
 
     def stream(self, text: str, options: SearchOptions, job: Job) -> Iterator[str]:
         with self._decoding(job, 1):
-            pieces = self._view._stream_text(text, options)  # its member is made now, on this thread
+            pieces = self._scheduled_stream(text, options, job)  # its member is made now, on this thread
         with self._decoding(job, 1):
             yield from pieces
 

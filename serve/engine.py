@@ -11,7 +11,6 @@ An engine never limits how many requests wait: admission (the bounded queue, 503
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import threading
 from typing import Iterator
 
@@ -137,38 +136,23 @@ class RequestEngine(Engine):
 
     def __init__(self, translator: Translator, workers: int = 2, max_rows: int = 1024):
         super().__init__(translator, max_rows)
-        # The runtime's own code decodes; its step only checks first whether the job was cancelled (its
-        # client left, its time ran out), so that an abandoned request frees its worker at the next step.
-        self._view = view = copy.copy(translator)
-        self._local = threading.local()
-        view._step_fn = self._checked_step
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seq2onnx-request")
 
     def submit(self, texts: list[str], options: SearchOptions) -> Job:
         return self._on_pool(self._pool, texts, options, lambda job: self._translate_as(job, texts, options))
 
     def _translate_as(self, job: Job, texts: list[str], options: SearchOptions):
-        self._local.job = job  # its steps check the job's cancel flag (_checked_step)
-        try:
-            return self._view._translate(texts, options)
-        finally:
-            self._local.job = None
-
-    def _checked_step(self, *args, **kwargs):
-        step, job = self.translator._step_fn(*args, **kwargs), self._local.job
-
-        def checked(tokens, cache_indices, t, keep):
-            if job is not None and job.cancelled.is_set():
-                raise Cancelled("the request was cancelled")
-            return step(tokens, cache_indices, t, keep)
-
-        checked.buffers = step.buffers  # Translator._recycle offers a fused step's buffers to the next batch
-        return checked
+        """The runtime's own code decodes (plan, then run here); its step only checks first whether the
+        job was cancelled (its client left, its time ran out), so that an abandoned request frees its worker
+        at the next step."""
+        t = self.translator
+        plan = t.plan(texts, options)
+        return plan.run(lambda search: t.search(search, wrap=lambda step: _checked(step, job)))
 
     def stream(self, text: str, options: SearchOptions, job: Job) -> Iterator[str]:
         self._count(1, options, +1)
         try:
-            for piece in self.translator._stream_text(text, options):
+            for piece in self.translator.stream(text, options):
                 if job.cancelled.is_set():
                     return
                 yield piece
@@ -177,3 +161,14 @@ class RequestEngine(Engine):
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)  # a job never started is never answered: it was cancelled
+
+
+def _checked(step, job: Job):
+    """`step` that first raises Cancelled once `job` was cancelled."""
+
+    def checked(tokens, cache_indices, t, keep):
+        if job.cancelled.is_set():
+            raise Cancelled("the request was cancelled")
+        return step(tokens, cache_indices, t, keep)
+
+    return checked

@@ -148,7 +148,7 @@ def test_bundle_without_per_row_steps_is_refused(bundle, tmp_path):
 
 def test_scheduler_refuses_members_after_close(bundle):
     t = Translator(bundle, device="cpu")
-    s = Scheduler(t._standard_decoder, n_layers=t.n_layers, n_heads=t.n_heads, head_dim=t.head_dim,
+    s = Scheduler(t.standard_decoder, n_layers=t.n_layers, n_heads=t.n_heads, head_dim=t.head_dim,
                   cache_dtype=t.cache_dtype, vocab=t.tgt_vocab)
     s.close()
     with pytest.raises(RuntimeError, match="closed"):
@@ -169,7 +169,7 @@ def test_rows_over_the_limit_are_refused(engine):
 def test_request_engine_stops_a_cancelled_request_at_its_next_step(bundle, monkeypatch):
     translator = Translator(bundle, device="cpu")
     engine = RequestEngine(translator, workers=1)
-    made, steps, job = translator._step_fn, [], []
+    made, steps, job = translator.decoder_step, [], []
 
     def spying(*args, **kwargs):
         step = made(*args, **kwargs)
@@ -183,7 +183,7 @@ def test_request_engine_stops_a_cancelled_request_at_its_next_step(bundle, monke
         counted.buffers = step.buffers
         return counted
 
-    monkeypatch.setattr(translator, "_step_fn", spying)
+    monkeypatch.setattr(translator, "decoder_step", spying)
     job.append(engine.submit([TEXTS[7]] * 4, engine.check({"beam_size": 4, "max_decoding_length": 40})))
     with pytest.raises(Cancelled):
         job[0].future.result(timeout=60)

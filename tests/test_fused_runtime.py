@@ -20,7 +20,7 @@ from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime import fused_step
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.search import beam_search
-from seq2onnx.runtime import translator as translator_module
+from seq2onnx.runtime import plan as plan_module
 from seq2onnx.runtime.translator import Translator
 from tiny import scratch, tiny_bundle, tiny_run
 
@@ -126,8 +126,9 @@ def test_static_loop_binds_once_updates_in_place_and_compacts(bundle, standard, 
     monkeypatch.setattr(fused_step.FusedStep, "_bind", bind)
     monkeypatch.setattr(fused_step.FusedStep, "__call__", call)
     ids = [t.prepare_source(s)[0] for s in TEXTS]
-    limits = t._max_lengths(ids, t.search_options(beam_size=4))
-    step = t._step_fn(*t._sources.pad(ids), top_k=8, max_length=int(limits.max()), beam_width=4)
+    limits = t.max_lengths(ids, t.search_options(beam_size=4))
+    step = t.decoder_step(t.encode(*t.sources.pad(ids)), rows=len(ids), top_k=8, max_length=int(limits.max()),
+                          beam_width=4)
     got = beam_search(step, len(ids), beam_size=4, start_id=t.start_id, eos_id=t.eos_id, max_lengths=limits,
                       num_hypotheses=4, length_penalty=0.6)
     shrank = sum(1 for a, b in zip(batches, batches[1:]) if b < a)
@@ -143,7 +144,7 @@ def test_static_loop_binds_once_updates_in_place_and_compacts(bundle, standard, 
 def test_beams_may_only_continue_their_own_sentence(bundle):
     t = Translator(bundle, device="cpu")
     ids = [t.prepare_source(s)[0] for s in TEXTS[:2]]
-    step = t._step_fn(*t._sources.pad(ids), top_k=4, max_length=5, beam_width=2)
+    step = t.decoder_step(t.encode(*t.sources.pad(ids)), rows=len(ids), top_k=4, max_length=5, beam_width=2)
     step(np.full((2, 1), t.start_id), np.arange(2), 0, None)
     with pytest.raises(ValueError, match="own sentence"):
         step(np.full((4, 1), 5), np.array([0, 0, 0, 0]), 1, None)  # sentence 1's beams continue sentence 0
@@ -246,7 +247,7 @@ def test_buffer_pool_keeps_small_buffers_only_and_after_a_normal_end(bundle, mon
         yield np.full((batch, 1), t.start_id, np.int64), np.arange(batch), 0, None
         raise RuntimeError("stop")
 
-    monkeypatch.setattr(translator_module, "greedy_program", failing)
+    monkeypatch.setattr(plan_module, "greedy_program", failing)
     with pytest.raises(RuntimeError, match="stop"):
         t.translate_batch(TEXTS[:1], beam_size=1)
     assert pool._spares == []

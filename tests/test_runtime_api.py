@@ -258,7 +258,7 @@ def test_a_20_mb_line_is_tokenised_by_a_small_prefix(translator, monkeypatch):
     huge = "the big dog sleeps in a small box " * 600_000  # 20 MB
     assert len(huge) > 20_000_000
     recording = _Recording(translator.source_tokenizer)
-    monkeypatch.setattr(translator._sources, "tokenizer", recording)  # what encodes translate_batch's texts
+    monkeypatch.setattr(translator.sources, "tokenizer", recording)  # what encodes translate_batch's texts
     ids, cut = translator.prepare_source(huge, truncate=True)
     assert cut and len(ids) == translator.max_positions and ids[-1] == translator.eos_id
     with pytest.raises(ValueError, match=f"more than {translator.max_positions} tokens.*truncate=True"):

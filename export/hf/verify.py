@@ -153,14 +153,14 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
     if target_lang is not None and hasattr(tok, "tgt_lang"):
         tok.tgt_lang = target_lang
     options = {"source_lang": source_lang, "target_lang": target_lang}
-    source_prefix, [prefix] = first._prefixes(1, first.search_options(**options))  # as the runtime puts them
+    source_prefix, [prefix] = first.prefixes(1, first.search_options(**options))  # as the runtime puts them
     forced = prefix[0] if prefix else None
     max_length = int(bundle.decoding["max_length_b"]) + 1  # transformers counts the start token
     suppressed, renormalize = list(cfg.get("suppressed_ids", [])), bool(cfg.get("renormalize", False))
     checks: list[Check] = []
     exact = bundle.meta["dtype"] == "float32" and not bundle.meta.get("quantization")
 
-    ours_src = [first._sources.ids(i, s, False, source_prefix) for i, s in enumerate(srcs)]
+    ours_src = [first.sources.ids(i, s, False, source_prefix) for i, s in enumerate(srcs)]
     hf_srcs = [_language_text(bundle.meta.get("tokens", {}), tok, target_lang) + s for s in srcs]
     theirs_src = [tok(s).input_ids for s in hf_srcs]
     same_ids = [a == b for a, b in zip(ours_src, theirs_src)]
@@ -227,8 +227,7 @@ def _tensor_checks(translator, hf, rows, sources, targets, start, suppression, a
     n_layers = translator.n_layers
     layers = hf.get_decoder().layers
     for row, src, target in zip(rows, sources, targets):
-        src_arr, lengths = translator._sources.pad([src])
-        src_mask, cross = translator._encode(src_arr, lengths)
+        src_mask, cross = translator.encode(*translator.sources.pad([src]))
         with torch.no_grad():
             memory = hf.get_encoder()(**row).last_hidden_state  # (1, S, D)
         heads, dh = translator.n_heads, translator.head_dim
@@ -241,7 +240,8 @@ def _tensor_checks(translator, hf, rows, sources, targets, start, suppression, a
                 scale_kv = max(scale_kv, float(np.abs(ref).max()))
         decoder_input = [start] + target
         ref = _log_probs(hf, row, decoder_input, *suppression)
-        step = translator._step_fn(src_arr, lengths, None, max_length=len(decoder_input) + 1, encoded=(src_mask, cross))
+        step = translator.decoder_step((src_mask, cross), rows=1, top_k=None,
+                                       max_length=len(decoder_input) + 1)
         for t, token in enumerate(decoder_input):
             lp = np.asarray(step(np.array([[token]], dtype=np.int64), np.zeros(1, dtype=np.int64), t, None))[0]
             finite = np.isfinite(ref[t])
@@ -249,7 +249,7 @@ def _tensor_checks(translator, hf, rows, sources, targets, start, suppression, a
                 worst_lp = float("inf")
                 continue
             worst_lp = max(worst_lp, float(np.abs(lp[finite].astype(np.float64) - ref[t][finite]).max()))
-        translator._recycle(step)
+        translator.recycle(step)
     kv_bound = atol * scale_kv
     return [Check("tensor", "encoder K/V (cross-attention inputs)", worst_kv, kv_bound, worst_kv <= kv_bound,
                   f"x max|K/V| = {scale_kv:.2f}", variant),

@@ -1,0 +1,102 @@
+"""The one place that binds the standard decoder's (decoder.onnx) inputs and outputs, and the encoder's.
+
+Three callers drive decoder.onnx: the search's step (runtime/standard_step.py), the forced pass that
+returns attention (runtime/attention.py) and the continuous batcher's rounds (serve/batcher.py). Each
+binds the same inputs in the same way (the graph's names come from runtime/spec.py through
+runtime/bundle.py); what differs is where the outputs go, which each caller says.
+
+The outputs of a run come back (binding.get_outputs()) in the order they were bound: the 2 x layers
+`present_*` cache values first, then `outputs` in the order given.
+
+The fused decoder (decoder_fused.onnx, com.microsoft kernels) is not bound here: its inputs and outputs
+are the arrays of its StepBuffers, bound once per change of the batch rather than per step, by
+runtime/fused_step.py.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from . import bundle as names
+
+
+@lru_cache(maxsize=None)
+def _cache_names(n_layers: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(past, present, cross) input and output names of a decoder with n_layers layers."""
+    return (tuple(names.past_names(n_layers)), tuple(names.present_names(n_layers)),
+            tuple(names.cross_names(n_layers)))
+
+
+def _bind_value(binding, name: str, value) -> None:
+    """A numpy array is copied in from the host; anything else is an OrtValue, bound where it is."""
+    if isinstance(value, np.ndarray):
+        binding.bind_cpu_input(name, value)
+    else:
+        binding.bind_ortvalue_input(name, value)
+
+
+def bind_decoder(decoder, *, tokens: np.ndarray, steps: np.ndarray, cache_indices: np.ndarray,
+                 top_k: np.ndarray, past: Sequence, cross: Sequence, src_mask, present,
+                 outputs: Mapping[str, object]):
+    """Returns an IO binding of one run of decoder.onnx, not run yet.
+
+    Args:
+        decoder (onnxruntime.InferenceSession): the standard decoder's session.
+        tokens: (R, 1) int64, each row's last token.
+        steps: int64, the step: (1,) for every row, or (R,) one per row (the continuous batcher).
+        cache_indices: (R,) int64, the previous step's cache row each row continues.
+        top_k: (1,) int64, the candidates the graph's TopK outputs give per row.
+        past: the 2 x layers past keys and values (OrtValues), layer by layer, keys first.
+        cross: the 2 x layers cross keys and values (OrtValues, or numpy arrays copied in), in the same order.
+        src_mask: the encoder's mask (an OrtValue, or a numpy array copied in).
+        present: where the present keys and values go: a device ("cpu", "cuda": onnxruntime allocates them
+            there), or 2 x layers OrtValues that they are written into.
+        outputs: the other outputs wanted, in order: {name: "cpu" or "cuda", or an OrtValue written into}.
+
+    Returns:
+        The onnxruntime IOBinding; after the run its outputs are the presents, then `outputs`, in order.
+    """
+    past_names, present_names, cross_names = _cache_names(len(past) // 2)
+    b = decoder.io_binding()
+    b.bind_cpu_input(names.TOKENS, tokens)
+    b.bind_cpu_input(names.STEP, steps)
+    b.bind_cpu_input(names.CACHE_INDICES, cache_indices)
+    b.bind_cpu_input(names.TOP_K, top_k)
+    for name, value in zip(past_names, past):
+        b.bind_ortvalue_input(name, value)
+    for name, value in zip(cross_names, cross):
+        _bind_value(b, name, value)
+    _bind_value(b, names.SRC_MASK, src_mask)
+    if isinstance(present, str):
+        for name in present_names:
+            b.bind_output(name, present)  # the cache stays where the graph runs
+    else:
+        for name, value in zip(present_names, present):
+            b.bind_ortvalue_output(name, value)
+    for name, where in outputs.items():
+        if isinstance(where, str):
+            b.bind_output(name, where)
+        else:
+            b.bind_ortvalue_output(name, where)
+    return b
+
+
+def bind_encoder(encoder, *, src: np.ndarray, lengths: np.ndarray, n_layers: int, device: str):
+    """Returns an IO binding of one run of encoder.onnx, not run yet: its outputs (src_mask, then the cross
+    keys and values, layer by layer) stay on `device` ("cpu", "cuda") as OrtValues.
+
+    Args:
+        encoder (onnxruntime.InferenceSession): the encoder's session.
+        src: (B, S) int64 source ids, padded.
+        lengths: (B,) int64 source lengths.
+        n_layers: the decoder's layers (one cross key and value each).
+        device: where the outputs stay.
+    """
+    b = encoder.io_binding()
+    b.bind_cpu_input(names.SRC_IDS, src)
+    b.bind_cpu_input(names.SRC_LENGTHS, lengths)
+    for name in (names.SRC_MASK, *_cache_names(n_layers)[2]):
+        b.bind_output(name, device)
+    return b

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .layers import LayerNorm, causal_bias, own_past_bias, padding_bias, sinusoid_table, wide  # noqa: F401 (sinusoid_table: API)
+from .layers import (  # noqa: F401 (sinusoid_table: API)
+    LayerNorm, causal_bias, own_past_bias, padding_bias, sinusoid_table, wide,
+)
 
 KV = tuple[Tensor, Tensor]
 

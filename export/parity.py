@@ -266,7 +266,7 @@ class _TensorParity:
                 got = fused_step(tokens.numpy(), rows.numpy(), t, None)
                 self.worst[fmt.FUSED, label].update(got[live], *want)
         caches = {fmt.STANDARD: ort_past if fmt.STANDARD in self.decoders else None,
-                  fmt.FUSED: None if fused_step is None else fused_step._cache}  # [rows, H, max_length, Dh]
+                  fmt.FUSED: None if fused_step is None else fused_step.cache}  # [rows, H, max_length, Dh]
         self._compare_caches(caches, past, past64, valid)
 
     def _fused_step(self, batch: _Batch, steps: int) -> FusedStep | None:

@@ -8,7 +8,8 @@ library, not our import of it):
   greedy outputs, which is the greedy path), for each decoder graph of the bundle;
 - tokens: the source ids identical to the tokenizer's; greedy ids identical to
   model.generate(num_beams=1, do_sample=False) on every sentence; beam 4 identical to
-  model.generate(num_beams=4, early_stopping=True, length_penalty=1.0) on >= 99.5%, each
+  model.generate(num_beams=4, length_penalty=1.0, early_stopping as the bundle's beam_convention
+  records it) on >= 99.5%, each
   difference shown with both hypotheses' float64 scores and labelled (a near-tie or not);
 - text: texts identical to the tokenizer's batch_decode(skip_special_tokens=True).
 """
@@ -23,6 +24,7 @@ import torch
 from seq2onnx.export.parity import Check, int8_products
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.search import EARLY_STOPPING
 from seq2onnx.runtime.translator import Translator
 
 from .read import load_hf, read_config
@@ -57,11 +59,15 @@ def read_sentences(path: str | Path, n: int, src_col: int = 0, tgt_col: int | No
     return pairs
 
 
-def _generate(hf, tok, texts: list[str], *, beams: int, max_length: int, forced: int | None, say) -> list[list[int]]:
-    """generate() on `texts` in chunks of CHUNK sentences, a progress line each (1000 sentences take minutes)."""
+def _generate(hf, tok, texts: list[str], *, beams: int, max_length: int, forced: int | None, say,
+              early_stopping: bool | str = True) -> list[list[int]]:
+    """generate() on `texts` in chunks of CHUNK sentences, a progress line each (1000 sentences take minutes).
+
+    early_stopping: generate()'s, for beams > 1: the one the bundle's beam_convention stands for
+    (runtime/search.py's EARLY_STOPPING)."""
     extra = {"forced_bos_token_id": forced} if forced is not None else {}
     if beams > 1:  # transformers warns that these flags mean nothing to greedy search
-        extra.update(early_stopping=True, length_penalty=1.0)
+        extra.update(early_stopping=early_stopping, length_penalty=1.0)
     rows: list[list[int]] = []
     for i in range(0, len(texts), CHUNK):
         say(f"tokens: transformers' {'greedy' if beams == 1 else f'beam-{beams}'} generate, {i}/{len(texts)} sentences")
@@ -167,7 +173,8 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
     checks.append(Check("tokens", "source ids identical to the tokenizer's", sum(same_ids) / len(srcs), 1.0,
                         all(same_ids), f"{sum(same_ids)}/{len(srcs)} sentences"))
     want = {1: _generate(hf.float(), tok, hf_srcs, beams=1, max_length=max_length, forced=forced, say=say),
-            4: _generate(hf, tok, hf_srcs, beams=4, max_length=max_length, forced=forced, say=say)}
+            4: _generate(hf, tok, hf_srcs, beams=4, max_length=max_length, forced=forced, say=say,
+                         early_stopping=EARLY_STOPPING[bundle.decoding.get("beam_convention", "fairseq")])}
     hf.double()
     texts = tok.batch_decode(want[1], skip_special_tokens=True)
     rows = [{k: torch.tensor([v]) for k, v in tok(s).items() if k in ("input_ids", "attention_mask")}

@@ -86,7 +86,18 @@ class _Schema:
 
 
 def _check_field(v: _Schema, meta: dict, spec: dict) -> None:
-    """One row of the spec's `fields` table: the field's type, range or choices."""
+    """One row of the spec's `fields` table: the field's type, range or choices.
+
+    Args:
+        v: the checker, which names bundle.json in its messages.
+        meta: bundle.json as parsed.
+        spec: the row: `field` (a dotted path), `type`, and optionally `required`, `nullable`,
+            `min` and `choices`.
+
+    Raises:
+        BundleError: the field fails the row.
+        RuntimeError: the row's type is not one this runtime knows.
+    """
     *parents, key = spec["field"].split(".")
     parent = meta
     for i, name in enumerate(parents):
@@ -97,28 +108,43 @@ def _check_field(v: _Schema, meta: dict, spec: dict) -> None:
         return
     if spec.get("nullable") and parent.get(key) is None and key in parent:
         return
-    kind = spec["type"]
+    _check_value(v, parent, key, spec)
+
+
+def _check_value(v: _Schema, parent: dict, key: str, spec: dict) -> None:
+    """The value at `parent[key]` against the row's type (and its range or choices).
+
+    Args:
+        v: the checker.
+        parent: the object that holds the field.
+        key: the field's last name.
+        spec: the row of the spec's `fields` table.
+
+    Raises:
+        BundleError: the value fails the row.
+        RuntimeError: the row's type is not one this runtime knows.
+    """
+    kind, field = spec["type"], spec["field"]
+    value = parent.get(key)
     if kind == "integer":
-        v.integer(parent, key, spec["field"], low=spec.get("min", 0))
+        v.integer(parent, key, field, low=spec.get("min", 0))
     elif kind == "number":
-        v.real(parent, key, spec["field"], low=spec.get("min"))
+        v.real(parent, key, field, low=spec.get("min"))
     elif kind == "string":
         choices = spec.get("choices")
-        v.text(parent, key, spec["field"], tuple(SPEC[choices]) if isinstance(choices, str) else choices)
+        v.text(parent, key, field, tuple(SPEC[choices]) if isinstance(choices, str) else choices)
     elif kind == "boolean":
-        if not isinstance(parent.get(key), bool):
-            v.fail(spec["field"], parent.get(key, _MISSING), "expected true or false")
+        if not isinstance(value, bool):
+            v.fail(field, parent.get(key, _MISSING), "expected true or false")
     elif kind == "ids":
-        value = parent.get(key)
         if not isinstance(value, list) or not all(_nonnegative(x) for x in value):
-            v.fail(spec["field"], value, "expected a list of token ids (integers >= 0)")
+            v.fail(field, value, "expected a list of token ids (integers >= 0)")
     elif kind == "id_map":
-        value = parent.get(key)
         if not isinstance(value, dict) or not all(_nonnegative(x) for x in value.values()):
-            v.fail(spec["field"], value, "expected an object of language codes to token ids (integers >= 0)")
+            v.fail(field, value, "expected an object of language codes to token ids (integers >= 0)")
     else:  # a spec this runtime does not understand: refuse loudly rather than skip a check
         raise RuntimeError(
-            f"{SPEC_PATH}: fields[{spec['field']}] has type {kind!r}; this runtime knows integer, number, "
+            f"{SPEC_PATH}: fields[{field}] has type {kind!r}; this runtime knows integer, number, "
             "string, boolean, ids, id_map"
         )
 
@@ -184,7 +210,24 @@ def validate_meta(meta: dict, where: Path) -> None:
             f"expected model.max_positions={sizes['max_positions']} (the same value twice)",
         )
     _check_tokens(v, meta, sizes)
-    special = meta["special_ids"]
+    _check_special_ids(v, meta, sizes)
+    files = _check_files(v, meta)
+    _check_graphs(v, meta, files)
+    _check_tokenizers(v, meta)
+
+
+def _check_special_ids(v: _Schema, meta: dict, sizes: dict) -> None:
+    """special_ids.* inside the vocabularies, and equal to model.*_id where both are stated.
+
+    Args:
+        v: the checker.
+        meta: bundle.json as parsed (its fields' types already checked).
+        sizes: model.src_vocab_size and model.tgt_vocab_size, among others.
+
+    Raises:
+        BundleError: an id outside its vocabulary, or stated twice with two values.
+    """
+    model, special = meta["model"], meta["special_ids"]
     for key in ("pad", "unk", "bos", "eos", "decoder_start"):
         value = special[key]
         vocab = (
@@ -201,11 +244,40 @@ def validate_meta(meta: dict, where: Path) -> None:
                 value,
                 f"expected model.{model_key}={_short(model[model_key])} (the same id twice)",
             )
+
+
+def _check_files(v: _Schema, meta: dict) -> dict:
+    """files.*: each required file, and each optional one listed, has a path and a sha256.
+
+    Args:
+        v: the checker.
+        meta: bundle.json as parsed.
+
+    Returns:
+        The `files` object.
+
+    Raises:
+        BundleError: a file entry missing or malformed.
+    """
     files = v.obj(meta, "files", "files")
     for key in [*FILE_KEYS, *(k for k in OPTIONAL_FILE_KEYS if k in files)]:
         entry = v.obj(files, key, f"files.{key}")
         v.text(entry, "path", f"files.{key}.path")
         v.text(entry, "sha256", f"files.{key}.sha256")
+    return files
+
+
+def _check_graphs(v: _Schema, meta: dict, files: dict) -> None:
+    """graphs.*: the encoder, the decoder and each optional graph whose file is listed.
+
+    Args:
+        v: the checker.
+        meta: bundle.json as parsed.
+        files: its `files` object (already checked).
+
+    Raises:
+        BundleError: a graph missing, described without its file, or malformed.
+    """
     graphs = v.obj(meta, "graphs", "graphs")
     labels = ["encoder", "decoder"]
     for key in OPTIONAL_GRAPH_KEYS:  # an optional graph is described exactly when its file is listed
@@ -218,43 +290,80 @@ def validate_meta(meta: dict, where: Path) -> None:
         if key in files:
             labels.append(key)
     for label in labels:
-        graph = v.obj(graphs, label, f"graphs.{label}")
-        if "variant" in graph:  # optional: bundles exported before the fused decoder lack it
-            want = FUSED if label == DECODER_LABELS[FUSED] else STANDARD
-            v.text(graph, "variant", f"graphs.{label}.variant", (want,))
-        domains = graph.get("domains")
-        if "domains" in graph and (
-            not isinstance(domains, list) or not all(isinstance(d, str) for d in domains)
-        ):
-            v.fail(f"graphs.{label}.domains", domains, "expected a list of operator domains (strings)")
-        for side in ("inputs", "outputs"):
-            items = graph.get(side)
-            if not isinstance(items, list) or not items:
-                v.fail(
-                    f"graphs.{label}.{side}",
-                    items if side in graph else _MISSING,
-                    "expected a non-empty list",
-                )
-            for i, item in enumerate(items):
-                field = f"graphs.{label}.{side}[{i}]"
-                if not isinstance(item, dict):
-                    v.fail(field, item, "expected an object")
-                v.text(item, "name", f"{field}.name")
-                v.text(item, "dtype", f"{field}.dtype")
-                shape = item.get("shape")
-                if not isinstance(shape, list) or not all(
-                    isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
-                    for d in shape
-                ):
-                    v.fail(
-                        f"{field}.shape",
-                        shape,
-                        "expected a list of sizes (integers) and axis names (strings)",
-                    )
-    tokenizers = meta.get("tokenizers")
-    if tokenizers is not None:  # optional: vocabulary fingerprints (runtime.checks.tokenizer_fingerprint)
-        tokenizers = v.obj(meta, "tokenizers", "tokenizers")
-        for side in ("source", "target"):
-            entry = v.obj(tokenizers, side, f"tokenizers.{side}")
-            v.integer(entry, "pieces", f"tokenizers.{side}.pieces", low=1)
-            v.text(entry, "pieces_sha256", f"tokenizers.{side}.pieces_sha256")
+        _check_graph(v, v.obj(graphs, label, f"graphs.{label}"), label)
+
+
+def _check_graph(v: _Schema, graph: dict, label: str) -> None:
+    """One graph's description: its variant, operator domains, inputs and outputs.
+
+    Args:
+        v: the checker.
+        graph: graphs.<label> as parsed.
+        label: the graph's key in `graphs` (encoder, decoder, ...).
+
+    Raises:
+        BundleError: naming the first malformed field.
+    """
+    if "variant" in graph:  # optional: bundles exported before the fused decoder lack it
+        want = FUSED if label == DECODER_LABELS[FUSED] else STANDARD
+        v.text(graph, "variant", f"graphs.{label}.variant", (want,))
+    domains = graph.get("domains")
+    if "domains" in graph and (
+        not isinstance(domains, list) or not all(isinstance(d, str) for d in domains)
+    ):
+        v.fail(f"graphs.{label}.domains", domains, "expected a list of operator domains (strings)")
+    for side in ("inputs", "outputs"):
+        items = graph.get(side)
+        if not isinstance(items, list) or not items:
+            v.fail(
+                f"graphs.{label}.{side}",
+                items if side in graph else _MISSING,
+                "expected a non-empty list",
+            )
+        for i, item in enumerate(items):
+            _check_value_info(v, item, f"graphs.{label}.{side}[{i}]")
+
+
+def _check_value_info(v: _Schema, item, field: str) -> None:
+    """One graph input or output: an object with a name, a dtype and a shape.
+
+    Args:
+        v: the checker.
+        item: the entry as parsed.
+        field: its path, for messages (graphs.decoder.inputs[3]).
+
+    Raises:
+        BundleError: the entry is malformed.
+    """
+    if not isinstance(item, dict):
+        v.fail(field, item, "expected an object")
+    v.text(item, "name", f"{field}.name")
+    v.text(item, "dtype", f"{field}.dtype")
+    shape = item.get("shape")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in shape
+    ):
+        v.fail(
+            f"{field}.shape",
+            shape,
+            "expected a list of sizes (integers) and axis names (strings)",
+        )
+
+
+def _check_tokenizers(v: _Schema, meta: dict) -> None:
+    """tokenizers.* (optional: vocabulary fingerprints, runtime.checks.tokenizer_fingerprint).
+
+    Args:
+        v: the checker.
+        meta: bundle.json as parsed.
+
+    Raises:
+        BundleError: the section is present but malformed.
+    """
+    if meta.get("tokenizers") is None:
+        return
+    tokenizers = v.obj(meta, "tokenizers", "tokenizers")
+    for side in ("source", "target"):
+        entry = v.obj(tokenizers, side, f"tokenizers.{side}")
+        v.integer(entry, "pieces", f"tokenizers.{side}.pieces", low=1)
+        v.text(entry, "pieces_sha256", f"tokenizers.{side}.pieces_sha256")

@@ -233,6 +233,11 @@ def read_graph_info(source: Path | bytes) -> GraphInfo:
 
 
 def _read_info(buf) -> GraphInfo:
+    """The graph's inputs, outputs, initializers and nodes, read from a ModelProto's bytes.
+
+    Raises:
+        GraphReadError: not exactly one graph, or the file ends inside a field.
+    """
     info = GraphInfo()
     try:
         graphs = [v for n, w, v in _fields(buf, 0, len(buf)) if n == 7 and w == 2]
@@ -250,21 +255,35 @@ def _read_info(buf) -> GraphInfo:
                 if found is not None:
                     info.external.append(found)
             elif number == 1:
-                op, inputs, outputs, values = "", [], [], []
-                for n, w, v in _fields(buf, *value):
-                    if w != 2:
-                        continue
-                    if n == 1:
-                        inputs.append(_text(buf, v))
-                    elif n == 2:
-                        outputs.append(_text(buf, v))
-                    elif n == 4:
-                        op = _text(buf, v)
-                    elif n == 5:
-                        values.extend(av for an, aw, av in _fields(buf, *v) if an == 5 and aw == 2)
-                if op == "Constant" and values and outputs:
-                    info.shapes[outputs[0]] = _tensor(buf, values[0])[1]
-                info.nodes.append((op, inputs, outputs))
+                _read_node(buf, value, info)
     except IndexError as e:
         raise GraphReadError("the file ends inside a field") from e
     return info
+
+
+def _read_node(buf, span, info: GraphInfo) -> None:
+    """One NodeProto: appends (op_type, inputs, outputs) to info.nodes, and a Constant's shape.
+
+    Args:
+        buf: the model's bytes.
+        span: the node's (start, end) in buf.
+        info: what has been read so far; a Constant node's value shape goes into info.shapes.
+
+    Raises:
+        IndexError: the file ends inside a field.
+    """
+    op, inputs, outputs, values = "", [], [], []
+    for n, w, v in _fields(buf, *span):
+        if w != 2:
+            continue
+        if n == 1:
+            inputs.append(_text(buf, v))
+        elif n == 2:
+            outputs.append(_text(buf, v))
+        elif n == 4:
+            op = _text(buf, v)
+        elif n == 5:
+            values.extend(av for an, aw, av in _fields(buf, *v) if an == 5 and aw == 2)
+    if op == "Constant" and values and outputs:
+        info.shapes[outputs[0]] = _tensor(buf, values[0])[1]
+    info.nodes.append((op, inputs, outputs))

@@ -78,7 +78,6 @@ def check_tokenizers(bundle: Bundle, source, target, vocabulary=None) -> None:
     Raises:
         BundleError: naming the file, both values and the fix; two exchanged tokenizers are named as such.
     """
-    model, ids = bundle.model, bundle.special_ids
     fingerprints = bundle.meta.get("tokenizers")
     sides = (
         ("source", source, "src_vocab_size", "source_tokenizer"),
@@ -115,26 +114,38 @@ def check_tokenizers(bundle: Bundle, source, target, vocabulary=None) -> None:
         "target": vocabulary is not None and vocabulary.target_map is not None,
     }
     for side, proc, size_key, key in sides:
-        if mapped[side]:
-            if have and have[side]["pieces_sha256"] != fingerprints[side]["pieces_sha256"]:
-                raise wrong_vocabulary(side, key)
-            continue
-        where = f"{bundle.file(key).name} (get_piece_size())"
-        if proc.get_piece_size() != model[size_key]:
-            raise _mismatch(bundle, f"model.{size_key}", model[size_key], proc.get_piece_size(), where)
-        for name, own in (
-            ("pad", proc.pad_id()),
-            ("unk", proc.unk_id()),
-            ("bos", proc.bos_id()),
-            ("eos", proc.eos_id()),
-        ):
-            if own != ids[name]:
-                raise _mismatch(
-                    bundle, f"special_ids.{name}", ids[name], own, f"{bundle.file(key).name} ({name}_id())"
-                )
+        if not mapped[side]:
+            _check_sentencepiece(bundle, proc, size_key, key)
         if have and have[side]["pieces_sha256"] != fingerprints[side]["pieces_sha256"]:
             raise wrong_vocabulary(side, key)
 
+
+def _check_sentencepiece(bundle: Bundle, proc, size_key: str, key: str) -> None:
+    """One SentencePiece model's vocabulary size and special ids against bundle.json's.
+
+    Args:
+        bundle: the bundle read.
+        proc (sentencepiece.SentencePieceProcessor): the tokenizer.
+        size_key: its vocabulary size's field in model (src_vocab_size or tgt_vocab_size).
+        key: its file's key in files (source_tokenizer or target_tokenizer).
+
+    Raises:
+        BundleError: naming the field, both values and the file.
+    """
+    model, ids = bundle.model, bundle.special_ids
+    where = f"{bundle.file(key).name} (get_piece_size())"
+    if proc.get_piece_size() != model[size_key]:
+        raise _mismatch(bundle, f"model.{size_key}", model[size_key], proc.get_piece_size(), where)
+    for name, own in (
+        ("pad", proc.pad_id()),
+        ("unk", proc.unk_id()),
+        ("bos", proc.bos_id()),
+        ("eos", proc.eos_id()),
+    ):
+        if own != ids[name]:
+            raise _mismatch(
+                bundle, f"special_ids.{name}", ids[name], own, f"{bundle.file(key).name} ({name}_id())"
+            )
 
 def _shape_of(arg) -> list:
     return [d if isinstance(d, int) else str(d) for d in arg.shape]

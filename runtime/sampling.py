@@ -32,6 +32,37 @@ def sample(step: Step, batch: int, **options) -> list[SearchResult]:
     return run(sample_program(batch, **options), step)
 
 
+def _probabilities(log_probs: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """The distribution to sample from: softmax(log_probs / temperature), cut to top_k and top_p.
+
+    Args:
+        log_probs: (R, V) the step's log-probabilities, float64.
+        temperature: > 0.
+        top_k: keep exactly this many tokens per row, ties to the lower id (0: all).
+        top_p: keep the smallest set of tokens whose probability reaches it (1: all).
+
+    Returns:
+        (R, V) probabilities, each row summing to 1.
+    """
+    logits = log_probs / temperature
+    if 0 < top_k < logits.shape[1]:
+        # keep exactly top_k tokens per row, ties to the lower id (as greedy does)
+        order = np.argsort(-logits, axis=1, kind="stable")
+        outside = np.zeros_like(logits, dtype=bool)
+        np.put_along_axis(outside, order[:, top_k:], True, axis=1)
+        logits = np.where(outside, -np.inf, logits)
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    if top_p < 1:
+        order = np.argsort(-probs, axis=1, kind="stable")
+        sorted_p = np.take_along_axis(probs, order, axis=1)
+        outside = np.cumsum(sorted_p, axis=1) - sorted_p >= top_p  # mass before it already enough
+        mask = np.zeros_like(probs, dtype=bool)
+        np.put_along_axis(mask, order, outside, axis=1)
+        probs = np.where(mask, 0.0, probs)
+        probs /= probs.sum(axis=1, keepdims=True)
+    return probs
+
 def sample_program(
     batch: int,
     *,
@@ -98,23 +129,7 @@ def sample_program(
         log_probs = out.astype(np.float64)
         if t < min_length:
             log_probs[:, eos_id] = -np.inf
-        logits = log_probs / temperature
-        if 0 < top_k < logits.shape[1]:
-            # keep exactly top_k tokens per row, ties to the lower id (as greedy does)
-            order = np.argsort(-logits, axis=1, kind="stable")
-            outside = np.zeros_like(logits, dtype=bool)
-            np.put_along_axis(outside, order[:, top_k:], True, axis=1)
-            logits = np.where(outside, -np.inf, logits)
-        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-        probs /= probs.sum(axis=1, keepdims=True)
-        if top_p < 1:
-            order = np.argsort(-probs, axis=1, kind="stable")
-            sorted_p = np.take_along_axis(probs, order, axis=1)
-            outside = np.cumsum(sorted_p, axis=1) - sorted_p >= top_p  # mass before it already enough
-            mask = np.zeros_like(probs, dtype=bool)
-            np.put_along_axis(mask, order, outside, axis=1)
-            probs = np.where(mask, 0.0, probs)
-            probs /= probs.sum(axis=1, keepdims=True)
+        probs = _probabilities(log_probs, temperature, top_k, top_p)
         draws = _uniform(stream[alive], t)[:, None]  # (R, 1): each row's own stream at step t
         choice = (probs.cumsum(axis=1) > draws).argmax(axis=1)
         # Greedy search below takes the argmax: hand it a one-hot of the choice, scored by the model.

@@ -206,6 +206,41 @@ def open_sessions(
         ValueError: an int8 bundle with optimisations below 'extended' where onnxruntime's u8 x s8 kernel
             saturates (its exact rewrite is an extended-level optimisation).
     """
+    _refuse_inexact_int8(bundle, tuning)
+    picked, why = pick_device(device)
+    checked = _session_loader(bundle, tuning, intra_threads, picked, release_bytes=release_bytes)
+    standard_label = DECODER_LABELS[STANDARD]
+    encoder = checked("encoder")
+    variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
+    if picked == "cuda" and decoder.get_providers()[0] != "CUDAExecutionProvider":
+        if device == "cuda":
+            raise RuntimeError(
+                "onnxruntime's CUDA provider did not start (check the CUDA and cuDNN libraries)"
+            )
+        picked, why = "cpu", "the CUDA provider did not start; using the CPU"
+        checked = _session_loader(bundle, tuning, intra_threads, picked, release_bytes=release_bytes)
+        encoder = checked("encoder")
+        variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
+    if variant == STANDARD:
+        return Sessions(picked, why, encoder, decoder, variant, reason, decoder)
+    if bundle.weights is None:  # its weights are inside its graph file: load it now and let the bytes go
+        return Sessions(picked, why, encoder, decoder, variant, reason, checked(standard_label))
+
+    def load_standard():
+        session = checked(standard_label)
+        if check_late is not None:
+            check_late(standard_label, session)
+        return session
+
+    return Sessions(picked, why, encoder, decoder, variant, reason, None, load_standard)
+
+
+def _refuse_inexact_int8(bundle: Bundle, tuning: SessionTuning) -> None:
+    """Refuses an int8 bundle with optimisations below 'extended' where the u8 x s8 kernel saturates.
+
+    Raises:
+        ValueError: naming the optimisation level and the fix.
+    """
     if (
         bundle.meta.get("quantization")
         and precision_entries(ort)
@@ -217,7 +252,24 @@ def open_sessions(
             "are exact only through onnxruntime's 'extended' or 'all' optimisations "
             "(runtime/u8s8_probe.py); use one of those, or a float32 bundle"
         )
-    picked, why = pick_device(device)
+
+
+def _session_loader(
+    bundle: Bundle, tuning: SessionTuning, intra_threads: int, picked: str, *, release_bytes: bool
+) -> Callable[[str], object]:
+    """A function that makes the session of one of the bundle's graphs on the picked device.
+
+    Args:
+        bundle: the read bundle, with its files' bytes.
+        tuning: the session options' settings.
+        intra_threads: threads inside each operator (0: onnxruntime's default).
+        picked: "cuda" or "cpu".
+        release_bytes: on the CPU, drop each graph's bytes from bundle.data once its session is made.
+
+    Returns:
+        checked(label) -> session, which raises BundleError (naming the file) where onnxruntime
+        cannot load the graph.
+    """
     providers = providers_for(picked, tuning.tf32)
     weights = bundle.weights
 
@@ -248,30 +300,7 @@ def open_sessions(
                 f"re-export the bundle (files.{label})"
             ) from e
 
-    standard_label = DECODER_LABELS[STANDARD]
-    encoder = checked("encoder")
-    variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
-    if picked == "cuda" and decoder.get_providers()[0] != "CUDAExecutionProvider":
-        if device == "cuda":
-            raise RuntimeError(
-                "onnxruntime's CUDA provider did not start (check the CUDA and cuDNN libraries)"
-            )
-        picked, why = "cpu", "the CUDA provider did not start; using the CPU"
-        providers = providers_for(picked, tuning.tf32)  # load() reads it when called
-        encoder = checked("encoder")
-        variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
-    if variant == STANDARD:
-        return Sessions(picked, why, encoder, decoder, variant, reason, decoder)
-    if weights is None:  # its weights are inside its graph file: load it now and let the bytes go, as before
-        return Sessions(picked, why, encoder, decoder, variant, reason, checked(standard_label))
-
-    def load_standard():
-        session = checked(standard_label)
-        if check_late is not None:
-            check_late(standard_label, session)
-        return session
-
-    return Sessions(picked, why, encoder, decoder, variant, reason, None, load_standard)
+    return checked
 
 
 def graph_session(bundle: Bundle, label: str, providers: list[str], entries: dict[str, str] | None = None):

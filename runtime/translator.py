@@ -19,7 +19,7 @@ from .binding import bind_encoder
 from .bundle import Bundle, BundleError, read_bundle
 from .checks import check_graphs, check_tokenizers, read_graphs
 from .fused_step import FusedStep, StepBufferPool
-from .options import SearchOptions, SessionTuning, check_intra_threads, resolve_search_options
+from .options import OptionError, SearchOptions, SessionTuning, check_intra_threads, resolve_search_options
 from .plan import Plan, SearchJob, stream_job
 from .search import SearchResult, Step, candidates_needed, run, stream_greedy
 from .sessions import DEVICES, ort, open_sessions
@@ -63,10 +63,12 @@ class Translator:
     def __init__(self, bundle_dir: str | Path, device: str = "auto", *, intra_threads: int = 0,
                  check_hashes: bool = True, _tuning: SessionTuning | None = None):
         if device not in DEVICES:
-            raise ValueError(f"device={device!r}; choose 'auto', 'cuda' or 'cpu'")
+            raise OptionError("device", device, limit="one of auto, cuda, cpu", says="; ",
+                              hint="choose 'auto', 'cuda' or 'cpu'")
         intra_threads = check_intra_threads(intra_threads)
         if not isinstance(check_hashes, bool):
-            raise ValueError(f"check_hashes={check_hashes!r}; give True or False")
+            raise OptionError("check_hashes", check_hashes, limit="True or False", says="; ",
+                              hint="give True or False")
         tuning = SessionTuning() if _tuning is None else _tuning
         if not isinstance(tuning, SessionTuning):
             raise TypeError(f"_tuning is {type(tuning).__name__}; give a SessionTuning")
@@ -219,7 +221,8 @@ class Translator:
             ValueError: a bad read_batch_size or option; TypeError: an unknown option.
         """
         if isinstance(read_batch_size, bool) or not isinstance(read_batch_size, int) or read_batch_size < 1:
-            raise ValueError(f"read_batch_size={read_batch_size!r}; give an int >= 1")
+            raise OptionError("read_batch_size", read_batch_size, limit="an int >= 1", says="; ",
+                              hint="give an int >= 1")
         resolved = self.search_options(**options)
         return self._iterate(lines, read_batch_size, resolved)
 

@@ -14,7 +14,7 @@ import concurrent.futures
 import threading
 from typing import Iterator
 
-from seq2onnx.runtime.options import SearchOptions
+from seq2onnx.runtime.options import OptionError, SearchOptions
 from seq2onnx.runtime.translator import Translator
 
 
@@ -70,10 +70,13 @@ class Engine:
         width = options.num_hypotheses if options.sampling else options.beam_size
         rows = min(texts, options.max_batch_size) * width
         if rows > self.max_rows:
-            raise ValueError(
-                f"beam_size={options.beam_size}, num_hypotheses={options.num_hypotheses} over {min(texts, options.max_batch_size)} "
-                f"texts decoded together make {rows} decoder rows; the limit (--max-rows) is {self.max_rows} per request: "
-                "use a smaller beam_size, fewer hypotheses or texts, or raise --max-rows")
+            together = min(texts, options.max_batch_size)
+            raise OptionError(
+                "beam_size", options.beam_size, limit=f"{self.max_rows} decoder rows per request",
+                shown=f"{options.beam_size}, num_hypotheses={options.num_hypotheses}",
+                says=f" over {together} texts decoded together make {rows} decoder rows; "
+                f"the limit (--max-rows) is {self.max_rows} per request: ",
+                hint="use a smaller beam_size, fewer hypotheses or texts, or raise --max-rows")
         return options
 
     def submit(self, texts: list[str], options: SearchOptions) -> Job:

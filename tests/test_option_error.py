@@ -213,7 +213,11 @@ def test_the_http_field_comes_from_the_table_not_the_message(monkeypatch):
      "target_prefix[0] has ids [100000] outside"),
     ({"texts": ["a", "b"], "target_prefix": [[5]]}, "target_prefix",
      "target_prefix has 1 entries for 2 sources"),
-], ids=["range", "beam-vs-vocabulary", "max-length-vs-positions", "language", "prefix-ids", "prefix-count"])
+    ({"texts": ["a", "b", "c"], "beam_size": 4}, "beam_size",
+     "beam_size=4, num_hypotheses=1 over 3 texts decoded together make 12 decoder rows; the limit "
+     "(--max-rows) is 8 per request"),
+], ids=["range", "beam-vs-vocabulary", "max-length-vs-positions", "language", "prefix-ids", "prefix-count",
+        "max-rows"])
 def test_http_422_names_the_field_of_the_option(translator, body, field, message):
     from extras import require
 
@@ -223,7 +227,7 @@ def test_http_422_names_the_field_of_the_option(translator, body, field, message
     from seq2onnx.serve.app import create_app
     from seq2onnx.serve.engine import RequestEngine
 
-    engine = RequestEngine(translator, workers=1)
+    engine = RequestEngine(translator, workers=1, max_rows=8)
 
     async def post():
         transport = httpx.ASGITransport(app=create_app(engine))

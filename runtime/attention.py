@@ -12,6 +12,7 @@ Row j of a hypothesis's matrix is the step that chose its piece j (the query fed
 the start token); column i is source piece i, the source's end token last. The end token of the
 hypothesis has no row (its pieces are what is shown).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,13 +37,28 @@ def check_attention_output(decoder, bundle_path) -> None:
     """
     if names.CROSS_ATTENTION not in {o.name for o in decoder.get_outputs()}:
         raise NoAttentionOutput(
-            f"{bundle_path}: its decoder.onnx has no {names.CROSS_ATTENTION!r} output (exported by seq2onnx before "
-            "0.3), so attention cannot be returned: export the checkpoint again with `seq2onnx export`")
+            f"{bundle_path}: its decoder.onnx has no {names.CROSS_ATTENTION!r} output (exported by seq2onnx "
+            "before "
+            "0.3), so attention cannot be returned: export the checkpoint again with `seq2onnx export`"
+        )
 
 
-def forced_attention(decoder, *, src_mask, cross: list, rows_per_source: int, hypotheses: list[list[int]],
-                     source_lengths: list[int], start_id: int, eos_id: int, n_heads: int, head_dim: int,
-                     cache_dtype, to_device, device: str) -> list[np.ndarray]:
+def forced_attention(
+    decoder,
+    *,
+    src_mask,
+    cross: list,
+    rows_per_source: int,
+    hypotheses: list[list[int]],
+    source_lengths: list[int],
+    start_id: int,
+    eos_id: int,
+    n_heads: int,
+    head_dim: int,
+    cache_dtype,
+    to_device,
+    device: str,
+) -> list[np.ndarray]:
     """Computes each hypothesis's attention by one forced pass of the standard decoder.
 
     Args:
@@ -79,14 +95,24 @@ def forced_attention(decoder, *, src_mask, cross: list, rows_per_source: int, hy
     keep = np.arange(rows, dtype=np.int64)  # every row continues itself
     weights = []
     for t in range(steps):
-        b = bind_decoder(decoder, tokens=np.ascontiguousarray(tokens[:, t : t + 1]),
-                         steps=np.array([t], dtype=np.int64), cache_indices=keep,
-                         top_k=np.array([1], dtype=np.int64), past=past, cross=cross, src_mask=src_mask,
-                         present=device, outputs={names.CROSS_ATTENTION: "cpu"})
+        b = bind_decoder(
+            decoder,
+            tokens=np.ascontiguousarray(tokens[:, t : t + 1]),
+            steps=np.array([t], dtype=np.int64),
+            cache_indices=keep,
+            top_k=np.array([1], dtype=np.int64),
+            past=past,
+            cross=cross,
+            src_mask=src_mask,
+            present=device,
+            outputs={names.CROSS_ATTENTION: "cpu"},
+        )
         decoder.run_with_iobinding(b)
         outputs = b.get_outputs()
         past = outputs[: 2 * n_layers]
         weights.append(outputs[-1].numpy())  # (rows, S_padded)
     stacked = np.stack(weights, axis=1)  # (rows, steps, S_padded)
-    return [np.ascontiguousarray(stacked[r, : len(h), : source_lengths[r // rows_per_source]], dtype=np.float32)
-            for r, h in enumerate(hypotheses)]
+    return [
+        np.ascontiguousarray(stacked[r, : len(h), : source_lengths[r // rows_per_source]], dtype=np.float32)
+        for r, h in enumerate(hypotheses)
+    ]

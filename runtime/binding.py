@@ -12,6 +12,7 @@ The fused decoder (decoder_fused.onnx, com.microsoft kernels) is not bound here:
 are the arrays of its StepBuffers, bound once per change of the batch rather than per step, by
 runtime/fused_step.py.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -25,8 +26,11 @@ from . import bundle as names
 @lru_cache(maxsize=None)
 def _cache_names(n_layers: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """(past, present, cross) input and output names of a decoder with n_layers layers."""
-    return (tuple(names.past_names(n_layers)), tuple(names.present_names(n_layers)),
-            tuple(names.cross_names(n_layers)))
+    return (
+        tuple(names.past_names(n_layers)),
+        tuple(names.present_names(n_layers)),
+        tuple(names.cross_names(n_layers)),
+    )
 
 
 def _bind_value(binding, name: str, value) -> None:
@@ -37,9 +41,19 @@ def _bind_value(binding, name: str, value) -> None:
         binding.bind_ortvalue_input(name, value)
 
 
-def bind_decoder(decoder, *, tokens: np.ndarray, steps: np.ndarray, cache_indices: np.ndarray,
-                 top_k: np.ndarray, past: Sequence, cross: Sequence, src_mask, present,
-                 outputs: Mapping[str, object]):
+def bind_decoder(
+    decoder,
+    *,
+    tokens: np.ndarray,
+    steps: np.ndarray,
+    cache_indices: np.ndarray,
+    top_k: np.ndarray,
+    past: Sequence,
+    cross: Sequence,
+    src_mask,
+    present,
+    outputs: Mapping[str, object],
+):
     """Returns an IO binding of one run of decoder.onnx, not run yet.
 
     Args:

@@ -22,6 +22,7 @@ Here that becomes:
 - the buffers and bindings outlive the batch (StepBuffers): the Translator offers them to the
   next batch of the same shape.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,7 +53,11 @@ def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[
         DecoderUnavailable: (a RuntimeError) "fused" is asked for and cannot run.
     """
     if wanted == names.STANDARD:
-        return names.STANDARD, load(names.DECODER_LABELS[names.STANDARD]), "asked for the standard decoder (SessionTuning)"
+        return (
+            names.STANDARD,
+            load(names.DECODER_LABELS[names.STANDARD]),
+            "asked for the standard decoder (SessionTuning)",
+        )
     why = None
     if names.FUSED not in bundle.decoder_variants:
         why = "the bundle has no fused decoder (exported with --decoder standard, or float16: the CPU kernels are float32-only, so fp16 bundles have only the standard one)"
@@ -61,8 +66,11 @@ def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[
         why = f"the fused decoder's cache layout is the CPU kernels'; the {device} provider runs the standard one"
     else:
         try:
-            return names.FUSED, load(names.DECODER_LABELS[names.FUSED]), (
-                "the bundle has a fused decoder and this onnxruntime runs its com.microsoft operators")
+            return (
+                names.FUSED,
+                load(names.DECODER_LABELS[names.FUSED]),
+                ("the bundle has a fused decoder and this onnxruntime runs its com.microsoft operators"),
+            )
         except Exception as e:  # onnxruntime's own exception types: an operator it lacks, a damaged file
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             why = f"this onnxruntime cannot run the fused decoder ({first[:300]})"
@@ -71,9 +79,19 @@ def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[
     return names.STANDARD, load(names.DECODER_LABELS[names.STANDARD]), why
 
 
-def buffer_bytes(rows: int, width: int, max_length: int, top_k: int | None, *, n_layers: int, n_heads: int,
-                 head_dim: int, vocab: int) -> int:
-    """Returns the bytes of a StepBuffers' arrays (StepBuffers.nbytes): the one formula behind the pool's bound.
+def buffer_bytes(
+    rows: int,
+    width: int,
+    max_length: int,
+    top_k: int | None,
+    *,
+    n_layers: int,
+    n_heads: int,
+    head_dim: int,
+    vocab: int,
+) -> int:
+    """Returns the bytes of a StepBuffers' arrays (StepBuffers.nbytes): the one formula behind the pool's
+    bound.
 
     Args:
         rows, width, max_length, top_k: the buffers' key: rows (sentences x width), beams per sentence,
@@ -134,16 +152,23 @@ class StepBuffers:
     def __init__(self, session, key: tuple, *, n_layers: int, n_heads: int, head_dim: int, vocab: int):
         rows, width, max_length, top_k = key
         self.key = key  # (rows, width, cache positions, top_k)
-        self.cache = [np.zeros((rows, n_heads, max_length, head_dim), np.float32) for _ in range(2 * n_layers)]
+        self.cache = [
+            np.zeros((rows, n_heads, max_length, head_dim), np.float32) for _ in range(2 * n_layers)
+        ]
         self.indirection = np.zeros((rows // width, width, max_length), np.int32)
         self.tokens = np.zeros((rows, 1), np.int64)
         self.step = np.zeros(1, np.int32)
-        self.fixed = {names.BEAM_WIDTH: np.array([width], np.int32), names.TOP_K: np.array([top_k or 1], np.int64)}
+        self.fixed = {
+            names.BEAM_WIDTH: np.array([width], np.int32),
+            names.TOP_K: np.array([top_k or 1], np.int64),
+        }
         if top_k is None:
             self.out = {names.LOG_PROBS: np.zeros((rows, vocab), np.float32)}
         else:
-            self.out = {names.TOPK_LOG_PROBS: np.zeros((rows, top_k), np.float32),
-                        names.TOPK_IDS: np.zeros((rows, top_k), np.int64)}
+            self.out = {
+                names.TOPK_LOG_PROBS: np.zeros((rows, top_k), np.float32),
+                names.TOPK_IDS: np.zeros((rows, top_k), np.int64),
+            }
         self.nbytes = buffer_bytes(*key, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, vocab=vocab)
         self.binding = session.io_binding()
         self.bound_rows = 0  # rows the cache, tokens and outputs are bound for now (0: none)
@@ -227,8 +252,9 @@ class StepBufferPool:
         Returns:
             The buffers, or None if none fits.
         """
-        fitting = sorted((b for b in list(self._spares) if b.fits(rows, width, max_length, top_k)),
-                         key=lambda b: b.key[2])
+        fitting = sorted(
+            (b for b in list(self._spares) if b.fits(rows, width, max_length, top_k)), key=lambda b: b.key[2]
+        )
         for buffers in fitting:
             try:
                 self._spares.remove(buffers)
@@ -279,13 +305,31 @@ class FusedStep:
 
     _owned = False  # are _mask and _cross our copies (else the encoder's arrays)?
 
-    def __init__(self, session, *, src_mask: np.ndarray, cross: list[np.ndarray], n_layers: int, n_heads: int,
-                 head_dim: int, beam_width: int, max_length: int, top_k: int | None, vocab: int,
-                 buffers: StepBuffers | None = None):
+    def __init__(
+        self,
+        session,
+        *,
+        src_mask: np.ndarray,
+        cross: list[np.ndarray],
+        n_layers: int,
+        n_heads: int,
+        head_dim: int,
+        beam_width: int,
+        max_length: int,
+        top_k: int | None,
+        vocab: int,
+        buffers: StepBuffers | None = None,
+    ):
         batch, width = src_mask.shape[0], beam_width
         if buffers is None or not buffers.fits(batch * width, width, max_length, top_k):
-            buffers = StepBuffers(session, (batch * width, width, max_length, top_k), n_layers=n_layers,
-                                  n_heads=n_heads, head_dim=head_dim, vocab=vocab)
+            buffers = StepBuffers(
+                session,
+                (batch * width, width, max_length, top_k),
+                n_layers=n_layers,
+                n_heads=n_heads,
+                head_dim=head_dim,
+                vocab=vocab,
+            )
         self.buffers, self.session, self.width, self.vocab, self.top_k = buffers, session, width, vocab, top_k
         self.batch = batch  # sentences in the buffers now
         self._sentences = np.arange(batch)  # sliced to index the sentences in the buffers
@@ -317,7 +361,9 @@ class FusedStep:
             self._bind_rows(binding, held, rows, buffers.fixed[names.BEAM_WIDTH], self._indirection[:b])
             buffers.bound_rows = rows
 
-    def _bind_rows(self, binding, held: dict, rows: int, beam_width: np.ndarray, indirection: np.ndarray) -> None:
+    def _bind_rows(
+        self, binding, held: dict, rows: int, beam_width: np.ndarray, indirection: np.ndarray
+    ) -> None:
         """Binds what depends on the rows a run computes: the first `rows` rows of the tokens, the cache
         (one OrtValue as past and present: updated in place) and the outputs, with the beam width and
         indirection for them; the step number and top-k alike, so each binding is complete."""
@@ -340,9 +386,11 @@ class FusedStep:
         buffers, b, w = self.buffers, self.batch, self.width
         if buffers.first_sentences != b:
             binding, held = self.session.io_binding(), {}
-            self._bind_rows(binding, held, b, _ONE, buffers.first_indirection[:b])  # indirection unread: width 1
+            # indirection unread: width 1
+            self._bind_rows(binding, held, b, _ONE, buffers.first_indirection[:b])
             buffers.first_binding, buffers.first_held, buffers.first_sentences = binding, held, b
-        for name, value in self._encoded.items():  # this batch's encoder outputs, as the main binding has them
+        # this batch's encoder outputs, as the main binding has them
+        for name, value in self._encoded.items():
             buffers.first_held[name] = value
             buffers.first_binding.bind_ortvalue_input(name, value)
         self._tokens[:b] = tokens
@@ -378,7 +426,8 @@ class FusedStep:
         """Beam w of sentence b continues beam parents[b, w], whose position t-1 is in its own row."""
         ind = self._indirection[: self.batch]
         if t > 1:
-            ind[:, :, : t - 1] = ind[self._sentences[: self.batch, None], parents, : t - 1]  # take_along_axis, cheaper
+            # take_along_axis, cheaper
+            ind[:, :, : t - 1] = ind[self._sentences[: self.batch, None], parents, : t - 1]
         ind[:, :, t - 1] = parents
 
     def __call__(self, tokens: np.ndarray, cache_indices: np.ndarray, t: int, keep: np.ndarray | None):
@@ -401,15 +450,21 @@ class FusedStep:
             # The previous step had 1 row per sentence (t == 1) or w; sentence j was keep[j] there.
             sentences = self._sentences[: self.batch] if keep is None else np.asarray(keep)
             prev_width = 1 if t == 1 else w
-            parents = (np.asarray(cache_indices).reshape(-1, w) - sentences[:, None] * prev_width).astype(np.int32)
+            parents = (np.asarray(cache_indices).reshape(-1, w) - sentences[:, None] * prev_width).astype(
+                np.int32
+            )
             if parents.min(initial=0) < 0 or parents.max(initial=0) >= prev_width:
-                raise ValueError(f"step {t}: cache_indices {cache_indices.tolist()} do not continue beams of their own "
-                                 "sentences; the fused decoder reorders beams only within a sentence")
+                raise ValueError(
+                    f"step {t}: cache_indices {cache_indices.tolist()} do not continue beams of their own "
+                    "sentences; the fused decoder reorders beams only within a sentence"
+                )
         if keep is not None:
             keep = np.asarray(keep)
             if keep.size == 0 or (np.diff(keep) <= 0).any() or keep[0] < 0 or keep[-1] >= self.batch:
-                raise ValueError(f"step {t}: keep {keep.tolist()} must be strictly ascending indices of some of the "
-                                 f"{self.batch} sentences of the previous step")
+                raise ValueError(
+                    f"step {t}: keep {keep.tolist()} must be strictly ascending indices of some of the "
+                    f"{self.batch} sentences of the previous step"
+                )
             self._compact(keep, t)
         if t > 0 and w > 1:
             self._reorder(parents, t)
@@ -417,7 +472,9 @@ class FusedStep:
         first = t == 0 and w > 1  # one row per sentence given, w rows in the buffers
         given = tokens.shape[0]
         if given != (self.batch if first else rows):
-            raise ValueError(f"step {t}: {given} token rows for {self.batch} sentences x {1 if first else w} beams")
+            raise ValueError(
+                f"step {t}: {given} token rows for {self.batch} sentences x {1 if first else w} beams"
+            )
         if first:
             self._first_step(tokens)
             take = slice(0, self.batch)
@@ -429,8 +486,6 @@ class FusedStep:
         if self.top_k is None:
             return self._out[names.LOG_PROBS][take]
         return TopK(self._out[names.TOPK_LOG_PROBS][take], self._out[names.TOPK_IDS][take], self.vocab)
-
-
 
 
 def _runs(keep: np.ndarray) -> list[tuple[int, int, int]]:

@@ -16,6 +16,7 @@ decoder's step (Translator.decoder_step) and drives the program with it; serve/b
 programs with one decoder run. Either way the step goes under job.force(step), the forced target
 prefix and end token (runtime/prefix.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -80,8 +81,14 @@ class SearchJob:
         return force_prefix(step, self.prefixes, **self.end)
 
 
-def search_job(translator, indices: list[int], sources: list[list[int]], max_lengths: np.ndarray,
-               options: SearchOptions, prefixes: list[list[int]]) -> SearchJob:
+def search_job(
+    translator,
+    indices: list[int],
+    sources: list[list[int]],
+    max_lengths: np.ndarray,
+    options: SearchOptions,
+    prefixes: list[list[int]],
+) -> SearchJob:
     """The job that searches `sources` with `options`: encodes them (or their sample rows) now.
 
     Args:
@@ -100,27 +107,57 @@ def search_job(translator, indices: list[int], sources: list[list[int]], max_len
         n = options.num_hypotheses
         rows = [s for s in sources for _ in range(n)]
         keys = [[h, len(s), *s] for s in sources for h in range(n)]
-        flat = sample_program(len(rows), temperature=options.sampling_temperature,
-                              top_k=options.sampling_topk, top_p=options.sampling_topp, seed=options.seed,
-                              row_keys=keys, max_lengths=np.repeat(max_lengths, n), **common)
+        flat = sample_program(
+            len(rows),
+            temperature=options.sampling_temperature,
+            top_k=options.sampling_topk,
+            top_p=options.sampling_topp,
+            seed=options.seed,
+            row_keys=keys,
+            max_lengths=np.repeat(max_lengths, n),
+            **common,
+        )
         encoded = t.encode(*t.sources.pad(rows))
-        return SearchJob(indices, sources, max_lengths, options.min_decoding_length, encoded, rows=len(rows),
-                         beam_width=1, top_k=None,  # sampling needs every log-prob
-                         program=_regroup(flat, n, len(sources)),
-                         prefixes=[p for p in prefixes for _ in range(n)],
-                         end=t.forced_end(np.repeat(max_lengths, n)), sampled=True)
+        return SearchJob(
+            indices,
+            sources,
+            max_lengths,
+            options.min_decoding_length,
+            encoded,
+            rows=len(rows),
+            beam_width=1,
+            top_k=None,  # sampling needs every log-prob
+            program=_regroup(flat, n, len(sources)),
+            prefixes=[p for p in prefixes for _ in range(n)],
+            end=t.forced_end(np.repeat(max_lengths, n)),
+            sampled=True,
+        )
     encoded = t.encode(*t.sources.pad(sources))
     if options.beam_size == 1:
         program = greedy_program(len(sources), max_lengths=max_lengths, **common)
     else:
-        program = beam_program(len(sources), beam_size=options.beam_size,
-                               length_penalty=options.length_penalty, num_hypotheses=options.num_hypotheses,
-                               max_lengths=max_lengths,
-                               convention=t.bundle.decoding.get("beam_convention", "fairseq"), **common)
-    return SearchJob(indices, sources, max_lengths, options.min_decoding_length, encoded, rows=len(sources),
-                     beam_width=options.beam_size,
-                     top_k=t.step_top_k(options.beam_size, options.min_decoding_length), program=program,
-                     prefixes=list(prefixes), end=t.forced_end(max_lengths))
+        program = beam_program(
+            len(sources),
+            beam_size=options.beam_size,
+            length_penalty=options.length_penalty,
+            num_hypotheses=options.num_hypotheses,
+            max_lengths=max_lengths,
+            convention=t.bundle.decoding.get("beam_convention", "fairseq"),
+            **common,
+        )
+    return SearchJob(
+        indices,
+        sources,
+        max_lengths,
+        options.min_decoding_length,
+        encoded,
+        rows=len(sources),
+        beam_width=options.beam_size,
+        top_k=t.step_top_k(options.beam_size, options.min_decoding_length),
+        program=program,
+        prefixes=list(prefixes),
+        end=t.forced_end(max_lengths),
+    )
 
 
 def stream_job(translator, text: str, options: SearchOptions) -> SearchJob | None:
@@ -136,9 +173,19 @@ def stream_job(translator, text: str, options: SearchOptions) -> SearchJob | Non
         return None
     limits = t.max_lengths([ids], options)
     check_min_length(options.min_decoding_length, int(limits[0]), len(ids))  # now, not at the first piece
-    return SearchJob([0], [ids], limits, options.min_decoding_length, t.encode(*t.sources.pad([ids])), rows=1,
-                     beam_width=1, top_k=t.step_top_k(1, options.min_decoding_length), program=None,
-                     prefixes=[target_prefix], end=t.forced_end(limits))
+    return SearchJob(
+        [0],
+        [ids],
+        limits,
+        options.min_decoding_length,
+        t.encode(*t.sources.pad([ids])),
+        rows=1,
+        beam_width=1,
+        top_k=t.step_top_k(1, options.min_decoding_length),
+        program=None,
+        prefixes=[target_prefix],
+        end=t.forced_end(limits),
+    )
 
 
 class Plan:
@@ -160,8 +207,9 @@ class Plan:
         t, n = translator, options.num_hypotheses
         self.translator, self.options = t, options
         source_prefix, self._target_prefixes = t.prefixes(len(source), options)
-        self._ids = ids = [t.sources.ids(i, item, options.truncate, source_prefix)
-                           for i, item in enumerate(source)]
+        self._ids = ids = [
+            t.sources.ids(i, item, options.truncate, source_prefix) for i, item in enumerate(source)
+        ]
         self._results: list[TranslationResult | None] = [None] * len(ids)
         todo = [i for i, s in enumerate(ids) if s is not None]
         self._limits = limits = dict(zip(todo, t.max_lengths([ids[i] for i in todo], options)))
@@ -172,8 +220,11 @@ class Plan:
         for i, s in enumerate(ids):
             if s is None:  # empty text: nothing to translate
                 self._results[i] = TranslationResult(
-                    [""] * n, [[]] * n, [0.0] * n if options.return_scores else None,
-                    [np.zeros((0, 0), np.float32)] * n if options.return_attention else None)
+                    [""] * n,
+                    [[]] * n,
+                    [0.0] * n if options.return_scores else None,
+                    [np.zeros((0, 0), np.float32)] * n if options.return_attention else None,
+                )
         todo.sort(key=lambda i: len(ids[i]))  # similar lengths share a batch: less padding
         self._todo = todo
 
@@ -183,19 +234,31 @@ class Plan:
         size = self.options.max_batch_size
         for start in range(0, len(self._todo), size):
             chunk = self._todo[start : start + size]
-            yield search_job(self.translator, chunk, [self._ids[i] for i in chunk],
-                             np.array([self._limits[i] for i in chunk], dtype=np.int64), self.options,
-                             [self._target_prefixes[i] for i in chunk])
+            yield search_job(
+                self.translator,
+                chunk,
+                [self._ids[i] for i in chunk],
+                np.array([self._limits[i] for i in chunk], dtype=np.int64),
+                self.options,
+                [self._target_prefixes[i] for i in chunk],
+            )
 
     def finish(self, job: SearchJob, found: list[SearchResult]) -> None:
         """Takes a job's SearchResults (one per source): detokenises them, with their attention if asked."""
         t, options = self.translator, self.options
         found_tokens = [[h[:-1] if h and h[-1] == t.eos_id else h for h in r.hypotheses] for r in found]
-        attention = (t.attention(job.sources, found_tokens, job.source_encoding) if options.return_attention
-                     else [None] * len(found))
+        attention = (
+            t.attention(job.sources, found_tokens, job.source_encoding)
+            if options.return_attention
+            else [None] * len(found)
+        )
         for i, r, tokens, weights in zip(job.indices, found, found_tokens, attention):
-            self._results[i] = TranslationResult([t.detokenize(x) for x in tokens], tokens,
-                                                 r.scores if options.return_scores else None, weights)
+            self._results[i] = TranslationResult(
+                [t.detokenize(x) for x in tokens],
+                tokens,
+                r.scores if options.return_scores else None,
+                weights,
+            )
 
     def results(self) -> list[TranslationResult]:
         """One TranslationResult per source, in the order given.
@@ -218,5 +281,10 @@ class Plan:
 def _regroup(program, n: int, sources: int):
     """A sampling program's flat results (n rows per source) as one SearchResult of n hypotheses each."""
     flat = yield from program
-    return [SearchResult([h for r in flat[i * n:(i + 1) * n] for h in r.hypotheses],
-                         [x for r in flat[i * n:(i + 1) * n] for x in r.scores]) for i in range(sources)]
+    return [
+        SearchResult(
+            [h for r in flat[i * n : (i + 1) * n] for h in r.hypotheses],
+            [x for r in flat[i * n : (i + 1) * n] for x in r.scores],
+        )
+        for i in range(sources)
+    ]

@@ -5,6 +5,7 @@ OrtValues as the next step's `past_*` inputs (IO binding), uploads only the new 
 and the cache indices, and downloads only what the search reads: the graph's top-k candidates or,
 without top_k, the full log-probabilities.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -39,11 +40,26 @@ class StandardStep:
 
     buffers = None  # the fused step's StepBuffers; the standard step keeps none between batches
 
-    def __init__(self, decoder, *, rows: int, src_mask, cross: list, n_layers: int, n_heads: int, head_dim: int,
-                 cache_dtype, top_k: int | None, vocab: int, to_device: Callable[[np.ndarray], object], device: str):
+    def __init__(
+        self,
+        decoder,
+        *,
+        rows: int,
+        src_mask,
+        cross: list,
+        n_layers: int,
+        n_heads: int,
+        head_dim: int,
+        cache_dtype,
+        top_k: int | None,
+        vocab: int,
+        to_device: Callable[[np.ndarray], object],
+        device: str,
+    ):
         self.decoder, self.top_k, self.vocab = decoder, top_k, vocab
         self._to_device, self._device = to_device, device
-        empty = np.zeros((rows, n_heads, 0, head_dim), dtype=cache_dtype)  # [rows, heads, 0 positions, head_dim]
+        # [rows, heads, 0 positions, head_dim]
+        empty = np.zeros((rows, n_heads, 0, head_dim), dtype=cache_dtype)
         self.past = [to_device(empty) for _ in range(2 * n_layers)]
         self.cross, self.mask = cross, src_mask
         # only what the search needs comes down
@@ -68,11 +84,18 @@ class StandardStep:
             # times per batch, not per step, so a round trip through the host is cheap.
             self.cross = [self._to_device(np.ascontiguousarray(v.numpy()[keep])) for v in self.cross]
             self.mask = self._to_device(np.ascontiguousarray(self.mask.numpy()[keep]))
-        b = bind_decoder(self.decoder, tokens=np.ascontiguousarray(tokens, dtype=np.int64),
-                         steps=np.array([t], dtype=np.int64),
-                         cache_indices=np.ascontiguousarray(cache_indices, dtype=np.int64),
-                         top_k=self._k_input, past=self.past, cross=self.cross, src_mask=self.mask,
-                         present=self._device, outputs=self._wanted)
+        b = bind_decoder(
+            self.decoder,
+            tokens=np.ascontiguousarray(tokens, dtype=np.int64),
+            steps=np.array([t], dtype=np.int64),
+            cache_indices=np.ascontiguousarray(cache_indices, dtype=np.int64),
+            top_k=self._k_input,
+            past=self.past,
+            cross=self.cross,
+            src_mask=self.mask,
+            present=self._device,
+            outputs=self._wanted,
+        )
         self.decoder.run_with_iobinding(b)
         outputs = b.get_outputs()
         self.past = outputs[: len(self.past)]

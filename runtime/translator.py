@@ -5,6 +5,7 @@ com.microsoft kernels, runtime/fused_step.py) where the bundle has it and this o
 it on the chosen provider, else the standard-opset decoder.onnx (runtime/standard_step.py). The
 device and session options come from runtime/sessions.py, the searches from runtime/search.py.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,16 +36,19 @@ _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
 class Translator:
     """Translates with a bundle made by `seq2onnx export`.
 
-    Everything bundle.json states that the graphs or the tokenizers also state is checked at load (vocabulary sizes,
-    special ids, layers, heads, head size, positions, dtype): a bundle that would translate garbage is refused at once.
+    Everything bundle.json states that the graphs or the tokenizers also state is checked at load (vocabulary
+    sizes, special ids, layers, heads, head size, positions, dtype): a bundle that would translate garbage is
+    refused at once.
 
     Args:
         bundle_dir: the bundle directory (bundle.json, encoder.onnx, decoder.onnx, tokenizers), or a
             Bundle that read_bundle returned (it keeps its files' bytes: `seq2onnx web` copies those).
         device: "auto" (CUDA where onnxruntime can run it, else the CPU), "cuda" or "cpu".
-        intra_threads: threads inside each operator, 0 (onnxruntime's default, one per core) to os.cpu_count().
+        intra_threads: threads inside each operator, 0 (onnxruntime's default, one per core) to
+            os.cpu_count().
         check_hashes: verify every file's sha256 against bundle.json before loading.
-        _tuning: SessionTuning, knobs for measuring the defaults (benchmarks only; another type is a TypeError).
+        _tuning: SessionTuning, knobs for measuring the defaults (benchmarks only; another type is a
+            TypeError).
     Attributes:
         decoder_variant, decoder_reason: "fused" or "standard", the decoder graph driven, and why.
         encoder, decoder: the onnxruntime sessions of the encoder and of the decoder driven.
@@ -57,35 +61,59 @@ class Translator:
         BundleError: the bundle is missing, damaged, of another format version, or its
             bundle.json disagrees with its graphs or tokenizers (the message names the field).
         ValueError: a bad device, intra_threads or check_hashes.
-        RuntimeError: device="cuda" where CUDA cannot run, or _tuning forces the fused decoder where it cannot (says why).
+        RuntimeError: device="cuda" where CUDA cannot run, or _tuning forces the fused decoder where it cannot
+            (says why).
     """
 
-    def __init__(self, bundle_dir: str | Path, device: str = "auto", *, intra_threads: int = 0,
-                 check_hashes: bool = True, _tuning: SessionTuning | None = None):
+    def __init__(
+        self,
+        bundle_dir: str | Path,
+        device: str = "auto",
+        *,
+        intra_threads: int = 0,
+        check_hashes: bool = True,
+        _tuning: SessionTuning | None = None,
+    ):
         if device not in DEVICES:
-            raise OptionError("device", device, limit="one of auto, cuda, cpu", says="; ",
-                              hint="choose 'auto', 'cuda' or 'cpu'")
+            raise OptionError(
+                "device",
+                device,
+                limit="one of auto, cuda, cpu",
+                says="; ",
+                hint="choose 'auto', 'cuda' or 'cpu'",
+            )
         intra_threads = check_intra_threads(intra_threads)
         if not isinstance(check_hashes, bool):
-            raise OptionError("check_hashes", check_hashes, limit="True or False", says="; ",
-                              hint="give True or False")
+            raise OptionError(
+                "check_hashes", check_hashes, limit="True or False", says="; ", hint="give True or False"
+            )
         tuning = SessionTuning() if _tuning is None else _tuning
         if not isinstance(tuning, SessionTuning):
             raise TypeError(f"_tuning is {type(tuning).__name__}; give a SessionTuning")
         self._tuning = tuning
         # Every file is read once, hash-checked on those bytes, and every session and tokenizer is made
         # from them: a bundle replaced on disk later cannot mix into this one (runtime/bundle.py).
-        bundle = bundle_dir if isinstance(bundle_dir, Bundle) else read_bundle(bundle_dir, check_hashes=check_hashes)
+        bundle = (
+            bundle_dir
+            if isinstance(bundle_dir, Bundle)
+            else read_bundle(bundle_dir, check_hashes=check_hashes)
+        )
         self.bundle = bundle
         cfg = self.bundle.model
-        self.n_layers, self.n_heads, self.head_dim = cfg["n_decoder_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+        self.n_layers, self.n_heads, self.head_dim = (
+            cfg["n_decoder_layers"],
+            cfg["n_heads"],
+            cfg["d_model"] // cfg["n_heads"],
+        )
         self.max_positions = cfg["max_positions"]
         self.src_vocab, self.tgt_vocab = cfg["src_vocab_size"], cfg["tgt_vocab_size"]
         ids = self.bundle.special_ids
         self.pad_id, self.eos_id, self.start_id = ids["pad"], ids["eos"], ids["decoder_start"]
         self.cache_dtype = _NP_DTYPE[self.bundle.dtype]
-        self._buffer_pool = StepBufferPool(n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim,
-                                           vocab=self.tgt_vocab)  # the fused step's buffers between batches
+        # the fused step's buffers between batches
+        self._buffer_pool = StepBufferPool(
+            n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim, vocab=self.tgt_vocab
+        )
         try:
             self.source_tokenizer = spm.SentencePieceProcessor(model_proto=bundle.bytes("source_tokenizer"))
             self.target_tokenizer = spm.SentencePieceProcessor(model_proto=bundle.bytes("target_tokenizer"))
@@ -94,20 +122,38 @@ class Translator:
         except Exception as e:
             raise BundleError(f"{bundle.path}: a SentencePiece model cannot be read: {e}") from e
         # Maps, prefixes and languages of an imported model (runtime/vocab.py); identity for ours.
-        self.vocabulary = Vocabulary.of_bundle(bundle, self.source_tokenizer.get_piece_size(),
-                                               self.target_tokenizer.get_piece_size())
+        self.vocabulary = Vocabulary.of_bundle(
+            bundle, self.source_tokenizer.get_piece_size(), self.target_tokenizer.get_piece_size()
+        )
         check_tokenizers(self.bundle, self.source_tokenizer, self.target_tokenizer, self.vocabulary)
-        self.sources = Sources(self.source_tokenizer, pad_id=self.pad_id, eos_id=self.eos_id,
-                               vocab=self.src_vocab, max_positions=self.max_positions,
-                               vocabulary=self.vocabulary)
+        self.sources = Sources(
+            self.source_tokenizer,
+            pad_id=self.pad_id,
+            eos_id=self.eos_id,
+            vocab=self.src_vocab,
+            max_positions=self.max_positions,
+            vocabulary=self.vocabulary,
+        )
         self._decode = self.vocabulary.decoder(self.target_tokenizer)
         graphs = read_graphs(bundle)  # every listed graph parsed, whichever decoder is driven
         # a bundle read here is ours: each graph's bytes may go once its session is made (lower peak memory)
-        s = open_sessions(bundle, device, tuning, intra_threads, release_bytes=not isinstance(bundle_dir, Bundle),
-                          check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs))
-        self.device, self.device_reason, self.encoder, self.decoder = s.device, s.device_reason, s.encoder, s.decoder
+        s = open_sessions(
+            bundle,
+            device,
+            tuning,
+            intra_threads,
+            release_bytes=not isinstance(bundle_dir, Bundle),
+            check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs),
+        )
+        self.device, self.device_reason, self.encoder, self.decoder = (
+            s.device,
+            s.device_reason,
+            s.encoder,
+            s.decoder,
+        )
         self.decoder_variant, self.decoder_reason, self._sessions = s.variant, s.reason, s
-        # every graph checked now; one not loaded yet (the standard decoder) from its file (runtime/onnx_info.py)
+        # every graph checked now; one not loaded yet (the standard decoder) from its file
+        # (runtime/onnx_info.py)
         check_graphs(bundle, {**graphs, **s.by_label()}, graphs)
         if not isinstance(bundle_dir, Bundle):
             self.bundle = bundle.without_data()  # the sessions hold what they need
@@ -115,11 +161,22 @@ class Translator:
 
     # -- public API -----------------------------------------------------------------------------
 
-    def translate(self, text: str, *, beam_size: int | None = None, length_penalty: float | None = None,
-                  max_decoding_length: int | None = None, min_decoding_length: int | None = None,
-                  truncate: bool = False, sampling_temperature: float | None = None, sampling_topk: int = 0,
-                  sampling_topp: float = 1.0, seed: int | None = None, source_lang: str | None = None,
-                  target_lang: str | None = None) -> str:
+    def translate(
+        self,
+        text: str,
+        *,
+        beam_size: int | None = None,
+        length_penalty: float | None = None,
+        max_decoding_length: int | None = None,
+        min_decoding_length: int | None = None,
+        truncate: bool = False,
+        sampling_temperature: float | None = None,
+        sampling_topk: int = 0,
+        sampling_topp: float = 1.0,
+        seed: int | None = None,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+    ) -> str:
         """Returns the best hypothesis (str) for one string.
 
         Args:
@@ -130,19 +187,41 @@ class Translator:
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str (translate_batch takes lists)")
         options = self.search_options(
-            beam_size=beam_size, length_penalty=length_penalty, max_decoding_length=max_decoding_length,
-            min_decoding_length=min_decoding_length, truncate=truncate, sampling_temperature=sampling_temperature,
-            sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed, source_lang=source_lang,
-            target_lang=target_lang)
+            beam_size=beam_size,
+            length_penalty=length_penalty,
+            max_decoding_length=max_decoding_length,
+            min_decoding_length=min_decoding_length,
+            truncate=truncate,
+            sampling_temperature=sampling_temperature,
+            sampling_topk=sampling_topk,
+            sampling_topp=sampling_topp,
+            seed=seed,
+            source_lang=source_lang,
+            target_lang=target_lang,
+        )
         return self.plan([text], options).run(self.search)[0].hypotheses[0]
 
-    def translate_batch(self, source: Sequence[str | Sequence[int]], *, beam_size: int | None = None,
-                        num_hypotheses: int = 1, length_penalty: float | None = None,
-                        max_decoding_length: int | None = None, min_decoding_length: int | None = None,
-                        return_scores: bool = False, return_attention: bool = False, truncate: bool = False,
-                        max_batch_size: int = 32, sampling_temperature: float | None = None, sampling_topk: int = 0,
-                        sampling_topp: float = 1.0, seed: int | None = None, source_lang: str | None = None,
-                        target_lang: str | None = None, target_prefix: list | None = None) -> list[TranslationResult]:
+    def translate_batch(
+        self,
+        source: Sequence[str | Sequence[int]],
+        *,
+        beam_size: int | None = None,
+        num_hypotheses: int = 1,
+        length_penalty: float | None = None,
+        max_decoding_length: int | None = None,
+        min_decoding_length: int | None = None,
+        return_scores: bool = False,
+        return_attention: bool = False,
+        truncate: bool = False,
+        max_batch_size: int = 32,
+        sampling_temperature: float | None = None,
+        sampling_topk: int = 0,
+        sampling_topp: float = 1.0,
+        seed: int | None = None,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+        target_prefix: list | None = None,
+    ) -> list[TranslationResult]:
         """Returns one TranslationResult per source, in the order given, for texts (or source token id lists).
 
         Args:
@@ -151,37 +230,53 @@ class Translator:
             beam_size: 1 is greedy search; default bundle.json's `decoding.beam_size`.
             num_hypotheses: the n-best to return per source (<= beam_size, or samples).
             length_penalty: α in score / len^α (docs/decoding.md); default bundle.json's.
-            max_decoding_length: default max_length_a x source length + max_length_b, capped by the model's positions.
+            max_decoding_length: default max_length_a x source length + max_length_b, capped by the model's
+                positions.
             min_decoding_length: the end token is forbidden before it; default bundle.json's.
             return_scores: fill TranslationResult.scores (log-probabilities, end token included).
-            return_attention: fill TranslationResult.attention, computed after the search by a forced pass of the
-                standard decoder, so hypotheses and scores are those without it.
+            return_attention: fill TranslationResult.attention, computed after the search by a forced pass of
+                the standard decoder, so hypotheses and scores are those without it.
             truncate: cut sources longer than the model's positions instead of refusing them.
             max_batch_size: sources decoded together (sorted by length: less padding).
-            sampling_temperature: switches to random sampling; each sentence's sample depends only on the seed and
-                the sentence, not on its batch.
-            sampling_topk, sampling_topp: sample among the k best (0: all), within this probability mass (1.0: all).
-            seed: the sampling seed.
-            source_lang, target_lang: language codes of a multilingual model (bundle.json's tokens.languages): the
-                source's leading token, and the target token forced first (as transformers' forced_bos_token_id).
-            target_prefix: per source, a list of target ids forced at the start (CTranslate2's target_prefix; each adds
-                0 to the score, docs/decoding.md); it replaces target_lang's token. The ids are in token_ids.
+            sampling_temperature: switches to random sampling; each sentence's sample depends only on the seed
+                and the sentence, not on its batch.
+            sampling_topk, sampling_topp: sample among the k best (0: all), within this probability mass (1.0:
+            all). seed: the sampling seed.
+            source_lang, target_lang: language codes of a multilingual model (bundle.json's tokens.languages):
+            the
+                source's leading token, and the target token forced first (as transformers'
+                forced_bos_token_id).
+            target_prefix: per source, a list of target ids forced at the start (CTranslate2's target_prefix;
+                each adds 0 to the score, docs/decoding.md); it replaces target_lang's token. The ids are in
+                token_ids.
         Raises:
             TypeError: an item that is neither a str nor ids.
             ValueError: a source longer than the model's positions (unless truncate) or an option of
                 a wrong type or range (the message names the option, its value and the fix).
         """
         options = self.search_options(
-            beam_size=beam_size, num_hypotheses=num_hypotheses, length_penalty=length_penalty,
-            max_decoding_length=max_decoding_length, min_decoding_length=min_decoding_length,
-            return_scores=return_scores, return_attention=return_attention, truncate=truncate,
+            beam_size=beam_size,
+            num_hypotheses=num_hypotheses,
+            length_penalty=length_penalty,
+            max_decoding_length=max_decoding_length,
+            min_decoding_length=min_decoding_length,
+            return_scores=return_scores,
+            return_attention=return_attention,
+            truncate=truncate,
             max_batch_size=max_batch_size,
-            sampling_temperature=sampling_temperature, sampling_topk=sampling_topk, sampling_topp=sampling_topp,
-            seed=seed, source_lang=source_lang, target_lang=target_lang, target_prefix=target_prefix)
+            sampling_temperature=sampling_temperature,
+            sampling_topk=sampling_topk,
+            sampling_topp=sampling_topp,
+            seed=seed,
+            source_lang=source_lang,
+            target_lang=target_lang,
+            target_prefix=target_prefix,
+        )
         return self.plan(source, options).run(self.search)  # plan, then run here
 
     def search_options(self, **options) -> SearchOptions:
-        """Returns SearchOptions, with the bundle's beam_size, length_penalty, min_decoding_length where None or left out.
+        """Returns SearchOptions, with the bundle's beam_size, length_penalty, min_decoding_length where None
+        or left out.
 
         Args:
             **options: translate_batch's options by name; all are checked against the model too.
@@ -190,27 +285,43 @@ class Translator:
         """
         return resolve_search_options(options, self.bundle.decoding, self.max_positions, self.tgt_vocab)
 
-    def generate_tokens(self, text: str, *, max_decoding_length: int | None = None,
-                        min_decoding_length: int | None = None, truncate: bool = False, source_lang: str | None = None,
-                        target_lang: str | None = None) -> Iterator[str]:
+    def generate_tokens(
+        self,
+        text: str,
+        *,
+        max_decoding_length: int | None = None,
+        min_decoding_length: int | None = None,
+        truncate: bool = False,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+    ) -> Iterator[str]:
         """Yields the greedy translation of one text piece by piece, as soon as each token is decided.
 
-        Each piece is what its token adds to the detokenised text (held back while an incomplete UTF-8 byte sequence): the
-        pieces join to translate(text, beam_size=1) exactly, spaces included. Options are checked at this call, not later.
+        Each piece is what its token adds to the detokenised text (held back while an incomplete UTF-8 byte
+        sequence): the pieces join to translate(text, beam_size=1) exactly, spaces included. Options are
+        checked at this call, not later.
 
         Args:
             text: the source text; the other options are translate_batch's.
         Raises:
-            TypeError: text is not a str; ValueError: as translate_batch, or min_decoding_length >= the text's maximum length.
+            TypeError: text is not a str; ValueError: as translate_batch, or min_decoding_length >= the text's
+                maximum length.
         """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str")
-        options = self.search_options(beam_size=1, max_decoding_length=max_decoding_length,
-                                      min_decoding_length=min_decoding_length, truncate=truncate,
-                                      source_lang=source_lang, target_lang=target_lang)
+        options = self.search_options(
+            beam_size=1,
+            max_decoding_length=max_decoding_length,
+            min_decoding_length=min_decoding_length,
+            truncate=truncate,
+            source_lang=source_lang,
+            target_lang=target_lang,
+        )
         return self.stream(text, options)
 
-    def translate_iterable(self, lines: Iterable[str], *, read_batch_size: int = 256, **options) -> Iterator[TranslationResult]:
+    def translate_iterable(
+        self, lines: Iterable[str], *, read_batch_size: int = 256, **options
+    ) -> Iterator[TranslationResult]:
         """Yields the TranslationResult of each line of a stream, in input order.
 
         Args:
@@ -221,24 +332,33 @@ class Translator:
             ValueError: a bad read_batch_size or option; TypeError: an unknown option.
         """
         if isinstance(read_batch_size, bool) or not isinstance(read_batch_size, int) or read_batch_size < 1:
-            raise OptionError("read_batch_size", read_batch_size, limit="an int >= 1", says="; ",
-                              hint="give an int >= 1")
+            raise OptionError(
+                "read_batch_size", read_batch_size, limit="an int >= 1", says="; ", hint="give an int >= 1"
+            )
         resolved = self.search_options(**options)
         return self._iterate(lines, read_batch_size, resolved)
 
-    def prepare_source(self, text: str, *, truncate: bool = False, source_lang: str | None = None,
-                       target_lang: str | None = None) -> tuple[list[int], bool]:
+    def prepare_source(
+        self,
+        text: str,
+        *,
+        truncate: bool = False,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+    ) -> tuple[list[int], bool]:
         """Returns (ids, whether they were cut) of one text, as translate_batch feeds the ids to the encoder.
 
         The ids end with the end token; an empty or whitespace-only text gives ([], False). A huge text costs
-        only what its first positions need: it is tokenised by prefixes (runtime/source.py says why the ids are the same).
+        only what its first positions need: it is tokenised by prefixes (runtime/source.py says why the ids
+        are the same).
 
         Args:
             text: the source text.
             truncate: cut the ids to the model's positions instead of refusing the text.
             source_lang, target_lang: as translate_batch's (they choose a multilingual model's source prefix).
         Raises:
-            TypeError: text is not a str; ValueError: too many tokens without truncate (naming both counts and the fix).
+            TypeError: text is not a str; ValueError: too many tokens without truncate (naming both counts and
+                the fix).
         """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str")
@@ -279,8 +399,9 @@ class Translator:
             wrap: step -> the step the search calls (serve/engine.py's cancel check); the job's forced
                 prefixes go over it.
         """
-        step = self.decoder_step(job.encoded, rows=job.rows, top_k=job.top_k, max_length=job.max_length,
-                                 beam_width=job.beam_width)
+        step = self.decoder_step(
+            job.encoded, rows=job.rows, top_k=job.top_k, max_length=job.max_length, beam_width=job.beam_width
+        )
         found = run(job.program, job.force(step if wrap is None else wrap(step)))
         self.recycle(step)
         return found
@@ -298,8 +419,13 @@ class Translator:
         forced = job.force(step)
 
         def tokens() -> Iterator[int]:
-            yield from stream_greedy(forced, start_id=self.start_id, eos_id=self.eos_id,
-                                     max_length=job.max_length, min_length=job.min_length)
+            yield from stream_greedy(
+                forced,
+                start_id=self.start_id,
+                eos_id=self.eos_id,
+                max_length=job.max_length,
+                min_length=job.min_length,
+            )
             self.recycle(step)  # once the stream is read to its end
 
         return text_increments(self.detokenize, tokens())
@@ -315,9 +441,14 @@ class Translator:
         Raises:
             ValueError: an unknown language, or a target_prefix of the wrong length or ids.
         """
-        return self.vocabulary.prefixes(n, source_lang=options.source_lang, target_lang=options.target_lang,
-                                        target_prefix=options.target_prefix, tgt_vocab=self.tgt_vocab,
-                                        eos_id=self.eos_id)
+        return self.vocabulary.prefixes(
+            n,
+            source_lang=options.source_lang,
+            target_lang=options.target_lang,
+            target_prefix=options.target_prefix,
+            tgt_vocab=self.tgt_vocab,
+            eos_id=self.eos_id,
+        )
 
     def max_lengths(self, sources: list[list[int]], options: SearchOptions) -> np.ndarray:
         """Returns each source's maximum decoding length (int64): options' max_decoding_length, else the
@@ -344,14 +475,16 @@ class Translator:
     def encode(self, src: np.ndarray, lengths: np.ndarray) -> tuple:
         """Runs the encoder over padded sources (Sources.pad): (src_mask, cross keys/values), OrtValues on the
         device (ort_device)."""
-        binding = bind_encoder(self.encoder, src=src, lengths=lengths, n_layers=self.n_layers,
-                               device=self.ort_device)
+        binding = bind_encoder(
+            self.encoder, src=src, lengths=lengths, n_layers=self.n_layers, device=self.ort_device
+        )
         self.encoder.run_with_iobinding(binding)
         src_mask, *cross = binding.get_outputs()
         return src_mask, cross
 
-    def decoder_step(self, encoded: tuple, *, rows: int, top_k: int | None, max_length: int,
-                     beam_width: int = 1) -> Step:
+    def decoder_step(
+        self, encoded: tuple, *, rows: int, top_k: int | None, max_length: int, beam_width: int = 1
+    ) -> Step:
         """Returns the search's step (runtime/search.py) over the decoder driven, for sources encoded already.
 
         Args:
@@ -367,14 +500,33 @@ class Translator:
         src_mask, cross = encoded
         if self.decoder_variant == names.FUSED:
             max_length = self._buffer_pool.positions(rows * beam_width, beam_width, max_length, top_k)
-            return FusedStep(self.decoder, src_mask=src_mask.numpy(), cross=[c.numpy() for c in cross],
-                             n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim,
-                             beam_width=beam_width, max_length=max_length, top_k=top_k, vocab=self.tgt_vocab,
-                             buffers=self._buffer_pool.take(rows * beam_width, beam_width, max_length, top_k))
-        return StandardStep(self.decoder, rows=rows, src_mask=src_mask, cross=cross, n_layers=self.n_layers,
-                            n_heads=self.n_heads, head_dim=self.head_dim, cache_dtype=self.cache_dtype,
-                            top_k=top_k, vocab=self.tgt_vocab, to_device=self.to_device,
-                            device=self.ort_device)
+            return FusedStep(
+                self.decoder,
+                src_mask=src_mask.numpy(),
+                cross=[c.numpy() for c in cross],
+                n_layers=self.n_layers,
+                n_heads=self.n_heads,
+                head_dim=self.head_dim,
+                beam_width=beam_width,
+                max_length=max_length,
+                top_k=top_k,
+                vocab=self.tgt_vocab,
+                buffers=self._buffer_pool.take(rows * beam_width, beam_width, max_length, top_k),
+            )
+        return StandardStep(
+            self.decoder,
+            rows=rows,
+            src_mask=src_mask,
+            cross=cross,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            head_dim=self.head_dim,
+            cache_dtype=self.cache_dtype,
+            top_k=top_k,
+            vocab=self.tgt_vocab,
+            to_device=self.to_device,
+            device=self.ort_device,
+        )
 
     def recycle(self, step) -> None:
         """Offers a decoder_step's buffers to the next batch (a standard step has none). Call it only after a
@@ -401,8 +553,9 @@ class Translator:
         check_attention_output(self.standard_decoder, self.bundle.path)
         return self.standard_decoder
 
-    def attention(self, sources: list[list[int]], hypotheses: list[list[list[int]]],
-                  encoded) -> list[list[np.ndarray]]:
+    def attention(
+        self, sources: list[list[int]], hypotheses: list[list[list[int]]], encoded
+    ) -> list[list[np.ndarray]]:
         """Each source's hypotheses' cross-attention, by a forced pass (runtime/attention.py).
 
         Args:
@@ -413,17 +566,28 @@ class Translator:
         n = max(len(h) for h in hypotheses)
         rows = [h[j] if j < len(h) else [] for h in hypotheses for j in range(n)]  # n rows per source
         src_mask, cross = encoded if encoded is not None else self.encode(*self.sources.pad(sources))
-        flat = forced_attention(self.attention_decoder(), src_mask=src_mask, cross=cross, rows_per_source=n,
-                                hypotheses=rows, source_lengths=[len(s) for s in sources],
-                                start_id=self.start_id, eos_id=self.eos_id, n_heads=self.n_heads,
-                                head_dim=self.head_dim, cache_dtype=self.cache_dtype,
-                                to_device=self.to_device, device=self.ort_device)
+        flat = forced_attention(
+            self.attention_decoder(),
+            src_mask=src_mask,
+            cross=cross,
+            rows_per_source=n,
+            hypotheses=rows,
+            source_lengths=[len(s) for s in sources],
+            start_id=self.start_id,
+            eos_id=self.eos_id,
+            n_heads=self.n_heads,
+            head_dim=self.head_dim,
+            cache_dtype=self.cache_dtype,
+            to_device=self.to_device,
+            device=self.ort_device,
+        )
         return [flat[i * n : i * n + len(h)] for i, h in enumerate(hypotheses)]
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _iterate(self, lines: Iterable[str], read_batch_size: int,
-                 options: SearchOptions) -> Iterator[TranslationResult]:
+    def _iterate(
+        self, lines: Iterable[str], read_batch_size: int, options: SearchOptions
+    ) -> Iterator[TranslationResult]:
         buffer: list[str] = []
         for line in lines:
             buffer.append(line)

@@ -24,6 +24,7 @@ masked (layers.own_past_bias). A new row continues any row (all its slots are ma
 keys and values are given per row (a sentence's copied for each of its beams): rows of a greedy
 and of a beam request, or of sources of different lengths, share one graph run.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -64,9 +65,12 @@ def _check_decoder(session, bundle_path) -> None:
     step = next(i for i in session.get_inputs() if i.name == names.STEP)
     if step.shape == [1]:
         raise NoServingDecoder(
-            f"{bundle_path}: its decoder.onnx takes one step for all rows (input {names.STEP!r} of shape [1]): it was "
-            "exported before continuous batching. Export the checkpoint again with `seq2onnx export`, or serve this "
-            "bundle with --batching request")
+            f"{bundle_path}: its decoder.onnx takes one step for all rows (input {names.STEP!r} of shape "
+            "[1]): it was "
+            "exported before continuous batching. Export the checkpoint again with `seq2onnx export`, or "
+            "serve this "
+            "bundle with --batching request"
+        )
 
 
 # the decoder's output types, for arrays that its outputs are written into
@@ -91,13 +95,13 @@ class Member:
         top_k: candidates per row the search needs, or None for the full log-probabilities.
     """
 
-
     def __init__(self, job: Job, src_mask: np.ndarray, cross: list[np.ndarray], top_k: int | None):
         self.job, self.top_k, self.src_mask, self.cross = job, top_k, src_mask, cross
         self.placed: tuple | None = None  # its rows in the rounds' cross inputs (serve/layout.py)
         self.serial = next(_SERIALS)
         self.version = 0  # changes when sentences leave: its per-row cross is then made again
-        self.offset: int | None = None  # its first row in the previous round's output (None before its first step)
+        # its first row in the previous round's output (None before its first step)
+        self.offset: int | None = None
         self.answer = None
 
     def drop(self, keep: np.ndarray) -> None:
@@ -121,18 +125,30 @@ class _Search:
 
 
 class Scheduler:
-    """Runs the decoder graph over the rows of every active search program, one round per step, on its own thread.
+    """Runs the decoder graph over the rows of every active search program, one round per step, on its own
+    thread.
 
     Args:
         decoder: the onnxruntime session of decoder.onnx (per-row steps: NoServingDecoder otherwise).
         n_layers, n_heads, head_dim: the decoder's sizes.
         cache_dtype: numpy dtype of the cache.
         vocab: the target vocabulary's size.
-        to_device: numpy array -> OrtValue on the session's device; device: "cpu" or "cuda", where the cache stays.
+        to_device: numpy array -> OrtValue on the session's device; device: "cpu" or "cuda", where the cache
+            stays.
     """
 
-    def __init__(self, decoder, *, n_layers: int, n_heads: int, head_dim: int, cache_dtype, vocab: int,
-                 to_device=None, device: str = "cpu"):
+    def __init__(
+        self,
+        decoder,
+        *,
+        n_layers: int,
+        n_heads: int,
+        head_dim: int,
+        cache_dtype,
+        vocab: int,
+        to_device=None,
+        device: str = "cpu",
+    ):
         import onnxruntime
 
         self._host = onnxruntime.OrtValue.ortvalue_from_numpy
@@ -144,8 +160,14 @@ class Scheduler:
         self._incoming: list[_Search] = []
         self._active: list[_Search] = []  # the rows' order in a round
         self._past: list | None = None  # the previous round's present_* OrtValues
-        self.layout = RowLayout(n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, dtype=cache_dtype,
-                                to_device=self._to, shares_memory=device == "cpu")
+        self.layout = RowLayout(
+            n_layers=n_layers,
+            n_heads=n_heads,
+            head_dim=head_dim,
+            dtype=cache_dtype,
+            to_device=self._to,
+            shares_memory=device == "cpu",
+        )
         self._closed = False
         # memory given back after bursts (serve/memory.py)
         self.shrink, self._trimmed_at, self._release_due = ArenaShrink(device), 0, False
@@ -205,8 +227,14 @@ class Scheduler:
                 tokens, cache_indices, t, keep = search.request
                 if keep is not None:
                     search.member.drop(keep)
-                work.append((search.member, np.asarray(tokens, dtype=np.int64).reshape(-1),
-                             np.asarray(cache_indices, dtype=np.int64).reshape(-1), t))
+                work.append(
+                    (
+                        search.member,
+                        np.asarray(tokens, dtype=np.int64).reshape(-1),
+                        np.asarray(cache_indices, dtype=np.int64).reshape(-1),
+                        t,
+                    )
+                )
             try:
                 answers = self._round(work)
             except Exception as e:  # every search of the round fails, as a fault of the server
@@ -251,24 +279,39 @@ class Scheduler:
         mask = np.zeros((1, 8), dtype=bool)
         mask[0, 0] = True
         kinds = {o.name: _NUMPY[o.type] for o in self.decoder.get_outputs()}
-        present = [self._to(np.zeros((1, self.n_heads, 1, self.head_dim), kinds[name]))
-                   for name in names.present_names(self.n_layers)]
-        on_host = {name: self._host(np.zeros((1, 1), kinds[name]))  # on the host, as in a round
-                   for name in (names.TOPK_LOG_PROBS, names.TOPK_IDS)}
-        b = bind_decoder(self.decoder, tokens=np.zeros((1, 1), np.int64), steps=np.zeros(1, np.int64),
-                         cache_indices=np.zeros(1, np.int64), top_k=np.ones(1, np.int64),
-                         past=self._trimmed_past(0), cross=[cross] * (2 * self.n_layers), src_mask=mask,
-                         present=present, outputs=on_host)
+        present = [
+            self._to(np.zeros((1, self.n_heads, 1, self.head_dim), kinds[name]))
+            for name in names.present_names(self.n_layers)
+        ]
+        on_host = {
+            name: self._host(np.zeros((1, 1), kinds[name]))  # on the host, as in a round
+            for name in (names.TOPK_LOG_PROBS, names.TOPK_IDS)
+        }
+        b = bind_decoder(
+            self.decoder,
+            tokens=np.zeros((1, 1), np.int64),
+            steps=np.zeros(1, np.int64),
+            cache_indices=np.zeros(1, np.int64),
+            top_k=np.ones(1, np.int64),
+            past=self._trimmed_past(0),
+            cross=[cross] * (2 * self.n_layers),
+            src_mask=mask,
+            present=present,
+            outputs=on_host,
+        )
         self.shrink.run(self.decoder, b, shrink=True)
 
     def _advance(self, search: _Search, first: bool = False) -> None:
         """Sends a program its step's output (or starts it): its next request, or its end."""
         try:
-            search.request = next(search.program) if first else search.program.send(search.step(*search.request))
+            search.request = (
+                next(search.program) if first else search.program.send(search.step(*search.request))
+            )
         except StopIteration as done:
             self._finish(search, result=done.value)
             return
-        except BaseException as e:  # the program's own error (a ValueError of its options): its request's answer
+        # the program's own error (a ValueError of its options): its request's answer
+        except BaseException as e:
             self._finish(search, error=e)
             return
         if first:
@@ -290,14 +333,15 @@ class Scheduler:
         prev_rows = past[0].shape()[0]
         tokens = np.zeros((total, 1), dtype=np.int64)
         steps = np.zeros(total, dtype=np.int64)
-        indices = np.zeros(total, dtype=np.int64)  # a dummy row, or a first step: any row will do (all masked)
+        # a dummy row, or a first step: any row will do (all masked)
+        indices = np.zeros(total, dtype=np.int64)
         for (m, tok, local, t), start, n in zip(work, starts, rows):
-            tokens[start:start + n, 0] = tok
-            steps[start:start + n] = t
+            tokens[start : start + n, 0] = tok
+            steps[start : start + n] = t
             if t > 0:
                 if m.offset is None:
                     raise RuntimeError("a member at step > 0 has no rows in the previous round")
-                indices[start:start + n] = m.offset + local
+                indices[start : start + n] = m.offset + local
         if indices.max(initial=0) >= prev_rows:
             raise RuntimeError(f"cache row {int(indices.max())} of {prev_rows}: a member skipped a round")
         k_wanted = [m.top_k for m in members if m.top_k is not None]
@@ -305,25 +349,39 @@ class Scheduler:
         full = any(m.top_k is None for m in members)
         src_mask, cross = self.layout.inputs()
 
-        wanted = ([names.LOG_PROBS] if full else []) + ([names.TOPK_LOG_PROBS, names.TOPK_IDS] if k_wanted else [])
+        wanted = ([names.LOG_PROBS] if full else []) + (
+            [names.TOPK_LOG_PROBS, names.TOPK_IDS] if k_wanted else []
+        )
         # the cache stays where the graph runs; what the searches read comes down
-        b = bind_decoder(self.decoder, tokens=tokens, steps=steps, cache_indices=indices,
-                         top_k=np.array([top_k], dtype=np.int64), past=past, cross=cross, src_mask=src_mask,
-                         present=self.device, outputs={name: "cpu" for name in wanted})
+        b = bind_decoder(
+            self.decoder,
+            tokens=tokens,
+            steps=steps,
+            cache_indices=indices,
+            top_k=np.array([top_k], dtype=np.int64),
+            past=past,
+            cross=cross,
+            src_mask=src_mask,
+            present=self.device,
+            outputs={name: "cpu" for name in wanted},
+        )
         self.shrink.run(self.decoder, b, total)
         out = b.get_outputs()
         self._past = out[: len(past)]
-        got = dict(zip(wanted, (o.numpy() for o in out[len(past):])))
+        got = dict(zip(wanted, (o.numpy() for o in out[len(past) :])))
         self.rounds += 1
         self.last_rows = sum(rows)
         answers = {}
         for m, start, n in zip(members, starts, rows):
             m.offset = int(start)
             if m.top_k is None:
-                answers[m] = got[names.LOG_PROBS][start:start + n]
+                answers[m] = got[names.LOG_PROBS][start : start + n]
             else:
-                answers[m] = TopK(got[names.TOPK_LOG_PROBS][start:start + n, : m.top_k],
-                                  got[names.TOPK_IDS][start:start + n, : m.top_k], self.vocab)
+                answers[m] = TopK(
+                    got[names.TOPK_LOG_PROBS][start : start + n, : m.top_k],
+                    got[names.TOPK_IDS][start : start + n, : m.top_k],
+                    self.vocab,
+                )
         return answers
 
     def _trimmed_past(self, needed: int) -> list:
@@ -334,7 +392,9 @@ class Scheduler:
         length = self._past[0].shape()[2]
         # Cutting copies the whole cache (as each round's Concat does): only once enough slots are idle.
         if length - needed >= max(4, needed // 4):
-            self._past = [self._to(np.ascontiguousarray(v.numpy()[:, :, length - needed:])) for v in self._past]
+            self._past = [
+                self._to(np.ascontiguousarray(v.numpy()[:, :, length - needed :])) for v in self._past
+            ]
         return self._past
 
 
@@ -355,11 +415,19 @@ class ContinuousEngine(Engine):
         super().__init__(translator, max_rows)
         decoder = translator.standard_decoder
         _check_decoder(decoder, translator.bundle.path)
-        self.scheduler = Scheduler(decoder, n_layers=translator.n_layers, n_heads=translator.n_heads,
-                                   head_dim=translator.head_dim, cache_dtype=translator.cache_dtype,
-                                   vocab=translator.tgt_vocab, to_device=translator.to_device,
-                                   device=translator.ort_device)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="seq2onnx-job")
+        self.scheduler = Scheduler(
+            decoder,
+            n_layers=translator.n_layers,
+            n_heads=translator.n_heads,
+            head_dim=translator.head_dim,
+            cache_dtype=translator.cache_dtype,
+            vocab=translator.tgt_vocab,
+            to_device=translator.to_device,
+            device=translator.ort_device,
+        )
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="seq2onnx-job"
+        )
         self._jobs: dict[int, int] = {}  # id(job) -> its sentences, while decoding
 
     def _scheduled(self, search: SearchJob, job: Job):
@@ -375,8 +443,13 @@ class ContinuousEngine(Engine):
             return iter(())
         member = _member(search, job)
         chosen: queue.SimpleQueue = queue.SimpleQueue()
-        program = greedy_one_program(start_id=t.start_id, eos_id=t.eos_id, max_length=search.max_length,
-                                     min_length=search.min_length, on_token=chosen.put)
+        program = greedy_one_program(
+            start_id=t.start_id,
+            eos_id=t.eos_id,
+            max_length=search.max_length,
+            min_length=search.min_length,
+            on_token=chosen.put,
+        )
         done = self.scheduler.submit(member, program, search.force(member))
         done.add_done_callback(lambda _: chosen.put(None))
 
@@ -425,8 +498,11 @@ class ContinuousEngine(Engine):
     def load(self) -> dict:
         with self._lock:
             requests, sentences = len(self._jobs), sum(self._jobs.values())
-        return {"active_requests": requests, "active_sentences": sentences,
-                "active_rows": self.scheduler.load()["active_rows"] if requests else 0}
+        return {
+            "active_requests": requests,
+            "active_sentences": sentences,
+            "active_rows": self.scheduler.load()["active_rows"] if requests else 0,
+        }
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -8,6 +8,7 @@ Two engines share this interface:
 
 An engine never limits how many requests wait: admission (the bounded queue, 503) is the front end's.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -45,8 +46,8 @@ class Engine:
     Args:
         translator: the Translator of the bundle served.
         max_rows: decoder rows one request may hold at once: min(texts, max_batch_size) x beam_size (x
-            num_hypotheses when sampling). A legal beam_size of 1000 would otherwise hold every other request's
-            memory hostage.
+            num_hypotheses when sampling). A legal beam_size of 1000 would otherwise hold every other
+            request's memory hostage.
     """
 
     #: the name `seq2onnx serve --batching` gives this engine, and /metrics and /ready report
@@ -57,13 +58,15 @@ class Engine:
             raise ValueError(f"max_rows={max_rows!r}; give an int >= 1")
         self.translator, self.max_rows = translator, max_rows
         self._lock = threading.Lock()
-        self._active = {"active_requests": 0, "active_sentences": 0, "active_rows": 0}  # _count's, load()'s default
+        # _count's, load()'s default
+        self._active = {"active_requests": 0, "active_sentences": 0, "active_rows": 0}
 
     def check(self, options: dict, texts: int = 1) -> SearchOptions:
         """Returns the SearchOptions of a request's options (translate_batch's names) for `texts` texts.
 
         Raises:
-            ValueError, TypeError: a wrong value, an unknown name, or more rows than max_rows (the message names
+            ValueError, TypeError: a wrong value, an unknown name, or more rows than max_rows (the message
+            names
                 the option, the value, the limit and the fix).
         """
         options = self.translator.search_options(**options)
@@ -72,11 +75,14 @@ class Engine:
         if rows > self.max_rows:
             together = min(texts, options.max_batch_size)
             raise OptionError(
-                "beam_size", options.beam_size, limit=f"{self.max_rows} decoder rows per request",
+                "beam_size",
+                options.beam_size,
+                limit=f"{self.max_rows} decoder rows per request",
                 shown=f"{options.beam_size}, num_hypotheses={options.num_hypotheses}",
                 says=f" over {together} texts decoded together make {rows} decoder rows; "
                 f"the limit (--max-rows) is {self.max_rows} per request: ",
-                hint="use a smaller beam_size, fewer hypotheses or texts, or raise --max-rows")
+                hint="use a smaller beam_size, fewer hypotheses or texts, or raise --max-rows",
+            )
         return options
 
     def submit(self, texts: list[str], options: SearchOptions) -> Job:
@@ -91,13 +97,17 @@ class Engine:
         raise NotImplementedError
 
     def load(self) -> dict:
-        """Returns {"active_requests", "active_sentences", "active_rows"}: what is being decoded now (_count's sums)."""
+        """Returns {"active_requests", "active_sentences", "active_rows"}: what is being decoded now (_count's
+        sums).
+        """
         with self._lock:
             return dict(self._active)
 
-    def _on_pool(self, pool: concurrent.futures.Executor, texts: list[str], options: SearchOptions, decode) -> Job:
-        """Runs decode(job) -> results on `pool` as a new job: never if it was cancelled while queued; counted in
-        load() while it runs; its result or error on job.future (the pool thread lives on)."""
+    def _on_pool(
+        self, pool: concurrent.futures.Executor, texts: list[str], options: SearchOptions, decode
+    ) -> Job:
+        """Runs decode(job) -> results on `pool` as a new job: never if it was cancelled while queued; counted
+        in load() while it runs; its result or error on job.future (the pool thread lives on)."""
         job = Job()
 
         def work():
@@ -139,7 +149,9 @@ class RequestEngine(Engine):
 
     def __init__(self, translator: Translator, workers: int = 2, max_rows: int = 1024):
         super().__init__(translator, max_rows)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seq2onnx-request")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="seq2onnx-request"
+        )
 
     def submit(self, texts: list[str], options: SearchOptions) -> Job:
         return self._on_pool(self._pool, texts, options, lambda job: self._translate_as(job, texts, options))
@@ -163,7 +175,8 @@ class RequestEngine(Engine):
             self._count(1, options, -1)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)  # a job never started is never answered: it was cancelled
+        # a job never started is never answered: it was cancelled
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _checked(step, job: Job):

@@ -1,9 +1,12 @@
-"""The streaming endpoint's machinery (serve/app.py): an engine's stream on a thread, its NDJSON lines, the answer.
+"""The streaming endpoint's machinery (serve/app.py): an engine's stream on a thread, its NDJSON lines, the
+answer.
 
 A stream's pieces come from Engine.stream on a thread of its own (pump) through an asyncio queue; lines turns
 them into NDJSON lines; Stream sends them and cancels the job whenever the answer ends early, a client gone
-before the first line included (Starlette then never starts the lines' generator, so its own cleanup never runs).
+before the first line included (Starlette then never starts the lines' generator, so its own cleanup never
+runs).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +23,8 @@ log = logging.getLogger("seq2onnx.serve")
 
 
 class Stream(StreamingResponse):
-    """An NDJSON answer whose job is cancelled when the answer ends, whichever way (a finished job ignores it).
+    """An NDJSON answer whose job is cancelled when the answer ends, whichever way (a finished job ignores
+    it).
 
     Args:
         lines: the async iterator of NDJSON lines (lines()).
@@ -39,14 +43,17 @@ class Stream(StreamingResponse):
 
 
 def soon(loop: asyncio.AbstractEventLoop, call, *args) -> None:
-    """Runs call(*args) on the event loop, from an engine's thread; nothing once the loop has closed (nobody waits)."""
+    """Runs call(*args) on the event loop, from an engine's thread; nothing once the loop has closed (nobody
+    waits).
+    """
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(call, *args)
 
 
-
 def pump(engine: Engine, text: str, options, job: Job) -> asyncio.Queue:
-    """Runs engine.stream on a thread; ("piece", str)..., then ("done", None) or ("error", exception) come on the queue."""
+    """Runs engine.stream on a thread; ("piece", str)..., then ("done", None) or ("error", exception) come on
+    the queue.
+    """
     loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
     def run():
@@ -62,7 +69,8 @@ def pump(engine: Engine, text: str, options, job: Job) -> asyncio.Queue:
 
 
 async def lines(f, job: Job, queue: asyncio.Queue, event: tuple, deadline: float):
-    """The NDJSON lines of a stream whose first event has come; an early end (the client left) cancels the job.
+    """The NDJSON lines of a stream whose first event has come; an early end (the client left) cancels the
+    job.
 
     f is the app's Frontend (serve/app.py: its counters, and too_slow, the timeout's message)."""
     loop, pieces, finished = asyncio.get_running_loop(), [], False
@@ -83,8 +91,13 @@ async def lines(f, job: Job, queue: asyncio.Queue, event: tuple, deadline: float
             f.cancelled.labels("timeout").inc()
         elif not isinstance(value, (ValueError, TypeError)):
             log.error("the engine failed mid-stream", exc_info=value)
-        last = {"done": True, "text": "".join(pieces)} if kind == "done" else {"error": f.too_slow} if kind == "timeout" \
+        last = (
+            {"done": True, "text": "".join(pieces)}
+            if kind == "done"
+            else {"error": f.too_slow}
+            if kind == "timeout"
             else {"error": f"{type(value).__name__}: {value}"}
+        )
         yield json.dumps(last, ensure_ascii=False) + "\n"
     finally:
         if not finished:  # the client left mid-stream, or the server's drain limit

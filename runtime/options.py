@@ -44,7 +44,8 @@ class OptionError(ValueError):
             before: what the message says before the option, e.g. "source 2: ".
         """
         self.option, self.value, self.limit, self.hint = option, value, limit, hint
-        self.says, self.shown, self.index, self.before = says, repr(value) if shown == "" else shown, index, before
+        self.says, self.index, self.before = says, index, before
+        self.shown = repr(value) if shown == "" else shown
         super().__init__(self.named(option if index is None else f"{option}[{index}]", "="))
 
     def named(self, name: str, sep: str = " ") -> str:
@@ -75,7 +76,8 @@ def _int(name: str, value, low: int, fix: str) -> int:
 
 def _bool(name: str, value) -> bool:
     if not isinstance(value, bool):
-        raise OptionError(name, value, limit="True or False", hint="give True or False", shown=_describe(value))
+        raise OptionError(name, value, limit="True or False", hint="give True or False",
+                          shown=_describe(value))
     return value
 
 
@@ -141,12 +143,14 @@ class SearchOptions:
                               hint="raise beam_size or lower num_hypotheses")
         if not _is_real(self.length_penalty) or not math.isfinite(self.length_penalty):
             raise OptionError("length_penalty", self.length_penalty, limit="a finite number",
-                              hint="give a finite number (1.0 is the default)", shown=_describe(self.length_penalty))
+                              hint="give a finite number (1.0 is the default)",
+                              shown=_describe(self.length_penalty))
         put("length_penalty", float(self.length_penalty))
         if self.max_decoding_length is not None:
             put("max_decoding_length", _int("max_decoding_length", self.max_decoding_length, 1,
                                             "give an int >= 1, at most the model's max_positions, or None"))
-        put("min_decoding_length", _int("min_decoding_length", self.min_decoding_length, 0, "give an int >= 0"))
+        put("min_decoding_length",
+            _int("min_decoding_length", self.min_decoding_length, 0, "give an int >= 0"))
         if self.max_decoding_length is not None and self.min_decoding_length >= self.max_decoding_length:
             raise OptionError("min_decoding_length", self.min_decoding_length,
                               limit=f"below max_decoding_length={self.max_decoding_length}",
@@ -160,9 +164,11 @@ class SearchOptions:
         if t is not None:
             if not _is_real(t) or not math.isfinite(t) or t <= 0:
                 raise OptionError("sampling_temperature", t, limit="a finite number > 0", shown=_describe(t),
-                                  hint="give a finite number > 0, or None for beam search (beam_size=1 is greedy)")
+                                  hint="give a finite number > 0, or None for beam search "
+                                       "(beam_size=1 is greedy)")
             put("sampling_temperature", float(t))
-        put("sampling_topk", _int("sampling_topk", self.sampling_topk, 0, "give an int >= 0 (0 keeps every token)"))
+        put("sampling_topk",
+            _int("sampling_topk", self.sampling_topk, 0, "give an int >= 0 (0 keeps every token)"))
         p = self.sampling_topp
         if not _is_real(p) or not 0 < p <= 1:  # NaN fails the range test
             raise OptionError("sampling_topp", p, limit="(0, 1]", shown=_describe(p),
@@ -174,7 +180,8 @@ class SearchOptions:
                 raise OptionError(name, value, limit="a str or None", shown=_describe(value),
                                   hint="give a language code (a str) or None")
         if self.seed is not None:
-            put("seed", _int("seed", self.seed, 0, "give an int >= 0, or None for a different sample each call"))
+            put("seed",
+                _int("seed", self.seed, 0, "give an int >= 0, or None for a different sample each call"))
 
     @property
     def sampling(self) -> bool:
@@ -249,7 +256,8 @@ def spin_settings(spinning: str, graph: str, ort_version: str) -> dict[str, str]
     if _version(ort_version) < SPIN_DURATION_SINCE:  # a spin cannot be bounded: only the decoder's
         return {"session.intra_op.allow_spinning": "1" if graph == "decoder" else "0"}
     return {"session.intra_op.allow_spinning": "1",
-            "session.intra_op.spin_duration_us": str(DECODER_SPIN_US if graph == "decoder" else ENCODER_SPIN_US)}
+            "session.intra_op.spin_duration_us":
+                str(DECODER_SPIN_US if graph == "decoder" else ENCODER_SPIN_US)}
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -281,7 +289,9 @@ def check_intra_threads(value) -> int:
     return int(value)
 
 
-def resolve_search_options(options: dict, decoding: dict, max_positions: int, tgt_vocab: int) -> SearchOptions:
+def resolve_search_options(
+    options: dict, decoding: dict, max_positions: int, tgt_vocab: int
+) -> SearchOptions:
     """Makes SearchOptions with a bundle's defaults for the options given as None or left out.
 
     Args:
@@ -314,7 +324,8 @@ def resolve_search_options(options: dict, decoding: dict, max_positions: int, tg
     beam = resolved.beam_size
     if not resolved.sampling and beam > 1 and 2 * beam > tgt_vocab:  # each step keeps 2 x beam candidates
         raise OptionError("beam_size", beam, limit=f"at most {tgt_vocab // 2}", hint="choose a smaller beam",
-                          says=f" needs a target vocabulary of at least {2 * beam} pieces, this model has {tgt_vocab}: ")
+                          says=f" needs a target vocabulary of at least {2 * beam} pieces, "
+                               f"this model has {tgt_vocab}: ")
     return resolved
 
 
@@ -359,12 +370,13 @@ def target_prefixes(target_prefix, n: int, tgt_vocab: int, eos_id: int) -> list[
     if not isinstance(target_prefix, (list, tuple)) or len(target_prefix) != n:
         got = len(target_prefix) if isinstance(target_prefix, (list, tuple)) else type(target_prefix).__name__
         raise OptionError("target_prefix", target_prefix, limit=f"{n} lists of target ids", shown=None,
-                          says=f" has {got} entries for {n} sources; ", hint="give one list of target ids per source")
+                          says=f" has {got} entries for {n} sources; ",
+                          hint="give one list of target ids per source")
     out = []
     for i, prefix in enumerate(target_prefix):
         if not isinstance(prefix, (list, tuple)) or not all(_is_int(x) for x in prefix):
-            raise OptionError("target_prefix", target_prefix, limit="lists of target ids", shown=None, index=i,
-                              says=f" is {prefix!r}; ", hint="give a list of target token ids")
+            raise OptionError("target_prefix", target_prefix, limit="lists of target ids", shown=None,
+                              index=i, says=f" is {prefix!r}; ", hint="give a list of target token ids")
         bad = [int(x) for x in prefix if not 0 <= int(x) < tgt_vocab or int(x) == eos_id]
         if bad:
             raise OptionError("target_prefix", target_prefix, limit=f"ids in [0, {tgt_vocab}) but {eos_id}",

@@ -1,8 +1,10 @@
-"""The HTTP front end of `seq2onnx serve`: FastAPI endpoints over an Engine (serve/engine.py); docs/serving.md.
+"""The HTTP front end of `seq2onnx serve`: FastAPI endpoints over an Engine (serve/engine.py);
+docs/serving.md.
 
-Admission is decided here, before an engine sees a request: a bounded queue (503 + Retry-After), limits on body
-bytes, texts and characters (413), a deadline (504; the job is cancelled, as when the client leaves). Every error
-is JSON {"error": message, "field": name or null} (serve/errors.py); an accepted request gets exactly one answer.
+Admission is decided here, before an engine sees a request: a bounded queue (503 + Retry-After), limits on
+body bytes, texts and characters (413), a deadline (504; the job is cancelled, as when the client leaves).
+Every error is JSON {"error": message, "field": name or null} (serve/errors.py); an accepted request gets
+exactly one answer.
 """
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ from seq2onnx.serve.stream import Stream, lines, pump, soon
 log = logging.getLogger("seq2onnx.serve")
 
 TRANSLATE, STREAM = "/v1/translate", "/v1/translate/stream"
-ENDPOINTS = (TRANSLATE, STREAM, "/health", "/ready", "/metrics", "/docs", "/openapi.json")  # metric labels; others: "other"
-CLIENT_LEFT = 499  # nginx's status for "client closed request": only /metrics sees it, nobody reads the answer
+# metric labels; others: "other"
+ENDPOINTS = (TRANSLATE, STREAM, "/health", "/ready", "/metrics", "/docs", "/openapi.json")
+# nginx's status for "client closed request": only /metrics sees it, nobody reads the answer
+CLIENT_LEFT = 499
 
 
 # -- request and response bodies (FastAPI's /docs and /openapi.json show these) ----------------------
@@ -40,9 +44,12 @@ class _Options(BaseModel):
     # strict: "4" is no beam size and 1 no boolean; the runtime checks the ranges (engine.check)
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_decoding_length: int | None = Field(None, description="default max_length_a x source tokens + max_length_b")
-    min_decoding_length: int | None = Field(None, description="the end token is forbidden before this many tokens")
-    truncate: bool = Field(False, description="cut a source longer than the model's positions instead of refusing it")
+    max_decoding_length: int | None = Field(
+        None, description="default max_length_a x source tokens + max_length_b")
+    min_decoding_length: int | None = Field(
+        None, description="the end token is forbidden before this many tokens")
+    truncate: bool = Field(
+        False, description="cut a source longer than the model's positions instead of refusing it")
     source_lang: str | None = Field(None, description="a multilingual model's source language code")
     target_lang: str | None = Field(None, description="a multilingual model's target language code")
 
@@ -51,13 +58,16 @@ class TranslateRequest(_Options):
     """POST /v1/translate: texts and Translator.translate_batch's options by name. Options that contradict
     each other are refused (422 naming both): beam_size > 1 with sampling_temperature; seed, sampling_topk
     or sampling_topp without it. A key given twice in the JSON is refused (422)."""
-    texts: list[str] = Field(description="the source texts; an empty text translates to \"\"", examples=[["the queen sees"]])
+    texts: list[str] = Field(description="the source texts; an empty text translates to \"\"",
+                             examples=[["the queen sees"]])
     beam_size: int | None = Field(None, description="1 is greedy search; default bundle.json's "
                                   "decoding.beam_size; with sampling_temperature only 1 (else 422: "
                                   "sampling has no beams)")
     num_hypotheses: int = Field(1, description="the n-best returned per text (at most beam_size, or samples)")
-    length_penalty: float | None = Field(None, description="alpha in score / length^alpha; default bundle.json's")
-    return_scores: bool = Field(False, description="return each hypothesis's score (sum of log-probabilities)")
+    length_penalty: float | None = Field(
+        None, description="alpha in score / length^alpha; default bundle.json's")
+    return_scores: bool = Field(
+        False, description="return each hypothesis's score (sum of log-probabilities)")
     sampling_temperature: float | None = Field(None, description="> 0 samples instead of searching")
     sampling_topk: int = Field(0, description="sample among the k likeliest tokens (0: all); other than 0 "
                                "only with sampling_temperature (else 422)")
@@ -77,7 +87,8 @@ class Translation(BaseModel):
     """One text's n-best, best first."""
     hypotheses: list[str]
     token_ids: list[list[int]] = Field(description="each hypothesis's target ids, end token excluded")
-    scores: list[float | None] | None = Field(description="with return_scores (null for a non-finite score), else null")
+    scores: list[float | None] | None = Field(
+        description="with return_scores (null for a non-finite score), else null")
 
 
 class TranslateResponse(BaseModel):
@@ -92,7 +103,8 @@ class ErrorResponse(BaseModel):
 _ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in (
     (400, "malformed JSON, too deep, too long an integer, or not UTF-8"), (408, "the body came too slowly"),
     (413, "over a limit (bytes, texts, characters)"),
-    (422, "a wrong field, type or option value"), (500, "the engine failed"), (503, "queue full (Retry-After), or draining"),
+    (422, "a wrong field, type or option value"), (500, "the engine failed"),
+    (503, "queue full (Retry-After), or draining"),
     (504, "no answer within the timeout: the job was cancelled"))}
 
 
@@ -102,8 +114,8 @@ class Frontend:
     """What an app of create_app shares between its endpoints and serve/server.py (app.state.frontend).
 
     Attributes:
-        engine: the Engine served; inflight: requests accepted and not yet answered (the queue's depth); draining:
-            set by drain(), then /ready and new POSTs answer 503.
+        engine: the Engine served; inflight: requests accepted and not yet answered (the queue's depth);
+            draining: set by drain(), then /ready and new POSTs answer 503.
     """
 
     def __init__(self, engine: Engine, max_queue: int, max_texts: int, max_chars: int, max_body_bytes: int,
@@ -112,15 +124,19 @@ class Frontend:
         self.max_body_bytes, self.timeout_s, self.registry = max_body_bytes, timeout_s, registry
         self.read_timeout_s = read_timeout_s
         self.inflight, self.draining, r = 0, False, registry
-        self.too_slow = f"no answer within {timeout_s:g} s (--timeout); the job was cancelled: send fewer or shorter " \
-                        "texts, or raise --timeout"
+        self.too_slow = f"no answer within {timeout_s:g} s (--timeout); the job was cancelled: send fewer " \
+                        "or shorter texts, or raise --timeout"
         self.requests = Counter("seq2onnx_requests", "HTTP requests answered, by endpoint and status",
                                 ["endpoint", "status"], registry=r)
-        self.latency = Histogram("seq2onnx_request_seconds", "time from arrival to the answer's last byte, by endpoint",
-                                 ["endpoint"], buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
+        self.latency = Histogram("seq2onnx_request_seconds",
+                                 "time from arrival to the answer's last byte, by endpoint", ["endpoint"],
+                                 buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120),
+                                 registry=r)
         self.texts = Counter("seq2onnx_texts", "texts translated (a stream counts one)", registry=r)
-        self.tokens = Counter("seq2onnx_generated_tokens", "target tokens returned (every hypothesis; a stream's "
-                              "pieces); tokens/s = rate()", registry=r)
+        self.tokens = Counter("seq2onnx_generated_tokens",
+                              "target tokens returned (every hypothesis; a stream's pieces); "
+                              "tokens/s = rate()",
+                              registry=r)
         self.cancelled = Counter("seq2onnx_cancelled_jobs", "jobs cancelled by the front end, by reason "
                                  "(disconnect, timeout, shutdown)", ["reason"], registry=r)
         Gauge("seq2onnx_queue_depth", "requests accepted and not yet answered (at most --max-queue)",
@@ -128,7 +144,8 @@ class Frontend:
         for key in ("active_requests", "active_sentences", "active_rows"):
             Gauge(f"seq2onnx_{key}", f"{key.replace('_', ' ')} being decoded now (the engine's load())",
                   registry=r).set_function(lambda key=key: engine.load()[key])
-        Gauge("seq2onnx_engine_info", "the engine served", ["batching"], registry=r).labels(engine.batching).set(1)
+        info = Gauge("seq2onnx_engine_info", "the engine served", ["batching"], registry=r)
+        info.labels(engine.batching).set(1)
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds...: what bounds watch
 
     def drain(self) -> None:
@@ -146,7 +163,8 @@ class _Admission:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path = scope["path"].removeprefix(scope.get("root_path", ""))  # Starlette's paths include a mount's prefix
+        # Starlette's paths include a mount's prefix
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
         endpoint = path if path in ENDPOINTS else "other"
         status: list[int] = []
 
@@ -187,9 +205,10 @@ class _Admission:
         if not isinstance(body, bytes):  # refused (answer it) or the client left (None)
             return None if body is None else await body(scope, receive, send)
         if f.draining or f.inflight >= f.max_queue:
-            why = "the server is shutting down (draining): send the request to another replica" if f.draining else \
-                f"the queue is full: {f.inflight} requests accepted and unanswered, the limit (--max-queue) is " \
-                f"{f.max_queue}: retry after {RETRY_AFTER_S} s or raise --max-queue"
+            why = "the server is shutting down (draining): send the request to another replica" \
+                if f.draining else \
+                f"the queue is full: {f.inflight} requests accepted and unanswered, the limit " \
+                f"(--max-queue) is {f.max_queue}: retry after {RETRY_AFTER_S} s or raise --max-queue"
             return await error(503, why, retry=True)(scope, receive, send)
         f.inflight += 1
         try:
@@ -225,14 +244,15 @@ class _Admission:
             elif not message.get("more_body", False):
                 break
         if over is not None:
-            return error(413, f"{over}; the limit (--max-body-bytes) is {limit}: send fewer or shorter texts per "
-                               "request, or raise --max-body-bytes", close=True)
+            return error(413, f"{over}; the limit (--max-body-bytes) is {limit}: send fewer or shorter texts "
+                              "per request, or raise --max-body-bytes", close=True)
         body = b"".join(chunks)
         try:
             body.decode("utf-8")
-        except UnicodeDecodeError as e:  # json.loads would guess another encoding, or fail without saying where
-            return error(400, f"the body is not UTF-8 (byte {e.start}: {body[e.start:e.start + 1]!r}): send JSON "
-                               "encoded as UTF-8")
+        # json.loads would guess another encoding, or fail without saying where
+        except UnicodeDecodeError as e:
+            return error(400, f"the body is not UTF-8 (byte {e.start}: {body[e.start:e.start + 1]!r}): "
+                              "send JSON encoded as UTF-8")
         problem = json_problem(body)
         return body if problem is None else error(*problem)
 
@@ -255,12 +275,12 @@ def _checked(f: Frontend, texts: list[str], field: str, options: dict, model: ty
     for count, what, limit, flag in ((len(texts), "texts", f.max_texts, "--max-texts"),
                                      (sum(map(len, texts)), "characters", f.max_chars, "--max-chars")):
         if count > limit:
-            return error(413, f"{count} {what}; the limit ({flag}) is {limit} per request: split the request or "
-                               f"raise {flag}", field)
+            return error(413, f"{count} {what}; the limit ({flag}) is {limit} per request: split the request "
+                              f"or raise {flag}", field)
     try:
         search = f.engine.check(options, len(texts))
-        # Languages and prefixes against the model now, as the CLI does: a bad one is refused before it is queued,
-        # as an OptionError that names its field.
+        # Languages and prefixes against the model now, as the CLI does: a bad one is refused before it is
+        # queued, as an OptionError that names its field.
         t = f.engine.translator
         check_prefix_options(search, len(texts), t.vocabulary.languages, t.tgt_vocab, t.eos_id)
         return search
@@ -271,18 +291,19 @@ def _checked(f: Frontend, texts: list[str], field: str, options: dict, model: ty
 # -- waiting for an engine -------------------------------------------------------------------------
 
 async def _wait(f: Frontend, waited: asyncio.Future, request: Request, job: Job) -> JSONResponse | None:
-    """Waits for `waited`: None once it is done; else cancels the job and returns the answer (504, or 499 for a
-    client that left). A wait cancelled by the server's drain limit cancels the job too."""
+    """Waits for `waited`: None once it is done; else cancels the job and returns the answer (504, or 499
+    for a client that left). A wait cancelled by the server's drain limit cancels the job too."""
     loop, outcome = asyncio.get_running_loop(), "shutdown"
 
-    async def left():  # the only reader of receive() now (the body was read before); a broken receive: gone too
+    # the only reader of receive() now (the body was read before); a broken receive: gone too
+    async def left():
         with contextlib.suppress(Exception):
             while (await request.receive())["type"] != "http.disconnect":
                 pass
     listener = asyncio.ensure_future(left())
     try:
-        await asyncio.wait({waited, listener}, timeout=max(0.0, request.scope["seq2onnx.deadline"] - loop.time()),
-                           return_when=asyncio.FIRST_COMPLETED)
+        timeout = max(0.0, request.scope["seq2onnx.deadline"] - loop.time())
+        await asyncio.wait({waited, listener}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         outcome = "done" if waited.done() else "disconnect" if listener.done() else "timeout"
     finally:
         listener.cancel()
@@ -295,7 +316,8 @@ async def _wait(f: Frontend, waited: asyncio.Future, request: Request, job: Job)
 
 
 def _bridge(job: Job) -> asyncio.Future:
-    """An asyncio future done with job.future; cancelling it never cancels the engine's (read the result there)."""
+    """An asyncio future done with job.future; cancelling it never cancels the engine's (read the result
+    there)."""
     done = (loop := asyncio.get_running_loop()).create_future()
     job.future.add_done_callback(lambda _: soon(loop, lambda: done.done() or done.set_result(None)))
     return done
@@ -306,45 +328,83 @@ def _bridge(job: Job) -> asyncio.Future:
 def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max_chars: int = 10000,
                max_body_bytes: int = 1 << 20, timeout_s: float = 60.0, read_timeout_s: float = 10.0,
                registry: CollectorRegistry | None = None) -> FastAPI:
-    """Makes the ASGI app that serves `engine`: POST /v1/translate and /v1/translate/stream, GET /health, /ready, /metrics.
+    """Makes the ASGI app that serves `engine`: POST /v1/translate and /v1/translate/stream, GET /health,
+    /ready, /metrics.
 
     Args:
         engine: the Engine (serve/engine.py) to drive; serve/server.py closes it after draining.
         max_queue: requests accepted and not yet answered, at most; beyond: 503 with Retry-After.
         max_texts: texts per request, at most (413 beyond).
         max_chars: characters per request, all texts together (413 beyond).
-        max_body_bytes: request body bytes, at most (413 beyond; checked on Content-Length and while reading).
+        max_body_bytes: request body bytes, at most (413 beyond; checked on Content-Length and while
+            reading).
         timeout_s: seconds from a request's arrival to its answer; then 504 and the job is cancelled.
         read_timeout_s: seconds a request's body may take to arrive after its headers; then 408, and the
             connection closes.
-        registry: the prometheus_client registry of /metrics; None: a new one for this app (never the global one,
-            so that several apps can live in one process).
+        registry: the prometheus_client registry of /metrics; None: a new one for this app (never the global
+            one, so that several apps can live in one process).
     Returns:
         The FastAPI app; app.state.frontend is its Frontend (the engine, the queue's depth, drain()).
     Raises:
         ValueError: a limit that is not an int >= 1, or a timeout that is not a finite number > 0.
     """
-    limits = dict(max_queue=max_queue, max_texts=max_texts, max_chars=max_chars, max_body_bytes=max_body_bytes)
+    limits = dict(max_queue=max_queue, max_texts=max_texts, max_chars=max_chars,
+                  max_body_bytes=max_body_bytes)
+    _check_limits(limits, timeout_s=timeout_s, read_timeout_s=read_timeout_s)
+    f = Frontend(engine, **limits, timeout_s=float(timeout_s), read_timeout_s=float(read_timeout_s),
+                 registry=CollectorRegistry() if registry is None else registry)
+    app = FastAPI(title="seq2onnx serve",
+                  summary="A seq2onnx bundle's Translator over HTTP (docs/serving.md).")
+    app.state.frontend = f
+    app.add_middleware(_Admission, frontend=f)
+    _add_error_handlers(app)
+    _add_translate(app, f)
+    _add_stream(app, f)
+    _add_probes(app, f)
+    return app
+
+
+def _check_limits(limits: dict, *, timeout_s: float, read_timeout_s: float) -> None:
+    """Refuses a limit that is not an int >= 1, or a timeout that is not a finite number > 0.
+
+    Raises:
+        ValueError: naming the setting and its value.
+    """
     for name, value in limits.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: give an int >= 1")
     for name, value in (("timeout_s", timeout_s), ("read_timeout_s", read_timeout_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
             raise ValueError(f"{name}={value!r}: give a finite number of seconds > 0")
-    f = Frontend(engine, **limits, timeout_s=float(timeout_s), read_timeout_s=float(read_timeout_s),
-                 registry=CollectorRegistry() if registry is None else registry)
-    app = FastAPI(title="seq2onnx serve", summary="A seq2onnx bundle's Translator over HTTP (docs/serving.md).")
-    app.state.frontend = f
-    app.add_middleware(_Admission, frontend=f)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """FastAPI's validation errors and HTTP errors (404, 405, ...) answered as {"error", "field"} JSON."""
 
     @app.exception_handler(RequestValidationError)
     async def refuse_invalid(request: Request, exc: RequestValidationError):
-        return invalid(list(exc.errors()), StreamRequest if request.url.path.endswith(STREAM) else TranslateRequest)
+        model = StreamRequest if request.url.path.endswith(STREAM) else TranslateRequest
+        return invalid(list(exc.errors()), model)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
-        where = f"no endpoint {request.method} {request.url.path}: /docs lists them" if exc.status_code in (404, 405) else ""
+        where = ""
+        if exc.status_code in (404, 405):
+            where = f"no endpoint {request.method} {request.url.path}: /docs lists them"
         return JSONResponse({"error": where or str(exc.detail), "field": None}, exc.status_code, exc.headers)
+
+
+def _translations(results: list) -> JSONResponse:
+    """POST /v1/translate's answer: each text's hypotheses, token ids and scores."""
+    return JSONResponse({"translations": [{  # JSON has no -inf: a non-finite score is null
+        "hypotheses": r.hypotheses, "token_ids": [list(map(int, ids)) for ids in r.token_ids],
+        "scores": None if r.scores is None else [s if math.isfinite(s) else None for s in r.scores],
+    } for r in results]})
+
+
+def _add_translate(app: FastAPI, f: Frontend) -> None:
+    """POST /v1/translate."""
+    engine = f.engine
 
     @app.post(TRANSLATE, response_model=TranslateResponse, responses=_ERRORS, summary="Translate texts")
     async def translate(body: TranslateRequest, request: Request):
@@ -361,20 +421,29 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
                 return answer
             results = job.future.result()
         except Cancelled:
-            return error(503, "the engine dropped the request (it is closing): retry on another replica", retry=True)
+            return error(503, "the engine dropped the request (it is closing): retry on another replica",
+                         retry=True)
         except Exception as e:
             return engine_error(e, TranslateRequest)
         f.texts.inc(len(results))
         f.tokens.inc(sum(len(ids) for r in results for ids in r.token_ids))
-        return JSONResponse({"translations": [{  # JSON has no -inf: a non-finite score is null
-            "hypotheses": r.hypotheses, "token_ids": [list(map(int, ids)) for ids in r.token_ids],
-            "scores": None if r.scores is None else [s if math.isfinite(s) else None for s in r.scores]} for r in results]})
+        return _translations(results)
 
-    @app.post(STREAM, responses={**_ERRORS, 200: {"content": {"application/x-ndjson": {"example": (
-        '{"text": "lo"}\n{"text": " kesari"}\n{"done": true, "text": "lo kesari"}\n')}},
-        "description": 'NDJSON: a line {"text": piece} per piece, then {"done": true, "text": the whole translation}; '
-                       'an error after the first piece ends the stream with {"error": message}'}},
-        summary="Translate one text greedily, piece by piece as each token is decided (NDJSON)")
+
+_STREAM_EXAMPLE = '{"text": "lo"}\n{"text": " kesari"}\n{"done": true, "text": "lo kesari"}\n'
+_STREAM_200 = {
+    "content": {"application/x-ndjson": {"example": _STREAM_EXAMPLE}},
+    "description": 'NDJSON: a line {"text": piece} per piece, then {"done": true, "text": the whole '
+                   'translation}; an error after the first piece ends the stream with {"error": message}',
+}
+
+
+def _add_stream(app: FastAPI, f: Frontend) -> None:
+    """POST /v1/translate/stream."""
+    engine = f.engine
+
+    @app.post(STREAM, responses={**_ERRORS, 200: _STREAM_200},
+              summary="Translate one text greedily, piece by piece as each token is decided (NDJSON)")
     async def translate_stream(body: StreamRequest, request: Request):
         """Streams the greedy translation of one text; the pieces join to its translation with beam_size=1."""
         options = {**body.model_dump(exclude_unset=True, exclude={"text"}), "beam_size": 1}
@@ -390,6 +459,10 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
             return engine_error(first.result()[1], StreamRequest)
         return Stream(lines(f, job, queue, first.result(), request.scope["seq2onnx.deadline"]), job)
 
+
+def _add_probes(app: FastAPI, f: Frontend) -> None:
+    """GET /health, /ready and /metrics."""
+
     @app.get("/health", summary="The process is alive (200)")
     async def health():
         return {"status": "ok"}
@@ -399,11 +472,9 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
     async def ready():
         if f.draining:
             return error(503, "draining: the server is shutting down and takes no new requests")
-        return {"ready": True, "batching": engine.batching}
+        return {"ready": True, "batching": f.engine.batching}
 
-    @app.get("/metrics", summary="Prometheus metrics (text format): requests, queue depth, load, tokens, latency",
-             response_class=Response)
+    @app.get("/metrics", response_class=Response,
+             summary="Prometheus metrics (text format): requests, queue depth, load, tokens, latency")
     async def metrics():
         return Response(generate_latest(f.registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app

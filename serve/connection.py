@@ -63,6 +63,129 @@ def answer(status: int, message: str, retry_after: int | None = None) -> bytes:
     ).encode() + body
 
 
+class LimitedH11Protocol(H11Protocol):
+    """uvicorn's H11Protocol with a head read timeout and a connection cap; limited_protocol sets its limits.
+
+    Attributes:
+        read_timeout_s: seconds a request's head may take to arrive.
+        max_connections: open connections at most.
+        max_header_bytes: the request line and headers, at most.
+        refused: connections refused since the last line that said so, and that line's time (one list
+            for every connection of a protocol class).
+    """
+
+    read_timeout_s: float
+    max_connections: int
+    max_header_bytes: int
+    refused: list
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.conn = _Connection(h11.SERVER, self.max_header_bytes)
+        self._head_timer = self._lingering = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            self.refused[0] += 1
+            if self.loop.time() - self.refused[1] >= LOG_EVERY_S:  # one line a minute at most, under a flood
+                self.logger.warning(
+                    "refused %d connections since the last such line: %d open, the limit "
+                    "(--max-connections) is %d",
+                    self.refused[0],
+                    self.max_connections,
+                    self.max_connections,
+                )
+                self.refused[:] = [0, self.loop.time()]
+            self._close_with(
+                503,
+                f"too many connections: {self.max_connections} are open, the limit "
+                "(--max-connections): retry after 1 s, or reuse a connection",
+                retry_after=1,
+                linger=False,
+            )  # its descriptor now: the cap is what bounds them
+            return
+        self._arm()  # the first request's head: from the connection's start
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering is not None:
+            return  # answered and closing: the rest is read only to be dropped
+        if self.conn.their_state is h11.IDLE:
+            if self._head_timer is None:
+                self._arm()  # a later request's head: from its first byte
+            if len(self.conn.trailing_data[0]) + len(data) > self.max_header_bytes and not _head_ends(
+                self.conn.trailing_data[0] + data, self.max_header_bytes
+            ):
+                # h11 measures only a head still incomplete after a read: one that came whole in a
+                # single read of up to 256 KiB would pass
+                self.conn.error = h11.RemoteProtocolError("head too long", error_status_hint=431)
+                return self.send_400_response("head too long")
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._disarm()  # the head is read (or broken: answered already)
+
+    def eof_received(self):
+        if self._lingering is not None:
+            self.transport.close()
+        return super().eof_received()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        if self._lingering is not None:
+            self._lingering.cancel()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        e = self.conn.error
+        if e is not None and e.error_status_hint == 431:
+            self._close_with(
+                431,
+                f"the request's line and headers exceed {self.max_header_bytes} bytes (the limit, "
+                "--max-header-bytes): send fewer or shorter headers",
+            )
+        else:
+            self._close_with(
+                400,
+                f"malformed HTTP/1.1 request ({e if e is not None else msg}): send a valid "
+                "request line, headers and body framing",
+            )
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.read_timeout_s, self._head_too_slow)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self._close_with(
+                408,
+                f"the request's line and headers did not arrive within {self.read_timeout_s:g} s "
+                "(--read-timeout): send them at once",
+            )
+
+    def _close_with(
+        self, status: int, message: str, retry_after: int | None = None, linger: bool = True
+    ) -> None:
+        """Answers and closes. Closing a socket with unread input resets it, and the client may lose the
+        answer: so, as nginx's lingering_close, the input is read and dropped for at most LINGER_S
+        first."""
+        self._disarm()
+        self._unset_keepalive_if_required()
+        if self.transport.is_closing() or self._lingering is not None:
+            return
+        self.transport.write(answer(status, message, retry_after))
+        if linger and self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._lingering = self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
+
+
 def limited_protocol(
     *, read_timeout_s: float, max_connections: int, max_header_bytes: int
 ) -> type[H11Protocol]:
@@ -75,114 +198,10 @@ def limited_protocol(
     Returns:
         The protocol class for uvicorn.Config(http=...).
     """
-
-    refused = [0, -math.inf]  # connections refused since the last line that said so, and that line's time
-
-    class LimitedH11Protocol(H11Protocol):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.conn = _Connection(h11.SERVER, max_header_bytes)
-            self._head_timer = self._lingering = None
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            if len(self.connections) > max_connections:
-                refused[0] += 1
-                if self.loop.time() - refused[1] >= LOG_EVERY_S:  # one line a minute at most, under a flood
-                    self.logger.warning(
-                        "refused %d connections since the last such line: %d open, the limit "
-                        "(--max-connections) is %d",
-                        refused[0],
-                        max_connections,
-                        max_connections,
-                    )
-                    refused[:] = [0, self.loop.time()]
-                self._close_with(
-                    503,
-                    f"too many connections: {max_connections} are open, the limit "
-                    "(--max-connections): retry after 1 s, or reuse a connection",
-                    retry_after=1,
-                    linger=False,
-                )  # its descriptor now: the cap is what bounds them
-                return
-            self._arm()  # the first request's head: from the connection's start
-
-        def data_received(self, data: bytes) -> None:
-            if self._lingering is not None:
-                return  # answered and closing: the rest is read only to be dropped
-            if self.conn.their_state is h11.IDLE:
-                if self._head_timer is None:
-                    self._arm()  # a later request's head: from its first byte
-                if len(self.conn.trailing_data[0]) + len(data) > max_header_bytes and not _head_ends(
-                    self.conn.trailing_data[0] + data, max_header_bytes
-                ):
-                    # h11 measures only a head still incomplete after a read: one that came whole in a
-                    # single read of up to 256 KiB would pass
-                    self.conn.error = h11.RemoteProtocolError("head too long", error_status_hint=431)
-                    return self.send_400_response("head too long")
-            super().data_received(data)
-            if self.conn.their_state is not h11.IDLE:
-                self._disarm()  # the head is read (or broken: answered already)
-
-        def eof_received(self):
-            if self._lingering is not None:
-                self.transport.close()
-            return super().eof_received()
-
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            if self._lingering is not None:
-                self._lingering.cancel()
-            super().connection_lost(exc)
-
-        def send_400_response(self, msg: str) -> None:
-            e = self.conn.error
-            if e is not None and e.error_status_hint == 431:
-                self._close_with(
-                    431,
-                    f"the request's line and headers exceed {max_header_bytes} bytes (the limit, "
-                    "--max-header-bytes): send fewer or shorter headers",
-                )
-            else:
-                self._close_with(
-                    400,
-                    f"malformed HTTP/1.1 request ({e if e is not None else msg}): send a valid "
-                    "request line, headers and body framing",
-                )
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._head_timer = self.loop.call_later(read_timeout_s, self._head_too_slow)
-
-        def _disarm(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _head_too_slow(self) -> None:
-            self._head_timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                self._close_with(
-                    408,
-                    f"the request's line and headers did not arrive within {read_timeout_s:g} s "
-                    "(--read-timeout): send them at once",
-                )
-
-        def _close_with(
-            self, status: int, message: str, retry_after: int | None = None, linger: bool = True
-        ) -> None:
-            """Answers and closes. Closing a socket with unread input resets it, and the client may lose the
-            answer: so, as nginx's lingering_close, the input is read and dropped for at most LINGER_S
-            first."""
-            self._disarm()
-            self._unset_keepalive_if_required()
-            if self.transport.is_closing() or self._lingering is not None:
-                return
-            self.transport.write(answer(status, message, retry_after))
-            if linger and self.transport.can_write_eof():
-                self.transport.write_eof()
-                self._lingering = self.loop.call_later(LINGER_S, self.transport.close)
-            else:
-                self.transport.close()
-
-    return LimitedH11Protocol
+    limits = {
+        "read_timeout_s": read_timeout_s,
+        "max_connections": max_connections,
+        "max_header_bytes": max_header_bytes,
+        "refused": [0, -math.inf],
+    }
+    return type("LimitedH11Protocol", (LimitedH11Protocol,), limits)

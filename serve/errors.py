@@ -49,21 +49,25 @@ def error(status: int, message: str, field: str | None = None, retry: bool = Fal
 
 def invalid(errors: list[dict], model: type[BaseModel]) -> JSONResponse:
     """The first of pydantic's errors as one message naming the field, the value and the fix."""
-    e = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # an unknown name first: it explains the rest
+    # an unknown name first: it explains the rest
+    e = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     loc = [str(p) for p in e["loc"]][1 if e["loc"][:1] == ("body",) else 0:]
     if e["type"] == "json_invalid":
-        return error(400, f"the body is not valid JSON ({e.get('ctx', {}).get('error', e['msg'])}, at character "
+        reason = e.get("ctx", {}).get("error", e["msg"])
+        return error(400, f"the body is not valid JSON ({reason}, at character "
                           f"{loc[0] if loc else 0}): send one JSON object")
     if not loc:
         example = '{"texts": ["Hello"]}' if "texts" in model.model_fields else '{"text": "Hello"}'
-        return error(422, f"the body must be a JSON object such as {example} (Content-Type: application/json): {e['msg']}")
+        return error(422, f"the body must be a JSON object such as {example} "
+                          f"(Content-Type: application/json): {e['msg']}")
     names = ", ".join(sorted(model.model_fields, key=lambda name: name not in ("text", "texts")))
     field, where = loc[0], loc[0] + "".join(f"[{p}]" for p in loc[1:])
     if e["type"] == "extra_forbidden":
         if field == "return_attention":
-            return error(422, "return_attention is not served over HTTP (an array per hypothesis): use the Python "
-                              "runtime's Translator.translate_batch(return_attention=True)", field)
+            return error(422, "return_attention is not served over HTTP (an array per hypothesis): "
+                              "use the Python runtime's Translator.translate_batch(return_attention=True)",
+                         field)
         return error(422, f"unknown field {field!r}: this endpoint takes {names}", field)
     if e["type"] == "missing":
         return error(422, f"{where} is missing: this endpoint takes {names}{more}", field)

@@ -73,7 +73,8 @@ class AtomicOutput(atomic.AtomicFile):
         if path.exists() and not force:
             raise CommandError(f"{option} {path}: {path.name} exists; pass --force to overwrite it")
         if not path.parent.is_dir():
-            raise CommandError(f"{option} {path}: the directory {path.parent} does not exist; create it first")
+            raise CommandError(f"{option} {path}: the directory {path.parent} does not exist; create it "
+                               "first")
 
 
 class Progress:
@@ -127,7 +128,8 @@ class Warnings:
         self.progress, self.counts = progress, {}
 
     def warn(self, kind: str, message: str) -> None:
-        """Prints `message` (the first WARNINGS_SHOWN of its `kind`, the bar cleared first); counts it either way."""
+        """Prints `message` (the first WARNINGS_SHOWN of its `kind`, the bar cleared first); counts it either
+        way."""
         n = self.counts[kind] = self.counts.get(kind, 0) + 1
         if n <= WARNINGS_SHOWN:
             self.progress.clear()
@@ -149,12 +151,14 @@ def _decode(raw: bytes, line: int, warnings: Warnings) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         bad = raw[e.start : e.end].hex(" ")
-        warnings.warn("invalid UTF-8", f"line {line}: invalid UTF-8 (byte {bad} at byte {e.start + 1} of the line, "
-                      "perhaps more after it) replaced by U+FFFD")
+        warnings.warn("invalid UTF-8", f"line {line}: invalid UTF-8 (byte {bad} at byte {e.start + 1} of the "
+                                       "line, perhaps more after it) replaced by U+FFFD")
         return raw.decode("utf-8", errors="replace")
 
 
-def _source_ids(translator, text: str, line: int, strict: bool, warnings: Warnings, args_langs: dict) -> list[int]:
+def _source_ids(
+    translator, text: str, line: int, strict: bool, warnings: Warnings, args_langs: dict
+) -> list[int]:
     """Source ids of one line; an over-long line is truncated with a warning, or an error with strict."""
     ids, cut = translator.prepare_source(text, truncate=True, source_lang=args_langs.get("source_lang"),
                                          target_lang=args_langs.get("target_lang"))
@@ -163,9 +167,9 @@ def _source_ids(translator, text: str, line: int, strict: bool, warnings: Warnin
         # count beyond the limit is unknown, and not worth a full tokenisation to report.
         limit = translator.max_positions
         if strict:
-            raise CommandError(f"input line {line} has more than {limit} tokens; this model was exported for at most {limit} "
-                               "positions (max_positions in bundle.json): shorten the line, or leave out --strict "
-                               "to have it truncated with a warning")
+            raise CommandError(f"input line {line} has more than {limit} tokens; this model was exported for "
+                               f"at most {limit} positions (max_positions in bundle.json): shorten the line, "
+                               "or leave out --strict to have it truncated with a warning")
         warnings.warn("more tokens than the model's positions",
                       f"line {line}: more tokens than the {limit} positions this model was exported for "
                       f"(max_positions in bundle.json): translated its first {limit - 1} and the end token "
@@ -175,7 +179,8 @@ def _source_ids(translator, text: str, line: int, strict: bool, warnings: Warnin
 
 def _format(result, index: int, args) -> str:
     if args.n_best > 1:
-        return "".join(f"{index} ||| {text} ||| {score:.4f}\n" for text, score in zip(result.hypotheses, result.scores))
+        return "".join(f"{index} ||| {text} ||| {score:.4f}\n"
+                       for text, score in zip(result.hypotheses, result.scores))
     if args.scores:
         return f"{result.scores[0]:.4f}\t{result.hypotheses[0]}\n"
     return result.hypotheses[0] + "\n"
@@ -202,43 +207,55 @@ warning naming the line (--strict: an error instead). Output is UTF-8."""
 
 def add(sub) -> None:
     p = sub.add_parser("translate", help="translate lines with a bundle (no torch needed)",
-                       description=TRANSLATE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("bundle", help="the bundle directory (bundle.json, encoder.onnx, decoder.onnx, tokenizers)")
+                       description=TRANSLATE_DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bundle", help="the bundle directory (bundle.json, encoder.onnx, decoder.onnx, "
+                                  "tokenizers)")
     p.add_argument("-i", "--input", help="file of source lines (default, or '-': stdin)")
-    p.add_argument("-o", "--output", help="file to write (default, or '-': stdout); written under a temporary name "
-                   "beside it and renamed when complete, so it is never left half-written")
+    p.add_argument("-o", "--output", help="file to write (default, or '-': stdout); written under a "
+                                          "temporary name beside it and renamed when complete, so it is "
+                                          "never left half-written")
     p.add_argument("--force", action="store_true", help="let --output replace an existing file")
     p.add_argument("--beam", type=int, default=None, help="beam size; 1 is greedy (default: the bundle's, 4)")
     p.add_argument("--n-best", type=int, default=1, help="hypotheses per line (at most --beam), written as "
                    "'LINE ||| TEXT ||| SCORE', LINE counted from 0")
     p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' (sum of log-probabilities)")
-    p.add_argument("--length-penalty", type=float, default=None, help="beam search's length penalty (default: the bundle's)")
+    p.add_argument("--length-penalty", type=float, default=None,
+                   help="beam search's length penalty (default: the bundle's)")
     p.add_argument("--max-length", type=int, default=None,
-                   help="maximum target tokens (default: relative to the source, capped by the model's positions)")
+                   help="maximum target tokens (default: relative to the source, capped by the model's "
+                        "positions)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto: CUDA where onnxruntime can run it, else the CPU (default auto)")
     p.add_argument("--threads", type=int, default=0,
-                   help=f"onnxruntime intra-op threads, at most this machine's {os.cpu_count()} cores (default 0: all cores)")
+                   help=f"onnxruntime intra-op threads, at most this machine's {os.cpu_count()} cores "
+                        "(default 0: all cores)")
     p.add_argument("--batch-size", type=int, default=32,
                    help="most lines decoded together (default 32); a stream's batches hold what has arrived")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--truncate", action="store_true",
-                        help="cut lines longer than the model's positions, with a warning naming the line (the default)")
+                        help="cut lines longer than the model's positions, with a warning naming the line "
+                             "(the default)")
     length.add_argument("--strict", action="store_true",
-                        help="a line longer than the model's positions is an error naming the line, not truncated")
+                        help="a line longer than the model's positions is an error naming the line, not "
+                             "truncated")
     p.add_argument("--attention", metavar="FILE",
-                   help="also write each line's cross-attention (the best translation's target pieces x source pieces, "
-                   "last decoder layer averaged over heads) to FILE as JSON lines, and heatmaps of the first "
-                   f"{MAX_PICTURES} lines to FILE with the suffix .html; the translations are the same as without it")
-    p.add_argument("--source-lang", metavar="CODE", help="multilingual models (an imported M2M100/NLLB): the source "
-                   "language, whose token leads every source (default: the bundle's tokens.source_prefix)")
-    p.add_argument("--target-lang", metavar="CODE", help="multilingual models: the target language, its token forced "
-                   "first in every translation (M2M100/NLLB) or put first in the source (multilingual Marian)")
-    p.add_argument("--target-prefix", metavar="IDS", type=_id_list, help="comma-separated target token ids forced at "
-                   "the start of every translation (as CTranslate2's target_prefix; replaces --target-lang's token)")
+                   help="also write each line's cross-attention (the best translation's target pieces x "
+                        "source pieces, last decoder layer averaged over heads) to FILE as JSON lines, and "
+                        f"heatmaps of the first {MAX_PICTURES} lines to FILE with the suffix .html; the "
+                        "translations are the same as without it")
+    p.add_argument("--source-lang", metavar="CODE",
+                   help="multilingual models (an imported M2M100/NLLB): the source language, whose token "
+                        "leads every source (default: the bundle's tokens.source_prefix)")
+    p.add_argument("--target-lang", metavar="CODE",
+                   help="multilingual models: the target language, its token forced first in every "
+                        "translation (M2M100/NLLB) or put first in the source (multilingual Marian)")
+    p.add_argument("--target-prefix", metavar="IDS", type=_id_list,
+                   help="comma-separated target token ids forced at the start of every translation (as "
+                        "CTranslate2's target_prefix; replaces --target-lang's token)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="a progress bar on stderr (default: on when stderr is a terminal and the input a file; "
-                   "--progress shows it anywhere, e.g. in a log, --no-progress never)")
+                   help="a progress bar on stderr (default: on when stderr is a terminal and the input a "
+                        "file; --progress shows it anywhere, e.g. in a log, --no-progress never)")
     p.set_defaults(func=run)
 
 
@@ -247,7 +264,8 @@ def _id_list(text: str) -> list[int]:
     try:
         ids = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of token ids, e.g. 128028 or 5,17")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of token ids, e.g. 128028 "
+                                         "or 5,17")
     if not ids or min(ids) < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give one or more token ids >= 0, separated by commas")
     return ids
@@ -277,23 +295,26 @@ def _check_against_model(args, translator) -> None:
 
     beam = args.beam if args.beam is not None else translator.bundle.decoding.get("beam_size", 4)
     if args.n_best > beam:
-        raise CommandError(f"--n-best {args.n_best} is more than the beam size {beam}; give --beam {args.n_best} "
-                           "or more, or a smaller --n-best")
+        raise CommandError(f"--n-best {args.n_best} is more than the beam size {beam}; give --beam "
+                           f"{args.n_best} or more, or a smaller --n-best")
     limit = translator.max_positions
     if args.max_length is not None and not 1 <= args.max_length <= limit:
-        raise CommandError(f"--max-length {args.max_length}: this model has {limit} positions (max_positions in "
-                           f"bundle.json); give 1 to {limit}")
+        raise CommandError(f"--max-length {args.max_length}: this model has {limit} positions (max_positions "
+                           f"in bundle.json); give 1 to {limit}")
     try:
         options = translator.search_options(**_search_options(args))
-        check_prefix_options(options, 1, translator.vocabulary.languages, translator.tgt_vocab, translator.eos_id)
+        check_prefix_options(options, 1, translator.vocabulary.languages, translator.tgt_vocab,
+                             translator.eos_id)
     except OptionError as e:
         raise option_error(e) from None
 
 
-# The runtime's option (OptionError.option) -> the flag that sets it, so that an error names what the user typed.
+# The runtime's option (OptionError.option) -> the flag that sets it, so that an error names what the user
+# typed.
 # An option the command does not set is absent: its error keeps the runtime's name.
 FLAGS = {"beam_size": "--beam", "num_hypotheses": "--n-best", "length_penalty": "--length-penalty",
-         "max_decoding_length": "--max-length", "max_batch_size": "--batch-size", "intra_threads": "--threads",
+         "max_decoding_length": "--max-length", "max_batch_size": "--batch-size",
+         "intra_threads": "--threads",
          "source_lang": "--source-lang", "target_lang": "--target-lang", "target_prefix": "--target-prefix"}
 
 
@@ -336,7 +357,8 @@ def run(args) -> int:
     else:
         fd, read = None, _stdin_read()
     attention = AttentionSink(Path(args.attention), args.force, translator) if args.attention else None
-    sink = AtomicOutput(Path(args.output), args.force) if to_file else None  # last: nothing can fail before `try`
+    # last: nothing can fail before `try`
+    sink = AtomicOutput(Path(args.output), args.force) if to_file else None
     if not sink:
         sys.stdout.flush()  # whatever the text layer holds goes first: translations go to its byte buffer
     out = sink.file if sink else getattr(sys.stdout, "buffer", None)
@@ -377,12 +399,14 @@ class AttentionSink:
         self.name, self.translator, self.drawn, self.total = path.name, translator, [], 0
 
     def write(self, first: int, sources: list[list[int]], results) -> None:
-        """Appends the records of lines first, first + 1, ... (their source ids and TranslationResults) to FILE."""
-        source_piece, target_piece = self.translator.source_tokenizer.id_to_piece, self.translator.target_tokenizer.id_to_piece
+        """Appends the records of lines first, first + 1, ... (their source ids and TranslationResults) to
+        FILE."""
+        source_piece = self.translator.source_tokenizer.id_to_piece
+        target_piece = self.translator.target_tokenizer.id_to_piece
         lines = []
         for k, (ids, result) in enumerate(zip(sources, results)):
-            rec = record(first + k, [source_piece(i) for i in ids], [target_piece(t) for t in result.token_ids[0]],
-                         result.attention[0])
+            rec = record(first + k, [source_piece(i) for i in ids],
+                         [target_piece(t) for t in result.token_ids[0]], result.attention[0])
             lines.append(json_line(rec))
             if len(self.drawn) < MAX_PICTURES:
                 self.drawn.append(rec)
@@ -391,7 +415,8 @@ class AttentionSink:
         self.data.file.flush()
 
     def close(self, commit: bool) -> None:
-        """With commit, writes the page (the first MAX_PICTURES records) and renames both files into place; else discards both."""
+        """With commit, writes the page (the first MAX_PICTURES records) and renames both files into place;
+        else discards both."""
         if commit:
             self.picture.file.write(page(self.drawn, self.total, self.name).encode("utf-8"))
             self.data.commit()
@@ -426,7 +451,8 @@ def _translate_stream(translator, reader: LineReader, args, out, warnings: Warni
         if ids:
             results = translator.translate_batch(
                 ids, beam_size=args.beam, num_hypotheses=args.n_best, length_penalty=args.length_penalty,
-                max_decoding_length=args.max_length, return_scores=True, return_attention=attention is not None,
+                max_decoding_length=args.max_length, return_scores=True,
+                return_attention=attention is not None,
                 max_batch_size=args.batch_size, target_lang=args.target_lang,
                 target_prefix=[args.target_prefix] * len(ids) if args.target_prefix else None)
             write("".join(_format(r, first + k, args) for k, r in enumerate(results)))

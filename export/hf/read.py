@@ -241,13 +241,6 @@ def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], 
     """Copies every tensor of hf into model; every parameter of model must be written exactly once."""
     enc, dec = hf.get_encoder(), hf.get_decoder()
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def linear(ours, theirs):
-        pairs.extend([(ours.weight, theirs.weight), (ours.bias, theirs.bias)])
-
-    def norm(ours, theirs):
-        pairs.extend([(ours.weight, theirs.weight), (ours.bias, theirs.bias)])
-
     pairs.append((model.src_embed.weight, enc.embed_tokens.weight))
     if model.tgt_embed is not model.src_embed:
         pairs.append((model.tgt_embed.weight, dec.embed_tokens.weight))
@@ -255,23 +248,7 @@ def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], 
         pairs.append((model.generator.weight, hf.get_output_embeddings().weight))
     if model.generator.bias is not None:
         pairs.append((model.generator.bias, hf.final_logits_bias.reshape(-1)))
-    for ours, theirs in zip(model.encoder_layers, enc.layers):
-        for a, b in _attention(ours.self_attn, theirs.self_attn):
-            linear(a, b)
-        linear(ours.feed_forward.w_1, theirs.fc1)
-        linear(ours.feed_forward.w_2, theirs.fc2)
-        norm(ours.sub_attn.norm, theirs.self_attn_layer_norm)
-        norm(ours.sub_ff.norm, theirs.final_layer_norm)
-    for ours, theirs in zip(model.decoder_layers, dec.layers):
-        for a, b in _attention(ours.self_attn, theirs.self_attn) + _attention(
-            ours.cross_attn, theirs.encoder_attn
-        ):
-            linear(a, b)
-        linear(ours.feed_forward.w_1, theirs.fc1)
-        linear(ours.feed_forward.w_2, theirs.fc2)
-        norm(ours.sub_self.norm, theirs.self_attn_layer_norm)
-        norm(ours.sub_cross.norm, theirs.encoder_attn_layer_norm)
-        norm(ours.sub_ff.norm, theirs.final_layer_norm)
+    pairs.extend(_layer_pairs(model, enc, dec))
     pairs.extend(family.weight_pairs(model, hf))  # the final norms, an embedding norm: the family's own
     written = set()
     with torch.no_grad():
@@ -293,6 +270,42 @@ def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], 
             "know this variant of the architecture"
         )
 
+
+def _affine(ours, theirs) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A linear or norm layer's (ours, theirs) pairs: its weight, then its bias."""
+    return [(ours.weight, theirs.weight), (ours.bias, theirs.bias)]
+
+
+def _layer_pairs(model: Transformer, enc, dec) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The (ours, theirs) pairs of every encoder layer, then every decoder layer.
+
+    Args:
+        model: our model.
+        enc: the transformers model's encoder (hf.get_encoder()).
+        dec: its decoder (hf.get_decoder()).
+
+    Returns:
+        Attention projections, feed-forward layers and norms, layer by layer.
+    """
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for ours, theirs in zip(model.encoder_layers, enc.layers):
+        for a, b in _attention(ours.self_attn, theirs.self_attn):
+            pairs += _affine(a, b)
+        pairs += _affine(ours.feed_forward.w_1, theirs.fc1)
+        pairs += _affine(ours.feed_forward.w_2, theirs.fc2)
+        pairs += _affine(ours.sub_attn.norm, theirs.self_attn_layer_norm)
+        pairs += _affine(ours.sub_ff.norm, theirs.final_layer_norm)
+    for ours, theirs in zip(model.decoder_layers, dec.layers):
+        for a, b in _attention(ours.self_attn, theirs.self_attn) + _attention(
+            ours.cross_attn, theirs.encoder_attn
+        ):
+            pairs += _affine(a, b)
+        pairs += _affine(ours.feed_forward.w_1, theirs.fc1)
+        pairs += _affine(ours.feed_forward.w_2, theirs.fc2)
+        pairs += _affine(ours.sub_self.norm, theirs.self_attn_layer_norm)
+        pairs += _affine(ours.sub_cross.norm, theirs.encoder_attn_layer_norm)
+        pairs += _affine(ours.sub_ff.norm, theirs.final_layer_norm)
+    return pairs
 
 def import_hf(model_dir: str | Path) -> Imported:
     """Reads a Hugging Face Marian, M2M100/NLLB or mBART-50 directory into our Transformer.

@@ -34,7 +34,8 @@ def measure(translator: Translator, texts: list[str], beam: int, batch: int) -> 
     t0 = time.perf_counter()
     tokens = 0
     for start in range(0, len(texts), batch):
-        for r in translator.translate_batch(texts[start : start + batch], beam_size=beam, max_batch_size=batch):
+        chunk = texts[start : start + batch]
+        for r in translator.translate_batch(chunk, beam_size=beam, max_batch_size=batch):
             tokens += len(r.token_ids[0]) + 1
     return tokens / (time.perf_counter() - t0)
 
@@ -43,7 +44,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle")
     p.add_argument("--int8", help="the int8 bundle of the same checkpoint")
-    p.add_argument("--other", help="another fp32 bundle of the same checkpoint, e.g. exported by an earlier version")
+    p.add_argument("--other", help="another fp32 bundle of the same checkpoint, e.g. exported by an earlier "
+                                   "version")
     p.add_argument("--sentences", type=int, default=200)
     p.add_argument("--data", help="TSV to take sentences from (its last --sentences lines)")
     p.add_argument("--col", type=int, default=0, help="source column of --data")
@@ -58,7 +60,8 @@ def main() -> int:
         "graph optimisation: none": dict(_tuning=SessionTuning(optimization="none")),
         "1 intra-op thread": dict(intra_threads=1),
         "no thread spinning": dict(_tuning=SessionTuning(thread_spinning="none")),
-        "unbounded spinning (onnxruntime's default)": dict(_tuning=SessionTuning(thread_spinning="unbounded")),
+        "unbounded spinning (onnxruntime's default)":
+            dict(_tuning=SessionTuning(thread_spinning="unbounded")),
     }
     translators = {name: Translator(args.bundle, device="cpu", **{"intra_threads": 2, **kw})
                    for name, kw in variants.items()}
@@ -87,8 +90,8 @@ def main() -> int:
             row[key] = statistics.median(mine)
             row[key + "_ratio"] = statistics.median(m / b for m, b in zip(mine, base))
         rows.append(row)
-    print(f"{len(texts)} sentences, {args.repeat} interleaved rounds; target tokens/s (median) and the median "
-          f"over rounds of the ratio to the default measured in the same round")
+    print(f"{len(texts)} sentences, {args.repeat} interleaved rounds; target tokens/s (median) and the "
+          "median over rounds of the ratio to the default measured in the same round")
     print(f"{'variant':<70} {'beam4 batch32':>20} {'greedy batch1':>20}")
     for r in rows:
         print(f"{r['variant']:<70} {r['beam4_batch32']:>10.0f} ({r['beam4_batch32_ratio']:.2f}x) "

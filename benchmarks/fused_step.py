@@ -1,13 +1,14 @@
 """Times ONE decoder step: the standard-opset decoder.onnx against the fused contrib-op graph.
 
-    python benchmarks/fused_step.py [--rounds 7] [--past 10] [--threads 2] [--seed 0] [--profile [--profile-rows 1]]
+    python benchmarks/fused_step.py [--rounds 7] [--past 10] [--threads 2] [--seed 0]
+        [--profile [--profile-rows 1]]
     python benchmarks/fused_step.py --bundle BUNDLE --data TSV [--src-col 1] [--rounds 3] [--threads 2]
 
 A random model of the Tatoeba size (d_model 256, 3+3 layers, 4 heads, d_ff 1024, vocabulary 3,000)
 is exported both ways into a temporary directory. Each graph runs in its own session (CPU, the given
-threads, ORT_ENABLE_ALL, the decoder's bounded intra-op spinning, as runtime.Translator makes them); rounds interleave
-the two graphs (this shared machine's speed drifts over minutes) at 1 row (greedy, one sentence) and
-128 rows (beam 4 x 32 sentences). Prints the node counts as exported and after onnxruntime's
+threads, ORT_ENABLE_ALL, the decoder's bounded intra-op spinning, as runtime.Translator makes them);
+rounds interleave the two graphs (this shared machine's speed drifts over minutes) at 1 row (greedy, one
+sentence) and 128 rows (beam 4 x 32 sentences). Prints the node counts as exported and after onnxruntime's
 optimisation, and the median microseconds per step. --profile adds onnxruntime's per-operator
 kernel times at --profile-rows rows (default 1; 128 is beam 4 x 32; profiling adds its own
 overhead: read the shares, not the sums).
@@ -89,14 +90,16 @@ def fused_step(sess: ort.InferenceSession, cfg: ModelConfig, rows: int, batch: i
     for name, value in {names.TOKENS: np.full((rows, 1), 5, np.int64), names.STEP: np.array([past], np.int32),
                         BEAM_WIDTH: np.array([beams], np.int32),
                         CACHE_INDIRECTION: np.zeros((batch, beams, MAX_LENGTH), np.int32),
-                        names.TOP_K: np.array([TOP_K], np.int64), names.SRC_MASK: np.ones((batch, SRC_LEN), bool)}.items():
+                        names.TOP_K: np.array([TOP_K], np.int64),
+                        names.SRC_MASK: np.ones((batch, SRC_LEN), bool)}.items():
         keep.append(value)
         b.bind_cpu_input(name, value)
     for n in names.cross_names(layers):
         keep.append(rng.standard_normal((batch, heads, SRC_LEN, hd)).astype(np.float32))
         b.bind_cpu_input(n, keep[-1])
     for past_name, present_name in zip(names.past_names(layers), names.present_names(layers)):
-        buffer = ort.OrtValue.ortvalue_from_numpy(rng.standard_normal((rows, heads, MAX_LENGTH, hd)).astype(np.float32))
+        cache = rng.standard_normal((rows, heads, MAX_LENGTH, hd)).astype(np.float32)
+        buffer = ort.OrtValue.ortvalue_from_numpy(cache)
         keep.append(buffer)
         b.bind_ortvalue_input(past_name, buffer)
         b.bind_ortvalue_output(present_name, buffer)
@@ -109,7 +112,9 @@ def fused_step(sess: ort.InferenceSession, cfg: ModelConfig, rows: int, batch: i
     return step
 
 
-def profile(path: Path, label: str, make, cfg: ModelConfig, threads: int, past: int, tmp: Path, rows: int = 1) -> None:
+def profile(
+    path: Path, label: str, make, cfg: ModelConfig, threads: int, past: int, tmp: Path, rows: int = 1
+) -> None:
     """onnxruntime's kernel time per operator type, per step, at `rows` rows (beam 4 beyond 1 row)."""
     calls = max(30, 300 // rows)
     o = ort.SessionOptions()
@@ -129,7 +134,8 @@ def profile(path: Path, label: str, make, cfg: ModelConfig, threads: int, past: 
         elif e.get("cat") == "Session" and e["name"] == "model_run":
             run_us += e["dur"] / calls
     top = sorted(per_op.items(), key=lambda kv: -kv[1])
-    print(f"{label} profile, {rows} row{'s' if rows > 1 else ''}: run {run_us:,.0f} us, kernels {sum(per_op.values()):,.0f} us: "
+    print(f"{label} profile, {rows} row{'s' if rows > 1 else ''}: run {run_us:,.0f} us, kernels "
+          f"{sum(per_op.values()):,.0f} us: "
           + ", ".join(f"{op} {us:,.0f}" for op, us in top))
 
 
@@ -155,10 +161,12 @@ def end_to_end(args) -> int:
 
     lines = [line.rstrip("\n").split("\t") for line in open(args.data, encoding="utf-8")]
     texts = [cols[args.src_col] for cols in lines if len(cols) > args.src_col][-args.sentences:]
-    tr = {d: Translator(args.bundle, device="cpu", intra_threads=args.threads, _tuning=SessionTuning(decoder=d))
+    tr = {d: Translator(args.bundle, device="cpu", intra_threads=args.threads,
+                        _tuning=SessionTuning(decoder=d))
           for d in ("standard", "fused")}
     assert all(t.decoder_variant == d for d, t in tr.items())
-    rows = {"greedy batch 1": dict(beam_size=1, max_batch_size=1), "beam 4 batch 32": dict(beam_size=4, max_batch_size=32)}
+    rows = {"greedy batch 1": dict(beam_size=1, max_batch_size=1),
+            "beam 4 batch 32": dict(beam_size=4, max_batch_size=32)}
     rates: dict = {(r, d): [] for r in rows for d in tr}
     outputs: dict = {}
     for _ in range(args.rounds):
@@ -173,8 +181,8 @@ def end_to_end(args) -> int:
     for row in rows:
         same = sum(a == b for a, b in zip(outputs[row, "standard"], outputs[row, "fused"]))
         med = {d: statistics.median(rates[row, d]) for d in tr}
-        print(f"{row}, {len(texts)} sentences, {args.threads} threads: standard {med['standard']:,.0f} tok/s, "
-              f"fused {med['fused']:,.0f} tok/s, fused/standard {med['fused'] / med['standard']:.2f}; "
+        print(f"{row}, {len(texts)} sentences, {args.threads} threads: standard {med['standard']:,.0f} "
+              f"tok/s, fused {med['fused']:,.0f} tok/s, fused/standard {med['fused'] / med['standard']:.2f}; "
               f"identical outputs {same}/{len(texts)}")
     # Where a greedy batch-1 token's time goes: session run / step function / whole token.
     for d, t in tr.items():
@@ -209,14 +217,17 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="also print per-operator kernel times")
-    p.add_argument("--profile-rows", type=int, default=1, help="rows of the profiled step (default 1; 128: beam 4 x 32)")
+    p.add_argument("--profile-rows", type=int, default=1,
+                   help="rows of the profiled step (default 1; 128: beam 4 x 32)")
     p.add_argument("--bundle", help="measure end to end on this bundle instead (needs --data)")
     p.add_argument("--data", help="TSV of source sentences for --bundle")
     p.add_argument("--src-col", type=int, default=1)
-    p.add_argument("--sentences", type=int, default=200, help="sentences of --data (its last ones) for --bundle")
+    p.add_argument("--sentences", type=int, default=200,
+                   help="sentences of --data (its last ones) for --bundle")
     args = p.parse_args()
     if args.profile_rows != 1 and (args.profile_rows < 4 or args.profile_rows % 4):
-        p.error(f"--profile-rows {args.profile_rows}: give 1 (greedy) or a multiple of 4 (beam 4 x sentences)")
+        p.error(f"--profile-rows {args.profile_rows}: give 1 (greedy) or a multiple of 4 (beam 4 x "
+                "sentences)")
     if args.bundle:
         return end_to_end(args)
     torch.manual_seed(args.seed)
@@ -232,17 +243,18 @@ def main() -> int:
             optimized = tmp / f"{label}.optimized.onnx"
             sessions[label] = session(path, args.threads, optimized)
             ops = [n.op_type for n in onnx.load(str(optimized)).graph.node]
-            print(f"{label}: {len(onnx.load(str(path)).graph.node)} nodes exported, {len(ops)} after optimisation "
-                  f"({', '.join(f'{op} {ops.count(op)}' for op in sorted(set(ops)))})")
+            print(f"{label}: {len(onnx.load(str(path)).graph.node)} nodes exported, {len(ops)} after "
+                  f"optimisation ({', '.join(f'{op} {ops.count(op)}' for op in sorted(set(ops)))})")
             if args.profile:
-                profile(path, label, {"standard": standard_step, "fused": fused_step}[label], cfg, args.threads,
-                        args.past, tmp, args.profile_rows)
+                make = {"standard": standard_step, "fused": fused_step}[label]
+                profile(path, label, make, cfg, args.threads, args.past, tmp, args.profile_rows)
     makers = {"standard": standard_step, "fused": fused_step}
     for rows, batch, calls in ((1, 1, 300), (128, 32, 30)):
         steps = {k: makers[k](s, cfg, rows, batch, args.past) for k, s in sessions.items()}
         med = interleaved_us(steps, args.rounds, calls)
-        print(f"{rows} rows, past {args.past}, {args.threads} threads: " + ", ".join(f"{k} {v:,.0f} us" for k, v in med.items())
-              + f"; fused/standard {med['fused'] / med['standard']:.2f}")
+        times = ", ".join(f"{k} {v:,.0f} us" for k, v in med.items())
+        print(f"{rows} rows, past {args.past}, {args.threads} threads: {times}"
+              f"; fused/standard {med['fused'] / med['standard']:.2f}")
     return 0
 
 

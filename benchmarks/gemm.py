@@ -8,7 +8,8 @@ output (D x D each; its keys and values come from the encoder), the feed-forward
 then the generator D x V. This times exactly those products, with random weights of the bundle's
 shapes, as one graph of bare `MatMul` nodes in onnxruntime (1 and 2 intra-op threads, weights
 prepacked or not, idle threads sleeping; and 2 threads spinning as the runtime's decoder does,
-runtime/options.py `spin_settings`) and as numpy's `x @ W` (whatever BLAS numpy has, its own threads). Rounds interleave the variants, because this machine's speed drifts over minutes.
+runtime/options.py `spin_settings`) and as numpy's `x @ W` (whatever BLAS numpy has, its own threads).
+Rounds interleave the variants, because this machine's speed drifts over minutes.
 
 What it tells: at 1 row (greedy search, one sentence) a step cannot be faster than its products;
 compare the fused step of `benchmarks/step.py` and a whole token of `seq2onnx bench`.
@@ -44,7 +45,8 @@ def products_graph(shapes: list[tuple[int, int]], seed: int = 0) -> bytes:
     for i, (k, n) in enumerate(shapes):
         inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, ["rows", k]))
         outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["rows", n]))
-        inits.append(numpy_helper.from_array((rng.standard_normal((k, n)) * 0.05).astype(np.float32), f"w{i}"))
+        weight = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+        inits.append(numpy_helper.from_array(weight, f"w{i}"))
         nodes.append(helper.make_node("MatMul", [f"x{i}", f"w{i}"], [f"y{i}"], name=f"product{i}"))
     graph = helper.make_graph(nodes, "decoder_products", inputs, outputs, initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
@@ -58,29 +60,33 @@ def main() -> int:
     args = p.parse_args()
     meta_path = Path(args.bundle) / "bundle.json"
     if not meta_path.is_file():
-        print(f"error: {meta_path} does not exist; give a bundle directory (seq2onnx export writes one)", file=sys.stderr)
+        print(f"error: {meta_path} does not exist; give a bundle directory (seq2onnx export writes one)",
+              file=sys.stderr)
         return 2
     shapes = weight_shapes(json.loads(meta_path.read_text())["model"])
     megabytes = sum(k * n for k, n in shapes) * 4 / 1e6
     model = products_graph(shapes)
     sessions = {}
-    for threads, packed, spinning in ((1, True, "none"), (1, False, "none"), (2, True, "none"), (2, False, "none"),
-                                      (2, True, "bounded")):
+    for threads, packed, spinning in ((1, True, "none"), (1, False, "none"), (2, True, "none"),
+                                      (2, False, "none"), (2, True, "bounded")):
         o = ort.SessionOptions()
         o.intra_op_num_threads = threads
         for key, value in spin_settings(spinning, "decoder", ort.__version__).items():
             o.add_session_config_entry(key, value)
         o.add_session_config_entry("session.disable_prepacking", "0" if packed else "1")
         o.log_severity_level = 3
-        label = (f"onnxruntime {threads} thread{'s' if threads > 1 else ''}{'' if packed else ', not prepacked'}"
+        label = (f"onnxruntime {threads} "
+                 f"thread{'s' if threads > 1 else ''}{'' if packed else ', not prepacked'}"
                  f"{', spinning' if spinning == 'bounded' else ''}")
         sessions[label] = ort.InferenceSession(model, o, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
     weights = [(rng.standard_normal((k, n)) * 0.05).astype(np.float32) for k, n in shapes]
-    print(f"{len(shapes)} weight matrices, {megabytes:.1f} MB fp32; onnxruntime {ort.__version__}, numpy {np.__version__}")
+    print(f"{len(shapes)} weight matrices, {megabytes:.1f} MB fp32; onnxruntime {ort.__version__}, numpy "
+          f"{np.__version__}")
     for rows in args.rows:
         calls = max(10, 300 // rows)
-        feeds = {f"x{i}": rng.standard_normal((rows, k)).astype(np.float32) for i, (k, _) in enumerate(shapes)}
+        feeds = {f"x{i}": rng.standard_normal((rows, k)).astype(np.float32)
+                 for i, (k, _) in enumerate(shapes)}
         xs = list(feeds.values())
         runs = {label: (lambda s=s: s.run(None, feeds)) for label, s in sessions.items()}
         runs["numpy x @ W"] = lambda: [x @ w for x, w in zip(xs, weights)]

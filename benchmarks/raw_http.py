@@ -13,7 +13,8 @@ import json
 
 
 class HTTPError(Exception):
-    """The connection failed or the answer was not HTTP/1.1 as expected (the class name is what is counted)."""
+    """The connection failed or the answer was not HTTP/1.1 as expected (the class name is what is
+    counted)."""
 
 
 class Connection:
@@ -47,12 +48,13 @@ class Connection:
         if self._writer is None:
             self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
         self._writer.write(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-                           b"Content-Length: %d\r\n\r\n%s" % (path.encode(), self.host.encode(), self.port, len(body), body))
+                           b"Content-Length: %d\r\n\r\n%s"
+                           % (path.encode(), self.host.encode(), self.port, len(body), body))
         await self._writer.drain()
         head = (await self._reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
         status = int(head.split(" ", 2)[1])
-        length = next((int(line.split(":", 1)[1]) for line in head.split("\r\n") if line.startswith("content-length:")),
-                      None)
+        length = next((int(line.split(":", 1)[1]) for line in head.split("\r\n")
+                       if line.startswith("content-length:")), None)
         if length is None:
             raise ValueError("an answer without Content-Length")
         data = await self._reader.readexactly(length)

@@ -1,7 +1,8 @@
 """Token identity of `seq2onnx serve` under load (issue 26, item 2): does a sentence decoded in a shared batch
 get the very tokens it gets decoded alone?
 
-    python benchmarks/serve_identity.py BUNDLE --out DIR [--sentences 1000] [--clients 32] [--batching continuous]
+    python benchmarks/serve_identity.py BUNDLE --out DIR [--sentences 1000] [--clients 32]
+        [--batching continuous]
 
 N real sentences (Tatoeba, column --src-col) are sent by C concurrent clients, one sentence per request, to a
 `seq2onnx serve BUNDLE --batching continuous` process on 127.0.0.1, greedy and beam 4 with return_scores;
@@ -34,7 +35,8 @@ def log(message: str) -> None:
 
 
 async def send_all(url: str, sentences: list[str], clients: int, beam: int, timeout: float) -> list[dict]:
-    """Every sentence once, `clients` requests in flight; the answers (or {"error": ...}) in sentence order."""
+    """Every sentence once, `clients` requests in flight; the answers (or {"error": ...}) in sentence
+    order."""
     import httpx
 
     answers: list[dict] = [{} for _ in sentences]
@@ -45,7 +47,8 @@ async def send_all(url: str, sentences: list[str], clients: int, beam: int, time
         async def one_client():
             while (i := next(order)) < len(sentences):
                 try:
-                    r = await client.post(url, json={"texts": [sentences[i]], "beam_size": beam, "return_scores": True})
+                    body = {"texts": [sentences[i]], "beam_size": beam, "return_scores": True}
+                    r = await client.post(url, json=body)
                     answers[i] = (r.json()["translations"][0] if r.status_code == 200
                                   else {"error": f"HTTP {r.status_code}: {r.text[:200]}"})
                 except httpx.HTTPError as e:
@@ -73,9 +76,9 @@ def compare(sentences: list[str], served: list[dict], alone: list) -> dict:
 
 
 def as_text(report: dict) -> str:
-    lines = [f"token identity of `seq2onnx serve --batching {report['batching']}`: {report['sentences']} sentences, "
-             f"{report['clients']} concurrent clients, one sentence per request, against Translator.translate_batch"
-             "([sentence]) alone in-process"]
+    lines = [f"token identity of `seq2onnx serve --batching {report['batching']}`: {report['sentences']} "
+             f"sentences, {report['clients']} concurrent clients, one sentence per request, against "
+             "Translator.translate_batch([sentence]) alone in-process"]
     for label, r in report["results"].items():
         lines.append(f"{label}: {r['identical']}/{r['total']} identical, {len(r['differences'])} differ, "
                      f"{len(r['errors'])} failed requests")
@@ -92,18 +95,25 @@ def as_text(report: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("bundle", type=Path, help="the bundle served and translated in process")
-    p.add_argument("--out", type=Path, required=True, help="output directory (refused when not empty, unless --force)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="output directory (refused when not empty, unless --force)")
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
-    p.add_argument("--sentences", type=int, default=1000, help="real sentences sent, one per request (default 1000)")
+    p.add_argument("--sentences", type=int, default=1000,
+                   help="real sentences sent, one per request (default 1000)")
     p.add_argument("--clients", type=int, default=32, help="concurrent clients (default 32)")
     p.add_argument("--beams", type=int, nargs="+", default=[1, 4], help="beam sizes checked (default 1 4)")
-    p.add_argument("--batching", default="continuous", choices=("continuous", "request"), help="the server's batching (default continuous)")
-    p.add_argument("--intra-threads", type=int, default=2, help="the server's onnxruntime threads (default 2)")
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="TSV of sentences (default: Tatoeba cmn.txt)")
+    p.add_argument("--batching", default="continuous", choices=("continuous", "request"),
+                   help="the server's batching (default continuous)")
+    p.add_argument("--intra-threads", type=int, default=2,
+                   help="the server's onnxruntime threads (default 2)")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                   help="TSV of sentences (default: Tatoeba cmn.txt)")
     p.add_argument("--src-col", type=int, default=1, help="its column of source texts (default 1: Chinese)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sentences' choice (default 0)")
-    p.add_argument("--start-timeout", type=float, default=180.0, help="seconds the server may take to start (default 180)")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="the client's timeout per request (default 600)")
+    p.add_argument("--start-timeout", type=float, default=180.0,
+                   help="seconds the server may take to start (default 180)")
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="the client's timeout per request (default 600)")
     return p
 
 
@@ -124,13 +134,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serve_identity: {e}", file=sys.stderr)
         return 2
     cmd = [sys.executable, "-m", "seq2onnx.commands", "serve", str(args.bundle), "--batching", args.batching,
-           "--intra-threads", str(args.intra_threads), "--device", "cpu", "--timeout", str(args.request_timeout)]
+           "--intra-threads", str(args.intra_threads), "--device", "cpu",
+           "--timeout", str(args.request_timeout)]
     served = {}
     log(f"starting {' '.join(cmd[2:])}")
     with Server(cmd, args.out / "logs" / "server.log", sentences[0], args.start_timeout) as server:
         for beam in args.beams:
             t = time.perf_counter()
-            served[beam] = asyncio.run(send_all(server.url, sentences, args.clients, beam, args.request_timeout))
+            served[beam] = asyncio.run(
+                send_all(server.url, sentences, args.clients, beam, args.request_timeout))
             log(f"{beam_label(beam)}: {len(sentences)} served in {time.perf_counter() - t:.1f} s")
     from seq2onnx.runtime.translator import Translator
 

@@ -59,9 +59,9 @@ def feeds(meta: names.Bundle, rows: int, batch: int, past: int, src_len: int = 1
 def fused_step(t: Translator, f: dict, rows: int, batch: int, past: int, max_length: int = 64):
     """The fused decoder's step as translate_batch drives it, at position `past`, 8 candidates."""
     n = t.n_layers
-    step = FusedStep(t.decoder, src_mask=f[names.SRC_MASK], cross=[f[x] for x in names.cross_names(n)], n_layers=n,
-                     n_heads=t.n_heads, head_dim=t.head_dim, beam_width=rows // batch, max_length=max_length, top_k=8,
-                     vocab=t.tgt_vocab)
+    step = FusedStep(t.decoder, src_mask=f[names.SRC_MASK], cross=[f[x] for x in names.cross_names(n)],
+                     n_layers=n, n_heads=t.n_heads, head_dim=t.head_dim, beam_width=rows // batch,
+                     max_length=max_length, top_k=8, vocab=t.tgt_vocab)
     tokens, indices = f[names.TOKENS], np.arange(rows)
     return lambda: step(tokens, indices, past, None)
 
@@ -84,8 +84,8 @@ def main() -> int:
         for b, meta in bundles.items():
             for label in [names.DECODER_LABELS[v] for v in meta.decoder_variants]:
                 exported = len(onnx.load(str(meta.file(label)), load_external_data=False).graph.node)
-                print(f"{b} {label}: {exported} nodes exported, {optimized_node_count(meta.file(label), tmp)} "
-                      "after optimisation")
+                print(f"{b} {label}: {exported} nodes exported, "
+                      f"{optimized_node_count(meta.file(label), tmp)} after optimisation")
     wanted = [names.TOPK_LOG_PROBS, names.TOPK_IDS]
     for rows, batch, calls in ((1, 1, 300), (128, 32, 30)):
         inputs = {b: feeds(meta, rows, batch, args.past) for b, meta in bundles.items()}

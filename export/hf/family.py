@@ -100,8 +100,8 @@ class Family:
     spm_files: ClassVar[tuple[str, str]]
     restore_spaces: ClassVar[bool] = False
     fixed: ClassVar[dict[str, object]] = {}
-    # A hub snapshot whose SentencePiece file every checkpoint of the family shares: where transformers 5 saved
-    # tokenizer.json alone, the error says to copy the file from there (it is fetched, not rebuilt).
+    # A hub snapshot whose SentencePiece file every checkpoint of the family shares: where transformers 5
+    # saved tokenizer.json alone, the error says to copy the file from there (it is fetched, not rebuilt).
     spm_snapshot: ClassVar[str | None] = None
 
     def check_config(self, model_dir: Path, config: dict, generation: dict) -> None:
@@ -165,7 +165,8 @@ class Family:
             return (
                 f"{path}: missing (transformers 5's save_pretrained writes tokenizer.json only); the hosts "
                 f"tokenize with SentencePiece: copy {path.name} from the hub snapshot this model was "
-                f"fine-tuned from, e.g. hf_hub_download('{self.spm_snapshot}', '{path.name}'), into {model_dir}"
+                f"fine-tuned from, e.g. hf_hub_download('{self.spm_snapshot}', '{path.name}'), into "
+                f"{model_dir}"
             )
         return (
             f"{path}: missing; the tokenizer's SentencePiece model is needed (save the tokenizer with "
@@ -227,12 +228,14 @@ class Family:
 
 
 def _beam_convention(early_stopping) -> str:
-    """The beam_convention that stops sentences as generate() with this early_stopping does (docs/decoding.md)."""
+    """The beam_convention that stops sentences as generate() with this early_stopping does
+    (docs/decoding.md).
+    """
     conventions = {True: "transformers", False: "transformers_heuristic", "never": "transformers_never"}
     if isinstance(early_stopping, bool) or early_stopping == "never":
         return conventions[early_stopping]
     raise HFImportError(
-        f"generation_config.json: early_stopping {early_stopping!r} is not one of true, false, \"never\" "
+        f'generation_config.json: early_stopping {early_stopping!r} is not one of true, false, "never" '
         "(transformers' values); set one of them"
     )
 

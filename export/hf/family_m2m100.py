@@ -17,7 +17,8 @@ class M2M100(Family):
     pre_norm = True
     spm_files = ("sentencepiece.bpe.model", "sentencepiece.bpe.model")
     # fairseq's switches as M2M100ForConditionalGeneration computes them (it reads none of them).
-    spm_snapshot = "facebook/nllb-200-distilled-600M"  # every checkpoint shares its SentencePiece file (Family.missing_spm)
+    # every checkpoint shares its SentencePiece file (Family.missing_spm)
+    spm_snapshot = "facebook/nllb-200-distilled-600M"
     fixed = {
         "normalize_before": True,
         "normalize_embedding": False,

@@ -19,7 +19,8 @@ class MBart(Family):
     spm_files = ("sentencepiece.bpe.model", "sentencepiece.bpe.model")
     # fairseq's switches as MBartForConditionalGeneration computes them (facebook/mbart-large-50's config.json
     # carries exactly these); it reads none of them.
-    spm_snapshot = "facebook/mbart-large-50-many-to-many-mmt"  # every checkpoint shares its SentencePiece file (Family.missing_spm)
+    # every checkpoint shares its SentencePiece file (Family.missing_spm)
+    spm_snapshot = "facebook/mbart-large-50-many-to-many-mmt"
     fixed = {
         "normalize_before": True,
         "normalize_embedding": True,

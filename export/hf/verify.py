@@ -13,9 +13,10 @@ library, not our import of it):
   difference shown with both hypotheses' float64 scores and labelled (a near-tie or not);
 - text: texts identical to the tokenizer's batch_decode(skip_special_tokens=True).
 """
+
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +33,13 @@ from .tokens import load_tokenizer
 
 MIN_BEAM_AGREEMENT = 0.995  # the issue's bound for beam 4; greedy must agree on every sentence
 TIE = 1e-4  # nats: a deciding gap this small is float noise between float64 and the bundle's float32
-CHUNK = 32  # sentences per generate() and translate_batch call: bounded padding and memory, a progress line each
+# sentences per generate() and translate_batch call: bounded padding and memory, a progress line each
+CHUNK = 32
 
 
-def read_sentences(path: str | Path, n: int, src_col: int = 0, tgt_col: int | None = None) -> list[tuple[str, str | None]]:
+def read_sentences(
+    path: str | Path, n: int, src_col: int = 0, tgt_col: int | None = None
+) -> list[tuple[str, str | None]]:
     """Up to n (source, reference or None) pairs from a text file: one source per line, or TSV columns.
 
     Raises:
@@ -49,8 +53,10 @@ def read_sentences(path: str | Path, n: int, src_col: int = 0, tgt_col: int | No
             if not line.strip():
                 continue
             if src_col >= len(cols) or (tgt_col is not None and tgt_col >= len(cols)):
-                raise ValueError(f"{path}:{number}: {len(cols)} columns; --src-col {src_col}"
-                                 f"{'' if tgt_col is None else f' and --tgt-col {tgt_col}'} need more")
+                raise ValueError(
+                    f"{path}:{number}: {len(cols)} columns; --src-col {src_col}"
+                    f"{'' if tgt_col is None else f' and --tgt-col {tgt_col}'} need more"
+                )
             pairs.append((cols[src_col], None if tgt_col is None else cols[tgt_col]))
             if len(pairs) >= n:
                 break
@@ -59,8 +65,17 @@ def read_sentences(path: str | Path, n: int, src_col: int = 0, tgt_col: int | No
     return pairs
 
 
-def _generate(hf, tok, texts: list[str], *, beams: int, max_length: int, forced: int | None, say,
-              early_stopping: bool | str = True) -> list[list[int]]:
+def _generate(
+    hf,
+    tok,
+    texts: list[str],
+    *,
+    beams: int,
+    max_length: int,
+    forced: int | None,
+    say,
+    early_stopping: bool | str = True,
+) -> list[list[int]]:
     """generate() on `texts` in chunks of CHUNK sentences, a progress line each (1000 sentences take minutes).
 
     early_stopping: generate()'s, for beams > 1: the one the bundle's beam_convention stands for
@@ -70,27 +85,45 @@ def _generate(hf, tok, texts: list[str], *, beams: int, max_length: int, forced:
         extra.update(early_stopping=early_stopping, length_penalty=1.0)
     rows: list[list[int]] = []
     for i in range(0, len(texts), CHUNK):
-        say(f"tokens: transformers' {'greedy' if beams == 1 else f'beam-{beams}'} generate, {i}/{len(texts)} sentences")
+        say(
+            f"tokens: transformers' {'greedy' if beams == 1 else f'beam-{beams}'} generate, {i}/{len(texts)} "
+            "sentences"
+        )
         enc = tok(texts[i : i + CHUNK], return_tensors="pt", padding=True)
         with torch.no_grad():
-            rows.extend(hf.generate(**enc, num_beams=beams, do_sample=False, max_length=max_length, **extra).tolist())
+            rows.extend(
+                hf.generate(**enc, num_beams=beams, do_sample=False, max_length=max_length, **extra).tolist()
+            )
     return rows
 
 
-def _translate(translator, srcs: list[str], *, beams: int, max_length: int, options: dict, say, label: str) -> list:
+def _translate(
+    translator, srcs: list[str], *, beams: int, max_length: int, options: dict, say, label: str
+) -> list:
     """The bundle's search on `srcs` in chunks of CHUNK sentences, a progress line each."""
     got = []
     for i in range(0, len(srcs), CHUNK):
-        say(f"tokens: the bundle's {'greedy' if beams == 1 else f'beam-{beams}'} search ({label} decoder), "
-            f"{i}/{len(srcs)} sentences")
-        got.extend(translator.translate_batch(srcs[i : i + CHUNK], beam_size=beams, length_penalty=1.0,
-                                              max_decoding_length=max_length, **options))
+        say(
+            f"tokens: the bundle's {'greedy' if beams == 1 else f'beam-{beams}'} search ({label} decoder), "
+            f"{i}/{len(srcs)} sentences"
+        )
+        got.extend(
+            translator.translate_batch(
+                srcs[i : i + CHUNK],
+                beam_size=beams,
+                length_penalty=1.0,
+                max_decoding_length=max_length,
+                **options,
+            )
+        )
     return got
 
 
 def _language_text(tokens: dict, tok, target_lang: str | None) -> str:
-    """The text transformers needs in front of a source for the target language, where the bundle puts it as a source
-    token (Marian's >>fra<<: MarianTokenizer reads it from the text, the hosts from target_lang), else ""."""
+    """The text transformers needs in front of a source for the target language, where the bundle puts it as a
+    source token (Marian's >>fra<<: MarianTokenizer reads it from the text, the hosts from target_lang), else
+    "".
+    """
     if target_lang is None or tokens.get("target_lang_in") != "source_prefix":
         return ""
     return f"{tok.convert_ids_to_tokens(int(tokens['languages'][target_lang]))} "
@@ -104,9 +137,13 @@ def _strip(ids: list[int], pad: int, eos: int) -> list[int]:
     return ids[:-1] if ids and ids[-1] == eos else ids
 
 
-def _log_probs(hf, enc_row: dict, decoder_input: list[int], suppressed: list[int], renormalize: bool) -> np.ndarray:
-    """transformers' float64 log-probabilities (T, V) along decoder_input as generate() scores them: suppressed ids
-    (bad_words_ids) at -inf, the rest renormalised when generation_config's renormalize_logits says so."""
+def _log_probs(
+    hf, enc_row: dict, decoder_input: list[int], suppressed: list[int], renormalize: bool
+) -> np.ndarray:
+    """transformers' float64 log-probabilities (T, V) along decoder_input as generate() scores them:
+    suppressed ids (bad_words_ids) at -inf, the rest renormalised when generation_config's renormalize_logits
+    says so.
+    """
     with torch.no_grad():
         logits = hf(**enc_row, decoder_input_ids=torch.tensor([decoder_input])).logits[0].double()
     lp = torch.log_softmax(logits, dim=-1)
@@ -121,16 +158,28 @@ def _score(lp: np.ndarray, tokens: list[int], forced: int, eos: int, alpha: floa
     return total, total / len(seq) ** alpha
 
 
-def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sentences: int = 100, device: str = "cpu",
-              src_col: int = 0, tgt_col: int | None = None, source_lang: str | None = None,
-              target_lang: str | None = None, tensor_sentences: int = 100, log=None) -> dict:
-    """Runs every tier; returns the report (seq2onnx.export.parity.format_report prints it, then format_differences).
+def verify_hf(
+    model_dir: str | Path,
+    bundle_dir: str | Path,
+    *,
+    data: str,
+    sentences: int = 100,
+    device: str = "cpu",
+    src_col: int = 0,
+    tgt_col: int | None = None,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    tensor_sentences: int = 100,
+    log=None,
+) -> dict:
+    """Runs every tier; returns the report (seq2onnx.export.parity.format_report prints it, then
+    format_differences).
 
     Args:
         model_dir: the Hugging Face model directory the bundle was exported from.
         bundle_dir: the bundle.
-        data, sentences, src_col, tgt_col: up to `sentences` test sentences from a text file (TSV with tgt_col: with
-            references, used as the teacher-forced targets).
+        data, sentences, src_col, tgt_col: up to `sentences` test sentences from a text file (TSV with
+            tgt_col: with references, used as the teacher-forced targets).
         device: onnxruntime provider for the standard decoder.
         source_lang, target_lang: language codes of a multilingual model (as translate_batch's).
         tensor_sentences: the first this many go through the tensor tier.
@@ -149,8 +198,10 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
     pairs = read_sentences(data, sentences, src_col, tgt_col)
     srcs = [s for s, _ in pairs]
     decoders = tuple(bundle.decoder_variants)
-    translators = {d: Translator(bundle, device="cpu" if d == fmt.FUSED else device, _tuning=SessionTuning(decoder=d))
-                   for d in decoders}
+    translators = {
+        d: Translator(bundle, device="cpu" if d == fmt.FUSED else device, _tuning=SessionTuning(decoder=d))
+        for d in decoders
+    }
     first = translators[decoders[0]]
     cfg, ids = bundle.model, bundle.special_ids
     eos, pad, start = ids["eos"], ids["pad"], ids["decoder_start"]
@@ -170,61 +221,170 @@ def verify_hf(model_dir: str | Path, bundle_dir: str | Path, *, data: str, sente
     hf_srcs = [_language_text(bundle.meta.get("tokens", {}), tok, target_lang) + s for s in srcs]
     theirs_src = [tok(s).input_ids for s in hf_srcs]
     same_ids = [a == b for a, b in zip(ours_src, theirs_src)]
-    checks.append(Check("tokens", "source ids identical to the tokenizer's", sum(same_ids) / len(srcs), 1.0,
-                        all(same_ids), f"{sum(same_ids)}/{len(srcs)} sentences"))
-    want = {1: _generate(hf.float(), tok, hf_srcs, beams=1, max_length=max_length, forced=forced, say=say),
-            4: _generate(hf, tok, hf_srcs, beams=4, max_length=max_length, forced=forced, say=say,
-                         early_stopping=EARLY_STOPPING[bundle.decoding.get("beam_convention", "fairseq")])}
+    checks.append(
+        Check(
+            "tokens",
+            "source ids identical to the tokenizer's",
+            sum(same_ids) / len(srcs),
+            1.0,
+            all(same_ids),
+            f"{sum(same_ids)}/{len(srcs)} sentences",
+        )
+    )
+    want = {
+        1: _generate(hf.float(), tok, hf_srcs, beams=1, max_length=max_length, forced=forced, say=say),
+        4: _generate(
+            hf,
+            tok,
+            hf_srcs,
+            beams=4,
+            max_length=max_length,
+            forced=forced,
+            say=say,
+            early_stopping=EARLY_STOPPING[bundle.decoding.get("beam_convention", "fairseq")],
+        ),
+    }
     hf.double()
     texts = tok.batch_decode(want[1], skip_special_tokens=True)
-    rows = [{k: torch.tensor([v]) for k, v in tok(s).items() if k in ("input_ids", "attention_mask")}
-            for s in hf_srcs]
-    targets = [(tok(text_target=r).input_ids[:-1] if r is not None else _strip(w, pad, eos))
-               for (_, r), w in zip(pairs, want[1])]
-    # the tensor tier compares encoder outputs position by position: only sentences whose ids agree (the token tier
-    # above reports the others)
+    rows = [
+        {k: torch.tensor([v]) for k, v in tok(s).items() if k in ("input_ids", "attention_mask")}
+        for s in hf_srcs
+    ]
+    targets = [
+        (tok(text_target=r).input_ids[:-1] if r is not None else _strip(w, pad, eos))
+        for (_, r), w in zip(pairs, want[1])
+    ]
+    # the tensor tier compares encoder outputs position by position: only sentences whose ids agree (the
+    # token tier above reports the others)
     tensor_rows = [i for i in range(min(tensor_sentences, len(srcs))) if same_ids[i]]
     differences = []
     for variant, t in translators.items():
-        checks.extend(_tensor_checks(t, hf, [rows[i] for i in tensor_rows], [ours_src[i] for i in tensor_rows],
-                                     [targets[i] for i in tensor_rows], start, (suppressed, renormalize),
-                                     tol["tensor_atol"], variant, say))
+        checks.extend(
+            _tensor_checks(
+                t,
+                hf,
+                [rows[i] for i in tensor_rows],
+                [ours_src[i] for i in tensor_rows],
+                [targets[i] for i in tensor_rows],
+                start,
+                (suppressed, renormalize),
+                tol["tensor_atol"],
+                variant,
+                say,
+            )
+        )
         for beams in (1, 4):
-            got = _translate(t, srcs, beams=beams, max_length=max_length - 1, options=options, say=say, label=variant)
+            got = _translate(
+                t, srcs, beams=beams, max_length=max_length - 1, options=options, say=say, label=variant
+            )
             expected = [_strip(w, pad, eos) for w in want[beams]]
             agree = [g.token_ids[0] == w for g, w in zip(got, expected)]
             # fp32: every greedy sentence, beam 4 on >= 99.5%; int8/fp16: the bundle's own agreement bound
             bound = min(tol["min_greedy_agreement"], 1.0 if beams == 1 else MIN_BEAM_AGREEMENT)
             rate = sum(agree) / len(agree)
-            checks.append(Check("tokens", f"{'greedy' if beams == 1 else 'beam 4'} ids identical to generate()", rate,
-                                bound, rate >= bound, f"{sum(agree)}/{len(agree)} sentences", variant))
+            checks.append(
+                Check(
+                    "tokens",
+                    f"{'greedy' if beams == 1 else 'beam 4'} ids identical to generate()",
+                    rate,
+                    bound,
+                    rate >= bound,
+                    f"{sum(agree)}/{len(agree)} sentences",
+                    variant,
+                )
+            )
             for i in np.flatnonzero(~np.array(agree)):
-                lp_ours = _log_probs(hf, rows[i], [start] + got[i].token_ids[0], suppressed, renormalize)
-                lp_theirs = _log_probs(hf, rows[i], [start] + expected[i], suppressed, renormalize)
-                n_forced = len(prefix)
-                ours, theirs = _score(lp_ours, got[i].token_ids[0], n_forced, eos, 1.0), _score(lp_theirs, expected[i], n_forced, eos, 1.0)
-                gap = theirs[1] - ours[1]
-                differences.append({"decoder": variant, "search": "greedy" if beams == 1 else "beam 4", "index": int(i),
-                                    "source": srcs[i], "ours": got[i].token_ids[0], "transformers": expected[i],
-                                    "ours_score": ours, "transformers_score": theirs, "gap": gap,
-                                    "kind": "near-tie" if abs(gap) <= TIE else "NOT a near-tie" if exact
-                                    else f"{bundle.meta.get('variant')} arithmetic, not a near-tie"})
+                mismatch = _Mismatch(int(i), srcs[i], got[i].token_ids[0], expected[i], beams, variant)
+                differences.append(
+                    _difference(
+                        hf,
+                        rows[i],
+                        mismatch,
+                        start,
+                        eos,
+                        len(prefix),
+                        (suppressed, renormalize),
+                        exact,
+                        bundle.meta.get("variant"),
+                    )
+                )
             if beams == 1:
-                same_text = sum(g.hypotheses[0] == x for g, x in zip(got, texts))
-                rate = same_text / len(texts)
-                checks.append(Check("text", "texts identical to batch_decode", rate, tol["min_greedy_agreement"],
-                                    rate >= tol["min_greedy_agreement"], f"{same_text}/{len(texts)} sentences", variant))
-    # As for our own bundles: the tensor bound of a reduced-precision bundle is a measurement; tokens and text decide.
+                checks.append(_text_check(got, texts, tol["min_greedy_agreement"], variant))
+    # As for our own bundles: the tensor bound of a reduced-precision bundle is a measurement; tokens and text
+    # decide.
     judged = [c for c in checks if c.tier != "tensor" or exact]
-    return {"bundle": str(bundle_dir), "checkpoint": str(model_dir), "variant": bundle.meta.get("variant", "float32"),
-            "decoders": list(decoders), "int8_products": int8_products(bundle.meta),
-            "provider": first.device.upper() if first.device == "cpu" else "CUDA",
-            "sentences": len(srcs), "tensor_sentences": min(tensor_sentences, len(srcs)),
-            "passed": all(c.passed for c in judged), "checks": [asdict(c) | {"judged": c in judged} for c in checks],
-            "differences": differences, "tie": TIE, "options": options}
+    return {
+        "bundle": str(bundle_dir),
+        "checkpoint": str(model_dir),
+        "variant": bundle.meta.get("variant", "float32"),
+        "decoders": list(decoders),
+        "int8_products": int8_products(bundle.meta),
+        "provider": first.device.upper() if first.device == "cpu" else "CUDA",
+        "sentences": len(srcs),
+        "tensor_sentences": min(tensor_sentences, len(srcs)),
+        "passed": all(c.passed for c in judged),
+        "checks": [asdict(c) | {"judged": c in judged} for c in checks],
+        "differences": differences,
+        "tie": TIE,
+        "options": options,
+    }
 
 
-def _tensor_checks(translator, hf, rows, sources, targets, start, suppression, atol, variant, say) -> list[Check]:
+@dataclass
+class _Mismatch:
+    """One sentence whose ids differ from generate()'s: where, what each side gave, and by which search."""
+
+    index: int
+    source: str
+    ours: list[int]
+    theirs: list[int]
+    beams: int
+    decoder: str
+
+
+def _difference(hf, row, m: _Mismatch, start, eos, n_forced, suppression, exact, variant) -> dict:
+    """A differing sentence, with both sides' scores under transformers' model, labelled near-tie or not."""
+    lp_ours = _log_probs(hf, row, [start] + m.ours, *suppression)
+    lp_theirs = _log_probs(hf, row, [start] + m.theirs, *suppression)
+    ours = _score(lp_ours, m.ours, n_forced, eos, 1.0)
+    theirs = _score(lp_theirs, m.theirs, n_forced, eos, 1.0)
+    gap = theirs[1] - ours[1]
+    if abs(gap) <= TIE:
+        kind = "near-tie"
+    else:
+        kind = "NOT a near-tie" if exact else f"{variant} arithmetic, not a near-tie"
+    return {
+        "decoder": m.decoder,
+        "search": "greedy" if m.beams == 1 else "beam 4",
+        "index": m.index,
+        "source": m.source,
+        "ours": m.ours,
+        "transformers": m.theirs,
+        "ours_score": ours,
+        "transformers_score": theirs,
+        "gap": gap,
+        "kind": kind,
+    }
+
+
+def _text_check(got, texts: list[str], bound: float, variant: str) -> Check:
+    """Greedy texts against transformers' batch_decode."""
+    same_text = sum(g.hypotheses[0] == x for g, x in zip(got, texts))
+    rate = same_text / len(texts)
+    return Check(
+        "text",
+        "texts identical to batch_decode",
+        rate,
+        bound,
+        rate >= bound,
+        f"{same_text}/{len(texts)} sentences",
+        variant,
+    )
+
+
+def _tensor_checks(
+    translator, hf, rows, sources, targets, start, suppression, atol, variant, say
+) -> list[Check]:
     """Encoder K/V and teacher-forced log-probabilities of one decoder against transformers in float64."""
     if not rows:
         return []
@@ -247,10 +407,13 @@ def _tensor_checks(translator, hf, rows, sources, targets, start, suppression, a
                 scale_kv = max(scale_kv, float(np.abs(ref).max()))
         decoder_input = [start] + target
         ref = _log_probs(hf, row, decoder_input, *suppression)
-        step = translator.decoder_step((src_mask, cross), rows=1, top_k=None,
-                                       max_length=len(decoder_input) + 1)
+        step = translator.decoder_step(
+            (src_mask, cross), rows=1, top_k=None, max_length=len(decoder_input) + 1
+        )
         for t, token in enumerate(decoder_input):
-            lp = np.asarray(step(np.array([[token]], dtype=np.int64), np.zeros(1, dtype=np.int64), t, None))[0]
+            lp = np.asarray(step(np.array([[token]], dtype=np.int64), np.zeros(1, dtype=np.int64), t, None))[
+                0
+            ]
             finite = np.isfinite(ref[t])
             if not np.array_equal(finite, np.isfinite(lp)):
                 worst_lp = float("inf")
@@ -258,19 +421,43 @@ def _tensor_checks(translator, hf, rows, sources, targets, start, suppression, a
             worst_lp = max(worst_lp, float(np.abs(lp[finite].astype(np.float64) - ref[t][finite]).max()))
         translator.recycle(step)
     kv_bound = atol * scale_kv
-    return [Check("tensor", "encoder K/V (cross-attention inputs)", worst_kv, kv_bound, worst_kv <= kv_bound,
-                  f"x max|K/V| = {scale_kv:.2f}", variant),
-            Check("tensor", "decoder log_probs (teacher-forced)", worst_lp, atol, worst_lp <= atol,
-                  f"{sum(len(t) + 1 for t in targets)} steps", variant)]
+    return [
+        Check(
+            "tensor",
+            "encoder K/V (cross-attention inputs)",
+            worst_kv,
+            kv_bound,
+            worst_kv <= kv_bound,
+            f"x max|K/V| = {scale_kv:.2f}",
+            variant,
+        ),
+        Check(
+            "tensor",
+            "decoder log_probs (teacher-forced)",
+            worst_lp,
+            atol,
+            worst_lp <= atol,
+            f"{sum(len(t) + 1 for t in targets)} steps",
+            variant,
+        ),
+    ]
 
 
 def format_differences(report: dict) -> str:
     """The differences of the token tier, each with both float64 scores and its label, or ""."""
     lines = []
     for d in report["differences"]:
-        lines.append(f"  {d['search']} ({d['decoder']}) sentence {d['index']}: {d['kind']}, gap {d['gap']:+.2e} "
-                     f"(transformers' hypothesis - ours, score/len under transformers in float64)")
+        lines.append(
+            f"  {d['search']} ({d['decoder']}) sentence {d['index']}: {d['kind']}, gap {d['gap']:+.2e} "
+            f"(transformers' hypothesis - ours, score/len under transformers in float64)"
+        )
         lines.append(f"    ours         {d['ours_score'][0]:>10.4f} {d['ours_score'][1]:>8.4f}  {d['ours']}")
-        lines.append(f"    transformers {d['transformers_score'][0]:>10.4f} {d['transformers_score'][1]:>8.4f}  "
-                     f"{d['transformers']}")
-    return ("differences (sum of log-probabilities with </s>, normalised):\n" + "\n".join(lines)) if lines else ""
+        lines.append(
+            f"    transformers {d['transformers_score'][0]:>10.4f} {d['transformers_score'][1]:>8.4f}  "
+            f"{d['transformers']}"
+        )
+    return (
+        ("differences (sum of log-probabilities with </s>, normalised):\n" + "\n".join(lines))
+        if lines
+        else ""
+    )

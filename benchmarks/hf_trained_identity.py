@@ -360,8 +360,9 @@ def markdown(report: dict) -> str:
               "CTranslate2 does not emulate "
               "forced_eos_token_id (Marian, mBART): a sentence reaching max_length differs there. "
               "generate() runs with each checkpoint's generation_config.json: Marian's, as OPUS-MT's, has no "
-              "early_stopping (transformers' default False), which neither bundle nor CTranslate2 emulates "
-              "(docs/decoding.md), so its beam rows differ where a longer hypothesis wins late."]
+              "early_stopping (transformers' default False), which the bundle emulates (beam_convention "
+              "transformers_heuristic) and CTranslate2 does not (docs/decoding.md), so CTranslate2's beam rows "
+              "differ where a longer hypothesis wins late."]
     return "\n".join(lines) + "\n"
 
 

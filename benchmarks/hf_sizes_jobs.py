@@ -1,0 +1,363 @@
+"""hf_real_sizes.py's jobs, each run in a child process of its own (`hf_real_sizes.py --job SPEC`).
+
+build (a model directory with random weights and trained tokenizers), prepare (the test sentences' ids),
+export (our fp32 or int8 bundle, its peak memory sampled), ct2_convert (CTranslate2's converter) and engine
+(one engine translating the prepared ids, timed per row).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from hf_sizes_common import (LANGS, M2M_LANGS, M2M_MADEUP, MBART_LANGS, ROWS, T0, dir_bytes,
+                             english_corpus, memory_mb, write_atomic)
+
+# --------------------------------------------------------------------------------------------- build
+def train_spm(texts: list[str], path: Path, pieces: int, total: int) -> list[str]:
+    """A unigram model trained on texts (up to `pieces` pieces), then unused filler pieces appended (score far
+    below every trained piece, text that never occurs) up to `total` pieces; writes it to path, returns its
+    pieces."""
+    import io
+
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=buf, vocab_size=pieces,
+                                   model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
+                                   num_threads=2, minloglevel=2)
+    proto = pb.ModelProto()
+    proto.ParseFromString(buf.getvalue())
+    low = min(p.score for p in proto.pieces) - 10.0
+    for i in range(total - len(proto.pieces)):
+        piece = proto.pieces.add()
+        piece.piece, piece.score, piece.type = f"\u2581qqfill{i:06d}", low, pb.ModelProto.SentencePiece.NORMAL
+    path.write_bytes(proto.SerializeToString())
+    return [p.piece for p in proto.pieces]
+
+
+def job_build(spec: dict) -> dict:
+    """A model directory: random (seeded) weights of the size asked, its tokenizer trained on English."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    s, out = spec["size"], Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    texts, origin = english_corpus()
+    d, L, H, F = s["d"], s["layers"], s["heads"], s["ffn"]
+    shape = dict(d_model=d, encoder_layers=L, decoder_layers=L, encoder_attention_heads=H,
+                 decoder_attention_heads=H, encoder_ffn_dim=F, decoder_ffn_dim=F, scale_embedding=True)
+    torch.manual_seed(spec.get("seed", 0))
+    build = {"marian": _build_marian, "mbart": _build_mbart}.get(s["family"], _build_m2m100)
+    tok, model = build(s, out, texts, shape)
+    params = sum(p.numel() for p in model.parameters())
+    model.eval()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return {"parameters": params, "spm_trained_on": origin}
+
+
+def _build_marian(s: dict, out: Path, texts: list[str], shape: dict):
+    """An OPUS-MT Marian: its vocab.json, two SentencePiece models, its conventions.
+
+    Returns:
+        (tokenizer, model), both to be saved into out.
+    """
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+
+    V = s["vocab"]
+    # vocab.json: </s> 0, <unk> 1, the ordinary pieces, <pad> last; SentencePiece adds <unk> <s> </s> of its
+    # own
+    pieces = train_spm(texts, out / "source.spm", s["spm"], V - 2 - 1 + 3)
+    (out / "target.spm").write_bytes((out / "source.spm").read_bytes())
+    ordinary = sorted(p for p in pieces[3:])
+    vocab = {t: i for i, t in enumerate(["</s>", "<unk>"] + ordinary + ["<pad>"])}
+    assert len(vocab) == V, (len(vocab), V)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    tok = MarianTokenizer(source_spm=str(out / "source.spm"), target_spm=str(out / "target.spm"),
+                          vocab=str(out / "vocab.json"), source_lang="en", target_lang="fr",
+                          model_max_length=512)
+    pad = V - 1
+    config = MarianConfig(**shape, vocab_size=V, decoder_vocab_size=V, share_encoder_decoder_embeddings=True,
+                          tie_word_embeddings=True, activation_function="swish", max_position_embeddings=512,
+                          pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
+                          bos_token_id=0, normalize_before=False, normalize_embedding=False,
+                          static_position_embeddings=True, add_final_layer_norm=False)
+    model = MarianMTModel(config)
+    model.generation_config = GenerationConfig(
+        bad_words_ids=[[pad]], bos_token_id=0, decoder_start_token_id=pad, eos_token_id=0,
+        forced_eos_token_id=0, max_length=512, num_beams=4, pad_token_id=pad, renormalize_logits=True)
+    return tok, model
+
+
+def _build_mbart(s: dict, out: Path, texts: list[str], shape: dict):
+    """An mBART-50 many-to-many: MBart50Tokenizer's layout, en_XX first.
+
+    Returns:
+        (tokenizer, model), both to be saved into out.
+    """
+    from transformers import GenerationConfig, MBart50Tokenizer, MBartConfig, MBartForConditionalGeneration
+
+    V = s["vocab"]
+    # MBart50Tokenizer's ids: <s> <pad> </s> <unk>, the pieces but SentencePiece's own three, 52 codes,
+    # <mask>
+    train_spm(texts, out / "sentencepiece.bpe.model", s["spm"], V - 4 - MBART_LANGS - 1 + 3)
+    # bos_token as the published special_tokens_map.json has it (CTranslate2's converter reads it)
+    tok = MBart50Tokenizer.from_pretrained(str(out), src_lang="en_XX", bos_token="<s>")
+    assert len(tok) == V, (len(tok), V)
+    config = MBartConfig(**shape, vocab_size=V, activation_function="gelu", max_position_embeddings=1024,
+                         bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+                         forced_eos_token_id=2, tie_word_embeddings=True, normalize_before=True,
+                         normalize_embedding=True, static_position_embeddings=False,
+                         add_final_layer_norm=True, add_bias_logits=False,
+                         tokenizer_class="MBart50Tokenizer")  # as published; CTranslate2 reads it
+    model = MBartForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=0, decoder_start_token_id=2, early_stopping=True, eos_token_id=2, forced_eos_token_id=2,
+        max_length=200, num_beams=5, pad_token_id=1)
+    return tok, model
+
+
+def _build_m2m100(s: dict, out: Path, texts: list[str], shape: dict):
+    """An M2M100 (NLLB's size): M2M100Tokenizer's layout and language tokens.
+
+    Returns:
+        (tokenizer, model), both to be saved into out.
+    """
+    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+
+    V = s["vocab"]
+    languages = FAIRSEQ_LANGUAGE_CODES["m2m100"]
+    assert len(languages) == M2M_LANGS
+    n_vocab = V - M2M_LANGS - M2M_MADEUP  # vocab.json: <s> <pad> </s> <unk>, then the pieces
+    pieces = train_spm(texts, out / "sentencepiece.bpe.model", s["spm"], n_vocab - 4 + 3)
+    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>"] + sorted(pieces[3:]))}
+    assert len(vocab) == n_vocab, (len(vocab), n_vocab)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    tok = M2M100Tokenizer(vocab_file=str(out / "vocab.json"), spm_file=str(out / "sentencepiece.bpe.model"),
+                          src_lang="en", tgt_lang="fr", num_madeup_words=M2M_MADEUP, model_max_length=1024,
+                          additional_special_tokens=[f"__{c}__" for c in languages])
+    config = M2M100Config(**shape, vocab_size=V, activation_function="relu", max_position_embeddings=1024,
+                          bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+                          tie_word_embeddings=True)
+    model = M2M100ForConditionalGeneration(config)
+    tok.tgt_lang = None
+    model.generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, early_stopping=True,
+                                               eos_token_id=2, max_length=200, num_beams=5, pad_token_id=1)
+    return tok, model
+
+
+# -------------------------------------------------------------------------------------------- prepare
+def job_prepare(spec: dict) -> dict:
+    """Source ids and pieces of the test sentences as the directory's tokenizer makes them, and its id ->
+    token table."""
+    import warnings
+
+    from transformers import AutoTokenizer
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*sacremoses.*")
+        tok = AutoTokenizer.from_pretrained(spec["model_dir"])
+    config = json.loads((Path(spec["model_dir"]) / "config.json").read_text())
+    V = config["vocab_size"]
+    m2m = config["model_type"] == "m2m_100"
+    source_lang, forced_token, target_lang = LANGS.get(config["model_type"], (None, None, None))
+    if source_lang:
+        tok.src_lang = source_lang
+    sentences = spec["sentences"]
+    ids = [tok(s).input_ids for s in sentences]
+    table = tok.convert_ids_to_tokens(list(range(V)))
+    # CTranslate2 names the made-up rows madeupword0.. (its M2M100 loader); the tokenizer calls them <unk>
+    if m2m:
+        for k in range(M2M_MADEUP):
+            table[V - M2M_MADEUP + k] = f"madeupword{k}"
+    Path(spec["vocab_out"]).write_text(json.dumps(table, ensure_ascii=False), encoding="utf-8")
+    return {"sentences": sentences, "source_ids": ids,
+            "source_tokens": [tok.convert_ids_to_tokens(x) for x in ids],
+            "eos": config["eos_token_id"], "pad": config["pad_token_id"],
+            "start": config["decoder_start_token_id"],
+            "forced_id": tok.convert_tokens_to_ids(forced_token) if forced_token else None,
+            "forced_token": forced_token, "target_lang": target_lang,
+            "source_lens": [len(x) for x in ids]}
+
+
+# --------------------------------------------------------------------------------------------- export
+class PeakWhere:
+    """Samples this process's resident set every 0.1 s with the main thread's innermost frames of the package
+    (or torch, onnx, onnxruntime), and writes the largest sample so far to a file, so that a job that fails
+    still says where its memory peaked."""
+
+    def __init__(self, path: str):
+        import threading
+
+        self.path, self.best, self.main = path, 0.0, threading.main_thread().ident
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _where(self) -> list[str]:
+        import traceback
+
+        frame = sys._current_frames().get(self.main)
+        if frame is None:
+            return []
+        stack = traceback.extract_stack(frame)
+        ours = ("/seq2onnx/", "/work/main/", "/torch/onnx/", "/onnx/", "/onnxruntime/")
+        keep = [f for f in stack if any(k in f.filename for k in ours)]
+        return [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in keep[-4:]]
+
+    def _run(self):
+        while not self.stop.wait(0.1):
+            rss = memory_mb()["rss_mb"]
+            if rss > self.best + 16:
+                self.best = rss
+                write_atomic(Path(self.path), json.dumps({"rss_mb": rss, "where": self._where(),
+                                                          "at_s": time.perf_counter() - T0}))
+
+    def close(self) -> dict:
+        self.stop.set()
+        self.thread.join()
+        return json.loads(Path(self.path).read_text()) if Path(self.path).is_file() else {}
+
+
+def job_export(spec: dict) -> dict:
+    import torch  # noqa: F401  (imports before the clock and the baseline)
+
+    from seq2onnx.export.hf.bundle import export_hf_bundle
+
+    base = memory_mb()["rss_mb"]
+    sampler = PeakWhere(spec["result"] + ".peak")
+    t = time.perf_counter()
+    export_hf_bundle(spec["model_dir"], spec["out"], quantize=spec["quantize"], force=True)
+    seconds = time.perf_counter() - t
+    files = {p.name: p.stat().st_size for p in Path(spec["out"]).iterdir() if p.suffix in (".onnx", ".bin")}
+    return {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"])),
+            "graph_and_weights_bytes": files, "peak_where": sampler.close()}
+
+
+def job_ct2_convert(spec: dict) -> dict:
+    import ctranslate2  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from ctranslate2.converters import TransformersConverter
+
+    base = memory_mb()["rss_mb"]
+    t = time.perf_counter()
+    TransformersConverter(spec["model_dir"]).convert(spec["out"], quantization=None, force=True)
+    seconds = time.perf_counter() - t
+    # the anchor of an int8 bundle's size: CTranslate2's own converter with quantization="int8" (size only)
+    TransformersConverter(spec["model_dir"]).convert(spec["out"] + "-int8", quantization="int8", force=True)
+    return {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"])),
+            "int8_model_bin_bytes": (Path(spec["out"] + "-int8") / "model.bin").stat().st_size,
+            "model_bin_bytes": (Path(spec["out"]) / "model.bin").stat().st_size}
+
+
+# --------------------------------------------------------------------------------------------- engines
+def _strip(row: list[int], eos: int, pad: int) -> list[int]:
+    """A generate() row as our token_ids: without the start token, without the end token and what follows
+    it."""
+    ids = row[1:]
+    if eos in ids:
+        return ids[: ids.index(eos)]
+    while ids and ids[-1] == pad:
+        ids.pop()
+    return ids
+
+
+def _decoder(spec: dict, prep: dict):
+    """(RSS after imports MB, load seconds, decode(indices, beam) -> list of outputs: id lists, or token lists
+    for CTranslate2)."""
+    engine, L, threads = spec["engine"], spec["max_new_tokens"], spec["threads"]
+    if engine == "torch":
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        from transformers.utils import logging as hf_logging
+    elif engine == "ours":
+        from seq2onnx.runtime.translator import Translator
+    else:
+        import ctranslate2
+    base = memory_mb()["rss_mb"]
+    t = time.perf_counter()
+    if engine == "torch":
+        hf_logging.set_verbosity_error()
+        torch.set_num_threads(threads)
+        model = AutoModelForSeq2SeqLM.from_pretrained(spec["model_dir"], dtype=torch.float32).eval()
+        eos, pad = prep["eos"], prep["pad"]
+        extra = {"forced_bos_token_id": prep["forced_id"]} if prep["forced_id"] is not None else {}
+        # transformers forces </s> as the last token at max_length where generation_config says
+        # forced_eos_token_id (OPUS-MT: 0); imported bundles do too (decoding.forced_eos), CTranslate2 does
+        # not (see the report's notes).
+
+        def decode(idx, beam):
+            srcs = [prep["source_ids"][i] for i in idx]
+            n = max(map(len, srcs))
+            ids = torch.tensor([s + [pad] * (n - len(s)) for s in srcs])
+            mask = torch.tensor([[1] * len(s) + [0] * (n - len(s)) for s in srcs])
+            opts = dict(early_stopping=True, length_penalty=1.0) if beam > 1 else {}
+            with torch.inference_mode():
+                out = model.generate(input_ids=ids, attention_mask=mask, num_beams=beam, do_sample=False,
+                                     max_length=L + 1, min_length=0, **opts, **extra)
+            return [_strip(r, eos, pad) for r in out.tolist()]
+    elif engine == "ours":
+        tr = Translator(spec["bundle"], device="cpu", intra_threads=threads)
+        extra = {"target_lang": prep.get("target_lang", "fr")} if prep["forced_id"] is not None else {}
+
+        def decode(idx, beam):
+            res = tr.translate_batch([prep["source_ids"][i] for i in idx], beam_size=beam,
+                                     max_decoding_length=L, min_decoding_length=0, length_penalty=1.0,
+                                     max_batch_size=32, **extra)
+            return [list(r.token_ids[0]) for r in res]
+    else:
+        tr = ctranslate2.Translator(spec["ct2_dir"], device="cpu", compute_type=spec["compute_type"],
+                                    intra_threads=threads, inter_threads=1)
+        forced = prep["forced_token"]
+        # CTranslate2's max_decoding_length counts the target prefix (the forced __fr__), as ours and
+        # transformers' max_length - 1 do (checked on --tiny: all three give 32 tokens, __fr__ included).
+        limit = L
+
+        def decode(idx, beam):
+            extra = {"target_prefix": [[forced]] * len(idx)} if forced else {}
+            res = tr.translate_batch([prep["source_tokens"][i] for i in idx], beam_size=beam,
+                                     max_decoding_length=limit, min_decoding_length=0, length_penalty=1.0,
+                                     max_batch_size=32, return_scores=False, **extra)
+            return [r.hypotheses[0] for r in res]
+    return base, time.perf_counter() - t, decode
+
+
+def job_engine(spec: dict) -> dict:
+    prep = json.loads(Path(spec["prepared"]).read_text(encoding="utf-8"))
+    base, load_s, decode = _decoder(spec, prep)
+    loaded = memory_mb()["rss_mb"]
+    n, L = len(prep["source_ids"]), spec["max_new_tokens"]
+    rows = {}
+    for search, beam, batch in ROWS:
+        name = f"{search} b{batch}"
+        order = list(range(min(spec["batch1_sentences"], n))) if batch == 1 else list(range(n))
+        batches = [order[i: i + batch] for i in range(0, len(order), batch)]
+        decode(batches[0], beam)  # warm-up
+        t = time.perf_counter()
+        outputs = []
+        for b in batches:
+            outputs += decode(b, beam)
+        seconds = time.perf_counter() - t
+        tokens = sum(min(len(o) + 1, L) for o in outputs)  # + the end token, unless the limit cut the output
+        rows[name] = {"seconds": seconds, "tokens": tokens, "sentences": len(order), "outputs": outputs}
+        print(f"  {spec['label']}: {name}: {tokens / seconds:.1f} tokens/s ({seconds:.2f} s)",
+              file=sys.stderr, flush=True)
+    return {"load_s": load_s, "rss_after_imports_mb": base, "rss_after_load_mb": loaded, "rows": rows}
+
+
+JOBS = {"build": job_build, "prepare": job_prepare, "export": job_export, "ct2_convert": job_ct2_convert,
+        "engine": job_engine}
+
+
+def child_main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    result = JOBS[spec["job"]](spec)
+    result.update(memory_mb())
+    write_atomic(Path(spec["result"]), json.dumps(result))

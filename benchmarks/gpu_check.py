@@ -27,19 +27,20 @@ JSON): three files, within the device tool's eight.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
 import re
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-STEPS = ("env", "train", "export", "tests", "verify", "parity", "copies", "bench", "torch")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the gpu_check_* modules, also when loaded by path
+from gpu_check_copies import memcpy_nodes, step_copies_of, tf32_probe  # noqa: E402
+from gpu_check_report import STEPS, write_outputs  # noqa: E402
+
 # Seconds each step may take at most (GPU mode); the overall --budget-s cuts the later ones shorter.
 LIMITS = {"env": 60, "train": 150, "export": 120, "tests": 150, "verify": 200, "parity": 120, "copies": 90,
           "bench": 180, "torch": 90}
@@ -254,198 +255,6 @@ def step_parity(ctx: dict) -> dict:
     return out
 
 
-class _Recording:
-    """An IOBinding that notes how each input is bound and where each output goes (the rest is the binding's).
-
-    An input is "array" (a numpy array: copied up at every run on CUDA), "fed back" (an OrtValue that this
-    session's previous run output: it never left the device) or "value" (another OrtValue, e.g. the
-    encoder's).
-    """
-
-    def __init__(self, binding, fed: dict):  # binding: the IOBinding recorded
-        self.binding, self._fed, self.inputs, self.outputs = binding, fed, {}, {}
-
-    def __getattr__(self, name):
-        return getattr(self.binding, name)
-
-    def bind_cpu_input(self, name, array):
-        self.inputs[name] = ("array", "cpu", int(array.nbytes))
-        return self.binding.bind_cpu_input(name, array)
-
-    def bind_ortvalue_input(self, name, value):
-        how = "fed back" if id(value) in self._fed.get("ids", ()) else "value"
-        self.inputs[name] = (how, value.device_name().lower(), 0)
-        return self.binding.bind_ortvalue_input(name, value)
-
-    def bind_input(self, name, device_type, *args, **kwargs):
-        self.inputs[name] = ("value", str(device_type).lower(), 0)
-        return self.binding.bind_input(name, device_type, *args, **kwargs)
-
-    def bind_output(self, name, device_type="cpu", *args, **kwargs):
-        self.outputs[name] = str(device_type).lower()
-        return self.binding.bind_output(name, device_type, *args, **kwargs)
-
-    def bind_ortvalue_output(self, name, value):
-        self.outputs[name] = value.device_name().lower()
-        return self.binding.bind_ortvalue_output(name, value)
-
-    def get_outputs(self):
-        values = self.binding.get_outputs()
-        self._fed["ids"] = {id(v) for v in values}  # what the next run may bind again without a copy
-        return values
-
-
-def record_bindings(session, runs: list) -> None:
-    """Makes session note, at every run_with_iobinding, how each input is bound and each output placed.
-
-    Args:
-        session: an onnxruntime InferenceSession (its methods are replaced on this instance only).
-        runs: gets one {"inputs": {name: (how, device, bytes)}, "outputs": {name: device}} per run; an
-            input is "fed back" when it is the very value that the run before output.
-    """
-    make, run, fed = session.io_binding, session.run_with_iobinding, {}
-
-    def io_binding():
-        return _Recording(make(), fed)
-
-    def run_with_iobinding(binding, run_options=None):
-        if isinstance(binding, _Recording):
-            runs.append({"inputs": dict(binding.inputs), "outputs": dict(binding.outputs)})
-            binding = binding.binding
-        return run(binding, run_options)
-
-    session.io_binding, session.run_with_iobinding = io_binding, run_with_iobinding
-
-
-def step_copies_of(translator, sources: list, beam: int, lengths=(8, 24), cupti: bool = False) -> dict:
-    """Host<->device copies per decoder step of translator, from two runs of forced lengths.
-
-    No sentence ends before L - 1 tokens nor after L (min and max decoding length), so none leaves the
-    batch, and the difference between the runs at L2 and L1, divided by their difference in steps, is what
-    one step costs, whatever the encoder and the first step copy once per batch.
-
-    Args:
-        translator: a Translator (its decoder session gets recorded).
-        sources: the batch (ids or texts).
-        beam: beam size.
-        lengths: the two forced lengths.
-        cupti: also count the copies CUDA made (torch.profiler over CUPTI: the whole process's, so
-            onnxruntime's too).
-
-    Returns:
-        dict: for a step in the middle of the search, the inputs bound from host arrays (copied up each
-        step on CUDA) and their bytes, the inputs fed back from the previous step, those bound once per
-        batch, the outputs read by the search and the outputs fed back (with the device of each), and
-        (cupti) CUDA's HtoD/DtoH
-        copies and kernels per step.
-    """
-    runs: list = []
-    record_bindings(translator.decoder, runs)
-    per_run, cuda_counts = [], []
-    for length in lengths:
-        start = len(runs)
-
-        def work(length=length):
-            translator.translate_batch(sources, beam_size=beam, max_decoding_length=length,
-                                       min_decoding_length=length - 1)
-
-        cuda_counts.append(_cupti_count(work) if cupti else work())
-        per_run.append(runs[start:])
-    steps = [len(r) for r in per_run]
-    mid, after = per_run[1][-2], per_run[1][-1]  # two steps in the middle: after's inputs say what mid fed
-    fed_back = {k for k, v in after["inputs"].items() if v[0] == "fed back"}
-    present = set(mid["outputs"]) & set(_present_names(translator))
-    same = all(r["inputs"] == after["inputs"] and r["outputs"] == after["outputs"] for r in per_run[1][1:])
-    out = {"beam": beam, "rows": len(sources), "steps": steps, "device": translator.device,
-           "inputs_from_host": sorted(k for k, v in after["inputs"].items() if v[0] == "array"),
-           "upload_bytes_per_step": sum(v[2] for v in after["inputs"].values() if v[0] == "array"),
-           "inputs_fed_back": sorted(fed_back), "inputs_per_batch": sorted(
-               k for k, v in after["inputs"].items() if v[0] == "value"),
-           "input_devices": sorted({v[1] for v in after["inputs"].values() if v[0] != "array"}),
-           "outputs_read": sorted(k for k in after["outputs"] if k not in present),
-           "outputs_read_devices": sorted({v for k, v in after["outputs"].items() if k not in present}),
-           "outputs_fed_back": sorted(present), "outputs_fed_back_devices": sorted(
-               {v for k, v in after["outputs"].items() if k in present}),
-           "same_bindings_every_step": same}
-    if cupti:
-        d = steps[1] - steps[0]
-        out["cupti"] = {k: (cuda_counts[1][k] - cuda_counts[0][k]) / d for k in cuda_counts[0]}
-        out["cupti_runs"] = cuda_counts
-    return out
-
-
-def _present_names(translator) -> list[str]:
-    from seq2onnx.runtime import bundle as fmt
-
-    return fmt.present_names(translator.n_layers)
-
-
-def _cupti_count(work) -> dict:
-    """Runs work under torch.profiler (CUDA activity from CUPTI) and counts its copies by direction."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        work()
-        torch.cuda.synchronize()
-    counts = {"htod": 0, "dtoh": 0, "dtod": 0, "kernels": 0}
-    for e in prof.events():
-        name = e.name.lower()
-        if "memcpy" in name:
-            key = next((k for k in ("htod", "dtoh", "dtod") if k in name), None)
-            if key:
-                counts[key] += 1
-        elif getattr(e, "device_type", None) is not None and "cuda" in str(e.device_type).lower():
-            counts["kernels"] += 1
-    return counts
-
-
-def memcpy_nodes(bundle: Path, device: str) -> dict:
-    """Counts the Memcpy nodes onnxruntime inserts into the decoder graph here (each runs every step)."""
-    import onnx
-
-    from seq2onnx.runtime import bundle as fmt
-    from seq2onnx.runtime.ort_install import import_onnxruntime
-    from seq2onnx.runtime.sessions import providers_for
-
-    ort = import_onnxruntime()
-    opts = ort.SessionOptions()
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        saved = Path(tmp) / "decoder-optimized.onnx"
-        opts.optimized_model_filepath = str(saved)
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        ort.InferenceSession(str(bundle / fmt.DECODER_FILE), opts, providers=providers_for(device))
-        kinds = [n.op_type for n in onnx.load(str(saved), load_external_data=False).graph.node]
-    return {"MemcpyFromHost": kinds.count("MemcpyFromHost"), "MemcpyToHost": kinds.count("MemcpyToHost"),
-            "nodes": len(kinds)}
-
-
-def tf32_probe(translator, bundle: Path, sources: list) -> dict:
-    """The encoder's outputs on this provider, with onnxruntime's CUDA default (TF32 matrix products allowed
-    on Ampere and later) and with use_tf32=0, each against the CPU provider: whether TF32 is what separates
-    CUDA fp32 from PyTorch (the runtime passes use_tf32=0: runtime/sessions.providers_for)."""
-    import numpy as np
-
-    from seq2onnx.runtime import bundle as fmt
-    from seq2onnx.runtime.ort_install import import_onnxruntime
-
-    ort = import_onnxruntime()
-    src, lengths = translator.sources.pad(sources)
-    feeds = {fmt.SRC_IDS: src, fmt.SRC_LENGTHS: lengths}
-    path = str(bundle / fmt.ENCODER_FILE)
-    cpu = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
-    out = {}
-    for label, providers in (("default", ["CUDAExecutionProvider"]),
-                             ("use_tf32=0", [("CUDAExecutionProvider", {"use_tf32": "0"})])):
-        if translator.device != "cuda":
-            providers = ["CPUExecutionProvider"]
-        got = ort.InferenceSession(path, providers=providers + ["CPUExecutionProvider"]).run(None, feeds)
-        out[label] = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
-                         for a, b in zip(got, cpu))
-    return out
-
-
 def step_copies(ctx: dict) -> dict:
     from seq2onnx.runtime.translator import Translator
 
@@ -574,126 +383,6 @@ def child(name: str, ctx: dict) -> int:
     result = globals()[f"step_{name}"](ctx)
     (Path(ctx["work"]) / f"{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     return 0
-
-
-def fmt_num(x, digits: int = 0) -> str:
-    return "—" if x is None else f"{x:,.{digits}f}" if isinstance(x, (int, float)) else str(x)
-
-
-def _md_table(head: list[str], rows: list[list]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(map(str, r)) + " |"
-                                                                         for r in rows]
-
-
-def summary(results: dict, mode: str, seconds: float) -> str:
-    """The Markdown report of every step: what summary.md holds."""
-    r = {k: (results.get(k, {}).get("result") or {}) for k in STEPS}
-    lines = [f"# GPU check ({mode} mode): {seconds:.0f} s", ""]
-    lines += _md_table(["step", "status", "seconds", "why not ok"],
-                       [[k, v["status"], fmt_num(v.get("seconds"), 1), v.get("reason") or ""]
-                        for k, v in results.items()])
-    env = r["env"]
-    lines += ["", "## Environment", "",
-              f"python {env.get('python')}, torch {env.get('torch')} (CUDA {env.get('torch_cuda')},"
-              f" GPU: {env.get('gpu', 'none')}), onnxruntime {env.get('onnxruntime')} "
-              f"({', '.join(env.get('onnxruntime_distributions', []))}), providers {env.get('providers')}, "
-              f"ctranslate2 {env.get('ctranslate2')}", ""]
-    lines += [f"    {x}" for x in env.get("nvidia_smi", [])]
-    t = r["train"]
-    lines += ["", "## Training", ""] + _md_table(
-        ["device", "precision", "steps", "train s", "steps/s", "tokens/s", "valid BLEU", "data"],
-        [[env.get("gpu", "cpu"), t.get("precision"), fmt_num(t.get("steps")),
-          fmt_num(t.get("train_seconds"), 1),
-          fmt_num(t.get("steps_per_s"), 1), fmt_num(t.get("tokens_per_s")), fmt_num(t.get("valid_bleu"), 1),
-          t.get("data")]])
-    tests = r["tests"]
-    lines += ["", "## GPU tests (`pytest -m gpu tests/test_gpu.py`)", "",
-              f"counts: {tests.get('counts')}", ""]
-    lines += _md_table(["test", "status", "message"], [[c["name"], c["status"], c["message"]]
-                                                       for c in tests.get("cases", [])])
-    lines += ["", "## verify"]
-    for name, v in r["verify"].items():
-        verdict = "PASSED" if v["passed"] else "FAILED"
-        lines += ["", f"### {name}: {verdict} on {v['provider']}, {v['sentences']} sentences", "",
-                  "```", v["table"], "```"]
-    p = r["parity"]
-    if p:
-        f16 = p["fp16_greedy"]
-        lines += ["", f"## Parity ({p['device']}, {p['decoder']} decoder, {p['sentences']} test sentences)",
-                  ""]
-        lines += _md_table(["check", "result", "goal"], [
-            ["fp32 greedy token ids = PyTorch", f"{p['fp32_beam1']['identical']}/{p['fp32_beam1']['of']}",
-             "all"],
-            ["fp32 beam 4 token ids = PyTorch", f"{p['fp32_beam4']['identical']}/{p['fp32_beam4']['of']}",
-             "all"],
-            ["fp16 greedy = fp32 greedy", f"{f16['agree_with_fp32']}/{f16['of']} ({100 * f16['rate']:.1f}%)",
-             ">= 99%"],
-            ["BLEU fp32 - fp16 (greedy)",
-             f"{f16['bleu_fp32']:.2f} - {f16['bleu_fp16']:.2f} = {f16['bleu_drop']:.2f}",
-             "<= 0.3"],
-            ["non-finite scores (fp32 greedy, beam 4, fp16)", f"{p['fp32_beam1']['non_finite_scores']}, "
-             f"{p['fp32_beam4']['non_finite_scores']}, {f16['non_finite_scores']}", "0"]])
-    c = r["copies"]
-    if c:
-        lines += ["", "## Host <-> device copies per decoder step (standard decoder)", "",
-                  "Inputs bound from host arrays are copied up at every step on CUDA; outputs placed on the "
-                  "host are copied down; values fed back (each step's cache into the next) and those bound "
-                  "once per batch stay where they are. CUPTI counts what CUDA did: the difference of two "
-                  "runs "
-                  "of forced lengths over their difference in steps.", ""]
-        rows = []
-        for key, v in c.items():
-            if key.endswith("_memcpy_nodes") or key == "tf32_probe":
-                continue
-            cu = v.get("cupti")
-            rows.append([key, v["rows"], v["device"],
-                         f"{', '.join(v['inputs_from_host'])} ({v['upload_bytes_per_step']} B)",
-                         f"{len(v['inputs_fed_back'])} + {len(v['inputs_per_batch'])} "
-                         f"on {v['input_devices']}",
-                         f"{', '.join(v['outputs_read'])} on {v['outputs_read_devices']}",
-                         f"{len(v['outputs_fed_back'])} on {v['outputs_fed_back_devices']}",
-                         v["same_bindings_every_step"],
-                         "n/a" if not cu else f"{cu['htod']:.2f} / {cu['dtoh']:.2f} / {cu['dtod']:.2f} "
-                                              f"({cu['kernels']:.0f} kernels)", v.get("cupti_error", "")])
-        lines += _md_table(["bundle, search", "rows", "device", "up each step: host arrays",
-                            "inputs fed back + per batch", "read by the search", "outputs fed back",
-                            "same every step", "CUPTI per step: HtoD / DtoH / DtoD", "note"], rows)
-        nodes = "; ".join(f"{k.split('_')[0]}: {v}" for k, v in c.items() if k.endswith("_memcpy_nodes"))
-        lines += ["", f"Memcpy nodes onnxruntime put into the decoder graph (each runs every step): {nodes}"]
-        lines += ["", "fp32 encoder outputs, max abs difference from the CPU provider, with onnxruntime's "
-                  f"CUDA default and with use_tf32=0: {c.get('tf32_probe')}"]
-    b = r["bench"]
-    if b:
-        lines += ["", "## seq2onnx bench", "", "```", b["report"].strip(), "```"]
-    tr = r["torch"]
-    if tr:
-        lines += ["", f"## PyTorch reference decoder on {tr['device']}", ""]
-        by = {(x["search"], x["batch"]): x["tokens_per_s"] for x in tr["rows"]}
-        rows = [[x["engine"], x["search"], x["batch"], fmt_num(x["tokens_per_s"])] for x in tr["rows"]]
-        for row in (b or {}).get("rows", []):
-            ref = by.get((row["search"], row["batch"]))
-            if row["engine"] != "torch" and ref and row["tokens_per_s"]:
-                rows.append([row["engine"], row["search"], row["batch"], f"{fmt_num(row['tokens_per_s'])} "
-                             f"({row['tokens_per_s'] / ref:.2f}x torch-{tr['device']})"])
-        lines += _md_table(["engine", "search", "batch", "tokens/s"], rows)
-    return "\n".join(lines) + "\n"
-
-
-def write_outputs(out: Path, work: Path, results: dict, mode: str, seconds: float) -> str:
-    """Writes summary.md, results.json and logs.tar.xz into out (each atomically); returns the summary."""
-    from seq2onnx import atomic
-
-    text = summary(results, mode, seconds)
-    atomic.write_file(out / "summary.md", text)
-    atomic.write_file(out / "results.json", json.dumps({"mode": mode, "seconds": seconds, "steps": results},
-                                                       indent=1, default=str) + "\n")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:xz") as tar:
-        for f in sorted(work.glob("*.json")) + sorted(work.glob("*.txt")) + sorted(work.glob("*.xml")) \
-                + sorted((work / "logs").glob("*.log")):
-            tar.add(f, arcname=str(f.relative_to(work)))
-    atomic.write_file(out / "logs.tar.xz", buf.getvalue())
-    return text
 
 
 # Which steps need which: a step whose input failed is not run, and says so.

@@ -361,8 +361,8 @@ def markdown(report: dict) -> str:
               "forced_eos_token_id (Marian, mBART): a sentence reaching max_length differs there. "
               "generate() runs with each checkpoint's generation_config.json: Marian's, as OPUS-MT's, has no "
               "early_stopping (transformers' default False), which the bundle emulates (beam_convention "
-              "transformers_heuristic) and CTranslate2 does not (docs/decoding.md), so CTranslate2's beam rows "
-              "differ where a longer hypothesis wins late."]
+              "transformers_heuristic) and CTranslate2 does not (docs/decoding.md), so CTranslate2's beam "
+              "rows differ where a longer hypothesis wins late."]
     return "\n".join(lines) + "\n"
 
 

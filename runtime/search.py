@@ -269,122 +269,168 @@ def beam_program(
     """
     max_lengths = np.asarray(max_lengths, dtype=np.int64)
     _check(beam_size, max_lengths, min_length)
-    k = beam_size
     if convention not in BEAM_CONVENTIONS:
         raise ValueError(f"convention={convention!r}; choose one of {', '.join(BEAM_CONVENTIONS)}")
-    best_finished, early_stopping = convention != "fairseq", EARLY_STOPPING[convention]
-    if not 1 <= num_hypotheses <= k:
-        raise ValueError(f"num_hypotheses={num_hypotheses} must lie in [1, beam_size={k}]")
-    longest = int(max_lengths.max(initial=0))
-    fin_tokens = np.zeros((batch, k, longest), dtype=np.int64)
-    fin_lengths = np.zeros((batch, k), dtype=np.int64)
-    fin_scores = np.full((batch, k), -np.inf)
-    n_finished = np.zeros(batch, dtype=np.int64)
+    if not 1 <= num_hypotheses <= beam_size:
+        raise ValueError(f"num_hypotheses={num_hypotheses} must lie in [1, beam_size={beam_size}]")
+    beams = _Beams(batch, beam_size, start_id, eos_id, max_lengths, min_length, length_penalty, convention)
+    while beams.alive.size:
+        out = yield beams.tokens, beams.cache_indices, beams.t, beams.keep
+        beams.advance(out)
+    return beams.results(num_hypotheses)
 
-    alive = np.arange(batch)  # sentence ids still decoding
-    beams = 1  # live beams per sentence: one on the first step
-    scores = np.zeros((batch, 1))  # (B, beams) cumulative log-probabilities
-    history = np.zeros((batch, 1, 0), dtype=np.int64)  # (B, beams, t) tokens so far
-    tokens = np.full((batch, 1), start_id, dtype=np.int64)
-    cache_indices = np.arange(batch, dtype=np.int64)
-    keep = None
-    t = 0
-    in_top_k = np.arange(2 * k)[None, :] < k
-    rows = np.arange(batch)[:, None]  # for gathers along axis 1: x[rows, idx] is take_along_axis, cheaper
-    while alive.size:
-        b = alive.size
-        if rows.shape[0] != b:  # sentences left: a new index only then
-            rows = rows[:b]
-        out = yield tokens, cache_indices, t, keep
+
+class _Beams:
+    """beam_program's state between two steps, and its step: the sentences still decoding (`alive`), their
+    live beams' scores and tokens, the finished hypotheses of every sentence, the next request."""
+
+    def __init__(self, batch, k, start_id, eos_id, max_lengths, min_length, length_penalty, convention):
+        self.k, self.eos_id, self.max_lengths, self.min_length = k, eos_id, max_lengths, min_length
+        self.length_penalty = length_penalty
+        self.best_finished, self.early_stopping = convention != "fairseq", EARLY_STOPPING[convention]
+        longest = int(max_lengths.max(initial=0))
+        self.fin_tokens = np.zeros((batch, k, longest), dtype=np.int64)
+        self.fin_lengths = np.zeros((batch, k), dtype=np.int64)
+        self.fin_scores = np.full((batch, k), -np.inf)
+        self.n_finished = np.zeros(batch, dtype=np.int64)
+        self.alive = np.arange(batch)  # sentence ids still decoding
+        self.beams = 1  # live beams per sentence: one on the first step
+        self.scores = np.zeros((batch, 1))  # (B, beams) cumulative log-probabilities
+        self.history = np.zeros((batch, 1, 0), dtype=np.int64)  # (B, beams, t) tokens so far
+        self.tokens = np.full((batch, 1), start_id, dtype=np.int64)
+        self.cache_indices = np.arange(batch, dtype=np.int64)
+        self.keep = None
+        self.t = 0
+        self.in_top_k = np.arange(2 * k)[None, :] < k
+        # for gathers along axis 1: x[rows, idx] is take_along_axis, cheaper
+        self.rows = np.arange(batch)[:, None]
+        self._offsets: tuple | None = None  # (beams, vocab, beam x vocab offsets of a TopK's flat indices)
+
+    def advance(self, out: np.ndarray | TopK) -> None:
+        """Takes a step's output: finishes candidates that end, continues the K best that do not, drops the
+        sentences that are done, and sets the next request."""
+        b = self.alive.size
+        if self.rows.shape[0] != b:  # sentences left: a new index only then
+            self.rows = self.rows[:b]
+        cand, cand_scores, vocab = self._candidates(out, b)
+        cand_beam, cand_token = np.divmod(cand, vocab)
+        last = self.max_lengths[self.alive] == self.t + 1  # (b,)
+        is_eos = cand_token == self.eos_id
+        k = self.k
+        eos_in_top = is_eos[:, :k].any()
+        if eos_in_top or last.any():
+            self._finish(cand_beam, cand_token, cand_scores, is_eos, last[:, None])
+        # 2. continue: the first K candidates that do not end
+        if eos_in_top:
+            cont = ~is_eos
+            pick = cont & (np.cumsum(cont, axis=1) <= k)
+            # at least K non-end candidates exist: each beam contributes at most one end token
+            next_beam = cand_beam[pick].reshape(b, k)
+            next_token = cand_token[pick].reshape(b, k)
+            next_scores = cand_scores[pick].reshape(b, k)
+        else:  # no end token among the first K: they are the K picked
+            next_beam, next_token, next_scores = cand_beam[:, :k], cand_token[:, :k], cand_scores[:, :k]
+        self.t += 1
+        self._next(~last, next_beam, next_token, next_scores)
+
+    def _candidates(self, out: np.ndarray | TopK, b: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Each sentence's 2K best candidates, best first (ties: lower flat index beam x V + token): their flat
+        indices, their scores, and V."""
+        k, beams = self.k, self.beams
         vocab = out.vocab if isinstance(out, TopK) else out.shape[1]
         if vocab < 2 * k:
             raise ValueError(f"beam_size={k} needs a vocabulary of at least {2 * k} tokens, this one has {vocab}")
-        if isinstance(out, TopK):
-            values = out.values.astype(np.float64)
-            if t < min_length:
-                values = np.where(out.ids == eos_id, -np.inf, values)
-            kk = values.shape[1]
-            if kk < 2 * k:
-                raise ValueError(f"the step returned {kk} candidates per row; beam_size={k} needs {2 * k}")
-            total = (scores[:, :, None] + values.reshape(b, beams, kk)).reshape(b, beams * kk)
-            flat = (np.arange(beams)[None, :, None] * vocab + out.ids.reshape(b, beams, kk)).reshape(b, beams * kk)
-            order = np.lexsort((flat, -total), axis=1)[:, : 2 * k]
-            cand = flat[rows, order]
-            cand_scores = total[rows, order]
-        else:
+        if not isinstance(out, TopK):
             log_probs = out.astype(np.float64)
-            if t < min_length:
-                log_probs[:, eos_id] = -np.inf
-            total = (scores[:, :, None] + log_probs.reshape(b, beams, vocab)).reshape(b, beams * vocab)
+            if self.t < self.min_length:
+                log_probs[:, self.eos_id] = -np.inf
+            total = (self.scores[:, :, None] + log_probs.reshape(b, beams, vocab)).reshape(b, beams * vocab)
             cand = _top_candidates(total, 2 * k)  # (b, 2K) flat indices, best first
-            cand_scores = total[rows, cand]
-        cand_beam, cand_token = np.divmod(cand, vocab)
-        last = (max_lengths[alive] == t + 1)[:, None]  # (b, 1)
-        is_eos = cand_token == eos_id
+            return cand, total[self.rows, cand], vocab
+        values = out.values.astype(np.float64)
+        if self.t < self.min_length:
+            values = np.where(out.ids == self.eos_id, -np.inf, values)
+        kk = values.shape[1]
+        if kk < 2 * k:
+            raise ValueError(f"the step returned {kk} candidates per row; beam_size={k} needs {2 * k}")
+        if self._offsets is None or self._offsets[:2] != (beams, vocab):
+            self._offsets = (beams, vocab, np.arange(beams)[None, :, None] * vocab)
+        total = (self.scores[:, :, None] + values.reshape(b, beams, kk)).reshape(b, beams * kk)
+        flat = (self._offsets[2] + out.ids.reshape(b, beams, kk)).reshape(b, beams * kk)
+        order = np.lexsort((flat, -total), axis=1)[:, : 2 * k]
+        return flat[self.rows, order], total[self.rows, order], vocab
 
-        # 1. finish: top-K candidates that end (all top-K at the last step), while room remains; a
-        #    candidate at -inf (forced or forbidden tokens) never finishes
-        finishing = in_top_k & (is_eos | last) & (cand_scores > -np.inf)
+    def _finish(self, cand_beam, cand_token, cand_scores, is_eos, last) -> None:
+        """1. finish: top-K candidates that end (all top-K at the last step), while room remains; a candidate
+        at -inf (forced or forbidden tokens) never finishes."""
+        k, t, alive, n_finished = self.k, self.t, self.alive, self.n_finished
+        finishing = self.in_top_k & (is_eos | last) & (cand_scores > -np.inf)
         accepted = finishing & (np.cumsum(finishing, axis=1) + n_finished[alive, None] <= k)
-        if best_finished:  # rows with more finishing than free places, or full ones still live: the best K, below
+        if self.best_finished:  # rows with more finishing than free places, or full ones still live: the best K
             accepted |= finishing
         for row, rank in zip(*np.nonzero(accepted)):
             sent, slot = alive[row], n_finished[alive[row]]
             if slot == k:  # transformers: this step's candidates are best first, so the worst finished may go
-                norm = fin_scores[sent] / fin_lengths[sent].astype(np.float64) ** length_penalty
+                norm = self.fin_scores[sent] / self.fin_lengths[sent].astype(np.float64) ** self.length_penalty
                 slot = int(np.argmin(norm))
-                if not cand_scores[row, rank] / float(t + 1) ** length_penalty > norm[slot]:
+                if not cand_scores[row, rank] / float(t + 1) ** self.length_penalty > norm[slot]:
                     continue
                 n_finished[sent] -= 1
-            fin_tokens[sent, slot, :t] = history[row, cand_beam[row, rank]]
-            fin_tokens[sent, slot, t] = cand_token[row, rank]
-            fin_lengths[sent, slot] = t + 1
-            fin_scores[sent, slot] = cand_scores[row, rank]
+            self.fin_tokens[sent, slot, :t] = self.history[row, cand_beam[row, rank]]
+            self.fin_tokens[sent, slot, t] = cand_token[row, rank]
+            self.fin_lengths[sent, slot] = t + 1
+            self.fin_scores[sent, slot] = cand_scores[row, rank]
             n_finished[sent] += 1
 
-        # 2. continue: the first K candidates that do not end
-        cont = ~is_eos
-        pick = cont & (np.cumsum(cont, axis=1) <= k)
-        # at least K non-end candidates exist: each beam contributes at most one end token
-        next_beam = cand_beam[pick].reshape(b, k)
-        next_token = cand_token[pick].reshape(b, k)
-        next_scores = cand_scores[pick].reshape(b, k)
-
-        # 3. drop sentences that are done
-        t += 1
-        still = ~last[:, 0]
-        full = n_finished[alive] == k
-        if early_stopping is True:
+    def _next(self, still, next_beam, next_token, next_scores) -> None:
+        """3. drop sentences that are done (`still`: not at their last step), and set the next request."""
+        full = self.n_finished[self.alive] == self.k
+        if self.early_stopping is True:
             still &= ~full
-        elif full.any():  # generate()'s _check_early_stop_heuristic: can the best live beam still beat the worst finished?
-            done = np.flatnonzero(full & still)
-            sents = alive[done]
-            worst = (fin_scores[sents] / fin_lengths[sents].astype(np.float64) ** length_penalty).min(axis=1)
-            reach = max_lengths[sents] if early_stopping == "never" and length_penalty > 0 else np.full(done.size, t)
-            still[done] = next_scores[done, 0] / reach.astype(np.float64) ** length_penalty > worst
-        origin = rows * beams + next_beam  # (b, K) rows of this step the new beams continue
-        history = np.concatenate([history[rows, next_beam], next_token[:, :, None]], axis=2)
+        elif full.any():
+            still = self._early_stop(still, full, next_scores)
+        rows = self.rows
+        origin = rows * self.beams + next_beam  # (b, K) rows of this step the new beams continue
+        history = np.concatenate([self.history[rows, next_beam], next_token[:, :, None]], axis=2)
         if still.all():
-            keep = None
+            self.keep = None
         else:
-            keep = np.flatnonzero(still)
-            alive, origin, history = alive[keep], origin[keep], history[keep]
+            self.keep = keep = np.flatnonzero(still)
+            self.alive, origin, history = self.alive[keep], origin[keep], history[keep]
             next_token, next_scores = next_token[keep], next_scores[keep]
-        beams = k
-        scores = next_scores
-        tokens = next_token.reshape(-1, 1)
-        cache_indices = origin.reshape(-1)
+        self.history = history
+        self.beams = self.k
+        self.scores = next_scores
+        self.tokens = next_token.reshape(-1, 1)
+        self.cache_indices = origin.reshape(-1)
 
-    results = []
-    for sent in range(batch):
-        n = n_finished[sent]
-        norm = fin_scores[sent, :n] / fin_lengths[sent, :n].astype(np.float64) ** length_penalty
-        order = np.argsort(-norm, kind="stable")[:num_hypotheses]
-        results.append(SearchResult(
-            [fin_tokens[sent, i, : fin_lengths[sent, i]].tolist() for i in order],
-            [float(fin_scores[sent, i]) for i in order],
-        ))
-    return results
+    def _early_stop(self, still, full, next_scores):
+        """generate()'s _check_early_stop_heuristic: can the best live beam still beat the worst finished?"""
+        alpha, t = self.length_penalty, self.t
+        done = np.flatnonzero(full & still)
+        sents = self.alive[done]
+        worst = (self.fin_scores[sents] / self.fin_lengths[sents].astype(np.float64) ** alpha).min(axis=1)
+        if self.early_stopping == "never" and alpha > 0:
+            reach = self.max_lengths[sents]
+        else:
+            reach = np.full(done.size, t)
+        still[done] = next_scores[done, 0] / reach.astype(np.float64) ** alpha > worst
+        return still
+
+    def results(self, num_hypotheses: int) -> list[SearchResult]:
+        """Each sentence's n-best by score / len^alpha, best first."""
+        results = []
+        for sent in range(self.n_finished.size):
+            n = self.n_finished[sent]
+            norm = self.fin_scores[sent, :n] / self.fin_lengths[sent, :n].astype(np.float64) ** self.length_penalty
+            order = np.argsort(-norm, kind="stable")[:num_hypotheses]
+            results.append(
+                SearchResult(
+                    [self.fin_tokens[sent, i, : self.fin_lengths[sent, i]].tolist() for i in order],
+                    [float(self.fin_scores[sent, i]) for i in order],
+                )
+            )
+        return results
 
 
 def stream_greedy(

@@ -49,6 +49,7 @@ from seq2onnx.runtime.translator import Translator
 from .engine import Cancelled, Engine, Job
 from .layout import RowLayout
 from .memory import IDLE_S, TRIM_AFTER_ROUNDS, ArenaShrink, trim
+from .round_profile import round_profile
 
 log = logging.getLogger("seq2onnx.serve")
 
@@ -173,6 +174,7 @@ class Scheduler:
         self.shrink, self._trimmed_at, self._release_due = ArenaShrink(device), 0, False
         self.rounds = 0
         self.last_rows = 0
+        self.profile = round_profile()  # SEQ2ONNX_PROFILE_ROUNDS=1: where the rounds' time goes
         self._thread = threading.Thread(target=self._loop, name="seq2onnx-scheduler", daemon=True)
         self._thread.start()
 
@@ -202,55 +204,82 @@ class Scheduler:
     # -- the rounds (the scheduler's thread only) --------------------------------------------------
 
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._incoming and not self._active:
-                    if self._closed:
-                        return
-                    if self._release_due:  # still idle IDLE_S after a burst: give its memory back
-                        if not self._cond.wait(timeout=IDLE_S):
-                            self._release()
-                        continue
-                    self._cond.wait()
-                new, self._incoming = self._incoming, []
-            for search in new:
-                self._advance(search, first=True)
-            for search in self._active:
-                if search.member.job.cancelled.is_set():
-                    self._finish(search, error=Cancelled("the request was cancelled"))
-            self._active = [s for s in self._active if not s.future.done()]
-            if not self._active:
-                self._idle()
-                continue
-            work = []
-            for search in self._active:
-                tokens, cache_indices, t, keep = search.request
-                if keep is not None:
-                    search.member.drop(keep)
-                work.append(
-                    (
-                        search.member,
-                        np.asarray(tokens, dtype=np.int64).reshape(-1),
-                        np.asarray(cache_indices, dtype=np.int64).reshape(-1),
-                        t,
-                    )
+        while (new := self._wait()) is not None:
+            self._step(new)
+        self.profile.report()
+
+    def _wait(self) -> list[_Search] | None:
+        """Blocks until a search is new or active; returns the new ones (None once closed and idle)."""
+        with self._cond:
+            while not self._incoming and not self._active:
+                if self._closed:
+                    return None
+                if self._release_due:  # still idle IDLE_S after a burst: give its memory back
+                    if not self._cond.wait(timeout=IDLE_S):
+                        self._release()
+                    continue
+                self._cond.wait()
+            new, self._incoming = self._incoming, []
+        return new
+
+    def _step(self, new: list[_Search]) -> None:
+        """One round: the new searches start, the cancelled ones leave, the decoder runs over the rows of the
+        others and each is sent its rows of the output."""
+        prof = self.profile
+        prof.begin()
+        for search in new:
+            self._advance(search, first=True)
+        prof.lap("start")
+        for search in self._active:
+            if search.member.job.cancelled.is_set():
+                self._finish(search, error=Cancelled("the request was cancelled"))
+        self._active = [s for s in self._active if not s.future.done()]
+        if not self._active:
+            self._idle()
+            return
+        work = self._work()
+        prof.lap("sched")
+        try:
+            answers = self._round(work)
+        except Exception as e:  # every search of the round fails, as a fault of the server
+            self._fail(e)
+            return
+        for search in self._active:
+            search.member.answer = answers[search.member]
+            self._advance(search)
+            search.member.answer = None
+        prof.lap("advance")
+        searches = len(self._active)
+        self._active = [s for s in self._active if not s.future.done()]
+        if not self._active:
+            self._idle()
+        prof.lap("sched")
+        prof.end_round(self.last_rows, searches)
+
+    def _work(self) -> list[tuple]:
+        """(member, tokens, cache indices, step) of each active search's request; sentences that left go."""
+        work = []
+        for search in self._active:
+            tokens, cache_indices, t, keep = search.request
+            if keep is not None:
+                search.member.drop(keep)
+            work.append(
+                (
+                    search.member,
+                    np.asarray(tokens, dtype=np.int64).reshape(-1),
+                    np.asarray(cache_indices, dtype=np.int64).reshape(-1),
+                    t,
                 )
-            try:
-                answers = self._round(work)
-            except Exception as e:  # every search of the round fails, as a fault of the server
-                failed = RoundFailed(f"the decoder step failed: {type(e).__name__}: {e}")
-                for search in self._active:
-                    self._finish(search, error=failed)
-                self._active, self._past = [], None
-                self.layout.clear()
-                continue
-            for search in self._active:
-                search.member.answer = answers[search.member]
-                self._advance(search)
-                search.member.answer = None
-            self._active = [s for s in self._active if not s.future.done()]
-            if not self._active:
-                self._idle()
+            )
+        return work
+
+    def _fail(self, e: Exception) -> None:
+        """A round failed: every search in it is answered RoundFailed; the cache and the layout go."""
+        failed = RoundFailed(f"the decoder step failed: {type(e).__name__}: {e}")
+        for search in self._active:
+            self._finish(search, error=failed)
+        self._active, self._past = [], None
+        self.layout.clear()
 
     def _idle(self) -> None:
         """Nobody reads the cache or the cross inputs any more: drop them; after a burst (TRIM_AFTER_ROUNDS
@@ -327,21 +356,13 @@ class Scheduler:
 
     def _round(self, work: list) -> dict:
         members, rows = [m for m, *_ in work], [len(tokens) for _, tokens, _, _ in work]
+        prof = self.profile
         starts = self.layout.place(members, rows)
+        prof.lap("layout")
         total = self.layout.used  # the members' rows and the holes between them (dummy rows, outputs unread)
         past = self._trimmed_past(max(t for *_, t in work))
         prev_rows = past[0].shape()[0]
-        tokens = np.zeros((total, 1), dtype=np.int64)
-        steps = np.zeros(total, dtype=np.int64)
-        # a dummy row, or a first step: any row will do (all masked)
-        indices = np.zeros(total, dtype=np.int64)
-        for (m, tok, local, t), start, n in zip(work, starts, rows):
-            tokens[start : start + n, 0] = tok
-            steps[start : start + n] = t
-            if t > 0:
-                if m.offset is None:
-                    raise RuntimeError("a member at step > 0 has no rows in the previous round")
-                indices[start : start + n] = m.offset + local
+        tokens, steps, indices = self._row_inputs(work, starts, rows, total)
         if indices.max(initial=0) >= prev_rows:
             raise RuntimeError(f"cache row {int(indices.max())} of {prev_rows}: a member skipped a round")
         k_wanted = [m.top_k for m in members if m.top_k is not None]
@@ -352,6 +373,7 @@ class Scheduler:
         wanted = ([names.LOG_PROBS] if full else []) + (
             [names.TOPK_LOG_PROBS, names.TOPK_IDS] if k_wanted else []
         )
+        prof.lap("inputs")
         # the cache stays where the graph runs; what the searches read comes down
         b = bind_decoder(
             self.decoder,
@@ -365,7 +387,9 @@ class Scheduler:
             present=self.device,
             outputs={name: "cpu" for name in wanted},
         )
+        prof.lap("bind")
         self.shrink.run(self.decoder, b, total)
+        prof.lap("run")
         out = b.get_outputs()
         self._past = out[: len(past)]
         got = dict(zip(wanted, (o.numpy() for o in out[len(past) :])))
@@ -382,7 +406,32 @@ class Scheduler:
                     got[names.TOPK_IDS][start : start + n, : m.top_k],
                     self.vocab,
                 )
+        prof.lap("outputs")
         return answers
+
+    @staticmethod
+    def _row_inputs(work: list, starts: list[int], rows: list[int], total: int) -> tuple:
+        """The round's tokens (total, 1), steps (total,) and cache indices (total,): each member's rows from
+        its first row on, the holes' rows zero (a dummy row, or a first step: any row will do, all masked).
+        Built with a few array operations over every row, not a few per member."""
+        offsets = []
+        for m, _, _, t in work:
+            if t > 0 and m.offset is None:
+                raise RuntimeError("a member at step > 0 has no rows in the previous round")
+            offsets.append(m.offset if t > 0 else -1)
+        counts = np.array(rows, dtype=np.int64)
+        ends = np.cumsum(counts)
+        # each row's place: its member's first row + its rank among the member's rows
+        at = np.repeat(np.asarray(starts, dtype=np.int64) - (ends - counts), counts) + np.arange(ends[-1])
+        tokens = np.zeros((total, 1), dtype=np.int64)
+        steps = np.zeros(total, dtype=np.int64)
+        indices = np.zeros(total, dtype=np.int64)
+        tokens[at, 0] = np.concatenate([tok for _, tok, _, _ in work])
+        steps[at] = np.repeat(np.array([t for *_, t in work], dtype=np.int64), counts)
+        continued = np.repeat(np.array(offsets, dtype=np.int64), counts)
+        local = np.concatenate([local for _, _, local, _ in work])
+        indices[at] = np.where(continued >= 0, continued + local, 0)
+        return tokens, steps, indices
 
     def _trimmed_past(self, needed: int) -> list:
         """The previous round's cache, its leading slots cut when no row of this round reads them."""

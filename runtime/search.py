@@ -305,6 +305,9 @@ class _Beams:
         # for gathers along axis 1: x[rows, idx] is take_along_axis, cheaper
         self.rows = np.arange(batch)[:, None]
         self._offsets: tuple | None = None  # (beams, vocab, beam x vocab offsets of a TopK's flat indices)
+        self._reach = max_lengths  # the max lengths of the sentences in `alive`
+        self._soonest = int(max_lengths.min(initial=0))  # the least of them: before it, no sentence ends
+        self._finished_any = False  # a hypothesis has finished: full sentences must be looked for
 
     def advance(self, out: np.ndarray | TopK) -> None:
         """Takes a step's output: finishes candidates that end, continues the K best that do not, drops the
@@ -314,12 +317,13 @@ class _Beams:
             self.rows = self.rows[:b]
         cand, cand_scores, vocab = self._candidates(out, b)
         cand_beam, cand_token = np.divmod(cand, vocab)
-        last = self.max_lengths[self.alive] == self.t + 1  # (b,)
+        # (b,) sentences at their last step; None before the first can be
+        last = self._reach == self.t + 1 if self.t + 1 >= self._soonest else None
         is_eos = cand_token == self.eos_id
         k = self.k
         eos_in_top = is_eos[:, :k].any()
-        if eos_in_top or last.any():
-            self._finish(cand_beam, cand_token, cand_scores, is_eos, last[:, None])
+        if eos_in_top or last is not None:
+            self._finish(cand_beam, cand_token, cand_scores, is_eos if last is None else is_eos | last[:, None])
         # 2. continue: the first K candidates that do not end
         if eos_in_top:
             cont = ~is_eos
@@ -331,7 +335,7 @@ class _Beams:
         else:  # no end token among the first K: they are the K picked
             next_beam, next_token, next_scores = cand_beam[:, :k], cand_token[:, :k], cand_scores[:, :k]
         self.t += 1
-        self._next(~last, next_beam, next_token, next_scores)
+        self._next(None if last is None else ~last, next_beam, next_token, next_scores)
 
     def _candidates(self, out: np.ndarray | TopK, b: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Each sentence's 2K best candidates, best first (ties: lower flat index beam x V + token): their flat
@@ -360,11 +364,11 @@ class _Beams:
         order = np.lexsort((flat, -total), axis=1)[:, : 2 * k]
         return flat[self.rows, order], total[self.rows, order], vocab
 
-    def _finish(self, cand_beam, cand_token, cand_scores, is_eos, last) -> None:
-        """1. finish: top-K candidates that end (all top-K at the last step), while room remains; a candidate
-        at -inf (forced or forbidden tokens) never finishes."""
+    def _finish(self, cand_beam, cand_token, cand_scores, ends) -> None:
+        """1. finish: top-K candidates that end (`ends`: the end token, or any at the sentence's last step),
+        while room remains; a candidate at -inf (forced or forbidden tokens) never finishes."""
         k, t, alive, n_finished = self.k, self.t, self.alive, self.n_finished
-        finishing = self.in_top_k & (is_eos | last) & (cand_scores > -np.inf)
+        finishing = self.in_top_k & ends & (cand_scores > -np.inf)
         accepted = finishing & (np.cumsum(finishing, axis=1) + n_finished[alive, None] <= k)
         if self.best_finished:  # rows with more finishing than free places, or full ones still live: the best K
             accepted |= finishing
@@ -381,23 +385,30 @@ class _Beams:
             self.fin_lengths[sent, slot] = t + 1
             self.fin_scores[sent, slot] = cand_scores[row, rank]
             n_finished[sent] += 1
+            self._finished_any = True
 
     def _next(self, still, next_beam, next_token, next_scores) -> None:
-        """3. drop sentences that are done (`still`: not at their last step), and set the next request."""
-        full = self.n_finished[self.alive] == self.k
-        if self.early_stopping is True:
-            still &= ~full
-        elif full.any():
-            still = self._early_stop(still, full, next_scores)
+        """3. drop sentences that are done (`still`: not at their last step, or None: all), and set the next
+        request."""
+        if self._finished_any:
+            full = self.n_finished[self.alive] == self.k
+            if still is None:
+                still = np.ones(full.size, dtype=bool)
+            if self.early_stopping is True:
+                still &= ~full
+            elif full.any():
+                still = self._early_stop(still, full, next_scores)
         rows = self.rows
         origin = rows * self.beams + next_beam  # (b, K) rows of this step the new beams continue
         history = np.concatenate([self.history[rows, next_beam], next_token[:, :, None]], axis=2)
-        if still.all():
+        if still is None or still.all():
             self.keep = None
         else:
             self.keep = keep = np.flatnonzero(still)
             self.alive, origin, history = self.alive[keep], origin[keep], history[keep]
             next_token, next_scores = next_token[keep], next_scores[keep]
+            self._reach = self._reach[keep]
+            self._soonest = int(self._reach.min(initial=0))
         self.history = history
         self.beams = self.k
         self.scores = next_scores

@@ -1,10 +1,11 @@
 """Where a serving round's time goes, behind an environment flag (issue 36, item 3).
 
-SEQ2ONNX_PROFILE_ROUNDS=1 makes the scheduler (serve/batcher.py) time each phase of its rounds with
+SEQ2ONNX_PROFILE_ROUNDS=1 makes the scheduler (serve/batcher.py) time each phase of its rounds (wall and the
+thread's CPU time: under HTTP load the difference is mostly waiting for the GIL) with
 time.perf_counter_ns and log a summary every 2,000 rounds and at close: per round and per row, the
 decoder run against the Python around it (the scheduler's bookkeeping, the cross rows' layout, the
-inputs and binding, the outputs' hand-out and the search programs' advancement). Off, it costs one
-attribute test per phase.
+inputs and binding, the outputs' hand-out and the search programs' advancement). Off, each phase costs a
+call that does nothing.
 """
 
 from __future__ import annotations
@@ -27,16 +28,18 @@ class RoundProfile:
 
     def reset(self) -> None:
         self.ns = dict.fromkeys(PHASES, 0)
+        self.cpu = dict.fromkeys(PHASES, 0)  # the scheduler thread's CPU time: the rest is waiting (the GIL)
         self.rounds = self.rows = self.searches = 0
-        self._last = time.perf_counter_ns()
+        self.begin()
 
     def begin(self) -> None:
-        self._last = time.perf_counter_ns()
+        self._last, self._last_cpu = time.perf_counter_ns(), time.thread_time_ns()
 
     def lap(self, phase: str) -> None:
-        now = time.perf_counter_ns()
+        now, cpu = time.perf_counter_ns(), time.thread_time_ns()
         self.ns[phase] += now - self._last
-        self._last = now
+        self.cpu[phase] += cpu - self._last_cpu
+        self._last, self._last_cpu = now, cpu
 
     def end_round(self, rows: int, searches: int) -> None:
         self.rounds += 1
@@ -50,16 +53,20 @@ class RoundProfile:
             return
         total = sum(self.ns.values())
         per_round = {k: v / self.rounds / 1000 for k, v in self.ns.items()}
-        shares = ", ".join(f"{k} {v:.0f} us ({100 * self.ns[k] / max(1, total):.0f}%)" for k, v in per_round.items())
+        shares = ", ".join(
+            f"{k} {v:.0f} us ({100 * self.ns[k] / max(1, total):.0f}%, cpu {cpu / self.rounds / 1000:.0f})"
+            for (k, v), cpu in zip(per_round.items(), self.cpu.values())
+        )
         log.warning(
             "round profile: %d rounds, %.1f rows and %.1f searches per round; per round %.0f us "
-            "(python %.0f us, %.1f us per row): %s",
+            "(python %.0f us, %.1f us per row; scheduler thread cpu %.0f us): %s",
             self.rounds,
             self.rows / self.rounds,
             self.searches / self.rounds,
             total / self.rounds / 1000,
             (total - self.ns["run"]) / self.rounds / 1000,
             (total - self.ns["run"]) / max(1, self.rows) / 1000,
+            sum(self.cpu.values()) / self.rounds / 1000,
             shares,
         )
         self.reset()

@@ -15,6 +15,7 @@ Rows are grouped by sentence, beams contiguous. Row r continues row cache_indice
 previous step. `keep` is None, or the indices (into the previous step's sentences) of the
 sentences still decoding: finished sentences are dropped so that they cost no more compute.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,9 +42,19 @@ Step = Callable[[np.ndarray, np.ndarray, int, "np.ndarray | None"], "np.ndarray 
 # the step's output, and returns its results. run(program, step) drives one; serve/batcher.py drives many
 # at once, one decoder run for all of their requests.
 Program = Generator[tuple, "np.ndarray | TopK", object]
-BEAM_CONVENTIONS = ("fairseq", "transformers", "transformers_heuristic", "transformers_never")  # spec/bundle.json's
+BEAM_CONVENTIONS = (
+    "fairseq",
+    "transformers",
+    "transformers_heuristic",
+    "transformers_never",
+)  # spec/bundle.json's
 # beam_conventions (docs/decoding.md); each transformers one is generate()'s with this early_stopping:
-EARLY_STOPPING = {"fairseq": True, "transformers": True, "transformers_heuristic": False, "transformers_never": "never"}
+EARLY_STOPPING = {
+    "fairseq": True,
+    "transformers": True,
+    "transformers_heuristic": False,
+    "transformers_never": "never",
+}
 
 
 def run(program: Program, step: Step):
@@ -62,10 +73,12 @@ def run(program: Program, step: Step):
 
 
 def candidates_needed(beam_size: int, min_length: int) -> int:
-    """Returns how many candidates per row a step must return for a search to be exact: 2K, +1 if min_length > 0.
+    """Returns how many candidates per row a step must return for a search to be exact: 2K, +1 if
+    min_length > 0.
 
     Args:
-        beam_size, min_length: the search's K (1 for greedy) and minimum length (the end token forbidden before it).
+        beam_size, min_length: the search's K (1 for greedy) and minimum length (the end token forbidden
+            before it).
     """
     return 2 * beam_size + (1 if min_length > 0 else 0)
 
@@ -96,15 +109,30 @@ def _check(beam_size: int, max_lengths: np.ndarray, min_length: int) -> None:
 
 
 def greedy_search(
-    step: Step, batch: int, *, start_id: int, eos_id: int, max_lengths: np.ndarray, min_length: int = 0,
+    step: Step,
+    batch: int,
+    *,
+    start_id: int,
+    eos_id: int,
+    max_lengths: np.ndarray,
+    min_length: int = 0,
 ) -> list[SearchResult]:
     """Greedy search: run(greedy_program(...), step); its arguments and results are greedy_program's."""
-    return run(greedy_program(batch, start_id=start_id, eos_id=eos_id, max_lengths=max_lengths,
-                              min_length=min_length), step)
+    return run(
+        greedy_program(
+            batch, start_id=start_id, eos_id=eos_id, max_lengths=max_lengths, min_length=min_length
+        ),
+        step,
+    )
 
 
 def greedy_program(
-    batch: int, *, start_id: int, eos_id: int, max_lengths: np.ndarray, min_length: int = 0,
+    batch: int,
+    *,
+    start_id: int,
+    eos_id: int,
+    max_lengths: np.ndarray,
+    min_length: int = 0,
 ) -> Program:
     """Greedy search as a program: argmax at each step (first index on ties).
 
@@ -123,8 +151,13 @@ def greedy_program(
     max_lengths = np.asarray(max_lengths, dtype=np.int64)
     _check(1, max_lengths, min_length)
     if batch == 1:
-        return [(yield from greedy_one_program(start_id=start_id, eos_id=eos_id, max_length=int(max_lengths[0]),
-                                               min_length=min_length))]
+        return [
+            (
+                yield from greedy_one_program(
+                    start_id=start_id, eos_id=eos_id, max_length=int(max_lengths[0]), min_length=min_length
+                )
+            )
+        ]
     out = np.zeros((batch, int(max_lengths.max(initial=0))), dtype=np.int64)
     lengths = np.zeros(batch, dtype=np.int64)
     scores = np.zeros(batch, dtype=np.float64)
@@ -152,8 +185,14 @@ def greedy_program(
     return [SearchResult([out[b, : lengths[b]].tolist()], [float(scores[b])]) for b in range(batch)]
 
 
-def greedy_one_program(*, start_id: int, eos_id: int, max_length: int, min_length: int,
-                       on_token: Callable[[int], None] | None = None) -> Program:
+def greedy_one_program(
+    *,
+    start_id: int,
+    eos_id: int,
+    max_length: int,
+    min_length: int,
+    on_token: Callable[[int], None] | None = None,
+) -> Program:
     """greedy_program for one sentence with Python scalars: the same tokens and float64 score.
 
     Python scalars instead of the batched loop's ~25 numpy calls per step: between two decoder steps
@@ -174,7 +213,10 @@ def greedy_one_program(*, start_id: int, eos_id: int, max_length: int, min_lengt
     for t in range(max_length):
         found = yield tokens, cache_indices, t, None
         if isinstance(found, TopK) and t >= min_length:
-            token, log_prob = int(found.ids[0, 0]), float(found.values[0, 0])  # sorted: column 0 is the argmax
+            token, log_prob = (
+                int(found.ids[0, 0]),
+                float(found.values[0, 0]),
+            )  # sorted: column 0 is the argmax
         else:
             best, best_lp = _argmax(found, eos_id, forbid_eos=t < min_length)
             token, log_prob = int(best[0]), float(best_lp[0])
@@ -227,7 +269,8 @@ def _top_candidates(total: np.ndarray, n: int) -> np.ndarray:
 
 
 def beam_search(step: Step, batch: int, **options) -> list[SearchResult]:
-    """Beam search: run(beam_program(batch, **options), step); the step must give at least 2K candidates per row."""
+    """Beam search: run(beam_program(batch, **options), step); the step must give at least 2K candidates per
+    row."""
     return run(beam_program(batch, **options), step)
 
 
@@ -253,19 +296,20 @@ def beam_program(
         min_length: the end token is forbidden before this many tokens.
         length_penalty: alpha of the ranking score / len^alpha.
         num_hypotheses: the n-best per sentence, 1..K.
-        convention: "fairseq" (a finishing candidate takes a free place among the K, docs/decoding.md) or one of
-            generate()'s (the K best by normalised score of those finished so far and this step's, which may displace
-            one finished earlier), which stop a sentence as its early_stopping does (EARLY_STOPPING): "transformers"
-            (True) once K have finished; "transformers_heuristic" (False) and "transformers_never" ("never") once
-            the best live beam's score / len^alpha is no better than the worst finished one's, len being the
-            tokens generated so far, or for "never" with alpha > 0 the sentence's max length (_check_early_stop_
-            heuristic); bundle.json's decoding.beam_convention.
+        convention: "fairseq" (a finishing candidate takes a free place among the K, docs/decoding.md) or
+            one of generate()'s (the K best by normalised score of those finished so far and this step's,
+            which may displace one finished earlier), which stop a sentence as its early_stopping does
+            (EARLY_STOPPING): "transformers" (True) once K have finished; "transformers_heuristic" (False) and
+            "transformers_never" ("never") once the best live beam's score / len^alpha is no better than the
+            worst finished one's, len being the tokens generated so far, or for "never" with alpha > 0 the
+            sentence's max length (_check_early_stop_heuristic); bundle.json's decoding.beam_convention.
 
     Returns:
         (as the program's result) One SearchResult per sentence, best first.
 
     Raises:
-        ValueError: impossible settings (at the first request), or a vocabulary or step with fewer than 2K candidates.
+        ValueError: impossible settings (at the first request), or a vocabulary or step with fewer than 2K
+            candidates.
     """
     max_lengths = np.asarray(max_lengths, dtype=np.int64)
     _check(beam_size, max_lengths, min_length)
@@ -323,7 +367,9 @@ class _Beams:
         k = self.k
         eos_in_top = is_eos[:, :k].any()
         if eos_in_top or last is not None:
-            self._finish(cand_beam, cand_token, cand_scores, is_eos if last is None else is_eos | last[:, None])
+            self._finish(
+                cand_beam, cand_token, cand_scores, is_eos if last is None else is_eos | last[:, None]
+            )
         # 2. continue: the first K candidates that do not end
         if eos_in_top:
             cont = ~is_eos
@@ -338,12 +384,14 @@ class _Beams:
         self._next(None if last is None else ~last, next_beam, next_token, next_scores)
 
     def _candidates(self, out: np.ndarray | TopK, b: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """Each sentence's 2K best candidates, best first (ties: lower flat index beam x V + token): their flat
-        indices, their scores, and V."""
+        """Each sentence's 2K best candidates, best first (ties: lower flat index beam x V + token): their
+        flat indices, their scores, and V."""
         k, beams = self.k, self.beams
         vocab = out.vocab if isinstance(out, TopK) else out.shape[1]
         if vocab < 2 * k:
-            raise ValueError(f"beam_size={k} needs a vocabulary of at least {2 * k} tokens, this one has {vocab}")
+            raise ValueError(
+                f"beam_size={k} needs a vocabulary of at least {2 * k} tokens, this one has {vocab}"
+            )
         if not isinstance(out, TopK):
             log_probs = out.astype(np.float64)
             if self.t < self.min_length:
@@ -370,12 +418,16 @@ class _Beams:
         k, t, alive, n_finished = self.k, self.t, self.alive, self.n_finished
         finishing = self.in_top_k & ends & (cand_scores > -np.inf)
         accepted = finishing & (np.cumsum(finishing, axis=1) + n_finished[alive, None] <= k)
-        if self.best_finished:  # rows with more finishing than free places, or full ones still live: the best K
+        if (
+            self.best_finished
+        ):  # rows with more finishing than free places, or full ones still live: the best K
             accepted |= finishing
         for row, rank in zip(*np.nonzero(accepted)):
             sent, slot = alive[row], n_finished[alive[row]]
             if slot == k:  # transformers: this step's candidates are best first, so the worst finished may go
-                norm = self.fin_scores[sent] / self.fin_lengths[sent].astype(np.float64) ** self.length_penalty
+                norm = (
+                    self.fin_scores[sent] / self.fin_lengths[sent].astype(np.float64) ** self.length_penalty
+                )
                 slot = int(np.argmin(norm))
                 if not cand_scores[row, rank] / float(t + 1) ** self.length_penalty > norm[slot]:
                     continue
@@ -433,7 +485,10 @@ class _Beams:
         results = []
         for sent in range(self.n_finished.size):
             n = self.n_finished[sent]
-            norm = self.fin_scores[sent, :n] / self.fin_lengths[sent, :n].astype(np.float64) ** self.length_penalty
+            norm = (
+                self.fin_scores[sent, :n]
+                / self.fin_lengths[sent, :n].astype(np.float64) ** self.length_penalty
+            )
             order = np.argsort(-norm, kind="stable")[:num_hypotheses]
             results.append(
                 SearchResult(
@@ -445,9 +500,15 @@ class _Beams:
 
 
 def stream_greedy(
-    step: Step, *, start_id: int, eos_id: int, max_length: int, min_length: int = 0,
+    step: Step,
+    *,
+    start_id: int,
+    eos_id: int,
+    max_length: int,
+    min_length: int = 0,
 ) -> Iterator[int]:
-    """Greedy decoding of one sentence, yielding each token as soon as it is chosen (before the next step runs).
+    """Greedy decoding of one sentence, yielding each token as soon as it is chosen (before the next step
+    runs).
 
     Args:
         step: the step callable, for one row.
@@ -463,8 +524,9 @@ def stream_greedy(
     """
     _check(1, np.array([max_length]), min_length)
     chosen: list[int] = []
-    program = greedy_one_program(start_id=start_id, eos_id=eos_id, max_length=max_length, min_length=min_length,
-                                 on_token=chosen.append)
+    program = greedy_one_program(
+        start_id=start_id, eos_id=eos_id, max_length=max_length, min_length=min_length, on_token=chosen.append
+    )
     request = next(program)
     while True:
         try:

@@ -55,7 +55,8 @@ log = logging.getLogger("seq2onnx.serve")
 
 
 class RoundFailed(RuntimeError):
-    """The decoder graph failed on a round: every request in it is answered 500 (not its own fault: no 422)."""
+    """The decoder graph failed on a round: every request in it is answered 500 (not its own fault: no
+    422)."""
 
 
 class NoServingDecoder(ValueError):

@@ -13,11 +13,14 @@ comparison needs neither PyTorch nor the checkpoint: the Python runtime is the r
 Both hosts drive the standard decoder (graphs.decoder: the Node host cannot run the fused one's
 com.microsoft kernels), on the CPU, with the same threads, the same batches (256 lines per
 translate call, at most 32 sources per batch, sorted by length) and bundle.json's decoding
-defaults. A difference is shown with both hosts' ids and scores, so that a near-tie between two
-hypotheses can be told from a convention difference. Torch-free.
+defaults (or --max-length on both). A difference is shown with both hosts' ids and scores, so that
+a near-tie between two hypotheses can be told from a convention difference. The Python runtime's
+sessions are closed before the Node host runs, so that the two hosts' memory does not add up.
+Torch-free.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -288,7 +291,8 @@ def _target_tokens(results) -> int:
 
 
 def _python_searches(translator, source_ids: list[list[int]], searches: dict[str, tuple[int, int]],
-                     target_lang: str | None, log) -> tuple[dict[str, list], dict[str, float]]:
+                     target_lang: str | None, max_length: int | None,
+                     log) -> tuple[dict[str, list], dict[str, float]]:
     """Each search's results from the Python runtime, read in chunks, and its seconds."""
     python, python_s = {}, {}
     for label, (size, n_best) in searches.items():
@@ -298,7 +302,8 @@ def _python_searches(translator, source_ids: list[list[int]], searches: dict[str
                          for r in translator.translate_batch(source_ids[start:start + READ_CHUNK],
                                                              beam_size=size, num_hypotheses=n_best,
                                                              return_scores=True, max_batch_size=MAX_BATCH,
-                                                             target_lang=target_lang)]
+                                                             target_lang=target_lang,
+                                                             max_decoding_length=max_length)]
         python_s[label] = time.perf_counter() - t0
     return python, python_s
 
@@ -319,7 +324,8 @@ def _node_searches(host: dict, bundle_dir: str | Path, source_ids: list[list[int
 
 def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, threads: int = 1,
                 node: str | None = None, js_dir: str | Path | None = None, log=None,
-                source_lang: str | None = None, target_lang: str | None = None) -> dict:
+                source_lang: str | None = None, target_lang: str | None = None,
+                max_length: int | None = None) -> dict:
     """Translates `sentences` with the Python runtime and the Node host, and compares them.
 
     Args:
@@ -329,13 +335,18 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
         node, js_dir: the node executable and the JS host's folder (find_node_host).
         log (Callable[[str], None] | None): called with a line of progress.
         source_lang, target_lang: a multilingual bundle's languages, given to both hosts.
+        max_length: the decoding length limit of both hosts (1 to the model's max_positions); None:
+            bundle.json's max_length_a x source length + max_length_b. A model that seldom ends a
+            sentence (random weights) decodes to the limit, and each batch's key/value cache grows
+            with it: a cap keeps the run short and small.
 
     Returns:
         The report (see format_report): `passed`, the checks, up to SHOWN_DIFFERENCES differences per
         check, timing.
 
     Raises:
-        CommandError: the host cannot run (the message names what to install), or a beam below 2.
+        CommandError: the host cannot run (the message names what to install), a beam below 2 or a
+            max_length outside 1..max_positions.
         BundleError: the bundle is refused by the Python runtime.
     """
     from seq2onnx.runtime.options import SessionTuning
@@ -349,12 +360,24 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
     started = time.perf_counter()
     translator = Translator(bundle_dir, device="cpu", intra_threads=threads,
                             _tuning=SessionTuning(decoder="standard"))
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                   or not 1 <= max_length <= translator.max_positions):
+        raise errors.CommandError(f"--max-length {max_length}: give an integer from 1 to "
+                                  f"{translator.max_positions} (the model's max_positions)")
     langs = {"source_lang": source_lang, "target_lang": target_lang}
     prepared = [translator.prepare_source(s, truncate=True, **langs) for s in sentences]
     flags = [x for name, v in langs.items() if v for x in (f"--{name.replace('_', '-')}", v)]
+    if max_length is not None:
+        flags += ["--max-length", str(max_length)]
     source_ids = [ids for ids, _ in prepared]
     searches = {"greedy": (1, 1), f"beam {beam}": (beam, beam)}
-    python, python_s = _python_searches(translator, source_ids, searches, target_lang, log)
+    python, python_s = _python_searches(translator, source_ids, searches, target_lang, max_length, log)
+    # Only the tokenizers are needed from here on: the sessions (and their arenas, which keep the
+    # largest key/value caches of the searches) go before the Node host loads the bundle.
+    source_tokenizer, target_tokenizer = translator.source_tokenizer, translator.target_tokenizer
+    decoder_variant = translator.decoder_variant
+    del translator
+    gc.collect()
     node, node_timing = _node_searches(host, bundle_dir, source_ids, searches, threads, flags, log)
     # target texts: every hypothesis the Python runtime wrote, once each, in order
     targets = list(dict.fromkeys(h for label in searches for r in python[label] for h in r.hypotheses
@@ -364,9 +387,9 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
     node_target_tokens, _ = _run_node(host, ["tokenize", str(bundle_dir), "--side", "target"], targets)
 
     differences: list[dict] = []
-    checks = [_compare_tokens("source tokenizer", sentences, translator.source_tokenizer, node_source_tokens,
+    checks = [_compare_tokens("source tokenizer", sentences, source_tokenizer, node_source_tokens,
                               differences),
-              _compare_tokens("target tokenizer", targets, translator.target_tokenizer, node_target_tokens,
+              _compare_tokens("target tokenizer", targets, target_tokenizer, node_target_tokens,
                               differences)]
     score_rows = []
     for label, (size, n_best) in searches.items():
@@ -388,7 +411,8 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
     return {
         "bundle": str(bundle_dir), "host": "node", "node_version": host["node_version"],
         "onnxruntime_node": host["onnxruntime_node"], "onnxruntime": onnxruntime.__version__,
-        "decoder": translator.decoder_variant, "threads": threads, "beam": beam, "sentences": len(sentences),
+        "decoder": decoder_variant, "max_length": max_length, "threads": threads, "beam": beam,
+        "sentences": len(sentences),
         "empty": sum(not ids for ids in source_ids), "truncated": sum(cut for _, cut in prepared),
         "checks": checks, "differences": differences, "speed": speed,
         "wall_s": time.perf_counter() - started, "passed": all(c["passed"] for c in checks),
@@ -409,7 +433,8 @@ def format_report(report: dict, source: str = "") -> str:
         f"verify-host {report['bundle']}: the Node host ({report['node_version']}, onnxruntime-node "
         f"{report['onnxruntime_node']}) against the Python runtime (onnxruntime {report['onnxruntime']})",
         f"{report['decoder']} decoder on both, CPU, {report['threads']} thread(s) each; "
-        f"{source or str(report['sentences']) + ' sentences'}; {report['empty']} empty, "
+        + (f"max length {report['max_length']}; " if report.get("max_length") else "")
+        + f"{source or str(report['sentences']) + ' sentences'}; {report['empty']} empty, "
         f"{report['truncated']} cut to max_positions",
         f"{'check':<44} {'value':>11} {'bound':>7}  result",
     ]
@@ -474,6 +499,10 @@ def add(sub) -> None:
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="onnxruntime intra-op threads of each host (default 1; the hosts run one after the "
                         "other)")
+    p.add_argument("--max-length", type=int, default=None, metavar="N",
+                   help="the decoding length limit of both hosts, 1 to the model's max_positions (default: "
+                        "bundle.json's max_length_a x source length + max_length_b); a model that never "
+                        "ends a sentence (random weights) decodes to it")
     p.add_argument("--source-lang", metavar="CODE", help="a multilingual bundle's source language, on both "
                                                          "hosts")
     p.add_argument("--target-lang", metavar="CODE", help="a multilingual bundle's target language, on both "
@@ -498,7 +527,8 @@ def run(args) -> int:
     report = verify_host(args.bundle, sentences, beam=args.beam, threads=args.threads, node=args.node,
                          js_dir=args.js_dir,
                          log=lambda m: print(f"verify-host: {m}", file=sys.stderr, flush=True),
-                         source_lang=args.source_lang, target_lang=args.target_lang)
+                         source_lang=args.source_lang, target_lang=args.target_lang,
+                         max_length=args.max_length)
     report["source"] = source
     print(format_report(report, source))
     if args.json:  # refused above when it existed without --force

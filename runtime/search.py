@@ -324,6 +324,9 @@ def beam_program(
     return beams.results(num_hypotheses)
 
 
+_NEVER = np.iinfo(np.int64).max  # the least max length of no sentence
+
+
 class _Beams:
     """beam_program's state between two steps, and its step: the sentences still decoding (`alive`), their
     live beams' scores and tokens, the finished hypotheses of every sentence, the next request."""
@@ -350,7 +353,8 @@ class _Beams:
         self.rows = np.arange(batch)[:, None]
         self._offsets: tuple | None = None  # (beams, vocab, beam x vocab offsets of a TopK's flat indices)
         self._reach = max_lengths  # the max lengths of the sentences in `alive`
-        self._soonest = int(max_lengths.min(initial=0))  # the least of them: before it, no sentence ends
+        # the least of them: before it, no sentence is at its last step
+        self._soonest = int(max_lengths.min(initial=_NEVER))
         self._finished_any = False  # a hypothesis has finished: full sentences must be looked for
 
     def advance(self, out: np.ndarray | TopK) -> None:
@@ -460,7 +464,7 @@ class _Beams:
             self.alive, origin, history = self.alive[keep], origin[keep], history[keep]
             next_token, next_scores = next_token[keep], next_scores[keep]
             self._reach = self._reach[keep]
-            self._soonest = int(self._reach.min(initial=0))
+            self._soonest = int(self._reach.min(initial=_NEVER))
         self.history = history
         self.beams = self.k
         self.scores = next_scores

@@ -39,6 +39,7 @@ the contrib attention kernels stay fp32.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,27 @@ TABLES = {  # what bundle.json's quantization_scheme.tables records where the em
     "tied_projection": "the same codes, transposed (a Transpose node onnxruntime folds at load), against "
                        "per-row activation codes as every linear layer",
 }
+
+
+# keep_float's layer groups (a maintainer's ablation, benchmarks/int8_layers.py): the names the exporter gives
+# each group's linear layers, in encoder.onnx / decoder.onnx (traced) and decoder_fused.onnx (built by name).
+# The cross-attention's key and value projections are in the encoder graph. "embeddings" is the id tables'
+# lookups and the output projection (tied or not).
+GROUPS = {
+    "embeddings": re.compile(r"(^|/)generator(/|$)"),
+    "encoder_self_attention": re.compile(r"encoder_layers\.\d+/sub_attn/"),
+    "encoder_feed_forward": re.compile(r"encoder_layers\.\d+/sub_ff/"),
+    "decoder_self_attention": re.compile(r"^/sub_self|^l\d+_(qkv|self_out)$"),
+    "cross_attention": re.compile(r"^/w_[kv](_\d+)?/|^/sub_cross|^l\d+_cross_"),
+    "decoder_feed_forward": re.compile(r"^/sub_ff/|^l\d+_ff_"),
+}
+
+
+def layer_group(node: onnx.NodeProto, tables: set[str] | dict) -> str | None:
+    """The GROUPS entry a linear layer belongs to (a weight that is an id table: "embeddings"), or None."""
+    if len(node.input) > 1 and node.input[1] in tables:
+        return "embeddings"
+    return next((g for g, pattern in GROUPS.items() if pattern.search(node.name)), None)
 
 
 class QuantizeError(ValueError):
@@ -208,7 +230,8 @@ def _quantize_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray],
     return tables
 
 
-def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True) -> int:
+def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True,
+                   keep_float: frozenset[str] = frozenset()) -> int:
     """Rewrites every linear layer of `proto` (in place) as described in the module docstring.
 
     Args:
@@ -217,18 +240,26 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True
             com.microsoft anyway); otherwise plain opset-17 operators.
         tables: the embedding tables in int8 too, per row (quantize_table), and a tied output
             projection multiplied by their codes; False keeps them fp32.
+        keep_float: GROUPS whose layers stay fp32 (empty by default: every layer int8), for measuring
+            what each group's int8 costs; "embeddings" keeps the tables and the output projection fp32.
 
     Returns:
         How many layers were quantized.
 
     Raises:
-        QuantizeError: the graph has no linear layer to quantize.
+        QuantizeError: the graph has no linear layer to quantize, or keep_float names no group of GROUPS.
     """
+    if unknown := set(keep_float) - set(GROUPS):
+        raise QuantizeError(f"keep_float: unknown groups {sorted(unknown)}; the groups are "
+                            f"{', '.join(GROUPS)}")
     graph = proto.graph
-    rewriter = _Rewriter(graph, contrib, tables)
+    rewriter = _Rewriter(graph, contrib, tables and "embeddings" not in keep_float)
+    ids = {n.input[0] for n in _id_tables(graph, rewriter.inits)} if keep_float else set()
     count = 0
     for node in graph.node:
         found = linear_weights(node, rewriter.inits)
+        if found is not None and keep_float and layer_group(node, ids | set(rewriter.tables)) in keep_float:
+            found = None
         if found is None:
             rewriter.nodes.append(node)
             continue
@@ -354,7 +385,7 @@ class _Rewriter:
 
 
 def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tuple[str, ...] = (), *,
-                    tables: bool = True) -> dict:
+                    tables: bool = True, keep_float: frozenset[str] = frozenset()) -> dict:
     """Quantizes the graph files of a bundle directory in place.
 
     Args:
@@ -362,6 +393,7 @@ def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tupl
         files: {label: file name} of the graphs to quantize.
         contrib_labels: the labels whose graphs use com.microsoft operators.
         tables: the embedding tables (and a tied output projection) in int8 per row too (quantize_model).
+        keep_float: layer groups left fp32 (quantize_model; default none); recorded as `fp32_groups`.
 
     Returns:
         bundle.json's `quantization_scheme`: SCHEME plus, per graph, the layers quantized and the
@@ -378,7 +410,7 @@ def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tupl
         proto = onnx.load(str(path))
         contrib = label in contrib_labels
         try:
-            count = quantize_model(proto, contrib=contrib, tables=tables)
+            count = quantize_model(proto, contrib=contrib, tables=tables, keep_float=keep_float)
         except QuantizeError as e:
             raise QuantizeError(f"{name}: {e}") from None
         if contrib:
@@ -389,6 +421,8 @@ def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tupl
         onnx.save(proto, str(path))
         product = "MatMulIntegerToFloat" if contrib else "MatMulInteger"
         layers[label] = {"linear_layers": count, "product": product}
-    if not tables:
-        return {**SCHEME, "tables": "fp32", "graphs": layers}
-    return {**SCHEME, "tables": TABLES, "fp32": SCHEME["fp32"].replace("embeddings, ", ""), "graphs": layers}
+    extra = {"fp32_groups": sorted(keep_float)} if keep_float else {}
+    if not tables or "embeddings" in keep_float:
+        return {**SCHEME, "tables": "fp32", "graphs": layers, **extra}
+    return {**SCHEME, "tables": TABLES, "fp32": SCHEME["fp32"].replace("embeddings, ", ""), "graphs": layers,
+            **extra}

@@ -20,7 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tiny import tiny_bundle
 
-from seq2onnx.export.quantize import SCHEME, QuantizeError, quantize_model
+from seq2onnx.export.quantize import (GROUPS, SCHEME, QuantizeError, _id_tables, layer_group, linear_weights,
+                                      quantize_model)
 from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.options import SessionTuning
@@ -200,3 +201,53 @@ def test_a_graph_without_linear_layers_is_refused():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     with pytest.raises(QuantizeError, match="'no_linear' has no linear layer with constant fp32 weights"):
         quantize_model(helper.make_model(graph), contrib=False)
+
+
+def _graph(path: Path) -> onnx.ModelProto:
+    return onnx.load(str(path))
+
+
+def _linear_nodes(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The linear layers still fp32 (constant fp32 weights)."""
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    return [n for n in proto.graph.node if linear_weights(n, inits) is not None]
+
+
+def _linear_groups(proto: onnx.ModelProto) -> list[str | None]:
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    ids = {n.input[0] for n in _id_tables(proto.graph, inits)}  # the token embeddings' tables
+    return [layer_group(n, ids) for n in proto.graph.node if linear_weights(n, inits) is not None]
+
+
+def test_every_linear_layer_of_each_graph_has_a_keep_float_group():
+    """keep_float (benchmarks/int8_layers.py) finds its layers by the exporter's names: a renamed layer
+    fails here."""
+    bundle = fmt.read_bundle(tiny_bundle())
+    labels = ("encoder", "decoder", "decoder_fused")
+    found = {label: _linear_groups(_graph(bundle.file(label))) for label in labels}
+    assert all(g is not None for groups in found.values() for g in groups), found
+    assert set(found["encoder"]) == {"encoder_self_attention", "encoder_feed_forward", "cross_attention"}
+    assert set(found["decoder"]) == set(found["decoder_fused"]) == {
+        "decoder_self_attention", "cross_attention", "decoder_feed_forward", "embeddings"}
+
+
+@pytest.mark.parametrize("label, contrib", [("decoder", False), ("decoder_fused", True)])
+def test_keep_float_leaves_one_group_fp32_and_the_default_is_unchanged(label, contrib):
+    path = fmt.read_bundle(tiny_bundle()).file(label)
+    default, explicit, kept = _graph(path), _graph(path), _graph(path)
+    total = quantize_model(default, contrib=contrib)
+    assert quantize_model(explicit, contrib=contrib, keep_float=frozenset()) == total
+    assert explicit.SerializeToString() == default.SerializeToString()  # no group kept: as before the option
+    n_ff = _linear_groups(_graph(path)).count("decoder_feed_forward")
+    ff = frozenset({"decoder_feed_forward"})
+    assert n_ff > 0 and quantize_model(kept, contrib=contrib, keep_float=ff) == total - n_ff
+    left = _linear_nodes(kept)
+    assert len(left) == n_ff and all(GROUPS["decoder_feed_forward"].search(n.name) for n in left)
+    # embeddings fp32: the lookups read the fp32 table and the output projection multiplies by it
+    tables = _graph(path)
+    quantize_model(tables, contrib=contrib, keep_float=frozenset({"embeddings"}))
+    assert not any("rowq8" in i.name for i in tables.graph.initializer)
+    (projection,) = _linear_nodes(tables)
+    assert GROUPS["embeddings"].search(projection.name)
+    with pytest.raises(QuantizeError, match="unknown groups \\['attention'\\]"):
+        quantize_model(_graph(path), contrib=contrib, keep_float=frozenset({"attention"}))

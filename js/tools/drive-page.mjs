@@ -7,7 +7,8 @@
 // screenshot?: path (taken after the last run), timeoutMs?}. Writes one JSON object on stdout:
 // {runs: [{beamSize, numHypotheses, status, results: [{source, hypotheses: [{text, score, shown, tokens}]}],
 //         attention: [{index, weights, rows, sourcePieces}] (the heatmaps)}],
-//  loadStatus, requests: [every URL the page asked for], errors: [console errors and page errors]}.
+//  loadStatus, requests: [every URL the page asked for], errors: [console errors and page errors],
+//  loadMs: from navigation to the page's ready (or error) state; each run's ms: from the click to done}.
 import puppeteer from "puppeteer-core";
 
 const chunks = [];
@@ -18,6 +19,9 @@ const timeout = job.timeoutMs ?? 120000;
 const browser = await puppeteer.launch({
   executablePath: job.chromium,
   headless: true,
+  // the page translates on its main thread: a long translation (a large model, long outputs) holds
+  // input events for as long, so DevTools calls wait up to the job's timeout, not puppeteer's 180 s
+  protocolTimeout: timeout,
   // root in a container has no user namespaces for the sandbox; no GPU on a test machine
   args: ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"],
 });
@@ -28,9 +32,11 @@ try {
   page.on("request", (request) => report.requests.push(request.url()));
   page.on("console", (message) => { if (message.type() === "error") report.errors.push(message.text()); });
   page.on("pageerror", (error) => report.errors.push(String(error)));
+  const started = performance.now();
   await page.goto(job.url, { waitUntil: "load", timeout });
   const settled = (states) => `["${states.join('","')}"].includes(document.getElementById("status").dataset.state)`;
-  await page.waitForFunction(settled(["ready", "error"]), { timeout });
+  await page.waitForFunction(settled(["ready", "error"]), { timeout, polling: 50 });
+  report.loadMs = Math.round(performance.now() - started);
   report.loadStatus = await page.$eval("#status", (el) => ({ state: el.dataset.state, text: el.textContent }));
   if (report.loadStatus.state === "ready") {
     await page.click("#source");
@@ -39,8 +45,10 @@ try {
       await page.$eval("#beam", (el, v) => { el.value = String(v); }, run.beamSize);
       await page.$eval("#nbest", (el, v) => { el.value = String(v); }, run.numHypotheses);
       await page.$eval("#status", (el) => { el.dataset.state = "waiting"; });
+      const clicked = performance.now();
       await page.click("#translate");
-      await page.waitForFunction(settled(["done", "error"]), { timeout });
+      await page.waitForFunction(settled(["done", "error"]), { timeout, polling: 50 });
+      const ms = Math.round(performance.now() - clicked);
       const status = await page.$eval("#status", (el) => ({ state: el.dataset.state, text: el.textContent }));
       const results = await page.$$eval("#results .result", (articles) => articles.map((a) => ({
         source: a.querySelector(".source").textContent,
@@ -55,7 +63,7 @@ try {
         index: Number(t.dataset.index), weights: JSON.parse(t.dataset.weights),
         rows: t.querySelectorAll("tr").length - 1, sourcePieces: [...t.querySelectorAll("th.src")].map((th) => th.textContent),
       })));
-      report.runs.push({ ...run, status, results, attention });
+      report.runs.push({ ...run, status, results, attention, ms });
     }
   }
   if (job.screenshot) await page.screenshot({ path: job.screenshot, fullPage: true });

@@ -14,6 +14,7 @@ decode in parallel, each on `intra_threads` threads.
 CT2_MODEL_DIR is the same checkpoint's CTranslate2 model: `seq2onnx export CKPT DIR --format ctranslate2`
 or the bare model `seq2onnx bench --bundle-dir D` leaves in D/ct2 (export/ctranslate2/convert.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,8 @@ from seq2onnx.runtime.translator import TranslationResult, Translator
 from seq2onnx.serve.engine import Engine, Job
 
 COMPUTE_TYPES = ("float32", "int8")
-# SearchOptions fields CTranslate2 cannot give as our runtime does, with the reason (a request naming one gets a 422).
+# SearchOptions fields CTranslate2 cannot give as our runtime does, with the reason (a request naming one gets
+# a 422).
 UNSUPPORTED = {
     "sampling_temperature": "its sampler draws other random numbers than ours",
     "seed": "its sampler draws other random numbers than ours",
@@ -57,8 +59,15 @@ class CT2Engine(Engine):
 
     batching = "ct2"
 
-    def __init__(self, translator: Translator, ct2_model_dir: str | Path, *, inter_threads: int = 1,
-                 intra_threads: int = 2, compute_type: str = "float32"):
+    def __init__(
+        self,
+        translator: Translator,
+        ct2_model_dir: str | Path,
+        *,
+        inter_threads: int = 1,
+        intra_threads: int = 2,
+        compute_type: str = "float32",
+    ):
         import ctranslate2
 
         super().__init__(translator)
@@ -69,31 +78,48 @@ class CT2Engine(Engine):
             raise ValueError(f"compute_type={compute_type!r}; choose one of {', '.join(COMPUTE_TYPES)}")
         model = Path(ct2_model_dir) / "model.bin"
         if not model.is_file():
-            raise ValueError(f"{model} does not exist: give a CTranslate2 model directory "
-                             "(seq2onnx export CKPT DIR --format ctranslate2)")
+            raise ValueError(
+                f"{model} does not exist: give a CTranslate2 model directory "
+                "(seq2onnx export CKPT DIR --format ctranslate2)"
+            )
         recipe = Path(ct2_model_dir) / "seq2onnx-ct2.json"  # an export's (the bare model of `bench` has none)
         theirs = json.loads(recipe.read_text()).get("source_checkpoint") if recipe.is_file() else None
         ours = translator.bundle.meta.get("source_checkpoint")
         if theirs and ours and theirs != ours:
-            raise ValueError(f"{ct2_model_dir} was exported from checkpoint {theirs}, the bundle from {ours}: export "
-                             "both from the same checkpoint")
+            raise ValueError(
+                f"{ct2_model_dir} was exported from checkpoint {theirs}, the bundle from {ours}: export "
+                "both from the same checkpoint"
+            )
         try:
-            self.ct2 = ctranslate2.Translator(str(ct2_model_dir), device="cpu", compute_type=compute_type,
-                                              inter_threads=inter_threads, intra_threads=intra_threads)
+            self.ct2 = ctranslate2.Translator(
+                str(ct2_model_dir),
+                device="cpu",
+                compute_type=compute_type,
+                inter_threads=inter_threads,
+                intra_threads=intra_threads,
+            )
         except (RuntimeError, ValueError) as e:
-            raise ValueError(f"{model}: CTranslate2 cannot load it ({e}): convert the checkpoint again") from e
-        self.description = (f"ctranslate2 {ctranslate2.__version__} (cpu, {compute_type}), "
-                            f"inter_threads={inter_threads}, intra_threads={intra_threads}")
+            raise ValueError(
+                f"{model}: CTranslate2 cannot load it ({e}): convert the checkpoint again"
+            ) from e
+        self.description = (
+            f"ctranslate2 {ctranslate2.__version__} (cpu, {compute_type}), "
+            f"inter_threads={inter_threads}, intra_threads={intra_threads}"
+        )
         self._source_pieces = translator.source_tokenizer.id_to_piece
         self._target_id = translator.target_tokenizer.piece_to_id
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=inter_threads, thread_name_prefix="seq2onnx-ct2")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=inter_threads, thread_name_prefix="seq2onnx-ct2"
+        )
 
     def check(self, options: dict, texts: int = 1) -> SearchOptions:
         """As Engine.check; ValueError also for an option CTranslate2 cannot honour (UNSUPPORTED)."""
         for name, why in UNSUPPORTED.items():
             value = options.get(name)
             if value is not None and value is not False:
-                raise ValueError(f"{name}={value!r}: the CTranslate2 engine cannot honour it ({why}); leave it out")
+                raise ValueError(
+                    f"{name}={value!r}: the CTranslate2 engine cannot honour it ({why}); leave it out"
+                )
         return super().check(options, texts)
 
     def _pieces(self, text: str, options: SearchOptions) -> list[str] | None:
@@ -112,29 +138,47 @@ class CT2Engine(Engine):
         by_limit: dict[int, list[int]] = {}
         for i, p in enumerate(pieces):
             if p is None:
-                results[i] = TranslationResult([""] * n, [[]] * n, [0.0] * n if options.return_scores else None)
+                results[i] = TranslationResult(
+                    [""] * n, [[]] * n, [0.0] * n if options.return_scores else None
+                )
                 continue
             limit = self._limit(p, options)
             if options.min_decoding_length >= limit:
-                raise ValueError(f"text {i}: min_decoding_length={options.min_decoding_length} is not below its maximum "
-                                 f"length {limit}: pass a larger max_decoding_length or a smaller min_decoding_length")
+                raise ValueError(
+                    f"text {i}: min_decoding_length={options.min_decoding_length} is not below its maximum "
+                    f"length {limit}: pass a larger max_decoding_length or a smaller min_decoding_length"
+                )
             by_limit.setdefault(limit, []).append(i)
-        # CTranslate2 takes one max_decoding_length per call: one call per distinct limit keeps every sentence's
+        # CTranslate2 takes one max_decoding_length per call: one call per distinct limit keeps every
+        # sentence's
         # own limit (cutting a longer search afterwards would be exact for greedy only). One text: one call.
         for limit, rows in by_limit.items():
             found = self.ct2.translate_batch(
-                [pieces[i] for i in rows], beam_size=options.beam_size, num_hypotheses=n,
-                length_penalty=options.length_penalty, max_decoding_length=limit,
-                min_decoding_length=options.min_decoding_length, max_input_length=0,  # prepare_source checked it
-                max_batch_size=options.max_batch_size, batch_type="examples", return_scores=options.return_scores,
-                return_end_token=True)  # to tell a finished hypothesis from one cut at the limit (its score's length)
+                [pieces[i] for i in rows],
+                beam_size=options.beam_size,
+                num_hypotheses=n,
+                length_penalty=options.length_penalty,
+                max_decoding_length=limit,
+                # prepare_source checked it
+                min_decoding_length=options.min_decoding_length,
+                max_input_length=0,
+                max_batch_size=options.max_batch_size,
+                batch_type="examples",
+                return_scores=options.return_scores,
+                # to tell a finished hypothesis from one cut at the limit (its score's length)
+                return_end_token=True,
+            )
             for i, r in zip(rows, found):
                 full = [[self._target_id(p) for p in h] for h in r.hypotheses]
                 ids = [h[:-1] if h and h[-1] == self.translator.eos_id else h for h in full]
-                # CTranslate2's score is the sum of log-probabilities / length^length_penalty (end token counted),
+                # CTranslate2's score is the sum of log-probabilities / length^length_penalty (end token
+                # counted),
                 # for greedy search too; ours is the sum: multiplied back.
-                scores = ([float(s) * max(len(h), 1) ** options.length_penalty for s, h in zip(r.scores, full)]
-                          if options.return_scores else None)
+                scores = (
+                    [float(s) * max(len(h), 1) ** options.length_penalty for s, h in zip(r.scores, full)]
+                    if options.return_scores
+                    else None
+                )
                 results[i] = TranslationResult([self.translator.detokenize(t) for t in ids], ids, scores)
         return results  # type: ignore[return-value]
 
@@ -149,8 +193,12 @@ class CT2Engine(Engine):
         limit = self._limit(pieces, options)
         self._count(1, options, +1)
         try:
-            steps = self.ct2.generate_tokens(pieces, max_decoding_length=limit, max_input_length=0,
-                                             min_decoding_length=options.min_decoding_length)
+            steps = self.ct2.generate_tokens(
+                pieces,
+                max_decoding_length=limit,
+                max_input_length=0,
+                min_decoding_length=options.min_decoding_length,
+            )
 
             def ids():
                 for step in steps:
@@ -170,16 +218,29 @@ class CT2Engine(Engine):
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of this script (its --help)."""
-    p = argparse.ArgumentParser(description="Serve a CTranslate2 model behind seq2onnx serve's front end (serve/app.py).")
+    p = argparse.ArgumentParser(
+        description="Serve a CTranslate2 model behind seq2onnx serve's front end (serve/app.py)."
+    )
     p.add_argument("bundle", type=Path, help="the bundle: its tokenizers, length rule and option defaults")
     p.add_argument("ct2_model", type=Path, help="the CTranslate2 model of the same checkpoint")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="0: a free port (the line printed at start names it)")
+    p.add_argument(
+        "--port", type=int, default=8000, help="0: a free port (the line printed at start names it)"
+    )
     p.add_argument("--inter-threads", type=int, default=1, help="requests decoded at once (default 1)")
     p.add_argument("--intra-threads", type=int, default=2, help="threads per request (default 2)")
-    p.add_argument("--compute-type", default="float32", choices=COMPUTE_TYPES, help="CTranslate2's compute type (default float32)")
-    p.add_argument("--max-queue", type=int, default=256, help="requests admitted at once, else 503 (create_app's)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (create_app's timeout_s)")
+    p.add_argument(
+        "--compute-type",
+        default="float32",
+        choices=COMPUTE_TYPES,
+        help="CTranslate2's compute type (default float32)",
+    )
+    p.add_argument(
+        "--max-queue", type=int, default=256, help="requests admitted at once, else 503 (create_app's)"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds a request may take (create_app's timeout_s)"
+    )
     return p
 
 
@@ -187,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     """Loads the bundle and the CTranslate2 model, then serves until SIGTERM or Ctrl-C.
 
     Returns:
-        0 after a clean stop (serve/server.py's status); 2 for a bad argument, model or port (the message on stderr).
+        0 after a clean stop (serve/server.py's status); 2 for a bad argument, model or port (the message on
+        stderr).
     """
     args = build_parser().parse_args(argv)
     from seq2onnx.errors import CommandError
@@ -197,8 +259,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         translator = Translator(args.bundle, device="cpu", intra_threads=1)
-        engine = CT2Engine(translator, args.ct2_model, inter_threads=args.inter_threads,
-                           intra_threads=args.intra_threads, compute_type=args.compute_type)
+        engine = CT2Engine(
+            translator,
+            args.ct2_model,
+            inter_threads=args.inter_threads,
+            intra_threads=args.intra_threads,
+            compute_type=args.compute_type,
+        )
     except (BundleError, ValueError) as e:
         print(f"serve_ct2: {e}", file=sys.stderr)
         return 2

@@ -6,12 +6,15 @@ CTranslate2, all three behind the same HTTP front end (serve/app.py), each a rea
 Servers, each given --threads compute threads in all (default 2: the cores of the project's machine):
   (a) continuous  `seq2onnx serve BUNDLE --batching continuous --intra-threads T`
   (b) request     `seq2onnx serve BUNDLE --batching request --workers W --intra-threads T/W`, W = 1 and T
-  (c) ct2         `python benchmarks/serve_ct2.py BUNDLE CT2_MODEL_DIR --inter-threads I --intra-threads T/I`, I = 1 and T
+  (c) ct2         `python benchmarks/serve_ct2.py BUNDLE CT2_MODEL_DIR --inter-threads I --intra-threads T/I`,
+  I = 1 and T
 (b) and (c) are reported at their best setting per point, named. The load generator (one asyncio process,
-benchmarks/raw_http.py's keep-alive client, on the same cores) runs C closed-loop clients, each sending one sentence per request and the next once answered
-(load_point says how the window is measured). Right after (a), Translator.translate in this process (1 caller,
-no HTTP), against (a) at 1 client. Writes DIR/results.json, results.md, plot.png and logs/ (each server's output).
+benchmarks/raw_http.py's keep-alive client, on the same cores) runs C closed-loop clients, each sending one
+sentence per request and the next once answered (load_point says how the window is measured). Right after (a),
+Translator.translate in this process (1 caller, no HTTP), against (a) at 1 client. Writes DIR/results.json,
+results.md, plot.png and logs/ (each server's output).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,7 +57,8 @@ def read_sentences(path: Path, col: int, n: int, seed: int = 0) -> list[str]:
     """Returns n distinct non-empty texts of column `col` of a TSV (Tatoeba's format), shuffled with `seed`.
 
     Raises:
-        ValueError: the file is missing, a line lacks the column, or it has fewer than n texts (naming the fix).
+        ValueError: the file is missing, a line lacks the column, or it has fewer than n texts (naming the
+            fix).
     """
     if not path.is_file():
         raise ValueError(f"{path} does not exist: pass --data with a TSV of sentences (Tatoeba's cmn.txt)")
@@ -62,36 +66,73 @@ def read_sentences(path: Path, col: int, n: int, seed: int = 0) -> list[str]:
     for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
         fields = line.split("\t")
         if len(fields) <= col and line.strip():  # blank lines are skipped
-            raise ValueError(f"{path}:{number} has {len(fields)} columns, --src-col is {col}: choose 0..{len(fields) - 1}")
+            raise ValueError(
+                f"{path}:{number} has {len(fields)} columns, --src-col is {col}: choose 0..{len(fields) - 1}"
+            )
         if line.strip() and fields[col].strip():
             seen.setdefault(fields[col].strip(), None)
     texts = list(seen)
     if len(texts) < n:
-        raise ValueError(f"{path} has {len(texts)} distinct texts in column {col}, {n} asked: lower --sentences")
+        raise ValueError(
+            f"{path} has {len(texts)} distinct texts in column {col}, {n} asked: lower --sentences"
+        )
     random.Random(seed).shuffle(texts)
     return texts[:n]
 
 
-def server_commands(bundle: Path, ct2_model: Path | None, threads: int, engines,
-                    timeout: float = 300.0) -> list[tuple[str, str, list[str]]]:
-    """Returns (engine, setting, argv without --port) for each server to measure, `threads` compute threads each.
+def server_commands(
+    bundle: Path, ct2_model: Path | None, threads: int, engines, timeout: float = 300.0
+) -> list[tuple[str, str, list[str]]]:
+    """Returns (engine, setting, argv without --port) for each server to measure, `threads` compute threads
+    each.
 
     Every server runs on the CPU with the front end's request timeout `timeout` (seconds).
     """
-    serve = [sys.executable, "-m", "seq2onnx.commands", "serve", str(bundle), "--device", "cpu", "--timeout", str(timeout)]
+    serve = [
+        sys.executable,
+        "-m",
+        "seq2onnx.commands",
+        "serve",
+        str(bundle),
+        "--device",
+        "cpu",
+        "--timeout",
+        str(timeout),
+    ]
     out = []
     if "continuous" in engines:
-        out.append(("continuous", f"intra {threads}", serve + ["--batching", "continuous", "--intra-threads", str(threads)]))
+        out.append(
+            (
+                "continuous",
+                f"intra {threads}",
+                serve + ["--batching", "continuous", "--intra-threads", str(threads)],
+            )
+        )
     splits = sorted({1, threads})
     for engine, outer in (("request", "--workers"), ("ct2", "--inter-threads")):
         if engine not in engines:
             continue
         for k in splits:
-            base = (serve + ["--batching", "request"] if engine == "request"
-                    else [sys.executable, str(HERE / "serve_ct2.py"), str(bundle), str(ct2_model), "--timeout", str(timeout)])
+            base = (
+                serve + ["--batching", "request"]
+                if engine == "request"
+                else [
+                    sys.executable,
+                    str(HERE / "serve_ct2.py"),
+                    str(bundle),
+                    str(ct2_model),
+                    "--timeout",
+                    str(timeout),
+                ]
+            )
             name = "workers" if engine == "request" else "inter"
-            out.append((engine, f"{name} {k} x intra {threads // k}",
-                        base + [outer, str(k), "--intra-threads", str(threads // k)]))
+            out.append(
+                (
+                    engine,
+                    f"{name} {k} x intra {threads // k}",
+                    base + [outer, str(k), "--intra-threads", str(threads // k)],
+                )
+            )
     return out
 
 
@@ -124,14 +165,22 @@ class Server:
         self.url = f"http://127.0.0.1:{port}{PATH}"
         self._log = open(self.log_path, "wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(self.argv + ["--port", str(port)], stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        self.proc = subprocess.Popen(
+            self.argv + ["--port", str(port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
         try:
             deadline = time.monotonic() + self.start_timeout
             while True:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with code {self.proc.returncode} before answering: "
-                                       f"{' '.join(self.argv)}\n{self.log_tail()}")
+                    raise RuntimeError(
+                        f"server exited with code {self.proc.returncode} before answering: "
+                        f"{' '.join(self.argv)}\n{self.log_tail()}"
+                    )
                 try:
                     r = httpx.post(self.url, json={"texts": [self.probe], "beam_size": 1}, timeout=30)
                     if r.status_code == 200:
@@ -139,8 +188,10 @@ class Server:
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"server did not answer within {self.start_timeout:.0f} s (--start-timeout): "
-                                       f"{' '.join(self.argv)}\n{self.log_tail()}")
+                    raise TimeoutError(
+                        f"server did not answer within {self.start_timeout:.0f} s (--start-timeout): "
+                        f"{' '.join(self.argv)}\n{self.log_tail()}"
+                    )
                 time.sleep(0.25)
         except BaseException:
             self.stop()
@@ -174,18 +225,30 @@ def percentiles(values: list[float]) -> dict:
     return {"p50_ms": float(p[0]), "p95_ms": float(p[1]), "p99_ms": float(p[2])}
 
 
-async def load_point(url: str, sentences: list[str], clients: int, beam: int, *, warmup: float, seconds: float,
-                     requests: int | None, timeout: float, transport=None) -> dict:
+async def load_point(
+    url: str,
+    sentences: list[str],
+    clients: int,
+    beam: int,
+    *,
+    warmup: float,
+    seconds: float,
+    requests: int | None,
+    timeout: float,
+    transport=None,
+) -> dict:
     """C closed-loop clients, one sentence per request: the figures of the measured window.
 
-    The warm-up lasts `warmup` seconds and until every client has had an answer (at 128 clients the first answers
-    may take longer than any fixed warm-up); the window starts there. Duration mode (requests None): the requests
-    answered in [start, start + seconds] count; request mode: the first `requests` sent from the start, to the last
-    answer. transport: an httpx transport instead of the network (tests); else raw_http.py's light client.
+    The warm-up lasts `warmup` seconds and until every client has had an answer (at 128 clients the first
+    answers may take longer than any fixed warm-up); the window starts there. Duration mode (requests None):
+    the requests answered in [start, start + seconds] count; request mode: the first `requests` sent from the
+    start, to the last answer. transport: an httpx transport instead of the network (tests); else
+    raw_http.py's light client.
     """
     import httpx
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # raw_http.py beside this file, however it was loaded
+    # raw_http.py beside this file, however it was loaded
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from raw_http import Connection, HTTPError
 
     order, measured = itertools.count(), itertools.count()
@@ -207,8 +270,11 @@ async def load_point(url: str, sentences: list[str], clients: int, beam: int, *,
             connection = Connection(parts.hostname, parts.port)
             while True:
                 sent, start = time.perf_counter(), window["start"]
-                if (sent >= start + seconds if requests is None
-                        else sent >= start and next(measured) >= requests):
+                if (
+                    sent >= start + seconds
+                    if requests is None
+                    else sent >= start and next(measured) >= requests
+                ):
                     return
                 text = sentences[next(order) % len(sentences)]
                 tokens = error = None
@@ -237,9 +303,18 @@ async def load_point(url: str, sentences: list[str], clients: int, beam: int, *,
     ok = [r for r in counted if r[3] is None]
     errors = dict(collections.Counter(r[3] for r in counted if r[3] is not None))
     length = max(length, 1e-9)
-    return {"clients": clients, "beam": beam, "warmup_s": start - t0, "window_s": length, "requests": len(counted),
-            "ok": len(ok), "errors": errors, "sentences_per_s": len(ok) / length,
-            "tokens_per_s": sum(r[2] for r in ok) / length, **percentiles([r[1] - r[0] for r in ok])}
+    return {
+        "clients": clients,
+        "beam": beam,
+        "warmup_s": start - t0,
+        "window_s": length,
+        "requests": len(counted),
+        "ok": len(ok),
+        "errors": errors,
+        "sentences_per_s": len(ok) / length,
+        "tokens_per_s": sum(r[2] for r in ok) / length,
+        **percentiles([r[1] - r[0] for r in ok]),
+    }
 
 
 def in_process(bundle: Path, sentences: list[str], beams, seconds: float, threads: int) -> dict:
@@ -259,7 +334,10 @@ def in_process(bundle: Path, sentences: list[str], beams, seconds: float, thread
             if time.perf_counter() >= end:
                 break
         out[beam_label(beam)] = {"sentences": len(times), **percentiles(times)}
-        log(f"in-process {beam_label(beam)}: p50 {out[beam_label(beam)]['p50_ms']:.1f} ms over {len(times)} sentences")
+        log(
+            f"in-process {beam_label(beam)}: p50 {out[beam_label(beam)]['p50_ms']:.1f} ms over {len(times)} "
+            "sentences"
+        )
     return out
 
 
@@ -282,15 +360,30 @@ def markdown(report: dict) -> str:
     engines = [e for e in ENGINES if any(k[0] == e for k in best)]
     head = ["engine", "clients"]
     for b in beams:
-        head += [f"{beam_label(b)} sent/s", f"{beam_label(b)} tok/s", f"{beam_label(b)} p50 ms",
-                 f"{beam_label(b)} p99 ms", f"{beam_label(b)} setting"]
+        head += [
+            f"{beam_label(b)} sent/s",
+            f"{beam_label(b)} tok/s",
+            f"{beam_label(b)} p50 ms",
+            f"{beam_label(b)} p99 ms",
+            f"{beam_label(b)} setting",
+        ]
     head += [f"(a)/row {beam_label(b)}" for b in beams] + ["errors"]
-    lines = [f"# Serving load benchmark ({report['started']})", "", report["threads_note"], "",
-             f"Bundle `{report['bundle']}`, CTranslate2 model `{report['ct2_model']}`; {report['sentences']} sentences "
-             f"from `{report['data']}` column {report['src_col']}; {report['mode']}. sent/s: requests answered (one "
-             "sentence each) per second; tok/s: generated target tokens (token_ids, end token excluded) per second; "
-             "(a)/row: (a)'s sent/s over this row's, the (a)/(b) and (a)/(c) ratios.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        f"# Serving load benchmark ({report['started']})",
+        "",
+        report["threads_note"],
+        "",
+        f"Bundle `{report['bundle']}`, CTranslate2 model `{report['ct2_model']}`; {report['sentences']} "
+        "sentences "
+        f"from `{report['data']}` column {report['src_col']}; {report['mode']}. sent/s: requests answered "
+        "(one "
+        "sentence each) per second; tok/s: generated target tokens (token_ids, end token excluded) per "
+        "second; "
+        "(a)/row: (a)'s sent/s over this row's, the (a)/(b) and (a)/(c) ratios.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for e in engines:
         for c in clients:
             row, errors = [f"{LETTER[e]} {e}", str(c)], 0
@@ -299,27 +392,47 @@ def markdown(report: dict) -> str:
                 if p is None:
                     row += ["—"] * 5
                     continue
-                row += [_fmt(p["sentences_per_s"]), _fmt(p["tokens_per_s"], 0), _fmt(p["p50_ms"]), _fmt(p["p99_ms"]),
-                        p["setting"]]
+                row += [
+                    _fmt(p["sentences_per_s"]),
+                    _fmt(p["tokens_per_s"], 0),
+                    _fmt(p["p50_ms"]),
+                    _fmt(p["p99_ms"]),
+                    p["setting"],
+                ]
                 errors += sum(p["errors"].values())
             for b in beams:
                 a, p = best.get(("continuous", b, c)), best.get((e, b, c))
-                row.append(f"{a['sentences_per_s'] / p['sentences_per_s']:.2f}" if a and p and p["sentences_per_s"]
-                           else "—")
+                row.append(
+                    f"{a['sentences_per_s'] / p['sentences_per_s']:.2f}"
+                    if a and p and p["sentences_per_s"]
+                    else "—"
+                )
             lines.append("| " + " | ".join(row + [str(errors)]) + " |")
     inproc, one = report.get("in_process"), [b for b in beams if ("continuous", b, 1) in best]
     if inproc and one:
         lines += ["", "In-process `Translator.translate` (1 caller, no HTTP) against (a) at 1 client:", ""]
         for b in one:
             a, ip = best[("continuous", b, 1)], inproc[beam_label(b)]
-            lines.append(f"- {beam_label(b)}: in-process p50 {_fmt(ip['p50_ms'])} ms, (a) p50 {_fmt(a['p50_ms'])} ms "
-                         f"({a['p50_ms'] - ip['p50_ms']:+.1f} ms: HTTP, JSON, the front end and the engine's scheduling)")
-    lines += ["", "Every setting:", "", "| engine | setting | clients | beam | sent/s | tok/s | p50 ms | p95 ms | p99 ms | "
-              "requests | errors |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"- {beam_label(b)}: in-process p50 {_fmt(ip['p50_ms'])} ms, (a) p50 {_fmt(a['p50_ms'])} ms "
+                f"({a['p50_ms'] - ip['p50_ms']:+.1f} ms: HTTP, JSON, the front end and the engine's "
+                "scheduling)"
+            )
+    lines += [
+        "",
+        "Every setting:",
+        "",
+        "| engine | setting | clients | beam | sent/s | tok/s | p50 ms | p95 ms | p99 ms | "
+        "requests | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in report["points"]:
-        lines.append(f"| {LETTER[p['engine']]} {p['engine']} | {p['setting']} | {p['clients']} | {beam_label(p['beam'])} | "
-                     f"{_fmt(p['sentences_per_s'])} | {_fmt(p['tokens_per_s'], 0)} | {_fmt(p['p50_ms'])} | "
-                     f"{_fmt(p['p95_ms'])} | {_fmt(p['p99_ms'])} | {p['requests']} | {p['errors'] or 0} |")
+        lines.append(
+            f"| {LETTER[p['engine']]} {p['engine']} | {p['setting']} | {p['clients']} | "
+            f"{beam_label(p['beam'])} | "
+            f"{_fmt(p['sentences_per_s'])} | {_fmt(p['tokens_per_s'], 0)} | {_fmt(p['p50_ms'])} | "
+            f"{_fmt(p['p95_ms'])} | {_fmt(p['p99_ms'])} | {p['requests']} | {p['errors'] or 0} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -339,13 +452,22 @@ def plot(report: dict, path: Path) -> str | None:
         for e in engines:
             pts = sorted((c, best[(e, b, c)]) for c in report["clients"] if (e, b, c) in best)
             xs = [c for c, _ in pts]
-            axes[0][col].plot(xs, [p["sentences_per_s"] for _, p in pts], marker="o", label=f"{LETTER[e]} {e}")
-            axes[1][col].plot(xs, [p["p99_ms"] or float("nan") for _, p in pts], marker="o", label=f"{LETTER[e]} {e}")
+            axes[0][col].plot(
+                xs, [p["sentences_per_s"] for _, p in pts], marker="o", label=f"{LETTER[e]} {e}"
+            )
+            axes[1][col].plot(
+                xs, [p["p99_ms"] or float("nan") for _, p in pts], marker="o", label=f"{LETTER[e]} {e}"
+            )
         for row, ylabel in enumerate(("sentences / s", "p99 latency (ms)")):
             ax = axes[row][col]
             ax.set_xscale("log", base=2)
-            ax.set(xticks=report["clients"], xticklabels=[str(c) for c in report["clients"]],
-                   xlabel="concurrent clients", ylabel=ylabel, title=f"{beam_label(b)}: {ylabel}")
+            ax.set(
+                xticks=report["clients"],
+                xticklabels=[str(c) for c in report["clients"]],
+                xlabel="concurrent clients",
+                ylabel=ylabel,
+                title=f"{beam_label(b)}: {ylabel}",
+            )
             ax.grid(True, alpha=0.3)
             ax.legend()
         axes[1][col].set_yscale("log")
@@ -363,7 +485,9 @@ def prepare_out(out: Path, force: bool) -> None:
         ValueError: out exists, is not empty and force is False.
     """
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise ValueError(f"{out} exists and is not empty: choose another --out or pass --force to write over it")
+        raise ValueError(
+            f"{out} exists and is not empty: choose another --out or pass --force to write over it"
+        )
     (out / "logs").mkdir(parents=True, exist_ok=True)
 
 
@@ -374,23 +498,55 @@ def _terminate(signum, frame):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("bundle", type=Path, help="the bundle served by (a) and (b) (made by seq2onnx export)")
-    p.add_argument("ct2_model", type=Path, help="the CTranslate2 model of the bundle's checkpoint (see serve_ct2.py)")
-    p.add_argument("--out", type=Path, required=True, help="output directory (refused when not empty, unless --force)")
+    p.add_argument(
+        "ct2_model", type=Path, help="the CTranslate2 model of the bundle's checkpoint (see serve_ct2.py)"
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, help="output directory (refused when not empty, unless --force)"
+    )
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
-    p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128],
-                   help="concurrent clients of each point, each waiting for its answer (default 1 8 32 128)")
-    p.add_argument("--beams", type=int, nargs="+", default=[1, 4], help="beam sizes measured (default 1 4; 1 is greedy)")
+    p.add_argument(
+        "--clients",
+        type=int,
+        nargs="+",
+        default=[1, 8, 32, 128],
+        help="concurrent clients of each point, each waiting for its answer (default 1 8 32 128)",
+    )
+    p.add_argument(
+        "--beams", type=int, nargs="+", default=[1, 4], help="beam sizes measured (default 1 4; 1 is greedy)"
+    )
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per point (default 20)")
-    p.add_argument("--requests", type=int, default=None, help="instead of --seconds: requests measured per point")
-    p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before each point's window (default 5)")
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="TSV of sentences (default: Tatoeba cmn.txt)")
+    p.add_argument(
+        "--requests", type=int, default=None, help="instead of --seconds: requests measured per point"
+    )
+    p.add_argument(
+        "--warmup", type=float, default=5.0, help="seconds of load before each point's window (default 5)"
+    )
+    p.add_argument(
+        "--data", type=Path, default=DEFAULT_DATA, help="TSV of sentences (default: Tatoeba cmn.txt)"
+    )
     p.add_argument("--src-col", type=int, default=1, help="its column of source texts (default 1: Chinese)")
-    p.add_argument("--sentences", type=int, default=2000, help="distinct sentences cycled through (default 2000)")
+    p.add_argument(
+        "--sentences", type=int, default=2000, help="distinct sentences cycled through (default 2000)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the sentences' order (default 0)")
     p.add_argument("--threads", type=int, default=2, help="compute threads per server in all (default 2)")
-    p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES), help="servers measured (default all three)")
-    p.add_argument("--in-process-seconds", type=float, default=20.0, help="0 skips the in-process measurement")
-    p.add_argument("--start-timeout", type=float, default=180.0, help="seconds a server may take to answer its first request (default 180)")
+    p.add_argument(
+        "--engines",
+        nargs="+",
+        choices=ENGINES,
+        default=list(ENGINES),
+        help="servers measured (default all three)",
+    )
+    p.add_argument(
+        "--in-process-seconds", type=float, default=20.0, help="0 skips the in-process measurement"
+    )
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=180.0,
+        help="seconds a server may take to answer its first request (default 180)",
+    )
     p.add_argument("--server-timeout", type=float, default=300.0, help="each server's --timeout (seconds)")
     p.add_argument("--request-timeout", type=float, default=330.0, help="the client's timeout (seconds)")
     return p
@@ -405,49 +561,100 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        if min(args.clients) < 1 or args.threads < 1 or args.seconds <= 0 or (args.requests is not None and args.requests < 1):
-            raise ValueError(f"--clients {args.clients}, --threads {args.threads}, --seconds {args.seconds}, --requests "
-                             f"{args.requests}: each must be >= 1 (--seconds > 0)")
+        if (
+            min(args.clients) < 1
+            or args.threads < 1
+            or args.seconds <= 0
+            or (args.requests is not None and args.requests < 1)
+        ):
+            raise ValueError(
+                f"--clients {args.clients}, --threads {args.threads}, --seconds {args.seconds}, --requests "
+                f"{args.requests}: each must be >= 1 (--seconds > 0)"
+            )
         if "ct2" in args.engines and not (args.ct2_model / "model.bin").is_file():
-            raise ValueError(f"{args.ct2_model / 'model.bin'} does not exist: give the CTranslate2 model "
-                             "(seq2onnx export CKPT DIR --format ctranslate2), or leave ct2 out of --engines")
+            raise ValueError(
+                f"{args.ct2_model / 'model.bin'} does not exist: give the CTranslate2 model "
+                "(seq2onnx export CKPT DIR --format ctranslate2), or leave ct2 out of --engines"
+            )
         sentences = read_sentences(args.data, args.src_col, args.sentences, args.seed)
         prepare_out(args.out, args.force)
     except ValueError as e:
         print(f"serve_load: {e}", file=sys.stderr)
         return 2
-    mode = (f"closed loop, {args.warmup:g} s warm-up then "
-            f"{f'{args.seconds:g} s' if args.requests is None else f'{args.requests} requests'} measured per point")
-    note = (f"{args.threads} compute threads in all per server (workers/inter threads x intra threads); this machine "
-            f"has {os.cpu_count()} cores, shared by the server and the load generator (one asyncio process, benchmarks/raw_http.py).")
+    mode = (
+        f"closed loop, {args.warmup:g} s warm-up then "
+        f"{f'{args.seconds:g} s' if args.requests is None else f'{args.requests} requests'} measured per "
+        "point"
+    )
+    note = (
+        f"{args.threads} compute threads in all per server (workers/inter threads x intra threads); this "
+        "machine "
+        f"has {os.cpu_count()} cores, shared by the server and the load generator (one asyncio process, "
+        "benchmarks/raw_http.py)."
+    )
     log(note)
-    report = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "threads_note": note, "bundle": str(args.bundle),
-              "ct2_model": str(args.ct2_model), "data": str(args.data), "src_col": args.src_col,
-              "sentences": len(sentences), "clients": args.clients, "beams": args.beams, "mode": mode,
-              "threads": args.threads, "machine": {"cores": os.cpu_count(), "load_average": os.getloadavg(),
-                                                   "python": platform.python_version(), "platform": platform.platform()},
-              "servers": [], "points": []}
-    for engine, setting, cmd in server_commands(args.bundle, args.ct2_model, args.threads, args.engines,
-                                                args.server_timeout):
+    report = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "threads_note": note,
+        "bundle": str(args.bundle),
+        "ct2_model": str(args.ct2_model),
+        "data": str(args.data),
+        "src_col": args.src_col,
+        "sentences": len(sentences),
+        "clients": args.clients,
+        "beams": args.beams,
+        "mode": mode,
+        "threads": args.threads,
+        "machine": {
+            "cores": os.cpu_count(),
+            "load_average": os.getloadavg(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "servers": [],
+        "points": [],
+    }
+    for engine, setting, cmd in server_commands(
+        args.bundle, args.ct2_model, args.threads, args.engines, args.server_timeout
+    ):
         name = f"{engine}-{setting.replace(' ', '')}"
         log(f"starting {LETTER[engine]} {engine} ({setting})")
         t = time.perf_counter()
         with Server(cmd, args.out / "logs" / f"{name}.log", sentences[0], args.start_timeout) as server:
-            report["servers"].append({"engine": engine, "setting": setting, "command": cmd,
-                                      "start_s": time.perf_counter() - t})
+            report["servers"].append(
+                {"engine": engine, "setting": setting, "command": cmd, "start_s": time.perf_counter() - t}
+            )
             for beam in args.beams:
                 for clients in args.clients:
-                    p = asyncio.run(load_point(server.url, sentences, clients, beam, warmup=args.warmup,
-                                               seconds=args.seconds, requests=args.requests,
-                                               timeout=args.request_timeout))
+                    p = asyncio.run(
+                        load_point(
+                            server.url,
+                            sentences,
+                            clients,
+                            beam,
+                            warmup=args.warmup,
+                            seconds=args.seconds,
+                            requests=args.requests,
+                            timeout=args.request_timeout,
+                        )
+                    )
                     report["points"].append({"engine": engine, "setting": setting, **p})
-                    log(f"{engine} {setting} {beam_label(beam)} {clients} clients: {p['sentences_per_s']:.1f} sent/s, "
-                        f"p50 {_fmt(p['p50_ms'])} ms, p99 {_fmt(p['p99_ms'])} ms, errors {p['errors'] or 0}")
-                    if server.proc.poll() is not None:  # died under load: its errors would fill every later point
-                        raise RuntimeError(f"{engine} ({setting}) exited with code {server.proc.returncode} under load:"
-                                           f"\n{server.log_tail()}")
-        if engine == "continuous" and args.in_process_seconds > 0:  # right after (a): the machine's drift is least
-            report["in_process"] = in_process(args.bundle, sentences, args.beams, args.in_process_seconds, args.threads)
+                    log(
+                        f"{engine} {setting} {beam_label(beam)} {clients} clients: "
+                        f"{p['sentences_per_s']:.1f} sent/s, "
+                        f"p50 {_fmt(p['p50_ms'])} ms, p99 {_fmt(p['p99_ms'])} ms, errors {p['errors'] or 0}"
+                    )
+                    # died under load: its errors would fill every later point
+                    if server.proc.poll() is not None:
+                        raise RuntimeError(
+                            f"{engine} ({setting}) exited with code {server.proc.returncode} under load:"
+                            f"\n{server.log_tail()}"
+                        )
+        # right after (a): the machine's drift is least
+        if engine == "continuous" and args.in_process_seconds > 0:
+            report["in_process"] = in_process(
+                args.bundle, sentences, args.beams, args.in_process_seconds, args.threads
+            )
     why = plot(report, args.out / "plot.png")
     report["plot"] = why or "plot.png"
     write_file(args.out / "results.json", json.dumps(report, indent=2) + "\n")

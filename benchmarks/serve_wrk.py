@@ -2,7 +2,8 @@
 
     python benchmarks/serve_wrk.py BUNDLE --ct2 CT2_DIR --out DIR [--clients 1 8 32 128] [--seconds 15]
     python benchmarks/serve_wrk.py marian WORK     # an OPUS-MT-size Marian: WORK/bundle, WORK/ct2
-    python benchmarks/serve_wrk.py stub BUNDLE --port P  # the ceiling's server alone (the benchmark starts it)
+    python benchmarks/serve_wrk.py stub BUNDLE --port P  # the ceiling's server alone (the benchmark starts
+    it)
 
 Each server is its own process on 127.0.0.1 (serve_load.py's Server: a free port, awaited until it
 answers, SIGTERM then SIGKILL), with --threads (T) compute threads in all:

@@ -8,5 +8,5 @@
   run.py       the run: sentences, bundles, one child per engine and setting, the report dict
   rows.py      the children's results -> rows: tokens/s, percentiles, agreement, ratios, the best rows
   report.py    the report as text
-The command itself is commands/bench.py; benchmarks/ holds the scripts a person runs by hand.
+The command itself is commands/bench.py; scripts/ holds the scripts a person runs by hand.
 """

@@ -80,7 +80,7 @@ TABLES = {  # what bundle.json's quantization_scheme.tables records where the em
 }
 
 
-# keep_float's layer groups (a maintainer's ablation, benchmarks/int8_layers.py): the names the exporter gives
+# keep_float's layer groups (a maintainer's ablation, scripts/int8_layers.py): the names the exporter gives
 # each group's linear layers, in encoder.onnx / decoder.onnx (traced) and decoder_fused.onnx (built by name).
 # The cross-attention's key and value projections are in the encoder graph. "embeddings" is the id tables'
 # lookups and the output projection (tied or not).

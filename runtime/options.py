@@ -196,7 +196,7 @@ SPIN_DURATION_SINCE = (1, 26)  # the first onnxruntime that reads session.intra_
 
 @dataclass(frozen=True)
 class SessionTuning:
-    """Knobs for measuring what the runtime's defaults bring (benchmarks/ablate.py).
+    """Knobs for measuring what the runtime's defaults bring (scripts/ablate.py).
 
     Pass as Translator(..., _tuning=SessionTuning(...)). Not part of the public API.
 

@@ -1,4 +1,4 @@
-"""benchmarks/gemm.py: the products it times are exactly the fused decoder step's weight products."""
+"""scripts/gemm.py: the products it times are exactly the fused decoder step's weight products."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,7 +13,7 @@ from tiny import tiny_bundle
 
 from seq2onnx.runtime import bundle as fmt
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gemm.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gemm.py"
 
 
 def _gemm_module():

@@ -2,7 +2,7 @@
 training for a few steps.
 
 Marked `gpu`: each skips with one line where onnxruntime's CUDA provider (or, for training, torch's CUDA)
-cannot run, and runs, and can fail, where it can. benchmarks/gpu_check.sh runs them on the GPU machine
+cannot run, and runs, and can fail, where it can. scripts/gpu_check.sh runs them on the GPU machine
 (`pytest -m gpu`).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 ORT_CUDA, WHY_NOT = cuda_usable()
 needs_ort_cuda = pytest.mark.skipif(not ORT_CUDA, reason=f"onnxruntime cannot run CUDA here: {WHY_NOT}")
 needs_torch_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
 
 def _gpu_check():

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.sh and gpu_pack.sh (issue 39) here: the CPU mode runs every step of the GPU check,
+"""scripts/gpu_check.sh and gpu_pack.sh (issue 39) here: the CPU mode runs every step of the GPU check,
 and a pack is joined, checked and installed as on the GPU machine, or refused naming the part to carry
 again."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.sessions import cuda_usable
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECK, PACK = ROOT / "benchmarks" / "gpu_check.sh", ROOT / "benchmarks" / "gpu_pack.sh"
+CHECK, PACK = ROOT / "scripts" / "gpu_check.sh", ROOT / "scripts" / "gpu_pack.sh"
 
 
 def _env(**extra) -> dict:

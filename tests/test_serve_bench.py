@@ -1,4 +1,4 @@
-"""benchmarks/serve_ct2.py, serve_load.py and serve_identity.py (issue 26): CTranslate2 behind the serving front end
+"""scripts/serve_ct2.py, serve_load.py and serve_identity.py (issue 26): CTranslate2 behind the serving front end
 decodes as our runtime does, and both scripts run end to end on the tiny bundle with real server processes."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ require("ctranslate2", "bench")
 require("httpx", "bench")
 require("fastapi", "serve")
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def _module(name: str):

@@ -1,4 +1,4 @@
-"""benchmarks/serve_wrk.py (issue 36, item 4): the pieces that need no wrk (the words, wrk's report read back,
+"""scripts/serve_wrk.py (issue 36, item 4): the pieces that need no wrk (the words, wrk's report read back,
 the ceiling's echo engine answering through the real front end in a real process), and with wrk installed
 the Lua script's bodies and a short run of the whole script."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from extras import require
 require("fastapi", "serve")
 httpx = require("httpx", "bench")
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "scripts"
 HAS_WRK = shutil.which("wrk") is not None
 NO_WRK = "wrk is not installed (apt-get install wrk): the benchmark's own tool"
 CANNED = """Running 15s test @ http://127.0.0.1:4242/v1/translate

@@ -1,7 +1,7 @@
 """Long runs: one Translator in this process, or a `seq2onnx serve` process under many clients.
 
-    python benchmarks/soak.py BUNDLE [--sentences 10000] [--batch 32] [--beam 4]
-    python benchmarks/soak.py BUNDLE --serve [--clients 64] [--minutes 10] [--every 10] --out DIR
+    python scripts/soak.py BUNDLE [--sentences 10000] [--batch 32] [--beam 4]
+    python scripts/soak.py BUNDLE --serve [--clients 64] [--minutes 10] [--every 10] --out DIR
 
 --serve (issue 37, item 8): a real server on 127.0.0.1 (`seq2onnx serve BUNDLE --batching continuous`)
 and --clients closed-loop clients of mixed requests (greedy, beam 4 with 2-best and scores, sampling with
@@ -117,7 +117,7 @@ def serve_soak(args) -> int:
     """
     import threading
 
-    from serve_load import Server, free_port  # noqa: F401  (benchmarks/ is this script's folder)
+    from serve_load import Server, free_port  # noqa: F401  (scripts/ is this script's folder)
 
     from seq2onnx.atomic import write_file
 

@@ -1,6 +1,6 @@
 """Trained Hugging Face imports held to generate(): our bundles and CTranslate2 (issue 35, item 9).
 
-    python benchmarks/hf_trained_identity.py --work DIR --out DIR [--families marian,nllb,mbart]
+    python scripts/hf_trained_identity.py --work DIR --out DIR [--families marian,nllb,mbart]
                                              [--sentences 1000] [--train-minutes 5]
 
 Run by hand, not in CI. For each family the script trains a small model (d_model 128, 3+3 layers, ffn 512, a

@@ -1,15 +1,15 @@
 """Load benchmark of `seq2onnx serve` (issue 26, item 4): continuous batching against per-request batching and
 CTranslate2, all three behind the same HTTP front end (serve/app.py), each a real server process on 127.0.0.1.
 
-    python benchmarks/serve_load.py BUNDLE CT2_MODEL_DIR --out DIR [--clients 1 8 32 128] [--seconds 20]
+    python scripts/serve_load.py BUNDLE CT2_MODEL_DIR --out DIR [--clients 1 8 32 128] [--seconds 20]
 
 Servers, each given --threads compute threads in all (default 2: the cores of the project's machine):
   (a) continuous  `seq2onnx serve BUNDLE --batching continuous --intra-threads T`
   (b) request     `seq2onnx serve BUNDLE --batching request --workers W --intra-threads T/W`, W = 1 and T
-  (c) ct2         `python benchmarks/serve_ct2.py BUNDLE CT2_MODEL_DIR --inter-threads I --intra-threads T/I`,
+  (c) ct2         `python scripts/serve_ct2.py BUNDLE CT2_MODEL_DIR --inter-threads I --intra-threads T/I`,
   I = 1 and T
 (b) and (c) are reported at their best setting per point, named. The load generator (one asyncio process,
-benchmarks/raw_http.py's keep-alive client, on the same cores) runs C closed-loop clients, each sending one
+scripts/raw_http.py's keep-alive client, on the same cores) runs C closed-loop clients, each sending one
 sentence per request and the next once answered (load_point says how the window is measured). Right after (a),
 Translator.translate in this process (1 caller, no HTTP), against (a) at 1 client. Writes DIR/results.json,
 results.md, plot.png and logs/ (each server's output).
@@ -590,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.threads} compute threads in all per server (workers/inter threads x intra threads); this "
         "machine "
         f"has {os.cpu_count()} cores, shared by the server and the load generator (one asyncio process, "
-        "benchmarks/raw_http.py)."
+        "scripts/raw_http.py)."
     )
     log(note)
     report = {

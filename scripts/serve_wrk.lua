@@ -1,4 +1,4 @@
--- wrk's script for benchmarks/serve_wrk.py: every request POSTs one random sentence to /v1/translate.
+-- wrk's script for scripts/serve_wrk.py: every request POSTs one random sentence to /v1/translate.
 --
 --   wrk -t 1 -c 32 -d 15s --timeout 330s -s serve_wrk.lua http://127.0.0.1:PORT/v1/translate \
 --       -- WORDS SEP BEAM LEN_LO LEN_HI SEED [DUMP]

@@ -1,6 +1,6 @@
-"""CTranslate2 behind `seq2onnx serve`'s own front end: the peer of benchmarks/serve_load.py (issue 26).
+"""CTranslate2 behind `seq2onnx serve`'s own front end: the peer of scripts/serve_load.py (issue 26).
 
-    python benchmarks/serve_ct2.py BUNDLE CT2_MODEL_DIR --port 0 --inter-threads 1 --intra-threads 2
+    python scripts/serve_ct2.py BUNDLE CT2_MODEL_DIR --port 0 --inter-threads 1 --intra-threads 2
 
 CT2Engine implements serve/engine.py's Engine, so serve/app.py's create_app serves it exactly as it
 serves our engines (same admission, limits, JSON, server): only the decoding differs. Texts are

@@ -1,6 +1,6 @@
 """Measures what each runtime optimisation brings, one switch at a time, in one run.
 
-    python benchmarks/ablate.py BUNDLE [--int8 BUNDLE_INT8] [--other BUNDLE] [--sentences 200] [--repeat 5]
+    python scripts/ablate.py BUNDLE [--int8 BUNDLE_INT8] [--other BUNDLE] [--sentences 200] [--repeat 5]
 
 Every variant translates the same sentences (the generated corpus, or --data TSV's first column)
 with beam 4 at batch 32 and greedy at batch 1; the table gives target tokens per second and the

@@ -1,8 +1,8 @@
 """Load benchmark of `seq2onnx serve` driven by wrk, an independent HTTP client (issue 36, item 4).
 
-    python benchmarks/serve_wrk.py BUNDLE --ct2 CT2_DIR --out DIR [--clients 1 8 32 128] [--seconds 15]
-    python benchmarks/serve_wrk.py marian WORK     # an OPUS-MT-size Marian: WORK/bundle, WORK/ct2
-    python benchmarks/serve_wrk.py stub BUNDLE --port P  # the ceiling's server alone (the benchmark starts
+    python scripts/serve_wrk.py BUNDLE --ct2 CT2_DIR --out DIR [--clients 1 8 32 128] [--seconds 15]
+    python scripts/serve_wrk.py marian WORK     # an OPUS-MT-size Marian: WORK/bundle, WORK/ct2
+    python scripts/serve_wrk.py stub BUNDLE --port P  # the ceiling's server alone (the benchmark starts
     it)
 
 Each server is its own process on 127.0.0.1 (serve_load.py's Server: a free port, awaited until it
@@ -10,9 +10,9 @@ answers, SIGTERM then SIGKILL), with --threads (T) compute threads in all:
   continuous  seq2onnx serve BUNDLE --batching continuous --intra-threads T (the default batching)
   request     seq2onnx serve BUNDLE --batching request --workers W --intra-threads T/W,
               W in --request-workers
-  ct2         python benchmarks/serve_ct2.py BUNDLE CT2 --inter-threads I --intra-threads T/I,
+  ct2         python scripts/serve_ct2.py BUNDLE CT2 --inter-threads I --intra-threads T/I,
               I in --ct2-inter
-  ceiling     python benchmarks/serve_wrk.py stub BUNDLE: serve/app.py's create_app with seq2onnx
+  ceiling     python scripts/serve_wrk.py stub BUNDLE: serve/app.py's create_app with seq2onnx
               serve's defaults under serve/server.py's serve() (the same uvicorn configuration); its
               engine (EchoEngine) answers each text with itself and its source ids: tokenised, never
               decoded. What the front end alone allows.

@@ -1,12 +1,12 @@
 """The package's longest functions, and its lines over the line-length limit: a maintainer's tool.
 
-    python benchmarks/longest_functions.py [-n 20] [--width 110] [--all]
+    python scripts/longest_functions.py [-n 20] [--width 110] [--all]
 
 Reads the sources with `ast` (nothing is imported) and prints the N longest functions and methods
 of the package (the root modules, runtime/, model/, export/, serve/, bench/, commands/), each as
 `file:line  length  name`, where the length runs from the `def` line to the function's last line,
 nested functions counted in their parent too. Then the count of lines longer than --width
-characters, per file. With --all, tests/ and benchmarks/ are read as well.
+characters, per file. With --all, tests/ and scripts/ are read as well.
 
 This is the "before and after" of issue 38: the size the linter's complexity rules (C901, PLR0912,
 PLR0915 in pyproject.toml) keep in check is the function's, not the file's.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("runtime", "model", "export", "serve", "bench", "commands")
-EXTRA = ("tests", "benchmarks")
+EXTRA = ("tests", "scripts")
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Function:
 
 
 def source_files(include_extra: bool) -> list[Path]:
-    """The package's .py files (and tests/ and benchmarks/ with `include_extra`), sorted."""
+    """The package's .py files (and tests/ and scripts/ with `include_extra`), sorted."""
     files = list(ROOT.glob("*.py"))
     for folder in PACKAGES + (EXTRA if include_extra else ()):
         files += (ROOT / folder).rglob("*.py")
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=20, help="how many functions to print (default 20)")
     parser.add_argument("--width", type=int, default=110, help="the line-length limit (default 110)")
-    parser.add_argument("--all", action="store_true", help="read tests/ and benchmarks/ as well")
+    parser.add_argument("--all", action="store_true", help="read tests/ and scripts/ as well")
     args = parser.parse_args(argv)
 
     files = source_files(args.all)

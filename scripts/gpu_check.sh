@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The GPU check of issue 39 in one call (docs/gpu.md): install the carried onnxruntime-gpu, then
-# benchmarks/gpu_check.py's steps (train, export, tests, verify, copies, bench); tables and logs under $OUT.
+# scripts/gpu_check.py's steps (train, export, tests, verify, copies, bench); tables and logs under $OUT.
 #
-#   bash benchmarks/gpu_check.sh           on the GPU machine, in the call that carries the last folder
-#                                          of .gpupack/ (benchmarks/gpu_pack.sh), after the calls that
+#   bash scripts/gpu_check.sh           on the GPU machine, in the call that carries the last folder
+#                                          of .gpupack/ (scripts/gpu_pack.sh), after the calls that
 #                                          carried the others
-#   bash benchmarks/gpu_check.sh --cpu     the same steps on the CPU provider, a tiny model (CI runs this)
-#   bash benchmarks/gpu_check.sh --install-only [PACK TARGET]
+#   bash scripts/gpu_check.sh --cpu     the same steps on the CPU provider, a tiny model (CI runs this)
+#   bash scripts/gpu_check.sh --install-only [PACK TARGET]
 #                                          join the parts, check every sha256, pip install --target
 #
 # OUT (default /tmp/gpu-check-out) gets summary.md, results.json, logs.tar.xz, and install.log in gpu mode.
@@ -24,7 +24,7 @@ install() {
   local pack=$1 target=$2 manifest n name d f want got
   manifest=$(ls "$pack"/[0-9]*/MANIFEST 2>/dev/null | head -1)
   if [ -z "$manifest" ]; then
-    say "no $pack/N/MANIFEST: carry the folders that benchmarks/gpu_pack.sh wrote"
+    say "no $pack/N/MANIFEST: carry the folders that scripts/gpu_pack.sh wrote"
     return 2
   fi
   n=$(awk '$1 == "parts" {print $2}' "$manifest")
@@ -60,7 +60,7 @@ case "${1:-}" in
   --cpu) mode=cpu ;;
   --install-only) install "${2:-.gpupack}" "${3:-/tmp/ort-gpu}"; exit $? ;;
   "") ;;
-  *) echo "usage: bash benchmarks/gpu_check.sh [--cpu | --install-only [PACK TARGET]]"; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_check.sh [--cpu | --install-only [PACK TARGET]]"; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/gpu-check-out}
 mkdir -p "$OUT"
@@ -91,5 +91,5 @@ if [ "$mode" = gpu ]; then
   [ -f "$work/cmn.txt" ] && data=(--data "$work/cmn.txt")
 fi
 budget=${GPU_CHECK_BUDGET_S:-$([ "$mode" = gpu ] && echo 440 || echo 600)}
-exec "$py" benchmarks/gpu_check.py --mode "$mode" --out "$OUT" --work "$work" "${data[@]}" \
+exec "$py" scripts/gpu_check.py --mode "$mode" --out "$OUT" --work "$work" "${data[@]}" \
   --budget-s "$budget"

@@ -1,7 +1,7 @@
 """Real sizes: Hugging Face Marian and M2M100 models at their published sizes, random weights, imported and
 timed.
 
-    python benchmarks/hf_real_sizes.py --work DIR [--models marian,nllb] [--sentences 32]
+    python scripts/hf_real_sizes.py --work DIR [--models marian,nllb] [--sentences 32]
                                        [--max-new-tokens 32] [--threads 2] [--skip-build] [--tiny]
                                        [--out DIR] [--repeat R]
 

@@ -1,7 +1,7 @@
 """The GPU check of issue 39 in one call: train, export, test, verify, count copies, bench; tables under OUT.
 
-    python benchmarks/gpu_check.py --mode gpu --out OUT [--data cmn.txt]    (benchmarks/gpu_check.sh calls it)
-    python benchmarks/gpu_check.py --mode cpu --out OUT                     (the same steps, CPU provider)
+    python scripts/gpu_check.py --mode gpu --out OUT [--data cmn.txt]    (scripts/gpu_check.sh calls it)
+    python scripts/gpu_check.py --mode cpu --out OUT                     (the same steps, CPU provider)
 
 `--mode gpu` runs on a machine with an NVIDIA GPU and onnxruntime-gpu (gpu_check.sh installs the carried
 wheel); `--mode cpu` runs every step on the CPU provider with a tiny model, so that CI runs this script

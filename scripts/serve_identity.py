@@ -1,7 +1,7 @@
 """Token identity of `seq2onnx serve` under load (issue 26, item 2): does a sentence decoded in a shared batch
 get the very tokens it gets decoded alone?
 
-    python benchmarks/serve_identity.py BUNDLE --out DIR [--sentences 1000] [--clients 32]
+    python scripts/serve_identity.py BUNDLE --out DIR [--sentences 1000] [--clients 32]
         [--batching continuous]
 
 N real sentences (Tatoeba, column --src-col) are sent by C concurrent clients, one sentence per request, to a

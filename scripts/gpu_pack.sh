@@ -2,7 +2,7 @@
 # Packs onnxruntime-gpu (the CUDA 13 build) for the GPU machine: its image has CUDA 13 and Python 3.12 but
 # only the CPU onnxruntime, it reaches no registry, and the device tool carries at most 64 MiB per call.
 #
-#   bash benchmarks/gpu_pack.sh [SPEC]      (default: onnxruntime-gpu==1.31.1; docs/gpu.md)
+#   bash scripts/gpu_pack.sh [SPEC]      (default: onnxruntime-gpu==1.31.1; docs/gpu.md)
 #
 #   1. downloads SPEC's wheel for CPython 3.12 on x86-64 Linux;
 #   2. refuses a wheel whose CUDA major is not 13: its Requires-Dist must ask for nvidia-cuda-runtime~=13
@@ -21,7 +21,7 @@
 # GPU_PACK_ANY=1 (a wheel without CUDA: steps 2 and 3 are skipped).
 #
 # .gpupack/ is ignored (.gitignore): the wheel and its parts are never committed. Call N of the transfer
-# names `.gpupack/N` in `carry`; the last one runs `bash benchmarks/gpu_check.sh`, which joins the parts,
+# names `.gpupack/N` in `carry`; the last one runs `bash scripts/gpu_check.sh`, which joins the parts,
 # checks every sha256 and installs the wheel (docs/gpu.md: the calls in order).
 set -euo pipefail
 spec=${1:-onnxruntime-gpu==1.31.1}

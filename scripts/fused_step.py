@@ -1,8 +1,8 @@
 """Times ONE decoder step: the standard-opset decoder.onnx against the fused contrib-op graph.
 
-    python benchmarks/fused_step.py [--rounds 7] [--past 10] [--threads 2] [--seed 0]
+    python scripts/fused_step.py [--rounds 7] [--past 10] [--threads 2] [--seed 0]
         [--profile [--profile-rows 1]]
-    python benchmarks/fused_step.py --bundle BUNDLE --data TSV [--src-col 1] [--rounds 3] [--threads 2]
+    python scripts/fused_step.py --bundle BUNDLE --data TSV [--src-col 1] [--rounds 3] [--threads 2]
 
 A random model of the Tatoeba size (d_model 256, 3+3 layers, 4 heads, d_ff 1024, vocabulary 3,000)
 is exported both ways into a temporary directory. Each graph runs in its own session (CPU, the given
@@ -14,7 +14,7 @@ kernel times at --profile-rows rows (default 1; 128 is beam 4 x 32; profiling ad
 overhead: read the shares, not the sums).
 
 How each step is driven:
-- standard: `session.run` of the top-k outputs with a past of `--past` positions, as benchmarks/step.py;
+- standard: `session.run` of the top-k outputs with a past of `--past` positions, as scripts/step.py;
 - fused: IO binding made once, the cache buffers (max_length 64) bound as both past and present,
   `run_with_iobinding` per step: the static loop the fused graph is for.
 

@@ -1,6 +1,6 @@
 """Times ONE decoder step of each bundle, alone: no search, no Python between steps.
 
-    python benchmarks/step.py BUNDLE [BUNDLE ...] [--rounds 7] [--past 10]
+    python scripts/step.py BUNDLE [BUNDLE ...] [--rounds 7] [--past 10]
 
 For comparing exports of the same checkpoint (e.g. before and after a change to the graph): the
 bundles' steps are timed in interleaved rounds (on a shared machine speed drifts over minutes) at

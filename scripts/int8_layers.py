@@ -1,9 +1,9 @@
 """Which layers cost int8 its agreement with generate(): one group of layers left fp32 at a time (issue 35).
 
-    python benchmarks/int8_layers.py --work /tmp/h8/big --family nllb [--sentences 1000] [--beam 1]
+    python scripts/int8_layers.py --work /tmp/h8/big --family nllb [--sentences 1000] [--beam 1]
                                      [--groups all] [--weights range] [--out DIR]
 
-Run by hand, not in CI, on a family that benchmarks/hf_trained_identity.py trained (WORK/FAMILY/model, and its
+Run by hand, not in CI, on a family that scripts/hf_trained_identity.py trained (WORK/FAMILY/model, and its
 CTranslate2 int8 model WORK/FAMILY/ct2-int8, converted again when absent). The test sentences, generate()'s
 references and the agreement count are that script's (imported). Rows, each held to generate()'s fp32 ids
 (and, for ours, the score error: how far int8 moves the greedy log-probabilities from the fp32 bundle's):

@@ -1,9 +1,9 @@
 """The benchmark as a script (the package must be installed): the same as `seq2onnx bench`.
 
-    python benchmarks/run.py CHECKPOINT [--bundle-dir DIR] [--sentences N] [--threads N] [--json FILE]
+    python scripts/run.py CHECKPOINT [--bundle-dir DIR] [--sentences N] [--threads N] [--json FILE]
         [--quick]
 
-See benchmarks/README.md for what is measured and how to read it; the implementation lives in
+See scripts/README.md for what is measured and how to read it; the implementation lives in
 commands/bench.py (the subcommand), bench/run.py (sentences, bundles, one child process per
 engine), bench/engines.py (the child: one engine timed), bench/machine.py (the machine),
 bench/rows.py (tokens/s, percentiles, ratios), bench/report.py (the printed report) and

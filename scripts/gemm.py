@@ -1,6 +1,6 @@
 """The floor of a decoder step: its weight matrices' products alone, onnxruntime against numpy.
 
-    python benchmarks/gemm.py BUNDLE [--rounds 7] [--rows 1 128]
+    python scripts/gemm.py BUNDLE [--rounds 7] [--rows 1 128]
 
 A decoder step multiplies its input rows by every weight matrix of the decoder once: per layer the
 self-attention's Q, K, V (one packed D x 3D) and output (D x D), the cross-attention's query and
@@ -12,7 +12,7 @@ runtime/options.py `spin_settings`) and as numpy's `x @ W` (whatever BLAS numpy 
 Rounds interleave the variants, because this machine's speed drifts over minutes.
 
 What it tells: at 1 row (greedy search, one sentence) a step cannot be faster than its products;
-compare the fused step of `benchmarks/step.py` and a whole token of `seq2onnx bench`.
+compare the fused step of `scripts/step.py` and a whole token of `seq2onnx bench`.
 """
 from __future__ import annotations
 

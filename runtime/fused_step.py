@@ -60,10 +60,16 @@ def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[
         )
     why = None
     if names.FUSED not in bundle.decoder_variants:
-        why = "the bundle has no fused decoder (exported with --decoder standard, or float16: the CPU kernels are float32-only, so fp16 bundles have only the standard one)"
+        why = (
+            "the bundle has no fused decoder (exported with --decoder standard, or float16: the CPU kernels "
+            "are float32-only, so fp16 bundles have only the standard one)"
+        )
     elif device != "cpu":
         # The CUDA kernel of DecoderMaskedMultiHeadAttention wants another key layout in the cache.
-        why = f"the fused decoder's cache layout is the CPU kernels'; the {device} provider runs the standard one"
+        why = (
+            f"the fused decoder's cache layout is the CPU kernels'; the {device} provider runs the standard "
+            "one"
+        )
     else:
         try:
             return (

@@ -20,7 +20,7 @@ from seq2onnx.runtime.signature import graph_signature
 from .fused import export_fused_decoder, graph_domains
 from .graphs import OPSET, export_graphs
 from .quantize import quantize_graphs
-from .weights import check_stored_graph, store_weights
+from .weights import STAGING_FILE, TensorWriter, check_stored_graph, store_weights
 
 DECODERS = ("both", "standard")  # export_bundle's `decoder`: which decoder graphs a bundle gets
 DECODING_DEFAULTS = {"beam_size": 4, "length_penalty": 1.0, "max_length_a": 1.5, "max_length_b": 10,
@@ -143,57 +143,28 @@ def check_options(dtype: str, quantize: str | None, decoder: str) -> bool:
     return decoder == "both" and dtype == "float32"
 
 
-PROTOBUF_LIMIT = 2**31  # bytes: one ONNX file (a protobuf message) cannot be larger
-
-
-def graph_sizes(model, dtype: str) -> dict[str, int]:
-    """Estimates the bytes of weights each graph holds: the encoder (source embedding, encoder layers,
-    the decoder's cross-attention key/value projections) and the decoder step (the rest; one copy of a
-    tied table)."""
-    width = 2 if dtype == "float16" else 4
-    encoder = decoder = 0
-    for name, p in model.named_parameters():  # shared tensors are listed once
-        cross_kv = ".cross_attn.w_k." in name or ".cross_attn.w_v." in name
-        if name.startswith(("src_embed", "encoder_")) or cross_kv:
-            encoder += p.numel() * width
-        if not name.startswith(("encoder_",)) and not cross_kv:
-            decoder += p.numel() * width
-    return {"encoder": encoder, "decoder": decoder}
-
-
-def check_graph_sizes(model, dtype: str) -> None:
-    """Refuses a model whose graphs would not fit in one ONNX file each, before minutes of tracing.
-
-    Raises:
-        ExportError: naming the graph, its size, the limit and what to do.
-    """
-    for label, size in graph_sizes(model, dtype).items():
-        if size >= PROTOBUF_LIMIT - (64 << 20):
-            raise ExportError(f"the {label} graph would hold {size / 2**30:.2f} GiB of weights, over the 2 "
-                              "GiB one ONNX file can hold: the exporter still writes each graph whole before "
-                              "moving its weights into weights.bin; export with --dtype float16 (half the "
-                              "size, for CUDA) or a smaller model")
-
-
 def write_graphs(model, directory: Path, dtype: str, quantize: str | None, fused: bool) -> dict | None:
     """Writes the encoder, the decoder step and (when fused) the fused decoder, quantized when asked, their
     large initializers in one weights file, each distinct tensor once (export/weights.py).
 
+    Streamed: each tensor goes to a staging file as it is made (no graph is held with its weights, so
+    any size past protobuf's 2 GiB is fine), then the tensors the graphs use are copied into the
+    weights file and the staging file is removed.
+
     Returns:
         The quantization scheme (export/quantize.py), or None.
-
-    Raises:
-        ExportError: a graph over protobuf's 2 GiB (check_graph_sizes).
     """
-    check_graph_sizes(model, dtype)
-    export_graphs(model, directory, dtype=torch.float16 if dtype == "float16" else torch.float32)
-    if fused:
-        export_fused_decoder(model, directory)
     graphs = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
     graphs = {k: v for k, v in graphs.items() if v.endswith(".onnx")}
     scheme = None
-    if quantize == "int8":
-        scheme = quantize_graphs(directory, graphs, contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS))
+    with TensorWriter(directory / STAGING_FILE) as writer:
+        export_graphs(model, directory, dtype=torch.float16 if dtype == "float16" else torch.float32,
+                      writer=writer)
+        if fused:
+            export_fused_decoder(model, directory, writer)
+        if quantize == "int8":
+            scheme = quantize_graphs(directory, graphs, contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS),
+                                     writer=writer)
     # the fused decoder first: its stacked QKV weights are stored whole, the standard decoder's Q, K, V
     # as their parts
     store_weights(directory, sorted(graphs.values(), key=lambda name: name != fmt.FUSED_DECODER_FILE))

@@ -32,6 +32,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from seq2onnx.export.graphs import IR_VERSION, OPSET
+from seq2onnx.export.weights import STAGING_FILE, TensorWriter
 from seq2onnx.model.transformer import Transformer
 from seq2onnx.runtime import bundle as names
 from seq2onnx.runtime.signature import fused_signature  # defined once, with every graph name
@@ -58,15 +59,20 @@ def graph_domains(proto: onnx.ModelProto) -> list[str]:
 class _Graph:
     """Collects nodes and initializers; a node's outputs are named after the node unless given."""
 
-    def __init__(self):
+    def __init__(self, writer: TensorWriter | None = None):
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
+        self.writer = writer
 
     def const(self, name: str, value) -> str:
+        """An initializer: in the proto, or through the writer (the weights streamed to its file)."""
         array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
         if array.dtype == np.float64:
             array = array.astype(np.float32)
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        if self.writer is not None:
+            self.inits.append(self.writer.tensor(name, array))
+        else:
+            self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
     def node(self, op: str, inputs: list[str], n_out: int = 1, *, name: str, outputs: list[str] | None = None,
@@ -77,13 +83,16 @@ class _Graph:
         return outs
 
 
-def build_fused_decoder(model: Transformer, *, check: bool = True) -> onnx.ModelProto:
+def build_fused_decoder(model: Transformer, *, check: bool = True,
+                        writer: TensorWriter | None = None) -> onnx.ModelProto:
     """Builds the fused decoder-step graph of `model`, checked by onnx.checker.
 
     Args:
         model: the model, fp32 and in eval mode.
         check: run onnx.checker on the proto (export_fused_decoder checks the file instead: no
             second copy).
+        writer: where the weights go (export/weights.py), so that the proto holds none; None: inside
+            the proto.
 
     Returns:
         The graph (inputs and outputs as runtime.signature.fused_signature gives them).
@@ -95,7 +104,7 @@ def build_fused_decoder(model: Transformer, *, check: bool = True) -> onnx.Model
         raise ValueError(f"the fused decoder is fp32-only; the model's weights are "
                          f"{model.generator.weight.dtype}: call model.float() first")
     with torch.no_grad():
-        builder = _StepBuilder(model)
+        builder = _StepBuilder(model, writer)
         x = builder.embedding()
         builder.shared_constants()
         x, h = builder.first_norm(x)
@@ -118,8 +127,8 @@ class _StepBuilder:
     method takes and returns (x, h): the next sublayer's input and the residual stream.
     """
 
-    def __init__(self, model: Transformer):
-        self.model, self.cfg, self.g = model, model.cfg, _Graph()
+    def __init__(self, model: Transformer, writer: TensorWriter | None = None):
+        self.model, self.cfg, self.g = model, model.cfg, _Graph(writer)
         self.eps = float(model.cfg.layer_norm_eps)
 
     def embedding(self) -> str:
@@ -285,12 +294,14 @@ def _model_proto(g: _Graph, cfg) -> onnx.ModelProto:
                              ir_version=IR_VERSION)
 
 
-def export_fused_decoder(model: Transformer, out_dir: Path) -> Path:
-    """Writes decoder_fused.onnx into out_dir.
+def export_fused_decoder(model: Transformer, out_dir: Path, writer: TensorWriter | None = None) -> Path:
+    """Writes decoder_fused.onnx into out_dir, its weights through `writer`.
 
     Args:
         model: the model (put in eval mode).
         out_dir: an existing directory.
+        writer: where the weights go (export/weights.py); None: a TensorWriter of its own on
+            out_dir/STAGING_FILE, which the graph then refers to.
 
     Returns:
         The file's path.
@@ -299,6 +310,14 @@ def export_fused_decoder(model: Transformer, out_dir: Path) -> Path:
         ValueError: as build_fused_decoder.
     """
     path = Path(out_dir) / FUSED_DECODER_FILE
-    onnx.save(build_fused_decoder(model.eval(), check=False), str(path))
-    onnx.checker.check_model(str(path))  # from the file, in C++: an NLLB-size graph is 1.7 GB per copy
+    own = writer is None
+    writer = TensorWriter(Path(out_dir) / STAGING_FILE) if own else writer
+    try:
+        onnx.save(build_fused_decoder(model.eval(), check=False, writer=writer), str(path))
+    finally:
+        if own:
+            writer.close()
+        else:
+            writer.flush()
+    onnx.checker.check_model(str(path))  # from the file, in C++, following the external data
     return path

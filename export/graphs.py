@@ -2,6 +2,13 @@
 
 Traced with the TorchScript exporter at sizes that are all distinct and >= 2 (sizes traced at 0
 or 1 are specialised to constants), opset 17, attention as explicit MatMul/Softmax.
+
+The tracer writes the graphs without their weights (export_params=False: the parameters are graph
+inputs) and without constant folding, so no copy of the model is made; then each parameter input
+becomes an initializer written straight from the model's tensor through export/weights.py's
+TensorWriter, and the nodes computed from parameters alone (a Linear's weight transposed, an Identity
+of a tied or equal tensor) are folded here, one tensor at a time. A graph file is then a few hundred
+KB whatever the model's size, and the weights are streamed to disk: past protobuf's 2 GiB too.
 """
 from __future__ import annotations
 
@@ -9,12 +16,15 @@ import contextlib
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
 from torch import Tensor, nn
 
 from seq2onnx.model.transformer import Transformer
 from seq2onnx.runtime import bundle as names
+
+from .weights import STAGING_FILE, TensorWriter
 
 OPSET = 17
 # The IR version every graph is written with: opset 17's (onnx 1.12), what torch.onnx writes. onnx's
@@ -116,14 +126,16 @@ def example_inputs(model: Transformer, dtype: torch.dtype) -> tuple[tuple, tuple
     return enc, dec
 
 
-def export_graphs(model: Transformer, out_dir: Path, *,
-                  dtype: torch.dtype = torch.float32) -> tuple[Path, Path]:
-    """Writes encoder.onnx and decoder.onnx into out_dir.
+def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = torch.float32,
+                  writer: TensorWriter | None = None) -> tuple[Path, Path]:
+    """Writes encoder.onnx and decoder.onnx into out_dir, their weights through `writer`.
 
     Args:
         model: the model; it is cast to dtype and put in eval mode.
         out_dir: an existing directory.
         dtype: the graphs' float type.
+        writer: where the weights go (export/weights.py); None: a TensorWriter of its own on
+            out_dir/STAGING_FILE, which the graphs then refer to.
 
     Returns:
         (encoder path, decoder path).
@@ -136,9 +148,13 @@ def export_graphs(model: Transformer, out_dir: Path, *,
     enc_inputs, dec_inputs = example_inputs(model, dtype)
     enc_path, dec_path = out_dir / names.ENCODER_FILE, out_dir / names.DECODER_FILE
     cross_axes = {name: {0: "batch", 2: "src_len"} for name in names.cross_names(n)}
-    with torch.no_grad():
+    own = writer is None
+    writer = TensorWriter(Path(out_dir) / STAGING_FILE) if own else writer
+    with torch.no_grad(), contextlib.ExitStack() as stack:
+        if own:
+            stack.enter_context(writer)
         _export(
-            EncoderGraph(model), enc_inputs, enc_path,
+            EncoderGraph(model), enc_inputs, enc_path, writer,
             inputs=[names.SRC_IDS, names.SRC_LENGTHS],
             outputs=[names.SRC_MASK, *names.cross_names(n)],
             axes={names.SRC_IDS: {0: "batch", 1: "src_len"}, names.SRC_LENGTHS: {0: "batch"},
@@ -146,7 +162,7 @@ def export_graphs(model: Transformer, out_dir: Path, *,
         )
         with _shared_generator(model):
           _export(
-            DecoderGraph(model), dec_inputs, dec_path,
+            DecoderGraph(model), dec_inputs, dec_path, writer,
             inputs=[names.TOKENS, names.STEP, names.CACHE_INDICES, *names.past_names(n),
                     *names.cross_names(n), names.SRC_MASK],
             outputs=[names.LOG_PROBS, *names.present_names(n), names.CROSS_ATTENTION],
@@ -183,24 +199,85 @@ def _shared_generator(model: Transformer):
             gen.bias = None
 
 
-def _export(module: nn.Module, args: tuple, path: Path, *, inputs: list[str], outputs: list[str],
-            axes: dict) -> None:
+def _export(module: nn.Module, args: tuple, path: Path, writer: TensorWriter, *, inputs: list[str],
+            outputs: list[str], axes: dict) -> None:
     # The TorchScript exporter on purpose: its dynamic_axes give the named axes of bundle.json
-    # directly, and it emits plain MatMul/Softmax at opset 17. It warns that it is legacy. It writes
-    # to the file (not to a buffer), and the file is checked from disk: an NLLB-size graph is 1.7 GB,
-    # and each in-memory copy (buffer, proto, the checker's serialisation) would cost that again.
+    # directly, and it emits plain MatMul/Softmax at opset 17. It warns that it is legacy. Without the
+    # parameters (they become inputs) and without constant folding, which would copy every weight it
+    # transposes: _place_weights does both, streaming.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
             module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=axes,
-            opset_version=OPSET, do_constant_folding=True, dynamo=False,
+            opset_version=OPSET, do_constant_folding=False, export_params=False, dynamo=False,
         )
+    proto = onnx.load(str(path))
+    _place_weights(proto, module.state_dict(keep_vars=True), writer)
     if names.LOG_PROBS in outputs:
-        proto = onnx.load(str(path))
         add_top_k(proto)
-        onnx.save(proto, str(path))
-        del proto
+    onnx.save(proto, str(path))
+    del proto
+    writer.flush()
     check_graph_file(path)
+
+
+FOLDED = ("Identity", "Transpose", "Cast")  # the nodes on parameters alone that the tracer writes unfolded
+
+
+def _place_weights(proto: onnx.ModelProto, params: dict[str, Tensor], writer: TensorWriter) -> None:
+    """Makes the graph's parameter inputs initializers written by `writer`, folding the nodes computed
+    from parameters alone (FOLDED), one tensor at a time.
+
+    Args:
+        proto: a graph traced with export_params=False, changed in place.
+        params: the traced module's parameters and buffers by name (state_dict(keep_vars=True)).
+        writer: where the tensors go.
+
+    Raises:
+        RuntimeError: a node on parameters alone that is not folded here (a model change this export
+            does not know: fold it here, as the tracer's constant folding would).
+    """
+    graph = proto.graph
+    values: dict = {i.name: params[i.name] for i in graph.input if i.name in params}
+    kept_inputs = [i for i in graph.input if i.name not in values]
+    renamed: dict[str, str] = {}
+    nodes = []
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            node.input[k] = renamed.get(name, name)
+        if not node.input or not all(name in values for name in node.input):
+            nodes.append(node)
+        elif node.op_type == "Identity":
+            renamed[node.output[0]] = node.input[0]
+        elif node.op_type in FOLDED:  # computed when written: one tensor at a time
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            values[node.output[0]] = (node.op_type, node.input[0], attrs)
+        else:
+            raise RuntimeError(f"{graph.name}: node {node.name!r} ({node.op_type}) computes from parameters "
+                               f"alone; export/graphs.py folds only {', '.join(FOLDED)}")
+    for output in graph.output:
+        if output.name in renamed or output.name in values:
+            raise RuntimeError(f"{graph.name}: output {output.name!r} is a parameter")
+    used = {name for node in nodes for name in node.input}
+    del graph.input[:]
+    graph.input.extend(kept_inputs)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for name in sorted(used & set(values)):
+        graph.initializer.append(writer.tensor(name, _value(values, name)))
+
+
+def _value(values: dict, name: str) -> np.ndarray:
+    """A parameter as numpy (its own memory: no copy), or one computed from it (one copy, while written):
+    transposed, or cast as a float16 graph's norms are."""
+    value = values[name]
+    if not isinstance(value, tuple):
+        return value.detach().cpu().numpy()
+    op, source, attrs = value
+    array = _value(values, source)
+    if op == "Transpose":
+        return np.ascontiguousarray(np.transpose(array, attrs.get("perm")))
+    return array.astype(onnx.helper.tensor_dtype_to_np_dtype(attrs["to"]))
 
 
 def add_top_k(proto: onnx.ModelProto) -> None:

@@ -40,6 +40,7 @@ the contrib attention kernels stay fp32.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from seq2onnx.runtime import bundle as names
 
-from .weights import constants_to_initializers
+from .graphs import check_graph_file
+from .weights import TensorWriter, constants_to_initializers, read_tensor
 
 MS_DOMAIN = "com.microsoft"
 ACTIVATION_QMAX = 127  # activation codes 128 +- 127: uint8 with zero point 128, symmetric
@@ -231,7 +233,8 @@ def _quantize_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray],
 
 
 def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True,
-                   keep_float: frozenset[str] = frozenset()) -> int:
+                   keep_float: frozenset[str] = frozenset(), directory: Path | None = None,
+                   writer: TensorWriter | None = None) -> int:
     """Rewrites every linear layer of `proto` (in place) as described in the module docstring.
 
     Args:
@@ -242,6 +245,8 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True
             projection multiplied by their codes; False keeps them fp32.
         keep_float: GROUPS whose layers stay fp32 (empty by default: every layer int8), for measuring
             what each group's int8 costs; "embeddings" keeps the tables and the output projection fp32.
+        directory: where the graph's external data lies (its fp32 weights are read one at a time).
+        writer: where the int8 tensors go (export/weights.py); None: inside the proto.
 
     Returns:
         How many layers were quantized.
@@ -253,7 +258,7 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True
         raise QuantizeError(f"keep_float: unknown groups {sorted(unknown)}; the groups are "
                             f"{', '.join(GROUPS)}")
     graph = proto.graph
-    rewriter = _Rewriter(graph, contrib, tables and "embeddings" not in keep_float)
+    rewriter = _Rewriter(graph, contrib, tables and "embeddings" not in keep_float, directory, writer)
     ids = {n.input[0] for n in _id_tables(graph, rewriter.inits)} if keep_float else set()
     count = 0
     for node in graph.node:
@@ -280,17 +285,51 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True
     return count
 
 
+def _inline(name: str, value: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(value, name)
+
+
+class _Initializers(Mapping):
+    """A graph's initializers by name as numpy arrays, each read when asked (from its external data
+    file, when it has one) and not kept: a large model's graph is not held whole in memory."""
+
+    def __init__(self, graph: onnx.GraphProto, directory: Path | None):
+        self.tensors = {t.name: t for t in graph.initializer}
+        self.directory = directory
+
+    def alias(self, name: str, existing: str) -> None:
+        """`name` holds the same values as the initializer `existing` (an Identity's output)."""
+        self.tensors[name] = self.tensors[existing]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        tensor = self.tensors[name]
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and self.directory is None:
+            raise QuantizeError(f"initializer {name!r} is external data: pass the graph's directory")
+        return read_tensor(self.directory, tensor)
+
+    def __contains__(self, name) -> bool:
+        return name in self.tensors
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+
 class _Rewriter:
     """The new node list of one graph, and the initializers it adds, built layer by layer."""
 
-    def __init__(self, graph: onnx.GraphProto, contrib: bool, tables: bool):
+    def __init__(self, graph: onnx.GraphProto, contrib: bool, tables: bool, directory: Path | None = None,
+                 writer: TensorWriter | None = None):
         self.contrib = contrib
         # a bias the tracer folded into a Constant (equal zero biases are shared)
         constants_to_initializers(graph, 0)
-        self.inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+        self.inits = _Initializers(graph, directory)
         for node in graph.node:  # and one it shares with an equal bias through an Identity
             if node.op_type == "Identity" and node.input[0] in self.inits:
-                self.inits[node.output[0]] = self.inits[node.input[0]]
+                self.inits.alias(node.output[0], node.input[0])
+        self.writer = writer
         self.added: dict[str, onnx.TensorProto] = {}
         self.tables = _quantize_tables(graph, self.inits, self.const) if tables else {}
         self.zp = self.const("rowq/zero_point", np.array(ACTIVATION_ZERO, np.uint8))
@@ -303,7 +342,8 @@ class _Rewriter:
     def const(self, name: str, value: np.ndarray) -> str:
         """An initializer added under `name` (once: a second call returns the first's name)."""
         if name not in self.added:
-            self.added[name] = numpy_helper.from_array(np.asarray(value), name)
+            write = self.writer.tensor if self.writer is not None else _inline
+            self.added[name] = write(name, np.asarray(value))
         return name
 
     def linear(self, node: onnx.NodeProto, w: np.ndarray, bias: np.ndarray | None,
@@ -385,7 +425,8 @@ class _Rewriter:
 
 
 def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tuple[str, ...] = (), *,
-                    tables: bool = True, keep_float: frozenset[str] = frozenset()) -> dict:
+                    tables: bool = True, keep_float: frozenset[str] = frozenset(),
+                    writer: TensorWriter | None = None) -> dict:
     """Quantizes the graph files of a bundle directory in place.
 
     Args:
@@ -394,6 +435,7 @@ def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tupl
         contrib_labels: the labels whose graphs use com.microsoft operators.
         tables: the embedding tables (and a tied output projection) in int8 per row too (quantize_model).
         keep_float: layer groups left fp32 (quantize_model; default none); recorded as `fp32_groups`.
+        writer: where the int8 tensors go (export/weights.py's staging file); None: inside each graph.
 
     Returns:
         bundle.json's `quantization_scheme`: SCHEME plus, per graph, the layers quantized and the
@@ -407,18 +449,21 @@ def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tupl
     layers = {}
     for label, name in files.items():
         path = Path(directory) / name
-        proto = onnx.load(str(path))
+        proto = onnx.load(str(path), load_external_data=False)  # its fp32 weights read one at a time
         contrib = label in contrib_labels
         try:
-            count = quantize_model(proto, contrib=contrib, tables=tables, keep_float=keep_float)
+            count = quantize_model(proto, contrib=contrib, tables=tables, keep_float=keep_float,
+                                   directory=Path(directory), writer=writer)
         except QuantizeError as e:
             raise QuantizeError(f"{name}: {e}") from None
-        if contrib:
-            onnx.checker.check_model(proto)  # contrib ops have no ONNX schema: structure and types only
-        else:
-            onnx.checker.check_model(proto, full_check=True)
-            onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
         onnx.save(proto, str(path))
+        del proto
+        if writer is not None:
+            writer.flush()
+        if contrib:
+            onnx.checker.check_model(str(path))  # contrib ops have no ONNX schema: structure and types only
+        else:
+            check_graph_file(path)
         product = "MatMulIntegerToFloat" if contrib else "MatMulInteger"
         layers[label] = {"linear_layers": count, "product": product}
     extra = {"fp32_groups": sorted(keep_float)} if keep_float else {}

@@ -13,6 +13,14 @@ Tensors are matched by their bytes and element type (sha256), never by name: the
 the built fused graph name the same weight differently. A tensor may also be found as an equal part of
 a larger one along its first axis (halves, thirds): that is how three (D, D) weights share the stacked
 (3D, D) one.
+
+An export streams: no graph is ever held in memory with its weights (an NLLB-3.3B graph is several
+GiB, past protobuf's 2 GiB). While the graphs are built, each tensor goes, as it is made, through a
+TensorWriter into STAGING_FILE beside them, and the graphs refer to it as external data; the int8
+rewrite reads the fp32 weights it replaces back one at a time (read_tensor). store_weights then
+copies the tensors the finished graphs still use into the bundle's weights file, in the order that
+lets parts be found in their wholes, and removes the staging file: the fp32 weights an int8 bundle
+replaced are never copied.
 """
 from __future__ import annotations
 
@@ -20,13 +28,15 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import external_data_helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from seq2onnx.runtime import bundle as names
 
 MIN_EXTERNAL_BYTES = 1024  # smaller initializers (shapes, scalars, small biases) stay inside the graph
 PARTS = (2, 3)  # a tensor's equal parts along its first axis that a smaller tensor may be
+STAGING_FILE = "weights.staging"  # the export's working file; store_weights removes it
 
 
 @dataclass
@@ -54,12 +64,99 @@ def _key(data_type: int, raw: bytes | memoryview) -> tuple[int, int, str]:
     return data_type, len(raw), hashlib.sha256(raw).hexdigest()
 
 
+class TensorWriter:
+    """Writes tensors, as they are made, into a staging file the graphs refer to as external data.
+
+    Each distinct tensor (element type and bytes) is written once; a tensor under MIN_EXTERNAL_BYTES
+    stays inside its graph. Use as a context manager, or call close().
+
+    Args:
+        path: the staging file (created, or appended to).
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._out = open(self.path, "ab")  # noqa: SIM115 - held across graphs, closed by close()
+        self._where: dict[tuple[int, int, str], int] = {}
+
+    def tensor(self, name: str, array) -> onnx.TensorProto:
+        """The initializer `name` holding `array`: external data in the staging file, or inline if small.
+
+        Args:
+            name: the initializer's name.
+            array: a numpy array (or anything np.asarray takes); copied only if not contiguous.
+        """
+        array = np.asarray(array)
+        if not array.flags.c_contiguous:  # (np.ascontiguousarray would make a scalar (1,))
+            array = np.ascontiguousarray(array)
+        if array.nbytes < MIN_EXTERNAL_BYTES:
+            return numpy_helper.from_array(array, name)
+        data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        raw = memoryview(array.astype(array.dtype.newbyteorder("<"), copy=False)).cast("B")
+        key = _key(data_type, raw)
+        if key not in self._where:
+            self._out.write(b"\0" * (-self._out.tell() % names.WEIGHTS_ALIGNMENT))
+            self._where[key] = self._out.tell()
+            self._out.write(raw)
+        tensor = onnx.TensorProto(name=name, data_type=data_type, dims=array.shape)
+        _point(tensor, self.path.name, self._where[key], array.nbytes)
+        return tensor
+
+    def flush(self) -> None:
+        """Makes what was written readable from the file (before a graph referring to it is checked)."""
+        self._out.flush()
+
+    def close(self) -> None:
+        self._out.close()
+
+    def __enter__(self) -> TensorWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _point(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Makes `tensor` external data: `length` bytes at `offset` of the file `location` (its raw data, if
+    any, dropped)."""
+    tensor.ClearField("raw_data")
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+
+
+def _external(tensor: onnx.TensorProto) -> tuple[str, int, int]:
+    """(location, offset, length) of an external tensor."""
+    info = {e.key: e.value for e in tensor.external_data}
+    return info["location"], int(info.get("offset", 0)), int(info["length"])
+
+
+def read_tensor(directory: Path, tensor: onnx.TensorProto) -> np.ndarray:
+    """The values of an initializer, read from its external data file alone when it has one (not the
+    whole graph's).
+
+    Args:
+        directory: the directory of the graph, where its external data files are.
+        tensor: the initializer.
+    """
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(tensor)
+    location, offset, length = _external(tensor)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+    array = np.fromfile(Path(directory) / location, dtype=dtype, count=length // dtype.itemsize,
+                        offset=offset)
+    return array.reshape(tuple(tensor.dims))
+
+
 def store_weights(directory: Path, files: list[str]) -> WeightsReport:
     """Moves the large initializers of the graphs `files` in `directory` into one weights file.
 
     Each graph file is rewritten with its initializers of MIN_EXTERNAL_BYTES or more pointing into
     names.WEIGHTS_FILE (written beside them); a tensor already in the file, whole or as an equal part of
-    a larger one, is pointed at rather than written again.
+    a larger one, is pointed at rather than written again. A tensor held in a staging file
+    (TensorWriter) is read from it one at a time; the staging files are removed at the end.
 
     Args:
         directory: the bundle being written.
@@ -71,49 +168,81 @@ def store_weights(directory: Path, files: list[str]) -> WeightsReport:
         What was written.
 
     Raises:
-        ValueError: a graph already holds external data (this runs once, on self-contained graphs).
+        ValueError: a graph already refers to the weights file (this runs once per export).
     """
     directory = Path(directory)
     report = WeightsReport(directory / names.WEIGHTS_FILE)
     where: dict[tuple[int, int, str], int] = {}  # (type, length, sha256) -> offset in the file
-    with open(report.path, "wb") as out:
-        for name in files:  # one graph in memory at a time: a large model's graphs are gigabytes each
-            proto = onnx.load(str(directory / name))
-            found = _large_initializers(name, proto)
-            found.sort(key=lambda tensor: -len(tensor.raw_data))  # wholes before their parts
-            for tensor in found:
-                size, key = len(tensor.raw_data), _key(tensor.data_type, tensor.raw_data)
-                if key not in where:
-                    out.write(b"\0" * (-out.tell() % names.WEIGHTS_ALIGNMENT))
-                    where[key] = out.tell()
-                    out.write(tensor.raw_data)
-                    report.tensors += 1
-                    _register_parts(where, tensor, tensor.raw_data, where[key])
-                report.referenced += size
-                report.references += 1
-                report.per_graph[name] = report.per_graph.get(name, 0) + size
-                external_data_helper.set_external_data(tensor, names.WEIGHTS_FILE, offset=where[key],
-                                                       length=size)
-                tensor.ClearField("raw_data")
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-            onnx.save(proto, str(directory / name))  # the graph alone: its tensors' bytes are in the file
-            del proto, found
-        report.stored = out.tell()
+    sources: dict[str, object] = {}  # staging file name -> its open file
+    try:
+        with open(report.path, "wb") as out:
+            for name in files:  # one graph in memory at a time, without the weights it refers to
+                proto = onnx.load(str(directory / name), load_external_data=False)
+                found = _large_initializers(name, proto)
+                found.sort(key=lambda tensor: -_size(tensor))  # wholes before their parts
+                for tensor in found:  # read one at a time: a large graph's weights are gigabytes
+                    raw = _bytes(directory, tensor, sources)
+                    size, key = len(raw), _key(tensor.data_type, raw)
+                    if key not in where:
+                        out.write(b"\0" * (-out.tell() % names.WEIGHTS_ALIGNMENT))
+                        where[key] = out.tell()
+                        out.write(raw)
+                        report.tensors += 1
+                        _register_parts(where, tensor, raw, where[key])
+                    report.referenced += size
+                    report.references += 1
+                    report.per_graph[name] = report.per_graph.get(name, 0) + size
+                    _point(tensor, names.WEIGHTS_FILE, where[key], size)
+                    del raw
+                del found
+                onnx.save(proto, str(directory / name))  # the graph alone: its tensors' bytes are in the file
+                del proto
+            report.stored = out.tell()
+    finally:
+        for handle in sources.values():
+            handle.close()
+    for staging in sources:
+        (directory / staging).unlink()
     return report
+
+
+def _size(tensor: onnx.TensorProto) -> int:
+    """A large initializer's length in bytes, without reading it."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return _external(tensor)[2]
+    return len(tensor.raw_data)
+
+
+def _bytes(directory: Path, tensor: onnx.TensorProto, sources: dict) -> bytes:
+    """A large initializer's bytes: its raw data, or read from the staging file it refers to."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return tensor.raw_data
+    location, offset, length = _external(tensor)
+    if location not in sources:
+        sources[location] = open(directory / location, "rb")  # noqa: SIM115 - closed by store_weights
+    handle = sources[location]
+    handle.seek(offset)
+    raw = handle.read(length)
+    if len(raw) != length:
+        raise ValueError(f"{location}: {length} bytes at offset {offset} were asked, {len(raw)} are there")
+    return raw
 
 
 def _large_initializers(name: str, proto: onnx.ModelProto) -> list[onnx.TensorProto]:
     """The initializers of MIN_EXTERNAL_BYTES or more (large Constant nodes made initializers first), as
-    raw bytes.
+    raw bytes or as references to a staging file.
 
     Raises:
-        ValueError: an initializer that is already external data.
+        ValueError: an initializer that already refers to the weights file.
     """
     constants_to_initializers(proto.graph)
     found = []
     for tensor in proto.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            raise ValueError(f"{name}: initializer {tensor.name!r} is already external data")
+            if _external(tensor)[0] == names.WEIGHTS_FILE:
+                raise ValueError(f"{name}: initializer {tensor.name!r} is already in {names.WEIGHTS_FILE}")
+            found.append(tensor)
+            continue
         if not tensor.HasField("raw_data"):  # typed fields (float_data, ...) -> raw bytes
             tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
         if len(tensor.raw_data) >= MIN_EXTERNAL_BYTES:

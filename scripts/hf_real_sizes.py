@@ -246,10 +246,17 @@ def _exports(tag: str, mdir: Path, out: Path, args, work: Path, entry: dict) -> 
         return steps
     steps = {}
     for key, quantize in (("export_fp32", None), ("export_int8", "int8")):
+        if "ours" not in args.engines or key[len("export_"):] not in args.variants:
+            steps[key] = {"error": "not run (--engines / --variants)"}
+            continue
         log(f"{tag}: {key}")
         steps[key] = run_job({"job": "export", "model_dir": str(mdir),
                               "out": str(out / key.replace("export_", "bundle-")), "quantize": quantize},
                              work, f"{tag}-{key}", args.job_timeout, args.max_job_rss_gb)
+    if "ct2" not in args.engines:
+        steps["ct2_convert"] = {"error": "not run (--engines)"}
+        steps_file.write_text(json.dumps(steps))
+        return steps
     log(f"{tag}: CTranslate2 conversion (fp32)")
     steps["ct2_convert"] = run_job({"job": "ct2_convert", "model_dir": str(mdir), "out": str(out / "ct2")},
                                    work, f"{tag}-ct2_convert", args.job_timeout, args.max_job_rss_gb)
@@ -260,12 +267,12 @@ def _exports(tag: str, mdir: Path, out: Path, args, work: Path, entry: dict) -> 
 def _engines(steps: dict, out: Path, args) -> dict:
     """The engines to time, by name: PyTorch, ours (each bundle exported) and CTranslate2 (per thread setting,
     fp32 and int8; with --ct2-mkl, fp32 on MKL too), each the engine job's settings."""
-    engines = {"torch": dict(engine="torch", threads=args.threads)}
+    engines = {"torch": dict(engine="torch", threads=args.threads)} if "torch" in args.engines else {}
     for variant in ("fp32", "int8"):
         if "error" not in steps[f"export_{variant}"]:
             engines[f"ours-{variant}"] = dict(engine="ours", threads=args.threads,
                                               bundle=str(out / f"bundle-{variant}"))
-        if "error" not in steps["ct2_convert"]:
+        if "error" not in steps["ct2_convert"] and variant in args.variants:
             for th in args.ct2_threads:
                 engines[f"ct2-{variant}-t{th}"] = dict(
                     engine="ct2", threads=th, ct2_dir=str(out / "ct2"),
@@ -351,6 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "CPUs is oneDNN for fp32 GEMM; CT2_VERBOSE=1 shows the backend): another setting in "
                         "the per-row best. Not for int8: MKL's int8 path measured 10-40x slower than "
                         "oneDNN's on an AMD EPYC")
+    p.add_argument("--engines", default="torch,ours,ct2",
+                   help="comma-separated subset of torch,ours,ct2 to convert and time (default all three): "
+                        "an NLLB-3.3B-size CTranslate2 conversion holds two fp32 copies, more than 24 GiB")
+    p.add_argument("--variants", default="fp32,int8",
+                   help="comma-separated subset of fp32,int8: our bundles to export and time (default both)")
     p.add_argument("--skip-exports", action="store_true",
                    help="do not export or convert again: reuse the bundles, the CTranslate2 model and their "
                         "measurements from the previous run (WORK/out/MODEL/steps.json)")
@@ -397,6 +409,12 @@ def _check_args(p: argparse.ArgumentParser, args) -> None:
         assert args.ct2_threads and min(args.ct2_threads) >= 1
     except (ValueError, AssertionError):
         p.error(f"--ct2-threads {args.ct2_threads}: give positive integers separated by commas, e.g. 2,1")
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not args.engines or set(args.engines) - {"torch", "ours", "ct2"}:
+        p.error(f"--engines {','.join(args.engines)}: choose from torch, ours, ct2")
+    if not args.variants or set(args.variants) - {"fp32", "int8"}:
+        p.error(f"--variants {','.join(args.variants)}: choose from fp32, int8")
     if args.max_job_rss_gb is None:
         args.max_job_rss_gb = 0.85 * mem_available_gb()
 

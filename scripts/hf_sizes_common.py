@@ -19,11 +19,16 @@ SIZES = {  # family, d_model, layers (each side), heads, ffn, vocabulary, Senten
     "nllb": dict(family="m2m100", d=1024, layers=12, heads=16, ffn=4096, vocab=256206, spm=8000),
     # mBART-50 many-to-many (facebook/mbart-large-50-many-to-many-mmt): about 611M parameters
     "mbart": dict(family="mbart", d=1024, layers=12, heads=16, ffn=4096, vocab=250054, spm=8000),
+    # facebook/nllb-200-1.3B and -3.3B's configs: about 1.37B and 3.34B parameters, 5.5 and 13.4 GB fp32
+    "nllb-1.3b": dict(family="m2m100", d=1024, layers=24, heads=16, ffn=8192, vocab=256206, spm=8000),
+    "nllb-3.3b": dict(family="m2m100", d=2048, layers=24, heads=32, ffn=8192, vocab=256206, spm=8000),
 }
 TINY = {
     "marian": dict(family="marian", d=64, layers=2, heads=4, ffn=256, vocab=3000, spm=1000),
     "nllb": dict(family="m2m100", d=64, layers=2, heads=4, ffn=256, vocab=3000, spm=1000),
     "mbart": dict(family="mbart", d=64, layers=2, heads=4, ffn=256, vocab=3000, spm=1000),
+    "nllb-1.3b": dict(family="m2m100", d=64, layers=3, heads=4, ffn=256, vocab=3000, spm=1000),
+    "nllb-3.3b": dict(family="m2m100", d=128, layers=3, heads=8, ffn=256, vocab=3000, spm=1000),
 }
 MBART_LANGS = 52  # MBart50Tokenizer's language codes, after the pieces and before <mask>
 # The multilingual families' languages: (tokenizer's src_lang, target token, translate_batch's target_lang)

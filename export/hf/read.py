@@ -238,7 +238,8 @@ def _attention(ours, theirs) -> list[tuple]:
 
 
 def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], family: Family) -> None:
-    """Copies every tensor of hf into model; every parameter of model must be written exactly once."""
+    """Gives every parameter of model its tensor of hf (the same storage, not a copy); every parameter of
+    model must be written exactly once."""
     enc, dec = hf.get_encoder(), hf.get_decoder()
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     pairs.append((model.src_embed.weight, enc.embed_tokens.weight))
@@ -258,7 +259,8 @@ def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], 
                     f"a weight of shape {tuple(theirs.shape)} does not fit ours {tuple(ours.shape)}; "
                     "the config does not describe these weights"
                 )
-            ours.copy_(theirs)
+            # ours takes their tensor itself: no second copy of the model while it is imported
+            ours.data = theirs.detach()
             written.add(id(ours))
         model.positions.copy_(positions[0])
         if model.cfg.separate_positions:
@@ -329,7 +331,12 @@ def import_hf(model_dir: str | Path) -> Imported:
     # One table where both stacks compute the same (Marian's, fairseq's sinusoids), else one each (mBART's
     # learned ones)
     cfg = model_config(config, hf, model_dir, generation, family, not torch.equal(*positions))
-    model = Transformer(cfg).eval()
+    with torch.device("meta"):  # shapes only: each parameter takes the transformers model's own tensor
+        model = Transformer(cfg)
+    tied = model.generator.weight is model.tgt_embed.weight
+    model = model.to_empty(device="cpu").eval()  # uninitialised until _copy fills them
+    if tied:  # to_empty makes each module's tensor its own: tie them again, as Transformer does
+        model.generator.weight = model.tgt_embed.weight
     _copy(model, hf, positions, family)
     del hf
     gc.collect()

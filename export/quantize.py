@@ -170,6 +170,10 @@ def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return (codes - 128).astype(np.int8), scale, (zero - 128).astype(np.int8)
 
 
+# rows of an embedding table quantized at once (each row on its own: any block gives the same codes)
+TABLE_ROWS = 8192
+
+
 def quantize_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Quantizes an embedding table per row, symmetric, as CTranslate2 quantizes its embeddings.
 
@@ -179,9 +183,14 @@ def quantize_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Returns:
         (codes (V, D) int8 in [-127, 127], scale (V, 1) fp32): E ~ codes x scale, row by row.
     """
-    scale = (np.abs(table).max(axis=1, keepdims=True) / 127).astype(np.float32)
-    scale[scale == 0] = 1.0  # an all-zero row: codes 0
-    return np.clip(np.round(table / scale), -127, 127).astype(np.int8), scale
+    codes, scale = np.empty(table.shape, np.int8), np.empty((len(table), 1), np.float32)
+    for start in range(0, len(table), TABLE_ROWS):  # a block at a time: NLLB's table is 1-2 GB of fp32
+        rows = slice(start, start + TABLE_ROWS)
+        block = (np.abs(table[rows]).max(axis=1, keepdims=True) / 127).astype(np.float32)
+        block[block == 0] = 1.0  # an all-zero row: codes 0
+        scale[rows] = block
+        codes[rows] = np.clip(np.round(table[rows] / block), -127, 127)
+    return codes, scale
 
 
 def _id_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray]) -> list[onnx.NodeProto]:

@@ -117,6 +117,10 @@ export class BundleError extends Error {
  * @property {(dir: string, rel: string) => Promise<{inside: boolean, exists: boolean, path: string}>} resolveInside
  *   where `rel` leads from `dir` (symbolic links followed) and whether that lies inside `dir`
  * @property {(bytes: Uint8Array) => Promise<string>} sha256  lowercase hex digest
+ * @property {(path: string) => Promise<{sha256: string, size: number}>} [hashFile]  a file's digest and
+ *   size read as a stream, no copy kept (Node): the weights file is hashed so when the platform does not
+ *   keep it, whatever its size
+ * @property {boolean} [keepsWeights]  onnxruntime takes the weights file as bytes (the browser)
  */
 
 /**
@@ -404,22 +408,26 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
     // the fused decoder is read only to be hashed (this host never loads it); the maps are kept; the
     // weights file is read for its hash and size, and kept where the platform hands onnxruntime bytes
     if (!checkHashes && !KEPT_FILE_KEYS.includes(key) && key !== WEIGHTS) continue;
+    // a weights file the platform does not keep is hashed as a stream: it may be past 2 GiB
+    const streamed = key === WEIGHTS && !platform.keepsWeights && platform.hashFile;
     let bytes;
+    let digest;
     try {
-      bytes = await platform.readFile(where.path);
+      if (streamed) digest = await platform.hashFile(where.path);
+      else bytes = await platform.readFile(where.path);
     } catch (e) {
       if (e && (e.code === "ENOENT" || e.code === "ENOTDIR")) {
         throw new BundleError(`${where.path}: missing from the bundle (files.${key} in ${BUNDLE_JSON})`);
       }
       throw unreadable(where.path, e, `files.${key} in ${BUNDLE_JSON}`);
     }
-    if (checkHashes && (await platform.sha256(bytes)) !== entry.sha256) {
+    if (checkHashes && (streamed ? digest.sha256 : await platform.sha256(bytes)) !== entry.sha256) {
       throw new BundleError(
         `${where.path}: sha256 differs from ${BUNDLE_JSON} (files.${key}); the file is damaged or was replaced: re-export the bundle`,
       );
     }
     if (KEPT_FILE_KEYS.includes(key) || (key === WEIGHTS && platform.keepsWeights)) files[key] = bytes;
-    if (key === WEIGHTS) weightsSize = bytes.length;
+    if (key === WEIGHTS) weightsSize = streamed ? digest.size : bytes.length;
   }
   return { path: dir, metaPath, meta, files, paths, weightsSize };
 }

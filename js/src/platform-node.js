@@ -51,6 +51,31 @@ export const nodePlatform = {
       await handle.close();
     }
   },
+  /**
+   * A regular file's sha256 and size, read in 16 MiB pieces: no copy of the file is kept (a weights
+   * file may be many GiB, past what one Node buffer holds). Refuses what readFile refuses.
+   */
+  async hashFile(file) {
+    const handle = await open(file, constants.O_RDONLY | (constants.O_NONBLOCK ?? 0));
+    try {
+      const info = await handle.stat();
+      if (!info.isFile()) {
+        throw Object.assign(new Error(`${file}: ${kind(info)}, not a regular file`), { code: "ENOTREG", kind: kind(info) });
+      }
+      const hash = createHash("sha256");
+      const piece = Buffer.allocUnsafe(16 << 20);
+      let size = 0;
+      for (;;) {
+        const { bytesRead } = await handle.read(piece, 0, piece.length, null);
+        if (bytesRead === 0) break;
+        hash.update(piece.subarray(0, bytesRead));
+        size += bytesRead;
+      }
+      return { sha256: hash.digest("hex"), size };
+    } finally {
+      await handle.close();
+    }
+  },
   async resolveInside(dir, rel) {
     const root = await realpath(dir);
     let target = path.resolve(root, rel);

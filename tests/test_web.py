@@ -237,3 +237,29 @@ def test_the_site_carries_every_module_the_browser_host_imports():
         text = (JS / "src" / name).read_text(encoding="utf-8")
         imported = set(re.findall(r"""(?:from|import)\s*\(?\s*["']\./([\w.-]+\.js)["']""", text))
         assert imported <= set(HOST_FILES), (name, sorted(imported - set(HOST_FILES)))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(_BROWSER_SKIP), reason=_BROWSER_SKIP)
+def test_a_multilingual_model_gets_language_fields_that_choose_the_target(tmp_path):
+    """An NLLB bundle's page shows source and target language fields; the target typed there is the one
+    translated into, as the Python runtime's target_lang (the tiny bundle's page shows none: above)."""
+    import hf_nllb as N
+
+    from seq2onnx.export.hf.bundle import export_hf_bundle
+
+    bundle = export_hf_bundle(N.cached_nllb(with_spm=True), tmp_path / "bundle", decoder="standard")
+    site = build_site(bundle, tmp_path / "site")
+    sentences = SENTENCES[:3]
+    runs = [{"beamSize": 1, "numHypotheses": 1, "targetLang": code} for code in ("fra_Latn", "deu_Latn")]
+    report, _ = drive_page(site, sentences, runs, tmp_path / "page.png")
+    assert report["loadStatus"]["state"] == "ready", report["loadStatus"]
+    assert report["languageFields"] == 2 and report["errors"] == []
+    translator = Translator(bundle, device="cpu", intra_threads=1)
+    got = {}
+    for run in report["runs"]:
+        assert run["status"]["state"] == "done", run["status"]
+        want = translator.translate_batch(sentences, beam_size=1, target_lang=run["targetLang"])
+        got[run["targetLang"]] = [r["hypotheses"][0]["tokens"] for r in run["results"]]
+        assert got[run["targetLang"]] == [w.token_ids[0] for w in want]
+    assert got["fra_Latn"] != got["deu_Latn"]  # the field chose the language

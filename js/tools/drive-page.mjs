@@ -3,11 +3,13 @@
 // for the model, types the sentences into the textarea, sets beam size and hypotheses, presses
 // Translate, and reads each n-best back from the DOM. tests/test_web.py runs it.
 //
-// Reads one JSON object on stdin: {url, chromium, sentences: [..], runs: [{beamSize, numHypotheses}],
+// Reads one JSON object on stdin: {url, chromium, sentences: [..], runs: [{beamSize, numHypotheses,
+// sourceLang?, targetLang?}],
 // screenshot?: path (taken after the last run), timeoutMs?}. Writes one JSON object on stdout:
 // {runs: [{beamSize, numHypotheses, status, results: [{source, hypotheses: [{text, score, shown, tokens}]}],
 //         attention: [{index, weights, rows, sourcePieces}] (the heatmaps)}],
 //  loadStatus, requests: [every URL the page asked for], errors: [console errors and page errors],
+//  languageFields: how many language fields the page shows (2 for a multilingual model, else 0),
 //  loadMs: from navigation to the page's ready (or error) state; each run's ms: from the click to done}.
 import puppeteer from "puppeteer-core";
 
@@ -44,6 +46,10 @@ try {
     for (const run of job.runs) {
       await page.$eval("#beam", (el, v) => { el.value = String(v); }, run.beamSize);
       await page.$eval("#nbest", (el, v) => { el.value = String(v); }, run.numHypotheses);
+      // a multilingual model's language fields (shown only for one): "" keeps the bundle's default
+      report.languageFields = await page.$$eval(".langs", (labels) => labels.filter((l) => !l.hidden).length);
+      await page.$eval("#srclang", (el, v) => { el.value = v; }, run.sourceLang ?? "");
+      await page.$eval("#tgtlang", (el, v) => { el.value = v; }, run.targetLang ?? "");
       await page.$eval("#status", (el) => { el.dataset.state = "waiting"; });
       const clicked = performance.now();
       await page.click("#translate");

@@ -38,9 +38,28 @@ async function load() {
   $("model").textContent = describe(meta);
   $("beam").value = String(meta.decoding.beam_size);
   $("lp").value = String(meta.decoding.length_penalty);
+  showLanguages(translator.tokens.languages);
   $("translate").disabled = false;
   const seconds = ((performance.now() - start) / 1000).toFixed(1);
   setStatus("ready", `Ready: loaded and checked in ${seconds} s (onnxruntime-web ${ort.env.versions?.web ?? ""}, WebAssembly).`);
+}
+
+/** A multilingual model (NLLB, M2M100, mBART-50) gets source and target language fields, its codes listed. */
+function showLanguages(languages) {
+  const codes = Object.keys(languages ?? {}).sort();
+  if (!codes.length) return;
+  $("languages").replaceChildren(...codes.map((code) => Object.assign(document.createElement("option"), { value: code })));
+  for (const label of document.querySelectorAll(".langs")) label.hidden = false;
+}
+
+/** The language fields' codes as translateBatch options; an empty field keeps the bundle's default. */
+function languageOptions() {
+  const options = {};
+  for (const [id, key] of [["srclang", "sourceLang"], ["tgtlang", "targetLang"]]) {
+    const code = $(id).value.trim();
+    if (code) options[key] = code;
+  }
+  return options;
 }
 
 function render(sources, results) {
@@ -135,7 +154,7 @@ async function onTranslate(event) {
     if (!(Number.isFinite(lengthPenalty) && lengthPenalty >= 0)) {
       throw new RangeError(`Length penalty is ${JSON.stringify($("lp").value)}; give a number of at least 0`);
     }
-    options = { beamSize, numHypotheses, lengthPenalty, returnScores: true, returnAttention: true };
+    options = { beamSize, numHypotheses, lengthPenalty, returnScores: true, returnAttention: true, ...languageOptions() };
   } catch (e) {
     setStatus("error", e.message);
     return;

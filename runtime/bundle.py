@@ -173,7 +173,7 @@ def sha256(path: Path) -> str:
 _READ_ATTEMPTS = 8  # a bundle replaced while it is read (`seq2onnx export --force`) is read again
 
 
-def read_bundle(path: str | Path, *, check_hashes: bool = True) -> Bundle:
+def read_bundle(path: str | Path, *, check_hashes: bool = True, defer_weights_hash: bool = False) -> Bundle:
     """Reads and validates a bundle directory, keeping each file's bytes (Bundle.data).
 
     Every file is read once, through one handle on the directory: the hashes are checked on the
@@ -184,6 +184,9 @@ def read_bundle(path: str | Path, *, check_hashes: bool = True) -> Bundle:
     Args:
         path: the bundle directory.
         check_hashes: check every file's sha256 against bundle.json.
+        defer_weights_hash: hash the weights file in a thread while the caller goes on (makes its
+            sessions): the caller must call `bundle.weights.verify()` before using anything made from it
+            (Translator does); other files are checked here as always.
 
     Returns:
         The bundle, with its files' bytes.
@@ -208,7 +211,7 @@ def read_bundle(path: str | Path, *, check_hashes: bool = True) -> Bundle:
             continue
         with directory:
             try:
-                return _read(path, directory, check_hashes)
+                return _read(path, directory, check_hashes, defer_weights_hash)
             except (BundleError, OSError) as e:
                 if not directory.replaced():
                     raise
@@ -284,7 +287,7 @@ class _Directory:
             return f.read()
 
 
-def _read(path: Path, directory: _Directory, check_hashes: bool) -> Bundle:
+def _read(path: Path, directory: _Directory, check_hashes: bool, defer_weights_hash: bool = False) -> Bundle:
     meta_path = path / BUNDLE_JSON
     try:
         raw = directory.read(BUNDLE_JSON, limit=MAX_JSON_BYTES)
@@ -326,6 +329,7 @@ def _read(path: Path, directory: _Directory, check_hashes: bool) -> Bundle:
                     entry["sha256"] if check_hashes else None,
                     directory.open,
                     directory.fd,
+                    defer=defer_weights_hash,
                 )
             except BundleError as e:
                 raise BundleError(f"{e} (files.{key} in {BUNDLE_JSON})") from None

@@ -29,6 +29,7 @@ from .standard_step import StandardStep
 from .result import TranslationResult  # noqa: F401  (re-exported: the public result type)
 from .text import text_increments
 from .vocab import Vocabulary
+from .weights import verified
 
 _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
 
@@ -96,15 +97,19 @@ class Translator:
         bundle = (
             bundle_dir
             if isinstance(bundle_dir, Bundle)
-            else read_bundle(bundle_dir, check_hashes=check_hashes)
+            else read_bundle(bundle_dir, check_hashes=check_hashes, defer_weights_hash=True)
         )
+        with verified(bundle.weights):  # hashed while the sessions are made; checked before anything else
+            self._load(bundle, bundle_dir, device, tuning, intra_threads)
+        if not isinstance(bundle_dir, Bundle):
+            self.bundle = bundle.without_data()  # the sessions hold what they need
+
+    def _load(self, bundle: Bundle, bundle_dir, device: str, tuning: SessionTuning, intra_threads: int):
+        """The constructor's work once the bundle is read: tokenizers, vocabulary, sessions, checks."""
         self.bundle = bundle
         cfg = self.bundle.model
-        self.n_layers, self.n_heads, self.head_dim = (
-            cfg["n_decoder_layers"],
-            cfg["n_heads"],
-            cfg["d_model"] // cfg["n_heads"],
-        )
+        self.n_layers, self.n_heads = cfg["n_decoder_layers"], cfg["n_heads"]
+        self.head_dim = cfg["d_model"] // cfg["n_heads"]
         self.max_positions = cfg["max_positions"]
         self.src_vocab, self.tgt_vocab = cfg["src_vocab_size"], cfg["tgt_vocab_size"]
         ids = self.bundle.special_ids
@@ -145,18 +150,12 @@ class Translator:
             release_bytes=not isinstance(bundle_dir, Bundle),
             check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs),
         )
-        self.device, self.device_reason, self.encoder, self.decoder = (
-            s.device,
-            s.device_reason,
-            s.encoder,
-            s.decoder,
-        )
+        self.device, self.device_reason = s.device, s.device_reason
+        self.encoder, self.decoder = s.encoder, s.decoder
         self.decoder_variant, self.decoder_reason, self._sessions = s.variant, s.reason, s
         # every graph checked now; one not loaded yet (the standard decoder) from its file
         # (runtime/onnx_info.py)
         check_graphs(bundle, {**graphs, **s.by_label()}, graphs)
-        if not isinstance(bundle_dir, Bundle):
-            self.bundle = bundle.without_data()  # the sessions hold what they need
         self.ort_device = "cuda" if self.device == "cuda" else "cpu"
 
     # -- public API -----------------------------------------------------------------------------

@@ -20,9 +20,11 @@ A bundle without `files.weights` (before 0.4) keeps its weights inside each grap
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
+import threading
 import weakref
 from pathlib import Path
 
@@ -52,6 +54,48 @@ class WeightsFile:
         for fd in (dir_fd, file_fd):
             if fd is not None:
                 weakref.finalize(self, os.close, fd)
+
+    def _start_hash(self, expected: str) -> None:
+        """Hashes the file held open in a thread (os.pread: the descriptor's offset is not moved)."""
+        fd, outcome = os.dup(self._file_fd), {}
+
+        def run():
+            try:
+                h, offset = hashlib.sha256(), 0
+                while block := os.pread(fd, 8 << 20, offset):
+                    h.update(block)
+                    offset += len(block)
+                outcome["same"] = h.hexdigest() == expected
+            except OSError as e:
+                outcome["error"] = e
+            finally:
+                os.close(fd)
+
+        self._hashing = threading.Thread(target=run, name="seq2onnx-weights-sha256", daemon=True)
+        self._outcome = outcome
+        self._hashing.start()
+
+    def verify(self) -> None:
+        """Waits for a deferred hash (read_weights' `defer`); nothing to do where it was checked already.
+
+        Raises:
+            BundleError: the file's sha256 differs from bundle.json's, or it could not be read.
+        """
+        hashing = getattr(self, "_hashing", None)
+        if hashing is None:
+            return
+        hashing.join()
+        outcome = self._outcome
+        if "error" in outcome:
+            raise BundleError(
+                f"{self.path}: cannot be read ({outcome['error']}) (files.weights in bundle.json)"
+            )
+        if not outcome.get("same"):
+            raise BundleError(
+                f"{self.path}: sha256 differs from bundle.json (files.weights); the file is damaged or "
+                "was replaced: re-export the bundle (files.weights in bundle.json)"
+            )
+        self._hashing = None
 
     def folder(self) -> str:
         """The directory onnxruntime reads the file from: the one that was checked, where the OS allows."""
@@ -125,15 +169,39 @@ class WeightsFile:
             )
 
 
+@contextlib.contextmanager
+def verified(weights: WeightsFile | None):
+    """Runs the block, then waits for a deferred hash of `weights` (WeightsFile.verify); where the block
+    fails, a file that differs is the error raised instead (a damaged file named as such, not as whatever
+    it broke). None: nothing to wait for.
+
+    Raises:
+        BundleError: the weights file's sha256 differs from bundle.json's.
+    """
+    try:
+        yield
+    except BaseException:
+        if weights is not None:
+            weights.verify()
+        raise
+    if weights is not None:
+        weights.verify()
+
+
 def read_weights(
-    path: Path, name: str, expected_sha256: str | None, opener, dir_fd: int | None
+    path: Path, name: str, expected_sha256: str | None, opener, dir_fd: int | None, *, defer: bool = False
 ) -> WeightsFile:
     """Checks a weights file as a stream: a regular file whose sha256 is bundle.json's.
+
+    With `defer`, the hash is computed in a thread while the caller makes its sessions (onnxruntime's
+    session creation lets go of the GIL: at NLLB-600M size the 1.5 s of hashing then costs nothing more
+    than the sessions' own 1-2 s); WeightsFile.verify() waits for it and refuses a file that differs.
 
     Args:
         path: the file's path (for messages).
         name: files.weights.path.
         expected_sha256: bundle.json's hash, or None not to check it.
+        defer: hash in a thread; the caller calls verify() before using what it made from the file.
         opener: opens the file relative to the directory held open (runtime/bundle.py's _Directory).
         dir_fd: the directory's descriptor (duplicated here and kept), or None where the OS has none.
 
@@ -145,6 +213,13 @@ def read_weights(
     """
     with opener(name) as f:
         size = os.fstat(f.fileno()).st_size
+        if expected_sha256 is not None and defer:
+            held = os.dup(f.fileno())
+            weights = WeightsFile(
+                path, name, size, os.dup(dir_fd) if dir_fd is not None else None, held, expected_sha256
+            )
+            weights._start_hash(expected_sha256)
+            return weights
         if expected_sha256 is not None:
             h = hashlib.sha256()
             for block in iter(lambda: f.read(8 << 20), b""):

@@ -207,10 +207,16 @@ def _export(module: nn.Module, args: tuple, path: Path, writer: TensorWriter, *,
     # transposes: _place_weights does both, streaming.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        torch.onnx.export(
-            module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=axes,
-            opset_version=OPSET, do_constant_folding=False, export_params=False, dynamo=False,
-        )
+        trace = _tracer_without_shape_inference()
+        if trace is not None:
+            trace(module, args, str(path), False, False, torch.onnx.TrainingMode.EVAL, inputs, outputs,
+                  opset_version=OPSET, do_constant_folding=False, dynamic_axes=axes,
+                  onnx_shape_inference=False)
+        else:
+            torch.onnx.export(
+                module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=axes,
+                opset_version=OPSET, do_constant_folding=False, export_params=False, dynamo=False,
+            )
     proto = onnx.load(str(path))
     _place_weights(proto, module.state_dict(keep_vars=True), writer)
     if names.LOG_PROBS in outputs:
@@ -219,6 +225,31 @@ def _export(module: nn.Module, args: tuple, path: Path, writer: TensorWriter, *,
     del proto
     writer.flush()
     check_graph_file(path)
+
+
+def _tracer_without_shape_inference():
+    """The TorchScript exporter's own entry with its ONNX shape inference off, where this torch has it.
+
+    Why: that inference serializes, for each node, the values of the parameters it reads; for the
+    embedding table's lookup and the tied projection that is a transient copy of the table each
+    (2 GB at NLLB-600M size: the export's peak, docs/optimisation-notes.md row 37). Our graphs do not
+    need it: the nodes and their attributes come out the same (tests/test_export.py), and
+    _place_weights, check_graph_file and onnxruntime infer shapes on the finished graph. Where torch
+    no longer has this private entry, the public torch.onnx.export runs as before (more memory).
+
+    Returns:
+        The function, or None.
+    """
+    import inspect
+
+    try:
+        from torch.onnx._internal.torchscript_exporter import utils
+        trace = utils._export
+        if "onnx_shape_inference" in inspect.signature(trace).parameters:
+            return trace
+    except (ImportError, AttributeError, TypeError, ValueError):
+        pass
+    return None
 
 
 FOLDED = ("Identity", "Transpose", "Cast")  # the nodes on parameters alone that the tracer writes unfolded

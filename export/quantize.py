@@ -119,7 +119,7 @@ def linear_weights(node: onnx.NodeProto, inits: dict[str, np.ndarray]):
         inits (dict[str, np.ndarray]): the graph's initializers by name.
 
     Returns:
-        (W (K, N), bias (N,) or None, activation or None), W transposed back when transB is set;
+        (W (K, N), bias (N,) or None, activation or None), W transposed back (a view) when transB is set;
         None for any other node (it stays as it is).
     """
     if (node.op_type not in ("MatMul", "Gemm", "FusedGemm") or len(node.input) < 2
@@ -146,7 +146,7 @@ def linear_weights(node: onnx.NodeProto, inits: dict[str, np.ndarray]):
         bias = inits.get(node.input[2])
         if bias is None or bias.shape != (w.shape[1],) or bias.dtype != np.float32:
             return None
-    return np.ascontiguousarray(w), bias, activation
+    return w, bias, activation  # a view: a tied table's projection needs its codes, never this copy
 
 
 def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

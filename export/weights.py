@@ -135,7 +135,8 @@ def _external(tensor: onnx.TensorProto) -> tuple[str, int, int]:
 
 def read_tensor(directory: Path, tensor: onnx.TensorProto) -> np.ndarray:
     """The values of an initializer, read from its external data file alone when it has one (not the
-    whole graph's).
+    whole graph's): memory-mapped, read-only, so that only the pages used are read (the int8 rewrite
+    needs only the shape of a tied projection whose codes the table's quantization made).
 
     Args:
         directory: the directory of the graph, where its external data files are.
@@ -145,8 +146,10 @@ def read_tensor(directory: Path, tensor: onnx.TensorProto) -> np.ndarray:
         return numpy_helper.to_array(tensor)
     location, offset, length = _external(tensor)
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
-    array = np.fromfile(Path(directory) / location, dtype=dtype, count=length // dtype.itemsize,
-                        offset=offset)
+    if length == 0:
+        return np.zeros(tuple(tensor.dims), dtype)
+    array = np.memmap(Path(directory) / location, dtype=dtype, mode="r", offset=offset,
+                      shape=(length // dtype.itemsize,))
     return array.reshape(tuple(tensor.dims))
 
 
@@ -179,6 +182,7 @@ def store_weights(directory: Path, files: list[str]) -> WeightsReport:
             for name in files:  # one graph in memory at a time, without the weights it refers to
                 proto = onnx.load(str(directory / name), load_external_data=False)
                 found = _large_initializers(name, proto)
+                found += separate_packed_operands(proto.graph)
                 found.sort(key=lambda tensor: -_size(tensor))  # wholes before their parts
                 for tensor in found:  # read one at a time: a large graph's weights are gigabytes
                     raw = _bytes(directory, tensor, sources)
@@ -248,6 +252,53 @@ def _large_initializers(name: str, proto: onnx.ModelProto) -> list[onnx.TensorPr
         if len(tensor.raw_data) >= MIN_EXTERNAL_BYTES:
             found.append(tensor)
     return found
+
+
+# the operators whose constant second operand onnxruntime's CPU kernels pack into their own layout at load
+PACKED_OPERAND = {"MatMul": 1, "Gemm": 1, "FusedGemm": 1, "FusedMatMul": 1}
+
+
+def separate_packed_operands(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
+    """Gives each product that multiplies by an initializer another node also reads (the tied output
+    projection: a Gemm by the embedding table that the lookup's Gather reads) an initializer of its own,
+    a second name for the same tensor, which store_weights points at the same bytes in the weights file.
+
+    Why: onnxruntime packs a product's constant operand into its own layout at load and lets the
+    initializer go once every reader has packed it. A table the Gather also reads stays mapped, and the
+    packing has read every page of it: the tied table stays resident twice, as file pages and packed
+    (+1 GB at NLLB-600M size). Under its own name the product's copy is unmapped once packed, and the
+    Gather's pages are only the rows looked up (docs/optimisation-notes.md row 37). On disk nothing changes.
+
+    Returns:
+        The initializers added (their bytes are the originals', read where those are).
+    """
+    by_name = {tensor.name: tensor for tensor in graph.initializer}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name in by_name:
+                readers[name] = readers.get(name, 0) + 1
+    taken = set(by_name) | {value.name for value in graph.input} | {o for n in graph.node for o in n.output}
+    added = []
+    for node in graph.node:
+        slot = PACKED_OPERAND.get(node.op_type)
+        if slot is None or len(node.input) <= slot or readers.get(node.input[slot], 0) < 2:
+            continue
+        original = by_name[node.input[slot]]
+        if _size(original) < MIN_EXTERNAL_BYTES:
+            continue  # stays inside the graph: nothing large is held twice
+        alias, k = f"{original.name}.packed", 1
+        while alias in taken:
+            k += 1
+            alias = f"{original.name}.packed{k}"
+        tensor = graph.initializer.add()  # (append would copy: the graph's own is the one to point)
+        tensor.CopyFrom(original)
+        tensor.name = alias
+        taken.add(alias)
+        readers[original.name] -= 1
+        node.input[slot] = alias
+        added.append(tensor)
+    return added
 
 
 def constants_to_initializers(graph: onnx.GraphProto, min_bytes: int = MIN_EXTERNAL_BYTES) -> None:

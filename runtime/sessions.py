@@ -210,8 +210,11 @@ def open_sessions(
     picked, why = pick_device(device)
     checked = _session_loader(bundle, tuning, intra_threads, picked, release_bytes=release_bytes)
     standard_label = DECODER_LABELS[STANDARD]
-    encoder = checked("encoder")
+    # The decoder first: packing its largest weight (a tied projection, 1 GB at NLLB-600M size) maps
+    # the table while its packed copy is made; done before the encoder's weights are packed, the
+    # load's peak holds the table twice beside the decoder alone (docs/optimisation-notes.md row 37).
     variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
+    encoder = checked("encoder")
     if picked == "cuda" and decoder.get_providers()[0] != "CUDAExecutionProvider":
         if device == "cuda":
             raise RuntimeError(
@@ -219,8 +222,8 @@ def open_sessions(
             )
         picked, why = "cpu", "the CUDA provider did not start; using the CPU"
         checked = _session_loader(bundle, tuning, intra_threads, picked, release_bytes=release_bytes)
-        encoder = checked("encoder")
         variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
+        encoder = checked("encoder")
     if variant == STANDARD:
         return Sessions(picked, why, encoder, decoder, variant, reason, decoder)
     if bundle.weights is None:  # its weights are inside its graph file: load it now and let the bytes go

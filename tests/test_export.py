@@ -643,3 +643,35 @@ def test_a_tied_table_is_stored_once_in_the_decoder(tmp_path):
         want = graphs.DecoderGraph(model.eval())(*[t.clone() for t in feeds])[0].numpy()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     assert model.generator.bias is None  # the zero bias was only there for the tracing
+
+
+def test_the_export_traces_without_torchs_shape_inference_and_the_graphs_are_the_same(tmp_path, monkeypatch):
+    """The tracer runs with torch's ONNX shape inference off (it serializes each parameter a node reads: a
+    copy of an embedding table per lookup, the export's peak at NLLB size), and the graphs it writes have
+    the same nodes, inputs, outputs and attributes as the public torch.onnx.export's."""
+    from seq2onnx.export import graphs
+    from seq2onnx.export.bundle import write_graphs
+    from seq2onnx.model.config import ModelConfig
+    from seq2onnx.model.transformer import Transformer
+
+    assert graphs._tracer_without_shape_inference() is not None  # this torch has the entry: the low peak
+
+    def nodes(directory):
+        out = {}
+        for name in (fmt.ENCODER_FILE, fmt.DECODER_FILE, fmt.FUSED_DECODER_FILE):
+            proto = onnx.load(str(directory / name), load_external_data=False)
+            out[name] = [(n.op_type, list(n.input), list(n.output), sorted(str(a) for a in n.attribute))
+                         for n in proto.graph.node]
+        return out
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=300, tgt_vocab_size=300, share_vocab=True, d_model=32,
+                                    n_heads=4, d_ff=64, n_encoder_layers=1, n_decoder_layers=2)).eval()
+    for d in ("private", "public"):
+        (tmp_path / d).mkdir()
+    write_graphs(model, tmp_path / "private", "float32", None, fused=True)
+    monkeypatch.setattr(graphs, "_tracer_without_shape_inference", lambda: None)
+    write_graphs(model, tmp_path / "public", "float32", None, fused=True)
+    private, public = nodes(tmp_path / "private"), nodes(tmp_path / "public")
+    assert all(private[name] for name in private)
+    assert private == public

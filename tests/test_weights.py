@@ -66,6 +66,48 @@ def test_stored_weights_compute_what_the_graphs_did(tmp_path):
     np.testing.assert_array_equal(inits["embed"], model.tgt_embed.weight.detach().numpy())
 
 
+def _resident_bytes_of(path: Path) -> int:
+    """Bytes of `path` resident in this process's memory maps (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5 and fields[0][0] in "0123456789abcdef":
+            inside = len(fields) >= 6 and fields[-1] == str(path)
+        elif inside and fields[:1] == ["Rss:"]:
+            total += int(fields[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_a_tied_table_is_resident_once_after_the_decoder_is_loaded(tmp_path):
+    """The tied projection multiplies by the table under a name of its own, pointing at the same bytes: the
+    lookups read the table, the Gemm packs its copy at load and onnxruntime unmaps what it packed, so the
+    table's file pages do not stay resident beside the packed copy (export/weights.py
+    separate_packed_operands)."""
+    import onnxruntime as ort
+
+    from seq2onnx.runtime.weights import FOLDER_OPTION
+
+    model = _model(src_vocab_size=30000, tgt_vocab_size=30000)  # a 15 MB table
+    write_graphs(model, tmp_path, "float32", None, fused=True)
+    table = model.tgt_embed.weight.numel() * 4
+    for name in (names.DECODER_FILE, names.FUSED_DECODER_FILE):
+        proto = onnx.load(str(tmp_path / name), load_external_data=False)
+        inits = {t.name: {e.key: e.value for e in t.external_data} for t in proto.graph.initializer}
+        products = [n for n in proto.graph.node if n.op_type in ("Gemm", "MatMul") and n.input[1] in inits]
+        lookups = [n for n in proto.graph.node if n.op_type in ("Gather", "GatherND") and n.input[0] in inits]
+        projection = next(n.input[1] for n in products if inits[n.input[1]]["length"] == str(table))
+        looked_up = next(n.input[0] for n in lookups if inits[n.input[0]]["length"] == str(table))
+        assert projection != looked_up, name  # two names ...
+        assert inits[projection] == inits[looked_up], name  # ... for one tensor in the file
+        options = ort.SessionOptions()
+        options.add_session_config_entry(FOLDER_OPTION, str(tmp_path))
+        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        resident = _resident_bytes_of(tmp_path / names.WEIGHTS_FILE)
+        assert resident < 0.25 * table, (name, resident, table)
+        del session
+
+
 def _old_format(bundle: Path) -> Path:
     """The bundle as exported before the weights file: every graph holds its own tensors."""
     path = copy_bundle(bundle, "old-format")

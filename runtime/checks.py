@@ -83,7 +83,10 @@ def check_tokenizers(bundle: Bundle, source, target, vocabulary=None) -> None:
         ("source", source, "src_vocab_size", "source_tokenizer"),
         ("target", target, "tgt_vocab_size", "target_tokenizer"),
     )
-    have = {side: tokenizer_fingerprint(proc) for side, proc, _, _ in sides} if fingerprints else {}
+    have = {}
+    if fingerprints:
+        have["source"] = tokenizer_fingerprint(source)
+        have["target"] = have["source"] if target is source else tokenizer_fingerprint(target)
 
     def wrong_vocabulary(side: str, key: str, is_other: bool = False, exchanged: bool = False) -> BundleError:
         other = "target" if side == "source" else "source"

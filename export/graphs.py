@@ -211,7 +211,7 @@ def _export(module: nn.Module, args: tuple, path: Path, writer: TensorWriter, *,
         if trace is not None:
             trace(module, args, str(path), False, False, torch.onnx.TrainingMode.EVAL, inputs, outputs,
                   opset_version=OPSET, do_constant_folding=False, dynamic_axes=axes,
-                  onnx_shape_inference=False)
+                  keep_initializers_as_inputs=False, onnx_shape_inference=False)
         else:
             torch.onnx.export(
                 module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=axes,

@@ -662,6 +662,8 @@ def test_the_export_traces_without_torchs_shape_inference_and_the_graphs_are_the
             proto = onnx.load(str(directory / name), load_external_data=False)
             out[name] = [(n.op_type, list(n.input), list(n.output), sorted(str(a) for a in n.attribute))
                          for n in proto.graph.node]
+            out[name].append([str(v) for v in (*proto.graph.input, *proto.graph.output)])  # names, types, axes
+            out[name].append(sorted((t.name, t.data_type, tuple(t.dims)) for t in proto.graph.initializer))
         return out
 
     torch.manual_seed(0)

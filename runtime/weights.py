@@ -61,11 +61,7 @@ class WeightsFile:
 
         def run():
             try:
-                h, offset = hashlib.sha256(), 0
-                while block := os.pread(fd, 8 << 20, offset):
-                    h.update(block)
-                    offset += len(block)
-                outcome["same"] = h.hexdigest() == expected
+                outcome["same"] = _sha256(fd) == expected
             except OSError as e:
                 outcome["error"] = e
             finally:
@@ -91,10 +87,7 @@ class WeightsFile:
                 f"{self.path}: cannot be read ({outcome['error']}) (files.weights in bundle.json)"
             )
         if not outcome.get("same"):
-            raise BundleError(
-                f"{self.path}: sha256 differs from bundle.json (files.weights); the file is damaged or "
-                "was replaced: re-export the bundle (files.weights in bundle.json)"
-            )
+            raise BundleError(f"{self.path}: {_DIFFERS} (files.weights in bundle.json)")
         self._hashing = None
 
     def folder(self) -> str:
@@ -213,26 +206,30 @@ def read_weights(
     """
     with opener(name) as f:
         size = os.fstat(f.fileno()).st_size
-        if expected_sha256 is not None and defer:
-            held = os.dup(f.fileno())
-            weights = WeightsFile(
-                path, name, size, os.dup(dir_fd) if dir_fd is not None else None, held, expected_sha256
-            )
-            weights._start_hash(expected_sha256)
-            return weights
-        if expected_sha256 is not None:
-            h = hashlib.sha256()
-            for block in iter(lambda: f.read(8 << 20), b""):
-                h.update(block)
-            if h.hexdigest() != expected_sha256:
-                raise BundleError(
-                    f"{path}: sha256 differs from bundle.json (files.weights); the file is damaged or "
-                    "was replaced: re-export the bundle"
-                )
+        if expected_sha256 is not None and not defer and _sha256(f.fileno()) != expected_sha256:
+            raise BundleError(f"{path}: {_DIFFERS}")
         held = os.dup(f.fileno())
-    return WeightsFile(
+    weights = WeightsFile(
         path, name, size, os.dup(dir_fd) if dir_fd is not None else None, held, expected_sha256
     )
+    if expected_sha256 is not None and defer:
+        weights._start_hash(expected_sha256)
+    return weights
+
+
+_DIFFERS = (
+    "sha256 differs from bundle.json (files.weights); the file is damaged or was replaced: "
+    "re-export the bundle"
+)
+
+
+def _sha256(fd: int) -> str:
+    """The sha256 of an open file, read in 8 MiB blocks with os.pread (the descriptor's offset stays)."""
+    h, offset = hashlib.sha256(), 0
+    while block := os.pread(fd, 8 << 20, offset):
+        h.update(block)
+        offset += len(block)
+    return h.hexdigest()
 
 
 def check_references(graph_path: Path, info: GraphInfo, weights: WeightsFile | None) -> None:

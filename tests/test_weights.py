@@ -17,7 +17,7 @@ from seq2onnx.export.bundle import write_graphs
 from seq2onnx.model.config import ModelConfig
 from seq2onnx.model.transformer import Transformer
 from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.bundle import sha256
+from seq2onnx.runtime.bundle import read_bundle, sha256
 from seq2onnx.runtime.translator import Translator
 from tiny import copy_bundle, scratch, tiny_bundle, tiny_run
 
@@ -155,7 +155,9 @@ def test_a_weights_file_changed_after_the_export_is_refused():
     from seq2onnx.runtime.bundle import BundleError
 
     with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json \(files\.weights\)"):
-        Translator(path, device="cpu")
+        Translator(path, device="cpu")  # hashed in a thread while the sessions are made
+    with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json \(files\.weights\)"):
+        read_bundle(path)  # hashed before read_bundle returns
 
 
 _RSS_SCRIPT = """

@@ -146,7 +146,10 @@ class _StepBuilder:
         if scale != 1.0:
             scale_const = g.const("embed_scale", np.array(scale, np.float32))
             (tok,) = g.node("Mul", [tok, scale_const], name="embed_scale")
-        (pe,) = g.node("Gather", [pos, names.STEP], name="position", axis=0)  # (1, D)
+        # each row's position in its sentence: step - row_start (R,)
+        (at,) = g.node("Sub", [names.STEP, names.ROW_START], name="row_position",
+                       outputs=[names.ROW_POSITION])
+        (pe,) = g.node("Gather", [pos, at], name="position", axis=0)  # (R, D)
         (x,) = g.node("Add", [tok, pe], name="embed_add")  # (R, D), the residual stream
         if cfg.embedding_norm:  # mBART's layernorm_embedding: LN(embedding + position) feeds the layers
             norm = model.decoder_embed_norm
@@ -169,7 +172,26 @@ class _StepBuilder:
         self.rows_d = g.const("rows_d", np.array([-1, d], np.int64))
         self.split3 = g.const("split_d", np.array([d, d, d], np.int64))
         (self.mask,) = g.node("Cast", [names.SRC_MASK], name="mask_int32", to=TensorProto.INT32)
+        self.own_past = self.own_past_mask()
         self.zeros_kv = np.zeros(2 * d, np.float32)
+
+    def own_past_mask(self) -> str:
+        """The self-attention mask (R, step + 1) int32: 1 where position t >= row_start[r].
+
+        Positions before a row's start belong to whoever held the row before (a serving round's
+        rows join at different steps: runtime/fused_step.py, serve/fused_rounds.py); the kernel
+        scores them with mask_filter_value, which underflows to exactly 0 (docs/fused-decoder.md).
+        """
+        g = self.g
+        (now,) = g.node("Squeeze", [names.STEP], name="step_scalar")  # () int32
+        one, zero = g.const("one_i32", np.array(1, np.int32)), g.const("zero_i32", np.array(0, np.int32))
+        (total,) = g.node("Add", [now, one], name="positions_now")
+        (t,) = g.node("Range", [zero, total, one], name="positions")  # (step + 1,)
+        (start,) = g.node("Unsqueeze", [names.ROW_START, g.const("axis_1", np.array([1], np.int64))],
+                          name="row_start_2d")  # (R, 1)
+        (seen,) = g.node("GreaterOrEqual", [t, start], name="own_past")  # (R, step + 1)
+        (mask,) = g.node("Cast", [seen], name="own_past_int32", to=TensorProto.INT32)
+        return mask
 
     def norm_args(self, i: int, which: str) -> list[str]:
         """The gamma and beta inputs of layer i's norm `which` ("sub_self", ...; "final": the stack's)."""
@@ -214,7 +236,7 @@ class _StepBuilder:
         q, k, v = g.node("Split", [qkv3, self.split3], 3, name=f"l{i}_qkv_split", axis=2)  # 3 x (R, 1, D)
         cache = [names.past_key(i), names.past_value(i), names.STEP, BEAM_WIDTH, CACHE_INDIRECTION]
         ctx, _, _ = g.node(
-            "DecoderMaskedMultiHeadAttention", [q, k, v, "", "", *cache],
+            "DecoderMaskedMultiHeadAttention", [q, k, v, self.own_past, "", *cache],
             name=f"l{i}_self_attn", ms=True, outputs=[f"l{i}_self_ctx", present[2 * i], present[2 * i + 1]],
             num_heads=self.cfg.n_heads, past_present_share_buffer=1)  # (R, 1, D)
         (ctx2,) = g.node("Reshape", [ctx, self.rows_d], name=f"l{i}_self_ctx_2d")

@@ -28,6 +28,8 @@ from .spec import (  # noqa: F401
     BundleError,
     CACHE_INDICES,
     CACHE_INDIRECTION,
+    ROW_POSITION,
+    ROW_START,
     CROSS_ATTENTION,
     DECODER_FILE,
     DECODER_LABELS,

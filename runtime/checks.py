@@ -14,6 +14,7 @@ from .bundle import (
     DTYPES,
     LOG_PROBS,
     SRC_IDS,
+    ROW_POSITION,
     STEP,
     TOP_K,
     Bundle,
@@ -291,7 +292,8 @@ def _check_tables(bundle: Bundle, graphs: dict[str, GraphInfo], dec_label: str) 
         (bundle.file(dec_label).name, graphs[dec_label], STEP, "model.max_positions", "positional table"),
     ]
     for name, info, indices, field, what in tables:
-        found = [shape for idx, shape in info.gather_tables() if idx == indices]
+        # the fused decoder's table is looked up at each row's own position (older fused graphs: at step)
+        found = [shape for idx, shape in info.gather_tables() if idx in (indices, ROW_POSITION)]
         # an int8 table is looked up twice, its codes and its row scales (rows, 1) (export/quantize.py)
         if len(found) > 1:
             found = [shape for shape in found if list(shape[1:]) != [1]]

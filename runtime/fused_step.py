@@ -106,8 +106,15 @@ def buffer_bytes(
     """
     cache = 2 * n_layers * rows * n_heads * max_length * head_dim * 4
     indirection = (rows // width) * (width + (1 if width > 1 else 0)) * max_length * 4  # + the first step's
-    out = rows * vocab * 4 if top_k is None else rows * top_k * (4 + 8)
+    out = rows * 4  # row_start
+    out += rows * vocab * 4 if top_k is None else rows * top_k * (4 + 8)
     return cache + indirection + out
+
+
+def takes_row_start(session) -> bool:
+    """Tells whether a fused decoder session takes `row_start` (rows that begin at different positions:
+    serving rounds); fused graphs exported before it do not."""
+    return any(i.name == names.ROW_START for i in session.get_inputs())
 
 
 _ONE = np.ones(1, np.int32)  # beam_width of a beam search's first step (never written)
@@ -164,6 +171,8 @@ class StepBuffers:
         self.indirection = np.zeros((rows // width, width, max_length), np.int32)
         self.tokens = np.zeros((rows, 1), np.int64)
         self.step = np.zeros(1, np.int32)
+        # every row of a batch begins at position 0 (graphs exported before row_start lack the input)
+        self.row_start = np.zeros(rows, np.int32) if takes_row_start(session) else None
         self.fixed = {
             names.BEAM_WIDTH: np.array([width], np.int32),
             names.TOP_K: np.array([top_k or 1], np.int64),
@@ -378,6 +387,8 @@ class FusedStep:
         _bind_input(binding, held, names.BEAM_WIDTH, beam_width)
         _bind_input(binding, held, names.CACHE_INDIRECTION, indirection)
         _bind_input(binding, held, names.TOKENS, self._tokens[:rows])
+        if self.buffers.row_start is not None:
+            _bind_input(binding, held, names.ROW_START, self.buffers.row_start[:rows])
         for past, present, array in zip(self._past, self._present, self._cache):
             binding.bind_ortvalue_output(present, _bind_input(binding, held, past, array[:rows]))
         for name, array in self._out.items():

@@ -7,6 +7,7 @@ from .bundle import (
     BEAM_WIDTH,
     CACHE_INDICES,
     CACHE_INDIRECTION,
+    ROW_START,
     CROSS_ATTENTION,
     DECODER_LABELS,
     FUSED,
@@ -53,6 +54,7 @@ def fused_signature(n_layers: int, n_heads: int, head_dim: int, vocab: int) -> d
             {"name": STEP, "dtype": "int32", "shape": [1]},
             {"name": BEAM_WIDTH, "dtype": "int32", "shape": [1]},
             {"name": CACHE_INDIRECTION, "dtype": "int32", "shape": ["batch", "beam", "max_length"]},
+            {"name": ROW_START, "dtype": "int32", "shape": ["rows"]},
         ]
         + [cache(n) for n in past_names(n_layers)]
         + [cross(n) for n in cross_names(n_layers)]

@@ -64,6 +64,14 @@ CROSS_ATTENTION = _NAMES["cross_attention"]
 # Fused decoder only: the beams per sentence W and, replacing cache_indices, the table
 # [batch, W, max_length] naming for each beam and position the beam whose cache row holds it.
 BEAM_WIDTH, CACHE_INDIRECTION = _NAMES["beam_width"], _NAMES["cache_indirection"]
+# Fused decoder only: [rows] int32, the cache position at which each row's sentence began. Row r
+# attends to positions row_start[r]..step and its position in the sentence is step - row_start[r],
+# so rows that joined a serving round later share one cache buffer (zeros: every row from 0).
+# Fused graphs exported before it lack it (their rows all begin at 0).
+ROW_START = _NAMES["row_start"]
+# The fused graph's value step - row_start (each row's position), which indexes its positional table
+# (runtime/checks.py finds the table by it); a graph value, not an input: Python-only.
+ROW_POSITION = "row_position"
 
 
 def _layer_name(kind: str, i: int) -> str:

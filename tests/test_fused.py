@@ -50,7 +50,7 @@ class FusedStep:
         self.pointers = [v.data_ptr() for v in self.cache]
         self.indirection = np.zeros((self.batch, beams, MAX_LENGTH), np.int32)
         self.fixed = {names.SRC_MASK: mask.numpy(), names.TOP_K: np.array([3], np.int64),
-                      BEAM_WIDTH: np.array([beams], np.int32),
+                      BEAM_WIDTH: np.array([beams], np.int32), names.ROW_START: np.zeros(rows, np.int32),
                       **{n: t.numpy() for n, t in zip(names.cross_names(cfg.n_decoder_layers), [t for kv in cross for t in kv])}}
         self.past, self.present = names.past_names(cfg.n_decoder_layers), names.present_names(cfg.n_decoder_layers)
 
@@ -153,6 +153,59 @@ def test_beam_reorder_by_cache_indirection_matches_pytorch(make_model, pre_norm)
     assert moved > 0  # the test reordered beams at all
 
 
+@pytest.mark.parametrize("beams", [1, 2])
+def test_rows_that_begin_later_read_only_their_own_positions(make_model, beams):
+    """Serving rounds share one cache buffer between rows that joined at different steps (row_start):
+    a row that begins at position s, over a buffer whose positions < s hold another sentence's keys, gives
+    what PyTorch gives for its sentence alone, its positions counted from s. With beam width 2 the rows go
+    through the kernel's cache-indirection path, as a round with a beam search in it does."""
+    model = make_model(seed=11, d_model=32, n_heads=2)
+    cfg = model.cfg
+    mask, cross = source(model, [5, 3])  # sentence 0 from position 0, sentence 1 joins at `late`
+    late, rows = 4, 2 * beams
+    sess = session(model)
+    cache = [ort.OrtValue.ortvalue_from_numpy(np.random.default_rng(1).standard_normal(
+        (rows, cfg.n_heads, MAX_LENGTH, cfg.head_dim)).astype(np.float32) * 30) for _ in range(2 * cfg.n_decoder_layers)]
+    indirection = np.tile(np.arange(beams, dtype=np.int32)[None, :, None], (rows // beams, 1, MAX_LENGTH))
+    # row r holds sentence r // beams; a beam width of 2 pairs the rows (0, 1) and (2, 3)
+    sentence = np.arange(rows) // beams
+    start = np.where(sentence == 1, late, 0).astype(np.int32)
+    row_mask = mask.numpy()[sentence]
+    row_cross = [t.numpy()[sentence] for kv in cross for t in kv]
+    tokens = torch.full((rows, 1), cfg.decoder_start_id)
+    pasts = [model.empty_cache(1) for _ in range(2)]
+    for slot in range(late + 6):
+        b = sess.io_binding()
+        feeds = {names.SRC_MASK: row_mask, names.TOP_K: np.array([1], np.int64), BEAM_WIDTH: np.array([beams], np.int32),
+                 CACHE_INDIRECTION: indirection, names.ROW_START: start, names.TOKENS: tokens.numpy(),
+                 names.STEP: np.array([slot], np.int32),
+                 **dict(zip(names.cross_names(cfg.n_decoder_layers), row_cross))}
+        for name, value in feeds.items():
+            b.bind_cpu_input(name, np.ascontiguousarray(value))
+        for past, present, value in zip(names.past_names(cfg.n_decoder_layers),
+                                        names.present_names(cfg.n_decoder_layers), cache):
+            b.bind_ortvalue_input(past, value)
+            b.bind_ortvalue_output(present, value)
+        b.bind_output(names.LOG_PROBS, "cpu")
+        b.bind_output(names.TOPK_IDS, "cpu")
+        sess.run_with_iobinding(b)
+        log_probs = b.get_outputs()[-2].numpy()  # the presents come first, in the order bound
+        next_tokens = tokens.clone()
+        for s in (0, 1):
+            t = slot - (late if s else 0)
+            if t < 0:
+                continue  # the row is not in use yet: its outputs are unread
+            rows_s = np.flatnonzero(sentence == s)
+            with torch.no_grad():
+                ref, pasts[s] = model.decode_step(tokens[rows_s[:1]], torch.tensor([t]), torch.zeros(1, dtype=torch.long),
+                                                  pasts[s], [(k[s:s + 1], v[s:s + 1]) for k, v in cross], mask[s:s + 1])
+            for r in rows_s:  # every beam of the sentence carries the same tokens here
+                err = np.abs(log_probs[r] - ref.numpy()[0]).max()
+                assert err < ATOL, f"sentence {s} row {r} step {t}: max |fused - pytorch| = {err:.2e}"
+            next_tokens[rows_s] = int(ref.argmax(-1))
+        tokens = next_tokens
+
+
 def test_graph_is_fused(make_model):
     """One attention kernel per attention, one normalisation per residual, no unfused attention."""
     model = make_model(d_model=16, n_heads=2, n_decoder_layers=3)
@@ -160,10 +213,10 @@ def test_graph_is_fused(make_model):
     assert ops["DecoderMaskedMultiHeadAttention"] == 3 and ops["MultiHeadAttention"] == 3
     assert ops["SkipLayerNormalization"] == 9 and ops["FusedGemm"] == 3
     assert ops["Softmax"] == ops["Transpose"] == 0 and ops["Concat"] == 1  # the one cross-query shape
-    # 10 nodes once (embedding 4: the model's own table, scaled by a Mul; cross-query shape 2, mask cast,
-    # generator, log-softmax, top-k) and 16 per layer, 4 of them aliasing Reshapes (docs/fused-decoder.md):
-    # a change here is a design change
-    assert sum(ops.values()) == 10 + 16 * 3, ops
+    # 17 nodes once (embedding 5: the model's own table, scaled by a Mul, each row's position; the rows' own
+    # past mask 6; cross-query shape 2, mask cast, generator, log-softmax, top-k) and 16 per layer, 4 of them
+    # aliasing Reshapes (docs/fused-decoder.md): a change here is a design change
+    assert sum(ops.values()) == 17 + 16 * 3, ops
 
 
 def test_tied_table_and_weights_are_the_models_own_tensors(make_model):

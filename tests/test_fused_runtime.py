@@ -259,7 +259,7 @@ def test_buffer_bytes_is_what_step_buffers_allocate(bundle, key):
     t = Translator(bundle, device="cpu")
     dims = t._buffer_pool.dims
     buffers = fused_step.StepBuffers(t.decoder, key, **dims)
-    arrays = [*buffers.cache, buffers.indirection, *buffers.out.values()]
+    arrays = [*buffers.cache, buffers.indirection, buffers.row_start, *buffers.out.values()]
     if buffers.first_indirection is not None:
         arrays.append(buffers.first_indirection)
     assert fused_step.buffer_bytes(*key, **dims) == buffers.nbytes == sum(a.nbytes for a in arrays)

@@ -69,6 +69,7 @@ export const CROSS_ATTENTION = NAMES.cross_attention;
 // the fused decoder's (never driven here)
 export const BEAM_WIDTH = NAMES.beam_width;
 export const CACHE_INDIRECTION = NAMES.cache_indirection;
+export const ROW_START = NAMES.row_start;
 
 /**
  * A per-layer name: the spec's layer_names[kind] with "{i}" replaced by the layer index.

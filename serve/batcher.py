@@ -17,12 +17,11 @@ uses too: forced prefixes). So:
 - between two rounds no thread hands over to another: the programs are advanced in the scheduler's
   thread (a thread per request waiting at every step cost more than the decoder at 128 requests).
 
-The rows of a round sit at different steps. decoder.onnx takes each row's own step (`step` of shape
-[rows], Transformer.decode_step): row r's cached positions are the LAST step[r] slots of the shared
-cache, right-aligned, since every round appends one slot for every row; the slots before them are
-masked (layers.own_past_bias). A new row continues any row (all its slots are masked). The cross
-keys and values are given per row (a sentence's copied for each of its beams): rows of a greedy
-and of a beam request, or of sources of different lengths, share one graph run.
+The rows of a round sit at different steps. Where the Translator drives the fused decoder (the CPU's
+default), the rounds run it over one in-place cache whose rows each begin at their own position
+(serve/fused_rounds.py); elsewhere they run decoder.onnx, which takes each row's own step
+(serve/standard_rounds.py). Either way rows of a greedy and of a beam request, or of sources of different
+lengths, share one graph run.
 """
 
 from __future__ import annotations
@@ -39,17 +38,20 @@ from typing import Iterator
 import numpy as np
 
 from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.binding import bind_decoder
+from seq2onnx.runtime.fused_step import takes_row_start
 from seq2onnx.runtime.options import SearchOptions
 from seq2onnx.runtime.plan import SearchJob
-from seq2onnx.runtime.search import TopK, greedy_one_program
+from seq2onnx.runtime.search import greedy_one_program
 from seq2onnx.runtime.text import text_increments
 from seq2onnx.runtime.translator import Translator
 
 from .engine import Cancelled, Engine, Job
-from .layout import RowLayout
-from .memory import IDLE_S, TRIM_AFTER_ROUNDS, ArenaShrink, trim
+from .fused_rounds import FusedRounds
+from .memory import IDLE_S, TRIM_AFTER_ROUNDS, trim
 from .round_profile import round_profile
+from .standard_rounds import NoServingDecoder, StandardRounds, check_decoder
+
+__all__ = ["ContinuousEngine", "Member", "NoServingDecoder", "RoundFailed", "Scheduler"]
 
 log = logging.getLogger("seq2onnx.serve")
 
@@ -59,31 +61,13 @@ class RoundFailed(RuntimeError):
     422)."""
 
 
-class NoServingDecoder(ValueError):
-    """The bundle's decoder.onnx takes one step for all rows (exported before serve/ existed)."""
-
-
-def _check_decoder(session, bundle_path) -> None:
-    step = next(i for i in session.get_inputs() if i.name == names.STEP)
-    if step.shape == [1]:
-        raise NoServingDecoder(
-            f"{bundle_path}: its decoder.onnx takes one step for all rows (input {names.STEP!r} of shape "
-            "[1]): it was "
-            "exported before continuous batching. Export the checkpoint again with `seq2onnx export`, or "
-            "serve this "
-            "bundle with --batching request"
-        )
-
-
-# the decoder's output types, for arrays that its outputs are written into
-_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
 _SERIALS = itertools.count()  # a member's key in the scheduler's caches (an id() may be reused)
 
 
 def _member(search: SearchJob, job: Job) -> Member:
     """The member of a planned search: its encoder outputs on the host, for the scheduler's per-row inputs."""
     src_mask, cross = search.encoded
-    return Member(job, src_mask.numpy(), [c.numpy() for c in cross], search.top_k)
+    return Member(job, src_mask.numpy(), [c.numpy() for c in cross], search.top_k, search.beam_width)
 
 
 class Member:
@@ -95,11 +79,14 @@ class Member:
         src_mask: (B, S) bool, the encoder's mask of this search's sources.
         cross: per layer and kind (B, H, S, Dh), the encoder's keys and values.
         top_k: candidates per row the search needs, or None for the full log-probabilities.
+        width: rows per sentence after the first step (beam_size; 1 for greedy search and sampling).
     """
 
-    def __init__(self, job: Job, src_mask: np.ndarray, cross: list[np.ndarray], top_k: int | None):
-        self.job, self.top_k, self.src_mask, self.cross = job, top_k, src_mask, cross
-        self.placed: tuple | None = None  # its rows in the rounds' cross inputs (serve/layout.py)
+    def __init__(
+        self, job: Job, src_mask: np.ndarray, cross: list[np.ndarray], top_k: int | None, width: int = 1
+    ):
+        self.job, self.top_k, self.src_mask, self.cross, self.width = job, top_k, src_mask, cross, width
+        self.placed = None  # its rows in the rounds (serve/layout.py, serve/fused_rounds.py)
         self.serial = next(_SERIALS)
         self.version = 0  # changes when sentences leave: its per-row cross is then made again
         # its first row in the previous round's output (None before its first step)
@@ -131,48 +118,18 @@ class Scheduler:
     thread.
 
     Args:
-        decoder: the onnxruntime session of decoder.onnx (per-row steps: NoServingDecoder otherwise).
-        n_layers, n_heads, head_dim: the decoder's sizes.
-        cache_dtype: numpy dtype of the cache.
-        vocab: the target vocabulary's size.
-        to_device: numpy array -> OrtValue on the session's device; device: "cpu" or "cuda", where the cache
-            stays.
+        runner: what runs a round's graph: serve/fused_rounds.py's FusedRounds or serve/standard_rounds.py's
+            StandardRounds (run(work, profile) -> answers, leave(member), clear(), shrink_arena(), last_rows).
     """
 
-    def __init__(
-        self,
-        decoder,
-        *,
-        n_layers: int,
-        n_heads: int,
-        head_dim: int,
-        cache_dtype,
-        vocab: int,
-        to_device=None,
-        device: str = "cpu",
-    ):
-        import onnxruntime
-
-        self._host = onnxruntime.OrtValue.ortvalue_from_numpy
-        self._to = to_device or self._host
-        self.device = device
-        self.decoder, self.n_layers, self.n_heads, self.head_dim = decoder, n_layers, n_heads, head_dim
-        self.cache_dtype, self.vocab = cache_dtype, vocab
+    def __init__(self, runner):
+        self.runner = runner
         self._cond = threading.Condition()
         self._incoming: list[_Search] = []
         self._active: list[_Search] = []  # the rows' order in a round
-        self._past: list | None = None  # the previous round's present_* OrtValues
-        self.layout = RowLayout(
-            n_layers=n_layers,
-            n_heads=n_heads,
-            head_dim=head_dim,
-            dtype=cache_dtype,
-            to_device=self._to,
-            shares_memory=device == "cpu",
-        )
         self._closed = False
         # memory given back after bursts (serve/memory.py)
-        self.shrink, self._trimmed_at, self._release_due = ArenaShrink(device), 0, False
+        self._trimmed_at, self._release_due = 0, False
         self.rounds = 0
         self.last_rows = 0
         self.profile = round_profile()  # SEQ2ONNX_PROFILE_ROUNDS=1: where the rounds' time goes
@@ -258,36 +215,42 @@ class Scheduler:
         prof.end_round(self.last_rows, searches)
 
     def _work(self) -> list[tuple]:
-        """(member, tokens, cache indices, step) of each active search's request; sentences that left go."""
+        """(member, tokens, cache indices, step, keep, width) of each active search's request."""
         work = []
         for search in self._active:
             tokens, cache_indices, t, keep = search.request
-            if keep is not None:
-                search.member.drop(keep)
             work.append(
                 (
                     search.member,
                     np.asarray(tokens, dtype=np.int64).reshape(-1),
                     np.asarray(cache_indices, dtype=np.int64).reshape(-1),
                     t,
+                    keep,
+                    search.member.width,
                 )
             )
         return work
+
+    def _round(self, work: list) -> dict:
+        """Runs the round's graph (the runner); returns each member's answer."""
+        answers = self.runner.run(work, self.profile)
+        self.rounds += 1
+        self.last_rows = self.runner.last_rows
+        return answers
 
     def _fail(self, e: Exception) -> None:
         """A round failed: every search in it is answered RoundFailed; the cache and the layout go."""
         failed = RoundFailed(f"the decoder step failed: {type(e).__name__}: {e}")
         for search in self._active:
             self._finish(search, error=failed)
-        self._active, self._past = [], None
-        self.layout.clear()
+        self._active = []
+        self.runner.clear()
 
     def _idle(self) -> None:
         """Nobody reads the cache or the cross inputs any more: drop them; after a burst (TRIM_AFTER_ROUNDS
         rounds at least: serve/memory.py) the memory is given back once the scheduler has stayed idle IDLE_S,
         when the requests' threads have let go of their buffers too."""
-        self._past = None
-        self.layout.clear()
+        self.runner.clear()
         self._release_due = self.rounds - self._trimmed_at >= TRIM_AFTER_ROUNDS
 
     def _release(self) -> None:
@@ -295,41 +258,11 @@ class Scheduler:
         self._release_due, self._trimmed_at = False, self.rounds
         gc.collect()  # the burst's searches sit in reference cycles (programs, their steps and members)
         try:
-            for _ in range(2 if self.shrink.enabled else 0):  # twice: the first run's tensors may pin a chunk
-                self._shrink_arena()
+            for _ in range(2 if self.runner.shrink.enabled else 0):  # twice: the first run's tensors may pin
+                self.runner.shrink_arena()
         except Exception as e:  # giving memory back must never fail a server: say so, serve on
             log.warning("could not shrink the decoder's memory arena: %s: %s", type(e).__name__, e)
         trim()
-
-    def _shrink_arena(self) -> None:
-        """One dummy round of one row under onnxruntime's arena shrinkage: the arena gives back every chunk of
-        the last burst (a burst whose rows never fell, its sentences ending together, was never shrunk). Its
-        outputs are written into arrays of ours: one left in the arena would pin the chunk it was cut from."""
-        cross = self._to(np.zeros((1, self.n_heads, 8, self.head_dim), dtype=self.cache_dtype))
-        mask = np.zeros((1, 8), dtype=bool)
-        mask[0, 0] = True
-        kinds = {o.name: _NUMPY[o.type] for o in self.decoder.get_outputs()}
-        present = [
-            self._to(np.zeros((1, self.n_heads, 1, self.head_dim), kinds[name]))
-            for name in names.present_names(self.n_layers)
-        ]
-        on_host = {
-            name: self._host(np.zeros((1, 1), kinds[name]))  # on the host, as in a round
-            for name in (names.TOPK_LOG_PROBS, names.TOPK_IDS)
-        }
-        b = bind_decoder(
-            self.decoder,
-            tokens=np.zeros((1, 1), np.int64),
-            steps=np.zeros(1, np.int64),
-            cache_indices=np.zeros(1, np.int64),
-            top_k=np.ones(1, np.int64),
-            past=self._trimmed_past(0),
-            cross=[cross] * (2 * self.n_layers),
-            src_mask=mask,
-            present=present,
-            outputs=on_host,
-        )
-        self.shrink.run(self.decoder, b, shrink=True)
 
     def _advance(self, search: _Search, first: bool = False) -> None:
         """Sends a program its step's output (or starts it): its next request, or its end."""
@@ -348,6 +281,7 @@ class Scheduler:
             self._active.append(search)
 
     def _finish(self, search: _Search, *, result=None, error: BaseException | None = None) -> None:
+        self.runner.leave(search.member)
         search.program.close()
         search.request = None
         if error is not None:
@@ -355,97 +289,49 @@ class Scheduler:
         else:
             search.future.set_result(result)
 
-    def _round(self, work: list) -> dict:
-        members, rows = [m for m, *_ in work], [len(tokens) for _, tokens, _, _ in work]
-        prof = self.profile
-        starts = self.layout.place(members, rows)
-        prof.lap("layout")
-        total = self.layout.used  # the members' rows and the holes between them (dummy rows, outputs unread)
-        past = self._trimmed_past(max(t for *_, t in work))
-        prev_rows = past[0].shape()[0]
-        tokens, steps, indices = self._row_inputs(work, starts, rows, total)
-        if indices.max(initial=0) >= prev_rows:
-            raise RuntimeError(f"cache row {int(indices.max())} of {prev_rows}: a member skipped a round")
-        k_wanted = [m.top_k for m in members if m.top_k is not None]
-        top_k = max(k_wanted, default=1)
-        full = any(m.top_k is None for m in members)
-        src_mask, cross = self.layout.inputs()
 
-        wanted = ([names.LOG_PROBS] if full else []) + (
-            [names.TOPK_LOG_PROBS, names.TOPK_IDS] if k_wanted else []
+def rounds_runner(translator: Translator, decoder: str = "auto"):
+    """What runs a Translator's serving rounds: the fused decoder's in-place rounds where the Translator
+    drives the fused decoder and its graph takes `row_start`, else decoder.onnx's.
+
+    Args:
+        translator: the Translator served.
+        decoder: "auto", "fused" or "standard" (the rounds' graph; "fused" raises where it cannot run).
+
+    Raises:
+        NoServingDecoder: the standard rounds on a decoder.onnx exported before continuous batching.
+        ValueError: decoder="fused" where the fused rounds cannot run, or an unknown `decoder`.
+    """
+    fused = translator.decoder_variant == names.FUSED and takes_row_start(translator.decoder)
+    if decoder not in ("auto", "fused", "standard"):
+        raise ValueError(f"decoder={decoder!r}: give 'auto', 'fused' or 'standard'")
+    if decoder == "fused" and not fused:
+        raise ValueError(
+            f"{translator.bundle.path}: the fused serving rounds need the fused decoder driven "
+            f"({translator.decoder_variant} is) and a decoder_fused.onnx with input {names.ROW_START!r} "
+            "(export the bundle again); or serve with the standard rounds"
         )
-        prof.lap("inputs")
-        # the cache stays where the graph runs; what the searches read comes down
-        b = bind_decoder(
-            self.decoder,
-            tokens=tokens,
-            steps=steps,
-            cache_indices=indices,
-            top_k=np.array([top_k], dtype=np.int64),
-            past=past,
-            cross=cross,
-            src_mask=src_mask,
-            present=self.device,
-            outputs={name: "cpu" for name in wanted},
+    if fused and decoder != "standard":
+        return FusedRounds(
+            translator.decoder,
+            n_layers=translator.n_layers,
+            n_heads=translator.n_heads,
+            head_dim=translator.head_dim,
+            vocab=translator.tgt_vocab,
+            max_positions=translator.max_positions,
         )
-        prof.lap("bind")
-        self.shrink.run(self.decoder, b, total)
-        prof.lap("run")
-        out = b.get_outputs()
-        self._past = out[: len(past)]
-        got = dict(zip(wanted, (o.numpy() for o in out[len(past) :])))
-        self.rounds += 1
-        self.last_rows = sum(rows)
-        answers = {}
-        for m, start, n in zip(members, starts, rows):
-            m.offset = int(start)
-            if m.top_k is None:
-                answers[m] = got[names.LOG_PROBS][start : start + n]
-            else:
-                answers[m] = TopK(
-                    got[names.TOPK_LOG_PROBS][start : start + n, : m.top_k],
-                    got[names.TOPK_IDS][start : start + n, : m.top_k],
-                    self.vocab,
-                )
-        prof.lap("outputs")
-        return answers
-
-    @staticmethod
-    def _row_inputs(work: list, starts: list[int], rows: list[int], total: int) -> tuple:
-        """The round's tokens (total, 1), steps (total,) and cache indices (total,): each member's rows from
-        its first row on, the holes' rows zero (a dummy row, or a first step: any row will do, all masked).
-        Built with a few array operations over every row, not a few per member."""
-        offsets = []
-        for m, _, _, t in work:
-            if t > 0 and m.offset is None:
-                raise RuntimeError("a member at step > 0 has no rows in the previous round")
-            offsets.append(m.offset if t > 0 else -1)
-        counts = np.array(rows, dtype=np.int64)
-        ends = np.cumsum(counts)
-        # each row's place: its member's first row + its rank among the member's rows
-        at = np.repeat(np.asarray(starts, dtype=np.int64) - (ends - counts), counts) + np.arange(ends[-1])
-        tokens = np.zeros((total, 1), dtype=np.int64)
-        steps = np.zeros(total, dtype=np.int64)
-        indices = np.zeros(total, dtype=np.int64)
-        tokens[at, 0] = np.concatenate([tok for _, tok, _, _ in work])
-        steps[at] = np.repeat(np.array([t for *_, t in work], dtype=np.int64), counts)
-        continued = np.repeat(np.array(offsets, dtype=np.int64), counts)
-        local = np.concatenate([local for _, _, local, _ in work])
-        indices[at] = np.where(continued >= 0, continued + local, 0)
-        return tokens, steps, indices
-
-    def _trimmed_past(self, needed: int) -> list:
-        """The previous round's cache, its leading slots cut when no row of this round reads them."""
-        shape = (1, self.n_heads, 0, self.head_dim)
-        if self._past is None:
-            return [self._to(np.zeros(shape, dtype=self.cache_dtype)) for _ in range(2 * self.n_layers)]
-        length = self._past[0].shape()[2]
-        # Cutting copies the whole cache (as each round's Concat does): only once enough slots are idle.
-        if length - needed >= max(4, needed // 4):
-            self._past = [
-                self._to(np.ascontiguousarray(v.numpy()[:, :, length - needed :])) for v in self._past
-            ]
-        return self._past
+    standard = translator.standard_decoder
+    check_decoder(standard, translator.bundle.path)
+    return StandardRounds(
+        standard,
+        n_layers=translator.n_layers,
+        n_heads=translator.n_heads,
+        head_dim=translator.head_dim,
+        cache_dtype=translator.cache_dtype,
+        vocab=translator.tgt_vocab,
+        to_device=translator.to_device,
+        device=translator.ort_device,
+    )
 
 
 class ContinuousEngine(Engine):
@@ -455,26 +341,19 @@ class ContinuousEngine(Engine):
         translator: the Translator of the bundle served; its decoder.onnx must take per-row steps.
         max_workers: requests prepared at once (tokenized, encoded, then waiting for their searches).
         max_rows: as Engine's.
+        decoder: the rounds' graph: "auto" (the fused decoder's in-place rounds where they can run),
+            "fused" or "standard" (rounds_runner).
     Raises:
         NoServingDecoder: a bundle exported before continuous batching (the message says what to do).
     """
 
     batching = "continuous"
 
-    def __init__(self, translator: Translator, max_workers: int = 1024, max_rows: int = 1024):
+    def __init__(
+        self, translator: Translator, max_workers: int = 1024, max_rows: int = 1024, decoder: str = "auto"
+    ):
         super().__init__(translator, max_rows)
-        decoder = translator.standard_decoder
-        _check_decoder(decoder, translator.bundle.path)
-        self.scheduler = Scheduler(
-            decoder,
-            n_layers=translator.n_layers,
-            n_heads=translator.n_heads,
-            head_dim=translator.head_dim,
-            cache_dtype=translator.cache_dtype,
-            vocab=translator.tgt_vocab,
-            to_device=translator.to_device,
-            device=translator.ort_device,
-        )
+        self.scheduler = Scheduler(rounds_runner(translator, decoder))
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="seq2onnx-job"
         )

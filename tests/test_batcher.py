@@ -13,7 +13,7 @@ import pytest
 
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
-from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder, Scheduler
+from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder, Scheduler, rounds_runner
 from seq2onnx.serve.engine import Cancelled, Engine, RequestEngine
 from tiny import copy_bundle, edit_bundle_json
 
@@ -31,11 +31,14 @@ REQUESTS = [  # (texts, options): mixed kinds, all in flight together
 ]
 
 
-@pytest.fixture(scope="module", params=["standard", "fused"])
+@pytest.fixture(scope="module", params=["standard", "fused", "fused-standard-rounds"])
 def engine(bundle, request):
-    """A ContinuousEngine over a Translator driving either decoder (the rounds always run decoder.onnx)."""
-    t = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=request.param))
-    e = ContinuousEngine(t)
+    """A ContinuousEngine over a Translator driving either decoder; its rounds run that decoder (the fused
+    decoder's in-place rounds: serve/fused_rounds.py), or decoder.onnx under the fused Translator."""
+    decoder = request.param.split("-")[0]
+    t = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=decoder))
+    e = ContinuousEngine(t, decoder="standard" if request.param.endswith("rounds") else "auto")
+    assert type(e.scheduler.runner).__name__ == ("FusedRounds" if request.param == "fused" else "StandardRounds")
     yield e
     e.close()
 
@@ -59,6 +62,30 @@ def test_concurrent_requests_equal_each_request_alone(engine):
         _same(result, wanted[i % len(REQUESTS)])
     assert engine.scheduler.rounds > 0
     assert engine.load()["active_requests"] == 0
+
+
+def test_fused_rounds_that_move_positions_and_grow_give_each_request_alone(bundle):
+    """The fused rounds' buffers under every change they make (serve/fused_rounds.py): positions no live row
+    reads dropped, positions and rows grown, the source width widened, beams and greedy rows in one group,
+    rows freed by finished sentences taken by later ones; every result is translate_batch's alone."""
+    t = Translator(bundle, device="cpu")
+    e = ContinuousEngine(t)
+    runner = e.scheduler.runner
+    # the first burst's positions and rows run out at once; every wider source widens
+    runner.first_positions, runner.first_rows, runner.width_quantum = 4, 1, 1
+    try:
+        order = sorted(REQUESTS, key=lambda r: max(len(x) for x in r[0]))  # the widest sources last: widen
+        wanted = [_alone(t, texts, options) for texts, options in order]
+        jobs = []
+        for texts, options in order * 2:
+            jobs.append(e.submit(texts, e.check(options)))
+            threading.Event().wait(0.005)  # some join rounds already running
+        for i, job in enumerate(jobs):
+            _same(job.future.result(timeout=120), wanted[i % len(order)])
+        # the rest depends on when requests join: tests/test_fused_rounds.py scripts every move
+        assert runner.copies["grow_rows"] > 0 and runner.copies["grow_positions"] > 0, runner.copies
+    finally:
+        e.close()
 
 
 def test_rows_of_many_requests_share_one_round(engine, monkeypatch):
@@ -142,14 +169,18 @@ def test_bundle_without_per_row_steps_is_refused(bundle, tmp_path):
                 entry["shape"] = [1]
 
     edit_bundle_json(old, restate)
+    standard = Translator(old, device="cpu", check_hashes=False, _tuning=SessionTuning(decoder="standard"))
     with pytest.raises(NoServingDecoder, match="--batching request"):
-        ContinuousEngine(Translator(old, device="cpu", check_hashes=False))
+        ContinuousEngine(standard)
+    # where the fused decoder is driven its rounds serve it: decoder.onnx is never run
+    fused = ContinuousEngine(Translator(old, device="cpu", check_hashes=False))
+    assert type(fused.scheduler.runner).__name__ == "FusedRounds"
+    fused.close()
 
 
 def test_scheduler_refuses_members_after_close(bundle):
     t = Translator(bundle, device="cpu")
-    s = Scheduler(t.standard_decoder, n_layers=t.n_layers, n_heads=t.n_heads, head_dim=t.head_dim,
-                  cache_dtype=t.cache_dtype, vocab=t.tgt_vocab)
+    s = Scheduler(rounds_runner(t))
     s.close()
     with pytest.raises(RuntimeError, match="closed"):
         s.submit(None, iter(()), None)

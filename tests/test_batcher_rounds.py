@@ -1,4 +1,4 @@
-"""The serving round's array bookkeeping (issue 36 item 3): serve/batcher.py's _row_inputs against the
+"""The serving round's array bookkeeping (issue 36 item 3): serve/standard_rounds.py's _row_inputs against the
 per-member loop it replaced, and serve/round_profile.py's report."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from seq2onnx.serve import round_profile
-from seq2onnx.serve.batcher import Scheduler
+from seq2onnx.serve.standard_rounds import StandardRounds
 
 
 class _Member:
@@ -46,7 +46,7 @@ def test_row_inputs_equal_the_per_member_loop(seed):
     total = at + int(rng.integers(0, 3))
     order = rng.permutation(len(work))  # members are not in row order in a round
     work, starts, rows = [work[i] for i in order], [starts[i] for i in order], [rows[i] for i in order]
-    got_all = Scheduler._row_inputs(work, starts, rows, total)
+    got_all = StandardRounds._row_inputs(work, starts, rows, total)
     for got, expected in zip(got_all, _per_member(work, starts, rows, total)):
         assert got.dtype == expected.dtype and got.shape == expected.shape
         np.testing.assert_array_equal(got, expected)
@@ -55,7 +55,7 @@ def test_row_inputs_equal_the_per_member_loop(seed):
 def test_row_inputs_refuse_a_member_without_a_previous_round():
     work = [(_Member(None), np.zeros(1, np.int64), np.zeros(1, np.int64), 3)]
     with pytest.raises(RuntimeError, match="no rows in the previous round"):
-        Scheduler._row_inputs(work, [0], [1], 1)
+        StandardRounds._row_inputs(work, [0], [1], 1)
 
 
 def test_round_profile_reports_every_phase(caplog):

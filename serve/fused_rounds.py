@@ -1,0 +1,338 @@
+"""Serving rounds on the fused decoder (decoder_fused.onnx): one in-place cache for every row of every search.
+
+The standard rounds (serve/standard_rounds.py) run decoder.onnx, whose Concat copies the whole cache every
+round and whose rows follow cache_indices by copying. Here each layer's cache is ONE buffer of
+[capacity, H, M, Dh] that the kernel (DecoderMaskedMultiHeadAttention) writes in place at position `slot`,
+the round's count, for every row at once:
+- a search's rows keep their place from its first step to its last: a sentence owns a block of rows (its
+  beams; one row for greedy search and sampling), so nothing is copied when other searches join or leave;
+- each row began at its own position, `row_start` (the slot of its search's first step): the graph attends
+  to positions row_start..slot only and gives the row the position slot - row_start (export/fused.py), so a
+  row freed by a finished sentence is taken by the next one with no reset;
+- beams follow their parents through the kernel's cache indirection, kept here as absolute rows
+  (`_source`: row r's position p is in row _source[r, p]) and given to the kernel relative to the row's group
+  of `beam_width` rows; a sentence's block lies inside one group (blocks are powers of two, aligned);
+- the positions run out only after M rounds: then the positions no live row reads are dropped (one copy of
+  the cache, every M - longest-live-span rounds), or the buffers grow.
+
+The rows' cross keys/values are per row (a sentence's copied to each of its beams once, when it joins),
+padded to one source width: the graph's cross-attention takes (rows, H, S, Dh) here as decoder.onnx does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seq2onnx.runtime import bundle as names
+from seq2onnx.runtime.search import TopK
+
+from .memory import ArenaShrink
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+class _Placed:
+    """A member's rows: a block per sentence (its beams), from the slot of its first step."""
+
+    def __init__(self, blocks: np.ndarray, width: int, start: int):
+        self.blocks, self.width, self.start = blocks, width, start
+        self.rows: np.ndarray | None = None  # the global rows of the search's rows at its last step
+
+
+class FusedRounds:
+    """The rounds of serve/batcher.py's Scheduler over the fused decoder (the module docstring).
+
+    Args:
+        decoder: the decoder_fused.onnx session (CPU), with a `row_start` input.
+        n_layers, n_heads, head_dim: the decoder's sizes.
+        vocab: the target vocabulary's size.
+        max_positions: the model's positional table (a row never reaches it: the searches' limits).
+    """
+
+    def __init__(
+        self, decoder, *, n_layers: int, n_heads: int, head_dim: int, vocab: int, max_positions: int
+    ):
+        import onnxruntime
+
+        self._ort = onnxruntime.OrtValue.ortvalue_from_numpy
+        self.decoder, self.n_layers, self.n_heads, self.head_dim = decoder, n_layers, n_heads, head_dim
+        self.vocab, self.max_positions = vocab, max_positions
+        self._past, self._present = names.past_names(n_layers), names.present_names(n_layers)
+        self._cross_names = names.cross_names(n_layers)
+        self.shrink = ArenaShrink("cpu")
+        # the buffers' sizes when a burst begins (they grow when needed), and the source width's quantum
+        self.first_positions, self.first_rows, self.width_quantum = 32, 16, 8
+        self.copies = {"grow_rows": 0, "grow_positions": 0, "shift_positions": 0, "widen": 0}
+        self.clear()
+
+    def clear(self) -> None:
+        """Drops every buffer (nobody is decoding)."""
+        self.capacity, self.positions, self.width, self.slot = 0, 0, 0, 0
+        self.owner = np.zeros(0, np.int64)  # the member serial holding a row, -1: free
+        self.cache: list[np.ndarray] = []
+        self._source = np.zeros((0, 0), np.int32)
+        self._relative = np.zeros((0, 0), np.int32)
+        self.row_start = np.zeros(0, np.int32)
+        self.tokens = np.zeros((0, 1), np.int64)
+        self.mask = np.zeros((0, 0), bool)
+        self.cross: list[np.ndarray] = []
+        self._members: dict[int, object] = {}
+
+    # -- the buffers ------------------------------------------------------------------------------
+
+    def _allocate(self, capacity: int, positions: int, width: int) -> None:
+        """(Re)allocates every buffer, keeping what the rows in use hold (a counted copy)."""
+        old = (self.capacity, self.positions, self.width)
+        keep_rows, keep_pos, keep_w = min(capacity, old[0]), min(positions, old[1]), min(width, old[2])
+        shape = (capacity, self.n_heads, positions, self.head_dim)
+        cache = [np.zeros(shape, np.float32) for _ in range(2 * self.n_layers)]
+        for new, was in zip(cache, self.cache):
+            new[:keep_rows, :, :keep_pos] = was[:keep_rows, :, :keep_pos]
+        self.cache = cache
+        rows = np.arange(capacity, dtype=np.int32)
+        source = np.repeat(rows[:, None], positions, axis=1)
+        source[:keep_rows, :keep_pos] = self._source[:keep_rows, :keep_pos]
+        self._source, self._relative = source, np.zeros((capacity, positions), np.int32)
+        owner = np.full(capacity, -1, np.int64)
+        owner[:keep_rows] = self.owner[:keep_rows]
+        self.owner = owner
+        row_start = np.zeros(capacity, np.int32)
+        row_start[:keep_rows] = self.row_start[:keep_rows]
+        self.row_start = row_start
+        self.tokens = np.zeros((capacity, 1), np.int64)
+        mask = np.zeros((capacity, width), bool)
+        mask[:, 0] = True  # a free row attends to something (its outputs are unread)
+        mask[:keep_rows, :keep_w] = self.mask[:keep_rows, :keep_w]
+        self.mask = mask
+        cross = [
+            np.zeros((capacity, self.n_heads, width, self.head_dim), np.float32) for _ in self._cross_names
+        ]
+        for new, was in zip(cross, self.cross):
+            new[:keep_rows, :, :keep_w] = was[:keep_rows, :, :keep_w]
+        self.cross = cross
+        self.capacity, self.positions, self.width = capacity, positions, width
+
+    def _room(self, rows_needed: int, width: int) -> None:
+        """Grows the rows or the source width when a new search needs them (before it is placed)."""
+        if width > self.width or self.capacity == 0:
+            self.copies["widen"] += self.capacity > 0
+            quantum = self.width_quantum
+            width = -(-max(width, self.width) // quantum) * quantum
+            self._allocate(max(self.capacity, self.first_rows), max(self.positions, self.first_positions), width)
+        while self._free_block(rows_needed) is None:
+            self.copies["grow_rows"] += 1
+            self._allocate(2 * self.capacity, self.positions, self.width)
+
+    def _free_block(self, size: int) -> int | None:
+        """The lowest free block of `size` rows (a power of two) aligned to its size, or None."""
+        if size > self.capacity:
+            return None
+        free = (self.owner < 0).reshape(-1, size).all(axis=1)
+        at = np.flatnonzero(free)
+        return int(at[0]) * size if at.size else None
+
+    def _positions_for_this_round(self) -> None:
+        """Position `slot` must exist: drop the positions no live row reads, or grow."""
+        if self.slot < self.positions:
+            return
+        live = self.owner >= 0
+        shift = int(self.row_start[live].min()) if live.any() else self.slot
+        if shift >= self.positions // 4:
+            self.copies["shift_positions"] += 1
+            keep = self.positions - shift
+            for array in self.cache:
+                array[:, :, :keep] = array[:, :, shift:]
+            self._source[:, :keep] = self._source[:, shift:]
+            self.row_start = np.maximum(self.row_start - shift, 0).astype(np.int32)
+            self.slot -= shift
+            for m in self._members.values():
+                m.placed.start -= shift
+        else:
+            self.copies["grow_positions"] += 1
+            self._allocate(self.capacity, 2 * self.positions, self.width)
+
+    # -- members ------------------------------------------------------------------------------------
+
+    def _join(self, member, width: int) -> None:
+        """Places a new search's sentences: a block of rows each, their cross keys/values copied in."""
+        sentences = member.src_mask.shape[0]
+        size = _pow2(width)
+        self._room(size, member.src_mask.shape[1])
+        blocks = np.empty(sentences, np.int64)
+        for i in range(sentences):
+            if (at := self._free_block(size)) is None:
+                self.copies["grow_rows"] += 1
+                self._allocate(2 * self.capacity, self.positions, self.width)
+                at = self._free_block(size)
+            blocks[i] = at
+            self.owner[at : at + size] = member.serial
+        rows = (blocks[:, None] + np.arange(width)).reshape(-1)
+        sentence = np.repeat(np.arange(sentences), width)
+        s = member.src_mask.shape[1]
+        self.mask[rows] = False
+        self.mask[rows, :s] = member.src_mask[sentence]
+        for array, value in zip(self.cross, member.cross):
+            array[rows, :, :s] = value[sentence]
+            array[rows, :, s:] = 0
+        self._source[rows] = rows[:, None]
+        self.row_start[rows] = self.slot
+        member.placed = _Placed(blocks, width, self.slot)
+        self._members[member.serial] = member
+
+    def leave(self, member) -> None:
+        """A search ended (or was cancelled): its rows are free."""
+        placed = getattr(member, "placed", None)
+        if isinstance(placed, _Placed) and self._members.pop(member.serial, None) is not None:
+            self._free(placed.blocks, placed.width)
+
+    def _free(self, blocks: np.ndarray, width: int) -> None:
+        """Frees sentences' blocks; their rows' positions point at themselves again, so that the kernel's
+        indirection stays inside any group of rows."""
+        size = _pow2(width)
+        for at in blocks:
+            self.owner[at : at + size] = -1
+            self._source[at : at + size] = np.arange(at, at + size, dtype=np.int32)[:, None]
+
+    def _rows(self, member, cache_indices: np.ndarray, t: int, keep) -> np.ndarray:
+        """The global rows of this step's rows; drops finished sentences, follows beams to their parents."""
+        p = member.placed
+        w = p.width
+        if keep is not None:
+            keep = np.asarray(keep, dtype=np.int64)
+            gone = np.setdiff1d(np.arange(p.blocks.size), keep)
+            self._free(p.blocks[gone], w)
+            previous = p.blocks
+            p.blocks = p.blocks[keep]
+        else:
+            previous = p.blocks
+        if t == 0 or w == 1:  # greedy, sampling (a row per sentence) and a beam search's first step (beam 0)
+            return p.blocks
+        rows = (p.blocks[:, None] + np.arange(w)).reshape(-1)
+        # the previous step's rows: one per sentence at step 1, w after
+        prev_w = 1 if t == 1 else w
+        prev_rows = (previous[:, None] + np.arange(prev_w)).reshape(-1)
+        parents = prev_rows[np.asarray(cache_indices, dtype=np.int64)]
+        block_of = lambda r: r - r % _pow2(w)  # noqa: E731 - blocks are aligned to their size
+        if (block_of(parents) != np.repeat(p.blocks, w)).any():
+            raise ValueError(f"step {t}: cache_indices {cache_indices.tolist()} leave their sentences' beams")
+        a, b = p.start, self.slot - 1  # the positions before this step's: follow the parent
+        self._source[rows, a:b] = self._source[parents, a:b]
+        self._source[rows, b] = parents
+        return rows
+
+    # -- a round ------------------------------------------------------------------------------------
+
+    def run(self, work: list, prof) -> dict:
+        """Runs one round; returns each member's answer (its rows of the output)."""
+        self._positions_for_this_round()
+        group = 1
+        placed_rows = []
+        for member, tokens, cache_indices, t, keep, width in work:
+            if t == 0:
+                self._join(member, width)
+            if member.placed.start + t != self.slot:
+                raise RuntimeError(
+                    f"a search at step {t} joined at slot {member.placed.start}, now {self.slot}"
+                )
+            rows = self._rows(member, cache_indices, t, keep)
+            placed_rows.append(rows)
+            member.placed.rows = rows
+            group = max(group, _pow2(member.placed.width))
+        prof.lap("layout")
+        owned = np.flatnonzero(self.owner >= 0)
+        used = -(-(int(owned[-1]) + 1) // group) * group
+        free = self.owner[:used] < 0
+        self.row_start[:used][free] = self.slot  # a free row reads its own new position only
+        self.tokens[:used] = 0
+        for (member, tokens, *_), rows in zip(work, placed_rows):
+            self.tokens[rows, 0] = tokens
+        span = self.slot + 1
+        base = (np.arange(used, dtype=np.int32) // group) * group
+        relative = self._relative[:used]
+        np.subtract(self._source[:used, :span], base[:, None], out=relative[:, :span])
+        k_wanted = [m.top_k for m, *_ in work if m.top_k is not None]
+        full = any(m.top_k is None for m, *_ in work)
+        wanted = ([names.LOG_PROBS] if full else []) + (
+            [names.TOPK_LOG_PROBS, names.TOPK_IDS] if k_wanted else []
+        )
+        prof.lap("inputs")
+        b = self.decoder.io_binding()
+        o = self._ort
+        inputs = {
+            names.TOKENS: self.tokens[:used],
+            names.STEP: np.array([self.slot], np.int32),
+            names.ROW_START: self.row_start[:used],
+            names.BEAM_WIDTH: np.array([group], np.int32),
+            names.CACHE_INDIRECTION: relative.reshape(used // group, group, self.positions),
+            names.SRC_MASK: self.mask[:used],
+            names.TOP_K: np.array([max(k_wanted, default=1)], np.int64),
+            **dict(zip(self._cross_names, (c[:used] for c in self.cross))),
+        }
+        held = [o(v) for v in inputs.values()]
+        for name, value in zip(inputs, held):
+            b.bind_ortvalue_input(name, value)
+        for past, present, array in zip(self._past, self._present, self.cache):
+            value = o(array[:used])
+            held.append(value)
+            b.bind_ortvalue_input(past, value)
+            b.bind_ortvalue_output(present, value)
+        for name in wanted:
+            b.bind_output(name, "cpu")
+        prof.lap("bind")
+        self.shrink.run(self.decoder, b, used)
+        prof.lap("run")
+        out = b.get_outputs()[len(self.cache) :]
+        got = dict(zip(wanted, (v.numpy() for v in out)))
+        self.slot += 1
+        self.last_rows = used
+        answers = {}
+        for (m, *_), rows in zip(work, placed_rows):
+            if m.top_k is None:
+                answers[m] = got[names.LOG_PROBS][rows]
+            else:
+                answers[m] = TopK(
+                    got[names.TOPK_LOG_PROBS][rows, : m.top_k],
+                    got[names.TOPK_IDS][rows, : m.top_k],
+                    self.vocab,
+                )
+        prof.lap("outputs")
+        return answers
+
+    def shrink_arena(self) -> None:
+        """Nothing to shrink when idle but onnxruntime's arena: a one-row round under shrinkage."""
+        if not self.shrink.enabled:
+            return
+        self.clear()
+        self._allocate(1, 1, 8)
+        b = self.decoder.io_binding()
+        o = self._ort
+        inputs = {
+            names.TOKENS: self.tokens,
+            names.STEP: np.zeros(1, np.int32),
+            names.ROW_START: self.row_start,
+            names.BEAM_WIDTH: np.ones(1, np.int32),
+            names.CACHE_INDIRECTION: self._relative.reshape(1, 1, 1),
+            names.SRC_MASK: self.mask,
+            names.TOP_K: np.ones(1, np.int64),
+            **dict(zip(self._cross_names, self.cross)),
+        }
+        held = [o(v) for v in inputs.values()]
+        for name, value in zip(inputs, held):
+            b.bind_ortvalue_input(name, value)
+        for past, present, array in zip(self._past, self._present, self.cache):
+            value = o(array)
+            held.append(value)
+            b.bind_ortvalue_input(past, value)
+            b.bind_ortvalue_output(present, value)
+        on_host = {
+            n: np.zeros((1, 1), t)
+            for n, t in ((names.TOPK_LOG_PROBS, np.float32), (names.TOPK_IDS, np.int64))
+        }
+        for name, array in on_host.items():
+            value = o(array)  # ours: one left in the arena would pin the chunk it was cut from
+            held.append(value)
+            b.bind_ortvalue_output(name, value)
+        self.shrink.run(self.decoder, b, shrink=True)
+        self.clear()

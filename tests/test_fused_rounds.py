@@ -1,0 +1,112 @@
+"""The fused decoder's serving rounds (serve/fused_rounds.py), driven round by round with scripted searches.
+
+A search's rows answered in a shared round, whatever else the buffers hold and however they moved, must be
+what the same search gets alone in fresh buffers: the rows sit at other places, began at other positions,
+the positions were dropped or grown under them, other searches' beams shared their group of rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from seq2onnx.runtime.translator import Translator
+from seq2onnx.serve.batcher import Member, rounds_runner
+from seq2onnx.serve.fused_rounds import FusedRounds
+from seq2onnx.serve.round_profile import NoProfile
+
+
+class Script:
+    """A scripted search: its sentences, width, tokens and parents at every step, made up front (seeded)."""
+
+    def __init__(
+        self, t: Translator, lengths: list[int], width: int, steps: int, seed: int, drop_at: int = -1
+    ):
+        rng = np.random.default_rng(seed)
+        src = np.full((len(lengths), max(lengths)), t.pad_id, np.int64)
+        for b, n in enumerate(lengths):
+            src[b, :n] = np.append(rng.integers(4, t.src_vocab, n - 1), t.eos_id)
+        self.encoded = mask, cross = t.encode(src, np.array(lengths, np.int64))
+        self.mask, self.cross = mask.numpy(), [c.numpy() for c in cross]
+        self.width, self.steps, self.drop_at = width, steps, drop_at
+        self.requests = []
+        sentences = len(lengths)
+        for step in range(steps):
+            keep = None
+            if step == drop_at and sentences > 1:
+                keep = np.array([0, sentences - 1][: sentences - 1])  # the middle ones finish
+            prev = sentences
+            if keep is not None:
+                sentences = keep.size
+            rows = sentences if (step == 0 or width == 1) else sentences * width
+            tokens = rng.integers(4, t.tgt_vocab, rows)
+            if step == 0:
+                tokens[:] = t.start_id
+            if width == 1 or step == 0:
+                indices = np.arange(rows)
+            else:
+                prev_width = 1 if step == 1 else width
+                kept = np.arange(prev) if keep is None else keep
+                parents = rng.integers(0, prev_width, (sentences, width))
+                indices = (kept[:, None] * prev_width + parents).reshape(-1)
+            self.requests.append((tokens, indices, step, keep))
+
+    def member(self) -> Member:
+        return Member(None, self.mask, self.cross, None, self.width)
+
+
+def _alone(t: Translator, script: Script) -> list[np.ndarray]:
+    """The search alone through translate_batch's own step (runtime/fused_step.py's FusedStep)."""
+    step_fn = t.decoder_step(
+        script.encoded, rows=script.mask.shape[0], top_k=None, max_length=64, beam_width=script.width
+    )
+    tokens_shape = lambda tokens: np.asarray(tokens, np.int64).reshape(-1, 1)  # noqa: E731
+    return [
+        np.array(step_fn(tokens_shape(tokens), indices, step, keep))
+        for tokens, indices, step, keep in script.requests
+    ]
+
+
+@pytest.fixture(scope="module")
+def translator(bundle):
+    return Translator(bundle, device="cpu")
+
+
+def test_scripted_searches_sharing_rounds_get_what_they_get_alone(translator):
+    t = translator
+    scripts = {  # name: (script, the round it joins)
+        "greedy": (Script(t, [4, 3, 5], 1, 9, seed=1, drop_at=4), 0),
+        "beam 4": (Script(t, [5, 3], 4, 12, seed=2, drop_at=6), 3),
+        "beam 2": (Script(t, [11], 2, 10, seed=3), 7),
+        "late greedy": (Script(t, [2], 1, 8, seed=4), 10),
+        "beam 3": (Script(t, [10, 2], 3, 7, seed=5, drop_at=3), 11),
+    }
+    runner = rounds_runner(t)
+    assert isinstance(runner, FusedRounds)
+    runner.first_positions, runner.first_rows, runner.width_quantum = 4, 1, 1
+    members = {name: s.member() for name, (s, _) in scripts.items()}
+    got: dict[str, list] = {name: [] for name in scripts}
+    for round_ in range(40):
+        work = []
+        for name, (script, join) in scripts.items():
+            step = round_ - join
+            if 0 <= step < script.steps:
+                work.append(
+                    (members[name], *script.requests[step][:3], script.requests[step][3], script.width)
+                )
+        if not work:
+            break
+        answers = runner.run(work, NoProfile())
+        for member, *_ in work:
+            name = next(n for n, m in members.items() if m is member)
+            got[name].append(answers[member].copy())
+        for name, (script, join) in scripts.items():
+            if round_ - join == script.steps - 1:
+                runner.leave(members[name])
+    # every way the buffers move was taken, with beams live
+    assert all(runner.copies[k] > 0 for k in runner.copies), runner.copies
+    for name, (script, _) in scripts.items():
+        wanted = _alone(t, script)
+        assert len(got[name]) == len(wanted) == script.steps
+        for step, (a, b) in enumerate(zip(got[name], wanted)):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5, err_msg=f"{name}, step {step}")

@@ -120,7 +120,9 @@ class FusedRounds:
             self.copies["widen"] += self.capacity > 0
             quantum = self.width_quantum
             width = -(-max(width, self.width) // quantum) * quantum
-            self._allocate(max(self.capacity, self.first_rows), max(self.positions, self.first_positions), width)
+            self._allocate(
+                max(self.capacity, self.first_rows), max(self.positions, self.first_positions), width
+            )
         while self._free_block(rows_needed) is None:
             self.copies["grow_rows"] += 1
             self._allocate(2 * self.capacity, self.positions, self.width)

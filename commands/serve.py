@@ -44,6 +44,11 @@ def add(subparsers) -> None:
                    help="continuous (the default): one scheduler decodes the sentences of every request "
                         "together, joining at each step (serve/batcher.py); request: each request decoded as "
                         "its own batch, --workers at a time")
+    p.add_argument("--rounds", choices=("auto", "fused", "standard"), default="auto",
+                   help="--batching continuous only: the graph its rounds run. auto (the default): the fused "
+                        "decoder's, one in-place cache for every row (serve/fused_rounds.py), where the "
+                        "bundle's fused decoder runs here and takes row_start; else decoder.onnx's. fused: "
+                        "refuse to start otherwise; standard: decoder.onnx's (serve/standard_rounds.py)")
     p.add_argument("--workers", type=int, default=2,
                    help="--batching request only: requests decoded at once, each on a thread of its own "
                         "(default 2)")
@@ -97,8 +102,8 @@ def _engine(args, translator):
     from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder
 
     try:
-        return ContinuousEngine(translator, max_rows=args.max_rows)
-    except NoServingDecoder as e:
+        return ContinuousEngine(translator, max_rows=args.max_rows, decoder=args.rounds)
+    except (NoServingDecoder, ValueError) as e:  # ValueError: --rounds fused where it cannot run
         raise CommandError(str(e)) from None
 
 

@@ -7,7 +7,10 @@
 
 Each server is its own process on 127.0.0.1 (serve_load.py's Server: a free port, awaited until it
 answers, SIGTERM then SIGKILL), with --threads (T) compute threads in all:
-  continuous  seq2onnx serve BUNDLE --batching continuous --intra-threads T (the default batching)
+  continuous  seq2onnx serve BUNDLE --batching continuous --intra-threads T (the default batching; its
+              rounds on the fused decoder where the bundle has one: serve/fused_rounds.py)
+  standard-rounds  the same with --rounds standard: continuous batching on decoder.onnx
+              (serve/standard_rounds.py), for the A/B of the two
   request     seq2onnx serve BUNDLE --batching request --workers W --intra-threads T/W,
               W in --request-workers
   ct2         python scripts/serve_ct2.py BUNDLE CT2 --inter-threads I --intra-threads T/I,
@@ -50,7 +53,7 @@ from seq2onnx.serve.engine import Engine, Job
 
 HERE = Path(__file__).resolve().parent
 LUA = HERE / "serve_wrk.lua"
-SERVERS = ("continuous", "request", "ct2", "ceiling")
+SERVERS = ("continuous", "standard-rounds", "request", "ct2", "ceiling")
 MARKER = "SERVE_WRK "
 
 
@@ -320,12 +323,18 @@ def markdown(report: dict) -> str:
 
 def servers(args) -> list[tuple[str, str, list[str]]]:
     """(server, setting, argv without --port) of every server to measure."""
-    wanted = [s for s in args.servers if s != "ceiling" and (s != "ct2" or args.ct2)]
+    wanted = [s for s in args.servers if s not in ("ceiling", "standard-rounds") and (s != "ct2" or args.ct2)]
+    if "standard-rounds" in args.servers:
+        wanted.append("continuous")
     out = []
     for name, setting, argv in _sibling("serve_load").server_commands(
         args.bundle, args.ct2, args.threads, wanted, args.server_timeout
     ):
         k = int(setting.split()[1]) if name != "continuous" else 0
+        if name == "continuous" and "standard-rounds" in args.servers:  # continuous batching on decoder.onnx
+            out.append(("standard-rounds", "", argv + ["--rounds", "standard"]))
+            if "continuous" not in args.servers:
+                continue
         if name == "continuous" or k in (args.request_workers if name == "request" else args.ct2_inter):
             out.append((name, setting if name != "continuous" else "", argv))
     if "ceiling" in args.servers:

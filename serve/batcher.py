@@ -353,7 +353,9 @@ class ContinuousEngine(Engine):
         self, translator: Translator, max_workers: int = 1024, max_rows: int = 1024, decoder: str = "auto"
     ):
         super().__init__(translator, max_rows)
-        self.scheduler = Scheduler(rounds_runner(translator, decoder))
+        runner = rounds_runner(translator, decoder)
+        self.rounds = "fused" if isinstance(runner, FusedRounds) else "standard"  # the graph the rounds run
+        self.scheduler = Scheduler(runner)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="seq2onnx-job"
         )

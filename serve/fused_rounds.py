@@ -79,6 +79,10 @@ class FusedRounds:
         self.mask = np.zeros((0, 0), bool)
         self.cross: list[np.ndarray] = []
         self._members: dict[int, object] = {}
+        self._step, self._beam_width = np.zeros(1, np.int32), np.ones(1, np.int32)
+        self._top_k = np.ones(1, np.int64)
+        self._binding, self._held, self._outputs, self._bound = None, [], {}, None
+        self._generation = 0  # changes with every allocation: a binding points into the buffers it saw
 
     # -- the buffers ------------------------------------------------------------------------------
 
@@ -113,6 +117,7 @@ class FusedRounds:
             new[:keep_rows, :, :keep_w] = was[:keep_rows, :, :keep_w]
         self.cross = cross
         self.capacity, self.positions, self.width = capacity, positions, width
+        self._generation += 1
 
     def _room(self, rows_needed: int, width: int) -> None:
         """Grows the rows or the source width when a new search needs them (before it is placed)."""
@@ -147,7 +152,7 @@ class FusedRounds:
             for array in self.cache:
                 array[:, :, :keep] = array[:, :, shift:]
             self._source[:, :keep] = self._source[:, shift:]
-            self.row_start = np.maximum(self.row_start - shift, 0).astype(np.int32)
+            np.maximum(self.row_start - shift, 0, out=self.row_start)  # in place: the binding reads it
             self.slot -= shift
             for m in self._members.values():
                 m.placed.start -= shift
@@ -259,34 +264,12 @@ class FusedRounds:
         wanted = ([names.LOG_PROBS] if full else []) + (
             [names.TOPK_LOG_PROBS, names.TOPK_IDS] if k_wanted else []
         )
+        self._step[0] = self.slot
         prof.lap("inputs")
-        b = self.decoder.io_binding()
-        o = self._ort
-        inputs = {
-            names.TOKENS: self.tokens[:used],
-            names.STEP: np.array([self.slot], np.int32),
-            names.ROW_START: self.row_start[:used],
-            names.BEAM_WIDTH: np.array([group], np.int32),
-            names.CACHE_INDIRECTION: relative.reshape(used // group, group, self.positions),
-            names.SRC_MASK: self.mask[:used],
-            names.TOP_K: np.array([max(k_wanted, default=1)], np.int64),
-            **dict(zip(self._cross_names, (c[:used] for c in self.cross))),
-        }
-        held = [o(v) for v in inputs.values()]
-        for name, value in zip(inputs, held):
-            b.bind_ortvalue_input(name, value)
-        for past, present, array in zip(self._past, self._present, self.cache):
-            value = o(array[:used])
-            held.append(value)
-            b.bind_ortvalue_input(past, value)
-            b.bind_ortvalue_output(present, value)
-        for name in wanted:
-            b.bind_output(name, "cpu")
+        got = self._bind(used, group, max(k_wanted, default=1), wanted)
         prof.lap("bind")
-        self.shrink.run(self.decoder, b, used)
+        self.shrink.run(self.decoder, self._binding, used)
         prof.lap("run")
-        out = b.get_outputs()[len(self.cache) :]
-        got = dict(zip(wanted, (v.numpy() for v in out)))
         self.slot += 1
         self.last_rows = used
         answers = {}
@@ -302,39 +285,53 @@ class FusedRounds:
         prof.lap("outputs")
         return answers
 
+    def _bind(self, used: int, group: int, top_k: int, wanted: list[str]) -> dict[str, np.ndarray]:
+        """The round's IO binding over the first `used` rows, made again only when what it binds changed (the
+        rows, the group, top-k, the outputs wanted, or the buffers): every input and output is an array of
+        ours wrapped by pointer, so a round only writes into them. Returns the output arrays by name."""
+        key = (used, group, top_k, tuple(wanted), self._generation)
+        if key == self._bound:
+            return self._outputs
+        o, b = self._ort, self.decoder.io_binding()
+        self._beam_width[0], self._top_k[0] = group, top_k
+        inputs = {
+            names.TOKENS: self.tokens[:used],
+            names.STEP: self._step,
+            names.ROW_START: self.row_start[:used],
+            names.BEAM_WIDTH: self._beam_width,
+            names.CACHE_INDIRECTION: self._relative[:used].reshape(used // group, group, self.positions),
+            names.SRC_MASK: self.mask[:used],
+            names.TOP_K: self._top_k,
+            **dict(zip(self._cross_names, (c[:used] for c in self.cross))),
+        }
+        held = [o(v) for v in inputs.values()]
+        for name, value in zip(inputs, held):
+            b.bind_ortvalue_input(name, value)
+        for past, present, array in zip(self._past, self._present, self.cache):
+            value = o(array[:used])
+            held.append(value)
+            b.bind_ortvalue_input(past, value)
+            b.bind_ortvalue_output(present, value)
+        shapes = {
+            names.LOG_PROBS: ((used, self.vocab), np.float32),
+            names.TOPK_LOG_PROBS: ((used, top_k), np.float32),
+            names.TOPK_IDS: ((used, top_k), np.int64),
+        }
+        outputs = {name: np.empty(*shapes[name]) for name in wanted}
+        for name, array in outputs.items():  # ours: one left in the arena would pin the chunk it was cut from
+            value = o(array)
+            held.append(value)
+            b.bind_ortvalue_output(name, value)
+        self._binding, self._held, self._outputs, self._bound = b, held, outputs, key
+        return outputs
+
     def shrink_arena(self) -> None:
         """Nothing to shrink when idle but onnxruntime's arena: a one-row round under shrinkage."""
         if not self.shrink.enabled:
             return
         self.clear()
         self._allocate(1, 1, 8)
-        b = self.decoder.io_binding()
-        o = self._ort
-        inputs = {
-            names.TOKENS: self.tokens,
-            names.STEP: np.zeros(1, np.int32),
-            names.ROW_START: self.row_start,
-            names.BEAM_WIDTH: np.ones(1, np.int32),
-            names.CACHE_INDIRECTION: self._relative.reshape(1, 1, 1),
-            names.SRC_MASK: self.mask,
-            names.TOP_K: np.ones(1, np.int64),
-            **dict(zip(self._cross_names, self.cross)),
-        }
-        held = [o(v) for v in inputs.values()]
-        for name, value in zip(inputs, held):
-            b.bind_ortvalue_input(name, value)
-        for past, present, array in zip(self._past, self._present, self.cache):
-            value = o(array)
-            held.append(value)
-            b.bind_ortvalue_input(past, value)
-            b.bind_ortvalue_output(present, value)
-        on_host = {
-            n: np.zeros((1, 1), t)
-            for n, t in ((names.TOPK_LOG_PROBS, np.float32), (names.TOPK_IDS, np.int64))
-        }
-        for name, array in on_host.items():
-            value = o(array)  # ours: one left in the arena would pin the chunk it was cut from
-            held.append(value)
-            b.bind_ortvalue_output(name, value)
-        self.shrink.run(self.decoder, b, shrink=True)
+        self._step[0] = 0
+        self._bind(1, 1, 1, [names.TOPK_LOG_PROBS, names.TOPK_IDS])
+        self.shrink.run(self.decoder, self._binding, shrink=True)
         self.clear()

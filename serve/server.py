@@ -120,7 +120,8 @@ def serve(
 ) -> int:
     """Serves `app` (from create_app) on host:port until SIGTERM or SIGINT, then drains and closes its engine.
 
-    Prints one line once listening: "seq2onnx serve: listening on http://HOST:PORT (batching B, bundle PATH)".
+    Prints one line once listening: "seq2onnx serve: listening on http://HOST:PORT (batching B, bundle PATH)"
+    (continuous batching adds its rounds' graph: "batching continuous, fused rounds").
     The app's engine is closed whenever serve returns or raises (after a bad drain_s, the caller still owns
     it).
 
@@ -161,7 +162,8 @@ def serve(
     )
     bundle = getattr(getattr(engine, "translator", None), "bundle", None)
     where = getattr(bundle, "path", "?")
-    listening = f"seq2onnx serve: listening on {url} (batching {engine.batching}, bundle {where})"
+    rounds = f", {engine.rounds} rounds" if getattr(engine, "rounds", None) else ""  # continuous: which graph
+    listening = f"seq2onnx serve: listening on {url} (batching {engine.batching}{rounds}, bundle {where})"
     # lifespan off: the engine exists before the app and is closed after uvicorn (below), not by the app
     # h11, not httptools: only uvicorn's h11 protocol bounds the headers (h11_max_incomplete_event_size);
     # serve/connection.py adds the head's read timeout and the connection cap that uvicorn lacks.

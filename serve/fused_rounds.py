@@ -82,6 +82,7 @@ class FusedRounds:
         self._step, self._beam_width = np.zeros(1, np.int32), np.ones(1, np.int32)
         self._top_k = np.ones(1, np.int64)
         self._binding, self._held, self._outputs, self._bound = None, [], {}, None
+        self._last_group = 1
         self._generation = 0  # changes with every allocation: a binding points into the buffers it saw
 
     # -- the buffers ------------------------------------------------------------------------------
@@ -253,12 +254,16 @@ class FusedRounds:
         free = self.owner[:used] < 0
         self.row_start[:used][free] = self.slot  # a free row reads its own new position only
         self.tokens[:used] = 0
-        for (member, tokens, *_), rows in zip(work, placed_rows):
-            self.tokens[rows, 0] = tokens
-        span = self.slot + 1
-        base = (np.arange(used, dtype=np.int32) // group) * group
-        relative = self._relative[:used]
-        np.subtract(self._source[:used, :span], base[:, None], out=relative[:, :span])
+        every_row = np.concatenate(placed_rows)
+        self.tokens[every_row, 0] = np.concatenate([tokens for _, tokens, *_ in work])
+        if group > 1:
+            span = self.slot + 1
+            base = (np.arange(used, dtype=np.int32) // group) * group
+            relative = self._relative[:used]
+            np.subtract(self._source[:used, :span], base[:, None], out=relative[:, :span])
+        elif self._last_group > 1:  # a beam width of 1 uses no indirection, but checks it is all 0
+            self._relative[:] = 0
+        self._last_group = group
         k_wanted = [m.top_k for m, *_ in work if m.top_k is not None]
         full = any(m.top_k is None for m, *_ in work)
         wanted = ([names.LOG_PROBS] if full else []) + (
@@ -272,16 +277,16 @@ class FusedRounds:
         prof.lap("run")
         self.slot += 1
         self.last_rows = used
+        # one gather of every member's rows, then each member's a view of it
+        ends = np.cumsum([rows.size for rows in placed_rows])[:-1]
+        parts = {name: np.split(array[every_row], ends) for name, array in got.items()}
         answers = {}
-        for (m, *_), rows in zip(work, placed_rows):
+        for i, (m, *_) in enumerate(work):
             if m.top_k is None:
-                answers[m] = got[names.LOG_PROBS][rows]
+                answers[m] = parts[names.LOG_PROBS][i]
             else:
-                answers[m] = TopK(
-                    got[names.TOPK_LOG_PROBS][rows, : m.top_k],
-                    got[names.TOPK_IDS][rows, : m.top_k],
-                    self.vocab,
-                )
+                lp, ids = parts[names.TOPK_LOG_PROBS][i], parts[names.TOPK_IDS][i]
+                answers[m] = TopK(lp[:, : m.top_k], ids[:, : m.top_k], self.vocab)
         prof.lap("outputs")
         return answers
 

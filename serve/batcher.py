@@ -311,26 +311,14 @@ def rounds_runner(translator: Translator, decoder: str = "auto"):
             f"({translator.decoder_variant} is) and a decoder_fused.onnx with input {names.ROW_START!r} "
             "(export the bundle again); or serve with the standard rounds"
         )
+    t = translator
+    sizes = {"n_layers": t.n_layers, "n_heads": t.n_heads, "head_dim": t.head_dim, "vocab": t.tgt_vocab}
     if fused and decoder != "standard":
-        return FusedRounds(
-            translator.decoder,
-            n_layers=translator.n_layers,
-            n_heads=translator.n_heads,
-            head_dim=translator.head_dim,
-            vocab=translator.tgt_vocab,
-            max_positions=translator.max_positions,
-        )
-    standard = translator.standard_decoder
-    check_decoder(standard, translator.bundle.path)
+        return FusedRounds(t.decoder, max_positions=t.max_positions, **sizes)
+    standard = t.standard_decoder
+    check_decoder(standard, t.bundle.path)
     return StandardRounds(
-        standard,
-        n_layers=translator.n_layers,
-        n_heads=translator.n_heads,
-        head_dim=translator.head_dim,
-        cache_dtype=translator.cache_dtype,
-        vocab=translator.tgt_vocab,
-        to_device=translator.to_device,
-        device=translator.ort_device,
+        standard, cache_dtype=t.cache_dtype, to_device=t.to_device, device=t.ort_device, **sizes
     )
 
 

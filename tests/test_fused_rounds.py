@@ -110,3 +110,33 @@ def test_scripted_searches_sharing_rounds_get_what_they_get_alone(translator):
         assert len(got[name]) == len(wanted) == script.steps
         for step, (a, b) in enumerate(zip(got[name], wanted)):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5, err_msg=f"{name}, step {step}")
+
+
+def test_rows_freed_by_wide_beams_stay_valid_in_narrower_groups(translator):
+    """A beam-4 search's rows point at each other's rows; once it leaves and only beams of 2 are in flight
+    (groups of 2 rows), its freed rows still run as dummy rows: each must point at itself again, or the
+    kernel refuses the round (an indirection outside the row's group)."""
+    t = translator
+    wide = Script(t, [4], 4, 6, seed=6)
+    greedy = Script(t, [5], 1, 14, seed=7)
+    narrow = Script(t, [3], 2, 6, seed=8)
+    runner = rounds_runner(t)
+    plan = {"wide": (wide, 0), "greedy": (greedy, 0), "narrow": (narrow, 7)}
+    members = {name: s.member() for name, (s, _) in plan.items()}
+    got = {name: [] for name in plan}
+    for round_ in range(14):
+        work = [
+            (members[name], *s.requests[round_ - join][:3], s.requests[round_ - join][3], s.width)
+            for name, (s, join) in plan.items()
+            if 0 <= round_ - join < s.steps
+        ]
+        answers = runner.run(work, NoProfile())
+        for member, *_ in work:
+            got[next(n for n, m in members.items() if m is member)].append(answers[member].copy())
+        for name, (s, join) in plan.items():
+            if round_ - join == s.steps - 1:
+                runner.leave(members[name])
+    assert members["narrow"].placed.blocks[0] < 4  # it took the wide search's rows
+    for name, (s, _) in plan.items():
+        for step, (a, b) in enumerate(zip(got[name], _alone(t, s))):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5, err_msg=f"{name}, step {step}")

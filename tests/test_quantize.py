@@ -107,7 +107,8 @@ def _step_feeds(meta: dict, variant: str, rows: int, rng) -> dict:
         feeds.update({fmt.STEP: np.array([3]), fmt.CACHE_INDICES: np.arange(rows)})
     else:
         feeds.update({fmt.STEP: np.array([3], np.int32), fmt.BEAM_WIDTH: np.array([1], np.int32),
-                      fmt.CACHE_INDIRECTION: np.zeros((rows, 1, past), np.int32)})
+                      fmt.CACHE_INDIRECTION: np.zeros((rows, 1, past), np.int32),
+                      fmt.ROW_START: np.zeros(rows, np.int32)})
     for name in fmt.past_names(layers):
         feeds[name] = rng.standard_normal((rows, heads, past, head_dim)).astype(np.float32)
     for name in fmt.cross_names(layers):

@@ -90,6 +90,7 @@ def fused_step(sess: ort.InferenceSession, cfg: ModelConfig, rows: int, batch: i
     for name, value in {names.TOKENS: np.full((rows, 1), 5, np.int64), names.STEP: np.array([past], np.int32),
                         BEAM_WIDTH: np.array([beams], np.int32),
                         CACHE_INDIRECTION: np.zeros((batch, beams, MAX_LENGTH), np.int32),
+                        names.ROW_START: np.zeros(rows, np.int32),
                         names.TOP_K: np.array([TOP_K], np.int64),
                         names.SRC_MASK: np.ones((batch, SRC_LEN), bool)}.items():
         keep.append(value)

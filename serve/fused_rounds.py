@@ -38,7 +38,6 @@ class _Placed:
 
     def __init__(self, blocks: np.ndarray, width: int, start: int):
         self.blocks, self.width, self.start = blocks, width, start
-        self.rows: np.ndarray | None = None  # the global rows of the search's rows at its last step
 
 
 class FusedRounds:
@@ -246,7 +245,6 @@ class FusedRounds:
                 )
             rows = self._rows(member, cache_indices, t, keep)
             placed_rows.append(rows)
-            member.placed.rows = rows
             group = max(group, _pow2(member.placed.width))
         prof.lap("layout")
         owned = np.flatnonzero(self.owner >= 0)

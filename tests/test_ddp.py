@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -168,9 +169,9 @@ def test_killing_one_rank_ends_the_run_with_a_clear_error(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode != 0
-    # torchrun's summary: the root cause is rank 1, killed by SIGKILL.
-    root = err.split("Root Cause (first observed failure):", 1)[1]
-    assert "rank      : 1 (local_rank: 1)" in root and "SIGKILL" in root, err[-3000:]
+    # torchrun's summary names rank 1, killed by SIGKILL. Which failure it calls the root cause is a race:
+    # rank 0's error file can carry an earlier time than the agent's sighting of the kill.
+    assert re.search(r"rank +: 1 \(local_rank: 1\)\s+exitcode +: -9 .*SIGKILL", err), err[-3000:]
     # The last checkpoint loads and a single process continues from it.
     step = _state(run)["step"]
     assert step >= 5 and step % 5 == 0

@@ -56,7 +56,7 @@ def tokenizer_fingerprint(processor) -> dict:
     Returns:
         {"pieces": vocabulary size, "pieces_sha256": hash of the pieces in id order}.
     """
-    pieces = "\n".join(processor.id_to_piece(i) for i in range(processor.get_piece_size()))
+    pieces = "\n".join(processor.id_to_piece(list(range(processor.get_piece_size()))))  # one call for all
     return {
         "pieces": processor.get_piece_size(),
         "pieces_sha256": hashlib.sha256(pieces.encode("utf-8")).hexdigest(),

@@ -42,7 +42,9 @@ def word_bounded(processor) -> bool:
     Returns:
         True when pieces never cross a space.
     """
-    return all("\u2581" not in processor.id_to_piece(i)[1:] for i in range(processor.get_piece_size()))
+    # one call for every id: a Python call per piece cost ~15 ms of each load at 58k pieces
+    pieces = processor.id_to_piece(list(range(processor.get_piece_size())))
+    return not any("\u2581" in piece[1:] for piece in pieces)
 
 
 def _clean(text: str) -> str:

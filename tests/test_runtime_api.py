@@ -161,7 +161,7 @@ class _Dist:
     (["onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime"], ["all installed", "onnxruntime-openvino"]),
 ])
 def test_two_flavours_installed(monkeypatch, names, words):
-    monkeypatch.setattr(ort_install.metadata, "distributions", lambda: [_Dist("numpy", "numpy"), *map(_Dist, names)])
+    monkeypatch.setattr(ort_install, "_candidates", lambda: [_Dist("onnxruntime-genai", "onnxruntime_genai"), *map(_Dist, names)])
     with pytest.raises(ImportError) as e:
         ort_install.import_onnxruntime()
     for word in words:
@@ -171,13 +171,13 @@ def test_two_flavours_installed(monkeypatch, names, words):
 def test_one_flavour_beside_onnxruntime_addons(monkeypatch):
     dists = [_Dist("onnxruntime-gpu"), _Dist("onnxruntime-genai", "onnxruntime_genai"),
              _Dist("onnxruntime_extensions", "onnxruntime_extensions")]
-    monkeypatch.setattr(ort_install.metadata, "distributions", lambda: dists)
+    monkeypatch.setattr(ort_install, "_candidates", lambda: dists)
     assert ort_install.onnxruntime_distributions() == ["onnxruntime-gpu 1.20.0"]
     assert ort_install.import_onnxruntime().__name__ == "onnxruntime"
 
 
 def test_no_onnxruntime_installed(monkeypatch):
-    monkeypatch.setattr(ort_install.metadata, "distributions", lambda: [_Dist("numpy", "numpy")])
+    monkeypatch.setattr(ort_install, "_candidates", lambda: [])
 
     def no_module(name):
         raise ModuleNotFoundError(f"No module named {name!r}")
@@ -193,12 +193,6 @@ def test_the_real_environment_has_one_flavour():
 
 
 _BOTH = r"""
-import importlib.metadata as m
-real = m.distributions
-class Gpu:
-    metadata = {"Name": "onnxruntime-gpu"}; version = "1.20.0"; files = None
-    def read_text(self, name): return "onnxruntime" if name == "top_level.txt" else None
-m.distributions = lambda: [*real(), Gpu()]
 import seq2onnx
 assert "onnxruntime" not in __import__("sys").modules  # import seq2onnx loads no onnxruntime
 try:
@@ -208,10 +202,28 @@ except ImportError as e:
 """
 
 
-def test_translator_import_runs_the_check():
-    proc = subprocess.run([sys.executable, "-c", _BOTH], capture_output=True, text=True, cwd=ROOT, timeout=60)
+def test_translator_import_runs_the_check(tmp_path):
+    """A second flavour's metadata directory on the path (as pip leaves it) is found by the scan and named."""
+    info = tmp_path / "onnxruntime_gpu-1.20.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: 1.20.0\n\n")
+    (info / "top_level.txt").write_text("onnxruntime\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", _BOTH], capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "onnxruntime-gpu 1.20.0 are both installed" in proc.stdout and "pip uninstall -y" in proc.stdout
+
+
+def test_the_scan_reads_only_onnxruntime_named_metadata(tmp_path, monkeypatch):
+    for name, top in (("onnxruntime_gpu-1.20.0.dist-info", "onnxruntime"), ("numpy-2.0.dist-info", "numpy"),
+                      ("ort_nightly-1.21.dev1.dist-info", "onnxruntime"), ("onnxruntime_genai-0.5.dist-info", "onnxruntime_genai")):
+        info = tmp_path / name
+        info.mkdir()
+        dist, version = name.removesuffix(".dist-info").split("-", 1)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n\n")
+        (info / "top_level.txt").write_text(top + "\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), str(tmp_path / "missing")])
+    assert ort_install.onnxruntime_distributions() == ["onnxruntime-gpu 1.20.0", "ort-nightly 1.21.dev1"]
 
 
 # -- huge lines ------------------------------------------------------------------------------------

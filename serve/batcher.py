@@ -119,7 +119,8 @@ class Scheduler:
 
     Args:
         runner: what runs a round's graph: serve/fused_rounds.py's FusedRounds or serve/standard_rounds.py's
-            StandardRounds (run(work, profile) -> answers, leave(member), clear(), shrink_arena(), last_rows).
+            StandardRounds (run(work, profile) -> answers, leave(member), idle(), clear(), shrink_arena(),
+            last_rows).
     """
 
     def __init__(self, runner):
@@ -128,8 +129,8 @@ class Scheduler:
         self._incoming: list[_Search] = []
         self._active: list[_Search] = []  # the rows' order in a round
         self._closed = False
-        # memory given back after bursts (serve/memory.py)
-        self._trimmed_at, self._release_due = 0, False
+        # memory given back after bursts (serve/memory.py); the runner's buffers kept while idle
+        self._trimmed_at, self._release_due, self._clear_due = 0, False, False
         self.rounds = 0
         self.last_rows = 0
         self.profile = round_profile()  # SEQ2ONNX_PROFILE_ROUNDS=1: where the rounds' time goes
@@ -172,9 +173,13 @@ class Scheduler:
             while not self._incoming and not self._active:
                 if self._closed:
                     return None
-                if self._release_due:  # still idle IDLE_S after a burst: give its memory back
+                # still idle IDLE_S: the runner's buffers go, and after a burst the memory is given back
+                if self._clear_due or self._release_due:
                     if not self._cond.wait(timeout=IDLE_S):
-                        self._release()
+                        self._clear_due = False
+                        self.runner.clear()
+                        if self._release_due:
+                            self._release()
                     continue
                 self._cond.wait()
             new, self._incoming = self._incoming, []
@@ -247,10 +252,13 @@ class Scheduler:
         self.runner.clear()
 
     def _idle(self) -> None:
-        """Nobody reads the cache or the cross inputs any more: drop them; after a burst (TRIM_AFTER_ROUNDS
-        rounds at least: serve/memory.py) the memory is given back once the scheduler has stayed idle IDLE_S,
-        when the requests' threads have let go of their buffers too."""
-        self.runner.clear()
+        """Nobody reads the cache or the cross inputs any more: the runner drops them once the scheduler has
+        stayed idle IDLE_S (a lone client's next request, a few ms later, finds them allocated and bound: at
+        one client that was ~0.2 ms of every request, docs/optimisation-notes.md row 40); after a burst
+        (TRIM_AFTER_ROUNDS rounds at least: serve/memory.py) the memory is given back then too, when the
+        requests' threads have let go of their buffers."""
+        self.runner.idle()
+        self._clear_due = True
         self._release_due = self.rounds - self._trimmed_at >= TRIM_AFTER_ROUNDS
 
     def _release(self) -> None:

@@ -83,6 +83,12 @@ class FusedRounds:
         self._binding, self._held, self._outputs, self._bound = None, [], {}, None
         self._last_group = 1
         self._generation = 0  # changes with every allocation: a binding points into the buffers it saw
+        self._layout = 0  # changes whenever rows are taken or freed (or reallocated): _used() is made again
+        self._used_key, self._used_rows = None, (0, np.zeros(0, np.int64))
+
+    def idle(self) -> None:
+        """Every search has left: the buffers and the binding stay for the next (clear() drops them); every
+        row is free already, and a row taken again masks what it held (`row_start`)."""
 
     # -- the buffers ------------------------------------------------------------------------------
 
@@ -118,6 +124,7 @@ class FusedRounds:
         self.cross = cross
         self.capacity, self.positions, self.width = capacity, positions, width
         self._generation += 1
+        self._layout += 1
 
     def _room(self, rows_needed: int, width: int) -> None:
         """Grows the rows or the source width when a new search needs them (before it is placed)."""
@@ -185,6 +192,7 @@ class FusedRounds:
             array[rows, :, s:] = 0
         self._source[rows] = rows[:, None]
         self.row_start[rows] = self.slot
+        self._layout += 1
         member.placed = _Placed(blocks, width, self.slot)
         self._members[member.serial] = member
 
@@ -198,6 +206,7 @@ class FusedRounds:
         """Frees sentences' blocks; their rows' positions point at themselves again, so that the kernel's
         indirection stays inside any group of rows."""
         size = _pow2(width)
+        self._layout += 1
         for at in blocks:
             self.owner[at : at + size] = -1
             self._source[at : at + size] = np.arange(at, at + size, dtype=np.int32)[:, None]
@@ -234,26 +243,48 @@ class FusedRounds:
     def run(self, work: list, prof) -> dict:
         """Runs one round; returns each member's answer (its rows of the output)."""
         self._positions_for_this_round()
-        group = 1
-        placed_rows = []
-        for member, tokens, cache_indices, t, keep, width in work:
+        placed_rows, group = self._place(work)
+        prof.lap("layout")
+        used, every_row, top_k, wanted = self._inputs(work, placed_rows, group)
+        prof.lap("inputs")
+        got = self._bind(used, group, max(top_k, 1), wanted)
+        prof.lap("bind")
+        self.shrink.run(self.decoder, self._binding, used)
+        prof.lap("run")
+        self.slot += 1
+        self.last_rows = used
+        answers = self._answers(work, placed_rows, every_row, got)
+        prof.lap("outputs")
+        return answers
+
+    def _place(self, work: list) -> tuple[list[np.ndarray], int]:
+        """New searches join; every search's rows this round, and the round's group (its widest beam)."""
+        slot, width_max, placed_rows = self.slot, 1, []
+        for member, _, cache_indices, t, keep, width in work:
             if t == 0:
                 self._join(member, width)
-            if member.placed.start + t != self.slot:
-                raise RuntimeError(
-                    f"a search at step {t} joined at slot {member.placed.start}, now {self.slot}"
-                )
-            rows = self._rows(member, cache_indices, t, keep)
-            placed_rows.append(rows)
-            group = max(group, _pow2(member.placed.width))
-        prof.lap("layout")
-        owned = np.flatnonzero(self.owner >= 0)
-        used = -(-(int(owned[-1]) + 1) // group) * group
-        free = self.owner[:used] < 0
-        self.row_start[:used][free] = self.slot  # a free row reads its own new position only
-        self.tokens[:used] = 0
-        every_row = np.concatenate(placed_rows)
-        self.tokens[every_row, 0] = np.concatenate([tokens for _, tokens, *_ in work])
+            p = member.placed
+            if p.start + t != slot:
+                raise RuntimeError(f"a search at step {t} joined at slot {p.start}, now {slot}")
+            # a row per sentence (greedy, sampling, a beam search's first step) and nobody left: its blocks
+            fixed = keep is None and (t == 0 or p.width == 1)
+            placed_rows.append(p.blocks if fixed else self._rows(member, cache_indices, t, keep))
+            width_max = max(width_max, p.width)
+        return placed_rows, _pow2(width_max)
+
+    def _inputs(self, work: list, placed_rows: list, group: int) -> tuple[int, np.ndarray, int, list[str]]:
+        """Writes the round's inputs into the bound arrays; returns (rows run, every member's rows in order,
+        the largest top-k asked for (0: none), the outputs wanted)."""
+        used, free = self._used(group)
+        if free.size:
+            self.row_start[free] = self.slot  # a free row reads its own new position only
+        # (a free row's token is whatever it last held: any id will do, its outputs are unread)
+        if len(work) == 1:
+            every_row = placed_rows[0]
+            self.tokens[every_row, 0] = work[0][1]
+        else:
+            every_row = np.concatenate(placed_rows)
+            self.tokens[every_row, 0] = np.concatenate([w[1] for w in work])
         if group > 1:
             span = self.slot + 1
             base = (np.arange(used, dtype=np.int32) // group) * group
@@ -262,31 +293,43 @@ class FusedRounds:
         elif self._last_group > 1:  # a beam width of 1 uses no indirection, but checks it is all 0
             self._relative[:] = 0
         self._last_group = group
-        k_wanted = [m.top_k for m, *_ in work if m.top_k is not None]
-        full = any(m.top_k is None for m, *_ in work)
-        wanted = ([names.LOG_PROBS] if full else []) + (
-            [names.TOPK_LOG_PROBS, names.TOPK_IDS] if k_wanted else []
-        )
-        self._step[0] = self.slot
-        prof.lap("inputs")
-        got = self._bind(used, group, max(k_wanted, default=1), wanted)
-        prof.lap("bind")
-        self.shrink.run(self.decoder, self._binding, used)
-        prof.lap("run")
-        self.slot += 1
-        self.last_rows = used
-        # one gather of every member's rows, then each member's a view of it
-        ends = np.cumsum([rows.size for rows in placed_rows])[:-1]
-        parts = {name: np.split(array[every_row], ends) for name, array in got.items()}
-        answers = {}
-        for i, (m, *_) in enumerate(work):
+        top_k, full = 0, False
+        for m, *_ in work:
             if m.top_k is None:
-                answers[m] = parts[names.LOG_PROBS][i]
+                full = True
+            elif m.top_k > top_k:
+                top_k = m.top_k
+        wanted = [names.LOG_PROBS] if full else []
+        if top_k:
+            wanted += [names.TOPK_LOG_PROBS, names.TOPK_IDS]
+        self._step[0] = self.slot
+        return used, every_row, top_k, wanted
+
+    def _answers(self, work: list, placed_rows: list, every_row: np.ndarray, got: dict) -> dict:
+        """Each member's rows of the output: one gather of every member's rows (the output arrays are written
+        again next round), each member's a view of it."""
+        got = {name: array[every_row] for name, array in got.items()}
+        answers, at = {}, 0
+        for (m, *_), rows in zip(work, placed_rows):
+            end = at + rows.size
+            if m.top_k is None:
+                answers[m] = got[names.LOG_PROBS][at:end]
             else:
-                lp, ids = parts[names.TOPK_LOG_PROBS][i], parts[names.TOPK_IDS][i]
-                answers[m] = TopK(lp[:, : m.top_k], ids[:, : m.top_k], self.vocab)
-        prof.lap("outputs")
+                k = m.top_k
+                values, ids = got[names.TOPK_LOG_PROBS][at:end, :k], got[names.TOPK_IDS][at:end, :k]
+                answers[m] = TopK(values, ids, self.vocab)
+            at = end
         return answers
+
+    def _used(self, group: int) -> tuple[int, np.ndarray]:
+        """The round's rows (every owned one, rounded up to the group) and the free rows among them; made
+        again only when rows were taken or freed, or the group changed."""
+        key = (group, self._layout)
+        if key != self._used_key:
+            owned = np.flatnonzero(self.owner >= 0)
+            used = -(-(int(owned[-1]) + 1) // group) * group
+            self._used_key, self._used_rows = key, (used, np.flatnonzero(self.owner[:used] < 0))
+        return self._used_rows
 
     def _bind(self, used: int, group: int, top_k: int, wanted: list[str]) -> dict[str, np.ndarray]:
         """The round's IO binding over the first `used` rows, made again only when what it binds changed (the

@@ -91,6 +91,10 @@ class StandardRounds:
         self._past = None
         self.layout.clear()
 
+    def idle(self) -> None:
+        """Every search has left: the cache and the layout go now (its holes would be kept otherwise)."""
+        self.clear()
+
     def leave(self, member) -> None:
         """A search ended: its rows are holes of the layout until the next search fills them."""
 

@@ -88,6 +88,34 @@ def test_fused_rounds_that_move_positions_and_grow_give_each_request_alone(bundl
         e.close()
 
 
+def test_fused_rounds_keep_their_buffers_between_requests_and_drop_them_when_idle(bundle):
+    """A lone client's requests, one after another: the next one finds the fused rounds' buffers and binding as
+    the last one left them (rows it takes masked from what they held) and gets translate_batch's result
+    alone; once the scheduler has been idle IDLE_S, the buffers are dropped."""
+    from seq2onnx.serve.memory import IDLE_S
+
+    t = Translator(bundle, device="cpu")
+    e = ContinuousEngine(t)
+    runner = e.scheduler.runner
+    try:
+        for texts, options in REQUESTS[:6] + REQUESTS[:6]:  # greedy, beams, n-best: one at a time
+            _same(e.submit(texts, e.check(options)).future.result(timeout=60), _alone(t, texts, options))
+            assert runner.capacity > 0  # kept: idle for less than IDLE_S
+        texts, options = REQUESTS[2]  # one greedy sentence, three times: the same buffers and binding
+        kept = []
+        for _ in range(3):
+            _same(e.submit(texts, e.check(options)).future.result(timeout=60), _alone(t, texts, options))
+            kept.append((runner._binding, runner._generation))
+        assert kept[0][0] is kept[1][0] is kept[2][0] and kept[0][1] == kept[2][1]
+        deadline = time.monotonic() + 10
+        while runner.capacity and time.monotonic() < deadline:
+            time.sleep(IDLE_S / 4)
+        assert runner.capacity == 0 and runner.cache == []
+        _same(e.submit(TEXTS[:2], e.check({})).future.result(timeout=60), _alone(t, TEXTS[:2], {}))
+    finally:
+        e.close()
+
+
 def test_rows_of_many_requests_share_one_round(engine, monkeypatch):
     members_per_round = []
     run_round = engine.scheduler._round

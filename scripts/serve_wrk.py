@@ -7,8 +7,9 @@
 
 Each server is its own process on 127.0.0.1 (serve_load.py's Server: a free port, awaited until it
 answers, SIGTERM then SIGKILL), with --threads (T) compute threads in all:
-  continuous  seq2onnx serve BUNDLE --batching continuous --intra-threads T (the default batching; its
-              rounds on the fused decoder where the bundle has one: serve/fused_rounds.py)
+  continuous  seq2onnx serve BUNDLE --batching continuous --intra-threads N (the default batching; its
+              rounds on the fused decoder where the bundle has one: serve/fused_rounds.py), N in
+              --continuous-intra (default 1 and T)
   standard-rounds  the same with --rounds standard: continuous batching on decoder.onnx
               (serve/standard_rounds.py), for the A/B of the two
   request     seq2onnx serve BUNDLE --batching request --workers W --intra-threads T/W,
@@ -335,8 +336,12 @@ def servers(args) -> list[tuple[str, str, list[str]]]:
             out.append(("standard-rounds", "", argv + ["--rounds", "standard"]))
             if "continuous" not in args.servers:
                 continue
-        if name == "continuous" or k in (args.request_workers if name == "request" else args.ct2_inter):
-            out.append((name, setting if name != "continuous" else "", argv))
+        if name == "continuous":  # each intra-op thread count asked for (its setting names it)
+            at = argv.index("--intra-threads") + 1
+            for intra in args.continuous_intra:
+                out.append((name, f"intra {intra}", argv[:at] + [str(intra)] + argv[at + 1 :]))
+        elif k in (args.request_workers if name == "request" else args.ct2_inter):
+            out.append((name, setting, argv))
     if "ceiling" in args.servers:
         out.append(("ceiling", "", [sys.executable, str(Path(__file__).resolve()), "stub", str(args.bundle)]))
     return out
@@ -452,6 +457,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="request settings tried: --workers W with intra T/W (default 1 2; W must be 1 or T)",
     )
     p.add_argument(
+        "--continuous-intra",
+        type=int,
+        nargs="+",
+        default=None,
+        help="continuous settings tried: --intra-threads N (default 1 and T: at small models the second core "
+        "serves the front end better than the products)",
+    )
+    p.add_argument(
         "--ct2-inter",
         type=int,
         nargs="+",
@@ -528,6 +541,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("wrk is not installed: apt-get install wrk (Debian, Ubuntu)")
         if min(args.clients) < 1 or args.seconds < 1 or args.warmup < 0 or args.threads < 1:
             raise ValueError("--clients, --seconds and --threads must be >= 1, --warmup >= 0")
+        args.continuous_intra = sorted(set(args.continuous_intra or (1, args.threads)))
+        if not all(1 <= n <= args.threads for n in args.continuous_intra):
+            raise ValueError(
+                f"--continuous-intra {args.continuous_intra}: each must be 1..--threads ({args.threads})"
+            )
         words, sep = source_words(args.bundle)
         _sibling("serve_load").prepare_out(args.out, args.force)
     except ValueError as e:

@@ -113,10 +113,13 @@ def test_fused_rounds_keep_their_buffers_between_requests_and_drop_them_when_idl
         assert kept[0][0] is not None and kept[0][0] is kept[1][0] is kept[2][0] and kept[0][1] == kept[2][1]
         monkeypatch.setattr(batcher, "IDLE_S", 0.05)  # read at the scheduler's next idle wait
         _same(e.submit(texts, e.check(options)).future.result(timeout=60), alone)
-        deadline = time.monotonic() + 30
-        while runner.capacity and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert runner.capacity == 0 and runner.cache == []
+        # dropped: seen once with neither rows nor cache (giving memory back after a burst then runs a one-row
+        # round under arena shrinkage in buffers of its own, and drops those too)
+        deadline, dropped = time.monotonic() + 30, False
+        while not dropped and time.monotonic() < deadline:
+            dropped = runner.capacity == 0 and runner.cache == []
+            time.sleep(0.01)
+        assert dropped
         _same(e.submit(TEXTS[:2], e.check({})).future.result(timeout=60), _alone(t, TEXTS[:2], {}))
     finally:
         e.close()

@@ -87,13 +87,21 @@ def providers_for(device: str, tf32: bool = False) -> list:
     return [("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"}), "CPUExecutionProvider"]
 
 
-def session_options(tuning: SessionTuning, intra_threads: int, graph: str) -> ort.SessionOptions:
+def session_options(
+    tuning: SessionTuning, intra_threads: int, graph: str, device: str = "cpu"
+) -> ort.SessionOptions:
     """Makes the session options of one graph (warnings kept off stderr).
+
+    On the CPU, onnxruntime's memory patterns are off. A pattern plans one block for all of a run's
+    intermediate tensors of one set of input shapes; a decoder's shapes change at every step (the cache
+    grows, rows leave), so each step plans and takes a block of another size from the arena. Without
+    them the OPUS-MT-size peak is 61 MB lower, at the same speed (docs/optimisation-notes.md row 41).
 
     Args:
         tuning: the optimisation level and thread spinning (SessionTuning's defaults are the runtime's).
         intra_threads: threads inside each operator (0: onnxruntime's default).
         graph: "encoder" or "decoder" (they spin differently; runtime/options.py says why).
+        device: "cpu" or "cuda", where the session runs.
 
     Returns:
         Options for ort.InferenceSession; where this CPU's u8 x s8 kernel saturates, also
@@ -102,6 +110,8 @@ def session_options(tuning: SessionTuning, intra_threads: int, graph: str) -> or
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[tuning.optimization])
     options.intra_op_num_threads = intra_threads
+    if device == "cpu":
+        options.enable_mem_pattern = False
     # x86 without VNNI: int8 bundles' products made exact through u8 x u8 (runtime/u8s8_probe.py)
     entries = {**spin_settings(tuning.thread_spinning, graph, ort.__version__), **precision_entries(ort)}
     for key, value in entries.items():
@@ -281,7 +291,9 @@ def _session_loader(
 
         # one SessionOptions per session: the weights file's option is per session
         def create(configure=None):
-            options = session_options(tuning, intra_threads, "encoder" if label == "encoder" else "decoder")
+            options = session_options(
+                tuning, intra_threads, "encoder" if label == "encoder" else "decoder", picked
+            )
             if configure is not None:
                 configure(options)
             return ort.InferenceSession(data, options, providers=providers)

@@ -17,6 +17,7 @@ import torch
 
 from seq2onnx.runtime.bundle import BundleError
 from seq2onnx.runtime.options import DECODER_SPIN_US, ENCODER_SPIN_US, SessionTuning, _version, spin_settings
+from seq2onnx.runtime import sessions as sessions_module
 from seq2onnx.runtime.sessions import cuda_usable as _cuda_usable
 from seq2onnx.runtime.translator import TranslationResult, Translator
 from tiny import copy_bundle as _copy, edit_bundle_json as _edit_meta, tiny_run
@@ -219,6 +220,15 @@ def test_spinning_is_bounded_by_default_and_changes_no_output(bundle, translator
     want = [r.hypotheses for r in none.translate_batch(sentences, beam_size=2)]
     assert want == [r.hypotheses for r in translator.translate_batch(sentences, beam_size=2)]
     assert want == [r.hypotheses for r in unbounded.translate_batch(sentences, beam_size=2)]
+
+
+def test_cpu_sessions_plan_no_memory_patterns(translator):
+    # a decoder's shapes change at every step: patterns cost the OPUS-MT-size peak 61 MB (optimisation row 41)
+    sessions = translator._sessions
+    loaded = {**sessions.by_label(), "standard": sessions.standard}
+    for label, session in loaded.items():
+        assert session.get_session_options().enable_mem_pattern is False, label
+    assert sessions_module.session_options(SessionTuning(), 1, "decoder", "cuda").enable_mem_pattern is True
 
 
 def _entry(options, key: str) -> str:

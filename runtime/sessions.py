@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from .bundle import DECODER_LABELS, STANDARD, Bundle, BundleError
 from .fused_step import pick_decoder
 from .options import SessionTuning, spin_settings
+from .session_cache import SessionCache, entry_key
 from .ort_install import import_onnxruntime
 from .u8s8_probe import precision_entries
 
@@ -112,12 +113,16 @@ def session_options(
     options.intra_op_num_threads = intra_threads
     if device == "cpu":
         options.enable_mem_pattern = False
-    # x86 without VNNI: int8 bundles' products made exact through u8 x u8 (runtime/u8s8_probe.py)
-    entries = {**spin_settings(tuning.thread_spinning, graph, ort.__version__), **precision_entries(ort)}
-    for key, value in entries.items():
+    for key, value in session_entries(tuning, graph).items():
         options.add_session_config_entry(key, value)
     options.log_severity_level = 3  # no warnings about provider fallbacks on stderr
     return options
+
+
+def session_entries(tuning: SessionTuning, graph: str) -> dict[str, str]:
+    """The config entries session_options sets: thread spinning, and on x86 without VNNI the exact u8 x u8
+    products of int8 graphs (runtime/u8s8_probe.py)."""
+    return {**spin_settings(tuning.thread_spinning, graph, ort.__version__), **precision_entries(ort)}
 
 
 @dataclass
@@ -190,6 +195,7 @@ def open_sessions(
     *,
     release_bytes: bool = False,
     check_late: Callable[[str, object], None] | None = None,
+    cache: SessionCache | None = None,
 ) -> Sessions:
     """Loads a bundle's encoder, its standard decoder and the decoder to drive, from the bytes read.
 
@@ -204,6 +210,9 @@ def open_sessions(
             that does not start means loading every graph again on the CPU).
         check_late: check_late(label, session) checks a session loaded after this returns (the standard
             decoder, loaded when first asked for: Sessions.standard) as the caller checked the others.
+        cache: on the CPU, where bundle's hashes were checked, sessions are made from this cache's
+            optimized graphs with pre-packed weights, made and saved there where missing
+            (runtime/session_cache.py). None: every load optimizes and packs.
 
     Returns:
         The sessions. With device "auto", a CUDA provider that did not start falls back to the CPU
@@ -218,7 +227,7 @@ def open_sessions(
     """
     _refuse_inexact_int8(bundle, tuning)
     picked, why = pick_device(device)
-    checked = _session_loader(bundle, tuning, intra_threads, picked, release_bytes=release_bytes)
+    checked = _session_loader(bundle, tuning, intra_threads, picked, release_bytes=release_bytes, cache=cache)
     standard_label = DECODER_LABELS[STANDARD]
     # The decoder first: packing its largest weight (a tied projection, 1 GB at NLLB-600M size) maps
     # the table while its packed copy is made; done before the encoder's weights are packed, the
@@ -231,7 +240,9 @@ def open_sessions(
                 "onnxruntime's CUDA provider did not start (check the CUDA and cuDNN libraries)"
             )
         picked, why = "cpu", "the CUDA provider did not start; using the CPU"
-        checked = _session_loader(bundle, tuning, intra_threads, picked, release_bytes=release_bytes)
+        checked = _session_loader(
+            bundle, tuning, intra_threads, picked, release_bytes=release_bytes, cache=cache
+        )
         variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
         encoder = checked("encoder")
     if variant == STANDARD:
@@ -268,7 +279,13 @@ def _refuse_inexact_int8(bundle: Bundle, tuning: SessionTuning) -> None:
 
 
 def _session_loader(
-    bundle: Bundle, tuning: SessionTuning, intra_threads: int, picked: str, *, release_bytes: bool
+    bundle: Bundle,
+    tuning: SessionTuning,
+    intra_threads: int,
+    picked: str,
+    *,
+    release_bytes: bool,
+    cache: SessionCache | None = None,
 ) -> Callable[[str], object]:
     """A function that makes the session of one of the bundle's graphs on the picked device.
 
@@ -278,6 +295,7 @@ def _session_loader(
         intra_threads: threads inside each operator (0: onnxruntime's default).
         picked: "cuda" or "cpu".
         release_bytes: on the CPU, drop each graph's bytes from bundle.data once its session is made.
+        cache: where sessions' optimized graphs are kept (open_sessions), or None.
 
     Returns:
         checked(label) -> session, which raises BundleError (naming the file) where onnxruntime
@@ -285,20 +303,31 @@ def _session_loader(
     """
     providers = providers_for(picked, tuning.tf32)
     weights = bundle.weights
+    # a cache entry is keyed by the weights' checked hash: none where hashes were not checked
+    if picked != "cpu" or (weights is not None and weights.sha256 is None):
+        cache = None
 
     def load(label: str):
         data = bundle.bytes(label)
+        graph = "encoder" if label == "encoder" else "decoder"
 
         # one SessionOptions per session: the weights file's option is per session
-        def create(configure=None):
-            options = session_options(
-                tuning, intra_threads, "encoder" if label == "encoder" else "decoder", picked
-            )
-            if configure is not None:
+        def create(*configures):
+            options = session_options(tuning, intra_threads, graph, picked)
+            for configure in configures:
                 configure(options)
             return ort.InferenceSession(data, options, providers=providers)
 
-        session = create() if weights is None else weights.open_session(create)
+        def make(save=None):
+            extra = () if save is None else (save,)
+            if weights is None:
+                return create(*extra)
+            return weights.open_session(lambda configure: create(configure, *extra))
+
+        if cache is None:
+            session = make()
+        else:
+            session = _from_cache(cache, label, data, make, tuning, intra_threads, graph, weights)
         if picked == "cpu":
             _drop_model_copy(session)
             if release_bytes:
@@ -316,6 +345,31 @@ def _session_loader(
             ) from e
 
     return checked
+
+
+def _from_cache(cache, label, data, make, tuning, intra_threads, graph, weights):
+    """The session of one graph from the cache's entry, or made (and the entry saved) where it has none.
+
+    The entry is saved only once the weights file's deferred hash has passed: an entry made from a
+    damaged file would otherwise outlive it under the good file's key.
+    """
+    key = entry_key(
+        data,
+        None if weights is None else weights.sha256,
+        ort.__version__,
+        tuning.optimization,
+        session_entries(tuning, graph),
+    )
+    path = cache.model(key)
+    if path is not None:
+        options = session_options(tuning, intra_threads, graph, "cpu")
+        # the entry is the optimized graph: optimizing it again would only cost time
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception:  # onnxruntime's own types: a damaged entry is made again
+            cache.discard(key)
+    return cache.build(key, make, before_saving=None if weights is None else weights.verify)
 
 
 def graph_session(bundle: Bundle, label: str, providers: list[str], entries: dict[str, str] | None = None):

@@ -23,6 +23,7 @@ from .fused_step import FusedStep, StepBufferPool
 from .options import OptionError, SearchOptions, SessionTuning, check_intra_threads, resolve_search_options
 from .plan import Plan, SearchJob, stream_job
 from .search import SearchResult, Step, candidates_needed, run, stream_greedy
+from .session_cache import SessionCache
 from .sessions import DEVICES, ort, open_sessions
 from .source import Sources
 from .standard_step import StandardStep
@@ -48,6 +49,10 @@ class Translator:
         intra_threads: threads inside each operator, 0 (onnxruntime's default, one per core) to
             os.cpu_count().
         check_hashes: verify every file's sha256 against bundle.json before loading.
+        cache_dir: a directory where, on the CPU, onnxruntime's optimized graphs are kept with their
+            weights packed for this machine, so that every load after the first skips optimizing and
+            packing (runtime/session_cache.py; about 2.8x the bundle's size on disk). Used only where
+            check_hashes is True. None (the default): no cache, nothing written.
         _tuning: SessionTuning, knobs for measuring the defaults (benchmarks only; another type is a
             TypeError).
     Attributes:
@@ -73,6 +78,7 @@ class Translator:
         *,
         intra_threads: int = 0,
         check_hashes: bool = True,
+        cache_dir: str | Path | None = None,
         _tuning: SessionTuning | None = None,
     ):
         if device not in DEVICES:
@@ -88,6 +94,7 @@ class Translator:
             raise OptionError(
                 "check_hashes", check_hashes, limit="True or False", says="; ", hint="give True or False"
             )
+        cache = None if cache_dir is None else SessionCache(cache_dir)
         tuning = SessionTuning() if _tuning is None else _tuning
         if not isinstance(tuning, SessionTuning):
             raise TypeError(f"_tuning is {type(tuning).__name__}; give a SessionTuning")
@@ -100,11 +107,13 @@ class Translator:
             else read_bundle(bundle_dir, check_hashes=check_hashes, defer_weights_hash=True)
         )
         with verified(bundle.weights):  # hashed while the sessions are made; checked before anything else
-            self._load(bundle, bundle_dir, device, tuning, intra_threads)
+            self._load(bundle, bundle_dir, device, tuning, intra_threads, cache)
         if not isinstance(bundle_dir, Bundle):
             self.bundle = bundle.without_data()  # the sessions hold what they need
 
-    def _load(self, bundle: Bundle, bundle_dir, device: str, tuning: SessionTuning, intra_threads: int):
+    def _load(
+        self, bundle: Bundle, bundle_dir, device: str, tuning: SessionTuning, intra_threads: int, cache
+    ):
         """The constructor's work once the bundle is read: tokenizers, vocabulary, sessions, checks."""
         self.bundle = bundle
         cfg = self.bundle.model
@@ -152,6 +161,7 @@ class Translator:
             intra_threads,
             release_bytes=not isinstance(bundle_dir, Bundle),
             check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs),
+            cache=cache,
         )
         self.device, self.device_reason = s.device, s.device_reason
         self.encoder, self.decoder = s.encoder, s.decoder

@@ -1,12 +1,14 @@
 """Load time, ours against CTranslate2, each from a warm page cache, in alternating fresh processes.
 
     python scripts/load_time.py --bundle B [--bundle B2 ...] --ct2 DIR [--compute-type float32,int8]
-        [--threads 2] [--rounds 3]
+        [--threads 2] [--rounds 3] [--cache-dir DIR]
 
 Each load is its own process (`--child`): the time from before `Translator(...)` (ours, hashes checked, as an
 app loads it) or `ctranslate2.Translator(...)` to its return, after one pass over the model's files so that
 neither engine pays the disk. The engines alternate round by round; the median per engine is printed, with
-the ratio to CTranslate2's best compute type. hf_real_sizes.py's load column times the same call inside its
+the ratio to CTranslate2's best compute type. With --cache-dir, each bundle is also loaded with that session
+cache (runtime/session_cache.py; Translator's cache_dir), filled by one untimed load before the rounds.
+hf_real_sizes.py's load column times the same call inside its
 engine jobs, where the page cache holds whatever the job before left.
 """
 
@@ -33,7 +35,7 @@ def _child(spec: dict) -> float:
     if spec["engine"] == "ours":
         from seq2onnx.runtime.translator import Translator
 
-        Translator(spec["path"], device="cpu", intra_threads=spec["threads"])
+        Translator(spec["path"], device="cpu", intra_threads=spec["threads"], cache_dir=spec.get("cache_dir"))
     else:
         import ctranslate2
 
@@ -52,6 +54,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--threads", type=int, default=2, help="intra-op threads for both engines (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    p.add_argument("--cache-dir", type=Path, help="also time each bundle loaded with this session cache")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -62,6 +65,13 @@ def main(argv=None) -> int:
     specs = {
         f"ours {b.name}": {"engine": "ours", "path": str(b), "threads": args.threads} for b in args.bundle
     }
+    if args.cache_dir:
+        for b in args.bundle:
+            spec = {"engine": "ours", "path": str(b), "threads": args.threads,
+                    "cache_dir": str(args.cache_dir)}
+            subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], check=True,
+                           capture_output=True)  # fills the cache: the first load makes its entries
+            specs[f"ours {b.name} cached"] = spec
     if args.ct2:
         for ct in args.compute_type.split(","):
             specs[f"ct2 {ct}"] = {
@@ -74,6 +84,8 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         for name, spec in specs.items():
             _warm(Path(spec["path"]))
+            if spec.get("cache_dir"):
+                _warm(Path(spec["cache_dir"]))
             out = subprocess.run(
                 [sys.executable, __file__, "--child", json.dumps(spec)],
                 capture_output=True,

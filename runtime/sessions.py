@@ -89,20 +89,23 @@ def providers_for(device: str, tf32: bool = False) -> list:
 
 
 def session_options(
-    tuning: SessionTuning, intra_threads: int, graph: str, device: str = "cpu"
+    tuning: SessionTuning, intra_threads: int, graph: str, device: str = "cpu", quantized: bool = False
 ) -> ort.SessionOptions:
     """Makes the session options of one graph (warnings kept off stderr).
 
-    On the CPU, onnxruntime's memory patterns are off. A pattern plans one block for all of a run's
-    intermediate tensors of one set of input shapes; a decoder's shapes change at every step (the cache
-    grows, rows leave), so each step plans and takes a block of another size from the arena. Without
-    them the OPUS-MT-size peak is 61 MB lower, at the same speed (docs/optimisation-notes.md row 41).
+    On the CPU, onnxruntime's memory patterns are off for float graphs. A pattern plans one block for all
+    of a run's intermediate tensors of one set of input shapes; a decoder's shapes change at every step
+    (the cache grows, rows leave), so each step plans and takes a block of another size from the arena.
+    Without them the OPUS-MT-size peak is 61 MB lower and the recipe model's fair bench 0.99-1.21x as
+    fast. int8 graphs keep them: their many small quantizing tensors, each taken from the arena under its
+    lock, made two threads sharing a session 25-30% slower at one row (docs/optimisation-notes.md row 41).
 
     Args:
         tuning: the optimisation level and thread spinning (SessionTuning's defaults are the runtime's).
         intra_threads: threads inside each operator (0: onnxruntime's default).
         graph: "encoder" or "decoder" (they spin differently; runtime/options.py says why).
         device: "cpu" or "cuda", where the session runs.
+        quantized: the graph is an int8 bundle's (bundle.json's `quantization`).
 
     Returns:
         Options for ort.InferenceSession; where this CPU's u8 x s8 kernel saturates, also
@@ -111,7 +114,7 @@ def session_options(
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[tuning.optimization])
     options.intra_op_num_threads = intra_threads
-    if device == "cpu":
+    if device == "cpu" and not quantized:
         options.enable_mem_pattern = False
     for key, value in session_entries(tuning, graph).items():
         options.add_session_config_entry(key, value)
@@ -303,6 +306,7 @@ def _session_loader(
     """
     providers = providers_for(picked, tuning.tf32)
     weights = bundle.weights
+    quantized = bool(bundle.meta.get("quantization"))
     # a cache entry is keyed by the weights' checked hash: none where hashes were not checked
     if picked != "cpu" or (weights is not None and weights.sha256 is None):
         cache = None
@@ -313,7 +317,7 @@ def _session_loader(
 
         # one SessionOptions per session: the weights file's option is per session
         def create(*configures):
-            options = session_options(tuning, intra_threads, graph, picked)
+            options = session_options(tuning, intra_threads, graph, picked, quantized)
             for configure in configures:
                 configure(options)
             return ort.InferenceSession(data, options, providers=providers)
@@ -327,7 +331,7 @@ def _session_loader(
         if cache is None:
             session = make()
         else:
-            session = _from_cache(cache, label, data, make, tuning, intra_threads, graph, weights)
+            session = _from_cache(cache, data, make, tuning, intra_threads, graph, weights, quantized)
         if picked == "cpu":
             _drop_model_copy(session)
             if release_bytes:
@@ -347,7 +351,7 @@ def _session_loader(
     return checked
 
 
-def _from_cache(cache, label, data, make, tuning, intra_threads, graph, weights):
+def _from_cache(cache, data, make, tuning, intra_threads, graph, weights, quantized):
     """The session of one graph from the cache's entry, or made (and the entry saved) where it has none.
 
     The entry is saved only once the weights file's deferred hash has passed: an entry made from a
@@ -362,7 +366,7 @@ def _from_cache(cache, label, data, make, tuning, intra_threads, graph, weights)
     )
     path = cache.model(key)
     if path is not None:
-        options = session_options(tuning, intra_threads, graph, "cpu")
+        options = session_options(tuning, intra_threads, graph, "cpu", quantized)
         # the entry is the optimized graph: optimizing it again would only cost time
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:

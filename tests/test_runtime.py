@@ -20,7 +20,7 @@ from seq2onnx.runtime.options import DECODER_SPIN_US, ENCODER_SPIN_US, SessionTu
 from seq2onnx.runtime import sessions as sessions_module
 from seq2onnx.runtime.sessions import cuda_usable as _cuda_usable
 from seq2onnx.runtime.translator import TranslationResult, Translator
-from tiny import copy_bundle as _copy, edit_bundle_json as _edit_meta, tiny_run
+from tiny import copy_bundle as _copy, edit_bundle_json as _edit_meta, tiny_bundle, tiny_run
 
 # The tiny model is fastest on one thread: on a 2-core machine shared with other work, torch's
 # default thread pool made training and reference decoding 10-100x slower.
@@ -222,12 +222,16 @@ def test_spinning_is_bounded_by_default_and_changes_no_output(bundle, translator
     assert want == [r.hypotheses for r in unbounded.translate_batch(sentences, beam_size=2)]
 
 
-def test_cpu_sessions_plan_no_memory_patterns(translator):
+def test_float_cpu_sessions_plan_no_memory_patterns(translator):
     # a decoder's shapes change at every step: patterns cost the OPUS-MT-size peak 61 MB (optimisation row 41)
     sessions = translator._sessions
     loaded = {**sessions.by_label(), "standard": sessions.standard}
     for label, session in loaded.items():
         assert session.get_session_options().enable_mem_pattern is False, label
+    # int8 graphs keep them (two threads at one row were 25-30% slower without), and so does CUDA
+    assert sessions_module.session_options(SessionTuning(), 1, "decoder", "cpu", True).enable_mem_pattern is True
+    int8 = Translator(tiny_bundle(quantize="int8"), device="cpu")
+    assert int8.decoder.get_session_options().enable_mem_pattern is True
     assert sessions_module.session_options(SessionTuning(), 1, "decoder", "cuda").enable_mem_pattern is True
 
 

@@ -49,10 +49,9 @@ class Translator:
         intra_threads: threads inside each operator, 0 (onnxruntime's default, one per core) to
             os.cpu_count().
         check_hashes: verify every file's sha256 against bundle.json before loading.
-        cache_dir: a directory where, on the CPU, onnxruntime's optimized graphs are kept with their
-            weights packed for this machine, so that every load after the first skips optimizing and
-            packing (runtime/session_cache.py; about 2.8x the bundle's size on disk). Used only where
-            check_hashes is True. None (the default): no cache, nothing written.
+        cache_dir: where, on the CPU, onnxruntime's optimized graphs are kept with their weights packed for
+            this machine, so that later loads skip optimizing and packing (runtime/session_cache.py; ~2.8x
+            the bundle on disk; only with check_hashes). None (the default): no cache, nothing written.
         _tuning: SessionTuning, knobs for measuring the defaults (benchmarks only; another type is a
             TypeError).
     Attributes:
@@ -94,26 +93,23 @@ class Translator:
             raise OptionError(
                 "check_hashes", check_hashes, limit="True or False", says="; ", hint="give True or False"
             )
-        cache = None if cache_dir is None else SessionCache(cache_dir)
+        cache = None if cache_dir is None else SessionCache(cache_dir)  # a bad directory is refused first
         tuning = SessionTuning() if _tuning is None else _tuning
         if not isinstance(tuning, SessionTuning):
             raise TypeError(f"_tuning is {type(tuning).__name__}; give a SessionTuning")
         self._tuning = tuning
         # Every file is read once, hash-checked on those bytes, and every session and tokenizer is made
         # from them: a bundle replaced on disk later cannot mix into this one (runtime/bundle.py).
-        bundle = (
-            bundle_dir
-            if isinstance(bundle_dir, Bundle)
-            else read_bundle(bundle_dir, check_hashes=check_hashes, defer_weights_hash=True)
+        own = not isinstance(bundle_dir, Bundle)
+        bundle = bundle_dir if not own else read_bundle(
+            bundle_dir, check_hashes=check_hashes, defer_weights_hash=True
         )
         with verified(bundle.weights):  # hashed while the sessions are made; checked before anything else
             self._load(bundle, bundle_dir, device, tuning, intra_threads, cache)
-        if not isinstance(bundle_dir, Bundle):
+        if own:
             self.bundle = bundle.without_data()  # the sessions hold what they need
 
-    def _load(
-        self, bundle: Bundle, bundle_dir, device: str, tuning: SessionTuning, intra_threads: int, cache
-    ):
+    def _load(self, bundle: Bundle, bundle_dir, device: str, tuning: SessionTuning, intra_threads, cache):
         """The constructor's work once the bundle is read: tokenizers, vocabulary, sessions, checks."""
         self.bundle = bundle
         cfg = self.bundle.model
@@ -155,19 +151,13 @@ class Translator:
         graphs = read_graphs(bundle)  # every listed graph parsed, whichever decoder is driven
         # a bundle read here is ours: each graph's bytes may go once its session is made (lower peak memory)
         s = open_sessions(
-            bundle,
-            device,
-            tuning,
-            intra_threads,
-            release_bytes=not isinstance(bundle_dir, Bundle),
-            check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs),
-            cache=cache,
+            bundle, device, tuning, intra_threads, release_bytes=not isinstance(bundle_dir, Bundle),
+            check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs), cache=cache,
         )
         self.device, self.device_reason = s.device, s.device_reason
         self.encoder, self.decoder = s.encoder, s.decoder
         self.decoder_variant, self.decoder_reason, self._sessions = s.variant, s.reason, s
-        # every graph checked now; one not loaded yet (the standard decoder) from its file
-        # (runtime/onnx_info.py)
+        # every graph checked now; the standard decoder, not loaded yet, from its file (runtime/onnx_info.py)
         check_graphs(bundle, {**graphs, **s.by_label()}, graphs)
         self.ort_device = "cuda" if self.device == "cuda" else "cpu"
 

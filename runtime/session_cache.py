@@ -15,7 +15,7 @@ whole; a damaged entry that onnxruntime refuses is made again.
 
 The cache costs disk: each graph's weights twice (as stored and packed), about 2.8x the bundle at
 OPUS-MT size. It is off unless a directory is given (Translator's `cache_dir`, `--cache-dir`); entries
-are never removed here (delete the directory to reclaim the space).
+are never removed here (delete the directory to reclaim the space), only what an interrupted build left.
 """
 
 from __future__ import annotations
@@ -25,12 +25,17 @@ import json
 import os
 import platform
 import shutil
+import re
 import tempfile
+import time
 from pathlib import Path
 
 # bumped when what an entry holds or how it is keyed changes
 CACHE_FORMAT = 1
 _MODEL, _DATA = "model.onnx", "model.data"
+# an entry being made (build's staging directory); one older than STALE_S was left by a process that died
+_STAGING = re.compile(r"\.[0-9a-f]{32}-[A-Za-z0-9_]+")
+STALE_S = 3600
 
 
 def cpu_identity() -> str:
@@ -92,6 +97,15 @@ class SessionCache:
                 f"cache_dir={str(root)!r} cannot be used ({e.strerror or e}); give a writable directory"
             ) from None
 
+    def drop_stale(self) -> None:
+        """Removes staging directories an interrupted build left (older than STALE_S); nothing else."""
+        for path in self.root.iterdir():
+            try:
+                if _STAGING.fullmatch(path.name) and time.time() - path.stat().st_mtime > STALE_S:
+                    shutil.rmtree(path, ignore_errors=True)
+            except OSError:
+                pass  # another process removed or renamed it meanwhile
+
     def model(self, key: str) -> Path | None:
         """The cached graph of `key`, or None where there is none yet."""
         path = self.root / key / _MODEL
@@ -111,6 +125,7 @@ class SessionCache:
             The session make returned; the entry is in place unless another process put one there first
             (then that one stays) or the disk refused it (then the session is returned all the same).
         """
+        self.drop_stale()
         staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=self.root))
         try:
 

@@ -2,6 +2,9 @@
 on a first load and used by the next, computing what an uncached Translator computes."""
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from seq2onnx.runtime import session_cache
@@ -87,3 +90,22 @@ def test_a_cache_dir_that_is_a_file_is_refused(bundle):
     with pytest.raises(ValueError, match="cache_dir=.*is not a directory"):
         Translator(bundle, device="cpu", cache_dir=path)
     assert path.read_text() == "mine"
+
+
+def test_a_build_removes_what_an_interrupted_build_left_and_nothing_else(bundle):
+    cache = scratch("cache") / "c"
+    cache.mkdir(parents=True)
+    stale = cache / f".{'a' * 32}-x1y2z3"  # an older process died while making this entry
+    fresh = cache / f".{'b' * 32}-q7w8e9"  # another process is making this one now
+    for path in (stale, fresh):
+        path.mkdir()
+        (path / "model.data").write_bytes(b"partial")
+    mine = cache / ".notes"
+    mine.write_text("not the cache's")
+    old = time.time() - session_cache.STALE_S - 60
+    os.utime(stale, (old, old))
+    Translator(bundle, device="cpu", cache_dir=cache)
+    assert not stale.exists()
+    assert (fresh / "model.data").read_bytes() == b"partial"
+    assert mine.read_text() == "not the cache's"
+    assert len(_entries(cache)) == 2

@@ -20,12 +20,13 @@ are never removed here (delete the directory to reclaim the space), only what an
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import platform
-import shutil
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ _STAGING = re.compile(r"\.[0-9a-f]{32}-[A-Za-z0-9_]+")
 STALE_S = 3600
 
 
+@functools.cache  # read once per process, not once per graph
 def cpu_identity() -> str:
     """The CPU's model and instruction-set flags (Linux's /proc/cpuinfo), or the platform's words."""
     try:

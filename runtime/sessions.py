@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from .bundle import DECODER_LABELS, STANDARD, Bundle, BundleError
 from .fused_step import pick_decoder
 from .options import SessionTuning, spin_settings
-from .session_cache import SessionCache, entry_key
 from .ort_install import import_onnxruntime
+from .session_cache import SessionCache, entry_key
 from .u8s8_probe import precision_entries
 
 ort = import_onnxruntime()  # names a missing or doubly installed onnxruntime, with the fix
@@ -322,11 +322,10 @@ def _session_loader(
                 configure(options)
             return ort.InferenceSession(data, options, providers=providers)
 
-        def make(save=None):
-            extra = () if save is None else (save,)
+        def make(*configures):  # build's configure saves the optimized graph (runtime/session_cache.py)
             if weights is None:
-                return create(*extra)
-            return weights.open_session(lambda configure: create(configure, *extra))
+                return create(*configures)
+            return weights.open_session(lambda configure: create(configure, *configures))
 
         if cache is None:
             session = make()
@@ -338,17 +337,22 @@ def _session_loader(
                 bundle.data.pop(label, None)  # made: these bytes are needed no more
         return session
 
-    def checked(label: str):
-        try:
-            return load(label)
-        except Exception as e:  # onnxruntime raises its own types for unreadable graphs
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise BundleError(
-                f"{bundle.file(label)}: onnxruntime cannot load this graph ({first[:300]}); "
-                f"re-export the bundle (files.{label})"
-            ) from e
+    return lambda label: _named(bundle, label, load)
 
-    return checked
+
+def _named(bundle: Bundle, label: str, load):
+    """load(label), its failure named: onnxruntime's as a graph it cannot load (BundleError, the file and
+    the fix); a BundleError (a damaged weights file found by the cache's wait for its hash) as it is."""
+    try:
+        return load(label)
+    except BundleError:
+        raise
+    except Exception as e:  # onnxruntime raises its own types for unreadable graphs
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BundleError(
+            f"{bundle.file(label)}: onnxruntime cannot load this graph ({first[:300]}); "
+            f"re-export the bundle (files.{label})"
+        ) from e
 
 
 def _from_cache(cache, data, make, tuning, intra_threads, graph, weights, quantized):

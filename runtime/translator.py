@@ -101,9 +101,9 @@ class Translator:
         # Every file is read once, hash-checked on those bytes, and every session and tokenizer is made
         # from them: a bundle replaced on disk later cannot mix into this one (runtime/bundle.py).
         own = not isinstance(bundle_dir, Bundle)
-        bundle = bundle_dir if not own else read_bundle(
+        bundle = read_bundle(
             bundle_dir, check_hashes=check_hashes, defer_weights_hash=True
-        )
+        ) if own else bundle_dir
         with verified(bundle.weights):  # hashed while the sessions are made; checked before anything else
             self._load(bundle, bundle_dir, device, tuning, intra_threads, cache)
         if own:

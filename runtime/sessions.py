@@ -235,8 +235,14 @@ def open_sessions(
     # The decoder first: packing its largest weight (a tied projection, 1 GB at NLLB-600M size) maps
     # the table while its packed copy is made; done before the encoder's weights are packed, the
     # load's peak holds the table twice beside the decoder alone (docs/optimisation-notes.md row 37).
-    variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
-    encoder = checked("encoder")
+    encoder_beside = _Beside(checked, "encoder") if picked == "cpu" and _packs_small(bundle) else None
+    try:
+        variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
+    except BaseException:
+        if encoder_beside is not None:
+            encoder_beside.wait()  # no session goes on being made after a failed load returns
+        raise
+    encoder = checked("encoder") if encoder_beside is None else encoder_beside.session()
     if picked == "cuda" and decoder.get_providers()[0] != "CUDAExecutionProvider":
         if device == "cuda":
             raise RuntimeError(
@@ -260,6 +266,52 @@ def open_sessions(
         return session
 
     return Sessions(picked, why, encoder, decoder, variant, reason, None, load_standard)
+
+
+# A bundle whose weights file is smaller makes its encoder's session beside its decoder's, in a thread of
+# its own: onnxruntime lets go of the GIL while it packs weights, so on two cores or more the load takes
+# about the longer of the two (OPUS-MT size: 0.34 -> 0.26 s, docs/optimisation-notes.md row 43). A larger
+# one makes them one after the other, the decoder first: there the decoder's tied table, mapped while it
+# is packed, would otherwise sit beside the encoder's packed weights at the load's peak (row 37).
+BESIDE_MAX_BYTES = 1 << 30
+
+
+def _packs_small(bundle: Bundle) -> bool:
+    """Whether the bundle's weights file (where it has none, the files read) is under BESIDE_MAX_BYTES."""
+    if bundle.weights is not None:
+        return bundle.weights.size < BESIDE_MAX_BYTES
+    return sum(len(data) for data in bundle.data.values()) < BESIDE_MAX_BYTES
+
+
+class _Beside:
+    """checked(label) run in a thread of its own while the caller makes another session."""
+
+    def __init__(self, checked: Callable[[str], object], label: str):
+        self._outcome: dict = {}
+
+        def run():
+            try:
+                self._outcome["session"] = checked(label)
+            except BaseException as e:  # raised in the caller's thread by session()
+                self._outcome["error"] = e
+
+        self._thread = threading.Thread(target=run, name=f"seq2onnx-load-{label}", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Waits for the thread, whatever it made or raised."""
+        self._thread.join()
+
+    def session(self):
+        """The session made, once made.
+
+        Raises:
+            What checked(label) raised (BundleError naming the file).
+        """
+        self.wait()
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return self._outcome["session"]
 
 
 def _refuse_inexact_int8(bundle: Bundle, tuning: SessionTuning) -> None:

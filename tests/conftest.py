@@ -26,7 +26,7 @@ else:  # tiny models run fastest on one thread; on a shared 2-core machine more 
 # only tiny_bundle()'s prebuilt bundles (fp32 and int8). Keep a new runtime test file in this list.
 RUNTIME_FILES = ("test_bad_bundles.py", "test_bundle_spec.py", "test_bundle_trust.py", "test_fuzz.py",
                  "test_runtime_api.py", "test_runtime_memory.py", "test_runtime_search.py",
-                 "test_session_cache.py", "test_translate_cli.py")
+                 "test_session_cache.py", "test_session_load.py", "test_translate_cli.py")
 # Their tests that need the training side ([train]), left out of the runtime-only run: the PyTorch oracle
 # (model/search.py), or onnx to build a graph. (onnx stays out of that venv: the runtime must not need it.)
 NEEDS_TRAIN = ("test_runtime_search.py::test_beam_equals_torch_oracle",

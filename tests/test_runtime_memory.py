@@ -53,14 +53,24 @@ def test_each_graphs_bytes_go_once_its_session_is_made(monkeypatch):
 
     monkeypatch.setattr(translator_module, "read_bundle", reading)
     monkeypatch.setattr(sessions.ort, "InferenceSession", Recording)
+    # A bundle of large weights: the fused decoder first (runtime/sessions.py says why), then the encoder;
+    # the standard decoder (its graph small: its tensors are in the weights file) waits until asked for.
+    monkeypatch.setattr(sessions, "BESIDE_MAX_BYTES", 0)
     t = Translator(tiny_bundle(), device="cpu")
     assert t.decoder_variant == "fused"
-    # the fused decoder first (runtime/sessions.py says why), then the encoder; the standard decoder (its
-    # graph small: its tensors are in the weights file) waits until it is asked for
     assert seen == [GRAPHS, GRAPHS - {names.DECODER_LABELS["fused"]}]
     assert t.translate(TEXTS[0])
     assert t.standard_decoder is not None
     assert seen[2:] == [GRAPHS - {"encoder", names.DECODER_LABELS["fused"]}]
+
+    # a small one makes the two at once (which starts first is the threads'), and holds neither after
+    seen.clear()
+    monkeypatch.undo()
+    monkeypatch.setattr(translator_module, "read_bundle", reading)
+    monkeypatch.setattr(sessions.ort, "InferenceSession", Recording)
+    t = Translator(tiny_bundle(), device="cpu")
+    assert len(seen) == 2 and seen[0] == GRAPHS
+    assert set(read[-1].data) & GRAPHS == GRAPHS - {"encoder", names.DECODER_LABELS["fused"]}
 
     bundle = read_bundle(tiny_bundle())
     seen.clear()

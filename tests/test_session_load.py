@@ -1,0 +1,78 @@
+"""How a Translator makes its sessions: a small bundle's encoder beside its decoder (runtime/sessions.py
+BESIDE_MAX_BYTES), a large one's one after the other, and failures named from either thread."""
+
+from __future__ import annotations
+
+import threading
+
+import onnxruntime as ort
+import pytest
+
+from seq2onnx.runtime import sessions as sessions_module
+from seq2onnx.runtime.bundle import BundleError
+from seq2onnx.runtime.translator import Translator
+from tiny import copy_bundle, tiny_bundle
+
+
+@pytest.fixture
+def threads_making(monkeypatch):
+    """The names of the threads each onnxruntime session of this test was made in."""
+    names: list[str] = []
+    real = ort.InferenceSession
+
+    class Recording(real):
+        def __init__(self, *args, **kwargs):
+            names.append(threading.current_thread().name)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", Recording)
+    return names
+
+
+def _unrunnable(bundle, name: str) -> None:
+    """Gives a graph of `bundle` an operator onnxruntime does not have, a name of the same length in the
+    same bytes (no onnx needed: this file runs in the runtime-only run): a graph that parses, and that
+    onnxruntime refuses when it makes the session."""
+    path = bundle / name
+    raw = path.read_bytes()
+    op_type = b"\x22\x06Gather"  # NodeProto.op_type (field 4, length 6)
+    assert op_type in raw, name
+    path.write_bytes(raw.replace(op_type, b"\x22\x06Gathex", 1))
+
+
+def _load_threads_alive() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("seq2onnx-load-")]
+
+
+def test_a_small_bundle_makes_its_encoder_beside_its_decoder(threads_making):
+    translator = Translator(tiny_bundle(), device="cpu")
+    assert "seq2onnx-load-encoder" in threads_making
+    assert threads_making.count(threading.current_thread().name) >= 1  # the decoder, in the caller's
+    assert translator.translate("a b c") == Translator(tiny_bundle(), device="cpu").translate("a b c")
+    assert _load_threads_alive() == []
+
+
+def test_a_large_bundle_makes_its_sessions_one_after_the_other(threads_making, monkeypatch):
+    # above the limit the decoder's table, mapped while it is packed, must not meet the encoder's weights
+    monkeypatch.setattr(sessions_module, "BESIDE_MAX_BYTES", 0)
+    Translator(tiny_bundle(), device="cpu")
+    assert threads_making and set(threads_making) == {threading.current_thread().name}
+
+
+def test_an_encoder_onnxruntime_cannot_load_is_named_from_its_thread(threads_making):
+    damaged = copy_bundle(tiny_bundle(), "encoder-garbage")
+    _unrunnable(damaged, "encoder.onnx")
+    with pytest.raises(BundleError, match=r"encoder\.onnx: onnxruntime cannot load this graph.*files\.encoder"):
+        Translator(damaged, device="cpu", check_hashes=False)
+    assert "seq2onnx-load-encoder" in threads_making
+    assert _load_threads_alive() == []
+
+
+def test_a_decoder_that_fails_waits_for_the_encoders_thread(threads_making):
+    damaged = copy_bundle(tiny_bundle(), "decoders-garbage")
+    for name in ("decoder.onnx", "decoder_fused.onnx"):
+        _unrunnable(damaged, name)
+    with pytest.raises(BundleError, match=r"decoder(_fused)?\.onnx: onnxruntime cannot load this graph"):
+        Translator(damaged, device="cpu", check_hashes=False)
+    assert "seq2onnx-load-encoder" in threads_making
+    assert _load_threads_alive() == []  # no session goes on being made after the error

@@ -1,6 +1,7 @@
 """Checkpoint -> bundle directory: the two graphs, the tokenizers and bundle.json, written atomically."""
 from __future__ import annotations
 
+import gc
 import json
 import platform
 import shutil
@@ -116,10 +117,14 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
     out = Path(out)
     with building(out, force, "bundle", ckpt) as tmp:
         model, _, ckpt_dir = checkpoint.load(ckpt)
-        scheme = write_graphs(model, tmp, dtype, quantize, fused)
+        scheme = stage_graphs(model, tmp, dtype, quantize, fused)
+        cfg = model.cfg
+        del model  # the staged graphs hold its tensors: the store needs the memory more
+        gc.collect()
+        store_graphs(tmp, fused)
         shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
-        write_meta(tmp, model, source=ckpt_dir.name, dtype=dtype, quantize=quantize, fused=fused,
+        write_meta(tmp, cfg, source=ckpt_dir.name, dtype=dtype, quantize=quantize, fused=fused,
                    scheme=scheme)
         validate(tmp)
     return out
@@ -147,15 +152,30 @@ def write_graphs(model, directory: Path, dtype: str, quantize: str | None, fused
     """Writes the encoder, the decoder step and (when fused) the fused decoder, quantized when asked, their
     large initializers in one weights file, each distinct tensor once (export/weights.py).
 
-    Streamed: each tensor goes to a staging file as it is made (no graph is held with its weights, so
-    any size past protobuf's 2 GiB is fine), then the tensors the graphs use are copied into the
-    weights file and the staging file is removed.
+    stage_graphs, then store_graphs: a caller that can let the model go between the two (as the exports
+    do) keeps the store's peak memory below the model's size.
 
     Returns:
         The quantization scheme (export/quantize.py), or None.
     """
+    scheme = stage_graphs(model, directory, dtype, quantize, fused)
+    store_graphs(directory, fused)
+    return scheme
+
+
+def _graph_files(fused: bool) -> dict[str, str]:
     graphs = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
-    graphs = {k: v for k, v in graphs.items() if v.endswith(".onnx")}
+    return {k: v for k, v in graphs.items() if v.endswith(".onnx")}
+
+
+def stage_graphs(model, directory: Path, dtype: str, quantize: str | None, fused: bool) -> dict | None:
+    """Writes the graphs (write_graphs' list), each tensor to a staging file as it is made: no graph is
+    held with its weights, so any size past protobuf's 2 GiB is fine. After this the graphs need nothing
+    of the model.
+
+    Returns:
+        The quantization scheme (export/quantize.py), or None.
+    """
     scheme = None
     with TensorWriter(directory / STAGING_FILE) as writer:
         export_graphs(model, directory, dtype=torch.float16 if dtype == "float16" else torch.float32,
@@ -163,23 +183,29 @@ def write_graphs(model, directory: Path, dtype: str, quantize: str | None, fused
         if fused:
             export_fused_decoder(model, directory, writer)
         if quantize == "int8":
-            scheme = quantize_graphs(directory, graphs, contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS),
-                                     writer=writer)
-    # the fused decoder first: its stacked QKV weights are stored whole, the standard decoder's Q, K, V
-    # as their parts
-    store_weights(directory, sorted(graphs.values(), key=lambda name: name != fmt.FUSED_DECODER_FILE))
-    for name in graphs.values():  # each graph again from its file, now with its external data
-        check_stored_graph(directory / name)
+            scheme = quantize_graphs(directory, _graph_files(fused),
+                                     contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS), writer=writer)
     return scheme
 
 
-def write_meta(directory: Path, model, *, source: str, dtype: str, quantize: str | None, fused: bool,
+def store_graphs(directory: Path, fused: bool) -> None:
+    """Copies the tensors the staged graphs use into the weights file, each distinct one once, removes the
+    staging file, and checks each graph again from its file with its external data."""
+    graphs = _graph_files(fused)
+    # the fused decoder first: its stacked QKV weights are stored whole, the standard decoder's Q, K, V
+    # as their parts
+    store_weights(directory, sorted(graphs.values(), key=lambda name: name != fmt.FUSED_DECODER_FILE))
+    for name in graphs.values():
+        check_stored_graph(directory / name)
+
+
+def write_meta(directory: Path, cfg, *, source: str, dtype: str, quantize: str | None, fused: bool,
                scheme: dict | None = None, decoding: dict | None = None, extra: dict | None = None) -> None:
     """Writes bundle.json (and config.json, for humans) for the files in `directory`.
 
     Args:
         directory: the bundle being written; the vocabulary maps are listed when present.
-        model: the exported Transformer.
+        cfg: the exported Transformer's ModelConfig.
         source: what it was exported from (bundle.json's source_checkpoint).
         dtype, quantize, fused, scheme: as exported.
         decoding: the decoding defaults (DECODING_DEFAULTS when None).
@@ -187,7 +213,6 @@ def write_meta(directory: Path, model, *, source: str, dtype: str, quantize: str
     """
     import onnx
 
-    cfg = model.cfg
     keys = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
     keys.update({k: v for k, v in fmt.OPTIONAL_FILE_KEYS.items() if k not in fmt.OPTIONAL_GRAPH_KEYS
                  and (directory / v).is_file()})
@@ -224,7 +249,7 @@ def write_meta(directory: Path, model, *, source: str, dtype: str, quantize: str
     }
     meta.update(extra or {})
     (directory / fmt.BUNDLE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    model.cfg.save(directory / "config.json")  # the same config, beside the graphs, for humans
+    cfg.save(directory / "config.json")  # the same config, beside the graphs, for humans
 
 
 def validate(directory: Path) -> None:
@@ -237,6 +262,7 @@ def validate(directory: Path) -> None:
 
     bundle = fmt.read_bundle(directory)  # read once; each Translator loads from these bytes
     for variant_ in bundle.decoder_variants:
-        translator = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=variant_))
+        # unpacked: a packed copy of every weight would be the export's peak (optimisation-notes row 44)
+        translator = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=variant_, prepack=False))
         translator.translate_batch([[4, 5, 6]], beam_size=2, max_decoding_length=3)
         del translator  # one set of sessions at a time: a large model's sessions hold gigabytes

@@ -219,6 +219,11 @@ class SessionTuning:
             "fused" (an error where the fused one cannot run), for measuring and testing both.
         tf32: let onnxruntime's CUDA provider use TF32 for float32 products (faster on Ampere and later,
             ~1e-3 relative error: token parity with the checkpoint no longer holds). Off by default.
+        prepack: let onnxruntime pack each weight into its GEMM kernels' layout when a session is made
+            (the default). Off (`session.disable_prepacking`), a session reads the weights file's mapped
+            pages as they are: slower products, but no second copy of every weight. The export's check
+            of a bundle turns it off: one short decode needs no fast products, and the exporter's
+            memory peaks there (docs/optimisation-notes.md row 44).
 
     Raises:
         OptionError: a value outside its choices.
@@ -229,11 +234,13 @@ class SessionTuning:
     thread_spinning: str = "bounded"
     decoder: str = "auto"
     tf32: bool = False
+    prepack: bool = True
 
     def __post_init__(self) -> None:
         _choice("optimization", self.optimization, ("all", "extended", "basic", "none"))
         _bool("top_k_from_graph", self.top_k_from_graph)
         _bool("tf32", self.tf32)
+        _bool("prepack", self.prepack)
         _choice("thread_spinning", self.thread_spinning, SPINNING)
         _choice("decoder", self.decoder, ("auto", "standard", "fused"))
 

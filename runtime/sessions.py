@@ -123,9 +123,12 @@ def session_options(
 
 
 def session_entries(tuning: SessionTuning, graph: str) -> dict[str, str]:
-    """The config entries session_options sets: thread spinning, and on x86 without VNNI the exact u8 x u8
-    products of int8 graphs (runtime/u8s8_probe.py)."""
-    return {**spin_settings(tuning.thread_spinning, graph, ort.__version__), **precision_entries(ort)}
+    """The config entries session_options sets: thread spinning, on x86 without VNNI the exact u8 x u8
+    products of int8 graphs (runtime/u8s8_probe.py), and no packing where tuning.prepack is off."""
+    entries = {**spin_settings(tuning.thread_spinning, graph, ort.__version__), **precision_entries(ort)}
+    if not tuning.prepack:
+        entries["session.disable_prepacking"] = "1"
+    return entries
 
 
 @dataclass

@@ -13,7 +13,15 @@ import shutil
 from pathlib import Path
 
 from seq2onnx import atomic
-from seq2onnx.export.bundle import ExportError, _is_bundle, check_options, validate, write_graphs, write_meta
+from seq2onnx.export.bundle import (
+    ExportError,
+    _is_bundle,
+    check_options,
+    stage_graphs,
+    store_graphs,
+    validate,
+    write_meta,
+)
 from seq2onnx.runtime import bundle as fmt
 
 from .family import Family
@@ -76,7 +84,10 @@ def export_hf_bundle(
     with atomic.building(
         out, force, "bundle", error=ExportError, inputs={"the model directory": model_dir}, ours=_is_bundle
     ) as tmp:
-        scheme = write_graphs(model, tmp, dtype, quantize, fused)
+        scheme = stage_graphs(model, tmp, dtype, quantize, fused)
+        del model  # the staged graphs hold its tensors (the safetensors' pages): the store needs the memory
+        gc.collect()
+        store_graphs(tmp, fused)
         shutil.copyfile(files.source_spm, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(files.target_spm, tmp / fmt.TARGET_SPM)
         (tmp / fmt.SOURCE_VOCAB).write_bytes(files.source_map.astype("<i4").tobytes())
@@ -95,7 +106,7 @@ def export_hf_bundle(
         }
         write_meta(
             tmp,
-            model,
+            cfg,
             source=model_dir.name,
             dtype=dtype,
             quantize=quantize,
@@ -104,8 +115,6 @@ def export_hf_bundle(
             decoding=decoding,
             extra={"tokens": files.tokens, "imported_from": origin},
         )
-        del model  # the validation's sessions need the memory more
-        gc.collect()
         validate(tmp)
     return out
 

@@ -117,11 +117,9 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
     out = Path(out)
     with building(out, force, "bundle", ckpt) as tmp:
         model, _, ckpt_dir = checkpoint.load(ckpt)
-        scheme = stage_graphs(model, tmp, dtype, quantize, fused)
-        cfg = model.cfg
-        del model  # the staged graphs hold its tensors: the store needs the memory more
-        gc.collect()
-        store_graphs(tmp, fused)
+        cfg, owner = model.cfg, [model]
+        del model  # write_graphs_owned lets it go once its graphs are staged
+        scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused)
         shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
         write_meta(tmp, cfg, source=ckpt_dir.name, dtype=dtype, quantize=quantize, fused=fused,
@@ -152,15 +150,12 @@ def write_graphs(model, directory: Path, dtype: str, quantize: str | None, fused
     """Writes the encoder, the decoder step and (when fused) the fused decoder, quantized when asked, their
     large initializers in one weights file, each distinct tensor once (export/weights.py).
 
-    stage_graphs, then store_graphs: a caller that can let the model go between the two (as the exports
-    do) keeps the store's peak memory below the model's size.
+    The caller keeps `model`; write_graphs_owned lets it go as soon as its graphs are staged.
 
     Returns:
         The quantization scheme (export/quantize.py), or None.
     """
-    scheme = stage_graphs(model, directory, dtype, quantize, fused)
-    store_graphs(directory, fused)
-    return scheme
+    return write_graphs_owned([model], directory, dtype, quantize, fused)
 
 
 def _graph_files(fused: bool) -> dict[str, str]:
@@ -168,23 +163,34 @@ def _graph_files(fused: bool) -> dict[str, str]:
     return {k: v for k, v in graphs.items() if v.endswith(".onnx")}
 
 
-def stage_graphs(model, directory: Path, dtype: str, quantize: str | None, fused: bool) -> dict | None:
-    """Writes the graphs (write_graphs' list), each tensor to a staging file as it is made: no graph is
-    held with its weights, so any size past protobuf's 2 GiB is fine. After this the graphs need nothing
-    of the model.
+def write_graphs_owned(
+    owner: list, directory: Path, dtype: str, quantize: str | None, fused: bool
+) -> dict | None:
+    """write_graphs, taking the model out of `owner` (a one-item list holding the caller's only reference):
+    the model is let go once its graphs are staged, so that the int8 rewrite and the store run without it
+    (at OPUS-MT size its 296 MB were the int8 export's peak, beside the table being quantized).
+
+    Streamed: each tensor goes to a staging file as it is made (no graph is held with its weights, so any
+    size past protobuf's 2 GiB is fine), then the tensors the graphs use are copied into the weights file
+    and the staging file is removed.
 
     Returns:
         The quantization scheme (export/quantize.py), or None.
     """
+    graphs = _graph_files(fused)
     scheme = None
     with TensorWriter(directory / STAGING_FILE) as writer:
+        model = owner.pop()
         export_graphs(model, directory, dtype=torch.float16 if dtype == "float16" else torch.float32,
                       writer=writer)
         if fused:
             export_fused_decoder(model, directory, writer)
+        del model  # the staged graphs hold its tensors from here on
+        gc.collect()
         if quantize == "int8":
-            scheme = quantize_graphs(directory, _graph_files(fused),
-                                     contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS), writer=writer)
+            scheme = quantize_graphs(directory, graphs, contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS),
+                                     writer=writer)
+    store_graphs(directory, fused)
     return scheme
 
 

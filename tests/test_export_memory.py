@@ -48,22 +48,27 @@ def _live_transformers() -> int:
 
 
 @pytest.mark.parametrize("which", ["checkpoint", "hf"])
-def test_the_model_is_let_go_before_its_tensors_are_stored(which, tmp_path, monkeypatch):
-    seen: list[int] = []
-    module = export_bundle_module if which == "checkpoint" else hf_bundle_module
-    real_store = module.store_graphs
+def test_the_model_is_let_go_before_the_int8_rewrite_and_the_store(which, tmp_path, monkeypatch):
+    seen: dict[str, int] = {}
+    real_store, real_quantize = export_bundle_module.store_graphs, export_bundle_module.quantize_graphs
 
-    def store(directory, fused):
-        seen.append(_live_transformers())
-        return real_store(directory, fused)
+    def store(*args, **kwargs):
+        seen["store"] = _live_transformers()
+        return real_store(*args, **kwargs)
 
-    monkeypatch.setattr(module, "store_graphs", store)
+    def quantize(*args, **kwargs):
+        seen["int8"] = _live_transformers()
+        return real_quantize(*args, **kwargs)
+
+    monkeypatch.setattr(export_bundle_module, "store_graphs", store)
+    monkeypatch.setattr(export_bundle_module, "quantize_graphs", quantize)
     before = _live_transformers()
     if which == "checkpoint":
-        export_bundle_module.export_bundle(tiny_run(), tmp_path / "bundle")
+        export_bundle_module.export_bundle(tiny_run(), tmp_path / "bundle", quantize="int8")
     else:
-        hf_bundle_module.export_hf_bundle(F.random_model("marian"), tmp_path / "bundle")
-    assert seen == [before]  # no Transformer of this export alive while the weights file is written
+        hf_bundle_module.export_hf_bundle(F.random_model("marian"), tmp_path / "bundle", quantize="int8")
+    # no Transformer of this export alive while the tables are quantized and the weights file is written
+    assert seen == {"int8": before, "store": before}
     assert Translator(tmp_path / "bundle", device="cpu").translate(TEXTS[0])
 
 

@@ -7,7 +7,6 @@ tokenize to the model's ids (export/hf/tokens.py), and decoding defaults from ge
 
 from __future__ import annotations
 
-import gc
 import json
 import shutil
 from pathlib import Path
@@ -17,9 +16,8 @@ from seq2onnx.export.bundle import (
     ExportError,
     _is_bundle,
     check_options,
-    stage_graphs,
-    store_graphs,
     validate,
+    write_graphs_owned,
     write_meta,
 )
 from seq2onnx.runtime import bundle as fmt
@@ -80,14 +78,12 @@ def export_hf_bundle(
     if files.unk_id != cfg.unk_id:
         model.cfg = cfg = type(cfg)(**{**cfg.to_dict(), "unk_id": files.unk_id})
     decoding = family.decoding_defaults(imported.generation, config, cfg.max_positions)
-    del imported  # the model alone holds the weights from here on
+    owner = [model]
+    del imported, model  # write_graphs_owned lets it go once its graphs are staged
     with atomic.building(
         out, force, "bundle", error=ExportError, inputs={"the model directory": model_dir}, ours=_is_bundle
     ) as tmp:
-        scheme = stage_graphs(model, tmp, dtype, quantize, fused)
-        del model  # the staged graphs hold its tensors (the safetensors' pages): the store needs the memory
-        gc.collect()
-        store_graphs(tmp, fused)
+        scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused)
         shutil.copyfile(files.source_spm, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(files.target_spm, tmp / fmt.TARGET_SPM)
         (tmp / fmt.SOURCE_VOCAB).write_bytes(files.source_map.astype("<i4").tobytes())

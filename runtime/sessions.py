@@ -238,14 +238,15 @@ def open_sessions(
     # The decoder first: packing its largest weight (a tied projection, 1 GB at NLLB-600M size) maps
     # the table while its packed copy is made; done before the encoder's weights are packed, the
     # load's peak holds the table twice beside the decoder alone (docs/optimisation-notes.md row 37).
-    encoder_beside = _Beside(checked, "encoder") if picked == "cpu" and _packs_small(bundle) else None
+    small = picked == "cpu" and _packs_small(bundle)
+    encoder_beside = Beside(lambda: checked("encoder"), "encoder") if small else None
     try:
         variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
     except BaseException:
         if encoder_beside is not None:
             encoder_beside.wait()  # no session goes on being made after a failed load returns
         raise
-    encoder = checked("encoder") if encoder_beside is None else encoder_beside.session()
+    encoder = checked("encoder") if encoder_beside is None else encoder_beside.result()
     if picked == "cuda" and decoder.get_providers()[0] != "CUDAExecutionProvider":
         if device == "cuda":
             raise RuntimeError(
@@ -286,35 +287,36 @@ def _packs_small(bundle: Bundle) -> bool:
     return sum(len(data) for data in bundle.data.values()) < BESIDE_MAX_BYTES
 
 
-class _Beside:
-    """checked(label) run in a thread of its own while the caller makes another session."""
+class Beside:
+    """fn() run in a thread of its own while the caller does something else (onnxruntime lets go of the
+    GIL while it makes a session)."""
 
-    def __init__(self, checked: Callable[[str], object], label: str):
+    def __init__(self, fn: Callable[[], object], name: str):
         self._outcome: dict = {}
 
         def run():
             try:
-                self._outcome["session"] = checked(label)
-            except BaseException as e:  # raised in the caller's thread by session()
+                self._outcome["value"] = fn()
+            except BaseException as e:  # raised in the caller's thread by result()
                 self._outcome["error"] = e
 
-        self._thread = threading.Thread(target=run, name=f"seq2onnx-load-{label}", daemon=True)
+        self._thread = threading.Thread(target=run, name=f"seq2onnx-load-{name}", daemon=True)
         self._thread.start()
 
     def wait(self) -> None:
         """Waits for the thread, whatever it made or raised."""
         self._thread.join()
 
-    def session(self):
-        """The session made, once made.
+    def result(self):
+        """What fn() returned, once it has.
 
         Raises:
-            What checked(label) raised (BundleError naming the file).
+            What fn() raised.
         """
         self.wait()
         if "error" in self._outcome:
             raise self._outcome["error"]
-        return self._outcome["session"]
+        return self._outcome["value"]
 
 
 def _refuse_inexact_int8(bundle: Bundle, tuning: SessionTuning) -> None:

@@ -49,6 +49,11 @@ def add(subparsers) -> None:
                         "decoder's, one in-place cache for every row (serve/fused_rounds.py), where the "
                         "bundle's fused decoder runs here and takes row_start; else decoder.onnx's. fused: "
                         "refuse to start otherwise; standard: decoder.onnx's (serve/standard_rounds.py)")
+    p.add_argument("--lanes", type=int, default=1,
+                   help="--batching continuous only: schedulers over the same sessions, each running its own "
+                        "rounds (default 1); a request joins the one with the fewest rows in flight. With "
+                        "--intra-threads 1, N lanes keep N cores busy, one lane's Python running while "
+                        "another's decoder step does (docs/serving.md)")
     p.add_argument("--workers", type=int, default=2,
                    help="--batching request only: requests decoded at once, each on a thread of its own "
                         "(default 2)")
@@ -84,6 +89,8 @@ def _check(args) -> None:
     """Raises CommandError for an option out of its range (before the bundle is loaded)."""
     if not 0 <= args.port <= 65535:
         raise CommandError(f"--port {args.port}: give 1..65535, or 0 for a free port")
+    if args.lanes < 1:
+        raise CommandError(f"--lanes {args.lanes}: give an int >= 1 (schedulers over the same sessions)")
     if args.workers < 1:
         raise CommandError(f"--workers {args.workers}: give an int >= 1 (requests decoded at once)")
     for option, _, _ in LIMITS:
@@ -106,7 +113,7 @@ def _engine(args, translator):
     from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder
 
     try:
-        return ContinuousEngine(translator, max_rows=args.max_rows, decoder=args.rounds)
+        return ContinuousEngine(translator, max_rows=args.max_rows, decoder=args.rounds, lanes=args.lanes)
     except (NoServingDecoder, ValueError) as e:  # ValueError: --rounds fused where it cannot run
         raise CommandError(str(e)) from None
 

@@ -76,9 +76,10 @@ def compare(sentences: list[str], served: list[dict], alone: list) -> dict:
 
 
 def as_text(report: dict) -> str:
-    lines = [f"token identity of `seq2onnx serve --batching {report['batching']}`: {report['sentences']} "
-             f"sentences, {report['clients']} concurrent clients, one sentence per request, against "
-             "Translator.translate_batch([sentence]) alone in-process"]
+    lanes = report.get("lanes", 1)
+    lines = [f"token identity of `seq2onnx serve --batching {report['batching']} --lanes {lanes}`: "
+             f"{report['sentences']} sentences, {report['clients']} concurrent clients, one sentence per "
+             "request, against Translator.translate_batch([sentence]) alone in-process"]
     for label, r in report["results"].items():
         lines.append(f"{label}: {r['identical']}/{r['total']} identical, {len(r['differences'])} differ, "
                      f"{len(r['errors'])} failed requests")
@@ -106,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the server's batching (default continuous)")
     p.add_argument("--intra-threads", type=int, default=2,
                    help="the server's onnxruntime threads (default 2)")
+    p.add_argument("--lanes", type=int, default=1,
+                   help="the server's --lanes, with --batching continuous (default 1)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA,
                    help="TSV of sentences (default: Tatoeba cmn.txt)")
     p.add_argument("--src-col", type=int, default=1, help="its column of source texts (default 1: Chinese)")
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serve_identity: {e}", file=sys.stderr)
         return 2
     cmd = [sys.executable, "-m", "seq2onnx.commands", "serve", str(args.bundle), "--batching", args.batching,
-           "--intra-threads", str(args.intra_threads), "--device", "cpu",
+           "--intra-threads", str(args.intra_threads), "--device", "cpu", "--lanes", str(args.lanes),
            "--timeout", str(args.request_timeout)]
     served = {}
     log(f"starting {' '.join(cmd[2:])}")
@@ -147,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     from seq2onnx.runtime.translator import Translator
 
     tr = Translator(args.bundle, device="cpu", intra_threads=args.intra_threads)
-    report = {"bundle": str(args.bundle), "batching": args.batching, "sentences": len(sentences),
-              "clients": args.clients, "data": str(args.data), "src_col": args.src_col, "results": {}}
+    report = {"bundle": str(args.bundle), "batching": args.batching, "lanes": args.lanes,
+              "sentences": len(sentences), "clients": args.clients, "data": str(args.data),
+              "src_col": args.src_col, "results": {}}
     for beam in args.beams:
         t = time.perf_counter()
         alone = [tr.translate_batch([s], beam_size=beam, return_scores=True)[0] for s in sentences]

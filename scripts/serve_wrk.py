@@ -340,6 +340,11 @@ def servers(args) -> list[tuple[str, str, list[str]]]:
             at = argv.index("--intra-threads") + 1
             for intra in args.continuous_intra:
                 out.append((name, f"intra {intra}", argv[:at] + [str(intra)] + argv[at + 1 :]))
+            for lanes in (n for n in args.continuous_lanes if n > 1):  # N schedulers, the threads split
+                intra = max(1, args.threads // lanes)
+                setting = f"lanes {lanes} x intra {intra}"
+                lane_argv = argv[:at] + [str(intra)] + argv[at + 1 :] + ["--lanes", str(lanes)]
+                out.append((name, setting, lane_argv))
         elif k in (args.request_workers if name == "request" else args.ct2_inter):
             out.append((name, setting, argv))
     if "ceiling" in args.servers:
@@ -465,6 +470,14 @@ def build_parser() -> argparse.ArgumentParser:
         "serves the front end better than the products)",
     )
     p.add_argument(
+        "--continuous-lanes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="continuous settings tried besides: --lanes L with intra T/L, for each L > 1 (default 1: none; "
+        "seq2onnx serve --lanes: L schedulers over the same sessions)",
+    )
+    p.add_argument(
         "--ct2-inter",
         type=int,
         nargs="+",
@@ -545,6 +558,10 @@ def main(argv: list[str] | None = None) -> int:
         if not all(1 <= n <= args.threads for n in args.continuous_intra):
             raise ValueError(
                 f"--continuous-intra {args.continuous_intra}: each must be 1..--threads ({args.threads})"
+            )
+        if not all(1 <= n <= args.threads for n in args.continuous_lanes):
+            raise ValueError(
+                f"--continuous-lanes {args.continuous_lanes}: each must be 1..--threads ({args.threads})"
             )
         words, sep = source_words(args.bundle)
         _sibling("serve_load").prepare_out(args.out, args.force)

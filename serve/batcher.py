@@ -93,6 +93,11 @@ class Member:
         self.offset: int | None = None
         self.answer = None
 
+    @property
+    def rows(self) -> int:
+        """The rows its search takes at its widest: sentences x width."""
+        return self.src_mask.shape[0] * self.width
+
     def drop(self, keep: np.ndarray) -> None:
         """Finished sentences leave: their encoder outputs go too (`keep`: the sentences still decoding)."""
         self.cross = [c[keep] for c in self.cross]
@@ -123,8 +128,9 @@ class Scheduler:
             last_rows).
     """
 
-    def __init__(self, runner):
+    def __init__(self, runner, name: str = "seq2onnx-scheduler"):
         self.runner = runner
+        self.rows_in_flight = 0  # rows of the searches submitted and not finished (a lane's load)
         self._cond = threading.Condition()
         self._incoming: list[_Search] = []
         self._active: list[_Search] = []  # the rows' order in a round
@@ -134,7 +140,7 @@ class Scheduler:
         self.rounds = 0
         self.last_rows = 0
         self.profile = round_profile()  # SEQ2ONNX_PROFILE_ROUNDS=1: where the rounds' time goes
-        self._thread = threading.Thread(target=self._loop, name="seq2onnx-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, member: Member, program, step) -> concurrent.futures.Future:
@@ -144,9 +150,16 @@ class Scheduler:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
+            rows = member.rows
             self._incoming.append(search)
+            self.rows_in_flight += rows
             self._cond.notify()
+        search.future.add_done_callback(lambda _: self._done(rows))
         return search.future
+
+    def _done(self, rows: int) -> None:
+        with self._cond:
+            self.rows_in_flight -= rows
 
     def close(self) -> None:
         """Refuses new searches; the loop ends once those running are done."""
@@ -339,19 +352,35 @@ class ContinuousEngine(Engine):
         max_rows: as Engine's.
         decoder: the rounds' graph: "auto" (the fused decoder's in-place rounds where they can run),
             "fused" or "standard" (rounds_runner).
+        lanes: schedulers, each with its own rounds and buffers over the same sessions; a search joins the
+            lane with the fewest rows in flight and stays there. With the translator's intra_threads at 1,
+            two lanes keep two cores busy: one lane's Python (its searches' advance, the round's layout)
+            runs while the other's decoder step does, as CTranslate2's inter_threads do.
     Raises:
         NoServingDecoder: a bundle exported before continuous batching (the message says what to do).
+        ValueError: lanes below 1, or as rounds_runner.
     """
 
     batching = "continuous"
 
     def __init__(
-        self, translator: Translator, max_workers: int = 1024, max_rows: int = 1024, decoder: str = "auto"
+        self,
+        translator: Translator,
+        max_workers: int = 1024,
+        max_rows: int = 1024,
+        decoder: str = "auto",
+        lanes: int = 1,
     ):
+        if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
+            raise ValueError(f"lanes={lanes!r}: give an int >= 1 (schedulers over the same sessions)")
         super().__init__(translator, max_rows)
-        runner = rounds_runner(translator, decoder)
-        self.rounds = "fused" if isinstance(runner, FusedRounds) else "standard"  # the graph the rounds run
-        self.scheduler = Scheduler(runner)
+        runners = [rounds_runner(translator, decoder) for _ in range(lanes)]
+        self.rounds = "fused" if isinstance(runners[0], FusedRounds) else "standard"  # the rounds' graph
+        self.schedulers = [
+            Scheduler(runner, name="seq2onnx-scheduler" + (f"-{i}" if lanes > 1 else ""))
+            for i, runner in enumerate(runners)
+        ]
+        self.scheduler = self.schedulers[0]
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="seq2onnx-job"
         )
@@ -360,7 +389,11 @@ class ContinuousEngine(Engine):
     def _scheduled(self, search: SearchJob, job: Job):
         """Runs a planned search in the scheduler (its rows join the running batch); returns its results."""
         member = _member(search, job)
-        return self.scheduler.submit(member, search.program, search.force(member)).result()
+        return self._lane().submit(member, search.program, search.force(member)).result()
+
+    def _lane(self) -> Scheduler:
+        """The scheduler with the fewest rows in flight (the first, of equals)."""
+        return min(self.schedulers, key=lambda lane: lane.rows_in_flight)
 
     def _scheduled_stream(self, text: str, options: SearchOptions, job: Job) -> Iterator[str]:
         """Plans the stream now (this thread encodes it), starts its program in the scheduler; its pieces."""
@@ -377,7 +410,7 @@ class ContinuousEngine(Engine):
             min_length=search.min_length,
             on_token=chosen.put,
         )
-        done = self.scheduler.submit(member, program, search.force(member))
+        done = self._lane().submit(member, program, search.force(member))
         done.add_done_callback(lambda _: chosen.put(None))
 
         def tokens() -> Iterator[int]:
@@ -428,9 +461,10 @@ class ContinuousEngine(Engine):
         return {
             "active_requests": requests,
             "active_sentences": sentences,
-            "active_rows": self.scheduler.load()["active_rows"] if requests else 0,
+            "active_rows": sum(lane.load()["active_rows"] for lane in self.schedulers) if requests else 0,
         }
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        self.scheduler.close()
+        for lane in self.schedulers:
+            lane.close()

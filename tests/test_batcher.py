@@ -64,6 +64,30 @@ def test_concurrent_requests_equal_each_request_alone(engine):
     assert engine.load()["active_requests"] == 0
 
 
+@pytest.mark.parametrize("decoder", ["fused", "standard"])
+def test_two_lanes_share_the_requests_and_each_equals_its_request_alone(bundle, decoder):
+    t = Translator(bundle, device="cpu", intra_threads=1, _tuning=SessionTuning(decoder=decoder))
+    engine = ContinuousEngine(t, lanes=2)
+    try:
+        assert [lane._thread.name for lane in engine.schedulers] == ["seq2onnx-scheduler-0", "seq2onnx-scheduler-1"]
+        wanted = [_alone(t, texts, options) for texts, options in REQUESTS]
+        jobs = [engine.submit(texts, engine.check(options)) for texts, options in REQUESTS * 3]
+        got = [job.future.result(timeout=120) for job in jobs]
+        for i, result in enumerate(got):
+            _same(result, wanted[i % len(REQUESTS)])
+        assert all(lane.rounds > 0 for lane in engine.schedulers)  # both lanes decoded
+        assert [lane.rows_in_flight for lane in engine.schedulers] == [0, 0]
+        assert engine.load()["active_requests"] == 0
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("lanes", [0, -1, 1.5, True])
+def test_lanes_out_of_range_are_named(translator, lanes):
+    with pytest.raises(ValueError, match=r"lanes=.*give an int >= 1"):
+        ContinuousEngine(translator, lanes=lanes)
+
+
 def test_fused_rounds_that_move_positions_and_grow_give_each_request_alone(bundle):
     """The fused rounds' buffers under every change they make (serve/fused_rounds.py): positions no live row
     reads dropped, positions and rows grown, the source width widened, beams and greedy rows in one group,

@@ -35,6 +35,7 @@ def _cases():
         ("translate", [bundle, "--threads", "100000"], "give 1 to"),
         ("translate", [bundle, "-o", str(existing / "file")], "--force"),
         ("demo", ["--out", str(existing)], "--force"),
+        ("serve", [bundle, "--lanes", "0"], "--lanes 0: give an int >= 1"),
     ]
 
 
@@ -55,7 +56,7 @@ def test_each_command_error_is_one_line_without_traceback(cases):
         assert needle in lines[0], where
         assert "Traceback" not in result.stderr, where
         seen.add(command)
-    assert seen == {"train", "export", "verify", "translate", "demo"}
+    assert seen == {"train", "export", "verify", "translate", "demo", "serve"}
 
 
 def test_debug_shows_the_traceback(tmp_path):

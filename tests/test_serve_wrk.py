@@ -66,6 +66,17 @@ def test_words_come_from_the_source_pieces_and_are_json_escaped():
     assert all(length is None for _, length in wrk_bench.sample_requests(words, sep, 5, 0, None))
 
 
+def test_continuous_settings_cover_each_thread_count_and_lanes():
+    args = wrk_bench.build_parser().parse_args(
+        [str(tiny_bundle()), "--out", "x", "--servers", "continuous", "--threads", "2"])
+    args.continuous_intra, args.continuous_lanes = [1, 2], [1, 2]
+    got = {setting: argv for name, setting, argv in wrk_bench.servers(args) if name == "continuous"}
+    assert sorted(got) == ["intra 1", "intra 2", "lanes 2 x intra 1"]
+    lanes = got["lanes 2 x intra 1"]
+    assert lanes[lanes.index("--lanes") + 1] == "2" and lanes[lanes.index("--intra-threads") + 1] == "1"
+    assert "--lanes" not in got["intra 2"]
+
+
 @pytest.fixture(scope="module")
 def stub():
     """The ceiling's server (`serve_wrk.py stub BUNDLE`) as the benchmark starts it: a real process."""

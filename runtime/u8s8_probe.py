@@ -22,6 +22,7 @@ kernel meets in a decoder step, not a vector product that another code path migh
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -77,9 +78,12 @@ def probe_model() -> bytes:
     return _field(1, 8) + _field(8, _field(1, "") + _field(2, 17)) + _field(7, graph)  # IR 8, opset 17
 
 
-@functools.lru_cache(maxsize=None)
+_PROBING = threading.Lock()  # the sessions a Translator makes at once ask together: one probe answers both
+
+
 def u8s8_saturates(ort) -> bool:
-    """Tells whether onnxruntime's default u8 x s8 product is wrong on this CPU (asked once per process).
+    """Tells whether onnxruntime's default u8 x s8 product is wrong on this CPU (asked once per process,
+    whichever threads ask).
 
     Args:
         ort: the onnxruntime module.
@@ -89,6 +93,13 @@ def u8s8_saturates(ort) -> bool:
         where the probe cannot run at all (a build without MatMulInteger): the option then costs
         nothing, as such a build runs no int8 bundle, and a float32 bundle still loads.
     """
+    with _PROBING:
+        return _probe(ort)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(ort) -> bool:
+    """u8s8_saturates' answer, found by running the probe graph once per onnxruntime module."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.log_severity_level = 3

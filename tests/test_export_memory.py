@@ -93,7 +93,9 @@ def test_unpacked_sessions_translate_as_packed_ones():
     assert unpacked.encoder.get_session_options().get_session_config_entry("session.disable_prepacking") == "1"
     assert "session.disable_prepacking" not in sessions_module.session_entries(SessionTuning(), "decoder")
     for beam_size in (1, 4):
-        a = packed.translate_batch(TEXTS, beam_size=beam_size, num_hypotheses=beam_size)
-        b = unpacked.translate_batch(TEXTS, beam_size=beam_size, num_hypotheses=beam_size)
-        assert [r.hypotheses for r in a] == [r.hypotheses for r in b]
-        assert [r.scores for r in a] == pytest.approx([r.scores for r in b], abs=1e-4)
+        a = packed.translate_batch(TEXTS, beam_size=beam_size, num_hypotheses=beam_size, return_scores=True)
+        b = unpacked.translate_batch(TEXTS, beam_size=beam_size, num_hypotheses=beam_size, return_scores=True)
+        assert [r.hypotheses for r in a] == [r.hypotheses for r in b] and a[0].hypotheses[0]
+        scores = [s for r in a for s in r.scores]
+        assert len(scores) == len(TEXTS) * beam_size
+        assert scores == pytest.approx([s for r in b for s in r.scores], abs=1e-4)

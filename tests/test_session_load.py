@@ -44,11 +44,21 @@ def _load_threads_alive() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("seq2onnx-load-")]
 
 
-def test_a_small_bundle_makes_its_encoder_beside_its_decoder(threads_making):
+def test_a_small_bundle_makes_its_encoder_beside_its_decoder(threads_making, monkeypatch):
+    limit = sessions_module.BESIDE_MAX_BYTES
+    monkeypatch.setattr(sessions_module, "BESIDE_MAX_BYTES", 0)
+    one_after_the_other = Translator(tiny_bundle(), device="cpu")
+    monkeypatch.setattr(sessions_module, "BESIDE_MAX_BYTES", limit)
+    threads_making.clear()
     translator = Translator(tiny_bundle(), device="cpu")
     assert "seq2onnx-load-encoder" in threads_making
     assert threads_making.count(threading.current_thread().name) >= 1  # the decoder, in the caller's
-    assert translator.translate("a b c") == Translator(tiny_bundle(), device="cpu").translate("a b c")
+    texts = ["the small teacher found 15 sad children", "a black dog ate five brave cats"]
+    for beam_size in (1, 4):  # the sessions made either way translate alike
+        a = translator.translate_batch(texts, beam_size=beam_size, return_scores=True)
+        b = one_after_the_other.translate_batch(texts, beam_size=beam_size, return_scores=True)
+        assert [r.hypotheses for r in a] == [r.hypotheses for r in b] and a[0].hypotheses[0]
+        assert [s for r in a for s in r.scores] == pytest.approx([s for r in b for s in r.scores], abs=1e-5)
     assert _load_threads_alive() == []
 
 

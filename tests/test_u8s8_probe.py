@@ -89,3 +89,29 @@ def test_a_probe_that_cannot_run_asks_for_the_exact_kernel(monkeypatch):
 
     assert u8s8_probe.u8s8_saturates(Broken()) is True
     assert u8s8_probe.precision_entries(Broken()) == {u8s8_probe.PRECISION_KEY: "1"}
+
+
+def test_threads_asking_at_once_run_one_probe():
+    # a Translator makes its encoder's and decoder's sessions in two threads, each asking for the entries
+    import threading
+    import time
+
+    made: list[int] = []
+
+    class Slow:  # an onnxruntime whose probe session takes a while to make
+        SessionOptions = ort.SessionOptions
+
+        class InferenceSession(ort.InferenceSession):
+            def __init__(self, *args, **kwargs):
+                made.append(1)
+                time.sleep(0.2)
+                super().__init__(*args, **kwargs)
+
+    slow = Slow()
+    answers: list[bool] = []
+    threads = [threading.Thread(target=lambda: answers.append(u8s8_probe.u8s8_saturates(slow))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert made == [1] and len(answers) == 2 and answers[0] == answers[1] == u8s8_probe.u8s8_saturates(ort)

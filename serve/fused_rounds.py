@@ -15,8 +15,14 @@ the round's count, for every row at once:
 - the positions run out only after M rounds: then the positions no live row reads are dropped (one copy of
   the cache, every M - longest-live-span rounds), or the buffers grow.
 
-The rows' cross keys/values are per row (a sentence's copied to each of its beams once, when it joins),
-padded to one source width: the graph's cross-attention takes (rows, H, S, Dh) here as decoder.onnx does.
+The cross keys/values are padded to one source width, and laid out by `cross_group`, the rows one entry
+serves: the graph's cross-attention queries each entry with its `rows / entries` rows (export/fused.py).
+- While every search in flight has beams of the round's group (all beam 4, say), each sentence's block is one
+  group and its beams share ONE entry (cross_group = the group): a sentence's keys/values are stored once, and
+  the kernel reads them once for its beams, as translate_batch does.
+- A round that mixes widths (a greedy search beside beam searches: several sentences in one group) has one
+  entry per row (cross_group 1: a sentence's copied to each of its beams). The layout changes between rounds
+  by one copy of the entries (`_relayout`, counted in `copies`).
 """
 
 from __future__ import annotations
@@ -63,7 +69,8 @@ class FusedRounds:
         self.shrink = ArenaShrink("cpu")
         # the buffers' sizes when a burst begins (they grow when needed), and the source width's quantum
         self.first_positions, self.first_rows, self.width_quantum = 32, 16, 8
-        self.copies = {"grow_rows": 0, "grow_positions": 0, "shift_positions": 0, "widen": 0}
+        self.copies = {"grow_rows": 0, "grow_positions": 0, "shift_positions": 0, "widen": 0, "relayout": 0}
+        self.share_cross = True  # beams share their sentence's cross entry where the round allows (docstring)
         self.clear()
 
     def clear(self) -> None:
@@ -75,8 +82,9 @@ class FusedRounds:
         self._relative = np.zeros((0, 0), np.int32)
         self.row_start = np.zeros(0, np.int32)
         self.tokens = np.zeros((0, 1), np.int64)
-        self.mask = np.zeros((0, 0), bool)
-        self.cross: list[np.ndarray] = []
+        self.mask = np.zeros((0, 0), bool)  # (capacity / cross_group, source width), as the cross entries
+        self.cross: list[np.ndarray] = []  # per layer key then value: (capacity / cross_group, H, width, Dh)
+        self.cross_group = 1  # the rows each cross entry serves: 1, or the round's group (module docstring)
         self._members: dict[int, object] = {}
         self._step, self._beam_width = np.zeros(1, np.int32), np.ones(1, np.int32)
         self._top_k = np.ones(1, np.int64)
@@ -112,15 +120,16 @@ class FusedRounds:
         row_start[:keep_rows] = self.row_start[:keep_rows]
         self.row_start = row_start
         self.tokens = np.zeros((capacity, 1), np.int64)
-        mask = np.zeros((capacity, width), bool)
+        entries, keep_entries = capacity // self.cross_group, keep_rows // self.cross_group
+        mask = np.zeros((entries, width), bool)
         mask[:, 0] = True  # a free row attends to something (its outputs are unread)
-        mask[:keep_rows, :keep_w] = self.mask[:keep_rows, :keep_w]
+        mask[:keep_entries, :keep_w] = self.mask[:keep_entries, :keep_w]
         self.mask = mask
         cross = [
-            np.zeros((capacity, self.n_heads, width, self.head_dim), np.float32) for _ in self._cross_names
+            np.zeros((entries, self.n_heads, width, self.head_dim), np.float32) for _ in self._cross_names
         ]
         for new, was in zip(cross, self.cross):
-            new[:keep_rows, :, :keep_w] = was[:keep_rows, :, :keep_w]
+            new[:keep_entries, :, :keep_w] = was[:keep_entries, :, :keep_w]
         self.cross = cross
         self.capacity, self.positions, self.width = capacity, positions, width
         self._generation += 1
@@ -167,6 +176,27 @@ class FusedRounds:
             self.copies["grow_positions"] += 1
             self._allocate(self.capacity, 2 * self.positions, self.width)
 
+    def _relayout(self, group: int) -> None:
+        """Lays the cross entries out for `group` rows each (1: one per row): one copy of them, through one
+        entry per row (a group's rows are one sentence's, so its first row's entry is the sentence's)."""
+        old = self.cross_group
+        if group == old:
+            return
+        if self.capacity:
+            while self.capacity < group:  # a whole group must fit: grow in the old layout first
+                self.copies["grow_rows"] += 1
+                self._allocate(2 * self.capacity, self.positions, self.width)
+            self.copies["relayout"] += 1
+
+            def relaid(array: np.ndarray) -> np.ndarray:
+                per_row = np.repeat(array, old, axis=0) if old > 1 else array
+                return np.ascontiguousarray(per_row[::group])
+
+            self.mask = relaid(self.mask)
+            self.cross = [relaid(c) for c in self.cross]
+            self._generation += 1  # the binding pointed into the old arrays
+        self.cross_group = group
+
     # -- members ------------------------------------------------------------------------------------
 
     def _join(self, member, width: int) -> None:
@@ -183,13 +213,16 @@ class FusedRounds:
             blocks[i] = at
             self.owner[at : at + size] = member.serial
         rows = (blocks[:, None] + np.arange(width)).reshape(-1)
-        sentence = np.repeat(np.arange(sentences), width)
+        if self.cross_group > 1:  # a sentence's block is one group: one entry for its beams
+            entries, sentence = blocks // self.cross_group, np.arange(sentences)
+        else:
+            entries, sentence = rows, np.repeat(np.arange(sentences), width)
         s = member.src_mask.shape[1]
-        self.mask[rows] = False
-        self.mask[rows, :s] = member.src_mask[sentence]
+        self.mask[entries] = False
+        self.mask[entries, :s] = member.src_mask[sentence]
         for array, value in zip(self.cross, member.cross):
-            array[rows, :, :s] = value[sentence]
-            array[rows, :, s:] = 0
+            array[entries, :, :s] = value[sentence]
+            array[entries, :, s:] = 0
         self._source[rows] = rows[:, None]
         self.row_start[rows] = self.slot
         self._layout += 1
@@ -258,8 +291,12 @@ class FusedRounds:
         return answers
 
     def _place(self, work: list) -> tuple[list[np.ndarray], int]:
-        """New searches join; every search's rows this round, and the round's group (its widest beam)."""
-        slot, width_max, placed_rows = self.slot, 1, []
+        """New searches join; every search's rows this round, and the round's group (its widest beam). Where
+        every search's blocks are a group, the cross entries are one per group, else one per row."""
+        group = _pow2(max(w[5] for w in work))
+        uniform = self.share_cross and group > 1 and all(_pow2(w[5]) == group for w in work)
+        self._relayout(group if uniform else 1)
+        slot, placed_rows = self.slot, []
         for member, _, cache_indices, t, keep, width in work:
             if t == 0:
                 self._join(member, width)
@@ -269,8 +306,7 @@ class FusedRounds:
             # a row per sentence (greedy, sampling, a beam search's first step) and nobody left: its blocks
             fixed = keep is None and (t == 0 or p.width == 1)
             placed_rows.append(p.blocks if fixed else self._rows(member, cache_indices, t, keep))
-            width_max = max(width_max, p.width)
-        return placed_rows, _pow2(width_max)
+        return placed_rows, group
 
     def _inputs(self, work: list, placed_rows: list, group: int) -> tuple[int, np.ndarray, int, list[str]]:
         """Writes the round's inputs into the bound arrays; returns (rows run, every member's rows in order,
@@ -340,15 +376,16 @@ class FusedRounds:
             return self._outputs
         o, b = self._ort, self.decoder.io_binding()
         self._beam_width[0], self._top_k[0] = group, top_k
+        entries = used // self.cross_group
         inputs = {
             names.TOKENS: self.tokens[:used],
             names.STEP: self._step,
             names.ROW_START: self.row_start[:used],
             names.BEAM_WIDTH: self._beam_width,
             names.CACHE_INDIRECTION: self._relative[:used].reshape(used // group, group, self.positions),
-            names.SRC_MASK: self.mask[:used],
+            names.SRC_MASK: self.mask[:entries],  # the graph's cross-attention: used / entries rows each
             names.TOP_K: self._top_k,
-            **dict(zip(self._cross_names, (c[:used] for c in self.cross))),
+            **dict(zip(self._cross_names, (c[:entries] for c in self.cross))),
         }
         held = [o(v) for v in inputs.values()]
         for name, value in zip(inputs, held):

@@ -293,9 +293,9 @@ class FusedRounds:
     def _place(self, work: list) -> tuple[list[np.ndarray], int]:
         """New searches join; every search's rows this round, and the round's group (its widest beam). Where
         every search's blocks are a group, the cross entries are one per group, else one per row."""
-        group = _pow2(max(w[5] for w in work))
-        uniform = self.share_cross and group > 1 and all(_pow2(w[5]) == group for w in work)
-        self._relayout(group if uniform else 1)
+        sizes = {_pow2(w[5]) for w in work}  # the searches' block sizes
+        group = max(sizes)
+        self._relayout(group if self.share_cross and len(sizes) == 1 else 1)
         slot, placed_rows = self.slot, []
         for member, _, cache_indices, t, keep, width in work:
             if t == 0:

@@ -113,9 +113,9 @@ def test_scripted_searches_sharing_rounds_get_what_they_get_alone(translator):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5, err_msg=f"{name}, step {step}")
 
 
-def _drive(runner, plan: dict, rounds: int, seen=None) -> dict[str, list]:
-    """Runs the scripted searches of `plan` (name: (script, the round it joins)); returns each one's answers.
-    seen(round, runner) is called after each round."""
+def _drive(runner, plan: dict, rounds: int, seen=None) -> tuple[dict[str, list], dict[str, Member]]:
+    """Runs the scripted searches of `plan` (name: (script, the round it joins)); returns each one's answers
+    and members. seen(round, runner) is called after each round."""
     members = {name: s.member() for name, (s, _) in plan.items()}
     got = {name: [] for name in plan}
     for round_ in range(rounds):
@@ -134,7 +134,7 @@ def _drive(runner, plan: dict, rounds: int, seen=None) -> dict[str, list]:
                 runner.leave(members[name])
         if seen is not None:
             seen(round_, runner)
-    return got
+    return got, members
 
 
 def test_beams_share_their_sentence_cross_entry_and_the_layout_follows_the_widths(translator):
@@ -159,7 +159,7 @@ def test_beams_share_their_sentence_cross_entry_and_the_layout_follows_the_width
         assert all(c.shape[0] == r.capacity // r.cross_group for c in r.cross)
         assert r.mask.shape[0] == r.capacity // r.cross_group
 
-    got = _drive(runner, plan, 20, seen)
+    got, _ = _drive(runner, plan, 20, seen)
     assert [groups[i] for i in (1, 4, 5, 8, 9, 13, 14, 18)] == [4, 4, 1, 1, 4, 4, 8, 8], groups
     # 4 -> 1 -> 4 -> 8 (the first round's layout is made with the buffers: no copy)
     assert runner.copies["relayout"] == 3, runner.copies
@@ -170,7 +170,7 @@ def test_beams_share_their_sentence_cross_entry_and_the_layout_follows_the_width
     # and with the entries per row throughout (share_cross off), the same answers
     runner = rounds_runner(t)
     runner.share_cross = False
-    per_row = _drive(runner, plan, 20)
+    per_row, _ = _drive(runner, plan, 20)
     assert runner.copies["relayout"] == 0 and runner.cross_group == 1
     for name in plan:
         for a, b in zip(got[name], per_row[name]):
@@ -187,20 +187,7 @@ def test_rows_freed_by_wide_beams_stay_valid_in_narrower_groups(translator):
     narrow = Script(t, [3], 2, 6, seed=8)
     runner = rounds_runner(t)
     plan = {"wide": (wide, 0), "greedy": (greedy, 0), "narrow": (narrow, 7)}
-    members = {name: s.member() for name, (s, _) in plan.items()}
-    got = {name: [] for name in plan}
-    for round_ in range(14):
-        work = [
-            (members[name], *s.requests[round_ - join][:3], s.requests[round_ - join][3], s.width)
-            for name, (s, join) in plan.items()
-            if 0 <= round_ - join < s.steps
-        ]
-        answers = runner.run(work, NoProfile())
-        for member, *_ in work:
-            got[next(n for n, m in members.items() if m is member)].append(answers[member].copy())
-        for name, (s, join) in plan.items():
-            if round_ - join == s.steps - 1:
-                runner.leave(members[name])
+    got, members = _drive(runner, plan, 14)
     assert members["narrow"].placed.blocks[0] < 4  # it took the wide search's rows
     for name, (s, _) in plan.items():
         for step, (a, b) in enumerate(zip(got[name], _alone(t, s))):

@@ -223,6 +223,8 @@ def write_meta(directory: Path, cfg, *, source: str, dtype: str, quantize: str |
     keys.update({k: v for k, v in fmt.OPTIONAL_FILE_KEYS.items() if k not in fmt.OPTIONAL_GRAPH_KEYS
                  and (directory / v).is_file()})
     files = {key: {"path": path, "sha256": fmt.sha256(directory / path)} for key, path in keys.items()}
+    if "weights" in files:  # the load's check (spec's weights.checksum): cheaper than sha256 on every CPU
+        files["weights"][fmt.WEIGHTS_CHECKSUM] = fmt.file_crc32(directory / files["weights"]["path"])
     graphs = graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size,
                              fused=fused)
     for label, graph in graphs.items():  # what a host's runtime must be able to run, read from the files

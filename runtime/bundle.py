@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .meta import _short, validate_meta
-from .weights import WeightsFile, read_weights
+from .weights import WeightsFile, file_crc32, read_weights  # noqa: F401 (file_crc32: the exporter's)
 
 # re-exported: the format's names, as `from . import bundle as names` reads them
 from .spec import (  # noqa: F401
@@ -49,6 +49,7 @@ from .spec import (  # noqa: F401
     TARGET_VOCAB,
     VOCAB_TEXTS,
     WEIGHTS_ALIGNMENT,
+    WEIGHTS_CHECKSUM,
     WEIGHTS_FILE,
     SOURCE_SPM,
     SPEC,
@@ -328,7 +329,7 @@ def _read(path: Path, directory: _Directory, check_hashes: bool, defer_weights_h
                 data[key] = read_weights(
                     path / entry["path"],
                     entry["path"],
-                    entry["sha256"] if check_hashes else None,
+                    entry if check_hashes else None,
                     directory.open,
                     directory.fd,
                     defer=defer_weights_hash,

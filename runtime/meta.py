@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from .spec import (
@@ -15,6 +16,8 @@ from .spec import (
     SPEC,
     SPEC_PATH,
     STANDARD,
+    WEIGHTS_CHECKSUM,
+    WEIGHTS_CHECKSUM_DIGITS,
     BundleError,
 )
 
@@ -264,6 +267,12 @@ def _check_files(v: _Schema, meta: dict) -> dict:
         entry = v.obj(files, key, f"files.{key}")
         v.text(entry, "path", f"files.{key}.path")
         v.text(entry, "sha256", f"files.{key}.sha256")
+    weights = files.get("weights")
+    if isinstance(weights, dict) and WEIGHTS_CHECKSUM in weights:  # optional: bundles before it have none
+        value = weights[WEIGHTS_CHECKSUM]
+        if not (isinstance(value, str) and re.fullmatch(f"[0-9a-f]{{{WEIGHTS_CHECKSUM_DIGITS}}}", value)):
+            v.fail(f"files.weights.{WEIGHTS_CHECKSUM}", value,
+                   f"expected {WEIGHTS_CHECKSUM_DIGITS} lowercase hex digits (the file's CRC-32)")
     return files
 
 

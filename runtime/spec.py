@@ -36,6 +36,10 @@ VOCAB_TEXTS = OPTIONAL_FILE_KEYS["vocab_texts"]
 WEIGHTS_FILE = OPTIONAL_FILE_KEYS["weights"]
 WEIGHTS_ALIGNMENT = SPEC["weights"]["alignment"]
 ELEMENT_BYTES = {int(k): v for k, v in SPEC["weights"]["element_bytes"].items()}
+# The weights file's load-time checksum (a CRC-32, where a host computes one natively; else its sha256):
+# its field in files.weights and its width in hex digits.
+WEIGHTS_CHECKSUM = SPEC["weights"]["checksum"]["field"]
+WEIGHTS_CHECKSUM_DIGITS = SPEC["weights"]["checksum"]["hex_digits"]
 VOCAB_MAPS = SPEC["vocab_maps"]
 TARGET_LANG_IN = tuple(SPEC["target_lang_in"])
 # The decoder graphs by variant (bundle.json's graphs.<label>.variant), and the operator domain

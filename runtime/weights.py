@@ -3,9 +3,12 @@
 The exporter (export/weights.py) moves the graphs' large initializers into one file, `files.weights`,
 as ONNX external data. Here the runtime
 
-- checks the file like every other (a regular file, its sha256), hashing it as a stream rather than
+- checks the file like every other (a regular file, its checksum), reading it as a stream rather than
   keeping a copy: onnxruntime reads it itself, memory-mapped on the CPU, and frees what it has packed
-  into its own layout (docs/optimisation-notes.md row 29), so a weight costs one copy in memory;
+  into its own layout (docs/optimisation-notes.md row 29), so a weight costs one copy in memory. The
+  checksum is files.weights' CRC-32 where bundle.json has one (spec's weights.checksum: 1.7 GB/s on one
+  core where sha256 runs at 0.3 GB/s on x86 CPUs without SHA instructions, the largest part of a load
+  there), else its sha256 (bundles exported before the CRC-32 was written);
 - checks every graph's references before onnxruntime follows them (the name of the file, whole
   numbers inside it, aligned, the length of the tensor), so a damaged or crafted graph is refused by
   name rather than read from the wrong bytes or from outside the bundle;
@@ -26,10 +29,11 @@ import mmap
 import os
 import threading
 import weakref
+import zlib
 from pathlib import Path
 
 from .onnx_info import GraphInfo
-from .spec import ELEMENT_BYTES, WEIGHTS_ALIGNMENT, BundleError
+from .spec import ELEMENT_BYTES, WEIGHTS_ALIGNMENT, WEIGHTS_CHECKSUM, WEIGHTS_CHECKSUM_DIGITS, BundleError
 
 # onnxruntime's session option: where the external data of a model loaded from bytes lies.
 FOLDER_OPTION = "session.model_external_initializers_file_folder_path"
@@ -42,13 +46,17 @@ class WeightsFile:
         path: the file's path (for messages).
         name: its name in the bundle (files.weights.path), the location every reference must give.
         size: its size in bytes as checked.
-        sha256: its hash as checked (None where hashes were not checked).
+        sha256: bundle.json's sha256 of the file, once the file was checked against bundle.json (by that
+            hash or by its CRC-32: `checked_by`); None where it was not checked.
+        checked_by: the checksum the file is held to ("crc32" or "sha256"), or None.
     """
 
     def __init__(
-        self, path: Path, name: str, size: int, dir_fd: int | None, file_fd: int, sha256: str | None = None
+        self, path: Path, name: str, size: int, dir_fd: int | None, file_fd: int, sha256: str | None = None,
+        checked_by: str = "sha256",
     ):
         self.path, self.name, self.size, self.sha256 = path, name, size, sha256
+        self.checked_by = checked_by if sha256 is not None else None
         self._dir_fd, self._file_fd = dir_fd, file_fd
         # held while a session may still be made (a standard decoder loaded late)
         for fd in (dir_fd, file_fd):
@@ -56,18 +64,18 @@ class WeightsFile:
                 weakref.finalize(self, os.close, fd)
 
     def _start_hash(self, expected: str) -> None:
-        """Hashes the file held open in a thread (os.pread: the descriptor's offset is not moved)."""
-        fd, outcome = os.dup(self._file_fd), {}
+        """Checksums the file held open in a thread (os.pread: the descriptor's offset is not moved)."""
+        fd, outcome, kind = os.dup(self._file_fd), {}, self.checked_by
 
         def run():
             try:
-                outcome["same"] = _sha256(fd) == expected
+                outcome["same"] = _checksum(fd, kind) == expected
             except OSError as e:
                 outcome["error"] = e
             finally:
                 os.close(fd)
 
-        self._hashing = threading.Thread(target=run, name="seq2onnx-weights-sha256", daemon=True)
+        self._hashing = threading.Thread(target=run, name=f"seq2onnx-weights-{kind}", daemon=True)
         self._outcome = outcome
         self._hashing.start()
 
@@ -75,7 +83,7 @@ class WeightsFile:
         """Waits for a deferred hash (read_weights' `defer`); nothing to do where it was checked already.
 
         Raises:
-            BundleError: the file's sha256 differs from bundle.json's, or it could not be read.
+            BundleError: the file's checksum differs from bundle.json's, or it could not be read.
         """
         hashing = getattr(self, "_hashing", None)
         if hashing is None:
@@ -87,7 +95,7 @@ class WeightsFile:
                 f"{self.path}: cannot be read ({outcome['error']}) (files.weights in bundle.json)"
             )
         if not outcome.get("same"):
-            raise BundleError(f"{self.path}: {_DIFFERS} (files.weights in bundle.json)")
+            raise BundleError(f"{self.path}: {_differs(self.checked_by)} (files.weights in bundle.json)")
         self._hashing = None
 
     def folder(self) -> str:
@@ -169,7 +177,7 @@ def verified(weights: WeightsFile | None):
     it broke). None: nothing to wait for.
 
     Raises:
-        BundleError: the weights file's sha256 differs from bundle.json's.
+        BundleError: the weights file's checksum differs from bundle.json's.
     """
     try:
         yield
@@ -182,19 +190,21 @@ def verified(weights: WeightsFile | None):
 
 
 def read_weights(
-    path: Path, name: str, expected_sha256: str | None, opener, dir_fd: int | None, *, defer: bool = False
+    path: Path, name: str, entry: dict | None, opener, dir_fd: int | None, *, defer: bool = False
 ) -> WeightsFile:
-    """Checks a weights file as a stream: a regular file whose sha256 is bundle.json's.
+    """Checks a weights file as a stream: a regular file whose checksum is bundle.json's (its CRC-32 where
+    files.weights has one, else its sha256).
 
-    With `defer`, the hash is computed in a thread while the caller makes its sessions (onnxruntime's
-    session creation lets go of the GIL: at NLLB-600M size the 1.5 s of hashing then costs nothing more
-    than the sessions' own 1-2 s); WeightsFile.verify() waits for it and refuses a file that differs.
+    With `defer`, the checksum is computed in a thread while the caller makes its sessions (onnxruntime's
+    session creation lets go of the GIL, so it costs the load no more than the sessions' own time where a
+    core is free); WeightsFile.verify() waits for it and refuses a file that differs.
 
     Args:
         path: the file's path (for messages).
         name: files.weights.path.
-        expected_sha256: bundle.json's hash, or None not to check it.
-        defer: hash in a thread; the caller calls verify() before using what it made from the file.
+        entry: bundle.json's files.weights (its sha256, and its crc32 where the export wrote one), or None
+            not to check the file.
+        defer: checksum in a thread; the caller calls verify() before using what it made from the file.
         opener: opens the file relative to the directory held open (runtime/bundle.py's _Directory).
         dir_fd: the directory's descriptor (duplicated here and kept), or None where the OS has none.
 
@@ -202,38 +212,63 @@ def read_weights(
         The checked file.
 
     Raises:
-        BundleError: missing, not a regular file, or a hash that differs (naming the file and the fix).
+        BundleError: missing, not a regular file, or a checksum that differs (naming the file and the fix).
     """
+    kind, expected = _expected(entry)
     with opener(name) as f:
         size = os.fstat(f.fileno()).st_size
-        if expected_sha256 is not None and not defer and _sha256(f.fileno()) != expected_sha256:
-            raise BundleError(f"{path}: {_DIFFERS}")
+        if expected is not None and not defer and _checksum(f.fileno(), kind) != expected:
+            raise BundleError(f"{path}: {_differs(kind)}")
         held = os.dup(f.fileno())
     weights = WeightsFile(
-        path, name, size, os.dup(dir_fd) if dir_fd is not None else None, held, expected_sha256
+        path, name, size, os.dup(dir_fd) if dir_fd is not None else None, held,
+        None if entry is None else entry["sha256"], kind,
     )
-    if expected_sha256 is not None and defer:
-        weights._start_hash(expected_sha256)
+    if expected is not None and defer:
+        weights._start_hash(expected)
     return weights
 
 
-_DIFFERS = (
-    "sha256 differs from bundle.json (files.weights); the file is damaged or was replaced: "
-    "re-export the bundle"
-)
+def _expected(entry: dict | None) -> tuple[str, str | None]:
+    """(the checksum to compute, its expected hex digest) for files.weights; (..., None): not checked."""
+    if entry is None:
+        return "sha256", None
+    if WEIGHTS_CHECKSUM in entry:
+        return WEIGHTS_CHECKSUM, entry[WEIGHTS_CHECKSUM]
+    return "sha256", entry["sha256"]
 
 
-def _sha256(fd: int) -> str:
-    """The sha256 of an open file, read with os.preadv (the descriptor's offset stays) into one reused 1 MiB
+def _differs(kind: str) -> str:
+    return (
+        f"{kind} differs from bundle.json (files.weights); the file is damaged or was replaced: "
+        "re-export the bundle"
+    )
+
+
+def _checksum(fd: int, kind: str) -> str:
+    """The checksum of an open file as bundle.json writes it ("crc32": 8 lowercase hex digits, zlib's CRC-32;
+    "sha256": its hex digest), read with os.preadv (the descriptor's offset stays) into one reused 1 MiB
     buffer: a fresh block per read was fresh pages for the kernel to fault in, 8% of the hash's time (0.173
     against 0.160 s for OPUS-MT's 297 MB)."""
-    h, offset = hashlib.sha256(), 0
+    h, crc, offset = hashlib.sha256() if kind == "sha256" else None, 0, 0
     buffer = bytearray(1 << 20)
     view = memoryview(buffer)
     while n := os.preadv(fd, [buffer], offset):
-        h.update(view[:n])
+        if h is None:
+            crc = zlib.crc32(view[:n], crc)
+        else:
+            h.update(view[:n])
         offset += n
-    return h.hexdigest()
+    return h.hexdigest() if h is not None else f"{crc:0{WEIGHTS_CHECKSUM_DIGITS}x}"
+
+
+def file_crc32(path: Path) -> str:
+    """A file's CRC-32 as files.weights.crc32 holds it (the exporter's side of the load's check)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _checksum(fd, WEIGHTS_CHECKSUM)
+    finally:
+        os.close(fd)
 
 
 def check_references(graph_path: Path, info: GraphInfo, weights: WeightsFile | None) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
@@ -55,11 +56,19 @@ def damaged(bundle: Path, case: dict) -> Path:
         else:
             raise AssertionError(f"unknown damage {kind!r} in the cases file")
     if case["rehash"]:
-        meta = json.loads(meta_path.read_text())
-        for entry in meta["files"].values():
-            entry["sha256"] = hashlib.sha256((path / entry["path"]).read_bytes()).hexdigest()
-        meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True))
+        _rehash(path, meta_path)
     return path
+
+
+def _rehash(path: Path, meta_path: Path) -> None:
+    """bundle.json's checksums rewritten to the files as they now are."""
+    meta = json.loads(meta_path.read_text())
+    for entry in meta["files"].values():
+        data = (path / entry["path"]).read_bytes()
+        entry["sha256"] = hashlib.sha256(data).hexdigest()
+        if "crc32" in entry:  # the weights file's load-time check (spec's weights.checksum)
+            entry["crc32"] = f"{zlib.crc32(data):08x}"
+    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True))
 
 
 @pytest.fixture(scope="module")

@@ -154,10 +154,49 @@ def test_a_weights_file_changed_after_the_export_is_refused():
     shutil.copyfile(tiny_bundle(quantize="int8") / names.WEIGHTS_FILE, path / names.WEIGHTS_FILE)
     from seq2onnx.runtime.bundle import BundleError
 
+    # the load's check is the file's CRC-32 (spec's weights.checksum), the sha256 where bundle.json has none
+    with pytest.raises(BundleError, match=r"weights\.bin: crc32 differs from bundle\.json \(files\.weights\)"):
+        Translator(path, device="cpu")  # checked in a thread while the sessions are made
+    with pytest.raises(BundleError, match=r"weights\.bin: crc32 differs from bundle\.json \(files\.weights\)"):
+        read_bundle(path)  # checked before read_bundle returns
+    _edit_weights_entry(path, lambda entry: entry.pop(names.WEIGHTS_CHECKSUM))  # as a bundle before the CRC-32
     with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json \(files\.weights\)"):
-        Translator(path, device="cpu")  # hashed in a thread while the sessions are made
-    with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json \(files\.weights\)"):
-        read_bundle(path)  # hashed before read_bundle returns
+        Translator(path, device="cpu")
+
+
+def _edit_weights_entry(bundle: Path, edit) -> None:
+    meta = json.loads((bundle / names.BUNDLE_JSON).read_text())
+    edit(meta["files"]["weights"])
+    (bundle / names.BUNDLE_JSON).write_text(json.dumps(meta))
+
+
+def test_the_weights_crc32_is_zlibs_and_one_flipped_byte_is_refused():
+    import zlib
+
+    from seq2onnx.runtime.bundle import BundleError
+
+    path = copy_bundle(tiny_bundle(), "flipped-weights")
+    entry = json.loads((path / names.BUNDLE_JSON).read_text())["files"]["weights"]
+    data = bytearray((path / names.WEIGHTS_FILE).read_bytes())
+    assert entry[names.WEIGHTS_CHECKSUM] == f"{zlib.crc32(data):08x}" and entry["sha256"] == sha256(
+        path / names.WEIGHTS_FILE
+    )
+    read_bundle(path)  # intact: checked and read
+    data[len(data) // 3] ^= 0x01  # one bit of one weight
+    (path / names.WEIGHTS_FILE).write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=r"weights\.bin: crc32 differs from bundle\.json"):
+        Translator(path, device="cpu")
+    assert read_bundle(path, check_hashes=False).weights is not None  # the check is what refused it
+
+
+@pytest.mark.parametrize("value", ["1234567", "ABCDEF01", 305419896, "0x123456"])
+def test_a_malformed_weights_crc32_is_refused_by_name(value):
+    from seq2onnx.runtime.bundle import BundleError
+
+    path = copy_bundle(tiny_bundle(), "bad-crc32")
+    _edit_weights_entry(path, lambda entry: entry.__setitem__(names.WEIGHTS_CHECKSUM, value))
+    with pytest.raises(BundleError, match=r"files\.weights\.crc32 is .*expected 8 lowercase hex digits"):
+        read_bundle(path)
 
 
 _RSS_SCRIPT = """

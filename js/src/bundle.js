@@ -34,6 +34,8 @@ export const OPTIONAL_GRAPH_KEYS = OPTIONAL_FILE_KEYS.filter((k) => Object.value
 // to onnxruntime (a folder in Node, the bytes in the browser).
 export const WEIGHTS = "weights";
 export const WEIGHTS_SPEC = SPEC.weights;
+// the weights file's load-time checksum: its field in files.weights (a CRC-32 in hex digits)
+const CHECKSUM = WEIGHTS_SPEC.checksum;
 /** The files whose bytes a Bundle keeps: the required ones, the vocabulary maps and texts. */
 export const KEPT_FILE_KEYS = [...FILE_KEYS, SOURCE_VOCAB, TARGET_VOCAB, VOCAB_TEXTS];
 // Where tokens.target_lang_in may put target_lang's token: the names of the two tokens fields it may
@@ -118,9 +120,11 @@ export class BundleError extends Error {
  * @property {(dir: string, rel: string) => Promise<{inside: boolean, exists: boolean, path: string}>} resolveInside
  *   where `rel` leads from `dir` (symbolic links followed) and whether that lies inside `dir`
  * @property {(bytes: Uint8Array) => Promise<string>} sha256  lowercase hex digest
- * @property {(path: string) => Promise<{sha256: string, size: number}>} [hashFile]  a file's digest and
- *   size read as a stream, no copy kept (Node): the weights file is hashed so when the platform does not
- *   keep it, whatever its size
+ * @property {(path: string, options?: {crc32?: boolean}) => Promise<{sha256?: string, crc32?: string, size: number}>} [hashFile]
+ *   a file's digest (its sha256, or with `crc32` its CRC-32) and size read as a stream, no copy kept (Node):
+ *   the weights file is checked so when the platform does not keep it, whatever its size
+ * @property {boolean} [crc32]  hashFile gives a CRC-32 natively: the weights file is checked by
+ *   files.weights.crc32 where the bundle has one (spec's weights.checksum), else by its sha256
  * @property {boolean} [keepsWeights]  onnxruntime takes the weights file as bytes (the browser)
  */
 
@@ -309,6 +313,13 @@ export function validateMeta(meta, where, fractions = new Map()) {
     v.text(entry, "path", `files.${key}.path`);
     v.text(entry, "sha256", `files.${key}.sha256`);
   }
+  const weights = files[WEIGHTS];
+  if (weights && typeof weights === "object" && CHECKSUM.field in weights) { // bundles before it have none
+    const value = weights[CHECKSUM.field];
+    if (typeof value !== "string" || !new RegExp(`^[0-9a-f]{${CHECKSUM.hex_digits}}$`).test(value)) {
+      v.fail(`files.${WEIGHTS}.${CHECKSUM.field}`, value, `expected ${CHECKSUM.hex_digits} lowercase hex digits (the file's CRC-32)`);
+    }
+  }
   const graphs = v.obj(meta, "graphs", "graphs");
   const labels = [ENCODER_LABEL, DECODER_LABELS[STANDARD]];
   for (const key of OPTIONAL_GRAPH_KEYS) { // an optional graph is described exactly when its file is listed
@@ -411,10 +422,12 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
     if (!checkHashes && !KEPT_FILE_KEYS.includes(key) && key !== WEIGHTS) continue;
     // a weights file the platform does not keep is hashed as a stream: it may be past 2 GiB
     const streamed = key === WEIGHTS && !platform.keepsWeights && platform.hashFile;
+    // the load's cheaper check where the bundle has it and the platform computes it natively
+    const byCrc = Boolean(streamed && checkHashes && platform.crc32 && CHECKSUM.field in entry);
     let bytes;
     let digest;
     try {
-      if (streamed) digest = await platform.hashFile(where.path);
+      if (streamed) digest = await platform.hashFile(where.path, { crc32: byCrc });
       else bytes = await platform.readFile(where.path);
     } catch (e) {
       if (e && (e.code === "ENOENT" || e.code === "ENOTDIR")) {
@@ -422,7 +435,12 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
       }
       throw unreadable(where.path, e, `files.${key} in ${BUNDLE_JSON}`);
     }
-    if (checkHashes && (streamed ? digest.sha256 : await platform.sha256(bytes)) !== entry.sha256) {
+    if (checkHashes && byCrc && digest.crc32 !== entry[CHECKSUM.field]) {
+      throw new BundleError(
+        `${where.path}: ${CHECKSUM.field} differs from ${BUNDLE_JSON} (files.${key}); the file is damaged or was replaced: re-export the bundle`,
+      );
+    }
+    if (checkHashes && !byCrc && (streamed ? digest.sha256 : await platform.sha256(bytes)) !== entry.sha256) {
       throw new BundleError(
         `${where.path}: sha256 differs from ${BUNDLE_JSON} (files.${key}); the file is damaged or was replaced: re-export the bundle`,
       );

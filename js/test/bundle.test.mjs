@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
+import zlib from "node:zlib";
 import { after, test } from "node:test";
 import { BundleError, MAX_JSON_BYTES, readBundle, validateMeta } from "../src/bundle.js";
 import { nodePlatform } from "../src/platform-node.js";
@@ -149,6 +150,29 @@ test("a listed fused decoder is checked like every file (the Python runtime's li
   writeFileSync(path.join(damaged, "decoder_fused.onnx"), "fused graph, altered");
   await rejects(damaged, /decoder_fused\.onnx: sha256 differs from bundle\.json \(files\.decoder_fused\)/);
   await rejects(bundle(withFused("0".repeat(64))), /decoder_fused\.onnx: missing from the bundle \(files\.decoder_fused/);
+});
+
+test("the weights file is checked by its CRC-32 where the bundle has one and Node computes it, else its sha256", async () => {
+  const weights = Buffer.from("sixty-four bytes of weights, more or less, for the check".padEnd(64, "."));
+  const crc = (bytes) => zlib.crc32(bytes).toString(16).padStart(8, "0");
+  const withWeights = (entry) => (m) => { m.files.weights = { path: "weights.bin", ...entry }; };
+  const write = (dir, bytes = weights) => { writeFileSync(path.join(dir, "weights.bin"), bytes); return dir; };
+  assert.equal(nodePlatform.crc32, typeof zlib.crc32 === "function");
+  // a wrong sha256 beside a right CRC-32: read where the CRC-32 is what is checked
+  const crcOnly = write(bundle(withWeights({ sha256: "0".repeat(64), crc32: crc(weights) })));
+  if (nodePlatform.crc32) assert.equal((await readBundle(crcOnly, nodePlatform)).weightsSize, weights.length);
+  else await rejects(crcOnly, /weights\.bin: sha256 differs from bundle\.json \(files\.weights\)/);
+  const altered = Buffer.from(weights);
+  altered[20] ^= 1;
+  const damaged = write(bundle(withWeights({ sha256: hash(weights), crc32: crc(weights) })), altered);
+  await rejects(damaged, new RegExp(`weights\\.bin: ${nodePlatform.crc32 ? "crc32" : "sha256"} differs from bundle\\.json \\(files\\.weights\\)`));
+  await rejects(write(bundle(withWeights({ sha256: hash(weights) })), altered),
+    /weights\.bin: sha256 differs from bundle\.json \(files\.weights\)/);
+  assert.equal((await readBundle(write(bundle(withWeights({ sha256: hash(weights) }))), nodePlatform)).weightsSize, 64);
+  for (const bad of ["1234567", "ABCDEF01", 305419896]) {
+    await rejects(write(bundle(withWeights({ sha256: hash(weights), crc32: bad }))),
+      /files\.weights\.crc32 is .*, expected 8 lowercase hex digits \(the file's CRC-32\)/);
+  }
 });
 
 test("the vocabulary maps are hashed like every file and kept, also with checkHashes: false", async () => {

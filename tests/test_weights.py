@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from seq2onnx.export.bundle import write_graphs
+from seq2onnx.export.weights import TensorWriter
 from seq2onnx.model.config import ModelConfig
 from seq2onnx.model.transformer import Transformer
 from seq2onnx.runtime import bundle as names
@@ -51,6 +52,21 @@ def test_every_weight_is_stored_once(tmp_path, tie):
         assert not inline, (name, inline)
         assert {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"} == \
             {names.WEIGHTS_FILE}
+
+
+def test_tensors_are_matched_by_every_byte_and_their_type(tmp_path):
+    """The exporter's dedupe compares bytes (a prefix, then 1 MiB pieces), not hashes: a tensor that differs
+    only in its last piece, or has the same bytes under another type, is stored again; an equal one is not."""
+    a = np.zeros(300_000, np.float32)  # 1.2 MB: two pieces
+    late = a.copy()
+    late[-1] = 1.0  # the same prefix and first piece
+    with TensorWriter(tmp_path / "staging") as writer:
+        offsets = [
+            int({e.key: e.value for e in writer.tensor(name, array).external_data}["offset"])
+            for name, array in (("a", a), ("late", late), ("again", a.copy()), ("as int32", a.view(np.int32)))
+        ]
+    assert offsets[0] == offsets[2] and len(set(offsets)) == 3, offsets
+    assert (tmp_path / "staging").stat().st_size == offsets[3] + a.nbytes  # three tensors written
 
 
 def test_stored_weights_compute_what_the_graphs_did(tmp_path):

@@ -125,12 +125,18 @@ def test_odd_and_empty_texts_translate_alike(bundle, translator):
     assert got[-1]["hypotheses"] == [""] and got[-1]["source_ids"] == []
 
 
-def test_node_refuses_a_damaged_bundle(bundle):
-    damaged = scratch("js-damaged") / "bundle"
+def _flipped_copy(bundle: Path, name: str, file: str, at: int) -> Path:
+    """A copy of `bundle` with one bit of `file` flipped at byte len(file) // at."""
+    damaged = scratch(name) / "bundle"
     shutil.copytree(bundle, damaged)
-    data = bytearray((damaged / "decoder.onnx").read_bytes())
-    data[len(data) // 2] ^= 0x01
-    (damaged / "decoder.onnx").write_bytes(bytes(data))
+    data = bytearray((damaged / file).read_bytes())
+    data[len(data) // at] ^= 0x01
+    (damaged / file).write_bytes(bytes(data))
+    return damaged
+
+
+def test_node_refuses_a_damaged_bundle(bundle):
+    damaged = _flipped_copy(bundle, "js-damaged", "decoder.onnx", 2)
     proc = node("translate", str(damaged), stdin="the cat\n", check=False)
     assert proc.returncode == 1
     assert "decoder.onnx: sha256 differs from bundle.json" in proc.stderr and proc.stdout == ""
@@ -142,11 +148,7 @@ def test_node_refuses_a_damaged_bundle(bundle):
 
 
 def test_node_refuses_a_damaged_weights_file_by_its_crc32_or_its_sha256(bundle):
-    damaged = scratch("js-damaged-weights") / "bundle"
-    shutil.copytree(bundle, damaged)
-    data = bytearray((damaged / "weights.bin").read_bytes())
-    data[len(data) // 3] ^= 0x01
-    (damaged / "weights.bin").write_bytes(bytes(data))
+    damaged = _flipped_copy(bundle, "js-damaged-weights", "weights.bin", 3)
     proc = node("translate", str(damaged), stdin="the cat\n", check=False)
     # Node >= 20.15 / 22.2 computes the CRC-32 natively; an older Node (the README asks for >= 18.17) checks the
     # sha256 of a bundle that has both

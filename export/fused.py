@@ -32,6 +32,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from seq2onnx.export.graphs import IR_VERSION, OPSET
+from seq2onnx.export.top_k import top_k_nodes
 from seq2onnx.export.weights import STAGING_FILE, TensorWriter
 from seq2onnx.model.transformer import Transformer
 from seq2onnx.runtime import bundle as names
@@ -282,22 +283,23 @@ class _StepBuilder:
         g, cfg, model = self.g, self.cfg, self.model
         tied = model.generator.weight is model.tgt_embed.weight
         table = "embed" if tied else g.const("generator", model.generator.weight)  # (V, D)
-        (logits,) = g.node("Gemm", [x, table], name="generator", transB=1)
-        if model.generator.bias is not None:  # Marian's final_logits_bias
-            bias = g.const("generator_bias", model.generator.bias)
-            (logits,) = g.node("Add", [logits, bias], name="generator_bias")
         never = np.zeros(cfg.tgt_vocab_size, np.float32)
         never[list(cfg.suppressed_ids)] = -np.inf
+        bias = model.generator.bias  # Marian's final_logits_bias, or None
+        bias = None if bias is None else bias.detach().cpu().numpy()
         if cfg.suppressed_ids and cfg.renormalize:  # -inf before the log-softmax (renormalize_logits)
-            (logits,) = g.node("Add", [logits, g.const("suppressed", never)], name="suppress")
-            g.node("LogSoftmax", [logits], name="log_softmax", axis=-1, outputs=[names.LOG_PROBS])
-        elif cfg.suppressed_ids:  # -inf after the log-softmax, as transformers' bad_words_ids
+            bias = never if bias is None else bias + never  # exact: b + 0 is b, b - inf is -inf
+        inputs = [x, table]
+        if bias is not None:  # Gemm's C, not one more pass over (R, V) per addend (optimisation-notes row 50)
+            inputs.append(g.const("generator_bias", bias))
+        (logits,) = g.node("Gemm", inputs, name="generator", transB=1)
+        if cfg.suppressed_ids and not cfg.renormalize:  # -inf after the log-softmax, as bad_words_ids
             (lsm,) = g.node("LogSoftmax", [logits], name="log_softmax", axis=-1)
             g.node("Add", [lsm, g.const("suppressed", never)], name="suppress", outputs=[names.LOG_PROBS])
         else:
             g.node("LogSoftmax", [logits], name="log_softmax", axis=-1, outputs=[names.LOG_PROBS])
-        g.node("TopK", [names.LOG_PROBS, names.TOP_K], name="top_k",
-               outputs=[names.TOPK_LOG_PROBS, names.TOPK_IDS], axis=-1, largest=1, sorted=1)
+        g.nodes += top_k_nodes(names.LOG_PROBS, names.TOP_K, names.TOPK_LOG_PROBS, names.TOPK_IDS,
+                               cfg.tgt_vocab_size)
 
 
 def _model_proto(g: _Graph, cfg) -> onnx.ModelProto:

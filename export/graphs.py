@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from seq2onnx.model.transformer import Transformer
 from seq2onnx.runtime import bundle as names
 
+from .top_k import top_k_nodes
 from .weights import STAGING_FILE, TensorWriter
 
 OPSET = 17
@@ -220,7 +221,7 @@ def _export(module: nn.Module, args: tuple, path: Path, writer: TensorWriter, *,
     proto = onnx.load(str(path))
     _place_weights(proto, module.state_dict(keep_vars=True), writer)
     if names.LOG_PROBS in outputs:
-        add_top_k(proto)
+        add_top_k(proto, module.model.cfg.tgt_vocab_size)
     onnx.save(proto, str(path))
     del proto
     writer.flush()
@@ -311,22 +312,21 @@ def _value(values: dict, name: str) -> np.ndarray:
     return array.astype(onnx.helper.tensor_dtype_to_np_dtype(attrs["to"]))
 
 
-def add_top_k(proto: onnx.ModelProto) -> None:
-    """Appends TopK(log_probs, top_k) to the decoder: outputs topk_log_probs and topk_ids.
+def add_top_k(proto: onnx.ModelProto, vocab: int) -> None:
+    """Appends the top k of log_probs to the decoder (export/top_k.py): outputs topk_log_probs and topk_ids.
 
-    Written as an ONNX node rather than traced, because tracing torch.topk freezes k to the
-    traced value. ONNX TopK breaks ties towards the lower index, the search's own rule.
+    Written as ONNX nodes rather than traced, because tracing torch.topk freezes k to the
+    traced value. Ties go to the lower id, the search's own rule.
 
     Args:
         proto: the decoder graph, changed in place (a top_k input and two outputs more).
+        vocab: the target vocabulary's size.
     """
     from onnx import TensorProto, helper
 
     graph = proto.graph
     graph.input.append(helper.make_tensor_value_info(names.TOP_K, TensorProto.INT64, [1]))
-    graph.node.append(helper.make_node(
-        "TopK", [names.LOG_PROBS, names.TOP_K], [names.TOPK_LOG_PROBS, names.TOPK_IDS],
-        axis=-1, largest=1, sorted=1, name="top_k"))
+    graph.node.extend(top_k_nodes(names.LOG_PROBS, names.TOP_K, names.TOPK_LOG_PROBS, names.TOPK_IDS, vocab))
     graph.output.append(helper.make_tensor_value_info(names.TOPK_LOG_PROBS, TensorProto.FLOAT, ["rows", "k"]))
     graph.output.append(helper.make_tensor_value_info(names.TOPK_IDS, TensorProto.INT64, ["rows", "k"]))
 

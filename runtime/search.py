@@ -72,15 +72,19 @@ def run(program: Program, step: Step):
         return done.value
 
 
-def candidates_needed(beam_size: int, min_length: int) -> int:
-    """Returns how many candidates per row a step must return for a search to be exact: 2K, +1 if
-    min_length > 0.
+def candidates_needed(beam_size: int, min_length: int, greedy: bool = False) -> int:
+    """Returns how many candidates per row a search's step must return for it to be exact: 2K for a beam
+    search (K = 1 included), 1 for greedy search (it reads its best alone), +1 if min_length > 0 (the best
+    may be the forbidden end token).
+
+    Why greedy asks for 1, not 2K = 2: the graph's TopK is a pass over each row's vocabulary, and
+    greedy reads one column of it (docs/optimisation-notes.md row 50).
 
     Args:
-        beam_size, min_length: the search's K (1 for greedy) and minimum length (the end token forbidden
-            before it).
+        beam_size, min_length: the search's K and minimum length (the end token forbidden before it).
+        greedy: the search is greedy search (beam_size 1).
     """
-    return 2 * beam_size + (1 if min_length > 0 else 0)
+    return (1 if greedy else 2 * beam_size) + (1 if min_length > 0 else 0)
 
 
 @dataclass

@@ -468,11 +468,10 @@ class Translator:
         return {"end_id": self.eos_id, "max_lengths": max_lengths}
 
     def step_top_k(self, beam_size: int, min_length: int) -> int | None:
-        """Candidates per row a step downloads from the graph's TopK for this search (None: every
-        log-probability)."""
+        """Candidates per row a step takes from the graph's TopK (beam_size 1: greedy; None: all of them)."""
         if not self._tuning.top_k_from_graph:
             return None
-        return min(candidates_needed(beam_size, min_length), self.tgt_vocab)
+        return min(candidates_needed(beam_size, min_length, greedy=beam_size == 1), self.tgt_vocab)
 
     def encode(self, src: np.ndarray, lengths: np.ndarray) -> tuple:
         """Runs the encoder over padded sources (Sources.pad): (src_mask, cross keys/values), OrtValues on the

@@ -100,11 +100,18 @@ def test_greedy_steps_match_pytorch(make_model, pre_norm, tie):
         tokens = greedy[:, None]
 
 
-def test_greedy_steps_match_the_standard_decoder_graph(make_model, tmp_path):
-    """The same steps through decoder.onnx (standard opset, growing cache) and the fused graph."""
+def _top_ids(log_probs: np.ndarray, k: int) -> np.ndarray:
+    """Each row's k best ids, log-prob descending, ties to the lower id (the graphs' rule)."""
+    return np.stack([np.lexsort((np.arange(row.size), -row))[:k] for row in log_probs])
+
+
+@pytest.mark.parametrize("vocab", [30, 8200])  # 8,200: the two-stage top k of export/top_k.py
+def test_greedy_steps_match_the_standard_decoder_graph(make_model, tmp_path, vocab):
+    """The same steps through decoder.onnx (standard opset, growing cache) and the fused graph; each graph's
+    top k is exactly that of its own log-probabilities."""
     from seq2onnx.export.graphs import export_graphs
 
-    model = make_model(seed=7, d_model=32, n_heads=2)
+    model = make_model(seed=7, d_model=32, n_heads=2, tgt_vocab_size=vocab)
     _, path = export_graphs(model, tmp_path)
     standard = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     mask, cross = source(model, [4, 6])
@@ -122,6 +129,8 @@ def test_greedy_steps_match_the_standard_decoder_graph(make_model, tmp_path):
         err = np.abs(log_probs - out[0]).max()
         assert err < ATOL, f"step {t}: max |fused - decoder.onnx| = {err:.2e}"
         np.testing.assert_array_equal(top, out[-1], err_msg=f"step {t}")
+        np.testing.assert_array_equal(top, _top_ids(log_probs, 3), err_msg=f"step {t}: fused top k")
+        np.testing.assert_array_equal(out[-1], _top_ids(out[0], 3), err_msg=f"step {t}: decoder.onnx top k")
         tokens = out[-1][:, :1]
 
 

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from seq2onnx.runtime.sampling import sample
-from seq2onnx.runtime.search import TopK, beam_search, candidates_needed, greedy_search, stream_greedy
+from seq2onnx.runtime.search import (
+    TopK,
+    beam_search,
+    candidates_needed,
+    greedy_search,
+    stream_greedy,
+)
 from seq2onnx.runtime.prefix import force_prefix
 
 CASES = json.loads((Path(__file__).resolve().parents[1] / "spec" / "cases" / "search.json").read_text(encoding="utf-8"))
@@ -124,7 +130,8 @@ def _run_case(case: dict, fn, batch: int, max_lengths, step_output: str, sentenc
     fake = Fake(fn, batch)
     min_length = case.get("min_length", 0)
     beam = case["beam_size"] if case["search"] == "beam" else 1
-    step = fake.step if step_output == "full" else _as_top_k(fake.step, candidates_needed(beam, min_length))
+    k = candidates_needed(beam, min_length, greedy=case["search"] == "greedy")
+    step = fake.step if step_output == "full" else _as_top_k(fake.step, k)
     if "target_prefixes" in case or case.get("forced_eos"):  # forced tokens wrap the step, as the Translator does
         prefixes = case.get("target_prefixes", [[]] * len(case["max_lengths"]))
         step = force_prefix(step, prefixes if len(prefixes) == batch else prefixes[sentence : sentence + 1],
@@ -412,7 +419,8 @@ def test_top_k_steps_give_the_full_log_probs_results(ties, min_length, beam):
     batch, vocab, lengths = 3, 12, np.array([6, 9, 4])
     fn = random_fn(7, vocab, ties=ties)
     results = []
-    for make in (lambda: full_step(fn, batch), lambda: _as_top_k(full_step(fn, batch), candidates_needed(beam, min_length))):
+    k = candidates_needed(beam, min_length, greedy=beam == 1)
+    for make in (lambda: full_step(fn, batch), lambda: _as_top_k(full_step(fn, batch), k)):
         step = make()
         kw = dict(start_id=START, eos_id=EOS, max_lengths=lengths, min_length=min_length)
         found = (greedy_search(step, batch, **kw) if beam == 1
@@ -420,6 +428,18 @@ def test_top_k_steps_give_the_full_log_probs_results(ties, min_length, beam):
         results.append([(r.hypotheses, r.scores) for r in found])
     assert results[0] == results[1]
     assert any(len(h) > 1 for hyps, _ in results[0] for h in hyps)
+
+
+def test_greedy_asks_the_graph_for_its_best_candidate_alone():
+    """Greedy reads column 0 only (the next one too while the end token is forbidden); a beam search
+    needs 2K, K = 1 included. The tests around this one hold each count exact."""
+    assert [candidates_needed(1, 0, greedy=True), candidates_needed(1, 3, greedy=True)] == [1, 2]
+    assert [candidates_needed(1, 0), candidates_needed(4, 0), candidates_needed(4, 1)] == [2, 8, 9]
+
+
+def test_the_translator_downloads_greedy_s_best_candidate_alone(translator):
+    """What a Translator asks of the decoder graph's TopK: 1 for greedy, 2K for a beam of K."""
+    assert [translator.step_top_k(1, 0), translator.step_top_k(1, 2), translator.step_top_k(4, 0)] == [1, 2, 8]
 
 
 def full_step(fn, batch):
@@ -436,7 +456,7 @@ def test_one_sentence_greedy_equals_the_batched_loop(ties, min_length, top_k):
     sentence gets inside a batch, from full log-probs and from top-k, with the end token forbidden."""
     vocab, lengths = 12, np.array([6, 9, 4])
     fn = random_fn(11, vocab, ties=ties)
-    make = (lambda f, b: _as_top_k(full_step(f, b), candidates_needed(1, min_length))) if top_k else full_step
+    make = (lambda f, b: _as_top_k(full_step(f, b), candidates_needed(1, min_length, greedy=True))) if top_k else full_step
     kw = dict(start_id=START, eos_id=EOS, min_length=min_length)
     batched = greedy_search(make(fn, 3), 3, max_lengths=lengths, **kw)
     for s in range(3):

@@ -52,7 +52,8 @@ test("the translator drives the graphs by the contract and equals the search on 
       assert.deepEqual(r.scores, want[i].scores);
       assert.deepEqual(r.hypotheses, r.tokenIds.map((ids) => ids.join("-")));
     });
-    assert.ok(log.every((c) => c.k === 2 * beamSize + (minLength > 0 ? 1 : 0)), "top_k = 2K (+1 under a minimum length)");
+    const k = (beamSize === 1 ? 1 : 2 * beamSize) + (minLength > 0 ? 1 : 0);
+    assert.ok(log.every((c) => c.k === k), "top_k = 2K, 1 for greedy (+1 under a minimum length)");
     assert.ok(log.every((c) => c.fetches.includes("topk_ids") && !c.fetches.includes("log_probs")), "only the top-k comes down");
     assert.ok(log.some((c, j) => j > 0 && c.batch < log[j - 1].batch), "finished sentences left the batch");
   }

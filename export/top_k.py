@@ -15,7 +15,7 @@ Exact, ties included: every one of the k best entries lies in one of the k best 
 above the block of an entry e holds an entry ranked above e: a larger value, or the same value at a
 lower id, since blocks are ordered by their maxima and then by number like the ids inside them), and the
 candidates stay in id order, so TopK's own tie rule (lower position first) is the lower id.
-tests/test_export.py holds it to plain TopK on ties, -inf and every k.
+tests/test_top_k.py holds it to plain TopK on ties, -inf and every k.
 
 Small vocabularies keep plain TopK: below MIN_VOCAB its heap is cheap and the dozen extra nodes cost more
 at one row than they save.

@@ -105,7 +105,8 @@ export type StepOutput =
 export type Step = (tokens: number[], cacheIndices: number[], t: number, keep: number[] | null) => Promise<StepOutput> | StepOutput;
 export interface SearchResult { hypotheses: number[][]; scores: number[] }
 
-export declare function candidatesNeeded(beamSize: number, minLength: number): number;
+/** Candidates per row a step must return: 2K for a beam search, 1 for greedy (`greedy`), +1 under a minimum length. */
+export declare function candidatesNeeded(beamSize: number, minLength: number, greedy?: boolean): number;
 /** A step whose rows of sentence s are forced to prefixes[s][t] (0, every other token -inf) at t < its length. */
 export declare function forcePrefix(step: Step, prefixes: (ArrayLike<number> | null | undefined)[]): Step;
 export declare function greedySearch(step: Step, batch: number,

@@ -5,7 +5,7 @@ import { nodePlatform } from "./platform-node.js";
 import { Translator as PortableTranslator } from "./translator.js";
 
 export { BundleError, FORMAT, FORMAT_VERSION, readBundle } from "./bundle.js";
-export { beamSearch, candidatesNeeded, forcePrefix, greedyCandidatesNeeded, greedySearch } from "./search.js";
+export { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
 export { SentencePiece, Tokens } from "./tokenizer.js";
 export { nodePlatform, PortableTranslator };
 

@@ -103,17 +103,13 @@ export function forcePrefix(step, prefixes, end = null) {
 /** transformers' early_stopping values, beamSearch's earlyStopping. */
 const EARLY_STOPPING = [true, false, "never"];
 
-/** How many candidates per row a beam search's step must return for it to be exact: 2K, +1 under a minimum length. */
-export function candidatesNeeded(beamSize, minLength) {
-  return 2 * beamSize + (minLength > 0 ? 1 : 0);
-}
-
 /**
- * How many candidates per row greedy search's step must return: its best alone (+1 while the end token is
- * forbidden). The Python host's runtime/search.py greedy_candidates_needed is the same rule.
+ * How many candidates per row a search's step must return for it to be exact: 2K for a beam search (K = 1
+ * included), 1 for greedy search (it reads its best alone), +1 under a minimum length (the best may be the
+ * forbidden end token). The Python host's runtime/search.py candidates_needed is the same rule.
  */
-export function greedyCandidatesNeeded(minLength) {
-  return 1 + (minLength > 0 ? 1 : 0);
+export function candidatesNeeded(beamSize, minLength, greedy = false) {
+  return (greedy ? 1 : 2 * beamSize) + (minLength > 0 ? 1 : 0);
 }
 
 const range = (n) => Array.from({ length: n }, (_, i) => i);

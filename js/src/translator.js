@@ -8,7 +8,7 @@ import {
 import { checkGraphs, checkReferences, checkTokenizers } from "./checks.js";
 import { SPEC_URL } from "./spec.js";
 import { checkSampling, sampleSearch } from "./sampling.js";
-import { beamSearch, candidatesNeeded, forcePrefix, greedyCandidatesNeeded, greedySearch } from "./search.js";
+import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
 import { SentencePiece, Tokens, isBlank } from "./tokenizer.js";
 
 // The typed array that carries each cache element type (float16 travels as raw bits); the element
@@ -379,8 +379,8 @@ export class Translator {
     if (options.sampling) return this._sample(sources, options);
     const { beamSize, numHypotheses, lengthPenalty, maxDecodingLength, minDecodingLength, prefixes } = options;
     const { src, width } = this._pad(sources);
-    // Searches need only their candidates: download [rows, 2K(+1)] instead of [rows, vocab].
-    const needed = beamSize === 1 ? greedyCandidatesNeeded(minDecodingLength) : candidatesNeeded(beamSize, minDecodingLength);
+    // Searches need only their candidates: download [rows, 2K or 1 for greedy (+1)] instead of [rows, vocab].
+    const needed = candidatesNeeded(beamSize, minDecodingLength, beamSize === 1);
     const topK = this.topKFromGraph ? Math.min(needed, this.tgtVocab) : null;
     const maxLengths = this.maxLengths(sources, maxDecodingLength);
     // forced target prefixes, and forced_eos' end token at the last step: the step's log-probs replaced before

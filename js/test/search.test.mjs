@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
-import { beamSearch, candidatesNeeded, forcePrefix, greedyCandidatesNeeded, greedySearch } from "../src/search.js";
+import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "../src/search.js";
 
 const CASES = JSON.parse(readFileSync(new URL("../../spec/cases/search.json", import.meta.url), "utf8"));
 // a case's convention (bundle.json's decoding.beam_convention) as beamSearch's options, as src/translator.js maps it
@@ -128,7 +128,7 @@ const beam = (fake, batch, options) => beamSearch(fake.step, batch, { startId: S
 async function runCase(c, fn, maxLengths, stepOutput, prefixes = c.target_prefixes) {
   const minLength = c.min_length ?? 0;
   const beamSize = c.search === "beam" ? c.beam_size : 1;
-  const fake = new Fake(fn, maxLengths.length, stepOutput === "full" ? null : candidatesNeeded(beamSize, minLength));
+  const fake = new Fake(fn, maxLengths.length, stepOutput === "full" ? null : candidatesNeeded(beamSize, minLength, c.search !== "beam"));
   const end = c.forced_eos ? { endId: EOS, maxLengths } : null; // forced_eos: the end token at the last step
   const forced = prefixes ?? (end ? maxLengths.map(() => []) : null);
   const step = forced ? forcePrefix(fake.step, forced, end) : fake.step;
@@ -257,7 +257,7 @@ test("beam equals the plain reference, through full log-probs and through top-k 
 });
 
 test("greedy asks for its best candidate alone (+1 while the end token is forbidden), a beam search for 2K", () => {
-  assert.deepEqual([greedyCandidatesNeeded(0), greedyCandidatesNeeded(3)], [1, 2]);
+  assert.deepEqual([candidatesNeeded(1, 0, true), candidatesNeeded(1, 3, true)], [1, 2]);
   assert.deepEqual([candidatesNeeded(1, 0), candidatesNeeded(4, 0), candidatesNeeded(4, 1)], [2, 8, 9]);
 });
 
@@ -268,7 +268,7 @@ test("beam with K = 1 equals greedy, through both step outputs", async () => {
     for (const minLength of [0, 2]) {
       const common = { startId: START, eosId: EOS, maxLengths, minLength };
       const greedy = await greedySearch(new Fake(fn, 4).step, 4, common);
-      const greedyTopK = await greedySearch(new Fake(fn, 4, greedyCandidatesNeeded(minLength)).step, 4, common);
+      const greedyTopK = await greedySearch(new Fake(fn, 4, candidatesNeeded(1, minLength, true)).step, 4, common);
       const one = await beamSearch(new Fake(fn, 4).step, 4, { ...common, beamSize: 1, lengthPenalty: 1 });
       assert.deepEqual(greedyTopK, greedy);
       assert.deepEqual(one.map((r) => r.hypotheses), greedy.map((r) => r.hypotheses));
@@ -303,7 +303,7 @@ test("forced prefixes: beam and greedy equal the plain reference, through both s
         if (k === 1) {
           const common = { startId: START, eosId: EOS, maxLengths, minLength };
           const greedy = await greedySearch(forcePrefix(new Fake(fn, 4).step, prefixes), 4, common);
-          const greedyTopK = await greedySearch(forcePrefix(new Fake(fn, 4, greedyCandidatesNeeded(minLength)).step, prefixes), 4, common);
+          const greedyTopK = await greedySearch(forcePrefix(new Fake(fn, 4, candidatesNeeded(1, minLength, true)).step, prefixes), 4, common);
           // An end token forced where the minimum length forbids it leaves no finite candidate: the
           // argmax of a row of -inf is then the step output's first entry, unspecified. Elsewhere
           // greedy is beam K = 1, through both step outputs.

@@ -54,6 +54,11 @@ def add(subparsers) -> None:
                         "rounds (default 1); a request joins the one with the fewest rows in flight. With "
                         "--intra-threads 1, N lanes keep N cores busy, one lane's Python running while "
                         "another's decoder step does (docs/serving.md)")
+    p.add_argument("--no-solo", dest="solo", action="store_false",
+                   help="--batching continuous only: hand every search to a lane. By default a request that "
+                        "finds nothing else decoding is decoded alone on its own thread by translate_batch's "
+                        "code, one at a time, sparing a lone client the hand-offs to a scheduler and back "
+                        "(docs/serving.md); requests arriving meanwhile join the lanes")
     p.add_argument("--workers", type=int, default=2,
                    help="--batching request only: requests decoded at once, each on a thread of its own "
                         "(default 2)")
@@ -113,7 +118,9 @@ def _engine(args, translator):
     from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder
 
     try:
-        return ContinuousEngine(translator, max_rows=args.max_rows, decoder=args.rounds, lanes=args.lanes)
+        return ContinuousEngine(
+            translator, max_rows=args.max_rows, decoder=args.rounds, lanes=args.lanes, solo=args.solo
+        )
     except (NoServingDecoder, ValueError) as e:  # ValueError: --rounds fused where it cannot run
         raise CommandError(str(e)) from None
 

@@ -340,6 +340,14 @@ def servers(args) -> list[tuple[str, str, list[str]]]:
             at = argv.index("--intra-threads") + 1
             for intra in args.continuous_intra:
                 out.append((name, f"intra {intra}", argv[:at] + [str(intra)] + argv[at + 1 :]))
+                if args.continuous_no_solo:  # the same with every search in the scheduler's rounds
+                    out.append(
+                        (
+                            name,
+                            f"intra {intra} no-solo",
+                            argv[:at] + [str(intra)] + argv[at + 1 :] + ["--no-solo"],
+                        )
+                    )
             for lanes in (n for n in args.continuous_lanes if n > 1):  # N schedulers, the threads split
                 intra = max(1, args.threads // lanes)
                 setting = f"lanes {lanes} x intra {intra}"
@@ -468,6 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="continuous settings tried: --intra-threads N (default 1 and T: at small models the second core "
         "serves the front end better than the products)",
+    )
+    p.add_argument(
+        "--continuous-no-solo",
+        action="store_true",
+        help="also try each --continuous-intra setting with seq2onnx serve --no-solo (every search in the "
+        "scheduler's rounds, none decoded alone): the A/B of docs/optimisation-notes.md row 51",
     )
     p.add_argument(
         "--continuous-lanes",

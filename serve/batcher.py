@@ -45,7 +45,7 @@ from seq2onnx.runtime.search import greedy_one_program
 from seq2onnx.runtime.text import text_increments
 from seq2onnx.runtime.translator import Translator
 
-from .engine import Cancelled, Engine, Job
+from .engine import Cancelled, Engine, Job, cancellable
 from .fused_rounds import FusedRounds
 from .memory import IDLE_S, TRIM_AFTER_ROUNDS, trim
 from .round_profile import round_profile
@@ -167,6 +167,11 @@ class Scheduler:
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout=30)
+
+    def idle(self) -> bool:
+        """No search is running or waiting to start."""
+        with self._cond:
+            return not self._incoming and not self._active
 
     def load(self) -> dict:
         """{"active_searches": searches running now, "active_rows": rows of the last round}."""
@@ -356,6 +361,10 @@ class ContinuousEngine(Engine):
             lane with the fewest rows in flight and stays there. With the translator's intra_threads at 1,
             two lanes keep two cores busy: one lane's Python (its searches' advance, the round's layout)
             runs while the other's decoder step does, as CTranslate2's inter_threads do.
+        solo: a search that finds every lane idle is decoded alone on its request's worker thread by the
+            Translator's own search (translate_batch's code, so its result is translate_batch's), one at a
+            time: a lone client's request is not handed to a scheduler's thread and back. Requests that
+            arrive meanwhile join the lanes as before. False: every search goes to a lane.
     Raises:
         NoServingDecoder: a bundle exported before continuous batching (the message says what to do).
         ValueError: lanes below 1, or as rounds_runner.
@@ -370,6 +379,7 @@ class ContinuousEngine(Engine):
         max_rows: int = 1024,
         decoder: str = "auto",
         lanes: int = 1,
+        solo: bool = True,
     ):
         if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
             raise ValueError(f"lanes={lanes!r}: give an int >= 1 (schedulers over the same sessions)")
@@ -385,11 +395,37 @@ class ContinuousEngine(Engine):
             max_workers=max_workers, thread_name_prefix="seq2onnx-job"
         )
         self._jobs: dict[int, int] = {}  # id(job) -> its sentences, while decoding
+        self.solo = solo
+        self._solo = threading.Lock()  # held by the one search decoded alone (_alone)
+        self._solo_rows = 0  # its rows, for load()
+        self.solo_searches = 0  # searches decoded alone so far
 
     def _scheduled(self, search: SearchJob, job: Job):
-        """Runs a planned search in the scheduler (its rows join the running batch); returns its results."""
+        """Runs a planned search: here, alone, where nothing else is decoding and `solo` allows it (one such
+        search at a time); else in a scheduler (its rows join the running batch). Returns its results."""
+        if self.solo and self._solo.acquire(blocking=False):
+            try:
+                if all(lane.idle() for lane in self.schedulers):
+                    return self._alone(search, job)
+            finally:
+                self._solo.release()
         member = _member(search, job)
         return self._lane().submit(member, search.program, search.force(member)).result()
+
+    def _alone(self, search: SearchJob, job: Job):
+        """translate_batch's own search on this worker thread, its step checking `job`'s cancel flag first
+        (as RequestEngine's). At one client the hand-offs to the scheduler's thread and back and the
+        rounds' per-row bookkeeping were 0.1-0.8x an in-process translate (docs/optimisation-notes.md
+        row 51); the lanes still take whatever arrives while it runs."""
+        with self._lock:
+            self._solo_rows = search.rows * search.beam_width
+        try:
+            found = self.translator.search(search, wrap=lambda step: cancellable(step, job))
+        finally:
+            with self._lock:
+                self._solo_rows = 0
+        self.solo_searches += 1
+        return found
 
     def _lane(self) -> Scheduler:
         """The scheduler with the fewest rows in flight (the first, of equals)."""
@@ -461,7 +497,9 @@ class ContinuousEngine(Engine):
         return {
             "active_requests": requests,
             "active_sentences": sentences,
-            "active_rows": sum(lane.load()["active_rows"] for lane in self.schedulers) if requests else 0,
+            "active_rows": (sum(lane.load()["active_rows"] for lane in self.schedulers) + self._solo_rows)
+            if requests
+            else 0,
         }
 
     def close(self) -> None:

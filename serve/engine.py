@@ -162,7 +162,7 @@ class RequestEngine(Engine):
         at the next step."""
         t = self.translator
         plan = t.plan(texts, options)
-        return plan.run(lambda search: t.search(search, wrap=lambda step: _checked(step, job)))
+        return plan.run(lambda search: t.search(search, wrap=lambda step: cancellable(step, job)))
 
     def stream(self, text: str, options: SearchOptions, job: Job) -> Iterator[str]:
         self._count(1, options, +1)
@@ -179,8 +179,14 @@ class RequestEngine(Engine):
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _checked(step, job: Job):
-    """`step` that first raises Cancelled once `job` was cancelled."""
+def cancellable(step, job: Job):
+    """Returns `step` made to raise Cancelled first once `job` was cancelled, so that an abandoned request
+    stops at its next step (RequestEngine's searches, and ContinuousEngine's searches decoded alone).
+
+    Args:
+        step: a search step (tokens, cache_indices, t, keep) -> its output.
+        job: the request's Job.
+    """
 
     def checked(tokens, cache_indices, t, keep):
         if job.cancelled.is_set():

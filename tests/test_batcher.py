@@ -37,7 +37,8 @@ def engine(bundle, request):
     decoder's in-place rounds: serve/fused_rounds.py), or decoder.onnx under the fused Translator."""
     decoder = request.param.split("-")[0]
     t = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=decoder))
-    e = ContinuousEngine(t, decoder="standard" if request.param.endswith("rounds") else "auto")
+    # solo=False: every search goes through the scheduler these tests are about (solo: its own tests below)
+    e = ContinuousEngine(t, decoder="standard" if request.param.endswith("rounds") else "auto", solo=False)
     assert type(e.scheduler.runner).__name__ == ("FusedRounds" if request.param == "fused" else "StandardRounds")
     yield e
     e.close()
@@ -121,7 +122,7 @@ def test_fused_rounds_keep_their_buffers_between_requests_and_drop_them_when_idl
     # however slow the machine between two requests, nothing is dropped while the first part runs
     monkeypatch.setattr(batcher, "IDLE_S", 60.0)
     t = Translator(bundle, device="cpu")
-    e = ContinuousEngine(t)
+    e = ContinuousEngine(t, solo=False)  # a lone request would otherwise be decoded alone, not in the rounds
     runner = e.scheduler.runner
     try:
         mixed = REQUESTS[:6] + REQUESTS[:6]  # greedy, beams, n-best: one at a time
@@ -145,6 +146,56 @@ def test_fused_rounds_keep_their_buffers_between_requests_and_drop_them_when_idl
             time.sleep(0.01)
         assert dropped
         _same(e.submit(TEXTS[:2], e.check({})).future.result(timeout=60), _alone(t, TEXTS[:2], {}))
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("decoder", ["fused", "standard"])
+def test_a_lone_request_is_decoded_alone_and_requests_meanwhile_join_the_lanes(bundle, decoder, monkeypatch):
+    """solo (the default): a request that finds nothing decoding runs translate_batch's own search on its worker
+    thread, never the scheduler's rounds; while it runs, another request goes to a lane (and is answered
+    before it); load() counts the lone search's rows; a cancel reaches it at its next step; solo=False sends
+    every search to a lane."""
+    t = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=decoder))
+    e = ContinuousEngine(t)
+    try:
+        for texts, options in REQUESTS:  # every kind, one at a time
+            _same(e.submit(texts, e.check(options)).future.result(timeout=60), _alone(t, texts, options))
+        assert e.solo_searches >= len(REQUESTS) and e.scheduler.rounds == 0
+
+        wanted = [_alone(t, [TEXTS[i]], {}) for i in (0, 1)]  # before the patch below (translate_batch uses it)
+        entered, release, real = threading.Event(), threading.Event(), t.search
+
+        def held(search, wrap=None):  # the lone search waits here until released
+            entered.set()
+            assert release.wait(60)
+            return real(search, wrap=wrap)
+
+        monkeypatch.setattr(t, "search", held)
+        first = e.submit(TEXTS[3:5], e.check({"beam_size": 4}))
+        assert entered.wait(60)
+        assert e.load() == {"active_requests": 1, "active_sentences": 2, "active_rows": 8}
+        second = e.submit([TEXTS[0]], e.check({}))  # the lone path is taken: this one joins a lane
+        _same(second.future.result(timeout=60), wanted[0])
+        assert not first.future.done() and e.scheduler.rounds > 0
+        first_cancelled = e.submit([TEXTS[7]], e.check({"max_decoding_length": 30}))  # to a lane: cancel there
+        first_cancelled.cancel()
+        with pytest.raises(Cancelled):
+            first_cancelled.future.result(timeout=60)
+        first.cancel()  # the lone search's next step raises
+        release.set()
+        with pytest.raises(Cancelled):
+            first.future.result(timeout=60)
+        monkeypatch.setattr(t, "search", real)
+        rounds, alone = e.scheduler.rounds, e.solo_searches
+        _same(e.submit([TEXTS[1]], e.check({})).future.result(timeout=60), wanted[1])
+        assert (e.solo_searches, e.scheduler.rounds) == (alone + 1, rounds)
+    finally:
+        e.close()
+    e = ContinuousEngine(t, solo=False)
+    try:
+        _same(e.submit([TEXTS[1]], e.check({})).future.result(timeout=60), _alone(t, [TEXTS[1]], {}))
+        assert e.solo_searches == 0 and e.scheduler.rounds > 0
     finally:
         e.close()
 

@@ -144,6 +144,9 @@ class Frontend:
         for key in ("active_requests", "active_sentences", "active_rows"):
             Gauge(f"seq2onnx_{key}", f"{key.replace('_', ' ')} being decoded now (the engine's load())",
                   registry=r).set_function(lambda key=key: engine.load()[key])
+        Gauge("seq2onnx_searches_decoded_alone", "searches decoded alone on their request's thread since the "
+              "start: nothing else was decoding (--batching continuous without --no-solo)",
+              registry=r).set_function(lambda: engine.solo_searches)
         info = Gauge("seq2onnx_engine_info", "the engine served", ["batching"], registry=r)
         info.labels(engine.batching).set(1)
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds...: what bounds watch

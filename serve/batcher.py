@@ -414,8 +414,8 @@ class ContinuousEngine(Engine):
 
     def _alone(self, search: SearchJob, job: Job):
         """translate_batch's own search on this worker thread, its step checking `job`'s cancel flag first
-        (as RequestEngine's). At one client the hand-offs to the scheduler's thread and back and the
-        rounds' per-row bookkeeping were 0.1-0.8x an in-process translate (docs/optimisation-notes.md
+        (as RequestEngine's). At one client the hand-off to the scheduler's thread and back and the
+        rounds' per-row bookkeeping cost 0.16-0.50x an in-process translate (docs/optimisation-notes.md
         row 51); the lanes still take whatever arrives while it runs."""
         with self._lock:
             self._solo_rows = search.rows * search.beam_width

@@ -52,6 +52,8 @@ class Engine:
 
     #: the name `seq2onnx serve --batching` gives this engine, and /metrics and /ready report
     batching = "none"
+    #: searches decoded alone on their request's thread so far (ContinuousEngine's solo path; /metrics)
+    solo_searches = 0
 
     def __init__(self, translator: Translator, max_rows: int = 1024):
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:

@@ -129,8 +129,12 @@ def test_metrics_count_requests_and_tokens(front):
         return (front.metric("seq2onnx_requests_total", endpoint=TRANSLATE, status="200"),
                 front.metric("seq2onnx_requests_total", endpoint=TRANSLATE, status="422"),
                 front.metric("seq2onnx_generated_tokens_total"), front.metric("seq2onnx_texts_total"),
-                front.metric("seq2onnx_request_seconds_count", endpoint=TRANSLATE))
+                front.metric("seq2onnx_request_seconds_count", endpoint=TRANSLATE),
+                front.metric("seq2onnx_searches_decoded_alone"))
 
+    deadline = time.monotonic() + 30  # nothing of an earlier test still decoding: the next search is alone
+    while front.metric("seq2onnx_active_requests") and time.monotonic() < deadline:
+        time.sleep(0.05)
     before = read()
     r = front.client.post(TRANSLATE, json={"texts": TEXTS, "beam_size": 2, "num_hypotheses": 2})
     tokens = sum(len(ids) for t in r.json()["translations"] for ids in t["token_ids"])
@@ -140,6 +144,7 @@ def test_metrics_count_requests_and_tokens(front):
     assert after[2] == before[2] + tokens and tokens > 0
     assert after[3] == before[3] + len(TEXTS)
     assert after[4] == before[4] + 2
+    assert after[5] == before[5] + (FRONT == "continuous")  # the continuous engine's solo path; else none
     text = front.client.get("/metrics").text
     for name in ("seq2onnx_queue_depth", "seq2onnx_active_requests", "seq2onnx_active_sentences",
                  "seq2onnx_active_rows", f'seq2onnx_engine_info{{batching="{FRONT}"}}'):

@@ -54,7 +54,8 @@ from seq2onnx.serve.engine import Engine, Job
 
 HERE = Path(__file__).resolve().parent
 LUA = HERE / "serve_wrk.lua"
-SERVERS = ("continuous", "standard-rounds", "request", "ct2", "ceiling")
+SERVERS = ("continuous", "standard-rounds", "request", "ct2", "ceiling")  # --servers' choices
+COLUMNS = ("continuous", "continuous-no-solo", *SERVERS[1:])  # the report's (--continuous-no-solo adds one)
 MARKER = "SERVE_WRK "
 
 
@@ -259,7 +260,7 @@ def _ratio(a, b) -> str:
 
 def markdown(report: dict) -> str:
     best = best_points(report["points"])
-    servers = [s for s in SERVERS if any(k[0] == s for k in best)]
+    servers = [s for s in COLUMNS if any(k[0] == s for k in best)]
     greedy = min(report["beams"])
     out = [f"# seq2onnx serve under wrk ({report['started']})", "", report["note"], ""]
     for beam in report["beams"]:
@@ -343,8 +344,8 @@ def servers(args) -> list[tuple[str, str, list[str]]]:
                 if args.continuous_no_solo:  # the same with every search in the scheduler's rounds
                     out.append(
                         (
-                            name,
-                            f"intra {intra} no-solo",
+                            "continuous-no-solo",  # a column of its own: the continuous column stays solo's
+                            f"intra {intra}",
                             argv[:at] + [str(intra)] + argv[at + 1 :] + ["--no-solo"],
                         )
                     )
@@ -480,8 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--continuous-no-solo",
         action="store_true",
-        help="also try each --continuous-intra setting with seq2onnx serve --no-solo (every search in the "
-        "scheduler's rounds, none decoded alone): the A/B of docs/optimisation-notes.md row 51",
+        help="also measure each --continuous-intra setting with seq2onnx serve --no-solo (every search in "
+        "the scheduler's rounds, none decoded alone), reported as server continuous-no-solo: the A/B of "
+        "docs/optimisation-notes.md row 51",
     )
     p.add_argument(
         "--continuous-lanes",

@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                ProcessCollector, generate_latest)
+from prometheus_client.core import CounterMetricFamily
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
@@ -39,6 +40,7 @@ CLIENT_LEFT = 499
 
 
 # -- request and response bodies (FastAPI's /docs and /openapi.json show these) ----------------------
+
 
 class _Options(BaseModel):
     # strict: "4" is no beam size and 1 no boolean; the runtime checks the ranges (engine.check)
@@ -110,6 +112,19 @@ _ERRORS = {status: {"model": ErrorResponse, "description": text} for status, tex
 
 # -- state, metrics and admission -----------------------------------------------------------------
 
+class _EngineCounters:
+    """The engine's own counts as Prometheus counters, read at each scrape (the engine knows no metrics)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def collect(self):
+        yield CounterMetricFamily(
+            "seq2onnx_searches_decoded_alone",
+            "searches decoded alone on their request's thread since the start: nothing else was decoding "
+            "(--batching continuous without --no-solo)", value=self.engine.solo_searches)
+
+
 class Frontend:
     """What an app of create_app shares between its endpoints and serve/server.py (app.state.frontend).
 
@@ -144,9 +159,7 @@ class Frontend:
         for key in ("active_requests", "active_sentences", "active_rows"):
             Gauge(f"seq2onnx_{key}", f"{key.replace('_', ' ')} being decoded now (the engine's load())",
                   registry=r).set_function(lambda key=key: engine.load()[key])
-        Gauge("seq2onnx_searches_decoded_alone", "searches decoded alone on their request's thread since the "
-              "start: nothing else was decoding (--batching continuous without --no-solo)",
-              registry=r).set_function(lambda: engine.solo_searches)
+        r.register(_EngineCounters(engine))
         info = Gauge("seq2onnx_engine_info", "the engine served", ["batching"], registry=r)
         info.labels(engine.batching).set(1)
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds...: what bounds watch

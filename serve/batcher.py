@@ -56,6 +56,12 @@ __all__ = ["ContinuousEngine", "Member", "NoServingDecoder", "RoundFailed", "Sch
 log = logging.getLogger("seq2onnx.serve")
 
 
+# The widest search decoded alone (ContinuousEngine solo): the hand-off it saves is a fixed cost, worth it for
+# a lone client's small requests; a larger one goes to a lane, whose idle time gives its memory back (arena
+# shrink, malloc_trim: serve/memory.py), which nothing does after a search decoded alone.
+SOLO_MAX_ROWS = 32
+
+
 class RoundFailed(RuntimeError):
     """The decoder graph failed on a round: every request in it is answered 500 (not its own fault: no
     422)."""
@@ -134,6 +140,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._incoming: list[_Search] = []
         self._active: list[_Search] = []  # the rows' order in a round
+        self._searches = 0  # submitted and not finished (under _cond: what idle() reads)
         self._closed = False
         # memory given back after bursts (serve/memory.py); the runner's buffers kept while idle
         self._trimmed_at, self._release_due, self._clear_due = 0, False, False
@@ -152,6 +159,7 @@ class Scheduler:
                 raise RuntimeError("the scheduler is closed")
             rows = member.rows
             self._incoming.append(search)
+            self._searches += 1
             self.rows_in_flight += rows
             self._cond.notify()
         search.future.add_done_callback(lambda _: self._done(rows))
@@ -169,9 +177,9 @@ class Scheduler:
         self._thread.join(timeout=30)
 
     def idle(self) -> bool:
-        """No search is running or waiting to start."""
+        """No search is running or waiting to start (one being started counts: _searches falls in _finish)."""
         with self._cond:
-            return not self._incoming and not self._active
+            return self._searches == 0
 
     def load(self) -> dict:
         """{"active_searches": searches running now, "active_rows": rows of the last round}."""
@@ -307,6 +315,8 @@ class Scheduler:
             self._active.append(search)
 
     def _finish(self, search: _Search, *, result=None, error: BaseException | None = None) -> None:
+        with self._cond:
+            self._searches -= 1
         self.runner.leave(search.member)
         search.program.close()
         search.request = None
@@ -361,10 +371,11 @@ class ContinuousEngine(Engine):
             lane with the fewest rows in flight and stays there. With the translator's intra_threads at 1,
             two lanes keep two cores busy: one lane's Python (its searches' advance, the round's layout)
             runs while the other's decoder step does, as CTranslate2's inter_threads do.
-        solo: a search that finds every lane idle is decoded alone on its request's worker thread by the
-            Translator's own search (translate_batch's code, so its result is translate_batch's), one at a
-            time: a lone client's request is not handed to a scheduler's thread and back. Requests that
-            arrive meanwhile join the lanes as before. False: every search goes to a lane.
+        solo: a search of at most SOLO_MAX_ROWS rows that finds every lane idle is decoded alone on its
+            request's worker thread by the Translator's own search (translate_batch's code, so its result is
+            translate_batch's), one at a time: a lone client's request is not handed to a scheduler's thread
+            and back. Requests that arrive meanwhile join the lanes as before (so at most lanes + 1 decodes
+            run at once); streams always do. False: every search goes to a lane.
     Raises:
         NoServingDecoder: a bundle exported before continuous batching (the message says what to do).
         ValueError: lanes below 1, or as rounds_runner.
@@ -401,9 +412,14 @@ class ContinuousEngine(Engine):
         self.solo_searches = 0  # searches decoded alone so far
 
     def _scheduled(self, search: SearchJob, job: Job):
-        """Runs a planned search: here, alone, where nothing else is decoding and `solo` allows it (one such
-        search at a time); else in a scheduler (its rows join the running batch). Returns its results."""
-        if self.solo and self._solo.acquire(blocking=False):
+        """Runs a planned search: here, alone, where nothing else is decoding, it has at most SOLO_MAX_ROWS
+        rows and `solo` allows it (one such search at a time); else in a scheduler (its rows join the running
+        batch). Returns its results."""
+        if (
+            self.solo
+            and search.rows * search.beam_width <= SOLO_MAX_ROWS
+            and self._solo.acquire(blocking=False)
+        ):
             try:
                 if all(lane.idle() for lane in self.schedulers):
                     return self._alone(search, job)
@@ -420,12 +436,11 @@ class ContinuousEngine(Engine):
         with self._lock:
             self._solo_rows = search.rows * search.beam_width
         try:
-            found = self.translator.search(search, wrap=lambda step: cancellable(step, job))
+            return self.translator.search(search, wrap=lambda step: cancellable(step, job))
         finally:
             with self._lock:
                 self._solo_rows = 0
-        self.solo_searches += 1
-        return found
+            self.solo_searches += 1  # under _solo: one at a time
 
     def _lane(self) -> Scheduler:
         """The scheduler with the fewest rows in flight (the first, of equals)."""

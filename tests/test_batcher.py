@@ -68,7 +68,7 @@ def test_concurrent_requests_equal_each_request_alone(engine):
 @pytest.mark.parametrize("decoder", ["fused", "standard"])
 def test_two_lanes_share_the_requests_and_each_equals_its_request_alone(bundle, decoder):
     t = Translator(bundle, device="cpu", intra_threads=1, _tuning=SessionTuning(decoder=decoder))
-    engine = ContinuousEngine(t, lanes=2)
+    engine = ContinuousEngine(t, lanes=2, solo=False)  # every search to a lane, the first one too
     try:
         assert [lane._thread.name for lane in engine.schedulers] == ["seq2onnx-scheduler-0", "seq2onnx-scheduler-1"]
         wanted = [_alone(t, texts, options) for texts, options in REQUESTS]
@@ -94,7 +94,7 @@ def test_fused_rounds_that_move_positions_and_grow_give_each_request_alone(bundl
     reads dropped, positions and rows grown, the source width widened, beams and greedy rows in one group,
     rows freed by finished sentences taken by later ones; every result is translate_batch's alone."""
     t = Translator(bundle, device="cpu")
-    e = ContinuousEngine(t)
+    e = ContinuousEngine(t, solo=False)  # the rounds' buffers are what is tested: no request decoded alone
     runner = e.scheduler.runner
     # the first burst's positions and rows run out at once; every wider source widens
     runner.first_positions, runner.first_rows, runner.width_quantum = 4, 1, 1
@@ -158,13 +158,17 @@ def test_a_lone_request_is_decoded_alone_and_requests_meanwhile_join_the_lanes(b
     every search to a lane."""
     t = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=decoder))
     e = ContinuousEngine(t)
+    release = threading.Event()
     try:
         for texts, options in REQUESTS:  # every kind, one at a time
             _same(e.submit(texts, e.check(options)).future.result(timeout=60), _alone(t, texts, options))
         assert e.solo_searches >= len(REQUESTS) and e.scheduler.rounds == 0
+        wide = ([TEXTS[0]] * 9, {"beam_size": 4})  # 36 rows > SOLO_MAX_ROWS: to a lane, whose idle time trims
+        _same(e.submit(wide[0], e.check(wide[1])).future.result(timeout=60), _alone(t, *wide))
+        assert e.scheduler.rounds > 0
 
         wanted = [_alone(t, [TEXTS[i]], {}) for i in (0, 1)]  # before the patch below (translate_batch uses it)
-        entered, release, real = threading.Event(), threading.Event(), t.search
+        entered, real = threading.Event(), t.search
 
         def held(search, wrap=None):  # the lone search waits here until released
             entered.set()
@@ -177,7 +181,7 @@ def test_a_lone_request_is_decoded_alone_and_requests_meanwhile_join_the_lanes(b
         assert e.load() == {"active_requests": 1, "active_sentences": 2, "active_rows": 8}
         second = e.submit([TEXTS[0]], e.check({}))  # the lone path is taken: this one joins a lane
         _same(second.future.result(timeout=60), wanted[0])
-        assert not first.future.done() and e.scheduler.rounds > 0
+        assert not first.future.done()
         first_cancelled = e.submit([TEXTS[7]], e.check({"max_decoding_length": 30}))  # to a lane: cancel there
         first_cancelled.cancel()
         with pytest.raises(Cancelled):
@@ -191,6 +195,7 @@ def test_a_lone_request_is_decoded_alone_and_requests_meanwhile_join_the_lanes(b
         _same(e.submit([TEXTS[1]], e.check({})).future.result(timeout=60), wanted[1])
         assert (e.solo_searches, e.scheduler.rounds) == (alone + 1, rounds)
     finally:
+        release.set()  # never leave the lone search waiting (a failed assertion above)
         e.close()
     e = ContinuousEngine(t, solo=False)
     try:

@@ -130,7 +130,7 @@ def test_metrics_count_requests_and_tokens(front):
                 front.metric("seq2onnx_requests_total", endpoint=TRANSLATE, status="422"),
                 front.metric("seq2onnx_generated_tokens_total"), front.metric("seq2onnx_texts_total"),
                 front.metric("seq2onnx_request_seconds_count", endpoint=TRANSLATE),
-                front.metric("seq2onnx_searches_decoded_alone"))
+                front.metric("seq2onnx_searches_decoded_alone_total"))
 
     deadline = time.monotonic() + 30  # nothing of an earlier test still decoding: the next search is alone
     while front.metric("seq2onnx_active_requests") and time.monotonic() < deadline:

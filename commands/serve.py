@@ -55,10 +55,11 @@ def add(subparsers) -> None:
                         "--intra-threads 1, N lanes keep N cores busy, one lane's Python running while "
                         "another's decoder step does (docs/serving.md)")
     p.add_argument("--no-solo", dest="solo", action="store_false",
-                   help="--batching continuous only: hand every search to a lane. By default a request that "
-                        "finds nothing else decoding is decoded alone on its own thread by translate_batch's "
-                        "code, one at a time, sparing a lone client the hand-offs to a scheduler and back "
-                        "(docs/serving.md); requests arriving meanwhile join the lanes")
+                   help="--batching continuous only: hand every search to a lane. By default a search of at "
+                        "most 32 rows (sentences x beams) that finds nothing else decoding is decoded alone "
+                        "on its own thread by translate_batch's code, one at a time, sparing a lone client "
+                        "the hand-offs to a scheduler and back (docs/serving.md); requests arriving "
+                        "meanwhile join the lanes")
     p.add_argument("--workers", type=int, default=2,
                    help="--batching request only: requests decoded at once, each on a thread of its own "
                         "(default 2)")

@@ -41,7 +41,6 @@ CLIENT_LEFT = 499
 
 # -- request and response bodies (FastAPI's /docs and /openapi.json show these) ----------------------
 
-
 class _Options(BaseModel):
     # strict: "4" is no beam size and 1 no boolean; the runtime checks the ranges (engine.check)
     model_config = ConfigDict(extra="forbid", strict=True)

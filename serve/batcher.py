@@ -45,7 +45,7 @@ from seq2onnx.runtime.search import greedy_one_program
 from seq2onnx.runtime.text import text_increments
 from seq2onnx.runtime.translator import Translator
 
-from .engine import Cancelled, Engine, Job, cancellable
+from .engine import Cancelled, Engine, Job, search_here
 from .fused_rounds import FusedRounds
 from .memory import IDLE_S, TRIM_AFTER_ROUNDS, trim
 from .round_profile import round_profile
@@ -415,28 +415,25 @@ class ContinuousEngine(Engine):
         """Runs a planned search: here, alone, where nothing else is decoding, it has at most SOLO_MAX_ROWS
         rows and `solo` allows it (one such search at a time); else in a scheduler (its rows join the running
         batch). Returns its results."""
-        if (
-            self.solo
-            and search.rows * search.beam_width <= SOLO_MAX_ROWS
-            and self._solo.acquire(blocking=False)
-        ):
+        rows = search.rows * search.beam_width
+        if self.solo and rows <= SOLO_MAX_ROWS and self._solo.acquire(blocking=False):
             try:
                 if all(lane.idle() for lane in self.schedulers):
-                    return self._alone(search, job)
+                    return self._alone(search, job, rows)
             finally:
                 self._solo.release()
         member = _member(search, job)
         return self._lane().submit(member, search.program, search.force(member)).result()
 
-    def _alone(self, search: SearchJob, job: Job):
+    def _alone(self, search: SearchJob, job: Job, rows: int):
         """translate_batch's own search on this worker thread, its step checking `job`'s cancel flag first
         (as RequestEngine's). At one client the hand-off to the scheduler's thread and back and the
         rounds' per-row bookkeeping cost 0.16-0.50x an in-process translate (docs/optimisation-notes.md
         row 51); the lanes still take whatever arrives while it runs."""
         with self._lock:
-            self._solo_rows = search.rows * search.beam_width
+            self._solo_rows = rows
         try:
-            return self.translator.search(search, wrap=lambda step: cancellable(step, job))
+            return search_here(self.translator, search, job)
         finally:
             with self._lock:
                 self._solo_rows = 0

@@ -164,7 +164,7 @@ class RequestEngine(Engine):
         at the next step."""
         t = self.translator
         plan = t.plan(texts, options)
-        return plan.run(lambda search: t.search(search, wrap=lambda step: cancellable(step, job)))
+        return plan.run(lambda search: search_here(t, search, job))
 
     def stream(self, text: str, options: SearchOptions, job: Job) -> Iterator[str]:
         self._count(1, options, +1)
@@ -179,6 +179,12 @@ class RequestEngine(Engine):
     def close(self) -> None:
         # a job never started is never answered: it was cancelled
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def search_here(translator: Translator, search, job: Job):
+    """Runs a planned search (runtime/plan.py's SearchJob) on this thread by the translator's own search, its
+    step under `cancellable`: RequestEngine's searches, and ContinuousEngine's searches decoded alone."""
+    return translator.search(search, wrap=lambda step: cancellable(step, job))
 
 
 def cancellable(step, job: Job):

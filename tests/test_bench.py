@@ -39,6 +39,17 @@ def test_bench_quick(capsys):
     n = report["sentences"]
     assert n == bench_run.QUICK_SENTENCES
 
+    _check_engine_rows(report, n)
+    _check_skipped_and_ct2(report, n)
+
+    # the machine above the table, then the table
+    assert "machine:" in printed and "threads:   1 for every engine" in printed
+    assert "engine" in printed and "tokens/s" in printed and "x ct2" in printed
+    assert "one sentence at a time" in printed  # the reference beam caveat is stated
+
+
+def _check_engine_rows(report: dict, n: int) -> None:
+    """Every engine's rows: the configurations, the derived figures, the peaks and the agreement."""
     for engine in ("torch", "torch-batched", "onnx-cpu-fp32", "onnx-cpu-int8"):
         rows = _rows(report, engine)
         assert {(r["search"], r["batch"]) for r in rows} == CONFIGS, engine
@@ -60,6 +71,9 @@ def test_bench_quick(capsys):
         if r["search"] == "greedy":
             assert r["agreement"] == n
 
+
+def _check_skipped_and_ct2(report: dict, n: int) -> None:
+    """The engines skipped with their reasons, and the CTranslate2 rows with their ratios."""
     skipped = {s["engine"]: s["reason"] for s in report["skipped"]}
     if not _cuda_usable()[0]:
         for engine in ("onnx-cuda-fp32", "onnx-cuda-fp16"):
@@ -81,11 +95,6 @@ def test_bench_quick(capsys):
                 assert r["x_ct2"] == pytest.approx(r["tokens_per_s"] / p["tokens_per_s"])
     else:
         assert skipped["ct2-cpu-fp32"] == ct2convert.CT2_MISSING
-
-    # the machine above the table, then the table
-    assert "machine:" in printed and "threads:   1 for every engine" in printed
-    assert "engine" in printed and "tokens/s" in printed and "x ct2" in printed
-    assert "one sentence at a time" in printed  # the reference beam caveat is stated
 
 
 @pytest.mark.slow

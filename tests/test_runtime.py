@@ -426,50 +426,45 @@ def test_intact_copy_loads(bundle):
     assert Translator(copy, device="cpu").translate("the cat") == Translator(bundle, device="cpu").translate("the cat")
 
 
-@pytest.mark.parametrize("damage, names", [
-    ("missing_json", ["bundle.json", "missing"]),
-    ("invalid_json", ["bundle.json", "JSON"]),
-    ("not_object", ["bundle.json"]),
-    ("format_version", ["bundle.json", "format_version"]),
-    ("missing_field", ["bundle.json", "graphs"]),
-    ("missing_decoder", ["decoder.onnx", "missing"]),
-    ("truncated_encoder", ["encoder.onnx", "sha256"]),
-    ("replaced_tokenizer", ["target.spm.model", "sha256"]),
-    ("outside", ["'../x'", "outside"]),
-    ("absolute", ["outside"]),
-    ("swapped_graphs", ["encoder.onnx"]),
-    ("no_dir", ["not a bundle directory"]),
-])
-def test_damaged_bundle(bundle, damage, names):
+def _outside(path):
+    shutil.copy(path / "encoder.onnx", path.parent / "x")  # exists, but outside the bundle
+    _edit_meta(path, lambda m: m["files"]["encoder"].update(path="../x"))
+
+
+def _absolute(path):
+    outside = path.parent / "y.onnx"
+    shutil.copy(path / "encoder.onnx", outside)
+    _edit_meta(path, lambda m: m["files"]["encoder"].update(path=str(outside.resolve())))
+
+
+def _swapped_graphs(path):
+    shutil.copy(path / "decoder.onnx", path / "encoder.onnx")
+    _edit_meta(path, lambda m: m["files"]["encoder"].update(sha256=m["files"]["decoder"]["sha256"]))
+
+
+# Each damage done to a copy of the bundle, and the names its error must carry.
+DAMAGES = {
+    "missing_json": (lambda p: (p / "bundle.json").unlink(), ["bundle.json", "missing"]),
+    "invalid_json": (lambda p: (p / "bundle.json").write_text('{"format": "seq2onnx-bundle", '), ["bundle.json", "JSON"]),
+    "not_object": (lambda p: (p / "bundle.json").write_text("[1, 2]"), ["bundle.json"]),
+    "format_version": (lambda p: _edit_meta(p, lambda m: m.update(format_version=2)), ["bundle.json", "format_version"]),
+    "missing_field": (lambda p: _edit_meta(p, lambda m: m.pop("graphs")), ["bundle.json", "graphs"]),
+    "missing_decoder": (lambda p: (p / "decoder.onnx").unlink(), ["decoder.onnx", "missing"]),
+    "truncated_encoder": (lambda p: _truncate(p / "encoder.onnx"), ["encoder.onnx", "sha256"]),
+    "replaced_tokenizer": (lambda p: shutil.copy(p / "source.spm.model", p / "target.spm.model"),
+                           ["target.spm.model", "sha256"]),
+    "outside": (_outside, ["'../x'", "outside"]),
+    "absolute": (_absolute, ["outside"]),
+    "swapped_graphs": (_swapped_graphs, ["encoder.onnx"]),
+    "no_dir": (shutil.rmtree, ["not a bundle directory"]),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_damaged_bundle(bundle, damage):
     path = _copy(bundle, damage)
-    if damage == "missing_json":
-        (path / "bundle.json").unlink()
-    elif damage == "invalid_json":
-        (path / "bundle.json").write_text('{"format": "seq2onnx-bundle", ')
-    elif damage == "not_object":
-        (path / "bundle.json").write_text("[1, 2]")
-    elif damage == "format_version":
-        _edit_meta(path, lambda m: m.update(format_version=2))
-    elif damage == "missing_field":
-        _edit_meta(path, lambda m: m.pop("graphs"))
-    elif damage == "missing_decoder":
-        (path / "decoder.onnx").unlink()
-    elif damage == "truncated_encoder":
-        _truncate(path / "encoder.onnx")
-    elif damage == "replaced_tokenizer":
-        shutil.copy(path / "source.spm.model", path / "target.spm.model")
-    elif damage == "outside":
-        shutil.copy(path / "encoder.onnx", path.parent / "x")  # exists, but outside the bundle
-        _edit_meta(path, lambda m: m["files"]["encoder"].update(path="../x"))
-    elif damage == "absolute":
-        outside = path.parent / "y.onnx"
-        shutil.copy(path / "encoder.onnx", outside)
-        _edit_meta(path, lambda m: m["files"]["encoder"].update(path=str(outside.resolve())))
-    elif damage == "swapped_graphs":
-        shutil.copy(path / "decoder.onnx", path / "encoder.onnx")
-        _edit_meta(path, lambda m: m["files"]["encoder"].update(sha256=m["files"]["decoder"]["sha256"]))
-    elif damage == "no_dir":
-        shutil.rmtree(path)
+    do, names = DAMAGES[damage]
+    do(path)
     with pytest.raises(BundleError) as e:
         Translator(path, device="cpu")
     for name in names:

@@ -28,7 +28,8 @@ from .options import SearchOptions, check_min_length
 from .prefix import force_prefix
 from .result import TranslationResult
 from .sampling import sample_program
-from .search import Program, SearchResult, Step, beam_program, greedy_program
+from .beam import beam_program
+from .search import Program, SearchResult, Step, greedy_program
 
 
 @dataclass

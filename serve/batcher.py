@@ -38,6 +38,7 @@ from typing import Iterator
 import numpy as np
 
 from seq2onnx.runtime import bundle as names
+from seq2onnx.runtime.beam import BeamProgram, advance_together
 from seq2onnx.runtime.fused_step import takes_row_start
 from seq2onnx.runtime.options import SearchOptions
 from seq2onnx.runtime.plan import SearchJob
@@ -116,10 +117,13 @@ class Member:
 
 class _Search:
     """A program in the scheduler: its member, the step that answers it (the member under its wrappers),
-    its pending request (tokens, cache_indices, t, keep) and the future of its result."""
+    its pending request (tokens, cache_indices, t, keep) and the future of its result. `together`: a beam
+    program answered by its member's TopK alone (nothing forced), which the round advances together with the
+    others (runtime/beam.py advance_together)."""
 
     def __init__(self, member: Member, program, step):
         self.member, self.program, self.step = member, program, step
+        self.together = isinstance(program, BeamProgram) and step is member and member.top_k is not None
         self.request: tuple | None = None
         self.future: concurrent.futures.Future = concurrent.futures.Future()
 
@@ -233,10 +237,7 @@ class Scheduler:
         except Exception as e:  # every search of the round fails, as a fault of the server
             self._fail(e)
             return
-        for search in self._active:
-            search.member.answer = answers[search.member]
-            self._advance(search)
-            search.member.answer = None
+        self._advance_round(answers)
         prof.lap("advance")
         searches = len(self._active)
         self._active = [s for s in self._active if not s.future.done()]
@@ -297,6 +298,26 @@ class Scheduler:
         except Exception as e:  # giving memory back must never fail a server: say so, serve on
             log.warning("could not shrink the decoder's memory arena: %s: %s", type(e).__name__, e)
         trim()
+
+    def _advance_round(self, answers: dict) -> None:
+        """Sends every active program its rows of the round's output: the beam programs answered by their
+        TopK alone all at once (one ranking of their candidates, docs/optimisation-notes.md row 54), the
+        others one by one."""
+        together = [s for s in self._active if s.together]
+        if together:
+            outcomes = advance_together([s.program for s in together], [answers[s.member] for s in together])
+            for search, outcome in zip(together, outcomes):
+                if isinstance(outcome, StopIteration):
+                    self._finish(search, result=outcome.value)
+                elif isinstance(outcome, BaseException):
+                    self._finish(search, error=outcome)
+                else:
+                    search.request = outcome
+        for search in self._active:
+            if not search.together:
+                search.member.answer = answers[search.member]
+                self._advance(search)
+                search.member.answer = None
 
     def _advance(self, search: _Search, first: bool = False) -> None:
         """Sends a program its step's output (or starts it): its next request, or its end."""

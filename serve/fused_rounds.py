@@ -12,8 +12,9 @@ the round's count, for every row at once:
 - beams follow their parents through the kernel's cache indirection, kept here as absolute rows
   (`_source`: row r's position p is in row _source[r, p]) and given to the kernel relative to the row's group
   of `beam_width` rows; a sentence's block lies inside one group (blocks are powers of two, aligned);
-- the positions run out only after M rounds: then the positions no live row reads are dropped (one copy of
-  the cache, every M - longest-live-span rounds), or the buffers grow.
+- the kernel reads positions 0..slot of every row, masked or not, so the positions no live row reads are
+  dropped (one copy of the live ones) as soon as they are at least `shift_min` and at least the live span,
+  and in any case when the M positions run out (else the buffers grow).
 
 The cross keys/values are padded to one source width, and laid out by `cross_group`, the rows one entry
 serves: the graph's cross-attention queries each entry with its `rows / entries` rows (export/fused.py).
@@ -69,6 +70,7 @@ class FusedRounds:
         self.shrink = ArenaShrink("cpu")
         # the buffers' sizes when a burst begins (they grow when needed), and the source width's quantum
         self.first_positions, self.first_rows, self.width_quantum = 32, 16, 8
+        self.shift_min = 8  # the fewest dead positions dropped before the buffer is full (_positions_...)
         self.copies = {"grow_rows": 0, "grow_positions": 0, "shift_positions": 0, "widen": 0, "relayout": 0}
         self.share_cross = True  # beams share their sentence's cross entry where the round allows (docstring)
         self.clear()
@@ -157,24 +159,40 @@ class FusedRounds:
         return int(at[0]) * size if at.size else None
 
     def _positions_for_this_round(self) -> None:
-        """Position `slot` must exist: drop the positions no live row reads, or grow."""
-        if self.slot < self.positions:
+        """Position `slot` must exist, and the positions no live row reads should not be run: drop them (one
+        copy of the live positions), or grow.
+
+        The kernel (DecoderMaskedMultiHeadAttention on the CPU) reads positions 0..slot of EVERY row, a dot
+        product and a scaled add per position, masked or not: the positions before the earliest live row's
+        start cost every round as much as live ones. So they are dropped as soon as they are at least
+        `shift_min` and at least as many as the live span they would be copied with (the copy then costs
+        about what they cost in one or two rounds: docs/optimisation-notes.md row 55), not only when the
+        buffer is full."""
+        if self.capacity == 0:  # nothing allocated yet: the first search's _room makes the buffers
             return
         live = self.owner >= 0
         shift = int(self.row_start[live].min()) if live.any() else self.slot
+        if self.slot < self.positions:
+            if shift >= self.shift_min and shift >= self.slot - shift:
+                self._shift(shift)
+            return
         if shift >= self.positions // 4:
-            self.copies["shift_positions"] += 1
-            keep = self.positions - shift
-            for array in self.cache:
-                array[:, :, :keep] = array[:, :, shift:]
-            self._source[:, :keep] = self._source[:, shift:]
-            np.maximum(self.row_start - shift, 0, out=self.row_start)  # in place: the binding reads it
-            self.slot -= shift
-            for m in self._members.values():
-                m.placed.start -= shift
+            self._shift(shift)
         else:
             self.copies["grow_positions"] += 1
             self._allocate(self.capacity, 2 * self.positions, self.width)
+
+    def _shift(self, shift: int) -> None:
+        """Drops the first `shift` positions: the live ones (up to `slot`) are copied to the front."""
+        self.copies["shift_positions"] += 1
+        keep = self.slot - shift
+        for array in self.cache:
+            array[:, :, :keep] = array[:, :, shift : self.slot]
+        self._source[:, :keep] = self._source[:, shift : self.slot]
+        np.maximum(self.row_start - shift, 0, out=self.row_start)  # in place: the binding reads it
+        self.slot -= shift
+        for m in self._members.values():
+            m.placed.start -= shift
 
     def _relayout(self, group: int) -> None:
         """Lays the cross entries out for `group` rows each (1: one per row): one copy of them, through one
@@ -296,17 +314,56 @@ class FusedRounds:
         sizes = {_pow2(w[5]) for w in work}  # the searches' block sizes
         group = max(sizes)
         self._relayout(group if self.share_cross and len(sizes) == 1 else 1)
-        slot, placed_rows = self.slot, []
-        for member, _, cache_indices, t, keep, width in work:
+        slot, placed_rows, beams = self.slot, [], []
+        for i, (member, _, cache_indices, t, keep, width) in enumerate(work):
             if t == 0:
                 self._join(member, width)
             p = member.placed
             if p.start + t != slot:
                 raise RuntimeError(f"a search at step {t} joined at slot {p.start}, now {slot}")
             # a row per sentence (greedy, sampling, a beam search's first step) and nobody left: its blocks
-            fixed = keep is None and (t == 0 or p.width == 1)
-            placed_rows.append(p.blocks if fixed else self._rows(member, cache_indices, t, keep))
+            if keep is None and (t == 0 or p.width == 1):
+                placed_rows.append(p.blocks)
+            elif keep is None:  # beams that follow their parents, all such searches at once (_follow)
+                placed_rows.append(None)
+                beams.append((i, member, cache_indices, t))
+            else:
+                placed_rows.append(self._rows(member, cache_indices, t, keep))
+        if beams:
+            for i, rows in self._follow(beams):
+                placed_rows[i] = rows
         return placed_rows, group
+
+    def _follow(self, beams: list) -> list[tuple[int, np.ndarray]]:
+        """_rows for beam searches that no sentence left, in a few array operations over all of their rows
+        rather than a dozen per search: each row's positions before this step's follow its parent's
+        (`_source`), and the previous position is the parent. Returns (work index, its rows) per search.
+
+        A row's positions before its search began are copied from its parent too: they are masked, and every
+        row's `_source` stays inside its own block, so the kernel's indirection stays inside the group."""
+        out = []
+        for w in {m.placed.width for _, m, _, _ in beams}:
+            same = [b for b in beams if b[1].placed.width == w]
+            blocks = [m.placed.blocks for _, m, _, _ in same]
+            counts = [x.size for x in blocks]
+            first = np.concatenate(blocks)  # each sentence's first row
+            rows = (first[:, None] + np.arange(w)).reshape(-1)
+            # each cache index -> (its sentence, its beam), made global: prev_w is 1 at step 1, else w
+            indices = np.concatenate([np.asarray(ci, dtype=np.int64).reshape(-1) for _, _, ci, _ in same])
+            prev_w = np.repeat([1 if t == 1 else w for _, _, _, t in same], [c * w for c in counts])
+            offset = np.repeat(np.cumsum([0, *counts[:-1]]), [c * w for c in counts])
+            parents = first[offset + indices // prev_w] + indices % prev_w
+            size = _pow2(w)
+            if (parents - parents % size != np.repeat(first, w)).any():
+                raise ValueError(f"step cache_indices {indices.tolist()} leave their sentences' beams")
+            b = self.slot - 1  # the positions before this step's follow the parent
+            self._source[rows, :b] = self._source[parents, :b]
+            self._source[rows, b] = parents
+            at = 0
+            for (i, *_), c in zip(same, counts):
+                out.append((i, rows[at : at + c * w]))
+                at += c * w
+        return out
 
     def _inputs(self, work: list, placed_rows: list, group: int) -> tuple[int, np.ndarray, int, list[str]]:
         """Writes the round's inputs into the bound arrays; returns (rows run, every member's rows in order,

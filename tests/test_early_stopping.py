@@ -145,7 +145,8 @@ def test_early_stopping_names_the_convention():
 
 
 def test_conventions_are_the_spec_s_and_early_stopping_covers_them():
-    from seq2onnx.runtime.search import BEAM_CONVENTIONS, EARLY_STOPPING as RUNTIME, beam_search
+    from seq2onnx.runtime.beam import beam_search
+    from seq2onnx.runtime.search import BEAM_CONVENTIONS, EARLY_STOPPING as RUNTIME
     from seq2onnx.runtime.spec import SPEC
 
     assert list(BEAM_CONVENTIONS) == list(RUNTIME) == SPEC["beam_conventions"]

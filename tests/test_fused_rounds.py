@@ -192,3 +192,27 @@ def test_rows_freed_by_wide_beams_stay_valid_in_narrower_groups(translator):
     for name, (s, _) in plan.items():
         for step, (a, b) in enumerate(zip(got[name], _alone(t, s))):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5, err_msg=f"{name}, step {step}")
+
+
+def test_dead_positions_are_dropped_before_the_buffer_is_full(translator):
+    """The kernel reads positions 0..slot of every row, masked or not: once the positions before every live
+    row's start are at least shift_min and at least the live span, they are dropped (one copy of the live
+    ones), however large the buffer. The round's position stays near the longest live search's, and every
+    answer stays what the search gets alone."""
+    t = translator
+    plan = {
+        "first": (Script(t, [4, 3], 4, 12, seed=21), 0),
+        "second": (Script(t, [6], 4, 10, seed=22), 12),  # joins as the first leaves: 12 dead positions
+        "third": (Script(t, [5], 1, 9, seed=23), 16),
+        "fourth": (Script(t, [3, 7], 2, 8, seed=24, drop_at=4), 25),
+    }
+    runner = rounds_runner(t)
+    runner.first_positions = 128  # never full here: only the early drop moves the positions
+    slots = []
+    got, _ = _drive(runner, plan, 34, lambda round_, r: slots.append(r.slot))
+    assert runner.copies["shift_positions"] >= 2 and runner.copies["grow_positions"] == 0, runner.copies
+    assert runner.positions == 128 and max(slots) <= 2 * 12 + runner.shift_min, slots
+    for name, (s, _) in plan.items():
+        assert len(got[name]) == s.steps
+        for step, (a, b) in enumerate(zip(got[name], _alone(t, s))):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5, err_msg=f"{name}, step {step}")

@@ -19,7 +19,7 @@ from seq2onnx.export.bundle import export_bundle
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime import fused_step
 from seq2onnx.runtime.options import SessionTuning
-from seq2onnx.runtime.search import beam_search
+from seq2onnx.runtime.beam import beam_search
 from seq2onnx.runtime import plan as plan_module
 from seq2onnx.runtime.translator import Translator
 from tiny import scratch, tiny_bundle, tiny_run

@@ -156,7 +156,8 @@ def test_node_host_n_best_follows_the_bundle_s_convention(tmp_path):
 
 
 def test_beam_conventions_are_the_spec_s():
-    from seq2onnx.runtime.search import BEAM_CONVENTIONS, beam_search
+    from seq2onnx.runtime.beam import beam_search
+    from seq2onnx.runtime.search import BEAM_CONVENTIONS
     from seq2onnx.runtime.spec import SPEC
 
     assert list(BEAM_CONVENTIONS) == SPEC["beam_conventions"] == ["fairseq", "transformers", "transformers_heuristic",

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from seq2onnx.runtime.sampling import sample
+from seq2onnx.runtime.beam import beam_search
 from seq2onnx.runtime.search import (
     TopK,
-    beam_search,
     candidates_needed,
     greedy_search,
     stream_greedy,

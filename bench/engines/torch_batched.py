@@ -47,7 +47,8 @@ class TorchBatchedRunner(Runner):
     def run(self, indices, beam):
         import numpy as np
 
-        from seq2onnx.runtime.search import beam_search, greedy_search
+        from seq2onnx.runtime.beam import beam_search
+        from seq2onnx.runtime.search import greedy_search
 
         torch, cfg = self.torch, self.model.cfg
         srcs = [self.sources[i] for i in indices]

@@ -1,8 +1,9 @@
-// Greedy and beam search over an async step function: the JavaScript twin of runtime/search.py.
+// Greedy and beam search over an async step function: the JavaScript twin of runtime/search.py and
+// runtime/beam.py.
 //
 // The convention is docs/decoding.md's and docs/bundle-format.md's, mirrored line for line
-// from runtime/search.py so that both hosts give the same token ids: scores are sums of
-// log-probabilities (float64), end token included; the n-best is ranked by score / len^alpha; 2K
+// from runtime/search.py and runtime/beam.py so that both hosts give the same token ids: scores are
+// sums of log-probabilities (float64), end token included; the n-best is ranked by score / len^alpha; 2K
 // candidates per sentence; an end token finishes only within the top K; at a sentence's last
 // allowed step every top-K candidate finishes; ties go to the lower flat index (beam x V + token);
 // a candidate whose score is -inf never finishes. forcePrefix wraps a step to force target prefixes.

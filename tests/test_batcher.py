@@ -318,6 +318,7 @@ def test_request_engine_stops_a_cancelled_request_at_its_next_step(bundle, monke
     translator = Translator(bundle, device="cpu")
     engine = RequestEngine(translator, workers=1)
     made, steps, job = translator.decoder_step, [], []
+    submitted = threading.Event()  # the worker may reach step 2 before submit() has returned here
 
     def spying(*args, **kwargs):
         step = made(*args, **kwargs)
@@ -325,6 +326,7 @@ def test_request_engine_stops_a_cancelled_request_at_its_next_step(bundle, monke
         def counted(tokens, cache_indices, t, keep):
             steps.append(t)
             if t == 2:
+                assert submitted.wait(timeout=30)
                 job[0].cancel()  # as the front end does when the client leaves
             return step(tokens, cache_indices, t, keep)
 
@@ -333,6 +335,7 @@ def test_request_engine_stops_a_cancelled_request_at_its_next_step(bundle, monke
 
     monkeypatch.setattr(translator, "decoder_step", spying)
     job.append(engine.submit([TEXTS[7]] * 4, engine.check({"beam_size": 4, "max_decoding_length": 40})))
+    submitted.set()
     with pytest.raises(Cancelled):
         job[0].future.result(timeout=60)
     assert steps == [0, 1, 2]  # step 3 was never run

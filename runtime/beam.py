@@ -91,7 +91,7 @@ def beam_program(
 
 class BeamProgram(collections.abc.Generator):
     """beam_program's program: a generator whose state (`state`, a Beams once started) is in the open, so that
-    the serving scheduler may advance many at once (runtime/beam_rounds.py advance_together) exactly as each
+    the serving scheduler may advance many at once (advance_together, below) exactly as each
     would advance alone. As a generator: the first next() checks the settings and yields the first request;
     send(out) advances by a step's output and yields the next request, or raises StopIteration with the
     results. Its arguments are beam_program's."""
@@ -104,12 +104,16 @@ class BeamProgram(collections.abc.Generator):
     def send(self, out):
         if self.ended:
             raise StopIteration
-        if self.state is None:
-            if out is not None:
-                raise TypeError("can't send non-None value to a just-started generator")
-            self.state = self._start()
-        else:
-            self.state.advance(out)
+        if self.state is None and out is not None:
+            raise TypeError("can't send non-None value to a just-started generator")
+        try:
+            if self.state is None:
+                self.state = self._start()
+            else:
+                self.state.advance(out)
+        except BaseException:  # as a generator's frame, an error ends the program
+            self.ended = True
+            raise
         return self.request()
 
     def request(self) -> tuple:

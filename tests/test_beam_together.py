@@ -113,3 +113,13 @@ def test_a_program_s_own_error_is_its_outcome_and_the_others_go_on():
     assert isinstance(outcomes[0], ValueError) and "needs 4" in str(outcomes[0])
     tokens, _, t, _ = outcomes[1]
     assert t == 1 and tokens.shape == (2, 1)
+
+
+def test_a_program_ends_with_its_error_as_a_generator_does():
+    """Bad settings raise at the first request, and the program is over: a further send stops it."""
+    program = beam_program(1, beam_size=2, start_id=START, eos_id=EOS, max_lengths=np.array([5]),
+                           num_hypotheses=3)
+    with pytest.raises(ValueError, match="num_hypotheses=3"):
+        next(program)
+    with pytest.raises(StopIteration):
+        program.send(None)

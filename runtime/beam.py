@@ -133,9 +133,9 @@ class BeamProgram(collections.abc.Generator):
         self.ended = True
 
     def _start(self) -> Beams:
-        s = self.settings
-        beam_size, convention = s["beam_size"], s.get("convention", "fairseq")
-        max_lengths, min_length = np.asarray(s["max_lengths"], dtype=np.int64), s.get("min_length", 0)
+        s = self.settings  # beam_program's, every one given (its defaults are the only ones)
+        beam_size, convention = s["beam_size"], s["convention"]
+        max_lengths, min_length = np.asarray(s["max_lengths"], dtype=np.int64), s["min_length"]
         _check(beam_size, max_lengths, min_length)
         if convention not in BEAM_CONVENTIONS:
             raise ValueError(f"convention={convention!r}; choose one of {', '.join(BEAM_CONVENTIONS)}")
@@ -148,7 +148,7 @@ class BeamProgram(collections.abc.Generator):
             s["eos_id"],
             max_lengths,
             min_length,
-            s.get("length_penalty", 1.0),
+            s["length_penalty"],
             convention,
         )
 

@@ -5,6 +5,7 @@ the engines are imported when the command runs, so `seq2onnx --help` works witho
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
@@ -60,6 +61,13 @@ def add(subparsers) -> None:
                         "on its own thread by translate_batch's code, one at a time, sparing a lone client "
                         "the hand-offs to a scheduler and back (docs/serving.md); requests arriving "
                         "meanwhile join the lanes")
+    p.add_argument("--processes", type=int, default=1,
+                   help="server processes on the one port, each loading its own copy of the bundle with its "
+                        "own engine, threads and GIL (default 1). One process's Python (front end, planning, "
+                        "scheduler) runs on one core at a time: on small models N processes with "
+                        "--intra-threads 1 serve more, at N times the memory. The kernel hands each new "
+                        "connection to one of them; the limits below apply per process; /metrics sums all "
+                        "of them; a process that dies is replaced (docs/serving.md)")
     p.add_argument("--workers", type=int, default=2,
                    help="--batching request only: requests decoded at once, each on a thread of its own "
                         "(default 2)")
@@ -95,6 +103,8 @@ def _check(args) -> None:
     """Raises CommandError for an option out of its range (before the bundle is loaded)."""
     if not 0 <= args.port <= 65535:
         raise CommandError(f"--port {args.port}: give 1..65535, or 0 for a free port")
+    if args.processes < 1:
+        raise CommandError(f"--processes {args.processes}: give an int >= 1 (server processes on the port)")
     if args.lanes < 1:
         raise CommandError(f"--lanes {args.lanes}: give an int >= 1 (schedulers over the same sessions)")
     if args.workers < 1:
@@ -136,22 +146,33 @@ def run(args) -> int:
     except ImportError as e:
         raise CommandError(f"`seq2onnx serve` needs {e.name}, which this install lacks: pip install "
                            "'seq2onnx[serve,cpu]' (or 'seq2onnx[serve,gpu]' on a CUDA machine)") from None
-    from seq2onnx.runtime.translator import Translator
-    from seq2onnx.serve.app import create_app
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s seq2onnx serve: %(message)s")
+    options = dict(host=args.host, port=args.port, drain_s=args.drain_seconds,
+                   max_connections=args.max_connections, read_timeout_s=args.read_timeout,
+                   max_header_bytes=args.max_header_bytes, keep_alive_s=args.keep_alive)
+    if args.processes > 1:
+        from seq2onnx.serve.processes import serve_processes
+
+        return serve_processes(functools.partial(make_app, args), args.processes, **options)
     from seq2onnx.serve.server import serve
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s seq2onnx serve: %(message)s")
+    return serve(make_app(args), **options)
+
+
+def make_app(args):
+    """The app `seq2onnx serve` serves: the bundle's Translator, the engine of --batching, the front end.
+    Called once per process (serve/processes.py calls it in each of --processes)."""
+    from seq2onnx.runtime.translator import Translator
+    from seq2onnx.serve.app import create_app
+
     translator = Translator(
         args.bundle, device=args.device, intra_threads=args.intra_threads, cache_dir=args.cache_dir
     )
     engine = _engine(args, translator)
     try:
-        app = create_app(engine, max_queue=args.max_queue, max_texts=args.max_texts, max_chars=args.max_chars,
-                         max_body_bytes=args.max_body_bytes, timeout_s=args.timeout,
-                         read_timeout_s=args.read_timeout)
+        return create_app(engine, max_queue=args.max_queue, max_texts=args.max_texts,
+                          max_chars=args.max_chars, max_body_bytes=args.max_body_bytes,
+                          timeout_s=args.timeout, read_timeout_s=args.read_timeout)
     except BaseException:
         engine.close()
         raise
-    return serve(app, host=args.host, port=args.port, drain_s=args.drain_seconds,
-                 max_connections=args.max_connections, read_timeout_s=args.read_timeout,
-                 max_header_bytes=args.max_header_bytes, keep_alive_s=args.keep_alive)

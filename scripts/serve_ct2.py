@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import json
 import sys
 from pathlib import Path
@@ -236,12 +237,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="CTranslate2's compute type (default float32)",
     )
     p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="server processes on the port, each with its own model (seq2onnx serve --processes; default 1)",
+    )
+    p.add_argument(
         "--max-queue", type=int, default=256, help="requests admitted at once, else 503 (create_app's)"
     )
     p.add_argument(
         "--timeout", type=float, default=60.0, help="seconds a request may take (create_app's timeout_s)"
     )
     return p
+
+
+def make_app(args):
+    """The app this script serves: the bundle's tokenizers and checks, CTranslate2 decoding, the front end.
+
+    Raises:
+        BundleError, ValueError: a bad bundle, model or option (the message names it).
+    """
+    from seq2onnx.serve.app import create_app
+
+    translator = Translator(args.bundle, device="cpu", intra_threads=1)
+    engine = CT2Engine(
+        translator,
+        args.ct2_model,
+        inter_threads=args.inter_threads,
+        intra_threads=args.intra_threads,
+        compute_type=args.compute_type,
+    )
+    print(f"serve_ct2: {engine.description}", file=sys.stderr, flush=True)
+    try:
+        return create_app(engine, max_queue=args.max_queue, timeout_s=args.timeout)
+    except BaseException:
+        engine.close()
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,27 +285,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from seq2onnx.errors import CommandError
     from seq2onnx.runtime.bundle import BundleError
-    from seq2onnx.serve.app import create_app
+    from seq2onnx.serve.processes import serve_processes
     from seq2onnx.serve.server import serve
 
     try:
-        translator = Translator(args.bundle, device="cpu", intra_threads=1)
-        engine = CT2Engine(
-            translator,
-            args.ct2_model,
-            inter_threads=args.inter_threads,
-            intra_threads=args.intra_threads,
-            compute_type=args.compute_type,
-        )
-    except (BundleError, ValueError) as e:
-        print(f"serve_ct2: {e}", file=sys.stderr)
-        return 2
-    print(f"serve_ct2: {engine.description}", file=sys.stderr, flush=True)
-    try:
-        app = create_app(engine, max_queue=args.max_queue, timeout_s=args.timeout)
-        return serve(app, host=args.host, port=args.port)
-    except (CommandError, ValueError) as e:
-        engine.close()
+        if args.processes > 1:  # each process loads its own model (make_app), as seq2onnx serve's do
+            return serve_processes(functools.partial(make_app, args), args.processes, host=args.host,
+                                   port=args.port)
+        return serve(make_app(args), host=args.host, port=args.port)
+    except (BundleError, CommandError, ValueError) as e:
         print(f"serve_ct2: {e}", file=sys.stderr)
         return 2
 

@@ -183,7 +183,8 @@ class Server:
                     )
                 try:
                     r = httpx.post(self.url, json={"texts": [self.probe], "beam_size": 1}, timeout=30)
-                    if r.status_code == 200:
+                    # and every process listens (serve --processes prints the line once all of them do)
+                    if r.status_code == 200 and "listening on" in self.log_path.read_text(errors="replace"):
                         return self
                 except httpx.HTTPError:
                     pass

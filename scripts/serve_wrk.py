@@ -20,6 +20,9 @@ answers, SIGTERM then SIGKILL), with --threads (T) compute threads in all:
               serve's defaults under serve/server.py's serve() (the same uvicorn configuration); its
               engine (EchoEngine) answers each text with itself and its source ids: tokenised, never
               decoded. What the front end alone allows.
+With --processes P (P > 1), each server is also run as P processes on its port (seq2onnx serve
+--processes: each its own model and GIL), the T threads split between them: continuous intra T/P,
+request workers T/P x intra 1, ct2 inter T/P x intra 1, the ceiling P processes of the stub.
 The load: wrk (apt-get install wrk), closed loop, C connections (one wrk thread by default: the
 machine is shared), running serve_wrk.lua: each request is one random sentence of 3-10 words drawn
 from the bundle's source SentencePiece pieces, beam_size B, and with --max-length LO HI a
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -111,14 +115,24 @@ def stub_main(argv: list[str]) -> int:
     p.add_argument("bundle", type=Path, help="the bundle whose tokenizer and option checks are used")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (0: a free one, named in the printed line)")
+    p.add_argument("--processes", type=int, default=1, help="server processes on the port (seq2onnx serve's)")
     args = p.parse_args(argv)
-    from seq2onnx.runtime.translator import Translator
-    from seq2onnx.serve.app import create_app
+    from seq2onnx.serve.processes import serve_processes
     from seq2onnx.serve.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s seq2onnx serve: %(message)s")
-    engine = EchoEngine(Translator(args.bundle, device="cpu", intra_threads=1))
-    return serve(create_app(engine), host=args.host, port=args.port)
+    if args.processes > 1:
+        return serve_processes(functools.partial(stub_app, args.bundle), args.processes, host=args.host,
+                               port=args.port)
+    return serve(stub_app(args.bundle), host=args.host, port=args.port)
+
+
+def stub_app(bundle: Path):
+    """The ceiling's app: create_app over EchoEngine (the bundle's tokenizer and checks, no decoding)."""
+    from seq2onnx.runtime.translator import Translator
+    from seq2onnx.serve.app import create_app
+
+    return create_app(EchoEngine(Translator(bundle, device="cpu", intra_threads=1)))
 
 
 # -- the requests ------------------------------------------------------------------------------------
@@ -358,6 +372,40 @@ def servers(args) -> list[tuple[str, str, list[str]]]:
             out.append((name, setting, argv))
     if "ceiling" in args.servers:
         out.append(("ceiling", "", [sys.executable, str(Path(__file__).resolve()), "stub", str(args.bundle)]))
+    return out + _multi_process(args, out)
+
+
+def _with(argv: list[str], option: str, value) -> list[str]:
+    """argv with `option value` set (replaced where present, else appended)."""
+    if option in argv:
+        at = argv.index(option) + 1
+        return argv[:at] + [str(value)] + argv[at + 1 :]
+    return argv + [option, str(value)]
+
+
+def _multi_process(args, single: list) -> list[tuple[str, str, list[str]]]:
+    """Each server of `single` again as P processes for each P > 1 of --processes, the threads split."""
+    first = {}
+    for name, _, argv in single:
+        first.setdefault(name, argv)
+    out = []
+    for n in (p for p in args.processes if p > 1):
+        per = max(1, args.threads // n)
+        for name, argv in first.items():
+            if name in ("continuous", "standard-rounds"):
+                argv, setting = _with(argv, "--intra-threads", per), f"{n} processes x intra {per}"
+                argv = [a for a in argv if a != "--no-solo"] if name == "continuous" else argv
+            elif name == "request":
+                argv = _with(_with(argv, "--workers", per), "--intra-threads", 1)
+                setting = f"{n} processes x workers {per} x intra 1"
+            elif name == "ct2":
+                argv = _with(_with(argv, "--inter-threads", per), "--intra-threads", 1)
+                setting = f"{n} processes x inter {per} x intra 1"
+            elif name == "ceiling":
+                setting = f"{n} processes"
+            else:
+                continue
+            out.append((name, setting, _with(argv, "--processes", n)))
     return out
 
 
@@ -494,6 +542,14 @@ def build_parser() -> argparse.ArgumentParser:
         "seq2onnx serve --lanes: L schedulers over the same sessions)",
     )
     p.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="each server also run as P processes on its port for each P > 1, the threads split (default 1: "
+        "none; seq2onnx serve --processes)",
+    )
+    p.add_argument(
         "--ct2-inter",
         type=int,
         nargs="+",
@@ -575,6 +631,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(
                 f"--continuous-intra {args.continuous_intra}: each must be 1..--threads ({args.threads})"
             )
+        if min(args.processes) < 1:
+            raise ValueError(f"--processes {args.processes}: each must be >= 1")
         if not all(1 <= n <= args.threads for n in args.continuous_lanes):
             raise ValueError(
                 f"--continuous-lanes {args.continuous_lanes}: each must be 1..--threads ({args.threads})"

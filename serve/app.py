@@ -13,13 +13,15 @@ import contextlib
 import json
 import logging
 import math
+import os
+import threading
 import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
-                               ProcessCollector, generate_latest)
+                               ProcessCollector, generate_latest, multiprocess)
 from prometheus_client.core import CounterMetricFamily
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
@@ -37,6 +39,9 @@ TRANSLATE, STREAM = "/v1/translate", "/v1/translate/stream"
 ENDPOINTS = (TRANSLATE, STREAM, "/health", "/ready", "/metrics", "/docs", "/openapi.json")
 # nginx's status for "client closed request": only /metrics sees it, nobody reads the answer
 CLIENT_LEFT = 499
+# set by serve/processes.py for its processes: prometheus_client's multiprocess mode, /metrics sums them all
+SHARED_METRICS = "PROMETHEUS_MULTIPROC_DIR"
+SHARED_REFRESH_S = 1.0  # how often a process writes its gauges (queue depth, load) for the others' scrapes
 
 
 # -- request and response bodies (FastAPI's /docs and /openapi.json show these) ----------------------
@@ -117,11 +122,12 @@ class _EngineCounters:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    def collect(self):
-        yield CounterMetricFamily(
-            "seq2onnx_searches_decoded_alone",
+    SOLO = ("seq2onnx_searches_decoded_alone",
             "searches decoded alone on their request's thread since the start: nothing else was decoding "
-            "(--batching continuous without --no-solo)", value=self.engine.solo_searches)
+            "(--batching continuous without --no-solo)")
+
+    def collect(self):
+        yield CounterMetricFamily(*self.SOLO, value=self.engine.solo_searches)
 
 
 class Frontend:
@@ -153,15 +159,57 @@ class Frontend:
                               registry=r)
         self.cancelled = Counter("seq2onnx_cancelled_jobs", "jobs cancelled by the front end, by reason "
                                  "(disconnect, timeout, shutdown)", ["reason"], registry=r)
-        Gauge("seq2onnx_queue_depth", "requests accepted and not yet answered (at most --max-queue)",
-              registry=r).set_function(lambda: self.inflight)
-        for key in ("active_requests", "active_sentences", "active_rows"):
-            Gauge(f"seq2onnx_{key}", f"{key.replace('_', ' ')} being decoded now (the engine's load())",
-                  registry=r).set_function(lambda key=key: engine.load()[key])
-        r.register(_EngineCounters(engine))
-        info = Gauge("seq2onnx_engine_info", "the engine served", ["batching"], registry=r)
+        self.shared = bool(os.environ.get(SHARED_METRICS))
+        self._gauges(engine, r)
+        info = Gauge("seq2onnx_engine_info", "the engine served", ["batching"], registry=r,
+                     multiprocess_mode="max")
         info.labels(engine.batching).set(1)
-        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds...: what bounds watch
+        if self.shared:  # one exposition summing every process's files, this one's included
+            self.exposed = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self.exposed)
+            threading.Thread(target=self._refresh_forever, daemon=True, name="metrics-refresh").start()
+        else:
+            self.exposed = r
+            ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds: what bounds watch
+
+    def _gauges(self, engine: Engine, r: CollectorRegistry) -> None:
+        """The queue's depth, the engine's load and its own counts. One process: read at each scrape. Several
+        (serve/processes.py): each process writes its values (refresh()), and a scrape sums the live ones."""
+        self.loads = {
+            "queue_depth": Gauge("seq2onnx_queue_depth", "requests accepted and not yet answered (at most "
+                                 "--max-queue in each process)", registry=r, multiprocess_mode="livesum")}
+        for key in ("active_requests", "active_sentences", "active_rows"):
+            self.loads[key] = Gauge(f"seq2onnx_{key}", f"{key.replace('_', ' ')} being decoded now (the "
+                                    "engine's load())", registry=r, multiprocess_mode="livesum")
+        if not self.shared:
+            self.loads["queue_depth"].set_function(lambda: self.inflight)
+            for key in ("active_requests", "active_sentences", "active_rows"):
+                self.loads[key].set_function(lambda key=key: engine.load()[key])
+            r.register(_EngineCounters(engine))
+            return
+        self.solo = Counter(*_EngineCounters.SOLO, registry=r)
+        self._solo_seen = 0
+
+    def refresh(self) -> None:
+        """Writes this process's gauges and counts for the shared metrics (several processes only)."""
+        load = self.engine.load()
+        self.loads["queue_depth"].set(self.inflight)
+        for key in ("active_requests", "active_sentences", "active_rows"):
+            self.loads[key].set(load[key])
+        solo = self.engine.solo_searches
+        self.solo.inc(solo - self._solo_seen)
+        self._solo_seen = solo
+
+    def _refresh_forever(self) -> None:
+        while True:
+            time.sleep(SHARED_REFRESH_S)
+            self.refresh()
+
+    def metrics(self) -> bytes:
+        """The Prometheus text of /metrics (every process's sums when several serve)."""
+        if self.shared:
+            self.refresh()
+        return generate_latest(self.exposed)
 
     def drain(self) -> None:
         """Refuses new requests (503) from now on; those accepted are still answered."""
@@ -492,4 +540,4 @@ def _add_probes(app: FastAPI, f: Frontend) -> None:
     @app.get("/metrics", response_class=Response,
              summary="Prometheus metrics (text format): requests, queue depth, load, tokens, latency")
     async def metrics():
-        return Response(generate_latest(f.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(f.metrics(), media_type=CONTENT_TYPE_LATEST)

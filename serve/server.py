@@ -31,9 +31,10 @@ FD_SPARE = 64  # descriptors besides the connections: the bundle's files, the lo
 class _Server(uvicorn.Server):
     """uvicorn's server, with the front end's drain at the signal and a line at each phase of the shutdown."""
 
-    def __init__(self, config: uvicorn.Config, frontend, listening: str, drain_s: float):
+    def __init__(self, config: uvicorn.Config, frontend, listening: str, drain_s: float, on_listening):
         super().__init__(config)
         self.frontend, self.listening, self.drain_s = frontend, listening, drain_s
+        self.on_listening = on_listening
         self.signal_name = "stop"
 
     def handle_exit(self, sig: int, frame) -> None:
@@ -47,7 +48,7 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started:  # listening now: the line that scripts and tests wait for
-            print(self.listening, flush=True)
+            self.on_listening(self.listening)
 
     async def shutdown(self, sockets=None) -> None:
         started = time.monotonic()
@@ -64,6 +65,16 @@ class _Server(uvicorn.Server):
             time.monotonic() - started,
             f"{left} requests cancelled at the drain limit" if left else "every request answered",
         )
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def url_of(sock: socket.socket) -> str:
+    """http://HOST:PORT of a bound socket (IPv6 hosts bracketed)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -117,11 +128,15 @@ def serve(
     read_timeout_s: float = 10.0,
     max_header_bytes: int = 65536,
     keep_alive_s: float = 5.0,
+    sock: socket.socket | None = None,
+    on_listening=None,
+    processes: int = 1,
 ) -> int:
     """Serves `app` (from create_app) on host:port until SIGTERM or SIGINT, then drains and closes its engine.
 
     Prints one line once listening: "seq2onnx serve: listening on http://HOST:PORT (batching B, bundle PATH)"
-    (continuous batching adds its rounds' graph: "batching continuous, fused rounds").
+    (continuous batching adds its rounds' graph: "batching continuous, fused rounds"; several processes add
+    "N processes").
     The app's engine is closed whenever serve returns or raises (after a bad drain_s, the caller still owns
     it).
 
@@ -137,6 +152,11 @@ def serve(
             body's own limit is the app's).
         max_header_bytes: bytes of a request's line and headers at most (431 and closed beyond).
         keep_alive_s: seconds an idle kept-alive connection stays open (uvicorn's timeout_keep_alive).
+        sock: a listening socket to serve on instead of binding host:port (serve/processes.py binds one for
+            all its processes; it names the URL and is closed on return).
+        on_listening: called with the line instead of printing it (serve/processes.py prints it once every
+            process listens).
+        processes: how many processes serve this port (the line says so when more than one).
     Returns:
         0 once stopped (the exit status of `seq2onnx serve`).
     Raises:
@@ -150,20 +170,16 @@ def serve(
     engine = frontend.engine
     try:
         _descriptors(max_connections)
-        sock = _bind(host, port)
+        sock = _bind(host, port) if sock is None else sock
     except BaseException:
         engine.close()  # its threads would keep the process alive after the error
         raise
-    where = sock.getsockname()
-    url = (
-        f"http://[{where[0]}]:{where[1]}"
-        if sock.family == socket.AF_INET6
-        else f"http://{where[0]}:{where[1]}"
-    )
     bundle = getattr(getattr(engine, "translator", None), "bundle", None)
     where = getattr(bundle, "path", "?")
     rounds = f", {engine.rounds} rounds" if getattr(engine, "rounds", None) else ""  # continuous: which graph
-    listening = f"seq2onnx serve: listening on {url} (batching {engine.batching}{rounds}, bundle {where})"
+    many = f", {processes} processes" if processes > 1 else ""
+    how = f"batching {engine.batching}{rounds}{many}, bundle {where}"
+    listening = f"seq2onnx serve: listening on {url_of(sock)} ({how})"
     # lifespan off: the engine exists before the app and is closed after uvicorn (below), not by the app
     # h11, not httptools: only uvicorn's h11 protocol bounds the headers (h11_max_incomplete_event_size);
     # serve/connection.py adds the head's read timeout and the connection cap that uvicorn lacks.
@@ -181,7 +197,7 @@ def serve(
         h11_max_incomplete_event_size=max_header_bytes,
         backlog=BACKLOG,
     )
-    server = _Server(config, frontend, listening, drain_s)
+    server = _Server(config, frontend, listening, drain_s, on_listening or _print)
     # uvicorn raises the signal it caught again once it has stopped, so that the process dies of it; this
     # process exits 0 instead: while it serves, its own handlers for those signals do nothing (uvicorn's
     # replace them until it stops, then these take that second signal).

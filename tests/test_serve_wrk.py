@@ -77,6 +77,32 @@ def test_continuous_settings_cover_each_thread_count_and_lanes():
     assert "--lanes" not in got["intra 2"]
 
 
+def test_processes_add_each_server_as_p_processes_with_the_threads_split():
+    args = wrk_bench.build_parser().parse_args(
+        [str(tiny_bundle()), "--out", "x", "--ct2", "c", "--threads", "2", "--processes", "1", "2"])
+    args.continuous_intra = [1, 2]  # as main() sets it
+    got = {(name, setting): argv for name, setting, argv in wrk_bench.servers(args) if "processes" in setting}
+    assert sorted(got) == [
+        ("ceiling", "2 processes"), ("continuous", "2 processes x intra 1"),
+        ("ct2", "2 processes x inter 1 x intra 1"), ("request", "2 processes x workers 1 x intra 1"),
+        ("standard-rounds", "2 processes x intra 1")]
+
+    def option(argv, name):
+        assert argv.count(name) == 1, argv
+        return argv[argv.index(name) + 1]
+
+    for (name, _), argv in got.items():
+        assert option(argv, "--processes") == "2"
+        if name != "ceiling":
+            assert option(argv, "--intra-threads") == "1"
+    assert option(got[("ct2", "2 processes x inter 1 x intra 1")], "--inter-threads") == "1"
+    assert option(got[("request", "2 processes x workers 1 x intra 1")], "--workers") == "1"
+    assert option(got[("standard-rounds", "2 processes x intra 1")], "--rounds") == "standard"
+    single = wrk_bench.build_parser().parse_args([str(tiny_bundle()), "--out", "x", "--ct2", "c"])
+    single.continuous_intra = [1, 2]
+    assert not any("--processes" in argv for _, _, argv in wrk_bench.servers(single))
+
+
 @pytest.fixture(scope="module")
 def stub():
     """The ceiling's server (`serve_wrk.py stub BUNDLE`) as the benchmark starts it: a real process."""

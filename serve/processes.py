@@ -1,0 +1,231 @@
+"""`seq2onnx serve --processes N`: N server processes on one listening socket, each with its own copy of the
+model, its own engine and its own GIL; docs/serving.md.
+
+One Python process serves at most what one core's worth of Python allows: the front end, the planning and
+the scheduler share one GIL. Processes share nothing but the socket (the kernel hands each new connection to
+one of them) and the metrics.
+
+The parent (this module's serve_processes) binds the socket, starts the processes with multiprocessing's
+"spawn" (a fresh interpreter: nothing of the parent's threads or onnxruntime state is inherited), prints the
+listening line once all of them listen, and then only watches:
+- a process that dies while serving is replaced (one log line); one that fails before it listens stops them
+  all, and the error names why;
+- SIGTERM or SIGINT is passed to every process as SIGTERM: each drains as one `seq2onnx serve` does
+  (serve/server.py), and the parent exits 0 once they have;
+- if the parent dies, each process notices its pipe closing and drains and exits by itself.
+
+Metrics: prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR, a temporary folder the parent
+owns and removes): /metrics of any process answers the sums over all of them (serve/app.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from multiprocessing.connection import Connection, wait
+
+from seq2onnx.errors import CommandError
+from seq2onnx.serve.server import STOP_SIGNALS, _bind, _descriptors, serve
+
+log = logging.getLogger("seq2onnx.serve")
+
+METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when a child imports it
+EXTRA_S = 15.0  # beyond the drain: the engine's close and the interpreter's exit, before SIGKILL
+
+
+def serve_processes(make_app, processes: int, *, host: str = "127.0.0.1", port: int = 8000,
+                    drain_s: float = 25.0, max_connections: int = 512, **serve_options) -> int:
+    """Serves the app that `make_app()` builds in each of `processes` processes, on one host:port.
+
+    Args:
+        make_app: a picklable callable (a module-level function, or functools.partial of one) returning the
+            app of serve/app.py's create_app; each process calls it once (it loads the bundle).
+        processes: how many processes (>= 1).
+        host, port, drain_s, max_connections: as serve/server.py's serve (max_connections and the app's
+            limits apply per process).
+        **serve_options: serve()'s other keyword arguments, passed to each process.
+    Returns:
+        0 once every process has drained and exited 0 after SIGTERM or SIGINT; 1 otherwise.
+    Raises:
+        ValueError: processes < 1.
+        CommandError: host:port cannot be listened on, or a process failed before it listened (its error
+            is in the message).
+    """
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes={processes!r}: give an int >= 1")
+    _descriptors(max_connections)
+    sock = _bind(host, port)
+    metrics = tempfile.mkdtemp(prefix="seq2onnx-metrics-")
+    previous = os.environ.get(METRICS_DIR)
+    os.environ[METRICS_DIR] = metrics  # before the spawns: each child's environment is a copy
+    options = dict(drain_s=drain_s, max_connections=max_connections, processes=processes, **serve_options)
+    group = _Group(make_app, sock, options)
+    stop = threading.Event()
+    handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
+    try:
+        group.start(processes)
+        line = group.await_listening(stop)
+        kept = True
+        if line is not None:
+            print(line, flush=True)
+            kept = group.watch(stop)
+        code = group.stop(drain_s + EXTRA_S)
+        return code if kept else 1
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        group.kill()
+        sock.close()
+        shutil.rmtree(metrics, ignore_errors=True)
+        if previous is None:
+            os.environ.pop(METRICS_DIR, None)
+        else:
+            os.environ[METRICS_DIR] = previous
+
+
+class _Worker:
+    """One spawned process and the parent's end of its pipe ("listening" or "failed" messages)."""
+
+    def __init__(self, context, make_app, sock, options: dict):
+        self.conn, child = context.Pipe(duplex=True)
+        self.process = context.Process(target=_child, args=(make_app, sock, options, child), daemon=False)
+        self.process.start()
+        child.close()  # the child's copy is the only one left: its end closes when the child does
+        self.listening: str | None = None
+        self.failure: str | None = None
+
+    def read(self) -> None:
+        """Takes what the child has sent: its listening line or its failure."""
+        try:
+            while self.conn.poll():
+                kind, text = self.conn.recv()
+                if kind == "listening":
+                    self.listening = text
+                else:
+                    self.failure = text
+        except (EOFError, OSError):
+            pass
+
+
+class _Group:
+    def __init__(self, make_app, sock, options: dict):
+        self.context = multiprocessing.get_context("spawn")
+        self.make_app, self.sock, self.options = make_app, sock, options
+        self.workers: list[_Worker] = []
+
+    def start(self, n: int) -> None:
+        for _ in range(n):
+            self.workers.append(_Worker(self.context, self.make_app, self.sock, self.options))
+
+    def _events(self) -> list:
+        # the pipes (messages, or closed at a child's exit) and the processes' sentinels; short waits so
+        # that a signal's flag is seen within a quarter of a second
+        ready = wait([w.conn for w in self.workers] + [w.process.sentinel for w in self.workers], 0.25)
+        for w in self.workers:
+            w.read()
+        return ready
+
+    def await_listening(self, stop: threading.Event) -> str | None:
+        """The first process's listening line once every process listens; None if stopped first.
+
+        Raises:
+            CommandError: a process failed or exited before it listened.
+        """
+        while not stop.is_set():
+            self._events()
+            for i, w in enumerate(self.workers):
+                if w.failure is not None or (w.listening is None and not w.process.is_alive()):
+                    raise CommandError(self._failed(i, w))
+            if all(w.listening is not None for w in self.workers):
+                return self.workers[0].listening
+        return None
+
+    def watch(self, stop: threading.Event) -> bool:
+        """Until stop: replaces a process that died while serving. False (logged) if a replacement failed
+        to start: the others are then stopped as at a signal."""
+        while not stop.is_set():
+            self._events()
+            for i, w in enumerate(self.workers):
+                if w.failure is not None or (w.listening is None and not w.process.is_alive()):
+                    log.error("%s; stopping the others", self._failed(i, w))
+                    return False
+                if w.process.is_alive():
+                    continue
+                w.process.join()
+                _forget(w.process.pid)
+                log.error("process %d (pid %d) exited with code %s while serving; starting another",
+                          i, w.process.pid, w.process.exitcode)
+                self.workers[i] = _Worker(self.context, self.make_app, self.sock, self.options)
+        return True
+
+    def _failed(self, i: int, w: _Worker) -> str:
+        w.process.join(5)
+        why = w.failure or f"it exited with code {w.process.exitcode} before listening (its log is above)"
+        return f"server process {i} of {len(self.workers)} could not start: {why}"
+
+    def stop(self, timeout_s: float) -> int:
+        """SIGTERM to every process, then waits for each (SIGKILL past timeout_s). 0 if all exited 0."""
+        for w in self.workers:
+            if w.process.is_alive():
+                os.kill(w.process.pid, signal.SIGTERM)
+        codes = []
+        for w in self.workers:
+            w.process.join(timeout_s)
+            if w.process.is_alive():
+                log.error("process pid %d still running %g s after SIGTERM: killed", w.process.pid, timeout_s)
+                w.process.kill()
+                w.process.join()
+            _forget(w.process.pid)
+            codes.append(w.process.exitcode)
+        return 0 if all(c == 0 for c in codes) else 1
+
+    def kill(self) -> None:
+        """SIGKILL to any process still running (after an error in the parent)."""
+        for w in self.workers:
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join()
+
+
+def _forget(pid: int | None) -> None:
+    """Drops a dead process's live gauges from the shared metrics (its counters stay in the sums)."""
+    if pid is not None:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)
+
+
+def _child(make_app, sock, options: dict, conn: Connection) -> None:
+    """A server process: builds the app, serves on the parent's socket, exits with serve()'s status."""
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s seq2onnx serve [pid {os.getpid()}]: %(message)s")
+    # While loading, only the parent's SIGTERM stops this process: a terminal's Ctrl-C reaches the whole
+    # process group, and the parent passes it on as SIGTERM. Once serving, uvicorn's handlers take both.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_orphaned, args=(conn,), daemon=True, name="parent-watch").start()
+    try:
+        app = make_app()
+    except BaseException as e:  # whatever it is, the parent names it and stops
+        conn.send(("failed", str(e) or type(e).__name__))
+        raise SystemExit(1) from None
+    lock = threading.Lock()
+
+    def listening(line: str) -> None:
+        with lock:
+            conn.send(("listening", line))
+
+    raise SystemExit(serve(app, sock=sock, on_listening=listening, **options))
+
+
+def _orphaned(conn: Connection) -> None:
+    """Waits for the parent's end of the pipe to close (the parent died), then stops this process."""
+    try:
+        while True:
+            conn.recv()
+    except (EOFError, OSError):
+        os.kill(os.getpid(), signal.SIGTERM)

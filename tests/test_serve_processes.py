@@ -1,0 +1,174 @@
+"""`seq2onnx serve --processes N` (serve/processes.py): real processes on 127.0.0.1, every wait bounded.
+
+One server of two processes serves the module; the tests that kill or stop processes start their own.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from extras import require
+
+require("fastapi", "serve")
+import httpx  # noqa: E402
+
+from serve_process import ServeProcess  # noqa: E402
+
+TRANSLATE = "/v1/translate"
+TEXTS = ["the queen sees", "a young mouse eats", "the old king runs", "two birds sing"]
+
+
+@pytest.fixture(scope="module")
+def two(bundle):
+    with ServeProcess(bundle, "--processes", "2") as server:
+        yield server
+
+
+def _workers(server: ServeProcess) -> list[int]:
+    """The pids of the server processes the parent started (from their log lines), newest last."""
+    pids = re.findall(r"seq2onnx serve \[pid (\d+)\]: ", server.log())
+    pids += re.findall(r"Started server process \[(\d+)\]", server.log())
+    return list(dict.fromkeys(int(p) for p in pids))
+
+
+def _children(pid: int) -> set[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return {int(x) for x in out.split()}
+
+
+def _post_fresh(url: str, body: dict) -> httpx.Response:
+    # a new connection each time: the kernel hands each connection to one of the processes
+    with httpx.Client(base_url=url, timeout=30) as c:
+        return c.post(TRANSLATE, json=body)
+
+
+def _until(test, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = test()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"{what}: not within {timeout_s} s")
+
+
+def test_two_processes_answer_as_one_translate_batch_and_say_so(two, translator):
+    expected = [h[0] for h in (r.hypotheses for r in translator.translate_batch(TEXTS, beam_size=1))]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda t: _post_fresh(two.url, {"texts": [t], "beam_size": 1}), TEXTS * 6))
+    assert [a.status_code for a in answers] == [200] * len(answers)
+    got = [a.json()["translations"][0]["hypotheses"][0] for a in answers]
+    assert got == expected * 6
+    pids = _workers(two)
+    assert len(pids) == 2 and set(pids) <= _children(two.proc.pid), (pids, two.log())
+
+
+def test_metrics_sum_every_process_whichever_answers_the_scrape(two):
+    before = two.metric("seq2onnx_texts_total")
+    n = 20
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda t: _post_fresh(two.url, {"texts": [t, t], "beam_size": 1}), TEXTS * 5))
+    # every scrape on a fresh connection, so that both processes answer some: each must read the sum
+    for _ in range(12):
+        with httpx.Client(base_url=two.url, timeout=30) as c:
+            text = c.get("/metrics").text
+        found = re.search(r"^seq2onnx_texts_total ([0-9.e+]+)$", text, re.M)
+        assert found and float(found.group(1)) == before + 2 * n, text[:2000]
+        assert re.search(r'^seq2onnx_engine_info\{batching="continuous"\} 1\.0$', text, re.M)
+        assert re.search(r"^seq2onnx_queue_depth 0\.0$", text, re.M)
+
+
+def test_the_listening_line_comes_once_every_process_listens_and_names_them(bundle):
+    server = ServeProcess(bundle, "--processes", "2")
+    try:
+        line = _until(lambda: _line(server), 60, "the listening line")
+        assert re.search(r"listening on http://127\.0\.0\.1:\d+ \(batching continuous, .*2 processes", line)
+        assert len(re.findall(r"Started server process", server.log())) == 2, server.log()
+    finally:
+        server.stop()
+
+
+def _line(server: ServeProcess) -> str | None:
+    try:
+        line = server.lines.get(timeout=0.2)
+    except Exception:  # queue.Empty
+        if server.proc.poll() is not None:
+            raise RuntimeError(server.log()) from None
+        return None
+    return line if "listening on" in line else None
+
+
+def test_a_process_that_dies_is_replaced_and_sigterm_drains_all_and_exits_0(bundle):
+    with ServeProcess(bundle, "--processes", "2") as server:
+        first = _until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
+        os.kill(first[0], signal.SIGKILL)
+        _until(lambda: "exited with code -9 while serving; starting another" in server.log(), 30, "replaced")
+        _until(lambda: len(_workers(server)) == 3, 60, "the replacement's log line")
+        replacement = _workers(server)[-1]
+        _until(lambda: replacement in _children(server.proc.pid), 10, "the replacement running")
+        _until(lambda: len(re.findall(r"Started server process", server.log())) == 3, 60, "it listening")
+        for _ in range(6):
+            assert _post_fresh(server.url, {"texts": ["the queen sees"]}).status_code == 200
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0, server.log()
+        log = server.log()
+        assert len(re.findall(r"SIGTERM: draining", log)) == 2, log
+        assert len(re.findall(r"\]: stopped", log)) == 2, log
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=2).close()
+
+
+def test_processes_stop_by_themselves_when_the_parent_is_killed(bundle):
+    with ServeProcess(bundle, "--processes", "2") as server:
+        pids = _until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
+        server.proc.kill()
+        server.proc.wait(timeout=10)
+
+        def gone():
+            return all(not os.path.exists(f"/proc/{p}") or _zombie(p) for p in pids)
+
+        try:
+            _until(gone, 40, f"processes {pids} still running after their parent died")
+        finally:  # else they would hold the log pipe open and the fixture's close would wait for them
+            for p in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_process_that_cannot_start_stops_the_command_naming_why(tmp_path):
+    bad = tmp_path / "not-a-bundle"
+    bad.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "seq2onnx.commands", "serve", str(bad), "--port", "0", "--processes", "2"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode != 0
+    assert "server process" in done.stderr and "could not start" in done.stderr, done.stderr
+    assert str(bad) in done.stderr, done.stderr
+    assert "listening on" not in done.stdout
+
+
+def test_processes_below_one_are_refused_naming_the_value(bundle):
+    done = subprocess.run(
+        [sys.executable, "-m", "seq2onnx.commands", "serve", str(bundle), "--processes", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1 and "--processes 0: give an int >= 1" in done.stderr, done.stderr

@@ -76,8 +76,9 @@ def compare(sentences: list[str], served: list[dict], alone: list) -> dict:
 
 
 def as_text(report: dict) -> str:
-    lanes = report.get("lanes", 1)
-    lines = [f"token identity of `seq2onnx serve --batching {report['batching']} --lanes {lanes}`: "
+    lanes, processes = report.get("lanes", 1), report.get("processes", 1)
+    lines = [f"token identity of `seq2onnx serve --batching {report['batching']} --lanes {lanes} "
+             f"--processes {processes}`: "
              f"{report['sentences']} sentences, {report['clients']} concurrent clients, one sentence per "
              "request, against Translator.translate_batch([sentence]) alone in-process"]
     for label, r in report["results"].items():
@@ -109,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the server's onnxruntime threads (default 2)")
     p.add_argument("--lanes", type=int, default=1,
                    help="the server's --lanes, with --batching continuous (default 1)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="the server's --processes (default 1)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA,
                    help="TSV of sentences (default: Tatoeba cmn.txt)")
     p.add_argument("--src-col", type=int, default=1, help="its column of source texts (default 1: Chinese)")
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cmd = [sys.executable, "-m", "seq2onnx.commands", "serve", str(args.bundle), "--batching", args.batching,
            "--intra-threads", str(args.intra_threads), "--device", "cpu", "--lanes", str(args.lanes),
-           "--timeout", str(args.request_timeout)]
+           "--processes", str(args.processes), "--timeout", str(args.request_timeout)]
     served = {}
     log(f"starting {' '.join(cmd[2:])}")
     with Server(cmd, args.out / "logs" / "server.log", sentences[0], args.start_timeout) as server:
@@ -151,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tr = Translator(args.bundle, device="cpu", intra_threads=args.intra_threads)
     report = {"bundle": str(args.bundle), "batching": args.batching, "lanes": args.lanes,
+              "processes": args.processes,
               "sentences": len(sentences), "clients": args.clients, "data": str(args.data),
               "src_col": args.src_col, "results": {}}
     for beam in args.beams:

@@ -74,6 +74,9 @@ def serve_processes(make_app, processes: int, *, host: str = "127.0.0.1", port: 
         if line is not None:
             print(line, flush=True)
             kept = group.watch(stop)
+        # this copy of the socket first: once each process has closed its own, the kernel refuses new
+        # connections instead of queueing them for nobody (as one server does at its drain)
+        sock.close()
         code = group.stop(drain_s + EXTRA_S)
         return code if kept else 1
     finally:

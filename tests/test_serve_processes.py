@@ -128,6 +128,27 @@ def test_a_process_that_dies_is_replaced_and_sigterm_drains_all_and_exits_0(bund
         socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=2).close()
 
 
+def test_while_they_drain_new_connections_are_refused_and_the_request_in_flight_answered(bundle):
+    long = "the quick brown fox jumps over the lazy dog again and again " * 3
+    # 1,024 rows of >= 100 steps: ~2 s alone on the tests' machine; two of them, one per process or both on
+    # one, so that at least one is still decoding when the connection is tried
+    slow = {"texts": [long] * 64, "beam_size": 16, "min_decoding_length": 100, "max_decoding_length": 120}
+    with ServeProcess(bundle, "--processes", "2", "--drain-seconds", "60", "--max-chars", "20000") as server:
+        _until(lambda: len(re.findall(r"Started server process", server.log())) == 2, 30, "both listening")
+        port = int(server.url.rsplit(":", 1)[1])
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = [pool.submit(_post_fresh, server.url, slow) for _ in range(2)]
+            _until(lambda: server.metric("seq2onnx_active_rows") > 0, 30, "decoding")
+            server.proc.send_signal(signal.SIGTERM)
+            _until(lambda: len(re.findall(r"SIGTERM: draining", server.log())) == 2, 30, "both draining")
+            time.sleep(0.3)  # uvicorn closes its listener at its next tick (0.1 s)
+            assert not all(a.done() for a in answers), "the slow requests ended before the check"
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            assert [a.result(timeout=120).status_code for a in answers] == [200, 200]
+        assert server.proc.wait(timeout=60) == 0, server.log()
+
+
 def test_processes_stop_by_themselves_when_the_parent_is_killed(bundle):
     with ServeProcess(bundle, "--processes", "2") as server:
         pids = _until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")

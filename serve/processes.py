@@ -5,7 +5,15 @@ One Python process serves at most what one core's worth of Python allows: the fr
 the scheduler share one GIL. Processes share nothing but the socket (the kernel hands each new connection to
 one of them) and the metrics.
 
-The parent (this module's serve_processes) binds the socket, starts the processes with multiprocessing's
+How the connections are spread: on Linux each process listens on a socket of its own, all bound to the port
+with SO_REUSEPORT, and the kernel hands each new connection to one of them by a hash (about evenly). The
+parent first checks that the port is free with a plain bind, then holds it with a socket of the same group
+that never listens (a listening socket would take its share of the connections). Elsewhere (macOS's
+SO_REUSEPORT does not spread connections) the processes accept from one shared socket, and asyncio's accept
+loop takes every connection waiting when its process wakes, so connections opened together land mostly on
+one process.
+
+The parent (this module's serve_processes) binds the port, starts the processes with multiprocessing's
 "spawn" (a fresh interpreter: nothing of the parent's threads or onnxruntime state is inherited), prints the
 listening line once all of them listen, and then only watches:
 - a process that dies while serving is replaced (one log line); one that fails before it listens stops them
@@ -25,12 +33,14 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
+import sys
 import tempfile
 import threading
 from multiprocessing.connection import Connection, wait
 
 from seq2onnx.errors import CommandError
-from seq2onnx.serve.server import STOP_SIGNALS, _bind, _descriptors, serve
+from seq2onnx.serve.server import BACKLOG, STOP_SIGNALS, _bind, _descriptors, serve
 
 log = logging.getLogger("seq2onnx.serve")
 
@@ -59,7 +69,9 @@ def serve_processes(make_app, processes: int, *, host: str = "127.0.0.1", port: 
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
         raise ValueError(f"processes={processes!r}: give an int >= 1")
     _descriptors(max_connections)
-    sock = _bind(host, port)
+    sock = _bind(host, port)  # the port is free (else the error names it); port 0 picks one
+    if SPREAD:  # from now on held by a socket of the SO_REUSEPORT group, which never listens
+        sock = _reuse_port(sock, listen=False)
     metrics = tempfile.mkdtemp(prefix="seq2onnx-metrics-")
     previous = os.environ.get(METRICS_DIR)
     os.environ[METRICS_DIR] = metrics  # before the spawns: each child's environment is a copy
@@ -195,6 +207,36 @@ class _Group:
                 w.process.join()
 
 
+SPREAD = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def _reuse_port(sock: socket.socket, *, listen: bool) -> socket.socket:
+    """A socket with SO_REUSEPORT bound where `sock` is (which is closed first when it is not one of the
+    group), listening with serve/server.py's backlog if `listen`.
+
+    Raises:
+        CommandError: the address could not be bound again (another program took the port meanwhile).
+    """
+    host, port = sock.getsockname()[:2]
+    family, grouped = sock.family, sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
+    if not grouped:
+        sock.close()
+    out = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        out.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        out.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        out.bind((host, port))
+        if listen:
+            out.listen(BACKLOG)
+    except OSError as e:
+        out.close()
+        raise CommandError(
+            f"--host {host} --port {port}: cannot listen there ({e.strerror}): another program took the "
+            "port while the processes started; choose another --port"
+        ) from None
+    return out
+
+
 def _forget(pid: int | None) -> None:
     """Drops a dead process's live gauges from the shared metrics (its counters stay in the sums)."""
     if pid is not None:
@@ -212,6 +254,9 @@ def _child(make_app, sock, options: dict, conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_orphaned, args=(conn,), daemon=True, name="parent-watch").start()
     try:
+        if SPREAD:  # a listening socket of this process's own in the parent's group (module docstring)
+            parent, sock = sock, _reuse_port(sock, listen=True)
+            parent.close()
         app = make_app()
     except BaseException as e:  # whatever it is, the parent names it and stops
         conn.send(("failed", str(e) or type(e).__name__))

@@ -42,6 +42,7 @@ CLIENT_LEFT = 499
 # set by serve/processes.py for its processes: prometheus_client's multiprocess mode, /metrics sums them all
 SHARED_METRICS = "PROMETHEUS_MULTIPROC_DIR"
 SHARED_REFRESH_S = 1.0  # how often a process writes its gauges (queue depth, load) for the others' scrapes
+LOAD_KEYS = ("active_requests", "active_sentences", "active_rows")  # the engine's load(), one gauge each
 
 
 # -- request and response bodies (FastAPI's /docs and /openapi.json show these) ----------------------
@@ -178,27 +179,29 @@ class Frontend:
         self.loads = {
             "queue_depth": Gauge("seq2onnx_queue_depth", "requests accepted and not yet answered (at most "
                                  "--max-queue in each process)", registry=r, multiprocess_mode="livesum")}
-        for key in ("active_requests", "active_sentences", "active_rows"):
+        for key in LOAD_KEYS:
             self.loads[key] = Gauge(f"seq2onnx_{key}", f"{key.replace('_', ' ')} being decoded now (the "
                                     "engine's load())", registry=r, multiprocess_mode="livesum")
         if not self.shared:
             self.loads["queue_depth"].set_function(lambda: self.inflight)
-            for key in ("active_requests", "active_sentences", "active_rows"):
+            for key in LOAD_KEYS:
                 self.loads[key].set_function(lambda key=key: engine.load()[key])
             r.register(_EngineCounters(engine))
             return
         self.solo = Counter(*_EngineCounters.SOLO, registry=r)
         self._solo_seen = 0
+        self._refreshing = threading.Lock()  # the refresh thread and a scrape: each solo search counted once
 
     def refresh(self) -> None:
         """Writes this process's gauges and counts for the shared metrics (several processes only)."""
-        load = self.engine.load()
-        self.loads["queue_depth"].set(self.inflight)
-        for key in ("active_requests", "active_sentences", "active_rows"):
-            self.loads[key].set(load[key])
-        solo = self.engine.solo_searches
-        self.solo.inc(solo - self._solo_seen)
-        self._solo_seen = solo
+        with self._refreshing:
+            load = self.engine.load()
+            self.loads["queue_depth"].set(self.inflight)
+            for key in LOAD_KEYS:
+                self.loads[key].set(load[key])
+            solo = self.engine.solo_searches
+            self.solo.inc(solo - self._solo_seen)
+            self._solo_seen = solo
 
     def _refresh_forever(self) -> None:
         while True:

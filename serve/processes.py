@@ -137,13 +137,12 @@ class _Group:
         for _ in range(n):
             self.workers.append(_Worker(self.context, self.make_app, self.sock, self.options))
 
-    def _events(self) -> list:
+    def _events(self) -> None:
         # the pipes (messages, or closed at a child's exit) and the processes' sentinels; short waits so
         # that a signal's flag is seen within a quarter of a second
-        ready = wait([w.conn for w in self.workers] + [w.process.sentinel for w in self.workers], 0.25)
+        wait([w.conn for w in self.workers] + [w.process.sentinel for w in self.workers], 0.25)
         for w in self.workers:
             w.read()
-        return ready
 
     def await_listening(self, stop: threading.Event) -> str | None:
         """The first process's listening line once every process listens; None if stopped first.

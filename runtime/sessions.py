@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .bundle import DECODER_LABELS, STANDARD, Bundle, BundleError
-from .fused_step import pick_decoder
+from .decoders import pick_decoder
 from .options import SessionTuning, spin_settings
 from .ort_install import import_onnxruntime
 from .session_cache import SessionCache, entry_key

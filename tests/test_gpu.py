@@ -109,7 +109,7 @@ def test_io_binding_copies_per_step(beam):
 def test_greedy_and_beam_on_both_decoders(beam):
     """CUDA runs the standard decoder (the fused one's cache layout is the CPU kernels'): its ids equal both
     CPU decoders' ids."""
-    from seq2onnx.runtime.fused_step import DecoderUnavailable
+    from seq2onnx.runtime.decoders import DecoderUnavailable
     from seq2onnx.runtime.options import SessionTuning
     from seq2onnx.runtime.translator import Translator
 

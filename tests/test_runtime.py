@@ -224,7 +224,7 @@ def test_spinning_is_bounded_by_default_and_changes_no_output(bundle, translator
 
 def test_float_cpu_sessions_plan_no_memory_patterns(translator):
     # a decoder's shapes change at every step: patterns cost the OPUS-MT-size peak 61 MB (optimisation row 41)
-    sessions = translator._sessions
+    sessions = translator.graphs._sessions
     loaded = {**sessions.by_label(), "standard": sessions.standard}
     for label, session in loaded.items():
         assert session.get_session_options().enable_mem_pattern is False, label

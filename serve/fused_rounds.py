@@ -260,8 +260,8 @@ class FusedRounds:
             self._source[at : at + size] = np.arange(at, at + size, dtype=np.int32)[:, None]
 
     def _drop(self, placed: _Placed, keep) -> np.ndarray:
-        """Finished sentences leave (`keep`: the ones still decoding): their blocks are free. Returns the blocks
-        of the previous step, which its cache indices index."""
+        """Finished sentences leave (`keep`: the ones still decoding): their blocks are free. Returns the
+        blocks of the previous step, which its cache indices index."""
         keep = np.asarray(keep, dtype=np.int64)
         self._free(placed.blocks[np.setdiff1d(np.arange(placed.blocks.size), keep)], placed.width)
         previous, placed.blocks = placed.blocks, placed.blocks[keep]

@@ -17,7 +17,7 @@ from .fused_buffers import StepBufferPool
 from .fused_step import FusedStep
 from .model_spec import ModelSpec
 from .search import Step
-from .sessions import ort
+from .devices import ort
 from .standard_step import StandardStep
 
 

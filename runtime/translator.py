@@ -21,7 +21,8 @@ from .options import OptionError, SearchOptions, SessionTuning, check_intra_thre
 from .plan import Plan, SearchJob, stream_job
 from .search import SearchResult, Step, run, stream_greedy
 from .session_cache import SessionCache
-from .sessions import DEVICES, open_sessions
+from .devices import DEVICES
+from .sessions import open_sessions
 from .source import Sources
 from .result import TranslationResult  # noqa: F401  (re-exported: the public result type)
 from .text import text_increments

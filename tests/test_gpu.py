@@ -17,7 +17,7 @@ import torch
 from tiny import scratch, tiny_bundle, tiny_run
 
 from seq2onnx.runtime import bundle as fmt
-from seq2onnx.runtime.sessions import cuda_usable
+from seq2onnx.runtime.devices import cuda_usable
 
 pytestmark = pytest.mark.gpu
 ORT_CUDA, WHY_NOT = cuda_usable()

@@ -16,7 +16,7 @@ import pytest
 from tiny import scratch
 
 from seq2onnx.runtime import bundle as fmt
-from seq2onnx.runtime.sessions import cuda_usable
+from seq2onnx.runtime.devices import cuda_usable
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK, PACK = ROOT / "scripts" / "gpu_check.sh", ROOT / "scripts" / "gpu_pack.sh"

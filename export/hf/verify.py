@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seq2onnx.export.parity import Check, int8_products
+from seq2onnx.export.parity import Check
+from seq2onnx.export.parity_report import int8_products
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.search import EARLY_STOPPING

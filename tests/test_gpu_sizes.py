@@ -111,3 +111,12 @@ def test_cpu_mode_measures_every_engine_it_can_and_names_the_rest():
                 "| ct2-float32 | 2/2 | 8/8 | 8/8 | 2/2 | 8/8 | 8/8 |",
                 "| ct2-float16 | skipped: CTranslate2 computes float16 on CUDA only |"):
         assert row in summary, summary
+
+
+def test_a_step_past_the_budget_or_after_a_failure_is_not_run(tmp_path):
+    ctx = {"work": tmp_path, "mode": gpu_sizes.MODES["gpu"], "budget": 450, "deadline": 0.0,
+           "sizes": {"nllb": gpu_sizes.SIZES["nllb"]}}
+    assert gpu_sizes.run_step("nllb", "build", ctx, {}) == {"status": "not run: the budget was spent (450 s)"}
+    failed = {"nllb": {"build": {"status": "ok"}, "prepare": {"status": "ok"}, "export-fp16": {"status": "failed"}}}
+    assert gpu_sizes.run_step("nllb", "ours-fp16", ctx, failed) == {"status": "not run: needs export-fp16"}
+    assert not list(tmp_path.iterdir())  # nothing was started

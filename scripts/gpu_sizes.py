@@ -60,12 +60,15 @@ MODULES = {"ours": "onnxruntime", "generate": "transformers", "ct2": "ctranslate
 VARIANTS = {"standard": {"decoder": "standard"}, "fused": {"decoder": "fused"}, "tf32": {"tf32": True}}
 
 
-def plan(models: list[str], engines: list[str]) -> list[tuple[str, str]]:
-    """The steps in order: each model's preparation and first engines, then every model's last engines."""
+def plan(models: list[str], engines: list[str], variants: list[str] = ()) -> list[tuple[str, str]]:
+    """The steps in order: each model's preparation (what the engines need) and first engines, then every
+    model's last engines, then our variants."""
+    prep = [s for s in PREP if any(s in needs(e) for e in [*engines, *variants])]
     steps = []
     for m in models:
-        steps += [(m, s) for s in PREP] + [(m, e) for e in engines if e not in LAST]
-    return steps + [(m, e) for m in models for e in engines if e in LAST]
+        steps += [(m, s) for s in prep] + [(m, e) for e in engines if e not in LAST]
+    steps += [(m, e) for m in models for e in engines if e in LAST]
+    return steps + [(m, v) for m in models for v in variants]
 
 
 def engine_spec(name: str, work: Path, model: str, mode: dict) -> dict:
@@ -287,7 +290,7 @@ def main(argv=None) -> int:
         "steps": {},
     }
     write_out(out, work, report)
-    steps = plan(models, engines) + [(m, v) for m in models for v in variants]
+    steps = plan(models, engines, variants)
     for model, step in steps:
         print(f"[gpu_sizes {time.time() - t0:5.0f} s] {model} {step} ...", flush=True)
         record = run_step(model, step, ctx, report["steps"])

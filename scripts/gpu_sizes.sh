@@ -52,8 +52,9 @@ if [ "$mode" = gpu ]; then
       fi
     done
     # The image's CPU onnxruntime shares the import name, and the runtime refuses two flavours
-    # (runtime/ort_install.py); this machine is thrown away after the lease.
-    if [ -d /tmp/ort-gpu/onnxruntime ] && "$py" -m pip show -q onnxruntime >/dev/null 2>&1; then
+    # (runtime/ort_install.py); that machine is thrown away after the lease (never on one without a GPU).
+    if [ -d /tmp/ort-gpu/onnxruntime ] && command -v nvidia-smi >/dev/null &&
+        "$py" -m pip show -q onnxruntime >/dev/null 2>&1; then
       "$py" -m pip uninstall -y -q onnxruntime
     fi
     export PYTHONPATH=/tmp/site:/tmp/ort-gpu${PYTHONPATH:+:$PYTHONPATH}

@@ -26,6 +26,10 @@ def test_plan_puts_each_models_goal_rows_before_the_other_ct2_types():
     assert steps[-4:] == [("marian", "ct2-int8_float16"), ("marian", "ct2-float32"),
                           ("nllb", "ct2-int8_float16"), ("nllb", "ct2-float32")]
     assert len(steps) == len(set(steps)) == 2 * (len(gpu_sizes.PREP) + len(gpu_sizes.ENGINES))
+    # only the preparation the engines asked for need; variants last
+    assert gpu_sizes.plan(["nllb"], ["generate-fp32"], ["ours-fp32-tf32"]) == [
+        ("nllb", "build"), ("nllb", "prepare"), ("nllb", "export-fp32"), ("nllb", "generate-fp32"),
+        ("nllb", "ours-fp32-tf32")]
 
 
 def test_an_engine_absent_here_is_skipped_by_name():

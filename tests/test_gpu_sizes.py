@@ -124,3 +124,20 @@ def test_a_step_past_the_budget_or_after_a_failure_is_not_run(tmp_path):
     failed = {"nllb": {"build": {"status": "ok"}, "prepare": {"status": "ok"}, "export-fp16": {"status": "failed"}}}
     assert gpu_sizes.run_step("nllb", "ours-fp16", ctx, failed) == {"status": "not run: needs export-fp16"}
     assert not list(tmp_path.iterdir())  # nothing was started
+
+
+def test_gpu_memory_is_the_rise_over_the_baseline_and_its_peak(monkeypatch):
+    import time
+
+    import hf_sizes_common
+
+    used = {"mb": 1000.0}
+    monkeypatch.setattr(hf_sizes_common.GpuMemory, "_reader", staticmethod(lambda: lambda: used["mb"]))
+    gpu = hf_sizes_common.GpuMemory()
+    used["mb"] = 1800.0
+    time.sleep(0.2)  # sampled every 20 ms
+    used["mb"] = 1200.0
+    assert (gpu.now_mb(), gpu.peak_mb()) == (200.0, 800.0)
+    gpu.close()
+    monkeypatch.setattr(hf_sizes_common.GpuMemory, "_reader", staticmethod(lambda: None))
+    assert (hf_sizes_common.GpuMemory().now_mb(), hf_sizes_common.GpuMemory().peak_mb()) == (None, None)

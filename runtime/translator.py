@@ -1,9 +1,6 @@
-"""Translator: drives the encoder and decoder-step graphs of a bundle with onnxruntime.
-
-Two decoders, two step classes side by side: the fused one (decoder_fused.onnx, onnxruntime's
-com.microsoft kernels, runtime/fused_step.py) where the bundle has it and this onnxruntime runs
-it on the chosen provider, else the standard-opset decoder.onnx (runtime/standard_step.py). The
-device and session options come from runtime/sessions.py, the searches from runtime/search.py.
+"""Translator: a bundle loaded (its files read once and checked, its tokenizers and sessions made) and the
+public API over it. The sessions are driven through runtime/graphs.py, planning is runtime/plan.py's, the
+searches runtime/search.py's and runtime/beam.py's; the device comes from runtime/devices.py.
 """
 
 from __future__ import annotations

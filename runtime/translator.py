@@ -27,6 +27,13 @@ from .vocab import Vocabulary, load_tokenizers
 from .weights import verified
 
 _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
+_INPUTS = ("self", "text", "source")  # a public method's parameters that are not search options
+
+
+def _passed(params: dict) -> dict:
+    """The search options of a public method's call, from its locals() taken before it defines any: each
+    option is spelled once, in the method's signature."""
+    return {name: value for name, value in params.items() if name not in _INPUTS}
 
 
 class Translator:
@@ -169,19 +176,7 @@ class Translator:
         """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str (translate_batch takes lists)")
-        options = self.search_options(
-            beam_size=beam_size,
-            length_penalty=length_penalty,
-            max_decoding_length=max_decoding_length,
-            min_decoding_length=min_decoding_length,
-            truncate=truncate,
-            sampling_temperature=sampling_temperature,
-            sampling_topk=sampling_topk,
-            sampling_topp=sampling_topp,
-            seed=seed,
-            source_lang=source_lang,
-            target_lang=target_lang,
-        )
+        options = self.search_options(**_passed(locals()))
         return self.plan([text], options).run(self.search)[0].hypotheses[0]
 
     def translate_batch(
@@ -226,8 +221,7 @@ class Translator:
             sampling_topk, sampling_topp: sample among the k best (0: all), within this probability mass (1.0:
             all). seed: the sampling seed.
             source_lang, target_lang: language codes of a multilingual model (bundle.json's tokens.languages):
-            the
-                source's leading token, and the target token forced first (as transformers'
+                the source's leading token, and the target token forced first (as transformers'
                 forced_bos_token_id).
             target_prefix: per source, a list of target ids forced at the start (CTranslate2's target_prefix;
                 each adds 0 to the score, docs/decoding.md); it replaces target_lang's token. The ids are in
@@ -237,24 +231,7 @@ class Translator:
             ValueError: a source longer than the model's positions (unless truncate) or an option of
                 a wrong type or range (the message names the option, its value and the fix).
         """
-        options = self.search_options(
-            beam_size=beam_size,
-            num_hypotheses=num_hypotheses,
-            length_penalty=length_penalty,
-            max_decoding_length=max_decoding_length,
-            min_decoding_length=min_decoding_length,
-            return_scores=return_scores,
-            return_attention=return_attention,
-            truncate=truncate,
-            max_batch_size=max_batch_size,
-            sampling_temperature=sampling_temperature,
-            sampling_topk=sampling_topk,
-            sampling_topp=sampling_topp,
-            seed=seed,
-            source_lang=source_lang,
-            target_lang=target_lang,
-            target_prefix=target_prefix,
-        )
+        options = self.search_options(**_passed(locals()))
         return self.plan(source, options).run(self.search)  # plan, then run here
 
     def search_options(self, **options) -> SearchOptions:
@@ -292,14 +269,7 @@ class Translator:
         """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str")
-        options = self.search_options(
-            beam_size=1,
-            max_decoding_length=max_decoding_length,
-            min_decoding_length=min_decoding_length,
-            truncate=truncate,
-            source_lang=source_lang,
-            target_lang=target_lang,
-        )
+        options = self.search_options(beam_size=1, **_passed(locals()))
         return self.stream(text, options)
 
     def translate_iterable(

@@ -75,15 +75,12 @@ def rounds_runner(translator: Translator, decoder: str = "auto"):
             f"({translator.decoder_variant} is) and a decoder_fused.onnx with input {names.ROW_START!r} "
             "(export the bundle again); or serve with the standard rounds"
         )
-    t = translator
-    sizes = {"n_layers": t.n_layers, "n_heads": t.n_heads, "head_dim": t.head_dim, "vocab": t.tgt_vocab}
+    graphs = translator.graphs
     if fused and decoder != "standard":
-        return FusedRounds(t.decoder, max_positions=t.max_positions, **sizes)
-    standard = t.graphs.standard_decoder
-    check_decoder(standard, t.bundle.path)
-    return StandardRounds(
-        standard, cache_dtype=t.cache_dtype, to_device=t.graphs.to_device, device=t.ort_device, **sizes
-    )
+        return FusedRounds(graphs.decoder, graphs.spec)
+    standard = graphs.standard_decoder
+    check_decoder(standard, translator.bundle.path)
+    return StandardRounds(standard, graphs)
 
 
 class ContinuousEngine(Engine):

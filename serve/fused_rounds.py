@@ -53,17 +53,13 @@ class FusedRounds:
 
     Args:
         decoder: the decoder_fused.onnx session (CPU), with a `row_start` input.
-        n_layers, n_heads, head_dim: the decoder's sizes.
-        vocab: the target vocabulary's size.
-        max_positions: the model's positional table (a row never reaches it: the searches' limits).
+        spec: the model's sizes (runtime/model_spec.py's ModelSpec).
     """
 
-    def __init__(
-        self, decoder, *, n_layers: int, n_heads: int, head_dim: int, vocab: int, max_positions: int
-    ):
-        self.decoder, self.n_layers, self.n_heads, self.head_dim = decoder, n_layers, n_heads, head_dim
-        self.vocab, self.max_positions = vocab, max_positions
-        self._cross_names = names.cross_names(n_layers)
+    def __init__(self, decoder, spec):
+        self.decoder, self.n_layers, self.n_heads = decoder, spec.n_layers, spec.n_heads
+        self.head_dim, self.vocab = spec.head_dim, spec.tgt_vocab
+        self._cross_names = names.cross_names(self.n_layers)
         self.shrink = ArenaShrink("cpu")
         # the buffers' sizes when a burst begins (they grow when needed), and the source width's quantum
         self.first_positions, self.first_rows, self.width_quantum = 32, 16, 8

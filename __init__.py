@@ -9,7 +9,7 @@ subpackages onto the folders model/, export/ and runtime/.
 
 __version__ = "0.2.0"
 
-__all__ = ["Translator", "TranslationResult", "BundleError", "__version__"]
+__all__ = ["Translator", "TranslationResult", "BundleError", "OptionError", "__version__"]
 
 
 def __getattr__(name: str):
@@ -19,8 +19,8 @@ def __getattr__(name: str):
         from .runtime import translator
 
         return getattr(translator, name)
-    if name == "BundleError":
-        from .runtime.bundle import BundleError
+    if name in ("BundleError", "OptionError"):
+        from . import runtime
 
-        return BundleError
+        return getattr(runtime, name)
     raise AttributeError(f"module 'seq2onnx' has no attribute {name!r}")

@@ -62,7 +62,7 @@ def mount(app, args, make_engine) -> None:
     """Mounts the drop-in APIs on `app` (its engine serves BUNDLE), with an engine for each --route
     (make_engine(translator) builds one as --batching says). The extra engines are closed with the app's."""
     from seq2onnx.runtime.translator import Translator
-    from seq2onnx.serve.dropin import mount as mount_dropin
+    from seq2onnx.serve.mount import mount as mount_dropin
     from seq2onnx.serve.keys import Gate, reload_on_sighup
     from seq2onnx.serve.routes import Routes
 

@@ -1,8 +1,8 @@
-"""The drop-in APIs' common ground: mounting them on the app of serve/app.py, the keys at the door, and
-translating through the same engines (continuous batching) as the native API.
+"""The drop-in APIs' common ground: the keys at the door, and translating through the same engines
+(continuous batching) as the native API. serve/mount.py puts them on the app.
 
-mount(app, routes, gate) adds DeepL's /v2/* (serve/deepl.py) and LibreTranslate's endpoints
-(serve/libretranslate.py), and an outer ASGI middleware (KeyGate) that, with --api-keys, checks the key of
+DeepL's /v2/* (serve/deepl.py) and LibreTranslate's endpoints (serve/libretranslate.py) sit behind an outer
+ASGI middleware (KeyGate) that, with --api-keys, checks the key of
 every request that carries it in a header (DeepL's `Authorization: DeepL-Auth-Key K`, the native API's
 `Authorization: Bearer K`) before its body is read or a queue slot taken, and answers a refusal in the
 path's own API's shape. LibreTranslate's key is in the body (`api_key`): its endpoints check it themselves.
@@ -16,7 +16,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from seq2onnx.runtime.options import check_prefix_options
@@ -91,23 +91,6 @@ class DropIn:
         if self.gate.open:  # /v2/usage of an open server: every client's
             self.gate.open_characters += characters
         return results
-
-
-def mount(app: FastAPI, routes: Routes, gate: Gate) -> DropIn:
-    """Adds the DeepL and LibreTranslate endpoints and the key middleware to an app of create_app.
-
-    Call before the app serves (Starlette builds its middleware at the first request).
-    """
-    from seq2onnx.serve import deepl, libretranslate
-
-    f: Frontend = app.state.frontend
-    drop = app.state.dropin = DropIn(f, routes, gate)
-    f.admitted.update({"/v2/translate", "/translate", "/detect"})  # body limits, queue and deadline
-    f.endpoints.update({"/v2/translate", "/v2/languages", "/v2/usage", *LIBRE})
-    app.include_router(deepl.router(drop))
-    app.include_router(libretranslate.router(drop))
-    app.add_middleware(KeyGate, drop=drop)
-    return drop
 
 
 def api_of(path: str) -> str:

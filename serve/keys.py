@@ -9,10 +9,10 @@ server's defaults (--key-in-flight, --key-per-minute):
 
 A presented key is hashed and compared with every stored hash by hmac.compare_digest, so the time taken
 says nothing about how close a guess was. Each key has its own bounds, checked before its request takes a
-queue slot: requests in flight, requests per minute (a token bucket of that size, refilled continuously:
-429 with Retry-After), and optionally characters since the start (DeepL's 456). SIGHUP re-reads the file;
-a file that fails to parse leaves the keys as they were (the log says why). /metrics counts per key under
-a label that is a prefix of the key's hash, never its name or the key.
+queue slot: requests in flight, requests per minute (a token bucket holding ten seconds' worth, refilled
+continuously: 429 with Retry-After), and optionally characters since the start (DeepL's 456).
+SIGHUP re-reads the file; a file that fails to parse leaves the keys as they were (the log says why).
+/metrics counts per key under a label that is a prefix of the key's hash, never its name or the key.
 
 Make a key: `python -m seq2onnx.serve.keys NAME` prints a new key and the file's line for it.
 docs/drop-in-apis.md.
@@ -96,6 +96,12 @@ def read_keys(path: Path, in_flight: int, per_minute: int) -> list[Key]:
     return keys
 
 
+def burst(per_minute: int) -> float:
+    """The token bucket's size: ten seconds' worth of a per-minute limit (at least 1), so that a key keeps to
+    its rate within seconds rather than spending a whole minute's allowance at once."""
+    return max(1.0, per_minute / 6.0)
+
+
 @dataclass
 class Refusal:
     """Why a request is refused by the keys: `why` is one of missing, wrong, in_flight, per_minute,
@@ -177,7 +183,7 @@ class Gate:
             use = self._use.setdefault(key.name, _Use())
             now = time.monotonic()
             rate = key.per_minute / 60.0
-            use.tokens = min(float(key.per_minute), use.tokens + (now - use.stamp) * rate)
+            use.tokens = min(burst(key.per_minute), use.tokens + (now - use.stamp) * rate)
             use.stamp = now
             refusal = None
             if key.characters is not None and use.characters >= key.characters:

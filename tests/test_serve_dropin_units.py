@@ -111,7 +111,7 @@ def _gate(tmp_path, *lines):
 
 
 def test_the_gate_knows_a_key_only_by_its_hash_and_bounds_each_key_alone(tmp_path):
-    gate = _gate(tmp_path, K.line_for("a", "key-a", in_flight=1, per_minute=2), K.line_for("b", "key-b"))
+    gate = _gate(tmp_path, K.line_for("a", "key-a", in_flight=1, per_minute=12), K.line_for("b", "key-b"))
     assert isinstance(gate.identify("key-c"), K.Refusal) and gate.identify("key-c").why == "wrong"
     assert gate.identify(None).why == "missing"
     a, b = gate.identify("key-a"), gate.identify("key-b")
@@ -122,8 +122,8 @@ def test_the_gate_knows_a_key_only_by_its_hash_and_bounds_each_key_alone(tmp_pat
     gate.release(a, characters=7)
     assert gate.admit(a) is None
     gate.release(a)
-    over = gate.admit(a)  # its 2 per minute are spent
-    assert over.why == "per_minute" and over.retry_after == 30
+    over = gate.admit(a)  # its bucket holds 10 s of 12 per minute: 2, both spent
+    assert over.why == "per_minute" and over.retry_after == 5
     assert gate.usage(a) == (7, None)
 
 

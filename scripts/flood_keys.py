@@ -3,8 +3,8 @@
     python scripts/flood_keys.py BUNDLE [--seconds 15] [--clients 64] [--flooders 16] [--out DIR]
 
 Starts `seq2onnx serve BUNDLE --languages en:fr --api-keys FILE` (FILE: three ordinary keys and one
-"flooder" key limited to --flood-limit requests per minute and 4 in flight), then runs wrk (apt-get install wrk) on DeepL's
-/v2/translate (scripts/flood_keys.lua) three times, each after a discarded warm-up:
+"flooder" key limited to --flood-limit requests per minute and 4 in flight), then runs wrk (apt-get install
+wrk) on DeepL's /v2/translate (scripts/flood_keys.lua) three times, each after a discarded warm-up:
   alone      the ordinary keys only: --clients - --flooders connections, closed loop (and the flooder's
              pacing aimed at /health, so that the client side is loaded alike);
   flood      the same, plus --flooders connections of the flooder key paced at 10x its limit;

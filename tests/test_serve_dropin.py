@@ -218,3 +218,30 @@ def test_an_open_server_says_so_and_takes_any_key(servers, translator):
     assert _deepl(server, "anything").translate_text(TEXT, target_lang="FR").text == translator.translate(TEXT)
     assert _libre(server, key="anything").translate(TEXT) == translator.translate(TEXT)
     assert server.client.post("/v1/translate", json={"texts": [TEXT]}).status_code == 200
+
+
+# -- a multilingual bundle: routed by its own language tokens -------------------------------------------
+
+@pytest.mark.slow
+def test_a_multilingual_bundle_is_routed_by_its_own_codes(tmp_path):
+    """A tiny NLLB bundle (tokens eng_Latn, fra_Latn, deu_Latn) served without --languages: both APIs name
+    its languages by BCP 47 and translate as the runtime does with NLLB's codes."""
+    import hf_nllb as N
+
+    from seq2onnx.export.hf.bundle import export_hf_bundle
+    from seq2onnx.runtime.translator import Translator
+
+    bundle = export_hf_bundle(N.cached_nllb(with_spm=True), tmp_path / "bundle", decoder="standard")
+    translator = Translator(bundle, device="cpu", intra_threads=1)
+    with ServeProcess(bundle) as server:
+        client = _deepl(server, "anything")
+        codes = [x.code for x in client.get_target_languages()]
+        assert {"DE", "EN", "FR", "ZH-HANS", "ZH-HANT"} <= set(codes) and len(codes) > 150  # NLLB's 200
+        for code, nllb in (("FR", "fra_Latn"), ("DE", "deu_Latn")):
+            got = client.translate_text(TEXTS, source_lang="EN", target_lang=code, split_sentences="0")
+            want = translator.translate_batch(TEXTS, source_lang="eng_Latn", target_lang=nllb)
+            assert [r.text for r in got] == [w.hypotheses[0] for w in want]
+        assert _libre(server, "de", key="anything").translate(TEXT) == \
+            translator.translate(TEXT, source_lang="eng_Latn", target_lang="deu_Latn")
+        with pytest.raises(deepl.DeepLException, match="source_lang=None: this server detects no language"):
+            client.translate_text(TEXT, target_lang="FR")  # the bundle reads three languages

@@ -81,8 +81,9 @@ def read_keys(path: Path, in_flight: int, per_minute: int) -> list[Key]:
             continue
         where = f"{path}:{number}"
         if len(words) < 2 or not words[1].startswith(PREFIX) or not _HEX.fullmatch(words[1][len(PREFIX):]):
-            raise ValueError(f"{where}: give `NAME sha256:HEX [in_flight=N] [per_minute=N] [characters=N]` "
-                             f"(make one with `python -m seq2onnx.serve.keys NAME`), not {raw.strip()!r}")
+            # the line itself is not shown: in a wrong file it may be a secret
+            raise ValueError(f"{where}: not a key line; give `NAME sha256:HEX [in_flight=N] [per_minute=N] "
+                             "[characters=N]` (make one with `python -m seq2onnx.serve.keys NAME`)")
         if words[0] in names:
             raise ValueError(f"{where}: the name {words[0]!r} is used twice: give each key its own name")
         limits = dict(in_flight=in_flight, per_minute=per_minute, characters=None)

@@ -104,9 +104,9 @@ def sides(declared: str | None, bundle_codes: dict[str, int], target_lang_in: st
         declared = f"{ANY}:{ANY}"
     source, colon, target = declared.partition(":")
     if not colon or not source or not target:
-        raise ValueError(f"--languages {declared!r}: give SOURCE:TARGET, e.g. en:fr, en:de,fr or en:*")
+        raise ValueError(f"{declared!r}: give SOURCE:TARGET, e.g. en:fr, en:de,fr or en:*")
     if source == ANY and target_lang_in == "source_prefix":
-        raise ValueError(f"--languages {declared!r}: this bundle's language tokens are targets only "
+        raise ValueError(f"{declared!r}: this bundle's language tokens are targets only "
                          "(Marian's >>code<<): name the source language, e.g. en:*")
     return _side(source, bundle_codes, declared), _side(target, bundle_codes, declared)
 
@@ -115,7 +115,7 @@ def _side(text: str, bundle_codes: dict[str, int], declared: str) -> Side:
     """One side of --languages: `*` (the bundle's tokens, by their standard tags) or a list of codes."""
     if text == ANY:
         if not bundle_codes:
-            raise ValueError(f"--languages {declared!r}: `*` means the bundle's language tokens, and this "
+            raise ValueError(f"{declared!r}: `*` means the bundle's language tokens, and this "
                              "bundle has none: name its languages, e.g. en:fr")
         return Side({tag(code): code for code in bundle_codes})
     codes: dict[str, str | None] = {}
@@ -123,7 +123,7 @@ def _side(text: str, bundle_codes: dict[str, int], declared: str) -> Side:
         try:
             standard = tag(code)
         except UnknownCode as e:
-            raise ValueError(f"--languages {declared!r}: {e}") from None
+            raise ValueError(f"{declared!r}: {e}") from None
         # a named language that is also a token of the bundle: pass the token (NLLB, M2M100)
         codes[standard] = next((c for c in bundle_codes if tag(c) == standard), None)
     return Side(codes)

@@ -100,7 +100,7 @@ def test_the_keys_file_is_read_and_a_bad_line_is_refused_naming_it(tmp_path):
     assert (alice.name, alice.per_minute, alice.in_flight, alice.characters) == ("alice", 5, 3, None)
     assert bob.per_minute == 100 and bob.hash == K.digest("secret-b")
     assert "secret" not in path.read_text()
-    for bad, match in (("alice secret-a", ":1: give `NAME sha256:HEX"), (good + " speed=3", "'speed=3'"),
+    for bad, match in (("alice secret-a", ":1: not a key line; give `NAME sha256:HEX"), (good + " speed=3", "'speed=3'"),
                        (f"{good}\n{good}", ":2: the name 'alice' is used twice")):
         with pytest.raises(ValueError, match=match):
             K.read_keys(_keys_file(tmp_path, bad), 3, 100)

@@ -1,14 +1,16 @@
 """Per-key fairness under wrk (issue 59): does a key flooding at 10x its limit hurt the other keys' p99?
 
-    python scripts/flood_keys.py BUNDLE [--seconds 15] [--clients 64] [--flooders 16] [--out DIR]
+    python scripts/flood_keys.py BUNDLE [--seconds 10] [--rounds 3] [--clients 64] [--flooders 16] [--out DIR]
 
 Starts `seq2onnx serve BUNDLE --languages en:fr --api-keys FILE` (FILE: three ordinary keys and one
 "flooder" key limited to --flood-limit requests per minute and 4 in flight), then runs wrk (apt-get install
-wrk) on DeepL's /v2/translate (scripts/flood_keys.lua) three times, each after a discarded warm-up:
+wrk) on DeepL's /v2/translate (scripts/flood_keys.lua), after a discarded warm-up, --rounds rounds of three
+runs, the flooder's limit switched between them by rewriting the file and SIGHUP (one server throughout,
+and the three modes of a round under about the same load from the machine's other work):
   alone      the ordinary keys only: --clients - --flooders connections, closed loop (and the flooder's
              pacing aimed at /health, so that the client side is loaded alike);
   flood      the same, plus --flooders connections of the flooder key paced at 10x its limit;
-  unlimited  the same flood, with the flooder's limit lifted (what the keys prevent).
+  unlimited  the same flood, with the flooder's limits lifted (what the keys prevent).
 Prints a Markdown table (requests/s and p50/p99 of the ordinary keys; the flooder's requests and 429s) and
 writes DIR/flood.json. On a shared machine the figures are noisy: compare runs of one invocation.
 """
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -92,10 +95,51 @@ def rate(flooder: dict | None, limit: int) -> str:
     return "-" if flooder is None else f"{flooder['requests'] / flooder['seconds'] / (limit / 60):.1f}x"
 
 
+MODES = (("alone", False, None), ("flood", True, None), ("unlimited", True, 10**6))
+
+
+def rounds(args, out: Path) -> list[dict]:
+    """--rounds rounds of the three modes on one server, the flooder's limit switched by SIGHUP (the keys
+    file rewritten): each round's modes run under about the same load from the machine's other work."""
+    keys = keys_file(out, args.flood_limit)
+    proc, url = start(args.bundle, keys, out / "server.log")
+    results = []
+    try:
+        result(wrk(url, [KEYS["a"]], args.clients - args.flooders, args.warmup, 0))
+        for _ in range(args.rounds):
+            row = {}
+            for name, flood, limit in MODES:
+                keys_file(out, limit or args.flood_limit)
+                proc.send_signal(signal.SIGHUP)
+                time.sleep(0.5)
+                row[name] = run(url, args, flood)
+            results.append(row)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return results
+
+
+def table(results: list[dict], limit: int) -> str:
+    """The Markdown table: one line per round and mode; p99 / alone is against the same round's alone."""
+    lines = ["| round | run | ordinary req/s | ordinary p50 ms | ordinary p99 ms | p99 / alone (same round) "
+             "| flooder requests | flooder non-2xx (429) | flooder rate / limit |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for i, row in enumerate(results, 1):
+        base = row["alone"]["ordinary"]["p99"]
+        for name, _, _ in MODES:
+            o, f = row[name]["ordinary"], row[name]["flooder"]
+            lines.append(f"| {i} | {name} | {o['requests'] / o['seconds']:.1f} | {o['p50'] / 1000:.1f} | "
+                         f"{o['p99'] / 1000:.1f} | {o['p99'] / base:.2f} | {f['requests'] if f else '-'} | "
+                         f"{f['non_2xx'] if f else '-'} | {rate(f, limit)} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("bundle")
-    p.add_argument("--seconds", type=float, default=15)
+    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=float, default=3)
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--flooders", type=int, default=16)
@@ -104,25 +148,9 @@ def main() -> int:
     args = p.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="flood-keys-"))
     out.mkdir(parents=True, exist_ok=True)
-    rows = {}
-    for name, flood, limit in (("alone", False, args.flood_limit), ("flood", True, args.flood_limit),
-                               ("unlimited", True, 10**6)):
-        proc, url = start(args.bundle, keys_file(out, limit), out / f"server-{name}.log")
-        try:
-            result(wrk(url, [KEYS["a"]], args.clients - args.flooders, args.warmup, 0))
-            rows[name] = run(url, args, flood)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
-    (out / "flood.json").write_text(json.dumps(rows, indent=2), encoding="utf-8")
-    print("| run | ordinary req/s | ordinary p50 ms | ordinary p99 ms | p99 / alone | flooder requests | "
-          "flooder non-2xx (429) | flooder rate / limit |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
-    base = rows["alone"]["ordinary"]["p99"]
-    for name, row in rows.items():
-        o, f = row["ordinary"], row["flooder"]
-        print(f"| {name} | {o['requests'] / o['seconds']:.1f} | {o['p50'] / 1000:.1f} | "
-              f"{o['p99'] / 1000:.1f} | {o['p99'] / base:.2f} | {f['requests'] if f else '-'} | "
-              f"{f['non_2xx'] if f else '-'} | {rate(f, args.flood_limit)} |")
+    results = rounds(args, out)
+    (out / "flood.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    print(table(results, args.flood_limit))
     print(f"(written to {out / 'flood.json'}; noisy on a shared machine)", file=sys.stderr)
     return 0
 

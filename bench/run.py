@@ -89,7 +89,7 @@ def _ensure_bundle(ckpt_dir: Path, directory: Path, precision: str, weights_sha:
 
 def _cuda_reason() -> str | None:
     """None where onnxruntime's CUDA provider can run here, else why not."""
-    from seq2onnx.runtime.sessions import cuda_usable as _cuda_usable
+    from seq2onnx.runtime.devices import cuda_usable as _cuda_usable
 
     usable, why = _cuda_usable()
     return None if usable else why

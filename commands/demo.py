@@ -36,7 +36,8 @@ def run(args) -> int:
     import torch
 
     from seq2onnx.export.bundle import export_bundle
-    from seq2onnx.export.parity import format_report, verify
+    from seq2onnx.export.parity import verify
+    from seq2onnx.export.parity_report import format_report
     from seq2onnx.model import checkpoint
     from seq2onnx.model.search import translate_ids
     from seq2onnx.model.train import TrainOptions, train

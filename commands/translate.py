@@ -9,13 +9,15 @@ import argparse
 import functools
 import os
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from seq2onnx import atomic
 from seq2onnx.errors import CommandError
 from seq2onnx.commands.lines import LineReader
+from seq2onnx.commands.translate_io import (
+    READ_CHUNK, AtomicOutput, Progress, Warnings, count_lines, decode_line, stdin_read,
+)
 from seq2onnx.commands.heatmap import MAX_PICTURES, json_line, page, picture_path, record
 
 if TYPE_CHECKING:  # the runtime is imported when a bundle is loaded, not for --help
@@ -23,139 +25,12 @@ if TYPE_CHECKING:  # the runtime is imported when a bundle is loaded, not for --
 
 # -- translate: input, output, messages ------------------------------------------------------------
 
-READ_CHUNK = 1 << 16
 # Lines taken at once (when that many are waiting) = SORT_WINDOW x --batch-size: translate_batch sorts
 # them by length into batches of --batch-size, so batches of a file hold similar lengths (less padding:
 # 2,000 lines of 2-25 words took 3.2 s instead of 3.6 s with windows of one batch, tests' tiny model).
 # A stream's windows hold
 # only what has arrived, so the window does not delay an answer to a line that came alone.
 SORT_WINDOW = 8
-WARNINGS_SHOWN = 10  # per kind; the rest are counted in one closing line
-
-
-def _stdin_read():
-    """A read() -> bytes over stdin's file descriptor (stdin is read as bytes whatever the locale)."""
-    if sys.stdin is None:
-        raise CommandError("stdin is closed: give the input with -i FILE")
-    try:
-        fd = sys.stdin.fileno()
-    except (OSError, ValueError, AttributeError):  # stdin replaced by an in-memory stream (embedding, tests)
-        buffer = getattr(sys.stdin, "buffer", None)
-        if buffer is not None:
-            return lambda: buffer.read(READ_CHUNK)
-        return lambda: sys.stdin.read(READ_CHUNK).encode("utf-8", "surrogateescape")
-    return lambda: os.read(fd, READ_CHUNK)
-
-
-def _count_lines(path: Path) -> int:
-    """Lines in a file as LineReader splits them (for the progress bar's total)."""
-    count, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")
-
-
-class AtomicOutput(atomic.AtomicFile):
-    """-o FILE: written beside FILE and renamed over it only when complete (seq2onnx.atomic), so FILE is never
-    a partial translation, even after an error or Ctrl-C. Refuses an existing FILE unless force (check)."""
-
-    def __init__(self, path: Path, force: bool, option: str = "--output"):
-        self.check(path, force, option)
-        super().__init__(path)
-
-    @staticmethod
-    def check(path: Path, force: bool, option: str = "--output") -> None:
-        """Raises CommandError when path cannot or may not be written (the message names `option`)."""
-        if path.is_dir():
-            raise CommandError(f"{option} {path} is a directory; give a file path")
-        if path.exists() and not force:
-            raise CommandError(f"{option} {path}: {path.name} exists; pass --force to overwrite it")
-        if not path.parent.is_dir():
-            raise CommandError(f"{option} {path}: the directory {path.parent} does not exist; create it "
-                               "first")
-
-
-class Progress:
-    """A one-line progress bar on stderr (tqdm is not a runtime dependency); total None: a line count."""
-
-    def __init__(self, total: int | None, enabled: bool):
-        self.total, self.done, self.t0, self.enabled = total, 0, time.time(), enabled
-        self.drawn, self.last_draw, self.shown = 0, 0.0, -1
-
-    def update(self, n: int) -> None:
-        """Counts n more lines done; when enabled, redraws the bar (at most every 0.2 s)."""
-        self.done += n
-        if self.enabled and time.time() - self.last_draw >= 0.2:  # throttled: a log gets no flood of redraws
-            self._draw()
-
-    def _draw(self) -> None:
-        elapsed = time.time() - self.t0
-        rate = self.done / elapsed if elapsed > 0 else 0.0
-        if self.total:
-            width = 30
-            filled = int(width * min(self.done / self.total, 1.0))
-            left = (self.total - self.done) / rate if rate else 0.0
-            text = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} lines "
-                    f"{rate:.1f}/s, {left:.0f} s left ")
-        else:
-            text = f"{self.done} lines, {rate:.1f}/s "
-        sys.stderr.write("\r" + text.ljust(self.drawn))
-        sys.stderr.flush()
-        self.drawn, self.last_draw, self.shown = len(text), time.time(), self.done
-
-    def clear(self) -> None:
-        """Blanks the bar's line (before another message on stderr); the next update redraws it."""
-        if self.drawn:
-            sys.stderr.write("\r" + " " * self.drawn + "\r")
-            self.drawn = 0
-
-    def close(self) -> None:
-        """When enabled, draws the final count and ends the bar's line."""
-        if self.enabled:
-            if self.shown != self.done or not self.drawn:
-                self._draw()
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
-class Warnings:
-    """Warnings on stderr, one line each, naming the input line; after WARNINGS_SHOWN of one kind the
-    rest are only counted, so a binary file does not bury the terminal."""
-
-    def __init__(self, progress: Progress):
-        self.progress, self.counts = progress, {}
-
-    def warn(self, kind: str, message: str) -> None:
-        """Prints `message` (the first WARNINGS_SHOWN of its `kind`, the bar cleared first); counts it either
-        way."""
-        n = self.counts[kind] = self.counts.get(kind, 0) + 1
-        if n <= WARNINGS_SHOWN:
-            self.progress.clear()
-            more = f" (further lines with {kind} are counted, not shown)" if n == WARNINGS_SHOWN else ""
-            print(f"seq2onnx translate: warning: {message}{more}", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        """Prints, for each kind with more than WARNINGS_SHOWN warnings, how many lines in all had it."""
-        for kind, n in self.counts.items():
-            if n > WARNINGS_SHOWN:
-                print(f"seq2onnx translate: warning: {n} lines in all had {kind}", file=sys.stderr)
-
-
-def _decode(raw: bytes, line: int, warnings: Warnings) -> str:
-    """One input line as text: a trailing "\\r" dropped, invalid UTF-8 replaced by U+FFFD with a warning."""
-    if raw.endswith(b"\r"):
-        raw = raw[:-1]
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        bad = raw[e.start : e.end].hex(" ")
-        warnings.warn("invalid UTF-8", f"line {line}: invalid UTF-8 (byte {bad} at byte {e.start + 1} of the "
-                                       "line, perhaps more after it) replaced by U+FFFD")
-        return raw.decode("utf-8", errors="replace")
-
-
 def _source_ids(
     translator, text: str, line: int, strict: bool, warnings: Warnings, args_langs: dict
 ) -> list[int]:
@@ -355,13 +230,13 @@ def run(args) -> int:
     )
     _check_against_model(args, translator)
     show = args.progress if args.progress is not None else from_file and sys.stderr.isatty()
-    progress = Progress(_count_lines(Path(args.input)) if from_file and show else None, enabled=show)
+    progress = Progress(count_lines(Path(args.input)) if from_file and show else None, enabled=show)
     warnings = Warnings(progress)
     if from_file:
         fd = os.open(args.input, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         read = functools.partial(os.read, fd, READ_CHUNK)
     else:
-        fd, read = None, _stdin_read()
+        fd, read = None, stdin_read()
     attention = AttentionSink(Path(args.attention), args.force, translator) if args.attention else None
     # last: nothing can fail before `try`
     sink = AtomicOutput(Path(args.output), args.force) if to_file else None
@@ -449,8 +324,8 @@ def _translate_stream(translator, reader: LineReader, args, out, warnings: Warni
         for offset, raw in enumerate(batch):
             line = first + offset + 1
             try:
-                ids.append(_source_ids(translator, _decode(raw, line, warnings), line, args.strict, warnings,
-                                       _languages(args)))
+                text = decode_line(raw, line, warnings)
+                ids.append(_source_ids(translator, text, line, args.strict, warnings, _languages(args)))
             except CommandError as e:  # the lines before it are still translated and written
                 error = e
                 break

@@ -79,13 +79,15 @@ def run(args) -> int:
         ok, why = ct2_available()
         if not ok:
             raise CommandError(f"{args.bundle} is a CTranslate2 model; verifying it needs ctranslate2: {why}")
-        from seq2onnx.export.ctranslate2.verify import format_ct2_report, verify_ct2
+        from seq2onnx.export.ctranslate2.report import format_ct2_report
+        from seq2onnx.export.ctranslate2.verify import verify_ct2
 
         report = verify_ct2(args.checkpoint, args.bundle, sentences=args.sentences, device=args.device,
                             data=args.data, src_col=args.src_col, tgt_col=args.tgt_col)
         print(format_ct2_report(report))
     else:
-        from seq2onnx.export.parity import format_report, verify
+        from seq2onnx.export.parity import verify
+        from seq2onnx.export.parity_report import format_report
 
         report = verify(args.checkpoint, args.bundle, sentences=args.sentences, device=args.device,
                         data=args.data, src_col=args.src_col, tgt_col=args.tgt_col,
@@ -103,7 +105,7 @@ def _verify_hf(args) -> int:
                            "sentences: give --data FILE (one source sentence per line, or a TSV with "
                            "--src-col/--tgt-col)")
     from seq2onnx.export.hf.verify import format_differences, verify_hf
-    from seq2onnx.export.parity import format_report
+    from seq2onnx.export.parity_report import format_report
 
     try:
         report = verify_hf(args.checkpoint, args.bundle, data=args.data, sentences=args.sentences,

@@ -1,16 +1,16 @@
-"""The one place that binds the standard decoder's (decoder.onnx) inputs and outputs, and the encoder's.
+"""The one place that binds the graphs' inputs and outputs: the encoder's, the standard decoder's
+(decoder.onnx) and the fused decoder's (decoder_fused.onnx).
 
 Three callers drive decoder.onnx: the search's step (runtime/standard_step.py), the forced pass that
-returns attention (runtime/attention.py) and the continuous batcher's rounds (serve/batcher.py). Each
-binds the same inputs in the same way (the graph's names come from runtime/spec.py through
-runtime/bundle.py); what differs is where the outputs go, which each caller says.
+returns attention (runtime/attention.py) and the continuous batcher's rounds (serve/standard_rounds.py).
+Each binds the same inputs in the same way (the graph's names come from runtime/spec.py through
+runtime/bundle.py); what differs is where the outputs go, which each caller says. The outputs of a run come
+back (binding.get_outputs()) in the order they were bound: the 2 x layers `present_*` cache values first,
+then `outputs` in the order given.
 
-The outputs of a run come back (binding.get_outputs()) in the order they were bound: the 2 x layers
-`present_*` cache values first, then `outputs` in the order given.
-
-The fused decoder (decoder_fused.onnx, com.microsoft kernels) is not bound here: its inputs and outputs
-are the arrays of its StepBuffers, bound once per change of the batch rather than per step, by
-runtime/fused_step.py.
+Two callers drive decoder_fused.onnx: translate_batch's step loop (runtime/fused_step.py) and the serving
+rounds (serve/fused_rounds.py). Both own every array the graph reads and writes and bind them by pointer
+(bind_fused), once per change of their rows rather than per step: a step only writes into the arrays.
 """
 
 from __future__ import annotations
@@ -95,6 +95,35 @@ def bind_decoder(
         else:
             b.bind_ortvalue_output(name, where)
     return b
+
+
+def bind_fused(binding, held: dict, inputs: Mapping[str, np.ndarray], cache: Sequence[np.ndarray] = (),
+               outputs: Mapping[str, np.ndarray] | None = None) -> None:
+    """Binds arrays of the caller's to a fused decoder's IO binding by pointer (onnxruntime reads and writes
+    them in place); rebinding some inputs of a complete binding is the same call with those inputs alone.
+
+    Args:
+        binding: the session's IOBinding (session.io_binding()).
+        held: name -> the OrtValue bound under it: the caller keeps it while the binding points at the array.
+        inputs: name -> a contiguous numpy array (a slice of one: the first rows).
+        cache: the 2 x layers cache buffers, layer by layer, keys first: each is bound as `past_*` and as
+            `present_*` alike, so the kernel writes the new position in place.
+        outputs: name -> a numpy array that the run writes into.
+    """
+    import onnxruntime  # imported, and its install checked, by runtime/sessions.py before any session exists
+
+    wrap = onnxruntime.OrtValue.ortvalue_from_numpy
+    for name, array in inputs.items():
+        held[name] = value = wrap(array)
+        binding.bind_ortvalue_input(name, value)
+    past_names, present_names, _ = _cache_names(len(cache) // 2)
+    for past, present, array in zip(past_names, present_names, cache):
+        held[past] = value = wrap(array)
+        binding.bind_ortvalue_input(past, value)
+        binding.bind_ortvalue_output(present, value)
+    for name, array in (outputs or {}).items():
+        held[name] = value = wrap(array)
+        binding.bind_ortvalue_output(name, value)
 
 
 def bind_encoder(encoder, *, src: np.ndarray, lengths: np.ndarray, n_layers: int, device: str):

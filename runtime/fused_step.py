@@ -1,4 +1,4 @@
-"""The fused decoder (decoder_fused.onnx): which decoder a Translator drives, and the static step loop.
+"""The fused decoder's (decoder_fused.onnx) static step loop: translate_batch's step on the fused graph.
 
 The fused graph (docs/fused-decoder.md) keeps each layer's self-attention cache in ONE buffer of
 [rows, heads, max_length, head_dim], bound both as `past_*` and `present_*`: the contrib kernel
@@ -19,8 +19,8 @@ Here that becomes:
 - the first step of a beam search has one row per sentence while the buffers have W: it runs on
   the first B rows with beam width 1 (its own binding), and position 0 is then copied to the W rows
   of each sentence;
-- the buffers and bindings outlive the batch (StepBuffers): the Translator offers them to the
-  next batch of the same shape.
+- the buffers and bindings outlive the batch (runtime/fused_buffers.py's StepBuffers): the
+  Translator offers them to the next batch of the same shape.
 """
 
 from __future__ import annotations
@@ -28,269 +28,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import bundle as names
+from .binding import bind_fused
+from .fused_buffers import StepBuffers
 from .search import TopK
 
 
-class DecoderUnavailable(RuntimeError):
-    """SessionTuning(decoder="fused") where the fused decoder cannot run: the message says why."""
-
-
-def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[str, object, str]:
-    """Picks the decoder a Translator drives and loads its session.
-
-    Args:
-        bundle: the bundle read.
-        device: "cpu" or "cuda", the device picked.
-        wanted (str): SessionTuning.decoder: "auto", "standard" or "fused".
-        load (Callable[[str], onnxruntime.InferenceSession]): load(label) creates the session of the
-            bundle's graph `label` and raises where onnxruntime cannot.
-
-    Returns:
-        (variant, session, reason): the fused decoder where the bundle has it, the provider is the
-        CPU and this onnxruntime can create its session; otherwise the standard decoder, with why.
-
-    Raises:
-        DecoderUnavailable: (a RuntimeError) "fused" is asked for and cannot run.
-    """
-    if wanted == names.STANDARD:
-        return (
-            names.STANDARD,
-            load(names.DECODER_LABELS[names.STANDARD]),
-            "asked for the standard decoder (SessionTuning)",
-        )
-    why = None
-    if names.FUSED not in bundle.decoder_variants:
-        why = (
-            "the bundle has no fused decoder (exported with --decoder standard, or float16: the CPU kernels "
-            "are float32-only, so fp16 bundles have only the standard one)"
-        )
-    elif device != "cpu":
-        # The CUDA kernel of DecoderMaskedMultiHeadAttention wants another key layout in the cache.
-        why = (
-            f"the fused decoder's cache layout is the CPU kernels'; the {device} provider runs the standard "
-            "one"
-        )
-    else:
-        try:
-            return (
-                names.FUSED,
-                load(names.DECODER_LABELS[names.FUSED]),
-                ("the bundle has a fused decoder and this onnxruntime runs its com.microsoft operators"),
-            )
-        except Exception as e:  # onnxruntime's own exception types: an operator it lacks, a damaged file
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            why = f"this onnxruntime cannot run the fused decoder ({first[:300]})"
-    if wanted == names.FUSED:
-        raise DecoderUnavailable(f"SessionTuning(decoder='fused') cannot be honoured: {why}")
-    return names.STANDARD, load(names.DECODER_LABELS[names.STANDARD]), why
-
-
-def buffer_bytes(
-    rows: int,
-    width: int,
-    max_length: int,
-    top_k: int | None,
-    *,
-    n_layers: int,
-    n_heads: int,
-    head_dim: int,
-    vocab: int,
-) -> int:
-    """Returns the bytes of a StepBuffers' arrays (StepBuffers.nbytes): the one formula behind the pool's
-    bound.
-
-    Args:
-        rows, width, max_length, top_k: the buffers' key: rows (sentences x width), beams per sentence,
-            cache positions, candidates per row (None: the full log-probabilities).
-        n_layers, n_heads, head_dim, vocab: the model's sizes.
-    """
-    cache = 2 * n_layers * rows * n_heads * max_length * head_dim * 4
-    indirection = (rows // width) * (width + (1 if width > 1 else 0)) * max_length * 4  # + the first step's
-    out = rows * 4  # row_start
-    out += rows * vocab * 4 if top_k is None else rows * top_k * (4 + 8)
-    return cache + indirection + out
-
-
-def takes_row_start(session) -> bool:
-    """Tells whether a fused decoder session takes `row_start` (rows that begin at different positions:
-    serving rounds); fused graphs exported before it do not."""
-    return any(i.name == names.ROW_START for i in session.get_inputs())
-
-
 _ONE = np.ones(1, np.int32)  # beam_width of a beam search's first step (never written)
-
-
-def _bind_input(binding, held: dict, name: str, array: np.ndarray):
-    """Binds `array` as input `name`, sharing its memory; `held` keeps the OrtValue (and so the
-    array) alive while the binding points at it. Returns the OrtValue."""
-    import onnxruntime  # imported (and its install checked) by runtime.translator before any session exists
-
-    held[name] = value = onnxruntime.OrtValue.ortvalue_from_numpy(array)
-    binding.bind_ortvalue_input(name, value)
-    return value
-
-
-def _bind_output(binding, held: dict, name: str, array: np.ndarray) -> None:
-    """Binds `array` as output `name`: onnxruntime writes into it."""
-    import onnxruntime
-
-    held[name] = value = onnxruntime.OrtValue.ortvalue_from_numpy(array)
-    binding.bind_ortvalue_output(name, value)
-
-
-class StepBuffers:
-    """The arrays a fused step loop binds and their IO bindings, kept between batches by a StepBufferPool.
-
-    Allocating and binding them anew for every sentence cost ~0.3 ms, 3-5% of a one-sentence
-    greedy translation (docs/optimisation-notes.md, row 16). Contents need no reset between
-    batches: a step writes position t of the cache before any step reads it, and beam search
-    writes the indirection positions it reads (FusedStep._reorder). The encoder's inputs (mask,
-    cross keys/values) are bound by every batch before its first run.
-
-    Args:
-        session (onnxruntime.InferenceSession): the fused decoder's session.
-        key: (rows, width, cache positions, top_k).
-        n_layers: decoder layers.
-        n_heads: attention heads.
-        head_dim: head size.
-        vocab: target vocabulary size.
-
-    Attributes:
-        key: as given.
-        nbytes: the arrays' bytes (buffer_bytes).
-        binding: the IO binding of the step loop.
-        bound_rows: rows the cache, tokens and outputs are bound for now (0: none).
-    """
-
-    def __init__(self, session, key: tuple, *, n_layers: int, n_heads: int, head_dim: int, vocab: int):
-        rows, width, max_length, top_k = key
-        self.key = key  # (rows, width, cache positions, top_k)
-        self.cache = [
-            np.zeros((rows, n_heads, max_length, head_dim), np.float32) for _ in range(2 * n_layers)
-        ]
-        self.indirection = np.zeros((rows // width, width, max_length), np.int32)
-        self.tokens = np.zeros((rows, 1), np.int64)
-        self.step = np.zeros(1, np.int32)
-        # every row of a batch begins at position 0 (graphs exported before row_start lack the input)
-        self.row_start = np.zeros(rows, np.int32) if takes_row_start(session) else None
-        self.fixed = {
-            names.BEAM_WIDTH: np.array([width], np.int32),
-            names.TOP_K: np.array([top_k or 1], np.int64),
-        }
-        if top_k is None:
-            self.out = {names.LOG_PROBS: np.zeros((rows, vocab), np.float32)}
-        else:
-            self.out = {
-                names.TOPK_LOG_PROBS: np.zeros((rows, top_k), np.float32),
-                names.TOPK_IDS: np.zeros((rows, top_k), np.int64),
-            }
-        self.nbytes = buffer_bytes(*key, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, vocab=vocab)
-        self.binding = session.io_binding()
-        self.bound_rows = 0  # rows the cache, tokens and outputs are bound for now (0: none)
-        self.held: dict[str, object] = {}  # name -> OrtValue bound by pointer: must outlive the binding
-        # A beam search's first step: one row per sentence, beam width 1 (FusedStep._first_step).
-        self.first_binding, self.first_sentences, self.first_held = None, 0, {}
-        self.first_indirection = np.zeros((rows // width, 1, max_length), np.int32) if width > 1 else None
-
-    def fits(self, rows: int, width: int, max_length: int, top_k: int | None) -> bool:
-        """Tells whether a batch of these rows, beams, positions and top-k can use these buffers.
-
-        Args:
-            rows: sentences x width.
-            width: beams per sentence.
-            max_length: the positions needed (buffers with more positions fit too).
-            top_k: candidates per row, or None.
-
-        Returns:
-            True when rows, width and top_k are the buffers' and they hold enough positions.
-        """
-        r, w, m, k = self.key
-        return (r, w, k) == (rows, width, top_k) and m >= max_length
-
-    def forget_encoded(self, encoded_names: list[str]) -> None:
-        """Drops the last batch's encoder outputs, so that a spare does not keep them alive.
-
-        The bindings keep pointers to them: every batch rebinds these inputs before it runs.
-
-        Args:
-            encoded_names: the encoder outputs' input names (src_mask and the cross keys/values).
-        """
-        for held in (self.held, self.first_held):
-            for name in encoded_names:
-                held.pop(name, None)
-
-
-class StepBufferPool:
-    """A Translator's spare StepBuffers between batches, shared by its threads.
-
-    list.remove and append are atomic: two threads never get the same buffers. Only small buffers
-    are kept: a batch of many rows decodes far longer than it takes to make its buffers, and
-    keeping them would hold tens of MB between calls.
-
-    Args:
-        n_layers: decoder layers.
-        n_heads: attention heads.
-        head_dim: head size.
-        vocab: target vocabulary size.
-    """
-
-    spares = 2  # batches of one or two shapes (e.g. greedy and beam 4 at batch 1) reuse theirs
-    max_bytes = 4 << 20  # 1 row x 128 positions is ~0.8 MB at d_model 256, 3 layers
-    position_quantum = 32  # a kept buffer's positions are a multiple of this: similar lengths share it
-
-    def __init__(self, *, n_layers: int, n_heads: int, head_dim: int, vocab: int):
-        self.dims = dict(n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, vocab=vocab)
-        self.encoded_names = [names.SRC_MASK, *names.cross_names(n_layers)]
-        self._spares: list[StepBuffers] = []
-
-    def positions(self, rows: int, width: int, max_length: int, top_k: int | None) -> int:
-        """Returns the cache positions to allocate for a batch decoding up to max_length.
-
-        Rounded up (to position_quantum) where the buffers are small enough to keep, exact otherwise
-        (rounding every batch up raised the bench's peak RSS by ~17 MB at beam 4 x 32 rows). A step
-        reads positions < step only: more cost no time.
-
-        Args:
-            rows, width, top_k: as StepBuffers.fits.
-            max_length: the batch's longest decoding.
-        """
-        rounded = -(-max_length // self.position_quantum) * self.position_quantum
-        small = buffer_bytes(rows, width, rounded, top_k, **self.dims) <= self.max_bytes
-        return rounded if small else max_length
-
-    def take(self, rows: int, width: int, max_length: int, top_k: int | None) -> StepBuffers | None:
-        """Takes the smallest spare that fits (StepBuffers.fits); it is now the caller's.
-
-        Args:
-            rows, width, max_length, top_k: as StepBuffers.fits.
-
-        Returns:
-            The buffers, or None if none fits.
-        """
-        fitting = sorted(
-            (b for b in list(self._spares) if b.fits(rows, width, max_length, top_k)), key=lambda b: b.key[2]
-        )
-        for buffers in fitting:
-            try:
-                self._spares.remove(buffers)
-            except ValueError:  # another thread took it first
-                continue
-            return buffers
-        return None
-
-    def give(self, buffers: StepBuffers | None) -> None:
-        """Keeps a finished batch's buffers (the newest `spares`), if small (max_bytes).
-
-        Only after a search that ended normally: one that raised may have left them half bound.
-
-        Args:
-            buffers: the batch's buffers; None is ignored.
-        """
-        if buffers is None or buffers.nbytes > self.max_bytes:
-            return
-        buffers.forget_encoded(self.encoded_names)
-        self._spares.append(buffers)
-        del self._spares[: -self.spares]
 
 
 class FusedStep:
@@ -303,8 +46,8 @@ class FusedStep:
         session: the decoder_fused.onnx session (CPU).
         src_mask: (B, S) bool, the encoder's output.
         cross: per layer key then value, (B, H, S, Dh) float32: the encoder's outputs. Both are
-            bound as they are (copied only before the first compaction, which writes in place, so
-            that the caller's arrays stay the encoder's).
+            numpy arrays or the encoder's OrtValues (CPU), bound as they are (copied only before the
+            first compaction, which writes in place, so that the caller's arrays stay the encoder's).
         n_layers: decoder layers.
         n_heads: attention heads.
         head_dim: head size.
@@ -335,7 +78,12 @@ class FusedStep:
         vocab: int,
         buffers: StepBuffers | None = None,
     ):
-        batch, width = src_mask.shape[0], beam_width
+        values = [src_mask, *cross]
+        # the encoder's OrtValues, bound as they are until the first compaction (wrapping costs ~5 us each)
+        self._values = None if any(isinstance(v, np.ndarray) for v in values) else values
+        self._mask = np.ascontiguousarray(_host(src_mask), dtype=bool)
+        self._cross = [np.ascontiguousarray(_host(c), dtype=np.float32) for c in cross]
+        batch, width = self._mask.shape[0], beam_width
         if buffers is None or not buffers.fits(batch * width, width, max_length, top_k):
             buffers = StepBuffers(
                 session,
@@ -348,11 +96,8 @@ class FusedStep:
         self.buffers, self.session, self.width, self.vocab, self.top_k = buffers, session, width, vocab, top_k
         self.batch = batch  # sentences in the buffers now
         self._sentences = np.arange(batch)  # sliced to index the sentences in the buffers
-        self._mask = np.ascontiguousarray(src_mask, dtype=bool)
-        self._cross = [np.ascontiguousarray(c, dtype=np.float32) for c in cross]
         self._cache, self._indirection, self._tokens = buffers.cache, buffers.indirection, buffers.tokens
         self._step, self._out = buffers.step, buffers.out
-        self._past, self._present = names.past_names(n_layers), names.present_names(n_layers)
         self._cross_names = names.cross_names(n_layers)
         self._binding = buffers.binding
         self._bind()
@@ -369,9 +114,14 @@ class FusedStep:
         batch); the encoder's mask and cross keys/values are this batch's, bound anew."""
         buffers, binding, held = self.buffers, self._binding, self.buffers.held
         b, rows = self.batch, self.batch * self.width
-        self._encoded = {names.SRC_MASK: _bind_input(binding, held, names.SRC_MASK, self._mask[:b])}
-        for name, array in zip(self._cross_names, self._cross):
-            self._encoded[name] = _bind_input(binding, held, name, array[:b])
+        encoded_names = [names.SRC_MASK, *self._cross_names]
+        if self._values is not None and not self._owned:  # the whole batch: the encoder's own OrtValues
+            for name, value in zip(encoded_names, self._values):
+                held[name] = value
+                binding.bind_ortvalue_input(name, value)
+        else:
+            bind_fused(binding, held, dict(zip(encoded_names, (a[:b] for a in [self._mask, *self._cross]))))
+        self._encoded = {name: held[name] for name in encoded_names}
         if buffers.bound_rows != rows:
             self._bind_rows(binding, held, rows, buffers.fixed[names.BEAM_WIDTH], self._indirection[:b])
             buffers.bound_rows = rows
@@ -380,19 +130,19 @@ class FusedStep:
         self, binding, held: dict, rows: int, beam_width: np.ndarray, indirection: np.ndarray
     ) -> None:
         """Binds what depends on the rows a run computes: the first `rows` rows of the tokens, the cache
-        (one OrtValue as past and present: updated in place) and the outputs, with the beam width and
-        indirection for them; the step number and top-k alike, so each binding is complete."""
-        _bind_input(binding, held, names.STEP, self._step)
-        _bind_input(binding, held, names.TOP_K, self.buffers.fixed[names.TOP_K])
-        _bind_input(binding, held, names.BEAM_WIDTH, beam_width)
-        _bind_input(binding, held, names.CACHE_INDIRECTION, indirection)
-        _bind_input(binding, held, names.TOKENS, self._tokens[:rows])
+        (past and present alike: updated in place) and the outputs, with the beam width and indirection for
+        them; the step number and top-k alike, so each binding is complete."""
+        inputs = {
+            names.STEP: self._step,
+            names.TOP_K: self.buffers.fixed[names.TOP_K],
+            names.BEAM_WIDTH: beam_width,
+            names.CACHE_INDIRECTION: indirection,
+            names.TOKENS: self._tokens[:rows],
+        }
         if self.buffers.row_start is not None:
-            _bind_input(binding, held, names.ROW_START, self.buffers.row_start[:rows])
-        for past, present, array in zip(self._past, self._present, self._cache):
-            binding.bind_ortvalue_output(present, _bind_input(binding, held, past, array[:rows]))
-        for name, array in self._out.items():
-            _bind_output(binding, held, name, array[:rows])
+            inputs[names.ROW_START] = self.buffers.row_start[:rows]
+        cache = [array[:rows] for array in self._cache]
+        bind_fused(binding, held, inputs, cache, {name: array[:rows] for name, array in self._out.items()})
 
     def _first_step(self, tokens: np.ndarray) -> None:
         """A beam search's first step on one row per sentence: its W beams would all compute the
@@ -503,6 +253,11 @@ class FusedStep:
         if self.top_k is None:
             return self._out[names.LOG_PROBS][take]
         return TopK(self._out[names.TOPK_LOG_PROBS][take], self._out[names.TOPK_IDS][take], self.vocab)
+
+
+def _host(value) -> np.ndarray:
+    """A numpy array, or an OrtValue's array (on the CPU it shares the OrtValue's memory)."""
+    return value if isinstance(value, np.ndarray) else value.numpy()
 
 
 def _runs(keep: np.ndarray) -> list[tuple[int, int, int]]:

@@ -12,7 +12,7 @@ job and gives its SearchResults back to the plan, which detokenises them (and co
     results = plan.results()                       # or, the same: plan.run(translator.search)
 
 A job's program (runtime/search.py) is answered by a step callable: Translator.search makes the
-decoder's step (Translator.decoder_step) and drives the program with it; serve/batcher.py answers many
+decoder's step (Translator.graphs.step) and drives the program with it; serve/batcher.py answers many
 programs with one decoder run. Either way the step goes under job.force(step), the forced target
 prefix and end token (runtime/prefix.py).
 """
@@ -118,7 +118,7 @@ def search_job(
             max_lengths=np.repeat(max_lengths, n),
             **common,
         )
-        encoded = t.encode(*t.sources.pad(rows))
+        encoded = t.graphs.encode(*t.sources.pad(rows))
         return SearchJob(
             indices,
             sources,
@@ -130,10 +130,10 @@ def search_job(
             top_k=None,  # sampling needs every log-prob
             program=_regroup(flat, n, len(sources)),
             prefixes=[p for p in prefixes for _ in range(n)],
-            end=t.forced_end(np.repeat(max_lengths, n)),
+            end=t.spec.forced_end(np.repeat(max_lengths, n)),
             sampled=True,
         )
-    encoded = t.encode(*t.sources.pad(sources))
+    encoded = t.graphs.encode(*t.sources.pad(sources))
     if options.beam_size == 1:
         program = greedy_program(len(sources), max_lengths=max_lengths, **common)
     else:
@@ -143,7 +143,7 @@ def search_job(
             length_penalty=options.length_penalty,
             num_hypotheses=options.num_hypotheses,
             max_lengths=max_lengths,
-            convention=t.bundle.decoding.get("beam_convention", "fairseq"),
+            convention=t.spec.beam_convention,
             **common,
         )
     return SearchJob(
@@ -154,10 +154,10 @@ def search_job(
         encoded,
         rows=len(sources),
         beam_width=options.beam_size,
-        top_k=t.step_top_k(options.beam_size, options.min_decoding_length),
+        top_k=t.spec.step_top_k(options.beam_size, options.min_decoding_length),
         program=program,
         prefixes=list(prefixes),
-        end=t.forced_end(max_lengths),
+        end=t.spec.forced_end(max_lengths),
     )
 
 
@@ -172,20 +172,20 @@ def stream_job(translator, text: str, options: SearchOptions) -> SearchJob | Non
     ids = t.sources.ids(0, text, options.truncate, source_prefix)
     if ids is None:
         return None
-    limits = t.max_lengths([ids], options)
+    limits = t.spec.max_lengths([ids], options)
     check_min_length(options.min_decoding_length, int(limits[0]), len(ids))  # now, not at the first piece
     return SearchJob(
         [0],
         [ids],
         limits,
         options.min_decoding_length,
-        t.encode(*t.sources.pad([ids])),
+        t.graphs.encode(*t.sources.pad([ids])),
         rows=1,
         beam_width=1,
-        top_k=t.step_top_k(1, options.min_decoding_length),
+        top_k=t.spec.step_top_k(1, options.min_decoding_length),
         program=None,
         prefixes=[target_prefix],
-        end=t.forced_end(limits),
+        end=t.spec.forced_end(limits),
     )
 
 
@@ -213,11 +213,11 @@ class Plan:
         ]
         self._results: list[TranslationResult | None] = [None] * len(ids)
         todo = [i for i, s in enumerate(ids) if s is not None]
-        self._limits = limits = dict(zip(todo, t.max_lengths([ids[i] for i in todo], options)))
+        self._limits = limits = dict(zip(todo, t.spec.max_lengths([ids[i] for i in todo], options)))
         for i in todo:
             check_min_length(options.min_decoding_length, int(limits[i]), len(ids[i]), i)
         if options.return_attention:
-            t.attention_decoder()  # a bundle without the output is refused before searching
+            t.graphs.attention_decoder()  # a bundle without the output is refused before searching
         for i, s in enumerate(ids):
             if s is None:  # empty text: nothing to translate
                 self._results[i] = TranslationResult(
@@ -248,11 +248,10 @@ class Plan:
         """Takes a job's SearchResults (one per source): detokenises them, with their attention if asked."""
         t, options = self.translator, self.options
         found_tokens = [[h[:-1] if h and h[-1] == t.eos_id else h for h in r.hypotheses] for r in found]
-        attention = (
-            t.attention(job.sources, found_tokens, job.source_encoding)
-            if options.return_attention
-            else [None] * len(found)
-        )
+        attention = [None] * len(found)
+        if options.return_attention:  # sampled jobs' rows repeat their sources: encoded again
+            encoded = job.source_encoding or t.graphs.encode(*t.sources.pad(job.sources))
+            attention = t.graphs.attention(job.sources, found_tokens, encoded)
         for i, r, tokens, weights in zip(job.indices, found, found_tokens, attention):
             self._results[i] = TranslationResult(
                 [t.detokenize(x) for x in tokens],

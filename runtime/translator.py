@@ -1,9 +1,6 @@
-"""Translator: drives the encoder and decoder-step graphs of a bundle with onnxruntime.
-
-Two decoders, two step classes side by side: the fused one (decoder_fused.onnx, onnxruntime's
-com.microsoft kernels, runtime/fused_step.py) where the bundle has it and this onnxruntime runs
-it on the chosen provider, else the standard-opset decoder.onnx (runtime/standard_step.py). The
-device and session options come from runtime/sessions.py, the searches from runtime/search.py.
+"""Translator: a bundle loaded (its files read once and checked, its tokenizers and sessions made) and the
+public API over it. The sessions are driven through runtime/graphs.py, planning is runtime/plan.py's, the
+searches runtime/search.py's and runtime/beam.py's; the device comes from runtime/devices.py.
 """
 
 from __future__ import annotations
@@ -12,27 +9,31 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
-import sentencepiece as spm
 
-from . import bundle as names
-from .attention import check_attention_output, forced_attention
-from .binding import bind_encoder
-from .bundle import Bundle, BundleError, read_bundle
+from .bundle import Bundle, read_bundle
 from .checks import check_graphs, check_tokenizers, read_graphs
-from .fused_step import FusedStep, StepBufferPool
+from .graphs import Graphs
+from .model_spec import ModelSpec
 from .options import OptionError, SearchOptions, SessionTuning, check_intra_threads, resolve_search_options
 from .plan import Plan, SearchJob, stream_job
-from .search import SearchResult, Step, candidates_needed, run, stream_greedy
+from .search import SearchResult, Step, run, stream_greedy
 from .session_cache import SessionCache
-from .sessions import DEVICES, ort, open_sessions
+from .devices import DEVICES
+from .sessions import open_sessions
 from .source import Sources
-from .standard_step import StandardStep
 from .result import TranslationResult  # noqa: F401  (re-exported: the public result type)
 from .text import text_increments
-from .vocab import Vocabulary
+from .vocab import Vocabulary, load_tokenizers
 from .weights import verified
 
 _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
+_INPUTS = ("self", "text", "source")  # a public method's parameters that are not search options
+
+
+def _passed(params: dict) -> dict:
+    """The search options of a public method's call, from its locals() taken before it defines any: each
+    option is spelled once, in the method's signature."""
+    return {name: value for name, value in params.items() if name not in _INPUTS}
 
 
 class Translator:
@@ -60,8 +61,10 @@ class Translator:
         sources: runtime/source.py's Sources: texts or ids to the encoder's ids (`ids`, `prepare`), and
             padding (`pad`).
         ort_device: "cpu" or "cuda", where the encoder's outputs and the cache stay.
-        The seam below translate_batch (plan, search, decoder_step, ...) is runtime/plan.py's; serve/ drives
-        it.
+        spec: runtime/model_spec.py's ModelSpec: the sizes, special ids and decoding defaults planning reads.
+        graphs: runtime/graphs.py's Graphs: the sessions as a search drives them (encode, step, recycle,
+            attention).
+        The seam below translate_batch (plan, search, graphs, ...) is runtime/plan.py's; serve/ drives it.
     Raises:
         BundleError: the bundle is missing, damaged, of another format version, or its
             bundle.json disagrees with its graphs or tokenizers (the message names the field).
@@ -97,7 +100,6 @@ class Translator:
         tuning = SessionTuning() if _tuning is None else _tuning
         if not isinstance(tuning, SessionTuning):
             raise TypeError(f"_tuning is {type(tuning).__name__}; give a SessionTuning")
-        self._tuning = tuning
         # Every file is read once, hash-checked on those bytes, and every session and tokenizer is made
         # from them: a bundle replaced on disk later cannot mix into this one (runtime/bundle.py).
         own = not isinstance(bundle_dir, Bundle)
@@ -112,28 +114,13 @@ class Translator:
     def _load(self, bundle: Bundle, bundle_dir, device: str, tuning: SessionTuning, intra_threads, cache):
         """The constructor's work once the bundle is read: tokenizers, vocabulary, sessions, checks."""
         self.bundle = bundle
-        cfg = self.bundle.model
-        self.n_layers, self.n_heads = cfg["n_decoder_layers"], cfg["n_heads"]
-        self.head_dim = cfg["d_model"] // cfg["n_heads"]
-        self.max_positions = cfg["max_positions"]
-        self.src_vocab, self.tgt_vocab = cfg["src_vocab_size"], cfg["tgt_vocab_size"]
-        ids = self.bundle.special_ids
-        self.pad_id, self.eos_id, self.start_id = ids["pad"], ids["eos"], ids["decoder_start"]
+        self.spec = spec = ModelSpec.of_bundle(bundle, tuning.top_k_from_graph)  # what planning reads
+        self.n_layers, self.n_heads, self.head_dim = spec.n_layers, spec.n_heads, spec.head_dim
+        self.max_positions, self.src_vocab = spec.max_positions, spec.src_vocab
+        self.tgt_vocab = spec.tgt_vocab
+        self.pad_id, self.eos_id, self.start_id = spec.pad_id, spec.eos_id, spec.start_id
         self.cache_dtype = _NP_DTYPE[self.bundle.dtype]
-        # the fused step's buffers between batches
-        self._buffer_pool = StepBufferPool(
-            n_layers=self.n_layers, n_heads=self.n_heads, head_dim=self.head_dim, vocab=self.tgt_vocab
-        )
-        try:
-            source, target = bundle.bytes("source_tokenizer"), bundle.bytes("target_tokenizer")
-            self.source_tokenizer = spm.SentencePieceProcessor(model_proto=source)
-            # one vocabulary for both sides (NLLB, M2M100, mBART): read once (0.2 s for 256k pieces)
-            self.target_tokenizer = (self.source_tokenizer if target == source
-                                     else spm.SentencePieceProcessor(model_proto=target))
-        except BundleError:
-            raise
-        except Exception as e:
-            raise BundleError(f"{bundle.path}: a SentencePiece model cannot be read: {e}") from e
+        self.source_tokenizer, self.target_tokenizer = load_tokenizers(bundle)
         # Maps, prefixes and languages of an imported model (runtime/vocab.py); identity for ours.
         self.vocabulary = Vocabulary.of_bundle(
             bundle, self.source_tokenizer.get_piece_size(), self.target_tokenizer.get_piece_size()
@@ -156,10 +143,11 @@ class Translator:
         )
         self.device, self.device_reason = s.device, s.device_reason
         self.encoder, self.decoder = s.encoder, s.decoder
-        self.decoder_variant, self.decoder_reason, self._sessions = s.variant, s.reason, s
+        self.decoder_variant, self.decoder_reason = s.variant, s.reason
         # every graph checked now; the standard decoder, not loaded yet, from its file (runtime/onnx_info.py)
         check_graphs(bundle, {**graphs, **s.by_label()}, graphs)
-        self.ort_device = "cuda" if self.device == "cuda" else "cpu"
+        self.graphs = Graphs(s, self.spec, self.cache_dtype, bundle.path)
+        self.ort_device = self.graphs.ort_device
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -188,19 +176,7 @@ class Translator:
         """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str (translate_batch takes lists)")
-        options = self.search_options(
-            beam_size=beam_size,
-            length_penalty=length_penalty,
-            max_decoding_length=max_decoding_length,
-            min_decoding_length=min_decoding_length,
-            truncate=truncate,
-            sampling_temperature=sampling_temperature,
-            sampling_topk=sampling_topk,
-            sampling_topp=sampling_topp,
-            seed=seed,
-            source_lang=source_lang,
-            target_lang=target_lang,
-        )
+        options = self.search_options(**_passed(locals()))
         return self.plan([text], options).run(self.search)[0].hypotheses[0]
 
     def translate_batch(
@@ -245,8 +221,7 @@ class Translator:
             sampling_topk, sampling_topp: sample among the k best (0: all), within this probability mass (1.0:
             all). seed: the sampling seed.
             source_lang, target_lang: language codes of a multilingual model (bundle.json's tokens.languages):
-            the
-                source's leading token, and the target token forced first (as transformers'
+                the source's leading token, and the target token forced first (as transformers'
                 forced_bos_token_id).
             target_prefix: per source, a list of target ids forced at the start (CTranslate2's target_prefix;
                 each adds 0 to the score, docs/decoding.md); it replaces target_lang's token. The ids are in
@@ -256,24 +231,7 @@ class Translator:
             ValueError: a source longer than the model's positions (unless truncate) or an option of
                 a wrong type or range (the message names the option, its value and the fix).
         """
-        options = self.search_options(
-            beam_size=beam_size,
-            num_hypotheses=num_hypotheses,
-            length_penalty=length_penalty,
-            max_decoding_length=max_decoding_length,
-            min_decoding_length=min_decoding_length,
-            return_scores=return_scores,
-            return_attention=return_attention,
-            truncate=truncate,
-            max_batch_size=max_batch_size,
-            sampling_temperature=sampling_temperature,
-            sampling_topk=sampling_topk,
-            sampling_topp=sampling_topp,
-            seed=seed,
-            source_lang=source_lang,
-            target_lang=target_lang,
-            target_prefix=target_prefix,
-        )
+        options = self.search_options(**_passed(locals()))
         return self.plan(source, options).run(self.search)  # plan, then run here
 
     def search_options(self, **options) -> SearchOptions:
@@ -311,14 +269,7 @@ class Translator:
         """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str")
-        options = self.search_options(
-            beam_size=1,
-            max_decoding_length=max_decoding_length,
-            min_decoding_length=min_decoding_length,
-            truncate=truncate,
-            source_lang=source_lang,
-            target_lang=target_lang,
-        )
+        options = self.search_options(beam_size=1, **_passed(locals()))
         return self.stream(text, options)
 
     def translate_iterable(
@@ -401,11 +352,11 @@ class Translator:
             wrap: step -> the step the search calls (serve/engine.py's cancel check); the job's forced
                 prefixes go over it.
         """
-        step = self.decoder_step(
+        step = self.graphs.step(
             job.encoded, rows=job.rows, top_k=job.top_k, max_length=job.max_length, beam_width=job.beam_width
         )
         found = run(job.program, job.force(step if wrap is None else wrap(step)))
-        self.recycle(step)
+        self.graphs.recycle(step)
         return found
 
     def stream(self, text: str, options: SearchOptions) -> Iterator[str]:
@@ -417,7 +368,7 @@ class Translator:
         job = self.plan_stream(text, options)
         if job is None:
             return iter(())
-        step = self.decoder_step(job.encoded, rows=1, top_k=job.top_k, max_length=job.max_length)
+        step = self.graphs.step(job.encoded, rows=1, top_k=job.top_k, max_length=job.max_length)
         forced = job.force(step)
 
         def tokens() -> Iterator[int]:
@@ -428,7 +379,7 @@ class Translator:
                 max_length=job.max_length,
                 min_length=job.min_length,
             )
-            self.recycle(step)  # once the stream is read to its end
+            self.graphs.recycle(step)  # once the stream is read to its end
 
         return text_increments(self.detokenize, tokens())
 
@@ -451,138 +402,6 @@ class Translator:
             tgt_vocab=self.tgt_vocab,
             eos_id=self.eos_id,
         )
-
-    def max_lengths(self, sources: list[list[int]], options: SearchOptions) -> np.ndarray:
-        """Returns each source's maximum decoding length (int64): options' max_decoding_length, else the
-        bundle's max_length_a x its ids + max_length_b, at most max_positions."""
-        if options.max_decoding_length is not None:
-            return np.full(len(sources), options.max_decoding_length, dtype=np.int64)
-        a, b = self.bundle.decoding["max_length_a"], self.bundle.decoding["max_length_b"]
-        return np.array([min(int(a * len(s)) + b, self.max_positions) for s in sources], dtype=np.int64)
-
-    def forced_end(self, max_lengths) -> dict:
-        """force_prefix's end-token options: the bundle's decoding.forced_eos (transformers'
-        forced_eos_token_id), else {}."""
-        if not self.bundle.decoding.get("forced_eos"):
-            return {}
-        return {"end_id": self.eos_id, "max_lengths": max_lengths}
-
-    def step_top_k(self, beam_size: int, min_length: int) -> int | None:
-        """Candidates per row a step takes from the graph's TopK (beam_size 1: greedy; None: all of them)."""
-        if not self._tuning.top_k_from_graph:
-            return None
-        return min(candidates_needed(beam_size, min_length, greedy=beam_size == 1), self.tgt_vocab)
-
-    def encode(self, src: np.ndarray, lengths: np.ndarray) -> tuple:
-        """Runs the encoder over padded sources (Sources.pad): (src_mask, cross keys/values), OrtValues on the
-        device (ort_device)."""
-        binding = bind_encoder(
-            self.encoder, src=src, lengths=lengths, n_layers=self.n_layers, device=self.ort_device
-        )
-        self.encoder.run_with_iobinding(binding)
-        src_mask, *cross = binding.get_outputs()
-        return src_mask, cross
-
-    def decoder_step(
-        self, encoded: tuple, *, rows: int, top_k: int | None, max_length: int, beam_width: int = 1
-    ) -> Step:
-        """Returns the search's step (runtime/search.py) over the decoder driven, for sources encoded already.
-
-        Args:
-            encoded: encode()'s (src_mask, cross) of the sources.
-            rows: the sources (sentences at the first step).
-            top_k: the step returns a TopK of [rows, top_k] (step_top_k()); None: every log-probability,
-                [rows, vocab].
-            max_length: the longest decoding (the fused step's buffers; StepBufferPool may round it up).
-            beam_width: rows per sentence after the first step (the fused step's buffers).
-        Returns:
-            A FusedStep or a StandardStep; give it to recycle() once its search ended normally.
-        """
-        src_mask, cross = encoded
-        if self.decoder_variant == names.FUSED:
-            max_length = self._buffer_pool.positions(rows * beam_width, beam_width, max_length, top_k)
-            return FusedStep(
-                self.decoder,
-                src_mask=src_mask.numpy(),
-                cross=[c.numpy() for c in cross],
-                n_layers=self.n_layers,
-                n_heads=self.n_heads,
-                head_dim=self.head_dim,
-                beam_width=beam_width,
-                max_length=max_length,
-                top_k=top_k,
-                vocab=self.tgt_vocab,
-                buffers=self._buffer_pool.take(rows * beam_width, beam_width, max_length, top_k),
-            )
-        return StandardStep(
-            self.decoder,
-            rows=rows,
-            src_mask=src_mask,
-            cross=cross,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            head_dim=self.head_dim,
-            cache_dtype=self.cache_dtype,
-            top_k=top_k,
-            vocab=self.tgt_vocab,
-            to_device=self.to_device,
-            device=self.ort_device,
-        )
-
-    def recycle(self, step) -> None:
-        """Offers a decoder_step's buffers to the next batch (a standard step has none). Call it only after a
-        search that ended normally: one that raised may have left them half bound."""
-        inner = getattr(step, "inner", step)  # under force_prefix
-        self._buffer_pool.give(getattr(inner, "buffers", None))
-
-    def to_device(self, array: np.ndarray) -> ort.OrtValue:
-        """Returns a numpy array as an OrtValue on this translator's device (ort_device)."""
-        return ort.OrtValue.ortvalue_from_numpy(array, self.ort_device, 0)
-
-    @property
-    def standard_decoder(self):
-        """The standard decoder's session: the driven one, or loaded and checked when first asked for
-        (return_attention, the continuous batcher) where the fused one is driven (runtime/sessions.py)."""
-        return self._sessions.standard
-
-    def attention_decoder(self):
-        """Returns the standard decoder with its cross_attention output checked.
-
-        Raises:
-            NoAttentionOutput: a bundle exported before 0.3 (runtime/attention.py).
-        """
-        check_attention_output(self.standard_decoder, self.bundle.path)
-        return self.standard_decoder
-
-    def attention(
-        self, sources: list[list[int]], hypotheses: list[list[list[int]]], encoded
-    ) -> list[list[np.ndarray]]:
-        """Each source's hypotheses' cross-attention, by a forced pass (runtime/attention.py).
-
-        Args:
-            sources: encoder ids.
-            hypotheses: per source, its hypotheses' ids (end token excluded).
-            encoded: encode()'s (src_mask, cross) of these very sources, or None: encoded here.
-        """
-        n = max(len(h) for h in hypotheses)
-        rows = [h[j] if j < len(h) else [] for h in hypotheses for j in range(n)]  # n rows per source
-        src_mask, cross = encoded if encoded is not None else self.encode(*self.sources.pad(sources))
-        flat = forced_attention(
-            self.attention_decoder(),
-            src_mask=src_mask,
-            cross=cross,
-            rows_per_source=n,
-            hypotheses=rows,
-            source_lengths=[len(s) for s in sources],
-            start_id=self.start_id,
-            eos_id=self.eos_id,
-            n_heads=self.n_heads,
-            head_dim=self.head_dim,
-            cache_dtype=self.cache_dtype,
-            to_device=self.to_device,
-            device=self.ort_device,
-        )
-        return [flat[i * n : i * n + len(h)] for i, h in enumerate(hypotheses)]
 
     # -- internals ------------------------------------------------------------------------------
 

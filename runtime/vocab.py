@@ -24,6 +24,26 @@ _CODE = re.compile(r">>([^<>\s]+)<<")  # Marian's leading target-language code, 
 SPACES = " \t\n\r\f"
 
 
+def load_tokenizers(bundle) -> tuple:
+    """Returns the bundle's (source, target) SentencePieceProcessors; one object for both where their models
+    are the same bytes (NLLB, M2M100, mBART: read once, 0.2 s for 256k pieces).
+
+    Raises:
+        BundleError: a model that SentencePiece cannot read (naming the bundle).
+    """
+    import sentencepiece as spm
+
+    try:
+        source, target = bundle.bytes("source_tokenizer"), bundle.bytes("target_tokenizer")
+        source_tokenizer = spm.SentencePieceProcessor(model_proto=source)
+        same = target == source
+        return source_tokenizer, source_tokenizer if same else spm.SentencePieceProcessor(model_proto=target)
+    except BundleError:
+        raise
+    except Exception as e:
+        raise BundleError(f"{bundle.path}: a SentencePiece model cannot be read: {e}") from e
+
+
 def read_map(data: bytes, where: str, length: int, low: int, high: int) -> np.ndarray:
     """Reads one vocabulary map: little-endian int32, `length` entries in [low, high).
 

@@ -99,7 +99,7 @@ def step_env(ctx: dict) -> dict:
     except Exception as e:  # the summary says what is missing rather than stopping here
         out["torch_error"] = repr(e)
     from seq2onnx.runtime import ort_install
-    from seq2onnx.runtime.sessions import cuda_usable
+    from seq2onnx.runtime.devices import cuda_usable
 
     out["onnxruntime_distributions"] = ort_install.onnxruntime_distributions()
     ort = ort_install.import_onnxruntime()

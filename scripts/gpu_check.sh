@@ -44,7 +44,11 @@ install() {
     fi
     cat "$f" >> "$pack/.joined"
   done
-  xz -dc "$pack/.joined" > "$pack/.wheel/$name" || { say "xz could not decompress the parts"; return 2; }
+  if [ "$(awk '$1 == "compression" {print $2}' "$manifest")" = none ]; then  # gpu_pack.sh GPU_PACK_XZ=0
+    mv "$pack/.joined" "$pack/.wheel/$name"
+  else
+    xz -dc "$pack/.joined" > "$pack/.wheel/$name" || { say "xz could not decompress the parts"; return 2; }
+  fi
   rm -f "$pack/.joined"
   want=$(awk -v n="$name" '$1 == "sha256" && $3 == n {print $2}' "$manifest")
   got=$(sha256sum "$pack/.wheel/$name" | cut -d' ' -f1)

@@ -163,7 +163,7 @@ def memcpy_nodes(bundle: Path, device: str) -> dict:
 
     from seq2onnx.runtime import bundle as fmt
     from seq2onnx.runtime.ort_install import import_onnxruntime
-    from seq2onnx.runtime.sessions import providers_for
+    from seq2onnx.runtime.devices import providers_for
 
     ort = import_onnxruntime()
     opts = ort.SessionOptions()
@@ -180,7 +180,7 @@ def memcpy_nodes(bundle: Path, device: str) -> dict:
 def tf32_probe(translator, bundle: Path, sources: list) -> dict:
     """The encoder's outputs on this provider, with onnxruntime's CUDA default (TF32 matrix products allowed
     on Ampere and later) and with use_tf32=0, each against the CPU provider: whether TF32 is what separates
-    CUDA fp32 from PyTorch (the runtime passes use_tf32=0: runtime/sessions.providers_for)."""
+    CUDA fp32 from PyTorch (the runtime passes use_tf32=0: runtime/devices.providers_for)."""
     import numpy as np
 
     from seq2onnx.runtime import bundle as fmt

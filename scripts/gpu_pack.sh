@@ -17,8 +17,11 @@
 #      xz-compressed (~1 MiB), for the README's recipe model; without it the check uses the generated corpus;
 #   6. writes MANIFEST (the wheel's name, its sha256, each part's) into every folder.
 #
-# Knobs for tests/test_gpu_check.py: GPU_PACK_OUT (default .gpupack), PART_BYTES (instead of PART_MIB),
-# GPU_PACK_ANY=1 (a wheel without CUDA: steps 2 and 3 are skipped).
+# Knobs: GPU_PACK_OUT (default .gpupack), PART_BYTES (instead of PART_MIB), GPU_PACK_ANY=1 (a wheel without
+# onnxruntime's CUDA provider, e.g. ctranslate2 or transformers for scripts/gpu_sizes.sh: steps 2 and 3 are
+# skipped), GPU_PACK_XZ=0 (steps 3 and 4 skipped: the wheel as published is split, for nvidia-cublas-cu12,
+# whose 854 MB of libraries xz -9e would take most of an hour on 2 cores to save perhaps one call; MANIFEST
+# says "compression none" and scripts/gpu_check.sh --install-only joins the parts without xz).
 #
 # .gpupack/ is ignored (.gitignore): the wheel and its parts are never committed. Call N of the transfer
 # names `.gpupack/N` in `carry`; the last one runs `bash scripts/gpu_check.sh`, which joins the parts,
@@ -40,10 +43,12 @@ die() { echo "gpu_pack: $*" >&2; exit 1; }
 whl=$(ls "$work"/dl/*.whl | head -1)
 name=$(basename "$whl")
 mkdir "$work/tree"
-unzip -q "$whl" -d "$work/tree"
-meta=$(ls "$work"/tree/*.dist-info/METADATA)
+if [ "${GPU_PACK_ANY:-0}" != 1 ] || [ "${GPU_PACK_XZ:-1}" != 0 ]; then  # else nothing to read or rewrite
+  unzip -q "$whl" -d "$work/tree"
+fi
 : > "$work/needed.txt"
 if [ "${GPU_PACK_ANY:-0}" != 1 ]; then
+  meta=$(ls "$work"/tree/*.dist-info/METADATA)
   if ! grep -q '^Requires-Dist: nvidia-cuda-runtime~=13' "$meta"; then
     asks=$(grep -o 'nvidia-cuda-runtime[^;]*' "$meta" || echo "no nvidia-cuda-runtime")
     die "$name asks for $asks, not CUDA 13 as the machine has: pick another version"
@@ -58,7 +63,7 @@ if [ "${GPU_PACK_ANY:-0}" != 1 ]; then
   # The TensorRT provider is never loaded: the check asks for CUDA and the CPU only.
   rm -f "$work"/tree/onnxruntime/capi/libonnxruntime_providers_tensorrt.so
 fi
-"$python" - "$work/tree" "$work/$name" <<'EOF'
+[ "${GPU_PACK_XZ:-1}" = 0 ] || "$python" - "$work/tree" "$work/$name" <<'EOF'
 """Writes the tree as a wheel, stored; RECORD keeps the files still there (pip rewrites it at install)."""
 import os, sys, zipfile
 tree, dest = sys.argv[1], sys.argv[2]
@@ -76,7 +81,11 @@ with zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as z:
         with open(os.path.join(tree, name), "rb") as src:
             z.writestr(info, src.read())
 EOF
-xz -9e -T0 -c "$work/$name" > "$work/wheel.xz"
+if [ "${GPU_PACK_XZ:-1}" = 0 ]; then
+  cp "$whl" "$work/$name" && cp "$whl" "$work/wheel.xz"  # the name stays: install reads MANIFEST's compression
+else
+  xz -9e -T0 -c "$work/$name" > "$work/wheel.xz"
+fi
 
 rm -rf "$out" && mkdir -p "$out"
 size=$(stat -c %s "$work/wheel.xz")
@@ -92,6 +101,7 @@ done
 {
   echo "wheel $name"
   echo "parts $n"
+  echo "compression $([ "${GPU_PACK_XZ:-1}" = 0 ] && echo none || echo xz)"
   (cd "$work" && sha256sum "$name" | sed 's/^/sha256 /')
   for d in $(seq 1 "$n"); do (cd "$out/$d" && sha256sum wheel.xz.* | sed 's/^/sha256 /'); done
 } > "$work/MANIFEST"
@@ -100,4 +110,4 @@ cp "$work/needed.txt" "$out/needed.txt"
 echo "$name: $(stat -c %s "$whl") bytes as published"
 echo "its CUDA provider needs: $(tr '\n' ' ' < "$out/needed.txt")"
 echo "stored wheel $(stat -c %s "$work/$name") bytes, xz $size bytes, in $n part(s); one call carries each:"
-for d in $(seq 1 "$n"); do echo "  call $d: carry .gpupack/$d ($(du -sb "$out/$d" | cut -f1) bytes)"; done
+for d in $(seq 1 "$n"); do echo "  call $d: carry ${out#"$root"/}/$d ($(du -sb "$out/$d" | cut -f1) bytes)"; done

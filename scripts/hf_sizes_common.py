@@ -102,3 +102,59 @@ def test_sentences(n: int) -> list[str]:
                          f"--sentences {len(pool)} or fewer")
     step = len(pool) / n
     return [pool[int(i * step)] for i in range(n)]
+
+
+class GpuMemory:
+    """The GPU's used memory, sampled every 20 ms in a thread, less what was used when it started.
+
+    Each engine runs alone in a child process of its own, so the device's used memory (NVML, or nvidia-smi
+    where pynvml is absent) less the baseline is that process's: its CUDA context, weights, caches and its
+    allocator's pool, whatever the engine (torch's own counters see torch's allocations only). On a machine
+    without an NVIDIA GPU every figure is None.
+    """
+
+    def __init__(self):
+        import threading
+
+        self._read = self._reader()
+        self.base = self._read() if self._read else None
+        self.peak = self.base
+        self._stop = threading.Event()
+        if self._read:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+
+    @staticmethod
+    def _reader():
+        """A function returning device 0's used memory in MB, or None where there is no NVIDIA GPU."""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            return lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+        except Exception:  # no pynvml, or no driver: try the command line
+            pass
+        import shutil
+        import subprocess
+
+        if not shutil.which("nvidia-smi"):
+            return None
+        cmd = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "--id=0"]
+        return lambda: float(subprocess.run(cmd, capture_output=True, text=True,
+                                            timeout=10).stdout.split()[0])
+
+    def _run(self):
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self._read())
+
+    def now_mb(self) -> float | None:
+        """Used now, less the baseline (MB)."""
+        return None if self._read is None else self._read() - self.base
+
+    def peak_mb(self) -> float | None:
+        """The largest sample so far, less the baseline (MB)."""
+        return None if self._read is None else max(self.peak, self._read()) - self.base
+
+    def close(self) -> None:
+        self._stop.set()

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from hf_sizes_common import (LANGS, M2M_LANGS, M2M_MADEUP, MBART_LANGS, ROWS, T0, dir_bytes,
+from hf_sizes_common import (LANGS, M2M_LANGS, M2M_MADEUP, MBART_LANGS, ROWS, T0, GpuMemory, dir_bytes,
                              english_corpus, memory_mb, write_atomic)
 
 # --------------------------------------------------------------------------------------------- build
@@ -48,6 +48,7 @@ def job_build(spec: dict) -> dict:
     s, out = spec["size"], Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     texts, origin = english_corpus()
+    texts = texts[: spec.get("max_texts") or len(texts)]  # tiny pieces need fewer (gpu_sizes.py's CPU mode)
     d, L, H, F = s["d"], s["layers"], s["heads"], s["ffn"]
     shape = dict(d_model=d, encoder_layers=L, decoder_layers=L, encoder_attention_heads=H,
                  decoder_attention_heads=H, encoder_ffn_dim=F, decoder_ffn_dim=F, scale_embedding=True)
@@ -233,7 +234,8 @@ def job_export(spec: dict) -> dict:
     base = memory_mb()["rss_mb"]
     sampler = PeakWhere(spec["result"] + ".peak")
     t = time.perf_counter()
-    export_hf_bundle(spec["model_dir"], spec["out"], quantize=spec["quantize"], force=True)
+    export_hf_bundle(spec["model_dir"], spec["out"], quantize=spec["quantize"], force=True,
+                     dtype=spec.get("dtype", "float32"))
     seconds = time.perf_counter() - t
     files = {p.name: p.stat().st_size for p in Path(spec["out"]).iterdir() if p.suffix in (".onnx", ".bin")}
     return {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"])),
@@ -250,11 +252,14 @@ def job_ct2_convert(spec: dict) -> dict:
     t = time.perf_counter()
     TransformersConverter(spec["model_dir"]).convert(spec["out"], quantization=None, force=True)
     seconds = time.perf_counter() - t
-    # the anchor of an int8 bundle's size: CTranslate2's own converter with quantization="int8" (size only)
-    TransformersConverter(spec["model_dir"]).convert(spec["out"] + "-int8", quantization="int8", force=True)
-    return {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"])),
-            "int8_model_bin_bytes": (Path(spec["out"] + "-int8") / "model.bin").stat().st_size,
-            "model_bin_bytes": (Path(spec["out"]) / "model.bin").stat().st_size}
+    out = {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"])),
+           "model_bin_bytes": (Path(spec["out"]) / "model.bin").stat().st_size}
+    if spec.get("int8", True):
+        # the anchor of an int8 bundle's size: CTranslate2's own converter with quantization="int8"
+        TransformersConverter(spec["model_dir"]).convert(spec["out"] + "-int8", quantization="int8",
+                                                         force=True)
+        out["int8_model_bin_bytes"] = (Path(spec["out"] + "-int8") / "model.bin").stat().st_size
+    return out
 
 
 # --------------------------------------------------------------------------------------------- engines
@@ -269,76 +274,117 @@ def _strip(row: list[int], eos: int, pad: int) -> list[int]:
     return ids
 
 
-def _decoder(spec: dict, prep: dict):
-    """(RSS after imports MB, load seconds, decode(indices, beam) -> list of outputs: id lists, or token lists
-    for CTranslate2)."""
-    engine, L, threads = spec["engine"], spec["max_new_tokens"], spec["threads"]
-    if engine == "torch":
-        import torch
-        from transformers import AutoModelForSeq2SeqLM
-        from transformers.utils import logging as hf_logging
-    elif engine == "ours":
-        from seq2onnx.runtime.translator import Translator
-    else:
-        import ctranslate2
-    base = memory_mb()["rss_mb"]
-    t = time.perf_counter()
-    if engine == "torch":
-        hf_logging.set_verbosity_error()
-        torch.set_num_threads(threads)
-        model = AutoModelForSeq2SeqLM.from_pretrained(spec["model_dir"], dtype=torch.float32).eval()
-        eos, pad = prep["eos"], prep["pad"]
-        extra = {"forced_bos_token_id": prep["forced_id"]} if prep["forced_id"] is not None else {}
-        # transformers forces </s> as the last token at max_length where generation_config says
-        # forced_eos_token_id (OPUS-MT: 0); imported bundles do too (decoding.forced_eos), CTranslate2 does
-        # not (see the report's notes).
+def _torch_decoder(spec: dict, prep: dict):
+    """transformers' generate() on spec's device ("cpu" or "cuda") in spec's dtype (float32 or float16)."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+    from transformers.utils import logging as hf_logging
 
-        def decode(idx, beam):
-            srcs = [prep["source_ids"][i] for i in idx]
-            n = max(map(len, srcs))
-            ids = torch.tensor([s + [pad] * (n - len(s)) for s in srcs])
-            mask = torch.tensor([[1] * len(s) + [0] * (n - len(s)) for s in srcs])
-            opts = dict(early_stopping=True, length_penalty=1.0) if beam > 1 else {}
-            with torch.inference_mode():
-                out = model.generate(input_ids=ids, attention_mask=mask, num_beams=beam, do_sample=False,
-                                     max_length=L + 1, min_length=0, **opts, **extra)
-            return [_strip(r, eos, pad) for r in out.tolist()]
-    elif engine == "ours":
-        tr = Translator(spec["bundle"], device="cpu", intra_threads=threads)
-        extra = {"target_lang": prep.get("target_lang", "fr")} if prep["forced_id"] is not None else {}
+    hf_logging.set_verbosity_error()
+    torch.set_num_threads(spec["threads"])
+    # The fp32 reference computes in full float32: no TF32 in cuBLAS or cuDNN (the child's environment also
+    # sets NVIDIA_TF32_OVERRIDE=0 on the GPU).
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    device, L = spec.get("device", "cpu"), spec["max_new_tokens"]
+    dtype = getattr(torch, spec.get("dtype", "float32"))
+    model = AutoModelForSeq2SeqLM.from_pretrained(spec["model_dir"], dtype=dtype).to(device).eval()
+    eos, pad = prep["eos"], prep["pad"]
+    extra = {"forced_bos_token_id": prep["forced_id"]} if prep["forced_id"] is not None else {}
+    # transformers forces </s> as the last token at max_length where generation_config says
+    # forced_eos_token_id (OPUS-MT: 0); imported bundles do too (decoding.forced_eos), CTranslate2 does not.
 
-        def decode(idx, beam):
-            res = tr.translate_batch([prep["source_ids"][i] for i in idx], beam_size=beam,
-                                     max_decoding_length=L, min_decoding_length=0, length_penalty=1.0,
-                                     max_batch_size=32, **extra)
-            return [list(r.token_ids[0]) for r in res]
-    else:
-        tr = ctranslate2.Translator(spec["ct2_dir"], device="cpu", compute_type=spec["compute_type"],
-                                    intra_threads=threads, inter_threads=1)
-        forced = prep["forced_token"]
+    def decode(idx, beam):
+        srcs = [prep["source_ids"][i] for i in idx]
+        n = max(map(len, srcs))
+        ids = torch.tensor([s + [pad] * (n - len(s)) for s in srcs], device=device)
+        mask = torch.tensor([[1] * len(s) + [0] * (n - len(s)) for s in srcs], device=device)
+        opts = dict(early_stopping=True, length_penalty=1.0) if beam > 1 else {}
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, num_beams=beam, do_sample=False,
+                                 max_length=L + 1, min_length=0, **opts, **extra)
+        return [_strip(r, eos, pad) for r in out.tolist()]  # .tolist() waits for the device
+    return decode, str(dtype).replace("torch.", "")
+
+
+def _ours_decoder(spec: dict, prep: dict):
+    """Our runtime on spec's device; spec["tuning"] (SessionTuning's fields) picks a variant to A/B."""
+    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.translator import Translator
+
+    tr = Translator(spec["bundle"], device=spec.get("device", "cpu"), intra_threads=spec["threads"],
+                    _tuning=SessionTuning(**spec.get("tuning", {})))
+    extra = {"target_lang": prep.get("target_lang", "fr")} if prep["forced_id"] is not None else {}
+
+    def decode(idx, beam):
+        res = tr.translate_batch([prep["source_ids"][i] for i in idx], beam_size=beam,
+                                 max_decoding_length=spec["max_new_tokens"], min_decoding_length=0,
+                                 length_penalty=1.0, max_batch_size=spec.get("max_batch", 32), **extra)
+        return [list(r.token_ids[0]) for r in res]
+    return decode, f"{tr.device}, {tr.decoder_variant} decoder"
+
+
+def _ct2_decoder(spec: dict, prep: dict):
+    """CTranslate2 on spec's device at spec's compute_type (it converts a type the device lacks: the effective
+    one is returned)."""
+    import ctranslate2
+
+    device = spec.get("device", "cpu")
+    threads = spec["threads"] if device == "cpu" else 1
+    tr = ctranslate2.Translator(spec["ct2_dir"], device=device, compute_type=spec["compute_type"],
+                                intra_threads=threads, inter_threads=1)
+    forced = prep["forced_token"]
+
+    def decode(idx, beam):
         # CTranslate2's max_decoding_length counts the target prefix (the forced __fr__), as ours and
         # transformers' max_length - 1 do (checked on --tiny: all three give 32 tokens, __fr__ included).
-        limit = L
+        extra = {"target_prefix": [[forced]] * len(idx)} if forced else {}
+        res = tr.translate_batch([prep["source_tokens"][i] for i in idx], beam_size=beam,
+                                 max_decoding_length=spec["max_new_tokens"], min_decoding_length=0,
+                                 length_penalty=1.0, max_batch_size=spec.get("max_batch", 32),
+                                 return_scores=False, **extra)
+        return [r.hypotheses[0] for r in res]
+    return decode, getattr(tr, "compute_type", spec["compute_type"])
 
-        def decode(idx, beam):
-            extra = {"target_prefix": [[forced]] * len(idx)} if forced else {}
-            res = tr.translate_batch([prep["source_tokens"][i] for i in idx], beam_size=beam,
-                                     max_decoding_length=limit, min_decoding_length=0, length_penalty=1.0,
-                                     max_batch_size=32, return_scores=False, **extra)
-            return [r.hypotheses[0] for r in res]
-    return base, time.perf_counter() - t, decode
+
+def _decoder(spec: dict, prep: dict):
+    """(RSS after imports MB, load seconds, decode(indices, beam) -> list of outputs: id lists, or token lists
+    for CTranslate2, and what ran: the dtype, provider or compute type)."""
+    engine = spec["engine"]
+    if engine == "torch":
+        import torch  # noqa: F401  (imports before the clock and the baseline)
+        import transformers  # noqa: F401
+    elif engine == "ours":
+        from seq2onnx.runtime import translator  # noqa: F401
+    else:
+        import ctranslate2  # noqa: F401
+    base = memory_mb()["rss_mb"]
+    t = time.perf_counter()
+    make = {"torch": _torch_decoder, "ours": _ours_decoder}.get(engine, _ct2_decoder)
+    decode, ran = make(spec, prep)
+    return base, time.perf_counter() - t, decode, ran
+
+
+def _order(n: int, batch: int, batch1: int) -> list[list[int]]:
+    """A row's batches: the first batch1 sentences one at a time at batch 1, else all n in batches."""
+    order = list(range(min(batch1, n))) if batch == 1 else list(range(n))
+    return [order[i: i + batch] for i in range(0, len(order), batch)]
 
 
 def job_engine(spec: dict) -> dict:
+    """One engine over spec's rows ([search, beam, batch]; default ROWS): tokens/s, outputs, memory, load.
+
+    The result so far is written to RESULT.partial after every row, so that a job killed at its time limit
+    still gives the rows it finished.
+    """
     prep = json.loads(Path(spec["prepared"]).read_text(encoding="utf-8"))
-    base, load_s, decode = _decoder(spec, prep)
-    loaded = memory_mb()["rss_mb"]
+    gpu = GpuMemory()
+    base, load_s, decode, ran = _decoder(spec, prep)
+    out = {"load_s": load_s, "ran": ran, "rss_after_imports_mb": base,
+           "rss_after_load_mb": memory_mb()["rss_mb"], "gpu_after_load_mb": gpu.now_mb(), "rows": {}}
     n, L = len(prep["source_ids"]), spec["max_new_tokens"]
-    rows = {}
-    for search, beam, batch in ROWS:
+    for search, beam, batch in spec.get("rows", ROWS):
         name = f"{search} b{batch}"
-        order = list(range(min(spec["batch1_sentences"], n))) if batch == 1 else list(range(n))
-        batches = [order[i: i + batch] for i in range(0, len(order), batch)]
+        batches = _order(n, batch, spec["batch1_sentences"])
         decode(batches[0], beam)  # warm-up
         t = time.perf_counter()
         outputs = []
@@ -346,10 +392,14 @@ def job_engine(spec: dict) -> dict:
             outputs += decode(b, beam)
         seconds = time.perf_counter() - t
         tokens = sum(min(len(o) + 1, L) for o in outputs)  # + the end token, unless the limit cut the output
-        rows[name] = {"seconds": seconds, "tokens": tokens, "sentences": len(order), "outputs": outputs}
+        out["rows"][name] = {"seconds": seconds, "tokens": tokens, "sentences": sum(map(len, batches)),
+                             "outputs": outputs}
+        out["gpu_peak_mb"] = gpu.peak_mb()
+        write_atomic(Path(spec["result"] + ".partial"), json.dumps(out | memory_mb()))
         print(f"  {spec['label']}: {name}: {tokens / seconds:.1f} tokens/s ({seconds:.2f} s)",
               file=sys.stderr, flush=True)
-    return {"load_s": load_s, "rss_after_imports_mb": base, "rss_after_load_mb": loaded, "rows": rows}
+    gpu.close()
+    return out
 
 
 JOBS = {"build": job_build, "prepare": job_prepare, "export": job_export, "ct2_convert": job_ct2_convert,

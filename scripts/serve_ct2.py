@@ -130,7 +130,7 @@ class CT2Engine(Engine):
 
     def _limit(self, pieces: list[str], options: SearchOptions) -> int:
         """The runtime's maximum decoding length for a source of len(pieces) ids."""
-        return int(self.translator.max_lengths([pieces], options)[0])
+        return int(self.translator.spec.max_lengths([pieces], options)[0])
 
     def _translate(self, texts: list[str], options: SearchOptions) -> list[TranslationResult]:
         n = options.num_hypotheses

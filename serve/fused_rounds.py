@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from seq2onnx.runtime import bundle as names
+from seq2onnx.runtime.binding import bind_fused
 from seq2onnx.runtime.search import TopK
 
 from .memory import ArenaShrink
@@ -52,21 +53,13 @@ class FusedRounds:
 
     Args:
         decoder: the decoder_fused.onnx session (CPU), with a `row_start` input.
-        n_layers, n_heads, head_dim: the decoder's sizes.
-        vocab: the target vocabulary's size.
-        max_positions: the model's positional table (a row never reaches it: the searches' limits).
+        spec: the model's sizes (runtime/model_spec.py's ModelSpec).
     """
 
-    def __init__(
-        self, decoder, *, n_layers: int, n_heads: int, head_dim: int, vocab: int, max_positions: int
-    ):
-        import onnxruntime
-
-        self._ort = onnxruntime.OrtValue.ortvalue_from_numpy
-        self.decoder, self.n_layers, self.n_heads, self.head_dim = decoder, n_layers, n_heads, head_dim
-        self.vocab, self.max_positions = vocab, max_positions
-        self._past, self._present = names.past_names(n_layers), names.present_names(n_layers)
-        self._cross_names = names.cross_names(n_layers)
+    def __init__(self, decoder, spec):
+        self.decoder, self.n_layers, self.n_heads = decoder, spec.n_layers, spec.n_heads
+        self.head_dim, self.vocab = spec.head_dim, spec.tgt_vocab
+        self._cross_names = names.cross_names(self.n_layers)
         self.shrink = ArenaShrink("cpu")
         # the buffers' sizes when a burst begins (they grow when needed), and the source width's quantum
         self.first_positions, self.first_rows, self.width_quantum = 32, 16, 8
@@ -90,7 +83,7 @@ class FusedRounds:
         self._members: dict[int, object] = {}
         self._step, self._beam_width = np.zeros(1, np.int32), np.ones(1, np.int32)
         self._top_k = np.ones(1, np.int64)
-        self._binding, self._held, self._outputs, self._bound = None, [], {}, None
+        self._binding, self._held, self._outputs, self._bound = None, {}, {}, None
         self._last_group = 1
         self._generation = 0  # changes with every allocation: a binding points into the buffers it saw
         self._layout = 0  # changes whenever rows are taken or freed (or reallocated): _used() is made again
@@ -262,32 +255,13 @@ class FusedRounds:
             self.owner[at : at + size] = -1
             self._source[at : at + size] = np.arange(at, at + size, dtype=np.int32)[:, None]
 
-    def _rows(self, member, cache_indices: np.ndarray, t: int, keep) -> np.ndarray:
-        """The global rows of this step's rows; drops finished sentences, follows beams to their parents."""
-        p = member.placed
-        w = p.width
-        if keep is not None:
-            keep = np.asarray(keep, dtype=np.int64)
-            gone = np.setdiff1d(np.arange(p.blocks.size), keep)
-            self._free(p.blocks[gone], w)
-            previous = p.blocks
-            p.blocks = p.blocks[keep]
-        else:
-            previous = p.blocks
-        if t == 0 or w == 1:  # greedy, sampling (a row per sentence) and a beam search's first step (beam 0)
-            return p.blocks
-        rows = (p.blocks[:, None] + np.arange(w)).reshape(-1)
-        # the previous step's rows: one per sentence at step 1, w after
-        prev_w = 1 if t == 1 else w
-        prev_rows = (previous[:, None] + np.arange(prev_w)).reshape(-1)
-        parents = prev_rows[np.asarray(cache_indices, dtype=np.int64)]
-        block_of = lambda r: r - r % _pow2(w)  # noqa: E731 - blocks are aligned to their size
-        if (block_of(parents) != np.repeat(p.blocks, w)).any():
-            raise ValueError(f"step {t}: cache_indices {cache_indices.tolist()} leave their sentences' beams")
-        a, b = p.start, self.slot - 1  # the positions before this step's: follow the parent
-        self._source[rows, a:b] = self._source[parents, a:b]
-        self._source[rows, b] = parents
-        return rows
+    def _drop(self, placed: _Placed, keep) -> np.ndarray:
+        """Finished sentences leave (`keep`: the ones still decoding): their blocks are free. Returns the
+        blocks of the previous step, which its cache indices index."""
+        keep = np.asarray(keep, dtype=np.int64)
+        self._free(placed.blocks[np.setdiff1d(np.arange(placed.blocks.size), keep)], placed.width)
+        previous, placed.blocks = placed.blocks, placed.blocks[keep]
+        return previous
 
     # -- a round ------------------------------------------------------------------------------------
 
@@ -321,38 +295,39 @@ class FusedRounds:
             p = member.placed
             if p.start + t != slot:
                 raise RuntimeError(f"a search at step {t} joined at slot {p.start}, now {slot}")
-            # a row per sentence (greedy, sampling, a beam search's first step) and nobody left: its blocks
-            if keep is None and (t == 0 or p.width == 1):
+            previous = p.blocks if keep is None else self._drop(p, keep)
+            if t == 0 or p.width == 1:  # a row per sentence (greedy, sampling, a beam search's first step)
                 placed_rows.append(p.blocks)
-            elif keep is None:  # beams that follow their parents, all such searches at once (_follow)
+            else:  # beams that follow their parents, all such searches at once (_follow)
                 placed_rows.append(None)
-                beams.append((i, member, cache_indices, t))
-            else:
-                placed_rows.append(self._rows(member, cache_indices, t, keep))
+                beams.append((i, member, cache_indices, t, previous))
         if beams:
             for i, rows in self._follow(beams):
                 placed_rows[i] = rows
         return placed_rows, group
 
     def _follow(self, beams: list) -> list[tuple[int, np.ndarray]]:
-        """_rows for beam searches that no sentence left, in a few array operations over all of their rows
-        rather than a dozen per search: each row's positions before this step's follow its parent's
-        (`_source`), and the previous position is the parent. Returns (work index, its rows) per search.
+        """Beam searches' rows this round, in a few array operations over all of their rows rather than a
+        dozen per search: each row's positions before this step's follow its parent's (`_source`), and the
+        previous position is the parent. `beams`: (work index, member, cache indices, t, the previous step's
+        blocks) each. Returns (work index, its rows) per search.
 
         A row's positions before its search began are copied from its parent too: they are masked, and every
         row's `_source` stays inside its own block, so the kernel's indirection stays inside the group."""
         out = []
-        for w in {m.placed.width for _, m, _, _ in beams}:
+        for w in {m.placed.width for _, m, *_ in beams}:
             same = [b for b in beams if b[1].placed.width == w]
-            blocks = [m.placed.blocks for _, m, _, _ in same]
-            counts = [x.size for x in blocks]
-            first = np.concatenate(blocks)  # each sentence's first row
+            counts = [m.placed.blocks.size for _, m, *_ in same]
+            first = np.concatenate([m.placed.blocks for _, m, *_ in same])  # each sentence's first row
             rows = (first[:, None] + np.arange(w)).reshape(-1)
-            # each cache index -> (its sentence, its beam), made global: prev_w is 1 at step 1, else w
-            indices = np.concatenate([np.asarray(ci, dtype=np.int64).reshape(-1) for _, _, ci, _ in same])
-            prev_w = np.repeat([1 if t == 1 else w for _, _, _, t in same], [c * w for c in counts])
-            offset = np.repeat(np.cumsum([0, *counts[:-1]]), [c * w for c in counts])
-            parents = first[offset + indices // prev_w] + indices % prev_w
+            # each cache index -> (its sentence in the previous step, its beam), made global: prev_w is 1 at
+            # step 1, else w
+            indices = np.concatenate([np.asarray(ci, dtype=np.int64).reshape(-1) for _, _, ci, _, _ in same])
+            per_row = [c * w for c in counts]
+            prev_w = np.repeat([1 if t == 1 else w for _, _, _, t, _ in same], per_row)
+            previous = [prev for *_, prev in same]
+            offset = np.repeat(np.cumsum([0, *[x.size for x in previous[:-1]]]), per_row)
+            parents = np.concatenate(previous)[offset + indices // prev_w] + indices % prev_w
             size = _pow2(w)
             if (parents - parents % size != np.repeat(first, w)).any():
                 raise ValueError(f"step cache_indices {indices.tolist()} leave their sentences' beams")
@@ -360,9 +335,9 @@ class FusedRounds:
             self._source[rows, :b] = self._source[parents, :b]
             self._source[rows, b] = parents
             at = 0
-            for (i, *_), c in zip(same, counts):
-                out.append((i, rows[at : at + c * w]))
-                at += c * w
+            for (i, *_), n in zip(same, per_row):
+                out.append((i, rows[at : at + n]))
+                at += n
         return out
 
     def _inputs(self, work: list, placed_rows: list, group: int) -> tuple[int, np.ndarray, int, list[str]]:
@@ -431,7 +406,7 @@ class FusedRounds:
         key = (used, group, top_k, tuple(wanted), self._generation)
         if key == self._bound:
             return self._outputs
-        o, b = self._ort, self.decoder.io_binding()
+        b, held = self.decoder.io_binding(), {}
         self._beam_width[0], self._top_k[0] = group, top_k
         entries = used // self.cross_group
         inputs = {
@@ -444,24 +419,14 @@ class FusedRounds:
             names.TOP_K: self._top_k,
             **dict(zip(self._cross_names, (c[:entries] for c in self.cross))),
         }
-        held = [o(v) for v in inputs.values()]
-        for name, value in zip(inputs, held):
-            b.bind_ortvalue_input(name, value)
-        for past, present, array in zip(self._past, self._present, self.cache):
-            value = o(array[:used])
-            held.append(value)
-            b.bind_ortvalue_input(past, value)
-            b.bind_ortvalue_output(present, value)
         shapes = {
             names.LOG_PROBS: ((used, self.vocab), np.float32),
             names.TOPK_LOG_PROBS: ((used, top_k), np.float32),
             names.TOPK_IDS: ((used, top_k), np.int64),
         }
+        # ours: an output left in the arena would pin the chunk it was cut from
         outputs = {name: np.empty(*shapes[name]) for name in wanted}
-        for name, array in outputs.items():  # ours: one left in the arena would pin the chunk it was cut from
-            value = o(array)
-            held.append(value)
-            b.bind_ortvalue_output(name, value)
+        bind_fused(b, held, inputs, [array[:used] for array in self.cache], outputs)
         self._binding, self._held, self._outputs, self._bound = b, held, outputs, key
         return outputs
 

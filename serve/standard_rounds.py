@@ -48,42 +48,28 @@ class StandardRounds:
 
     Args:
         decoder: the onnxruntime session of decoder.onnx (per-row steps: check_decoder).
-        n_layers, n_heads, head_dim: the decoder's sizes.
-        cache_dtype: numpy dtype of the cache.
-        vocab: the target vocabulary's size.
-        to_device: numpy array -> OrtValue on the session's device; device: "cpu" or "cuda", where the cache
-            stays.
+        graphs: the Translator's Graphs (runtime/graphs.py): the model's sizes (`spec`), the cache's dtype,
+            and the device where the cache stays (`ort_device`, `to_device`).
     """
 
-    def __init__(
-        self,
-        decoder,
-        *,
-        n_layers: int,
-        n_heads: int,
-        head_dim: int,
-        cache_dtype,
-        vocab: int,
-        to_device=None,
-        device: str = "cpu",
-    ):
+    def __init__(self, decoder, graphs):
         import onnxruntime
 
+        spec = graphs.spec
         self._host = onnxruntime.OrtValue.ortvalue_from_numpy
-        self._to = to_device or self._host
-        self.device = device
-        self.decoder, self.n_layers, self.n_heads, self.head_dim = decoder, n_layers, n_heads, head_dim
-        self.cache_dtype, self.vocab = cache_dtype, vocab
+        self._to, self.device = graphs.to_device, graphs.ort_device
+        self.decoder, self.n_layers, self.n_heads = decoder, spec.n_layers, spec.n_heads
+        self.head_dim, self.cache_dtype, self.vocab = spec.head_dim, graphs.cache_dtype, spec.tgt_vocab
         self._past: list | None = None  # the previous round's present_* OrtValues
         self.layout = RowLayout(
-            n_layers=n_layers,
-            n_heads=n_heads,
-            head_dim=head_dim,
-            dtype=cache_dtype,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            head_dim=self.head_dim,
+            dtype=self.cache_dtype,
             to_device=self._to,
-            shares_memory=device == "cpu",
+            shares_memory=self.device == "cpu",
         )
-        self.shrink = ArenaShrink(device)
+        self.shrink = ArenaShrink(self.device)
         self.last_rows = 0
 
     def clear(self) -> None:

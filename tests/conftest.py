@@ -33,37 +33,6 @@ NEEDS_TRAIN = ("test_runtime_search.py::test_beam_equals_torch_oracle",
                "test_runtime_search.py::test_beam_one_equals_greedy_and_greedy_equals_oracle",
                "test_runtime_memory.py::test_cpu_sessions_keep_no_copy_of_their_graph")
 
-# The serving suites' slow tests (real servers under load, Ray), marked `slow` here rather than in their
-# files: `pytest -m "not slow"` leaves them out as it does the tests decorated @pytest.mark.slow.
-SLOW_SERVE_TESTS = {
-    "test_serve_bench.py": (
-        "test_serve_identity_counts_and_lists_differences",
-        "test_serve_load_runs_the_three_servers_and_writes_its_report",
-    ),
-    "test_serve_hardening.py": (
-        "test_a_half_sent_head_gets_408_within_the_read_timeout_and_is_closed",
-        "test_after_a_408_the_connection_is_closed_not_read_as_the_next_request",
-        "test_memory_after_a_burst_of_large_rounds_returns_near_the_warm_level",
-        "test_memory_taken_by_bursts_of_large_rounds_is_given_back",
-        "test_headers_over_the_limit_get_431_and_the_connection_closes",
-        "test_silent_connections_beyond_the_cap_are_refused_and_the_rest_closed_by_the_read_timeout",
-        "test_stalled_bodies_hold_connections_for_the_read_timeout_but_never_the_queue",
-        "test_two_servers_started_at_once_on_one_port_one_listens_and_the_other_says_why",
-    ),
-    "test_serve_http.py": (
-        "test_a_full_queue_answers_503_and_sigterm_drains_the_requests_in_flight",
-        "test_translate_gives_the_token_ids_of_translate_batch",
-        "test_n_best_with_and_without_scores",
-    ),
-    "test_serve_ray.py": (
-        "test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered_once",
-        "test_requests_spread_over_both_replicas",
-        "test_the_module_serves_until_sigint",
-        "test_the_app_s_other_endpoints_answer_through_the_proxy",
-    ),
-}
-
-
 def pytest_addoption(parser):
     parser.addoption("--runtime-only", action="store_true",
                      help="run only the runtime's tests (conftest.RUNTIME_FILES), in a venv with "
@@ -90,9 +59,6 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.originalname in SLOW_SERVE_TESTS.get(item.path.name, ()):
-            item.add_marker(pytest.mark.slow)
     if not config.getoption("--runtime-only"):
         return
     kept = [item for item in items if not item.nodeid.split("[")[0].endswith(NEEDS_TRAIN)]

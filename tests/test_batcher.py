@@ -13,7 +13,8 @@ import pytest
 
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
-from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder, Scheduler, rounds_runner
+from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder, rounds_runner
+from seq2onnx.serve.scheduler import Scheduler
 from seq2onnx.serve.engine import Cancelled, Engine, RequestEngine
 from tiny import copy_bundle, edit_bundle_json
 
@@ -117,10 +118,10 @@ def test_fused_rounds_keep_their_buffers_between_requests_and_drop_them_when_idl
     """A lone client's requests, one after another: the next one finds the fused rounds' buffers and binding as
     the last one left them (rows it takes masked from what they held) and gets translate_batch's result
     alone; once the scheduler has been idle IDLE_S, the buffers are dropped."""
-    from seq2onnx.serve import batcher
+    from seq2onnx.serve import scheduler
 
     # however slow the machine between two requests, nothing is dropped while the first part runs
-    monkeypatch.setattr(batcher, "IDLE_S", 60.0)
+    monkeypatch.setattr(scheduler, "IDLE_S", 60.0)
     t = Translator(bundle, device="cpu")
     e = ContinuousEngine(t, solo=False)  # a lone request would otherwise be decoded alone, not in the rounds
     runner = e.scheduler.runner
@@ -136,7 +137,7 @@ def test_fused_rounds_keep_their_buffers_between_requests_and_drop_them_when_idl
             _same(e.submit(texts, e.check(options)).future.result(timeout=60), alone)
             kept.append((runner._binding, runner._generation))
         assert kept[0][0] is not None and kept[0][0] is kept[1][0] is kept[2][0] and kept[0][1] == kept[2][1]
-        monkeypatch.setattr(batcher, "IDLE_S", 0.05)  # read at the scheduler's next idle wait
+        monkeypatch.setattr(scheduler, "IDLE_S", 0.05)  # read at the scheduler's next idle wait
         _same(e.submit(texts, e.check(options)).future.result(timeout=60), alone)
         # dropped: seen once with neither rows nor cache (giving memory back after a burst then runs a one-row
         # round under arena shrinkage in buffers of its own, and drops those too)
@@ -317,7 +318,7 @@ def test_rows_over_the_limit_are_refused(engine):
 def test_request_engine_stops_a_cancelled_request_at_its_next_step(bundle, monkeypatch):
     translator = Translator(bundle, device="cpu")
     engine = RequestEngine(translator, workers=1)
-    made, steps, job = translator.decoder_step, [], []
+    made, steps, job = translator.graphs.step, [], []
     submitted = threading.Event()  # the worker may reach step 2 before submit() has returned here
 
     def spying(*args, **kwargs):
@@ -333,7 +334,7 @@ def test_request_engine_stops_a_cancelled_request_at_its_next_step(bundle, monke
         counted.buffers = step.buffers
         return counted
 
-    monkeypatch.setattr(translator, "decoder_step", spying)
+    monkeypatch.setattr(translator.graphs, "step", spying)
     job.append(engine.submit([TEXTS[7]] * 4, engine.check({"beam_size": 4, "max_decoding_length": 40})))
     submitted.set()
     with pytest.raises(Cancelled):

@@ -13,7 +13,7 @@ from tiny import scratch, tiny_run
 from seq2onnx.bench import engines as bench_engines, report as bench_format, rows as bench_rows, run as bench_run
 from seq2onnx.export.ctranslate2 import convert as ct2convert
 from seq2onnx.commands.main import main
-from seq2onnx.runtime.sessions import cuda_usable as _cuda_usable
+from seq2onnx.runtime.devices import cuda_usable as _cuda_usable
 
 HAVE_CT2 = ct2convert.ct2_available()[0]
 CONFIGS = {("greedy", 1), ("greedy", 32), ("beam4", 1), ("beam4", 32)}

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from seq2onnx.runtime.translator import Translator
-from seq2onnx.serve.batcher import Member, rounds_runner
+from seq2onnx.serve.batcher import rounds_runner
+from seq2onnx.serve.scheduler import Member
 from seq2onnx.serve.fused_rounds import FusedRounds
 from seq2onnx.serve.round_profile import NoProfile
 
@@ -26,7 +27,7 @@ class Script:
         src = np.full((len(lengths), max(lengths)), t.pad_id, np.int64)
         for b, n in enumerate(lengths):
             src[b, :n] = np.append(rng.integers(4, t.src_vocab, n - 1), t.eos_id)
-        self.encoded = mask, cross = t.encode(src, np.array(lengths, np.int64))
+        self.encoded = mask, cross = t.graphs.encode(src, np.array(lengths, np.int64))
         self.mask, self.cross = mask.numpy(), [c.numpy() for c in cross]
         self.width, self.steps, self.drop_at = width, steps, drop_at
         self.requests = []
@@ -57,7 +58,7 @@ class Script:
 
 def _alone(t: Translator, script: Script) -> list[np.ndarray]:
     """The search alone through translate_batch's own step (runtime/fused_step.py's FusedStep)."""
-    step_fn = t.decoder_step(
+    step_fn = t.graphs.step(
         script.encoded, rows=script.mask.shape[0], top_k=None, max_length=64, beam_width=script.width
     )
     tokens_shape = lambda tokens: np.asarray(tokens, np.int64).reshape(-1, 1)  # noqa: E731

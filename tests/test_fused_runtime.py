@@ -17,7 +17,7 @@ import pytest
 
 from seq2onnx.export.bundle import export_bundle
 from seq2onnx.runtime import bundle as fmt
-from seq2onnx.runtime import fused_step
+from seq2onnx.runtime import decoders, fused_buffers, fused_step
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.beam import beam_search
 from seq2onnx.runtime import plan as plan_module
@@ -88,7 +88,7 @@ def test_cuda_keeps_the_standard_decoder(bundle):
     """The CUDA kernel wants another cache layout: pick_decoder never chooses fused off the CPU."""
     meta = fmt.read_bundle(bundle)
     loaded = []
-    variant, _, why = fused_step.pick_decoder(meta, "cuda", "auto", lambda label: loaded.append(label) or "session")
+    variant, _, why = decoders.pick_decoder(meta, "cuda", "auto", lambda label: loaded.append(label) or "session")
     assert variant == "standard" and "CPU" in why and loaded == [fmt.DECODER_LABELS["standard"]]
 
 
@@ -126,8 +126,8 @@ def test_static_loop_binds_once_updates_in_place_and_compacts(bundle, standard, 
     monkeypatch.setattr(fused_step.FusedStep, "_bind", bind)
     monkeypatch.setattr(fused_step.FusedStep, "__call__", call)
     ids = [t.prepare_source(s)[0] for s in TEXTS]
-    limits = t.max_lengths(ids, t.search_options(beam_size=4))
-    step = t.decoder_step(t.encode(*t.sources.pad(ids)), rows=len(ids), top_k=8, max_length=int(limits.max()),
+    limits = t.spec.max_lengths(ids, t.search_options(beam_size=4))
+    step = t.graphs.step(t.graphs.encode(*t.sources.pad(ids)), rows=len(ids), top_k=8, max_length=int(limits.max()),
                           beam_width=4)
     got = beam_search(step, len(ids), beam_size=4, start_id=t.start_id, eos_id=t.eos_id, max_lengths=limits,
                       num_hypotheses=4, length_penalty=0.6)
@@ -144,7 +144,7 @@ def test_static_loop_binds_once_updates_in_place_and_compacts(bundle, standard, 
 def test_beams_may_only_continue_their_own_sentence(bundle):
     t = Translator(bundle, device="cpu")
     ids = [t.prepare_source(s)[0] for s in TEXTS[:2]]
-    step = t.decoder_step(t.encode(*t.sources.pad(ids)), rows=len(ids), top_k=4, max_length=5, beam_width=2)
+    step = t.graphs.step(t.graphs.encode(*t.sources.pad(ids)), rows=len(ids), top_k=4, max_length=5, beam_width=2)
     step(np.full((2, 1), t.start_id), np.arange(2), 0, None)
     with pytest.raises(ValueError, match="own sentence"):
         step(np.full((4, 1), 5), np.array([0, 0, 0, 0]), 1, None)  # sentence 1's beams continue sentence 0
@@ -188,15 +188,15 @@ def test_step_buffers_are_reused_across_batches_with_the_standard_results(bundle
     positions, indirection entries and encoder bindings must never be read), interleaved with other
     shapes and with compactions; every result equals the standard decoder's."""
     t = Translator(bundle, device="cpu")
-    t._buffer_pool.spares = 8  # every shape of this test stays: a repeated shape must make nothing new
+    t.graphs._buffer_pool.spares = 8  # every shape of this test stays: a repeated shape must make nothing new
     made = []
-    real_init = fused_step.StepBuffers.__init__
+    real_init = fused_buffers.StepBuffers.__init__
 
     def init(self, *a, **kw):
         made.append(a[1])  # the key
         real_init(self, *a, **kw)
 
-    monkeypatch.setattr(fused_step.StepBuffers, "__init__", init)
+    monkeypatch.setattr(fused_buffers.StepBuffers, "__init__", init)
     runs = [dict(beam_size=1, max_batch_size=1), dict(beam_size=4, max_batch_size=6), dict(beam_size=1, max_batch_size=1),
             dict(beam_size=2, max_batch_size=3), dict(beam_size=4, max_batch_size=6), dict(beam_size=1, max_batch_size=1),
             dict(beam_size=2, max_batch_size=3)]
@@ -212,12 +212,13 @@ def test_step_buffers_are_reused_across_batches_with_the_standard_results(bundle
     assert all(n == 0 for repeated, n in new_per_run if repeated), new_per_run
     assert all(n > 0 for repeated, n in new_per_run if not repeated), new_per_run
     # a spare does not keep its last batch's encoder outputs alive
-    assert all(not set(b.held) & set(t._buffer_pool.encoded_names) for b in t._buffer_pool._spares)
+    pool = t.graphs._buffer_pool
+    assert all(not set(b.held) & set(pool.encoded_names) for b in pool._spares)
 
 
 def test_buffer_pool_keeps_small_buffers_only_and_after_a_normal_end(bundle, monkeypatch):
     t = Translator(bundle, device="cpu")
-    pool = t._buffer_pool
+    pool = t.graphs._buffer_pool
     t.translate_batch(TEXTS[:1], beam_size=1)
     assert len(pool._spares) == 1
     # a larger spare serves a shorter decoding; rounding makes similar lengths share one
@@ -257,9 +258,9 @@ def test_buffer_pool_keeps_small_buffers_only_and_after_a_normal_end(bundle, mon
 def test_buffer_bytes_is_what_step_buffers_allocate(bundle, key):
     """The pool rounds and keeps by buffer_bytes, computed before allocating: it must match the arrays."""
     t = Translator(bundle, device="cpu")
-    dims = t._buffer_pool.dims
-    buffers = fused_step.StepBuffers(t.decoder, key, **dims)
+    dims = t.graphs._buffer_pool.dims
+    buffers = fused_buffers.StepBuffers(t.decoder, key, **dims)
     arrays = [*buffers.cache, buffers.indirection, buffers.row_start, *buffers.out.values()]
     if buffers.first_indirection is not None:
         arrays.append(buffers.first_indirection)
-    assert fused_step.buffer_bytes(*key, **dims) == buffers.nbytes == sum(a.nbytes for a in arrays)
+    assert fused_buffers.buffer_bytes(*key, **dims) == buffers.nbytes == sum(a.nbytes for a in arrays)

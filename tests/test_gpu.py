@@ -17,7 +17,7 @@ import torch
 from tiny import scratch, tiny_bundle, tiny_run
 
 from seq2onnx.runtime import bundle as fmt
-from seq2onnx.runtime.sessions import cuda_usable
+from seq2onnx.runtime.devices import cuda_usable
 
 pytestmark = pytest.mark.gpu
 ORT_CUDA, WHY_NOT = cuda_usable()
@@ -109,7 +109,7 @@ def test_io_binding_copies_per_step(beam):
 def test_greedy_and_beam_on_both_decoders(beam):
     """CUDA runs the standard decoder (the fused one's cache layout is the CPU kernels'): its ids equal both
     CPU decoders' ids."""
-    from seq2onnx.runtime.fused_step import DecoderUnavailable
+    from seq2onnx.runtime.decoders import DecoderUnavailable
     from seq2onnx.runtime.options import SessionTuning
     from seq2onnx.runtime.translator import Translator
 

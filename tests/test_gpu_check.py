@@ -16,7 +16,7 @@ import pytest
 from tiny import scratch
 
 from seq2onnx.runtime import bundle as fmt
-from seq2onnx.runtime.sessions import cuda_usable
+from seq2onnx.runtime.devices import cuda_usable
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK, PACK = ROOT / "scripts" / "gpu_check.sh", ROOT / "scripts" / "gpu_pack.sh"
@@ -85,10 +85,12 @@ def _dummy_wheel(directory: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_pack_is_joined_checked_and_installed():
-    tmp = scratch("gpu-pack")
+@pytest.mark.parametrize("xz", ["1", "0"])  # 0: the wheel split as published (nvidia-cublas-cu12's pack)
+def test_pack_is_joined_checked_and_installed(xz):
+    tmp = scratch(f"gpu-pack-xz{xz}")
     pack, target = tmp / "pack", tmp / "target"
-    env = _env(GPU_PACK_OUT=str(pack), GPU_PACK_ANY="1", PART_BYTES="250000", GPU_DATA=str(tmp / "none.txt"))
+    env = _env(GPU_PACK_OUT=str(pack), GPU_PACK_ANY="1", PART_BYTES="250000", GPU_DATA=str(tmp / "none.txt"),
+               GPU_PACK_XZ=xz)
     made = subprocess.run(["bash", str(PACK), str(_dummy_wheel(tmp))], capture_output=True, text=True,
                           timeout=300, cwd=ROOT, env=env)
     assert made.returncode == 0, made.stdout + made.stderr
@@ -96,6 +98,7 @@ def test_pack_is_joined_checked_and_installed():
     assert "call 3: carry" in made.stdout
     manifest = (pack / "1" / "MANIFEST").read_text()
     assert manifest == (pack / "3" / "MANIFEST").read_text() and "parts 3" in manifest
+    assert f"compression {'xz' if xz == '1' else 'none'}" in manifest
 
     def install():
         return subprocess.run(["bash", str(CHECK), "--install-only", str(pack), str(target)],

@@ -18,7 +18,7 @@ import torch
 from seq2onnx.runtime.bundle import BundleError
 from seq2onnx.runtime.options import DECODER_SPIN_US, ENCODER_SPIN_US, SessionTuning, _version, spin_settings
 from seq2onnx.runtime import sessions as sessions_module
-from seq2onnx.runtime.sessions import cuda_usable as _cuda_usable
+from seq2onnx.runtime.devices import cuda_usable as _cuda_usable
 from seq2onnx.runtime.translator import TranslationResult, Translator
 from tiny import copy_bundle as _copy, edit_bundle_json as _edit_meta, tiny_bundle, tiny_run
 
@@ -224,7 +224,7 @@ def test_spinning_is_bounded_by_default_and_changes_no_output(bundle, translator
 
 def test_float_cpu_sessions_plan_no_memory_patterns(translator):
     # a decoder's shapes change at every step: patterns cost the OPUS-MT-size peak 61 MB (optimisation row 41)
-    sessions = translator._sessions
+    sessions = translator.graphs._sessions
     loaded = {**sessions.by_label(), "standard": sessions.standard}
     for label, session in loaded.items():
         assert session.get_session_options().enable_mem_pattern is False, label

@@ -29,7 +29,7 @@ def test_cpu_sessions_keep_no_copy_of_their_graph():
     if not _keeps_model_bytes():
         pytest.skip("this onnxruntime keeps no copy of a session's model bytes")
     t = Translator(tiny_bundle(), device="cpu")
-    for session in (t.encoder, t.decoder, t.standard_decoder):
+    for session in (t.encoder, t.decoder, t.graphs.standard_decoder):
         assert session._model_bytes is None
     assert t.bundle.data == {}  # and the bundle's bytes went with the load
     results = t.translate_batch(TEXTS, beam_size=2, return_attention=True)
@@ -60,7 +60,7 @@ def test_each_graphs_bytes_go_once_its_session_is_made(monkeypatch):
     assert t.decoder_variant == "fused"
     assert seen == [GRAPHS, GRAPHS - {names.DECODER_LABELS["fused"]}]
     assert t.translate(TEXTS[0])
-    assert t.standard_decoder is not None
+    assert t.graphs.standard_decoder is not None
     assert seen[2:] == [GRAPHS - {"encoder", names.DECODER_LABELS["fused"]}]
 
     # a small one makes the two at once (which starts first is the threads'), and holds neither after

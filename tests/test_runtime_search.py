@@ -439,7 +439,7 @@ def test_greedy_asks_the_graph_for_its_best_candidate_alone():
 
 def test_the_translator_downloads_greedy_s_best_candidate_alone(translator):
     """What a Translator asks of the decoder graph's TopK: 1 for greedy, 2K for a beam of K."""
-    assert [translator.step_top_k(1, 0), translator.step_top_k(1, 2), translator.step_top_k(4, 0)] == [1, 2, 8]
+    assert [translator.spec.step_top_k(1, 0), translator.spec.step_top_k(1, 2), translator.spec.step_top_k(4, 0)] == [1, 2, 8]
 
 
 def full_step(fn, batch):

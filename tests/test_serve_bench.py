@@ -131,6 +131,7 @@ def _run(script: str, *args, timeout: float = 240) -> subprocess.CompletedProces
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_serve_load_runs_the_three_servers_and_writes_its_report(ct2_model, data):
     out = scratch("serve-load") / "out"
     r = _run("serve_load.py", tiny_bundle(), ct2_model, "--out", out, "--clients", 1, 2, "--requests", 4, "--warmup", 0.2,
@@ -169,6 +170,7 @@ def test_serve_load_runs_the_three_servers_and_writes_its_report(ct2_model, data
     assert r.returncode == 2 and "exists and is not empty: choose another --out or pass --force" in r.stderr
 
 
+@pytest.mark.slow
 def test_serve_identity_counts_and_lists_differences(data, sentences):
     out = scratch("serve-identity") / "out"
     r = _run("serve_identity.py", tiny_bundle(), "--out", out, "--sentences", 8, "--clients", 2, "--data", data,

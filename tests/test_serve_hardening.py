@@ -129,6 +129,7 @@ def _status_kb(pid: int, key: str) -> int:
 # -- item 1: two servers on one port ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_servers_started_at_once_on_one_port_one_listens_and_the_other_says_why(servers):
     procs = servers["race"]
     deadline = time.monotonic() + 90
@@ -175,6 +176,7 @@ def test_bind_listens_so_a_second_bind_of_the_port_is_refused():
     ],
     ids=["200-KB-field", "5000-fields"],
 )
+@pytest.mark.slow
 def test_headers_over_the_limit_get_431_and_the_connection_closes(hard, head):
     with _connect(hard) as sock:
         sock.sendall(head)
@@ -212,6 +214,7 @@ def test_a_huge_header_neither_grows_the_server_nor_stalls_others(hard):
 # -- item 3: connections ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_half_sent_head_gets_408_within_the_read_timeout_and_is_closed(hard):
     with _connect(hard) as sock:
         started = time.monotonic()
@@ -222,6 +225,7 @@ def test_a_half_sent_head_gets_408_within_the_read_timeout_and_is_closed(hard):
     assert READ_TIMEOUT_S - 0.1 < took < READ_TIMEOUT_S + 3
 
 
+@pytest.mark.slow
 def test_silent_connections_beyond_the_cap_are_refused_and_the_rest_closed_by_the_read_timeout(hard):
     fds_before = len(list(__import__("os").scandir(f"/proc/{hard.proc.pid}/fd")))
     socks = [_connect(hard) for _ in range(MAX_CONNECTIONS + 12)]  # a few dozen that never send a byte
@@ -256,6 +260,7 @@ def test_silent_connections_beyond_the_cap_are_refused_and_the_rest_closed_by_th
     _ok(hard)
 
 
+@pytest.mark.slow
 def test_stalled_bodies_hold_connections_for_the_read_timeout_but_never_the_queue(hard):
     socks = []
     try:
@@ -280,6 +285,7 @@ def test_stalled_bodies_hold_connections_for_the_read_timeout_but_never_the_queu
 # -- item 5: an error before the body is read closes the connection --------------------------------
 
 
+@pytest.mark.slow
 def test_after_a_408_the_connection_is_closed_not_read_as_the_next_request(hard):
     with _connect(hard) as sock:
         sock.sendall(
@@ -418,6 +424,7 @@ def test_requests_cut_by_the_drain_limit_get_json_503_and_no_traceback(servers):
 BURST = {"texts": [LONG] * 64, "beam_size": 16, "min_decoding_length": 100, "max_decoding_length": 120}
 
 
+@pytest.mark.slow
 def test_memory_taken_by_bursts_of_large_rounds_is_given_back(hard):
     for _ in range(3):  # warm: every graph has run, the arenas hold a small round's tensors
         assert hard.client.post(TRANSLATE, json={"texts": [LONG] * 4, "beam_size": 4}).status_code == 200

@@ -72,6 +72,7 @@ def _ok(server: ServeProcess) -> None:
 
 # -- translations ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_translate_gives_the_token_ids_of_translate_batch(server, translator):
     r = server.client.post(TRANSLATE, json={"texts": TEXTS, "beam_size": 3, "return_scores": True})
     assert r.status_code == 200, r.text
@@ -84,6 +85,7 @@ def test_translate_gives_the_token_ids_of_translate_batch(server, translator):
         assert t["scores"] == pytest.approx(w.scores, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_n_best_with_and_without_scores(server, translator):
     r = server.client.post(TRANSLATE, json={"texts": TEXTS[:1], "beam_size": 4, "num_hypotheses": 3,
                                             "return_scores": True})
@@ -258,6 +260,7 @@ def test_a_request_past_the_timeout_gets_504_and_its_job_is_cancelled(servers):
     _ok(server)
 
 
+@pytest.mark.slow
 def test_a_full_queue_answers_503_and_sigterm_drains_the_requests_in_flight(servers):
     server = servers["drain"].listening()
     slow = {**SLOW, "texts": [LONG] * 32, "beam_size": 8}  # about 1 s each; --workers 1 decodes one at a time

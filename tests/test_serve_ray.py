@@ -92,6 +92,7 @@ def test_build_refuses_a_wrong_bundle_or_limit_before_any_replica_starts(bundle,
     assert main([str(bundle), "--detach"]) == 2  # a local Ray would end with the command
 
 
+@pytest.mark.slow
 def test_the_module_serves_until_sigint(bundle):
     """`python -m seq2onnx.serve.ray_deploy` on its own local Ray (before the module's Ray starts)."""
     _ray_serve()
@@ -159,6 +160,7 @@ def _translate(client: httpx.Client, texts: list[str]) -> httpx.Response:
     return client.post("/v1/translate", json={"texts": texts, "beam_size": 1})
 
 
+@pytest.mark.slow
 def test_requests_spread_over_both_replicas(served):
     client, expected = served["client"], served["expected"]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -172,6 +174,7 @@ def test_requests_spread_over_both_replicas(served):
     assert len(spread) == 2 and min(spread.values()) >= 5, f"requests did not spread over 2 replicas: {dict(spread)}"
 
 
+@pytest.mark.slow
 def test_the_app_s_other_endpoints_answer_through_the_proxy(served):
     client, expected = served["client"], served["expected"]
     ready = client.get("/ready")
@@ -233,6 +236,7 @@ class Load:
         return collections.Counter(rep for reps in list(self.answers.values()) for rep in reps)
 
 
+@pytest.mark.slow
 def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered_once(served):
     ray, serve, client = served["ray"], served["serve"], served["client"]
     before = _replica_actors(ray)

@@ -191,7 +191,7 @@ def test_model_too_big_for_memory_fails_before_allocating(tmp_path, monkeypatch)
 
 def test_memory_estimate_counts_weights_gradients_adam_and_activations():
     from seq2onnx.model.config import ModelConfig, training_memory
-    from seq2onnx.model.train import check_memory
+    from seq2onnx.model.preflight import check_memory
 
     cfg = ModelConfig(src_vocab_size=1000, tgt_vocab_size=1000, d_model=256, n_heads=4, d_ff=1024)
     weights, activations = training_memory(cfg, 4096)
@@ -207,7 +207,7 @@ def test_memory_estimate_counts_weights_gradients_adam_and_activations():
 # -- progress toward whichever limit ends the run --------------------------------------------------
 
 def test_steps_reachable_counts_toward_the_first_limit():
-    from seq2onnx.model.train import steps_reachable
+    from seq2onnx.model.preflight import steps_reachable
 
     assert steps_reachable(4000, 0, 0, 0.0, 30) == 4000  # nothing measured yet
     assert steps_reachable(4000, 0, 10, 5.0, None) == 4000  # no time limit

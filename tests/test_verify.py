@@ -18,7 +18,8 @@ from onnx import numpy_helper
 from tiny import scratch, tiny_bundle, tiny_run
 
 from seq2onnx.export.bundle import TOLERANCES
-from seq2onnx.export.parity import format_report, test_sentences as split_sentences, verify
+from seq2onnx.export.parity import test_sentences as split_sentences, verify
+from seq2onnx.export.parity_report import format_report
 from seq2onnx.model import checkpoint
 from seq2onnx.model.search import translate_ids
 from seq2onnx.model.metrics import bleu

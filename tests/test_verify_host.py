@@ -20,7 +20,7 @@ import pytest
 
 from seq2onnx.model.corpus import generate_pairs
 from seq2onnx import errors as cli
-from seq2onnx.commands.verify_host import read_sentences
+from seq2onnx.commands.host_sentences import read_sentences
 from node_host import NODE, skip_reason
 
 ROOT = Path(__file__).resolve().parents[1]

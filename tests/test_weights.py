@@ -157,10 +157,10 @@ def test_a_bundle_without_a_weights_file_loads_and_translates_the_same():
 def test_the_standard_decoder_is_loaded_when_first_asked_for():
     t = Translator(tiny_bundle(), device="cpu")
     assert t.decoder_variant == "fused"
-    assert t._sessions._standard is None  # not loaded: most translators never need it
+    assert t.graphs._sessions._standard is None  # not loaded: most translators never need it
     plain = t.translate_batch(TEXTS, beam_size=2)
     with_attention = t.translate_batch(TEXTS, beam_size=2, return_attention=True)  # runs the standard decoder
-    assert t._sessions._standard is not None
+    assert t.graphs._sessions._standard is not None
     assert [r.token_ids for r in plain] == [r.token_ids for r in with_attention]
     assert all(r.attention is not None and len(r.attention) for r in with_attention)
 

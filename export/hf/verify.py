@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seq2onnx.export.parity import Check, int8_products
+from seq2onnx.export.parity import Check
+from seq2onnx.export.parity_report import int8_products
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.search import EARLY_STOPPING
@@ -394,7 +395,7 @@ def _tensor_checks(
     n_layers = translator.n_layers
     layers = hf.get_decoder().layers
     for row, src, target in zip(rows, sources, targets):
-        src_mask, cross = translator.encode(*translator.sources.pad([src]))
+        src_mask, cross = translator.graphs.encode(*translator.sources.pad([src]))
         with torch.no_grad():
             memory = hf.get_encoder()(**row).last_hidden_state  # (1, S, D)
         heads, dh = translator.n_heads, translator.head_dim
@@ -407,7 +408,7 @@ def _tensor_checks(
                 scale_kv = max(scale_kv, float(np.abs(ref).max()))
         decoder_input = [start] + target
         ref = _log_probs(hf, row, decoder_input, *suppression)
-        step = translator.decoder_step(
+        step = translator.graphs.step(
             (src_mask, cross), rows=1, top_k=None, max_length=len(decoder_input) + 1
         )
         for t, token in enumerate(decoder_input):
@@ -419,7 +420,7 @@ def _tensor_checks(
                 worst_lp = float("inf")
                 continue
             worst_lp = max(worst_lp, float(np.abs(lp[finite].astype(np.float64) - ref[t][finite]).max()))
-        translator.recycle(step)
+        translator.graphs.recycle(step)
     kv_bound = atol * scale_kv
     return [
         Check(

@@ -1,0 +1,157 @@
+"""Graphs: a Translator's onnxruntime sessions as the searches drive them: encode, the decoder's step, the
+attention pass.
+
+The decoder driven is the fused one (decoder_fused.onnx: runtime/fused_step.py) where the bundle has it and
+this onnxruntime runs it on the chosen provider, else the standard decoder.onnx (runtime/standard_step.py);
+runtime/decoders.py picks it. Every graph's inputs and outputs are bound by runtime/binding.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import bundle as names
+from .attention import check_attention_output, forced_attention
+from .binding import bind_encoder
+from .fused_buffers import StepBufferPool
+from .fused_step import FusedStep
+from .model_spec import ModelSpec
+from .search import Step
+from .devices import ort
+from .standard_step import StandardStep
+
+
+class Encoded(tuple):
+    """The encoder's outputs of a batch: (src_mask, cross), OrtValues on the graphs' device (a 2-tuple:
+    `src_mask, cross = encoded` reads them), and their numpy arrays (`arrays`)."""
+
+    __slots__ = ()
+
+    def arrays(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(src_mask, cross) as numpy arrays: on the CPU they share the OrtValues' memory (no copy), so a
+        caller that writes into them must copy first."""
+        src_mask, cross = self
+        return src_mask.numpy(), [c.numpy() for c in cross]
+
+
+class Graphs:
+    """The sessions of a loaded bundle and what drives them (runtime/sessions.py's Sessions).
+
+    Args:
+        sessions: the Sessions opened (open_sessions).
+        spec: the model's sizes and special ids (runtime/model_spec.py).
+        cache_dtype: the numpy dtype of the cache and cross keys/values (the bundle's dtype).
+        bundle_path: the bundle's directory, for messages.
+    Attributes:
+        encoder, decoder: the encoder's session and the driven decoder's.
+        variant, reason: "fused" or "standard", the decoder driven, and why.
+        device, ort_device: the provider's device ("cpu" or "cuda"), where the encoder's outputs and the cache
+            stay.
+    """
+
+    def __init__(self, sessions, spec: ModelSpec, cache_dtype, bundle_path):
+        self.encoder, self.decoder, self._sessions = sessions.encoder, sessions.decoder, sessions
+        self.variant, self.reason = sessions.variant, sessions.reason
+        self.device = sessions.device
+        self.ort_device = "cuda" if self.device == "cuda" else "cpu"
+        self.spec, self.cache_dtype, self._path = spec, cache_dtype, bundle_path
+        # the fused step's buffers between batches
+        self._buffer_pool = StepBufferPool(
+            n_layers=spec.n_layers, n_heads=spec.n_heads, head_dim=spec.head_dim, vocab=spec.tgt_vocab
+        )
+
+    def encode(self, src: np.ndarray, lengths: np.ndarray) -> Encoded:
+        """Runs the encoder over padded sources (Sources.pad): (src_mask, cross keys/values), OrtValues on
+        ort_device."""
+        binding = bind_encoder(
+            self.encoder, src=src, lengths=lengths, n_layers=self.spec.n_layers, device=self.ort_device
+        )
+        self.encoder.run_with_iobinding(binding)
+        src_mask, *cross = binding.get_outputs()
+        return Encoded((src_mask, cross))
+
+    def step(
+        self, encoded: tuple, *, rows: int, top_k: int | None, max_length: int, beam_width: int = 1
+    ) -> Step:
+        """Returns the search's step (runtime/search.py) over the decoder driven, for sources encoded already.
+
+        Args:
+            encoded: encode()'s (src_mask, cross) of the sources.
+            rows: the sources (sentences at the first step).
+            top_k: the step returns a TopK of [rows, top_k] (ModelSpec.step_top_k); None: every
+                log-probability, [rows, vocab].
+            max_length: the longest decoding (the fused step's buffers; StepBufferPool may round it up).
+            beam_width: rows per sentence after the first step (the fused step's buffers).
+        Returns:
+            A FusedStep or a StandardStep; give it to recycle() once its search ended normally.
+        """
+        s = self.spec
+        sizes = dict(n_layers=s.n_layers, n_heads=s.n_heads, head_dim=s.head_dim, vocab=s.tgt_vocab)
+        sizes["top_k"] = top_k
+        if self.variant == names.FUSED:
+            max_length = self._buffer_pool.positions(rows * beam_width, beam_width, max_length, top_k)
+            buffers = self._buffer_pool.take(rows * beam_width, beam_width, max_length, top_k)
+            src_mask, cross = encoded  # the encoder's OrtValues: bound as they are
+            return FusedStep(self.decoder, src_mask=src_mask, cross=cross, beam_width=beam_width,
+                             max_length=max_length, buffers=buffers, **sizes)
+        src_mask, cross = encoded
+        return StandardStep(
+            self.decoder, rows=rows, src_mask=src_mask, cross=cross, cache_dtype=self.cache_dtype,
+            to_device=self.to_device, device=self.ort_device, **sizes,
+        )
+
+    def recycle(self, step) -> None:
+        """Offers a step's buffers to the next batch (a standard step has none). Call it only after a search
+        that ended normally: one that raised may have left them half bound."""
+        inner = getattr(step, "inner", step)  # under force_prefix
+        self._buffer_pool.give(getattr(inner, "buffers", None))
+
+    def to_device(self, array: np.ndarray):
+        """Returns a numpy array as an OrtValue on ort_device."""
+        return ort.OrtValue.ortvalue_from_numpy(array, self.ort_device, 0)
+
+    @property
+    def standard_decoder(self):
+        """The standard decoder's session: the driven one, or loaded and checked when first asked for
+        (return_attention, the continuous batcher) where the fused one is driven (runtime/sessions.py)."""
+        return self._sessions.standard
+
+    def attention_decoder(self):
+        """Returns the standard decoder with its cross_attention output checked.
+
+        Raises:
+            NoAttentionOutput: a bundle exported before 0.3 (runtime/attention.py).
+        """
+        check_attention_output(self.standard_decoder, self._path)
+        return self.standard_decoder
+
+    def attention(
+        self, sources: list[list[int]], hypotheses: list[list[list[int]]], encoded: tuple
+    ) -> list[list[np.ndarray]]:
+        """Each source's hypotheses' cross-attention, by a forced pass (runtime/attention.py).
+
+        Args:
+            sources: encoder ids.
+            hypotheses: per source, its hypotheses' ids (end token excluded).
+            encoded: encode()'s (src_mask, cross) of these very sources.
+        """
+        n = max(len(h) for h in hypotheses)
+        rows = [h[j] if j < len(h) else [] for h in hypotheses for j in range(n)]  # n rows per source
+        src_mask, cross = encoded
+        s = self.spec
+        flat = forced_attention(
+            self.attention_decoder(),
+            src_mask=src_mask,
+            cross=cross,
+            rows_per_source=n,
+            hypotheses=rows,
+            source_lengths=[len(x) for x in sources],
+            start_id=s.start_id,
+            eos_id=s.eos_id,
+            n_heads=s.n_heads,
+            head_dim=s.head_dim,
+            cache_dtype=self.cache_dtype,
+            to_device=self.to_device,
+            device=self.ort_device,
+        )
+        return [flat[i * n : i * n + len(h)] for i, h in enumerate(hypotheses)]

@@ -9,6 +9,7 @@ import functools
 import logging
 import math
 
+from seq2onnx.commands import serve_dropin
 from seq2onnx.errors import CommandError
 
 BATCHING = ("continuous", "request")
@@ -96,6 +97,7 @@ def add(subparsers) -> None:
                    help="after SIGTERM, seconds the requests in flight get to finish before they are "
                         "cancelled (default 25: below Kubernetes' default grace period of 30 s, so that the "
                         "engine closes before SIGKILL)")
+    serve_dropin.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -119,6 +121,7 @@ def _check(args) -> None:
             raise CommandError(f"{option} {value}: give a number of seconds > 0")
     if not 0 <= args.drain_seconds < math.inf:
         raise CommandError(f"--drain-seconds {args.drain_seconds}: give a number of seconds >= 0")
+    serve_dropin.check(args)
 
 
 def _engine(args, translator):
@@ -170,9 +173,11 @@ def make_app(args):
     )
     engine = _engine(args, translator)
     try:
-        return create_app(engine, max_queue=args.max_queue, max_texts=args.max_texts,
-                          max_chars=args.max_chars, max_body_bytes=args.max_body_bytes,
-                          timeout_s=args.timeout, read_timeout_s=args.read_timeout)
+        app = create_app(engine, max_queue=args.max_queue, max_texts=args.max_texts,
+                         max_chars=args.max_chars, max_body_bytes=args.max_body_bytes,
+                         timeout_s=args.timeout, read_timeout_s=args.read_timeout)
+        serve_dropin.mount(app, args, functools.partial(_engine, args))  # DeepL, LibreTranslate, keys
+        return app
     except BaseException:
         engine.close()
         raise

@@ -145,6 +145,9 @@ class Frontend:
         self.max_body_bytes, self.timeout_s, self.registry = max_body_bytes, timeout_s, registry
         self.read_timeout_s = read_timeout_s
         self.inflight, self.draining, r = 0, False, registry
+        # POST paths admitted to the queue (body limits, deadline), and /metrics' endpoint labels: the drop-in
+        # APIs (serve/dropin.py) add theirs
+        self.admitted, self.endpoints = {TRANSLATE, STREAM}, set(ENDPOINTS)
         self.too_slow = f"no answer within {timeout_s:g} s (--timeout); the job was cancelled: send fewer " \
                         "or shorter texts, or raise --timeout"
         self.requests = Counter("seq2onnx_requests", "HTTP requests answered, by endpoint and status",
@@ -231,7 +234,7 @@ class _Admission:
             return await self.app(scope, receive, send)
         # Starlette's paths include a mount's prefix
         path = scope["path"].removeprefix(scope.get("root_path", ""))
-        endpoint = path if path in ENDPOINTS else "other"
+        endpoint = path if path in self.frontend.endpoints else "other"
         status: list[int] = []
 
         async def answer(message):
@@ -241,7 +244,7 @@ class _Admission:
 
         start = time.perf_counter()
         try:
-            if scope["method"] == "POST" and path in (TRANSLATE, STREAM):
+            if scope["method"] == "POST" and path in self.frontend.admitted:
                 await self._admit(scope, receive, answer)
             else:
                 await self.app(scope, receive, answer)

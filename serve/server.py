@@ -211,5 +211,7 @@ def serve(
         sock.close()
         log.info("closing the engine (batching %s)", engine.batching)
         engine.close()
+        for other in getattr(app.state, "also_close", ()):  # the drop-in APIs' other bundles (--route)
+            other.close()
         log.info("stopped")
     return 0

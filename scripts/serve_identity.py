@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_load import DEFAULT_DATA, Server, _terminate, beam_label, prepare_out, read_sentences  # noqa: E402
+from scaffold import DEFAULT_DATA, Server, beam_label, prepare_out, read_sentences, terminate  # noqa: E402
 
 from seq2onnx.atomic import write_file  # noqa: E402
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         0; 1 when a request failed; 2 for a bad argument (the message on stderr).
     """
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, terminate)
     try:
         if args.sentences < 1 or args.clients < 1:
             raise ValueError(f"--sentences {args.sentences}, --clients {args.clients}: each must be >= 1")

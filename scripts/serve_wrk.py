@@ -64,14 +64,15 @@ MARKER = "SERVE_WRK "
 
 
 def _sibling(name: str):
-    """A benchmark module beside this file (serve_load, hf_real_sizes), however this file was loaded."""
+    """A benchmark module beside this file (scaffold, serve_load, hf_real_sizes), however this file was
+    loaded."""
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
     return __import__(name)
 
 
 def log(message: str) -> None:
-    print(f"[serve_wrk {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    _sibling("scaffold").log(message)
 
 
 # -- the ceiling: the real front end over an engine that decodes nothing ---------------------------
@@ -424,7 +425,7 @@ def in_process(args, requests: list) -> dict:
             tr.translate(text, beam_size=beam, max_decoding_length=length)
             times.append(time.perf_counter() - t)
             i += 1
-        label = "greedy" if beam == 1 else f"beam{beam}"
+        label = _sibling("scaffold").beam_label(beam)
         out[label] = {"sentences": len(times), "p50_ms": 1000 * sorted(times)[len(times) // 2]}
         log(f"in-process {label}: p50 {out[label]['p50_ms']:.1f} ms over {len(times)} sentences")
     return out
@@ -435,7 +436,7 @@ def measure(args, report: dict, lua: list, requests: list) -> None:
     for name, setting, argv in servers(args):
         log(f"starting {name} {setting}".rstrip())
         logfile = args.out / "logs" / f"{name}-{setting.replace(' ', '')}.log"
-        with sl.Server(argv, logfile, requests[0][0], args.start_timeout) as server:
+        with _sibling("scaffold").Server(argv, logfile, requests[0][0], args.start_timeout) as server:
             report["servers"].append({"server": name, "setting": setting, "command": argv})
             for beam in [min(args.beams)] if name == "ceiling" else args.beams:
                 for clients in args.clients:
@@ -620,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["marian"] and len(argv) == 2:
         return build_marian(Path(argv[1]))
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _sibling("serve_load")._terminate)  # unwinds: the servers are stopped
+    signal.signal(signal.SIGTERM, _sibling("scaffold").terminate)  # unwinds: the servers are stopped
     try:
         if shutil.which("wrk") is None:
             raise ValueError("wrk is not installed: apt-get install wrk (Debian, Ubuntu)")
@@ -638,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--continuous-lanes {args.continuous_lanes}: each must be 1..--threads ({args.threads})"
             )
         words, sep = source_words(args.bundle)
-        _sibling("serve_load").prepare_out(args.out, args.force)
+        _sibling("scaffold").prepare_out(args.out, args.force)
     except ValueError as e:
         print(f"serve_wrk: {e}", file=sys.stderr)
         return 2

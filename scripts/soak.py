@@ -117,7 +117,7 @@ def serve_soak(args) -> int:
     """
     import threading
 
-    from serve_load import Server, free_port  # noqa: F401  (scripts/ is this script's folder)
+    from scaffold import Server, free_port  # noqa: F401  (scripts/ is this script's folder)
 
     from seq2onnx.atomic import write_file
 

@@ -106,11 +106,11 @@ def test_processes_add_each_server_as_p_processes_with_the_threads_split():
 @pytest.fixture(scope="module")
 def stub():
     """The ceiling's server (`serve_wrk.py stub BUNDLE`) as the benchmark starts it: a real process."""
-    serve_load = wrk_bench._sibling("serve_load")
+    scaffold = wrk_bench._sibling("scaffold")
     argv = [*wrk_bench.servers(wrk_bench.build_parser().parse_args(
         [str(tiny_bundle()), "--out", "x", "--servers", "ceiling"]))[0][2]]
     log = scratch("wrk-stub") / "stub.log"
-    with serve_load.Server(argv, log, "the queen sees", start_timeout=60) as server:
+    with scaffold.Server(argv, log, "the queen sees", start_timeout=60) as server:
         yield server
 
 

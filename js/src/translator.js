@@ -164,13 +164,16 @@ export class Translator {
           `(${String(e?.message ?? e).trim()}); re-export the bundle with \`seq2onnx export\``);
       }
     };
-    const encoder = await session(ENCODER_LABEL);
+    let encoder;
     let decoder;
     try {
+      encoder = await session(ENCODER_LABEL);
       decoder = await session(DECODER);
     } catch (e) {
-      await encoder.release?.();
+      await encoder?.release?.();
       throw e;
+    } finally {
+      platform.releaseCopy?.(bundle); // the private copy of the weights: onnxruntime holds what it read
     }
     try {
       checkGraphs(bundle, encoder, decoder); // names, element types, sizes and tables against bundle.json

@@ -68,6 +68,9 @@ def add(subparsers) -> None:
                         "--intra-threads 1 serve more, at N times the memory. The kernel hands each new "
                         "connection to one of them; the limits below apply per process; /metrics sums all "
                         "of them; a process that dies is replaced (docs/serving.md)")
+    p.add_argument("--liveness-seconds", type=float, default=30.0,
+                   help="--processes > 1 only: a process whose event loop sends the parent no heartbeat for "
+                        "this long (stopped, hung) is logged, killed and replaced (default 30)")
     p.add_argument("--workers", type=int, default=2,
                    help="--batching request only: requests decoded at once, each on a thread of its own "
                         "(default 2)")
@@ -113,7 +116,7 @@ def _check(args) -> None:
         value = getattr(args, option[2:].replace("-", "_"))
         if value < 1:
             raise CommandError(f"{option} {value}: give an int >= 1")
-    for option in ("--timeout", "--read-timeout", "--keep-alive"):
+    for option in ("--timeout", "--read-timeout", "--keep-alive", "--liveness-seconds"):
         value = getattr(args, option[2:].replace("-", "_"))
         if not 0 < value < math.inf:
             raise CommandError(f"{option} {value}: give a number of seconds > 0")
@@ -153,7 +156,8 @@ def run(args) -> int:
     if args.processes > 1:
         from seq2onnx.serve.processes import serve_processes
 
-        return serve_processes(functools.partial(make_app, args), args.processes, **options)
+        return serve_processes(functools.partial(make_app, args), args.processes,
+                               liveness_s=args.liveness_seconds, **options)
     from seq2onnx.serve.server import serve
 
     return serve(make_app(args), **options)

@@ -63,3 +63,91 @@ def test_weights_rewritten_then_truncated_under_a_server_change_nothing_it_answe
         assert {beam: _answers(server, beam) for beam in (1, 3)} == before
         assert server.client.get("/health").status_code == 200
         assert server.proc.poll() is None, server.log()
+
+
+# -- items 1 and 5: a process group that owns its port; a worker that stops answering ---------------------
+
+
+def test_the_group_s_socket_listens_before_any_process_starts_so_a_second_group_is_refused():
+    from seq2onnx.errors import CommandError
+    from seq2onnx.serve.processes import hold_port
+    from seq2onnx.serve.server import _bind
+
+    first = hold_port("127.0.0.1", 0)
+    try:
+        port = first.getsockname()[1]
+        assert first.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1  # listening, not only bound
+        for second in (hold_port, _bind):  # another group's parent, a single server
+            with pytest.raises(CommandError, match=rf"--port {port}: cannot listen there"):
+                second("127.0.0.1", port).close()
+    finally:
+        first.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _group(bundle, port: int, *options: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "seq2onnx.commands", "serve", str(bundle), "--port", str(port),
+               "--intra-threads", "1", "--processes", "2", *options]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the group's processes with it
+    proc.wait(timeout=20)
+
+
+def test_two_groups_started_a_moment_apart_on_one_port_one_serves_and_the_other_says_why(bundle):
+    port = _free_port()
+    first = _group(bundle, port)
+    try:
+        time.sleep(0.2)  # the issue's offset: the first group's parent has bound, its processes still load
+        second = _group(bundle, port)
+        try:
+            _until(lambda: second.poll() is not None, 90, "the second group exits")
+            assert second.returncode != 0
+            err = second.stderr.read()
+            assert "cannot listen there" in err and "choose another --port" in err, err
+            assert "listening on" in first.stdout.readline()
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+                assert c.get("/health").status_code == 200
+        finally:
+            _end(second)
+    finally:
+        _end(first)
+
+
+def _pids(log: str) -> list[int]:
+    """The server processes' pids, from their log lines (as tests/test_serve_processes.py finds them)."""
+    pids = re.findall(r"seq2onnx serve \[pid (\d+)\]: ", log) + re.findall(r"Started server process \[(\d+)\]", log)
+    return list(dict.fromkeys(int(p) for p in pids))
+
+
+def test_a_stopped_worker_is_found_by_its_heartbeat_logged_killed_and_replaced(bundle):
+    with ServeProcess(bundle, "--processes", "2", "--liveness-seconds", "2") as server:
+        _until(lambda: len(_pids(server.log())) >= 2, 30, "both processes log")
+        stopped = _pids(server.log())[0]
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            _until(lambda: "sent no heartbeat" in server.log(), 30, "the liveness check")
+            _until(lambda: len(_pids(server.log())) >= 3, 60, "a replacement")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+        assert re.search(rf"process \d \(pid {stopped}\) sent no heartbeat for [\d.]+ s \(--liveness-seconds 2\)",
+                         server.log()), server.log()
+        _until(lambda: "exited with code -9 while serving" in server.log(), 30, "its exit")
+        # every fresh connection is answered again (none lands on the stopped process)
+        answers = []
+        for _ in range(10):
+            with httpx.Client(base_url=server.url, timeout=10) as c:
+                answers.append(c.get("/health").status_code)
+        assert answers == [200] * 10

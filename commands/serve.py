@@ -93,6 +93,9 @@ def add(subparsers) -> None:
                    help="seconds a request's line and headers may take to arrive (from the connection's "
                         "start, or a later request's first byte), and again its body after them; beyond: 408 "
                         "and the connection closed (default 10; separate from --timeout)")
+    p.add_argument("--send-timeout", type=float, default=30.0,
+                   help="seconds a connection whose client reads none of its answers (the server's writes to "
+                        "it paused: its buffers full) is kept; beyond: dropped (default 30)")
     p.add_argument("--keep-alive", type=float, default=5.0,
                    help="seconds an idle connection is kept open after an answer (default 5)")
     p.add_argument("--drain-seconds", type=float, default=25.0,
@@ -116,7 +119,7 @@ def _check(args) -> None:
         value = getattr(args, option[2:].replace("-", "_"))
         if value < 1:
             raise CommandError(f"{option} {value}: give an int >= 1")
-    for option in ("--timeout", "--read-timeout", "--keep-alive", "--liveness-seconds"):
+    for option in ("--timeout", "--read-timeout", "--keep-alive", "--liveness-seconds", "--send-timeout"):
         value = getattr(args, option[2:].replace("-", "_"))
         if not 0 < value < math.inf:
             raise CommandError(f"{option} {value}: give a number of seconds > 0")
@@ -152,7 +155,8 @@ def run(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s seq2onnx serve: %(message)s")
     options = dict(host=args.host, port=args.port, drain_s=args.drain_seconds,
                    max_connections=args.max_connections, read_timeout_s=args.read_timeout,
-                   max_header_bytes=args.max_header_bytes, keep_alive_s=args.keep_alive)
+                   max_header_bytes=args.max_header_bytes, keep_alive_s=args.keep_alive,
+                   send_timeout_s=args.send_timeout)
     if args.processes > 1:
         from seq2onnx.serve.processes import serve_processes
 

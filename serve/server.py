@@ -139,6 +139,7 @@ def serve(
     read_timeout_s: float = 10.0,
     max_header_bytes: int = 65536,
     keep_alive_s: float = 5.0,
+    send_timeout_s: float = 30.0,
     sock: socket.socket | None = None,
     on_listening=None,
     processes: int = 1,
@@ -165,6 +166,8 @@ def serve(
             body's own limit is the app's).
         max_header_bytes: bytes of a request's line and headers at most (431 and closed beyond).
         keep_alive_s: seconds an idle kept-alive connection stays open (uvicorn's timeout_keep_alive).
+        send_timeout_s: seconds a connection whose client reads none of its answers is kept (the server's
+            writes to it paused) before it is dropped (serve/connection.py).
         sock: a listening socket to serve on instead of binding host:port (serve/processes.py binds one for
             all its processes; it names the URL and is closed on return).
         on_listening: called with the line instead of printing it (serve/processes.py prints it once every
@@ -201,7 +204,8 @@ def serve(
     # h11, not httptools: only uvicorn's h11 protocol bounds the headers (h11_max_incomplete_event_size);
     # serve/connection.py adds the head's read timeout and the connection cap that uvicorn lacks.
     protocol = limited_protocol(
-        read_timeout_s=read_timeout_s, max_connections=max_connections, max_header_bytes=max_header_bytes
+        read_timeout_s=read_timeout_s, max_connections=max_connections, max_header_bytes=max_header_bytes,
+        send_timeout_s=send_timeout_s,
     )
     config = uvicorn.Config(
         app,

@@ -151,3 +151,27 @@ def test_a_stopped_worker_is_found_by_its_heartbeat_logged_killed_and_replaced(b
             with httpx.Client(base_url=server.url, timeout=10) as c:
                 answers.append(c.get("/health").status_code)
         assert answers == [200] * 10
+
+
+# -- item 4: a client that pipelines requests and never reads its answers ----------------------------------
+
+
+def test_a_client_that_pipelines_and_never_reads_is_dropped_after_the_send_timeout(bundle):
+    with ServeProcess(bundle, "--send-timeout", "2") as server:
+        size = len(server.client.get("/openapi.json").content)
+        count = (32 << 20) // size + 1  # answers far past every buffer between the server and the client
+        port = int(server.url.rsplit(":", 1)[1])
+        request = b"GET /openapi.json HTTP/1.1\r\nHost: t\r\n\r\n"
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+            sock.connect(("127.0.0.1", port))
+            sock.settimeout(5)
+            with contextlib.suppress(OSError):  # the server stops reading once its writes pause
+                sock.sendall(request * count)
+            _until(lambda: "had not read its answers for 2 s (--send-timeout)" in server.log(), 30, "the drop")
+            received = 0
+            with contextlib.suppress(OSError):  # reset, once what the kernel held is read
+                while chunk := sock.recv(1 << 20):
+                    received += len(chunk)
+        assert received < count * size // 4, (received, count * size)  # most answers were never sent
+        assert server.client.get("/health").status_code == 200  # the server itself goes on

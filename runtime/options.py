@@ -10,11 +10,12 @@ and NaN is refused wherever a float is compared (NaN compares false with every b
 """
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import re
 from dataclasses import dataclass
+
+from .spec import OPTION_RANGES
 
 
 class OptionError(ValueError):
@@ -72,6 +73,15 @@ def _int(name: str, value, low: int, fix: str) -> int:
     if not _is_int(value) or value < low:
         raise OptionError(name, value, limit=f"an int >= {low}", hint=fix, shown=_describe(value))
     return int(value)
+
+
+def _ranged(name: str, value, note: str) -> float:
+    """A real-valued option inside its closed range of spec/bundle.json's option_ranges (NaN is outside)."""
+    low, high = OPTION_RANGES[name]
+    if not _is_real(value) or not low <= value <= high:
+        raise OptionError(name, value, limit=f"[{low:g}, {high:g}]", shown=_describe(value),
+                          hint=f"give a number in [{low:g}, {high:g}] ({note})")
+    return float(value)
 
 
 def _bool(name: str, value) -> bool:
@@ -141,11 +151,7 @@ class SearchOptions:
             raise OptionError("num_hypotheses", self.num_hypotheses, limit=f"[1, beam_size={self.beam_size}]",
                               says=f" must lie in [1, beam_size={self.beam_size}]: ",
                               hint="raise beam_size or lower num_hypotheses")
-        if not _is_real(self.length_penalty) or not math.isfinite(self.length_penalty):
-            raise OptionError("length_penalty", self.length_penalty, limit="a finite number",
-                              hint="give a finite number (1.0 is the default)",
-                              shown=_describe(self.length_penalty))
-        put("length_penalty", float(self.length_penalty))
+        put("length_penalty", _ranged("length_penalty", self.length_penalty, "1.0 is the default"))
         if self.max_decoding_length is not None:
             put("max_decoding_length", _int("max_decoding_length", self.max_decoding_length, 1,
                                             "give an int >= 1, at most the model's max_positions, or None"))
@@ -162,11 +168,8 @@ class SearchOptions:
         put("max_batch_size", _int("max_batch_size", self.max_batch_size, 1, "give an int >= 1"))
         t = self.sampling_temperature
         if t is not None:
-            if not _is_real(t) or not math.isfinite(t) or t <= 0:
-                raise OptionError("sampling_temperature", t, limit="a finite number > 0", shown=_describe(t),
-                                  hint="give a finite number > 0, or None for beam search "
-                                       "(beam_size=1 is greedy)")
-            put("sampling_temperature", float(t))
+            put("sampling_temperature", _ranged("sampling_temperature", t,
+                                                "or None for beam search (beam_size=1 is greedy)"))
         put("sampling_topk",
             _int("sampling_topk", self.sampling_topk, 0, "give an int >= 0 (0 keeps every token)"))
         p = self.sampling_topp

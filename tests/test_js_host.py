@@ -209,3 +209,20 @@ def test_node_runs_the_weights_file_it_checked_as_python_does(bundle, translator
     assert expected == [r.hypotheses[0] for r in translator.translate_batch(texts, beam_size=1)]
     proc = node("translate", str(path), "--beam", "1", stdin="\n".join(texts) + "\n")
     assert proc.stdout.splitlines() == expected, proc.stderr
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--beam", "2", "--length-penalty", "200"], "lengthPenalty=200: give a number in [-10, 10]"),
+    (["--sampling-temperature", "5e-324"], "--sampling-temperature 5e-324: give a number in [0.001, 1000]"),
+])
+def test_node_refuses_the_options_python_refuses_by_the_spec_s_ranges(bundle, flags, words):
+    from seq2onnx.runtime.options import SearchOptions
+
+    proc = node("translate", str(bundle), *flags, stdin="the cat\n", check=False)
+    assert proc.returncode != 0 and words in proc.stderr and proc.stdout == "", proc.stderr
+    python = dict(zip(flags[::2], flags[1::2]))
+    with pytest.raises(ValueError, match=r"give a number in \["):
+        SearchOptions(beam_size=int(python.get("--beam", 1)),
+                      length_penalty=float(python.get("--length-penalty", 1.0)),
+                      sampling_temperature=float(python["--sampling-temperature"])
+                      if "--sampling-temperature" in python else None)

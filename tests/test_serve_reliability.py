@@ -175,3 +175,17 @@ def test_a_client_that_pipelines_and_never_reads_is_dropped_after_the_send_timeo
                     received += len(chunk)
         assert received < count * size // 4, (received, count * size)  # most answers were never sent
         assert server.client.get("/health").status_code == 200  # the server itself goes on
+
+
+# -- item 6 and the low items: one rule per option, shared by both hosts -------------------------------------
+
+
+@pytest.mark.parametrize("body, field, words", [
+    ({"texts": ["a black dog"], "beam_size": 2, "length_penalty": 200}, "length_penalty", "[-10, 10]"),
+    ({"texts": ["a black dog"], "sampling_temperature": 5e-324}, "sampling_temperature", "[0.001, 1000]"),
+])
+def test_out_of_range_float_options_get_422_naming_the_range_not_500(bundle, body, field, words):
+    with ServeProcess(bundle) as server:
+        r = server.client.post(TRANSLATE, json=body)
+        assert r.status_code == 422, r.text
+        assert r.json()["field"] == field and words in r.json()["error"], r.text

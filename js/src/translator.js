@@ -6,7 +6,7 @@ import {
   presentNames, readBundle, short, BEAM_CONVENTIONS,
 } from "./bundle.js";
 import { checkGraphs, checkReferences, checkTokenizers } from "./checks.js";
-import { SPEC_URL } from "./spec.js";
+import { SPEC, SPEC_URL } from "./spec.js";
 import { checkSampling, sampleSearch } from "./sampling.js";
 import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
 import { SentencePiece, Tokens, isBlank } from "./tokenizer.js";
@@ -232,6 +232,11 @@ export class Translator {
     }
     if (!(Number.isInteger(beamSize) && beamSize >= 1)) {
       throw new RangeError(`beamSize=${beamSize}; it must be an integer of at least 1 (1 is greedy search)`);
+    }
+    const penalty = SPEC.option_ranges.length_penalty; // the Python runtime's range (spec/bundle.json)
+    if (!(typeof lengthPenalty === "number" && lengthPenalty >= penalty.min && lengthPenalty <= penalty.max)) {
+      throw new RangeError(`lengthPenalty=${lengthPenalty}: give a number in [${penalty.min}, ${penalty.max}] ` +
+        "(1.0 is the default)");
     }
     const sampling = samplingTemperature == null ? null
       : { temperature: samplingTemperature, topK: samplingTopk, topP: samplingTopp, seed };

@@ -20,6 +20,10 @@ LIMITS = (
     ("--max-body-bytes", 1 << 20, "request body bytes; beyond: 413"),
     ("--max-rows", 1024, "decoder rows one request holds at once (texts decoded together x beam_size, or x "
                          "num_hypotheses when sampling); beyond: 422"),
+    ("--max-rows-in-flight", None, "decoder rows of every request being answered, all together (texts x "
+                                   "beams, or x samples); beyond: 503 with Retry-After. Default: from this "
+                                   "machine's memory (serve/memory.py rows_in_flight_default), at least "
+                                   "--max-rows"),
     ("--max-connections", 512, "open connections (each one file descriptor); beyond: 503 and closed at once"),
     ("--max-header-bytes", 65536, "bytes of a request's line and headers; beyond: 431, connection closed"),
 )
@@ -85,7 +89,8 @@ def add(subparsers) -> None:
                         "the bundle on disk; runtime/session_cache.py; default: none)")
     for option, default, text in LIMITS:
         p.add_argument(option, type=int, default=default,
-                       help=f"at most this many {text} (default {default})")
+                       help=f"at most this many {text}"
+                       + ("" if default is None else f" (default {default})"))
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds from a request's arrival to its answer; beyond: 504 and its job is "
                         "cancelled (default 60)")
@@ -115,6 +120,10 @@ def _check(args) -> None:
         raise CommandError(f"--lanes {args.lanes}: give an int >= 1 (schedulers over the same sessions)")
     if args.workers < 1:
         raise CommandError(f"--workers {args.workers}: give an int >= 1 (requests decoded at once)")
+    if args.max_rows_in_flight is None:
+        from seq2onnx.serve.memory import rows_in_flight_default
+
+        args.max_rows_in_flight = rows_in_flight_default(args.max_rows, args.processes)
     for option, _, _ in LIMITS:
         value = getattr(args, option[2:].replace("-", "_"))
         if value < 1:
@@ -123,6 +132,10 @@ def _check(args) -> None:
         value = getattr(args, option[2:].replace("-", "_"))
         if not 0 < value < math.inf:
             raise CommandError(f"{option} {value}: give a number of seconds > 0")
+    if args.max_rows_in_flight < args.max_rows:
+        raise CommandError(f"--max-rows-in-flight {args.max_rows_in_flight} is below --max-rows "
+                           f"{args.max_rows}: a request of that many rows could never be answered; give at "
+                           "least --max-rows")
     if not 0 <= args.drain_seconds < math.inf:
         raise CommandError(f"--drain-seconds {args.drain_seconds}: give a number of seconds >= 0")
 
@@ -180,7 +193,8 @@ def make_app(args):
     try:
         return create_app(engine, max_queue=args.max_queue, max_texts=args.max_texts,
                           max_chars=args.max_chars, max_body_bytes=args.max_body_bytes,
-                          timeout_s=args.timeout, read_timeout_s=args.read_timeout)
+                          timeout_s=args.timeout, read_timeout_s=args.read_timeout,
+                          max_rows_in_flight=args.max_rows_in_flight)
     except BaseException:
         engine.close()
         raise

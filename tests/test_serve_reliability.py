@@ -189,3 +189,35 @@ def test_out_of_range_float_options_get_422_naming_the_range_not_500(bundle, bod
         r = server.client.post(TRANSLATE, json=body)
         assert r.status_code == 422, r.text
         assert r.json()["field"] == field and words in r.json()["error"], r.text
+
+
+# -- item 8: a server-wide limit on rows in flight ----------------------------------------------------------
+
+
+def test_rows_in_flight_are_bounded_server_wide_beyond_it_503_with_retry_after(bundle):
+    import concurrent.futures
+
+    body = {"texts": TEXTS * 2, "beam_size": 4}  # 8 texts x beam 4: 32 rows, the whole limit
+    with ServeProcess(bundle, "--max-rows-in-flight", "32", "--max-rows", "32", "--batching", "request",
+                      "--workers", "4") as server:
+        def post(_):
+            with httpx.Client(base_url=server.url, timeout=60) as c:
+                return c.post(TRANSLATE, json=body)
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(post, range(48)))
+        codes = [a.status_code for a in answers]
+        assert set(codes) <= {200, 503} and 200 in codes and 503 in codes, codes
+        refused = next(a for a in answers if a.status_code == 503)
+        assert "the limit (--max-rows-in-flight) is 32" in refused.json()["error"] and refused.headers["retry-after"]
+        too_many = server.client.post(TRANSLATE, json={"texts": TEXTS * 2, "beam_size": 5})  # 40 rows alone
+        assert too_many.status_code == 422, too_many.text  # one request's limit (--max-rows), never admitted
+
+
+def test_the_default_rows_in_flight_follow_the_machine_s_memory():
+    from seq2onnx.serve.memory import ROW_BYTES, rows_in_flight_default
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert rows_in_flight_default(1024) == max(1024, int(total * 0.5 / ROW_BYTES))
+    assert rows_in_flight_default(1024, processes=4) == max(1024, int(total * 0.5 / ROW_BYTES / 4))
+    assert rows_in_flight_default(10**9) == 10**9  # never below one request's --max-rows

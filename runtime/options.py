@@ -397,7 +397,7 @@ def target_prefixes(target_prefix, n: int, tgt_vocab: int, eos_id: int) -> list[
 
 
 def check_prefix_options(options: SearchOptions, n: int, languages: dict[str, int], tgt_vocab: int,
-                         eos_id: int) -> None:
+                         eos_id: int, max_positions: int | None = None) -> None:
     """Checks the options that depend on a model's vocabulary (source_lang, target_lang, target_prefix) for n
     sources, as translate_batch would, so that a front end refuses them before it starts any work.
 
@@ -405,15 +405,25 @@ def check_prefix_options(options: SearchOptions, n: int, languages: dict[str, in
         options: the checked SearchOptions.
         n: the sources the options go with.
         languages, tgt_vocab, eos_id: the model's (Translator.vocabulary.languages, .tgt_vocab, .eos_id).
+        max_positions: the model's positions (Translator.max_positions): a target_prefix must leave one for
+            the start token and one for a token of its own (else the search would cut it silently).
 
     Raises:
-        OptionError: as language_id and target_prefixes.
+        OptionError: as language_id and target_prefixes, or a target_prefix too long for the model.
     """
     for name in ("source_lang", "target_lang"):
         if getattr(options, name) is not None:
             language_id(languages, getattr(options, name), name)
     if options.target_prefix is not None:
-        target_prefixes(options.target_prefix, n, tgt_vocab, eos_id)
+        prefixes = target_prefixes(options.target_prefix, n, tgt_vocab, eos_id)
+        longest = max(map(len, prefixes), default=0)
+        if max_positions is not None and longest > max_positions - 2:
+            i = next(i for i, p in enumerate(prefixes) if len(p) == longest)
+            room = max_positions - 2
+            raise OptionError("target_prefix", options.target_prefix, limit=f"at most {room} ids",
+                              shown=None, index=i, says=f" has {longest} ids; ",
+                              hint=f"give at most {room} (the model has {max_positions} positions, one for "
+                                   "the start token and one for a token after the prefix)")
 
 
 def check_min_length(min_decoding_length: int, limit: int, tokens: int, source: int | None = None) -> None:

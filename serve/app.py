@@ -348,7 +348,8 @@ def _checked(f: Frontend, texts: list[str], field: str, options: dict, model: ty
         # Languages and prefixes against the model now, as the CLI does: a bad one is refused before it is
         # queued, as an OptionError that names its field.
         t = f.engine.translator
-        check_prefix_options(search, len(texts), t.vocabulary.languages, t.tgt_vocab, t.eos_id)
+        check_prefix_options(search, len(texts), t.vocabulary.languages, t.tgt_vocab, t.eos_id,
+                             max_positions=t.max_positions)
         return search
     except Exception as e:  # ValueError, TypeError: 422; anything else is the engine's failure (500)
         return engine_error(e, model)

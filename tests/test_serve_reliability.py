@@ -52,6 +52,7 @@ def _answers(server: ServeProcess, beam: int) -> list:
 # -- items 2 and 3: one bundle per load, for as long as it is loaded ---------------------------------------
 
 
+@pytest.mark.slow
 def test_weights_rewritten_then_truncated_under_a_server_change_nothing_it_answers():
     path = copy_bundle(tiny_bundle(), "rewritten-under-server")
     other = tiny_bundle(quantize="int8") / "weights.bin"  # another model's weights, of another size
@@ -105,6 +106,7 @@ def _end(proc: subprocess.Popen) -> None:
     proc.wait(timeout=20)
 
 
+@pytest.mark.slow
 def test_two_groups_started_a_moment_apart_on_one_port_one_serves_and_the_other_says_why(bundle):
     port = _free_port()
     first = _group(bundle, port)
@@ -131,6 +133,7 @@ def _pids(log: str) -> list[int]:
     return list(dict.fromkeys(int(p) for p in pids))
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_is_found_by_its_heartbeat_logged_killed_and_replaced(bundle):
     with ServeProcess(bundle, "--processes", "2", "--liveness-seconds", "2") as server:
         _until(lambda: len(_pids(server.log())) >= 2, 30, "both processes log")
@@ -156,6 +159,7 @@ def test_a_stopped_worker_is_found_by_its_heartbeat_logged_killed_and_replaced(b
 # -- item 4: a client that pipelines requests and never reads its answers ----------------------------------
 
 
+@pytest.mark.slow
 def test_a_client_that_pipelines_and_never_reads_is_dropped_after_the_send_timeout(bundle):
     with ServeProcess(bundle, "--send-timeout", "2") as server:
         size = len(server.client.get("/openapi.json").content)
@@ -180,6 +184,7 @@ def test_a_client_that_pipelines_and_never_reads_is_dropped_after_the_send_timeo
 # -- item 6 and the low items: one rule per option, shared by both hosts -------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body, field, words", [
     ({"texts": ["a black dog"], "beam_size": 2, "length_penalty": 200}, "length_penalty", "[-10, 10]"),
     ({"texts": ["a black dog"], "sampling_temperature": 5e-324}, "sampling_temperature", "[0.001, 1000]"),
@@ -194,6 +199,7 @@ def test_out_of_range_float_options_get_422_naming_the_range_not_500(bundle, bod
 # -- item 8: a server-wide limit on rows in flight ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rows_in_flight_are_bounded_server_wide_beyond_it_503_with_retry_after(bundle):
     import concurrent.futures
 
@@ -221,3 +227,11 @@ def test_the_default_rows_in_flight_follow_the_machine_s_memory():
     assert rows_in_flight_default(1024) == max(1024, int(total * 0.5 / ROW_BYTES))
     assert rows_in_flight_default(1024, processes=4) == max(1024, int(total * 0.5 / ROW_BYTES / 4))
     assert rows_in_flight_default(10**9) == 10**9  # never below one request's --max-rows
+
+
+@pytest.mark.slow
+def test_a_target_prefix_longer_than_the_model_is_refused_not_cut(bundle):
+    with ServeProcess(bundle) as server:
+        r = server.client.post(TRANSLATE, json={"texts": ["a black dog"], "target_prefix": [[5] * 10_000]})
+        assert r.status_code == 422 and r.json()["field"] == "target_prefix", r.text
+        assert re.search(r"has 10000 ids; give at most \d+ \(the model has \d+ positions", r.json()["error"]), r.text

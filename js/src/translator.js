@@ -372,6 +372,10 @@ export class Translator {
         throw new RangeError(`targetPrefix[${i}] has ids ${JSON.stringify(bad.slice(0, 5))} outside [0, ${this.tgtVocab}) or the end ` +
           `token ${this.eosId}; give target ids of the text before the translation`);
       }
+      if (ids.length > this.maxPositions - 2) { // as runtime/options.py's check_prefix_options: never cut silently
+        throw new RangeError(`targetPrefix[${i}] has ${ids.length} ids; give at most ${this.maxPositions - 2} (the model has ` +
+          `${this.maxPositions} positions, one for the start token and one for a token after the prefix)`);
+      }
       return ids;
     });
   }

@@ -282,8 +282,8 @@ def _check_entry(v: _Schema, entry: dict, key: str) -> None:
     """One files.<key>: a path short enough to name a file (checked before any path operation: a 400 KB path
     cost seconds of CPU in pathlib), without NUL; a sha256 of the spec's width; a size (optional) >= 0."""
     path = v.text(entry, "path", f"files.{key}.path")
-    if len(path) > MAX_PATH_CHARS or "\0" in path or not path:
-        want = (f"expected a path of 1 to {MAX_PATH_CHARS} characters" if "\0" not in path
+    if len(path) > MAX_PATH_CHARS or "\0" in path:
+        want = (f"expected a path of at most {MAX_PATH_CHARS} characters" if "\0" not in path
                 else "expected a path without a NUL character")
         v.fail(f"files.{key}.path", path, want)
     digest = v.text(entry, "sha256", f"files.{key}.sha256")

@@ -319,8 +319,8 @@ export function validateMeta(meta, where, fractions = new Map()) {
     // the path's length before any path operation on it (runtime/meta.py's _check_entry)
     const where = v.text(entry, "path", `files.${key}.path`);
     if (where.includes("\0")) v.fail(`files.${key}.path`, where, "expected a path without a NUL character");
-    if (!where.length || where.length > ENTRY.max_path_chars) {
-      v.fail(`files.${key}.path`, where, `expected a path of 1 to ${ENTRY.max_path_chars} characters`);
+    if (where.length > ENTRY.max_path_chars) {
+      v.fail(`files.${key}.path`, where, `expected a path of at most ${ENTRY.max_path_chars} characters`);
     }
     const digest = v.text(entry, "sha256", `files.${key}.sha256`);
     if (!new RegExp(`^[0-9a-f]{${ENTRY.sha256_hex_digits}}$`).test(digest)) {

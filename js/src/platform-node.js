@@ -14,6 +14,16 @@ export const CORES = Math.max(1, typeof os.availableParallelism === "function" ?
 /** How CORES was found, for messages. */
 export const CORES_SOURCE = typeof os.availableParallelism === "function" ? "os.availableParallelism()" : "os.cpus().length";
 
+// The private copies of weights files not yet removed (privateCopy): removed at the latest when the process
+// exits, by one listener for all of them.
+const COPIES = new Set();
+process.once("exit", () => { for (const folder of COPIES) rmSync(folder, { recursive: true, force: true }); });
+
+function removeCopy(folder) {
+  rmSync(folder, { recursive: true, force: true });
+  COPIES.delete(folder);
+}
+
 /** What a file system entry is, in words, for a message. */
 function kind(info) {
   if (info.isFIFO()) return "a named pipe";
@@ -109,7 +119,7 @@ export const nodePlatform = {
         throw Object.assign(new Error(`${file}: ${info.size} bytes, not ${size}`), { code: "ESIZE", size: info.size });
       }
       folder = await mkdtemp(path.join(os.tmpdir(), "seq2onnx-weights-"));
-      process.once("exit", () => rmSync(folder, { recursive: true, force: true }));
+      COPIES.add(folder);
       const dest = path.join(folder, name); // name: files.weights.path, checked inside the bundle (nested allowed)
       await mkdir(path.dirname(dest), { recursive: true, mode: 0o700 });
       const out = await open(dest, "wx", 0o600);
@@ -129,7 +139,7 @@ export const nodePlatform = {
       }
       return { sha256: hash.digest("hex"), size: copied, folder };
     } catch (e) {
-      if (folder) rmSync(folder, { recursive: true, force: true });
+      if (folder) removeCopy(folder);
       throw e;
     } finally {
       await handle.close();
@@ -137,7 +147,7 @@ export const nodePlatform = {
   },
   /** Removes a private copy's folder once the sessions are made (onnxruntime keeps what it read). */
   releaseCopy(bundle) {
-    if (bundle.paths.weightsFolder) rmSync(bundle.paths.weightsFolder, { recursive: true, force: true });
+    if (bundle.paths.weightsFolder) removeCopy(bundle.paths.weightsFolder);
   },
   async resolveInside(dir, rel) {
     const root = await realpath(dir);

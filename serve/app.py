@@ -485,7 +485,9 @@ def _add_translate(app: FastAPI, f: Frontend) -> None:
         search = error(*clash) if clash else _checked(f, body.texts, "texts", options, TranslateRequest)
         if isinstance(search, Response):
             return search
-        rows = len(body.texts) * (search.num_hypotheses if search.sampling else search.beam_size)
+        # the rows it holds at once, as --max-rows counts them (serve/engine.py Engine.check)
+        rows = min(len(body.texts), search.max_batch_size) * (search.num_hypotheses if search.sampling
+                                                               else search.beam_size)
         if (refused := _take_rows(f, rows)) is not None:
             return refused
         try:

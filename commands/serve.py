@@ -21,6 +21,10 @@ LIMITS = (
     ("--max-body-bytes", 1 << 20, "request body bytes; beyond: 413"),
     ("--max-rows", 1024, "decoder rows one request holds at once (texts decoded together x beam_size, or x "
                          "num_hypotheses when sampling); beyond: 422"),
+    ("--max-rows-in-flight", None, "decoder rows of every request being answered, all together (texts x "
+                                   "beams, or x samples); beyond: 503 with Retry-After. Default: from this "
+                                   "machine's memory (serve/memory.py rows_in_flight_default), at least "
+                                   "--max-rows"),
     ("--max-connections", 512, "open connections (each one file descriptor); beyond: 503 and closed at once"),
     ("--max-header-bytes", 65536, "bytes of a request's line and headers; beyond: 431, connection closed"),
 )
@@ -69,6 +73,9 @@ def add(subparsers) -> None:
                         "--intra-threads 1 serve more, at N times the memory. The kernel hands each new "
                         "connection to one of them; the limits below apply per process; /metrics sums all "
                         "of them; a process that dies is replaced (docs/serving.md)")
+    p.add_argument("--liveness-seconds", type=float, default=30.0,
+                   help="--processes > 1 only: a process whose event loop sends the parent no heartbeat for "
+                        "this long (stopped, hung) is logged, killed and replaced (default 30)")
     p.add_argument("--workers", type=int, default=2,
                    help="--batching request only: requests decoded at once, each on a thread of its own "
                         "(default 2)")
@@ -83,7 +90,8 @@ def add(subparsers) -> None:
                         "the bundle on disk; runtime/session_cache.py; default: none)")
     for option, default, text in LIMITS:
         p.add_argument(option, type=int, default=default,
-                       help=f"at most this many {text} (default {default})")
+                       help=f"at most this many {text}"
+                       + ("" if default is None else f" (default {default})"))
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds from a request's arrival to its answer; beyond: 504 and its job is "
                         "cancelled (default 60)")
@@ -91,6 +99,9 @@ def add(subparsers) -> None:
                    help="seconds a request's line and headers may take to arrive (from the connection's "
                         "start, or a later request's first byte), and again its body after them; beyond: 408 "
                         "and the connection closed (default 10; separate from --timeout)")
+    p.add_argument("--send-timeout", type=float, default=30.0,
+                   help="seconds a connection whose client reads none of its answers (the server's writes to "
+                        "it paused: its buffers full) is kept; beyond: dropped (default 30)")
     p.add_argument("--keep-alive", type=float, default=5.0,
                    help="seconds an idle connection is kept open after an answer (default 5)")
     p.add_argument("--drain-seconds", type=float, default=25.0,
@@ -111,14 +122,22 @@ def _check(args) -> None:
         raise CommandError(f"--lanes {args.lanes}: give an int >= 1 (schedulers over the same sessions)")
     if args.workers < 1:
         raise CommandError(f"--workers {args.workers}: give an int >= 1 (requests decoded at once)")
+    if args.max_rows_in_flight is None:
+        from seq2onnx.serve.memory import rows_in_flight_default
+
+        args.max_rows_in_flight = rows_in_flight_default(args.max_rows, args.processes)
     for option, _, _ in LIMITS:
         value = getattr(args, option[2:].replace("-", "_"))
         if value < 1:
             raise CommandError(f"{option} {value}: give an int >= 1")
-    for option in ("--timeout", "--read-timeout", "--keep-alive"):
+    for option in ("--timeout", "--read-timeout", "--keep-alive", "--liveness-seconds", "--send-timeout"):
         value = getattr(args, option[2:].replace("-", "_"))
         if not 0 < value < math.inf:
             raise CommandError(f"{option} {value}: give a number of seconds > 0")
+    if args.max_rows_in_flight < args.max_rows:
+        raise CommandError(f"--max-rows-in-flight {args.max_rows_in_flight} is below --max-rows "
+                           f"{args.max_rows}: a request of that many rows could never be answered; give at "
+                           "least --max-rows")
     if not 0 <= args.drain_seconds < math.inf:
         raise CommandError(f"--drain-seconds {args.drain_seconds}: give a number of seconds >= 0")
     serve_dropin.check(args)
@@ -152,11 +171,13 @@ def run(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s seq2onnx serve: %(message)s")
     options = dict(host=args.host, port=args.port, drain_s=args.drain_seconds,
                    max_connections=args.max_connections, read_timeout_s=args.read_timeout,
-                   max_header_bytes=args.max_header_bytes, keep_alive_s=args.keep_alive)
+                   max_header_bytes=args.max_header_bytes, keep_alive_s=args.keep_alive,
+                   send_timeout_s=args.send_timeout)
     if args.processes > 1:
         from seq2onnx.serve.processes import serve_processes
 
-        return serve_processes(functools.partial(make_app, args), args.processes, **options)
+        return serve_processes(functools.partial(make_app, args), args.processes,
+                               liveness_s=args.liveness_seconds, **options)
     from seq2onnx.serve.server import serve
 
     return serve(make_app(args), **options)
@@ -175,7 +196,8 @@ def make_app(args):
     try:
         app = create_app(engine, max_queue=args.max_queue, max_texts=args.max_texts,
                          max_chars=args.max_chars, max_body_bytes=args.max_body_bytes,
-                         timeout_s=args.timeout, read_timeout_s=args.read_timeout)
+                         timeout_s=args.timeout, read_timeout_s=args.read_timeout,
+                         max_rows_in_flight=args.max_rows_in_flight)
         serve_dropin.mount(app, args, functools.partial(_engine, args))  # DeepL, LibreTranslate, keys
         return app
     except BaseException:

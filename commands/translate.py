@@ -183,7 +183,7 @@ def _check_against_model(args, translator) -> None:
     try:
         options = translator.search_options(**_search_options(args))
         check_prefix_options(options, 1, translator.vocabulary.languages, translator.tgt_vocab,
-                             translator.eos_id)
+                             translator.eos_id, max_positions=translator.max_positions)
     except OptionError as e:
         raise option_error(e) from None
 

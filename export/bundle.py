@@ -222,7 +222,8 @@ def write_meta(directory: Path, cfg, *, source: str, dtype: str, quantize: str |
     keys = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
     keys.update({k: v for k, v in fmt.OPTIONAL_FILE_KEYS.items() if k not in fmt.OPTIONAL_GRAPH_KEYS
                  and (directory / v).is_file()})
-    files = {key: {"path": path, "sha256": fmt.sha256(directory / path)} for key, path in keys.items()}
+    files = {key: {"path": path, "sha256": fmt.sha256(directory / path),
+                   fmt.SIZE_FIELD: (directory / path).stat().st_size} for key, path in keys.items()}
     if "weights" in files:  # the load's check (spec's weights.checksum): cheaper than sha256 on every CPU
         files["weights"][fmt.WEIGHTS_CHECKSUM] = fmt.file_crc32(directory / files["weights"]["path"])
     graphs = graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size,

@@ -51,6 +51,7 @@ from .spec import (  # noqa: F401
     WEIGHTS_ALIGNMENT,
     WEIGHTS_CHECKSUM,
     WEIGHTS_FILE,
+    SIZE_FIELD,
     SOURCE_SPM,
     SPEC,
     SPEC_PATH,
@@ -256,9 +257,9 @@ class _Directory:
         except OSError:
             return True
 
-    def open(self, relative: str, limit: int | None = None):
-        """Opens a regular file for reading; refuses anything else (a FIFO, a device, /dev/zero) before
-        reading.
+    def open(self, relative: str, limit: int | None = None, size: int | None = None):
+        """Opens a regular file for reading; refuses anything else (a FIFO, a device, /dev/zero), and a file
+        of another size than `size` (bundle.json's files.<key>.size, where it has one), before reading.
         """
         where = self.path / relative
         flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
@@ -275,6 +276,12 @@ class _Directory:
                 f"{where}: not a regular file ({kind}); a bundle holds files: re-export it with "
                 "`seq2onnx export`"
             )
+        if size is not None and info.st_size != size:
+            os.close(fd)
+            raise BundleError(
+                f"{where}: {info.st_size} bytes, bundle.json records {size} ({SIZE_FIELD}); the file is "
+                "damaged or was replaced: re-export the bundle"
+            )
         f = os.fdopen(fd, "rb")
         if limit is not None and info.st_size > limit:
             f.close()
@@ -284,9 +291,9 @@ class _Directory:
             )
         return f
 
-    def read(self, relative: str, limit: int | None = None) -> bytes:
+    def read(self, relative: str, limit: int | None = None, size: int | None = None) -> bytes:
         """A regular file's bytes (Directory.open's checks)."""
-        with self.open(relative, limit) as f:
+        with self.open(relative, limit, size) as f:
             return f.read()
 
 
@@ -329,7 +336,7 @@ def _read(path: Path, directory: _Directory, check_hashes: bool, defer_weights_h
                 data[key] = read_weights(
                     path / entry["path"],
                     entry["path"],
-                    entry if check_hashes else None,
+                    entry if check_hashes else {k: v for k, v in entry.items() if k == SIZE_FIELD},
                     directory.open,
                     directory.fd,
                     defer=defer_weights_hash,
@@ -338,7 +345,7 @@ def _read(path: Path, directory: _Directory, check_hashes: bool, defer_weights_h
                 raise BundleError(f"{e} (files.{key} in {BUNDLE_JSON})") from None
             continue
         try:
-            data[key] = directory.read(entry["path"])
+            data[key] = directory.read(entry["path"], size=entry.get(SIZE_FIELD))
         except BundleError as e:
             raise BundleError(f"{e} (files.{key} in {BUNDLE_JSON})") from None
         if check_hashes and hashlib.sha256(data[key]).hexdigest() != entry["sha256"]:

@@ -10,11 +10,12 @@ and NaN is refused wherever a float is compared (NaN compares false with every b
 """
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import re
 from dataclasses import dataclass
+
+from .spec import OPTION_RANGES
 
 
 class OptionError(ValueError):
@@ -72,6 +73,15 @@ def _int(name: str, value, low: int, fix: str) -> int:
     if not _is_int(value) or value < low:
         raise OptionError(name, value, limit=f"an int >= {low}", hint=fix, shown=_describe(value))
     return int(value)
+
+
+def _ranged(name: str, value, note: str) -> float:
+    """A real-valued option inside its closed range of spec/bundle.json's option_ranges (NaN is outside)."""
+    low, high = OPTION_RANGES[name]
+    if not _is_real(value) or not low <= value <= high:
+        raise OptionError(name, value, limit=f"[{low:g}, {high:g}]", shown=_describe(value),
+                          hint=f"give a number in [{low:g}, {high:g}] ({note})")
+    return float(value)
 
 
 def _bool(name: str, value) -> bool:
@@ -141,11 +151,7 @@ class SearchOptions:
             raise OptionError("num_hypotheses", self.num_hypotheses, limit=f"[1, beam_size={self.beam_size}]",
                               says=f" must lie in [1, beam_size={self.beam_size}]: ",
                               hint="raise beam_size or lower num_hypotheses")
-        if not _is_real(self.length_penalty) or not math.isfinite(self.length_penalty):
-            raise OptionError("length_penalty", self.length_penalty, limit="a finite number",
-                              hint="give a finite number (1.0 is the default)",
-                              shown=_describe(self.length_penalty))
-        put("length_penalty", float(self.length_penalty))
+        put("length_penalty", _ranged("length_penalty", self.length_penalty, "1.0 is the default"))
         if self.max_decoding_length is not None:
             put("max_decoding_length", _int("max_decoding_length", self.max_decoding_length, 1,
                                             "give an int >= 1, at most the model's max_positions, or None"))
@@ -162,11 +168,8 @@ class SearchOptions:
         put("max_batch_size", _int("max_batch_size", self.max_batch_size, 1, "give an int >= 1"))
         t = self.sampling_temperature
         if t is not None:
-            if not _is_real(t) or not math.isfinite(t) or t <= 0:
-                raise OptionError("sampling_temperature", t, limit="a finite number > 0", shown=_describe(t),
-                                  hint="give a finite number > 0, or None for beam search "
-                                       "(beam_size=1 is greedy)")
-            put("sampling_temperature", float(t))
+            put("sampling_temperature", _ranged("sampling_temperature", t,
+                                                "or None for beam search (beam_size=1 is greedy)"))
         put("sampling_topk",
             _int("sampling_topk", self.sampling_topk, 0, "give an int >= 0 (0 keeps every token)"))
         p = self.sampling_topp
@@ -394,7 +397,7 @@ def target_prefixes(target_prefix, n: int, tgt_vocab: int, eos_id: int) -> list[
 
 
 def check_prefix_options(options: SearchOptions, n: int, languages: dict[str, int], tgt_vocab: int,
-                         eos_id: int) -> None:
+                         eos_id: int, max_positions: int | None = None) -> None:
     """Checks the options that depend on a model's vocabulary (source_lang, target_lang, target_prefix) for n
     sources, as translate_batch would, so that a front end refuses them before it starts any work.
 
@@ -402,15 +405,25 @@ def check_prefix_options(options: SearchOptions, n: int, languages: dict[str, in
         options: the checked SearchOptions.
         n: the sources the options go with.
         languages, tgt_vocab, eos_id: the model's (Translator.vocabulary.languages, .tgt_vocab, .eos_id).
+        max_positions: the model's positions (Translator.max_positions): a target_prefix must leave one for
+            the start token and one for a token of its own (else the search would cut it silently).
 
     Raises:
-        OptionError: as language_id and target_prefixes.
+        OptionError: as language_id and target_prefixes, or a target_prefix too long for the model.
     """
     for name in ("source_lang", "target_lang"):
         if getattr(options, name) is not None:
             language_id(languages, getattr(options, name), name)
     if options.target_prefix is not None:
-        target_prefixes(options.target_prefix, n, tgt_vocab, eos_id)
+        prefixes = target_prefixes(options.target_prefix, n, tgt_vocab, eos_id)
+        longest = max(map(len, prefixes), default=0)
+        if max_positions is not None and longest > max_positions - 2:
+            i = next(i for i, p in enumerate(prefixes) if len(p) == longest)
+            room = max_positions - 2
+            raise OptionError("target_prefix", options.target_prefix, limit=f"at most {room} ids",
+                              shown=None, index=i, says=f" has {longest} ids; ",
+                              hint=f"give at most {room} (the model has {max_positions} positions, one for "
+                                   "the start token and one for a token after the prefix)")
 
 
 def check_min_length(min_decoding_length: int, limit: int, tokens: int, source: int | None = None) -> None:

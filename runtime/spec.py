@@ -40,7 +40,14 @@ ELEMENT_BYTES = {int(k): v for k, v in SPEC["weights"]["element_bytes"].items()}
 # its field in files.weights and its width in hex digits.
 WEIGHTS_CHECKSUM = SPEC["weights"]["checksum"]["field"]
 WEIGHTS_CHECKSUM_DIGITS = SPEC["weights"]["checksum"]["hex_digits"]
+# Each files.<key> entry: its path's length at most, its sha256's width, and the field of its size in bytes
+# (bundles exported before it have none): the size is compared with the file's before a byte is read.
+MAX_PATH_CHARS = SPEC["file_entry"]["max_path_chars"]
+SHA256_DIGITS = SPEC["file_entry"]["sha256_hex_digits"]
+SIZE_FIELD = SPEC["file_entry"]["size_field"]
 VOCAB_MAPS = SPEC["vocab_maps"]
+# The closed ranges of the translate options that are real numbers: {option: (min, max)}, every host alike.
+OPTION_RANGES = {k: (v["min"], v["max"]) for k, v in SPEC["option_ranges"].items() if not k.startswith("$")}
 TARGET_LANG_IN = tuple(SPEC["target_lang_in"])
 # The decoder graphs by variant (bundle.json's graphs.<label>.variant), and the operator domain
 # of onnxruntime's contrib kernels that only the fused one uses.

@@ -3,20 +3,23 @@
 The exporter (export/weights.py) moves the graphs' large initializers into one file, `files.weights`,
 as ONNX external data. Here the runtime
 
-- checks the file like every other (a regular file, its checksum), reading it as a stream rather than
-  keeping a copy: onnxruntime reads it itself, memory-mapped on the CPU, and frees what it has packed
-  into its own layout (docs/optimisation-notes.md row 29), so a weight costs one copy in memory. The
-  checksum is files.weights' CRC-32 where bundle.json has one (spec's weights.checksum: 1.7 GB/s on one
-  core where sha256 runs at 0.3 GB/s on x86 CPUs without SHA instructions, the largest part of a load
-  there), else its sha256 (bundles exported before the CRC-32 was written);
+- makes the file its own before anything uses it: a private copy that no other process can name (an
+  unlinked file in the temporary directory, O_TMPFILE on Linux; a reflink where the file system has them,
+  else copy_file_range). onnxruntime memory-maps that copy and frees what it has packed into its own layout
+  (docs/optimisation-notes.md row 29), so a weight still costs one copy in memory, and rewriting or
+  truncating the bundle's `weights.bin` under a running server changes nothing it runs: no mix of two models,
+  no SIGBUS (a mapping of a file truncated under it faults). The cost is the copy's time (page cache to page
+  cache) and its disk space while the process lives;
+- checks the copy: its size against files.weights.size before a byte is read (bundles exported before that
+  field have none), its sha256 against files.weights.sha256 at every load (hashed in a thread while the
+  sessions are made, `defer`). The CRC-32 that exports also write (spec's weights.checksum) is no longer
+  enough alone: an edit can fix up a CRC-32, not a sha256;
 - checks every graph's references before onnxruntime follows them (the name of the file, whole
   numbers inside it, aligned, the length of the tensor), so a damaged or crafted graph is refused by
   name rather than read from the wrong bytes or from outside the bundle;
-- points onnxruntime at the directory that was read: `/proc/self/fd/N` of a descriptor held open on
-  it where the OS has one, so that a bundle replaced on disk (`seq2onnx export --force` renames a new
-  directory into place) cannot mix its weights into the graphs read from the old one; where that
-  directory no longer holds the file checked (replaced, deleted), onnxruntime gets the bytes of the
-  file held open instead (WeightsFile.open_session).
+- points onnxruntime at the copy: a private directory, made for the session's creation and removed after
+  it, whose one entry is a link to `/proc/self/fd/N` of the copy held open (or `/dev/fd/N`); where the OS
+  has neither, onnxruntime gets the copy's bytes (WeightsFile.open_session).
 
 A bundle without `files.weights` (before 0.4) keeps its weights inside each graph file, as before.
 """
@@ -24,58 +27,67 @@ A bundle without `files.weights` (before 0.4) keeps its weights inside each grap
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import mmap
 import os
+import shutil
+import tempfile
 import threading
 import weakref
 import zlib
 from pathlib import Path
 
 from .onnx_info import GraphInfo
-from .spec import ELEMENT_BYTES, WEIGHTS_ALIGNMENT, WEIGHTS_CHECKSUM, WEIGHTS_CHECKSUM_DIGITS, BundleError
+from .spec import (
+    ELEMENT_BYTES,
+    SIZE_FIELD,
+    WEIGHTS_ALIGNMENT,
+    WEIGHTS_CHECKSUM,
+    WEIGHTS_CHECKSUM_DIGITS,
+    BundleError,
+)
 
 # onnxruntime's session option: where the external data of a model loaded from bytes lies.
 FOLDER_OPTION = "session.model_external_initializers_file_folder_path"
+# Where the private copies are made (default: the temporary directory, tempfile.gettempdir()).
+COPY_DIR_VARIABLE = "SEQ2ONNX_WEIGHTS_DIR"
+FICLONE = 0x40049409  # Linux ioctl: share the blocks copy-on-write (btrfs, XFS), a copy in no time
 
 
 class WeightsFile:
-    """The weights file of a bundle read: checked, held open, and handed to onnxruntime.
+    """The weights file of a bundle read: copied privately, checked, held open, and handed to onnxruntime.
 
     Attributes:
-        path: the file's path (for messages).
+        path: the bundle's file (for messages).
         name: its name in the bundle (files.weights.path), the location every reference must give.
-        size: its size in bytes as checked.
-        sha256: bundle.json's sha256 of the file, once the file was checked against bundle.json (by that
-            hash or by its CRC-32: `checked_by`); None where it was not checked.
-        checked_by: the checksum the file is held to ("crc32" or "sha256"), or None.
+        size: its size in bytes as copied.
+        sha256: bundle.json's sha256 of the file, once the copy was checked against it; None where it was not
+            checked.
+        checked_by: "sha256" where the copy is held to bundle.json's sha256, else None.
     """
 
-    def __init__(
-        self, path: Path, name: str, size: int, dir_fd: int | None, file_fd: int, sha256: str | None = None,
-        checked_by: str = "sha256",
-    ):
+    def __init__(self, path: Path, name: str, size: int, file_fd: int, sha256: str | None = None,
+                 where: str | None = None):
         self.path, self.name, self.size, self.sha256 = path, name, size, sha256
-        self.checked_by = checked_by if sha256 is not None else None
-        self._dir_fd, self._file_fd = dir_fd, file_fd
-        # held while a session may still be made (a standard decoder loaded late)
-        for fd in (dir_fd, file_fd):
-            if fd is not None:
-                weakref.finalize(self, os.close, fd)
+        self._where = where  # the copy's directory where it can be named again (O_TMPFILE), else None
+        self.checked_by = "sha256" if sha256 is not None else None
+        self._file_fd = file_fd  # the private copy: held while a session may still be made
+        weakref.finalize(self, os.close, file_fd)
 
     def _start_hash(self, expected: str) -> None:
-        """Checksums the file held open in a thread (os.pread: the descriptor's offset is not moved)."""
-        fd, outcome, kind = os.dup(self._file_fd), {}, self.checked_by
+        """Hashes the copy in a thread (os.pread: the descriptor's offset is not moved)."""
+        fd, outcome = os.dup(self._file_fd), {}
 
         def run():
             try:
-                outcome["same"] = _checksum(fd, kind) == expected
+                outcome["same"] = _checksum(fd, "sha256") == expected
             except OSError as e:
                 outcome["error"] = e
             finally:
                 os.close(fd)
 
-        self._hashing = threading.Thread(target=run, name=f"seq2onnx-weights-{kind}", daemon=True)
+        self._hashing = threading.Thread(target=run, name="seq2onnx-weights-sha256", daemon=True)
         self._outcome = outcome
         self._hashing.start()
 
@@ -83,7 +95,7 @@ class WeightsFile:
         """Waits for a deferred hash (read_weights' `defer`); nothing to do where it was checked already.
 
         Raises:
-            BundleError: the file's checksum differs from bundle.json's, or it could not be read.
+            BundleError: the file's sha256 differs from bundle.json's, or it could not be read.
         """
         hashing = getattr(self, "_hashing", None)
         if hashing is None:
@@ -95,32 +107,31 @@ class WeightsFile:
                 f"{self.path}: cannot be read ({outcome['error']}) (files.weights in bundle.json)"
             )
         if not outcome.get("same"):
-            raise BundleError(f"{self.path}: {_differs(self.checked_by)} (files.weights in bundle.json)")
+            raise BundleError(f"{self.path}: {_differs('sha256')} (files.weights in bundle.json)")
         self._hashing = None
 
-    def folder(self) -> str:
-        """The directory onnxruntime reads the file from: the one that was checked, where the OS allows."""
-        proc = f"/proc/self/fd/{self._dir_fd}" if self._dir_fd is not None else None
-        if proc and os.path.isdir(proc):
-            return proc
-        return str(self.path.parent)
-
-    def _intact(self) -> bool:
-        """Whether the file under folder() is still the very file checked (not replaced, not deleted)."""
+    def _link(self) -> str | None:
+        """A fresh private directory whose entry `name` is the copy held open (a hard link: onnxruntime
+        refuses a symbolic one to an unlinked file); None where the OS cannot name an unlinked file again."""
+        if self._where is None or not os.path.isdir("/proc/self/fd"):
+            return None
+        folder = tempfile.mkdtemp(prefix="seq2onnx-weights-", dir=self._where)  # 0700: only this user enters
+        link = os.path.join(folder, self.name)
         try:
-            on_disk = os.stat(os.path.join(self.folder(), self.name))
+            os.makedirs(os.path.dirname(link), exist_ok=True)  # a nested files.weights.path
+            _link_open_file(self._file_fd, link)
         except OSError:
-            return False
-        held = os.fstat(self._file_fd)
-        return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        return folder
 
     def open_session(self, create):
-        """Makes a session whose external data onnxruntime reads from this file, as checked.
+        """Makes a session whose external data onnxruntime reads from the private copy.
 
-        onnxruntime reads the file itself (memory-mapped on the CPU; what it packs into its own layout
-        is the only copy it keeps). Where the bundle directory has been replaced or deleted since it was
-        read (a session made late), it is given the bytes of the file held open instead: a weight then
-        costs a copy more while that session lives, and never comes from another bundle.
+        onnxruntime maps the copy itself (on the CPU; what it packs into its own layout is the only copy it
+        keeps) through a link made for this call and removed after it: the mapping outlives the link. Where
+        the OS cannot name an open file, it is given the copy's bytes instead (a weight then costs a copy more
+        while that session lives).
 
         Args:
             create: create(configure) makes the session, calling configure(session_options) first.
@@ -128,17 +139,12 @@ class WeightsFile:
         Returns:
             What create returned.
         """
-        if self._intact():
+        folder = self._link()
+        if folder is not None:
             try:
-                session = create(
-                    lambda options: options.add_session_config_entry(FOLDER_OPTION, self.folder())
-                )
-            except Exception:  # onnxruntime's own types
-                if self._intact():
-                    raise  # a failure of the graph itself, not of a directory replaced while it read
-            else:
-                if self._intact():  # nothing was swapped in while onnxruntime read it
-                    return session
+                return create(lambda options: options.add_session_config_entry(FOLDER_OPTION, folder))
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
         with mmap.mmap(self._file_fd, 0, access=mmap.ACCESS_READ) as held:
             data = memoryview(held)
             try:
@@ -190,52 +196,126 @@ def verified(weights: WeightsFile | None):
 
 
 def read_weights(
-    path: Path, name: str, entry: dict | None, opener, dir_fd: int | None, *, defer: bool = False
+    path: Path, name: str, entry: dict | None, opener, dir_fd: int | None = None, *, defer: bool = False
 ) -> WeightsFile:
-    """Checks a weights file as a stream: a regular file whose checksum is bundle.json's (its CRC-32 where
-    files.weights has one, else its sha256).
+    """Makes a private copy of a weights file (a regular file of files.weights.size bytes where bundle.json
+    records one) and checks the copy's sha256 against bundle.json's.
 
-    With `defer`, the checksum is computed in a thread while the caller makes its sessions (onnxruntime's
+    With `defer`, the hash is computed in a thread while the caller makes its sessions (onnxruntime's
     session creation lets go of the GIL, so it costs the load no more than the sessions' own time where a
     core is free); WeightsFile.verify() waits for it and refuses a file that differs.
 
     Args:
         path: the file's path (for messages).
         name: files.weights.path.
-        entry: bundle.json's files.weights (its sha256, and its crc32 where the export wrote one), or None
-            not to check the file.
-        defer: checksum in a thread; the caller calls verify() before using what it made from the file.
-        opener: opens the file relative to the directory held open (runtime/bundle.py's _Directory).
-        dir_fd: the directory's descriptor (duplicated here and kept), or None where the OS has none.
+        entry: bundle.json's files.weights (its sha256, and its size where the export wrote one); without
+            a sha256 (or None) the copy is not hashed.
+        opener: opens the file relative to the directory held open (runtime/bundle.py's _Directory), with
+            opener(name, size=N) refusing a file of another size before reading it.
+        dir_fd: unused (the copy is private; kept for callers of the earlier signature).
+        defer: hash in a thread; the caller calls verify() before using what it made from the file.
 
     Returns:
         The checked file.
 
     Raises:
-        BundleError: missing, not a regular file, or a checksum that differs (naming the file and the fix).
+        BundleError: missing, not a regular file, of another size than bundle.json's, not copied (its
+            directory full or not writable: the message names it), or a sha256 that differs (naming the
+            file and the fix).
     """
-    kind, expected = _expected(entry)
-    with opener(name) as f:
+    expected = None if entry is None else entry.get("sha256")
+    with opener(name, size=None if entry is None else entry.get(SIZE_FIELD)) as f:
         size = os.fstat(f.fileno()).st_size
-        if expected is not None and not defer and _checksum(f.fileno(), kind) != expected:
-            raise BundleError(f"{path}: {_differs(kind)}")
-        held = os.dup(f.fileno())
-    weights = WeightsFile(
-        path, name, size, os.dup(dir_fd) if dir_fd is not None else None, held,
-        None if entry is None else entry["sha256"], kind,
-    )
+        held, where = _private_copy(f.fileno(), size, path)
+    try:
+        if expected is not None and not defer and _checksum(held, "sha256") != expected:
+            raise BundleError(f"{path}: {_differs('sha256')}")
+    except BaseException:
+        os.close(held)
+        raise
+    weights = WeightsFile(path, name, size, held, expected, where)
     if expected is not None and defer:
         weights._start_hash(expected)
     return weights
 
 
-def _expected(entry: dict | None) -> tuple[str, str | None]:
-    """(the checksum to compute, its expected hex digest) for files.weights; (..., None): not checked."""
-    if entry is None:
-        return "sha256", None
-    if WEIGHTS_CHECKSUM in entry:
-        return WEIGHTS_CHECKSUM, entry[WEIGHTS_CHECKSUM]
-    return "sha256", entry["sha256"]
+def _private_copy(source: int, size: int, path: Path) -> tuple[int, str | None]:
+    """A descriptor of an unlinked file of this process holding the `size` bytes of `source`, and its
+    directory where the file may be linked there again (O_TMPFILE without O_EXCL), else None.
+
+    Raises:
+        BundleError: the copy could not be made (naming the directory and the variable that moves it), or
+            the file changed size while it was copied.
+    """
+    where = os.environ.get(COPY_DIR_VARIABLE) or tempfile.gettempdir()
+    try:
+        free = shutil.disk_usage(where).free
+        if free < size:  # before writing: an 8 GB file is refused at once, not after filling the disk
+            raise OSError(errno.ENOSPC, f"{size} bytes to copy, {free} free")
+        fd, linkable = _unnamed(where)
+        try:
+            copied = _copy(source, fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+    except OSError as e:
+        raise BundleError(
+            f"{path}: cannot make the private copy a server runs ({e.strerror or e}) in {where}; free space "
+            f"there or point {COPY_DIR_VARIABLE} at a directory with {size} bytes free"
+        ) from None
+    if copied != size or os.fstat(source).st_size != size:
+        os.close(fd)
+        raise BundleError(f"{path}: changed size while it was read; re-export the bundle, or wait for the "
+                          "export that is writing it")
+    return fd, where if linkable else None
+
+
+def _unnamed(where: str) -> tuple[int, bool]:
+    """A new file in `where` that has no name (O_TMPFILE, on Linux: nothing is left behind whatever kills the
+    process), and whether it can be given one later; elsewhere a temporary file unlinked at once."""
+    if hasattr(os, "O_TMPFILE"):
+        with contextlib.suppress(OSError):  # a file system without O_TMPFILE: the portable way below
+            return os.open(where, os.O_TMPFILE | os.O_RDWR, 0o600), True
+    with tempfile.TemporaryFile(dir=where) as out:
+        return os.dup(out.fileno()), False
+
+
+def _link_open_file(fd: int, link: str) -> None:
+    """Gives the unnamed file `fd` the name `link`: linkat(2) with AT_SYMLINK_FOLLOW on /proc/self/fd/N, which
+    os.link does not call (it links the magic link itself, across devices).
+
+    Raises:
+        OSError: the kernel refused (the error it gave).
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, at_symlink_follow = -100, 0x400
+    source = f"/proc/self/fd/{fd}".encode()
+    if libc.linkat(at_fdcwd, source, at_fdcwd, os.fsencode(link), at_symlink_follow) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), link)
+
+
+def _copy(source: int, dest: int, size: int) -> int:
+    """Copies `size` bytes from the start of `source` into `dest`: a reflink, else copy_file_range, else reads
+    and writes. Returns the bytes copied (fewer where the source was truncated meanwhile)."""
+    with contextlib.suppress(OSError, ImportError):
+        import fcntl
+
+        fcntl.ioctl(dest, FICLONE, source)
+        return os.fstat(dest).st_size
+    copied = 0
+    while copied < size:
+        try:
+            n = os.copy_file_range(source, dest, size - copied, copied, copied)
+        except (AttributeError, OSError):  # not Linux, or across file systems where the kernel refuses
+            block = os.pread(source, min(8 << 20, size - copied), copied)
+            n = os.pwrite(dest, block, copied) if block else 0
+        if n == 0:
+            break
+        copied += n
+    return copied
 
 
 def _differs(kind: str) -> str:

@@ -351,7 +351,8 @@ def _checked(f: Frontend, texts: list[str], field: str, options: dict, model: ty
         # Languages and prefixes against the model now, as the CLI does: a bad one is refused before it is
         # queued, as an OptionError that names its field.
         t = f.engine.translator
-        check_prefix_options(search, len(texts), t.vocabulary.languages, t.tgt_vocab, t.eos_id)
+        check_prefix_options(search, len(texts), t.vocabulary.languages, t.tgt_vocab, t.eos_id,
+                             max_positions=t.max_positions)
         return search
     except Exception as e:  # ValueError, TypeError: 422; anything else is the engine's failure (500)
         return engine_error(e, model)
@@ -396,7 +397,7 @@ def _bridge(job: Job) -> asyncio.Future:
 
 def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max_chars: int = 10000,
                max_body_bytes: int = 1 << 20, timeout_s: float = 60.0, read_timeout_s: float = 10.0,
-               registry: CollectorRegistry | None = None) -> FastAPI:
+               registry: CollectorRegistry | None = None, max_rows_in_flight: int = 1 << 30) -> FastAPI:
     """Makes the ASGI app that serves `engine`: POST /v1/translate and /v1/translate/stream, GET /health,
     /ready, /metrics.
 
@@ -412,6 +413,8 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
             connection closes.
         registry: the prometheus_client registry of /metrics; None: a new one for this app (never the global
             one, so that several apps can live in one process).
+        max_rows_in_flight: decoder rows (texts x beams, or x samples) of POST /v1/translate requests
+            being answered, all together, at most; beyond: 503 with Retry-After (`--max-rows-in-flight`).
     Returns:
         The FastAPI app; app.state.frontend is its Frontend (the engine, the queue's depth, drain()).
     Raises:
@@ -419,9 +422,11 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
     """
     limits = dict(max_queue=max_queue, max_texts=max_texts, max_chars=max_chars,
                   max_body_bytes=max_body_bytes)
-    _check_limits(limits, timeout_s=timeout_s, read_timeout_s=read_timeout_s)
+    _check_limits({**limits, "max_rows_in_flight": max_rows_in_flight}, timeout_s=timeout_s,
+                  read_timeout_s=read_timeout_s)
     f = Frontend(engine, **limits, timeout_s=float(timeout_s), read_timeout_s=float(read_timeout_s),
                  registry=CollectorRegistry() if registry is None else registry)
+    f.max_rows_in_flight, f.rows_in_flight = max_rows_in_flight, 0  # _take_rows
     app = FastAPI(title="seq2onnx serve",
                   summary="A seq2onnx bundle's Translator over HTTP (docs/serving.md).")
     app.state.frontend = f
@@ -483,6 +488,11 @@ def _add_translate(app: FastAPI, f: Frontend) -> None:
         search = error(*clash) if clash else _checked(f, body.texts, "texts", options, TranslateRequest)
         if isinstance(search, Response):
             return search
+        # the rows it holds at once, as --max-rows counts them (serve/engine.py Engine.check)
+        rows = min(len(body.texts), search.max_batch_size) * (search.num_hypotheses if search.sampling
+                                                               else search.beam_size)
+        if (refused := _take_rows(f, rows)) is not None:
+            return refused
         try:
             job = engine.submit(body.texts, search)
             answer = await _wait(f, _bridge(job), request, job)
@@ -494,6 +504,8 @@ def _add_translate(app: FastAPI, f: Frontend) -> None:
                          retry=True)
         except Exception as e:
             return engine_error(e, TranslateRequest)
+        finally:
+            f.rows_in_flight -= rows
         f.texts.inc(len(results))
         f.tokens.inc(sum(len(ids) for r in results for ids in r.token_ids))
         return _translations(results)
@@ -505,6 +517,18 @@ _STREAM_200 = {
     "description": 'NDJSON: a line {"text": piece} per piece, then {"done": true, "text": the whole '
                    'translation}; an error after the first piece ends the stream with {"error": message}',
 }
+
+
+def _take_rows(f: Frontend, rows: int) -> Response | None:
+    """Counts a request's decoder rows into the server-wide total in flight (the caller gives them back once
+    answered); None, or the 503 refusing them where they would pass --max-rows-in-flight. A request's own
+    rows are bounded by --max-rows (422); this bounds what all requests hold together, and so memory."""
+    if f.rows_in_flight + rows > f.max_rows_in_flight:
+        return error(503, f"the server is decoding {f.rows_in_flight} rows (texts x beams or samples) and "
+                          f"this request needs {rows} more; the limit (--max-rows-in-flight) is "
+                          f"{f.max_rows_in_flight}: retry after {RETRY_AFTER_S} s", retry=True)
+    f.rows_in_flight += rows
+    return None
 
 
 def _add_stream(app: FastAPI, f: Frontend) -> None:

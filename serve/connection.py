@@ -10,7 +10,11 @@ run out. This protocol adds both, as Go's ReadHeaderTimeout and hyper's header_r
 - the head must arrive within `read_timeout_s` of the connection's start (its first request) or of its first
   byte (a later request; the idle time before it is timeout_keep_alive's); else 408 and the connection closes;
 - beyond `max_connections` open connections, a new one is answered 503 and closed at once (its descriptor
-  freed).
+  freed);
+- a client that does not read its answers (it pipelines requests and never reads, or stops reading mid-answer)
+  is dropped once the server's writes to it have been paused for `send_timeout_s` (`--send-timeout`): asyncio
+  pauses a transport's writes when its buffer passes its high-water mark, after the kernel's send buffer and
+  the client's receive buffer are full. uvicorn has no such timeout (its flow control only waits, for ever).
 The body's time limit is the front end's (serve/app.py), which can answer it with the request's own JSON
 error.
 """
@@ -77,12 +81,14 @@ class LimitedH11Protocol(H11Protocol):
     read_timeout_s: float
     max_connections: int
     max_header_bytes: int
+    send_timeout_s: float
     refused: list
+    dropped: list
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.conn = _Connection(h11.SERVER, self.max_header_bytes)
-        self._head_timer = self._lingering = None
+        self._head_timer = self._lingering = self._send_timer = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -129,7 +135,34 @@ class LimitedH11Protocol(H11Protocol):
             self.transport.close()
         return super().eof_received()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.send_timeout_s, self._not_reading)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _not_reading(self) -> None:
+        """The client has read nothing of its answers for send_timeout_s: dropped (it reads none of an
+        answer, so none is sent), one log line a minute at most."""
+        self._send_timer = None
+        self.dropped[0] += 1
+        if self.loop.time() - self.dropped[1] >= LOG_EVERY_S:
+            self.logger.warning(
+                "dropped %d connections since the last such line: each had not read its answers for %g s "
+                "(--send-timeout)", self.dropped[0], self.send_timeout_s,
+            )
+            self.dropped[:] = [0, self.loop.time()]
+        self.transport.abort()  # its unsent answers discarded: close() would wait to send them
+
     def connection_lost(self, exc) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
         self._disarm()
         if self._lingering is not None:
             self._lingering.cancel()
@@ -187,7 +220,7 @@ class LimitedH11Protocol(H11Protocol):
 
 
 def limited_protocol(
-    *, read_timeout_s: float, max_connections: int, max_header_bytes: int
+    *, read_timeout_s: float, max_connections: int, max_header_bytes: int, send_timeout_s: float = 30.0
 ) -> type[H11Protocol]:
     """uvicorn's H11Protocol with a head read timeout and a connection cap (the module docstring).
 
@@ -195,6 +228,8 @@ def limited_protocol(
         read_timeout_s: seconds a request's head may take to arrive (`--read-timeout`).
         max_connections: open connections at most (`--max-connections`); beyond: 503 and closed.
         max_header_bytes: the request line and headers, at most (`--max-header-bytes`): h11's limit.
+        send_timeout_s: seconds the server's writes to a connection may stay paused (the client reads
+            nothing) before it is dropped (`--send-timeout`).
     Returns:
         The protocol class for uvicorn.Config(http=...).
     """
@@ -202,6 +237,8 @@ def limited_protocol(
         "read_timeout_s": read_timeout_s,
         "max_connections": max_connections,
         "max_header_bytes": max_header_bytes,
+        "send_timeout_s": send_timeout_s,
         "refused": [0, -math.inf],
+        "dropped": [0, -math.inf],
     }
     return type("LimitedH11Protocol", (LimitedH11Protocol,), limits)

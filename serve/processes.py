@@ -7,8 +7,11 @@ one of them) and the metrics.
 
 How the connections are spread: on Linux each process listens on a socket of its own, all bound to the port
 with SO_REUSEPORT, and the kernel hands each new connection to one of them by a hash (about evenly). The
-parent first checks that the port is free with a plain bind, then holds it with a socket of the same group
-that never listens (a listening socket would take its share of the connections). Elsewhere (macOS's
+parent first checks that the port is free with a plain bind, then holds it with a listening socket of the same
+group before it starts anything: the port is listened on from then on, so a second server or group is refused
+as a second single server is (a bound socket that does not listen let a second group in, issue 60). Every
+process accepts from that socket too, beside its own, so the connections the kernel hands it are answered
+(and those that arrive while the processes load wait in its queue). Elsewhere (macOS's
 SO_REUSEPORT does not spread connections) the processes accept from one shared socket, and asyncio's accept
 loop takes every connection waiting when its process wakes, so connections opened together land mostly on
 one process.
@@ -18,6 +21,9 @@ The parent (this module's serve_processes) binds the port, starts the processes 
 listening line once all of them listen, and then only watches:
 - a process that dies while serving is replaced (one log line); one that fails before it listens stops them
   all, and the error names why;
+- a process that stops answering is found by its heartbeat: once listening, each process's event loop sends
+  one every HEARTBEAT_S over its pipe; one silent for `liveness_s` (`--liveness-seconds`: stopped, hung,
+  its event loop blocked) is logged, killed (SIGKILL) and replaced;
 - SIGTERM or SIGINT is passed to every process as SIGTERM: each drains as one `seq2onnx serve` does
   (serve/server.py), and the parent exits 0 once they have;
 - if the parent dies, each process notices its pipe closing and drains and exits by itself.
@@ -37,6 +43,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from multiprocessing.connection import Connection, wait
 
 from seq2onnx.errors import CommandError
@@ -46,10 +53,12 @@ log = logging.getLogger("seq2onnx.serve")
 
 METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when a child imports it
 EXTRA_S = 15.0  # beyond the drain: the engine's close and the interpreter's exit, before SIGKILL
+HEARTBEAT_S = 1.0  # how often a serving process tells the parent that its event loop runs
 
 
 def serve_processes(make_app, processes: int, *, host: str = "127.0.0.1", port: int = 8000,
-                    drain_s: float = 25.0, max_connections: int = 512, **serve_options) -> int:
+                    drain_s: float = 25.0, max_connections: int = 512, liveness_s: float = 30.0,
+                    **serve_options) -> int:
     """Serves the app that `make_app()` builds in each of `processes` processes, on one host:port.
 
     Args:
@@ -58,6 +67,8 @@ def serve_processes(make_app, processes: int, *, host: str = "127.0.0.1", port: 
         processes: how many processes (>= 1).
         host, port, drain_s, max_connections: as serve/server.py's serve (max_connections and the app's
             limits apply per process).
+        liveness_s: seconds a listening process may go without a heartbeat before it is killed and
+            replaced.
         **serve_options: serve()'s other keyword arguments, passed to each process.
     Returns:
         0 once every process has drained and exited 0 after SIGTERM or SIGINT; 1 otherwise.
@@ -68,15 +79,15 @@ def serve_processes(make_app, processes: int, *, host: str = "127.0.0.1", port: 
     """
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
         raise ValueError(f"processes={processes!r}: give an int >= 1")
+    if not 0 < liveness_s < float("inf"):
+        raise ValueError(f"liveness_s={liveness_s!r}: give a number of seconds > 0")
     _descriptors(max_connections)
-    sock = _bind(host, port)  # the port is free (else the error names it); port 0 picks one
-    if SPREAD:  # from now on held by a socket of the SO_REUSEPORT group, which never listens
-        sock = _reuse_port(sock, listen=False)
+    sock = hold_port(host, port)
     metrics = tempfile.mkdtemp(prefix="seq2onnx-metrics-")
     previous = os.environ.get(METRICS_DIR)
     os.environ[METRICS_DIR] = metrics  # before the spawns: each child's environment is a copy
     options = dict(drain_s=drain_s, max_connections=max_connections, processes=processes, **serve_options)
-    group = _Group(make_app, sock, options)
+    group = _Group(make_app, sock, options, liveness_s)
     stop = threading.Event()
     handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
     try:
@@ -113,24 +124,26 @@ class _Worker:
         child.close()  # the child's copy is the only one left: its end closes when the child does
         self.listening: str | None = None
         self.failure: str | None = None
+        self.heard = time.monotonic()  # the last message (a heartbeat, once listening)
 
     def read(self) -> None:
-        """Takes what the child has sent: its listening line or its failure."""
+        """Takes what the child has sent: its listening line, its heartbeats or its failure."""
         try:
             while self.conn.poll():
                 kind, text = self.conn.recv()
+                self.heard = time.monotonic()
                 if kind == "listening":
                     self.listening = text
-                else:
+                elif kind == "failed":
                     self.failure = text
         except (EOFError, OSError):
             pass
 
 
 class _Group:
-    def __init__(self, make_app, sock, options: dict):
+    def __init__(self, make_app, sock, options: dict, liveness_s: float = 30.0):
         self.context = multiprocessing.get_context("spawn")
-        self.make_app, self.sock, self.options = make_app, sock, options
+        self.make_app, self.sock, self.options, self.liveness_s = make_app, sock, options, liveness_s
         self.workers: list[_Worker] = []
 
     def start(self, n: int) -> None:
@@ -168,13 +181,23 @@ class _Group:
                 if w.failure is not None or (w.listening is None and not w.process.is_alive()):
                     log.error("%s; stopping the others", self._failed(i, w))
                     return False
-                if w.process.is_alive():
+                if w.process.is_alive() and not self._silent(i, w):
                     continue
                 w.process.join()
                 _forget(w.process.pid)
                 log.error("process %d (pid %d) exited with code %s while serving; starting another",
                           i, w.process.pid, w.process.exitcode)
                 self.workers[i] = _Worker(self.context, self.make_app, self.sock, self.options)
+        return True
+
+    def _silent(self, i: int, w: _Worker) -> bool:
+        """Whether a listening process has sent no heartbeat for liveness_s; if so it is killed (logged)."""
+        quiet = time.monotonic() - w.heard
+        if w.listening is None or quiet < self.liveness_s:
+            return False
+        log.error("process %d (pid %d) sent no heartbeat for %.1f s (--liveness-seconds %g): stopped or "
+                  "hung; killing it", i, w.process.pid, quiet, self.liveness_s)
+        w.process.kill()  # SIGKILL ends a stopped process too
         return True
 
     def _failed(self, i: int, w: _Worker) -> str:
@@ -207,6 +230,22 @@ class _Group:
 
 
 SPREAD = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def hold_port(host: str, port: int) -> socket.socket:
+    """The group's listening socket on host:port, held by the parent from before any process starts.
+
+    A plain bind that listens first (serve/server.py's _bind): it fails where anything else listens on the
+    port, or holds it, as a second single server fails. On Linux it is then exchanged for a socket of an
+    SO_REUSEPORT group, which listens at once: between the two, a moment without a socket, in which another
+    program could take the port (then this one is refused, naming it); never a moment with a socket that
+    holds the port without listening, which let a second group join (issue 60).
+
+    Raises:
+        CommandError: host:port cannot be listened on.
+    """
+    sock = _bind(host, port)  # the port is free (else the error names it); port 0 picks one
+    return _reuse_port(sock, listen=True) if SPREAD else sock
 
 
 def _reuse_port(sock: socket.socket, *, listen: bool) -> socket.socket:
@@ -252,11 +291,13 @@ def _child(make_app, sock, options: dict, conn: Connection) -> None:
     # process group, and the parent passes it on as SIGTERM. Once serving, uvicorn's handlers take both.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_orphaned, args=(conn,), daemon=True, name="parent-watch").start()
+    shared = None
     try:
-        if SPREAD:  # a listening socket of this process's own in the parent's group (module docstring)
-            parent, sock = sock, _reuse_port(sock, listen=True)
-            parent.close()
         app = make_app()
+        # then a listening socket of this process's own in the parent's group (module docstring): joined once
+        # the app is loaded, so that the kernel hands it no connection to wait through the load
+        if SPREAD:
+            shared, sock = sock, _reuse_port(sock, listen=True)
     except BaseException as e:  # whatever it is, the parent names it and stops
         conn.send(("failed", str(e) or type(e).__name__))
         raise SystemExit(1) from None
@@ -266,7 +307,12 @@ def _child(make_app, sock, options: dict, conn: Connection) -> None:
         with lock:
             conn.send(("listening", line))
 
-    raise SystemExit(serve(app, sock=sock, on_listening=listening, **options))
+    def beat() -> None:
+        with lock:
+            conn.send(("alive", None))
+
+    raise SystemExit(serve(app, sock=sock, shared=shared, on_listening=listening,
+                           heartbeat=(beat, HEARTBEAT_S), **options))
 
 
 def _orphaned(conn: Connection) -> None:

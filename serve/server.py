@@ -10,6 +10,7 @@ Shutdown, one log line per phase:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import socket
@@ -31,10 +32,11 @@ FD_SPARE = 64  # descriptors besides the connections: the bundle's files, the lo
 class _Server(uvicorn.Server):
     """uvicorn's server, with the front end's drain at the signal and a line at each phase of the shutdown."""
 
-    def __init__(self, config: uvicorn.Config, frontend, listening: str, drain_s: float, on_listening):
+    def __init__(self, config: uvicorn.Config, frontend, listening: str, drain_s: float, on_listening,
+                 heartbeat=None):
         super().__init__(config)
         self.frontend, self.listening, self.drain_s = frontend, listening, drain_s
-        self.on_listening = on_listening
+        self.on_listening, self.heartbeat = on_listening, heartbeat
         self.signal_name = "stop"
 
     def handle_exit(self, sig: int, frame) -> None:
@@ -49,6 +51,15 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.started:  # listening now: the line that scripts and tests wait for
             self.on_listening(self.listening)
+            if self.heartbeat is not None:  # kept referenced: a task only the loop holds may be collected
+                self._beating = asyncio.get_running_loop().create_task(self._beat(*self.heartbeat))
+
+    async def _beat(self, send, period_s: float) -> None:
+        """Calls send() every period_s from the event loop (serve/processes.py's liveness check): it stops
+        when the loop does, whatever stopped it."""
+        while not self.should_exit:
+            send()
+            await asyncio.sleep(period_s)
 
     async def shutdown(self, sockets=None) -> None:
         started = time.monotonic()
@@ -128,9 +139,12 @@ def serve(
     read_timeout_s: float = 10.0,
     max_header_bytes: int = 65536,
     keep_alive_s: float = 5.0,
+    send_timeout_s: float = 30.0,
     sock: socket.socket | None = None,
     on_listening=None,
     processes: int = 1,
+    shared: socket.socket | None = None,
+    heartbeat=None,
 ) -> int:
     """Serves `app` (from create_app) on host:port until SIGTERM or SIGINT, then drains and closes its engine.
 
@@ -152,11 +166,17 @@ def serve(
             body's own limit is the app's).
         max_header_bytes: bytes of a request's line and headers at most (431 and closed beyond).
         keep_alive_s: seconds an idle kept-alive connection stays open (uvicorn's timeout_keep_alive).
+        send_timeout_s: seconds a connection whose client reads none of its answers is kept (the server's
+            writes to it paused) before it is dropped (serve/connection.py).
         sock: a listening socket to serve on instead of binding host:port (serve/processes.py binds one for
             all its processes; it names the URL and is closed on return).
         on_listening: called with the line instead of printing it (serve/processes.py prints it once every
             process listens).
         processes: how many processes serve this port (the line says so when more than one).
+        shared: a second listening socket to accept from (serve/processes.py's group socket, which the
+            parent holds; closed on return).
+        heartbeat: (send, period_s): send() is called every period_s seconds from the event loop once
+            listening (serve/processes.py's liveness check).
     Returns:
         0 once stopped (the exit status of `seq2onnx serve`).
     Raises:
@@ -184,7 +204,8 @@ def serve(
     # h11, not httptools: only uvicorn's h11 protocol bounds the headers (h11_max_incomplete_event_size);
     # serve/connection.py adds the head's read timeout and the connection cap that uvicorn lacks.
     protocol = limited_protocol(
-        read_timeout_s=read_timeout_s, max_connections=max_connections, max_header_bytes=max_header_bytes
+        read_timeout_s=read_timeout_s, max_connections=max_connections, max_header_bytes=max_header_bytes,
+        send_timeout_s=send_timeout_s,
     )
     config = uvicorn.Config(
         app,
@@ -197,18 +218,20 @@ def serve(
         h11_max_incomplete_event_size=max_header_bytes,
         backlog=BACKLOG,
     )
-    server = _Server(config, frontend, listening, drain_s, on_listening or _print)
+    server = _Server(config, frontend, listening, drain_s, on_listening or _print, heartbeat)
     # uvicorn raises the signal it caught again once it has stopped, so that the process dies of it; this
     # process exits 0 instead: while it serves, its own handlers for those signals do nothing (uvicorn's
     # replace them until it stops, then these take that second signal).
     main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in STOP_SIGNALS} if main else {}
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=[sock] if shared is None else [sock, shared])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
+        if shared is not None:
+            shared.close()
         log.info("closing the engine (batching %s)", engine.batching)
         engine.close()
         for other in getattr(app.state, "also_close", ()):  # the drop-in APIs' other bundles (--route)

@@ -66,6 +66,7 @@ def _rehash(path: Path, meta_path: Path) -> None:
     for entry in meta["files"].values():
         data = (path / entry["path"]).read_bytes()
         entry["sha256"] = hashlib.sha256(data).hexdigest()
+        entry["size"] = len(data)
         if "crc32" in entry:  # the weights file's load-time check (spec's weights.checksum)
             entry["crc32"] = f"{zlib.crc32(data):08x}"
     meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True))

@@ -17,7 +17,8 @@ TEXT = "the cat dances in the box"
 
 def _rehash(path: Path) -> None:
     """Rewrites every sha256 in bundle.json, so that a test gets past the hash check."""
-    _edit(path, lambda m: [e.update(sha256=sha256(path / e["path"])) for e in m["files"].values()])
+    _edit(path, lambda m: [e.update(sha256=sha256(path / e["path"]), size=(path / e["path"]).stat().st_size)
+                           for e in m["files"].values()])
 
 
 def _refused(path: Path, *words: str, decoder: str = "auto") -> str:
@@ -282,3 +283,32 @@ def test_a_graph_that_is_a_directory_is_named_by_both_hosts(bundle):
     out = subprocess.run([NODE, str(JS / "bin" / "seq2onnx-js.mjs"), "translate", str(path)], input="a cat\n",
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "decoder.onnx: not a regular file (a directory" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("value, words", [
+    ("a/" * 200_000, "expected a path of at most 1024 characters"),  # 400 KB: 162 s of CPU before issue 60
+    ("encoder\0.onnx", "expected a path without a NUL character"),  # was "embedded null byte", naming nothing
+])
+def test_a_huge_or_nul_path_is_refused_at_once_in_one_short_line(bundle, value, words):
+    import time
+
+    path = _copy(bundle, "bad-path")
+    _edit(path, lambda m: m["files"]["encoder"].update(path=value))
+    start = time.perf_counter()
+    with pytest.raises(BundleError) as e:
+        Translator(path, device="cpu")
+    assert time.perf_counter() - start < 5
+    message = str(e.value)
+    assert "files.encoder.path" in message and words in message and len(message) < 500, message
+
+
+def test_a_weights_file_of_another_size_is_refused_before_it_is_read(bundle):
+    import time
+
+    path = _copy(bundle, "sparse-weights")
+    with open(path / "weights.bin", "r+b") as f:
+        f.truncate(8 << 30)  # sparse: 8 GB that read as zeros (101 s of hashing before issue 60)
+    start = time.perf_counter()
+    with pytest.raises(BundleError, match=r"weights\.bin: 8589934592 bytes, bundle\.json records \d+ \(size\)"):
+        Translator(path, device="cpu")
+    assert time.perf_counter() - start < 5

@@ -42,7 +42,7 @@ def _rewrite_fused(bundle: Path, name: str, edit) -> Path:
     edit(proto)
     onnx.save(proto, str(path))
     meta = json.loads((out / fmt.BUNDLE_JSON).read_text())
-    meta["files"]["decoder_fused"]["sha256"] = fmt.sha256(path)
+    meta["files"]["decoder_fused"].update(sha256=fmt.sha256(path), size=path.stat().st_size)
     (out / fmt.BUNDLE_JSON).write_text(json.dumps(meta))
     return out
 

@@ -25,7 +25,9 @@ SEARCH = [
     (dict(beam_size=2, num_hypotheses=3), "num_hypotheses", 3,
      "num_hypotheses=3 must lie in [1, beam_size=2]: raise beam_size or lower num_hypotheses"),
     (dict(length_penalty=NAN), "length_penalty", NAN,
-     "length_penalty=nan (float): give a finite number (1.0 is the default)"),
+     "length_penalty=nan (float): give a number in [-10, 10] (1.0 is the default)"),
+    (dict(length_penalty=200), "length_penalty", 200,  # issue 60: an OverflowError (HTTP 500) before
+     "length_penalty=200 (int): give a number in [-10, 10] (1.0 is the default)"),
     (dict(max_decoding_length=0), "max_decoding_length", 0,
      "max_decoding_length=0 (int): give an int >= 1, at most the model's max_positions, or None"),
     (dict(min_decoding_length=-1), "min_decoding_length", -1,
@@ -38,8 +40,11 @@ SEARCH = [
     (dict(truncate=None), "truncate", None, "truncate=None (NoneType): give True or False"),
     (dict(max_batch_size=0), "max_batch_size", 0, "max_batch_size=0 (int): give an int >= 1"),
     (dict(sampling_temperature=0), "sampling_temperature", 0,
-     "sampling_temperature=0 (int): give a finite number > 0, or None for beam search (beam_size=1 is "
-     "greedy)"),
+     "sampling_temperature=0 (int): give a number in [0.001, 1000] (or None for beam search (beam_size=1 "
+     "is greedy))"),
+    (dict(sampling_temperature=5e-324), "sampling_temperature", 5e-324,  # issue 60: "" before
+     "sampling_temperature=5e-324 (float): give a number in [0.001, 1000] (or None for beam search "
+     "(beam_size=1 is greedy))"),
     (dict(sampling_topk=-1), "sampling_topk", -1,
      "sampling_topk=-1 (int): give an int >= 0 (0 keeps every token)"),
     (dict(sampling_topp=NAN), "sampling_topp", NAN,
@@ -159,7 +164,7 @@ def test_named_renders_another_name_for_the_option_without_the_index():
     with pytest.raises(OptionError) as e:
         SearchOptions(length_penalty=NAN)
     assert e.value.named("--length-penalty") == (
-        "--length-penalty nan (float): give a finite number (1.0 is the default)")
+        "--length-penalty nan (float): give a number in [-10, 10] (1.0 is the default)")
 
 
 def test_options_py_raises_no_plain_value_error():
@@ -272,7 +277,7 @@ def test_the_cli_flag_comes_from_the_table_not_the_message(monkeypatch):
     (["--target-lang", "xx"],
      "--target-lang 'xx' is not a language of this model; this model has no language tokens"),
     (["--source-lang", "xx"], "--source-lang 'xx' is not a language of this model"),
-    (["--length-penalty", "nan"], "--length-penalty nan (float): give a finite number (1.0 is the default)"),
+    (["--length-penalty", "nan"], "--length-penalty nan (float): give a number in [-10, 10] (1.0 is the default)"),
     (["--beam", "100"], "--beam 100 needs a target vocabulary of at least 200 pieces"),
 ], ids=["prefix-ids", "target-lang", "source-lang", "nan", "beam-vs-vocabulary"])
 def test_the_cli_names_the_flag_of_the_option(bundle, capsys, flags, message):

@@ -181,7 +181,7 @@ BAD = [  # (id, endpoint, body, status, the message matches, field)
      r"raise beam_size or lower num_hypotheses", "num_hypotheses"),
     ("target-prefix-per-text", TRANSLATE, _body({"texts": ["a", "b"], "target_prefix": [[5]]}), 422,
      r"^target_prefix has 1 entries for 2 sources", "target_prefix"),
-    ("nan", TRANSLATE, b'{"texts": ["a"], "length_penalty": NaN}', 422, r"^length_penalty=nan .*finite", "length_penalty"),
+    ("nan", TRANSLATE, b'{"texts": ["a"], "length_penalty": NaN}', 422, r"^length_penalty=nan .*give a number in \[-10, 10\]", "length_penalty"),
     ("source-too-long", TRANSLATE, _body({"texts": ["a", LONG * 2]}), 422, r"^source 1 .*truncate=True", "texts"),
     ("too-many-texts", TRANSLATE, _body({"texts": [""] * 5001}), 413,
      r"^5001 texts; the limit \(--max-texts\) is 5000 per request: .*raise --max-texts", "texts"),

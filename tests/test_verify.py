@@ -99,7 +99,7 @@ def perturbed_bundle(key: str = "decoder") -> Path:
     init.CopyFrom(numpy_helper.from_array(weight + noise, name))
     onnx.save(proto, str(path))
     meta = json.loads((out / fmt.BUNDLE_JSON).read_text())
-    meta["files"][key]["sha256"] = fmt.sha256(path)
+    meta["files"][key].update(sha256=fmt.sha256(path), size=path.stat().st_size)
     (out / fmt.BUNDLE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     fmt.read_bundle(out)  # it loads: only its numbers are wrong
     return out

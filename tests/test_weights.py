@@ -138,6 +138,7 @@ def _old_format(bundle: Path) -> Path:
     del meta["files"]["weights"]
     for entry in meta["files"].values():
         entry["sha256"] = sha256(path / entry["path"])
+        entry["size"] = (path / entry["path"]).stat().st_size
     (path / names.BUNDLE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True))
     return path
 
@@ -170,14 +171,14 @@ def test_a_weights_file_changed_after_the_export_is_refused():
     shutil.copyfile(tiny_bundle(quantize="int8") / names.WEIGHTS_FILE, path / names.WEIGHTS_FILE)
     from seq2onnx.runtime.bundle import BundleError
 
-    # the load's check is the file's CRC-32 (spec's weights.checksum), the sha256 where bundle.json has none
-    with pytest.raises(BundleError, match=r"weights\.bin: crc32 differs from bundle\.json \(files\.weights\)"):
-        Translator(path, device="cpu")  # checked in a thread while the sessions are made
-    with pytest.raises(BundleError, match=r"weights\.bin: crc32 differs from bundle\.json \(files\.weights\)"):
-        read_bundle(path)  # checked before read_bundle returns
-    _edit_weights_entry(path, lambda entry: entry.pop(names.WEIGHTS_CHECKSUM))  # as a bundle before the CRC-32
-    with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json \(files\.weights\)"):
+    # another size than bundle.json's files.weights.size: refused before a byte is read
+    with pytest.raises(BundleError, match=r"weights\.bin: \d+ bytes, bundle\.json records \d+ \(size\)"):
         Translator(path, device="cpu")
+    _edit_weights_entry(path, lambda entry: entry.pop("size"))  # as a bundle before the size: by its sha256
+    with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json \(files\.weights\)"):
+        Translator(path, device="cpu")  # checked in a thread while the sessions are made
+    with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json \(files\.weights\)"):
+        read_bundle(path)  # checked before read_bundle returns
 
 
 def _edit_weights_entry(bundle: Path, edit) -> None:
@@ -186,7 +187,7 @@ def _edit_weights_entry(bundle: Path, edit) -> None:
     (bundle / names.BUNDLE_JSON).write_text(json.dumps(meta))
 
 
-def test_the_weights_crc32_is_zlibs_and_one_flipped_byte_is_refused():
+def test_the_weights_crc32_is_zlibs_and_a_crc_fixed_edit_is_refused_by_the_sha256():
     import zlib
 
     from seq2onnx.runtime.bundle import BundleError
@@ -200,8 +201,14 @@ def test_the_weights_crc32_is_zlibs_and_one_flipped_byte_is_refused():
     read_bundle(path)  # intact: checked and read
     data[len(data) // 3] ^= 0x01  # one bit of one weight
     (path / names.WEIGHTS_FILE).write_bytes(bytes(data))
-    with pytest.raises(BundleError, match=r"weights\.bin: crc32 differs from bundle\.json"):
+    with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json"):
         Translator(path, device="cpu")
+    # the same edit with the CRC-32 fixed up (issue 60): the sha256 still refuses it, in both load paths
+    _edit_weights_entry(path, lambda entry: entry.__setitem__(names.WEIGHTS_CHECKSUM, f"{zlib.crc32(data):08x}"))
+    with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json"):
+        Translator(path, device="cpu")
+    with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json"):
+        read_bundle(path)
     assert read_bundle(path, check_hashes=False).weights is not None  # the check is what refused it
 
 

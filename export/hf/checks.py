@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 import struct
 from pathlib import Path
 
@@ -86,6 +88,15 @@ def _count(low: int):
     return lambda v, n: None if _is_int(v) and v >= low else f"an integer >= {low}"
 
 
+def _beams(v, n: int):
+    ok = _is_int(v) and 1 <= v <= n
+    return None if ok else f"an integer from 1 to {n} (no beam can be wider than the model's {n} ids)"
+
+
+def _early_stopping(v, n: int):
+    return None if isinstance(v, bool) or v == "never" else 'true, false or "never" (transformers\' values)'
+
+
 def _token_id(v, n: int):
     return None if _is_int(v) and 0 <= v < n else f"a token id from 0 to {n - 1} (the model has {n} ids)"
 
@@ -141,7 +152,8 @@ GENERATION_RULES = {
         "remove it (transformers' default is 20)",
     ),
     "min_length": (_count(0), "set it to 0, or remove it"),
-    "num_beams": (_count(1), "set it to 1 (greedy search) or the model's beam size (e.g. 4), or remove it"),
+    "num_beams": (_beams, "set it to 1 (greedy search) or the model's beam size (e.g. 4), or remove it"),
+    "early_stopping": (_early_stopping, "set one of them, or remove it"),
     "length_penalty": (_finite, "set it to 1.0, or remove it"),
     "decoder_start_token_id": (_token_id, _ID_FIX),
     "forced_bos_token_id": (_token_id, _ID_FIX + ", or remove it"),
@@ -149,6 +161,9 @@ GENERATION_RULES = {
     "suppress_tokens": (_token_ids, _IDS_FIX),
     "renormalize_logits": (_boolean, "set it to true or false, or remove it"),
 }
+
+
+MAX_JSON_BYTES = 16 << 20  # a config.json or generation_config.json is a few kB: nothing near this is one
 
 
 def read_json_object(path: Path, what: str) -> dict:
@@ -162,7 +177,18 @@ def read_json_object(path: Path, what: str) -> dict:
         HFImportError: unreadable, invalid JSON, or not an object.
     """
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        # checked before reading: a link to /dev/zero would never end, a FIFO would wait for a writer
+        with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a device, pipe or socket"
+                raise HFImportError(f"{path}: not a regular file ({kind}); restore {what}")
+            if info.st_size > MAX_JSON_BYTES:
+                raise HFImportError(f"{path}: {info.st_size} bytes, more than the {MAX_JSON_BYTES} such a "
+                                    f"file can be; restore {what}")
+            data = json.loads(f.read().decode("utf-8"))
+    except IsADirectoryError:
+        raise HFImportError(f"{path}: not a regular file (a directory); restore {what}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise HFImportError(f"{path}: cannot be read ({e}); restore {what}") from None
     except ValueError as e:
@@ -501,7 +527,7 @@ def read_generation(model_dir: Path) -> dict:
         HFImportError: unreadable, invalid JSON, or not an object.
     """
     path = model_dir / "generation_config.json"
-    if not path.is_file():
+    if not os.path.lexists(path):  # present but not a file (a directory, a link to a device): refused by name
         return {}
     return read_json_object(path, "the file that save_pretrained wrote (or delete it)")
 

@@ -34,8 +34,10 @@ export const OPTIONAL_GRAPH_KEYS = OPTIONAL_FILE_KEYS.filter((k) => Object.value
 // to onnxruntime (a folder in Node, the bytes in the browser).
 export const WEIGHTS = "weights";
 export const WEIGHTS_SPEC = SPEC.weights;
-// the weights file's load-time checksum: its field in files.weights (a CRC-32 in hex digits)
+// the weights file's CRC-32 field (checked for its form only: every load checks the sha256)
 const CHECKSUM = WEIGHTS_SPEC.checksum;
+// each files.<key>: its path's length at most, its sha256's width, its size's field (spec's file_entry)
+const ENTRY = SPEC.file_entry;
 /** The files whose bytes a Bundle keeps: the required ones, the vocabulary maps and texts. */
 export const KEPT_FILE_KEYS = [...FILE_KEYS, SOURCE_VOCAB, TARGET_VOCAB, VOCAB_TEXTS];
 // Where tokens.target_lang_in may put target_lang's token: the names of the two tokens fields it may
@@ -126,6 +128,10 @@ export class BundleError extends Error {
  * @property {boolean} [crc32]  hashFile gives a CRC-32 natively: the weights file is checked by
  *   files.weights.crc32 where the bundle has one (spec's weights.checksum), else by its sha256
  * @property {boolean} [keepsWeights]  onnxruntime takes the weights file as bytes (the browser)
+ * @property {(path: string, name: string, options?: {size?: number}) => Promise<{sha256: string, size: number, folder: string}>} [privateCopy]
+ *   copies the weights file into a private folder as `name`, hashing it on the way (Node): onnxruntime
+ *   reads that copy (bundle.paths.weightsFolder), which no other process rewrites under it
+ * @property {(bundle: object) => void} [releaseCopy]  removes that folder once the sessions are made
  */
 
 /**
@@ -310,8 +316,17 @@ export function validateMeta(meta, where, fractions = new Map()) {
   const files = v.obj(meta, "files", "files");
   for (const key of [...FILE_KEYS, ...OPTIONAL_FILE_KEYS.filter((k) => k in files)]) {
     const entry = v.obj(files, key, `files.${key}`);
-    v.text(entry, "path", `files.${key}.path`);
-    v.text(entry, "sha256", `files.${key}.sha256`);
+    // the path's length before any path operation on it (runtime/meta.py's _check_entry)
+    const where = v.text(entry, "path", `files.${key}.path`);
+    if (where.includes("\0")) v.fail(`files.${key}.path`, where, "expected a path without a NUL character");
+    if (where.length > ENTRY.max_path_chars) {
+      v.fail(`files.${key}.path`, where, `expected a path of at most ${ENTRY.max_path_chars} characters`);
+    }
+    const digest = v.text(entry, "sha256", `files.${key}.sha256`);
+    if (!new RegExp(`^[0-9a-f]{${ENTRY.sha256_hex_digits}}$`).test(digest)) {
+      v.fail(`files.${key}.sha256`, digest, `expected ${ENTRY.sha256_hex_digits} lowercase hex digits`);
+    }
+    v.integer(entry, ENTRY.size_field, `files.${key}.${ENTRY.size_field}`, { required: false });
   }
   const weights = files[WEIGHTS];
   if (weights && typeof weights === "object" && CHECKSUM.field in weights) { // bundles before it have none
@@ -420,27 +435,25 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
     // the fused decoder is read only to be hashed (this host never loads it); the maps are kept; the
     // weights file is read for its hash and size, and kept where the platform hands onnxruntime bytes
     if (!checkHashes && !KEPT_FILE_KEYS.includes(key) && key !== WEIGHTS) continue;
-    // a weights file the platform does not keep is hashed as a stream: it may be past 2 GiB
-    const streamed = key === WEIGHTS && !platform.keepsWeights && platform.hashFile;
-    // the load's cheaper check where the bundle has it and the platform computes it natively
-    const byCrc = Boolean(streamed && checkHashes && platform.crc32 && CHECKSUM.field in entry);
+    // a weights file the platform does not keep is copied where only this process runs it (a private
+    // folder: platform.privateCopy) and hashed on the way, as a stream: it may be past 2 GiB
+    const streamed = key === WEIGHTS && !platform.keepsWeights && platform.privateCopy;
+    const size = entry[ENTRY.size_field]; // checked before a byte is read, where the bundle records it
     let bytes;
     let digest;
     try {
-      if (streamed) digest = await platform.hashFile(where.path, { crc32: byCrc });
-      else bytes = await platform.readFile(where.path);
+      if (streamed) digest = await platform.privateCopy(where.path, entry.path, { size });
+      else bytes = await platform.readFile(where.path, { size });
     } catch (e) {
       if (e && (e.code === "ENOENT" || e.code === "ENOTDIR")) {
         throw new BundleError(`${where.path}: missing from the bundle (files.${key} in ${BUNDLE_JSON})`);
       }
+      if (e?.code === "ESIZE") throw wrongSize(where.path, e.size, size, key);
       throw unreadable(where.path, e, `files.${key} in ${BUNDLE_JSON}`);
     }
-    if (checkHashes && byCrc && digest.crc32 !== entry[CHECKSUM.field]) {
-      throw new BundleError(
-        `${where.path}: ${CHECKSUM.field} differs from ${BUNDLE_JSON} (files.${key}); the file is damaged or was replaced: re-export the bundle`,
-      );
-    }
-    if (checkHashes && !byCrc && (streamed ? digest.sha256 : await platform.sha256(bytes)) !== entry.sha256) {
+    if (bytes && size !== undefined && bytes.length !== size) throw wrongSize(where.path, bytes.length, size, key);
+    if (streamed) paths.weightsFolder = digest.folder;
+    if (checkHashes && (streamed ? digest.sha256 : await platform.sha256(bytes)) !== entry.sha256) {
       throw new BundleError(
         `${where.path}: sha256 differs from ${BUNDLE_JSON} (files.${key}); the file is damaged or was replaced: re-export the bundle`,
       );
@@ -449,6 +462,12 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
     if (key === WEIGHTS) weightsSize = streamed ? digest.size : bytes.length;
   }
   return { path: dir, metaPath, meta, files, paths, weightsSize };
+}
+
+/** A file whose size is not bundle.json's files.<key>.size (the words of runtime/bundle.py). */
+function wrongSize(file, size, recorded, key) {
+  return new BundleError(`${file}: ${size} bytes, ${BUNDLE_JSON} records ${recorded} (${ENTRY.size_field}); the file is ` +
+    `damaged or was replaced: re-export the bundle (files.${key} in ${BUNDLE_JSON})`);
 }
 
 function tooLarge(metaPath, size) {

@@ -3,7 +3,8 @@
 import { createHash } from "node:crypto";
 import { constants } from "node:fs";
 import zlib from "node:zlib";
-import { open, realpath, stat } from "node:fs/promises";
+import { rmSync } from "node:fs";
+import { mkdir, mkdtemp, open, realpath, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import * as ort from "onnxruntime-node";
@@ -12,6 +13,16 @@ import * as ort from "onnxruntime-node";
 export const CORES = Math.max(1, typeof os.availableParallelism === "function" ? os.availableParallelism() : os.cpus().length);
 /** How CORES was found, for messages. */
 export const CORES_SOURCE = typeof os.availableParallelism === "function" ? "os.availableParallelism()" : "os.cpus().length";
+
+// The private copies of weights files not yet removed (privateCopy): removed at the latest when the process
+// exits, by one listener for all of them.
+const COPIES = new Set();
+process.once("exit", () => { for (const folder of COPIES) rmSync(folder, { recursive: true, force: true }); });
+
+function removeCopy(folder) {
+  rmSync(folder, { recursive: true, force: true });
+  COPIES.delete(folder);
+}
 
 /** What a file system entry is, in words, for a message. */
 function kind(info) {
@@ -36,12 +47,15 @@ export const nodePlatform = {
    * device, a socket, a directory; symbolic links followed) rejects with code "ENOTREG" and `kind`,
    * and a file larger than `maxBytes` with code "EFBIG" and `size`.
    */
-  async readFile(file, { maxBytes } = {}) {
+  async readFile(file, { maxBytes, size } = {}) {
     const handle = await open(file, constants.O_RDONLY | (constants.O_NONBLOCK ?? 0));
     try {
       const info = await handle.stat();
       if (!info.isFile()) {
         throw Object.assign(new Error(`${file}: ${kind(info)}, not a regular file`), { code: "ENOTREG", kind: kind(info) });
+      }
+      if (size !== undefined && info.size !== size) {
+        throw Object.assign(new Error(`${file}: ${info.size} bytes, not ${size}`), { code: "ESIZE", size: info.size });
       }
       if (maxBytes !== undefined && info.size > maxBytes) {
         throw Object.assign(new Error(`${file}: ${info.size} bytes, more than ${maxBytes}`), { code: "EFBIG", size: info.size });
@@ -85,6 +99,56 @@ export const nodePlatform = {
       await handle.close();
     }
   },
+  /**
+   * Copies a regular file (of `size` bytes, where given: refused with code "ESIZE" before a byte is
+   * read) into a fresh private folder (mode 0700, in os.tmpdir()) as `name`, hashing the bytes as they
+   * are copied, from the one descriptor opened: onnxruntime then reads the copy, which no other process
+   * rewrites or truncates under it (docs/bundle-format.md#weights). The folder is removed when this
+   * process exits, or by releaseCopy once the sessions are made.
+   * @returns {Promise<{sha256: string, size: number, folder: string}>}
+   */
+  async privateCopy(file, name, { size } = {}) {
+    const handle = await open(file, constants.O_RDONLY | (constants.O_NONBLOCK ?? 0));
+    let folder;
+    try {
+      const info = await handle.stat();
+      if (!info.isFile()) {
+        throw Object.assign(new Error(`${file}: ${kind(info)}, not a regular file`), { code: "ENOTREG", kind: kind(info) });
+      }
+      if (size !== undefined && info.size !== size) {
+        throw Object.assign(new Error(`${file}: ${info.size} bytes, not ${size}`), { code: "ESIZE", size: info.size });
+      }
+      folder = await mkdtemp(path.join(os.tmpdir(), "seq2onnx-weights-"));
+      COPIES.add(folder);
+      const dest = path.join(folder, name); // name: files.weights.path, checked inside the bundle (nested allowed)
+      await mkdir(path.dirname(dest), { recursive: true, mode: 0o700 });
+      const out = await open(dest, "wx", 0o600);
+      const hash = createHash("sha256");
+      const piece = Buffer.allocUnsafe(16 << 20);
+      let copied = 0;
+      try {
+        for (;;) {
+          const { bytesRead } = await handle.read(piece, 0, piece.length, copied);
+          if (bytesRead === 0) break;
+          hash.update(piece.subarray(0, bytesRead));
+          await out.write(piece, 0, bytesRead, copied);
+          copied += bytesRead;
+        }
+      } finally {
+        await out.close();
+      }
+      return { sha256: hash.digest("hex"), size: copied, folder };
+    } catch (e) {
+      if (folder) removeCopy(folder);
+      throw e;
+    } finally {
+      await handle.close();
+    }
+  },
+  /** Removes a private copy's folder once the sessions are made (onnxruntime keeps what it read). */
+  releaseCopy(bundle) {
+    if (bundle.paths.weightsFolder) removeCopy(bundle.paths.weightsFolder);
+  },
   async resolveInside(dir, rel) {
     const root = await realpath(dir);
     let target = path.resolve(root, rel);
@@ -102,10 +166,11 @@ export const nodePlatform = {
   },
   /**
    * Session options that let onnxruntime-node read a bundle's weights file itself (its externalData
-   * option is the browser's): the folder of the file checked, as the Python runtime sets it.
+   * option is the browser's): the private folder holding the very copy that was hashed (privateCopy),
+   * as the Python runtime does; graphs name the file by files.weights.path, nested or not, inside it.
    */
   weightsOptions(options, bundle) {
-    const session = { ...(options.extra?.session ?? {}), model_external_initializers_file_folder_path: path.dirname(bundle.paths.weights) };
+    const session = { ...(options.extra?.session ?? {}), model_external_initializers_file_folder_path: bundle.paths.weightsFolder };
     return { ...options, extra: { ...(options.extra ?? {}), session } };
   },
 };

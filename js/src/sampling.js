@@ -9,6 +9,10 @@
 // temperature) restricted to the topK likeliest (ties to the lower id) and to the smallest set whose
 // probability reaches topP; sums are numpy's pairwise sums, so that the probabilities match too.
 import { greedySearch } from "./search.js";
+import { SPEC } from "./spec.js";
+
+// the closed range of samplingTemperature (spec/bundle.json's option_ranges, the Python runtime's too)
+const TEMPERATURE = SPEC.option_ranges.sampling_temperature;
 
 const MASK64 = (1n << 64n) - 1n;
 const GOLDEN = 0x9e3779b97f4a7c15n;
@@ -143,8 +147,8 @@ function pick(probs, u) {
  * @throws {RangeError}
  */
 export function checkSampling({ temperature, topK, topP, seed, minLength = 0 }) {
-  if (!(typeof temperature === "number" && Number.isFinite(temperature) && temperature > 0)) {
-    throw new RangeError(`samplingTemperature=${temperature}: give a finite number > 0, ` +
+  if (!(typeof temperature === "number" && temperature >= TEMPERATURE.min && temperature <= TEMPERATURE.max)) {
+    throw new RangeError(`samplingTemperature=${temperature}: give a number in [${TEMPERATURE.min}, ${TEMPERATURE.max}], ` +
       "or leave it out for beam search");
   }
   if (!(Number.isInteger(topK) && topK >= 0)) {

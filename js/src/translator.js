@@ -6,7 +6,7 @@ import {
   presentNames, readBundle, short, BEAM_CONVENTIONS,
 } from "./bundle.js";
 import { checkGraphs, checkReferences, checkTokenizers } from "./checks.js";
-import { SPEC_URL } from "./spec.js";
+import { SPEC, SPEC_URL } from "./spec.js";
 import { checkSampling, sampleSearch } from "./sampling.js";
 import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
 import { SentencePiece, Tokens, isBlank } from "./tokenizer.js";
@@ -164,13 +164,16 @@ export class Translator {
           `(${String(e?.message ?? e).trim()}); re-export the bundle with \`seq2onnx export\``);
       }
     };
-    const encoder = await session(ENCODER_LABEL);
+    let encoder;
     let decoder;
     try {
+      encoder = await session(ENCODER_LABEL);
       decoder = await session(DECODER);
     } catch (e) {
-      await encoder.release?.();
+      await encoder?.release?.();
       throw e;
+    } finally {
+      platform.releaseCopy?.(bundle); // the private copy of the weights: onnxruntime holds what it read
     }
     try {
       checkGraphs(bundle, encoder, decoder); // names, element types, sizes and tables against bundle.json
@@ -229,6 +232,11 @@ export class Translator {
     }
     if (!(Number.isInteger(beamSize) && beamSize >= 1)) {
       throw new RangeError(`beamSize=${beamSize}; it must be an integer of at least 1 (1 is greedy search)`);
+    }
+    const penalty = SPEC.option_ranges.length_penalty; // the Python runtime's range (spec/bundle.json)
+    if (!(typeof lengthPenalty === "number" && lengthPenalty >= penalty.min && lengthPenalty <= penalty.max)) {
+      throw new RangeError(`lengthPenalty=${lengthPenalty}: give a number in [${penalty.min}, ${penalty.max}] ` +
+        "(1.0 is the default)");
     }
     const sampling = samplingTemperature == null ? null
       : { temperature: samplingTemperature, topK: samplingTopk, topP: samplingTopp, seed };
@@ -363,6 +371,10 @@ export class Translator {
       if (bad.length) {
         throw new RangeError(`targetPrefix[${i}] has ids ${JSON.stringify(bad.slice(0, 5))} outside [0, ${this.tgtVocab}) or the end ` +
           `token ${this.eosId}; give target ids of the text before the translation`);
+      }
+      if (ids.length > this.maxPositions - 2) { // as runtime/options.py's check_prefix_options: never cut silently
+        throw new RangeError(`targetPrefix[${i}] has ${ids.length} ids; give at most ${this.maxPositions - 2} (the model has ` +
+          `${this.maxPositions} positions, one for the start token and one for a token after the prefix)`);
       }
       return ids;
     });

@@ -2,7 +2,7 @@
 // (bundle.json, its fields' types and ranges, paths, hashes), on bundle directories of small but
 // real files (test/fixtures.mjs). Each refusal must name the field, the value and the fix.
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import zlib from "node:zlib";
@@ -152,27 +152,41 @@ test("a listed fused decoder is checked like every file (the Python runtime's li
   await rejects(bundle(withFused("0".repeat(64))), /decoder_fused\.onnx: missing from the bundle \(files\.decoder_fused/);
 });
 
-test("the weights file is checked by its CRC-32 where the bundle has one and Node computes it, else its sha256", async () => {
+test("the weights file is held to its size before it is read and to its sha256 always, a CRC-32 fix-up refused", async () => {
   const weights = Buffer.from("sixty-four bytes of weights, more or less, for the check".padEnd(64, "."));
   const crc = (bytes) => zlib.crc32(bytes).toString(16).padStart(8, "0");
   const withWeights = (entry) => (m) => { m.files.weights = { path: "weights.bin", ...entry }; };
   const write = (dir, bytes = weights) => { writeFileSync(path.join(dir, "weights.bin"), bytes); return dir; };
-  assert.equal(nodePlatform.crc32, typeof zlib.crc32 === "function");
-  // a wrong sha256 beside a right CRC-32: read where the CRC-32 is what is checked
-  const crcOnly = write(bundle(withWeights({ sha256: "0".repeat(64), crc32: crc(weights) })));
-  if (nodePlatform.crc32) assert.equal((await readBundle(crcOnly, nodePlatform)).weightsSize, weights.length);
-  else await rejects(crcOnly, /weights\.bin: sha256 differs from bundle\.json \(files\.weights\)/);
+  // a wrong sha256 beside a right CRC-32 (an edit whose CRC-32 was fixed up): the sha256 refuses it
+  await rejects(write(bundle(withWeights({ sha256: "0".repeat(64), crc32: crc(weights) }))),
+    /weights\.bin: sha256 differs from bundle\.json \(files\.weights\)/);
   const altered = Buffer.from(weights);
   altered[20] ^= 1;
-  const damaged = write(bundle(withWeights({ sha256: hash(weights), crc32: crc(weights) })), altered);
-  await rejects(damaged, new RegExp(`weights\\.bin: ${nodePlatform.crc32 ? "crc32" : "sha256"} differs from bundle\\.json \\(files\\.weights\\)`));
-  await rejects(write(bundle(withWeights({ sha256: hash(weights) })), altered),
+  await rejects(write(bundle(withWeights({ sha256: hash(weights), crc32: crc(altered) })), altered),
     /weights\.bin: sha256 differs from bundle\.json \(files\.weights\)/);
-  assert.equal((await readBundle(write(bundle(withWeights({ sha256: hash(weights) }))), nodePlatform)).weightsSize, 64);
+  // another size than files.weights.size: refused by its size, as the Python runtime words it
+  await rejects(write(bundle(withWeights({ sha256: hash(weights), size: 65 }))),
+    /weights\.bin: 64 bytes, bundle\.json records 65 \(size\); the file is damaged or was replaced/);
+  const loaded = await readBundle(write(bundle(withWeights({ sha256: hash(weights), size: 64 }))), nodePlatform);
+  assert.equal(loaded.weightsSize, 64);
+  // the copy that onnxruntime is pointed at: a private folder, holding exactly the bytes hashed
+  assert.notEqual(loaded.paths.weightsFolder, path.dirname(loaded.paths.weights));
+  assert.deepEqual(readFileSync(path.join(loaded.paths.weightsFolder, "weights.bin")), weights);
+  nodePlatform.releaseCopy(loaded);
+  assert.equal(existsSync(loaded.paths.weightsFolder), false);
   for (const bad of ["1234567", "ABCDEF01", 305419896]) {
     await rejects(write(bundle(withWeights({ sha256: hash(weights), crc32: bad }))),
       /files\.weights\.crc32 is .*, expected 8 lowercase hex digits \(the file's CRC-32\)/);
   }
+});
+
+test("files.<key>.path of 400 KB or with a NUL, and a malformed sha256 or size, are refused by name", async () => {
+  await rejects(bundle((m) => { m.files.encoder.path = "a/".repeat(200_000); }),
+    /files\.encoder\.path is .*expected a path of at most 1024 characters/);
+  await rejects(bundle((m) => { m.files.encoder.path = "encoder\u0000.onnx"; }),
+    /files\.encoder\.path is .*expected a path without a NUL character/);
+  await rejects(bundle((m) => { m.files.encoder.sha256 = "ABC"; }), /files\.encoder\.sha256 is "ABC", expected 64 lowercase hex digits/);
+  await rejects(bundle((m) => { m.files.encoder.size = -1; }), /files\.encoder\.size is -1, expected an integer >= 0/);
 });
 
 test("the vocabulary maps are hashed like every file and kept, also with checkHashes: false", async () => {

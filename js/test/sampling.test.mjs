@@ -116,7 +116,7 @@ test("top-k and top-p restrict the support to the likeliest tokens", async () =>
 
 test("sampling refuses settings out of range, naming the value and the fix", async () => {
   const base = optionsOf({ max_lengths: [4], temperature: 1, seed: 1 });
-  const cases = [[{ temperature: 0 }, /samplingTemperature=0: give a finite number > 0/],
+  const cases = [[{ temperature: 0 }, /samplingTemperature=0: give a number in \[0\.001, 1000\]/], [{ temperature: 5e-324 }, /samplingTemperature=5e-324: give a number in \[0\.001, 1000\]/],
     [{ topK: -1 }, /samplingTopk=-1: give an integer >= 0/],
     [{ topP: 1.5 }, /samplingTopp=1.5: give a number in \(0, 1\]/],
     [{ seed: -3 }, /seed=-3: give an integer >= 0/], [{ seed: 2 ** 60 }, /seed=.*a BigInt above 2\^53/],

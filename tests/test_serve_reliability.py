@@ -1,0 +1,237 @@
+"""Reliability, round 3 (issue 60): real `seq2onnx serve` processes on 127.0.0.1, every wait bounded.
+
+- a bundle's weights.bin rewritten or truncated under a running server changes nothing it answers;
+- a `--processes` group owns its port from before it says "listening", and a worker that stops answering
+  is found by the liveness check, logged and replaced;
+- a client that pipelines requests and never reads its answers is dropped after the send timeout;
+- the server-wide limit on rows in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from extras import require
+
+require("fastapi", "serve")
+import httpx  # noqa: E402
+
+from serve_process import ServeProcess  # noqa: E402
+from tiny import copy_bundle, tiny_bundle  # noqa: E402
+
+TRANSLATE = "/v1/translate"
+TEXTS = ["the queen sees", "a young mouse eats", "the old king runs", "two birds sing"]
+
+
+def _until(test, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = test()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"{what}: not within {timeout_s} s")
+
+
+def _answers(server: ServeProcess, beam: int) -> list:
+    r = server.client.post(TRANSLATE, json={"texts": TEXTS, "beam_size": beam})
+    assert r.status_code == 200, r.text
+    return [t["hypotheses"] for t in r.json()["translations"]]
+
+
+# -- items 2 and 3: one bundle per load, for as long as it is loaded ---------------------------------------
+
+
+@pytest.mark.slow
+def test_weights_rewritten_then_truncated_under_a_server_change_nothing_it_answers():
+    path = copy_bundle(tiny_bundle(), "rewritten-under-server")
+    other = tiny_bundle(quantize="int8") / "weights.bin"  # another model's weights, of another size
+    with ServeProcess(path, "--batching", "request") as server:
+        before = {beam: _answers(server, beam) for beam in (1, 3)}
+        shutil.copyfile(other, path / "weights.bin")  # `cp`: the same file rewritten in place
+        assert {beam: _answers(server, beam) for beam in (1, 3)} == before
+        os.truncate(path / "weights.bin", 0)  # `truncate -s 0`: a mapping of it would fault (SIGBUS)
+        assert {beam: _answers(server, beam) for beam in (1, 3)} == before
+        assert server.client.get("/health").status_code == 200
+        assert server.proc.poll() is None, server.log()
+
+
+# -- items 1 and 5: a process group that owns its port; a worker that stops answering ---------------------
+
+
+def test_the_group_s_socket_listens_before_any_process_starts_so_a_second_group_is_refused():
+    from seq2onnx.errors import CommandError
+    from seq2onnx.serve.processes import hold_port
+    from seq2onnx.serve.server import _bind
+
+    first = hold_port("127.0.0.1", 0)
+    try:
+        port = first.getsockname()[1]
+        assert first.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1  # listening, not only bound
+        for second in (hold_port, _bind):  # another group's parent, a single server
+            with pytest.raises(CommandError, match=rf"--port {port}: cannot listen there"):
+                second("127.0.0.1", port).close()
+    finally:
+        first.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _group(bundle, port: int, *options: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "seq2onnx.commands", "serve", str(bundle), "--port", str(port),
+               "--intra-threads", "1", "--processes", "2", *options]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the group's processes with it
+    proc.wait(timeout=20)
+
+
+@pytest.mark.slow
+def test_two_groups_started_a_moment_apart_on_one_port_one_serves_and_the_other_says_why(bundle):
+    port = _free_port()
+    first = _group(bundle, port)
+    try:
+        time.sleep(0.2)  # the issue's offset: the first group's parent has bound, its processes still load
+        second = _group(bundle, port)
+        try:
+            _until(lambda: second.poll() is not None, 90, "the second group exits")
+            assert second.returncode != 0
+            err = second.stderr.read()
+            assert "cannot listen there" in err and "choose another --port" in err, err
+            assert "listening on" in first.stdout.readline()
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+                assert c.get("/health").status_code == 200
+        finally:
+            _end(second)
+    finally:
+        _end(first)
+
+
+def _pids(log: str) -> list[int]:
+    """The server processes' pids, from their log lines (as tests/test_serve_processes.py finds them)."""
+    pids = re.findall(r"seq2onnx serve \[pid (\d+)\]: ", log) + re.findall(r"Started server process \[(\d+)\]", log)
+    return list(dict.fromkeys(int(p) for p in pids))
+
+
+@pytest.mark.slow
+def test_a_stopped_worker_is_found_by_its_heartbeat_logged_killed_and_replaced(bundle):
+    with ServeProcess(bundle, "--processes", "2", "--liveness-seconds", "2") as server:
+        _until(lambda: len(_pids(server.log())) >= 2, 30, "both processes log")
+        stopped = _pids(server.log())[0]
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            _until(lambda: "sent no heartbeat" in server.log(), 30, "the liveness check")
+            _until(lambda: len(_pids(server.log())) >= 3, 60, "a replacement")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+        assert re.search(rf"process \d \(pid {stopped}\) sent no heartbeat for [\d.]+ s \(--liveness-seconds 2\)",
+                         server.log()), server.log()
+        _until(lambda: "exited with code -9 while serving" in server.log(), 30, "its exit")
+        # every fresh connection is answered again (none lands on the stopped process)
+        answers = []
+        for _ in range(10):
+            with httpx.Client(base_url=server.url, timeout=10) as c:
+                answers.append(c.get("/health").status_code)
+        assert answers == [200] * 10
+
+
+# -- item 4: a client that pipelines requests and never reads its answers ----------------------------------
+
+
+@pytest.mark.slow
+def test_a_client_that_pipelines_and_never_reads_is_dropped_after_the_send_timeout(bundle):
+    with ServeProcess(bundle, "--send-timeout", "2") as server:
+        size = len(server.client.get("/openapi.json").content)
+        count = (32 << 20) // size + 1  # answers far past every buffer between the server and the client
+        port = int(server.url.rsplit(":", 1)[1])
+        request = b"GET /openapi.json HTTP/1.1\r\nHost: t\r\n\r\n"
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+            sock.connect(("127.0.0.1", port))
+            sock.settimeout(5)
+            with contextlib.suppress(OSError):  # the server stops reading once its writes pause
+                sock.sendall(request * count)
+            _until(lambda: "had not read its answers for 2 s (--send-timeout)" in server.log(), 30, "the drop")
+            received = 0
+            with contextlib.suppress(OSError):  # reset, once what the kernel held is read
+                while chunk := sock.recv(1 << 20):
+                    received += len(chunk)
+        assert received < count * size // 4, (received, count * size)  # most answers were never sent
+        assert server.client.get("/health").status_code == 200  # the server itself goes on
+
+
+# -- item 6 and the low items: one rule per option, shared by both hosts -------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body, field, words", [
+    ({"texts": ["a black dog"], "beam_size": 2, "length_penalty": 200}, "length_penalty", "[-10, 10]"),
+    ({"texts": ["a black dog"], "sampling_temperature": 5e-324}, "sampling_temperature", "[0.001, 1000]"),
+])
+def test_out_of_range_float_options_get_422_naming_the_range_not_500(bundle, body, field, words):
+    with ServeProcess(bundle) as server:
+        r = server.client.post(TRANSLATE, json=body)
+        assert r.status_code == 422, r.text
+        assert r.json()["field"] == field and words in r.json()["error"], r.text
+
+
+# -- item 8: a server-wide limit on rows in flight ----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_rows_in_flight_are_bounded_server_wide_beyond_it_503_with_retry_after(bundle):
+    import concurrent.futures
+
+    body = {"texts": TEXTS * 2, "beam_size": 4}  # 8 texts x beam 4: 32 rows, the whole limit
+    with ServeProcess(bundle, "--max-rows-in-flight", "32", "--max-rows", "32", "--batching", "request",
+                      "--workers", "4") as server:
+        def post(_):
+            with httpx.Client(base_url=server.url, timeout=60) as c:
+                return c.post(TRANSLATE, json=body)
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(post, range(48)))
+        codes = [a.status_code for a in answers]
+        assert set(codes) <= {200, 503} and 200 in codes and 503 in codes, codes
+        refused = next(a for a in answers if a.status_code == 503)
+        assert "the limit (--max-rows-in-flight) is 32" in refused.json()["error"] and refused.headers["retry-after"]
+        too_many = server.client.post(TRANSLATE, json={"texts": TEXTS * 2, "beam_size": 5})  # 40 rows alone
+        assert too_many.status_code == 422, too_many.text  # one request's limit (--max-rows), never admitted
+
+
+def test_the_default_rows_in_flight_follow_the_machine_s_memory():
+    from seq2onnx.serve.memory import ROW_BYTES, rows_in_flight_default
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert rows_in_flight_default(1024) == max(1024, int(total * 0.5 / ROW_BYTES))
+    assert rows_in_flight_default(1024, processes=4) == max(1024, int(total * 0.5 / ROW_BYTES / 4))
+    assert rows_in_flight_default(10**9) == 10**9  # never below one request's --max-rows
+
+
+@pytest.mark.slow
+def test_a_target_prefix_longer_than_the_model_is_refused_not_cut(bundle):
+    with ServeProcess(bundle) as server:
+        r = server.client.post(TRANSLATE, json={"texts": ["a black dog"], "target_prefix": [[5] * 10_000]})
+        assert r.status_code == 422 and r.json()["field"] == "target_prefix", r.text
+        assert re.search(r"has 10000 ids; give at most \d+ \(the model has \d+ positions", r.json()["error"]), r.text

@@ -34,6 +34,7 @@ owns and removes): /metrics of any process answers the sums over all of them (se
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -90,6 +91,8 @@ def serve_processes(make_app, processes: int, *, host: str = "127.0.0.1", port: 
     group = _Group(make_app, sock, options, liveness_s)
     stop = threading.Event()
     handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
+    if hasattr(signal, "SIGHUP"):  # `--api-keys`' reload (serve/keys.py): every process re-reads its file
+        handlers[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: group.forward(signal.SIGHUP))
     try:
         group.start(processes)
         line = group.await_listening(stop)
@@ -220,6 +223,13 @@ class _Group:
             _forget(w.process.pid)
             codes.append(w.process.exitcode)
         return 0 if all(c == 0 for c in codes) else 1
+
+    def forward(self, sig: int) -> None:
+        """Sends a signal to every process still running (the parent's SIGHUP: the keys file re-read)."""
+        for w in self.workers:
+            if w.process.is_alive() and w.process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.process.pid, sig)
 
     def kill(self) -> None:
         """SIGKILL to any process still running (after an error in the parent)."""

@@ -245,3 +245,26 @@ def test_a_multilingual_bundle_is_routed_by_its_own_codes(tmp_path):
             translator.translate(TEXT, source_lang="eng_Latn", target_lang="deu_Latn")
         with pytest.raises(deepl.DeepLException, match="source_lang=None: this server detects no language"):
             client.translate_text(TEXT, target_lang="FR")  # the bundle reads three languages
+
+
+@pytest.mark.slow
+def test_sighup_to_a_process_group_reloads_the_keys_file_in_every_process(bundle, tmp_path):
+    """With --processes 2 the parent passes SIGHUP on: afterwards no connection, whichever process the kernel
+    hands it to, refuses the new key (fresh connections: each may land on either process)."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text(_keys_lines(["alice"]), encoding="utf-8")
+    bob = {"Authorization": f"DeepL-Auth-Key {KEYS['bob']}"}
+    with ServeProcess(bundle, "--processes", "2", "--languages", "en:fr", "--api-keys", str(keys)) as server:
+        server.listening()
+
+        def statuses(n: int) -> set[int]:
+            return {httpx.get(f"{server.url}/v2/usage", headers=bob, timeout=30).status_code for _ in range(n)}
+
+        assert statuses(8) == {403}
+        keys.write_text(_keys_lines(["alice", "bob"]), encoding="utf-8")
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while (seen := statuses(16)) != {200}:
+            assert time.monotonic() < deadline, (seen, server.log())
+            time.sleep(0.1)
+        assert server.log().count("reloaded") >= 2, server.log()  # each process re-read the file

@@ -416,14 +416,29 @@ def check_prefix_options(options: SearchOptions, n: int, languages: dict[str, in
             language_id(languages, getattr(options, name), name)
     if options.target_prefix is not None:
         prefixes = target_prefixes(options.target_prefix, n, tgt_vocab, eos_id)
-        longest = max(map(len, prefixes), default=0)
-        if max_positions is not None and longest > max_positions - 2:
-            i = next(i for i, p in enumerate(prefixes) if len(p) == longest)
-            room = max_positions - 2
-            raise OptionError("target_prefix", options.target_prefix, limit=f"at most {room} ids",
-                              shown=None, index=i, says=f" has {longest} ids; ",
-                              hint=f"give at most {room} (the model has {max_positions} positions, one for "
-                                   "the start token and one for a token after the prefix)")
+        if max_positions is not None:
+            check_prefix_length(options.target_prefix, prefixes, max_positions)
+
+
+def check_prefix_length(given, prefixes: list[list[int]], max_positions: int) -> None:
+    """Refuses a target_prefix that leaves no room in the model's positions (the search would cut it).
+
+    Args:
+        given: the option's value, for the message.
+        prefixes: the prefixes as read (target_prefixes).
+        max_positions: the model's positions: one goes to the start token and one to a token after the prefix.
+
+    Raises:
+        OptionError: naming the longest prefix, its length and the room.
+    """
+    longest = max(map(len, prefixes), default=0)
+    if longest > max_positions - 2:
+        i = next(i for i, p in enumerate(prefixes) if len(p) == longest)
+        room = max_positions - 2
+        raise OptionError("target_prefix", given, limit=f"at most {room} ids", shown=None, index=i,
+                          says=f" has {longest} ids; ",
+                          hint=f"give at most {room} (the model has {max_positions} positions, one for "
+                               "the start token and one for a token after the prefix)")
 
 
 def check_min_length(min_decoding_length: int, limit: int, tokens: int, source: int | None = None) -> None:

@@ -14,7 +14,10 @@ from .bundle import Bundle, read_bundle
 from .checks import check_graphs, check_tokenizers, read_graphs
 from .graphs import Graphs
 from .model_spec import ModelSpec
-from .options import OptionError, SearchOptions, SessionTuning, check_intra_threads, resolve_search_options
+from .options import (
+    OptionError, SearchOptions, SessionTuning, check_intra_threads, check_prefix_length,
+    resolve_search_options,
+)
 from .plan import Plan, SearchJob, stream_job
 from .search import SearchResult, Step, run, stream_greedy
 from .session_cache import SessionCache
@@ -392,9 +395,10 @@ class Translator:
         target_prefix.
 
         Raises:
-            ValueError: an unknown language, or a target_prefix of the wrong length or ids.
+            ValueError: an unknown language, or a target_prefix of the wrong length or ids, or too long for
+                the model's positions.
         """
-        return self.vocabulary.prefixes(
+        source, target = self.vocabulary.prefixes(
             n,
             source_lang=options.source_lang,
             target_lang=options.target_lang,
@@ -402,6 +406,9 @@ class Translator:
             tgt_vocab=self.tgt_vocab,
             eos_id=self.eos_id,
         )
+        if options.target_prefix is not None:
+            check_prefix_length(options.target_prefix, target, self.max_positions)
+        return source, target
 
     # -- internals ------------------------------------------------------------------------------
 

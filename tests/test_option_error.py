@@ -360,3 +360,13 @@ def test_no_front_end_parses_an_error_message(path):
 ])
 def test_the_scan_finds_the_old_ways(code):
     assert _text_readers(code)
+
+
+def test_translate_batch_refuses_a_target_prefix_too_long_for_the_model(translator):
+    """The Python API as the server and the CLI: a prefix that leaves no position after it is refused, never cut."""
+    room = translator.max_positions - 2
+    with pytest.raises(OptionError) as e:
+        translator.translate_batch(["a b"], target_prefix=[[5] * (room + 1)])
+    assert e.value.option == "target_prefix" and f"give at most {room}" in str(e.value)
+    assert translator.translate_batch(["a b"], target_prefix=[[5] * 2], max_decoding_length=4)[0].token_ids[0][:2] \
+        == [5, 5]

@@ -13,213 +13,27 @@ import contextlib
 import json
 import logging
 import math
-import os
-import threading
 import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
-                               ProcessCollector, generate_latest, multiprocess)
-from prometheus_client.core import CounterMetricFamily
-from pydantic import BaseModel, ConfigDict, Field
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from seq2onnx.runtime.options import check_prefix_options
 from seq2onnx.serve.checks import contradiction, json_problem
 from seq2onnx.serve.engine import Cancelled, Engine, Job
 from seq2onnx.serve.errors import RETRY_AFTER_S, engine_error, error, invalid
+from seq2onnx.serve.frontend import STREAM, TRANSLATE, Frontend
+from seq2onnx.serve.schemas import ERRORS, ErrorResponse, StreamRequest, TranslateRequest, TranslateResponse
 from seq2onnx.serve.stream import Stream, lines, pump, soon
 
 log = logging.getLogger("seq2onnx.serve")
 
-TRANSLATE, STREAM = "/v1/translate", "/v1/translate/stream"
-# metric labels; others: "other"
-ENDPOINTS = (TRANSLATE, STREAM, "/health", "/ready", "/metrics", "/docs", "/openapi.json")
 # nginx's status for "client closed request": only /metrics sees it, nobody reads the answer
 CLIENT_LEFT = 499
-# set by serve/processes.py for its processes: prometheus_client's multiprocess mode, /metrics sums them all
-SHARED_METRICS = "PROMETHEUS_MULTIPROC_DIR"
-SHARED_REFRESH_S = 1.0  # how often a process writes its gauges (queue depth, load) for the others' scrapes
-LOAD_KEYS = ("active_requests", "active_sentences", "active_rows")  # the engine's load(), one gauge each
-
-
-# -- request and response bodies (FastAPI's /docs and /openapi.json show these) ----------------------
-
-class _Options(BaseModel):
-    # strict: "4" is no beam size and 1 no boolean; the runtime checks the ranges (engine.check)
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    max_decoding_length: int | None = Field(
-        None, description="default max_length_a x source tokens + max_length_b")
-    min_decoding_length: int | None = Field(
-        None, description="the end token is forbidden before this many tokens")
-    truncate: bool = Field(
-        False, description="cut a source longer than the model's positions instead of refusing it")
-    source_lang: str | None = Field(None, description="a multilingual model's source language code")
-    target_lang: str | None = Field(None, description="a multilingual model's target language code")
-
-
-class TranslateRequest(_Options):
-    """POST /v1/translate: texts and Translator.translate_batch's options by name. Options that contradict
-    each other are refused (422 naming both): beam_size > 1 with sampling_temperature; seed, sampling_topk
-    or sampling_topp without it. A key given twice in the JSON is refused (422)."""
-    texts: list[str] = Field(description="the source texts; an empty text translates to \"\"",
-                             examples=[["the queen sees"]])
-    beam_size: int | None = Field(None, description="1 is greedy search; default bundle.json's "
-                                  "decoding.beam_size; with sampling_temperature only 1 (else 422: "
-                                  "sampling has no beams)")
-    num_hypotheses: int = Field(1, description="the n-best returned per text (at most beam_size, or samples)")
-    length_penalty: float | None = Field(
-        None, description="alpha in score / length^alpha; default bundle.json's")
-    return_scores: bool = Field(
-        False, description="return each hypothesis's score (sum of log-probabilities)")
-    sampling_temperature: float | None = Field(None, description="> 0 samples instead of searching")
-    sampling_topk: int = Field(0, description="sample among the k likeliest tokens (0: all); other than 0 "
-                               "only with sampling_temperature (else 422)")
-    sampling_topp: float = Field(1.0, description="... within this probability mass (1.0: all); other than "
-                                 "1.0 only with sampling_temperature (else 422)")
-    seed: int | None = Field(None, description="sampling seed: a text's sample depends only on (seed, text); "
-                             "only with sampling_temperature (else 422)")
-    target_prefix: list[list[int]] | None = Field(None, description="per text, target ids forced first")
-
-
-class StreamRequest(_Options):
-    """POST /v1/translate/stream: one text, translated greedily, sent piece by piece."""
-    text: str = Field(description="the source text", examples=["the queen sees young mice with an old box"])
-
-
-class Translation(BaseModel):
-    """One text's n-best, best first."""
-    hypotheses: list[str]
-    token_ids: list[list[int]] = Field(description="each hypothesis's target ids, end token excluded")
-    scores: list[float | None] | None = Field(
-        description="with return_scores (null for a non-finite score), else null")
-
-
-class TranslateResponse(BaseModel):
-    translations: list[Translation] = Field(description="one per text, in order")
-
-
-class ErrorResponse(BaseModel):
-    error: str = Field(description="what is wrong, the limit and the fix")
-    field: str | None = Field(None, description="the request's field at fault, if one is")
-
-
-_ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in (
-    (400, "malformed JSON, too deep, too long an integer, or not UTF-8"), (408, "the body came too slowly"),
-    (413, "over a limit (bytes, texts, characters)"),
-    (422, "a wrong field, type or option value"), (500, "the engine failed"),
-    (503, "queue full (Retry-After), or draining"),
-    (504, "no answer within the timeout: the job was cancelled"))}
-
-
-# -- state, metrics and admission -----------------------------------------------------------------
-
-class _EngineCounters:
-    """The engine's own counts as Prometheus counters, read at each scrape (the engine knows no metrics)."""
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-
-    SOLO = ("seq2onnx_searches_decoded_alone",
-            "searches decoded alone on their request's thread since the start: nothing else was decoding "
-            "(--batching continuous without --no-solo)")
-
-    def collect(self):
-        yield CounterMetricFamily(*self.SOLO, value=self.engine.solo_searches)
-
-
-class Frontend:
-    """What an app of create_app shares between its endpoints and serve/server.py (app.state.frontend).
-
-    Attributes:
-        engine: the Engine served; inflight: requests accepted and not yet answered (the queue's depth);
-            draining: set by drain(), then /ready and new POSTs answer 503.
-    """
-
-    def __init__(self, engine: Engine, max_queue: int, max_texts: int, max_chars: int, max_body_bytes: int,
-                 timeout_s: float, registry: CollectorRegistry, read_timeout_s: float = 10.0):
-        self.engine, self.max_queue, self.max_texts, self.max_chars = engine, max_queue, max_texts, max_chars
-        self.max_body_bytes, self.timeout_s, self.registry = max_body_bytes, timeout_s, registry
-        self.read_timeout_s = read_timeout_s
-        self.inflight, self.draining, r = 0, False, registry
-        # POST paths admitted to the queue (body limits, deadline), and /metrics' endpoint labels: the drop-in
-        # APIs (serve/dropin.py) add theirs
-        self.admitted, self.endpoints = {TRANSLATE, STREAM}, set(ENDPOINTS)
-        self.too_slow = f"no answer within {timeout_s:g} s (--timeout); the job was cancelled: send fewer " \
-                        "or shorter texts, or raise --timeout"
-        self.requests = Counter("seq2onnx_requests", "HTTP requests answered, by endpoint and status",
-                                ["endpoint", "status"], registry=r)
-        self.latency = Histogram("seq2onnx_request_seconds",
-                                 "time from arrival to the answer's last byte, by endpoint", ["endpoint"],
-                                 buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120),
-                                 registry=r)
-        self.texts = Counter("seq2onnx_texts", "texts translated (a stream counts one)", registry=r)
-        self.tokens = Counter("seq2onnx_generated_tokens",
-                              "target tokens returned (every hypothesis; a stream's pieces); "
-                              "tokens/s = rate()",
-                              registry=r)
-        self.cancelled = Counter("seq2onnx_cancelled_jobs", "jobs cancelled by the front end, by reason "
-                                 "(disconnect, timeout, shutdown)", ["reason"], registry=r)
-        self.shared = bool(os.environ.get(SHARED_METRICS))
-        self._gauges(engine, r)
-        info = Gauge("seq2onnx_engine_info", "the engine served", ["batching"], registry=r,
-                     multiprocess_mode="max")
-        info.labels(engine.batching).set(1)
-        if self.shared:  # one exposition summing every process's files, this one's included
-            self.exposed = CollectorRegistry()
-            multiprocess.MultiProcessCollector(self.exposed)
-            threading.Thread(target=self._refresh_forever, daemon=True, name="metrics-refresh").start()
-        else:
-            self.exposed = r
-            ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds: what bounds watch
-
-    def _gauges(self, engine: Engine, r: CollectorRegistry) -> None:
-        """The queue's depth, the engine's load and its own counts. One process: read at each scrape. Several
-        (serve/processes.py): each process writes its values (refresh()), and a scrape sums the live ones."""
-        self.loads = {
-            "queue_depth": Gauge("seq2onnx_queue_depth", "requests accepted and not yet answered (at most "
-                                 "--max-queue in each process)", registry=r, multiprocess_mode="livesum")}
-        for key in LOAD_KEYS:
-            self.loads[key] = Gauge(f"seq2onnx_{key}", f"{key.replace('_', ' ')} being decoded now (the "
-                                    "engine's load())", registry=r, multiprocess_mode="livesum")
-        if not self.shared:
-            self.loads["queue_depth"].set_function(lambda: self.inflight)
-            for key in LOAD_KEYS:
-                self.loads[key].set_function(lambda key=key: engine.load()[key])
-            r.register(_EngineCounters(engine))
-            return
-        self.solo = Counter(*_EngineCounters.SOLO, registry=r)
-        self._solo_seen = 0
-        self._refreshing = threading.Lock()  # the refresh thread and a scrape: each solo search counted once
-
-    def refresh(self) -> None:
-        """Writes this process's gauges and counts for the shared metrics (several processes only)."""
-        with self._refreshing:
-            load = self.engine.load()
-            self.loads["queue_depth"].set(self.inflight)
-            for key in LOAD_KEYS:
-                self.loads[key].set(load[key])
-            solo = self.engine.solo_searches
-            self.solo.inc(solo - self._solo_seen)
-            self._solo_seen = solo
-
-    def _refresh_forever(self) -> None:
-        while True:
-            time.sleep(SHARED_REFRESH_S)
-            self.refresh()
-
-    def metrics(self) -> bytes:
-        """The Prometheus text of /metrics (every process's sums when several serve)."""
-        if self.shared:
-            self.refresh()
-        return generate_latest(self.exposed)
-
-    def drain(self) -> None:
-        """Refuses new requests (503) from now on; those accepted are still answered."""
-        self.draining = True
 
 
 class _Admission:
@@ -480,7 +294,7 @@ def _add_translate(app: FastAPI, f: Frontend) -> None:
     """POST /v1/translate."""
     engine = f.engine
 
-    @app.post(TRANSLATE, response_model=TranslateResponse, responses=_ERRORS, summary="Translate texts")
+    @app.post(TRANSLATE, response_model=TranslateResponse, responses=ERRORS, summary="Translate texts")
     async def translate(body: TranslateRequest, request: Request):
         """Returns each text's n-best (texts, token ids, and scores with return_scores) in the order given."""
         options = body.model_dump(exclude_unset=True, exclude={"texts"})
@@ -535,7 +349,7 @@ def _add_stream(app: FastAPI, f: Frontend) -> None:
     """POST /v1/translate/stream."""
     engine = f.engine
 
-    @app.post(STREAM, responses={**_ERRORS, 200: _STREAM_200},
+    @app.post(STREAM, responses={**ERRORS, 200: _STREAM_200},
               summary="Translate one text greedily, piece by piece as each token is decided (NDJSON)")
     async def translate_stream(body: StreamRequest, request: Request):
         """Streams the greedy translation of one text; the pieces join to its translation with beam_size=1."""

@@ -20,7 +20,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from seq2onnx.runtime.options import check_prefix_options
-from seq2onnx.serve.app import Frontend, _bridge, _wait
+from seq2onnx.serve.app import _bridge, _wait
+from seq2onnx.serve.frontend import Frontend
 from seq2onnx.serve.engine import Cancelled
 from seq2onnx.serve.keys import Gate, Key, Refusal
 from seq2onnx.serve.routes import Choice, Routes

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from seq2onnx.serve import deepl, libretranslate
-from seq2onnx.serve.app import Frontend
+from seq2onnx.serve.frontend import Frontend
 from seq2onnx.serve.dropin import LIBRE, DropIn, KeyGate
 from seq2onnx.serve.keys import Gate
 from seq2onnx.serve.routes import Routes

@@ -181,7 +181,7 @@ def test_every_http_field_of_an_option_is_in_the_table():
     from extras import require
 
     require("fastapi", "serve")
-    from seq2onnx.serve.app import StreamRequest, TranslateRequest
+    from seq2onnx.serve.schemas import StreamRequest, TranslateRequest
     from seq2onnx.serve.errors import FIELDS
 
     served = set(TranslateRequest.model_fields) | set(StreamRequest.model_fields)
@@ -195,7 +195,7 @@ def test_the_http_field_comes_from_the_table_not_the_message(monkeypatch):
 
     require("fastapi", "serve")
     from seq2onnx.serve import errors
-    from seq2onnx.serve.app import StreamRequest, TranslateRequest
+    from seq2onnx.serve.schemas import StreamRequest, TranslateRequest
 
     e = OptionError("beam_size", 0, limit="an int >= 1", hint="give an int >= 1")
     answer = errors.engine_error(e, TranslateRequest)

@@ -24,7 +24,7 @@ import httpx  # noqa: E402
 
 from serve_process import ServeProcess  # noqa: E402
 
-from seq2onnx.serve.app import SHARED_REFRESH_S  # noqa: E402
+from seq2onnx.serve.frontend import SHARED_REFRESH_S  # noqa: E402
 
 TRANSLATE = "/v1/translate"
 TEXTS = ["the queen sees", "a young mouse eats", "the old king runs", "two birds sing"]

@@ -114,7 +114,7 @@ class Translator:
         self.bundle = bundle
         cfg = self.bundle.model
         self.n_layers, self.n_heads = cfg["n_decoder_layers"], cfg["n_heads"]
-        self.head_dim = cfg["d_model"] // cfg["n_heads"]
+        self.head_dim = cfg.get("d_kv") or cfg["d_model"] // cfg["n_heads"]  # d_kv: T5's head size of its own
         self.max_positions = cfg["max_positions"]
         self.src_vocab, self.tgt_vocab = cfg["src_vocab_size"], cfg["tgt_vocab_size"]
         ids = self.bundle.special_ids

@@ -10,7 +10,14 @@ from pathlib import Path
 # same ids hold on both sides and in every bundle.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 # The feed-forward's nonlinearities (swish is x * sigmoid(x), also called SiLU).
-ACTIVATIONS = ("relu", "swish", "gelu")
+# gelu_tanh is the tanh approximation (transformers' "gelu_new", T5 v1.1's and mT5's).
+ACTIVATIONS = ("relu", "swish", "gelu", "gelu_tanh")
+NORMS = ("layer", "rms")
+# Fields added for imported T5 models (export/hf/family_t5.py), with the defaults that describe every model
+# made before them: to_dict leaves them out at their defaults, so older configs and bundles read and
+# write exactly as before.
+T5_DEFAULTS = {"d_kv": 0, "norm": "layer", "attention_scale": True, "linear_bias": True,
+               "relative_buckets": 0, "relative_max_distance": 128, "gated": False, "output_scale": 1.0}
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,17 @@ class ModelConfig:
             layernorm_embedding, fairseq's layernorm_embedding).
         separate_positions: the decoder has a stored position table of its own (mBART learns one per
             stack); needs stored_positions.
+        d_kv: the head size where n_heads x d_kv is not d_model (T5's d_kv: mT5-small has 6 x 64 heads in a
+            512-wide stream); 0: d_model // n_heads.
+        norm: "layer" (LayerNorm) or "rms" (T5's: a scale only, no mean, no bias).
+        attention_scale: scores divided by sqrt(head size); T5 does not divide.
+        linear_bias: the attention and feed-forward projections have biases (T5's have none).
+        relative_buckets: > 0: T5's relative position bias, a learned per-head bias over this many buckets,
+            added to each stack's self-attention scores, instead of a position table.
+        relative_max_distance: the distance from which every relative position shares its bucket.
+        gated: the feed-forward is act(x W1) * (x W3), then W2 (T5 v1.1's and mT5's gated-gelu).
+        output_scale: the decoder's output is multiplied by this before the output projection (T5 with tied
+            embeddings: d_model ** -0.5).
 
     Raises:
         ValueError: d_model does not divide by n_heads, share_vocab with unequal vocabularies,
@@ -80,9 +98,18 @@ class ModelConfig:
     renormalize: bool = False
     embedding_norm: bool = False  # mBART's layernorm_embedding: LN(embed + positions), one per stack
     separate_positions: bool = False  # the decoder's own stored position table (mBART's learned ones)
+    # T5 (export/hf/family_t5.py); the defaults are T5_DEFAULTS, every earlier model's
+    d_kv: int = 0  # head size where n_heads * d_kv != d_model; 0: d_model // n_heads
+    norm: str = "layer"  # "rms": T5's scale-only norm
+    attention_scale: bool = True  # softmax(QK^T / sqrt(Dh)); False: softmax(QK^T) (T5)
+    linear_bias: bool = True  # biases on the attention and feed-forward projections
+    relative_buckets: int = 0  # > 0: T5's relative position bias instead of a position table
+    relative_max_distance: int = 128
+    gated: bool = False  # FFN(x) = (act(x W1) * x W3) W2
+    output_scale: float = 1.0  # the decoder output's factor before the output projection
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
+        if self.d_model % self.n_heads and not self.d_kv:
             raise ValueError(
                 f"d_model={self.d_model} does not divide by n_heads={self.n_heads}; "
                 "choose n_heads among the divisors of d_model"
@@ -95,6 +122,10 @@ class ModelConfig:
         if self.separate_positions and not self.stored_positions:
             raise ValueError("separate_positions needs stored_positions (a decoder table is imported, "
                              "never computed)")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm={self.norm!r}; choose one of {', '.join(NORMS)}")
+        if self.relative_buckets < 0 or self.d_kv < 0:
+            raise ValueError(f"relative_buckets={self.relative_buckets}, d_kv={self.d_kv}: need >= 0")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation={self.activation!r}; choose one of {', '.join(ACTIVATIONS)}")
         object.__setattr__(self, "suppressed_ids", tuple(int(i) for i in self.suppressed_ids))
@@ -109,8 +140,13 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        """Width of one attention head: d_model // n_heads."""
-        return self.d_model // self.n_heads
+        """Width of one attention head: d_kv, or d_model // n_heads."""
+        return self.d_kv or self.d_model // self.n_heads
+
+    @property
+    def inner_dim(self) -> int:
+        """Width of the attention's queries, keys and values: n_heads * head_dim (d_model but in T5)."""
+        return self.n_heads * self.head_dim
 
     def parameter_count(self) -> int:
         """Counts the trainable parameters of the Transformer this config describes, shared tensors once.
@@ -118,10 +154,11 @@ class ModelConfig:
         Returns:
             The number of parameters.
         """
-        d, ff = self.d_model, self.d_ff
-        attention = 4 * (d * d + d)  # w_q, w_k, w_v, w_o with biases
-        feed_forward = d * ff + ff + ff * d + d
-        norm = 2 * d
+        d, ff, inner, bias = self.d_model, self.d_ff, self.inner_dim, int(self.linear_bias)
+        attention = 4 * d * inner + bias * (3 * inner + d)  # w_q, w_k, w_v, w_o
+        feed_forward = (3 if self.gated else 2) * d * ff + bias * ((2 if self.gated else 1) * ff + d)
+        norm = 2 * d if self.norm == "layer" else d
+        relative = 2 * self.relative_buckets * self.n_heads
         encoder = self.n_encoder_layers * (attention + feed_forward + 2 * norm)
         decoder = self.n_decoder_layers * (2 * attention + feed_forward + 3 * norm)
         embeddings = self.src_vocab_size * d + (0 if self.share_vocab else self.tgt_vocab_size * d)
@@ -129,12 +166,15 @@ class ModelConfig:
                      + (self.tgt_vocab_size if self.logits_bias else 0))
         final_norms = 2 * norm if self.pre_norm else 0
         embedding_norms = 2 * norm if self.embedding_norm else 0
-        return encoder + decoder + embeddings + generator + final_norms + embedding_norms
+        return encoder + decoder + embeddings + generator + final_norms + embedding_norms + relative
 
     def to_dict(self) -> dict:
         """The fields as a JSON-ready dict."""
         data = dataclasses.asdict(self)
         data["suppressed_ids"] = list(self.suppressed_ids)
+        for name, default in T5_DEFAULTS.items():  # as before T5: a model without them writes none of them
+            if data[name] == default:
+                del data[name]
         return data
 
     @classmethod

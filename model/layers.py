@@ -81,3 +81,68 @@ class LayerNorm(nn.LayerNorm):
         return F.layer_norm(
             wide(x), self.normalized_shape, wide(self.weight), wide(self.bias), self.eps
         ).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """T5's norm: x / sqrt(mean(x^2) + eps) * weight, no mean subtracted and no bias, in at least fp32.
+
+    Args:
+        d: the normalized width.
+        eps: added to the mean square.
+    """
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Normalizes the last dimension of x in at least fp32 (transformers' T5LayerNorm's order of
+        operations); returns it in x's dtype."""
+        h = wide(x)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (wide(self.weight) * h).to(x.dtype)
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GELU's tanh approximation, written as transformers' NewGELUActivation ("gelu_new") computes it."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """T5's bucket of each relative position (key position - query position), as Mesh TensorFlow and
+    transformers' T5Attention._relative_position_bucket compute it: exact buckets for small distances,
+    logarithmic ones up to max_distance, one bucket for everything beyond.
+
+    Args:
+        relative: int64 relative positions, any shape.
+        bidirectional: the encoder's (half the buckets for keys after the query); False: the decoder's
+            (keys after the query never occur).
+        num_buckets: the buckets.
+        max_distance: the distance from which all positions share a bucket.
+
+    Returns:
+        The buckets, int64, relative's shape.
+    """
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative > 0).to(torch.long) * num_buckets
+        relative = torch.abs(relative)
+    else:
+        relative = -torch.min(relative, torch.zeros_like(relative))
+    max_exact = num_buckets // 2
+    is_small = relative < max_exact
+    logarithmic = torch.log(relative.float() / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (logarithmic * (num_buckets - max_exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return buckets + torch.where(is_small, relative, large)
+
+
+def bucket_table(bidirectional: bool, num_buckets: int, max_distance: int, n_positions: int) -> Tensor:
+    """The bucket of every relative position from -(n_positions - 1) to n_positions - 1 (index
+    r + n_positions - 1): what a stack of at most n_positions positions looks up, so that the graphs need
+    no logarithm (whose last bit could differ between torch and onnxruntime at a bucket's edge).
+    """
+    relative = torch.arange(1 - n_positions, n_positions, dtype=torch.long)
+    return relative_bucket(relative, bidirectional, num_buckets, max_distance)

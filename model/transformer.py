@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .layers import (  # noqa: F401 (sinusoid_table: API)
-    LayerNorm, causal_bias, own_past_bias, padding_bias, sinusoid_table, wide,
+    LayerNorm, RMSNorm, bucket_table, causal_bias, gelu_tanh, own_past_bias, padding_bias, sinusoid_table,
+    wide,
 )
 
 KV = tuple[Tensor, Tensor]
@@ -34,11 +35,13 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
-        self.w_q = nn.Linear(cfg.d_model, cfg.d_model)
-        self.w_k = nn.Linear(cfg.d_model, cfg.d_model)
-        self.w_v = nn.Linear(cfg.d_model, cfg.d_model)
-        self.w_o = nn.Linear(cfg.d_model, cfg.d_model)
+        inner, bias = cfg.inner_dim, cfg.linear_bias  # inner: d_model but in T5 (d_kv)
+        self.w_q = nn.Linear(cfg.d_model, inner, bias=bias)
+        self.w_k = nn.Linear(cfg.d_model, inner, bias=bias)
+        self.w_v = nn.Linear(cfg.d_model, inner, bias=bias)
+        self.w_o = nn.Linear(inner, cfg.d_model, bias=bias)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.scaled = cfg.attention_scale  # T5 adds its relative bias to unscaled scores
 
     def split_heads(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, Dh)."""
@@ -50,7 +53,7 @@ class MultiHeadAttention(nn.Module):
         return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))  # 2 x (B, H, S, Dh)
 
     def attention_weights(self, q: Tensor, k: Tensor, bias: Tensor | None) -> Tensor:
-        """Returns softmax(Q K^T / sqrt(d_k) + bias) per head, in fp32: (B, H, T, S).
+        """Returns softmax(Q K^T / sqrt(d_k) + bias) per head, in fp32: (B, H, T, S); T5: no sqrt(d_k).
 
         Args:
             q: (B, H, T, Dh) queries.
@@ -58,8 +61,11 @@ class MultiHeadAttention(nn.Module):
             bias: additive mask broadcast to (B, H, T, S), or None.
         """
         # 1. scores: (B, H, T, Dh) @ (B, H, Dh, S) -> (B, H, T, S)
-        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        # 2. masks: padding (B, 1, 1, S) and/or causal (T, S) broadcast over heads
+        scores = torch.matmul(q, k.transpose(-2, -1))
+        if self.scaled:
+            scores = scores / math.sqrt(self.head_dim)
+        # 2. masks: padding (B, 1, 1, S) and/or causal (T, S) broadcast over heads (T5: plus its relative
+        # position bias, (1 or B, H, T, S))
         if bias is not None:
             scores = scores + bias
         # 3. softmax in fp32: fp16 exponentials overflow
@@ -86,7 +92,7 @@ class MultiHeadAttention(nn.Module):
             bias: additive mask, or None.
         """
         context = self.attention(self.split_heads(self.w_q(x)), kv[0], kv[1], bias)  # (B, H, T, Dh)
-        b, _, t, _ = context.shape
+        b, _, t, _ = context.shape  # heads merged: (B, T, H * Dh)
         return self.w_o(context.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
     # -- one decoding step: rows (R, D), one new position each -------------------------------
@@ -149,15 +155,28 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.linear_bias)
+        # gated (T5 v1.1, mT5): the linear half, multiplied into the activated one (transformers' wi_1)
+        self.w_3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.linear_bias) if cfg.gated else None
+        self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.linear_bias)
         self.dropout = nn.Dropout(cfg.dropout)
-        # exact gelu (erf), as transformers' "gelu"; swish = SiLU
-        self.activation = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}[cfg.activation]
+        # exact gelu (erf), as transformers' "gelu"; swish = SiLU; gelu_tanh as transformers' "gelu_new"
+        functions = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu, "gelu_tanh": gelu_tanh}
+        self.activation = functions[cfg.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        """(..., D) -> (..., D), dropout after the activation."""
-        return self.w_2(self.dropout(self.activation(self.w_1(x))))
+        """(..., D) -> (..., D), dropout after the activation (after the gate's product when gated)."""
+        h = self.activation(self.w_1(x))
+        if self.w_3 is not None:
+            h = h * self.w_3(x)
+        return self.w_2(self.dropout(h))
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The model's norm over d_model: LayerNorm, or T5's RMS norm (cfg.norm)."""
+    if cfg.norm == "rms":
+        return RMSNorm(cfg.d_model, cfg.layer_norm_eps)
+    return LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
 
 class Sublayer(nn.Module):
@@ -169,7 +188,7 @@ class Sublayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm = make_norm(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre_norm = cfg.pre_norm
 
@@ -277,8 +296,18 @@ class Transformer(nn.Module):
             else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
         )
         # Stored positions (an imported model's own table) travel with the weights; ours are recomputed.
-        self.register_buffer("positions", sinusoid_table(cfg.max_positions, d),
-                             persistent=cfg.stored_positions)
+        # T5 has none: a learned per-head bias over buckets of relative positions, one table per stack
+        # (transformers keeps it in each stack's first layer and shares it with the others).
+        if cfg.relative_buckets:
+            self.encoder_relative = nn.Embedding(cfg.relative_buckets, cfg.n_heads)
+            self.decoder_relative = nn.Embedding(cfg.relative_buckets, cfg.n_heads)
+            for side, both_ways in (("encoder", True), ("decoder", False)):
+                self.register_buffer(f"{side}_buckets", bucket_table(
+                    both_ways, cfg.relative_buckets, cfg.relative_max_distance, cfg.max_positions),
+                    persistent=False)
+        else:
+            self.register_buffer("positions", sinusoid_table(cfg.max_positions, d),
+                                 persistent=cfg.stored_positions)
         if cfg.separate_positions:  # mBART learns a table per stack: the decoder's, beside the encoder's
             self.register_buffer("tgt_positions", sinusoid_table(cfg.max_positions, d))
         self.embed_dropout = nn.Dropout(cfg.dropout)
@@ -286,11 +315,12 @@ class Transformer(nn.Module):
         eps = cfg.layer_norm_eps
         self.encoder_embed_norm = LayerNorm(d, eps=eps) if cfg.embedding_norm else nn.Identity()
         self.decoder_embed_norm = LayerNorm(d, eps=eps) if cfg.embedding_norm else nn.Identity()
+        self.output_scale = cfg.output_scale  # T5 with tied embeddings: d_model ** -0.5
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-LN leaves the residual stream unnormalised: one more norm at the top of each stack.
-        self.encoder_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
-        self.decoder_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
+        self.encoder_norm = make_norm(cfg) if cfg.pre_norm else nn.Identity()
+        self.decoder_norm = make_norm(cfg) if cfg.pre_norm else nn.Identity()
         self.generator = nn.Linear(d, cfg.tgt_vocab_size, bias=cfg.logits_bias)
         if cfg.tie_embeddings:
             self.generator.weight = self.tgt_embed.weight
@@ -312,18 +342,47 @@ class Transformer(nn.Module):
             with torch.no_grad():
                 emb.weight[self.cfg.pad_id].zero_()
 
+    def relative_bias(self, side: str, relative: Tensor) -> Tensor:
+        """T5's position bias (1, H, *relative.shape) of relative positions (key - query), int64 of any
+        shape, each inside +-(max_positions - 1): its bucket (layers.bucket_table), the stack's learned value
+        per bucket and head.
+
+        Args:
+            side: "encoder" (bidirectional buckets) or "decoder".
+            relative: the relative positions.
+        """
+        table, buckets = getattr(self, f"{side}_relative"), getattr(self, f"{side}_buckets")
+        bucket = buckets[relative + (self.cfg.max_positions - 1)]  # (...,)
+        values = table(bucket)  # (..., H)
+        n = values.dim() - 1  # a permutation of non-negative axes: the exporter writes movedim's -1 as is
+        return values.permute(n, *range(n)).unsqueeze(0)  # (1, H, ...)
+
+    def _self_bias(self, side: str, length: int, device: torch.device) -> Tensor | None:
+        """The (1, H, L, L) relative bias of a stack's self-attention over L positions; None without T5's."""
+        if not self.cfg.relative_buckets:
+            return None
+        position = torch.arange(length, device=device)
+        return self.relative_bias(side, position[None, :] - position[:, None])  # (1, H, L, L)
+
     @property
     def target_positions(self) -> Tensor:
         """The decoder's position table: its own (cfg.separate_positions), else the one both stacks share."""
         return self.tgt_positions if self.cfg.separate_positions else self.positions
 
-    def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor,
+    def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor | None,
               norm: nn.Module | None = None) -> Tensor:
-        """table(ids) * sqrt(d_model) (unless not cfg.scale_embedding) + positions, through `norm` (the
-        stack's embedding norm; None: the target's), then dropout."""
+        """table(ids) * sqrt(d_model) (unless not cfg.scale_embedding) + positions (None: T5's, none),
+        through `norm` (the stack's embedding norm; None: the target's), then dropout."""
         x = table(ids) * math.sqrt(self.cfg.d_model) if self.cfg.scale_embedding else table(ids)
         norm = self.decoder_embed_norm if norm is None else norm
-        return self.embed_dropout(norm(x + positions))
+        return self.embed_dropout(norm(x if positions is None else x + positions))
+
+    def project(self, x: Tensor) -> Tensor:
+        """The logits of the decoder's last layer output x: final norm, T5's output scale, projection."""
+        x = self.decoder_norm(x)
+        if self.output_scale != 1.0:
+            x = x * self.output_scale
+        return self.generator(x)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
         """Returns the encoder's memory (B, S, D) for a batch of sources.
@@ -332,8 +391,12 @@ class Transformer(nn.Module):
             src: (B, S) ids.
             src_mask: (B, S), True for real tokens.
         """
-        x = self.embed(self.src_embed, src, self.positions[: src.shape[1]], self.encoder_embed_norm)
-        bias = padding_bias(src_mask)
+        relative = self.cfg.relative_buckets > 0
+        positions = None if relative else self.positions[: src.shape[1]]
+        x = self.embed(self.src_embed, src, positions, self.encoder_embed_norm)
+        bias = padding_bias(src_mask)  # (B, 1, 1, S)
+        if relative:  # computed once, shared by every layer (T5)
+            bias = bias + self._self_bias("encoder", src.shape[1], src.device)  # (B, H, S, S)
         for layer in self.encoder_layers:
             x = layer(x, bias)
         return self.encoder_norm(x)
@@ -355,11 +418,15 @@ class Transformer(nn.Module):
             tgt_in: (B, T) target ids starting with decoder_start_id.
         """
         cross = self.cross_kv(self.encode(src, src_mask))
-        x = self.embed(self.tgt_embed, tgt_in, self.target_positions[: tgt_in.shape[1]])
-        self_bias, cross_bias = causal_bias(tgt_in.shape[1], src.device), padding_bias(src_mask)
+        t = tgt_in.shape[1]
+        relative = self._self_bias("decoder", t, src.device)  # (1, H, T, T) or None
+        x = self.embed(self.tgt_embed, tgt_in, None if relative is not None else self.target_positions[:t])
+        self_bias, cross_bias = causal_bias(t, src.device), padding_bias(src_mask)
+        if relative is not None:
+            self_bias = self_bias + relative
         for layer, kv in zip(self.decoder_layers, cross):
             x = layer(x, self_bias, kv, cross_bias)
-        return self.generator(self.decoder_norm(x))
+        return self.project(x)
 
     def decode_step(
         self,
@@ -389,16 +456,24 @@ class Transformer(nn.Module):
             return_attention also the last layer's cross-attention averaged over heads (R, S) in
             fp32 (CTranslate2's return_attention convention), what the decoder graph outputs.
         """
-        positions = self.target_positions.index_select(0, step)  # (1 or R, D)
+        past_len = past[0][0].shape[2]
+        relative = self.cfg.relative_buckets > 0
+        positions = None if relative else self.target_positions.index_select(0, step)  # (1 or R, D)
         x = self.embed(self.tgt_embed, tokens.reshape(-1), positions)  # (R, D)
         cross_bias = padding_bias(src_mask)
-        self_bias = own_past_bias(step, past[0][0].shape[2])  # (1 or R, 1, 1, P+1): 0 but in a serving batch
+        self_bias = own_past_bias(step, past_len)  # (1 or R, 1, 1, P+1): 0 but in a serving batch
+        if relative:
+            # T5: the new position (slot P) against every slot; a row's own positions end at slot P, so
+            # slot j lies j - P positions from the query in every row
+            slots = torch.arange(past_len + 1, device=tokens.device)
+            relative_bias = self.relative_bias("decoder", slots - past_len)  # (1, H, P+1)
+            self_bias = self_bias + relative_bias[:, :, None, :]  # (1, H, 1, P+1)
         present: list[KV] = []
         for layer, (pk, pv), kv in zip(self.decoder_layers, past, cross):
             reordered = (pk.index_select(0, cache_indices), pv.index_select(0, cache_indices))
             x, new, attention = layer.step(x, reordered, kv, cross_bias, self_bias)
             present.append(new)
-        logits = self.generator(self.decoder_norm(x))  # (R, V)
+        logits = self.project(x)  # (R, V)
         if self.cfg.renormalize:  # transformers' renormalize_logits: the log-softmax over the allowed ids
             log_probs = F.log_softmax(self.suppress(wide(logits)), dim=-1).float()
         else:
@@ -427,6 +502,6 @@ class Transformer(nn.Module):
             device: where it goes; None: the parameters' device.
         """
         p = next(self.parameters())
-        shape = (rows, self.cfg.n_heads, 0, self.cfg.head_dim)
+        shape = (rows, self.cfg.n_heads, 0, self.cfg.head_dim)  # head_dim: d_kv where T5 sets it
         z = torch.zeros(shape, dtype=p.dtype, device=device or p.device)
         return [(z, z) for _ in self.decoder_layers]

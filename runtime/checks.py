@@ -253,7 +253,7 @@ def _check_decoder(bundle: Bundle, dec_label: str, decoder) -> None:
         )
     cache = _shape_of(dec_inputs[past_key(0)])
     where = f"{dec_file.name} (input {past_key(0)} of shape {cache})"
-    head_dim = model["d_model"] // model["n_heads"]
+    head_dim = model.get("d_kv") or model["d_model"] // model["n_heads"]  # d_kv: T5's head size of its own
     if len(cache) != 4 or cache[1] != model["n_heads"]:
         raise _mismatch(
             bundle, "model.n_heads", model["n_heads"], cache[1] if len(cache) == 4 else cache, where
@@ -290,7 +290,7 @@ def _check_tables(bundle: Bundle, graphs: dict[str, GraphInfo], dec_label: str) 
     tables = [
         (bundle.file("encoder").name, graphs["encoder"], SRC_IDS, "model.src_vocab_size", "source embedding"),
         (bundle.file(dec_label).name, graphs[dec_label], STEP, "model.max_positions", "positional table"),
-    ]
+    ][: 1 if model.get("relative_buckets") else 2]  # T5 has no positional table (a relative bias instead)
     for name, info, indices, field, what in tables:
         # the fused decoder's table is looked up at each row's own position (older fused graphs: at step)
         found = [shape for idx, shape in info.gather_tables() if idx in (indices, ROW_POSITION)]

@@ -207,7 +207,7 @@ def validate_meta(meta: dict, where: Path) -> None:
             "max_positions",
         )
     }
-    if sizes["d_model"] % sizes["n_heads"]:
+    if sizes["d_model"] % sizes["n_heads"] and not model.get("d_kv"):  # d_kv: T5's head size of its own
         v.fail("model.d_model", sizes["d_model"], f"expected a multiple of model.n_heads={sizes['n_heads']}")
     if meta["max_positions"] != sizes["max_positions"]:
         v.fail(

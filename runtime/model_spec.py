@@ -52,7 +52,7 @@ class ModelSpec:
         return cls(
             n_layers=cfg["n_decoder_layers"],
             n_heads=cfg["n_heads"],
-            head_dim=cfg["d_model"] // cfg["n_heads"],
+            head_dim=cfg.get("d_kv") or cfg["d_model"] // cfg["n_heads"],  # d_kv: T5's own head size
             max_positions=cfg["max_positions"],
             src_vocab=cfg["src_vocab_size"],
             tgt_vocab=cfg["tgt_vocab_size"],

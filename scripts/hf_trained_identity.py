@@ -12,7 +12,9 @@ joint English-Chinese SentencePiece vocabulary of 4,000 pieces) for --train-minu
   bad_words_ids [[pad]]);
 - nllb: M2M100ForConditionalGeneration + transformers 5's NllbTokenizer, eng_Latn -> zho_Hans (the
   sentencepiece.bpe.model put beside tokenizer.json, as in a hub snapshot);
-- mbart: MBartForConditionalGeneration + MBart50Tokenizer, en_XX -> zh_CN.
+- mbart: MBartForConditionalGeneration + MBart50Tokenizer, en_XX -> zh_CN;
+- t5: T5ForConditionalGeneration shaped as MADLAD-400 / T5 v1.1 (gated-GELU, its own lm_head, relative
+  position bias, RMS norm) + T5Tokenizer (spiece.model put beside tokenizer.json).
 
 It then exports each with `seq2onnx export` (fp32, and --quantize int8), converts it with CTranslate2's
 TransformersConverter (quantization int8, and None for a reference row), and counts, over the test
@@ -46,7 +48,7 @@ SHAPE = dict(d_model=128, encoder_layers=3, decoder_layers=3, encoder_attention_
              encoder_layerdrop=0.0, decoder_layerdrop=0.0, scale_embedding=True, init_std=128 ** -0.5)
 # family: (source language code, target language code, learning rate); Marian (post-norm) wants the lower rate
 FAMILIES = {"marian": (None, None, 1.5e-3), "nllb": ("eng_Latn", "zho_Hans", 3e-3),
-            "mbart": ("en_XX", "zh_CN", 3e-3)}
+            "mbart": ("en_XX", "zh_CN", 3e-3), "t5": (None, None, 3e-3)}
 T0 = time.perf_counter()
 
 
@@ -72,7 +74,7 @@ def read_pairs(n_test: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]
     return [p for i, p in enumerate(items) if i not in test_idx], [items[i] for i in sorted(test_idx)]
 
 
-def train_spm(texts: list[str], path: Path, model_type: str) -> Path:
+def train_spm(texts: list[str], path: Path, model_type: str, **ids) -> Path:
     """A SentencePiece model of VOCAB pieces; rare Chinese characters (0.05% of the text) become <unk>."""
     import io
 
@@ -81,7 +83,8 @@ def train_spm(texts: list[str], path: Path, model_type: str) -> Path:
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=VOCAB,
                                    model_type=model_type, character_coverage=0.9995, num_threads=2,
-                                   minloglevel=2, input_sentence_size=200000, shuffle_input_sentence=True)
+                                   minloglevel=2, input_sentence_size=200000, shuffle_input_sentence=True,
+                                   **ids)
     path.write_bytes(model.getvalue())
     return path
 
@@ -150,7 +153,27 @@ def build_mbart(out: Path, texts: list[str]):
     return tok, MBartForConditionalGeneration(config), generation
 
 
-BUILDERS = {"marian": build_marian, "nllb": build_nllb, "mbart": build_mbart}
+def build_t5(out: Path, texts: list[str]):
+    """(tokenizer, model, generation config) of a MADLAD-400 / T5 v1.1 shaped model (issue 61)."""
+    import torch
+    from transformers import GenerationConfig, T5Config, T5ForConditionalGeneration, T5Tokenizer
+
+    with tempfile.TemporaryDirectory() as snapshot:  # T5's ids: <pad> 0, </s> 1, <unk> 2
+        spm_path = train_spm(texts, Path(snapshot) / "spiece.model", "unigram", pad_id=0, eos_id=1, unk_id=2,
+                             bos_id=-1)
+        tok = T5Tokenizer.from_pretrained(snapshot)
+        shutil.copyfile(spm_path, out / spm_path.name)
+    config = T5Config(vocab_size=len(tok), d_model=128, d_kv=32, num_heads=4, d_ff=512, num_layers=3,
+                      num_decoder_layers=3, feed_forward_proj="gated-gelu", dropout_rate=0.0, pad_token_id=0,
+                      eos_token_id=1, decoder_start_token_id=0, tie_word_embeddings=False)
+    model = T5ForConditionalGeneration(config)
+    model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())  # its own, as MADLAD's
+    generation = GenerationConfig(decoder_start_token_id=0, early_stopping=True, eos_token_id=1,
+                                  max_length=MAX_LENGTH, num_beams=4, pad_token_id=0)
+    return tok, model, generation
+
+
+BUILDERS = {"marian": build_marian, "nllb": build_nllb, "mbart": build_mbart, "t5": build_t5}
 
 
 def encode(tok, family: str, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
@@ -389,7 +412,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--families", default="marian,nllb,mbart",
-                   help="comma-separated families to train and measure, of marian, nllb, mbart\n"
+                   help="comma-separated families to train and measure, of marian, nllb, mbart, t5\n"
                         "(default: all three)")
     p.add_argument("--sentences", type=int, default=1000,
                    help="held-out Tatoeba pairs decoded by every engine and row\n"

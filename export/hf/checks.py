@@ -455,7 +455,7 @@ def check_weights(model_dir: Path, config: dict, tensors: dict) -> None:
                     f"{match})"
                 )
     for stack in ("encoder", "decoder"):
-        found, declared = _layers(tensors, stack), config[f"{stack}_layers"]
+        found, declared = _layers(tensors, stack), config.get(f"{stack}_layers")  # T5's: block.N
         if found and found != declared:
             raise HFImportError(
                 f"{path}: {stack}_layers is {declared} but {weights} hold {found} {stack} "
@@ -494,27 +494,30 @@ def parameter_estimate(config: dict) -> int:
 IMPORT_MEMORY = 1.5  # an export's peak resident memory over the fp32 weights (check_memory)
 
 
-def check_memory(model_dir: Path, config: dict, limit: int | None = None) -> None:
+def check_memory(model_dir: Path, config: dict, limit: int | None = None, estimate=None) -> None:
     """Refuses, before anything is allocated, a config whose model cannot fit in this machine's memory.
 
     Args:
         model_dir: the model directory.
         config: config.json, checked by check_config.
         limit: bytes there are (default: seq2onnx.model.config.available_memory(), physical or cgroup).
+        estimate: config -> parameters (default parameter_estimate: BART-style fields; T5 has its own).
 
     Raises:
         HFImportError: naming config.json's sizes, the bytes needed and the memory there is.
     """
     limit = available_memory() if limit is None else limit
-    params = parameter_estimate(config)
+    params = (estimate or parameter_estimate)(config)
+    encoder = config.get("encoder_layers", config.get("num_layers"))
+    decoder = config.get("decoder_layers", config.get("num_decoder_layers") or encoder)
     # One float32 copy: ours takes the transformers model's own tensors (export/hf/read.py) and the export
     # streams them to disk; half again for what runs beside it (the validation's sessions, a table's int8
     # codes being made): 1.49x and 1.67x the fp32 weights measured at NLLB-1.3B size
     need = IMPORT_MEMORY * 4 * params
     if limit is not None and need > limit:
         raise HFImportError(
-            f"{model_dir / 'config.json'}: d_model {config['d_model']}, {config['encoder_layers']}+"
-            f"{config['decoder_layers']} layers and vocab_size {config['vocab_size']} make about {params:,} "
+            f"{model_dir / 'config.json'}: d_model {config['d_model']}, {encoder}+"
+            f"{decoder} layers and vocab_size {config['vocab_size']} make about {params:,} "
             f"parameters, which need about {gib(need)} to import, more than this machine's {gib(limit)}; "
             "check those fields (or export on a machine with more memory)"
         )
@@ -532,21 +535,24 @@ def read_generation(model_dir: Path) -> dict:
     return read_json_object(path, "the file that save_pretrained wrote (or delete it)")
 
 
-def check_directory(model_dir: Path, config: dict) -> None:
+def check_directory(model_dir: Path, config: dict, *, fields=None, estimate=None) -> None:
     """Every check above, in an order that names the first cause: config.json, generation_config.json,
     the vocabularies, the weights' headers against config.json, then memory.
 
     Args:
         model_dir: a directory whose config.json names a model_type the importer knows.
         config: its config.json.
+        fields: (model_dir, config) -> None, config.json's own checks (default check_config: BART-style
+            fields; T5's family has its own).
+        estimate: config -> parameters, for check_memory.
 
     Raises:
         HFImportError: the first value refused, in one line.
     """
-    check_config(model_dir, config)
+    (fields or check_config)(model_dir, config)
     check_generation(model_dir, config, read_generation(model_dir))
     check_vocab(model_dir, config, pad_token(model_dir))
     tensors = weight_headers(model_dir)
     if tensors:
         check_weights(model_dir, config, tensors)
-    check_memory(model_dir, config)
+    check_memory(model_dir, config, estimate=estimate)

@@ -17,7 +17,7 @@ import pkgutil
 from pathlib import Path
 from typing import ClassVar
 
-from .checks import HFImportError
+from .checks import HFImportError, check_directory
 
 _REGISTRY: dict[str, type[Family]] = {}
 # generation_config.json (or config.json) fields that change generate()'s output and that no host emulates:
@@ -103,6 +103,19 @@ class Family:
     # A hub snapshot whose SentencePiece file every checkpoint of the family shares: where transformers 5
     # saved tokenizer.json alone, the error says to copy the file from there (it is fetched, not rebuilt).
     spm_snapshot: ClassVar[str | None] = None
+
+    def check_directory(self, model_dir: Path, config: dict) -> None:
+        """Every file's checks before transformers reads one (checks.check_directory: BART-style fields).
+
+        Raises:
+            HFImportError: the first value refused, in one line.
+        """
+        check_directory(model_dir, config)
+
+    def read_model(self, hf, config: dict, model_dir: Path, generation: dict):
+        """Our Transformer holding hf's weights, for a family whose layout is not the BART-style one that
+        read.py reads (T5); None: read.py reads it."""
+        return None
 
     def check_config(self, model_dir: Path, config: dict, generation: dict) -> None:
         """Refuses, by name, each field whose value this family's transformers class does not compute,

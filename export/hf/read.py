@@ -28,7 +28,6 @@ from seq2onnx.model.transformer import Transformer
 from .checks import (
     ACTIVATION_NAMES,
     HFImportError,
-    check_directory,
     looks_like_hf,
     read_generation,
     read_json_object,
@@ -67,7 +66,7 @@ def read_config(model_dir: Path) -> dict:
             f"{model_dir}: no weights ({' or '.join(WEIGHT_FILES[:2])}); save the model with "
             "save_pretrained (or copy its weights file) into this directory"
         )
-    check_directory(model_dir, config)
+    family.check_directory(model_dir, config)  # checks.check_directory, or the family's own fields (T5)
     family.check_config(model_dir, config, read_generation(model_dir))  # its fields, refused by name
     return config
 
@@ -189,15 +188,7 @@ def model_config(
             f"is not supported; supported: {', '.join(sorted(ACTIVATION_NAMES))}"
         )
     layer = enc.layers[0]
-    bad_words = generation.get("bad_words_ids") or []
-    suppressed = sorted(
-        {ids[0] for ids in bad_words if len(ids) == 1} | set(generation.get("suppress_tokens") or [])
-    )
-    if any(len(ids) != 1 for ids in bad_words):
-        raise HFImportError(
-            f"{model_dir / 'generation_config.json'}: bad_words_ids has sequences of several tokens; "
-            "only single tokens are supported (remove the longer ones)"
-        )
+    suppressed, renormalize = suppression(generation, model_dir)
     start = generation.get("decoder_start_token_id", config.get("decoder_start_token_id"))
     eos, pad = config["eos_token_id"], config["pad_token_id"]
     bos = config.get("bos_token_id")
@@ -226,8 +217,26 @@ def model_config(
         stored_positions=True,
         separate_positions=separate_positions,
         suppressed_ids=tuple(suppressed),
-        renormalize=bool(generation.get("renormalize_logits", False)),
+        renormalize=renormalize,
     )
+
+
+def suppression(generation: dict, model_dir: Path) -> tuple[list[int], bool]:
+    """The ids generate() never picks (bad_words_ids of one token, suppress_tokens), and renormalize_logits.
+
+    Raises:
+        HFImportError: bad_words_ids with sequences of several tokens.
+    """
+    bad_words = generation.get("bad_words_ids") or []
+    if any(len(ids) != 1 for ids in bad_words):
+        raise HFImportError(
+            f"{model_dir / 'generation_config.json'}: bad_words_ids has sequences of several tokens; "
+            "only single tokens are supported (remove the longer ones)"
+        )
+    suppressed = sorted(
+        {ids[0] for ids in bad_words if len(ids) == 1} | set(generation.get("suppress_tokens") or [])
+    )
+    return suppressed, bool(generation.get("renormalize_logits", False))
 
 
 def _attention(ours, theirs) -> list[tuple]:
@@ -239,20 +248,39 @@ def _attention(ours, theirs) -> list[tuple]:
     ]
 
 
-def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], family: Family) -> None:
-    """Gives every parameter of model its tensor of hf (the same storage, not a copy); every parameter of
-    model must be written exactly once."""
+def embedding_pairs(model: Transformer, hf) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(ours, theirs) of the embedding tables and the output projection, each shared tensor once."""
     enc, dec = hf.get_encoder(), hf.get_decoder()
-    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-    pairs.append((model.src_embed.weight, enc.embed_tokens.weight))
+    pairs = [(model.src_embed.weight, enc.embed_tokens.weight)]
     if model.tgt_embed is not model.src_embed:
         pairs.append((model.tgt_embed.weight, dec.embed_tokens.weight))
     if model.generator.weight is not model.tgt_embed.weight:
         pairs.append((model.generator.weight, hf.get_output_embeddings().weight))
+    return pairs
+
+
+def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], family: Family) -> None:
+    """Gives every parameter of model its tensor of hf (the same storage, not a copy); every parameter of
+    model must be written exactly once."""
+    enc, dec = hf.get_encoder(), hf.get_decoder()
+    pairs = embedding_pairs(model, hf)
     if model.generator.bias is not None:
         pairs.append((model.generator.bias, hf.final_logits_bias.reshape(-1)))
     pairs.extend(_layer_pairs(model, enc, dec))
     pairs.extend(family.weight_pairs(model, hf))  # the final norms, an embedding norm: the family's own
+    assign(model, pairs)
+    with torch.no_grad():
+        model.positions.copy_(positions[0])
+        if model.cfg.separate_positions:
+            model.tgt_positions.copy_(positions[1])
+
+
+def assign(model: Transformer, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Makes each of our tensors hold its transformers tensor (the same storage, not a copy).
+
+    Raises:
+        HFImportError: a shape that differs, or a parameter of ours that no pair writes.
+    """
     written = set()
     with torch.no_grad():
         for ours, theirs in pairs:
@@ -264,9 +292,6 @@ def _copy(model: Transformer, hf, positions: tuple[torch.Tensor, torch.Tensor], 
             # ours takes their tensor itself: no second copy of the model while it is imported
             ours.data = theirs.detach()
             written.add(id(ours))
-        model.positions.copy_(positions[0])
-        if model.cfg.separate_positions:
-            model.tgt_positions.copy_(positions[1])
     missed = [name for name, p in model.named_parameters() if id(p) not in written]
     if missed:
         raise HFImportError(
@@ -311,6 +336,24 @@ def _layer_pairs(model: Transformer, enc, dec) -> list[tuple[torch.Tensor, torch
         pairs += _affine(ours.sub_ff.norm, theirs.final_layer_norm)
     return pairs
 
+def empty_model(cfg: ModelConfig) -> Transformer:
+    """Our Transformer of cfg on the CPU, eval mode, its parameters allocated but not initialised (assign
+    fills them); buffers computed from the config (T5's bucket tables) are computed."""
+    with torch.device("meta"):  # shapes only: each parameter takes the transformers model's own tensor
+        model = Transformer(cfg)
+    tied = model.generator.weight is model.tgt_embed.weight
+    model = model.to_empty(device="cpu").eval()
+    if tied:  # to_empty makes each module's tensor its own: tie them again, as Transformer does
+        model.generator.weight = model.tgt_embed.weight
+    if cfg.relative_buckets:  # to_empty left them uninitialised: compute them again
+        from seq2onnx.model.layers import bucket_table
+
+        for side, both_ways in (("encoder", True), ("decoder", False)):
+            getattr(model, f"{side}_buckets").copy_(
+                bucket_table(both_ways, cfg.relative_buckets, cfg.relative_max_distance, cfg.max_positions))
+    return model
+
+
 def import_hf(model_dir: str | Path) -> Imported:
     """Reads a Hugging Face Marian, M2M100/NLLB or mBART-50 directory into our Transformer.
 
@@ -328,17 +371,17 @@ def import_hf(model_dir: str | Path) -> Imported:
     hf = load_hf(model_dir)
     generation = read_generation(model_dir)
     family = family_of(config, model_dir / "config.json")
+    own = family.read_model(hf, config, model_dir, generation)  # T5: a layout of its own (family_t5.py)
+    if own is not None:
+        del hf
+        gc.collect()
+        return Imported(model=own, kind=config["model_type"], generation=generation, family=family)
     n = int(config["max_position_embeddings"])
     positions = _positions(hf, n, int(config["pad_token_id"]))
     # One table where both stacks compute the same (Marian's, fairseq's sinusoids), else one each (mBART's
     # learned ones)
     cfg = model_config(config, hf, model_dir, generation, family, not torch.equal(*positions))
-    with torch.device("meta"):  # shapes only: each parameter takes the transformers model's own tensor
-        model = Transformer(cfg)
-    tied = model.generator.weight is model.tgt_embed.weight
-    model = model.to_empty(device="cpu").eval()  # uninitialised until _copy fills them
-    if tied:  # to_empty makes each module's tensor its own: tie them again, as Transformer does
-        model.generator.weight = model.tgt_embed.weight
+    model = empty_model(cfg)  # uninitialised until _copy fills them
     _copy(model, hf, positions, family)
     del hf
     gc.collect()

@@ -131,11 +131,13 @@ def _language_text(tokens: dict, tok, target_lang: str | None) -> str:
 
 
 def _strip(ids: list[int], pad: int, eos: int) -> list[int]:
-    """A generate() row as our token_ids: without the start token, padding and a final end token."""
+    """A generate() row as our token_ids: without the start token, the end token and the padding after it.
+
+    A row without an end token ran to max_length, so it has no padding: pad tokens there were generated
+    (T5's pad is its decoder start, which an untrained model predicts), and are kept as ours are.
+    """
     ids = ids[1:]
-    while ids and ids[-1] == pad:
-        ids.pop()
-    return ids[:-1] if ids and ids[-1] == eos else ids
+    return ids[: ids.index(eos)] if eos in ids else ids
 
 
 def _log_probs(
@@ -383,6 +385,14 @@ def _text_check(got, texts: list[str], bound: float, variant: str) -> Check:
     )
 
 
+def _cross_projections(hf) -> list[tuple]:
+    """Each decoder layer's cross-attention key and value projections: BART-style layers, or T5's blocks."""
+    decoder = hf.get_decoder()
+    if hasattr(decoder, "block"):  # T5, mT5: block.N.layer[1] is the cross-attention
+        return [(b.layer[1].EncDecAttention.k, b.layer[1].EncDecAttention.v) for b in decoder.block]
+    return [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj) for layer in decoder.layers]
+
+
 def _tensor_checks(
     translator, hf, rows, sources, targets, start, suppression, atol, variant, say
 ) -> list[Check]:
@@ -393,15 +403,15 @@ def _tensor_checks(
     worst_kv = worst_lp = 0.0
     scale_kv = 1.0
     n_layers = translator.n_layers
-    layers = hf.get_decoder().layers
+    projections = _cross_projections(hf)
     for row, src, target in zip(rows, sources, targets):
         src_mask, cross = translator.graphs.encode(*translator.sources.pad([src]))
         with torch.no_grad():
             memory = hf.get_encoder()(**row).last_hidden_state  # (1, S, D)
         heads, dh = translator.n_heads, translator.head_dim
         for i in range(n_layers):
-            attn = layers[i].encoder_attn
-            for proj, got in ((attn.k_proj, cross[2 * i]), (attn.v_proj, cross[2 * i + 1])):
+            k_proj, v_proj = projections[i]
+            for proj, got in ((k_proj, cross[2 * i]), (v_proj, cross[2 * i + 1])):
                 with torch.no_grad():
                     ref = proj(memory).reshape(1, -1, heads, dh).transpose(1, 2).numpy()
                 worst_kv = max(worst_kv, float(np.abs(got.numpy().astype(np.float64) - ref).max()))

@@ -288,7 +288,7 @@ export function validateMeta(meta, where, fractions = new Map()) {
   const v = new Schema(where, fractions);
   for (const row of SPEC.fields) v.field(meta, row);
   const { model, special_ids: special } = meta;
-  if (model.d_model % model.n_heads) v.fail("model.d_model", model.d_model, `expected a multiple of model.n_heads=${model.n_heads}`);
+  if (model.d_model % model.n_heads && !model.d_kv) v.fail("model.d_model", model.d_model, `expected a multiple of model.n_heads=${model.n_heads}`);
   if (meta.max_positions !== model.max_positions) {
     v.fail("max_positions", meta.max_positions, `expected model.max_positions=${model.max_positions} (the same value twice)`);
   }

@@ -345,7 +345,7 @@ export function checkGraphs(bundle, encoder, decoder) {
     const first = layerName("past_key", 0);
     const { shape: cache, type } = decIn.get(first);
     const where = `${decName} (input ${first} of shape ${JSON.stringify(cache)}`;
-    const headDim = model.d_model / model.n_heads;
+    const headDim = model.d_kv || model.d_model / model.n_heads; // d_kv: T5's head size of its own
     if (cache.length !== 4 || cache[1] !== model.n_heads) {
       throw mismatch(bundle, "model.n_heads", model.n_heads, cache.length === 4 ? cache[1] : cache, `${where})`);
     }
@@ -499,6 +499,7 @@ export function checkReferences(bundle, key) {
 function checkTables(bundle) {
   const { model } = bundle.meta;
   const tables = [[ENCODER_LABEL, SRC_IDS, "src_vocab_size", "source embedding"], [DECODER, STEP, "max_positions", "positional table"]];
+  if (model.relative_buckets) tables.pop(); // T5 has no positional table (a relative bias instead)
   for (const [key, indices, field, what] of tables) {
     const file = bundle.paths[key];
     let found;

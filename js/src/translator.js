@@ -107,7 +107,7 @@ export class Translator {
     Object.assign(this, {
       bundle, encoder, decoder, platform, topKFromGraph, ort: platform.ort,
       sourceTokenizer: tokenizers.source, targetTokenizer: tokenizers.target,
-      nLayers: cfg.n_decoder_layers, nHeads: cfg.n_heads, headDim: cfg.d_model / cfg.n_heads,
+      nLayers: cfg.n_decoder_layers, nHeads: cfg.n_heads, headDim: cfg.d_kv || cfg.d_model / cfg.n_heads,
       maxPositions: cfg.max_positions, srcVocab: cfg.src_vocab_size, tgtVocab: cfg.tgt_vocab_size,
       padId: ids.pad, eosId: ids.eos, startId: ids.decoder_start, cacheType: bundle.meta.dtype,
       tokens: new Tokens(bundle.meta, maps), // prefixes, suffix, languages, vocabulary maps and texts

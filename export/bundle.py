@@ -21,6 +21,7 @@ from seq2onnx.runtime.signature import graph_signature
 from .fused import export_fused_decoder, graph_domains
 from .graphs import OPSET, export_graphs
 from .quantize import quantize_graphs
+from .quantize_nbits import quantize_graphs_nbits
 from .weights import STAGING_FILE, TensorWriter, check_stored_graph, store_weights
 
 DECODERS = ("both", "standard")  # export_bundle's `decoder`: which decoder graphs a bundle gets
@@ -32,7 +33,10 @@ TOLERANCES = {
     "float32": {"tensor_atol": 1e-4, "min_greedy_agreement": 1.0, "max_bleu_drop": 0.0},
     "float16": {"tensor_atol": 5e-2, "min_greedy_agreement": 0.9, "max_bleu_drop": 2.0},
     "int8": {"tensor_atol": 1.0, "min_greedy_agreement": 0.8, "max_bleu_drop": 5.0},
+    # int4 (export/quantize_nbits.py): held to agreement and BLEU, as int8 is; its log-probs move more
+    "int4": {"tensor_atol": 2.0, "min_greedy_agreement": 0.6, "max_bleu_drop": 5.0},
 }
+QUANTIZATIONS = ("int8", "int4")
 
 
 class ExportError(ValueError):
@@ -77,13 +81,13 @@ def _version(dist: str) -> str | None:
 
 
 def variant(dtype: str, quantize: str | None) -> str:
-    """Returns the bundle's variant, the key of TOLERANCES: "int8" when quantized, else the dtype.
+    """Returns the bundle's variant, the key of TOLERANCES: the quantization when quantized, else the dtype.
 
     Args:
         dtype: "float32" or "float16".
-        quantize: "int8" or None.
+        quantize: "int8", "int4" or None.
     """
-    return "int8" if quantize == "int8" else dtype
+    return quantize if quantize in QUANTIZATIONS else dtype
 
 
 def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", quantize: str | None = None,
@@ -99,7 +103,10 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
         out: the bundle directory to write.
         dtype: "float32", or "float16", which keeps LayerNorm, softmax and log-softmax in fp32 (for CUDA).
         quantize: "int8" rewrites the fp32 graphs' linear layers with per-row activation scales and
-            per-channel weights (export/quantize.py: for the CPU, and batch-invariant); None: none.
+            per-channel weights (export/quantize.py: for the CPU, and batch-invariant); "int4": each linear
+            layer one MatMulNBits node with 4-bit block-wise weights, the tables 8-bit through
+            GatherBlockQuantized (export/quantize_nbits.py; every graph then needs com.microsoft kernels);
+            None: none.
         force: replace an existing `out` (only an empty directory or an export's).
         decoder: "both" writes the standard-opset decoder.onnx and, for fp32 and int8 bundles (the
             contrib attention kernels are fp32-only on the CPU), decoder_fused.onnx (docs/fused-decoder.md);
@@ -136,10 +143,10 @@ def check_options(dtype: str, quantize: str | None, decoder: str) -> bool:
     """
     if dtype not in ("float32", "float16"):
         raise ExportError(f"--dtype {dtype}: choose float32 or float16")
-    if quantize not in (None, "int8"):
-        raise ExportError(f"--quantize {quantize}: only int8 is supported")
+    if quantize not in (None, *QUANTIZATIONS):
+        raise ExportError(f"--quantize {quantize}: choose one of {', '.join(QUANTIZATIONS)}")
     if quantize and dtype != "float32":
-        raise ExportError("--quantize int8 starts from float32 graphs; drop --dtype float16")
+        raise ExportError(f"--quantize {quantize} starts from float32 graphs; drop --dtype float16")
     if decoder not in DECODERS:
         raise ExportError(f"--decoder {decoder}: choose {' or '.join(DECODERS)}")
     # int8 quantizes the fused graph's GEMMs, not its attention
@@ -190,6 +197,8 @@ def write_graphs_owned(
         if quantize == "int8":
             scheme = quantize_graphs(directory, graphs, contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS),
                                      writer=writer)
+        elif quantize == "int4":
+            scheme = quantize_graphs_nbits(directory, graphs, bits=4, writer=writer)
     store_graphs(directory, fused)
     return scheme
 

@@ -34,8 +34,8 @@ def add(sub) -> None:
     p.add_argument("--quantize", choices=["int8", "int4"],
                    help="ONNX only. int8: int8 linear layers, for the CPU: weights per output column, "
                         "activations per row at run time (a sentence's result does not depend on its batch; "
-                        "export/quantize.py). int4: 4-bit block-wise weights in onnxruntime's MatMulNBits, 8-bit tables "
-                        "(export/quantize_nbits.py; docs/precision.md)")
+                        "export/quantize.py). int4: 4-bit block-wise weights in onnxruntime's MatMulNBits, "
+                        "8-bit tables (export/quantize_nbits.py; docs/precision.md)")
     p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR")
     p.add_argument("--decoder", choices=["both", "standard"],
                    help="ONNX only. both (default): decoder.onnx and, for float32 bundles, "

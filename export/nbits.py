@@ -45,11 +45,12 @@ def _codes(rows: np.ndarray, bits: int, symmetric: bool) -> tuple[np.ndarray, np
 
 
 def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Two 4-bit codes per byte along the last axis, the first in the low nibble (an odd count padded)."""
+    """Two 4-bit codes per byte along the last axis, the first in the low nibble. An odd count (zero points
+    of an odd number of blocks) is padded with 8, the unused nibble onnxruntime's quantizer writes."""
     if bits == 8:
         return codes
     if codes.shape[-1] % 2:
-        codes = np.concatenate([codes, np.zeros(codes.shape[:-1] + (1,), np.uint8)], axis=-1)
+        codes = np.concatenate([codes, np.full(codes.shape[:-1] + (1,), 8, np.uint8)], axis=-1)
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
 
 

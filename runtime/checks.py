@@ -337,20 +337,31 @@ def _check_decoder(bundle: Bundle, dec_label: str, decoder) -> None:
         raise BundleError(f"{dec_file}: no {TOP_K} input; {_FIX}")
 
 
+def _packed_tables(scheme) -> tuple[str, int] | None:
+    """(lookup operator, bits) of a scheme whose tables' codes are packed (export/quantize_nbits.py): the
+    lookup bundle.json names, where it is one of the spec's operators for that scheme; else None."""
+    tables = scheme.get("tables") if isinstance(scheme, dict) else None
+    known = SPEC["quantization_schemes"].get(scheme.get("name")) if isinstance(scheme, dict) else None
+    if not isinstance(tables, dict) or not isinstance(known, dict):
+        return None
+    if tables.get("lookup") not in known["operators"]:
+        return None
+    bits = tables.get("bits")
+    sound = isinstance(bits, int) and not isinstance(bits, bool) and bits > 0
+    return (tables["lookup"], bits) if sound else None
+
+
 def _check_tables(bundle: Bundle, graphs: dict[str, GraphInfo], dec_label: str) -> None:
     """The source embedding's rows and the positional table's rows, read from the graph files."""
     model = bundle.model
-    scheme = bundle.meta.get("quantization_scheme")
-    packed = scheme.get("tables") if isinstance(scheme, dict) else None
-    block_quantized = isinstance(packed, dict) and packed.get("lookup") == "GatherBlockQuantized"
-    bits = packed.get("bits") if block_quantized else None  # tables whose codes are packed (quantize_nbits)
+    packed = _packed_tables(bundle.meta.get("quantization_scheme"))
     tables = [
         (bundle.file("encoder").name, graphs["encoder"], SRC_IDS, "model.src_vocab_size", "source embedding"),
         (bundle.file(dec_label).name, graphs[dec_label], STEP, "model.max_positions", "positional table"),
     ]
     for name, info, indices, field, what in tables:
         # the fused decoder's table is looked up at each row's own position (older fused graphs: at step)
-        found = [shape for idx, shape in info.gather_tables(bits) if idx in (indices, ROW_POSITION)]
+        found = [shape for idx, shape in info.gather_tables(packed) if idx in (indices, ROW_POSITION)]
         # an int8 table is looked up twice, its codes and its row scales (rows, 1) (export/quantize.py)
         if len(found) > 1:
             found = [shape for shape in found if list(shape[1:]) != [1]]

@@ -163,3 +163,20 @@ def test_node_decodes_int4_as_python(int4, beam):
     want = t.translate_batch(sentences, beam_size=beam, return_scores=True)
     assert [g["token_ids"] for g in got] == [w.token_ids for w in want]
     assert max(abs(g["scores"][0] - w.scores[0]) for g, w in zip(got, want)) <= 1e-4
+
+
+@pytest.mark.slow
+def test_four_bit_tables_load_in_both_checks_and_decode(tmp_path):
+    """--table-bits 4: the tables' codes packed two to a byte; the hosts' table checks read their width."""
+    from tiny import tiny_run
+
+    from seq2onnx.export.bundle import ExportError, export_bundle
+
+    with pytest.raises(ExportError, match="--table-bits 4: give 8 or 4, with --quantize int4"):
+        export_bundle(tiny_run() / "last", tmp_path / "x", quantize="int8", table_bits=4)
+    out = export_bundle(tiny_run() / "last", tmp_path / "t4", quantize="int4", table_bits=4)
+    scheme = json.loads((out / "bundle.json").read_text())["quantization_scheme"]
+    assert scheme["tables"]["bits"] == 4
+    assert (out / "weights.bin").stat().st_size < (tiny_bundle(quantize="int4") / "weights.bin").stat().st_size
+    results = Translator(out, device="cpu", intra_threads=1).translate_batch(TEXTS[:8], beam_size=1)
+    assert all(r.token_ids[0] for r in results)

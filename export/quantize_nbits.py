@@ -54,8 +54,10 @@ class _NBitsRewriter:
         table_bits: int | None,
         directory: Path | None,
         writer: TensorWriter | None,
+        level: int = 4,
     ):
         self.bits, self.block, self.symmetric, self.table_bits = bits, block, symmetric, table_bits
+        self.level = level
         constants_to_initializers(graph, 0)  # a bias the tracer folded into a Constant
         self.inits = _Initializers(graph, directory)
         for node in graph.node:  # and one shared with an equal bias through an Identity
@@ -171,7 +173,7 @@ class _NBitsRewriter:
                 N=n,
                 bits=bits,
                 block_size=self.block,
-                accuracy_level=LEVEL,
+                accuracy_level=self.level,
             )
         )
         if activation is not None:
@@ -189,6 +191,7 @@ def quantize_model_nbits(
     table_bits: int | None = 8,
     directory: Path | None = None,
     writer: TensorWriter | None = None,
+    level: int = LEVEL,
 ) -> dict:
     """Rewrites every linear layer of `proto` (in place) as MatMulNBits, and its id tables' lookups.
 
@@ -197,6 +200,8 @@ def quantize_model_nbits(
         bits: 4 or 8, the linear layers' codes.
         block: values per block along the input features (a power of 2, at least 16).
         symmetric: no zero points (the block's largest magnitude and 0 exact); else one per block.
+        level: MatMulNBits' accuracy_level: 4 (int8 activations per block; the CPU's fast path), or 0
+            (fp32 activations, what onnxruntime-web computes whatever the attribute: docs/precision.md).
         table_bits: 8 or 4 for the tables (GatherBlockQuantized) and a tied projection; None keeps them fp32
             (a tied projection is then quantized as any layer, at `bits`).
         directory: where the graph's external data lies.
@@ -209,7 +214,7 @@ def quantize_model_nbits(
         QuantizeError: no linear layer to quantize, or a layer whose input features are no whole blocks.
     """
     graph = proto.graph
-    r = _NBitsRewriter(graph, bits, block, symmetric, table_bits, directory, writer)
+    r = _NBitsRewriter(graph, bits, block, symmetric, table_bits, directory, writer, level)
     count = 0
     for node in graph.node:
         found = linear_weights(node, r.inits)
@@ -238,7 +243,9 @@ def quantize_model_nbits(
     return {"linear_layers": count, "lookups": r.lookups, "product": "MatMulNBits"}
 
 
-def scheme(bits: int, block: int, symmetric: bool, table_bits: int | None, layers: dict) -> dict:
+def scheme(
+    bits: int, block: int, symmetric: bool, table_bits: int | None, layers: dict, level: int = LEVEL
+) -> dict:
     """bundle.json's `quantization_scheme` for a MatMulNBits bundle."""
     weights = {
         "bits": bits,
@@ -263,7 +270,7 @@ def scheme(bits: int, block: int, symmetric: bool, table_bits: int | None, layer
         "name": SCHEME_NAMES[bits],
         "operators": ["MatMulNBits"] + ([] if table_bits is None else ["GatherBlockQuantized"]),
         "activations": {
-            "accuracy_level": LEVEL,
+            "accuracy_level": level,
             "bits": 8,
             "scale": f"per block of {block} values of each row, at run time, inside the kernel",
         },
@@ -284,13 +291,14 @@ def quantize_graphs_nbits(
     symmetric: bool = True,
     table_bits: int | None = 8,
     writer: TensorWriter | None = None,
+    level: int = LEVEL,
 ) -> dict:
     """Quantizes the graph files of a bundle directory in place (quantize_model_nbits on each).
 
     Args:
         directory: the bundle directory.
         files: {label: file name} of the graphs.
-        bits, block, symmetric, table_bits: as quantize_model_nbits.
+        bits, block, symmetric, table_bits, level: as quantize_model_nbits.
         writer: where the new tensors go; None: inside each graph.
 
     Returns:
@@ -315,6 +323,7 @@ def quantize_graphs_nbits(
                 table_bits=table_bits,
                 directory=Path(directory),
                 writer=writer,
+                level=level,
             )
         except QuantizeError as e:
             raise QuantizeError(f"{name}: {e}") from None
@@ -323,4 +332,4 @@ def quantize_graphs_nbits(
         if writer is not None:
             writer.flush()
         onnx.checker.check_model(str(path))  # contrib ops have no ONNX schema: structure and types only
-    return scheme(bits, block, symmetric, table_bits, layers)
+    return scheme(bits, block, symmetric, table_bits, layers, level)

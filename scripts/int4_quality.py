@@ -3,8 +3,9 @@
     nice python scripts/int4_quality.py RUN_DIR --out DIR [--sentences 500] [--speed 100]
 
 Exports from RUN_DIR (its `best`, else `last`) the fp32, int8 and int4 bundles, int4 variants (4-bit tables,
-block 128, zero points: export/quantize_nbits.py's options, patched in), and CTranslate2's int8 model
-(export/ctranslate2/convert.py, compute_type int8), then on the checkpoint's test split:
+block 128, zero points: export/quantize_nbits.py's options, patched in), and CTranslate2's float32 and int8
+models (export/ctranslate2/convert.py; the float32 one tells CTranslate2's own search from its int8), then on
+the checkpoint's test split:
 
 - greedy ids identical to the fp32 bundle's (agreement), BLEU (model/metrics.py, sacrebleu);
 - for our bundles, greedy ids and scores at batch 1 against batch 32 (identical or not);
@@ -31,6 +32,7 @@ VARIANTS = {  # name -> (quantize, quantize_graphs_nbits options patched in)
     "int4, 4-bit tables": ("int4", {"table_bits": 4}),
     "int4, block 128": ("int4", {"block": 128}),
     "int4, zero points": ("int4", {"symmetric": False}),
+    "int4, accuracy level 0 (the browser's arithmetic)": ("int4", {"level": 0}),
 }
 
 
@@ -82,18 +84,18 @@ def _speed(run, sources, batch: int) -> float:
     return best
 
 
-def ct2(ckpt: Path, out: Path, sources: list[list[int]], speed: int) -> dict:
+def ct2(ckpt: Path, out: Path, sources: list[list[int]], speed: int, compute: str = "int8") -> dict:
     import ctranslate2
 
     from seq2onnx.export.ctranslate2.convert import convert_checkpoint, source_pieces, target_pieces
     from seq2onnx.model import checkpoint
 
-    if not (out / "model.bin").is_file():
-        convert_checkpoint(ckpt, out)
+    if not (out / "model.bin").is_file():  # int8: weights stored in int8 (its size on disk), else float32
+        convert_checkpoint(ckpt, out, quantization="int8" if compute == "int8" else None)
     model, tok, _ = checkpoint.load(ckpt)
     unk = model.cfg.unk_id
     src, tgt = source_pieces(tok), {p: i for i, p in enumerate(target_pieces(tok))}
-    tr = ctranslate2.Translator(str(out), device="cpu", compute_type="int8", intra_threads=1)
+    tr = ctranslate2.Translator(str(out), device="cpu", compute_type=compute, intra_threads=1)
 
     def run(batch):
         limit = max(int(1.5 * len(s) + 10) for s in batch)
@@ -136,19 +138,22 @@ def main(argv=None) -> None:
     for name, (quantize, options) in VARIANTS.items():
         path = export(ckpt, args.out / name.replace(", ", "-").replace(" ", "-"), quantize, options)
         rows[name] = ours(path, sources, args.speed)
-    rows["ct2 int8"] = ct2(ckpt, args.out / "ct2", sources, args.speed)
+    rows["ct2 fp32"] = ct2(ckpt, args.out / "ct2-fp32", sources, args.speed, "float32")  # CT2's own search
+    rows["ct2 int8"] = ct2(ckpt, args.out / "ct2-int8", sources, args.speed)
     base, n = rows["fp32"], len(sources)
     print(f"{ckpt}: {n} test sentences, greedy")
-    print("| engine | weights MB | × fp32 | ids = fp32 | BLEU | b1 = b32 ids | b1 = b32 scores | tok/s b1 "
-          "| tok/s b32 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| engine | weights MB | × fp32 | ids = fp32 bundle | ids = own fp32 | BLEU | b1 = b32 ids "
+          "| b1 = b32 scores | tok/s b1 | tok/s b32 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, row in rows.items():
         row["agree"] = sum(a == b for a, b in zip(row["ids"], base["ids"]))
+        own = rows["ct2 fp32"] if name.startswith("ct2") else base  # CTranslate2's int8 against its own fp32
+        row["agree_own"] = sum(a == b for a, b in zip(row["ids"], own["ids"]))
         row["bleu"] = bleu(row["texts"], refs)
         speed = row.get("tok_s", {})
         print(
             f"| {name} | {row['bytes'] / 1e6:.2f} | {row['bytes'] / base['bytes']:.3f} | "
-            f"{row['agree']}/{n} | "
+            f"{row['agree']}/{n} | {row['agree_own']}/{n} | "
             f"{row['bleu']:.2f} | {row.get('b1_eq_b32_ids', '–')} | {row.get('b1_eq_b32_scores', '–')} | "
             f"{speed.get(1, 0):.0f} | {speed.get(32, 0):.0f} |"
         )

@@ -8,12 +8,14 @@ export/quantize.py finds them -- becomes
 with W's columns cut into blocks of `block` input features, each block with its own scale (and, when asked,
 zero point): export/nbits.py. `accuracy_level` 4 has onnxruntime quantize x to int8 inside the kernel, per
 block of each row, and multiply in integers: a row's codes are its own (docs/optimisation-notes.md, rows
-59-61, for what that does and does not make batch-invariant).
+59-61, for what that does and does not make batch-invariant). onnxruntime-web computes the same nodes with
+fp32 activations whatever the attribute (docs/precision.md).
 
 The embedding tables go through GatherBlockQuantized, in `table_bits` (8 or 4) with the same blocks. A tied
 output projection (the Gemm by the target table, transB) is a MatMulNBits in `table_bits` whose codes and
 scales are the table's own bytes: export/weights.py stores equal bytes once, so the file holds them once.
-A table looked up some other way (GatherND) keeps export/quantize.py's int8 per-row lookup.
+The fused decoder's GatherND of ids (R, 1) becomes a Squeeze and the same lookup; a table looked up any other
+way, or whose width is no whole number of blocks, stays fp32.
 
 Every graph then needs com.microsoft kernels, the standard decoder too: spec/bundle.json's
 `quantization_schemes` names the operators and the oldest onnxruntime each host was run with, and both
@@ -29,12 +31,14 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .nbits import blocks_of, quantize_rows
+from .nbits import quantize_rows
 from .quantize import MS_DOMAIN, QuantizeError, _attrs, _id_tables, _Initializers, linear_weights
 from .weights import TensorWriter, constants_to_initializers
 
 BLOCK = 32  # values per block along K (probe: docs/optimisation-notes.md row 59)
 LEVEL = 4  # accuracy_level: int8 activations per block of each row, integer products
+# bits 8 is for measurements (scripts/nbits_probe.py, row 60): spec/bundle.json lists no such scheme, so the
+# hosts refuse a bundle made with it
 SCHEME_NAMES = {4: "int4-matmulnbits", 8: "int8-matmulnbits"}
 
 
@@ -308,7 +312,7 @@ def quantize_graphs_nbits(
         QuantizeError: a graph without linear layers, naming it.
         onnx.checker.ValidationError: a rewritten graph that does not check.
     """
-    if blocks_of(block, 16) * 16 != block or block & (block - 1):
+    if block < 16 or block & (block - 1):
         raise QuantizeError(f"block size {block}: expected a power of 2, at least 16")
     layers = {}
     for label, name in files.items():

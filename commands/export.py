@@ -7,7 +7,7 @@ from seq2onnx.errors import CommandError, needs_torch
 
 EXPORT_FORMATS = ("onnx", "ctranslate2")
 # export options of ONNX bundles (export_bundle has their defaults)
-ONNX_ONLY = ("dtype", "quantize", "decoder")
+ONNX_ONLY = ("dtype", "quantize", "decoder", "table_bits")
 
 
 def add(sub) -> None:
@@ -31,10 +31,15 @@ def add(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "float16"],
                    help="ONNX only. float32 (default), or float16 for the CUDA provider (LayerNorm and "
                         "softmax stay fp32)")
-    p.add_argument("--quantize", choices=["int8"], help="ONNX only. int8 linear layers, for the CPU: weights "
-                                                        "per output column, activations per row at run time "
-                                                        "(a sentence's result does not depend on its batch; "
-                                                        "export/quantize.py)")
+    p.add_argument("--quantize", choices=["int8", "int4"],
+                   help="ONNX only. int8: int8 linear layers, for the CPU: weights per output column, "
+                        "activations per row at run time (a sentence's result does not depend on its batch; "
+                        "export/quantize.py). int4: 4-bit block-wise weights in onnxruntime's MatMulNBits, "
+                        "8-bit tables (export/quantize_nbits.py; docs/precision.md)")
+    p.add_argument("--table-bits", type=int, choices=[8, 4],
+                   help="ONNX only, with --quantize int4: the embedding tables' (and a tied output "
+                        "projection's) bits, 8 (default) or 4, which a large vocabulary needs to reach a "
+                        "sixth of the fp32 size (docs/precision.md)")
     p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR")
     p.add_argument("--decoder", choices=["both", "standard"],
                    help="ONNX only. both (default): decoder.onnx and, for float32 bundles, "
@@ -61,7 +66,7 @@ def run(args) -> int:
               f"with: seq2onnx verify {args.checkpoint} {out} --data SENTENCES.txt")
         return 0
     if args.format == "ctranslate2":
-        given = [f"--{name}" for name in ONNX_ONLY if getattr(args, name) is not None]
+        given = [f"--{name.replace('_', '-')}" for name in ONNX_ONLY if getattr(args, name) is not None]
         if given:
             raise CommandError(f"{', '.join(given)} apply to ONNX bundles only, not to --format ctranslate2: "
                                f"drop {'them' if len(given) > 1 else 'it'}; a CTranslate2 model is written "

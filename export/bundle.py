@@ -21,6 +21,7 @@ from seq2onnx.runtime.signature import graph_signature
 from .fused import export_fused_decoder, graph_domains
 from .graphs import OPSET, export_graphs
 from .quantize import quantize_graphs
+from .quantize_nbits import quantize_graphs_nbits
 from .weights import STAGING_FILE, TensorWriter, check_stored_graph, store_weights
 
 DECODERS = ("both", "standard")  # export_bundle's `decoder`: which decoder graphs a bundle gets
@@ -32,7 +33,10 @@ TOLERANCES = {
     "float32": {"tensor_atol": 1e-4, "min_greedy_agreement": 1.0, "max_bleu_drop": 0.0},
     "float16": {"tensor_atol": 5e-2, "min_greedy_agreement": 0.9, "max_bleu_drop": 2.0},
     "int8": {"tensor_atol": 1.0, "min_greedy_agreement": 0.8, "max_bleu_drop": 5.0},
+    # int4 (export/quantize_nbits.py): held to agreement and BLEU, as int8 is; its log-probs move more
+    "int4": {"tensor_atol": 2.0, "min_greedy_agreement": 0.6, "max_bleu_drop": 5.0},
 }
+QUANTIZATIONS = ("int8", "int4")
 
 
 class ExportError(ValueError):
@@ -77,17 +81,17 @@ def _version(dist: str) -> str | None:
 
 
 def variant(dtype: str, quantize: str | None) -> str:
-    """Returns the bundle's variant, the key of TOLERANCES: "int8" when quantized, else the dtype.
+    """Returns the bundle's variant, the key of TOLERANCES: the quantization when quantized, else the dtype.
 
     Args:
         dtype: "float32" or "float16".
-        quantize: "int8" or None.
+        quantize: "int8", "int4" or None.
     """
-    return "int8" if quantize == "int8" else dtype
+    return quantize if quantize in QUANTIZATIONS else dtype
 
 
 def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", quantize: str | None = None,
-                  force: bool = False, decoder: str = "both") -> Path:
+                  force: bool = False, decoder: str = "both", table_bits: int | None = None) -> Path:
     """Exports a checkpoint (a step-* directory or a run directory's `last`) into the bundle `out`.
 
     The bundle is validated (hashes, graph loading, one decoding step) before it is moved into place.
@@ -99,11 +103,15 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
         out: the bundle directory to write.
         dtype: "float32", or "float16", which keeps LayerNorm, softmax and log-softmax in fp32 (for CUDA).
         quantize: "int8" rewrites the fp32 graphs' linear layers with per-row activation scales and
-            per-channel weights (export/quantize.py: for the CPU, and batch-invariant); None: none.
+            per-channel weights (export/quantize.py: for the CPU, and batch-invariant); "int4": each linear
+            layer one MatMulNBits node with 4-bit block-wise weights, the tables 8-bit through
+            GatherBlockQuantized (export/quantize_nbits.py; every graph then needs com.microsoft kernels);
+            None: none.
         force: replace an existing `out` (only an empty directory or an export's).
         decoder: "both" writes the standard-opset decoder.onnx and, for fp32 and int8 bundles (the
             contrib attention kernels are fp32-only on the CPU), decoder_fused.onnx (docs/fused-decoder.md);
             "standard" writes decoder.onnx alone, for hosts without onnxruntime's com.microsoft operators.
+        table_bits: with "int4", the tables' bits, 8 (None: the default) or 4.
 
     Returns:
         The bundle directory, `out`.
@@ -113,13 +121,13 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
             without force, an output another export is writing, or an unwritable location.
         CheckpointError: a bad checkpoint.
     """
-    fused = check_options(dtype, quantize, decoder)
+    fused = check_options(dtype, quantize, decoder, table_bits)
     out = Path(out)
     with building(out, force, "bundle", ckpt) as tmp:
         model, _, ckpt_dir = checkpoint.load(ckpt)
         cfg, owner = model.cfg, [model]
         del model  # write_graphs_owned lets it go once its graphs are staged
-        scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused)
+        scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused, table_bits)
         shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
         write_meta(tmp, cfg, source=ckpt_dir.name, dtype=dtype, quantize=quantize, fused=fused,
@@ -128,18 +136,22 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
     return out
 
 
-def check_options(dtype: str, quantize: str | None, decoder: str) -> bool:
+def check_options(dtype: str, quantize: str | None, decoder: str, table_bits: int | None = None) -> bool:
     """Checks export options; returns whether the fused decoder is written.
 
     Raises:
-        ExportError: an unknown dtype, quantization or decoder, or int8 from float16.
+        ExportError: an unknown dtype, quantization or decoder, int8 from float16, or table bits other than
+            8 or 4, or without int4.
     """
+    if table_bits is not None and (quantize != "int4" or table_bits not in (8, 4)):
+        raise ExportError(f"--table-bits {table_bits}: give 8 or 4, with --quantize int4 (the int8 bundle's "
+                          "tables are int8 per row)")
     if dtype not in ("float32", "float16"):
         raise ExportError(f"--dtype {dtype}: choose float32 or float16")
-    if quantize not in (None, "int8"):
-        raise ExportError(f"--quantize {quantize}: only int8 is supported")
+    if quantize not in (None, *QUANTIZATIONS):
+        raise ExportError(f"--quantize {quantize}: choose one of {', '.join(QUANTIZATIONS)}")
     if quantize and dtype != "float32":
-        raise ExportError("--quantize int8 starts from float32 graphs; drop --dtype float16")
+        raise ExportError(f"--quantize {quantize} starts from float32 graphs; drop --dtype float16")
     if decoder not in DECODERS:
         raise ExportError(f"--decoder {decoder}: choose {' or '.join(DECODERS)}")
     # int8 quantizes the fused graph's GEMMs, not its attention
@@ -164,7 +176,7 @@ def _graph_files(fused: bool) -> dict[str, str]:
 
 
 def write_graphs_owned(
-    owner: list, directory: Path, dtype: str, quantize: str | None, fused: bool
+    owner: list, directory: Path, dtype: str, quantize: str | None, fused: bool, table_bits: int | None = None
 ) -> dict | None:
     """write_graphs, taking the model out of `owner` (a one-item list holding the caller's only reference):
     the model is let go once its graphs are staged, so that the int8 rewrite and the store run without it
@@ -190,6 +202,9 @@ def write_graphs_owned(
         if quantize == "int8":
             scheme = quantize_graphs(directory, graphs, contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS),
                                      writer=writer)
+        elif quantize == "int4":
+            scheme = quantize_graphs_nbits(directory, graphs, bits=4, table_bits=table_bits or 8,
+                                           writer=writer)
     store_graphs(directory, fused)
     return scheme
 

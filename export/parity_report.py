@@ -17,9 +17,10 @@ def int8_products(meta: dict) -> str | None:
         meta: bundle.json.
 
     Returns:
-        The kernel in words for verify's report; None for a bundle that is not int8.
+        The kernel in words for verify's report; None for a bundle that is not int8 (int4's MatMulNBits
+        quantizes its activations inside its own kernel).
     """
-    if not meta.get("quantization"):
+    if meta.get("quantization") != "int8":
         return None
     if precision_entries(ort):
         return "u8 x u8 (session.x64quantprecision: this CPU's u8 x s8 kernel saturates)"

@@ -24,6 +24,7 @@ from .bundle import (
     past_value,
 )
 from .onnx_info import GraphInfo, GraphReadError, read_graph_info
+from .spec import SPEC
 from .weights import check_references
 
 # onnxruntime's type strings for the element types bundle.json names
@@ -168,6 +169,7 @@ def read_graphs(bundle: Bundle) -> dict[str, GraphInfo]:
         BundleError: a graph file that is not a readable ONNX model (damaged or replaced), naming it, or one
             whose external data does not point into the bundle's weights file as the spec says.
     """
+    check_scheme(bundle, _onnxruntime_version())
     graphs = {}
     for label in bundle.meta["graphs"]:
         try:
@@ -179,6 +181,57 @@ def read_graphs(bundle: Bundle) -> dict[str, GraphInfo]:
             ) from e
         check_references(bundle.file(label), graphs[label], bundle.weights)  # before onnxruntime follows them
     return graphs
+
+
+def _onnxruntime_version() -> str:
+    import onnxruntime  # here: the checks above run without it (tests of bundle.json alone)
+
+    return onnxruntime.__version__
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(1, 32, 0) of "1.32.0", "1.32.0.dev20260101" or "1.32.0+cu12": the leading numbers."""
+    numbers = []
+    for part in version.split("+")[0].split("."):
+        if not part.isdigit():
+            break
+        numbers.append(int(part))
+    return tuple(numbers)
+
+
+def check_scheme(bundle: Bundle, onnxruntime_version: str) -> None:
+    """Refuses, by name, a quantization scheme this runtime does not know or its onnxruntime cannot run.
+
+    spec/bundle.json's `quantization_schemes` lists each scheme's operators and the oldest onnxruntime it
+    was run with; a bundle without `quantization_scheme` (fp32, float16, older int8) passes.
+
+    Args:
+        bundle: the bundle read.
+        onnxruntime_version: this host's onnxruntime version ("1.32.0").
+
+    Raises:
+        BundleError: naming the scheme, what it needs, what this host has and the fix.
+    """
+    scheme = bundle.meta.get("quantization_scheme")
+    if not scheme:
+        return
+    known = {k: v for k, v in SPEC["quantization_schemes"].items() if not k.startswith("$")}
+    name = scheme.get("name") if isinstance(scheme, dict) else scheme
+    where = bundle.path / "bundle.json"
+    if name not in known:
+        raise BundleError(
+            f"{where}: quantization_scheme.name={name!r} is not a scheme this runtime runs "
+            f"({', '.join(known)}); "
+            "upgrade seq2onnx, or re-export the bundle with `seq2onnx export --quantize int8`"
+        )
+    need = known[name]["onnxruntime"]
+    if _release(onnxruntime_version) < _release(need):
+        operators = ", ".join(known[name]["operators"]) or "its int8 operators"
+        raise BundleError(
+            f"{where}: quantization scheme {name!r} ({operators}) needs onnxruntime >= {need}, and this host "
+            f"has onnxruntime {onnxruntime_version}; upgrade onnxruntime, or re-export the bundle with "
+            "`seq2onnx export --quantize int8`"
+        )
 
 
 def check_graphs(bundle: Bundle, sessions: dict, graphs: dict[str, GraphInfo]) -> None:
@@ -284,16 +337,31 @@ def _check_decoder(bundle: Bundle, dec_label: str, decoder) -> None:
         raise BundleError(f"{dec_file}: no {TOP_K} input; {_FIX}")
 
 
+def _packed_tables(scheme) -> tuple[str, int] | None:
+    """(lookup operator, bits) of a scheme whose tables' codes are packed (export/quantize_nbits.py): the
+    lookup bundle.json names, where it is one of the spec's operators for that scheme; else None."""
+    tables = scheme.get("tables") if isinstance(scheme, dict) else None
+    known = SPEC["quantization_schemes"].get(scheme.get("name")) if isinstance(scheme, dict) else None
+    if not isinstance(tables, dict) or not isinstance(known, dict):
+        return None
+    if tables.get("lookup") not in known["operators"]:
+        return None
+    bits = tables.get("bits")
+    sound = isinstance(bits, int) and not isinstance(bits, bool) and bits > 0
+    return (tables["lookup"], bits) if sound else None
+
+
 def _check_tables(bundle: Bundle, graphs: dict[str, GraphInfo], dec_label: str) -> None:
     """The source embedding's rows and the positional table's rows, read from the graph files."""
     model = bundle.model
+    packed = _packed_tables(bundle.meta.get("quantization_scheme"))
     tables = [
         (bundle.file("encoder").name, graphs["encoder"], SRC_IDS, "model.src_vocab_size", "source embedding"),
         (bundle.file(dec_label).name, graphs[dec_label], STEP, "model.max_positions", "positional table"),
     ][: 1 if model.get("relative_buckets") else 2]  # T5 has no positional table (a relative bias instead)
     for name, info, indices, field, what in tables:
         # the fused decoder's table is looked up at each row's own position (older fused graphs: at step)
-        found = [shape for idx, shape in info.gather_tables() if idx in (indices, ROW_POSITION)]
+        found = [shape for idx, shape in info.gather_tables(packed) if idx in (indices, ROW_POSITION)]
         # an int8 table is looked up twice, its codes and its row scales (rows, 1) (export/quantize.py)
         if len(found) > 1:
             found = [shape for shape in found if list(shape[1:]) != [1]]

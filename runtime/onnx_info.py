@@ -199,8 +199,13 @@ class GraphInfo:
                     return self.table_shape(inputs[0], depth - 1)
         return None
 
-    def gather_tables(self) -> list[tuple[str, tuple[int, ...]]]:
+    def gather_tables(self, packed: tuple[str, int] | None = None) -> list[tuple[str, tuple[int, ...]]]:
         """Lists every Gather whose table is a constant.
+
+        Args:
+            packed: (operator, bits) of lookups whose table's codes are packed along its rows (bundle.json's
+                quantization_scheme.tables: GatherBlockQuantized): they are listed too, with the table's
+                logical shape (rows, codes' bytes x 8 / bits). None: they are not listed.
 
         Returns:
             (indices input, table shape) of each.
@@ -211,6 +216,10 @@ class GraphInfo:
                 shape = self.table_shape(inputs[0])
                 if shape is not None:
                     found.append((inputs[1], shape))
+            elif packed and op == packed[0] and len(inputs) >= 3:
+                shape = self.table_shape(inputs[0])
+                if shape is not None and len(shape) == 2:
+                    found.append((inputs[1], (shape[0], shape[1] * 8 // packed[1])))
         return found
 
 

@@ -245,7 +245,7 @@ def _exports(tag: str, mdir: Path, out: Path, args, work: Path, entry: dict) -> 
         log(f"{tag}: export and conversion results reused from {entry['steps_reused_from']}")
         return steps
     steps = {}
-    for key, quantize in (("export_fp32", None), ("export_int8", "int8")):
+    for key, quantize in (("export_fp32", None), ("export_int8", "int8"), ("export_int4", "int4")):
         if "ours" not in args.engines or key[len("export_"):] not in args.variants:
             steps[key] = {"error": "not run (--engines / --variants)"}
             continue
@@ -268,11 +268,11 @@ def _engines(steps: dict, out: Path, args) -> dict:
     """The engines to time, by name: PyTorch, ours (each bundle exported) and CTranslate2 (per thread setting,
     fp32 and int8; with --ct2-mkl, fp32 on MKL too), each the engine job's settings."""
     engines = {"torch": dict(engine="torch", threads=args.threads)} if "torch" in args.engines else {}
-    for variant in ("fp32", "int8"):
-        if "error" not in steps[f"export_{variant}"]:
+    for variant in ("fp32", "int8", "int4"):
+        if "error" not in steps.get(f"export_{variant}", {"error": "not exported"}):
             engines[f"ours-{variant}"] = dict(engine="ours", threads=args.threads,
                                               bundle=str(out / f"bundle-{variant}"))
-        if "error" not in steps["ct2_convert"] and variant in args.variants:
+        if "error" not in steps["ct2_convert"] and variant in args.variants and variant != "int4":
             for th in args.ct2_threads:
                 engines[f"ct2-{variant}-t{th}"] = dict(
                     engine="ct2", threads=th, ct2_dir=str(out / "ct2"),
@@ -362,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated subset of torch,ours,ct2 to convert and time (default all three): "
                         "an NLLB-3.3B-size CTranslate2 conversion holds two fp32 copies, more than 24 GiB")
     p.add_argument("--variants", default="fp32,int8",
-                   help="comma-separated subset of fp32,int8: our bundles to export and time (default both)")
+                   help="comma-separated subset of fp32,int8,int4: our bundles to export and time (default "
+                        "fp32,int8; int4's rows are in report.json, not yet in report.md's tables)")
     p.add_argument("--skip-exports", action="store_true",
                    help="do not export or convert again: reuse the bundles, the CTranslate2 model and their "
                         "measurements from the previous run (WORK/out/MODEL/steps.json)")
@@ -413,8 +414,9 @@ def _check_args(p: argparse.ArgumentParser, args) -> None:
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not args.engines or set(args.engines) - {"torch", "ours", "ct2"}:
         p.error(f"--engines {','.join(args.engines)}: choose from torch, ours, ct2")
-    if not args.variants or set(args.variants) - {"fp32", "int8"}:
-        p.error(f"--variants {','.join(args.variants)}: choose from fp32, int8")
+    if not args.variants or set(args.variants) - {"fp32", "int8", "int4"}:
+        p.error(f"--variants {','.join(args.variants)}: choose from fp32, int8, int4 (ours only: CTranslate2 "
+                "has no CPU int4)")
     if args.max_job_rss_gb is None:
         args.max_job_rss_gb = 0.85 * mem_available_gb()
 

@@ -128,7 +128,7 @@ def test_fp32_bundle_has_the_standard_and_the_fused_decoder():
     assert meta["graphs"]["decoder_fused"]["domains"] == ["", "com.microsoft"]
 
 
-@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("quantize", [None, "int8", "int4"])
 def test_every_graph_has_opset_17s_ir_version(quantize):
     """Every graph, the fused decoder and int8's included, is written with opset 17's IR version:
     onnx's make_model would stamp its own newest (14 with onnx 1.23), which onnxruntime 1.31
@@ -576,7 +576,7 @@ def test_fp16_decoder_runs_on_cpu_and_agrees_with_fp32_torch(fp16_bundle):
     assert agree >= 0.8, agree
 
 
-@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("quantize", [None, "int8", "int4"])
 def test_export_streams_the_weights_no_graph_is_held_with_them(tmp_path, monkeypatch, quantize):
     """No graph is loaded or saved with its weights inside (an NLLB-3.3B graph is past protobuf's 2 GiB,
     and every such copy is a copy of the model in memory): the tensors go to a staging file as they are

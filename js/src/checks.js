@@ -14,7 +14,7 @@ import {
   SRC_IDS, STEP, TARGET_VOCAB, TOP_K, VOCAB_MAP, VOCAB_TEXTS, WEIGHTS, WEIGHTS_SPEC, isLayerName, layerName, pastNames,
   short,
 } from "./bundle.js";
-import { SPEC_URL } from "./spec.js";
+import { SPEC, SPEC_URL } from "./spec.js";
 
 const DECODER = DECODER_LABELS[STANDARD]; // the decoder this host drives: graphs.<it> and files.<it>
 
@@ -384,13 +384,62 @@ function tensorInfo(buf, span) {
   return { name, dims };
 }
 
+/** [1, 32, 0] of "1.32.0" or "1.32.0-dev.2026": the leading numbers. */
+function release(version) {
+  const numbers = [];
+  for (const part of String(version).split(/[+-]/)[0].split(".")) {
+    if (!/^\d+$/.test(part)) break;
+    numbers.push(Number(part));
+  }
+  return numbers;
+}
+
+function older(a, b) {
+  for (let i = 0; i < Math.max(a.length, b.length); i++) {
+    if ((a[i] ?? 0) !== (b[i] ?? 0)) return (a[i] ?? 0) < (b[i] ?? 0);
+  }
+  return false;
+}
+
+/**
+ * Refuses, by name, a quantization scheme this host does not know or its onnxruntime cannot run
+ * (the spec's quantization_schemes: operators and the oldest onnxruntime each was run with), before a
+ * session is made. A bundle without quantization_scheme passes. As runtime/checks.py's check_scheme.
+ * @param {{meta: object, metaPath: string}} bundle
+ * @param {string} [ortVersion]  this host's onnxruntime ("1.30.0": ort.env.versions.common); undefined where
+ *   the onnxruntime package does not say (then only the name is checked)
+ * @throws {BundleError}
+ */
+export function checkScheme(bundle, ortVersion) {
+  const scheme = bundle.meta.quantization_scheme;
+  if (!scheme) return;
+  const known = Object.fromEntries(Object.entries(SPEC.quantization_schemes).filter(([k]) => !k.startsWith("$")));
+  const name = typeof scheme === "object" ? scheme.name : scheme;
+  if (!Object.hasOwn(known, name)) {
+    throw new BundleError(`${bundle.metaPath}: quantization_scheme.name=${JSON.stringify(name)} is not a scheme this ` +
+      `host runs (${Object.keys(known).join(", ")}); upgrade seq2onnx, or re-export the bundle with ` +
+      "`seq2onnx export --quantize int8`");
+  }
+  const need = known[name].onnxruntime;
+  if (ortVersion !== undefined && older(release(ortVersion), release(need))) {
+    const operators = known[name].operators.join(", ") || "its int8 operators";
+    throw new BundleError(`${bundle.metaPath}: quantization scheme ${JSON.stringify(name)} (${operators}) needs ` +
+      `onnxruntime >= ${need}, and this host has onnxruntime ${ortVersion}; upgrade onnxruntime, or re-export ` +
+      "the bundle with `seq2onnx export --quantize int8`");
+  }
+}
+
 /**
  * (indices input, table shape) of every Gather of a constant table in an ONNX model's bytes,
  * following the table back through Cast, DequantizeLinear and Identity (runtime/onnx_info.py).
+ * With packed (the lookup operator of a scheme whose tables' codes are packed, and their bits: bundle.json's
+ * quantization_scheme.tables), that operator's lookups too, at the table's logical shape
+ * [rows, codes' bytes x 8 / bits].
  * @param {Uint8Array} buf
+ * @param {{op: string, bits: number}} [packed]
  * @returns {[string, number[]][]}
  */
-export function gatherTables(buf) {
+export function gatherTables(buf, packed) {
   const graphs = [...fields(buf, 0, buf.length)].filter(([n, w]) => n === 7 && w === 2);
   if (graphs.length !== 1) throw new ProtoError(`${graphs.length} graphs in the model`);
   const shapes = new Map();
@@ -420,8 +469,13 @@ export function gatherTables(buf) {
     const from = nodes.find((n) => n.outputs.includes(name) && ["Cast", "DequantizeLinear", "Identity"].includes(n.op) && n.inputs.length);
     return from ? tableShape(from.inputs[0], depth - 1) : null;
   };
-  return nodes.filter((n) => n.op === "Gather" && n.inputs.length === 2)
-    .map((n) => [n.inputs[1], tableShape(n.inputs[0])]).filter(([, shape]) => shape !== null);
+  const isPacked = (n) => packed && n.op === packed.op && n.inputs.length >= 3;
+  return nodes.filter((n) => (n.op === "Gather" && n.inputs.length === 2) || isPacked(n))
+    .map((n) => {
+      const shape = tableShape(n.inputs[0]);
+      if (!isPacked(n) || shape === null) return [n.inputs[1], shape];
+      return [n.inputs[1], shape.length === 2 ? [shape[0], (shape[1] * 8) / packed.bits] : null];
+    }).filter(([, shape]) => shape !== null);
 }
 
 /**
@@ -495,16 +549,28 @@ export function checkReferences(bundle, key) {
   }
 }
 
+/**
+ * {op, bits} of a scheme whose tables' codes are packed (export/quantize_nbits.py): the lookup bundle.json
+ * names, where it is one of the spec's operators for that scheme; else undefined.
+ */
+function packedTables(scheme) {
+  const tables = scheme?.tables;
+  const known = scheme && Object.hasOwn(SPEC.quantization_schemes, scheme.name) ? SPEC.quantization_schemes[scheme.name] : null;
+  if (!known?.operators?.includes(tables?.lookup) || !Number.isInteger(tables.bits) || tables.bits < 1) return undefined;
+  return { op: tables.lookup, bits: tables.bits };
+}
+
 /** The source embedding's rows and the positional table's rows, read from the graph files. */
 function checkTables(bundle) {
   const { model } = bundle.meta;
   const tables = [[ENCODER_LABEL, SRC_IDS, "src_vocab_size", "source embedding"], [DECODER, STEP, "max_positions", "positional table"]];
   if (model.relative_buckets) tables.pop(); // T5 has no positional table (a relative bias instead)
+  const packed = packedTables(bundle.meta.quantization_scheme);
   for (const [key, indices, field, what] of tables) {
     const file = bundle.paths[key];
     let found;
     try {
-      found = gatherTables(bundle.files[key]).filter(([idx]) => idx === indices).map(([, shape]) => shape);
+      found = gatherTables(bundle.files[key], packed).filter(([idx]) => idx === indices).map(([, shape]) => shape);
       // an int8 table is looked up twice, its codes and its row scales [rows, 1] (export/quantize.py)
       if (found.length > 1) found = found.filter((shape) => !(shape.length === 2 && shape[1] === 1));
     } catch (e) {

@@ -5,7 +5,7 @@ import {
   SRC_IDS, SRC_LENGTHS, SRC_MASK, STANDARD, STEP, TOKENS, TOP_K, TOPK_IDS, TOPK_LOG_PROBS, crossNames, pastNames,
   presentNames, readBundle, short, BEAM_CONVENTIONS,
 } from "./bundle.js";
-import { checkGraphs, checkReferences, checkTokenizers } from "./checks.js";
+import { checkGraphs, checkReferences, checkScheme, checkTokenizers } from "./checks.js";
 import { SPEC, SPEC_URL } from "./spec.js";
 import { checkSampling, sampleSearch } from "./sampling.js";
 import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
@@ -143,6 +143,7 @@ export class Translator {
       throw new RangeError(`optimization=${JSON.stringify(optimization)} with an int8 bundle: its int8 products are exact ` +
         `on every CPU only with "extended" or "all"; use one of those, or a float32 bundle`);
     }
+    checkScheme(bundle, platform.ort.env?.versions?.common); // a scheme it cannot run, by name, before any session
     const maps = await checkTokenizers(bundle, platform); // sizes, special ids, vocabularies and maps: before the graphs load
     const options = {
       executionProviders: ["cpu"], graphOptimizationLevel: LEVELS[optimization], intraOpNumThreads: threads,

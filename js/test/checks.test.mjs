@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { BundleError } from "../src/bundle.js";
-import { checkGraphs, checkTokenizers, gatherTables, readVocabulary } from "../src/checks.js";
+import { checkGraphs, checkScheme, checkTokenizers, gatherTables, readVocabulary } from "../src/checks.js";
 import { nodePlatform } from "../src/platform-node.js";
 import { fingerprint, graphSignature, onnxModel, soundFiles, soundMeta, spmModel, vocabBytes } from "./fixtures.mjs";
 
@@ -217,4 +217,18 @@ test("without session metadata, element types and dims go unchecked but names, l
   checkGraphs(bundle(), ...sessions(s, { metadata: false }));
   refused(() => checkGraphs(bundle((m) => { m.model.src_vocab_size = 20; }), ...sessions(graphSignature(), { metadata: false })),
     /model\.src_vocab_size=20/);
+});
+
+test("checkScheme refuses a scheme it does not know, or one its onnxruntime is too old for, by name", () => {
+  const withScheme = (scheme) => ({ metaPath: "/b/bundle.json", meta: { quantization_scheme: scheme } });
+  refused(() => checkScheme(withScheme({ name: "int3-future" }), "1.30.0"),
+    /quantization_scheme\.name="int3-future" is not a scheme this host runs \(int8-per-row-u8s8, .*int4-matmulnbits\)/);
+  refused(() => checkScheme(withScheme({ name: "int4-matmulnbits" }), "1.22.0"),
+    /"int4-matmulnbits" \(MatMulNBits, GatherBlockQuantized\) needs onnxruntime >= 1\.30\.0, and this host has onnxruntime 1\.22\.0/);
+  refused(() => checkScheme(withScheme({ name: "int4-matmulnbits" }), "1.9.9"), /needs onnxruntime >= 1\.30\.0/);
+  checkScheme(withScheme({ name: "int4-matmulnbits" }), "1.30.0");
+  checkScheme(withScheme({ name: "int4-matmulnbits" }), "1.32.1-dev.20260101");
+  checkScheme(withScheme({ name: "int4-matmulnbits" }), undefined); // a package that does not say: the name only
+  checkScheme(withScheme({ name: "int8-per-row-u8s8" }), "1.18.0");
+  checkScheme({ metaPath: "/b/bundle.json", meta: { quantization_scheme: null } }, "1.0.0"); // fp32
 });

@@ -1,0 +1,165 @@
+"""Quality and size of int4 bundles beside fp32, int8 and CTranslate2 int8 on a trained checkpoint (issue 58).
+
+    nice python scripts/int4_quality.py RUN_DIR --out DIR [--sentences 500] [--speed 100]
+
+Exports from RUN_DIR (its `best`, else `last`) the fp32, int8 and int4 bundles, int4 variants (4-bit tables,
+block 128, zero points: export/quantize_nbits.py's options, patched in), and CTranslate2's float32 and int8
+models (export/ctranslate2/convert.py; the float32 one tells CTranslate2's own search from its int8), then on
+the checkpoint's test split:
+
+- greedy ids identical to the fp32 bundle's (agreement), BLEU (model/metrics.py, sacrebleu);
+- for our bundles, greedy ids and scores at batch 1 against batch 32 (identical or not);
+- the weights' bytes (weights.bin, CTranslate2's model.bin);
+- with --speed N: greedy target tokens/s at batch 1 and 32 on N sentences, 1 thread, best of 2 rounds
+  (the machine is shared: rough).
+
+Prints a Markdown table and writes OUT/quality.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from pathlib import Path
+from unittest import mock
+
+VARIANTS = {  # name -> (quantize, quantize_graphs_nbits options patched in)
+    "fp32": (None, {}),
+    "int8": ("int8", {}),
+    "int4": ("int4", {}),
+    "int4, 4-bit tables": ("int4", {"table_bits": 4}),
+    "int4, block 128": ("int4", {"block": 128}),
+    "int4, zero points": ("int4", {"symmetric": False}),
+    "int4, accuracy level 0 (the browser's arithmetic)": ("int4", {"level": 0}),
+}
+
+
+def export(ckpt: Path, out: Path, quantize: str | None, options: dict) -> Path:
+    import seq2onnx.export.bundle as bundle_module
+    from seq2onnx.export.quantize_nbits import quantize_graphs_nbits
+
+    if out.is_dir():
+        return out
+    patched = functools.partial(quantize_graphs_nbits, **options)
+    with mock.patch.object(bundle_module, "quantize_graphs_nbits", patched):
+        return bundle_module.export_bundle(ckpt, out, quantize=quantize)
+
+
+def ours(path: Path, sources: list[list[int]], speed: int) -> dict:
+    from seq2onnx.runtime.translator import Translator
+
+    t = Translator(path, device="cpu", intra_threads=1)
+    together = []
+    for i in range(0, len(sources), 32):
+        together += t.translate_batch(sources[i : i + 32], beam_size=1, return_scores=True)
+    alone = [t.translate_batch([s], beam_size=1, return_scores=True)[0] for s in sources]
+    row = {
+        "ids": [r.token_ids[0] for r in together],
+        "texts": [r.hypotheses[0] for r in together],
+        "b1_eq_b32_ids": sum(a.token_ids == b.token_ids for a, b in zip(alone, together)),
+        "b1_eq_b32_scores": sum(a.scores == b.scores for a, b in zip(alone, together)),
+        "bytes": (path / "weights.bin").stat().st_size,
+    }
+    if speed:
+        row["tok_s"] = {
+            b: _speed(
+                lambda batch: [r.token_ids[0] for r in t.translate_batch(batch, beam_size=1)],
+                sources[:speed],
+                b,
+            )
+            for b in (1, 32)
+        }
+    return row
+
+
+def _speed(run, sources, batch: int) -> float:
+    best = 0.0
+    for _ in range(2):
+        start, tokens = time.perf_counter(), 0
+        for i in range(0, len(sources), batch):
+            tokens += sum(len(ids) for ids in run(sources[i : i + batch]))
+        best = max(best, tokens / (time.perf_counter() - start))
+    return best
+
+
+def ct2(ckpt: Path, out: Path, sources: list[list[int]], speed: int, compute: str = "int8") -> dict:
+    import ctranslate2
+
+    from seq2onnx.export.ctranslate2.convert import convert_checkpoint, source_pieces, target_pieces
+    from seq2onnx.model import checkpoint
+
+    if not (out / "model.bin").is_file():  # int8: weights stored in int8 (its size on disk), else float32
+        convert_checkpoint(ckpt, out, quantization="int8" if compute == "int8" else None)
+    model, tok, _ = checkpoint.load(ckpt)
+    unk = model.cfg.unk_id
+    src, tgt = source_pieces(tok), {p: i for i, p in enumerate(target_pieces(tok))}
+    tr = ctranslate2.Translator(str(out), device="cpu", compute_type=compute, intra_threads=1)
+
+    def run(batch):
+        limit = max(int(1.5 * len(s) + 10) for s in batch)
+        res = tr.translate_batch(
+            [[src[t] for t in s] for s in batch], beam_size=1, max_decoding_length=limit, max_batch_size=32
+        )
+        return [[tgt.get(p, unk) for p in r.hypotheses[0]] for r in res]
+
+    ids = []
+    for i in range(0, len(sources), 32):
+        ids += run(sources[i : i + 32])
+    row = {
+        "ids": ids,
+        "texts": [tok.decode_target(x) for x in ids],
+        "bytes": (out / "model.bin").stat().st_size,
+    }
+    if speed:
+        row["tok_s"] = {b: _speed(run, sources[:speed], b) for b in (1, 32)}
+    return row
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sentences", type=int, default=500)
+    parser.add_argument("--speed", type=int, default=0, help="sentences timed at batch 1 and 32 (0: none)")
+    args = parser.parse_args(argv)
+    from seq2onnx.export.parity import test_sentences
+    from seq2onnx.model import checkpoint
+    from seq2onnx.model.metrics import bleu
+
+    ckpt = args.run / "best" if (args.run / "best").is_dir() else args.run / "last"
+    model, tok, ckpt_dir = checkpoint.load(ckpt)
+    pairs = test_sentences(ckpt_dir, args.sentences)
+    sources = [tok.encode_source(s)[: model.cfg.max_positions] for s, _ in pairs]
+    refs = [t for _, t in pairs]
+    del model
+    rows = {}
+    for name, (quantize, options) in VARIANTS.items():
+        path = export(ckpt, args.out / name.replace(", ", "-").replace(" ", "-"), quantize, options)
+        rows[name] = ours(path, sources, args.speed)
+    rows["ct2 fp32"] = ct2(ckpt, args.out / "ct2-fp32", sources, args.speed, "float32")  # CT2's own search
+    rows["ct2 int8"] = ct2(ckpt, args.out / "ct2-int8", sources, args.speed)
+    base, n = rows["fp32"], len(sources)
+    print(f"{ckpt}: {n} test sentences, greedy")
+    print("| engine | weights MB | × fp32 | ids = fp32 bundle | ids = own fp32 | BLEU | b1 = b32 ids "
+          "| b1 = b32 scores | tok/s b1 | tok/s b32 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, row in rows.items():
+        row["agree"] = sum(a == b for a, b in zip(row["ids"], base["ids"]))
+        own = rows["ct2 fp32"] if name.startswith("ct2") else base  # CTranslate2's int8 against its own fp32
+        row["agree_own"] = sum(a == b for a, b in zip(row["ids"], own["ids"]))
+        row["bleu"] = bleu(row["texts"], refs)
+        speed = row.get("tok_s", {})
+        print(
+            f"| {name} | {row['bytes'] / 1e6:.2f} | {row['bytes'] / base['bytes']:.3f} | "
+            f"{row['agree']}/{n} | {row['agree_own']}/{n} | "
+            f"{row['bleu']:.2f} | {row.get('b1_eq_b32_ids', '–')} | {row.get('b1_eq_b32_scores', '–')} | "
+            f"{speed.get(1, 0):.0f} | {speed.get(32, 0):.0f} |"
+        )
+    summary = {k: {f: v for f, v in r.items() if f not in ("ids", "texts")} for k, r in rows.items()}
+    (args.out / "quality.json").write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

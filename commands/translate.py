@@ -170,7 +170,8 @@ def _check_options(args) -> None:
 def _check_against_model(args, translator) -> None:
     """Option errors that need the bundle, before the first line is read: the command's own, then every option
     as translate_batch will check it (languages and the prefix against the bundle too)."""
-    from seq2onnx.runtime.options import OptionError, check_prefix_options
+    from seq2onnx.runtime.model_options import check_prefix_options
+    from seq2onnx.runtime.options import OptionError
 
     beam = args.beam if args.beam is not None else translator.bundle.decoding.get("beam_size", 4)
     if args.n_best > beam:

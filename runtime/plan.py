@@ -24,7 +24,8 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .options import SearchOptions, check_min_length
+from .model_options import check_min_length
+from .options import SearchOptions
 from .prefix import force_prefix
 from .result import TranslationResult
 from .sampling import sample_program

@@ -14,10 +14,8 @@ from .bundle import Bundle, read_bundle
 from .checks import check_graphs, check_tokenizers, read_graphs
 from .graphs import Graphs
 from .model_spec import ModelSpec
-from .options import (
-    OptionError, SearchOptions, SessionTuning, check_intra_threads, check_prefix_length,
-    resolve_search_options,
-)
+from .model_options import check_prefix_length
+from .options import OptionError, SearchOptions, SessionTuning, check_intra_threads, resolve_search_options
 from .plan import Plan, SearchJob, stream_job
 from .search import SearchResult, Step, run, stream_greedy
 from .session_cache import SessionCache

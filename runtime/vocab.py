@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .options import language_id, target_prefixes
+from .model_options import language_id, target_prefixes
 from .spec import SPEC, TARGET_LANG_IN, BundleError
 
 _SKIP, _TEXT = SPEC["vocab_maps"]["skip"], SPEC["vocab_maps"]["text"]

@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from seq2onnx.runtime.options import check_prefix_options
+from seq2onnx.runtime.model_options import check_prefix_options
 from seq2onnx.serve.checks import contradiction, json_problem
 from seq2onnx.serve.engine import Cancelled, Engine, Job
 from seq2onnx.serve.errors import RETRY_AFTER_S, engine_error, error, invalid

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from seq2onnx.runtime.options import check_prefix_options
+from seq2onnx.runtime.model_options import check_prefix_options
 from seq2onnx.serve.app import _bridge, _wait
 from seq2onnx.serve.frontend import Frontend
 from seq2onnx.serve.engine import Cancelled

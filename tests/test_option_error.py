@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from seq2onnx.runtime.model_options import check_min_length, check_prefix_options, language_id, target_prefixes
 from seq2onnx.runtime.options import (OptionError, SearchOptions, SessionTuning, check_intra_threads,
-                                      check_min_length, check_prefix_options, language_id,
-                                      resolve_search_options, target_prefixes)
+                                      resolve_search_options)
 
 ROOT = Path(__file__).resolve().parents[1]
 NAN = math.nan
@@ -167,8 +167,9 @@ def test_named_renders_another_name_for_the_option_without_the_index():
         "--length-penalty nan (float): give a number in [-10, 10] (1.0 is the default)")
 
 
-def test_options_py_raises_no_plain_value_error():
-    tree = ast.parse((ROOT / "runtime" / "options.py").read_text(encoding="utf-8"))
+@pytest.mark.parametrize("module", ["options.py", "model_options.py"])
+def test_options_py_raises_no_plain_value_error(module):
+    tree = ast.parse((ROOT / "runtime" / module).read_text(encoding="utf-8"))
     raised = [node.exc.func.id for node in ast.walk(tree) if isinstance(node, ast.Raise)
               and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name)]
     assert raised and set(raised) == {"OptionError"}, raised

@@ -24,7 +24,8 @@ require("transformers", "hf")
 import hf_fixtures as F  # noqa: E402
 from seq2onnx.export.hf.bundle import export_hf_bundle  # noqa: E402
 from seq2onnx.export.hf.checks import (  # noqa: E402
-    MIN_POSITIONS, check_memory, parameter_estimate, safetensors_header)
+    MIN_POSITIONS, check_memory, parameter_estimate)
+from seq2onnx.export.hf.weights_check import safetensors_header  # noqa: E402
 from seq2onnx.export.hf.read import HFImportError, is_hf_dir, read_config  # noqa: E402
 
 

@@ -17,7 +17,9 @@ import pkgutil
 from pathlib import Path
 from typing import ClassVar
 
-from .checks import HFImportError, check_directory
+from . import checks as C
+from .checks import HFImportError
+from .weights_check import check_weights, weight_headers
 
 _REGISTRY: dict[str, type[Family]] = {}
 # generation_config.json (or config.json) fields that change generate()'s output and that no host emulates:
@@ -105,7 +107,7 @@ class Family:
     spm_snapshot: ClassVar[str | None] = None
 
     def check_directory(self, model_dir: Path, config: dict) -> None:
-        """Every file's checks before transformers reads one (checks.check_directory: BART-style fields).
+        """Every file's checks before transformers reads one (check_directory below: BART-style fields).
 
         Raises:
             HFImportError: the first value refused, in one line.
@@ -260,3 +262,27 @@ def extra_special_tokens(tokenizer) -> list[str]:
     if extra is None:
         extra = getattr(tokenizer, "additional_special_tokens", None) or []
     return [str(t) for t in (extra.values() if isinstance(extra, dict) else extra)]
+
+
+def check_directory(model_dir: Path, config: dict, *, fields=None, estimate=None) -> None:
+    """Every check of export/hf/checks.py and weights_check.py, in an order that names the first cause:
+    config.json, generation_config.json, the vocabularies, the weights' headers against config.json, then
+    memory.
+
+    Args:
+        model_dir: a directory whose config.json names a model_type the importer knows.
+        config: its config.json.
+        fields: (model_dir, config) -> None, config.json's own checks (default check_config: BART-style
+            fields; T5's family has its own).
+        estimate: config -> parameters, for check_memory.
+
+    Raises:
+        HFImportError: the first value refused, in one line.
+    """
+    (fields or C.check_config)(model_dir, config)
+    C.check_generation(model_dir, config, C.read_generation(model_dir))
+    C.check_vocab(model_dir, config, C.pad_token(model_dir))
+    tensors = weight_headers(model_dir)
+    if tensors:
+        check_weights(model_dir, config, tensors)
+    C.check_memory(model_dir, config, estimate=estimate)

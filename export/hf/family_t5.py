@@ -21,7 +21,7 @@ from seq2onnx.model.config import ModelConfig
 
 from . import checks as C
 from .checks import HFImportError
-from .family import Family, register
+from .family import Family, check_directory, register
 
 # transformers' dense_act_fn -> ours (model/config.py ACTIVATIONS)
 T5_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "silu": "swish", "swish": "swish"}
@@ -164,8 +164,8 @@ class T5(Family):
         return {"languages": tags, "target_lang_in": "source_prefix"} if tags else {}
 
     def check_directory(self, model_dir: Path, config: dict) -> None:
-        """checks.check_directory with T5's field names (T5_RULES) and parameter count."""
-        C.check_directory(model_dir, config, fields=check_t5_config, estimate=t5_parameters)
+        """family.check_directory with T5's field names (T5_RULES) and parameter count."""
+        check_directory(model_dir, config, fields=check_t5_config, estimate=t5_parameters)
 
     def read_model(self, hf, config: dict, model_dir: Path, generation: dict):
         """Our Transformer of T5's fields (model/config.py), holding hf's own tensors.

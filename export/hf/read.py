@@ -66,7 +66,7 @@ def read_config(model_dir: Path) -> dict:
             f"{model_dir}: no weights ({' or '.join(WEIGHT_FILES[:2])}); save the model with "
             "save_pretrained (or copy its weights file) into this directory"
         )
-    family.check_directory(model_dir, config)  # checks.check_directory, or the family's own fields (T5)
+    family.check_directory(model_dir, config)  # family.check_directory, or the family's own fields (T5)
     family.check_config(model_dir, config, read_generation(model_dir))  # its fields, refused by name
     return config
 

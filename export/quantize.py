@@ -39,20 +39,19 @@ the contrib attention kernels stay fp32.
 """
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from seq2onnx.runtime import bundle as names
 
+from .graph_layers import (
+    GROUPS, MS_DOMAIN, Initializers, QuantizeError, attrs, id_tables, layer_group, linear_weights,
+)
 from .graphs import check_graph_file
-from .weights import TensorWriter, constants_to_initializers, read_tensor
+from .weights import TensorWriter, constants_to_initializers
 
-MS_DOMAIN = "com.microsoft"
 ACTIVATION_QMAX = 127  # activation codes 128 +- 127: uint8 with zero point 128, symmetric
 ACTIVATION_ZERO = 128
 SCHEME = {  # what bundle.json's `quantization_scheme` records
@@ -71,9 +70,6 @@ SCHEME = {  # what bundle.json's `quantization_scheme` records
 }
 
 
-ID_INPUTS = (names.SRC_IDS, names.TOKENS)  # the graph inputs of token ids: lookups in them are embeddings
-
-
 TABLES = {  # what bundle.json's quantization_scheme.tables records where the embeddings are int8
     "bits": 8, "type": "int8", "zero_point": 0, "range": [-127, 127], "scale": "per row: max|e| / 127",
     "lookup": "Gather of the codes and of the row scales, Cast, Mul",
@@ -83,72 +79,6 @@ TABLES = {  # what bundle.json's quantization_scheme.tables records where the em
 
 
 # keep_float's layer groups (a maintainer's ablation, scripts/int8_layers.py): the names the exporter gives
-# each group's linear layers, in encoder.onnx / decoder.onnx (traced) and decoder_fused.onnx (built by name).
-# The cross-attention's key and value projections are in the encoder graph. "embeddings" is the id tables'
-# lookups and the output projection (tied or not).
-GROUPS = {
-    "embeddings": re.compile(r"(^|/)generator(/|$)"),
-    "encoder_self_attention": re.compile(r"encoder_layers\.\d+/sub_attn/"),
-    "encoder_feed_forward": re.compile(r"encoder_layers\.\d+/sub_ff/"),
-    "decoder_self_attention": re.compile(r"^/sub_self|^l\d+_(qkv|self_out)$"),
-    "cross_attention": re.compile(r"^/w_[kv](_\d+)?/|^/sub_cross|^l\d+_cross_"),
-    "decoder_feed_forward": re.compile(r"^/sub_ff/|^l\d+_ff_"),
-}
-
-
-def layer_group(node: onnx.NodeProto, tables: set[str] | dict) -> str | None:
-    """The GROUPS entry a linear layer belongs to (a weight that is an id table: "embeddings"), or None."""
-    if len(node.input) > 1 and node.input[1] in tables:
-        return "embeddings"
-    return next((g for g, pattern in GROUPS.items() if pattern.search(node.name)), None)
-
-
-class QuantizeError(ValueError):
-    """A graph that cannot be quantized: the message names it and why."""
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def linear_weights(node: onnx.NodeProto, inits: dict[str, np.ndarray]):
-    """Reads the weights of a linear node with constant fp32 weights.
-
-    Args:
-        node (onnx.NodeProto): a node: MatMul, Gemm (alpha = beta = 1, no transA) or FusedGemm(Relu).
-        inits (dict[str, np.ndarray]): the graph's initializers by name.
-
-    Returns:
-        (W (K, N), bias (N,) or None, activation or None), W transposed back (a view) when transB is set;
-        None for any other node (it stays as it is).
-    """
-    if (node.op_type not in ("MatMul", "Gemm", "FusedGemm") or len(node.input) < 2
-            or node.input[1] not in inits):
-        return None
-    w = inits[node.input[1]]
-    if w.ndim != 2 or w.dtype != np.float32:
-        return None
-    if node.op_type == "MatMul":
-        return w, None, None
-    a = _attrs(node)
-    if a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0 or a.get("transA", 0):
-        return None
-    activation = None
-    if node.op_type == "FusedGemm":
-        activation = a.get("activation", b"")
-        activation = activation.decode() if isinstance(activation, bytes) else activation
-        if activation != "Relu" or any(k.startswith("activation_") for k in a):
-            return None
-    if a.get("transB", 0):
-        w = w.T
-    bias = None
-    if len(node.input) > 2 and node.input[2]:
-        bias = inits.get(node.input[2])
-        if bias is None or bias.shape != (w.shape[1],) or bias.dtype != np.float32:
-            return None
-    return w, bias, activation  # a view: a tied table's projection needs its codes, never this copy
-
-
 def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Quantizes weights per output column: W ~ (codes - zero point) x scale, with 0 exactly representable.
 
@@ -193,22 +123,6 @@ def quantize_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes, scale
 
 
-def _id_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray]) -> list[onnx.NodeProto]:
-    """The Gather / GatherND nodes of constant fp32 tables whose indices are token ids (a graph input
-    `src_ids` or `tokens`, through Reshapes): the embeddings, never the positional table."""
-    made_by = {o: n for n in graph.node for o in n.output}
-    found = []
-    for node in graph.node:
-        if node.op_type not in ("Gather", "GatherND") or node.input[0] not in inits:
-            continue
-        table, index = inits[node.input[0]], node.input[1]
-        while index in made_by and made_by[index].op_type in ("Reshape", "Unsqueeze", "Squeeze", "Cast"):
-            index = made_by[index].input[0]
-        if table.ndim == 2 and table.dtype == np.float32 and index in ID_INPUTS:
-            found.append(node)
-    return found
-
-
 def _quantize_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray],
                      const) -> dict[str, tuple[str, str]]:
     """Rewrites each embedding lookup as a lookup of int8 codes and their row scales (quantize_table).
@@ -219,19 +133,19 @@ def _quantize_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray],
     """
     tables: dict[str, tuple[str, str, np.ndarray]] = {}
     rewritten: dict[int, list[onnx.NodeProto]] = {}
-    for node in _id_tables(graph, inits):
+    for node in id_tables(graph, inits):
         name = node.input[0]
         if name not in tables:
             codes, scale = quantize_table(inits[name])
             tables[name] = (const(f"{name}/rowq8/codes", codes), const(f"{name}/rowq8/scale", scale), scale)
         codes, scale, _ = tables[name]
-        tag, attrs = node.name or node.output[0], _attrs(node)
+        tag, kept = node.name or node.output[0], attrs(node)
         t = f"{tag}/lookup8"
         rewritten[id(node)] = [
             helper.make_node(node.op_type, [codes, node.input[1]], [f"{t}/codes"], name=f"{t}/codes",
-                             **attrs),
+                             **kept),
             helper.make_node(node.op_type, [scale, node.input[1]], [f"{t}/scale"], name=f"{t}/scale",
-                             **attrs),
+                             **kept),
             helper.make_node("Cast", [f"{t}/codes"], [f"{t}/float"], name=f"{t}/cast", to=TensorProto.FLOAT),
             helper.make_node("Mul", [f"{t}/float", f"{t}/scale"], [node.output[0]], name=f"{t}/mul"),
         ]
@@ -268,7 +182,7 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True
                             f"{', '.join(GROUPS)}")
     graph = proto.graph
     rewriter = _Rewriter(graph, contrib, tables and "embeddings" not in keep_float, directory, writer)
-    ids = {n.input[0] for n in _id_tables(graph, rewriter.inits)} if keep_float else set()
+    ids = {n.input[0] for n in id_tables(graph, rewriter.inits)} if keep_float else set()
     count = 0
     for node in graph.node:
         found = linear_weights(node, rewriter.inits)
@@ -298,34 +212,6 @@ def _inline(name: str, value: np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(value, name)
 
 
-class _Initializers(Mapping):
-    """A graph's initializers by name as numpy arrays, each read when asked (from its external data
-    file, when it has one) and not kept: a large model's graph is not held whole in memory."""
-
-    def __init__(self, graph: onnx.GraphProto, directory: Path | None):
-        self.tensors = {t.name: t for t in graph.initializer}
-        self.directory = directory
-
-    def alias(self, name: str, existing: str) -> None:
-        """`name` holds the same values as the initializer `existing` (an Identity's output)."""
-        self.tensors[name] = self.tensors[existing]
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        tensor = self.tensors[name]
-        if tensor.data_location == onnx.TensorProto.EXTERNAL and self.directory is None:
-            raise QuantizeError(f"initializer {name!r} is external data: pass the graph's directory")
-        return read_tensor(self.directory, tensor)
-
-    def __contains__(self, name) -> bool:
-        return name in self.tensors
-
-    def __iter__(self):
-        return iter(self.tensors)
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-
 class _Rewriter:
     """The new node list of one graph, and the initializers it adds, built layer by layer."""
 
@@ -334,7 +220,7 @@ class _Rewriter:
         self.contrib = contrib
         # a bias the tracer folded into a Constant (equal zero biases are shared)
         constants_to_initializers(graph, 0)
-        self.inits = _Initializers(graph, directory)
+        self.inits = Initializers(graph, directory)
         for node in graph.node:  # and one it shares with an equal bias through an Identity
             if node.op_type == "Identity" and node.input[0] in self.inits:
                 self.inits.alias(node.output[0], node.input[0])
@@ -398,7 +284,7 @@ class _Rewriter:
         A tied output projection uses the embedding table's codes, transposed by a node (onnxruntime
         folds it at load): the file holds the codes once.
         """
-        key = (node.input[1], node.op_type != "MatMul" and bool(_attrs(node).get("transB", 0)))
+        key = (node.input[1], node.op_type != "MatMul" and bool(attrs(node).get("transB", 0)))
         if key not in self.weights_of and key[1] and key[0] in self.tables:  # E^T's codes
             table_codes, _, row_scale = self.tables[key[0]]  # (V, D)
             self.nodes.append(helper.make_node("Transpose", [table_codes], [f"{table_codes}/t"],

@@ -32,7 +32,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .nbits import quantize_rows
-from .quantize import MS_DOMAIN, QuantizeError, _attrs, _id_tables, _Initializers, linear_weights
+from .graph_layers import MS_DOMAIN, Initializers, QuantizeError, attrs, id_tables, linear_weights
 from .weights import TensorWriter, constants_to_initializers
 
 BLOCK = 32  # values per block along K (probe: docs/optimisation-notes.md row 59)
@@ -63,7 +63,7 @@ class _NBitsRewriter:
         self.bits, self.block, self.symmetric, self.table_bits = bits, block, symmetric, table_bits
         self.level = level
         constants_to_initializers(graph, 0)  # a bias the tracer folded into a Constant
-        self.inits = _Initializers(graph, directory)
+        self.inits = Initializers(graph, directory)
         for node in graph.node:  # and one shared with an equal bias through an Identity
             if node.op_type == "Identity" and node.input[0] in self.inits:
                 self.inits.alias(node.output[0], node.input[0])
@@ -91,18 +91,18 @@ class _NBitsRewriter:
             if i.type.tensor_type.shape.dim and i.type.tensor_type.shape.dim[-1].dim_value == 1
         }
         rewritten = []
-        for node in _id_tables(graph, self.inits):
+        for node in id_tables(graph, self.inits):
             name = node.input[0]
             table = self.inits[name]
             ids = node.input[1]
-            if node.op_type == "GatherND" and not _attrs(node).get("batch_dims", 0) and ids in last_dim_one:
+            if node.op_type == "GatherND" and not attrs(node).get("batch_dims", 0) and ids in last_dim_one:
                 # the fused decoder's lookup: ids (R, 1) -> rows (R, D) is a Gather of the ids squeezed
                 axes, ids = (
                     self.const(f"{node.name}/nbits/axes", np.array([-1], np.int64)),
                     f"{node.name}/nbits/ids",
                 )
                 rewritten.append(helper.make_node("Squeeze", [node.input[1], axes], [ids], name=ids))
-            elif node.op_type != "Gather" or _attrs(node).get("axis", 0) != 0:
+            elif node.op_type != "Gather" or attrs(node).get("axis", 0) != 0:
                 continue  # another lookup keeps its fp32 table
             if table.shape[1] % self.block:
                 continue  # GatherBlockQuantized gathers rows of whole blocks
@@ -143,7 +143,7 @@ class _NBitsRewriter:
         tag = node.name or y
         k, n = w.shape
         tied = (
-            node.op_type != "MatMul" and bool(_attrs(node).get("transB", 0)) and node.input[1] in self.tables
+            node.op_type != "MatMul" and bool(attrs(node).get("transB", 0)) and node.input[1] in self.tables
         )
         bits = self.table_bits if tied else self.bits
         if tied:  # the table's own bytes: E (V, D) is the projection's (N, K)

@@ -16,7 +16,8 @@ require("transformers", "hf")
 import hf_fixtures as F  # noqa: E402
 import hf_marian_multi as M  # noqa: E402
 from seq2onnx.export.hf.bundle import export_hf_bundle  # noqa: E402
-from seq2onnx.export.hf.verify import CHUNK, verify_hf  # noqa: E402
+from seq2onnx.export.hf.reference import CHUNK  # noqa: E402
+from seq2onnx.export.hf.verify import verify_hf  # noqa: E402
 from seq2onnx.runtime.translator import Translator  # noqa: E402
 
 CLI = [sys.executable, "-m", "seq2onnx.commands"]

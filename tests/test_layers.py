@@ -28,7 +28,7 @@ ALLOWED = {
 }
 # A backstop only: the size that matters is a function's, which ruff's C901, PLR0912 and PLR0915
 # measure (pyproject.toml, issue 38); a file past this has more than one job.
-MAX_LINES = 600
+MAX_LINES = 450
 
 
 def _modules() -> dict[str, Path]:

@@ -20,8 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tiny import tiny_bundle
 
-from seq2onnx.export.quantize import (GROUPS, SCHEME, QuantizeError, _id_tables, layer_group, linear_weights,
-                                      quantize_model)
+from seq2onnx.export.graph_layers import GROUPS, QuantizeError, id_tables, layer_group, linear_weights
+from seq2onnx.export.quantize import SCHEME, quantize_model
 from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.options import SessionTuning
@@ -219,7 +219,7 @@ def _linear_nodes(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 def _linear_groups(proto: onnx.ModelProto) -> list[str | None]:
     inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
-    ids = {n.input[0] for n in _id_tables(proto.graph, inits)}  # the token embeddings' tables
+    ids = {n.input[0] for n in id_tables(proto.graph, inits)}  # the token embeddings' tables
     return [layer_group(n, ids) for n in proto.graph.node if linear_weights(n, inits) is not None]
 
 

@@ -30,12 +30,12 @@ from seq2onnx.runtime.search import EARLY_STOPPING
 from seq2onnx.runtime.translator import Translator
 
 from .read import load_hf, read_config
+from .reference import generate, language_text, log_probs, score, strip, translate
 from .tokens import load_tokenizer
 
 MIN_BEAM_AGREEMENT = 0.995  # the issue's bound for beam 4; greedy must agree on every sentence
 TIE = 1e-4  # nats: a deciding gap this small is float noise between float64 and the bundle's float32
 # sentences per generate() and translate_batch call: bounded padding and memory, a progress line each
-CHUNK = 32
 
 
 def read_sentences(
@@ -64,101 +64,6 @@ def read_sentences(
     if not pairs:
         raise ValueError(f"{path}: no sentences; give one source sentence per line")
     return pairs
-
-
-def _generate(
-    hf,
-    tok,
-    texts: list[str],
-    *,
-    beams: int,
-    max_length: int,
-    forced: int | None,
-    say,
-    early_stopping: bool | str = True,
-) -> list[list[int]]:
-    """generate() on `texts` in chunks of CHUNK sentences, a progress line each (1000 sentences take minutes).
-
-    early_stopping: generate()'s, for beams > 1: the one the bundle's beam_convention stands for
-    (runtime/search.py's EARLY_STOPPING)."""
-    extra = {"forced_bos_token_id": forced} if forced is not None else {}
-    if beams > 1:  # transformers warns that these flags mean nothing to greedy search
-        extra.update(early_stopping=early_stopping, length_penalty=1.0)
-    rows: list[list[int]] = []
-    for i in range(0, len(texts), CHUNK):
-        say(
-            f"tokens: transformers' {'greedy' if beams == 1 else f'beam-{beams}'} generate, {i}/{len(texts)} "
-            "sentences"
-        )
-        enc = tok(texts[i : i + CHUNK], return_tensors="pt", padding=True)
-        with torch.no_grad():
-            rows.extend(
-                hf.generate(**enc, num_beams=beams, do_sample=False, max_length=max_length, **extra).tolist()
-            )
-    return rows
-
-
-def _translate(
-    translator, srcs: list[str], *, beams: int, max_length: int, options: dict, say, label: str
-) -> list:
-    """The bundle's search on `srcs` in chunks of CHUNK sentences, a progress line each."""
-    got = []
-    for i in range(0, len(srcs), CHUNK):
-        say(
-            f"tokens: the bundle's {'greedy' if beams == 1 else f'beam-{beams}'} search ({label} decoder), "
-            f"{i}/{len(srcs)} sentences"
-        )
-        got.extend(
-            translator.translate_batch(
-                srcs[i : i + CHUNK],
-                beam_size=beams,
-                length_penalty=1.0,
-                max_decoding_length=max_length,
-                **options,
-            )
-        )
-    return got
-
-
-def _language_text(tokens: dict, tok, target_lang: str | None) -> str:
-    """The text transformers needs in front of a source for the target language, where the bundle puts it as a
-    source token (Marian's >>fra<<: MarianTokenizer reads it from the text, the hosts from target_lang), else
-    "".
-    """
-    if target_lang is None or tokens.get("target_lang_in") != "source_prefix":
-        return ""
-    return f"{tok.convert_ids_to_tokens(int(tokens['languages'][target_lang]))} "
-
-
-def _strip(ids: list[int], pad: int, eos: int) -> list[int]:
-    """A generate() row as our token_ids: without the start token, the end token and the padding after it.
-
-    A row without an end token ran to max_length, so it has no padding: pad tokens there were generated
-    (T5's pad is its decoder start, which an untrained model predicts), and are kept as ours are.
-    """
-    ids = ids[1:]
-    return ids[: ids.index(eos)] if eos in ids else ids
-
-
-def _log_probs(
-    hf, enc_row: dict, decoder_input: list[int], suppressed: list[int], renormalize: bool
-) -> np.ndarray:
-    """transformers' float64 log-probabilities (T, V) along decoder_input as generate() scores them:
-    suppressed ids (bad_words_ids) at -inf, the rest renormalised when generation_config's renormalize_logits
-    says so.
-    """
-    with torch.no_grad():
-        logits = hf(**enc_row, decoder_input_ids=torch.tensor([decoder_input])).logits[0].double()
-    lp = torch.log_softmax(logits, dim=-1)
-    lp[:, suppressed] = float("-inf")
-    return (torch.log_softmax(lp, dim=-1) if renormalize else lp).numpy()
-
-
-def _score(lp: np.ndarray, tokens: list[int], forced: int, eos: int, alpha: float) -> tuple[float, float]:
-    """(sum of log-probs with the end token, normalised by len^alpha); forced prefix tokens add 0."""
-    seq = tokens + [eos]
-    total = sum(0.0 if t < forced else float(lp[t, tok]) for t, tok in enumerate(seq))
-    return total, total / len(seq) ** alpha
 
 
 def verify_hf(
@@ -221,7 +126,7 @@ def verify_hf(
     exact = bundle.meta["dtype"] == "float32" and not bundle.meta.get("quantization")
 
     ours_src = [first.sources.ids(i, s, False, source_prefix) for i, s in enumerate(srcs)]
-    hf_srcs = [_language_text(bundle.meta.get("tokens", {}), tok, target_lang) + s for s in srcs]
+    hf_srcs = [language_text(bundle.meta.get("tokens", {}), tok, target_lang) + s for s in srcs]
     theirs_src = [tok(s).input_ids for s in hf_srcs]
     same_ids = [a == b for a, b in zip(ours_src, theirs_src)]
     checks.append(
@@ -235,8 +140,8 @@ def verify_hf(
         )
     )
     want = {
-        1: _generate(hf.float(), tok, hf_srcs, beams=1, max_length=max_length, forced=forced, say=say),
-        4: _generate(
+        1: generate(hf.float(), tok, hf_srcs, beams=1, max_length=max_length, forced=forced, say=say),
+        4: generate(
             hf,
             tok,
             hf_srcs,
@@ -254,7 +159,7 @@ def verify_hf(
         for s in hf_srcs
     ]
     targets = [
-        (tok(text_target=r).input_ids[:-1] if r is not None else _strip(w, pad, eos))
+        (tok(text_target=r).input_ids[:-1] if r is not None else strip(w, pad, eos))
         for (_, r), w in zip(pairs, want[1])
     ]
     # the tensor tier compares encoder outputs position by position: only sentences whose ids agree (the
@@ -277,10 +182,10 @@ def verify_hf(
             )
         )
         for beams in (1, 4):
-            got = _translate(
+            got = translate(
                 t, srcs, beams=beams, max_length=max_length - 1, options=options, say=say, label=variant
             )
-            expected = [_strip(w, pad, eos) for w in want[beams]]
+            expected = [strip(w, pad, eos) for w in want[beams]]
             agree = [g.token_ids[0] == w for g, w in zip(got, expected)]
             # fp32: every greedy sentence, beam 4 on >= 99.5%; int8/fp16: the bundle's own agreement bound
             bound = min(tol["min_greedy_agreement"], 1.0 if beams == 1 else MIN_BEAM_AGREEMENT)
@@ -347,10 +252,10 @@ class _Mismatch:
 
 def _difference(hf, row, m: _Mismatch, start, eos, n_forced, suppression, exact, variant) -> dict:
     """A differing sentence, with both sides' scores under transformers' model, labelled near-tie or not."""
-    lp_ours = _log_probs(hf, row, [start] + m.ours, *suppression)
-    lp_theirs = _log_probs(hf, row, [start] + m.theirs, *suppression)
-    ours = _score(lp_ours, m.ours, n_forced, eos, 1.0)
-    theirs = _score(lp_theirs, m.theirs, n_forced, eos, 1.0)
+    lp_ours = log_probs(hf, row, [start] + m.ours, *suppression)
+    lp_theirs = log_probs(hf, row, [start] + m.theirs, *suppression)
+    ours = score(lp_ours, m.ours, n_forced, eos, 1.0)
+    theirs = score(lp_theirs, m.theirs, n_forced, eos, 1.0)
     gap = theirs[1] - ours[1]
     if abs(gap) <= TIE:
         kind = "near-tie"
@@ -417,7 +322,7 @@ def _tensor_checks(
                 worst_kv = max(worst_kv, float(np.abs(got.numpy().astype(np.float64) - ref).max()))
                 scale_kv = max(scale_kv, float(np.abs(ref).max()))
         decoder_input = [start] + target
-        ref = _log_probs(hf, row, decoder_input, *suppression)
+        ref = log_probs(hf, row, decoder_input, *suppression)
         step = translator.graphs.step(
             (src_mask, cross), rows=1, top_k=None, max_length=len(decoder_input) + 1
         )

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,6 +48,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def until(test, timeout_s: float, what: str):
+    """Polls test() every 0.1 s and returns its first true value; a bounded wait.
+
+    Raises:
+        TimeoutError: nothing true within timeout_s seconds (the message names `what`).
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = test()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"{what}: not within {timeout_s} s")
 
 
 def prebuild_bundles(out: Path | str) -> list[Path]:

@@ -22,6 +22,7 @@ from extras import require
 require("fastapi", "serve")
 import httpx  # noqa: E402
 
+from helpers import until  # noqa: E402
 from serve_process import ServeProcess  # noqa: E402
 
 from seq2onnx.serve.frontend import SHARED_REFRESH_S  # noqa: E402
@@ -54,15 +55,6 @@ def _post_fresh(url: str, body: dict) -> httpx.Response:
         return c.post(TRANSLATE, json=body)
 
 
-def _until(test, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = test()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"{what}: not within {timeout_s} s")
-
 
 def test_two_processes_answer_as_one_translate_batch_and_say_so(two, translator):
     expected = [h[0] for h in (r.hypotheses for r in translator.translate_batch(TEXTS, beam_size=1))]
@@ -89,7 +81,7 @@ def test_metrics_sum_every_process_whichever_answers_the_scrape(two):
     # process that did not answer the scrape may still show the load's queue for up to that long.
     time.sleep(SHARED_REFRESH_S)
     idle = re.compile(r"^seq2onnx_queue_depth 0\.0$", re.M)
-    _until(lambda: all(idle.search(scrape()) for _ in range(4)), 10, "the queue depth back to 0")
+    until(lambda: all(idle.search(scrape()) for _ in range(4)), 10, "the queue depth back to 0")
     # each scrape must read the sums
     for _ in range(12):
         text = scrape()
@@ -136,7 +128,7 @@ def test_the_kernel_spreads_connections_over_the_processes_whichever_is_awake(tw
             out = [_established(pid, port) - was for pid, was in zip(pids, before)]
             return out if sum(out) == n else None
 
-        spread = _until(held, 10, "every connection accepted")
+        spread = until(held, 10, "every connection accepted")
         # by the kernel's hash each holds about n/2; fewer than 3 of 24 happens once in ~30,000 runs
         assert min(spread) >= 3, spread
         body = b'{"texts": ["the queen sees"]}'
@@ -153,7 +145,7 @@ def test_the_kernel_spreads_connections_over_the_processes_whichever_is_awake(tw
 def test_the_listening_line_comes_once_every_process_listens_and_names_them(bundle):
     server = ServeProcess(bundle, "--processes", "2")
     try:
-        line = _until(lambda: _line(server), 60, "the listening line")
+        line = until(lambda: _line(server), 60, "the listening line")
         assert re.search(r"listening on http://127\.0\.0\.1:\d+ \(batching continuous, .*2 processes", line)
         assert len(re.findall(r"Started server process", server.log())) == 2, server.log()
     finally:
@@ -172,13 +164,13 @@ def _line(server: ServeProcess) -> str | None:
 
 def test_a_process_that_dies_is_replaced_and_sigterm_drains_all_and_exits_0(bundle):
     with ServeProcess(bundle, "--processes", "2") as server:
-        first = _until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
+        first = until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
         os.kill(first[0], signal.SIGKILL)
-        _until(lambda: "exited with code -9 while serving; starting another" in server.log(), 30, "replaced")
-        _until(lambda: len(_workers(server)) == 3, 60, "the replacement's log line")
+        until(lambda: "exited with code -9 while serving; starting another" in server.log(), 30, "replaced")
+        until(lambda: len(_workers(server)) == 3, 60, "the replacement's log line")
         replacement = _workers(server)[-1]
-        _until(lambda: replacement in _children(server.proc.pid), 10, "the replacement running")
-        _until(lambda: len(re.findall(r"Started server process", server.log())) == 3, 60, "it listening")
+        until(lambda: replacement in _children(server.proc.pid), 10, "the replacement running")
+        until(lambda: len(re.findall(r"Started server process", server.log())) == 3, 60, "it listening")
         for _ in range(6):
             assert _post_fresh(server.url, {"texts": ["the queen sees"]}).status_code == 200
         server.proc.send_signal(signal.SIGTERM)
@@ -196,13 +188,13 @@ def test_while_they_drain_new_connections_are_refused_and_the_request_in_flight_
     # one, so that at least one is still decoding when the connection is tried
     slow = {"texts": [long] * 64, "beam_size": 16, "min_decoding_length": 100, "max_decoding_length": 120}
     with ServeProcess(bundle, "--processes", "2", "--drain-seconds", "60", "--max-chars", "20000") as server:
-        _until(lambda: len(re.findall(r"Started server process", server.log())) == 2, 30, "both listening")
+        until(lambda: len(re.findall(r"Started server process", server.log())) == 2, 30, "both listening")
         port = int(server.url.rsplit(":", 1)[1])
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             answers = [pool.submit(_post_fresh, server.url, slow) for _ in range(2)]
-            _until(lambda: server.metric("seq2onnx_active_rows") > 0, 30, "decoding")
+            until(lambda: server.metric("seq2onnx_active_rows") > 0, 30, "decoding")
             server.proc.send_signal(signal.SIGTERM)
-            _until(lambda: len(re.findall(r"SIGTERM: draining", server.log())) == 2, 30, "both draining")
+            until(lambda: len(re.findall(r"SIGTERM: draining", server.log())) == 2, 30, "both draining")
             time.sleep(0.3)  # uvicorn closes its listener at its next tick (0.1 s)
             assert not all(a.done() for a in answers), "the slow requests ended before the check"
             with pytest.raises(ConnectionRefusedError):
@@ -213,7 +205,7 @@ def test_while_they_drain_new_connections_are_refused_and_the_request_in_flight_
 
 def test_processes_stop_by_themselves_when_the_parent_is_killed(bundle):
     with ServeProcess(bundle, "--processes", "2") as server:
-        pids = _until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
+        pids = until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
         server.proc.kill()
         server.proc.wait(timeout=10)
 
@@ -221,7 +213,7 @@ def test_processes_stop_by_themselves_when_the_parent_is_killed(bundle):
             return all(not os.path.exists(f"/proc/{p}") or _zombie(p) for p in pids)
 
         try:
-            _until(gone, 40, f"processes {pids} still running after their parent died")
+            until(gone, 40, f"processes {pids} still running after their parent died")
         finally:  # else they would hold the log pipe open and the fixture's close would wait for them
             for p in pids:
                 with contextlib.suppress(ProcessLookupError):

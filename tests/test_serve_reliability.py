@@ -26,21 +26,13 @@ from extras import require
 require("fastapi", "serve")
 import httpx  # noqa: E402
 
+from helpers import until  # noqa: E402
 from serve_process import ServeProcess  # noqa: E402
 from tiny import copy_bundle, tiny_bundle  # noqa: E402
 
 TRANSLATE = "/v1/translate"
 TEXTS = ["the queen sees", "a young mouse eats", "the old king runs", "two birds sing"]
 
-
-def _until(test, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = test()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"{what}: not within {timeout_s} s")
 
 
 def _answers(server: ServeProcess, beam: int) -> list:
@@ -114,7 +106,7 @@ def test_two_groups_started_a_moment_apart_on_one_port_one_serves_and_the_other_
         time.sleep(0.2)  # the offset: the first group's parent has bound, its processes still load
         second = _group(bundle, port)
         try:
-            _until(lambda: second.poll() is not None, 90, "the second group exits")
+            until(lambda: second.poll() is not None, 90, "the second group exits")
             assert second.returncode != 0
             err = second.stderr.read()
             assert "cannot listen there" in err and "choose another --port" in err, err
@@ -136,18 +128,18 @@ def _pids(log: str) -> list[int]:
 @pytest.mark.slow
 def test_a_stopped_worker_is_found_by_its_heartbeat_logged_killed_and_replaced(bundle):
     with ServeProcess(bundle, "--processes", "2", "--liveness-seconds", "2") as server:
-        _until(lambda: len(_pids(server.log())) >= 2, 30, "both processes log")
+        until(lambda: len(_pids(server.log())) >= 2, 30, "both processes log")
         stopped = _pids(server.log())[0]
         os.kill(stopped, signal.SIGSTOP)
         try:
-            _until(lambda: "sent no heartbeat" in server.log(), 30, "the liveness check")
-            _until(lambda: len(_pids(server.log())) >= 3, 60, "a replacement")
+            until(lambda: "sent no heartbeat" in server.log(), 30, "the liveness check")
+            until(lambda: len(_pids(server.log())) >= 3, 60, "a replacement")
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(stopped, signal.SIGCONT)
         assert re.search(rf"process \d \(pid {stopped}\) sent no heartbeat for [\d.]+ s \(--liveness-seconds 2\)",
                          server.log()), server.log()
-        _until(lambda: "exited with code -9 while serving" in server.log(), 30, "its exit")
+        until(lambda: "exited with code -9 while serving" in server.log(), 30, "its exit")
         # every fresh connection is answered again (none lands on the stopped process)
         answers = []
         for _ in range(10):
@@ -172,7 +164,7 @@ def test_a_client_that_pipelines_and_never_reads_is_dropped_after_the_send_timeo
             sock.settimeout(5)
             with contextlib.suppress(OSError):  # the server stops reading once its writes pause
                 sock.sendall(request * count)
-            _until(lambda: "had not read its answers for 2 s (--send-timeout)" in server.log(), 30, "the drop")
+            until(lambda: "had not read its answers for 2 s (--send-timeout)" in server.log(), 30, "the drop")
             received = 0
             with contextlib.suppress(OSError):  # reset, once what the kernel held is read
                 while chunk := sock.recv(1 << 20):

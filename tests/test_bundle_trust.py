@@ -224,7 +224,7 @@ def _drop(dotted: str):
     (_set("special_ids.pad", "0"), "special_ids.pad"),
     (_set("dtype", "bfloat16"), "dtype"),
     (_set("dtype", None), "dtype"),
-    (_set("quantization", "int4"), "quantization"),
+    (_set("quantization", "int3"), "quantization"),
     (_drop("decoding.max_length_b"), "decoding.max_length_b"),
     (_set("decoding.beam_size", 2.5), "decoding.beam_size"),
     (_set("decoding.length_penalty", float("nan")), "decoding.length_penalty"),

@@ -17,7 +17,7 @@ from seq2onnx.runtime import bundle as names
 from seq2onnx.runtime.attention import NoAttentionOutput
 from seq2onnx.runtime.options import SessionTuning
 from seq2onnx.runtime.translator import Translator
-from tiny import copy_bundle, edit_bundle_json, scratch, tiny_bundle, tiny_run
+from tiny import copy_bundle, edit_bundle_json, restate_size, scratch, tiny_bundle, tiny_run
 
 TEXTS = ["the old cat sees two birds", "a dog", "the small bird sleeps in the box near the red car",
          "", "five brave cats", "the queen sees young mice with an old box"]
@@ -101,6 +101,7 @@ def _without_attention_output(name: str):
         spec = meta["graphs"]["decoder"]
         spec["outputs"] = [o for o in spec["outputs"] if o["name"] != names.CROSS_ATTENTION]
     edit_bundle_json(path, edit)
+    restate_size(path, "decoder")
     return path
 
 

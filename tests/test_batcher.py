@@ -16,7 +16,7 @@ from seq2onnx.runtime.translator import Translator
 from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder, rounds_runner
 from seq2onnx.serve.scheduler import Scheduler
 from seq2onnx.serve.engine import Cancelled, Engine, RequestEngine
-from tiny import copy_bundle, edit_bundle_json
+from tiny import copy_bundle, edit_bundle_json, restate_size
 
 TEXTS = ["the cat dances in the box", "a small bird sleeps", "the red dog", "a", "the small cat sees a big red bird",
          "", "bird", "the dog sleeps in the small box with a cat"]
@@ -287,6 +287,7 @@ def test_bundle_without_per_row_steps_is_refused(bundle, tmp_path):
                 entry["shape"] = [1]
 
     edit_bundle_json(old, restate)
+    restate_size(old, "decoder")
     standard = Translator(old, device="cpu", check_hashes=False, _tuning=SessionTuning(decoder="standard"))
     with pytest.raises(NoServingDecoder, match="--batching request"):
         ContinuousEngine(standard)

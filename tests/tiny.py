@@ -79,3 +79,13 @@ def edit_bundle_json(path: Path, edit) -> None:
     meta = json.loads((path / "bundle.json").read_text())
     edit(meta)
     (path / "bundle.json").write_text(json.dumps(meta))
+
+
+def restate_size(path: Path, key: str) -> None:
+    """bundle.json's files.<key>.size set to the file's size now: a test that rewrote that file (a graph
+    saved again) and loads it with check_hashes=False; the size is checked at every load (runtime/bundle.py)."""
+    def edit(meta):
+        entry = meta["files"][key]
+        entry["size"] = (path / entry["path"]).stat().st_size
+
+    edit_bundle_json(path, edit)

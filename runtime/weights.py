@@ -110,20 +110,34 @@ class WeightsFile:
             raise BundleError(f"{self.path}: {_differs('sha256')} (files.weights in bundle.json)")
         self._hashing = None
 
-    def _link(self) -> str | None:
+    def _link(self) -> tuple[str, int | None] | None:
         """A fresh private directory whose entry `name` is the copy held open (a hard link: onnxruntime
-        refuses a symbolic one to an unlinked file); None where the OS cannot name an unlinked file again."""
+        refuses a symbolic one to an unlinked file), and a descriptor to close once the session is made (or
+        None); None where the OS cannot name an unlinked file again.
+
+        The kernel lets an unnamed file (O_TMPFILE) be linked only until its first link is gone: a session
+        made later (the standard decoder, loaded when first needed) links a fresh private copy of the copy,
+        so that onnxruntime still maps a file rather than holding the bytes twice."""
         if self._where is None or not os.path.isdir("/proc/self/fd"):
             return None
         folder = tempfile.mkdtemp(prefix="seq2onnx-weights-", dir=self._where)  # 0700: only this user enters
         link = os.path.join(folder, self.name)
+        fresh = None
         try:
             os.makedirs(os.path.dirname(link), exist_ok=True)  # a nested files.weights.path
-            _link_open_file(self._file_fd, link)
-        except OSError:
+            try:
+                _link_open_file(self._file_fd, link)
+            except FileNotFoundError:  # linked once already, and that link is gone
+                fresh, where = _private_copy(self._file_fd, self.size, self.path)
+                if where is None:
+                    raise
+                _link_open_file(fresh, link)
+        except (OSError, BundleError):
+            if fresh is not None:
+                os.close(fresh)
             shutil.rmtree(folder, ignore_errors=True)
             return None
-        return folder
+        return folder, fresh
 
     def open_session(self, create):
         """Makes a session whose external data onnxruntime reads from the private copy.
@@ -139,12 +153,15 @@ class WeightsFile:
         Returns:
             What create returned.
         """
-        folder = self._link()
-        if folder is not None:
+        linked = self._link()
+        if linked is not None:
+            folder, fresh = linked
             try:
                 return create(lambda options: options.add_session_config_entry(FOLDER_OPTION, folder))
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
+                if fresh is not None:
+                    os.close(fresh)  # the session's mapping keeps what it reads
         with mmap.mmap(self._file_fd, 0, access=mmap.ACCESS_READ) as held:
             data = memoryview(held)
             try:

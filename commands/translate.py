@@ -53,7 +53,7 @@ def _source_ids(
 
 
 def _format(result, index: int, args) -> str:
-    if args.n_best > 1:
+    if args.num_hypotheses > 1:
         return "".join(f"{index} ||| {text} ||| {score:.4f}\n"
                        for text, score in zip(result.hypotheses, result.scores))
     if args.scores:
@@ -91,15 +91,8 @@ def add(sub) -> None:
                                           "temporary name beside it and renamed when complete, so it is "
                                           "never left half-written")
     p.add_argument("--force", action="store_true", help="let --output replace an existing file")
-    p.add_argument("--beam", type=int, default=None, help="beam size; 1 is greedy (default: the bundle's, 4)")
-    p.add_argument("--n-best", type=int, default=1, help="hypotheses per line (at most --beam), written as "
-                   "'LINE ||| TEXT ||| SCORE', LINE counted from 0")
+    add_option_flags(p)
     p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' (sum of log-probabilities)")
-    p.add_argument("--length-penalty", type=float, default=None,
-                   help="beam search's length penalty (default: the bundle's)")
-    p.add_argument("--max-length", type=int, default=None,
-                   help="maximum target tokens (default: relative to the source, capped by the model's "
-                        "positions)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto: CUDA where onnxruntime can run it, else the CPU (default auto)")
     p.add_argument("--threads", type=int, default=0,
@@ -109,8 +102,6 @@ def add(sub) -> None:
                    help="on the CPU, keep onnxruntime's optimized graphs with their weights packed for "
                         "this machine in DIR, so that later starts skip optimizing and packing (about 2.8x "
                         "the bundle on disk; runtime/session_cache.py; default: none)")
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="most lines decoded together (default 32); a stream's batches hold what has arrived")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--truncate", action="store_true",
                         help="cut lines longer than the model's positions, with a warning naming the line "
@@ -123,15 +114,6 @@ def add(sub) -> None:
                         "source pieces, last decoder layer averaged over heads) to FILE as JSON lines, and "
                         f"heatmaps of the first {MAX_PICTURES} lines to FILE with the suffix .html; the "
                         "translations are the same as without it")
-    p.add_argument("--source-lang", metavar="CODE",
-                   help="multilingual models (an imported M2M100/NLLB): the source language, whose token "
-                        "leads every source (default: the bundle's tokens.source_prefix)")
-    p.add_argument("--target-lang", metavar="CODE",
-                   help="multilingual models: the target language, its token forced first in every "
-                        "translation (M2M100/NLLB) or put first in the source (multilingual Marian)")
-    p.add_argument("--target-prefix", metavar="IDS", type=_id_list,
-                   help="comma-separated target token ids forced at the start of every translation (as "
-                        "CTranslate2's target_prefix; replaces --target-lang's token)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar on stderr (default: on when stderr is a terminal and the input a "
                         "file; --progress shows it anywhere, e.g. in a log, --no-progress never)")
@@ -154,15 +136,47 @@ def _languages(args) -> dict:
     return {"source_lang": args.source_lang, "target_lang": args.target_lang}
 
 
+# How a flag reads its value, by the option's kind (runtime/options.py's Option.kind).
+_READ = {"int": int, "number": float, "lang": str, "ids": _id_list}
+_NOTES = {"num_hypotheses": "; written as 'LINE ||| TEXT ||| SCORE', LINE counted from 0",
+          "max_batch_size": "; a stream's batches hold what has arrived"}
+
+
+def add_option_flags(p) -> None:
+    """The decoding options' flags, made from their one declaration (runtime/options.py: Option.cli, its kind,
+    doc and default): each flag's dest is translate_batch's name of its option."""
+    from seq2onnx.runtime.option_spec import api_default
+    from seq2onnx.runtime.options import OPTIONS
+
+    for name, o in OPTIONS.items():
+        if o.cli:
+            default = api_default(name)
+            said = f"the bundle's decoding.{o.bundle}" if o.bundle else default
+            metavar = {"lang": "CODE", "ids": "IDS"}.get(o.kind, name.split("_")[-1].upper())
+            p.add_argument(o.cli, dest=name, type=_READ[o.kind], default=default, metavar=metavar,
+                           help=f"{o.doc}{_NOTES.get(name, '')} (default: {said})")
+
+
 def _check_options(args) -> None:
     """Option errors that need no bundle, before the model loads."""
+    from seq2onnx.runtime.option_spec import api_default
+    from seq2onnx.runtime.options import OPTIONS, OptionError, check
+
     cores = os.cpu_count() or 1
     if not 0 <= args.threads <= cores:
         raise CommandError(f"--threads {args.threads}: this machine has {cores} cores; give 1 to {cores}, "
                            "or 0 to use them all")
-    for name, value in (("--batch-size", args.batch_size), ("--n-best", args.n_best), ("--beam", args.beam)):
-        if value is not None and value < 1:
-            raise CommandError(f"{name} {value}: give 1 or more")
+    given = [o.cli for name, o in OPTIONS.items() if o.cli and o.scope == "text" and name not in ("beam_size",
+             "length_penalty", "sampling_temperature") and getattr(args, name) != api_default(name)]
+    if given and args.sampling_temperature is None:  # as serve's 422 and seq2onnx-js: they mean nothing alone
+        raise CommandError(f"{given[0]} needs --sampling-temperature (sampling); give it, or drop {given[0]}")
+    for name, o in OPTIONS.items():
+        value = getattr(args, name) if o.cli else None
+        try:
+            if value is not None:  # None: the bundle's default
+                check(name, value, o)
+        except OptionError as e:
+            raise option_error(e) from None
     if args.input not in (None, "-") and not Path(args.input).is_file():
         raise CommandError(f"--input {args.input}: no such file")
 
@@ -173,14 +187,14 @@ def _check_against_model(args, translator) -> None:
     from seq2onnx.runtime.model_options import check_prefix_options
     from seq2onnx.runtime.options import OptionError
 
-    beam = args.beam if args.beam is not None else translator.bundle.decoding.get("beam_size", 4)
-    if args.n_best > beam:
-        raise CommandError(f"--n-best {args.n_best} is more than the beam size {beam}; give --beam "
-                           f"{args.n_best} or more, or a smaller --n-best")
+    beam = args.beam_size if args.beam_size is not None else translator.bundle.decoding.get("beam_size", 4)
+    if args.num_hypotheses > beam and args.sampling_temperature is None:
+        raise CommandError(f"--n-best {args.num_hypotheses} is more than the beam size {beam}; give --beam "
+                           f"{args.num_hypotheses} or more, or a smaller --n-best")
     limit = translator.max_positions
-    if args.max_length is not None and not 1 <= args.max_length <= limit:
-        raise CommandError(f"--max-length {args.max_length}: this model has {limit} positions (max_positions "
-                           f"in bundle.json); give 1 to {limit}")
+    if args.max_decoding_length is not None and not 1 <= args.max_decoding_length <= limit:
+        raise CommandError(f"--max-length {args.max_decoding_length}: this model has {limit} positions "
+                           f"(max_positions in bundle.json); give 1 to {limit}")
     try:
         options = translator.search_options(**_search_options(args))
         check_prefix_options(options, 1, translator.vocabulary.languages, translator.tgt_vocab,
@@ -189,26 +203,20 @@ def _check_against_model(args, translator) -> None:
         raise option_error(e) from None
 
 
-# The runtime's option (OptionError.option) -> the flag that sets it, so that an error names what the user
-# typed.
-# An option the command does not set is absent: its error keeps the runtime's name.
-FLAGS = {"beam_size": "--beam", "num_hypotheses": "--n-best", "length_penalty": "--length-penalty",
-         "max_decoding_length": "--max-length", "max_batch_size": "--batch-size",
-         "intra_threads": "--threads",
-         "source_lang": "--source-lang", "target_lang": "--target-lang", "target_prefix": "--target-prefix"}
-
-
 def option_error(e: OptionError) -> CommandError:
-    """The runtime's OptionError as the command's one-line error, naming the option's flag (FLAGS)."""
-    flag = FLAGS.get(e.option)
+    """The runtime's OptionError as the command's one-line error, naming the option's flag (its Option.cli)."""
+    from seq2onnx.runtime.options import OPTIONS
+
+    flag = {"intra_threads": "--threads"}.get(e.option) or getattr(OPTIONS.get(e.option), "cli", None)
     return CommandError(e.named(flag) if flag else str(e))
 
 
-def _search_options(args) -> dict:
-    """translate_batch's options as the command's flags set them (None: the bundle's default)."""
-    return dict(beam_size=args.beam, num_hypotheses=args.n_best, length_penalty=args.length_penalty,
-                max_decoding_length=args.max_length, max_batch_size=args.batch_size, **_languages(args),
-                target_prefix=[args.target_prefix] if args.target_prefix else None)
+def _search_options(args, lines: int = 1) -> dict:
+    """translate_batch's options as the command's flags set them (None: the bundle's default), for `lines`."""
+    from seq2onnx.runtime.options import OPTIONS
+
+    options = {name: getattr(args, name) for name, o in OPTIONS.items() if o.cli}
+    return options | {"target_prefix": [args.target_prefix] * lines if args.target_prefix else None}
 
 
 def run(args) -> int:
@@ -246,7 +254,7 @@ def run(args) -> int:
     out = sink.file if sink else getattr(sys.stdout, "buffer", None)
     done = False
     try:
-        _translate_stream(translator, LineReader(read, max_queued=max(4096, 4 * args.batch_size)), args,
+        _translate_stream(translator, LineReader(read, max_queued=max(4096, 4 * args.max_batch_size)), args,
                           out, warnings, progress, attention)
         done = True
     except BrokenPipeError:
@@ -320,7 +328,7 @@ def _translate_stream(translator, reader: LineReader, args, out, warnings: Warni
             out.flush()
 
     first = 0  # index of the batch's first line, counted from 0
-    for batch in reader.batches(SORT_WINDOW * args.batch_size):
+    for batch in reader.batches(SORT_WINDOW * args.max_batch_size):
         ids, error = [], None
         for offset, raw in enumerate(batch):
             line = first + offset + 1
@@ -331,12 +339,9 @@ def _translate_stream(translator, reader: LineReader, args, out, warnings: Warni
                 error = e
                 break
         if ids:
-            results = translator.translate_batch(
-                ids, beam_size=args.beam, num_hypotheses=args.n_best, length_penalty=args.length_penalty,
-                max_decoding_length=args.max_length, return_scores=True,
-                return_attention=attention is not None,
-                max_batch_size=args.batch_size, target_lang=args.target_lang,
-                target_prefix=[args.target_prefix] * len(ids) if args.target_prefix else None)
+            options = _search_options(args, len(ids)) | {"source_lang": None}  # the ids hold the source's
+            results = translator.translate_batch(ids, return_scores=True, return_attention=attention is not None,
+                                                 **options)
             write("".join(_format(r, first + k, args) for k, r in enumerate(results)))
             if attention is not None:
                 attention.write(first, ids, results)

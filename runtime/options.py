@@ -13,9 +13,8 @@ from __future__ import annotations
 import numbers
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
-from .spec import OPTION_RANGES
 
 
 class OptionError(ValueError):
@@ -69,21 +68,6 @@ def _describe(value) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
-def _int(name: str, value, low: int, fix: str) -> int:
-    if not _is_int(value) or value < low:
-        raise OptionError(name, value, limit=f"an int >= {low}", hint=fix, shown=_describe(value))
-    return int(value)
-
-
-def _ranged(name: str, value, note: str) -> float:
-    """A real-valued option inside its closed range of spec/bundle.json's option_ranges (NaN is outside)."""
-    low, high = OPTION_RANGES[name]
-    if not _is_real(value) or not low <= value <= high:
-        raise OptionError(name, value, limit=f"[{low:g}, {high:g}]", shown=_describe(value),
-                          hint=f"give a number in [{low:g}, {high:g}] ({note})")
-    return float(value)
-
-
 def _bool(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise OptionError(name, value, limit="True or False", hint="give True or False",
@@ -98,98 +82,192 @@ def _choice(name: str, value, choices: tuple[str, ...]) -> None:
 
 
 @dataclass(frozen=True)
-class SearchOptions:
-    """How translate_batch searches; every field is checked when the object is made.
+class Option:
+    """One decoding option's metadata: the one place that states its limits, its doc and its names elsewhere.
 
-    The checks that need the model (max_decoding_length <= max_positions, the default maximum of
-    each source) are the Translator's.
+    The argparse flags of `seq2onnx translate`, the HTTP request models (serve/schemas.py), the options'
+    docstring section and signature on Translator, and spec/capabilities.json (the JS host's names and
+    limits: runtime/option_spec.py writes it) are all made from these.
 
     Attributes:
-        beam_size: 1 is greedy search.
-        num_hypotheses: n-best size: at most beam_size, or any number of samples.
-        length_penalty: n-best ranked by score / length^length_penalty.
-        max_decoding_length: None: max_length_a x source length + max_length_b.
-        min_decoding_length: the end token is forbidden before this many tokens.
-        return_scores: return each hypothesis's score.
-        return_attention: each hypothesis's [target pieces, source pieces] cross-attention.
-        truncate: cut sources longer than the model's positions instead of refusing them.
-        max_batch_size: sources decoded together.
-        sampling_temperature: None: beam/greedy search; > 0: random sampling.
-        sampling_topk: sample among the k likeliest tokens (0: all).
-        sampling_topp: ... and among the smallest set whose probability reaches p.
-        seed: sampling seed: a sentence's sample depends only on (seed, sentence).
-        source_lang, target_lang: language codes of a multilingual model (bundle.json's tokens.languages).
-        target_prefix: per source, the target ids forced first (docs/decoding.md).
+        kind: "int", "number" (a real number), "bool", "lang" (a language code) or "ids" (target ids per
+            source: checked against the model, runtime/model_options.py).
+        doc: what it does, one sentence.
+        low, high: the range of an int or a number (None: unbounded); `low_open`: low itself is outside.
+        nullable: None is a value of SearchOptions (where the doc says what it means).
+        note: words after the fix of a refused value, e.g. " (1 is greedy search)".
+        scope: the methods that take it: "stream" (generate_tokens, translate and translate_batch), "text"
+            (translate and translate_batch) or "batch" (translate_batch only).
+        bundle: the bundle.json decoding key whose value the option takes where a call gives None or leaves
+            it out (so a call's None is a value even where SearchOptions's is not), e.g. "min_length".
+        cli: `seq2onnx translate`'s flag, or None (not a flag of it).
+        http: the HTTP request's field, or None (not served).
+    """
+
+    kind: str
+    doc: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    nullable: bool = False
+    note: str = ""
+    scope: str = "batch"
+    bundle: str | None = None
+    cli: str | None = None
+    http: str | None = None
+
+    @property
+    def limit(self) -> str:
+        """What the option accepts, in words: "an int >= 1", "[-10, 10]", "(0, 1]", "True or False"."""
+        if self.kind == "number":
+            return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+        return {"int": f"an int >= {self.low}", "bool": "True or False", "lang": "a str or None",
+                "ids": "lists of target ids"}[self.kind]
+
+    @property
+    def hint(self) -> str:
+        """The fix of a refused value, as every host says it: "give an int >= 1 (1 is greedy search)"."""
+        given = {"int": f"give {self.limit}", "number": f"give a number in {self.limit}",
+                 "bool": "give True or False", "lang": "give a language code (a str) or None",
+                 "ids": "give a list of target token ids"}[self.kind]
+        return given + self.note
+
+
+def _option(default, **meta):
+    """A SearchOptions field and its Option."""
+    return field(default=default, metadata={"option": Option(**meta)})
+
+
+_STREAM, _TEXT = "stream", "text"
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How translate_batch searches; every field is checked when the object is made, against its Option.
+
+    Each field's Option (`OPTIONS[name]`) holds its doc, limits and names elsewhere. The checks that need
+    the model (max_decoding_length <= max_positions, the default maximum of each source, languages and
+    target prefixes) are resolve_search_options's and runtime/model_options.py's.
 
     Raises:
         OptionError: naming the field, its value and the accepted range.
     """
 
-    beam_size: int = 4  # 1 is greedy search
-    num_hypotheses: int = 1  # n-best size: at most beam_size, or any number of samples
-    length_penalty: float = 1.0  # n-best ranked by score / length^length_penalty
-    max_decoding_length: int | None = None  # None: max_length_a x source length + max_length_b
-    min_decoding_length: int = 0  # the end token is forbidden before this many tokens
-    return_scores: bool = False
-    return_attention: bool = False  # each hypothesis's [target pieces, source pieces] cross-attention
-    truncate: bool = False  # cut sources longer than the model's positions instead of refusing them
-    max_batch_size: int = 32  # sources decoded together
-    sampling_temperature: float | None = None  # None: beam/greedy search; > 0: random sampling
-    sampling_topk: int = 0  # sample among the k likeliest tokens (0: all)
-    sampling_topp: float = 1.0  # ... and among the smallest set whose probability reaches p
-    seed: int | None = None  # sampling seed: a sentence's sample depends only on (seed, sentence)
-    # Multilingual models (bundle.json's tokens; checked against the bundle by runtime/vocab.py)
-    source_lang: str | None = None  # the source language's code: its token leads the source
-    target_lang: str | None = None  # the target language's code: its token is forced (or leads the source)
-    target_prefix: list | None = None  # per source, target ids forced first (replaces target_lang's)
+    beam_size: int = _option(
+        4, kind="int", low=1, note=" (1 is greedy search)", bundle="beam_size", scope=_TEXT,
+        cli="--beam", http="beam_size", doc="the beams searched; 1 is greedy search")
+    num_hypotheses: int = _option(
+        1, kind="int", low=1, cli="--n-best", http="num_hypotheses",
+        doc="the n-best returned per source: at most beam_size, or any number of samples")
+    length_penalty: float = _option(
+        1.0, kind="number", low=-10, high=10, note=" (1.0 is the default)",
+        bundle="length_penalty", scope=_TEXT, cli="--length-penalty", http="length_penalty",
+        doc="the n-best are ranked by score / length^length_penalty (docs/decoding.md); the range keeps "
+            "length^length_penalty finite")
+    max_decoding_length: int | None = _option(
+        None, kind="int", low=1, note=", at most the model's max_positions, or None", nullable=True,
+        scope=_STREAM, cli="--max-length", http="max_decoding_length",
+        doc="the most target tokens; default max_length_a x source tokens + max_length_b (bundle.json), "
+            "capped by the model's positions")
+    min_decoding_length: int = _option(
+        0, kind="int", low=0, bundle="min_length", scope=_STREAM, cli="--min-length",
+        http="min_decoding_length", doc="the end token is forbidden before this many target tokens")
+    return_scores: bool = _option(
+        False, kind="bool", http="return_scores",
+        doc="return each hypothesis's score (its sum of log-probabilities, end token included)")
+    return_attention: bool = _option(
+        False, kind="bool",
+        doc="return each hypothesis's [target pieces, source pieces] cross-attention, computed after the "
+            "search (hypotheses and scores are unchanged)")
+    truncate: bool = _option(
+        False, kind="bool", scope=_STREAM, http="truncate",
+        doc="cut a source longer than the model's positions instead of refusing it")
+    max_batch_size: int = _option(
+        32, kind="int", low=1, cli="--batch-size", doc="the most sources decoded together (sorted by length)")
+    sampling_temperature: float | None = _option(
+        None, kind="number", low=0.001, high=1000, note=" (or None for beam search (beam_size=1 is greedy))",
+        nullable=True, scope=_TEXT, cli="--sampling-temperature", http="sampling_temperature",
+        doc="sample from softmax(log-probabilities / T) instead of searching; None: beam or greedy search")
+    sampling_topk: int = _option(
+        0, kind="int", low=0, note=" (0 keeps every token)", scope=_TEXT, cli="--sampling-topk",
+        http="sampling_topk", doc="sample among the k likeliest tokens (0: all)")
+    sampling_topp: float = _option(
+        1.0, kind="number", low=0, high=1, low_open=True, note=" (1 keeps every token)", scope=_TEXT,
+        cli="--sampling-topp", http="sampling_topp",
+        doc="... and among the smallest set whose probability reaches p (1: all)")
+    seed: int | None = _option(
+        None, kind="int", low=0, note=", or None for a different sample each call", nullable=True,
+        scope=_TEXT, cli="--seed", http="seed",
+        doc="the sampling seed: a source's sample depends only on (seed, source)")
+    source_lang: str | None = _option(
+        None, kind="lang", nullable=True, scope=_STREAM, cli="--source-lang", http="source_lang",
+        doc="a multilingual model's source language code (bundle.json's tokens.languages): its token leads "
+            "the source")
+    target_lang: str | None = _option(
+        None, kind="lang", nullable=True, scope=_STREAM, cli="--target-lang", http="target_lang",
+        doc="a multilingual model's target language code: its token is forced first (or leads the source, "
+            "multilingual Marian)")
+    target_prefix: list | None = _option(
+        None, kind="ids", nullable=True, cli="--target-prefix", http="target_prefix",
+        doc="per source, the target ids forced first (CTranslate2's target_prefix; replaces target_lang's "
+            "token; docs/decoding.md)")
 
     def __post_init__(self) -> None:
-        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
-        put("beam_size", _int("beam_size", self.beam_size, 1, "give an int >= 1 (1 is greedy search)"))
-        put("num_hypotheses", _int("num_hypotheses", self.num_hypotheses, 1, "give an int >= 1"))
+        for name, option in OPTIONS.items():
+            object.__setattr__(self, name, check(name, getattr(self, name), option))  # frozen
         if self.sampling_temperature is None and self.num_hypotheses > self.beam_size:
             raise OptionError("num_hypotheses", self.num_hypotheses, limit=f"[1, beam_size={self.beam_size}]",
                               says=f" must lie in [1, beam_size={self.beam_size}]: ",
                               hint="raise beam_size or lower num_hypotheses")
-        put("length_penalty", _ranged("length_penalty", self.length_penalty, "1.0 is the default"))
-        if self.max_decoding_length is not None:
-            put("max_decoding_length", _int("max_decoding_length", self.max_decoding_length, 1,
-                                            "give an int >= 1, at most the model's max_positions, or None"))
-        put("min_decoding_length",
-            _int("min_decoding_length", self.min_decoding_length, 0, "give an int >= 0"))
         if self.max_decoding_length is not None and self.min_decoding_length >= self.max_decoding_length:
             raise OptionError("min_decoding_length", self.min_decoding_length,
                               limit=f"below max_decoding_length={self.max_decoding_length}",
                               says=f" must be below max_decoding_length={self.max_decoding_length}: ",
                               hint="lower the minimum or raise the maximum")
-        put("return_scores", _bool("return_scores", self.return_scores))
-        put("return_attention", _bool("return_attention", self.return_attention))
-        put("truncate", _bool("truncate", self.truncate))
-        put("max_batch_size", _int("max_batch_size", self.max_batch_size, 1, "give an int >= 1"))
-        t = self.sampling_temperature
-        if t is not None:
-            put("sampling_temperature", _ranged("sampling_temperature", t,
-                                                "or None for beam search (beam_size=1 is greedy)"))
-        put("sampling_topk",
-            _int("sampling_topk", self.sampling_topk, 0, "give an int >= 0 (0 keeps every token)"))
-        p = self.sampling_topp
-        if not _is_real(p) or not 0 < p <= 1:  # NaN fails the range test
-            raise OptionError("sampling_topp", p, limit="(0, 1]", shown=_describe(p),
-                              hint="give a number in (0, 1] (1 keeps every token)")
-        put("sampling_topp", float(p))
-        for name in ("source_lang", "target_lang"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise OptionError(name, value, limit="a str or None", shown=_describe(value),
-                                  hint="give a language code (a str) or None")
-        if self.seed is not None:
-            put("seed",
-                _int("seed", self.seed, 0, "give an int >= 0, or None for a different sample each call"))
 
     @property
     def sampling(self) -> bool:
         """True when sampling_temperature is set: random sampling instead of beam/greedy search."""
         return self.sampling_temperature is not None
+
+
+# Every decoding option by its Python name (translate_batch's keyword), in SearchOptions's order.
+OPTIONS: dict[str, Option] = {f.name: f.metadata["option"] for f in fields(SearchOptions)}
+DEFAULTS = {f.name: f.default for f in fields(SearchOptions)}
+SCOPES = {"stream": ("stream",), "text": ("stream", "text"), "batch": ("stream", "text", "batch")}
+
+
+def check(name: str, value, option: Option):
+    """Returns an option's value checked against its Option (a None where it is nullable; ids unchecked here).
+
+    Raises:
+        OptionError: the value's type or range refused, naming the option, the value, the limit and the fix.
+    """
+    if (value is None and option.nullable) or option.kind == "ids":
+        return value
+    kind, low, high = option.kind, option.low, option.high
+    if kind == "int":
+        ok = _is_int(value) and value >= low
+    elif kind == "number":
+        ok = _is_real(value) and (low < value if option.low_open else low <= value) and value <= high  # NaN: no
+    else:
+        ok = isinstance(value, bool if kind == "bool" else str)
+    if not ok:
+        raise OptionError(name, value, limit=option.limit, hint=option.hint, shown=_describe(value))
+    return int(value) if kind == "int" else float(value) if kind == "number" else value
+
+
+def unknown_options(given, method: str, scope: str) -> None:
+    """Refuses the keywords of a call that are not options of `method` (of `scope`: OPTIONS' scopes).
+
+    Raises:
+        TypeError: naming the first unknown keyword and the options the method takes.
+    """
+    takes = [name for name, o in OPTIONS.items() if o.scope in SCOPES[scope]]
+    bad = [name for name in given if name not in takes]
+    if bad:
+        elsewhere = (f"; {bad[0]} is translate_batch's" if bad[0] in OPTIONS else "")
+        raise TypeError(f"{method}() got an unknown option {bad[0]!r}{elsewhere}; it takes {', '.join(takes)}")
 
 
 SPINNING = ("bounded", "none", "unbounded")  # SessionTuning.thread_spinning
@@ -315,13 +393,12 @@ def resolve_search_options(
 
     Raises:
         OptionError: a value of the wrong type or range (the message names it, its limit and the fix).
-        TypeError: an unknown option name.
+        TypeError: an unknown option name (naming it and the options).
     """
-    defaults = decoding
-    for name, key, fallback in (("beam_size", "beam_size", 4), ("length_penalty", "length_penalty", 1.0),
-                                ("min_decoding_length", "min_length", 0)):
-        if options.get(name) is None:
-            options[name] = defaults.get(key, fallback)
+    unknown_options(options, "translate_batch", "batch")
+    for name, option in OPTIONS.items():
+        if option.bundle and options.get(name) is None:
+            options[name] = decoding.get(option.bundle, DEFAULTS[name])
     resolved = SearchOptions(**options)
     limit = max_positions
     positions = f"; this model has {limit} positions (max_positions in bundle.json): "

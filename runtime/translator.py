@@ -15,7 +15,9 @@ from .checks import check_graphs, check_tokenizers, read_graphs
 from .graphs import Graphs
 from .model_spec import ModelSpec
 from .model_options import check_prefix_length
-from .options import OptionError, SearchOptions, SessionTuning, check_intra_threads, resolve_search_options
+from .option_spec import takes_options
+from .options import (OptionError, SearchOptions, SessionTuning, check_intra_threads, resolve_search_options,
+                      unknown_options)
 from .plan import Plan, SearchJob, stream_job
 from .search import SearchResult, Step, run, stream_greedy
 from .session_cache import SessionCache
@@ -28,13 +30,6 @@ from .vocab import Vocabulary, load_tokenizers
 from .weights import verified
 
 _NP_DTYPE = {"float32": np.float32, "float16": np.float16}
-_INPUTS = ("self", "text", "source")  # a public method's parameters that are not search options
-
-
-def _passed(params: dict) -> dict:
-    """The search options of a public method's call, from its locals() taken before it defines any: each
-    option is spelled once, in the method's signature."""
-    return {name: value for name, value in params.items() if name not in _INPUTS}
 
 
 class Translator:
@@ -152,88 +147,38 @@ class Translator:
 
     # -- public API -----------------------------------------------------------------------------
 
-    def translate(
-        self,
-        text: str,
-        *,
-        beam_size: int | None = None,
-        length_penalty: float | None = None,
-        max_decoding_length: int | None = None,
-        min_decoding_length: int | None = None,
-        truncate: bool = False,
-        sampling_temperature: float | None = None,
-        sampling_topk: int = 0,
-        sampling_topp: float = 1.0,
-        seed: int | None = None,
-        source_lang: str | None = None,
-        target_lang: str | None = None,
-    ) -> str:
+    @takes_options("text")
+    def translate(self, text: str, **options) -> str:
         """Returns the best hypothesis (str) for one string.
 
         Args:
-            text: the source text; the other options are translate_batch's.
+            text: the source text.
+            OPTIONS
         Raises:
-            TypeError: text is not a str; ValueError: as translate_batch.
+            TypeError: text is not a str, or an option translate does not take; ValueError: as translate_batch.
         """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str (translate_batch takes lists)")
-        options = self.search_options(**_passed(locals()))
-        return self.plan([text], options).run(self.search)[0].hypotheses[0]
+        unknown_options(options, "translate", "text")
+        return self.plan([text], self.search_options(**options)).run(self.search)[0].hypotheses[0]
 
-    def translate_batch(
-        self,
-        source: Sequence[str | Sequence[int]],
-        *,
-        beam_size: int | None = None,
-        num_hypotheses: int = 1,
-        length_penalty: float | None = None,
-        max_decoding_length: int | None = None,
-        min_decoding_length: int | None = None,
-        return_scores: bool = False,
-        return_attention: bool = False,
-        truncate: bool = False,
-        max_batch_size: int = 32,
-        sampling_temperature: float | None = None,
-        sampling_topk: int = 0,
-        sampling_topp: float = 1.0,
-        seed: int | None = None,
-        source_lang: str | None = None,
-        target_lang: str | None = None,
-        target_prefix: list | None = None,
-    ) -> list[TranslationResult]:
+    @takes_options("batch")
+    def translate_batch(self, source: Sequence[str | Sequence[int]], **options) -> list[TranslationResult]:
         """Returns one TranslationResult per source, in the order given, for texts (or source token id lists).
+
+        The options are SearchOptions's (runtime/options.py declares each one once: its doc, limits and names);
+        each is checked by type and range, and against the model, before any work starts.
 
         Args:
             source: texts, or source ids (the end token is added when missing). An empty or whitespace-only
                 text gives an empty translation.
-            beam_size: 1 is greedy search; default bundle.json's `decoding.beam_size`.
-            num_hypotheses: the n-best to return per source (<= beam_size, or samples).
-            length_penalty: α in score / len^α (docs/decoding.md); default bundle.json's.
-            max_decoding_length: default max_length_a x source length + max_length_b, capped by the model's
-                positions.
-            min_decoding_length: the end token is forbidden before it; default bundle.json's.
-            return_scores: fill TranslationResult.scores (log-probabilities, end token included).
-            return_attention: fill TranslationResult.attention, computed after the search by a forced pass of
-                the standard decoder, so hypotheses and scores are those without it.
-            truncate: cut sources longer than the model's positions instead of refusing them.
-            max_batch_size: sources decoded together (sorted by length: less padding).
-            sampling_temperature: switches to random sampling; each sentence's sample depends only on the seed
-                and the sentence, not on its batch.
-            sampling_topk, sampling_topp: sample among the k best (0: all), within this probability mass (1.0:
-            all). seed: the sampling seed.
-            source_lang, target_lang: language codes of a multilingual model (bundle.json's tokens.languages):
-                the source's leading token, and the target token forced first (as transformers'
-                forced_bos_token_id).
-            target_prefix: per source, a list of target ids forced at the start (CTranslate2's target_prefix;
-                each adds 0 to the score, docs/decoding.md); it replaces target_lang's token. The ids are in
-                token_ids.
+            OPTIONS
         Raises:
-            TypeError: an item that is neither a str nor ids.
+            TypeError: an item that is neither a str nor ids, or an unknown option (naming it and the options).
             ValueError: a source longer than the model's positions (unless truncate) or an option of
-                a wrong type or range (the message names the option, its value and the fix).
+                a wrong type or range (an OptionError: the message names the option, its value and the fix).
         """
-        options = self.search_options(**_passed(locals()))
-        return self.plan(source, options).run(self.search)  # plan, then run here
+        return self.plan(source, self.search_options(**options)).run(self.search)  # plan, then run here
 
     def search_options(self, **options) -> SearchOptions:
         """Returns SearchOptions, with the bundle's beam_size, length_penalty, min_decoding_length where None
@@ -246,16 +191,8 @@ class Translator:
         """
         return resolve_search_options(options, self.bundle.decoding, self.max_positions, self.tgt_vocab)
 
-    def generate_tokens(
-        self,
-        text: str,
-        *,
-        max_decoding_length: int | None = None,
-        min_decoding_length: int | None = None,
-        truncate: bool = False,
-        source_lang: str | None = None,
-        target_lang: str | None = None,
-    ) -> Iterator[str]:
+    @takes_options("stream")
+    def generate_tokens(self, text: str, **options) -> Iterator[str]:
         """Yields the greedy translation of one text piece by piece, as soon as each token is decided.
 
         Each piece is what its token adds to the detokenised text (held back while an incomplete UTF-8 byte
@@ -263,15 +200,16 @@ class Translator:
         checked at this call, not later.
 
         Args:
-            text: the source text; the other options are translate_batch's.
+            text: the source text.
+            OPTIONS
         Raises:
-            TypeError: text is not a str; ValueError: as translate_batch, or min_decoding_length >= the text's
-                maximum length.
+            TypeError: text is not a str, or an option generate_tokens does not take; ValueError: as
+                translate_batch, or min_decoding_length >= the text's maximum length.
         """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str")
-        options = self.search_options(beam_size=1, **_passed(locals()))
-        return self.stream(text, options)
+        unknown_options(options, "generate_tokens", "stream")
+        return self.stream(text, self.search_options(beam_size=1, **options))
 
     def translate_iterable(
         self, lines: Iterable[str], *, read_batch_size: int = 256, **options

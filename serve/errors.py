@@ -1,7 +1,8 @@
 """The HTTP front end's error answers (serve/app.py): JSON {"error": message, "field": name or null}.
 
 Which field an error names is decided from the error's type and attributes, never from its text: pydantic's
-errors carry their location, the runtime's OptionError its option, mapped to the request's field by FIELDS.
+errors carry their location, the runtime's OptionError its option, mapped to the request's field by the option's
+declaration (runtime/options.py's Option.http).
 """
 from __future__ import annotations
 
@@ -11,34 +12,12 @@ import logging
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from seq2onnx.runtime.options import OptionError
+from seq2onnx.runtime.options import OPTIONS, OptionError
 
 log = logging.getLogger("seq2onnx.serve")
 
 RETRY_AFTER_S = 1  # what a 503 asks a client to wait: a queue slot frees as soon as one request is answered
 CLOSE = {"Connection": "close"}  # after an answer sent before the body was read: the rest is not a request
-
-# The runtime's option (OptionError.option, translate_batch's keyword) -> the request field that carries it.
-# The names agree today; this table is the one place that says so, so that a rename on either side is one
-# line here rather than an error that silently stops naming its field. Options a request cannot set
-# (max_batch_size, return_attention, intra_threads) are absent: their errors name no field.
-FIELDS = {
-    "beam_size": "beam_size",
-    "num_hypotheses": "num_hypotheses",
-    "length_penalty": "length_penalty",
-    "max_decoding_length": "max_decoding_length",
-    "min_decoding_length": "min_decoding_length",
-    "return_scores": "return_scores",
-    "truncate": "truncate",
-    "sampling_temperature": "sampling_temperature",
-    "sampling_topk": "sampling_topk",
-    "sampling_topp": "sampling_topp",
-    "seed": "seed",
-    "source_lang": "source_lang",
-    "target_lang": "target_lang",
-    "target_prefix": "target_prefix",
-}
-
 
 def error(status: int, message: str, field: str | None = None, retry: bool = False,
           close: bool = False) -> JSONResponse:
@@ -77,9 +56,10 @@ def invalid(errors: list[dict], model: type[BaseModel]) -> JSONResponse:
 
 
 def option_field(e: OptionError, model: type[BaseModel]) -> str | None:
-    """The request field of `model` that the OptionError's option maps to (FIELDS); None where it has none."""
-    field = FIELDS.get(e.option)
-    return field if field in model.model_fields else None
+    """The request field of `model` that the OptionError's option maps to (its Option's http, runtime/options.py);
+    None where it has none (an option not served, or not a field of this request)."""
+    option = OPTIONS.get(e.option)
+    return option.http if option and e.option in model.model_fields else None  # fields by the option's name
 
 
 def engine_error(e: BaseException, model: type[BaseModel]) -> JSONResponse:

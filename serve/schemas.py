@@ -1,51 +1,52 @@
 """The request and response bodies of `seq2onnx serve`'s own API, as FastAPI's /docs and /openapi.json show
-them (serve/app.py's endpoints take and answer these)."""
+them (serve/app.py's endpoints take and answer these). The requests' option fields are made from the options'
+one declaration (runtime/options.py): their names, types, defaults and descriptions."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from seq2onnx.runtime.option_spec import api_default, names
+from seq2onnx.runtime.options import OPTIONS
+
+
+_TYPES = {"int": int, "number": float, "bool": bool, "lang": str, "ids": list[list[int]]}
+
+
+def _fields(scope: str) -> dict:
+    """The request fields of the served options of `scope` (runtime/options.py's Options: its http name, kind,
+    doc and default; None where the bundle gives the default). A field named otherwise than its option is
+    an alias, so that model_dump() gives translate_batch's names."""
+    found = {}
+    for name in names(scope):
+        o = OPTIONS[name]
+        if o.http is None:
+            continue
+        default = api_default(name)
+        kind = _TYPES[o.kind] | None if default is None else _TYPES[o.kind]
+        alias = None if o.http == name else o.http
+        found[name] = (kind, Field(default, description=o.doc, alias=alias))
+    return found
 
 
 class _Options(BaseModel):
     # strict: "4" is no beam size and 1 no boolean; the runtime checks the ranges (engine.check)
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_decoding_length: int | None = Field(
-        None, description="default max_length_a x source tokens + max_length_b")
-    min_decoding_length: int | None = Field(
-        None, description="the end token is forbidden before this many tokens")
-    truncate: bool = Field(
-        False, description="cut a source longer than the model's positions instead of refusing it")
-    source_lang: str | None = Field(None, description="a multilingual model's source language code")
-    target_lang: str | None = Field(None, description="a multilingual model's target language code")
 
+TranslateRequest = create_model(
+    "TranslateRequest", __base__=_Options, __module__=__name__,
+    __doc__="POST /v1/translate: texts and Translator.translate_batch's options by name. Options that contradict "
+    "each other are refused (422 naming both): beam_size > 1 with sampling_temperature; seed, sampling_topk or "
+    "sampling_topp without it. A key given twice in the JSON is refused (422).",
+    texts=(list[str], Field(description="the source texts; an empty text translates to \"\"",
+                            examples=[["the queen sees"]])),
+    **_fields("batch"))
 
-class TranslateRequest(_Options):
-    """POST /v1/translate: texts and Translator.translate_batch's options by name. Options that contradict
-    each other are refused (422 naming both): beam_size > 1 with sampling_temperature; seed, sampling_topk
-    or sampling_topp without it. A key given twice in the JSON is refused (422)."""
-    texts: list[str] = Field(description="the source texts; an empty text translates to \"\"",
-                             examples=[["the queen sees"]])
-    beam_size: int | None = Field(None, description="1 is greedy search; default bundle.json's "
-                                  "decoding.beam_size; with sampling_temperature only 1 (else 422: "
-                                  "sampling has no beams)")
-    num_hypotheses: int = Field(1, description="the n-best returned per text (at most beam_size, or samples)")
-    length_penalty: float | None = Field(
-        None, description="alpha in score / length^alpha; default bundle.json's")
-    return_scores: bool = Field(
-        False, description="return each hypothesis's score (sum of log-probabilities)")
-    sampling_temperature: float | None = Field(None, description="> 0 samples instead of searching")
-    sampling_topk: int = Field(0, description="sample among the k likeliest tokens (0: all); other than 0 "
-                               "only with sampling_temperature (else 422)")
-    sampling_topp: float = Field(1.0, description="... within this probability mass (1.0: all); other than "
-                                 "1.0 only with sampling_temperature (else 422)")
-    seed: int | None = Field(None, description="sampling seed: a text's sample depends only on (seed, text); "
-                             "only with sampling_temperature (else 422)")
-    target_prefix: list[list[int]] | None = Field(None, description="per text, target ids forced first")
-
-
-class StreamRequest(_Options):
-    """POST /v1/translate/stream: one text, translated greedily, sent piece by piece."""
-    text: str = Field(description="the source text", examples=["the queen sees young mice with an old box"])
+StreamRequest = create_model(
+    "StreamRequest", __base__=_Options, __module__=__name__,
+    __doc__="POST /v1/translate/stream: one text, translated greedily, sent piece by piece.",
+    text=(str, Field(description="the source text", examples=["the queen sees young mice with an old box"])),
+    **_fields("stream"))
 
 
 class Translation(BaseModel):

@@ -1,17 +1,19 @@
 """OptionError (issue 38 item 3): every option check raises it with .option and .value; the HTTP front end
-names the field and the CLI the flag from .option through a table, never by reading the message's text."""
+names the field and the CLI the flag from .option through the option's declaration (runtime/options.py's
+Option.http and Option.cli; issue 56), never by reading the message's text."""
 from __future__ import annotations
 
 import argparse
 import ast
 import asyncio
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 
 from seq2onnx.runtime.model_options import check_min_length, check_prefix_options, language_id, target_prefixes
-from seq2onnx.runtime.options import (OptionError, SearchOptions, SessionTuning, check_intra_threads,
+from seq2onnx.runtime.options import (OPTIONS, OptionError, SearchOptions, SessionTuning, check_intra_threads,
                                       resolve_search_options)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,26 +174,28 @@ def test_options_py_raises_no_plain_value_error(module):
     tree = ast.parse((ROOT / "runtime" / module).read_text(encoding="utf-8"))
     raised = [node.exc.func.id for node in ast.walk(tree) if isinstance(node, ast.Raise)
               and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name)]
-    assert raised and set(raised) == {"OptionError"}, raised
+    # TypeError: an unknown keyword, as Python refuses one (runtime/options.py unknown_options)
+    assert "OptionError" in raised and set(raised) <= {"OptionError", "TypeError"}, raised
 
 
-# -- HTTP: the field comes from FIELDS -----------------------------------------------------------------
+# -- HTTP: the field comes from the option's declaration (Option.http) ---------------------------------
 
 
-def test_every_http_field_of_an_option_is_in_the_table():
+def test_every_served_option_is_a_field_of_the_requests_by_its_http_name():
     from extras import require
 
     require("fastapi", "serve")
     from seq2onnx.serve.schemas import StreamRequest, TranslateRequest
-    from seq2onnx.serve.errors import FIELDS
 
-    served = set(TranslateRequest.model_fields) | set(StreamRequest.model_fields)
-    assert set(FIELDS.values()) <= served
-    assert served - {"texts", "text"} <= set(FIELDS), served - set(FIELDS)
-    assert set(FIELDS) <= set(SearchOptions.__dataclass_fields__)
+    served = {name: o.http for name, o in OPTIONS.items() if o.http}
+    assert {"beam_size", "target_prefix"} <= set(served) and "return_attention" not in served
+    fields = {name: f.alias or name for name, f in TranslateRequest.model_fields.items()}
+    assert {k: v for k, v in fields.items() if k != "texts"} == served
+    stream = set(StreamRequest.model_fields) - {"text"}
+    assert stream == {name for name in served if OPTIONS[name].scope == "stream"}
 
 
-def test_the_http_field_comes_from_the_table_not_the_message(monkeypatch):
+def test_the_http_field_comes_from_the_declaration_not_the_message(monkeypatch):
     from extras import require
 
     require("fastapi", "serve")
@@ -202,8 +206,12 @@ def test_the_http_field_comes_from_the_table_not_the_message(monkeypatch):
     answer = errors.engine_error(e, TranslateRequest)
     assert answer.status_code == 422 and b'"field":"beam_size"' in answer.body
     assert b'"field":null' in errors.engine_error(e, StreamRequest).body  # the stream has no beam_size
-    monkeypatch.setitem(errors.FIELDS, "beam_size", "num_hypotheses")  # the message still says beam_size
-    assert b'"field":"num_hypotheses"' in errors.engine_error(e, TranslateRequest).body
+    renamed = dataclasses.replace(OPTIONS["beam_size"], http="beams")  # the message still says beam_size
+    monkeypatch.setitem(errors.OPTIONS, "beam_size", renamed)
+    assert b'"field":"beams"' in errors.engine_error(e, TranslateRequest).body
+    not_served = dataclasses.replace(OPTIONS["beam_size"], http=None)
+    monkeypatch.setitem(errors.OPTIONS, "beam_size", not_served)
+    assert b'"field":null' in errors.engine_error(e, TranslateRequest).body
 
 
 @pytest.mark.parametrize("body, field, message", [
@@ -248,29 +256,30 @@ def test_http_422_names_the_field_of_the_option(translator, body, field, message
     assert r.json()["field"] == field and r.json()["error"].startswith(message), r.json()
 
 
-# -- CLI: the flag comes from FLAGS ---------------------------------------------------------------------
+# -- CLI: the flag comes from the option's declaration (Option.cli) -----------------------------------
 
 
-def test_every_flag_of_the_table_is_a_translate_flag_and_an_option():
+def test_every_flag_of_an_option_is_a_translate_flag_setting_it():
     from seq2onnx.commands import translate
 
     sub = argparse.ArgumentParser().add_subparsers()
     translate.add(sub)
-    flags = {flag for action in sub.choices["translate"]._actions for flag in action.option_strings}
-    FLAGS = translate.FLAGS
-    assert set(FLAGS.values()) <= flags, set(FLAGS.values()) - flags
-    assert set(FLAGS) <= set(SearchOptions.__dataclass_fields__) | {"intra_threads"}
+    flags = {flag: action.dest for action in sub.choices["translate"]._actions for flag in action.option_strings}
+    declared = {o.cli: name for name, o in OPTIONS.items() if o.cli}
+    assert {"--beam", "--n-best", "--length-penalty", "--sampling-temperature"} <= set(declared)
+    assert {flag: flags.get(flag) for flag in declared} == declared
 
 
-def test_the_cli_flag_comes_from_the_table_not_the_message(monkeypatch):
+def test_the_cli_flag_comes_from_the_declaration_not_the_message(monkeypatch):
     from seq2onnx.commands import translate
+    from seq2onnx.runtime import options
 
     e = OptionError("beam_size", 0, limit="an int >= 1", hint="give an int >= 1", shown="0 (int)")
     assert str(translate.option_error(e)) == "--beam 0 (int): give an int >= 1"
-    monkeypatch.setitem(translate.FLAGS, "beam_size", "--beams")
+    monkeypatch.setitem(options.OPTIONS, "beam_size", dataclasses.replace(OPTIONS["beam_size"], cli="--beams"))
     assert str(translate.option_error(e)) == "--beams 0 (int): give an int >= 1"
-    monkeypatch.delitem(translate.FLAGS, "beam_size")  # no flag: the runtime's own message
-    assert str(translate.option_error(e)) == str(e)
+    monkeypatch.setitem(options.OPTIONS, "beam_size", dataclasses.replace(OPTIONS["beam_size"], cli=None))
+    assert str(translate.option_error(e)) == str(e)  # no flag: the runtime's own message
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -280,7 +289,11 @@ def test_the_cli_flag_comes_from_the_table_not_the_message(monkeypatch):
     (["--source-lang", "xx"], "--source-lang 'xx' is not a language of this model"),
     (["--length-penalty", "nan"], "--length-penalty nan (float): give a number in [-10, 10] (1.0 is the default)"),
     (["--beam", "100"], "--beam 100 needs a target vocabulary of at least 200 pieces"),
-], ids=["prefix-ids", "target-lang", "source-lang", "nan", "beam-vs-vocabulary"])
+    (["--beam", "2", "--length-penalty", "200"], "--length-penalty 200.0 (float): give a number in [-10, 10]"),
+    (["--sampling-temperature", "0"], "--sampling-temperature 0.0 (float): give a number in [0.001, 1000]"),
+    (["--seed", "3"], "--seed needs --sampling-temperature (sampling); give it, or drop --seed"),
+], ids=["prefix-ids", "target-lang", "source-lang", "nan", "beam-vs-vocabulary", "length-penalty-range",
+        "temperature-range", "seed-without-sampling"])
 def test_the_cli_names_the_flag_of_the_option(bundle, capsys, flags, message):
     from seq2onnx.commands.main import main
 

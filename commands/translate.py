@@ -204,7 +204,7 @@ def _check_against_model(args, translator) -> None:
 
 
 def option_error(e: OptionError) -> CommandError:
-    """The runtime's OptionError as the command's one-line error, naming the option's flag (its Option.cli)."""
+    """The runtime's OptionError as the command's one-line error, naming the option's flag (Option.cli)."""
     from seq2onnx.runtime.options import OPTIONS
 
     flag = {"intra_threads": "--threads"}.get(e.option) or getattr(OPTIONS.get(e.option), "cli", None)
@@ -340,8 +340,8 @@ def _translate_stream(translator, reader: LineReader, args, out, warnings: Warni
                 break
         if ids:
             options = _search_options(args, len(ids)) | {"source_lang": None}  # the ids hold the source's
-            results = translator.translate_batch(ids, return_scores=True, return_attention=attention is not None,
-                                                 **options)
+            results = translator.translate_batch(
+                ids, return_scores=True, return_attention=attention is not None, **options)
             write("".join(_format(r, first + k, args) for k, r in enumerate(results)))
             if attention is not None:
                 attention.write(first, ids, results)

@@ -249,7 +249,8 @@ def check(name: str, value, option: Option):
     if kind == "int":
         ok = _is_int(value) and value >= low
     elif kind == "number":
-        ok = _is_real(value) and (low < value if option.low_open else low <= value) and value <= high  # NaN: no
+        above = low < value if option.low_open else low <= value
+        ok = _is_real(value) and above and value <= high  # NaN is neither
     else:
         ok = isinstance(value, bool if kind == "bool" else str)
     if not ok:
@@ -267,7 +268,8 @@ def unknown_options(given, method: str, scope: str) -> None:
     bad = [name for name in given if name not in takes]
     if bad:
         elsewhere = (f"; {bad[0]} is translate_batch's" if bad[0] in OPTIONS else "")
-        raise TypeError(f"{method}() got an unknown option {bad[0]!r}{elsewhere}; it takes {', '.join(takes)}")
+        listed = ", ".join(takes)
+        raise TypeError(f"{method}() got an unknown option {bad[0]!r}{elsewhere}; it takes {listed}")
 
 
 SPINNING = ("bounded", "none", "unbounded")  # SessionTuning.thread_spinning

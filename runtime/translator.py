@@ -155,7 +155,8 @@ class Translator:
             text: the source text.
             OPTIONS
         Raises:
-            TypeError: text is not a str, or an option translate does not take; ValueError: as translate_batch.
+            TypeError: text is not a str, or an option translate does not take.
+            ValueError: as translate_batch.
         """
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}; give a str (translate_batch takes lists)")
@@ -166,15 +167,16 @@ class Translator:
     def translate_batch(self, source: Sequence[str | Sequence[int]], **options) -> list[TranslationResult]:
         """Returns one TranslationResult per source, in the order given, for texts (or source token id lists).
 
-        The options are SearchOptions's (runtime/options.py declares each one once: its doc, limits and names);
-        each is checked by type and range, and against the model, before any work starts.
+        The options are SearchOptions's (runtime/options.py declares each one once: its doc, limits and
+        names); each is checked by type and range, and against the model, before any work starts.
 
         Args:
             source: texts, or source ids (the end token is added when missing). An empty or whitespace-only
                 text gives an empty translation.
             OPTIONS
         Raises:
-            TypeError: an item that is neither a str nor ids, or an unknown option (naming it and the options).
+            TypeError: an item that is neither a str nor ids, or an unknown option (naming it and the
+                options).
             ValueError: a source longer than the model's positions (unless truncate) or an option of
                 a wrong type or range (an OptionError: the message names the option, its value and the fix).
         """

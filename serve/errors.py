@@ -1,8 +1,8 @@
 """The HTTP front end's error answers (serve/app.py): JSON {"error": message, "field": name or null}.
 
 Which field an error names is decided from the error's type and attributes, never from its text: pydantic's
-errors carry their location, the runtime's OptionError its option, mapped to the request's field by the option's
-declaration (runtime/options.py's Option.http).
+errors carry their location, the runtime's OptionError its option, mapped to the request's field by the
+option's declaration (runtime/options.py's Option.http).
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def invalid(errors: list[dict], model: type[BaseModel]) -> JSONResponse:
 
 
 def option_field(e: OptionError, model: type[BaseModel]) -> str | None:
-    """The request field of `model` that the OptionError's option maps to (its Option's http, runtime/options.py);
+    """The request field of `model` that the OptionError's option maps to (Option.http, runtime/options.py);
     None where it has none (an option not served, or not a field of this request)."""
     option = OPTIONS.get(e.option)
     return option.http if option and e.option in model.model_fields else None  # fields by the option's name

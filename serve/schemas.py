@@ -35,9 +35,9 @@ class _Options(BaseModel):
 
 TranslateRequest = create_model(
     "TranslateRequest", __base__=_Options, __module__=__name__,
-    __doc__="POST /v1/translate: texts and Translator.translate_batch's options by name. Options that contradict "
-    "each other are refused (422 naming both): beam_size > 1 with sampling_temperature; seed, sampling_topk or "
-    "sampling_topp without it. A key given twice in the JSON is refused (422).",
+    __doc__="POST /v1/translate: texts and Translator.translate_batch's options by name. Options that "
+    "contradict each other are refused (422 naming both): beam_size > 1 with sampling_temperature; seed, "
+    "sampling_topk or sampling_topp without it. A key given twice in the JSON is refused (422).",
     texts=(list[str], Field(description="the source texts; an empty text translates to \"\"",
                             examples=[["the queen sees"]])),
     **_fields("batch"))

@@ -57,9 +57,9 @@ COMMENT = [
     "Options) and runtime/option_spec.py (hosts, cases, gaps): edit those, never this file; "
     "tests/test_options_spec.py fails where this file differs from what the generator writes.",
     "Every decoding option: its JavaScript name (js: translateBatch's options), its HTTP request field "
-    "(http, null: not served), its flag on `seq2onnx translate` and `seq2onnx-js translate` (cli, null: none), "
-    "its kind, default and bundle_default (the bundle.json decoding key a null takes), and its limits (min, max, "
-    "min_open: min itself outside; NaN is outside every range), which every host enforces alike "
+    "(http, null: not served), its flag on `seq2onnx translate` and `seq2onnx-js translate` (cli, null: "
+    "none), its kind, default and bundle_default (the bundle.json decoding key a null takes), and its limits "
+    "(min, max, min_open: min itself outside; NaN is outside every range), which every host enforces alike "
     "(runtime/options.py, js/src/options.js) and spec/cases/options.json holds both to; hint: the fix a "
     "refusal names.",
     "hosts: each host's translate entry point; per option, per host true (supported) or why not. cases: the "

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from seq2onnx import atomic
 from seq2onnx.runtime.bundle import BUNDLE_JSON, DECODER_LABELS, SPEC_PATH, STANDARD
+from seq2onnx.runtime.option_spec import CAPABILITIES_PATH
 
 # The JS host's platform-free modules and its browser entry point (never platform-node.js).
-HOST_FILES = ("spec.js", "bundle.js", "checks.js", "search.js", "sampling.js", "tokenizer.js",
+HOST_FILES = ("spec.js", "options.js", "bundle.js", "checks.js", "search.js", "sampling.js", "tokenizer.js",
               "translator.js", "platform-web.js", "index-web.js")
 # Where the site keeps the bundle spec: host/spec.js fetches ../spec/bundle.json beside itself. It is
 # the spec of this package (SPEC_PATH, the repository's spec/bundle.json), the one that checked the bundle.
@@ -88,6 +89,8 @@ def _write_site(site: Path, bundle, js_dir: Path) -> None:
         shutil.copyfile(js_dir / "src" / name, site / "host" / name)
     (site / SITE_SPEC).parent.mkdir(parents=True)
     shutil.copyfile(SPEC_PATH, site / SITE_SPEC)
+    # host/spec.js fetches the options' spec beside it too (the decoding options' names and limits)
+    shutil.copyfile(CAPABILITIES_PATH, site / SITE_SPEC.replace("bundle.json", CAPABILITIES_PATH.name))
     for package, source, target in VENDOR_FILES:
         (site / target).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(js_dir / "node_modules" / package / source, site / target)

@@ -163,7 +163,7 @@ class SearchOptions:
         1.0, kind="number", low=-10, high=10, note=" (1.0 is the default)",
         bundle="length_penalty", scope=_TEXT, cli="--length-penalty", http="length_penalty",
         doc="the n-best are ranked by score / length^length_penalty (docs/decoding.md); the range keeps "
-            "length^length_penalty finite")
+            "length^length_penalty finite (1e308 at length 1,024 from about 102)")
     max_decoding_length: int | None = _option(
         None, kind="int", low=1, note=", at most the model's max_positions, or None", nullable=True,
         scope=_STREAM, cli="--max-length", http="max_decoding_length",
@@ -187,7 +187,8 @@ class SearchOptions:
     sampling_temperature: float | None = _option(
         None, kind="number", low=0.001, high=1000, note=" (or None for beam search (beam_size=1 is greedy))",
         nullable=True, scope=_TEXT, cli="--sampling-temperature", http="sampling_temperature",
-        doc="sample from softmax(log-probabilities / T) instead of searching; None: beam or greedy search")
+        doc="sample from softmax(log-probabilities / T) instead of searching (under 0.001 they divide to "
+            "infinities); None: beam or greedy search")
     sampling_topk: int = _option(
         0, kind="int", low=0, note=" (0 keeps every token)", scope=_TEXT, cli="--sampling-topk",
         http="sampling_topk", doc="sample among the k likeliest tokens (0: all)")

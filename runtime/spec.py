@@ -46,8 +46,6 @@ MAX_PATH_CHARS = SPEC["file_entry"]["max_path_chars"]
 SHA256_DIGITS = SPEC["file_entry"]["sha256_hex_digits"]
 SIZE_FIELD = SPEC["file_entry"]["size_field"]
 VOCAB_MAPS = SPEC["vocab_maps"]
-# The closed ranges of the translate options that are real numbers: {option: (min, max)}, every host alike.
-OPTION_RANGES = {k: (v["min"], v["max"]) for k, v in SPEC["option_ranges"].items() if not k.startswith("$")}
 TARGET_LANG_IN = tuple(SPEC["target_lang_in"])
 # The decoder graphs by variant (bundle.json's graphs.<label>.variant), and the operator domain
 # of onnxruntime's contrib kernels that only the fused one uses.

@@ -22,6 +22,7 @@
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { BUNDLE_JSON } from "./bundle.js";
+import { OPTIONS, OptionError } from "./options.js";
 import { checkSampling } from "./sampling.js";
 import { Translator } from "./index.js";
 import { CORES } from "./platform-node.js";
@@ -45,6 +46,9 @@ Random sampling (the Python runtime's sampling_* options and stream: the same se
   --seed N                  the seed, an integer >= 0 (default: a fresh one per run)`;
 
 class UsageError extends Error {}
+
+// The decoding options' flags, as `seq2onnx translate` has them (spec/capabilities.json's cli), each read as text
+const OPTION_FLAGS = Object.fromEntries(Object.values(OPTIONS).filter((o) => o.cli).map((o) => [o.cli.slice(2), { type: "string" }]));
 
 const PROGRAM = "seq2onnx-js";
 const WARNINGS_SHOWN = 10; // per kind, as `seq2onnx translate`; the rest are counted in one closing line
@@ -110,10 +114,9 @@ function samplingOptions(options) {
     const { samplingTopk: topK, samplingTopp: topP } = found;
     checkSampling({ temperature: samplingTemperature, topK, topP, seed });
   } catch (e) {
-    // the API's words with the flags' names: "--sampling-topp 1.5: give a number in (0, 1] ..."
-    const flags = { samplingTemperature: "--sampling-temperature", samplingTopp: "--sampling-topp" };
-    const named = e.message.replace(/^(samplingTemperature|samplingTopp)=/, (_, name) => `${flags[name]} `);
-    throw new UsageError(named);
+    // the API's words with the option's flag (spec/capabilities.json's cli): "--sampling-topp 1.5: give a number in (0, 1] ..."
+    if (e instanceof OptionError && OPTIONS[e.option].cli) throw new UsageError(e.named(OPTIONS[e.option].cli));
+    throw e;
   }
   return found;
 }
@@ -380,12 +383,7 @@ export async function main(argv, io = {}) {
     const { values, positionals } = parseArgs({
       args: argv, allowPositionals: true, strict: true,
       options: {
-        beam: { type: "string" }, "n-best": { type: "string" }, "length-penalty": { type: "string" },
-        "max-length": { type: "string" }, "min-length": { type: "string" }, threads: { type: "string" },
-        "batch-size": { type: "string" }, truncate: { type: "boolean" }, json: { type: "boolean" },
-        "source-lang": { type: "string" }, "target-lang": { type: "string" }, "target-prefix": { type: "string" },
-        "sampling-temperature": { type: "string" }, "sampling-topk": { type: "string" },
-        "sampling-topp": { type: "string" }, seed: { type: "string" },
+        ...OPTION_FLAGS, threads: { type: "string" }, truncate: { type: "boolean" }, json: { type: "boolean" },
         ids: { type: "boolean" }, timing: { type: "boolean" }, side: { type: "string" }, help: { type: "boolean", short: "h" },
       },
     });

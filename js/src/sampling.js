@@ -9,10 +9,7 @@
 // temperature) restricted to the topK likeliest (ties to the lower id) and to the smallest set whose
 // probability reaches topP; sums are numpy's pairwise sums, so that the probabilities match too.
 import { greedySearch } from "./search.js";
-import { SPEC } from "./spec.js";
-
-// the closed range of samplingTemperature (spec/bundle.json's option_ranges, the Python runtime's too)
-const TEMPERATURE = SPEC.option_ranges.sampling_temperature;
+import { checkOption } from "./options.js";
 
 const MASK64 = (1n << 64n) - 1n;
 const GOLDEN = 0x9e3779b97f4a7c15n;
@@ -147,24 +144,12 @@ function pick(probs, u) {
  * @throws {RangeError}
  */
 export function checkSampling({ temperature, topK, topP, seed, minLength = 0 }) {
-  if (!(typeof temperature === "number" && temperature >= TEMPERATURE.min && temperature <= TEMPERATURE.max)) {
-    throw new RangeError(`samplingTemperature=${temperature}: give a number in [${TEMPERATURE.min}, ${TEMPERATURE.max}], ` +
-      "or leave it out for beam search");
-  }
-  if (!(Number.isInteger(topK) && topK >= 0)) {
-    throw new RangeError(`samplingTopk=${topK}: give an integer >= 0 (0 keeps every token)`);
-  }
-  if (!(typeof topP === "number" && topP > 0 && topP <= 1)) {
-    throw new RangeError(`samplingTopp=${topP}: give a number in (0, 1] (1 keeps every token)`);
-  }
-  const intSeed = typeof seed === "bigint" || Number.isSafeInteger(seed);
-  if (seed != null && !(intSeed && BigInt(seed) >= 0n)) {
-    throw new RangeError(`seed=${seed}: give an integer >= 0 (a BigInt above 2^53), ` +
-      "or leave it out for a fresh sample");
-  }
-  if (!(Number.isInteger(minLength) && minLength >= 0)) {
-    throw new RangeError(`minDecodingLength=${minLength}; give an integer >= 0`);
-  }
+  // as translateBatch's samplingTemperature, samplingTopk, samplingTopp, seed (spec/capabilities.json's limits)
+  checkOption("sampling_temperature", temperature ?? NaN);
+  checkOption("sampling_topk", topK);
+  checkOption("sampling_topp", topP);
+  checkOption("seed", seed);
+  checkOption("min_decoding_length", minLength);
 }
 
 /** A fresh 128-bit seed, as numpy's SeedSequence() draws one when none is given. */

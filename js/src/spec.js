@@ -1,9 +1,11 @@
-// The bundle spec, spec/bundle.json: the format's names and limits (file names, graph input and
+// The specs every host reads. The bundle spec, spec/bundle.json: the format's names and limits (file names, graph input and
 // output names, dtypes, the per-field checks of bundle.json) for every host. The Python runtime
 // reads the same file (runtime/bundle.py), so a name or a limit changed there changes both hosts;
 // src/bundle.js takes every name and limit from here, and no other module of this host spells one.
 //
-// Loaded once, when this module is first imported (top-level await):
+// And the options' spec, spec/capabilities.json (generated from runtime/options.py): every decoding option's
+// names and limits, which src/options.js enforces. Both are
+// loaded once, when this module is first imported (top-level await):
 //   - in Node, from the package's own spec/ (../spec/bundle.json from here: `npm pack` copies the
 //     repository's spec/ into it, package.json's prepack) where it is there, as in an installed
 //     package; else from the repository's spec/ folder beside js/ (../../spec/bundle.json), as in
@@ -18,9 +20,12 @@
 const IN_NODE = Boolean(globalThis.process?.versions?.node);
 
 const IN_CHECKOUT = IN_NODE && !await packaged();
-/** Where the spec is read from: a file: URL in Node, an http(s): URL in a browser. */
-export const SPEC_URL = new URL(IN_CHECKOUT ? "../../spec/bundle.json" : "../spec/bundle.json",
-  import.meta.url);
+/** Where a spec file is read from: a file: URL in Node, an http(s): URL in a browser. */
+const specUrl = (name) => new URL(IN_CHECKOUT ? `../../spec/${name}` : `../spec/${name}`, import.meta.url);
+/** Where the bundle spec is read from. */
+export const SPEC_URL = specUrl("bundle.json");
+/** Where the options' spec is read from (spec/capabilities.json, generated from runtime/options.py). */
+export const CAPABILITIES_URL = specUrl("capabilities.json");
 
 /** Whether this module runs from a packed npm package (with its own spec/) rather than a checkout. */
 async function packaged() {
@@ -28,31 +33,33 @@ async function packaged() {
   return existsSync(new URL("../spec/bundle.json", import.meta.url));
 }
 
-async function loadSpec() {
+async function loadSpec(url, what) {
   let text;
   try {
     if (IN_NODE) {
       const { readFile } = await import("node:fs/promises");
-      text = await readFile(SPEC_URL, "utf-8");
+      text = await readFile(url, "utf-8");
     } else {
-      const response = await fetch(SPEC_URL);
+      const response = await fetch(url);
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
       text = await response.text();
     }
   } catch (e) {
-    throw new Error(`${SPEC_URL}: the seq2onnx bundle spec cannot be read (${e?.message ?? e}); ` +
-      "the JS host needs the repository's spec/bundle.json, or its copy in the npm package " +
-      "(a site built by `seq2onnx web` serves it as spec/bundle.json)");
+    throw new Error(`${url}: the seq2onnx ${what} cannot be read (${e?.message ?? e}); ` +
+      `the JS host needs the repository's spec/ folder, or its copy in the npm package ` +
+      "(a site built by `seq2onnx web` serves it as spec/)");
   }
   try {
     return JSON.parse(text);
   } catch (e) {
-    throw new Error(`${SPEC_URL}: the seq2onnx bundle spec is not valid JSON (${e.message})`);
+    throw new Error(`${url}: the seq2onnx ${what} is not valid JSON (${e.message})`);
   }
 }
 
 /** spec/bundle.json as parsed: read it, never change it (frozen). */
-export const SPEC = deepFreeze(await loadSpec());
+export const SPEC = deepFreeze(await loadSpec(SPEC_URL, "bundle spec"));
+/** spec/capabilities.json as parsed (frozen): every decoding option's names, kind, default and limits. */
+export const CAPABILITIES = deepFreeze(await loadSpec(CAPABILITIES_URL, "options spec"));
 
 function deepFreeze(value) {
   if (value !== null && typeof value === "object") {

@@ -6,7 +6,8 @@ import {
   presentNames, readBundle, short, BEAM_CONVENTIONS,
 } from "./bundle.js";
 import { checkGraphs, checkReferences, checkScheme, checkTokenizers } from "./checks.js";
-import { SPEC, SPEC_URL } from "./spec.js";
+import { readOptions } from "./options.js";
+import { SPEC_URL } from "./spec.js";
 import { checkSampling, sampleSearch } from "./sampling.js";
 import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
 import { SentencePiece, Tokens, isBlank } from "./tokenizer.js";
@@ -219,37 +220,18 @@ export class Translator {
    * @throws {RangeError} for a source longer than the model's positions (unless truncate), an unknown
    *   language code, target prefix ids outside the vocabulary and impossible settings
    */
-  async translateBatch(source, {
-    beamSize, numHypotheses = 1, lengthPenalty, maxDecodingLength, minDecodingLength, returnScores = false,
-    returnAttention = false, truncate = false, maxBatchSize = 32, sourceLang, targetLang, targetPrefix,
-    samplingTemperature, samplingTopk = 0, samplingTopp = 1, seed,
-  } = {}) {
-    const defaults = this.bundle.meta.decoding;
-    beamSize ??= defaults.beam_size;
-    lengthPenalty ??= defaults.length_penalty;
-    minDecodingLength ??= defaults.min_length ?? 0;
+  async translateBatch(source, options = {}) {
     if (typeof source === "string" || !Array.isArray(source)) {
       throw new TypeError("translateBatch takes an array of sources; for one string use translate(text)");
     }
-    if (!(Number.isInteger(beamSize) && beamSize >= 1)) {
-      throw new RangeError(`beamSize=${beamSize}; it must be an integer of at least 1 (1 is greedy search)`);
-    }
-    const penalty = SPEC.option_ranges.length_penalty; // the Python runtime's range (spec/bundle.json)
-    if (!(typeof lengthPenalty === "number" && lengthPenalty >= penalty.min && lengthPenalty <= penalty.max)) {
-      throw new RangeError(`lengthPenalty=${lengthPenalty}: give a number in [${penalty.min}, ${penalty.max}] ` +
-        "(1.0 is the default)");
-    }
+    // every option checked as the Python runtime checks it (src/options.js: spec/capabilities.json's limits)
+    const {
+      beamSize, numHypotheses, lengthPenalty, maxDecodingLength, minDecodingLength, returnScores, returnAttention,
+      truncate, maxBatchSize, sourceLang, targetLang, targetPrefix, samplingTemperature, samplingTopk, samplingTopp, seed,
+    } = readOptions(options, this.bundle.meta.decoding);
     const sampling = samplingTemperature == null ? null
       : { temperature: samplingTemperature, topK: samplingTopk, topP: samplingTopp, seed };
-    if (sampling) checkSampling({ ...sampling, minLength: minDecodingLength });
-    if (!(Number.isInteger(numHypotheses) && numHypotheses >= 1 && (sampling || numHypotheses <= beamSize))) {
-      throw new RangeError(`numHypotheses=${numHypotheses} must lie in [1, beamSize=${beamSize}]`);
-    }
-    if (!(Number.isInteger(maxBatchSize) && maxBatchSize >= 1)) {
-      throw new RangeError(`maxBatchSize=${maxBatchSize}; it must be at least 1`);
-    }
-    if (maxDecodingLength != null && !(Number.isInteger(maxDecodingLength) && maxDecodingLength >= 1
-      && maxDecodingLength <= this.maxPositions)) {
+    if (maxDecodingLength != null && maxDecodingLength > this.maxPositions) {
       throw new RangeError(`maxDecodingLength=${maxDecodingLength}; this model has ${this.maxPositions} positions ` +
         `(max_positions in ${BUNDLE_JSON}): choose 1..that`);
     }

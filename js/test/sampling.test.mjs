@@ -117,9 +117,9 @@ test("top-k and top-p restrict the support to the likeliest tokens", async () =>
 test("sampling refuses settings out of range, naming the value and the fix", async () => {
   const base = optionsOf({ max_lengths: [4], temperature: 1, seed: 1 });
   const cases = [[{ temperature: 0 }, /samplingTemperature=0: give a number in \[0\.001, 1000\]/], [{ temperature: 5e-324 }, /samplingTemperature=5e-324: give a number in \[0\.001, 1000\]/],
-    [{ topK: -1 }, /samplingTopk=-1: give an integer >= 0/],
+    [{ topK: -1 }, /samplingTopk=-1: give an int >= 0 \(0 keeps every token\)/],
     [{ topP: 1.5 }, /samplingTopp=1.5: give a number in \(0, 1\]/],
-    [{ seed: -3 }, /seed=-3: give an integer >= 0/], [{ seed: 2 ** 60 }, /seed=.*a BigInt above 2\^53/],
+    [{ seed: -3 }, /seed=-3: give an int >= 0/], [{ seed: 2 ** 60 }, /seed=.*a BigInt above 2\^53/],
     [{ rowKeys: [[0], [1]] }, /rowKeys has 2 keys for 1 sentences/],
     [{ minLength: 4 }, /minDecodingLength=4 must lie in \[0, maxDecodingLength=4\)/]];
   for (const [bad, message] of cases) {

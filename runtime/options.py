@@ -250,8 +250,8 @@ def check(name: str, value, option: Option):
     if kind == "int":
         ok = _is_int(value) and value >= low
     elif kind == "number":
-        above = low < value if option.low_open else low <= value
-        ok = _is_real(value) and above and value <= high  # NaN is neither
+        # NaN fails both comparisons; the type is checked before them
+        ok = _is_real(value) and (low < value if option.low_open else low <= value) and value <= high
     else:
         ok = isinstance(value, bool if kind == "bool" else str)
     if not ok:

@@ -2,8 +2,13 @@
 SessionTuning (measuring knobs for onnxruntime sessions), the intra-op thread count, and the options
 checked against a model (lengths, beam against the vocabulary, languages, target prefixes).
 
+Each decoding option is declared once, as a SearchOptions field with its Option (OPTIONS[name]): its doc,
+kind and limits, the methods that take it, and its names elsewhere (the CLI flag, the HTTP field). The
+Translator's signatures, the CLI's flags, the HTTP request models and spec/capabilities.json (the JS host's
+names and limits) are made from those (runtime/option_spec.py; docs/options.md).
+
 Every refusal is an OptionError naming the option by its Python name; a front end names it its own way
-(serve/app.py's JSON field, commands/translate.py's --flag) from .option, never from the message's text.
+(the HTTP field, the --flag: Option.http, Option.cli) from .option, never from the message's text.
 
 bool is not accepted where an int is meant (True is an int to Python, never a beam size here),
 and NaN is refused wherever a float is compared (NaN compares false with every bound).

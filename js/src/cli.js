@@ -85,6 +85,12 @@ function integer(options, name, { min = 0, max, fallback } = {}) {
   return value;
 }
 
+/** An int option's flag, by spec/capabilities.json's cli, min and default (undefined: the bundle's or none). */
+function intOption(options, name) {
+  const o = OPTIONS[name];
+  return integer(options, o.cli.slice(2), { min: o.min, fallback: o.bundle_default ? undefined : o.default ?? undefined });
+}
+
 /** --sampling-*: the API's sampling options (undefined when --sampling-temperature is not given). */
 function samplingOptions(options) {
   const number = (name) => {
@@ -284,12 +290,12 @@ function checkAgainstModel(translator, {
 }
 
 async function translate(bundle, options, io) {
-  const beamSize = integer(options, "beam", { min: 1 });
-  const numHypotheses = integer(options, "n-best", { min: 1, fallback: 1 });
+  const beamSize = intOption(options, "beam_size");
+  const numHypotheses = intOption(options, "num_hypotheses");
   const threads = threadsOption(options, io.cores);
-  const maxBatchSize = integer(options, "batch-size", { min: 1, fallback: 32 });
-  const maxDecodingLength = integer(options, "max-length", { min: 1 });
-  const minDecodingLength = integer(options, "min-length");
+  const maxBatchSize = intOption(options, "max_batch_size");
+  const maxDecodingLength = intOption(options, "max_decoding_length");
+  const minDecodingLength = intOption(options, "min_decoding_length");
   const lp = options["length-penalty"];
   const lengthPenalty = lp === undefined ? undefined : Number(lp);
   if (lengthPenalty !== undefined && !Number.isFinite(lengthPenalty)) throw new UsageError(`--length-penalty ${lp}: give a number`);

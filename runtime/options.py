@@ -241,6 +241,8 @@ class SearchOptions:
 OPTIONS: dict[str, Option] = {f.name: f.metadata["option"] for f in fields(SearchOptions)}
 DEFAULTS = {f.name: f.default for f in fields(SearchOptions)}
 SCOPES = {"stream": ("stream",), "text": ("stream", "text"), "batch": ("stream", "text", "batch")}
+_TAKES = {scope: tuple(name for name, o in OPTIONS.items() if o.scope in scopes)
+          for scope, scopes in SCOPES.items()}
 
 
 def check(name: str, value, option: Option):
@@ -251,14 +253,15 @@ def check(name: str, value, option: Option):
     """
     if (value is None and option.nullable) or option.kind == "ids":
         return value
-    kind, low, high = option.kind, option.low, option.high
+    kind, low, high, plain = option.kind, option.low, option.high, type(value)  # int, float: no ABC check
     if kind == "int":
-        ok = _is_int(value) and value >= low
+        ok = (plain is int or _is_int(value)) and value >= low
     elif kind == "number":
         # NaN fails both comparisons; the type is checked before them
-        ok = _is_real(value) and (low < value if option.low_open else low <= value) and value <= high
+        ok = (plain is float or plain is int or _is_real(value)) and value <= high and (
+            low < value if option.low_open else low <= value)
     else:
-        ok = isinstance(value, bool if kind == "bool" else str)
+        ok = plain is (bool if kind == "bool" else str) or isinstance(value, bool if kind == "bool" else str)
     if not ok:
         raise OptionError(name, value, limit=option.limit, hint=option.hint, shown=_describe(value))
     return int(value) if kind == "int" else float(value) if kind == "number" else value
@@ -270,7 +273,7 @@ def unknown_options(given, method: str, scope: str) -> None:
     Raises:
         TypeError: naming the first unknown keyword and the options the method takes.
     """
-    takes = [name for name, o in OPTIONS.items() if o.scope in SCOPES[scope]]
+    takes = _TAKES[scope]
     bad = [name for name in given if name not in takes]
     if bad:
         elsewhere = (f"; {bad[0]} is translate_batch's" if bad[0] in OPTIONS else "")

@@ -91,7 +91,7 @@ def add(sub) -> None:
                                           "temporary name beside it and renamed when complete, so it is "
                                           "never left half-written")
     p.add_argument("--force", action="store_true", help="let --output replace an existing file")
-    add_option_flags(p)
+    add_option_flags(p, notes=_NOTES)
     p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' (sum of log-probabilities)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto: CUDA where onnxruntime can run it, else the CPU (default auto)")
@@ -139,22 +139,24 @@ def _languages(args) -> dict:
 # How a flag reads its value, by the option's kind (runtime/options.py's Option.kind).
 _READ = {"int": int, "number": float, "lang": str, "ids": _id_list}
 _NOTES = {"num_hypotheses": "; written as 'LINE ||| TEXT ||| SCORE', LINE counted from 0",
-          "max_batch_size": "; a stream's batches hold what has arrived"}
+          "max_batch_size": "; a stream's batches hold what has arrived",
+          "target_prefix": "; here comma-separated ids (e.g. 5,17), forced in every line's translation"}
 
 
-def add_option_flags(p) -> None:
-    """The decoding options' flags, made from their one declaration (runtime/options.py: Option.cli, its kind,
-    doc and default): each flag's dest is translate_batch's name of its option."""
+def add_option_flags(p, only: tuple[str, ...] | None = None, notes: dict[str, str] | None = None) -> None:
+    """The decoding options' flags (all, or those of the options `only` names), made from their one
+    declaration (runtime/options.py: Option.cli, its kind, doc and default), with the command's `notes` on
+    their help: each flag's dest is translate_batch's name of its option."""
     from seq2onnx.runtime.option_spec import api_default
     from seq2onnx.runtime.options import OPTIONS
 
     for name, o in OPTIONS.items():
-        if o.cli:
+        if o.cli and (only is None or name in only):
             default = api_default(name)
             said = f"the bundle's decoding.{o.bundle}" if o.bundle else default
             metavar = {"lang": "CODE", "ids": "IDS"}.get(o.kind, name.split("_")[-1].upper())
             p.add_argument(o.cli, dest=name, type=_READ[o.kind], default=default, metavar=metavar,
-                           help=f"{o.doc}{_NOTES.get(name, '')} (default: {said})")
+                           help=f"{o.doc}{(notes or {}).get(name, '')} (default: {said})")
 
 
 def _check_options(args) -> None:

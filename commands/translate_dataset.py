@@ -31,6 +31,7 @@ from pathlib import Path
 
 from seq2onnx.runtime.bundle import BundleError, read_bundle
 from seq2onnx import atomic, errors
+from seq2onnx.commands.translate import add_option_flags
 
 INPUT_FORMATS = ("text", "parquet", "jsonl")
 OUTPUT_FORMATS = ("text", "parquet")
@@ -335,8 +336,7 @@ def add(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="onnxruntime threads, and Ray CPUs, per actor "
                                                           "(default 1)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda gives each actor one GPU")
-    p.add_argument("--beam", type=int, default=None, help="beam size; 1 is greedy (default: the bundle's)")
-    p.add_argument("--batch-size", type=int, default=32, help="sentences per decoder batch, as in translate")
+    add_option_flags(p, only=("beam_size", "max_batch_size"))  # as translate's: --beam, --batch-size
     p.add_argument("--lines-per-task", type=int, default=256,
                    help="at most this many rows per block sent to an actor (the unit retried; default 256)")
     p.add_argument("--truncate", action="store_true", help="cut sources longer than the model's positions")
@@ -348,10 +348,11 @@ def add(sub) -> None:
 
 def run(args) -> int:
     """Runs `seq2onnx translate-dataset`; user errors raise CommandError (or BundleError)."""
-    for name in ("workers", "threads", "batch_size", "lines_per_task"):
-        if getattr(args, name) < 1:
-            raise errors.CommandError(f"--{name.replace('_', '-')} {getattr(args, name)}; it must be at "
-                                      "least 1")
+    for flag, value in (("--workers", args.workers), ("--threads", args.threads),
+                        ("--batch-size", args.max_batch_size), ("--lines-per-task", args.lines_per_task),
+                        ("--beam", args.beam_size or 1)):
+        if value < 1:
+            raise errors.CommandError(f"{flag} {value}; it must be at least 1")
     # abspath, not resolve: a shared mount may be reached through a symlink that differs per node.
     bundle, source_path, output = Path(os.path.abspath(args.bundle)), Path(args.input), Path(args.output)
     atomic.refuse_overlap(output, {"INPUT": source_path, "the bundle": bundle}, errors.CommandError)
@@ -378,7 +379,8 @@ def run(args) -> int:
                 raise errors.CommandError(message)
             print(f"warning: {message} (or wait for the cluster to scale up)", file=sys.stderr)
         check_bundle_on_nodes(ray, bundle)
-        options = {"beam_size": args.beam, "max_batch_size": args.batch_size, "truncate": args.truncate}
+        options = {"beam_size": args.beam_size, "max_batch_size": args.max_batch_size,
+                   "truncate": args.truncate}
         try:
             output_format = guess_format(output, args.format, OUTPUT_FORMATS)
             stats = translate_dataset(bundle, source, output, output_format=output_format,

@@ -1,17 +1,17 @@
-// The specs every host reads. The bundle spec, spec/bundle.json: the format's names and limits (file names, graph input and
-// output names, dtypes, the per-field checks of bundle.json) for every host. The Python runtime
-// reads the same file (runtime/bundle.py), so a name or a limit changed there changes both hosts;
-// src/bundle.js takes every name and limit from here, and no other module of this host spells one.
-//
-// And the options' spec, spec/capabilities.json (generated from runtime/options.py): every decoding option's
-// names and limits, which src/options.js enforces. Both are
-// loaded once, when this module is first imported (top-level await):
-//   - in Node, from the package's own spec/ (../spec/bundle.json from here: `npm pack` copies the
-//     repository's spec/ into it, package.json's prepack) where it is there, as in an installed
-//     package; else from the repository's spec/ folder beside js/ (../../spec/bundle.json), as in
-//     a checkout; read with node:fs, imported dynamically so that a browser never asks for it;
-//   - in a browser, fetched from ../spec/bundle.json relative to this module: the site that
-//     `seq2onnx web` builds holds this module in SITE/host/ and the spec in SITE/spec/bundle.json.
+// The specs every host reads, loaded once when this module is first imported (top-level await):
+//   - spec/bundle.json, the bundle format's names and limits (file names, graph input and output names,
+//     dtypes, the per-field checks of bundle.json); the Python runtime reads the same file
+//     (runtime/bundle.py), so a name or a limit changed there changes both hosts; src/bundle.js takes
+//     every name and limit from here, and no other module of this host spells one;
+//   - spec/capabilities.json, every decoding option's names, kind, default and limits, generated from
+//     the Python runtime's one declaration (runtime/options.py); src/options.js enforces them.
+// Where from:
+//   - in Node, from the package's own spec/ (../spec/ from here: `npm pack` copies the repository's
+//     spec/ into it, package.json's prepack) where it is there, as in an installed package; else from
+//     the repository's spec/ folder beside js/ (../../spec/), as in a checkout; read with node:fs,
+//     imported dynamically so that a browser never asks for it;
+//   - in a browser, fetched from ../spec/ relative to this module: the site that `seq2onnx web` builds
+//     holds this module in SITE/host/ and the specs in SITE/spec/.
 // Not a JSON module import: import attributes print an ExperimentalWarning on Node 20.
 //
 // Also here, because every host reads JSON as the Python runtime's json module does and this is

@@ -12,6 +12,7 @@ import inspect
 import json
 import os
 import sys
+import textwrap
 from dataclasses import fields
 from pathlib import Path
 
@@ -91,7 +92,8 @@ def docs(scope: str, indent: str = "            ") -> str:
     for name in names(scope):
         o, default = OPTIONS[name], api_default(name)
         said = f"bundle.json's decoding.{o.bundle}" if o.bundle else repr(default)
-        lines.append(f"{indent}{name}: {o.doc} (default {said}).")
+        lines += textwrap.wrap(f"{name}: {o.doc} (default {said}).", width=110, initial_indent=indent,
+                               subsequent_indent=indent + "    ")
     return "\n".join(lines)
 
 

@@ -10,7 +10,9 @@ then `outputs` in the order given.
 
 Two callers drive decoder_fused.onnx: translate_batch's step loop (runtime/fused_step.py) and the serving
 rounds (serve/fused_rounds.py). Both own every array the graph reads and writes and bind them by pointer
-(bind_fused), once per change of their rows rather than per step: a step only writes into the arrays.
+(fused_binding, bind_fused), once per change of their rows rather than per step: a step only writes into
+the arrays. Its inputs are named in one place (fused_inputs), and every IO binding of the package is made
+here.
 """
 
 from __future__ import annotations
@@ -97,15 +99,61 @@ def bind_decoder(
     return b
 
 
-def bind_fused(binding, held: dict, inputs: Mapping[str, np.ndarray], cache: Sequence[np.ndarray] = (),
-               outputs: Mapping[str, np.ndarray] | None = None) -> None:
+def fused_inputs(
+    *,
+    tokens: np.ndarray,
+    step: np.ndarray,
+    top_k: np.ndarray,
+    beam_width: np.ndarray,
+    indirection: np.ndarray,
+    row_start: np.ndarray | None = None,
+    src_mask=None,
+    cross: Sequence = (),
+) -> dict:
+    """The fused decoder's inputs by name (decoder_fused.onnx: docs/fused-decoder.md), for bind_fused: the one
+    place that spells them for translate_batch's step loop and the serving rounds alike.
+
+    Args:
+        tokens: (R, 1) int64, each row's last token.
+        step: (1,) int32, the step (the rounds: the slot written).
+        top_k: (1,) int64, the candidates the TopK outputs give per row.
+        beam_width: (1,) int32, the rows of a group (the indirection's second axis).
+        indirection: (R / beam_width, beam_width, positions) int32, the kernel's cache indirection.
+        row_start: (R,) int32, each row's first position; None where the graph lacks the input (exported
+            before row_start: every row begins at 0).
+        src_mask: the encoder's mask (an array or an OrtValue); None: not bound here (bound apart).
+        cross: the 2 x layers cross keys and values, layer by layer, keys first (arrays or OrtValues).
+    """
+    inputs = {
+        names.TOKENS: tokens,
+        names.STEP: step,
+        names.TOP_K: top_k,
+        names.BEAM_WIDTH: beam_width,
+        names.CACHE_INDIRECTION: indirection,
+    }
+    if row_start is not None:
+        inputs[names.ROW_START] = row_start
+    if src_mask is not None:
+        inputs[names.SRC_MASK] = src_mask
+    inputs.update(zip(_cache_names(len(cross) // 2)[2], cross))
+    return inputs
+
+
+def bind_fused(
+    binding,
+    held: dict,
+    inputs: Mapping[str, object],
+    cache: Sequence[np.ndarray] = (),
+    outputs: Mapping[str, np.ndarray] | None = None,
+) -> None:
     """Binds arrays of the caller's to a fused decoder's IO binding by pointer (onnxruntime reads and writes
     them in place); rebinding some inputs of a complete binding is the same call with those inputs alone.
 
     Args:
-        binding: the session's IOBinding (session.io_binding()).
+        binding: the session's IOBinding (fused_binding's).
         held: name -> the OrtValue bound under it: the caller keeps it while the binding points at the array.
-        inputs: name -> a contiguous numpy array (a slice of one: the first rows).
+        inputs: name -> a contiguous numpy array (a slice of one: the first rows), or an OrtValue bound as it
+            is (the encoder's outputs).
         cache: the 2 x layers cache buffers, layer by layer, keys first: each is bound as `past_*` and as
             `present_*` alike, so the kernel writes the new position in place.
         outputs: name -> a numpy array that the run writes into.
@@ -114,7 +162,7 @@ def bind_fused(binding, held: dict, inputs: Mapping[str, np.ndarray], cache: Seq
 
     wrap = onnxruntime.OrtValue.ortvalue_from_numpy
     for name, array in inputs.items():
-        held[name] = value = wrap(array)
+        held[name] = value = wrap(array) if isinstance(array, np.ndarray) else array
         binding.bind_ortvalue_input(name, value)
     past_names, present_names, _ = _cache_names(len(cache) // 2)
     for past, present, array in zip(past_names, present_names, cache):
@@ -124,6 +172,24 @@ def bind_fused(binding, held: dict, inputs: Mapping[str, np.ndarray], cache: Seq
     for name, array in (outputs or {}).items():
         held[name] = value = wrap(array)
         binding.bind_ortvalue_output(name, value)
+
+
+def fused_binding(
+    session,
+    inputs: Mapping[str, object],
+    cache: Sequence[np.ndarray] = (),
+    outputs: Mapping[str, np.ndarray] | None = None,
+) -> tuple[object, dict]:
+    """Returns (a new IO binding of a fused decoder session with every input and output bound by pointer,
+    the OrtValues it points at: keep them while the binding is used), as bind_fused binds them.
+
+    Args:
+        session (onnxruntime.InferenceSession): the fused decoder's session.
+        inputs, cache, outputs: as bind_fused's (fused_inputs names the inputs).
+    """
+    binding, held = session.io_binding(), {}
+    bind_fused(binding, held, inputs, cache, outputs)
+    return binding, held
 
 
 def bind_encoder(encoder, *, src: np.ndarray, lengths: np.ndarray, n_layers: int, device: str):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.binding import bind_fused
+from seq2onnx.runtime.binding import fused_binding, fused_inputs
 from seq2onnx.runtime.search import TopK
 
 from .memory import ArenaShrink
@@ -406,19 +406,18 @@ class FusedRounds:
         key = (used, group, top_k, tuple(wanted), self._generation)
         if key == self._bound:
             return self._outputs
-        b, held = self.decoder.io_binding(), {}
         self._beam_width[0], self._top_k[0] = group, top_k
         entries = used // self.cross_group
-        inputs = {
-            names.TOKENS: self.tokens[:used],
-            names.STEP: self._step,
-            names.ROW_START: self.row_start[:used],
-            names.BEAM_WIDTH: self._beam_width,
-            names.CACHE_INDIRECTION: self._relative[:used].reshape(used // group, group, self.positions),
-            names.SRC_MASK: self.mask[:entries],  # the graph's cross-attention: used / entries rows each
-            names.TOP_K: self._top_k,
-            **dict(zip(self._cross_names, (c[:entries] for c in self.cross))),
-        }
+        inputs = fused_inputs(
+            tokens=self.tokens[:used],
+            step=self._step,
+            top_k=self._top_k,
+            beam_width=self._beam_width,
+            indirection=self._relative[:used].reshape(used // group, group, self.positions),
+            row_start=self.row_start[:used],
+            src_mask=self.mask[:entries],  # the graph's cross-attention: used / entries rows each
+            cross=[c[:entries] for c in self.cross],
+        )
         shapes = {
             names.LOG_PROBS: ((used, self.vocab), np.float32),
             names.TOPK_LOG_PROBS: ((used, top_k), np.float32),
@@ -426,7 +425,7 @@ class FusedRounds:
         }
         # ours: an output left in the arena would pin the chunk it was cut from
         outputs = {name: np.empty(*shapes[name]) for name in wanted}
-        bind_fused(b, held, inputs, [array[:used] for array in self.cache], outputs)
+        b, held = fused_binding(self.decoder, inputs, [array[:used] for array in self.cache], outputs)
         self._binding, self._held, self._outputs, self._bound = b, held, outputs, key
         return outputs
 

@@ -23,6 +23,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import bundle as names
+from .search import TopK
 
 
 @lru_cache(maxsize=None)
@@ -190,6 +191,23 @@ def fused_binding(
     binding, held = session.io_binding(), {}
     bind_fused(binding, held, inputs, cache, outputs)
     return binding, held
+
+
+def wanted_outputs(top_ks: Sequence[int | None]) -> tuple[int, list[str]]:
+    """What a decoder run must give rows whose searches want these top-k's (None: every log-probability):
+    (the largest top-k, 0 for none; the outputs' names, the full log-probabilities first). Every step and
+    round asks here, and reads its rows back with rows_answer."""
+    k = max((x for x in top_ks if x is not None), default=0)
+    wanted = [names.LOG_PROBS] if None in top_ks else []
+    return k, wanted + ([names.TOPK_LOG_PROBS, names.TOPK_IDS] if k else [])
+
+
+def rows_answer(got: Mapping[str, np.ndarray], top_k: int | None, rows, vocab: int):
+    """A search's rows (a slice or indices) of a run's outputs by name: their log-probabilities, or a TopK of
+    their top_k best candidates (the run may have given more for another search)."""
+    if top_k is None:
+        return got[names.LOG_PROBS][rows]
+    return TopK(got[names.TOPK_LOG_PROBS][rows, :top_k], got[names.TOPK_IDS][rows, :top_k], vocab)
 
 
 def bind_encoder(encoder, *, src: np.ndarray, lengths: np.ndarray, n_layers: int, device: str):

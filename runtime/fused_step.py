@@ -28,9 +28,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import bundle as names
-from .binding import bind_fused, fused_binding, fused_inputs
+from .binding import bind_fused, fused_binding, fused_inputs, rows_answer
 from .fused_buffers import StepBuffers
-from .search import TopK
 
 
 _ONE = np.ones(1, np.int32)  # beam_width of a beam search's first step (never written)
@@ -246,9 +245,7 @@ class FusedStep:
             self._step[0] = t
             self.session.run_with_iobinding(self._binding)
             take = slice(0, rows)
-        if self.top_k is None:
-            return self._out[names.LOG_PROBS][take]
-        return TopK(self._out[names.TOPK_LOG_PROBS][take], self._out[names.TOPK_IDS][take], self.vocab)
+        return rows_answer(self._out, self.top_k, take, self.vocab)
 
 
 def _host(value) -> np.ndarray:

@@ -31,8 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.binding import fused_binding, fused_inputs
-from seq2onnx.runtime.search import TopK
+from seq2onnx.runtime.binding import fused_binding, fused_inputs, rows_answer, wanted_outputs
 
 from .memory import ArenaShrink
 
@@ -361,15 +360,7 @@ class FusedRounds:
         elif self._last_group > 1:  # a beam width of 1 uses no indirection, but checks it is all 0
             self._relative[:] = 0
         self._last_group = group
-        top_k, full = 0, False
-        for m, *_ in work:
-            if m.top_k is None:
-                full = True
-            elif m.top_k > top_k:
-                top_k = m.top_k
-        wanted = [names.LOG_PROBS] if full else []
-        if top_k:
-            wanted += [names.TOPK_LOG_PROBS, names.TOPK_IDS]
+        top_k, wanted = wanted_outputs([m.top_k for m, *_ in work])
         self._step[0] = self.slot
         return used, every_row, top_k, wanted
 
@@ -380,12 +371,7 @@ class FusedRounds:
         answers, at = {}, 0
         for (m, *_), rows in zip(work, placed_rows):
             end = at + rows.size
-            if m.top_k is None:
-                answers[m] = got[names.LOG_PROBS][at:end]
-            else:
-                k = m.top_k
-                values, ids = got[names.TOPK_LOG_PROBS][at:end, :k], got[names.TOPK_IDS][at:end, :k]
-                answers[m] = TopK(values, ids, self.vocab)
+            answers[m] = rows_answer(got, m.top_k, slice(at, end), self.vocab)
             at = end
         return answers
 

@@ -10,7 +10,9 @@ then `outputs` in the order given.
 
 Two callers drive decoder_fused.onnx: translate_batch's step loop (runtime/fused_step.py) and the serving
 rounds (serve/fused_rounds.py). Both own every array the graph reads and writes and bind them by pointer
-(bind_fused), once per change of their rows rather than per step: a step only writes into the arrays.
+(fused_binding, bind_fused), once per change of their rows rather than per step: a step only writes into
+the arrays. Its inputs are named in one place (fused_inputs), and every IO binding of the package is made
+here.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import bundle as names
+from .search import TopK
 
 
 @lru_cache(maxsize=None)
@@ -97,15 +100,61 @@ def bind_decoder(
     return b
 
 
-def bind_fused(binding, held: dict, inputs: Mapping[str, np.ndarray], cache: Sequence[np.ndarray] = (),
-               outputs: Mapping[str, np.ndarray] | None = None) -> None:
+def fused_inputs(
+    *,
+    tokens: np.ndarray,
+    step: np.ndarray,
+    top_k: np.ndarray,
+    beam_width: np.ndarray,
+    indirection: np.ndarray,
+    row_start: np.ndarray | None = None,
+    src_mask=None,
+    cross: Sequence = (),
+) -> dict:
+    """The fused decoder's inputs by name (decoder_fused.onnx: docs/fused-decoder.md), for bind_fused: the one
+    place that spells them for translate_batch's step loop and the serving rounds alike.
+
+    Args:
+        tokens: (R, 1) int64, each row's last token.
+        step: (1,) int32, the step (the rounds: the slot written).
+        top_k: (1,) int64, the candidates the TopK outputs give per row.
+        beam_width: (1,) int32, the rows of a group (the indirection's second axis).
+        indirection: (R / beam_width, beam_width, positions) int32, the kernel's cache indirection.
+        row_start: (R,) int32, each row's first position; None where the graph lacks the input (exported
+            before row_start: every row begins at 0).
+        src_mask: the encoder's mask (an array or an OrtValue); None: not bound here (bound apart).
+        cross: the 2 x layers cross keys and values, layer by layer, keys first (arrays or OrtValues).
+    """
+    inputs = {
+        names.TOKENS: tokens,
+        names.STEP: step,
+        names.TOP_K: top_k,
+        names.BEAM_WIDTH: beam_width,
+        names.CACHE_INDIRECTION: indirection,
+    }
+    if row_start is not None:
+        inputs[names.ROW_START] = row_start
+    if src_mask is not None:
+        inputs[names.SRC_MASK] = src_mask
+    inputs.update(zip(_cache_names(len(cross) // 2)[2], cross))
+    return inputs
+
+
+def bind_fused(
+    binding,
+    held: dict,
+    inputs: Mapping[str, object],
+    cache: Sequence[np.ndarray] = (),
+    outputs: Mapping[str, np.ndarray] | None = None,
+) -> None:
     """Binds arrays of the caller's to a fused decoder's IO binding by pointer (onnxruntime reads and writes
     them in place); rebinding some inputs of a complete binding is the same call with those inputs alone.
 
     Args:
-        binding: the session's IOBinding (session.io_binding()).
+        binding: the session's IOBinding (fused_binding's).
         held: name -> the OrtValue bound under it: the caller keeps it while the binding points at the array.
-        inputs: name -> a contiguous numpy array (a slice of one: the first rows).
+        inputs: name -> a contiguous numpy array (a slice of one: the first rows), or an OrtValue bound as it
+            is (the encoder's outputs).
         cache: the 2 x layers cache buffers, layer by layer, keys first: each is bound as `past_*` and as
             `present_*` alike, so the kernel writes the new position in place.
         outputs: name -> a numpy array that the run writes into.
@@ -114,7 +163,7 @@ def bind_fused(binding, held: dict, inputs: Mapping[str, np.ndarray], cache: Seq
 
     wrap = onnxruntime.OrtValue.ortvalue_from_numpy
     for name, array in inputs.items():
-        held[name] = value = wrap(array)
+        held[name] = value = wrap(array) if isinstance(array, np.ndarray) else array
         binding.bind_ortvalue_input(name, value)
     past_names, present_names, _ = _cache_names(len(cache) // 2)
     for past, present, array in zip(past_names, present_names, cache):
@@ -124,6 +173,41 @@ def bind_fused(binding, held: dict, inputs: Mapping[str, np.ndarray], cache: Seq
     for name, array in (outputs or {}).items():
         held[name] = value = wrap(array)
         binding.bind_ortvalue_output(name, value)
+
+
+def fused_binding(
+    session,
+    inputs: Mapping[str, object],
+    cache: Sequence[np.ndarray] = (),
+    outputs: Mapping[str, np.ndarray] | None = None,
+) -> tuple[object, dict]:
+    """Returns (a new IO binding of a fused decoder session with every input and output bound by pointer,
+    the OrtValues it points at: keep them while the binding is used), as bind_fused binds them.
+
+    Args:
+        session (onnxruntime.InferenceSession): the fused decoder's session.
+        inputs, cache, outputs: as bind_fused's (fused_inputs names the inputs).
+    """
+    binding, held = session.io_binding(), {}
+    bind_fused(binding, held, inputs, cache, outputs)
+    return binding, held
+
+
+def wanted_outputs(top_ks: Sequence[int | None]) -> tuple[int, list[str]]:
+    """What a decoder run must give rows whose searches want these top-k's (None: every log-probability):
+    (the largest top-k, 0 for none; the outputs' names, the full log-probabilities first). Every step and
+    round asks here, and reads its rows back with rows_answer."""
+    k = max((x for x in top_ks if x is not None), default=0)
+    wanted = [names.LOG_PROBS] if None in top_ks else []
+    return k, wanted + ([names.TOPK_LOG_PROBS, names.TOPK_IDS] if k else [])
+
+
+def rows_answer(got: Mapping[str, np.ndarray], top_k: int | None, rows, vocab: int):
+    """A search's rows (a slice or indices) of a run's outputs by name: their log-probabilities, or a TopK of
+    their top_k best candidates (the run may have given more for another search)."""
+    if top_k is None:
+        return got[names.LOG_PROBS][rows]
+    return TopK(got[names.TOPK_LOG_PROBS][rows, :top_k], got[names.TOPK_IDS][rows, :top_k], vocab)
 
 
 def bind_encoder(encoder, *, src: np.ndarray, lengths: np.ndarray, n_layers: int, device: str):

@@ -82,7 +82,7 @@ class StepBuffers:
                 names.TOPK_IDS: np.zeros((rows, top_k), np.int64),
             }
         self.nbytes = buffer_bytes(*key, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, vocab=vocab)
-        self.binding = session.io_binding()
+        self.binding = None  # made by the first batch (FusedStep._bind: runtime/binding.py's fused_binding)
         self.bound_rows = 0  # rows the cache, tokens and outputs are bound for now (0: none)
         self.held: dict[str, object] = {}  # name -> OrtValue bound by pointer: must outlive the binding
         # A beam search's first step: one row per sentence, beam width 1 (FusedStep._first_step).

@@ -28,9 +28,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import bundle as names
-from .binding import bind_fused
+from .binding import bind_fused, fused_binding, fused_inputs, rows_answer
 from .fused_buffers import StepBuffers
-from .search import TopK
 
 
 _ONE = np.ones(1, np.int32)  # beam_width of a beam search's first step (never written)
@@ -99,7 +98,6 @@ class FusedStep:
         self._cache, self._indirection, self._tokens = buffers.cache, buffers.indirection, buffers.tokens
         self._step, self._out = buffers.step, buffers.out
         self._cross_names = names.cross_names(n_layers)
-        self._binding = buffers.binding
         self._bind()
 
     @property
@@ -110,39 +108,39 @@ class FusedStep:
 
     def _bind(self) -> None:
         """Binds the first batch x W rows of every array, sharing memory. The cache, tokens and
-        outputs are rebound only when the rows change (a compaction, or buffers made for another
-        batch); the encoder's mask and cross keys/values are this batch's, bound anew."""
-        buffers, binding, held = self.buffers, self._binding, self.buffers.held
-        b, rows = self.batch, self.batch * self.width
+        outputs are bound anew (a new binding) only when the rows change (a compaction, or buffers made for
+        another batch); else only the encoder's mask and cross keys/values, this batch's, are rebound."""
+        buffers, b, rows = self.buffers, self.batch, self.batch * self.width
         encoded_names = [names.SRC_MASK, *self._cross_names]
         if self._values is not None and not self._owned:  # the whole batch: the encoder's own OrtValues
-            for name, value in zip(encoded_names, self._values):
-                held[name] = value
-                binding.bind_ortvalue_input(name, value)
+            encoded = dict(zip(encoded_names, self._values))
         else:
-            bind_fused(binding, held, dict(zip(encoded_names, (a[:b] for a in [self._mask, *self._cross]))))
-        self._encoded = {name: held[name] for name in encoded_names}
+            encoded = dict(zip(encoded_names, (a[:b] for a in [self._mask, *self._cross])))
         if buffers.bound_rows != rows:
-            self._bind_rows(binding, held, rows, buffers.fixed[names.BEAM_WIDTH], self._indirection[:b])
+            width, indirection = buffers.fixed[names.BEAM_WIDTH], self._indirection[:b]
+            buffers.binding, buffers.held = self._rows_binding(rows, width, indirection, encoded)
             buffers.bound_rows = rows
+        else:
+            bind_fused(buffers.binding, buffers.held, encoded)
+        self._binding = buffers.binding
+        self._encoded = {name: buffers.held[name] for name in encoded_names}
 
-    def _bind_rows(
-        self, binding, held: dict, rows: int, beam_width: np.ndarray, indirection: np.ndarray
-    ) -> None:
-        """Binds what depends on the rows a run computes: the first `rows` rows of the tokens, the cache
-        (past and present alike: updated in place) and the outputs, with the beam width and indirection for
-        them; the step number and top-k alike, so each binding is complete."""
-        inputs = {
-            names.STEP: self._step,
-            names.TOP_K: self.buffers.fixed[names.TOP_K],
-            names.BEAM_WIDTH: beam_width,
-            names.CACHE_INDIRECTION: indirection,
-            names.TOKENS: self._tokens[:rows],
-        }
-        if self.buffers.row_start is not None:
-            inputs[names.ROW_START] = self.buffers.row_start[:rows]
+    def _rows_binding(self, rows: int, beam_width: np.ndarray, indirection: np.ndarray, encoded: dict):
+        """A new binding (and the OrtValues it holds) of the first `rows` rows of the tokens, the cache (past
+        and present alike: updated in place) and the outputs, with the beam width and indirection for them,
+        the step number, top-k and the encoder's outputs `encoded`: complete."""
+        row_start = self.buffers.row_start
+        inputs = fused_inputs(
+            tokens=self._tokens[:rows],
+            step=self._step,
+            top_k=self.buffers.fixed[names.TOP_K],
+            beam_width=beam_width,
+            indirection=indirection,
+            row_start=None if row_start is None else row_start[:rows],
+        )
         cache = [array[:rows] for array in self._cache]
-        bind_fused(binding, held, inputs, cache, {name: array[:rows] for name, array in self._out.items()})
+        outputs = {name: array[:rows] for name, array in self._out.items()}
+        return fused_binding(self.session, {**inputs, **encoded}, cache, outputs)
 
     def _first_step(self, tokens: np.ndarray) -> None:
         """A beam search's first step on one row per sentence: its W beams would all compute the
@@ -151,15 +149,12 @@ class FusedStep:
         row j x W, its beam 0: every later step reads position 0 through the indirection, whose
         entry for it is always 0 (step 1's beams all continue the one row of their sentence)."""
         buffers, b, w = self.buffers, self.batch, self.width
-        if buffers.first_sentences != b:
-            binding, held = self.session.io_binding(), {}
-            # indirection unread: width 1
-            self._bind_rows(binding, held, b, _ONE, buffers.first_indirection[:b])
-            buffers.first_binding, buffers.first_held, buffers.first_sentences = binding, held, b
-        # this batch's encoder outputs, as the main binding has them
-        for name, value in self._encoded.items():
-            buffers.first_held[name] = value
-            buffers.first_binding.bind_ortvalue_input(name, value)
+        if buffers.first_sentences != b:  # indirection unread: width 1
+            made = self._rows_binding(b, _ONE, buffers.first_indirection[:b], self._encoded)
+            buffers.first_binding, buffers.first_held = made
+            buffers.first_sentences = b
+        else:  # this batch's encoder outputs, as the main binding has them
+            bind_fused(buffers.first_binding, buffers.first_held, self._encoded)
         self._tokens[:b] = tokens
         self._step[0] = 0
         self.session.run_with_iobinding(buffers.first_binding)
@@ -250,9 +245,7 @@ class FusedStep:
             self._step[0] = t
             self.session.run_with_iobinding(self._binding)
             take = slice(0, rows)
-        if self.top_k is None:
-            return self._out[names.LOG_PROBS][take]
-        return TopK(self._out[names.TOPK_LOG_PROBS][take], self._out[names.TOPK_IDS][take], self.vocab)
+        return rows_answer(self._out, self.top_k, take, self.vocab)
 
 
 def _host(value) -> np.ndarray:

@@ -21,19 +21,6 @@ from .devices import ort
 from .standard_step import StandardStep
 
 
-class Encoded(tuple):
-    """The encoder's outputs of a batch: (src_mask, cross), OrtValues on the graphs' device (a 2-tuple:
-    `src_mask, cross = encoded` reads them), and their numpy arrays (`arrays`)."""
-
-    __slots__ = ()
-
-    def arrays(self) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(src_mask, cross) as numpy arrays: on the CPU they share the OrtValues' memory (no copy), so a
-        caller that writes into them must copy first."""
-        src_mask, cross = self
-        return src_mask.numpy(), [c.numpy() for c in cross]
-
-
 class Graphs:
     """The sessions of a loaded bundle and what drives them (runtime/sessions.py's Sessions).
 
@@ -60,15 +47,15 @@ class Graphs:
             n_layers=spec.n_layers, n_heads=spec.n_heads, head_dim=spec.head_dim, vocab=spec.tgt_vocab
         )
 
-    def encode(self, src: np.ndarray, lengths: np.ndarray) -> Encoded:
+    def encode(self, src: np.ndarray, lengths: np.ndarray) -> tuple:
         """Runs the encoder over padded sources (Sources.pad): (src_mask, cross keys/values), OrtValues on
-        ort_device."""
+        ort_device, bound by the decoders as they are (no copy through numpy)."""
         binding = bind_encoder(
             self.encoder, src=src, lengths=lengths, n_layers=self.spec.n_layers, device=self.ort_device
         )
         self.encoder.run_with_iobinding(binding)
         src_mask, *cross = binding.get_outputs()
-        return Encoded((src_mask, cross))
+        return src_mask, cross
 
     def step(
         self, encoded: tuple, *, rows: int, top_k: int | None, max_length: int, beam_width: int = 1

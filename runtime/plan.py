@@ -104,36 +104,7 @@ def search_job(
     t = translator
     common = dict(start_id=t.start_id, eos_id=t.eos_id, min_length=options.min_decoding_length)
     if options.sampling:
-        # n independent samples per source, each row keyed by (hypothesis, source ids) so that
-        # its generator, hence its sample, does not depend on the rest of the batch.
-        n = options.num_hypotheses
-        rows = [s for s in sources for _ in range(n)]
-        keys = [[h, len(s), *s] for s in sources for h in range(n)]
-        flat = sample_program(
-            len(rows),
-            temperature=options.sampling_temperature,
-            top_k=options.sampling_topk,
-            top_p=options.sampling_topp,
-            seed=options.seed,
-            row_keys=keys,
-            max_lengths=np.repeat(max_lengths, n),
-            **common,
-        )
-        encoded = t.graphs.encode(*t.sources.pad(rows))
-        return SearchJob(
-            indices,
-            sources,
-            max_lengths,
-            options.min_decoding_length,
-            encoded,
-            rows=len(rows),
-            beam_width=1,
-            top_k=None,  # sampling needs every log-prob
-            program=_regroup(flat, n, len(sources)),
-            prefixes=[p for p in prefixes for _ in range(n)],
-            end=t.spec.forced_end(np.repeat(max_lengths, n)),
-            sampled=True,
-        )
+        return _sampling_job(t, indices, sources, max_lengths, options, prefixes, common)
     encoded = t.graphs.encode(*t.sources.pad(sources))
     if options.beam_size == 1:
         program = greedy_program(len(sources), max_lengths=max_lengths, **common)
@@ -159,6 +130,48 @@ def search_job(
         program=program,
         prefixes=list(prefixes),
         end=t.spec.forced_end(max_lengths),
+    )
+
+
+def _sampling_job(
+    t,
+    indices: list[int],
+    sources: list[list[int]],
+    max_lengths: np.ndarray,
+    options: SearchOptions,
+    prefixes: list[list[int]],
+    common: dict,
+) -> SearchJob:
+    """search_job's job when sampling: n rows per source, encoded now (each source once per sample)."""
+    # n independent samples per source, each row keyed by (hypothesis, source ids) so that
+    # its generator, hence its sample, does not depend on the rest of the batch.
+    n = options.num_hypotheses
+    rows = [s for s in sources for _ in range(n)]
+    keys = [[h, len(s), *s] for s in sources for h in range(n)]
+    flat = sample_program(
+        len(rows),
+        temperature=options.sampling_temperature,
+        top_k=options.sampling_topk,
+        top_p=options.sampling_topp,
+        seed=options.seed,
+        row_keys=keys,
+        max_lengths=np.repeat(max_lengths, n),
+        **common,
+    )
+    encoded = t.graphs.encode(*t.sources.pad(rows))
+    return SearchJob(
+        indices,
+        sources,
+        max_lengths,
+        options.min_decoding_length,
+        encoded,
+        rows=len(rows),
+        beam_width=1,
+        top_k=None,  # sampling needs every log-prob
+        program=_regroup(flat, n, len(sources)),
+        prefixes=[p for p in prefixes for _ in range(n)],
+        end=t.spec.forced_end(np.repeat(max_lengths, n)),
+        sampled=True,
     )
 
 

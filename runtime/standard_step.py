@@ -12,9 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import bundle as names
-from .binding import bind_decoder
-from .search import TopK
+from .binding import bind_decoder, rows_answer, wanted_outputs
 
 
 class StandardStep:
@@ -63,8 +61,7 @@ class StandardStep:
         self.past = [to_device(empty) for _ in range(2 * n_layers)]
         self.cross, self.mask = cross, src_mask
         # only what the search needs comes down
-        wanted = [names.LOG_PROBS] if top_k is None else [names.TOPK_LOG_PROBS, names.TOPK_IDS]
-        self._wanted = {name: "cpu" for name in wanted}
+        self._wanted = {name: "cpu" for name in wanted_outputs([top_k])[1]}
         self._k_input = np.array([top_k or 1], dtype=np.int64)
 
     def __call__(self, tokens: np.ndarray, cache_indices: np.ndarray, t: int, keep: np.ndarray | None):
@@ -98,7 +95,6 @@ class StandardStep:
         )
         self.decoder.run_with_iobinding(b)
         outputs = b.get_outputs()
+        got = dict(zip(self._wanted, (o.numpy() for o in outputs[len(self.past) :])))
         self.past = outputs[: len(self.past)]
-        if self.top_k is None:
-            return outputs[-1].numpy()
-        return TopK(outputs[-2].numpy(), outputs[-1].numpy(), self.vocab)
+        return rows_answer(got, self.top_k, slice(None), self.vocab)

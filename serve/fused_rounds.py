@@ -31,8 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.binding import bind_fused
-from seq2onnx.runtime.search import TopK
+from seq2onnx.runtime.binding import fused_binding, fused_inputs, rows_answer, wanted_outputs
 
 from .memory import ArenaShrink
 
@@ -361,15 +360,7 @@ class FusedRounds:
         elif self._last_group > 1:  # a beam width of 1 uses no indirection, but checks it is all 0
             self._relative[:] = 0
         self._last_group = group
-        top_k, full = 0, False
-        for m, *_ in work:
-            if m.top_k is None:
-                full = True
-            elif m.top_k > top_k:
-                top_k = m.top_k
-        wanted = [names.LOG_PROBS] if full else []
-        if top_k:
-            wanted += [names.TOPK_LOG_PROBS, names.TOPK_IDS]
+        top_k, wanted = wanted_outputs([m.top_k for m, *_ in work])
         self._step[0] = self.slot
         return used, every_row, top_k, wanted
 
@@ -380,12 +371,7 @@ class FusedRounds:
         answers, at = {}, 0
         for (m, *_), rows in zip(work, placed_rows):
             end = at + rows.size
-            if m.top_k is None:
-                answers[m] = got[names.LOG_PROBS][at:end]
-            else:
-                k = m.top_k
-                values, ids = got[names.TOPK_LOG_PROBS][at:end, :k], got[names.TOPK_IDS][at:end, :k]
-                answers[m] = TopK(values, ids, self.vocab)
+            answers[m] = rows_answer(got, m.top_k, slice(at, end), self.vocab)
             at = end
         return answers
 
@@ -406,19 +392,18 @@ class FusedRounds:
         key = (used, group, top_k, tuple(wanted), self._generation)
         if key == self._bound:
             return self._outputs
-        b, held = self.decoder.io_binding(), {}
         self._beam_width[0], self._top_k[0] = group, top_k
         entries = used // self.cross_group
-        inputs = {
-            names.TOKENS: self.tokens[:used],
-            names.STEP: self._step,
-            names.ROW_START: self.row_start[:used],
-            names.BEAM_WIDTH: self._beam_width,
-            names.CACHE_INDIRECTION: self._relative[:used].reshape(used // group, group, self.positions),
-            names.SRC_MASK: self.mask[:entries],  # the graph's cross-attention: used / entries rows each
-            names.TOP_K: self._top_k,
-            **dict(zip(self._cross_names, (c[:entries] for c in self.cross))),
-        }
+        inputs = fused_inputs(
+            tokens=self.tokens[:used],
+            step=self._step,
+            top_k=self._top_k,
+            beam_width=self._beam_width,
+            indirection=self._relative[:used].reshape(used // group, group, self.positions),
+            row_start=self.row_start[:used],
+            src_mask=self.mask[:entries],  # the graph's cross-attention: used / entries rows each
+            cross=[c[:entries] for c in self.cross],
+        )
         shapes = {
             names.LOG_PROBS: ((used, self.vocab), np.float32),
             names.TOPK_LOG_PROBS: ((used, top_k), np.float32),
@@ -426,7 +411,7 @@ class FusedRounds:
         }
         # ours: an output left in the arena would pin the chunk it was cut from
         outputs = {name: np.empty(*shapes[name]) for name in wanted}
-        bind_fused(b, held, inputs, [array[:used] for array in self.cache], outputs)
+        b, held = fused_binding(self.decoder, inputs, [array[:used] for array in self.cache], outputs)
         self._binding, self._held, self._outputs, self._bound = b, held, outputs, key
         return outputs
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.binding import bind_decoder
-from seq2onnx.runtime.search import TopK
+from seq2onnx.runtime.binding import bind_decoder, rows_answer, wanted_outputs
 
 from .layout import RowLayout
 from .memory import ArenaShrink
@@ -130,14 +129,8 @@ class StandardRounds:
         tokens, steps, indices = self._row_inputs(work, starts, rows, total)
         if indices.max(initial=0) >= prev_rows:
             raise RuntimeError(f"cache row {int(indices.max())} of {prev_rows}: a member skipped a round")
-        k_wanted = [m.top_k for m in members if m.top_k is not None]
-        top_k = max(k_wanted, default=1)
-        full = any(m.top_k is None for m in members)
+        top_k, wanted = wanted_outputs([m.top_k for m in members])
         src_mask, cross = self.layout.inputs()
-
-        wanted = ([names.LOG_PROBS] if full else []) + (
-            [names.TOPK_LOG_PROBS, names.TOPK_IDS] if k_wanted else []
-        )
         prof.lap("inputs")
         # the cache stays where the graph runs; what the searches read comes down
         b = bind_decoder(
@@ -145,7 +138,7 @@ class StandardRounds:
             tokens=tokens,
             steps=steps,
             cache_indices=indices,
-            top_k=np.array([top_k], dtype=np.int64),
+            top_k=np.array([max(top_k, 1)], dtype=np.int64),
             past=past,
             cross=cross,
             src_mask=src_mask,
@@ -162,14 +155,7 @@ class StandardRounds:
         answers = {}
         for m, start, n in zip(members, starts, rows):
             m.offset = int(start)
-            if m.top_k is None:
-                answers[m] = got[names.LOG_PROBS][start : start + n]
-            else:
-                answers[m] = TopK(
-                    got[names.TOPK_LOG_PROBS][start : start + n, : m.top_k],
-                    got[names.TOPK_IDS][start : start + n, : m.top_k],
-                    self.vocab,
-                )
+            answers[m] = rows_answer(got, m.top_k, slice(start, start + n), self.vocab)
         prof.lap("outputs")
         return answers
 

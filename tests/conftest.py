@@ -41,6 +41,12 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # pytest-xdist's controller: fix the run's id now, so that it knows the directory its workers share
+    # (build_cache.py) and removes it when the run ends.
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        import uuid
+
+        config.option.testrunuid = config.option.testrunuid or uuid.uuid4().hex
     if not config.getoption("--runtime-only"):
         return
     # Without these the run would prove nothing, or would fail on every test with a less clear error.
@@ -50,6 +56,16 @@ def pytest_configure(config):
     if not os.environ.get("SEQ2ONNX_TEST_BUNDLES"):
         raise pytest.UsageError("--runtime-only: SEQ2ONNX_TEST_BUNDLES is not set; build the tiny bundles "
                                 "with torch first: PYTHONPATH=tests python -m helpers DIR (as .ci/run does)")
+
+
+def pytest_unconfigure(config):
+    run = getattr(config.option, "testrunuid", None)
+    if run and not hasattr(config, "workerinput"):
+        import shutil
+
+        from build_cache import shared_root_of_run
+
+        shutil.rmtree(shared_root_of_run(run), ignore_errors=True)
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -9,19 +9,17 @@ a copy for the error tests.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import inspect
 import json
 import random
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
+from build_cache import build_once
 
 # Tiny models run fastest on one thread, and on a shared 2-core machine more threads thrash.
 torch.set_num_threads(1)
@@ -357,13 +355,6 @@ def make_m2m100(directory: str | Path, *, activation: str = "relu", train_steps:
 _BUILDERS = {"marian": make_marian, "m2m100": make_m2m100}
 
 
-@functools.lru_cache(maxsize=1)
-def _root() -> Path:
-    root = Path(tempfile.mkdtemp(prefix="seq2onnx-hf-"))
-    atexit.register(shutil.rmtree, root, ignore_errors=True)
-    return root
-
-
 def cached_model(kind: str, **options) -> Path:
     """The directory of `make_<kind>(**options)`, built once per process and shared read-only.
 
@@ -388,10 +379,7 @@ def cached_model(kind: str, **options) -> Path:
 @functools.lru_cache(maxsize=None)
 def _cached(kind: str, options: tuple) -> Path:
     name = "-".join([kind] + [f"{key}={value}" for key, value in options])
-    # Built aside and renamed, so that a build that fails half way leaves no directory to reuse.
-    partial = Path(tempfile.mkdtemp(prefix=f"{name}.partial-", dir=_root()))
-    _BUILDERS[kind](partial, **dict(options))
-    return partial.rename(_root() / name)
+    return build_once(name, lambda out: _BUILDERS[kind](out, **dict(options)))
 
 
 def random_model(kind: str, **options) -> Path:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import functools
 import json
-import tempfile
 from pathlib import Path
 
 import torch
 
 import hf_fixtures as F
+from build_cache import build_once
 
 CODES = {"fr": "fra", "de": "deu"}
 
@@ -69,8 +69,5 @@ def make_marian_multi(directory: str | Path, *, train_steps: int = 300, seed: in
 
 @functools.lru_cache(maxsize=None)
 def cached_marian_multi(train_steps: int = 300) -> Path:
-    """make_marian_multi's directory, built once per process (read-only)."""
-    root = F._root()
-    partial = Path(tempfile.mkdtemp(prefix="marian-multi.partial-", dir=root))
-    make_marian_multi(partial, train_steps=train_steps)
-    return partial.rename(root / f"marian-multi-steps={train_steps}")
+    """make_marian_multi's directory, built once per test run (read-only)."""
+    return build_once(f"marian-multi-steps={train_steps}", lambda out: make_marian_multi(out, train_steps=train_steps))

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 import hf_fixtures as F
+from build_cache import build_once
 
 CODES = {"en": "en_XX", "fr": "fr_XX", "de": "de_DE"}  # mBART-50's codes of the toy corpus' languages
 SPM_FILE = "sentencepiece.bpe.model"
@@ -94,8 +95,5 @@ def make_mbart(directory: str | Path, *, train_steps: int = 300, seed: int = 0, 
 
 @functools.lru_cache(maxsize=None)
 def cached_mbart(train_steps: int = 300) -> Path:
-    """make_mbart's directory, built once per process (read-only: copy it before editing)."""
-    root = F._root()
-    partial = Path(tempfile.mkdtemp(prefix="mbart.partial-", dir=root))
-    make_mbart(partial, train_steps=train_steps)
-    return partial.rename(root / f"mbart-steps={train_steps}")
+    """make_mbart's directory, built once per test run (read-only: copy it before editing)."""
+    return build_once(f"mbart-steps={train_steps}", lambda out: make_mbart(out, train_steps=train_steps))

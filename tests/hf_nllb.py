@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 import hf_fixtures as F
+from build_cache import build_once
 
 # NLLB's codes of the toy corpus' languages.
 CODES = {"en": "eng_Latn", "fr": "fra_Latn", "de": "deu_Latn"}
@@ -85,8 +86,6 @@ def make_nllb(directory: str | Path, *, with_spm: bool = True, train_steps: int 
 
 @functools.lru_cache(maxsize=None)
 def cached_nllb(with_spm: bool = True, train_steps: int = 300) -> Path:
-    """make_nllb's directory, built once per process (read-only: copy it before editing)."""
-    root = F._root()
-    partial = Path(tempfile.mkdtemp(prefix="nllb.partial-", dir=root))
-    make_nllb(partial, with_spm=with_spm, train_steps=train_steps)
-    return partial.rename(root / f"nllb-spm={with_spm}-steps={train_steps}")
+    """make_nllb's directory, built once per test run (read-only: copy it before editing)."""
+    return build_once(f"nllb-spm={with_spm}-steps={train_steps}",
+                      lambda out: make_nllb(out, with_spm=with_spm, train_steps=train_steps))

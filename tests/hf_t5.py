@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 import hf_fixtures as F
+from build_cache import build_once
 
 SPM_FILE = "spiece.model"
 KINDS = ("t5", "mt5", "madlad")
@@ -113,9 +114,6 @@ def make_t5(directory: str | Path, kind: str = "t5", *, train_steps: int = 300, 
 
 @functools.lru_cache(maxsize=None)
 def cached_t5(kind: str = "t5", train_steps: int = 300, early_stopping: bool = True) -> Path:
-    """make_t5's directory, built once per process (read-only: copy it before editing)."""
-    root = F._root()
-    name = f"{kind}-steps={train_steps}-early={early_stopping}"
-    partial = Path(tempfile.mkdtemp(prefix=f"{name}.partial-", dir=root))
-    make_t5(partial, kind, train_steps=train_steps, early_stopping=early_stopping)
-    return partial.rename(root / name)
+    """make_t5's directory, built once per test run (read-only: copy it before editing)."""
+    return build_once(f"{kind}-steps={train_steps}-early={early_stopping}",
+                      lambda out: make_t5(out, kind, train_steps=train_steps, early_stopping=early_stopping))

@@ -1,11 +1,11 @@
-"""Tiny trained models and bundles shared by the test files, built once per test process.
+"""Tiny trained models and bundles shared by the test files, built once per test run.
 
-Not a conftest fixture on purpose: several test files import these builders, and an lru_cache
-keeps each variant to one build per process whichever file asks first.
+Not a conftest fixture on purpose: several test files import these builders. build_cache keeps each
+variant to one build per run, whichever pytest-xdist worker asks first, and an lru_cache to one lookup
+per process.
 """
 from __future__ import annotations
 
-import atexit
 import functools
 import json
 import os
@@ -13,8 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-_ROOT = Path(tempfile.mkdtemp(prefix="seq2onnx-tests-"))
-atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
+from build_cache import ROOT as _ROOT
+from build_cache import build_once
 
 
 def tiny_run(pre_norm: bool = False, tie: bool = True, steps: int = 300) -> Path:
@@ -36,14 +36,15 @@ def _run(pre_norm: bool, tie: bool, steps: int) -> Path:
 
     torch.set_num_threads(1)  # tiny models run fastest on one thread; on 2 shared cores more threads thrash
 
-    out = _ROOT / f"run-pre{int(pre_norm)}-tie{int(tie)}-{steps}"
-    train(TrainOptions(
-        out=str(out), generated_pairs=3000, valid_size=50, test_size=50, vocab_size=120, max_len=40,
-        d_model=32, n_heads=4, layers=2, d_ff=64, dropout=0.0, pre_norm=pre_norm, tie_embeddings=tie,
-        max_tokens=1500, warmup=100, lr=2.0, max_steps=steps, eval_every=steps, bleu_sentences=10,
-        seed=3, device="cpu", progress=False,
-    ))
-    return out
+    def build(out: Path) -> None:
+        train(TrainOptions(
+            out=str(out), generated_pairs=3000, valid_size=50, test_size=50, vocab_size=120, max_len=40,
+            d_model=32, n_heads=4, layers=2, d_ff=64, dropout=0.0, pre_norm=pre_norm, tie_embeddings=tie,
+            max_tokens=1500, warmup=100, lr=2.0, max_steps=steps, eval_every=steps, bleu_sentences=10,
+            seed=3, device="cpu", progress=False,
+        ))
+
+    return build_once(f"run-pre{int(pre_norm)}-tie{int(tie)}-{steps}", build)
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,8 +58,8 @@ def _bundle(pre_norm: bool, tie: bool, quantize: str | None) -> Path:
         return Path(prebuilt) / name
     from seq2onnx.export.bundle import export_bundle
 
-    out = _ROOT / name
-    return export_bundle(tiny_run(pre_norm, tie) / "last", out, quantize=quantize)
+    run = tiny_run(pre_norm, tie)
+    return build_once(name, lambda out: export_bundle(run / "last", out, quantize=quantize))
 
 
 def scratch(name: str) -> Path:

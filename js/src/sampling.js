@@ -107,7 +107,7 @@ const descending = (values) => Array.from(values.keys()).sort((i, j) => (values[
 
 /** One row's sampling distribution: softmax(logProbs / temperature) within topK and topP. */
 export function rowProbabilities(logProbs, { temperature = 1, topK = 0, topP = 1 } = {}) {
-  let logits = Float64Array.from(logProbs, (x) => x / temperature);
+  const logits = Float64Array.from(logProbs, (x) => x / temperature);
   if (topK > 0 && topK < logits.length) {
     const outside = descending(logits).slice(topK);
     for (const i of outside) logits[i] = -Infinity;

@@ -8,7 +8,7 @@ import {
 import { checkGraphs, checkReferences, checkScheme, checkTokenizers } from "./checks.js";
 import { readOptions } from "./options.js";
 import { SPEC_URL } from "./spec.js";
-import { checkSampling, sampleSearch } from "./sampling.js";
+import { sampleSearch } from "./sampling.js";
 import { beamSearch, candidatesNeeded, forcePrefix, greedySearch } from "./search.js";
 import { SentencePiece, Tokens, isBlank } from "./tokenizer.js";
 
@@ -253,7 +253,7 @@ export class Translator {
     });
     // similar lengths share a batch (less padding): the same stable order and chunks as Python,
     // so that each sentence is decoded in the same company on both hosts
-    const todo = ids.map((s, i) => i).filter((i) => ids[i] !== null).sort((a, b) => ids[a].length - ids[b].length);
+    const todo = ids.map((_s, i) => i).filter((i) => ids[i] !== null).sort((a, b) => ids[a].length - ids[b].length);
     for (let start = 0; start < todo.length; start += maxBatchSize) {
       const chunk = todo.slice(start, start + maxBatchSize);
       const found = await this._search(chunk.map((i) => ids[i]), { beamSize, numHypotheses, lengthPenalty,
@@ -349,7 +349,7 @@ export class Translator {
     }
     return targetPrefix.map((p, i) => {
       const ids = Array.isArray(p) || ArrayBuffer.isView(p) ? Array.from(p, (x) => (typeof x === "bigint" ? Number(x) : x)) : null;
-      if (!ids || !ids.every(Number.isInteger)) throw new TypeError(`targetPrefix[${i}] is ${short(p)}; give an array of target token ids`);
+      if (!ids?.every(Number.isInteger)) throw new TypeError(`targetPrefix[${i}] is ${short(p)}; give an array of target token ids`);
       const bad = ids.filter((x) => x < 0 || x >= this.tgtVocab || x === this.eosId);
       if (bad.length) {
         throw new RangeError(`targetPrefix[${i}] has ids ${JSON.stringify(bad.slice(0, 5))} outside [0, ${this.tgtVocab}) or the end ` +
@@ -413,7 +413,7 @@ export class Translator {
   _pad(sources) {
     const width = Math.max(...sources.map((s) => s.length));
     const src = new Array(sources.length * width).fill(this.padId);
-    sources.forEach((s, row) => s.forEach((id, j) => { src[row * width + j] = id; }));
+    sources.forEach((s, row) => { s.forEach((id, j) => { src[row * width + j] = id; }); });
     return { src, width };
   }
 
@@ -424,7 +424,7 @@ export class Translator {
   async _attention(sources, hypotheses) {
     const ort = this.ort;
     const n = Math.max(...hypotheses.map((h) => h.length));
-    const rows = sources.flatMap((s, i) => Array.from({ length: n }, (_, j) => hypotheses[i][j] ?? []));
+    const rows = sources.flatMap((_s, i) => Array.from({ length: n }, (_, j) => hypotheses[i][j] ?? []));
     const steps = Math.max(0, ...rows.map((h) => h.length));
     const lengths = sources.map((s) => s.length);
     const weights = [];
@@ -449,7 +449,7 @@ export class Translator {
         weights.push(out[CROSS_ATTENTION]);
       }
     }
-    return sources.map((s, i) => hypotheses[i].map((h, j) => {
+    return sources.map((_s, i) => hypotheses[i].map((h, j) => {
       const r = i * n + j;
       return h.map((_, t) => {
         const w = weights[t];

@@ -19,7 +19,7 @@ async function optionsRead() {
   const dir = fakeBundle(mkdtempSync(path.join(tmpdir(), "seq2onnx-caps-")));
   const t = await Translator.load(dir, { platform: fakePlatform([]) });
   const read = new Set();
-  const get = (target, key) => {
+  const get = (_target, key) => {
     if (typeof key === "string") read.add(key);
     return undefined;
   };

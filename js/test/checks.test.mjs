@@ -67,16 +67,16 @@ test("sound tokenizers pass; a wrong size, a wrong special id, a wrong or exchan
   await checkTokenizers(bundle((m) => { delete m.tokenizers; }), nodePlatform);
   await refusedAsync(checkTokenizers(bundle((m) => { m.model.tgt_vocab_size = 20; }), nodePlatform),
     /^\/b\/bundle\.json: model\.tgt_vocab_size=20, but target\.spm\.model \(get_piece_size\(\)\) has 16; re-export the bundle .*, or set model\.tgt_vocab_size to 16 if only bundle\.json is wrong$/);
-  await refusedAsync(checkTokenizers(bundle((m, bytes) => { bytes["source.spm.model"] = spmModel(16, { edit: (p) => [p[1], p[0], ...p.slice(2)] }); }), nodePlatform),
+  await refusedAsync(checkTokenizers(bundle((_m, bytes) => { bytes["source.spm.model"] = spmModel(16, { edit: (p) => [p[1], p[0], ...p.slice(2)] }); }), nodePlatform),
     /special_ids\.pad=0, but source\.spm\.model \(pad_id\(\)\) has 1/);
   await refusedAsync(checkTokenizers(bundle((m) => { [m.files.source_tokenizer, m.files.target_tokenizer] = [m.files.target_tokenizer, m.files.source_tokenizer]; }), nodePlatform),
     /\/b\/target\.spm\.model: its vocabulary is not the source vocabulary .*; it is the target tokenizer: the two \.model files are exchanged/);
   // both files the source tokenizer: not "exchanged", but named as the other side's (runtime/checks.py's words)
-  await refusedAsync(checkTokenizers(bundle((m, bytes) => { bytes["target.spm.model"] = bytes["source.spm.model"]; }), nodePlatform),
+  await refusedAsync(checkTokenizers(bundle((_m, bytes) => { bytes["target.spm.model"] = bytes["source.spm.model"]; }), nodePlatform),
     /\/b\/target\.spm\.model: its vocabulary is not the target vocabulary .*; it is the source tokenizer \(the same vocabulary as source\.spm\.model\); re-export/);
   await refusedAsync(checkTokenizers(bundle((m) => { m.tokenizers.target = fingerprint(16, { prefix: "z" }); }), nodePlatform),
     /target\.spm\.model: its vocabulary is not the target vocabulary the model was exported with \(tokenizers\.target\.pieces_sha256/);
-  await refusedAsync(checkTokenizers(bundle((m, bytes) => { bytes["target.spm.model"] = new TextEncoder().encode("\x08\x09"); }), nodePlatform),
+  await refusedAsync(checkTokenizers(bundle((_m, bytes) => { bytes["target.spm.model"] = new TextEncoder().encode("\x08\x09"); }), nodePlatform),
     /\/b\/target\.spm\.model: not a SentencePiece model \(.*\); re-export the bundle/);
 });
 
@@ -126,22 +126,22 @@ test("vocabulary maps: sound maps are returned, and replace the size and special
 test("vocabulary maps that do not fit are refused naming the file, the value, the limit and the fix (runtime/vocab.py's words)", async () => {
   const FIX = "; re-export the bundle with `seq2onnx export`";
   const cases = [
-    [(m, maps) => { maps.bytes.source = new Uint8Array(63); }, "/b/source.vocab.bin: 63 bytes is not a whole number of int32 entries"],
-    [(m, maps) => { maps.bytes.target = new Uint8Array(6); }, "/b/target.vocab.bin: 6 bytes is not a whole number of int32 entries"],
-    [(m, maps) => { maps.source.pop(); }, "/b/source.vocab.bin: 15 entries, expected 16"], // the source model's pieces
-    [(m, maps) => { maps.target.push(-1); }, "/b/target.vocab.bin: 21 entries, expected 20"], // model.tgt_vocab_size
-    [(m, maps) => { maps.source[3] = 20; }, "/b/source.vocab.bin: entry 3 is 20, expected an id in [0, 20)"],
-    [(m, maps) => { maps.source[0] = -1; }, "/b/source.vocab.bin: entry 0 is -1, expected an id in [0, 20)"],
-    [(m, maps) => { maps.target[5] = 16; }, "/b/target.vocab.bin: entry 5 is 16, expected an id in [-2, 16)"],
-    [(m, maps) => { maps.target[19] = -3; }, "/b/target.vocab.bin: entry 19 is -3, expected an id in [-2, 16)"],
+    [(_m, maps) => { maps.bytes.source = new Uint8Array(63); }, "/b/source.vocab.bin: 63 bytes is not a whole number of int32 entries"],
+    [(_m, maps) => { maps.bytes.target = new Uint8Array(6); }, "/b/target.vocab.bin: 6 bytes is not a whole number of int32 entries"],
+    [(_m, maps) => { maps.source.pop(); }, "/b/source.vocab.bin: 15 entries, expected 16"], // the source model's pieces
+    [(_m, maps) => { maps.target.push(-1); }, "/b/target.vocab.bin: 21 entries, expected 20"], // model.tgt_vocab_size
+    [(_m, maps) => { maps.source[3] = 20; }, "/b/source.vocab.bin: entry 3 is 20, expected an id in [0, 20)"],
+    [(_m, maps) => { maps.source[0] = -1; }, "/b/source.vocab.bin: entry 0 is -1, expected an id in [0, 20)"],
+    [(_m, maps) => { maps.target[5] = 16; }, "/b/target.vocab.bin: entry 5 is 16, expected an id in [-2, 16)"],
+    [(_m, maps) => { maps.target[19] = -3; }, "/b/target.vocab.bin: entry 19 is -3, expected an id in [-2, 16)"],
     // a piece the target model lacks (-2) needs its text in vocab_texts, when the bundle has them
-    [(m, maps) => { maps.target[7] = -2; maps.texts = { target: { 8: "x" } }; },
+    [(_m, maps) => { maps.target[7] = -2; maps.texts = { target: { 8: "x" } }; },
       "/b/vocab.texts.json: no text for target id 7, which target_vocab marks -2"],
-    [(m, maps) => { maps.texts = { source: { "\u2581x": 20 } }; }, "/b/vocab.texts.json: a source id outside [0, 20)"],
-    [(m, maps) => { maps.texts = [1]; }, "/b/vocab.texts.json: not the vocabulary texts the spec describes (not an object)"],
-    [(m, maps) => { maps.texts = { source: { a: "5" } }; },
+    [(_m, maps) => { maps.texts = { source: { "\u2581x": 20 } }; }, "/b/vocab.texts.json: a source id outside [0, 20)"],
+    [(_m, maps) => { maps.texts = [1]; }, "/b/vocab.texts.json: not the vocabulary texts the spec describes (not an object)"],
+    [(_m, maps) => { maps.texts = { source: { a: "5" } }; },
       '/b/vocab.texts.json: not the vocabulary texts the spec describes (source["a"] is "5", not an id)'],
-    [(m, maps) => { maps.texts = { target: { x: "a" } }; },
+    [(_m, maps) => { maps.texts = { target: { x: "a" } }; },
       '/b/vocab.texts.json: not the vocabulary texts the spec describes (target["x"] is not an id\'s text)'],
   ];
   for (const [edit, message] of cases) {
@@ -152,8 +152,8 @@ test("vocabulary maps that do not fit are refused naming the file, the value, th
     });
   }
   // a -2 entry without vocab_texts is sound (it decodes to nothing, as in the Python runtime)
-  await checkTokenizers(mapped((m, maps) => { maps.target[7] = -2; }), nodePlatform);
-  const { texts } = await checkTokenizers(mapped((m, maps) => {
+  await checkTokenizers(mapped((_m, maps) => { maps.target[7] = -2; }), nodePlatform);
+  const { texts } = await checkTokenizers(mapped((_m, maps) => {
     maps.target[7] = -2;
     maps.texts = { source: { "\u2581zz": 19 }, target: { 7: "\u2581qq" } };
   }), nodePlatform);
@@ -196,9 +196,9 @@ test("graphs that disagree with bundle.json are refused, naming the field, both 
       /model\.src_vocab_size=20, but encoder\.onnx \(source embedding of shape \[16, 8\]\) has 16; .* or set model\.src_vocab_size to 16/],
     ["max_positions (the positional table's rows)", () => [bundle((m) => { m.model.max_positions = 64; m.max_positions = 64; }), sig()],
       /model\.max_positions=64, but decoder\.onnx \(positional table of shape \[12, 8\]\) has 12/],
-    ["no positional table", () => [bundle((m, bytes) => { bytes["decoder.onnx"] = onnxModel([{ name: "w", indices: "tokens", dims: [16, 8] }]); }), sig()],
+    ["no positional table", () => [bundle((_m, bytes) => { bytes["decoder.onnx"] = onnxModel([{ name: "w", indices: "tokens", dims: [16, 8] }]); }), sig()],
       /\/b\/decoder\.onnx: no positional table \(a Gather of step\) found; re-export/],
-    ["a graph file that is not ONNX", () => [bundle((m, bytes) => { bytes["encoder.onnx"] = new Uint8Array([0x3a, 0x7f]); }), sig()],
+    ["a graph file that is not ONNX", () => [bundle((_m, bytes) => { bytes["encoder.onnx"] = new Uint8Array([0x3a, 0x7f]); }), sig()],
       /\/b\/encoder\.onnx: cannot be read for its tables/],
   ];
   for (const [what, make, pattern] of cases) {

@@ -159,7 +159,7 @@ test("--source-lang, --target-lang and --target-prefix: the source prefix and th
   };
   const plain = await json([]);
   assert.deepEqual(plain[0].source_ids, [13, 12, 12, EOS]); // "one", "two": piece 4 + 3, model id 19 - 7
-  for (const r of plain) r.token_ids.forEach((ids) => assert.equal(ids[0], 14, "the bundle's target prefix"));
+  for (const r of plain) for (const ids of r.token_ids) assert.equal(ids[0], 14, "the bundle's target prefix");
   const langs = await json(["--source-lang", "fr", "--target-lang", "de"]);
   assert.deepEqual(langs.map((r) => r.source_ids[0]), [15, 15]);
   for (const r of langs) assert.equal(r.token_ids[0][0], 13);

@@ -136,7 +136,7 @@ export function soundFiles({ vocab = 16, dModel = 8, maxPositions = 12 } = {}) {
 export function vocabBytes(entries) {
   const bytes = new Uint8Array(4 * entries.length);
   const view = new DataView(bytes.buffer);
-  entries.forEach((x, i) => view.setInt32(4 * i, x, true));
+  entries.forEach((x, i) => { view.setInt32(4 * i, x, true); });
   return bytes;
 }
 

@@ -5,7 +5,7 @@
 // load named by its file.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, openSync, closeSync, rmSync, symlinkSync, truncateSync, unlinkSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, openSync, closeSync, rmSync, symlinkSync, truncateSync, unlinkSync, } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { after, test } from "node:test";
@@ -14,7 +14,7 @@ import { CORES, nodePlatform } from "../src/platform-node.js";
 import { Translator, checkThreads } from "../src/translator.js";
 import { Translator as NodeTranslator } from "../src/index.js";
 import { fakeBundle, fakeOrt, fakePlatform } from "./fake-host.mjs";
-import { soundFiles, soundMeta, writeBundle } from "./fixtures.mjs";
+import { writeBundle } from "./fixtures.mjs";
 
 const root = mkdtempSync(path.join(tmpdir(), "seq2onnx-js-platform-"));
 after(() => rmSync(root, { recursive: true, force: true }));

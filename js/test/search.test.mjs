@@ -152,7 +152,7 @@ for (const c of CASES.cases) {
       c.expect.forEach((want, s) => {
         assert.deepEqual(res[s].hypotheses, want.hypotheses, `sentence ${s}`);
         assert.equal(res[s].scores.length, want.scores.length, `sentence ${s}`);
-        want.scores.forEach((x, i) => close(res[s].scores[i], x, c.score_tolerance));
+        want.scores.forEach((x, i) => { close(res[s].scores[i], x, c.score_tolerance); });
       });
       if (c.calls) assert.deepEqual(fake.calls, c.calls);
       if (c.max_lengths.length > 1) { // each sentence alone gives what it gets in the batch
@@ -200,11 +200,13 @@ function reference(fn, s, { k, alpha, minLength, maxLength, prefix = [] }) {
   const fin = [];
   for (let t = 0; t < maxLength && fin.length < k; t++) {
     const cand = [];
-    live.forEach((b, j) => fn(s, b.tokens).forEach((lp, v) => {
-      const forced = t < prefix.length ? (v === prefix[t] ? 0 : -Infinity) : lp;
-      const value = t < minLength && v === EOS ? -Infinity : forced;
-      cand.push({ beam: j, token: v, total: b.score + value, flat: j * 1e6 + v });
-    }));
+    live.forEach((b, j) => {
+      fn(s, b.tokens).forEach((lp, v) => {
+        const forced = t < prefix.length ? (v === prefix[t] ? 0 : -Infinity) : lp;
+        const value = t < minLength && v === EOS ? -Infinity : forced;
+        cand.push({ beam: j, token: v, total: b.score + value, flat: j * 1e6 + v });
+      });
+    });
     cand.sort((a, b) => (a.total > b.total ? -1 : a.total < b.total ? 1 : a.flat - b.flat));
     const top = cand.slice(0, 2 * k);
     const last = t + 1 === maxLength;
@@ -239,7 +241,7 @@ test("beam equals the plain reference, through full log-probs and through top-k 
             for (let s = 0; s < batch; s++) {
               const want = reference(fn, s, { k, alpha, minLength, maxLength: maxLengths[s] });
               assert.deepEqual(got[s].hypotheses, want.hypotheses, JSON.stringify({ k, ties, seed, alpha, minLength, s }));
-              got[s].scores.forEach((x, i) => close(x, want.scores[i]));
+              got[s].scores.forEach((x, i) => { close(x, want.scores[i]); });
               got[s].hypotheses.forEach((h, i) => {
                 close(h.reduce((a, tok, j) => a + fn(s, h.slice(0, j))[tok], 0), got[s].scores[i]);
                 assert.ok(h.length <= maxLengths[s] && !h.slice(0, minLength).includes(EOS));
@@ -272,8 +274,10 @@ test("beam with K = 1 equals greedy, through both step outputs", async () => {
       const one = await beamSearch(new Fake(fn, 4).step, 4, { ...common, beamSize: 1, lengthPenalty: 1 });
       assert.deepEqual(greedyTopK, greedy);
       assert.deepEqual(one.map((r) => r.hypotheses), greedy.map((r) => r.hypotheses));
-      one.forEach((r, s) => close(r.scores[0], greedy[s].scores[0]));
-      greedy.forEach((r, s) => assert.deepEqual(r.hypotheses[0], reference(fn, s, { k: 1, alpha: 1, minLength, maxLength: maxLengths[s] }).hypotheses[0]));
+      one.forEach((r, s) => { close(r.scores[0], greedy[s].scores[0]); });
+      greedy.forEach((r, s) => {
+        assert.deepEqual(r.hypotheses[0], reference(fn, s, { k: 1, alpha: 1, minLength, maxLength: maxLengths[s] }).hypotheses[0]);
+      });
     }
   }
 });
@@ -296,7 +300,7 @@ test("forced prefixes: beam and greedy equal the plain reference, through both s
           const want = reference(fn, s, { k, alpha, minLength, maxLength: maxLengths[s], prefix: prefixes[s] });
           const where = JSON.stringify({ k, seed, alpha, minLength, s, prefix: prefixes[s] });
           assert.deepEqual(full[s].hypotheses, want.hypotheses, where);
-          full[s].scores.forEach((x, i) => close(x, want.scores[i]));
+          full[s].scores.forEach((x, i) => { close(x, want.scores[i]); });
           for (const h of full[s].hypotheses) assert.deepEqual(h.slice(0, prefixes[s].length), prefixes[s].slice(0, h.length), where);
           checked++;
         }

@@ -33,6 +33,7 @@ test("bundle.js's names and limits are the spec's", () => {
   assert.ok(B.FILE_KEYS.includes(B.ENCODER_LABEL) && B.FILE_KEYS.includes(B.DECODER_LABELS[B.STANDARD]));
   assert.ok(B.OPTIONAL_FILE_KEYS.includes(B.DECODER_LABELS[B.FUSED]));
   // every graph input/output name of the spec is exported under its key in capitals (src_ids: SRC_IDS)
+  // biome-ignore lint/performance/noDynamicNamespaceImportAccess: the test walks the module's exports by name
   for (const [key, name] of Object.entries(SPEC.names)) assert.equal(B[key.toUpperCase()], name, key);
   const layer = (kind, i) => SPEC.layer_names[kind].replaceAll("{i}", String(i));
   for (const i of [0, 1, 11]) {
@@ -277,6 +278,7 @@ test("the check below finds a hand copy in a string, a template and a limit, nev
   assert.ok(found.includes(`line 4: ${JSON.stringify(SPEC.format)} in ${JSON.stringify(SPEC.format)}`), found.join("; "));
   assert.ok(found.includes(`the limit ${SPEC.max_json_bytes}`), found.join("; "));
   assert.deepEqual(found.filter((o) => /^line [12]:/.test(o)), []);
+  // biome-ignore lint/suspicious/noTemplateCurlyInString: the input is JavaScript source with a template in it
   assert.deepEqual(stringLiterals("const x = `a${`b${'c'}d`}e`; // `f`").map((l) => l.text), ["a", "b", "c", "d", "e"]);
 });
 

@@ -124,7 +124,7 @@ test("a mapped bundle: prefix, mapped text ids and suffix go in; the forced targ
     got.forEach((r, i) => {
       assert.deepEqual(r.tokenIds, want[i].hypotheses.map(strip), `beam ${beamSize} source ${i}`);
       assert.deepEqual(r.scores, want[i].scores);
-      r.tokenIds.forEach((ids) => assert.deepEqual(ids.slice(0, prefixes[i].length), prefixes[i].slice(0, ids.length)));
+      for (const ids of r.tokenIds) assert.deepEqual(ids.slice(0, prefixes[i].length), prefixes[i].slice(0, ids.length));
       assert.deepEqual(r.hypotheses, r.tokenIds.map((ids) => ids.filter((id) => id < 13).join("-")), "skipped ids leave the text");
     });
   }
@@ -166,8 +166,8 @@ test("multilingual Marian: the target language, or the text's >>code<< in its pl
   assert.deepEqual(t.prepareSource("one two", { targetLang: "de" }).ids, [13, ...two, EOS]);
   assert.deepEqual(t.prepareSource(">>fr<< one two", { targetLang: "de" }).ids, [15, ...two, EOS], "the text's code replaces the prefix");
   assert.deepEqual(t.prepareSource(">>fr<<", {}).ids, [15, EOS]);
-  assert.deepEqual(t.prepareSource(">>fr<< " + "w ".repeat(20), { truncate: true }).ids.slice(0, 2), [15, SOURCE_MAP[5]]);
-  assert.equal(t.prepareSource(">>fr<< " + "w ".repeat(20), { truncate: true }).ids.length, 12);
+  assert.deepEqual(t.prepareSource(`>>fr<< ${"w ".repeat(20)}`, { truncate: true }).ids.slice(0, 2), [15, SOURCE_MAP[5]]);
+  assert.equal(t.prepareSource(`>>fr<< ${"w ".repeat(20)}`, { truncate: true }).ids.length, 12);
   const [r] = await t.translateBatch([">>fr<< one two"], { beamSize: 2, targetLang: "de" });
   assert.ok(r.tokenIds[0].length > 0); // no target prefix: target_lang went to the source
 });

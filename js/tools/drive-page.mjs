@@ -76,4 +76,4 @@ try {
 } finally {
   await browser.close();
 }
-process.stdout.write(JSON.stringify(report) + "\n");
+process.stdout.write(`${JSON.stringify(report)}\n`);

@@ -32,7 +32,16 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .nbits import quantize_rows
-from .graph_layers import MS_DOMAIN, Initializers, QuantizeError, attrs, id_tables, linear_weights
+from .graph_layers import (
+    GROUPS,
+    MS_DOMAIN,
+    Initializers,
+    QuantizeError,
+    attrs,
+    id_tables,
+    layer_group,
+    linear_weights,
+)
 from .weights import TensorWriter, constants_to_initializers
 
 BLOCK = 32  # values per block along K (probe: docs/optimisation-notes.md row 59)
@@ -59,14 +68,17 @@ class _NBitsRewriter:
         directory: Path | None,
         writer: TensorWriter | None,
         level: int = 4,
+        eight_bit: frozenset[str] = frozenset(),
     ):
         self.bits, self.block, self.symmetric, self.table_bits = bits, block, symmetric, table_bits
-        self.level = level
+        self.level, self.eight_bit = level, eight_bit
         constants_to_initializers(graph, 0)  # a bias the tracer folded into a Constant
         self.inits = Initializers(graph, directory)
         for node in graph.node:  # and one shared with an equal bias through an Identity
             if node.op_type == "Identity" and node.input[0] in self.inits:
                 self.inits.alias(node.output[0], node.input[0])
+        # the id tables, before their lookups are rewritten: an untied projection by one is "embeddings"
+        self.table_names = {n.input[0] for n in id_tables(graph, self.inits)}
         self.writer = writer
         self.added: dict[str, onnx.TensorProto] = {}
         self.nodes: list[onnx.NodeProto] = []
@@ -145,7 +157,12 @@ class _NBitsRewriter:
         tied = (
             node.op_type != "MatMul" and bool(attrs(node).get("transB", 0)) and node.input[1] in self.tables
         )
-        bits = self.table_bits if tied else self.bits
+        if tied:
+            bits = self.table_bits
+        elif self.eight_bit and layer_group(node, self.table_names) in self.eight_bit:
+            bits = 8  # a layer whose error moves the outputs most, kept at 8 bits
+        else:
+            bits = self.bits
         if tied:  # the table's own bytes: E (V, D) is the projection's (N, K)
             codes, scales, zeros = self.tables[node.input[1]]
             base = f"{node.input[1]}/nbits{bits}/projection"
@@ -196,6 +213,7 @@ def quantize_model_nbits(
     directory: Path | None = None,
     writer: TensorWriter | None = None,
     level: int = LEVEL,
+    eight_bit: frozenset[str] = frozenset(),
 ) -> dict:
     """Rewrites every linear layer of `proto` (in place) as MatMulNBits, and its id tables' lookups.
 
@@ -210,6 +228,9 @@ def quantize_model_nbits(
             (a tied projection is then quantized as any layer, at `bits`).
         directory: where the graph's external data lies.
         writer: where the new tensors go (export/weights.py); None: inside the proto.
+        eight_bit: groups of export/graph_layers.py's GROUPS whose linear layers get 8-bit codes (the
+            same operator and blocks); "embeddings" is an untied output projection (a tied one has
+            `table_bits`).
 
     Returns:
         {"linear_layers": count, "lookups": tables' lookups rewritten, "product": "MatMulNBits"}.
@@ -217,8 +238,12 @@ def quantize_model_nbits(
     Raises:
         QuantizeError: no linear layer to quantize, or a layer whose input features are no whole blocks.
     """
+    if unknown := set(eight_bit) - set(GROUPS):
+        raise QuantizeError(
+            f"eight_bit: unknown groups {sorted(unknown)}; the groups are {', '.join(GROUPS)}"
+        )
     graph = proto.graph
-    r = _NBitsRewriter(graph, bits, block, symmetric, table_bits, directory, writer, level)
+    r = _NBitsRewriter(graph, bits, block, symmetric, table_bits, directory, writer, level, eight_bit)
     count = 0
     for node in graph.node:
         found = linear_weights(node, r.inits)
@@ -248,7 +273,13 @@ def quantize_model_nbits(
 
 
 def scheme(
-    bits: int, block: int, symmetric: bool, table_bits: int | None, layers: dict, level: int = LEVEL
+    bits: int,
+    block: int,
+    symmetric: bool,
+    table_bits: int | None,
+    layers: dict,
+    level: int = LEVEL,
+    eight_bit: frozenset[str] = frozenset(),
 ) -> dict:
     """bundle.json's `quantization_scheme` for a MatMulNBits bundle."""
     weights = {
@@ -270,6 +301,8 @@ def scheme(
             "(stored once)",
         }
     )
+    if eight_bit:
+        weights["8_bit_groups"] = sorted(eight_bit)
     return {
         "name": SCHEME_NAMES[bits],
         "operators": ["MatMulNBits"] + ([] if table_bits is None else ["GatherBlockQuantized"]),
@@ -296,13 +329,14 @@ def quantize_graphs_nbits(
     table_bits: int | None = 8,
     writer: TensorWriter | None = None,
     level: int = LEVEL,
+    eight_bit: frozenset[str] = frozenset(),
 ) -> dict:
     """Quantizes the graph files of a bundle directory in place (quantize_model_nbits on each).
 
     Args:
         directory: the bundle directory.
         files: {label: file name} of the graphs.
-        bits, block, symmetric, table_bits, level: as quantize_model_nbits.
+        bits, block, symmetric, table_bits, level, eight_bit: as quantize_model_nbits.
         writer: where the new tensors go; None: inside each graph.
 
     Returns:
@@ -328,6 +362,7 @@ def quantize_graphs_nbits(
                 directory=Path(directory),
                 writer=writer,
                 level=level,
+                eight_bit=eight_bit,
             )
         except QuantizeError as e:
             raise QuantizeError(f"{name}: {e}") from None
@@ -336,4 +371,4 @@ def quantize_graphs_nbits(
         if writer is not None:
             writer.flush()
         onnx.checker.check_model(str(path))  # contrib ops have no ONNX schema: structure and types only
-    return scheme(bits, block, symmetric, table_bits, layers, level)
+    return scheme(bits, block, symmetric, table_bits, layers, level, eight_bit)

@@ -4,8 +4,8 @@
     nice python scripts/int4_quality.py HF_MODEL_DIR --hf nllb --out DIR [...]
 
 Exports from RUN_DIR (its `best`, else `last`) the fp32, int8 and int4 bundles, int4 variants (4-bit tables,
-block 64 or 128, zero points, accuracy level 0, each layer group of export/graph_layers.py's GROUPS at 8 bits:
-export/quantize_nbits.py's options, patched in), and CTranslate2's float32 and int8 models
+block 16, 64 or 128, zero points, accuracy level 0, each layer group of export/graph_layers.py's GROUPS at 8
+bits: export/quantize_nbits.py's options, patched in), and CTranslate2's float32 and int8 models
 (export/ctranslate2/convert.py; the float32 one tells CTranslate2's own search from its int8), then on the
 checkpoint's test split. With --hf FAMILY the model is a trained Hugging Face directory
 (scripts/hf_trained_identity.py's WORK/FAMILY/model, its held-out Tatoeba sentences and languages; CTranslate2
@@ -23,7 +23,6 @@ Prints a Markdown table and writes OUT/quality.json.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 import time
@@ -41,13 +40,25 @@ GROUPS = (  # export/graph_layers.py's GROUPS ("embeddings": an untied output pr
 VARIANTS = {  # name -> (quantize, quantize_graphs_nbits options patched in)
     "fp32": (None, {}),
     "int8": ("int8", {}),
+    "int8, MatMulNBits bits 8": ("int4", {"bits": 8}),
     "int4": ("int4", {}),
     "int4, 4-bit tables": ("int4", {"table_bits": 4}),
+    "int4, block 16": ("int4", {"block": 16}),
+    "int4, block 16, 4-bit tables": ("int4", {"block": 16, "table_bits": 4}),
     "int4, block 64": ("int4", {"block": 64}),
     "int4, block 128": ("int4", {"block": 128}),
     "int4, zero points": ("int4", {"symmetric": False}),
     "int4, accuracy level 0 (the browser's arithmetic)": ("int4", {"level": 0}),
     **{f"int4, {g} 8-bit": ("int4", {"eight_bit": frozenset({g})}) for g in GROUPS},
+    "int4, encoder 8-bit": ("int4", {"eight_bit": frozenset(GROUPS[1:3])}),
+    "int4, zero points, encoder_self_attention 8-bit": (
+        "int4",
+        {"symmetric": False, "eight_bit": frozenset(GROUPS[1:2])},
+    ),
+    "int4, 4-bit tables, encoder_self_attention 8-bit": (
+        "int4",
+        {"table_bits": 4, "eight_bit": frozenset(GROUPS[1:2])},
+    ),
 }
 HF_FAMILY: str | None = None  # --hf: the family of a Hugging Face model directory
 
@@ -55,12 +66,19 @@ HF_FAMILY: str | None = None  # --hf: the family of a Hugging Face model directo
 def export(ckpt: Path, out: Path, quantize: str | None, options: dict) -> Path:
     import seq2onnx.export.bundle as bundle_module
     from seq2onnx.export.hf.bundle import export_hf_bundle
+    import seq2onnx.export.quantize_nbits as nbits_module
     from seq2onnx.export.quantize_nbits import quantize_graphs_nbits
 
     if out.is_dir():
         return out
-    patched = functools.partial(quantize_graphs_nbits, **options)
-    with mock.patch.object(bundle_module, "quantize_graphs_nbits", patched):
+    def patched(*args, **kwargs):  # the variant's options over the exporter's own (bits, table_bits)
+        return quantize_graphs_nbits(*args, **{**kwargs, **options})
+
+    # bits 8 is a measurement, not a scheme the hosts run: it goes under int4's name here
+    names = {8: nbits_module.SCHEME_NAMES[4]} if options.get("bits") == 8 else {}
+    with mock.patch.object(bundle_module, "quantize_graphs_nbits", patched), mock.patch.dict(
+        nbits_module.SCHEME_NAMES, names
+    ):
         if HF_FAMILY:
             return export_hf_bundle(ckpt, out, quantize=quantize)
         return bundle_module.export_bundle(ckpt, out, quantize=quantize)
@@ -181,7 +199,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sentences", type=int, default=500)
     parser.add_argument("--speed", type=int, default=0, help="sentences timed at batch 1 and 32 (0: none)")
     parser.add_argument("--hf", default=None, help="RUN is a Hugging Face directory of this family")
-    parser.add_argument("--variants", default="all", help="comma-separated names of VARIANTS, or all")
+    parser.add_argument("--variants", default="all", help="names of VARIANTS separated by ;, or all")
     parser.add_argument("--no-ct2", action="store_true", help="leave out CTranslate2's rows")
     args = parser.parse_args(argv)
     from seq2onnx.model.metrics import bleu
@@ -190,7 +208,7 @@ def main(argv=None) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         HF_FAMILY = args.hf
     ckpt, sources, refs = test_set(args.run, args.sentences)
-    wanted = set(VARIANTS) if args.variants == "all" else {"fp32", *args.variants.split(",")}
+    wanted = set(VARIANTS) if args.variants == "all" else {"fp32", *args.variants.split(";")}
     if unknown := wanted - set(VARIANTS):
         parser.error(f"--variants: unknown {sorted(unknown)}; choose among {', '.join(VARIANTS)}")
     rows = {}

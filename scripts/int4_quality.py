@@ -1,6 +1,6 @@
 """Quality and size of int4 bundles beside fp32, int8 and CTranslate2 int8 on a trained checkpoint (issue 58).
 
-    nice python scripts/int4_quality.py RUN_DIR --out DIR [--sentences 500] [--speed 100] [--variants a,b]
+    nice python scripts/int4_quality.py RUN_DIR --out DIR [--sentences 500] [--speed 100] [--variants "a;b"]
     nice python scripts/int4_quality.py HF_MODEL_DIR --hf nllb --out DIR [...]
 
 Exports from RUN_DIR (its `best`, else `last`) the fp32, int8 and int4 bundles, int4 variants (4-bit tables,
@@ -12,10 +12,11 @@ checkpoint's test split. With --hf FAMILY the model is a trained Hugging Face di
 through its TransformersConverter). --variants picks rows by name (fp32 is always measured):
 
 - greedy ids identical to the fp32 bundle's (agreement), BLEU (model/metrics.py, sacrebleu);
-- for our bundles, greedy ids and scores at batch 1 against batch 32 (identical or not);
+- for our bundles, greedy ids and scores at batch 1 against batch 32 (identical or not), and the scores
+  against batches of sources of one token length (no padding);
 - the weights' bytes (weights.bin, CTranslate2's model.bin);
-- with --speed N: greedy target tokens/s at batch 1 and 32 on N sentences, 1 thread, best of 2 rounds
-  (the machine is shared: rough).
+- with --speed N (ours only): greedy target tokens/s at batch 1 and 32 on N sentences, 1 thread, best of 2
+  rounds (the machine is shared: rough).
 
 Prints a Markdown table and writes OUT/quality.json.
 """
@@ -55,12 +56,14 @@ VARIANTS = {  # name -> (quantize, quantize_graphs_nbits options patched in)
         "int4",
         {"symmetric": False, "eight_bit": frozenset(GROUPS[1:2])},
     ),
+    "int4, zero points, 4-bit tables": ("int4", {"symmetric": False, "table_bits": 4}),
     "int4, 4-bit tables, encoder_self_attention 8-bit": (
         "int4",
         {"table_bits": 4, "eight_bit": frozenset(GROUPS[1:2])},
     ),
 }
 HF_FAMILY: str | None = None  # --hf: the family of a Hugging Face model directory
+HF_TOKENIZER = None  # --hf: its tokenizer (source lengths)
 
 
 def export(ckpt: Path, out: Path, quantize: str | None, options: dict) -> Path:
@@ -106,6 +109,7 @@ def ours(path: Path, sources: list, speed: int) -> dict:
         "texts": [r.hypotheses[0] for r in together],
         "b1_eq_b32_ids": sum(a.token_ids == b.token_ids for a, b in zip(alone, together)),
         "b1_eq_b32_scores": sum(a.scores == b.scores for a, b in zip(alone, together)),
+        "b1_eq_one_length_scores": _one_length(t, sources, alone, langs),
         "bytes": (path / "weights.bin").stat().st_size,
     }
     if speed:
@@ -118,6 +122,23 @@ def ours(path: Path, sources: list, speed: int) -> dict:
             for b in (1, 32)
         }
     return row
+
+
+def _one_length(t, sources: list, alone: list, langs: dict) -> int:
+    """Sentences whose scores alone equal their scores in batches (of up to 32) of sources of their own
+    token length: no padding, so the cross-attention sums over the same positions (optimisation-notes row
+    61); what differs then is the linear layers' arithmetic."""
+    by_length: dict[int, list[int]] = {}
+    for i, s in enumerate(sources):
+        length = len(HF_TOKENIZER(s).input_ids) if isinstance(s, str) else len(s)
+        by_length.setdefault(length, []).append(i)
+    same = 0
+    for rows in by_length.values():
+        for j in range(0, len(rows), 32):
+            part = rows[j : j + 32]
+            got = t.translate_batch([sources[i] for i in part], beam_size=1, return_scores=True, **langs)
+            same += sum(alone[i].scores == r.scores for i, r in zip(part, got))
+    return same
 
 
 def _speed(run, sources, batch: int) -> float:
@@ -179,7 +200,12 @@ def test_set(run: Path, sentences: int) -> tuple[Path, list, list[str]]:
     """The checkpoint (or HF directory), its test sources (ids, or texts for --hf) and references."""
     if HF_FAMILY:
         import hf_trained_identity as ident
+        from transformers import AutoTokenizer
 
+        global HF_TOKENIZER
+        HF_TOKENIZER = AutoTokenizer.from_pretrained(str(run))
+        if ident.FAMILIES[HF_FAMILY][0]:
+            HF_TOKENIZER.src_lang = ident.FAMILIES[HF_FAMILY][0]
         pairs = ident.read_pairs(sentences)[1]
         return run, [s for s, _ in pairs], [t for _, t in pairs]
     from seq2onnx.export.parity import test_sentences
@@ -223,8 +249,8 @@ def main(argv=None) -> None:
     base, n = rows["fp32"], len(sources)
     print(f"{ckpt}: {n} test sentences, greedy")
     print("| engine | weights MB | × fp32 | ids = fp32 bundle | ids = own fp32 | BLEU | b1 = b32 ids "
-          "| b1 = b32 scores | tok/s b1 | tok/s b32 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| b1 = b32 scores | same, one source length | tok/s b1 | tok/s b32 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, row in rows.items():
         row["agree"] = sum(a == b for a, b in zip(row["ids"], base["ids"]))
         # CTranslate2's int8 against its own fp32
@@ -236,6 +262,7 @@ def main(argv=None) -> None:
             f"| {name} | {row['bytes'] / 1e6:.2f} | {row['bytes'] / base['bytes']:.3f} | "
             f"{row['agree']}/{n} | {row['agree_own']}/{n} | "
             f"{row['bleu']:.2f} | {row.get('b1_eq_b32_ids', '–')} | {row.get('b1_eq_b32_scores', '–')} | "
+            f"{row.get('b1_eq_one_length_scores', '–')} | "
             f"{speed.get(1, 0):.0f} | {speed.get(32, 0):.0f} |"
         )
     summary = {k: {f: v for f, v in r.items() if f not in ("ids", "texts")} for k, r in rows.items()}

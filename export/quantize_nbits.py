@@ -46,6 +46,12 @@ from .weights import TensorWriter, constants_to_initializers
 
 BLOCK = 32  # values per block along K (probe: docs/optimisation-notes.md row 59)
 LEVEL = 4  # accuracy_level: int8 activations per block of each row, integer products
+# a bundle's weights have zero points: more greedy agreement with fp32 on both trained models measured, at
+# about the same speed and 2.5% more bytes (docs/precision.md; optimisation-notes row 65)
+SYMMETRIC = False
+# with 8-bit tables the encoder's self-attention is 8-bit too (the group whose 4 bits cost the most
+# agreement, measured group by group); with 4-bit tables (the smallest bundle) every layer is 4-bit
+EIGHT_BIT = frozenset({"encoder_self_attention"})
 # bits 8 is for measurements (scripts/nbits_probe.py, row 60): spec/bundle.json lists no such scheme, so the
 # hosts refuse a bundle made with it
 SCHEME_NAMES = {4: "int4-matmulnbits", 8: "int8-matmulnbits"}
@@ -313,7 +319,8 @@ def scheme(
         },
         "weights": weights,
         "tables": tables,
-        "batch_invariant": "ids: see docs/precision.md",
+        "batch_invariant": "ids and scores (block 16)" if block < 32 else "ids: the 4-bit kernel's one-row "
+        "path rounds its sums differently from block 32 on (docs/precision.md)",
         "fp32": "attention products, softmax, layer norms, positional table, contrib attention kernels",
         "graphs": layers,
     }
@@ -325,18 +332,19 @@ def quantize_graphs_nbits(
     *,
     bits: int = 4,
     block: int = BLOCK,
-    symmetric: bool = True,
+    symmetric: bool = SYMMETRIC,
     table_bits: int | None = 8,
     writer: TensorWriter | None = None,
     level: int = LEVEL,
-    eight_bit: frozenset[str] = frozenset(),
+    eight_bit: frozenset[str] | None = None,
 ) -> dict:
     """Quantizes the graph files of a bundle directory in place (quantize_model_nbits on each).
 
     Args:
         directory: the bundle directory.
         files: {label: file name} of the graphs.
-        bits, block, symmetric, table_bits, level, eight_bit: as quantize_model_nbits.
+        bits, block, symmetric, table_bits, level, eight_bit: as quantize_model_nbits; eight_bit None:
+            EIGHT_BIT with 8-bit tables, none with 4-bit ones.
         writer: where the new tensors go; None: inside each graph.
 
     Returns:
@@ -348,6 +356,8 @@ def quantize_graphs_nbits(
     """
     if block < 16 or block & (block - 1):
         raise QuantizeError(f"block size {block}: expected a power of 2, at least 16")
+    if eight_bit is None:
+        eight_bit = EIGHT_BIT if table_bits == 8 else frozenset()
     layers = {}
     for label, name in files.items():
         path = Path(directory) / name

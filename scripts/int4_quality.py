@@ -38,28 +38,32 @@ GROUPS = (  # export/graph_layers.py's GROUPS ("embeddings": an untied output pr
     "cross_attention",
     "decoder_feed_forward",
 )
+
+
+def _v(**options) -> tuple[str, dict]:
+    """An int4 row from the symmetric, all-4-bit scheme (the first one built) with `options` over it."""
+    return "int4", {"symmetric": True, "eight_bit": frozenset(), **options}
+
+
 VARIANTS = {  # name -> (quantize, quantize_graphs_nbits options patched in)
     "fp32": (None, {}),
     "int8": ("int8", {}),
     "int8, MatMulNBits bits 8": ("int4", {"bits": 8}),
-    "int4": ("int4", {}),
-    "int4, 4-bit tables": ("int4", {"table_bits": 4}),
+    "int4": ("int4", {}),  # the default: zero points, encoder self-attention 8-bit, 8-bit tables
+    "int4, 4-bit tables": ("int4", {"table_bits": 4}),  # the default's: zero points, every layer 4-bit
     "int4, block 16": ("int4", {"block": 16}),
-    "int4, block 16, 4-bit tables": ("int4", {"block": 16, "table_bits": 4}),
-    "int4, block 64": ("int4", {"block": 64}),
-    "int4, block 128": ("int4", {"block": 128}),
-    "int4, zero points": ("int4", {"symmetric": False}),
-    "int4, accuracy level 0 (the browser's arithmetic)": ("int4", {"level": 0}),
-    **{f"int4, {g} 8-bit": ("int4", {"eight_bit": frozenset({g})}) for g in GROUPS},
-    "int4, encoder 8-bit": ("int4", {"eight_bit": frozenset(GROUPS[1:3])}),
-    "int4, zero points, encoder_self_attention 8-bit": (
-        "int4",
-        {"symmetric": False, "eight_bit": frozenset(GROUPS[1:2])},
-    ),
-    "int4, zero points, 4-bit tables": ("int4", {"symmetric": False, "table_bits": 4}),
-    "int4, 4-bit tables, encoder_self_attention 8-bit": (
-        "int4",
-        {"table_bits": 4, "eight_bit": frozenset(GROUPS[1:2])},
+    "int4 zero points, all 4-bit": _v(symmetric=False),
+    "int4 symmetric": _v(),
+    "int4 symmetric, 4-bit tables": _v(table_bits=4),
+    "int4 symmetric, block 16": _v(block=16),
+    "int4 symmetric, block 16, 4-bit tables": _v(block=16, table_bits=4),
+    "int4 symmetric, block 64": _v(block=64),
+    "int4 symmetric, block 128": _v(block=128),
+    "int4 symmetric, accuracy level 0 (the browser's arithmetic)": _v(level=0),
+    **{f"int4 symmetric, {g} 8-bit": _v(eight_bit=frozenset({g})) for g in GROUPS},
+    "int4 symmetric, encoder 8-bit": _v(eight_bit=frozenset(GROUPS[1:3])),
+    "int4 symmetric, 4-bit tables, encoder_self_attention 8-bit": _v(
+        table_bits=4, eight_bit=frozenset(GROUPS[1:2])
     ),
 }
 HF_FAMILY: str | None = None  # --hf: the family of a Hugging Face model directory

@@ -7,7 +7,7 @@ from seq2onnx.errors import CommandError, needs_torch
 
 EXPORT_FORMATS = ("onnx", "ctranslate2")
 # export options of ONNX bundles (export_bundle has their defaults)
-ONNX_ONLY = ("dtype", "quantize", "decoder", "table_bits")
+ONNX_ONLY = ("dtype", "quantize", "decoder", "table_bits", "block_size")
 
 
 def add(sub) -> None:
@@ -40,6 +40,10 @@ def add(sub) -> None:
                    help="ONNX only, with --quantize int4: the embedding tables' (and a tied output "
                         "projection's) bits, 8 (default) or 4, which a large vocabulary needs to reach a "
                         "sixth of the fp32 size (docs/precision.md)")
+    p.add_argument("--block-size", type=int, choices=[16, 32, 64, 128],
+                   help="ONNX only, with --quantize int4: values per block of weights (each with its own "
+                        "scale), 32 (default); 16: scores independent of the batch at one row too, a larger "
+                        "and slower bundle; 64/128: smaller (docs/precision.md)")
     p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR")
     p.add_argument("--decoder", choices=["both", "standard"],
                    help="ONNX only. both (default): decoder.onnx and, for float32 bundles, "

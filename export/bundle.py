@@ -91,7 +91,8 @@ def variant(dtype: str, quantize: str | None) -> str:
 
 
 def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", quantize: str | None = None,
-                  force: bool = False, decoder: str = "both", table_bits: int | None = None) -> Path:
+                  force: bool = False, decoder: str = "both", table_bits: int | None = None,
+                  block_size: int | None = None) -> Path:
     """Exports a checkpoint (a step-* directory or a run directory's `last`) into the bundle `out`.
 
     The bundle is validated (hashes, graph loading, one decoding step) before it is moved into place.
@@ -112,6 +113,7 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
             contrib attention kernels are fp32-only on the CPU), decoder_fused.onnx (docs/fused-decoder.md);
             "standard" writes decoder.onnx alone, for hosts without onnxruntime's com.microsoft operators.
         table_bits: with "int4", the tables' bits, 8 (None: the default) or 4.
+        block_size: with "int4", values per block of weights: 16, 32 (None: the default), 64 or 128.
 
     Returns:
         The bundle directory, `out`.
@@ -121,13 +123,13 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
             without force, an output another export is writing, or an unwritable location.
         CheckpointError: a bad checkpoint.
     """
-    fused = check_options(dtype, quantize, decoder, table_bits)
+    fused = check_options(dtype, quantize, decoder, table_bits, block_size)
     out = Path(out)
     with building(out, force, "bundle", ckpt) as tmp:
         model, _, ckpt_dir = checkpoint.load(ckpt)
         cfg, owner = model.cfg, [model]
         del model  # write_graphs_owned lets it go once its graphs are staged
-        scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused, table_bits)
+        scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused, table_bits, block_size)
         shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
         write_meta(tmp, cfg, source=ckpt_dir.name, dtype=dtype, quantize=quantize, fused=fused,
@@ -136,13 +138,16 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
     return out
 
 
-def check_options(dtype: str, quantize: str | None, decoder: str, table_bits: int | None = None) -> bool:
+def check_options(dtype: str, quantize: str | None, decoder: str, table_bits: int | None = None,
+                  block_size: int | None = None) -> bool:
     """Checks export options; returns whether the fused decoder is written.
 
     Raises:
         ExportError: an unknown dtype, quantization or decoder, int8 from float16, or table bits other than
-            8 or 4, or without int4.
+            8 or 4, or without int4, or a block size other than 16, 32, 64 or 128, or without int4.
     """
+    if block_size is not None and (quantize != "int4" or block_size not in (16, 32, 64, 128)):
+        raise ExportError(f"--block-size {block_size}: give 16, 32, 64 or 128, with --quantize int4")
     if table_bits is not None and (quantize != "int4" or table_bits not in (8, 4)):
         raise ExportError(f"--table-bits {table_bits}: give 8 or 4, with --quantize int4 (the int8 bundle's "
                           "tables are int8 per row)")
@@ -176,7 +181,8 @@ def _graph_files(fused: bool) -> dict[str, str]:
 
 
 def write_graphs_owned(
-    owner: list, directory: Path, dtype: str, quantize: str | None, fused: bool, table_bits: int | None = None
+    owner: list, directory: Path, dtype: str, quantize: str | None, fused: bool,
+    table_bits: int | None = None, block_size: int | None = None,
 ) -> dict | None:
     """write_graphs, taking the model out of `owner` (a one-item list holding the caller's only reference):
     the model is let go once its graphs are staged, so that the int8 rewrite and the store run without it
@@ -203,8 +209,9 @@ def write_graphs_owned(
             scheme = quantize_graphs(directory, graphs, contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS),
                                      writer=writer)
         elif quantize == "int4":
+            block = {"block": block_size} if block_size else {}  # else export/quantize_nbits.py's BLOCK
             scheme = quantize_graphs_nbits(directory, graphs, bits=4, table_bits=table_bits or 8,
-                                           writer=writer)
+                                           writer=writer, **block)
     store_graphs(directory, fused)
     return scheme
 

@@ -32,11 +32,26 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .nbits import quantize_rows
-from .graph_layers import MS_DOMAIN, Initializers, QuantizeError, attrs, id_tables, linear_weights
+from .graph_layers import (
+    GROUPS,
+    MS_DOMAIN,
+    Initializers,
+    QuantizeError,
+    attrs,
+    id_tables,
+    layer_group,
+    linear_weights,
+)
 from .weights import TensorWriter, constants_to_initializers
 
 BLOCK = 32  # values per block along K (probe: docs/optimisation-notes.md row 59)
 LEVEL = 4  # accuracy_level: int8 activations per block of each row, integer products
+# a bundle's weights have zero points: more greedy agreement with fp32 on both trained models measured, at
+# about the same speed and 2.5% more bytes (docs/precision.md; optimisation-notes row 65)
+SYMMETRIC = False
+# with 8-bit tables the encoder's self-attention is 8-bit too (the group whose 4 bits cost the most
+# agreement, measured group by group); with 4-bit tables (the smallest bundle) every layer is 4-bit
+EIGHT_BIT = frozenset({"encoder_self_attention"})
 # bits 8 is for measurements (scripts/nbits_probe.py, row 60): spec/bundle.json lists no such scheme, so the
 # hosts refuse a bundle made with it
 SCHEME_NAMES = {4: "int4-matmulnbits", 8: "int8-matmulnbits"}
@@ -59,14 +74,17 @@ class _NBitsRewriter:
         directory: Path | None,
         writer: TensorWriter | None,
         level: int = 4,
+        eight_bit: frozenset[str] = frozenset(),
     ):
         self.bits, self.block, self.symmetric, self.table_bits = bits, block, symmetric, table_bits
-        self.level = level
+        self.level, self.eight_bit = level, eight_bit
         constants_to_initializers(graph, 0)  # a bias the tracer folded into a Constant
         self.inits = Initializers(graph, directory)
         for node in graph.node:  # and one shared with an equal bias through an Identity
             if node.op_type == "Identity" and node.input[0] in self.inits:
                 self.inits.alias(node.output[0], node.input[0])
+        # the id tables, before their lookups are rewritten: an untied projection by one is "embeddings"
+        self.table_names = {n.input[0] for n in id_tables(graph, self.inits)}
         self.writer = writer
         self.added: dict[str, onnx.TensorProto] = {}
         self.nodes: list[onnx.NodeProto] = []
@@ -145,7 +163,12 @@ class _NBitsRewriter:
         tied = (
             node.op_type != "MatMul" and bool(attrs(node).get("transB", 0)) and node.input[1] in self.tables
         )
-        bits = self.table_bits if tied else self.bits
+        if tied:
+            bits = self.table_bits
+        elif self.eight_bit and layer_group(node, self.table_names) in self.eight_bit:
+            bits = 8  # a layer whose error moves the outputs most, kept at 8 bits
+        else:
+            bits = self.bits
         if tied:  # the table's own bytes: E (V, D) is the projection's (N, K)
             codes, scales, zeros = self.tables[node.input[1]]
             base = f"{node.input[1]}/nbits{bits}/projection"
@@ -196,6 +219,7 @@ def quantize_model_nbits(
     directory: Path | None = None,
     writer: TensorWriter | None = None,
     level: int = LEVEL,
+    eight_bit: frozenset[str] = frozenset(),
 ) -> dict:
     """Rewrites every linear layer of `proto` (in place) as MatMulNBits, and its id tables' lookups.
 
@@ -210,6 +234,9 @@ def quantize_model_nbits(
             (a tied projection is then quantized as any layer, at `bits`).
         directory: where the graph's external data lies.
         writer: where the new tensors go (export/weights.py); None: inside the proto.
+        eight_bit: groups of export/graph_layers.py's GROUPS whose linear layers get 8-bit codes (the
+            same operator and blocks); "embeddings" is an untied output projection (a tied one has
+            `table_bits`).
 
     Returns:
         {"linear_layers": count, "lookups": tables' lookups rewritten, "product": "MatMulNBits"}.
@@ -217,8 +244,12 @@ def quantize_model_nbits(
     Raises:
         QuantizeError: no linear layer to quantize, or a layer whose input features are no whole blocks.
     """
+    if unknown := set(eight_bit) - set(GROUPS):
+        raise QuantizeError(
+            f"eight_bit: unknown groups {sorted(unknown)}; the groups are {', '.join(GROUPS)}"
+        )
     graph = proto.graph
-    r = _NBitsRewriter(graph, bits, block, symmetric, table_bits, directory, writer, level)
+    r = _NBitsRewriter(graph, bits, block, symmetric, table_bits, directory, writer, level, eight_bit)
     count = 0
     for node in graph.node:
         found = linear_weights(node, r.inits)
@@ -248,7 +279,13 @@ def quantize_model_nbits(
 
 
 def scheme(
-    bits: int, block: int, symmetric: bool, table_bits: int | None, layers: dict, level: int = LEVEL
+    bits: int,
+    block: int,
+    symmetric: bool,
+    table_bits: int | None,
+    layers: dict,
+    level: int = LEVEL,
+    eight_bit: frozenset[str] = frozenset(),
 ) -> dict:
     """bundle.json's `quantization_scheme` for a MatMulNBits bundle."""
     weights = {
@@ -270,6 +307,8 @@ def scheme(
             "(stored once)",
         }
     )
+    if eight_bit:
+        weights["8_bit_groups"] = sorted(eight_bit)
     return {
         "name": SCHEME_NAMES[bits],
         "operators": ["MatMulNBits"] + ([] if table_bits is None else ["GatherBlockQuantized"]),
@@ -280,7 +319,8 @@ def scheme(
         },
         "weights": weights,
         "tables": tables,
-        "batch_invariant": "ids: see docs/precision.md",
+        "batch_invariant": "ids and scores (block 16)" if block < 32 else "ids: the 4-bit kernel's one-row "
+        "path rounds its sums differently from block 32 on (docs/precision.md)",
         "fp32": "attention products, softmax, layer norms, positional table, contrib attention kernels",
         "graphs": layers,
     }
@@ -292,17 +332,19 @@ def quantize_graphs_nbits(
     *,
     bits: int = 4,
     block: int = BLOCK,
-    symmetric: bool = True,
+    symmetric: bool = SYMMETRIC,
     table_bits: int | None = 8,
     writer: TensorWriter | None = None,
     level: int = LEVEL,
+    eight_bit: frozenset[str] | None = None,
 ) -> dict:
     """Quantizes the graph files of a bundle directory in place (quantize_model_nbits on each).
 
     Args:
         directory: the bundle directory.
         files: {label: file name} of the graphs.
-        bits, block, symmetric, table_bits, level: as quantize_model_nbits.
+        bits, block, symmetric, table_bits, level, eight_bit: as quantize_model_nbits; eight_bit None:
+            EIGHT_BIT with 8-bit tables, none with 4-bit ones.
         writer: where the new tensors go; None: inside each graph.
 
     Returns:
@@ -314,6 +356,8 @@ def quantize_graphs_nbits(
     """
     if block < 16 or block & (block - 1):
         raise QuantizeError(f"block size {block}: expected a power of 2, at least 16")
+    if eight_bit is None:
+        eight_bit = EIGHT_BIT if table_bits == 8 else frozenset()
     layers = {}
     for label, name in files.items():
         path = Path(directory) / name
@@ -328,6 +372,7 @@ def quantize_graphs_nbits(
                 directory=Path(directory),
                 writer=writer,
                 level=level,
+                eight_bit=eight_bit,
             )
         except QuantizeError as e:
             raise QuantizeError(f"{name}: {e}") from None
@@ -336,4 +381,4 @@ def quantize_graphs_nbits(
         if writer is not None:
             writer.flush()
         onnx.checker.check_model(str(path))  # contrib ops have no ONNX schema: structure and types only
-    return scheme(bits, block, symmetric, table_bits, layers, level)
+    return scheme(bits, block, symmetric, table_bits, layers, level, eight_bit)

@@ -215,3 +215,41 @@ def test_browser_runs_int4_as_onnxruntimes_level_0_arithmetic(int4, tmp_path):
         assert [r["hypotheses"][0]["tokens"] for r in run["results"]] == [w.token_ids[0] for w in want]
         worst = max(abs(r["hypotheses"][0]["score"] - w.scores[0]) for r, w in zip(run["results"], want))
         assert worst <= 1e-4, worst
+
+
+@pytest.mark.parametrize("bits,block", [(4, 16), (8, 32), (8, 64)])
+def test_a_layer_gives_a_row_alone_what_it_gives_it_in_a_batch(bits, block):
+    """The layers of a batch-invariant scheme: 32 rows at once are bit for bit the rows one at a time.
+    (onnxruntime 1.32's 4-bit kernel takes its own one-row path from block 32 on, whose float sums round
+    differently: that is why --block-size 16 exists; docs/precision.md.)"""
+    proto = _linear(256, 96)
+    quantize_model_nbits(proto, bits=bits, block=block, table_bits=None)
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(2).standard_normal((32, 256)).astype(np.float32)
+    together = sess.run(None, {"x": x})[0]
+    alone = np.concatenate([sess.run(None, {"x": x[i : i + 1]})[0] for i in range(len(x))])
+    assert np.array_equal(together, alone)
+
+
+@pytest.mark.slow
+def test_block_16_scores_a_sentence_alone_as_in_a_batch(tmp_path):
+    """--block-size 16: 32 sources of one length (no padding: the cross-attention's sums over a padded source
+    are the fp32 bundle's own difference, docs/optimisation-notes.md row 61) decode to the same ids and the
+    same scores, bit for bit, one at a time and 32 at once, on both decoders."""
+    from tiny import tiny_run
+
+    from seq2onnx.export.bundle import ExportError, export_bundle
+
+    with pytest.raises(ExportError, match="--block-size 16: give 16, 32, 64 or 128, with --quantize int4"):
+        export_bundle(tiny_run() / "last", tmp_path / "x", quantize="int8", block_size=16)
+    out = export_bundle(tiny_run() / "last", tmp_path / "b16", quantize="int4", block_size=16)
+    scheme = json.loads((out / "bundle.json").read_text())["quantization_scheme"]
+    assert scheme["weights"]["block_size"] == 16 and scheme["tables"]["block_size"] == 16
+    sources = np.random.default_rng(5).integers(4, 100, (32, 7)).tolist()
+    for decoder in ("fused", "standard"):
+        t = Translator(out, device="cpu", intra_threads=1, _tuning=SessionTuning(decoder=decoder))
+        together = t.translate_batch(sources, beam_size=1, return_scores=True)
+        alone = [t.translate_batch([s], beam_size=1, return_scores=True)[0] for s in sources]
+        assert [r.token_ids for r in alone] == [r.token_ids for r in together], decoder
+        assert [r.scores for r in alone] == [r.scores for r in together], decoder
+        assert len({tuple(r.token_ids[0]) for r in together}) > 8  # not one output for all

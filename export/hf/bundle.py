@@ -45,6 +45,7 @@ def export_hf_bundle(
     force: bool = False,
     decoder: str = "both",
     table_bits: int | None = None,
+    block_size: int | None = None,
 ) -> Path:
     """Exports a Hugging Face model directory into the bundle `out` (options as export_bundle's).
 
@@ -52,7 +53,7 @@ def export_hf_bundle(
         model_dir: a directory as save_pretrained writes it (config.json, weights, generation_config.json,
             tokenizer files) of a model_type that a family of export/hf/family_*.py reads.
         out: the bundle directory to write (atomically, validated before it is moved into place).
-        dtype, quantize, force, decoder, table_bits: as seq2onnx.export.bundle.export_bundle.
+        dtype, quantize, force, decoder, table_bits, block_size: as seq2onnx.export.bundle.export_bundle.
 
     Returns:
         The bundle directory.
@@ -62,7 +63,7 @@ def export_hf_bundle(
             nothing is written.
         ExportError: bad options or output (as export_bundle).
     """
-    fused = check_options(dtype, quantize, decoder, table_bits)
+    fused = check_options(dtype, quantize, decoder, table_bits, block_size)
     model_dir, out = Path(model_dir), Path(out)
     config = read_config(model_dir)  # before anything is written: an unsupported directory writes nothing
     tokenizer = load_tokenizer(model_dir)
@@ -84,7 +85,7 @@ def export_hf_bundle(
     with atomic.building(
         out, force, "bundle", error=ExportError, inputs={"the model directory": model_dir}, ours=_is_bundle
     ) as tmp:
-        scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused, table_bits)
+        scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused, table_bits, block_size)
         shutil.copyfile(files.source_spm, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(files.target_spm, tmp / fmt.TARGET_SPM)
         (tmp / fmt.SOURCE_VOCAB).write_bytes(files.source_map.astype("<i4").tobytes())

@@ -38,6 +38,7 @@ def _post(port: int, body: bytes, timeout: float = 30) -> tuple[int, bytes]:
     return int(answer[9:12]), answer
 
 
+@pytest.mark.slow
 def test_large_bodies_are_screened_once_and_refused_by_name():
     assert len(MANY_TEXTS) < 1 << 20
     with ServeProcess(tiny_bundle()) as server:

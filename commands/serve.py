@@ -22,9 +22,9 @@ LIMITS = (
     ("--max-rows", 1024, "decoder rows one request holds at once (texts decoded together x beam_size, or x "
                          "num_hypotheses when sampling); beyond: 422"),
     ("--max-rows-in-flight", None, "decoder rows of every request being answered, all together (texts x "
-                                   "beams, or x samples); beyond: 503 with Retry-After. Default: from this "
-                                   "machine's memory (serve/memory.py rows_in_flight_default), at least "
-                                   "--max-rows"),
+                                   "beams, or x samples); beyond: 503 with Retry-After. Default: 1024, less "
+                                   "where this machine's memory is short (serve/memory.py "
+                                   "rows_in_flight_default), at least --max-rows"),
     ("--max-connections", 512, "open connections (each one file descriptor); beyond: 503 and closed at once"),
     ("--max-header-bytes", 65536, "bytes of a request's line and headers; beyond: 431, connection closed"),
 )

@@ -3,23 +3,24 @@
 The exporter (export/weights.py) moves the graphs' large initializers into one file, `files.weights`,
 as ONNX external data. Here the runtime
 
-- makes the file its own before anything uses it: a private copy that no other process can name (an
-  unlinked file in the temporary directory, O_TMPFILE on Linux; a reflink where the file system has them,
-  else copy_file_range). onnxruntime memory-maps that copy and frees what it has packed into its own layout
-  (docs/optimisation-notes.md row 29), so a weight still costs one copy in memory, and rewriting or
-  truncating the bundle's `weights.bin` under a running server changes nothing it runs: no mix of two models,
-  no SIGBUS (a mapping of a file truncated under it faults). The cost is the copy's time (page cache to page
-  cache) and its disk space while the process lives;
+- makes the file its own before anything uses it: a private copy that no other process can name (an unlinked
+  file in the temporary directory, O_TMPFILE on Linux; a reflink where the file system has them, else
+  copy_file_range: runtime/private_copy.py). onnxruntime memory-maps that copy and frees what it has packed
+  into its own layout (docs/optimisation-notes.md row 29), so a weight still costs one copy in memory, and
+  rewriting or truncating the bundle's `weights.bin` under a running server changes nothing it runs: no mix of
+  two models, no SIGBUS (a mapping of a file truncated under it faults). The cost is the copy's time (page
+  cache to page cache) and its disk space while the process lives;
 - checks the copy: its size against files.weights.size before a byte is read (bundles exported before that
-  field have none), its sha256 against files.weights.sha256 at every load (hashed in a thread while the
-  sessions are made, `defer`). The CRC-32 that exports also write (spec's weights.checksum) is no longer
-  enough alone: an edit can fix up a CRC-32, not a sha256;
-- checks every graph's references before onnxruntime follows them (the name of the file, whole
-  numbers inside it, aligned, the length of the tensor), so a damaged or crafted graph is refused by
-  name rather than read from the wrong bytes or from outside the bundle;
-- points onnxruntime at the copy: a private directory, made for the session's creation and removed after
-  it, whose one entry is a link to `/proc/self/fd/N` of the copy held open (or `/dev/fd/N`); where the OS
-  has neither, onnxruntime gets the copy's bytes (WeightsFile.open_session).
+  field have none), its sha256 against files.weights.sha256 at every load (a Translator copies and then hashes
+  in a thread while it reads the other files and makes its tokenizers and sessions, `defer`). The CRC-32 that
+  exports also write (spec's weights.checksum) is no longer enough alone: an edit can fix up a CRC-32, not a
+  sha256;
+- checks every graph's references before onnxruntime follows them (the name of the file, whole numbers inside
+  it, aligned, the length of the tensor), so a damaged or crafted graph is refused by name rather than read
+  from the wrong bytes or from outside the bundle;
+- points onnxruntime at the copy: a private directory, made for the session's creation and removed after it,
+  whose one entry is a link to `/proc/self/fd/N` of the copy held open (or `/dev/fd/N`); where the OS has
+  neither, onnxruntime gets the copy's bytes (WeightsFile.open_session).
 
 A bundle without `files.weights` (before 0.4) keeps its weights inside each graph file, as before.
 """
@@ -27,7 +28,6 @@ A bundle without `files.weights` (before 0.4) keeps its weights inside each grap
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import mmap
 import os
@@ -39,6 +39,7 @@ import zlib
 from pathlib import Path
 
 from .onnx_info import GraphInfo
+from .private_copy import COPY_DIR_VARIABLE, fill, link_open_file, private_copy, target  # noqa: F401
 from .spec import (
     ELEMENT_BYTES,
     SIZE_FIELD,
@@ -50,9 +51,6 @@ from .spec import (
 
 # onnxruntime's session option: where the external data of a model loaded from bytes lies.
 FOLDER_OPTION = "session.model_external_initializers_file_folder_path"
-# Where the private copies are made (default: the temporary directory, tempfile.gettempdir()).
-COPY_DIR_VARIABLE = "SEQ2ONNX_WEIGHTS_DIR"
-FICLONE = 0x40049409  # Linux ioctl: share the blocks copy-on-write (btrfs, XFS), a copy in no time
 
 
 class WeightsFile:
@@ -75,33 +73,60 @@ class WeightsFile:
         self._file_fd = file_fd  # the private copy: held while a session may still be made
         weakref.finalize(self, os.close, file_fd)
 
-    def _start_hash(self, expected: str) -> None:
-        """Hashes the copy in a thread (os.pread: the descriptor's offset is not moved)."""
-        fd, outcome = os.dup(self._file_fd), {}
+    def _start_copy(self, source: int, expected: str | None) -> None:
+        """Fills the copy from `source` (a descriptor this thread closes), then hashes it, in a thread
+        (read_weights' `defer`; explicit offsets throughout: no descriptor offset is shared)."""
+        fd, outcome, copied = os.dup(self._file_fd), {}, threading.Event()
 
         def run():
             try:
-                outcome["same"] = _checksum(fd, "sha256") == expected
+                fill(source, fd, self.size, self.path)
+            except BaseException as e:  # noqa: BLE001 (raised again by the thread that waits for it)
+                outcome["copy_error"] = e
+            finally:
+                os.close(source)
+                copied.set()
+            try:
+                if "copy_error" not in outcome and expected is not None:
+                    outcome["same"] = _checksum(fd, "sha256") == expected
             except OSError as e:
                 outcome["error"] = e
             finally:
                 os.close(fd)
 
-        self._hashing = threading.Thread(target=run, name="seq2onnx-weights-sha256", daemon=True)
-        self._outcome = outcome
+        self._hashing = threading.Thread(target=run, name="seq2onnx-weights-copy-sha256", daemon=True)
+        self._outcome, self._copied, self._expected = outcome, copied, expected
         self._hashing.start()
 
-    def verify(self) -> None:
-        """Waits for a deferred hash (read_weights' `defer`); nothing to do where it was checked already.
+    def _wait_copy(self) -> None:
+        """Waits until the copy is whole (read_weights' `defer`).
 
         Raises:
-            BundleError: the file's sha256 differs from bundle.json's, or it could not be read.
+            BundleError: the copy could not be made, or the file changed size while it was copied.
+        """
+        copied = getattr(self, "_copied", None)
+        if copied is not None:
+            copied.wait()
+            if "copy_error" in self._outcome:
+                raise self._outcome["copy_error"]
+
+    def verify(self) -> None:
+        """Waits for a deferred copy and hash (read_weights' `defer`); nothing to do where it was checked
+        already.
+
+        Raises:
+            BundleError: the copy could not be made, the file's sha256 differs from bundle.json's, or it could
+                not be read.
         """
         hashing = getattr(self, "_hashing", None)
         if hashing is None:
             return
         hashing.join()
+        self._wait_copy()
         outcome = self._outcome
+        if self._expected is None:
+            self._hashing = None
+            return
         if "error" in outcome:
             raise BundleError(
                 f"{self.path}: cannot be read ({outcome['error']}) (files.weights in bundle.json)"
@@ -126,12 +151,12 @@ class WeightsFile:
         try:
             os.makedirs(os.path.dirname(link), exist_ok=True)  # a nested files.weights.path
             try:
-                _link_open_file(self._file_fd, link)
+                link_open_file(self._file_fd, link)
             except FileNotFoundError:  # linked once already, and that link is gone
-                fresh, where = _private_copy(self._file_fd, self.size, self.path)
+                fresh, where = private_copy(self._file_fd, self.size, self.path)
                 if where is None:
                     raise
-                _link_open_file(fresh, link)
+                link_open_file(fresh, link)
         except (OSError, BundleError):
             if fresh is not None:
                 os.close(fresh)
@@ -153,6 +178,7 @@ class WeightsFile:
         Returns:
             What create returned.
         """
+        self._wait_copy()
         linked = self._link()
         if linked is not None:
             folder, fresh = linked
@@ -179,6 +205,7 @@ class WeightsFile:
         Raises:
             BundleError: the file changed since it was checked (naming it and the fix).
         """
+        self._wait_copy()
         h = hashlib.sha256()
         with open(dest, "wb") as out:
             offset = 0
@@ -218,9 +245,9 @@ def read_weights(
     """Makes a private copy of a weights file (a regular file of files.weights.size bytes where bundle.json
     records one) and checks the copy's sha256 against bundle.json's.
 
-    With `defer`, the hash is computed in a thread while the caller makes its sessions (onnxruntime's
-    session creation lets go of the GIL, so it costs the load no more than the sessions' own time where a
-    core is free); WeightsFile.verify() waits for it and refuses a file that differs.
+    With `defer`, the copy is made and then hashed in a thread while the caller reads the bundle's other
+    files, makes its tokenizers, then its sessions (copy_file_range, hashlib and onnxruntime let go of the
+    GIL); WeightsFile.open_session waits for the copy, verify() for the hash and refuses a file that differs.
 
     Args:
         path: the file's path (for messages).
@@ -229,8 +256,8 @@ def read_weights(
             a sha256 (or None) the copy is not hashed.
         opener: opens the file relative to the directory held open (runtime/bundle.py's _Directory), with
             opener(name, size=N) refusing a file of another size before reading it.
-        dir_fd: unused (the copy is private; kept for callers of the earlier signature).
-        defer: hash in a thread; the caller calls verify() before using what it made from the file.
+        dir_fd: unused (kept for callers of the earlier signature).
+        defer: copy and hash in a thread; the caller calls verify() before using what it made from the file.
 
     Returns:
         The checked file.
@@ -243,7 +270,11 @@ def read_weights(
     expected = None if entry is None else entry.get("sha256")
     with opener(name, size=None if entry is None else entry.get(SIZE_FIELD)) as f:
         size = os.fstat(f.fileno()).st_size
-        held, where = _private_copy(f.fileno(), size, path)
+        if defer:
+            held, where = target(size, path)  # no room: refused now, before a byte is copied
+            source = os.dup(f.fileno())
+        else:
+            held, where = private_copy(f.fileno(), size, path)
     try:
         if expected is not None and not defer and _checksum(held, "sha256") != expected:
             raise BundleError(f"{path}: {_differs('sha256')}")
@@ -251,88 +282,9 @@ def read_weights(
         os.close(held)
         raise
     weights = WeightsFile(path, name, size, held, expected, where)
-    if expected is not None and defer:
-        weights._start_hash(expected)
+    if defer:
+        weights._start_copy(source, expected)
     return weights
-
-
-def _private_copy(source: int, size: int, path: Path) -> tuple[int, str | None]:
-    """A descriptor of an unlinked file of this process holding the `size` bytes of `source`, and its
-    directory where the file may be linked there again (O_TMPFILE without O_EXCL), else None.
-
-    Raises:
-        BundleError: the copy could not be made (naming the directory and the variable that moves it), or
-            the file changed size while it was copied.
-    """
-    where = os.environ.get(COPY_DIR_VARIABLE) or tempfile.gettempdir()
-    try:
-        free = shutil.disk_usage(where).free
-        if free < size:  # before writing: an 8 GB file is refused at once, not after filling the disk
-            raise OSError(errno.ENOSPC, f"{size} bytes to copy, {free} free")
-        fd, linkable = _unnamed(where)
-        try:
-            copied = _copy(source, fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
-    except OSError as e:
-        raise BundleError(
-            f"{path}: cannot make the private copy a server runs ({e.strerror or e}) in {where}; free space "
-            f"there or point {COPY_DIR_VARIABLE} at a directory with {size} bytes free"
-        ) from None
-    if copied != size or os.fstat(source).st_size != size:
-        os.close(fd)
-        raise BundleError(f"{path}: changed size while it was read; re-export the bundle, or wait for the "
-                          "export that is writing it")
-    return fd, where if linkable else None
-
-
-def _unnamed(where: str) -> tuple[int, bool]:
-    """A new file in `where` that has no name (O_TMPFILE, on Linux: nothing is left behind whatever kills the
-    process), and whether it can be given one later; elsewhere a temporary file unlinked at once."""
-    if hasattr(os, "O_TMPFILE"):
-        with contextlib.suppress(OSError):  # a file system without O_TMPFILE: the portable way below
-            return os.open(where, os.O_TMPFILE | os.O_RDWR, 0o600), True
-    with tempfile.TemporaryFile(dir=where) as out:
-        return os.dup(out.fileno()), False
-
-
-def _link_open_file(fd: int, link: str) -> None:
-    """Gives the unnamed file `fd` the name `link`: linkat(2) with AT_SYMLINK_FOLLOW on /proc/self/fd/N, which
-    os.link does not call (it links the magic link itself, across devices).
-
-    Raises:
-        OSError: the kernel refused (the error it gave).
-    """
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    at_fdcwd, at_symlink_follow = -100, 0x400
-    source = f"/proc/self/fd/{fd}".encode()
-    if libc.linkat(at_fdcwd, source, at_fdcwd, os.fsencode(link), at_symlink_follow) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), link)
-
-
-def _copy(source: int, dest: int, size: int) -> int:
-    """Copies `size` bytes from the start of `source` into `dest`: a reflink, else copy_file_range, else reads
-    and writes. Returns the bytes copied (fewer where the source was truncated meanwhile)."""
-    with contextlib.suppress(OSError, ImportError):
-        import fcntl
-
-        fcntl.ioctl(dest, FICLONE, source)
-        return os.fstat(dest).st_size
-    copied = 0
-    while copied < size:
-        try:
-            n = os.copy_file_range(source, dest, size - copied, copied, copied)
-        except (AttributeError, OSError):  # not Linux, or across file systems where the kernel refuses
-            block = os.pread(source, min(8 << 20, size - copied), copied)
-            n = os.pwrite(dest, block, copied) if block else 0
-        if n == 0:
-            break
-        copied += n
-    return copied
 
 
 def _differs(kind: str) -> str:

@@ -8,6 +8,7 @@ app loads it) or `ctranslate2.Translator(...)` to its return, after one pass ove
 neither engine pays the disk. The engines alternate round by round; the median per engine is printed, with
 the ratio to CTranslate2's best compute type. With --cache-dir, each bundle is also loaded with that session
 cache (runtime/session_cache.py; Translator's cache_dir), filled by one untimed load before the rounds.
+--phases times one load's phases instead (the private copy, its sha256, the sessions).
 hf_real_sizes.py's load column times the same call inside its
 engine jobs, where the page cache holds whatever the job before left.
 """
@@ -45,6 +46,36 @@ def _child(spec: dict) -> float:
     return time.perf_counter() - start
 
 
+def phases(bundle: str, threads: int) -> str:
+    """One Translator load in this process, each phase's start and end from the constructor's start: the
+    private copy of weights.bin (runtime/weights.py, in its thread), its sha256, each session, the verify."""
+    from seq2onnx.runtime import weights
+    from seq2onnx.runtime.translator import Translator
+
+    events = []
+
+    def timed(owner, name, label):
+        wrapped = getattr(owner, name)
+
+        def call(*args, **kwargs):
+            events.append((time.perf_counter(), f"{label} start"))
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                events.append((time.perf_counter(), f"{label} end"))
+
+        setattr(owner, name, call)
+
+    for owner, name, label in ((weights, "fill", "copy"), (weights, "_checksum", "sha256"),
+                               (weights.WeightsFile, "open_session", "session"),
+                               (weights.WeightsFile, "verify", "verify")):
+        timed(owner, name, label)
+    start = time.perf_counter()
+    Translator(bundle, device="cpu", intra_threads=threads)
+    events.append((time.perf_counter(), "Translator end"))
+    return "; ".join(f"{what} {t - start:.3f}" for t, what in sorted(events))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bundle", action="append", default=[], type=Path, help="a bundle (repeatable)")
@@ -55,8 +86,13 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="intra-op threads for both engines (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     p.add_argument("--cache-dir", type=Path, help="also time each bundle loaded with this session cache")
+    p.add_argument("--phases", action="store_true",
+                   help="time the phases of one load of the first --bundle, in this process")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.phases:
+        print(phases(str(args.bundle[0]), args.threads))
+        return 0
     if args.child:
         print(json.dumps({"seconds": _child(json.loads(args.child))}))
         return 0

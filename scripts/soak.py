@@ -84,21 +84,33 @@ def mixed_request(rng, pool: list[str]) -> dict:
     return body
 
 
+def heavy_request(rng, pool: list[str]) -> dict:
+    """One of issue 60's heavy requests: 8-32 texts, beam 4 with the 4-best and scores, or 8 samples."""
+    texts = [" ".join(rng.choice(pool).split()[: rng.randint(3, 40)]) for _ in range(rng.randint(8, 32))]
+    if rng.random() < 0.5:
+        return {"texts": texts, "beam_size": 4, "num_hypotheses": 4, "return_scores": True}
+    return {"texts": texts, "sampling_temperature": 0.8, "num_hypotheses": 8, "seed": rng.randint(0, 999)}
+
+
 async def _clients(
-    host: str, port: int, n: int, seconds: float, pool: list[str], done: list, errors: list
+    host: str, port: int, n: int, seconds: float, pool: list[str], done: list, errors: list, mix=None
 ) -> None:
+    """n closed-loop clients for `seconds`; a 503 (its Retry-After: 1 s) is retried with the same body, as
+    a client should, and counted in `errors` as "retried 503"; `done` gets (time, latency, status)."""
     import random
 
     from raw_http import Connection, HTTPError
 
-    stop = time.monotonic() + seconds
+    stop, mix = time.monotonic() + seconds, mix or mixed_request
 
     async def client(i: int) -> None:
         rng, conn = random.Random(i), Connection(host, port)
         while time.monotonic() < stop:
-            body, start = mixed_request(rng, pool), time.monotonic()
+            body, start = mix(rng, pool), time.monotonic()
             try:
-                status, _ = await conn.post_json("/v1/translate", body, timeout=120)
+                while (status := (await conn.post_json("/v1/translate", body, timeout=120))[0]) == 503:
+                    errors.append((time.monotonic(), "retried 503"))
+                    await asyncio.sleep(1.0)
             except (HTTPError, asyncio.TimeoutError) as e:
                 errors.append((time.monotonic(), type(e).__name__))
                 continue
@@ -142,7 +154,8 @@ def serve_soak(args) -> int:
     with Server(argv, out / "server.log", probe=pool[0]) as server:
         pid, port = server.proc.pid, int(server.url.split(":")[2].split("/")[0])
         warm_done, warm_errors = [], []
-        asyncio.run(_clients("127.0.0.1", port, 1, args.warmup, pool, warm_done, warm_errors))
+        mix = heavy_request if args.mix == "heavy" else mixed_request
+        asyncio.run(_clients("127.0.0.1", port, 1, args.warmup, pool, warm_done, warm_errors, mix))
         warm = {
             "t_s": 0.0,
             "rss_mb": round(proc_rss_mb(pid), 1),
@@ -156,7 +169,7 @@ def serve_soak(args) -> int:
         t0 = time.monotonic()
         load = threading.Thread(
             target=lambda: asyncio.run(
-                _clients("127.0.0.1", port, args.clients, args.minutes * 60, pool, done, errors)
+                _clients("127.0.0.1", port, args.clients, args.minutes * 60, pool, done, errors, mix)
             ),
             daemon=True,
         )
@@ -193,7 +206,9 @@ def serve_soak(args) -> int:
         "every_s": args.every,
         "requests": len(done),
         "non_200": sum(st != 200 for *_, st in done),
-        "client_errors": len(errors),
+        "mix": args.mix,
+        "retried_503": sum(kind == "retried 503" for _, kind in errors),
+        "client_errors": sum(kind != "retried 503" for _, kind in errors),
         "rss_after_warmup_mb": warm["rss_mb"],
         "warmup_s": args.warmup,
         "warmup_requests": len(warm_done),
@@ -280,6 +295,8 @@ def main() -> int:
     )
     p.add_argument("--idle", type=float, default=30.0, help="seconds sampled without clients at the end")
     p.add_argument("--batching", default="continuous")
+    p.add_argument("--mix", choices=("mixed", "heavy"), default="mixed",
+                   help="heavy: issue 60's 8-32 texts at beam 4 with the 4-best, or 8 samples")
     p.add_argument("--out", default="soak-out")
     p.add_argument(
         "--server-args", nargs=argparse.REMAINDER, default=[], help="more `seq2onnx serve` options"

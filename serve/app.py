@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from seq2onnx.runtime.model_options import check_prefix_options
-from seq2onnx.serve.checks import contradiction, json_problem
+from seq2onnx.serve.checks import contradiction
 from seq2onnx.serve.engine import Cancelled, Engine, Job
 from seq2onnx.serve.errors import RETRY_AFTER_S, engine_error, error, invalid
 from seq2onnx.serve.frontend import STREAM, TRANSLATE, Frontend
@@ -130,13 +130,8 @@ class _Admission:
             return error(413, f"{over}; the limit (--max-body-bytes) is {limit}: send fewer or shorter texts "
                               "per request, or raise --max-body-bytes", close=True)
         body = b"".join(chunks)
-        try:
-            body.decode("utf-8")
-        # json.loads would guess another encoding, or fail without saying where
-        except UnicodeDecodeError as e:
-            return error(400, f"the body is not UTF-8 (byte {e.start}: {body[e.start:e.start + 1]!r}): "
-                              "send JSON encoded as UTF-8")
-        problem = json_problem(body)
+        # UTF-8, JSON and the texts' limits, off the event loop for a large body (Frontend.screen)
+        problem = await self.frontend.screen(body, scope["path"].removeprefix(scope.get("root_path", "")))
         return body if problem is None else error(*problem)
 
 
@@ -155,11 +150,8 @@ async def _cut(scope, receive, send, status: list[int], stream: bool) -> None:
 
 def _checked(f: Frontend, texts: list[str], field: str, options: dict, model: type[BaseModel]):
     """The request's SearchOptions; or the answer refusing it (413 over a limit, 422 a bad option value)."""
-    for count, what, limit, flag in ((len(texts), "texts", f.max_texts, "--max-texts"),
-                                     (sum(map(len, texts)), "characters", f.max_chars, "--max-chars")):
-        if count > limit:
-            return error(413, f"{count} {what}; the limit ({flag}) is {limit} per request: split the request "
-                              f"or raise {flag}", field)
+    if (over := f.over_limit(texts, field)) is not None:
+        return error(*over)
     try:
         search = f.engine.check(options, len(texts))
         # Languages and prefixes against the model now, as the CLI does: a bad one is refused before it is

@@ -28,16 +28,21 @@ def json_problem(body: bytes) -> tuple[int, str, str | None] | None:
     """The refusal of a body that names a key twice in one object (json.loads would keep the last silently),
     nests past the parser's recursion limit, or holds an integer past Python's digit limit; None for any other
     body (FastAPI parses and checks it, invalid JSON included)."""
+    return json_checked(body)[1]
+
+
+def json_checked(body: bytes) -> tuple[object, tuple[int, str, str | None] | None]:
+    """The body's JSON value (None where refused or invalid) and json_problem's refusal, from one parse."""
     try:
-        json.loads(body, object_pairs_hook=_unique)
+        return json.loads(body, object_pairs_hook=_unique), None
     except _Duplicate as e:
-        return (
+        return None, (
             422,
             f"the key {e.args[0]!r} appears more than once in one object: send each field once",
             str(e.args[0]),
         )
     except RecursionError:
-        return (
+        return None, (
             400,
             (
                 "the body's JSON nests too deeply for the parser (about 1000 levels); this API's deepest "
@@ -46,10 +51,10 @@ def json_problem(body: bytes) -> tuple[int, str, str | None] | None:
             None,
         )
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return None  # invalid JSON: FastAPI's parser says where
+        return None, None  # invalid JSON: FastAPI's parser says where
     except ValueError:
         # The one other ValueError of json.loads: an integer past Python's digit limit (int() refuses it).
-        return (
+        return None, (
             400,
             (
                 f"the body has an integer of more than {sys.get_int_max_str_digits()} digits (the JSON "
@@ -57,7 +62,6 @@ def json_problem(body: bytes) -> tuple[int, str, str | None] | None:
             ),
             None,
         )
-    return None
 
 
 def contradiction(fields: dict) -> tuple[int, str, str] | None:

@@ -3,14 +3,17 @@ the engine, the queue's depth, the drain flag, and the Prometheus metrics (summe
 `--processes`)."""
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
                                generate_latest, multiprocess)
 from prometheus_client.core import CounterMetricFamily
 
+from seq2onnx.serve.checks import json_checked
 from seq2onnx.serve.engine import Engine
 
 TRANSLATE, STREAM = "/v1/translate", "/v1/translate/stream"
@@ -20,7 +23,10 @@ ENDPOINTS = (TRANSLATE, STREAM, "/health", "/ready", "/metrics", "/docs", "/open
 SHARED_METRICS = "PROMETHEUS_MULTIPROC_DIR"
 SHARED_REFRESH_S = 1.0  # how often a process writes its gauges (queue depth, load) for the others' scrapes
 LOAD_KEYS = ("active_requests", "active_sentences", "active_rows")  # the engine's load(), one gauge each
-
+# A body larger than this is screened (UTF-8, JSON, the text limits) on the front end's screening thread, not
+# on the event loop: parsing a megabyte of JSON costs 10-35 ms of CPU, and 16 clients sending such bodies held
+# the loop (/health at p50 1.1 s, issue 60 item 7). Smaller ones take well under a millisecond: inline.
+SCREEN_INLINE_BYTES = 64 << 10
 
 
 class _EngineCounters:
@@ -122,6 +128,45 @@ class Frontend:
         if self.shared:
             self.refresh()
         return generate_latest(self.exposed)
+
+    def over_limit(self, texts: list, field: str) -> tuple[int, str, str] | None:
+        """The 413 (status, message, field) refusing `texts` past --max-texts or --max-chars; None within
+        them (only strings count characters: FastAPI refuses the others by name)."""
+        chars = sum(len(t) for t in texts if isinstance(t, str))
+        for count, what, limit, flag in ((len(texts), "texts", self.max_texts, "--max-texts"),
+                                         (chars, "characters", self.max_chars, "--max-chars")):
+            if count > limit:
+                return (413, f"{count} {what}; the limit ({flag}) is {limit} per request: split the request "
+                             f"or raise {flag}", field)
+        return None
+
+    async def screen(self, body: bytes, path: str) -> tuple[int, str, str | None] | None:
+        """The refusal (status, message, field) of a POST's whole body before FastAPI parses it: not UTF-8
+        (400), serve/checks.py's json_problem, or the native endpoints' texts past their limits (413, from
+        the same parse: a refused body is parsed once, never validated); None to admit it.
+
+        A body over SCREEN_INLINE_BYTES is screened on one thread of the front end's (one at a time: at
+        most one such parse competes with the event loop for the GIL, and the loop answers meanwhile).
+        """
+        if len(body) <= SCREEN_INLINE_BYTES:
+            return self._screen(body, path)
+        if getattr(self, "_screener", None) is None:
+            self._screener = ThreadPoolExecutor(1, thread_name_prefix="seq2onnx-screen")
+        return await asyncio.get_running_loop().run_in_executor(self._screener, self._screen, body, path)
+
+    def _screen(self, body: bytes, path: str) -> tuple[int, str, str | None] | None:
+        try:
+            body.decode("utf-8")
+        # json.loads would guess another encoding, or fail without saying where
+        except UnicodeDecodeError as e:
+            return (400, f"the body is not UTF-8 (byte {e.start}: {body[e.start:e.start + 1]!r}): "
+                         "send JSON encoded as UTF-8", None)
+        value, problem = json_checked(body)
+        if problem is not None or not isinstance(value, dict):
+            return problem
+        texts, field = (value.get("texts"), "texts") if path == TRANSLATE else \
+            ([value.get("text")], "text") if path == STREAM else (None, None)
+        return self.over_limit(texts, field) if isinstance(texts, list) else None
 
     def drain(self) -> None:
         """Refuses new requests (503) from now on; those accepted are still answered."""

@@ -23,11 +23,17 @@ import os
 # models cost more per row (their caches), so this is a floor, not an estimate.
 ROW_BYTES = 3 << 19
 MEMORY_SHARE = 0.5  # of the machine's memory, for every process's rows together
+# ... and never more than this many per process: what a burst holds at its peak, onnxruntime's arena and the
+# heaps keep in part after it. Measured on the demo model, 16 clients of issue 60's heavy requests for 1 min
+# (scripts/soak.py --mix heavy): the memory-based default (~7,800 rows on a 23 GB machine) peaked at 750 MB
+# and kept 348 MB idle against 178 MB warm (1.96x); 1,024 rows peaked at 646 and kept 248 (1.38x), and
+# answered more requests (114 against 102: less memory to fault in); 512 rows 289 and 225 (1.24x), 150.
+ROWS_CAP = 1024
 
 
 def rows_in_flight_default(max_rows: int, processes: int = 1) -> int:
     """`--max-rows-in-flight`'s default: the rows that MEMORY_SHARE of this machine's memory holds at
-    ROW_BYTES each, shared among `processes`, and never below one request's `max_rows`.
+    ROW_BYTES each, shared among `processes`, at most ROWS_CAP, and never below one request's `max_rows`.
 
     Args:
         max_rows: `--max-rows` (one request's rows at most).
@@ -37,7 +43,7 @@ def rows_in_flight_default(max_rows: int, processes: int = 1) -> int:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not a POSIX system: 8 GiB assumed
         total = 8 << 30
-    return max(max_rows, int(total * MEMORY_SHARE / ROW_BYTES / max(1, processes)))
+    return max(max_rows, min(ROWS_CAP, int(total * MEMORY_SHARE / ROW_BYTES / max(1, processes))))
 
 
 SHRINK_KEY = "memory.enable_memory_arena_shrinkage"

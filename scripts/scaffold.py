@@ -1,6 +1,8 @@
-"""What the serving benchmarks share (serve_load.py, serve_wrk.py, serve_identity.py, soak.py): the Tatoeba
-sentences, a server process on 127.0.0.1 awaited until it translates, latency percentiles, the output folder
-and progress lines."""
+"""What the scripts share: their common options, the Tatoeba sentences, a server process on 127.0.0.1 awaited
+until it translates, latency percentiles, the output folder, Markdown tables and progress lines.
+
+A script imports it as a sibling (`sys.path.insert(0, str(Path(__file__).resolve().parent))`, or
+`sibling("scaffold")` when it may be loaded by path, as the tests load them)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,14 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE.parents[1] / "shared" / "data" / "tatoeba-cmn-eng" / "cmn.txt"
 PATH = "/v1/translate"
+
+
+def sibling(name: str):
+    """The module `name` beside this file (scaffold, serve_ct2, hf_real_sizes...), however the caller was
+    loaded."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    return __import__(name)
 
 
 def log(message: str) -> None:
@@ -161,3 +171,80 @@ def prepare_out(out: Path, force: bool) -> None:
 
 def terminate(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through every `finally`: the servers are stopped
+
+
+# -- options every script spells the same way --------------------------------------------------------
+
+
+def add_out(p, what: str = "output directory") -> None:
+    """--out DIR (required; refused when not empty, see prepare_out) and --force."""
+    p.add_argument("--out", type=Path, required=True, help=f"{what} (refused when not empty, unless --force)")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+
+
+def add_sentences(p, n: int, col: int = 1) -> None:
+    """--data TSV, --src-col, --sentences N and --seed: the real sentences read_sentences draws."""
+    p.add_argument(
+        "--data", type=Path, default=DEFAULT_DATA, help="TSV of sentences (default: Tatoeba cmn.txt)"
+    )
+    p.add_argument("--src-col", type=int, default=col, help=f"its column of source texts (default {col})")
+    p.add_argument("--sentences", type=int, default=n, help=f"distinct sentences used (default {n})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sentences' choice (default 0)")
+
+
+def add_timeouts(p, request: float) -> None:
+    """--start-timeout (a server's first answer) and --request-timeout (the client's, per request)."""
+    p.add_argument(
+        "--start-timeout", type=float, default=180.0, help="seconds a server may take to start (180)"
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=request, help=f"seconds per request (default {request:g})"
+    )
+
+
+def serve_argv(bundle: Path, *options) -> list[str]:
+    """`seq2onnx serve BUNDLE --device cpu OPTIONS` as this interpreter runs it (Server adds --port)."""
+    return [
+        sys.executable,
+        "-m",
+        "seq2onnx.commands",
+        "serve",
+        str(bundle),
+        "--device",
+        "cpu",
+        *map(str, options),
+    ]
+
+
+def checked(prog: str, check) -> int | None:
+    """Runs check(); a ValueError (a bad argument) is printed as `prog: message` and gives exit code 2."""
+    try:
+        check()
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    return None
+
+
+# -- tables -------------------------------------------------------------------------------------------
+
+
+def fmt(x, spec: str = ",.0f") -> str:
+    """x formatted, or an em dash for None (a figure not measured)."""
+    return "—" if x is None else format(x, spec) if isinstance(x, (int, float)) else str(x)
+
+
+def md_table(head: list[str], rows: list[list]) -> list[str]:
+    """The lines of a Markdown table."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def write_report(out: Path, stem: str, report: dict, text: str, suffix: str = ".md") -> None:
+    """OUT/STEM.json (the report) and OUT/STEM.SUFFIX (its text), each written atomically."""
+    import json
+
+    from seq2onnx.atomic import write_file
+
+    write_file(out / f"{stem}.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    write_file(out / f"{stem}{suffix}", text)

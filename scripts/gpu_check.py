@@ -24,6 +24,7 @@ crash in one (a CUDA library that does not load) is recorded and the next still 
 OUT gets summary.md (every table), results.json (every step's numbers) and logs.tar.xz (each step's log and
 JSON): three files, within the device tool's eight.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,31 +39,32 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the gpu_check_* modules, also when loaded by path
-from gpu_check_copies import memcpy_nodes, step_copies_of, tf32_probe  # noqa: E402
+# step_copies: the copies step (child() finds it here); tests/test_gpu.py reads step_copies_of, memcpy_nodes
+from gpu_check_copies import memcpy_nodes, sources, step_copies, step_copies_of  # noqa: E402,F401
 from gpu_check_report import STEPS, write_outputs  # noqa: E402
 
 # Seconds each step may take at most (GPU mode); the overall --budget-s cuts the later ones shorter.
-LIMITS = {"env": 60, "train": 150, "export": 120, "tests": 150, "verify": 200, "parity": 120, "copies": 90,
-          "bench": 180, "torch": 90}
-TINY = ["--pairs", "3000", "--valid-size", "50", "--test-size", "50", "--vocab-size", "120",
-        "--max-len", "40",
-        "--d-model", "32", "--heads", "4", "--layers", "2", "--d-ff", "64", "--dropout", "0",
-        "--max-tokens", "1500",
-        "--warmup", "100", "--lr", "2.0", "--max-steps", "150", "--eval-every", "150",
-        "--bleu-sentences", "10"]
+LIMITS = dict(
+    env=60, train=150, export=120, tests=150, verify=200, parity=120, copies=90, bench=180, torch=90
+)
+TINY = (
+    "--pairs 3000 --valid-size 50 --test-size 50 --vocab-size 120 --max-len 40 --d-model 32 --heads 4 "
+    "--layers 2 --d-ff 64 --dropout 0 --max-tokens 1500 --warmup 100 --lr 2.0 --max-steps 150 "
+    "--eval-every 150 --bleu-sentences 10"
+).split()
 # The README's Tatoeba recipe (d_model 256, 3+3 layers, d_ff 1024, 3,000 pieces), for one minute.
-RECIPE = ["--d-model", "256", "--heads", "4", "--layers", "3", "--d-ff", "1024", "--max-minutes", "1",
-          "--max-steps", "100000", "--eval-every", "1000", "--bleu-sentences", "200"]
+RECIPE = (
+    "--d-model 256 --heads 4 --layers 3 --d-ff 1024 --max-minutes 1 --max-steps 100000 --eval-every 1000 "
+    "--bleu-sentences 200"
+).split()
 
 
 def sizes(mode: str) -> dict:
     """The sentences, batches and threads of each step in a mode."""
     if mode == "gpu":
-        return {"device": "cuda", "parity": 500, "verify": 500, "tensor": 50, "bench": 100, "torch": 100,
-                "copies_rows": 32, "threads": os.cpu_count() or 1}
-    return {"device": "cpu", "parity": 24, "verify": 24, "tensor": 4, "bench": 16, "torch": 16,
-            "copies_rows": 4,
-            "threads": 1}
+        counts = dict(parity=500, verify=500, tensor=50, bench=100, torch=100, copies_rows=32)
+        return dict(device="cuda", **counts, threads=os.cpu_count() or 1)
+    return dict(device="cpu", parity=24, verify=24, tensor=4, bench=16, torch=16, copies_rows=4, threads=1)
 
 
 def cli(*args: str) -> list[str]:
@@ -83,6 +85,7 @@ def run_logged(cmd: list[str], log: Path, timeout: float) -> int:
 
 
 # -- the steps: each runs in a child (`--step NAME`), reads ctx, writes WORK/NAME.json ------------------
+
 
 def step_env(ctx: dict) -> dict:
     import platform
@@ -140,13 +143,18 @@ def step_train(ctx: dict) -> dict:
     # the first step); the bar's last line is the run's figure.
     tok_s = re.findall(r"tok_s=([\d,]+)", log.read_text())
     last = history[-1]
-    return {"seconds": time.time() - t0, "steps": state["step"], "train_seconds": last["elapsed_s"],
-            "steps_per_s": state["step"] / last["elapsed_s"],
-            "tokens_per_s": int(tok_s[-1].replace(",", "")) if tok_s else None,
-            "precision": "bf16 autocast (model/train.py on CUDA)" if ctx["mode"] == "gpu" else "fp32 (CPU)",
-            "valid_bleu": last["valid_bleu"], "valid_loss": last["valid_loss"],
-            "data": ctx["data"] or "generated",
-            "args": args}
+    return {
+        "seconds": time.time() - t0,
+        "steps": state["step"],
+        "train_seconds": last["elapsed_s"],
+        "steps_per_s": state["step"] / last["elapsed_s"],
+        "tokens_per_s": int(tok_s[-1].replace(",", "")) if tok_s else None,
+        "precision": "bf16 autocast (model/train.py on CUDA)" if ctx["mode"] == "gpu" else "fp32 (CPU)",
+        "valid_bleu": last["valid_bleu"],
+        "valid_loss": last["valid_loss"],
+        "data": ctx["data"] or "generated",
+        "args": args,
+    }
 
 
 def step_export(ctx: dict) -> dict:
@@ -154,21 +162,28 @@ def step_export(ctx: dict) -> dict:
     out = {}
     for name, extra in (("fp32", []), ("fp16", ["--dtype", "float16"])):
         t0 = time.time()
-        rc = run_logged(cli("export", str(work / "run" / "best"), str(work / name), "--force", *extra), log,
-                        ctx["timeout"])
+        cmd = cli("export", str(work / "run" / "best"), str(work / name), "--force", *extra)
+        rc = run_logged(cmd, log, ctx["timeout"])
         if rc:
             raise SystemExit(f"seq2onnx export ({name}) exited {rc}")
-        out[name] = {"seconds": time.time() - t0,
-                     "bytes": sum(p.stat().st_size for p in (work / name).iterdir())}
+        out[name] = {
+            "seconds": time.time() - t0,
+            "bytes": sum(p.stat().st_size for p in (work / name).iterdir()),
+        }
     return out
 
 
 def step_tests(ctx: dict) -> dict:
     work, log = Path(ctx["work"]), Path(ctx["log"])
     xml = work / "tests.xml"
-    rc = run_logged([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider",
-                     f"--junitxml={xml}", str(Path(ctx["repo"]) / "tests" / "test_gpu.py")], log,
-                    ctx["timeout"])
+    pytest = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *"-q -rs -m gpu -p no:cacheprovider".split(),
+        f"--junitxml={xml}",
+    ]
+    rc = run_logged(pytest + [str(Path(ctx["repo"]) / "tests" / "test_gpu.py")], log, ctx["timeout"])
     import xml.etree.ElementTree as ET
 
     cases = []
@@ -177,8 +192,8 @@ def step_tests(ctx: dict) -> dict:
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
                 status = child.tag
-                cases.append({"name": case.get("name"), "status": status,
-                              "message": (child.get("message") or "").splitlines()[0][:200]})
+                message = (child.get("message") or "").splitlines()[0][:200]
+                cases.append({"name": case.get("name"), "status": status, "message": message})
                 break
         else:
             cases.append({"name": case.get("name"), "status": status, "message": ""})
@@ -195,9 +210,9 @@ def step_verify(ctx: dict) -> dict:
     for name in ("fp32", "fp16"):
         report = work / f"verify-{name}.json"
         text = work / f"verify-{name}.txt"
-        cmd = cli("verify", str(work / "run" / "best"), str(work / name), "--device", s["device"],
-                  "--sentences", str(s["verify"]), "--tensor-sentences", str(s["tensor"]),
-                  "--json", str(report), "--quiet")
+        sizes = ["--sentences", str(s["verify"]), "--tensor-sentences", str(s["tensor"])]
+        cmd = cli("verify", str(work / "run" / "best"), str(work / name), "--device", s["device"], *sizes)
+        cmd += ["--json", str(report), "--quiet"]
         with open(log, "a") as f:
             f.write(f"$ {' '.join(cmd)}\n")
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=ctx["timeout"] / 2)
@@ -207,20 +222,11 @@ def step_verify(ctx: dict) -> dict:
         if not report.is_file():
             raise SystemExit(f"seq2onnx verify ({name}) exited {done.returncode} without a report")
         r = json.loads(report.read_text())
-        out[name] = {"passed": r["passed"], "provider": r["provider"], "sentences": r["sentences"],
-                     "exit": done.returncode, "table": done.stdout.strip()}
+        out[name] = {k: r[k] for k in ("passed", "provider", "sentences")}
+        out[name].update(exit=done.returncode, table=done.stdout.strip())
     if not all(v["passed"] for v in out.values()):
         raise SystemExit("verify failed: " + ", ".join(k for k, v in out.items() if not v["passed"]))
     return out
-
-
-def _sources(ckpt: str, n: int):
-    from seq2onnx.export.parity import test_sentences
-    from seq2onnx.model import checkpoint
-
-    model, tok, ckpt_dir = checkpoint.load(ckpt)
-    pairs = test_sentences(ckpt_dir, n)
-    return model, tok, pairs, [tok.encode_source(src)[: model.cfg.max_positions] for src, _ in pairs]
 
 
 def step_parity(ctx: dict) -> dict:
@@ -229,7 +235,7 @@ def step_parity(ctx: dict) -> dict:
     from seq2onnx.runtime.translator import Translator
 
     work, device = Path(ctx["work"]), ctx["sizes"]["device"]
-    model, tok, pairs, srcs = _sources(str(work / "run" / "best"), ctx["sizes"]["parity"])
+    model, tok, pairs, srcs = sources(str(work / "run" / "best"), ctx["sizes"]["parity"])
     refs = [t for _, t in pairs]
     eos = model.cfg.eos_id
     strip = lambda ids: ids[:-1] if ids and ids[-1] == eos else ids  # noqa: E731
@@ -240,52 +246,24 @@ def step_parity(ctx: dict) -> dict:
         want = [strip(h[0].tokens) for h in translate_ids(model, srcs, beam_size=beam)]
         got = t32.translate_batch(srcs, beam_size=beam, return_scores=True)
         same = sum(g.token_ids[0] == w for g, w in zip(got, want))
-        out[f"fp32_beam{beam}"] = {"identical": same, "of": len(srcs), "non_finite_scores": sum(
-            not math.isfinite(s) for g in got for s in g.scores),
+        out[f"fp32_beam{beam}"] = {
+            "identical": same,
+            "of": len(srcs),
+            "non_finite_scores": sum(not math.isfinite(s) for g in got for s in g.scores),
             "bleu": bleu([g.hypotheses[0] for g in got], refs),
-            "torch_bleu": bleu([tok.decode_target(w) for w in want], refs)}
+            "torch_bleu": bleu([tok.decode_target(w) for w in want], refs),
+        }
         if beam == 1:
             greedy32 = got
     got16 = t16.translate_batch(srcs, beam_size=1, return_scores=True)
     agree = sum(a.token_ids[0] == b.token_ids[0] for a, b in zip(got16, greedy32))
     b32, b16 = bleu([g.hypotheses[0] for g in greedy32], refs), bleu([g.hypotheses[0] for g in got16], refs)
-    out["fp16_greedy"] = {"agree_with_fp32": agree, "of": len(srcs), "rate": agree / max(len(srcs), 1),
-                          "bleu_fp32": b32, "bleu_fp16": b16, "bleu_drop": b32 - b16,
-                          "non_finite_scores": sum(not math.isfinite(s) for g in got16 for s in g.scores)}
+    out["fp16_greedy"] = dict(
+        agree_with_fp32=agree, of=len(srcs), rate=agree / max(len(srcs), 1), bleu_fp32=b32
+    )
+    out["fp16_greedy"].update(bleu_fp16=b16, bleu_drop=b32 - b16)
+    out["fp16_greedy"]["non_finite_scores"] = sum(not math.isfinite(s) for g in got16 for s in g.scores)
     return out
-
-
-def step_copies(ctx: dict) -> dict:
-    from seq2onnx.runtime.translator import Translator
-
-    work, s = Path(ctx["work"]), ctx["sizes"]
-    _, _, _, srcs = _sources(str(work / "run" / "best"), s["copies_rows"])
-    cupti = ctx["mode"] == "gpu"
-    out = {}
-    for name in ("fp32", "fp16"):
-        t = Translator(work / name, device=s["device"], _tuning=_standard())
-        for beam in (1, 4):
-            try:
-                out[f"{name}_beam{beam}"] = step_copies_of(t, srcs, beam, cupti=cupti)
-            except Exception as e:  # CUPTI may be unusable there: the binding's record still stands
-                if not cupti:
-                    raise
-                out[f"{name}_beam{beam}"] = step_copies_of(t, srcs, beam) | {"cupti_error": repr(e)[:300]}
-        try:
-            out[f"{name}_memcpy_nodes"] = memcpy_nodes(work / name, t.device)
-        except Exception as e:
-            out[f"{name}_memcpy_nodes"] = {"error": repr(e)[:300]}
-    try:
-        out["tf32_probe"] = tf32_probe(Translator(work / "fp32", device=s["device"]), work / "fp32", srcs)
-    except Exception as e:  # a diagnosis, not a check: its failure is reported, the step stands
-        out["tf32_probe"] = {"error": repr(e)[:300]}
-    return out
-
-
-def _standard():
-    from seq2onnx.runtime.options import SessionTuning
-
-    return SessionTuning(decoder="standard")
 
 
 def step_bench(ctx: dict) -> dict:
@@ -296,22 +274,30 @@ def step_bench(ctx: dict) -> dict:
     else:
         engines, size = "onnx-cpu-fp32,ct2-cpu-fp32", ["--quick"]
     report = work / "bench.json"
-    rc = run_logged(cli("bench", str(work / "run" / "best"), "--engines", engines, "--threads",
-                        str(s["threads"]),
-                        "--bundle-dir", str(work / "bench-bundles"), "--json", str(report), *size), log,
-                    ctx["timeout"])
+    options = [
+        "--engines",
+        engines,
+        "--threads",
+        str(s["threads"]),
+        "--bundle-dir",
+        str(work / "bench-bundles"),
+    ]
+    cmd = cli("bench", str(work / "run" / "best"), *options, "--json", str(report), *size)
+    rc = run_logged(cmd, log, ctx["timeout"])
     if not report.is_file():
         raise SystemExit(f"seq2onnx bench exited {rc} without a report")
     r = json.loads(report.read_text())
-    rows = [{k: row.get(k) for k in ("engine", "search", "batch", "tokens_per_s", "agreement", "agreement_of",
-                                      "x_torch", "x_ct2", "peak_rss_mb")}
-            for row in r.get("best_rows", r["rows"])]
+    keys = "engine search batch tokens_per_s agreement agreement_of x_torch x_ct2 peak_rss_mb".split()
+    rows = [{k: row.get(k) for k in keys} for row in r.get("best_rows", r["rows"])]
     text = log.read_text()
-    table = text[text.rfind("$ "):]
+    table = text[text.rfind("$ ") :]
     if rc:
         raise SystemExit(f"seq2onnx bench exited {rc}")
-    return {"rows": rows, "skipped": r["skipped"],
-            "report": table.split("\n", 1)[1] if "\n" in table else table}
+    return {
+        "rows": rows,
+        "skipped": r["skipped"],
+        "report": table.split("\n", 1)[1] if "\n" in table else table,
+    }
 
 
 def step_torch(ctx: dict) -> dict:
@@ -324,7 +310,7 @@ def step_torch(ctx: dict) -> dict:
 
     work, s = Path(ctx["work"]), ctx["sizes"]
     torch.set_num_threads(s["threads"])
-    _, _, _, srcs = _sources(str(work / "run" / "best"), s["torch"])
+    _, _, _, srcs = sources(str(work / "run" / "best"), s["torch"])
     model, _, _ = checkpoint.load(work / "run" / "best", device=s["device"])
     srcs = sorted(srcs, key=len)
 
@@ -337,19 +323,23 @@ def step_torch(ctx: dict) -> dict:
         tokens, t0 = 0, time.perf_counter()
         with torch.inference_mode():
             for i in range(0, len(srcs), batch):
-                chunk = srcs[i: i + batch]
-                for src, h in zip(chunk, translate_ids(model, chunk, beam_size=beam,
-                                                        max_length=max(limit(x) for x in chunk))):
+                chunk = srcs[i : i + batch]
+                for src, h in zip(
+                    chunk,
+                    translate_ids(model, chunk, beam_size=beam, max_length=max(limit(x) for x in chunk)),
+                ):
                     tokens += min(len(h[0].tokens), limit(src))
         if s["device"] == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
-        rows.append({"engine": f"torch-{s['device']}", "search": "greedy" if beam == 1 else f"beam{beam}",
-                     "batch": batch, "tokens_per_s": tokens / seconds, "sentences": len(srcs)})
+        search = "greedy" if beam == 1 else f"beam{beam}"
+        row = dict(engine=f"torch-{s['device']}", search=search, batch=batch, tokens_per_s=tokens / seconds)
+        rows.append(row | {"sentences": len(srcs)})
     return {"rows": rows, "device": s["device"]}
 
 
 # -- the parent: runs the steps within the budget, writes OUT ------------------------------------------
+
 
 def run_step(name: str, ctx: dict, deadline: float) -> dict:
     """Runs one step as a child process (`--step NAME`), within its limit and the time left."""
@@ -374,8 +364,9 @@ def run_step(name: str, ctx: dict, deadline: float) -> dict:
     result_file = work / f"{name}.json"
     result = json.loads(result_file.read_text()) if result_file.is_file() else None
     tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
-    return {"status": "ok" if rc == 0 else "failed", "exit": rc, "seconds": round(time.time() - t0, 1),
-            "result": result, "reason": None if rc == 0 else (tail[0][:300] if tail else "no output")}
+    reason = None if rc == 0 else (tail[0][:300] if tail else "no output")
+    status = "ok" if rc == 0 else "failed"
+    return dict(status=status, exit=rc, seconds=round(time.time() - t0, 1), result=result, reason=reason)
 
 
 def child(name: str, ctx: dict) -> int:
@@ -386,20 +377,18 @@ def child(name: str, ctx: dict) -> int:
 
 
 # Which steps need which: a step whose input failed is not run, and says so.
-NEEDS = {"export": "train", "verify": "export", "parity": "export", "copies": "export", "bench": "train",
-         "torch": "train"}
+NEEDS = dict(export="train", verify="export", parity="export", copies="export", bench="train", torch="train")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mode", choices=["gpu", "cpu"], default="gpu")
-    p.add_argument("--out", help="where summary.md, results.json and logs.tar.xz go (default $OUT, else "
-                   "/tmp/gpu-check-out)")
+    p.add_argument(
+        "--out", help="summary.md, results.json, logs.tar.xz (default $OUT, else /tmp/gpu-check-out)"
+    )
     p.add_argument("--work", help="scratch directory (runs, bundles, logs); default OUT/../gpu-check-work")
-    p.add_argument("--data", help="the Tatoeba corpus (cmn.txt) for the recipe model; default: the generated "
-                   "corpus")
-    p.add_argument("--budget-s", type=float,
-                   help="seconds for all steps (default 440 in gpu mode, 600 in cpu mode)")
+    p.add_argument("--data", help="Tatoeba's cmn.txt for the recipe model (default: the generated corpus)")
+    p.add_argument("--budget-s", type=float, help="seconds for all steps (default 440 gpu, 600 cpu)")
     p.add_argument("--steps", help=f"comma-separated subset of {','.join(STEPS)}")
     p.add_argument("--step", help=argparse.SUPPRESS)
     p.add_argument("--ctx", help=argparse.SUPPRESS)
@@ -411,9 +400,9 @@ def main(argv=None) -> int:
     work = Path(args.work).resolve() if args.work else out.parent / f"{out.name}-work"
     (work / "logs").mkdir(parents=True, exist_ok=True)
     budget = args.budget_s or (440 if args.mode == "gpu" else 600)
-    ctx = {"mode": args.mode, "work": str(work),
-           "data": str(Path(args.data).resolve()) if args.data else None,
-           "sizes": sizes(args.mode), "repo": str(Path(__file__).resolve().parents[1]), "budget_s": budget}
+    data = str(Path(args.data).resolve()) if args.data else None
+    ctx = dict(mode=args.mode, work=str(work), data=data, sizes=sizes(args.mode), budget_s=budget)
+    ctx["repo"] = str(Path(__file__).resolve().parents[1])
     wanted = args.steps.split(",") if args.steps else list(STEPS)
     t0 = time.time()
     deadline = t0 + budget
@@ -427,8 +416,8 @@ def main(argv=None) -> int:
         else:
             print(f"[gpu_check {time.time() - t0:5.0f} s] {name} ...", flush=True)
             results[name] = run_step(name, ctx, deadline)
-            print(f"[gpu_check {time.time() - t0:5.0f} s] {name}: {results[name]['status']}"
-                  + (f" ({results[name]['reason']})" if results[name].get("reason") else ""), flush=True)
+            why = f" ({results[name]['reason']})" if results[name].get("reason") else ""
+            print(f"[gpu_check {time.time() - t0:5.0f} s] {name}: {results[name]['status']}{why}", flush=True)
         # after every step: a call cut short by its time limit still brings back what was done
         text = write_outputs(out, work, results, args.mode, time.time() - t0)
     print(text)

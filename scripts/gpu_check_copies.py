@@ -1,9 +1,10 @@
-"""gpu_check.py's copies step: host<->device copies per decoder step, counted three ways.
+"""gpu_check.py's copies step (step_copies): host<->device copies per decoder step, counted three ways.
 
 The IO binding's inputs and outputs as each run binds them (_Recording), the Memcpy nodes onnxruntime puts
 into the decoder graph (memcpy_nodes), and on CUDA the copies CUPTI sees (torch.profiler); each per step,
 from two runs of forced lengths so that the per-batch copies cancel. tf32_probe is a diagnosis beside them.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -102,8 +103,9 @@ def step_copies_of(translator, sources: list, beam: int, lengths=(8, 24), cupti:
         start = len(runs)
 
         def work(length=length):
-            translator.translate_batch(sources, beam_size=beam, max_decoding_length=length,
-                                       min_decoding_length=length - 1)
+            translator.translate_batch(
+                sources, beam_size=beam, max_decoding_length=length, min_decoding_length=length - 1
+            )
 
         cuda_counts.append(_cupti_count(work) if cupti else work())
         per_run.append(runs[start:])
@@ -112,17 +114,22 @@ def step_copies_of(translator, sources: list, beam: int, lengths=(8, 24), cupti:
     fed_back = {k for k, v in after["inputs"].items() if v[0] == "fed back"}
     present = set(mid["outputs"]) & set(_present_names(translator))
     same = all(r["inputs"] == after["inputs"] and r["outputs"] == after["outputs"] for r in per_run[1][1:])
-    out = {"beam": beam, "rows": len(sources), "steps": steps, "device": translator.device,
-           "inputs_from_host": sorted(k for k, v in after["inputs"].items() if v[0] == "array"),
-           "upload_bytes_per_step": sum(v[2] for v in after["inputs"].values() if v[0] == "array"),
-           "inputs_fed_back": sorted(fed_back), "inputs_per_batch": sorted(
-               k for k, v in after["inputs"].items() if v[0] == "value"),
-           "input_devices": sorted({v[1] for v in after["inputs"].values() if v[0] != "array"}),
-           "outputs_read": sorted(k for k in after["outputs"] if k not in present),
-           "outputs_read_devices": sorted({v for k, v in after["outputs"].items() if k not in present}),
-           "outputs_fed_back": sorted(present), "outputs_fed_back_devices": sorted(
-               {v for k, v in after["outputs"].items() if k in present}),
-           "same_bindings_every_step": same}
+    out = {
+        "beam": beam,
+        "rows": len(sources),
+        "steps": steps,
+        "device": translator.device,
+        "inputs_from_host": sorted(k for k, v in after["inputs"].items() if v[0] == "array"),
+        "upload_bytes_per_step": sum(v[2] for v in after["inputs"].values() if v[0] == "array"),
+        "inputs_fed_back": sorted(fed_back),
+        "inputs_per_batch": sorted(k for k, v in after["inputs"].items() if v[0] == "value"),
+        "input_devices": sorted({v[1] for v in after["inputs"].values() if v[0] != "array"}),
+        "outputs_read": sorted(k for k in after["outputs"] if k not in present),
+        "outputs_read_devices": sorted({v for k, v in after["outputs"].items() if k not in present}),
+        "outputs_fed_back": sorted(present),
+        "outputs_fed_back_devices": sorted({v for k, v in after["outputs"].items() if k in present}),
+        "same_bindings_every_step": same,
+    }
     if cupti:
         d = steps[1] - steps[0]
         out["cupti"] = {k: (cuda_counts[1][k] - cuda_counts[0][k]) / d for k in cuda_counts[0]}
@@ -173,8 +180,11 @@ def memcpy_nodes(bundle: Path, device: str) -> dict:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         ort.InferenceSession(str(bundle / fmt.DECODER_FILE), opts, providers=providers_for(device))
         kinds = [n.op_type for n in onnx.load(str(saved), load_external_data=False).graph.node]
-    return {"MemcpyFromHost": kinds.count("MemcpyFromHost"), "MemcpyToHost": kinds.count("MemcpyToHost"),
-            "nodes": len(kinds)}
+    return {
+        "MemcpyFromHost": kinds.count("MemcpyFromHost"),
+        "MemcpyToHost": kinds.count("MemcpyToHost"),
+        "nodes": len(kinds),
+    }
 
 
 def tf32_probe(translator, bundle: Path, sources: list) -> dict:
@@ -192,11 +202,59 @@ def tf32_probe(translator, bundle: Path, sources: list) -> dict:
     path = str(bundle / fmt.ENCODER_FILE)
     cpu = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
     out = {}
-    for label, providers in (("default", ["CUDAExecutionProvider"]),
-                             ("use_tf32=0", [("CUDAExecutionProvider", {"use_tf32": "0"})])):
+    for label, providers in (
+        ("default", ["CUDAExecutionProvider"]),
+        ("use_tf32=0", [("CUDAExecutionProvider", {"use_tf32": "0"})]),
+    ):
         if translator.device != "cuda":
             providers = ["CPUExecutionProvider"]
         got = ort.InferenceSession(path, providers=providers + ["CPUExecutionProvider"]).run(None, feeds)
-        out[label] = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
-                         for a, b in zip(got, cpu))
+        out[label] = max(
+            float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+            for a, b in zip(got, cpu)
+        )
     return out
+
+
+def sources(ckpt: str, n: int):
+    """The checkpoint's model, tokenizer, n test pairs and their source ids (every gpu_check.py step's)."""
+    from seq2onnx.export.parity import test_sentences
+    from seq2onnx.model import checkpoint
+
+    model, tok, ckpt_dir = checkpoint.load(ckpt)
+    pairs = test_sentences(ckpt_dir, n)
+    return model, tok, pairs, [tok.encode_source(src)[: model.cfg.max_positions] for src, _ in pairs]
+
+
+def step_copies(ctx: dict) -> dict:
+    """gpu_check.py's copies step: both bundles' copies per step (greedy and beam 4), Memcpy nodes, TF32."""
+    from seq2onnx.runtime.translator import Translator
+
+    work, s = Path(ctx["work"]), ctx["sizes"]
+    _, _, _, srcs = sources(str(work / "run" / "best"), s["copies_rows"])
+    cupti = ctx["mode"] == "gpu"
+    out = {}
+    for name in ("fp32", "fp16"):
+        t = Translator(work / name, device=s["device"], _tuning=_standard())
+        for beam in (1, 4):
+            try:
+                out[f"{name}_beam{beam}"] = step_copies_of(t, srcs, beam, cupti=cupti)
+            except Exception as e:  # CUPTI may be unusable there: the binding's record still stands
+                if not cupti:
+                    raise
+                out[f"{name}_beam{beam}"] = step_copies_of(t, srcs, beam) | {"cupti_error": repr(e)[:300]}
+        try:
+            out[f"{name}_memcpy_nodes"] = memcpy_nodes(work / name, t.device)
+        except Exception as e:
+            out[f"{name}_memcpy_nodes"] = {"error": repr(e)[:300]}
+    try:
+        out["tf32_probe"] = tf32_probe(Translator(work / "fp32", device=s["device"]), work / "fp32", srcs)
+    except Exception as e:  # a diagnosis, not a check: its failure is reported, the step stands
+        out["tf32_probe"] = {"error": repr(e)[:300]}
+    return out
+
+
+def _standard():
+    from seq2onnx.runtime.options import SessionTuning
+
+    return SessionTuning(decoder="standard")

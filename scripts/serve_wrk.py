@@ -48,7 +48,7 @@ MARKER = "SERVE_WRK "
 
 
 def _sibling(name: str):
-    """A module beside this file (scaffold, hf_real_sizes), however this file was loaded."""
+    """A module beside this file (scaffold, hf_sizes_common), however this file was loaded."""
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
     return __import__(name)
@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
 def build_marian(work: Path) -> int:
     """`serve_wrk.py marian WORK`: hf_real_sizes.py's OPUS-MT-size Marian (random weights) in WORK/model, its
     fp32 bundle in WORK/bundle and CTranslate2 model in WORK/ct2; steps already done are skipped."""
-    hf, model = _sibling("hf_real_sizes"), work / "model"
+    hf, model = _sibling("hf_sizes_common"), work / "model"
     steps = [
         ("build", model / "model.safetensors", {"size": hf.SIZES["marian"], "out": str(model)}),
         ("export", work / "bundle" / "bundle.json", {"model_dir": str(model), "out": str(work / "bundle")}),

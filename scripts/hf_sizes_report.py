@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from hf_sizes_common import BATCH1_SENTENCES, ROWS
+from scaffold import md_table
 
 ROW_NAMES = [f"{s} b{b}" for s, _, b in ROWS]
 
@@ -244,11 +245,10 @@ def _speed_tables(m: dict, s: dict) -> list[str]:
     ratios = m.get("ratios_best" if use_best else "ratios", {})
     if not tps:
         return []
-    lines = [
-        "| row | PyTorch generate | ours fp32 | CT2 fp32 best | ours fp32 / CT2 fp32 | ours fp32 / "
-        "PyTorch | ours int8 | CT2 int8 best | ours int8 / CT2 int8 | ours int8 / PyTorch |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    head = ["row", "PyTorch generate"]
+    for v in ("fp32", "int8"):
+        head += [f"ours {v}", f"CT2 {v} best", f"ours {v} / CT2 {v}", f"ours {v} / PyTorch"]
+    rows = []
     for row in ROW_NAMES:
         ra = ratios[row]
         cells = [row, fmt(tps.get("torch", {}).get(row))]
@@ -260,25 +260,19 @@ def _speed_tables(m: dict, s: dict) -> list[str]:
                 fmt(ra[f"ours_{v}_vs_ct2"], ".2f×"),
                 fmt(ra[f"ours_{v}_vs_torch"], ".2f×"),
             ]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", _speed_note(m, s, ratios, use_best), ""]
-    lines += [
-        "| engine | load s | RSS after imports MB | RSS after load MB | peak RSS MB | identical to "
-        "transformers (greedy b1 / greedy b32 / beam4 b1 / beam4 b32) |",
-        "|---|---|---|---|---|---|",
-    ]
+        rows.append(cells)
+    lines = md_table(head, rows) + ["", _speed_note(m, s, ratios, use_best), ""]
+    head = ["engine", "load s", "RSS after imports MB", "RSS after load MB", "peak RSS MB"]
+    head.append("identical to transformers (" + " / ".join(ROW_NAMES) + ")")
+    rows = []
     for e, r in m["rounds"][0].items():
         if "error" in r:
-            lines.append(f"| {e} | FAILED: {r['error'][:300]} | | | | |")
+            rows.append([e, f"FAILED: {r['error'][:300]}", "", "", "", ""])
             continue
-        ident = m["identity"].get(e, {})
-        same = " / ".join(ident.get(row, "—") for row in ROW_NAMES)
-        lines.append(
-            f"| {e} | {r['load_s']:.1f} | {r['rss_after_imports_mb']:.0f} | "
-            f"{r['rss_after_load_mb']:.0f} | {r['peak_rss_mb']:.0f} | {same} |"
-        )
-    lines.append("")
-    return lines
+        same = " / ".join(m["identity"].get(e, {}).get(row, "—") for row in ROW_NAMES)
+        rss = [f"{r[k]:.0f}" for k in ("rss_after_imports_mb", "rss_after_load_mb", "peak_rss_mb")]
+        rows.append([e, f"{r['load_s']:.1f}", *rss, same])
+    return lines + md_table(head, rows) + [""]
 
 
 def _speed_note(m: dict, s: dict, ratios: dict, use_best: bool) -> str:

@@ -1,8 +1,8 @@
 """What the scripts share: their common options, the Tatoeba sentences, a server process on 127.0.0.1 awaited
 until it translates, latency percentiles, the output folder, Markdown tables and progress lines.
 
-A script imports it as a sibling (`sys.path.insert(0, str(Path(__file__).resolve().parent))`, or
-`sibling("scaffold")` when it may be loaded by path, as the tests load them)."""
+A script imports it as a sibling: `sys.path.insert(0, str(Path(__file__).resolve().parent))`, which also
+holds when a test loads the script by path."""
 
 from __future__ import annotations
 
@@ -20,14 +20,6 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE.parents[1] / "shared" / "data" / "tatoeba-cmn-eng" / "cmn.txt"
 PATH = "/v1/translate"
-
-
-def sibling(name: str):
-    """The module `name` beside this file (scaffold, serve_ct2, hf_real_sizes...), however the caller was
-    loaded."""
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    return __import__(name)
 
 
 def log(message: str) -> None:
@@ -79,7 +71,8 @@ class Server:
     Args:
         argv: the command without --port.
         log_path: where its stdout and stderr go.
-        probe: a text to translate (greedy) to tell that it is ready.
+        probe: a text to translate (greedy) to tell that it is ready; None: ready once its log says it listens
+            (a server that wants an API key).
         start_timeout: seconds it may take to answer the probe.
     """
 
@@ -111,13 +104,8 @@ class Server:
                         f"server exited with code {self.proc.returncode} before answering: "
                         f"{' '.join(self.argv)}\n{self.log_tail()}"
                     )
-                try:
-                    r = httpx.post(self.url, json={"texts": [self.probe], "beam_size": 1}, timeout=30)
-                    # and every process listens (serve --processes prints the line once all of them do)
-                    if r.status_code == 200 and "listening on" in self.log_path.read_text(errors="replace"):
-                        return self
-                except httpx.HTTPError:
-                    pass
+                if self._ready(httpx):
+                    return self
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"server did not answer within {self.start_timeout:.0f} s (--start-timeout): "
@@ -127,6 +115,16 @@ class Server:
         except BaseException:
             self.stop()
             raise
+
+    def _ready(self, httpx) -> bool:
+        # every process listens (serve --processes prints the line once all of them do), and it translates
+        if "listening on" not in self.log_path.read_text(errors="replace"):
+            return False
+        try:
+            body = {"texts": [self.probe], "beam_size": 1}
+            return self.probe is None or httpx.post(self.url, json=body, timeout=30).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def log_tail(self, lines: int = 15) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

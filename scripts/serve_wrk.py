@@ -47,14 +47,9 @@ COLUMNS = ("continuous", "continuous-no-solo", *SERVERS[1:])  # the report's (--
 MARKER = "SERVE_WRK "
 
 
-def _sibling(name: str):
-    """A module beside this file (scaffold, hf_sizes_common), however this file was loaded."""
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    return __import__(name)
+sys.path.insert(0, str(HERE))  # scaffold and hf_sizes_common, also when a test loads this file by path
+import scaffold as sc  # noqa: E402
 
-
-sc = _sibling("scaffold")
 log = sc.log
 
 
@@ -363,7 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
 def build_marian(work: Path) -> int:
     """`serve_wrk.py marian WORK`: hf_real_sizes.py's OPUS-MT-size Marian (random weights) in WORK/model, its
     fp32 bundle in WORK/bundle and CTranslate2 model in WORK/ct2; steps already done are skipped."""
-    hf, model = _sibling("hf_sizes_common"), work / "model"
+    import hf_sizes_common as hf
+
+    model = work / "model"
     steps = [
         ("build", model / "model.safetensors", {"size": hf.SIZES["marian"], "out": str(model)}),
         ("export", work / "bundle" / "bundle.json", {"model_dir": str(model), "out": str(work / "bundle")}),

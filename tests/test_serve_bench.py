@@ -95,6 +95,11 @@ def test_ct2_engine_refuses_what_it_cannot_honour(ct2_model):
         _module("serve_ct2").CT2Engine(Translator(tiny_bundle(), device="cpu", intra_threads=1), other)
 
 
+def test_ct2_server_without_a_model_asks_for_one_or_echo(capsys):
+    assert _module("serve_ct2").main([str(tiny_bundle()), "--port", "0"]) == 2
+    assert "give CT2_MODEL_DIR (seq2onnx export CKPT DIR --format ctranslate2), or --echo" in capsys.readouterr().err
+
+
 def _run(script: str, *args, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(BENCHMARKS / script), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout)

@@ -23,20 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scaffold import (  # noqa: E402  (scripts/ is this script's folder)
-    Server,
-    add_out,
-    add_sentences,
-    add_timeouts,
-    beam_label,
-    checked,
-    log,
-    prepare_out,
-    read_sentences,
-    serve_argv,
-    terminate,
-    write_report,
-)
+import scaffold as sc  # noqa: E402  (scripts/ is this script's folder)
 
 
 async def send_all(url: str, sentences: list[str], clients: int, beam: int, timeout: float) -> list[dict]:
@@ -73,29 +60,15 @@ def compare(sentences: list[str], served: list[dict], alone: list) -> dict:
         if "error" in s:
             errors.append({"index": i, "source": text, "error": s["error"]})
         elif s["token_ids"] != a.token_ids:
-            differences.append(
-                {
-                    "index": i,
-                    "source": text,
-                    "served": {
-                        "hypothesis": s["hypotheses"][0],
-                        "token_ids": s["token_ids"][0],
-                        "score": (s.get("scores") or [None])[0],
-                    },
-                    "alone": {
-                        "hypothesis": a.hypotheses[0],
-                        "token_ids": a.token_ids[0],
-                        "score": float(a.scores[0]),
-                    },
-                }
+            got = dict(
+                hypothesis=s["hypotheses"][0],
+                token_ids=s["token_ids"][0],
+                score=(s.get("scores") or [None])[0],
             )
-    total = len(sentences)
-    return {
-        "total": total,
-        "identical": total - len(differences) - len(errors),
-        "errors": errors,
-        "differences": differences,
-    }
+            want = dict(hypothesis=a.hypotheses[0], token_ids=a.token_ids[0], score=float(a.scores[0]))
+            differences.append({"index": i, "source": text, "served": got, "alone": want})
+    identical = len(sentences) - len(differences) - len(errors)
+    return {"total": len(sentences), "identical": identical, "errors": errors, "differences": differences}
 
 
 def as_text(report: dict) -> str:
@@ -126,8 +99,8 @@ def as_text(report: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("bundle", type=Path, help="the bundle served and translated in process")
-    add_out(p)
-    add_sentences(p, 1000)
+    sc.add_out(p)
+    sc.add_sentences(p, 1000)
     p.add_argument("--clients", type=int, default=32, help="concurrent clients (default 32)")
     p.add_argument("--beams", type=int, nargs="+", default=[1, 4], help="beam sizes checked (default 1 4)")
     p.add_argument(
@@ -141,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--lanes", type=int, default=1, help="the server's --lanes, with continuous (default 1)")
     p.add_argument("--processes", type=int, default=1, help="the server's --processes (default 1)")
-    add_timeouts(p, request=600.0)
+    sc.add_timeouts(p, request=600.0)
     return p
 
 
@@ -152,60 +125,44 @@ def main(argv: list[str] | None = None) -> int:
         0; 1 when a request failed; 2 for a bad argument (the message on stderr).
     """
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGTERM, sc.terminate)
     sentences: list[str] = []
 
     def check():
         if args.sentences < 1 or args.clients < 1:
             raise ValueError(f"--sentences {args.sentences}, --clients {args.clients}: each must be >= 1")
-        sentences.extend(read_sentences(args.data, args.src_col, args.sentences, args.seed))
-        prepare_out(args.out, args.force)
+        sentences.extend(sc.read_sentences(args.data, args.src_col, args.sentences, args.seed))
+        sc.prepare_out(args.out, args.force)
 
-    if code := checked("serve_identity", check):
+    if code := sc.checked("serve_identity", check):
         return code
-    cmd = serve_argv(
-        args.bundle,
-        "--batching",
-        args.batching,
-        "--intra-threads",
-        args.intra_threads,
-        "--lanes",
-        args.lanes,
-        "--processes",
-        args.processes,
-        "--timeout",
-        args.request_timeout,
-    )
+    options = ["--batching", args.batching, "--intra-threads", args.intra_threads, "--lanes", args.lanes]
+    options += ["--processes", args.processes, "--timeout", args.request_timeout]
+    cmd = sc.serve_argv(args.bundle, *options)
     served = {}
-    log(f"starting {' '.join(cmd[2:])}")
-    with Server(cmd, args.out / "logs" / "server.log", sentences[0], args.start_timeout) as server:
+    sc.log(f"starting {' '.join(cmd[2:])}")
+    with sc.Server(cmd, args.out / "logs" / "server.log", sentences[0], args.start_timeout) as server:
         for beam in args.beams:
             t = time.perf_counter()
             served[beam] = asyncio.run(
                 send_all(server.url, sentences, args.clients, beam, args.request_timeout)
             )
-            log(f"{beam_label(beam)}: {len(sentences)} served in {time.perf_counter() - t:.1f} s")
+            sc.log(f"{sc.beam_label(beam)}: {len(sentences)} served in {time.perf_counter() - t:.1f} s")
     from seq2onnx.runtime.translator import Translator
 
     tr = Translator(args.bundle, device="cpu", intra_threads=args.intra_threads)
-    report = {
-        "bundle": str(args.bundle),
-        "batching": args.batching,
-        "lanes": args.lanes,
-        "processes": args.processes,
-        "sentences": len(sentences),
-        "clients": args.clients,
-        "data": str(args.data),
-        "src_col": args.src_col,
-        "results": {},
-    }
+    setting = dict(
+        bundle=str(args.bundle), batching=args.batching, lanes=args.lanes, processes=args.processes
+    )
+    load = dict(sentences=len(sentences), clients=args.clients, data=str(args.data), src_col=args.src_col)
+    report = {**setting, **load, "results": {}}
     for beam in args.beams:
         t = time.perf_counter()
         alone = [tr.translate_batch([s], beam_size=beam, return_scores=True)[0] for s in sentences]
-        log(f"{beam_label(beam)}: {len(sentences)} translated alone in {time.perf_counter() - t:.1f} s")
-        report["results"][beam_label(beam)] = compare(sentences, served[beam], alone)
+        sc.log(f"{sc.beam_label(beam)}: {len(sentences)} translated alone in {time.perf_counter() - t:.1f} s")
+        report["results"][sc.beam_label(beam)] = compare(sentences, served[beam], alone)
     text = as_text(report)
-    write_report(args.out, "identity", report, text, ".txt")
+    sc.write_report(args.out, "identity", report, text, ".txt")
     print(text)
     return 1 if any(r["errors"] for r in report["results"].values()) else 0
 

@@ -22,6 +22,7 @@ export PYTHONUNBUFFERED=1
 mode=gpu dev=cuda
 case "${1:-}" in
   --cpu) mode=cpu dev=cpu; export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} ;;  # tiny models: one thread
+  -h|--help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
   "") ;;
   *) echo "usage: bash scripts/gpu_check.sh [--cpu]"; exit 2 ;;
 esac
@@ -61,7 +62,7 @@ step() {
     [ "$limit" -gt "$left" ] && limit=$left
     start=$(date +%s)
     echo "\$ $*" > "$work/logs/$name.log"
-    timeout "$limit" "$@" >> "$work/logs/$name.log" 2>&1
+    timeout --kill-after=10 "$limit" "$@" >> "$work/logs/$name.log" 2>&1
     rc=$? seconds[$name]=$(( $(date +%s) - start ))
     if [ $rc = 0 ]; then status[$name]=ok
     elif [ $rc = 124 ]; then status[$name]="failed: timed out after $limit s"

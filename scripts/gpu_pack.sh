@@ -109,6 +109,7 @@ import onnxruntime as o; o.preload_dlls(); print('install: providers', o.get_ava
 }
 
 case "${1:-}" in
+  -h|--help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
   --install) install "${2:-.gpupack}" "${3:-/tmp/ort-gpu}"; exit $? ;;
   --setup) cd "$(dirname "$0")/.." && setup "$2"; exit $? ;;
   --all)  # pinned as measured (docs/gpu.md); transformers' dependencies are the image's

@@ -19,10 +19,12 @@ mode=gpu
 if [ "${1:-}" = --cpu ]; then mode=cpu; shift; fi
 OUT=${OUT:-/tmp/gpu-sizes-out}
 mkdir -p "$OUT"
+case " $* " in *" -h "*|*" --help "*) mode=help ;; esac  # --help: gpu_sizes.py's, nothing installed
 if [ $mode = gpu ]; then
   bash scripts/gpu_pack.sh --setup /tmp/gpu-sizes-env.sh > "$OUT/install.log" 2>&1
   cat "$OUT/install.log"
   # shellcheck disable=SC1091
   . /tmp/gpu-sizes-env.sh
 fi
+[ $mode = help ] && mode=gpu
 exec "$py" scripts/gpu_sizes.py --mode "$mode" --out "$OUT" "$@"

@@ -57,13 +57,13 @@ install() {
 
 # setup ENV: every pack carried installed; ENV gets the exports that make the check's Python see them.
 setup() {
-  local env=$1 spec pack target lib so lt sites
+  local env=$1 spec pack target lib so lt sites rc=0
   : > "$env"
   for spec in .gpupack:/tmp/ort-gpu .gpupack-hf:/tmp/site .gpupack-ct2:/tmp/site .gpupack-cublas12:/tmp/cublas12
   do
     pack=${spec%%:*} target=${spec#*:}
     if ls "$pack"/[0-9]*/MANIFEST >/dev/null 2>&1; then
-      install "$pack" "$target" || { [ "$pack" = .gpupack ] && return 2; say "$pack FAILED (above)"; }
+      install "$pack" "$target" || { say "$pack FAILED (above)"; [ "$pack" != .gpupack ] || rc=2; }
     else
       say "no $pack here (not carried): what needs it fails, named in the tables"
     fi
@@ -106,6 +106,7 @@ for d in ('onnxruntime-gpu', 'onnxruntime', 'transformers', 'ctranslate2', 'nvid
     except md.PackageNotFoundError: print('install:', d, 'absent')
 import onnxruntime as o; o.preload_dlls(); print('install: providers', o.get_available_providers())") ||
     say "onnxruntime did not load (above): the steps that need it fail with their reason"
+  return $rc
 }
 
 case "${1:-}" in

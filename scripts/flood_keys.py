@@ -14,6 +14,7 @@ and the three modes of a round under about the same load from the machine's othe
 Prints a Markdown table (requests/s and p50/p99 of the ordinary keys; the flooder's requests and 429s) and
 writes DIR/flood.json. On a shared machine the figures are noisy: compare runs of one invocation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,15 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-KEYS = {"a": "ordinary-key-a-0123456789", "b": "ordinary-key-b-0123456789", "c": "ordinary-key-c-0123456789",
-        "flood": "flooder-key-0123456789"}
+sys.path.insert(0, str(HERE))
+import scaffold as sc  # noqa: E402  (scripts/ is this script's folder)
+
+KEYS = {
+    "a": "ordinary-key-a-0123456789",
+    "b": "ordinary-key-b-0123456789",
+    "c": "ordinary-key-c-0123456789",
+    "flood": "flooder-key-0123456789",
+}
 
 
 def keys_file(directory: Path, flood_limit: int) -> Path:
@@ -39,34 +47,39 @@ def keys_file(directory: Path, flood_limit: int) -> Path:
 
     path = directory / "keys.txt"
     lines = [line_for(n, k, in_flight=64, per_minute=10**6) for n, k in KEYS.items() if n != "flood"]
-    lines.append(line_for("flood", KEYS["flood"], in_flight=4 if flood_limit < 10**6 else 64,
-                          per_minute=flood_limit))
+    lines.append(
+        line_for("flood", KEYS["flood"], in_flight=4 if flood_limit < 10**6 else 64, per_minute=flood_limit)
+    )
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 
-def start(bundle: str, keys: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """The server process and its URL (waited for, at most 120 s)."""
-    command = [sys.executable, "-m", "seq2onnx.commands", "serve", bundle, "--port", "0",
-               "--languages", "en:fr", "--api-keys", str(keys), "--max-queue", "1024"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:
-        found = re.search(r"listening on (http://\S+)", line)
-        if found:
-            return proc, found.group(1)
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise RuntimeError(f"the server did not start: {log.read_text()}")
-
-
-def wrk(url: str, keys: list[str], clients: int, seconds: float, delay_ms: int,
-        path: str = "/v2/translate") -> subprocess.Popen:
+def wrk(
+    url: str, keys: list[str], clients: int, seconds: float, delay_ms: int, path: str = "/v2/translate"
+) -> subprocess.Popen:
     get = ["get"] if path == "/health" else []
-    return subprocess.Popen(["wrk", "-t", "1", "-c", str(clients), "-d", f"{max(1, round(seconds))}s",
-                             "--timeout", "30s", "-s", str(HERE / "flood_keys.lua"), url + path, "--",
-                             ",".join(keys), str(delay_ms), *get], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            "wrk",
+            "-t",
+            "1",
+            "-c",
+            str(clients),
+            "-d",
+            f"{max(1, round(seconds))}s",
+            "--timeout",
+            "30s",
+            "-s",
+            str(HERE / "flood_keys.lua"),
+            url + path,
+            "--",
+            ",".join(keys),
+            str(delay_ms),
+            *get,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def result(proc: subprocess.Popen) -> dict:
@@ -84,8 +97,16 @@ def run(url: str, args, flood: bool) -> dict:
     delay_ms = int(args.flooders * 60_000 / (10 * args.flood_limit))
     procs = [wrk(url, ordinary, args.clients - args.flooders, args.seconds, 0)]
     # alone: the same pacing on /health, so that both runs load the client side alike
-    procs.append(wrk(url, [KEYS["flood"]], args.flooders, args.seconds, delay_ms,
-                     "/v2/translate" if flood else "/health"))
+    procs.append(
+        wrk(
+            url,
+            [KEYS["flood"]],
+            args.flooders,
+            args.seconds,
+            delay_ms,
+            "/v2/translate" if flood else "/health",
+        )
+    )
     figures = [result(p) for p in procs]
     return {"ordinary": figures[0], "flooder": figures[1] if flood else None}
 
@@ -102,9 +123,10 @@ def rounds(args, out: Path) -> list[dict]:
     """--rounds rounds of the three modes on one server, the flooder's limit switched by SIGHUP (the keys
     file rewritten): each round's modes run under about the same load from the machine's other work."""
     keys = keys_file(out, args.flood_limit)
-    proc, url = start(args.bundle, keys, out / "server.log")
+    argv = sc.serve_argv(args.bundle, "--languages", "en:fr", "--api-keys", keys, "--max-queue", 1024)
     results = []
-    try:
+    with sc.Server(argv, out / "server.log", probe=None, start_timeout=120) as server:
+        url, proc = server.url.removesuffix(sc.PATH), server.proc
         result(wrk(url, [KEYS["a"]], args.clients - args.flooders, args.warmup, 0))
         for _ in range(args.rounds):
             row = {}
@@ -114,25 +136,35 @@ def rounds(args, out: Path) -> list[dict]:
                 time.sleep(0.5)
                 row[name] = run(url, args, flood)
             results.append(row)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
     return results
 
 
 def table(results: list[dict], limit: int) -> str:
     """The Markdown table: one line per round and mode; p99 / alone is against the same round's alone."""
-    lines = ["| round | run | ordinary req/s | ordinary p50 ms | ordinary p99 ms | p99 / alone (same round) "
-             "| flooder requests | flooder non-2xx (429) | flooder rate / limit |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    head = [
+        "round",
+        "run",
+        "ordinary req/s",
+        "ordinary p50 ms",
+        "ordinary p99 ms",
+        "p99 / alone (same round)",
+        "flooder requests",
+        "flooder non-2xx (429)",
+        "flooder rate / limit",
+    ]
+    rows = []
     for i, row in enumerate(results, 1):
         base = row["alone"]["ordinary"]["p99"]
         for name, _, _ in MODES:
             o, f = row[name]["ordinary"], row[name]["flooder"]
-            lines.append(f"| {i} | {name} | {o['requests'] / o['seconds']:.1f} | {o['p50'] / 1000:.1f} | "
-                         f"{o['p99'] / 1000:.1f} | {o['p99'] / base:.2f} | {f['requests'] if f else '-'} | "
-                         f"{f['non_2xx'] if f else '-'} | {rate(f, limit)} |")
-    return "\n".join(lines)
+            ordinary = [
+                f"{o['requests'] / o['seconds']:.1f}",
+                f"{o['p50'] / 1000:.1f}",
+                f"{o['p99'] / 1000:.1f}",
+            ]
+            flooder = [f["requests"], f["non_2xx"]] if f else ["-", "-"]
+            rows.append([i, name, *ordinary, f"{o['p99'] / base:.2f}", *flooder, rate(f, limit)])
+    return "\n".join(sc.md_table(head, rows))
 
 
 def main() -> int:

@@ -36,18 +36,44 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_sizes_report import markdown  # noqa: E402
-from hf_real_sizes import run_job  # noqa: E402
-from hf_sizes_common import SIZES, TINY, test_sentences, write_atomic  # noqa: E402
+from hf_sizes_common import SIZES, TINY, run_job, test_sentences, write_atomic  # noqa: E402
 
 MODES = {  # rows (search, beam, batch) in the order measured: batch 32 first, the goals' rows
-    "gpu": dict(device="cuda", sentences=128, batch1=8, max_new_tokens=32, threads=1, budget=450,
-                spm_texts=None,
-                rows=[("greedy", 1, 32), ("beam4", 4, 32), ("greedy", 1, 1), ("beam4", 4, 1),
-                      ("greedy", 1, 128), ("beam4", 4, 128)]),
+    "gpu": dict(
+        device="cuda",
+        sentences=128,
+        batch1=8,
+        max_new_tokens=32,
+        threads=1,
+        budget=450,
+        spm_texts=None,
+        rows=[
+            ("greedy", 1, 32),
+            ("beam4", 4, 32),
+            ("greedy", 1, 1),
+            ("beam4", 4, 1),
+            ("greedy", 1, 128),
+            ("beam4", 4, 128),
+        ],
+    ),
     # tiny models: 2,000 sentences are plenty for 1,000 pieces; a loose budget (no device time at stake)
-    "cpu": dict(device="cpu", sentences=8, batch1=2, max_new_tokens=8, threads=1, budget=1200, spm_texts=2000,
-                rows=[("greedy", 1, 4), ("beam4", 4, 4), ("greedy", 1, 1), ("beam4", 4, 1),
-                      ("greedy", 1, 8), ("beam4", 4, 8)]),
+    "cpu": dict(
+        device="cpu",
+        sentences=8,
+        batch1=2,
+        max_new_tokens=8,
+        threads=1,
+        budget=1200,
+        spm_texts=2000,
+        rows=[
+            ("greedy", 1, 4),
+            ("beam4", 4, 4),
+            ("greedy", 1, 1),
+            ("beam4", 4, 1),
+            ("greedy", 1, 8),
+            ("beam4", 4, 8),
+        ],
+    ),
 }
 # Seconds each step may take at most on the GPU (NLLB-600M's are the long ones); the budget cuts later
 # ones shorter; on the CPU twice as long (a busy shared machine).

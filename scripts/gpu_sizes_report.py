@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scaffold import fmt, md_table  # noqa: E402
 
 # fp16 engines and the fp32 sibling each is held to, as agreement of outputs
 SIBLING = {
@@ -15,16 +19,8 @@ SIBLING = {
 REFERENCE = "generate-fp32"  # transformers' generate() in float32, TF32 off: every row's token ids
 
 
-def fmt(x, spec: str = ",.0f") -> str:
-    return "—" if x is None else format(x, spec)
-
-
 def _table(head: list[str], rows: list[list]) -> list[str]:
-    return (
-        ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-        + [""]
-    )
+    return md_table(head, rows) + [""]
 
 
 def row_names(settings: dict) -> list[str]:
@@ -49,7 +45,7 @@ def outputs(rec: dict | None, row: str, to_id: dict) -> list | None:
 
 
 def same(a: list | None, b: list | None, limit: int | None = None) -> str:
-    """"equal/total" of two engines' outputs on a row. With limit (CTranslate2 against generate()): an output
+    """ "equal/total" of two engines' outputs on a row. With limit (CTranslate2 against generate()): an output
     cut at the limit also counts as equal to the reference's one token shorter that it begins with, since
     transformers (and ours) force the end token as the last one where the config has forced_eos_token_id
     (OPUS-MT), and CTranslate2 does not."""
@@ -58,6 +54,7 @@ def same(a: list | None, b: list | None, limit: int | None = None) -> str:
 
     def eq(x, y):
         return x == y or (limit is not None and len(x) == limit and len(y) == limit - 1 and x[:-1] == y)
+
     return f"{sum(eq(x, y) for x, y in zip(a, b))}/{len(a)}"
 
 
@@ -127,8 +124,11 @@ def model_section(model: str, steps: dict, settings: dict) -> list[str]:
     ref, limit = out.get(REFERENCE, {}), settings["max_new_tokens"]
     lines += [f"### Token ids equal to {REFERENCE} (TF32 off)", ""] + _table(
         ["engine", *rows],
-        [[e, *(same(out[e][r], ref.get(r), limit if e.startswith("ct2") else None) for r in rows)]
-         for e in engines if e != REFERENCE],
+        [
+            [e, *(same(out[e][r], ref.get(r), limit if e.startswith("ct2") else None) for r in rows)]
+            for e in engines
+            if e != REFERENCE
+        ],
     )
     agree = [
         [f"{e} = {s}", *(same(out[e][r], out[s][r]) for r in rows)]

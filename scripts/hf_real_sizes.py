@@ -22,7 +22,7 @@ The tokenizers are a unigram SentencePiece model trained on English (the first c
 otherwise), with unused filler pieces appended so that the SentencePiece model and vocab.json have the
 model's whole vocabulary: the embeddings and the output projection have their real sizes.
 
-Each measurement runs in its own child process (this script with --job), so that each has its own peak
+Each measurement runs in its own child process (hf_sizes_jobs.py SPEC), so that each has its own peak
 resident set (VmHWM, which unlike ru_maxrss does not carry the parent's pages over the exec): our export to
 an fp32 and an int8 bundle, CTranslate2's converter (TransformersConverter, fp32; its int8 is the fp32
 model loaded with compute_type="int8", as CTranslate2 recommends), and one child per engine translating the
@@ -32,9 +32,16 @@ batch 1 (the first 8 sentences, one at a time) and batch 32 (the sentences in ba
 warmed up once (its first batch) and then timed over all its batches. tokens/s = generated target tokens
 (the forced language token of M2M100 and the end token included, the decoder start excluded) / seconds.
 
+Notes on options: --max-new-tokens is transformers' max_length less one (it counts the decoder start);
+--ct2-mkl adds CTranslate2 fp32 with CT2_USE_MKL=1 as another setting in the per-row best (its default on AMD
+is oneDNN; MKL's int8 measured 10-40x slower, so int8 never); --engines leaves out what the machine cannot
+hold (an NLLB-3.3B CTranslate2 conversion holds two fp32 copies, over 24 GiB); int4's rows are in
+report.json, not yet in report.md; --max-job-rss-gb kills a job (recording why) before the OOM killer does.
+
 Results: OUT/report.json (every measurement, every output) and OUT/report.md (the tables), merged with the
 other model's results when OUT already holds a report. Model directories are cached under --work.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,73 +53,20 @@ import sys
 import time
 from pathlib import Path
 
-from hf_sizes_common import BATCH1_SENTENCES, SIZES, TINY, log, test_sentences, write_atomic
-from hf_sizes_jobs import child_main
+from hf_sizes_common import (
+    BATCH1_SENTENCES,
+    SIZES,
+    TINY,
+    log,
+    mem_available_gb,
+    run_job,
+    test_sentences,
+    write_atomic,
+)
 from hf_sizes_report import fmt_load, markdown, summarise
+
+
 # ----------------------------------------------------------------------------------------------- parent
-def child_rss_gb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return 0.0
-
-
-def run_job(spec: dict, work: Path, name: str, timeout: float, max_rss_gb: float = float("inf")) -> dict:
-    """Runs one job in a child process; returns its result, or {"error": ...} with the end of its stderr."""
-    jobs = work / "jobs"
-    jobs.mkdir(parents=True, exist_ok=True)
-    spec = dict(spec, result=str(jobs / f"{name}.result.json"), label=name)
-    spec_path = jobs / f"{name}.spec.json"
-    spec_path.write_text(json.dumps(spec), encoding="utf-8")
-    Path(spec["result"]).unlink(missing_ok=True)
-    Path(spec["result"] + ".peak").unlink(missing_ok=True)
-    log_path = jobs / f"{name}.log"
-    t = time.perf_counter()
-    killed, seen = None, 0.0
-    with open(log_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, __file__, "--job", str(spec_path)], stdout=err,
-                                stderr=subprocess.STDOUT,
-                                env={**os.environ, **spec.get("env", {})})
-        try:
-            while proc.poll() is None:
-                time.sleep(0.25)
-                seen = max(seen, child_rss_gb(proc.pid))
-                if time.perf_counter() - t > timeout:
-                    killed = f"killed by this script: timed out after {timeout:.0f} s"
-                elif seen > max_rss_gb:
-                    killed = (f"killed by this script: resident set {seen:.1f} GB, over --max-job-rss-gb "
-                              f"{max_rss_gb:.1f} (protecting the machine from the OOM killer)")
-                if killed:
-                    proc.kill()
-                    proc.wait()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    wall = time.perf_counter() - t
-    text = log_path.read_text(errors="replace")
-    for line in text.splitlines():
-        if line.endswith(" s)") and "tokens/s" in line:
-            log(line.strip())
-    if proc.returncode != 0 or not Path(spec["result"]).is_file():
-        why = killed or f"exit {proc.returncode}"
-        lines = [x.strip() for x in text.strip().splitlines() if x.strip() and "tokens/s (" not in x]
-        raised = [x for x in lines if x.split(":")[0].endswith(("Error", "Exception", "Interrupt"))]
-        error = f"{why}: " + (raised[-1] if raised else " | ".join(lines[-3:])) if lines else why
-        log(f"{name}: FAILED after {wall:.0f} s ({error[:600]}); log: {log_path}")
-        peak_file = Path(spec["result"] + ".peak")
-        where = json.loads(peak_file.read_text()) if peak_file.is_file() else None
-        return {"error": error, "log": str(log_path), "wall_s": wall, "peak_rss_seen_gb": seen,
-                "peak_where": where}
-    result = json.loads(Path(spec["result"]).read_text(encoding="utf-8"))
-    result["wall_s"] = wall
-    return result
-
-
 def code_state() -> dict:
     """The checkout measured: HEAD and the files of the package changed from it (the importer and runtime
     under test)."""
@@ -124,6 +78,7 @@ def code_state() -> dict:
             return done.stdout.rstrip()
         except (OSError, subprocess.SubprocessError):
             return ""
+
     status = git("status", "--porcelain", "--", "export", "runtime", "model")
     changed = [line[3:] for line in status.splitlines()]
     return {"head": git("log", "-1", "--format=%h %ci %s")[:200].strip(), "changed": changed}
@@ -150,11 +105,21 @@ def run_model(name: str, size: dict, args, work: Path) -> dict:
         preparation ends the measurement early).
     """
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    entry: dict = {"model": name, "size": size, "started": started, "load_start": os.getloadavg(),
-                   "sentences": args.sentences, "max_new_tokens": args.max_new_tokens,
-                   "threads": args.threads, "repeat": args.repeat, "batch1_sentences": args.batch1_sentences,
-                   "ct2_threads": args.ct2_threads, "ct2_mkl": args.ct2_mkl,
-                   "max_job_rss_gb": args.max_job_rss_gb, "errors": {}}
+    entry: dict = {
+        "model": name,
+        "size": size,
+        "started": started,
+        "load_start": os.getloadavg(),
+        "sentences": args.sentences,
+        "max_new_tokens": args.max_new_tokens,
+        "threads": args.threads,
+        "repeat": args.repeat,
+        "batch1_sentences": args.batch1_sentences,
+        "ct2_threads": args.ct2_threads,
+        "ct2_mkl": args.ct2_mkl,
+        "max_job_rss_gb": args.max_job_rss_gb,
+        "errors": {},
+    }
     entry["code"] = code_state()
     t_model = time.perf_counter()
     tag = f"{'tiny-' if args.tiny else ''}{name}"
@@ -166,9 +131,18 @@ def run_model(name: str, size: dict, args, work: Path) -> dict:
     entry["weights_bytes"] = (mdir / "model.safetensors").stat().st_size
     out = work / "out" / tag
     out.mkdir(parents=True, exist_ok=True)
-    prep = run_job({"job": "prepare", "model_dir": str(mdir), "sentences": test_sentences(args.sentences),
-                    "vocab_out": str(out / "id_to_token.json")}, work, f"{tag}-prepare", args.job_timeout,
-                   args.max_job_rss_gb)
+    prep = run_job(
+        {
+            "job": "prepare",
+            "model_dir": str(mdir),
+            "sentences": test_sentences(args.sentences),
+            "vocab_out": str(out / "id_to_token.json"),
+        },
+        work,
+        f"{tag}-prepare",
+        args.job_timeout,
+        args.max_job_rss_gb,
+    )
     if "error" in prep:
         entry["errors"]["prepare"] = prep["error"]
         return entry
@@ -180,12 +154,19 @@ def run_model(name: str, size: dict, args, work: Path) -> dict:
         if "error" in r:
             entry["errors"][key] = r["error"]
         else:
-            log(f"{tag}: {key}: {r['seconds']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB, "
-                f"{r['bytes'] / 1e6:.0f} MB")
+            log(
+                f"{tag}: {key}: {r['seconds']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB, "
+                f"{r['bytes'] / 1e6:.0f} MB"
+            )
     entry["steps"] = steps
 
-    common = {"job": "engine", "prepared": str(prepared), "max_new_tokens": args.max_new_tokens,
-              "model_dir": str(mdir), "batch1_sentences": args.batch1_sentences}
+    common = {
+        "job": "engine",
+        "prepared": str(prepared),
+        "max_new_tokens": args.max_new_tokens,
+        "model_dir": str(mdir),
+        "batch1_sentences": args.batch1_sentences,
+    }
     engines = _engines(steps, out, args)
     rounds = _rounds(tag, engines, common, args, work, entry)
     names = list(engines)
@@ -207,15 +188,21 @@ def _build(tag: str, size: dict, mdir: Path, args, work: Path, entry: dict) -> b
         SystemExit: --skip-build, and no model there.
     """
     if args.skip_build:
-        raise SystemExit(f"error: --skip-build but {mdir} holds no built model; run once without "
-                         "--skip-build")
+        raise SystemExit(
+            f"error: --skip-build but {mdir} holds no built model; run once without --skip-build"
+        )
     log(f"{tag}: building the model directory {mdir} (random weights, seed 0)")
     partial = work / "models" / f".{tag}.partial"
     import shutil
 
     shutil.rmtree(partial, ignore_errors=True)
-    built = run_job({"job": "build", "size": size, "out": str(partial)}, work, f"{tag}-build",
-                    args.job_timeout, args.max_job_rss_gb)
+    built = run_job(
+        {"job": "build", "size": size, "out": str(partial)},
+        work,
+        f"{tag}-build",
+        args.job_timeout,
+        args.max_job_rss_gb,
+    )
     if "error" in built:
         entry["errors"]["build"] = built["error"]
         return False
@@ -238,28 +225,43 @@ def _exports(tag: str, mdir: Path, out: Path, args, work: Path, entry: dict) -> 
     steps_file = out / "steps.json"
     if args.skip_exports:
         if not steps_file.is_file():
-            raise SystemExit(f"error: --skip-exports but {steps_file} is missing; run once without "
-                             "--skip-exports")
+            raise SystemExit(
+                f"error: --skip-exports but {steps_file} is missing; run once without --skip-exports"
+            )
         steps = json.loads(steps_file.read_text())
         entry["steps_reused_from"] = f"{steps_file} ({time.ctime(steps_file.stat().st_mtime)})"
         log(f"{tag}: export and conversion results reused from {entry['steps_reused_from']}")
         return steps
     steps = {}
     for key, quantize in (("export_fp32", None), ("export_int8", "int8"), ("export_int4", "int4")):
-        if "ours" not in args.engines or key[len("export_"):] not in args.variants:
+        if "ours" not in args.engines or key[len("export_") :] not in args.variants:
             steps[key] = {"error": "not run (--engines / --variants)"}
             continue
         log(f"{tag}: {key}")
-        steps[key] = run_job({"job": "export", "model_dir": str(mdir),
-                              "out": str(out / key.replace("export_", "bundle-")), "quantize": quantize},
-                             work, f"{tag}-{key}", args.job_timeout, args.max_job_rss_gb)
+        steps[key] = run_job(
+            {
+                "job": "export",
+                "model_dir": str(mdir),
+                "out": str(out / key.replace("export_", "bundle-")),
+                "quantize": quantize,
+            },
+            work,
+            f"{tag}-{key}",
+            args.job_timeout,
+            args.max_job_rss_gb,
+        )
     if "ct2" not in args.engines:
         steps["ct2_convert"] = {"error": "not run (--engines)"}
         steps_file.write_text(json.dumps(steps))
         return steps
     log(f"{tag}: CTranslate2 conversion (fp32)")
-    steps["ct2_convert"] = run_job({"job": "ct2_convert", "model_dir": str(mdir), "out": str(out / "ct2")},
-                                   work, f"{tag}-ct2_convert", args.job_timeout, args.max_job_rss_gb)
+    steps["ct2_convert"] = run_job(
+        {"job": "ct2_convert", "model_dir": str(mdir), "out": str(out / "ct2")},
+        work,
+        f"{tag}-ct2_convert",
+        args.job_timeout,
+        args.max_job_rss_gb,
+    )
     steps_file.write_text(json.dumps(steps))
     return steps
 
@@ -270,17 +272,25 @@ def _engines(steps: dict, out: Path, args) -> dict:
     engines = {"torch": dict(engine="torch", threads=args.threads)} if "torch" in args.engines else {}
     for variant in ("fp32", "int8", "int4"):
         if "error" not in steps.get(f"export_{variant}", {"error": "not exported"}):
-            engines[f"ours-{variant}"] = dict(engine="ours", threads=args.threads,
-                                              bundle=str(out / f"bundle-{variant}"))
+            engines[f"ours-{variant}"] = dict(
+                engine="ours", threads=args.threads, bundle=str(out / f"bundle-{variant}")
+            )
         if "error" not in steps["ct2_convert"] and variant in args.variants and variant != "int4":
             for th in args.ct2_threads:
                 engines[f"ct2-{variant}-t{th}"] = dict(
-                    engine="ct2", threads=th, ct2_dir=str(out / "ct2"),
-                    compute_type="float32" if variant == "fp32" else "int8")
+                    engine="ct2",
+                    threads=th,
+                    ct2_dir=str(out / "ct2"),
+                    compute_type="float32" if variant == "fp32" else "int8",
+                )
             if args.ct2_mkl and variant == "fp32" and "error" not in steps["ct2_convert"]:
                 engines[f"ct2-{variant}-t{args.threads}-mkl"] = dict(
-                    engine="ct2", threads=args.threads, ct2_dir=str(out / "ct2"), env={"CT2_USE_MKL": "1"},
-                    compute_type="float32" if variant == "fp32" else "int8")
+                    engine="ct2",
+                    threads=args.threads,
+                    ct2_dir=str(out / "ct2"),
+                    env={"CT2_USE_MKL": "1"},
+                    compute_type="float32" if variant == "fp32" else "int8",
+                )
     return engines
 
 
@@ -293,24 +303,17 @@ def _rounds(tag: str, engines: dict, common: dict, args, work: Path, entry: dict
     rounds = []
     names = list(engines)
     for r in range(args.repeat):
-        order = names[r % len(names):] + names[: r % len(names)]  # rotate: no engine always first
+        order = names[r % len(names) :] + names[: r % len(names)]  # rotate: no engine always first
         results = {}
         for e in order:
             log(f"{tag}: round {r + 1}/{args.repeat}: {e}")
-            results[e] = run_job({**common, **engines[e]}, work, f"{tag}-{e}-r{r}", args.job_timeout,
-                                 args.max_job_rss_gb)
+            results[e] = run_job(
+                {**common, **engines[e]}, work, f"{tag}-{e}-r{r}", args.job_timeout, args.max_job_rss_gb
+            )
             if "error" in results[e]:
                 entry["errors"][f"{e} (round {r + 1})"] = results[e]["error"]
         rounds.append(results)
     return rounds
-
-
-def mem_available_gb() -> float:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
-    return 16.0
 
 
 def machine() -> str:
@@ -326,64 +329,35 @@ def machine() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line (--job, hidden: a child process runs one job)."""
+    """The command line (the module's docstring is its epilog: what each option changes)."""
+    doc = __doc__.split("\n\n", 2)
     p = argparse.ArgumentParser(
-        description="Issue 25 item 6: OPUS-MT-size Marian and NLLB-600M-size M2M100 (random weights) "
-                    "exported with seq2onnx, against CTranslate2 and PyTorch's generate: export time and "
-                    "memory, bundle sizes, tokens/s and token identity. Run once, by hand; not part of CI.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
-    p.add_argument("--work", type=Path,
-                   help="working directory: model directories (cached: a rerun reuses them), "
-                                             "bundles, CTranslate2 models, job logs (WORK/jobs/*.log)")
-    p.add_argument("--models", default="marian,nllb",
-                   help="comma-separated subset of marian,nllb,mbart (default marian,nllb)")
-    p.add_argument("--sentences", type=int, default=32,
-                   help="test sentences (default 32); the batch-32 rows decode them in batches of 32, the "
-                        "batch-1 rows the first 8 one at a time")
-    p.add_argument("--max-new-tokens", type=int, default=32,
-                   help="generated tokens per sentence at most, end token included (default 32; "
-                        "transformers' max_length = this + 1, since it counts the decoder start token)")
-    p.add_argument("--threads", type=int, default=2,
-                   help="threads per engine (default 2); CTranslate2 also runs at 1")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="rounds of all engines, order rotated (default 1): tokens/s "
-                                                         "and ratios are medians over rounds")
-    p.add_argument("--batch1-sentences", type=int, default=BATCH1_SENTENCES,
-                   help=f"sentences the batch-1 rows decode one at a time (default {BATCH1_SENTENCES})")
-    p.add_argument("--ct2-threads", default=None,
-                   help="CTranslate2 intra_threads settings to run, comma-separated (default: THREADS and "
-                        "1); the faster per row is compared")
-    p.add_argument("--ct2-mkl", action="store_true",
-                   help="also run CTranslate2 fp32 with CT2_USE_MKL=1 at THREADS threads (its default on AMD "
-                        "CPUs is oneDNN for fp32 GEMM; CT2_VERBOSE=1 shows the backend): another setting in "
-                        "the per-row best. Not for int8: MKL's int8 path measured 10-40x slower than "
-                        "oneDNN's on an AMD EPYC")
-    p.add_argument("--engines", default="torch,ours,ct2",
-                   help="comma-separated subset of torch,ours,ct2 to convert and time (default all three): "
-                        "an NLLB-3.3B-size CTranslate2 conversion holds two fp32 copies, more than 24 GiB")
-    p.add_argument("--variants", default="fp32,int8",
-                   help="comma-separated subset of fp32,int8,int4: our bundles to export and time (default "
-                        "fp32,int8; int4's rows are in report.json, not yet in report.md's tables)")
-    p.add_argument("--skip-exports", action="store_true",
-                   help="do not export or convert again: reuse the bundles, the CTranslate2 model and their "
-                        "measurements from the previous run (WORK/out/MODEL/steps.json)")
-    p.add_argument("--render-only", action="store_true",
-                   help="rewrite OUT/report.md from OUT/report.json and exit")
-    p.add_argument("--skip-build", action="store_true",
-                   help="never build: fail unless WORK/models already holds the model directories")
-    p.add_argument("--tiny", action="store_true",
-                   help="small configs (d_model 64, 2+2 layers, vocabulary 3000): "
-                                                       "checks the whole pipeline in about a minute")
-    p.add_argument("--out", type=Path, help="where report.json and report.md go (default WORK/results, or "
-                                            "WORK/results-tiny with --tiny); an existing report there is "
-                                            "merged")
-    p.add_argument("--job-timeout", type=float, default=3600,
-                   help="seconds before a child job is killed (default 3600)")
-    p.add_argument("--max-job-rss-gb", type=float, default=None,
-                   help="kill a child whose resident set passes this many GB, recording why (default: 85%% "
-                        "of the memory available at the start), so that an export too large for the machine "
-                        "fails alone rather than waking the OOM killer")
-    p.add_argument("--job", help=argparse.SUPPRESS)
+        description=doc[0], epilog=doc[2], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--work", type=Path, help="models (cached), bundles, CTranslate2 models, WORK/jobs/*.log")
+    p.add_argument(
+        "--models", default="marian,nllb", help="a subset of " + ",".join(SIZES) + " (marian,nllb)"
+    )
+    p.add_argument("--sentences", type=int, default=32, help="test sentences (default 32), in batches of 32")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="per sentence, end token included (32)")
+    p.add_argument("--threads", type=int, default=2, help="threads per engine (default 2)")
+    p.add_argument("--repeat", type=int, default=1, help="rounds, order rotated: medians over rounds (1)")
+    batch1 = f"sentences the batch-1 rows decode one at a time (default {BATCH1_SENTENCES})"
+    p.add_argument("--batch1-sentences", type=int, default=BATCH1_SENTENCES, help=batch1)
+    p.add_argument("--ct2-threads", help="CTranslate2 intra_threads tried, e.g. 2,1 (default: THREADS and 1)")
+    p.add_argument("--ct2-mkl", action="store_true", help="also CTranslate2 fp32 with CT2_USE_MKL=1")
+    p.add_argument("--engines", default="torch,ours,ct2", help="a subset of torch,ours,ct2 (default all)")
+    p.add_argument(
+        "--variants", default="fp32,int8", help="our bundles: a subset of fp32,int8,int4 (fp32,int8)"
+    )
+    p.add_argument("--skip-exports", action="store_true", help="reuse the last exports and their figures")
+    p.add_argument("--render-only", action="store_true", help="rewrite OUT/report.md from OUT/report.json")
+    p.add_argument("--skip-build", action="store_true", help="never build: WORK/models must hold the models")
+    p.add_argument("--tiny", action="store_true", help="64-wide configs: the whole pipeline in minutes")
+    p.add_argument("--out", type=Path, help="report.json and .md (default WORK/results[-tiny]; merged)")
+    p.add_argument("--job-timeout", type=float, default=3600, help="seconds before a job is killed (3600)")
+    rss = "kill a job whose resident set passes this (default: 85%% of the memory available at the start)"
+    p.add_argument("--max-job-rss-gb", type=float, help=rss)
     return p
 
 
@@ -401,8 +375,13 @@ def _check_args(p: argparse.ArgumentParser, args) -> None:
     bad = [m for m in models if m not in SIZES]
     if bad or not models:
         p.error(f"--models: unknown {bad or models}; choose from {', '.join(SIZES)}")
-    if (args.sentences < 1 or args.max_new_tokens < 2 or args.threads < 1 or args.repeat < 1
-            or args.batch1_sentences < 1):
+    if (
+        args.sentences < 1
+        or args.max_new_tokens < 2
+        or args.threads < 1
+        or args.repeat < 1
+        or args.batch1_sentences < 1
+    ):
         p.error("--sentences, --batch1-sentences, --threads and --repeat must be >= 1, --max-new-tokens >= 2")
     try:
         args.ct2_threads = [int(x) for x in (args.ct2_threads or f"{args.threads},1").split(",")]
@@ -415,8 +394,10 @@ def _check_args(p: argparse.ArgumentParser, args) -> None:
     if not args.engines or set(args.engines) - {"torch", "ours", "ct2"}:
         p.error(f"--engines {','.join(args.engines)}: choose from torch, ours, ct2")
     if not args.variants or set(args.variants) - {"fp32", "int8", "int4"}:
-        p.error(f"--variants {','.join(args.variants)}: choose from fp32, int8, int4 (ours only: CTranslate2 "
-                "has no CPU int4)")
+        p.error(
+            f"--variants {','.join(args.variants)}: choose from fp32, int8, int4 (ours only: CTranslate2 "
+            "has no CPU int4)"
+        )
     if args.max_job_rss_gb is None:
         args.max_job_rss_gb = 0.85 * mem_available_gb()
 
@@ -440,9 +421,6 @@ def _render_only(report: dict, report_path: Path, out: Path) -> int:
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    if args.job:
-        child_main(args.job)
-        return 0
     _check_args(p, args)
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -452,8 +430,10 @@ def main(argv=None) -> int:
     if args.render_only:
         return _render_only(report, report_path, out)
     report["machine"] = machine()
-    log(f"load average at start {fmt_load(os.getloadavg())}; {mem_available_gb():.1f} GB available, a child "
-        f"is killed over {args.max_job_rss_gb:.1f} GB; work {work}; results {out}")
+    log(
+        f"load average at start {fmt_load(os.getloadavg())}; {mem_available_gb():.1f} GB available, a child "
+        f"is killed over {args.max_job_rss_gb:.1f} GB; work {work}; results {out}"
+    )
     for name in _models(args):
         entry = run_model(name, (TINY if args.tiny else SIZES)[name], args, work)
         entry["command"] = " ".join([Path(sys.executable).name, *sys.argv])

@@ -1,8 +1,12 @@
-"""hf_real_sizes.py's sizes, test text and small helpers, shared by its parent and its jobs."""
+"""Sizes, test text and helpers shared by hf_real_sizes.py and its jobs (hf_sizes_jobs.py), and run_job:
+the parent's side, which gpu_sizes.py and serve_wrk.py use too."""
+
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,8 +52,11 @@ def memory_mb() -> dict:
         for line in f:
             if line.startswith(("VmRSS:", "VmHWM:")):
                 out[line.split(":")[0]] = int(line.split()[1]) / 1024
-    return {"rss_mb": out.get("VmRSS"), "peak_rss_mb": out.get("VmHWM"),
-            "ru_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "rss_mb": out.get("VmRSS"),
+        "peak_rss_mb": out.get("VmHWM"),
+        "ru_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def dir_bytes(path: Path) -> int:
@@ -64,14 +71,98 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+# -------------------------------------------------------------------------------------------- parent
+def child_rss_gb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_job(spec: dict, work: Path, name: str, timeout: float, max_rss_gb: float = float("inf")) -> dict:
+    """Runs one job in a child process; returns its result, or {"error": ...} with the end of its stderr."""
+    jobs = work / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    spec = dict(spec, result=str(jobs / f"{name}.result.json"), label=name)
+    spec_path = jobs / f"{name}.spec.json"
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    Path(spec["result"]).unlink(missing_ok=True)
+    Path(spec["result"] + ".peak").unlink(missing_ok=True)
+    log_path = jobs / f"{name}.log"
+    t = time.perf_counter()
+    killed, seen = None, 0.0
+    with open(log_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("hf_sizes_jobs.py")), str(spec_path)],
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **spec.get("env", {})},
+        )
+        try:
+            while proc.poll() is None:
+                time.sleep(0.25)
+                seen = max(seen, child_rss_gb(proc.pid))
+                if time.perf_counter() - t > timeout:
+                    killed = f"killed by this script: timed out after {timeout:.0f} s"
+                elif seen > max_rss_gb:
+                    killed = (
+                        f"killed by this script: resident set {seen:.1f} GB, over --max-job-rss-gb "
+                        f"{max_rss_gb:.1f} (protecting the machine from the OOM killer)"
+                    )
+                if killed:
+                    proc.kill()
+                    proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    wall = time.perf_counter() - t
+    text = log_path.read_text(errors="replace")
+    for line in text.splitlines():
+        if line.endswith(" s)") and "tokens/s" in line:
+            log(line.strip())
+    if proc.returncode != 0 or not Path(spec["result"]).is_file():
+        why = killed or f"exit {proc.returncode}"
+        lines = [x.strip() for x in text.strip().splitlines() if x.strip() and "tokens/s (" not in x]
+        raised = [x for x in lines if x.split(":")[0].endswith(("Error", "Exception", "Interrupt"))]
+        error = f"{why}: " + (raised[-1] if raised else " | ".join(lines[-3:])) if lines else why
+        log(f"{name}: FAILED after {wall:.0f} s ({error[:600]}); log: {log_path}")
+        peak_file = Path(spec["result"] + ".peak")
+        where = json.loads(peak_file.read_text()) if peak_file.is_file() else None
+        return {
+            "error": error,
+            "log": str(log_path),
+            "wall_s": wall,
+            "peak_rss_seen_gb": seen,
+            "peak_where": where,
+        }
+    result = json.loads(Path(spec["result"]).read_text(encoding="utf-8"))
+    result["wall_s"] = wall
+    return result
+
+
+def mem_available_gb() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return 16.0
+
+
 # ---------------------------------------------------------------------------------------------- text
-_WORDS = ("the a this my your his her our one two three old new big small good little long great red blue "
-          "green man woman child dog cat house car book tree city river friend teacher student father mother "
-          "day night time year water school work room door table street music letter apple garden train is "
-          "was will can must should sees likes finds reads writes takes gives makes knows wants needs buys "
-          "opens closes carries quickly slowly often never always today yesterday tomorrow here there in on "
-          "at with under near behind before after because and but or if when where why how very really not "
-          "also still already").split()
+_WORDS = (
+    "the a this my your his her our one two three old new big small good little long great red blue "
+    "green man woman child dog cat house car book tree city river friend teacher student father mother "
+    "day night time year water school work room door table street music letter apple garden train is "
+    "was will can must should sees likes finds reads writes takes gives makes knows wants needs buys "
+    "opens closes carries quickly slowly often never always today yesterday tomorrow here there in on "
+    "at with under near behind before after because and but or if when where why how very really not "
+    "also still already"
+).split()
 
 
 def english_corpus() -> tuple[list[str], str]:
@@ -98,8 +189,10 @@ def test_sentences(n: int) -> list[str]:
     corpus, _ = english_corpus()
     pool = [s for s in corpus if 8 <= len(s.split()) <= 25]
     if len(pool) < n:
-        raise SystemExit(f"error: only {len(pool)} sentences of 8-25 words in the corpus; ask for "
-                         f"--sentences {len(pool)} or fewer")
+        raise SystemExit(
+            f"error: only {len(pool)} sentences of 8-25 words in the corpus; ask for "
+            f"--sentences {len(pool)} or fewer"
+        )
     step = len(pool) / n
     return [pool[int(i * step)] for i in range(n)]
 
@@ -141,8 +234,9 @@ class GpuMemory:
         if not shutil.which("nvidia-smi"):
             return None
         cmd = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "--id=0"]
-        return lambda: float(subprocess.run(cmd, capture_output=True, text=True,
-                                            timeout=10).stdout.split()[0])
+        return lambda: float(
+            subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.split()[0]
+        )
 
     def _run(self):
         while not self._stop.wait(0.02):

@@ -1,9 +1,10 @@
-"""hf_real_sizes.py's jobs, each run in a child process of its own (`hf_real_sizes.py --job SPEC`).
+"""hf_real_sizes.py's jobs, each run in a child process of its own (`hf_sizes_jobs.py SPEC`: run_job).
 
 build (a model directory with random weights and trained tokenizers), prepare (the test sentences' ids),
 export (our fp32 or int8 bundle, its peak memory sampled), ct2_convert (CTranslate2's converter) and engine
 (one engine translating the prepared ids, timed per row).
 """
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from hf_sizes_common import (LANGS, M2M_LANGS, M2M_MADEUP, MBART_LANGS, ROWS, T0, GpuMemory, dir_bytes,
-                             english_corpus, memory_mb, write_atomic)
+from hf_sizes_common import LANGS, M2M_LANGS, M2M_MADEUP, MBART_LANGS, ROWS, T0, GpuMemory
+from hf_sizes_common import dir_bytes, english_corpus, memory_mb, write_atomic
+
 
 # --------------------------------------------------------------------------------------------- build
 def train_spm(texts: list[str], path: Path, pieces: int, total: int) -> list[str]:
@@ -25,9 +27,12 @@ def train_spm(texts: list[str], path: Path, pieces: int, total: int) -> list[str
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=buf, vocab_size=pieces,
-                                   model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
-                                   num_threads=2, minloglevel=2)
+    options = dict(
+        model_type="unigram", character_coverage=1.0, hard_vocab_limit=False, num_threads=2, minloglevel=2
+    )
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=buf, vocab_size=pieces, **options
+    )
     proto = pb.ModelProto()
     proto.ParseFromString(buf.getvalue())
     low = min(p.score for p in proto.pieces) - 10.0
@@ -50,8 +55,10 @@ def job_build(spec: dict) -> dict:
     texts, origin = english_corpus()
     texts = texts[: spec.get("max_texts") or len(texts)]  # tiny pieces need fewer (gpu_sizes.py's CPU mode)
     d, L, H, F = s["d"], s["layers"], s["heads"], s["ffn"]
-    shape = dict(d_model=d, encoder_layers=L, decoder_layers=L, encoder_attention_heads=H,
-                 decoder_attention_heads=H, encoder_ffn_dim=F, decoder_ffn_dim=F, scale_embedding=True)
+    shape = dict(
+        d_model=d, encoder_layers=L, decoder_layers=L, encoder_attention_heads=H, scale_embedding=True
+    )
+    shape.update(decoder_attention_heads=H, encoder_ffn_dim=F, decoder_ffn_dim=F)
     torch.manual_seed(spec.get("seed", 0))
     build = {"marian": _build_marian, "mbart": _build_mbart}.get(s["family"], _build_m2m100)
     tok, model = build(s, out, texts, shape)
@@ -79,19 +86,18 @@ def _build_marian(s: dict, out: Path, texts: list[str], shape: dict):
     vocab = {t: i for i, t in enumerate(["</s>", "<unk>"] + ordinary + ["<pad>"])}
     assert len(vocab) == V, (len(vocab), V)
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    tok = MarianTokenizer(source_spm=str(out / "source.spm"), target_spm=str(out / "target.spm"),
-                          vocab=str(out / "vocab.json"), source_lang="en", target_lang="fr",
-                          model_max_length=512)
+    files = dict(source_spm=str(out / "source.spm"), target_spm=str(out / "target.spm"))
+    files["vocab"] = str(out / "vocab.json")
+    tok = MarianTokenizer(**files, source_lang="en", target_lang="fr", model_max_length=512)
     pad = V - 1
-    config = MarianConfig(**shape, vocab_size=V, decoder_vocab_size=V, share_encoder_decoder_embeddings=True,
-                          tie_word_embeddings=True, activation_function="swish", max_position_embeddings=512,
-                          pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
-                          bos_token_id=0, normalize_before=False, normalize_embedding=False,
-                          static_position_embeddings=True, add_final_layer_norm=False)
-    model = MarianMTModel(config)
-    model.generation_config = GenerationConfig(
-        bad_words_ids=[[pad]], bos_token_id=0, decoder_start_token_id=pad, eos_token_id=0,
-        forced_eos_token_id=0, max_length=512, num_beams=4, pad_token_id=pad, renormalize_logits=True)
+    ids = dict(pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0)
+    ids["bos_token_id"] = 0
+    sizes = dict(vocab_size=V, decoder_vocab_size=V, max_position_embeddings=512, activation_function="swish")
+    tied = dict(share_encoder_decoder_embeddings=True, tie_word_embeddings=True, add_final_layer_norm=False)
+    layout = dict(normalize_before=False, normalize_embedding=False, static_position_embeddings=True)
+    model = MarianMTModel(MarianConfig(**shape, **ids, **sizes, **tied, **layout))
+    search = dict(bad_words_ids=[[pad]], max_length=512, num_beams=4, renormalize_logits=True)
+    model.generation_config = GenerationConfig(**ids, **search)
     return tok, model
 
 
@@ -110,16 +116,18 @@ def _build_mbart(s: dict, out: Path, texts: list[str], shape: dict):
     # bos_token as the published special_tokens_map.json has it (CTranslate2's converter reads it)
     tok = MBart50Tokenizer.from_pretrained(str(out), src_lang="en_XX", bos_token="<s>")
     assert len(tok) == V, (len(tok), V)
-    config = MBartConfig(**shape, vocab_size=V, activation_function="gelu", max_position_embeddings=1024,
-                         bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
-                         forced_eos_token_id=2, tie_word_embeddings=True, normalize_before=True,
-                         normalize_embedding=True, static_position_embeddings=False,
-                         add_final_layer_norm=True, add_bias_logits=False,
-                         tokenizer_class="MBart50Tokenizer")  # as published; CTranslate2 reads it
+    ids = dict(
+        bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2
+    )
+    sizes = dict(
+        vocab_size=V, activation_function="gelu", max_position_embeddings=1024, tie_word_embeddings=True
+    )
+    layout = dict(normalize_before=True, normalize_embedding=True, static_position_embeddings=False)
+    layout.update(add_final_layer_norm=True, add_bias_logits=False)
+    # tokenizer_class as published; CTranslate2 reads it
+    config = MBartConfig(**shape, **ids, **sizes, **layout, tokenizer_class="MBart50Tokenizer")
     model = MBartForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=0, decoder_start_token_id=2, early_stopping=True, eos_token_id=2, forced_eos_token_id=2,
-        max_length=200, num_beams=5, pad_token_id=1)
+    model.generation_config = GenerationConfig(**ids, early_stopping=True, max_length=200, num_beams=5)
     return tok, model
 
 
@@ -140,16 +148,17 @@ def _build_m2m100(s: dict, out: Path, texts: list[str], shape: dict):
     vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>"] + sorted(pieces[3:]))}
     assert len(vocab) == n_vocab, (len(vocab), n_vocab)
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    tok = M2M100Tokenizer(vocab_file=str(out / "vocab.json"), spm_file=str(out / "sentencepiece.bpe.model"),
-                          src_lang="en", tgt_lang="fr", num_madeup_words=M2M_MADEUP, model_max_length=1024,
-                          additional_special_tokens=[f"__{c}__" for c in languages])
-    config = M2M100Config(**shape, vocab_size=V, activation_function="relu", max_position_embeddings=1024,
-                          bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
-                          tie_word_embeddings=True)
-    model = M2M100ForConditionalGeneration(config)
+    files = dict(vocab_file=str(out / "vocab.json"), spm_file=str(out / "sentencepiece.bpe.model"))
+    codes = [f"__{c}__" for c in languages]
+    langs = dict(src_lang="en", tgt_lang="fr", num_madeup_words=M2M_MADEUP, additional_special_tokens=codes)
+    tok = M2M100Tokenizer(**files, **langs, model_max_length=1024)
+    ids = dict(bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2)
+    sizes = dict(
+        vocab_size=V, activation_function="relu", max_position_embeddings=1024, tie_word_embeddings=True
+    )
+    model = M2M100ForConditionalGeneration(M2M100Config(**shape, **ids, **sizes))
     tok.tgt_lang = None
-    model.generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, early_stopping=True,
-                                               eos_token_id=2, max_length=200, num_beams=5, pad_token_id=1)
+    model.generation_config = GenerationConfig(**ids, early_stopping=True, max_length=200, num_beams=5)
     return tok, model
 
 
@@ -178,13 +187,18 @@ def job_prepare(spec: dict) -> dict:
         for k in range(M2M_MADEUP):
             table[V - M2M_MADEUP + k] = f"madeupword{k}"
     Path(spec["vocab_out"]).write_text(json.dumps(table, ensure_ascii=False), encoding="utf-8")
-    return {"sentences": sentences, "source_ids": ids,
-            "source_tokens": [tok.convert_ids_to_tokens(x) for x in ids],
-            "eos": config["eos_token_id"], "pad": config["pad_token_id"],
-            "start": config["decoder_start_token_id"],
-            "forced_id": tok.convert_tokens_to_ids(forced_token) if forced_token else None,
-            "forced_token": forced_token, "target_lang": target_lang,
-            "source_lens": [len(x) for x in ids]}
+    return {
+        "sentences": sentences,
+        "source_ids": ids,
+        "source_tokens": [tok.convert_ids_to_tokens(x) for x in ids],
+        "eos": config["eos_token_id"],
+        "pad": config["pad_token_id"],
+        "start": config["decoder_start_token_id"],
+        "forced_id": tok.convert_tokens_to_ids(forced_token) if forced_token else None,
+        "forced_token": forced_token,
+        "target_lang": target_lang,
+        "source_lens": [len(x) for x in ids],
+    }
 
 
 # --------------------------------------------------------------------------------------------- export
@@ -217,8 +231,8 @@ class PeakWhere:
             rss = memory_mb()["rss_mb"]
             if rss > self.best + 16:
                 self.best = rss
-                write_atomic(Path(self.path), json.dumps({"rss_mb": rss, "where": self._where(),
-                                                          "at_s": time.perf_counter() - T0}))
+                peak = {"rss_mb": rss, "where": self._where(), "at_s": time.perf_counter() - T0}
+                write_atomic(Path(self.path), json.dumps(peak))
 
     def close(self) -> dict:
         self.stop.set()
@@ -234,12 +248,12 @@ def job_export(spec: dict) -> dict:
     base = memory_mb()["rss_mb"]
     sampler = PeakWhere(spec["result"] + ".peak")
     t = time.perf_counter()
-    export_hf_bundle(spec["model_dir"], spec["out"], quantize=spec["quantize"], force=True,
-                     dtype=spec.get("dtype", "float32"))
+    dtype = spec.get("dtype", "float32")
+    export_hf_bundle(spec["model_dir"], spec["out"], quantize=spec["quantize"], force=True, dtype=dtype)
     seconds = time.perf_counter() - t
     files = {p.name: p.stat().st_size for p in Path(spec["out"]).iterdir() if p.suffix in (".onnx", ".bin")}
-    return {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"])),
-            "graph_and_weights_bytes": files, "peak_where": sampler.close()}
+    out = {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"]))}
+    return out | {"graph_and_weights_bytes": files, "peak_where": sampler.close()}
 
 
 def job_ct2_convert(spec: dict) -> dict:
@@ -252,12 +266,13 @@ def job_ct2_convert(spec: dict) -> dict:
     t = time.perf_counter()
     TransformersConverter(spec["model_dir"]).convert(spec["out"], quantization=None, force=True)
     seconds = time.perf_counter() - t
-    out = {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"])),
-           "model_bin_bytes": (Path(spec["out"]) / "model.bin").stat().st_size}
+    out = {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"]))}
+    out["model_bin_bytes"] = (Path(spec["out"]) / "model.bin").stat().st_size
     if spec.get("int8", True):
         # the anchor of an int8 bundle's size: CTranslate2's own converter with quantization="int8"
-        TransformersConverter(spec["model_dir"]).convert(spec["out"] + "-int8", quantization="int8",
-                                                         force=True)
+        TransformersConverter(spec["model_dir"]).convert(
+            spec["out"] + "-int8", quantization="int8", force=True
+        )
         out["int8_model_bin_bytes"] = (Path(spec["out"] + "-int8") / "model.bin").stat().st_size
     return out
 
@@ -300,9 +315,10 @@ def _torch_decoder(spec: dict, prep: dict):
         mask = torch.tensor([[1] * len(s) + [0] * (n - len(s)) for s in srcs], device=device)
         opts = dict(early_stopping=True, length_penalty=1.0) if beam > 1 else {}
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, num_beams=beam, do_sample=False,
-                                 max_length=L + 1, min_length=0, **opts, **extra)
+            search = dict(num_beams=beam, do_sample=False, max_length=L + 1, min_length=0, **opts, **extra)
+            out = model.generate(input_ids=ids, attention_mask=mask, **search)
         return [_strip(r, eos, pad) for r in out.tolist()]  # .tolist() waits for the device
+
     return decode, str(dtype).replace("torch.", "")
 
 
@@ -311,15 +327,18 @@ def _ours_decoder(spec: dict, prep: dict):
     from seq2onnx.runtime.options import SessionTuning
     from seq2onnx.runtime.translator import Translator
 
-    tr = Translator(spec["bundle"], device=spec.get("device", "cpu"), intra_threads=spec["threads"],
-                    _tuning=SessionTuning(**spec.get("tuning", {})))
+    tuning = SessionTuning(**spec.get("tuning", {}))
+    tr = Translator(
+        spec["bundle"], device=spec.get("device", "cpu"), intra_threads=spec["threads"], _tuning=tuning
+    )
     extra = {"target_lang": prep.get("target_lang", "fr")} if prep["forced_id"] is not None else {}
 
     def decode(idx, beam):
-        res = tr.translate_batch([prep["source_ids"][i] for i in idx], beam_size=beam,
-                                 max_decoding_length=spec["max_new_tokens"], min_decoding_length=0,
-                                 length_penalty=1.0, max_batch_size=spec.get("max_batch", 32), **extra)
+        limits = dict(max_decoding_length=spec["max_new_tokens"], min_decoding_length=0, length_penalty=1.0)
+        srcs, batch = [prep["source_ids"][i] for i in idx], spec.get("max_batch", 32)
+        res = tr.translate_batch(srcs, beam_size=beam, **limits, max_batch_size=batch, **extra)
         return [list(r.token_ids[0]) for r in res]
+
     return decode, f"{tr.device}, {tr.decoder_variant} decoder"
 
 
@@ -330,19 +349,21 @@ def _ct2_decoder(spec: dict, prep: dict):
 
     device = spec.get("device", "cpu")
     threads = spec["threads"] if device == "cpu" else 1
-    tr = ctranslate2.Translator(spec["ct2_dir"], device=device, compute_type=spec["compute_type"],
-                                intra_threads=threads, inter_threads=1)
+    kinds = dict(device=device, compute_type=spec["compute_type"])
+    tr = ctranslate2.Translator(spec["ct2_dir"], **kinds, intra_threads=threads, inter_threads=1)
     forced = prep["forced_token"]
 
     def decode(idx, beam):
         # CTranslate2's max_decoding_length counts the target prefix (the forced __fr__), as ours and
         # transformers' max_length - 1 do (checked on --tiny: all three give 32 tokens, __fr__ included).
         extra = {"target_prefix": [[forced]] * len(idx)} if forced else {}
-        res = tr.translate_batch([prep["source_tokens"][i] for i in idx], beam_size=beam,
-                                 max_decoding_length=spec["max_new_tokens"], min_decoding_length=0,
-                                 length_penalty=1.0, max_batch_size=spec.get("max_batch", 32),
-                                 return_scores=False, **extra)
+        limits = dict(max_decoding_length=spec["max_new_tokens"], min_decoding_length=0, length_penalty=1.0)
+        srcs, batch = [prep["source_tokens"][i] for i in idx], spec.get("max_batch", 32)
+        res = tr.translate_batch(
+            srcs, beam_size=beam, **limits, max_batch_size=batch, return_scores=False, **extra
+        )
         return [r.hypotheses[0] for r in res]
+
     return decode, getattr(tr, "compute_type", spec["compute_type"])
 
 
@@ -367,7 +388,7 @@ def _decoder(spec: dict, prep: dict):
 def _order(n: int, batch: int, batch1: int) -> list[list[int]]:
     """A row's batches: the first batch1 sentences one at a time at batch 1, else all n in batches."""
     order = list(range(min(batch1, n))) if batch == 1 else list(range(n))
-    return [order[i: i + batch] for i in range(0, len(order), batch)]
+    return [order[i : i + batch] for i in range(0, len(order), batch)]
 
 
 def job_engine(spec: dict) -> dict:
@@ -379,8 +400,13 @@ def job_engine(spec: dict) -> dict:
     prep = json.loads(Path(spec["prepared"]).read_text(encoding="utf-8"))
     gpu = GpuMemory()
     base, load_s, decode, ran = _decoder(spec, prep)
-    out = {"load_s": load_s, "ran": ran, "rss_after_imports_mb": base,
-           "rss_after_load_mb": memory_mb()["rss_mb"], "gpu_after_load_mb": gpu.now_mb(), "rows": {}}
+    out = {
+        "load_s": load_s,
+        "ran": ran,
+        "rss_after_imports_mb": base,
+        "rss_after_load_mb": memory_mb()["rss_mb"],
+    }
+    out |= {"gpu_after_load_mb": gpu.now_mb(), "rows": {}}
     n, L = len(prep["source_ids"]), spec["max_new_tokens"]
     for search, beam, batch in spec.get("rows", ROWS):
         name = f"{search} b{batch}"
@@ -392,18 +418,19 @@ def job_engine(spec: dict) -> dict:
             outputs += decode(b, beam)
         seconds = time.perf_counter() - t
         tokens = sum(min(len(o) + 1, L) for o in outputs)  # + the end token, unless the limit cut the output
-        out["rows"][name] = {"seconds": seconds, "tokens": tokens, "sentences": sum(map(len, batches)),
-                             "outputs": outputs}
+        row = {"seconds": seconds, "tokens": tokens, "sentences": sum(map(len, batches)), "outputs": outputs}
+        out["rows"][name] = row
         out["gpu_peak_mb"] = gpu.peak_mb()
         write_atomic(Path(spec["result"] + ".partial"), json.dumps(out | memory_mb()))
-        print(f"  {spec['label']}: {name}: {tokens / seconds:.1f} tokens/s ({seconds:.2f} s)",
-              file=sys.stderr, flush=True)
+        rate = f"{tokens / seconds:.1f} tokens/s ({seconds:.2f} s)"
+        print(f"  {spec['label']}: {name}: {rate}", file=sys.stderr, flush=True)
     gpu.close()
     return out
 
 
-JOBS = {"build": job_build, "prepare": job_prepare, "export": job_export, "ct2_convert": job_ct2_convert,
-        "engine": job_engine}
+JOBS = dict(
+    build=job_build, prepare=job_prepare, export=job_export, ct2_convert=job_ct2_convert, engine=job_engine
+)
 
 
 def child_main(spec_path: str) -> None:
@@ -411,3 +438,7 @@ def child_main(spec_path: str) -> None:
     result = JOBS[spec["job"]](spec)
     result.update(memory_mb())
     write_atomic(Path(spec["result"]), json.dumps(result))
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1])

@@ -1,4 +1,4 @@
-"""A minimal keep-alive HTTP/1.1 client on asyncio streams: the load generator of scripts/serve_load.py.
+"""A minimal keep-alive HTTP/1.1 client on asyncio streams: the load generator of scripts/soak.py --serve.
 
 httpx's AsyncClient spends ~5 ms of CPU per request in Python (h11, anyio, its pool): at 128 clients the
 load generator, which shares the server's 2 cores, capped every server at ~80-190 requests/s (measured:

@@ -1,6 +1,8 @@
-"""What the serving benchmarks share (serve_load.py, serve_wrk.py, serve_identity.py, soak.py): the Tatoeba
-sentences, a server process on 127.0.0.1 awaited until it translates, latency percentiles, the output folder
-and progress lines."""
+"""What the scripts share: their common options, the Tatoeba sentences, a server process on 127.0.0.1 awaited
+until it translates, latency percentiles, the output folder, Markdown tables and progress lines.
+
+A script imports it as a sibling: `sys.path.insert(0, str(Path(__file__).resolve().parent))`, which also
+holds when a test loads the script by path."""
 
 from __future__ import annotations
 
@@ -69,7 +71,8 @@ class Server:
     Args:
         argv: the command without --port.
         log_path: where its stdout and stderr go.
-        probe: a text to translate (greedy) to tell that it is ready.
+        probe: a text to translate (greedy) to tell that it is ready; None: ready once its log says it listens
+            (a server that wants an API key).
         start_timeout: seconds it may take to answer the probe.
     """
 
@@ -101,13 +104,8 @@ class Server:
                         f"server exited with code {self.proc.returncode} before answering: "
                         f"{' '.join(self.argv)}\n{self.log_tail()}"
                     )
-                try:
-                    r = httpx.post(self.url, json={"texts": [self.probe], "beam_size": 1}, timeout=30)
-                    # and every process listens (serve --processes prints the line once all of them do)
-                    if r.status_code == 200 and "listening on" in self.log_path.read_text(errors="replace"):
-                        return self
-                except httpx.HTTPError:
-                    pass
+                if self._ready(httpx):
+                    return self
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"server did not answer within {self.start_timeout:.0f} s (--start-timeout): "
@@ -117,6 +115,16 @@ class Server:
         except BaseException:
             self.stop()
             raise
+
+    def _ready(self, httpx) -> bool:
+        # every process listens (serve --processes prints the line once all of them do), and it translates
+        if "listening on" not in self.log_path.read_text(errors="replace"):
+            return False
+        try:
+            body = {"texts": [self.probe], "beam_size": 1}
+            return self.probe is None or httpx.post(self.url, json=body, timeout=30).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def log_tail(self, lines: int = 15) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -161,3 +169,80 @@ def prepare_out(out: Path, force: bool) -> None:
 
 def terminate(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through every `finally`: the servers are stopped
+
+
+# -- options every script spells the same way --------------------------------------------------------
+
+
+def add_out(p, what: str = "output directory") -> None:
+    """--out DIR (required; refused when not empty, see prepare_out) and --force."""
+    p.add_argument("--out", type=Path, required=True, help=f"{what} (refused when not empty, unless --force)")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+
+
+def add_sentences(p, n: int, col: int = 1) -> None:
+    """--data TSV, --src-col, --sentences N and --seed: the real sentences read_sentences draws."""
+    p.add_argument(
+        "--data", type=Path, default=DEFAULT_DATA, help="TSV of sentences (default: Tatoeba cmn.txt)"
+    )
+    p.add_argument("--src-col", type=int, default=col, help=f"its column of source texts (default {col})")
+    p.add_argument("--sentences", type=int, default=n, help=f"distinct sentences used (default {n})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sentences' choice (default 0)")
+
+
+def add_timeouts(p, request: float) -> None:
+    """--start-timeout (a server's first answer) and --request-timeout (the client's, per request)."""
+    p.add_argument(
+        "--start-timeout", type=float, default=180.0, help="seconds a server may take to start (180)"
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=request, help=f"seconds per request (default {request:g})"
+    )
+
+
+def serve_argv(bundle: Path, *options) -> list[str]:
+    """`seq2onnx serve BUNDLE --device cpu OPTIONS` as this interpreter runs it (Server adds --port)."""
+    return [
+        sys.executable,
+        "-m",
+        "seq2onnx.commands",
+        "serve",
+        str(bundle),
+        "--device",
+        "cpu",
+        *map(str, options),
+    ]
+
+
+def checked(prog: str, check) -> int | None:
+    """Runs check(); a ValueError (a bad argument) is printed as `prog: message` and gives exit code 2."""
+    try:
+        check()
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    return None
+
+
+# -- tables -------------------------------------------------------------------------------------------
+
+
+def fmt(x, spec: str = ",.0f") -> str:
+    """x formatted, or an em dash for None (a figure not measured)."""
+    return "—" if x is None else format(x, spec) if isinstance(x, (int, float)) else str(x)
+
+
+def md_table(head: list[str], rows: list[list]) -> list[str]:
+    """The lines of a Markdown table."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def write_report(out: Path, stem: str, report: dict, text: str, suffix: str = ".md") -> None:
+    """OUT/STEM.json (the report) and OUT/STEM.SUFFIX (its text), each written atomically."""
+    import json
+
+    from seq2onnx.atomic import write_file
+
+    write_file(out / f"{stem}.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    write_file(out / f"{stem}{suffix}", text)

@@ -1,6 +1,7 @@
-"""CTranslate2 behind `seq2onnx serve`'s own front end: the peer of scripts/serve_load.py (issue 26).
+"""CTranslate2 and an echo ceiling behind `seq2onnx serve`'s own front end (for scripts/serve_wrk.py).
 
     python scripts/serve_ct2.py BUNDLE CT2_MODEL_DIR --port 0 --inter-threads 1 --intra-threads 2
+    python scripts/serve_ct2.py BUNDLE --echo --port 0        # the ceiling: the front end alone
 
 CT2Engine implements serve/engine.py's Engine, so serve/app.py's create_app serves it exactly as it
 serves our engines (same admission, limits, JSON, server): only the decoding differs. Texts are
@@ -10,9 +11,10 @@ as our target ids and are detokenised by the runtime's decoder. Each request is 
 `ctranslate2.Translator.translate_batch` call (one per distinct length limit: see CT2Engine.submit) on a
 thread pool of `inter_threads` workers, CTranslate2's own recipe for serving: `inter_threads` requests
 decode in parallel, each on `intra_threads` threads.
-
 CT2_MODEL_DIR is the same checkpoint's CTranslate2 model: `seq2onnx export CKPT DIR --format ctranslate2`
 or the bare model `seq2onnx bench --bundle-dir D` leaves in D/ct2 (export/ctranslate2/convert.py).
+With --echo, EchoEngine answers each text with itself: tokenised, never decoded (what the front end,
+JSON and tokenisation alone allow).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import concurrent.futures
 import functools
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -217,42 +220,56 @@ class CT2Engine(Engine):
         self._pool.shutdown(wait=True)
 
 
+class EchoEngine(Engine):
+    """Answers each text with itself (every hypothesis) and its source ids without the end token, at once.
+
+    It tokenises as the real engines do (Translator.prepare_source) and checks options with Engine.check, so
+    a request costs what the front end, JSON and tokenisation cost: the ceiling of any engine behind it.
+    """
+
+    batching = "echo"
+
+    def submit(self, texts: list[str], options) -> Job:
+        job = Job()
+        try:
+            out = []
+            for text in texts:
+                ids, _ = self.translator.prepare_source(text, truncate=options.truncate)
+                ids, n = [int(i) for i in ids[:-1]], options.num_hypotheses
+                scores = [0.0] * n if options.return_scores else None
+                out.append(TranslationResult([text] * n, [ids] * n, scores))
+            job.future.set_result(out)
+        except Exception as e:  # the front end answers it (422 or 500)
+            job.future.set_exception(e)
+        return job
+
+    def stream(self, text: str, options, job: Job):
+        yield text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of this script (its --help)."""
     p = argparse.ArgumentParser(
-        description="Serve a CTranslate2 model behind seq2onnx serve's front end (serve/app.py)."
+        description="Serve CTranslate2 (or --echo) behind seq2onnx serve's front end."
     )
     p.add_argument("bundle", type=Path, help="the bundle: its tokenizers, length rule and option defaults")
-    p.add_argument("ct2_model", type=Path, help="the CTranslate2 model of the same checkpoint")
+    p.add_argument("ct2_model", type=Path, nargs="?", help="the CTranslate2 model of the same checkpoint")
+    p.add_argument("--echo", action="store_true", help="serve EchoEngine (no CT2_MODEL_DIR): the ceiling")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument(
         "--port", type=int, default=8000, help="0: a free port (the line printed at start names it)"
     )
     p.add_argument("--inter-threads", type=int, default=1, help="requests decoded at once (default 1)")
     p.add_argument("--intra-threads", type=int, default=2, help="threads per request (default 2)")
-    p.add_argument(
-        "--compute-type",
-        default="float32",
-        choices=COMPUTE_TYPES,
-        help="CTranslate2's compute type (default float32)",
-    )
-    p.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        help="server processes on the port, each with its own model (seq2onnx serve --processes; default 1)",
-    )
-    p.add_argument(
-        "--max-queue", type=int, default=256, help="requests admitted at once, else 503 (create_app's)"
-    )
-    p.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds a request may take (create_app's timeout_s)"
-    )
+    p.add_argument("--compute-type", default="float32", choices=COMPUTE_TYPES, help="CTranslate2's (float32)")
+    p.add_argument("--processes", type=int, default=1, help="server processes on the port (seq2onnx serve's)")
+    p.add_argument("--max-queue", type=int, default=256, help="requests admitted at once, else 503 (256)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (default 60)")
     return p
 
 
 def make_app(args):
-    """The app this script serves: the bundle's tokenizers and checks, CTranslate2 decoding, the front end.
+    """The app this script serves: the bundle's tokenizers and checks, CTranslate2 (or echo), the front end.
 
     Raises:
         BundleError, ValueError: a bad bundle, model or option (the message names it).
@@ -260,13 +277,12 @@ def make_app(args):
     from seq2onnx.serve.app import create_app
 
     translator = Translator(args.bundle, device="cpu", intra_threads=1)
-    engine = CT2Engine(
-        translator,
-        args.ct2_model,
-        inter_threads=args.inter_threads,
-        intra_threads=args.intra_threads,
-        compute_type=args.compute_type,
-    )
+    if args.echo:
+        return create_app(EchoEngine(translator), max_queue=args.max_queue, timeout_s=args.timeout)
+    if args.ct2_model is None:
+        raise ValueError("give CT2_MODEL_DIR (seq2onnx export CKPT DIR --format ctranslate2), or --echo")
+    threads = dict(inter_threads=args.inter_threads, intra_threads=args.intra_threads)
+    engine = CT2Engine(translator, args.ct2_model, **threads, compute_type=args.compute_type)
     print(f"serve_ct2: {engine.description}", file=sys.stderr, flush=True)
     try:
         return create_app(engine, max_queue=args.max_queue, timeout_s=args.timeout)
@@ -288,10 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     from seq2onnx.serve.processes import serve_processes
     from seq2onnx.serve.server import serve
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s seq2onnx serve: %(message)s")
     try:
         if args.processes > 1:  # each process loads its own model (make_app), as seq2onnx serve's do
-            return serve_processes(functools.partial(make_app, args), args.processes, host=args.host,
-                                   port=args.port)
+            app = functools.partial(make_app, args)
+            return serve_processes(app, args.processes, host=args.host, port=args.port)
         return serve(make_app(args), host=args.host, port=args.port)
     except (BundleError, CommandError, ValueError) as e:
         print(f"serve_ct2: {e}", file=sys.stderr)

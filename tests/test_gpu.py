@@ -7,13 +7,13 @@ cannot run, and runs, and can fail, where it can. scripts/gpu_check.sh runs them
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
+from gpu_copies import memcpy_nodes, step_copies_of
 from tiny import scratch, tiny_bundle, tiny_run
 
 from seq2onnx.runtime import bundle as fmt
@@ -23,14 +23,6 @@ pytestmark = pytest.mark.gpu
 ORT_CUDA, WHY_NOT = cuda_usable()
 needs_ort_cuda = pytest.mark.skipif(not ORT_CUDA, reason=f"onnxruntime cannot run CUDA here: {WHY_NOT}")
 needs_torch_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
-
-
-def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _sources(n: int = 50):
@@ -85,10 +77,9 @@ def test_io_binding_copies_per_step(beam):
     from seq2onnx.runtime.options import SessionTuning
     from seq2onnx.runtime.translator import Translator
 
-    gpu_check = _gpu_check()
     _, srcs = _sources(8)
     t = Translator(tiny_bundle(), device="cuda", _tuning=SessionTuning(decoder="standard"))
-    got = gpu_check.step_copies_of(t, srcs, beam, cupti=True)
+    got = step_copies_of(t, srcs, beam, cupti=True)
     n = t.n_layers
     assert got["inputs_from_host"] == sorted([fmt.TOKENS, fmt.STEP, fmt.CACHE_INDICES, fmt.TOP_K])
     assert got["inputs_fed_back"] == sorted(fmt.past_names(n))  # the very values the step before output
@@ -97,7 +88,7 @@ def test_io_binding_copies_per_step(beam):
     assert got["outputs_read"] == sorted([fmt.TOPK_LOG_PROBS, fmt.TOPK_IDS])
     assert got["outputs_read_devices"] == ["cpu"]
     assert got["outputs_fed_back_devices"] == ["cuda"] and got["same_bindings_every_step"]
-    nodes = gpu_check.memcpy_nodes(tiny_bundle(), "cuda")
+    nodes = memcpy_nodes(tiny_bundle(), "cuda")
     cu = got["cupti"]
     assert cu["kernels"] > 0, f"CUPTI saw no kernel of onnxruntime's: its copy counts prove nothing ({got})"
     assert cu["dtoh"] <= len(got["outputs_read"]) + nodes["MemcpyToHost"], (cu, nodes)

@@ -105,8 +105,8 @@ def test_processes_add_each_server_as_p_processes_with_the_threads_split():
 
 @pytest.fixture(scope="module")
 def stub():
-    """The ceiling's server (`serve_wrk.py stub BUNDLE`) as the benchmark starts it: a real process."""
-    scaffold = wrk_bench._sibling("scaffold")
+    """The ceiling's server (`serve_ct2.py BUNDLE --echo`) as the benchmark starts it: a real process."""
+    scaffold = wrk_bench.sc
     argv = [*wrk_bench.servers(wrk_bench.build_parser().parse_args(
         [str(tiny_bundle()), "--out", "x", "--servers", "ceiling"]))[0][2]]
     log = scratch("wrk-stub") / "stub.log"

@@ -145,8 +145,9 @@ def build_t5(out: Path, texts: list[str]):
                       num_decoder_layers=2, feed_forward_proj="gated-gelu", dropout_rate=0.0, pad_token_id=0,
                       eos_token_id=1, decoder_start_token_id=0, tie_word_embeddings=False)
     model = T5ForConditionalGeneration(config)
-    with torch.no_grad():  # T5 draws lm_head at std 1 (logits of std sqrt(d_model)), slow to train from
-        model.lm_head.weight.normal_(0.0, config.d_model ** -0.5)
+    # transformers 5 ties lm_head at construction (tie_word_embeddings False only turns the output scale off);
+    # MADLAD's checkpoint has its own, drawn here at d_model^-0.5 (T5's std 1: logits of std sqrt(d_model))
+    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * config.d_model ** -0.5)
     # as google/madlad400-*'s and t5-small's generation_config.json: no early_stopping (False); conventions()
     # adds the early_stopping True copy
     generation = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, max_length=MAX_LENGTH,

@@ -148,6 +148,8 @@ def evaluate(label: str, family: str, model_dir: Path, paths: dict[str, Path],
     wanted = {}
     rows = []
     for name, beam, n, engine in ROWS:
+        if beam == 1 and label != family:
+            continue  # early_stopping changes beam search only: greedy is the saved model's rows
         if (beam, n) not in wanted:
             t = time.perf_counter()
             wanted[beam, n] = reference(model_dir, family, sources, beam, n)
@@ -220,6 +222,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--work", type=Path, default=Path("hf-trained-identity"),
                    help="where each family's model directory, bundles and CTranslate2 models are written\n"
                         "(WORK/FAMILY/{model,bundle,bundle-int8,ct2-int8,ct2-fp32}; replaced on each run)")
+    p.add_argument("--convention", default="both", choices=("both", "saved", "early_stopping"),
+                   help="t5: measure the model as saved (no early_stopping), the early_stopping true copy,\n"
+                        "or both (default)")
     p.add_argument("--no-train", action="store_true",
                    help="measure the models a previous run trained under --work (WORK/FAMILY/model) again")
     p.add_argument("--out", type=Path, default=None,
@@ -262,6 +267,8 @@ def main(argv=None) -> int:
         work = args.work / family
         report["training"][family] = trained(args, family, work / "model", train)
         for label, model_dir in conventions(family, work / "model"):
+            if args.convention not in ("both", "early_stopping" if label != family else "saved"):
+                continue
             out = work / model_dir.name.removeprefix("model").lstrip("-") if label != family else work
             paths = export_all(model_dir, out)
             report["rows"] += evaluate(label, family, model_dir, paths, sources)

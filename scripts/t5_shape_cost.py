@@ -102,15 +102,18 @@ def measure(layers: int, args) -> dict:
     row = {"layers": layers, **build(layers, args.tokenizer, model), "model_gb": size_gb(model)}
     cli = Path(sys.executable).parent
     row["export"] = timed([str(cli / "seq2onnx"), "export", str(model), str(bundle), "--force"])
+    print(json.dumps({"layers": layers, "export": row["export"]}), flush=True)  # each stage as it ends
     row["ct2_convert"] = timed([str(cli / "ct2-transformers-converter"), "--model", str(model),
                                 "--output_dir", str(ct2), "--force"])
     row["bundle_gb"], row["ct2_gb"] = size_gb(bundle), size_gb(ct2)
+    print(json.dumps({k: v for k, v in row.items() if k != "export"}), flush=True)
     shutil.rmtree(model)  # the decodes need only the bundle and the CTranslate2 model
     for engine, path in (("ours", bundle), ("ct2", ct2)):
         r = timed([sys.executable, "-c", DECODE, engine, str(path), str(args.sentences),
                    str(args.tokenizer / "spiece.model"), TEXT])
         row[engine] = {**json.loads(r["stdout"]), "peak_rss_gb": r["peak_rss_gb"]}
         row[engine]["tokens_per_s"] = row[engine]["tokens"] / row[engine]["decode_s"]
+        print(json.dumps({"layers": layers, engine: row[engine]}), flush=True)
     print(json.dumps(row), flush=True)
     shutil.rmtree(bundle)
     shutil.rmtree(ct2)

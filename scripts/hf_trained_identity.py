@@ -1,7 +1,7 @@
 """Trained Hugging Face imports held to generate(): our bundles and CTranslate2 (issue 35, item 9).
 
     python scripts/hf_trained_identity.py --work DIR --out DIR [--families marian,nllb,mbart]
-                                             [--sentences 1000] [--train-minutes 5]
+                                             [--sentences 1000] [--train-minutes 5] [--no-train]
 
 Run by hand, not in CI. For each family the script trains a small model (d_model 128, 3+3 layers, ffn 512, a
 joint English-Chinese SentencePiece vocabulary of 4,000 pieces) for --train-minutes on the Tatoeba pairs of
@@ -14,7 +14,9 @@ joint English-Chinese SentencePiece vocabulary of 4,000 pieces) for --train-minu
   sentencepiece.bpe.model put beside tokenizer.json, as in a hub snapshot);
 - mbart: MBartForConditionalGeneration + MBart50Tokenizer, en_XX -> zh_CN;
 - t5: T5ForConditionalGeneration shaped as MADLAD-400 / T5 v1.1 (gated-GELU, its own lm_head, relative
-  position bias, RMS norm) + T5Tokenizer (spiece.model put beside tokenizer.json).
+  position bias, RMS norm; d_model 256, 4 heads x 64, d_ff 1024, 2+2 layers) + T5Tokenizer (spiece.model put
+  beside tokenizer.json), measured under both beam conventions: its generation_config.json as MADLAD's
+  (no early_stopping), and a copy with early_stopping true (rows "t5 early_stopping").
 
 It then exports each with `seq2onnx export` (fp32, and --quantize int8), converts it with CTranslate2's
 TransformersConverter (quantization int8, and None for a reference row), and counts, over the test
@@ -28,222 +30,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-TATOEBA = ROOT.parent / "shared" / "data" / "tatoeba-cmn-eng" / "cmn.txt"
-sys.path.insert(0, str(ROOT / "tests"))  # the tiny fixtures' helpers (SentencePiece, Marian's vocab.json)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_identity_models import (  # noqa: E402
+    BATCH, FAMILIES, MAX_LENGTH, T0, TATOEBA, conventions, log, read_pairs, train_family)
 
-MAX_LENGTH = 64  # generation_config.json's max_length: Tatoeba sentences are short
-BATCH = 32
-VOCAB = 4000
-SHAPE = dict(d_model=128, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
-             decoder_attention_heads=4, encoder_ffn_dim=512, decoder_ffn_dim=512,
-             max_position_embeddings=256, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-             encoder_layerdrop=0.0, decoder_layerdrop=0.0, scale_embedding=True, init_std=128 ** -0.5)
-# family: (source language code, target language code, learning rate); Marian (post-norm) wants the lower rate
-FAMILIES = {"marian": (None, None, 1.5e-3), "nllb": ("eng_Latn", "zho_Hans", 3e-3),
-            "mbart": ("en_XX", "zh_CN", 3e-3), "t5": (None, None, 3e-3)}
-T0 = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-# ------------------------------------------------------------------------------------------------ data
-def read_pairs(n_test: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(training pairs, test pairs): one pair per distinct English sentence, the test pairs spread evenly."""
-    pairs: dict[str, str] = {}
-    with open(TATOEBA, encoding="utf-8-sig") as f:
-        for line in f:
-            cols = line.rstrip("\n").split("\t")
-            if len(cols) >= 2 and cols[0].strip() and cols[1].strip():
-                pairs.setdefault(cols[0].strip(), cols[1].strip())
-    items = list(pairs.items())
-    if n_test * 4 > len(items):
-        raise SystemExit(f"error: --sentences {n_test} leaves too few of {len(items)} pairs to train on; "
-                         f"ask for {len(items) // 4} or fewer")
-    step = len(items) / n_test
-    test_idx = {int(i * step + step / 2) for i in range(n_test)}
-    return [p for i, p in enumerate(items) if i not in test_idx], [items[i] for i in sorted(test_idx)]
-
-
-def train_spm(texts: list[str], path: Path, model_type: str, **ids) -> Path:
-    """A SentencePiece model of VOCAB pieces; rare Chinese characters (0.05% of the text) become <unk>."""
-    import io
-
-    import sentencepiece as spm
-
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=VOCAB,
-                                   model_type=model_type, character_coverage=0.9995, num_threads=2,
-                                   minloglevel=2, input_sentence_size=200000, shuffle_input_sentence=True,
-                                   **ids)
-    path.write_bytes(model.getvalue())
-    return path
-
-
-# ---------------------------------------------------------------------------------------------- models
-def build_marian(out: Path, texts: list[str]):
-    """(tokenizer, model, generation config) as OPUS-MT's: one SentencePiece model for both sides."""
-    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
-
-    import hf_fixtures as F
-
-    spm_path = train_spm(texts, out / "source.spm", "unigram")
-    shutil.copyfile(spm_path, out / "target.spm")
-    vocab = F._marian_vocab(F.spm_pieces(spm_path, ordinary=True))
-    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    with F._quiet_transformers():
-        tok = MarianTokenizer(source_spm=str(spm_path), target_spm=str(out / "target.spm"),
-                              vocab=str(out / "vocab.json"), source_lang="en", target_lang="zh",
-                              model_max_length=512)
-    pad = len(vocab) - 1
-    config = MarianConfig(
-        **SHAPE, vocab_size=len(vocab), decoder_vocab_size=len(vocab), share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True, activation_function="swish", pad_token_id=pad, decoder_start_token_id=pad,
-        eos_token_id=0, forced_eos_token_id=0, bos_token_id=0, normalize_before=False,
-        normalize_embedding=False, static_position_embeddings=True, add_final_layer_norm=False)
-    generation = GenerationConfig(
-        bad_words_ids=[[pad]], bos_token_id=0, decoder_start_token_id=pad, eos_token_id=0,
-        forced_eos_token_id=0, max_length=MAX_LENGTH, num_beams=4, pad_token_id=pad, renormalize_logits=True)
-    return tok, MarianMTModel(config), generation
-
-
-def build_nllb(out: Path, texts: list[str]):
-    """(tokenizer, model, generation config): an NLLB-200 style M2M100, transformers 5's NllbTokenizer."""
-    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
-    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
-
-    with tempfile.TemporaryDirectory() as snapshot:
-        spm_path = train_spm(texts, Path(snapshot) / "sentencepiece.bpe.model", "bpe")  # NLLB's is BPE
-        tok = NllbTokenizer.from_pretrained(snapshot, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES),
-                                            src_lang="eng_Latn")
-        shutil.copyfile(spm_path, out / spm_path.name)  # as a hub snapshot has it beside tokenizer.json
-    config = M2M100Config(**SHAPE, vocab_size=len(tok), activation_function="relu", bos_token_id=0,
-                          pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, tie_word_embeddings=True)
-    generation = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, early_stopping=True,
-                                  eos_token_id=2, max_length=MAX_LENGTH, num_beams=4, pad_token_id=1)
-    return tok, M2M100ForConditionalGeneration(config), generation
-
-
-def build_mbart(out: Path, texts: list[str]):
-    """(tokenizer, model, generation config) of an mBART-50 many-to-many style model."""
-    from transformers import GenerationConfig, MBart50Tokenizer, MBartConfig, MBartForConditionalGeneration
-
-    import hf_mbart as M
-
-    with tempfile.TemporaryDirectory() as snapshot:
-        spm_path = train_spm(texts, Path(snapshot) / "sentencepiece.bpe.model", "unigram")
-        # bos_token as the published special_tokens_map.json has it (CTranslate2's converter reads it)
-        tok = MBart50Tokenizer.from_pretrained(snapshot, src_lang="en_XX", bos_token="<s>")
-        shutil.copyfile(spm_path, out / spm_path.name)
-    config = MBartConfig(**{**SHAPE, "activation_function": "gelu", **M.PUBLISHED}, vocab_size=len(tok),
-                         bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
-                         forced_eos_token_id=2, tie_word_embeddings=True, tokenizer_class="MBart50Tokenizer")
-    generation = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, early_stopping=True,
-                                  eos_token_id=2, forced_eos_token_id=2, max_length=MAX_LENGTH, num_beams=5,
-                                  pad_token_id=1)
-    return tok, MBartForConditionalGeneration(config), generation
-
-
-def build_t5(out: Path, texts: list[str]):
-    """(tokenizer, model, generation config) of a MADLAD-400 / T5 v1.1 shaped model (issue 61)."""
-    import torch
-    from transformers import GenerationConfig, T5Config, T5ForConditionalGeneration, T5Tokenizer
-
-    with tempfile.TemporaryDirectory() as snapshot:  # T5's ids: <pad> 0, </s> 1, <unk> 2
-        spm_path = train_spm(texts, Path(snapshot) / "spiece.model", "unigram", pad_id=0, eos_id=1, unk_id=2,
-                             bos_id=-1)
-        tok = T5Tokenizer.from_pretrained(snapshot)
-        shutil.copyfile(spm_path, out / spm_path.name)
-    config = T5Config(vocab_size=len(tok), d_model=128, d_kv=32, num_heads=4, d_ff=512, num_layers=3,
-                      num_decoder_layers=3, feed_forward_proj="gated-gelu", dropout_rate=0.0, pad_token_id=0,
-                      eos_token_id=1, decoder_start_token_id=0, tie_word_embeddings=False)
-    model = T5ForConditionalGeneration(config)
-    model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())  # its own, as MADLAD's
-    generation = GenerationConfig(decoder_start_token_id=0, early_stopping=True, eos_token_id=1,
-                                  max_length=MAX_LENGTH, num_beams=4, pad_token_id=0)
-    return tok, model, generation
-
-
-BUILDERS = {"marian": build_marian, "nllb": build_nllb, "mbart": build_mbart, "t5": build_t5}
-
-
-def encode(tok, family: str, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-    """Training examples (source ids, label ids), those over 64 tokens left out."""
-    source_lang, target_lang, _ = FAMILIES[family]
-    if source_lang:
-        tok.src_lang, tok.tgt_lang = source_lang, target_lang
-    out = []
-    for i in range(0, len(pairs), 1000):
-        chunk = pairs[i: i + 1000]
-        enc = tok([s for s, _ in chunk], text_target=[t for _, t in chunk])
-        out += [(s, t) for s, t in zip(enc["input_ids"], enc["labels"]) if len(s) <= 64 and len(t) <= 64]
-    if source_lang:
-        tok.tgt_lang = None  # as published: the caller picks the target with forced_bos_token_id
-    return out
-
-
-def fit(model, examples, pad_id: int, seconds: float, lr: float) -> dict:
-    """Teacher-forced AdamW for `seconds` of wall time: warm-up over the first 5%, then decay to a tenth."""
-    import torch
-    from torch.nn.utils.rnn import pad_sequence
-
-    generator = torch.Generator().manual_seed(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    start, steps, loss = time.perf_counter(), 0, float("nan")
-    while (done := (time.perf_counter() - start) / seconds) < 1.0:
-        for group in optimizer.param_groups:
-            group["lr"] = lr * min(done / 0.05, max(0.1, 1.0 - done)) + lr * 1e-3
-        batch = [examples[i] for i in torch.randint(len(examples), (64,), generator=generator).tolist()]
-        source = pad_sequence([torch.tensor(s) for s, _ in batch], batch_first=True, padding_value=pad_id)
-        labels = pad_sequence([torch.tensor(t) for _, t in batch], batch_first=True, padding_value=-100)
-        out = model(input_ids=source, attention_mask=source.ne(pad_id).long(), labels=labels)
-        optimizer.zero_grad()
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        steps, loss = steps + 1, out.loss.item()
-        if steps % 100 == 0:
-            log(f"  step {steps}: loss {loss:.3f}")
-    model.eval()
-    return {"steps": steps, "final_loss": loss, "seconds": time.perf_counter() - start}
-
-
-def train_family(family: str, model_dir: Path, train: list[tuple[str, str]], minutes: float) -> dict:
-    """Builds, trains and saves (save_pretrained) one family's model into model_dir; returns its facts."""
-    import torch
-
-    import hf_fixtures as F
-
-    # One thread: on the shared 2-core machine two threads trained 5x slower (0.6 steps/s against 3.0).
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tok, model, generation = BUILDERS[family](model_dir, [t for pair in train for t in pair])
-    examples = encode(tok, family, train)
-    log(f"{family}: {len(examples)} training pairs, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
-        f"parameters, vocabulary {model.config.vocab_size}; training {minutes} min")
-    facts = fit(model, examples, model.config.pad_token_id, minutes * 60, FAMILIES[family][2])
-    if family == "marian":
-        # OPUS-MT's <pad> row is zero (Marian has no <pad>; its decoder starts from a zero embedding, which
-        # CTranslate2's converter assumes); the tied output projection trained it, so it is zeroed here.
-        with torch.no_grad():
-            model.get_input_embeddings().weight[model.config.pad_token_id].zero_()
-    model.generation_config = generation
-    with F._quiet_transformers():
-        model.save_pretrained(model_dir)
-        tok.save_pretrained(model_dir)
-    return {**facts, "pairs": len(examples), "parameters": sum(p.numel() for p in model.parameters()),
-            "vocab_size": model.config.vocab_size}
+__all__ = ["BATCH", "FAMILIES", "compare", "ct2", "ours", "quiet", "read_pairs", "reference"]
 
 
 # ---------------------------------------------------------------------------------------------- convert
@@ -346,11 +142,14 @@ def compare(want: list[dict], got: list[dict], sources: list[str]) -> dict:
     return {"ids": sum(same), "texts": texts, "total": len(same), "differences": diffs}
 
 
-def evaluate(family: str, model_dir: Path, paths: dict[str, Path], sources: list[str]) -> list[dict]:
-    """Every row of ROWS for one family."""
+def evaluate(label: str, family: str, model_dir: Path, paths: dict[str, Path],
+             sources: list[str]) -> list[dict]:
+    """Every row of ROWS for one family's model (`label`: the family, or the family and its convention)."""
     wanted = {}
     rows = []
     for name, beam, n, engine in ROWS:
+        if beam == 1 and label != family:
+            continue  # early_stopping changes beam search only: greedy is the saved model's rows
         if (beam, n) not in wanted:
             t = time.perf_counter()
             wanted[beam, n] = reference(model_dir, family, sources, beam, n)
@@ -360,7 +159,7 @@ def evaluate(family: str, model_dir: Path, paths: dict[str, Path], sources: list
         else:
             got = ct2(paths[engine], model_dir, family, sources, beam)
         counts = compare(wanted[beam, n], got, sources)
-        rows.append({"family": family, "row": name, "engine": engine, **counts})
+        rows.append({"family": label, "row": name, "engine": engine, **counts})
         log(f"  {engine} {name}: {rows[-1]['ids']}/{rows[-1]['total']} identical ids")
     return rows
 
@@ -373,7 +172,7 @@ def markdown(report: dict) -> str:
              "| family | params | train steps (loss) | row | engine | identical ids | identical texts |",
              "|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
-        t = report["training"][row["family"]]
+        t = report["training"][row["family"].split()[0]]
         texts = "—" if row["texts"] is None else f"{row['texts']}/{row['total']}"
         lines.append(f"| {row['family']} | {t['parameters'] / 1e6:.1f}M | {t['steps']} "
                      f"({t['final_loss']:.2f}) | {row['row']} | {row['engine']} | "
@@ -423,6 +222,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--work", type=Path, default=Path("hf-trained-identity"),
                    help="where each family's model directory, bundles and CTranslate2 models are written\n"
                         "(WORK/FAMILY/{model,bundle,bundle-int8,ct2-int8,ct2-fp32}; replaced on each run)")
+    p.add_argument("--convention", default="both", choices=("both", "saved", "early_stopping"),
+                   help="t5: measure the model as saved (no early_stopping), the early_stopping true copy,\n"
+                        "or both (default)")
+    p.add_argument("--no-train", action="store_true",
+                   help="measure the models a previous run trained under --work (WORK/FAMILY/model) again")
     p.add_argument("--out", type=Path, default=None,
                    help="where identity.md and identity.json go (default: WORK/results)")
     args = p.parse_args(argv)
@@ -432,6 +236,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--families {args.families!r}: unknown {unknown}; choose among {', '.join(FAMILIES)}")
     args.families, args.out = families, args.out or args.work / "results"
     return args
+
+
+def trained(args, family: str, model_dir: Path, train: list[tuple[str, str]]) -> dict:
+    """Trains and saves the family's model, or with --no-train reads the facts of the one saved before."""
+    facts = model_dir / "training.json"
+    if args.no_train and facts.is_file():
+        return json.loads(facts.read_text(encoding="utf-8"))
+    if args.no_train:
+        raise SystemExit(f"error: --no-train, but {facts} is absent: train {family} first "
+                         "(leave out --no-train)")
+    result = train_family(family, model_dir, train, args.train_minutes)
+    facts.write_text(json.dumps(result), encoding="utf-8")
+    return result
 
 
 def main(argv=None) -> int:
@@ -448,11 +265,15 @@ def main(argv=None) -> int:
               "training": {}, "rows": []}
     for family in args.families:
         work = args.work / family
-        report["training"][family] = train_family(family, work / "model", train, args.train_minutes)
-        paths = export_all(work / "model", work)
-        report["rows"] += evaluate(family, work / "model", paths, sources)
-        report["wall_s"] = time.perf_counter() - T0
-        write_report(args.out, report)  # after each family, so an interrupted run keeps what it measured
+        report["training"][family] = trained(args, family, work / "model", train)
+        for label, model_dir in conventions(family, work / "model"):
+            if args.convention not in ("both", "early_stopping" if label != family else "saved"):
+                continue
+            out = work / model_dir.name.removeprefix("model").lstrip("-") if label != family else work
+            paths = export_all(model_dir, out)
+            report["rows"] += evaluate(label, family, model_dir, paths, sources)
+            report["wall_s"] = time.perf_counter() - T0
+            write_report(args.out, report)  # after each model, so an interrupted run keeps what it measured
     print(markdown(report))
     return 0
 

@@ -160,7 +160,8 @@ class SearchOptions:
 
     beam_size: int = _option(
         4, kind="int", low=1, note=" (1 is greedy search)", bundle="beam_size", scope=_TEXT,
-        cli="--beam", http="beam_size", doc="the beams searched; 1 is greedy search; with sampling_temperature only 1")
+        cli="--beam", http="beam_size",
+        doc="the beams searched; 1 is greedy search; with sampling_temperature only 1")
     num_hypotheses: int = _option(
         1, kind="int", low=1, cli="--n-best", http="num_hypotheses",
         doc="the n-best returned per source: at most beam_size, or any number of samples")
@@ -196,11 +197,13 @@ class SearchOptions:
             "infinities); None: beam or greedy search")
     sampling_topk: int = _option(
         0, kind="int", low=0, note=" (0 keeps every token)", scope=_TEXT, cli="--sampling-topk",
-        http="sampling_topk", doc="sample among the k likeliest tokens (0: all); only with sampling_temperature")
+        http="sampling_topk",
+        doc="sample among the k likeliest tokens (0: all); only with sampling_temperature")
     sampling_topp: float = _option(
         1.0, kind="number", low=0, high=1, low_open=True, note=" (1 keeps every token)", scope=_TEXT,
         cli="--sampling-topp", http="sampling_topp",
-        doc="... and among the smallest set whose probability reaches p (1: all); only with sampling_temperature")
+        doc="... and among the smallest set whose probability reaches p (1: all); only with "
+            "sampling_temperature")
     seed: int | None = _option(
         None, kind="int", low=0, note=", or None for a different sample each call", nullable=True,
         scope=_TEXT, cli="--seed", http="seed",

@@ -142,8 +142,8 @@ def main(argv: list[str]) -> int:
     """Writes spec/capabilities.json; with --check, only compares it (1: it differs, run without --check)."""
     unknown = [a for a in argv if a != "--check"]
     if unknown:
-        print(f"usage: python -m seq2onnx.runtime.option_spec [--check]: writes spec/capabilities.json from "
-              f"runtime/options.py's declarations; --check only compares (exit 1: it differs)"
+        print("usage: python -m seq2onnx.runtime.option_spec [--check]: writes spec/capabilities.json from "
+              "runtime/options.py's declarations; --check only compares (exit 1: it differs)"
               + ("" if unknown in (["--help"], ["-h"]) else f"; unknown: {' '.join(unknown)}"),
               file=sys.stderr if unknown not in (["--help"], ["-h"]) else sys.stdout)
         return 0 if unknown in (["--help"], ["-h"]) else 2

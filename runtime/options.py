@@ -207,7 +207,8 @@ class SearchOptions:
     seed: int | None = _option(
         None, kind="int", low=0, note=", or None for a different sample each call", nullable=True,
         scope=_TEXT, cli="--seed", http="seed",
-        doc="the sampling seed: a source's sample depends only on (seed, source)")
+        doc="the sampling seed: a source's sample depends only on (seed, source); only with "
+            "sampling_temperature")
     source_lang: str | None = _option(
         None, kind="lang", nullable=True, scope=_STREAM, cli="--source-lang", http="source_lang",
         doc="a multilingual model's source language code (bundle.json's tokens.languages): its token leads "

@@ -249,7 +249,7 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
             max_length outside 1..max_positions.
         BundleError: the bundle is refused by the Python runtime.
     """
-    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.session_tuning import SessionTuning
     from seq2onnx.runtime.translator import Translator
 
     log = log or (lambda message: None)

@@ -28,7 +28,7 @@ from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.fused_step import FusedStep
 from seq2onnx.export.parity_report import int8_products
-from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.u8s8_probe import precision_entries
 from seq2onnx.runtime.translator import Translator
 from seq2onnx.runtime.devices import providers_for

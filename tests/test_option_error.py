@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from seq2onnx.runtime.model_options import check_min_length, check_prefix_options, language_id, target_prefixes
-from seq2onnx.runtime.options import (OPTIONS, OptionError, SearchOptions, SessionTuning, check_intra_threads,
-                                      resolve_search_options)
+from seq2onnx.runtime.options import OPTIONS, OptionError, SearchOptions, resolve_search_options
+from seq2onnx.runtime.session_tuning import SessionTuning, check_intra_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 NAN = math.nan

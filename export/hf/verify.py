@@ -25,7 +25,7 @@ import torch
 from seq2onnx.export.parity import Check
 from seq2onnx.export.parity_report import int8_products
 from seq2onnx.runtime import bundle as fmt
-from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.search import EARLY_STOPPING
 from seq2onnx.runtime.translator import Translator
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seq2onnx.export.parity import Check
+from seq2onnx.export.parity_report import Check
 from seq2onnx.export.parity_report import int8_products
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.session_tuning import SessionTuning

@@ -32,7 +32,7 @@ from pathlib import Path
 from seq2onnx.runtime.bundle import BundleError, read_bundle
 from seq2onnx import atomic, errors
 from seq2onnx.commands.dataset_io import INPUT_FORMATS, OUTPUT_FORMATS, Writer, guess_format, read_source
-from seq2onnx.commands.translate import add_option_flags
+from seq2onnx.commands.translate_flags import add_option_flags
 
 PROBE_TIMEOUT_S = 120
 

@@ -80,7 +80,7 @@ def verify_hf(
     tensor_sentences: int = 100,
     log=None,
 ) -> dict:
-    """Runs every tier; returns the report (seq2onnx.export.parity.format_report prints it, then
+    """Runs every tier; returns the report (seq2onnx.export.parity_report.format_report prints it, then
     format_differences).
 
     Args:

@@ -22,168 +22,22 @@ from __future__ import annotations
 
 import gc
 import json
-import os
-import re
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from seq2onnx import atomic, errors
 from seq2onnx.commands.host_sentences import DEFAULT_SENTENCES, read_sentences
+from seq2onnx.commands.host_report import check_row, compare_search, compare_tokens, format_report
+from seq2onnx.commands.node_host import find_node_host, js_dir_default, run_node
 
 HOSTS = ("node",)
 SCORE_BOUND = 1e-4  # max |score difference| between hosts, per hypothesis with identical ids
 READ_CHUNK = 256  # js/bin/seq2onnx-js.mjs: lines per translateBatch call (as `seq2onnx translate`)
 MAX_BATCH = 32  # both hosts' default max_batch_size
-NODE_MIN = (18, 17)  # js/package.json "engines"
-SHOWN_DIFFERENCES = 5  # per check
-
-
-# -- the host ------------------------------------------------------------------------------------
-
-def _js_dir_default() -> Path:
-    from seq2onnx.commands.web import default_js_dir
-
-    return default_js_dir()
-
-
-def find_node_host(node: str | None = None, js_dir: str | Path | None = None) -> dict:
-    """Returns the Node host to run: {"node": executable, "cli": seq2onnx-js.mjs, "js_dir",
-    "node_version", "onnxruntime_node"}.
-
-    Args:
-        node: the node executable; None: the one on PATH.
-        js_dir: the checkout's js/ folder; None: default_js_dir().
-
-    Raises:
-        CommandError: naming what to install or pass when node, the JS host or its node_modules is
-            missing (or not Node.js).
-    """
-    js = Path(js_dir) if js_dir is not None else _js_dir_default()
-    script = js / "bin" / "seq2onnx-js.mjs"
-    if not script.is_file():
-        raise errors.CommandError(f"{js}: no JS host there (bin/seq2onnx-js.mjs); verify-host needs the js/ "
-                                  "folder of a seq2onnx checkout: pass --js-dir DIR")
-    if node is None:
-        found = shutil.which("node")
-        if found is None:
-            raise errors.CommandError("node is not installed (not on PATH): install Node.js >= 18.17 "
-                                      "(Debian: apt-get install nodejs npm), then the JS host's "
-                                      f"dependencies: npm ci --prefix {js}; or pass --node PATH")
-        node = found
-    elif not (os.path.isfile(node) and os.access(node, os.X_OK)):
-        raise errors.CommandError(f"--node {node}: not an executable file; give the path of the node binary")
-    for package in ("onnxruntime-node", "@sctg/sentencepiece-js"):
-        if not (js / "node_modules" / package / "package.json").is_file():
-            raise errors.CommandError(f"{js / 'node_modules' / package}: missing; install the JS host's "
-                                      f"dependencies: npm ci --prefix {js}")
-    try:
-        version = subprocess.run([node, "--version"], capture_output=True, text=True,
-                                 timeout=60).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise errors.CommandError(f"{node} --version failed ({e}); "
-                                  "give a working node with --node PATH") from e
-    match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+\S*", version)
-    if not match:
-        said = version.splitlines()[0][:60] if version else "nothing"
-        raise errors.CommandError(f"--node {node}: not Node.js (`{node} --version` printed {said!r}, not a "
-                                  "version like v20.11.1); give the path of the node binary with --node PATH")
-    if tuple(map(int, match.groups())) < NODE_MIN:
-        raise errors.CommandError(f"{node} is Node.js {version}; the JS host needs Node.js >= "
-                                  f"{NODE_MIN[0]}.{NODE_MIN[1]}: install a newer one or pass --node PATH")
-    ort_package = js / "node_modules" / "onnxruntime-node" / "package.json"
-    ort_node = json.loads(ort_package.read_text(encoding="utf-8"))
-    return {"node": node, "cli": script, "js_dir": js, "node_version": version,
-            "onnxruntime_node": ort_node.get("version")}
-
-
-def _run_node(host: dict, args: list[str], lines: list[str]) -> tuple[list[dict], dict | None]:
-    """Runs `seq2onnx-js ARGS` on `lines`; returns one parsed JSON object per line and the timing
-    line's object (translate --timing) or None."""
-    stdin = "".join(line + "\n" for line in lines)
-    # The host runs in its own folder: paths given relative to ours are made absolute first.
-    args = [str(Path(a).resolve()) if i == 1 else a for i, a in enumerate(args)]
-    proc = subprocess.run([host["node"], str(host["cli"]), *args], input=stdin, capture_output=True,
-                          text=True, encoding="utf-8", cwd=host["js_dir"])
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-3:]
-        command = " ".join(args[:2])
-        raise errors.CommandError(f"the Node host failed (exit {proc.returncode}) on `{command} ...`: "
-                                  + (" | ".join(tail) or "no message"))
-    out = proc.stdout.splitlines()
-    if len(out) != len(lines):
-        raise errors.CommandError(f"the Node host wrote {len(out)} lines for {len(lines)} inputs "
-                                  f"(`{' '.join(args[:2])}`)")
-    timing = None
-    for line in proc.stderr.splitlines():
-        if line.startswith("seq2onnx-js: timing "):
-            timing = json.loads(line.split(" ", 2)[2])
-    try:
-        return [json.loads(line) for line in out], timing
-    except ValueError as e:
-        raise errors.CommandError(f"the Node host wrote a line that is not JSON ({e})") from e
 
 
 # -- the sentences ---------------------------------------------------------------------------------
-
-def _check(name: str, value: str, bound: str, passed: bool, detail: str = "") -> dict:
-    return {"name": name, "value": value, "bound": bound, "passed": bool(passed), "detail": detail}
-
-
-def _cut(text: str, n: int = 50) -> str:
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
-def _compare_search(label: str, sources: list[str], python, node: list[dict],
-                    differences: list) -> tuple[dict, dict, float, int]:
-    """Rows for one search: ids identical per sentence (every hypothesis), texts identical, and the
-    largest score difference over hypotheses whose ids agree."""
-    same_ids = same_text = hyps = compared = 0
-    worst = 0.0
-    shown = 0
-    for i, (p, n) in enumerate(zip(python, node)):
-        missing = abs(len(p.token_ids) - len(n["token_ids"]))  # hypotheses one side lacks
-        ids_equal = [a == b for a, b in zip(p.token_ids, n["token_ids"])] + [False] * missing
-        same_ids += all(ids_equal)
-        hyps += len(p.hypotheses)
-        same_text += sum(a == b for a, b in zip(p.hypotheses, n["hypotheses"]))
-        for k, equal in enumerate(ids_equal):
-            if equal:
-                compared += 1
-                worst = max(worst, abs(p.scores[k] - n["scores"][k]))
-        if not all(ids_equal) and shown < SHOWN_DIFFERENCES:
-            k = ids_equal.index(False)
-            differences.append({
-                "check": label, "sentence": i, "source": sources[i], "hypothesis": k,
-                "python": {"ids": p.token_ids[k] if k < len(p.token_ids) else None,
-                           "score": p.scores[k] if k < len(p.scores) else None},
-                "node": {"ids": n["token_ids"][k] if k < len(n["token_ids"]) else None,
-                         "score": n["scores"][k] if k < len(n["scores"]) else None},
-            })
-            shown += 1
-    total = len(python)
-    ids_row = _check(f"{label} token ids identical", f"{same_ids}/{total}", "all", same_ids == total,
-                     "sentences whose every hypothesis has the same ids")
-    text_row = _check(f"{label} translations identical", f"{same_text}/{hyps}", "all", same_text == hyps,
-                      "detokenised hypotheses")
-    return ids_row, text_row, worst, compared
-
-
-def _compare_tokens(label: str, texts: list[str], tokenizer, node: list[dict], differences: list) -> dict:
-    same = 0
-    for i, (text, n) in enumerate(zip(texts, node)):
-        ids = tokenizer.encode(text)
-        if n["ids"] == ids and n["decoded"] == tokenizer.decode(ids):
-            same += 1
-        elif sum(d["check"] == label for d in differences) < SHOWN_DIFFERENCES:
-            differences.append({"check": label, "sentence": i, "source": text,
-                                "python": {"ids": ids, "decoded": tokenizer.decode(ids)},
-                                "node": {"ids": n["ids"], "decoded": n["decoded"]}})
-    return _check(f"{label} ids identical", f"{same}/{len(texts)}", "all", same == len(texts),
-                  "ids and detokenised text")
-
 
 def _target_tokens(results) -> int:
     """Target tokens produced, as `seq2onnx bench` counts them: the best hypothesis and its end token."""
@@ -218,7 +72,7 @@ def _node_searches(host: dict, bundle_dir: str | Path, source_ids: list[list[int
         log(f"the Node host: {label} on {len(source_ids)} sentences")
         args = ["translate", str(bundle_dir), "--ids", "--json", "--timing", "--beam", str(size),
                 "--n-best", str(n_best), "--threads", str(threads), "--batch-size", str(MAX_BATCH), *flags]
-        node[label], node_timing[label] = _run_node(host, args, id_lines)
+        node[label], node_timing[label] = run_node(host, args, id_lines)
     return node, node_timing
 
 
@@ -241,7 +95,7 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
             with it: a cap keeps the run short and small.
 
     Returns:
-        The report (see format_report): `passed`, the checks, up to SHOWN_DIFFERENCES differences per
+        The report (see host_report.py): `passed`, the checks, up to SHOWN_DIFFERENCES differences per
         check, timing.
 
     Raises:
@@ -249,7 +103,7 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
             max_length outside 1..max_positions.
         BundleError: the bundle is refused by the Python runtime.
     """
-    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.session_tuning import SessionTuning
     from seq2onnx.runtime.translator import Translator
 
     log = log or (lambda message: None)
@@ -283,21 +137,21 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
     targets = list(dict.fromkeys(h for label in searches for r in python[label] for h in r.hypotheses
                                  if h.strip()))
     log("the Node host: tokenizers")
-    node_source_tokens, _ = _run_node(host, ["tokenize", str(bundle_dir), "--side", "source"], sentences)
-    node_target_tokens, _ = _run_node(host, ["tokenize", str(bundle_dir), "--side", "target"], targets)
+    node_source_tokens, _ = run_node(host, ["tokenize", str(bundle_dir), "--side", "source"], sentences)
+    node_target_tokens, _ = run_node(host, ["tokenize", str(bundle_dir), "--side", "target"], targets)
 
     differences: list[dict] = []
-    checks = [_compare_tokens("source tokenizer", sentences, source_tokenizer, node_source_tokens,
+    checks = [compare_tokens("source tokenizer", sentences, source_tokenizer, node_source_tokens,
                               differences),
-              _compare_tokens("target tokenizer", targets, target_tokenizer, node_target_tokens,
+              compare_tokens("target tokenizer", targets, target_tokenizer, node_target_tokens,
                               differences)]
     score_rows = []
     for label, (size, n_best) in searches.items():
         name = label if size == 1 else f"{label} (n-best {n_best})"
-        ids_row, text_row, worst, compared = _compare_search(name, sentences, python[label], node[label],
+        ids_row, text_row, worst, compared = compare_search(name, sentences, python[label], node[label],
                                                              differences)
         checks += [ids_row, text_row]
-        score_rows.append(_check(f"{name} max |score diff|", f"{worst:.1e}", f"{SCORE_BOUND:.0e}",
+        score_rows.append(check_row(f"{name} max |score diff|", f"{worst:.1e}", f"{SCORE_BOUND:.0e}",
                                  worst <= SCORE_BOUND, f"over {compared} hypotheses with identical ids"))
     checks += score_rows
     speed = {label: {
@@ -317,52 +171,6 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
         "checks": checks, "differences": differences, "speed": speed,
         "wall_s": time.perf_counter() - started, "passed": all(c["passed"] for c in checks),
     }
-
-
-def format_report(report: dict, source: str = "") -> str:
-    """Returns verify_host's report as a table.
-
-    One row per check with its value, bound and result; then each difference with both hosts' ids
-    and scores; then the speed of each host (a measurement, not a check); then PASSED or FAILED.
-
-    Args:
-        report: what verify_host returned.
-        source: where the sentences came from (read_sentences); "": their count.
-    """
-    lines = [
-        f"verify-host {report['bundle']}: the Node host ({report['node_version']}, onnxruntime-node "
-        f"{report['onnxruntime_node']}) against the Python runtime (onnxruntime {report['onnxruntime']})",
-        f"{report['decoder']} decoder on both, CPU, {report['threads']} thread(s) each; "
-        + (f"max length {report['max_length']}; " if report.get("max_length") else "")
-        + f"{source or str(report['sentences']) + ' sentences'}; {report['empty']} empty, "
-        f"{report['truncated']} cut to max_positions",
-        f"{'check':<44} {'value':>11} {'bound':>7}  result",
-    ]
-    for c in report["checks"]:
-        lines.append(f"{c['name']:<44} {c['value']:>11} {c['bound']:>7}  {'ok' if c['passed'] else 'FAIL'}  "
-                     f"{c['detail']}")
-    if report["differences"]:
-        lines.append("differences (first of each check; scores are sums of log-probabilities, end token "
-                     "included):")
-        for d in report["differences"]:
-            hypothesis = f", hypothesis {d['hypothesis']}" if "hypothesis" in d else ""
-            where = f"  {d['check']}, sentence {d['sentence']}{hypothesis}"
-            lines.append(f"{where}: {_cut(d['source'])!r}")
-            for side in ("python", "node"):
-                values = d[side]
-                shown = ", ".join(f"{k} {_cut(json.dumps(v, ensure_ascii=False), 80)}"
-                                  for k, v in values.items())
-                lines.append(f"    {side:<6} {shown}")
-    lines.append("speed (a measurement, not a check): target tokens per second inside translate calls, "
-                 "bundle load excluded")
-    for label, s in report["speed"].items():
-        rate = lambda tokens, seconds: f"{tokens / seconds:,.0f}" if seconds else "-"  # noqa: E731
-        lines.append(f"  {label:<8} python {rate(s['python_tokens'], s['python_s']):>8} tok/s "
-                     f"({s['python_s']:.2f} s)   node {rate(s['node_tokens'], s['node_s']):>8} tok/s "
-                     f"({s['node_s'] or 0:.2f} s)")
-    lines.append(f"wall time {report['wall_s']:.1f} s")
-    lines.append("PASSED" if report["passed"] else "FAILED: see the rows marked FAIL")
-    return "\n".join(lines)
 
 
 # -- the command -----------------------------------------------------------------------------------
@@ -409,7 +217,7 @@ def add(sub) -> None:
                                                          "hosts")
     p.add_argument("--node", metavar="PATH", help="the node executable (default: node on PATH)")
     p.add_argument("--js-dir", metavar="DIR", default=None,
-                   help=f"the JS host's folder, with node_modules installed (default: {_js_dir_default()})")
+                   help=f"the JS host's folder, with node_modules installed (default: {js_dir_default()})")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE (refused if it "
                                                   "exists, unless --force)")
     p.add_argument("--force", action="store_true", help="replace the --json file if it exists")

@@ -288,7 +288,7 @@ def validate(directory: Path) -> None:
 
     A fused decoder this onnxruntime cannot run is an error here (the exporter's onnxruntime is
     the one that built it), not the silent fallback a host gets."""
-    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.session_tuning import SessionTuning
     from seq2onnx.runtime.translator import Translator
 
     bundle = fmt.read_bundle(directory)  # read once; each Translator loads from these bytes

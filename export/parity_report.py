@@ -3,9 +3,34 @@ integer kernel multiplies an int8 bundle on this CPU."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import onnxruntime as ort
 
 from seq2onnx.runtime.u8s8_probe import precision_entries
+
+
+@dataclass
+class Check:
+    """One row of verify's report: a measured value against its bound.
+
+    Attributes:
+        tier: "tensor", "tokens" or "text".
+        name: what was measured.
+        value: the measurement.
+        bound: the tolerance it is held to.
+        passed: value within bound.
+        detail: more numbers, for the report.
+        decoder: "standard" or "fused": the decoder graph checked ("" for the encoder).
+    """
+
+    tier: str  # tensor | tokens | text
+    name: str
+    value: float
+    bound: float
+    passed: bool
+    detail: str = ""
+    decoder: str = ""  # "standard" or "fused": the decoder graph checked ("" for the encoder)
 
 
 def int8_products(meta: dict) -> str | None:

@@ -3,7 +3,6 @@ dropout, gradient clipping; periodic validation loss and BLEU on reference greed
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import sys
 import time
@@ -13,49 +12,15 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from . import checkpoint, distributed
-from .config import ModelConfig
+from . import checkpoint, distributed, train_setup
+from .batches import encode_pairs, make_batch
 from .data import Split, filter_by_length, token_batches
 from .metrics import bleu
-from .options import TrainError, TrainOptions
-from .preflight import check_memory, check_writable, device_memory, pick_device, steps_reachable
+from .options import TrainOptions
+from .preflight import pick_device, steps_reachable
 from .search import translate_ids
-from .splits import load_split
 from .tokenizer import Tokenizer
 from .transformer import Transformer
-
-
-def encode_pairs(tok: Tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-    """Returns (source ids with end token, target ids) for each (source, target) text pair, in order.
-
-    Args:
-        tok: the tokenizer.
-        pairs: the text pairs.
-    """
-    return [(tok.encode_source(s), tok.encode_target(t)) for s, t in pairs]
-
-
-def make_batch(examples, indices, cfg: ModelConfig, device):
-    """Returns a padded batch (src, src_mask, tgt_in, tgt_out): tgt_in = start + y, tgt_out = y + end.
-
-    Args:
-        examples (list[tuple[list[int], list[int]]]): (source ids, target ids) pairs.
-        indices (list[int]): the examples of the batch.
-        cfg: the model's config (pad, start and end ids).
-        device (torch.device): where the tensors go.
-    """
-    src_len = max(len(examples[i][0]) for i in indices)
-    tgt_len = max(len(examples[i][1]) for i in indices) + 1
-    src = torch.full((len(indices), src_len), cfg.pad_id, dtype=torch.long)
-    tgt_in = torch.full((len(indices), tgt_len), cfg.pad_id, dtype=torch.long)
-    tgt_out = torch.full((len(indices), tgt_len), cfg.pad_id, dtype=torch.long)
-    for row, i in enumerate(indices):
-        s, t = examples[i]
-        src[row, : len(s)] = torch.tensor(s)
-        tgt_in[row, : len(t) + 1] = torch.tensor([cfg.decoder_start_id] + t)
-        tgt_out[row, : len(t) + 1] = torch.tensor(t + [cfg.eos_id])
-    src, tgt_in, tgt_out = src.to(device), tgt_in.to(device), tgt_out.to(device)
-    return src, src != cfg.pad_id, tgt_in, tgt_out
 
 
 def inverse_sqrt(step: int, d_model: int, warmup: int, scale: float) -> float:
@@ -114,75 +79,6 @@ def _distinct_samples(sources: list[str], texts: list[str], k: int) -> list[tupl
         if s not in seen and len(seen) < k:
             seen[s] = t
     return list(seen.items())
-
-
-def _config(opts: TrainOptions, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
-    try:
-        return ModelConfig(
-            src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=opts.d_model,
-            n_heads=opts.n_heads, n_encoder_layers=opts.layers, n_decoder_layers=opts.layers, d_ff=opts.d_ff,
-            dropout=opts.dropout, max_positions=max(opts.max_len + 2, 128), pre_norm=opts.pre_norm,
-            tie_embeddings=opts.tie_embeddings, share_vocab=opts.joint_vocab,
-        )
-    except ValueError as e:
-        raise TrainError(f"the model options do not fit together: {e}") from e
-
-
-def _open_run(opts: TrainOptions, out: Path, device: torch.device, main: bool):
-    """--resume: the run's last checkpoint and its options (only limits and logging may change)."""
-    if not (out / "last").exists():
-        raise TrainError(f"--resume: {out} has no checkpoint (no {out / 'last'}); start without --resume")
-    model, tok, ckpt = checkpoint.load(out / "last", device)
-    saved = json.loads((ckpt / checkpoint.STATE).read_text())["options"]
-    # Data, split and model shape come from the run; only limits and logging may change.
-    keep = ("max_steps", "max_minutes", "eval_every", "progress", "device", "resume", "force", "out")
-    opts = TrainOptions(**{**saved, **{k: getattr(opts, k) for k in keep}})
-    check_memory(model.cfg, opts.max_tokens, device_memory(device))
-    if main:  # only rank 0 writes in the run directory
-        checkpoint.remove_leftovers(out)  # temporary directories of a write the last run was killed in
-        check_writable(out)
-    return opts, model, tok, ckpt
-
-
-def _new_run(opts: TrainOptions, out: Path, device: torch.device, main: bool) -> None:
-    """A fresh run: refuses an occupied OUT without --force, and fails early where it cannot write."""
-    # The largest config the options allow (the vocabularies are at most --vocab-size), checked
-    # before the corpus is read and the tokenizers trained.
-    check_memory(_config(opts, opts.vocab_size, opts.vocab_size), opts.max_tokens, device_memory(device))
-    if not main:  # only rank 0 writes in the run directory
-        return
-    if out.exists() and not out.is_dir():
-        raise TrainError(f"{out} is a file, not a run directory; choose another OUT")
-    if out.exists() and any(out.iterdir()):
-        if not opts.force:
-            raise TrainError(f"{out} already holds a run; pass --resume to continue it "
-                             "or --force to start over")
-        if not ((out / "last").is_symlink() or any(p.name.startswith("step-") for p in out.iterdir())):
-            raise TrainError(f"{out} holds files but no run of `seq2onnx train` (no last or step-* inside): "
-                             "--force replaces only a run; choose another OUT or empty it yourself")
-        for flag, path in (("--data", opts.data), ("--valid-data", opts.valid_data)):
-            if path is not None and out.resolve() in Path(path).resolve().parents:
-                raise TrainError(f"{flag} {path} lies inside OUT {out}, which --force would delete; "
-                                 "move the data out of the run directory or choose another OUT")
-        import shutil
-        shutil.rmtree(out)
-    check_writable(out)
-
-
-def _corpus(opts: TrainOptions, group: distributed.Group) -> tuple[Split, Tokenizer | None]:
-    """The split, and for a new run the tokenizer trained on it (by rank 0 only; see _share)."""
-    split = load_split(opts, verbose=group.is_main)
-    if opts.resume or not group.is_main:
-        return split, None
-    return split, Tokenizer.train(split.train, opts.vocab_size, joint=opts.joint_vocab)
-
-
-def _share(tok: Tokenizer | None, group: distributed.Group) -> Tokenizer:
-    """Rank 0's tokenizer on every rank: each rank training its own could differ in a piece."""
-    if not group.active:
-        return tok
-    models = group.broadcast((tok.source_model, tok.target_model) if group.is_main else None)
-    return Tokenizer(*models)
 
 
 class _Bar(tqdm):
@@ -295,15 +191,15 @@ def _prepare(opts: TrainOptions, group: distributed.Group) -> tuple[_Run, int]:
     state: dict = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_valid_loss": None, "history": []}
     # Each rank checks what it can; a failure on any rank stops all of them (Group.agree).
     if opts.resume:
-        opts, model, tok, ckpt = group.agree(lambda: _open_run(opts, out, device, main))
+        opts, model, tok, ckpt = group.agree(lambda: train_setup.open_run(opts, out, device, main))
     else:
-        group.agree(lambda: _new_run(opts, out, device, main))
+        group.agree(lambda: train_setup.new_run(opts, out, device, main))
     random.seed(opts.seed)
     torch.manual_seed(opts.seed)
-    split, trained = group.agree(lambda: _corpus(opts, group))
+    split, trained = group.agree(lambda: train_setup.corpus(opts, group))
     if not opts.resume:
-        tok = _share(trained, group)
-        model = Transformer(_config(opts, tok.src_vocab_size, tok.tgt_vocab_size)).to(device)
+        tok = train_setup.share(trained, group)
+        model = Transformer(train_setup.config(opts, tok.src_vocab_size, tok.tgt_vocab_size)).to(device)
     cfg = model.cfg
     net = _parallel(model, opts, group)
     train_ex = encode_pairs(tok, split.train)

@@ -1,8 +1,9 @@
 """The options checked against a model: language codes, target prefixes (their ids, count and length) and the
-minimum length against each source's maximum. Each refusal is runtime/options.py's OptionError."""
+minimum length against each source's maximum. Each refusal is an OptionError (runtime/option_error.py)."""
 from __future__ import annotations
 
-from .options import OptionError, SearchOptions, _is_int
+from .option_error import OptionError, _is_int
+from .options import SearchOptions
 
 
 def language_id(languages: dict[str, int], code, option: str) -> int:

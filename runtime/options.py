@@ -1,89 +1,24 @@
-"""The runtime's options, each checked once by type and range: SearchOptions (how to search),
-SessionTuning (measuring knobs for onnxruntime sessions), the intra-op thread count, and the options
-checked against a model (lengths, beam against the vocabulary, languages, target prefixes).
+"""The runtime's decoding options, each checked once by type and range: SearchOptions (how to search)
+and the options checked against a model (lengths, beam against the vocabulary). The sessions' knobs
+(SessionTuning, the intra-op thread count) are runtime/session_tuning.py's.
 
 Each decoding option is declared once, as a SearchOptions field with its Option (OPTIONS[name]): its doc,
 kind and limits, the methods that take it, and its names elsewhere (the CLI flag, the HTTP field). The
 Translator's signatures, the CLI's flags, the HTTP request models and spec/capabilities.json (the JS host's
 names and limits) are made from those (runtime/option_spec.py; docs/options.md).
 
-Every refusal is an OptionError naming the option by its Python name; a front end names it its own way
-(the HTTP field, the --flag: Option.http, Option.cli) from .option, never from the message's text.
+Every refusal is an OptionError (runtime/option_error.py) naming the option by its Python name; a front
+end names it its own way (the HTTP field, the --flag: Option.http, Option.cli) from .option, never from
+the message's text.
 
 bool is not accepted where an int is meant (True is an int to Python, never a beam size here),
 and NaN is refused wherever a float is compared (NaN compares false with every bound).
 """
 from __future__ import annotations
 
-import numbers
-import os
-import re
 from dataclasses import dataclass, field, fields
 
-
-
-class OptionError(ValueError):
-    """An option's value refused; str(e) is the message in the Python API's names.
-
-    The message reads "{option}={value}{says}{hint}", e.g. "beam_size=0 (int): give an int >= 1 (1 is
-    greedy search)". A front end that calls the option otherwise renders it with named(), not by editing
-    the text.
-
-    Attributes:
-        option: the option's name in the Python API (translate_batch's keyword, or Translator's), e.g.
-            "beam_size".
-        value: the value refused, as given.
-        limit: what the option accepts, in words, e.g. "an int >= 1", "(0, 1]", "one of auto, standard,
-            fused".
-        hint: the fix, e.g. "give an int >= 1 (1 is greedy search)".
-    """
-
-    def __init__(self, option: str, value, *, limit: str, hint: str, says: str = ": ", shown: str | None = "",
-                 index: int | None = None, before: str = ""):
-        """Args:
-            option, value, limit, hint: the attributes.
-            says: what the message says between the value and the hint (the reason, with its punctuation).
-            shown: the value as the message shows it: "" its repr, None not at all ("target_prefix has 3
-                entries...").
-            index: the item of a list-valued option at fault ("target_prefix[1] ..."); a front end drops it.
-            before: what the message says before the option, e.g. "source 2: ".
-        """
-        self.option, self.value, self.limit, self.hint = option, value, limit, hint
-        self.says, self.index, self.before = says, index, before
-        self.shown = repr(value) if shown == "" else shown
-        super().__init__(self.named(option if index is None else f"{option}[{index}]", "="))
-
-    def named(self, name: str, sep: str = " ") -> str:
-        """The message with the option called `name`, its value after `sep`.
-
-        named("--beam") is "--beam 0 (int): give an int >= 1 ..." where str(e) is "beam_size=0 (int): ...".
-        """
-        return f"{self.before}{name}{'' if self.shown is None else sep + self.shown}{self.says}{self.hint}"
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _describe(value) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
-def _bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise OptionError(name, value, limit="True or False", hint="give True or False",
-                          shown=_describe(value))
-    return value
-
-
-def _choice(name: str, value, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        listed = ", ".join(choices)
-        raise OptionError(name, value, limit=f"one of {listed}", hint=f"choose one of {listed}", says="; ")
+from .option_error import OptionError, _describe, _is_int, _is_real
 
 
 @dataclass(frozen=True)
@@ -283,113 +218,6 @@ def unknown_options(given, method: str, scope: str) -> None:
         elsewhere = (f"; {bad[0]} is translate_batch's" if bad[0] in OPTIONS else "")
         listed = ", ".join(takes)
         raise TypeError(f"{method}() got an unknown option {bad[0]!r}{elsewhere}; it takes {listed}")
-
-
-SPINNING = ("bounded", "none", "unbounded")  # SessionTuning.thread_spinning
-ENCODER_SPIN_US, DECODER_SPIN_US = 100, 1000  # "bounded" spinning, per session (microseconds)
-SPIN_DURATION_SINCE = (1, 26)  # the first onnxruntime that reads session.intra_op.spin_duration_us
-
-
-@dataclass(frozen=True)
-class SessionTuning:
-    """Knobs for measuring what the runtime's defaults bring (scripts/ablate.py).
-
-    Pass as Translator(..., _tuning=SessionTuning(...)). Not part of the public API.
-
-    Attributes:
-        optimization: onnxruntime graph optimization level, "all", "extended", "basic" or "none".
-        top_k_from_graph: download each step's candidates from the decoder's TopK outputs rather
-            than the full [rows, vocab] log-probabilities.
-        thread_spinning: how idle intra-op threads wait for the next operator: "bounded" (the
-            default), "none" (they sleep at once) or "unbounded" (onnxruntime's own default: every
-            session's threads spin ~2^20 pauses before sleeping). A step runs dozens of small
-            operators, each split over the threads; a sleeping thread is woken for each (tens of
-            microseconds), a spinning one starts at once: a step's weight products at one row took
-            half the time. "bounded" lets the decoder's threads spin for DECODER_SPIN_US and the
-            encoder's for ENCODER_SPIN_US, so that the two sessions' spinning threads and the search's
-            Python do not outnumber the cores, and an idle translator stops burning a core within a
-            millisecond. onnxruntime before SPIN_DURATION_SINCE cannot bound a spin: there only the
-            decoder spins (docs/optimisation-notes.md, rows 5 and 12).
-        decoder: which decoder graph to drive: "auto" (the fused one where the bundle has it and this
-            onnxruntime can run it on the chosen provider, else the standard one), "standard" or
-            "fused" (an error where the fused one cannot run), for measuring and testing both.
-        tf32: let onnxruntime's CUDA provider use TF32 for float32 products (faster on Ampere and later,
-            ~1e-3 relative error: token parity with the checkpoint no longer holds). Off by default.
-        prepack: let onnxruntime pack each weight into its GEMM kernels' layout when a session is made
-            (the default). Off (`session.disable_prepacking`), a session reads the weights file's mapped
-            pages as they are: slower products, but no second copy of every weight. The export's check
-            of a bundle turns it off: one short decode needs no fast products, and the exporter's
-            memory peaks there (docs/optimisation-notes.md row 44).
-
-    Raises:
-        OptionError: a value outside its choices.
-    """
-
-    optimization: str = "all"
-    top_k_from_graph: bool = True
-    thread_spinning: str = "bounded"
-    decoder: str = "auto"
-    tf32: bool = False
-    prepack: bool = True
-
-    def __post_init__(self) -> None:
-        _choice("optimization", self.optimization, ("all", "extended", "basic", "none"))
-        _bool("top_k_from_graph", self.top_k_from_graph)
-        _bool("tf32", self.tf32)
-        _bool("prepack", self.prepack)
-        _choice("thread_spinning", self.thread_spinning, SPINNING)
-        _choice("decoder", self.decoder, ("auto", "standard", "fused"))
-
-
-def spin_settings(spinning: str, graph: str, ort_version: str) -> dict[str, str]:
-    """Returns the session config entries for SessionTuning.thread_spinning.
-
-    Args:
-        spinning: "bounded", "none" or "unbounded".
-        graph: "encoder" or "decoder".
-        ort_version: onnxruntime's version string (a bound needs SPIN_DURATION_SINCE).
-
-    Returns:
-        {config key: value} for SessionOptions.add_session_config_entry.
-    """
-    if spinning == "none":
-        return {"session.intra_op.allow_spinning": "0"}
-    if spinning == "unbounded":
-        return {"session.intra_op.allow_spinning": "1"}
-    if _version(ort_version) < SPIN_DURATION_SINCE:  # a spin cannot be bounded: only the decoder's
-        return {"session.intra_op.allow_spinning": "1" if graph == "decoder" else "0"}
-    return {"session.intra_op.allow_spinning": "1",
-            "session.intra_op.spin_duration_us":
-                str(DECODER_SPIN_US if graph == "decoder" else ENCODER_SPIN_US)}
-
-
-def _version(text: str) -> tuple[int, int]:
-    """(major, minor) from the leading digits of a version string ("1.32.0+cpu", "1.27.0.dev20260401");
-    (0, 0) where it does not start with them."""
-    m = re.match(r"(\d+)(?:\.(\d+))?", text, re.ASCII)
-    return (int(m.group(1)), int(m.group(2) or 0)) if m else (0, 0)
-
-
-def check_intra_threads(value) -> int:
-    """Checks intra_threads: an int in [0, os.cpu_count()]; 0 is onnxruntime's default (the core count).
-
-    A larger number only adds threads that wait for a core (and memory for each thread's stack).
-
-    Args:
-        value (int): the thread count asked for.
-
-    Returns:
-        The count, as an int.
-
-    Raises:
-        OptionError: not an int in that range (a bool is not an int here).
-    """
-    cores = os.cpu_count() or 1
-    if not _is_int(value) or not 0 <= value <= cores:
-        raise OptionError("intra_threads", value, limit=f"an int in [0, {cores}]", shown=_describe(value),
-                          says=f": this machine has {cores} cores (os.cpu_count()); ",
-                          hint=f"give an int from 0 (onnxruntime's default: one per core) to {cores}")
-    return int(value)
 
 
 def resolve_search_options(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from .bundle import DECODER_LABELS, STANDARD, Bundle, BundleError
 from .decoders import pick_decoder
 from .devices import ort, pick_device, providers_for
-from .options import SessionTuning, spin_settings
+from .session_tuning import SessionTuning, spin_settings
 from .session_cache import SessionCache, entry_key
 from .u8s8_probe import precision_entries
 
@@ -37,7 +37,7 @@ def session_options(
     Args:
         tuning: the optimisation level and thread spinning (SessionTuning's defaults are the runtime's).
         intra_threads: threads inside each operator (0: onnxruntime's default).
-        graph: "encoder" or "decoder" (they spin differently; runtime/options.py says why).
+        graph: "encoder" or "decoder" (they spin differently; runtime/session_tuning.py says why).
         device: "cpu" or "cuda", where the session runs.
         quantized: the graph is an int8 bundle's (bundle.json's `quantization`).
 

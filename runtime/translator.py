@@ -16,10 +16,10 @@ from .graphs import Graphs
 from .model_spec import ModelSpec
 from .model_options import check_prefix_length
 from .option_spec import takes_options
-from .options import (OptionError, SearchOptions, SessionTuning, check_intra_threads, resolve_search_options,
-                      unknown_options)
+from .options import OptionError, SearchOptions, resolve_search_options, unknown_options
 from .plan import Plan, SearchJob, stream_job
 from .search import SearchResult, Step, run, stream_greedy
+from .session_tuning import SessionTuning, check_intra_threads
 from .session_cache import SessionCache
 from .devices import DEVICES
 from .sessions import open_sessions

@@ -324,7 +324,7 @@ def _torch_decoder(spec: dict, prep: dict):
 
 def _ours_decoder(spec: dict, prep: dict):
     """Our runtime on spec's device; spec["tuning"] (SessionTuning's fields) picks a variant to A/B."""
-    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.session_tuning import SessionTuning
     from seq2onnx.runtime.translator import Translator
 
     tuning = SessionTuning(**spec.get("tuning", {}))

@@ -15,7 +15,7 @@ from seq2onnx.export.parity import verify
 from seq2onnx.model import checkpoint
 from seq2onnx.runtime import bundle as names
 from seq2onnx.runtime.attention import NoAttentionOutput
-from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.translator import Translator
 from tiny import copy_bundle, edit_bundle_json, restate_size, scratch, tiny_bundle, tiny_run
 

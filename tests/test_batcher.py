@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.translator import Translator
 from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder, rounds_runner
 from seq2onnx.serve.scheduler import Scheduler

@@ -23,7 +23,7 @@ def _rehash(path: Path) -> None:
 
 def _refused(path: Path, *words: str, decoder: str = "auto") -> str:
     """Loading the bundle (driving the given decoder variant) is a one-line BundleError with these words."""
-    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.session_tuning import SessionTuning
 
     with pytest.raises(BundleError) as e:
         Translator(path, device="cpu", _tuning=SessionTuning(decoder=decoder))
@@ -166,7 +166,7 @@ def test_missing_fused_decoder_file_is_refused(bundle):
 def test_variants_pass_the_checks(bundle):
     """The checks do not refuse what `seq2onnx export` writes: fp32 (both decoders), int8 (export
     validates by loading, so a float16 bundle is checked by test_export's export)."""
-    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.session_tuning import SessionTuning
 
     for decoder in ("standard", "fused"):
         t = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=decoder))

@@ -18,7 +18,7 @@ from seq2onnx.export.hf import read as hf_read  # noqa: E402
 from seq2onnx.model.transformer import Transformer  # noqa: E402
 from seq2onnx.runtime import sessions as sessions_module  # noqa: E402
 from seq2onnx.runtime import translator as translator_module  # noqa: E402
-from seq2onnx.runtime.options import SessionTuning  # noqa: E402
+from seq2onnx.runtime.session_tuning import SessionTuning  # noqa: E402
 from seq2onnx.runtime.translator import Translator  # noqa: E402
 from tiny import tiny_bundle, tiny_run  # noqa: E402
 

@@ -18,7 +18,7 @@ import pytest
 from seq2onnx.export.bundle import export_bundle
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime import decoders, fused_buffers, fused_step
-from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.beam import beam_search
 from seq2onnx.runtime import plan as plan_module
 from seq2onnx.runtime.translator import Translator

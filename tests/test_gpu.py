@@ -74,7 +74,7 @@ def test_fp16_bundle_verifies_on_cuda(fp16_bundle):
 @pytest.mark.parametrize("beam", [1, 4])
 def test_io_binding_copies_per_step(beam):
     """Per step only the new tokens, the step, the cache indices and k go up; only the top-k comes down."""
-    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.session_tuning import SessionTuning
     from seq2onnx.runtime.translator import Translator
 
     _, srcs = _sources(8)
@@ -101,7 +101,7 @@ def test_greedy_and_beam_on_both_decoders(beam):
     """CUDA runs the standard decoder (the fused one's cache layout is the CPU kernels'): its ids equal both
     CPU decoders' ids."""
     from seq2onnx.runtime.decoders import DecoderUnavailable
-    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.session_tuning import SessionTuning
     from seq2onnx.runtime.translator import Translator
 
     _, srcs = _sources()

@@ -65,7 +65,7 @@ def test_cpu_mode_runs_every_step():
 def test_copies_per_step_on_the_cpu_provider(beam):
     """The record tests/test_gpu.py holds CUDA to, here on the CPU provider: per step only the new tokens,
     the step, the cache indices and k are bound from the host, the cache is fed back, the top-k read."""
-    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.session_tuning import SessionTuning
     from seq2onnx.runtime.translator import Translator
 
     t = Translator(tiny_bundle(), device="cpu", _tuning=SessionTuning(decoder="standard"))

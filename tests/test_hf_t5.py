@@ -27,7 +27,7 @@ from seq2onnx.export.hf.bundle import export_hf_bundle  # noqa: E402
 from seq2onnx.export.hf.read import HFImportError  # noqa: E402
 from seq2onnx.export.hf.verify import verify_hf  # noqa: E402
 from seq2onnx.model.config import ModelConfig  # noqa: E402
-from seq2onnx.runtime.options import SessionTuning  # noqa: E402
+from seq2onnx.runtime.session_tuning import SessionTuning  # noqa: E402
 from seq2onnx.runtime.translator import Translator  # noqa: E402
 
 CLI = [sys.executable, "-m", "seq2onnx.commands"]

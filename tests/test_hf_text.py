@@ -42,7 +42,7 @@ def nllb(tmp_path_factory):
 
 def _node_ids(bundle: Path, texts: list[str]) -> list[list[int]]:
     """The Node host's prepareSource ids of each text (js/src/translator.js through js/src/index.js)."""
-    from seq2onnx.commands.verify_host import find_node_host
+    from seq2onnx.commands.node_host import find_node_host
 
     host = find_node_host()
     index = (Path(host["js_dir"]) / "src" / "index.js").as_uri()

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from seq2onnx.runtime.model_options import check_min_length, check_prefix_options, language_id, target_prefixes
-from seq2onnx.runtime.options import (OPTIONS, OptionError, SearchOptions, SessionTuning, check_intra_threads,
-                                      resolve_search_options)
+from seq2onnx.runtime.options import OPTIONS, OptionError, SearchOptions, resolve_search_options
+from seq2onnx.runtime.session_tuning import SessionTuning, check_intra_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 NAN = math.nan
@@ -271,15 +271,15 @@ def test_every_flag_of_an_option_is_a_translate_flag_setting_it():
 
 
 def test_the_cli_flag_comes_from_the_declaration_not_the_message(monkeypatch):
-    from seq2onnx.commands import translate
+    from seq2onnx.commands import translate_flags
     from seq2onnx.runtime import options
 
     e = OptionError("beam_size", 0, limit="an int >= 1", hint="give an int >= 1", shown="0 (int)")
-    assert str(translate.option_error(e)) == "--beam 0 (int): give an int >= 1"
+    assert str(translate_flags.option_error(e)) == "--beam 0 (int): give an int >= 1"
     monkeypatch.setitem(options.OPTIONS, "beam_size", dataclasses.replace(OPTIONS["beam_size"], cli="--beams"))
-    assert str(translate.option_error(e)) == "--beams 0 (int): give an int >= 1"
+    assert str(translate_flags.option_error(e)) == "--beams 0 (int): give an int >= 1"
     monkeypatch.setitem(options.OPTIONS, "beam_size", dataclasses.replace(OPTIONS["beam_size"], cli=None))
-    assert str(translate.option_error(e)) == str(e)  # no flag: the runtime's own message
+    assert str(translate_flags.option_error(e)) == str(e)  # no flag: the runtime's own message
 
 
 @pytest.mark.parametrize("flags, message", [

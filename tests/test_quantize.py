@@ -24,7 +24,7 @@ from seq2onnx.export.graph_layers import GROUPS, QuantizeError, id_tables, layer
 from seq2onnx.export.quantize import SCHEME, quantize_model
 from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.runtime import bundle as fmt
-from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.translator import Translator
 from seq2onnx.runtime.u8s8_probe import precision_entries
 

@@ -26,7 +26,7 @@ from seq2onnx.export.quantize_nbits import SCHEME_NAMES, quantize_model_nbits
 from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.checks import check_scheme
-from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.translator import Translator
 
 TEXTS = [s for s, _ in generate_pairs(48, seed=777)]

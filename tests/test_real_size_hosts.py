@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from seq2onnx.commands.host_sentences import read_sentences
-from seq2onnx.commands.verify_host import format_report, verify_host
+from seq2onnx.commands.host_report import format_report
+from seq2onnx.commands.verify_host import verify_host
 from seq2onnx.errors import CommandError
 from node_host import skip_reason
 from tiny import tiny_bundle

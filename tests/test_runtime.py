@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from seq2onnx.runtime.bundle import BundleError
-from seq2onnx.runtime.options import DECODER_SPIN_US, ENCODER_SPIN_US, SessionTuning, _version, spin_settings
+from seq2onnx.runtime.session_tuning import DECODER_SPIN_US, ENCODER_SPIN_US, SessionTuning, _version, spin_settings
 from seq2onnx.runtime import sessions as sessions_module
 from seq2onnx.runtime.devices import cuda_usable as _cuda_usable
 from seq2onnx.runtime.translator import TranslationResult, Translator

@@ -121,7 +121,7 @@ def test_intra_threads_bounded_by_the_cores(threads):
 def test_cuda_float32_products_are_full_float32_unless_tf32_is_asked_for():
     """onnxruntime's CUDA provider allows TF32 unless told not to: on an H100 that put the Tatoeba
     model's encoder 3e-3 off the CPU and one greedy sentence in 500 off PyTorch (the GPU check)."""
-    from seq2onnx.runtime.options import SessionTuning
+    from seq2onnx.runtime.session_tuning import SessionTuning
     from seq2onnx.runtime.devices import providers_for
 
     assert providers_for("cuda", SessionTuning().tf32) == [("CUDAExecutionProvider", {"use_tf32": "0"}),

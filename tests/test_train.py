@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from seq2onnx.model import checkpoint
-from seq2onnx.model.train import TrainError, TrainOptions, train
+from seq2onnx.model.options import TrainError
+from seq2onnx.model.train import TrainOptions, train
 
 
 def _opts(out: Path, **kw) -> TrainOptions:
@@ -161,12 +162,12 @@ def test_missing_corpus_is_a_clear_error(tmp_path):
 
 def _no_training(monkeypatch):
     """Makes reading the corpus (the first step of real work) fail loudly, to prove a check came first."""
-    import seq2onnx.model.train as train_module
+    import seq2onnx.model.train_setup as train_setup
 
     def reached(*args, **kwargs):
         raise AssertionError("training started: the check should have failed before reading the corpus")
 
-    monkeypatch.setattr(train_module, "load_split", reached)
+    monkeypatch.setattr(train_setup, "load_split", reached)
 
 
 def test_unwritable_run_directory_fails_before_training(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ import pyarrow as pa  # noqa: E402  (ray[data] brings pyarrow)
 import pyarrow.parquet as pq  # noqa: E402
 
 from seq2onnx.model.corpus import generate_pairs  # noqa: E402
+from seq2onnx.commands import dataset_io  # noqa: E402
 from seq2onnx.commands import translate_dataset as dataset  # noqa: E402
 from seq2onnx.runtime.bundle import BundleError  # noqa: E402
 from seq2onnx.errors import CommandError  # noqa: E402
@@ -176,18 +177,18 @@ def test_missing_ray_names_the_extra(monkeypatch):
 def test_input_errors_name_the_column(tmp_path):
     pq.write_table(pa.table({"a": ["x"], "b": [1]}), tmp_path / "t.parquet")
     with pytest.raises(CommandError, match=r"columns are \['a', 'b'\]"):
-        dataset.read_source(tmp_path / "t.parquet", "parquet", "c")
+        dataset_io.read_source(tmp_path / "t.parquet", "parquet", "c")
     with pytest.raises(CommandError, match="choose the one to translate with --column"):
-        dataset.read_source(tmp_path / "t.parquet", "parquet", None)
+        dataset_io.read_source(tmp_path / "t.parquet", "parquet", None)
     with pytest.raises(CommandError, match="holds int64, not text"):
-        dataset.read_source(tmp_path / "t.parquet", "parquet", "b")
+        dataset_io.read_source(tmp_path / "t.parquet", "parquet", "b")
     with pytest.raises(CommandError, match="applies to Parquet or JSONL"):
-        dataset.read_source(write_text(tmp_path / "t.txt", ["x"]), "text", "a")
+        dataset_io.read_source(write_text(tmp_path / "t.txt", ["x"]), "text", "a")
 
 
 def test_writer_refuses_rows_out_of_order(tmp_path):
     block = lambda start, n: pa.table({"index": list(range(start, start + n)), "translation": ["t"] * n})
-    with dataset._Writer(tmp_path / "o.txt", "text") as w:
+    with dataset_io.Writer(tmp_path / "o.txt", "text") as w:
         w.write(block(0, 3))
         with pytest.raises(RuntimeError, match="expected index 3, got \\[5\\]"):
             w.write(block(5, 2))

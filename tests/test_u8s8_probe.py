@@ -16,7 +16,7 @@ from tiny import tiny_bundle
 
 from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.runtime import sessions, u8s8_probe
-from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.translator import Translator
 
 TEXTS = [s for s, _ in generate_pairs(24, seed=778)]

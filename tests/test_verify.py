@@ -24,7 +24,7 @@ from seq2onnx.model import checkpoint
 from seq2onnx.model.search import translate_ids
 from seq2onnx.model.metrics import bleu
 from seq2onnx.runtime import bundle as fmt
-from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.u8s8_probe import precision_entries
 from seq2onnx.runtime.translator import Translator
 

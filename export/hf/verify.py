@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seq2onnx.export.parity import Check
+from seq2onnx.export.parity_report import Check
 from seq2onnx.export.parity_report import int8_products
 from seq2onnx.runtime import bundle as fmt
-from seq2onnx.runtime.options import SessionTuning
+from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.search import EARLY_STOPPING
 from seq2onnx.runtime.translator import Translator
 
@@ -80,7 +80,7 @@ def verify_hf(
     tensor_sentences: int = 100,
     log=None,
 ) -> dict:
-    """Runs every tier; returns the report (seq2onnx.export.parity.format_report prints it, then
+    """Runs every tier; returns the report (seq2onnx.export.parity_report.format_report prints it, then
     format_differences).
 
     Args:

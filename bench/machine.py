@@ -3,6 +3,7 @@
 Printed above the table and kept in the JSON report, because tokens/s mean little without them.
 psutil (the `[bench]` extra) is imported by the functions, so that `seq2onnx --help` does not need it.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,14 +60,19 @@ def describe_machine(threads: int) -> dict:
         load = None
     return {
         "cpu": _cpu_name(),
-        "logical_cores": os.cpu_count(), "usable_cores": usable_cores(),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": usable_cores(),
         "physical_cores": psutil.cpu_count(logical=False),
-        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "threads": threads,
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "threads": threads,
         "load_average_at_start": load,
-        "os": platform.platform(), "python": platform.python_version(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
         "versions": {
-            "torch": _version("torch"), "onnxruntime": _version("onnxruntime-gpu", "onnxruntime"),
-            "ctranslate2": _version("ctranslate2"), "numpy": _version("numpy"),
+            "torch": _version("torch"),
+            "onnxruntime": _version("onnxruntime-gpu", "onnxruntime"),
+            "ctranslate2": _version("ctranslate2"),
+            "numpy": _version("numpy"),
             "seq2onnx": _version("seq2onnx"),
         },
     }

@@ -4,6 +4,7 @@ With a thread sweep three tables: each engine at its best setting per row (the h
 against best), every setting's tokens/s and peak memory, and every engine at the same threads.
 Without one, the equal-threads table alone.
 """
+
 from __future__ import annotations
 
 from seq2onnx.bench.engines import ENGINES, TORCH_BEAM_NOTE
@@ -32,12 +33,16 @@ def format_machine(report: dict) -> str:
     cfg = report["model"]
     if report.get("sweep"):
         tried = sorted({label for labels in report["sweep"].values() for label in labels}, key=_setting_order)
-        threads = (f"swept: every engine at {', '.join(tried)} (N x 1 thread: N batches at once, CTranslate2 "
-                   "inter_threads=N; seq2onnx one Translator shared by N threads; not for torch); the "
-                   f"equal-threads table is every engine at {report['threads']}")
+        threads = (
+            f"swept: every engine at {', '.join(tried)} (N x 1 thread: N batches at once, CTranslate2 "
+            "inter_threads=N; seq2onnx one Translator shared by N threads; not for torch); the "
+            f"equal-threads table is every engine at {report['threads']}"
+        )
     else:
-        threads = (f"{report['threads']} for every engine (torch.set_num_threads, onnxruntime "
-                   f"intra_op_num_threads, ctranslate2 intra_threads; inter_threads=1)")
+        threads = (
+            f"{report['threads']} for every engine (torch.set_num_threads, onnxruntime "
+            f"intra_op_num_threads, ctranslate2 intra_threads; inter_threads=1)"
+        )
     lines = [
         f"machine:   {m['cpu']} ({cores}; {m['memory_gb']} GB), {m['os']}, Python {m['python']}",
         f"threads:   {threads}",
@@ -67,6 +72,7 @@ def _lines(head: list[str], rows: list[list[str]], groups: list[str], left: set[
 
     def line(cells):
         return "  ".join(c.ljust(w) if h in left else c.rjust(w) for h, c, w in zip(head, cells, widths))
+
     out = [line(head), line(["-" * w for w in widths])]
     prev = None
     for group, cells in zip(groups, rows):
@@ -91,16 +97,39 @@ def format_table(report: dict, key: str = "rows") -> str:
         The table.
     """
     setting = key == "best"
-    head = ["engine", "search", "batch", *(["setting"] if setting else []), "tokens/s", "sent/s", "p50 ms",
-            "p90 ms", "peak RSS MB", "x torch", "x ct2", "agree"]
+    head = [
+        "engine",
+        "search",
+        "batch",
+        *(["setting"] if setting else []),
+        "tokens/s",
+        "sent/s",
+        "p50 ms",
+        "p90 ms",
+        "peak RSS MB",
+        "x torch",
+        "x ct2",
+        "agree",
+    ]
     rows = []
     for r in report[key]:
         agree = "-" if r["agreement"] is None else f"{r['agreement']}/{r['agreement_of']}"
-        rows.append([r["engine"] + (" (VOID)" if r.get("void") else ""), r["search"], str(r["batch"]),
-                     *([r["setting"]] if setting else []),
-                     _f(r["tokens_per_s"], ".0f"), _f(r["sentences_per_s"], ".1f"), _f(r["p50_ms"], ".1f"),
-                     _f(r["p90_ms"], ".1f"), _f(r["peak_rss_mb"], ".0f"), _f(r["x_torch"], ".2f"),
-                     _f(r["x_ct2"], ".2f"), agree])
+        rows.append(
+            [
+                r["engine"] + (" (VOID)" if r.get("void") else ""),
+                r["search"],
+                str(r["batch"]),
+                *([r["setting"]] if setting else []),
+                _f(r["tokens_per_s"], ".0f"),
+                _f(r["sentences_per_s"], ".1f"),
+                _f(r["p50_ms"], ".1f"),
+                _f(r["p90_ms"], ".1f"),
+                _f(r["peak_rss_mb"], ".0f"),
+                _f(r["x_torch"], ".2f"),
+                _f(r["x_ct2"], ".2f"),
+                agree,
+            ]
+        )
     return "\n".join(_lines(head, rows, [r["engine"] for r in report[key]], {"engine", "search", "setting"}))
 
 
@@ -125,8 +154,12 @@ def format_settings(report: dict) -> str:
     rows = []
     for engine, label in order:
         got = cells[(engine, label)]
-        marked = [_f(got[c]["tokens_per_s"], ".0f") + ("*" if best.get((engine, *c)) == label else " ")
-                  if c in got else "-" for c in configs]
+        marked = [
+            _f(got[c]["tokens_per_s"], ".0f") + ("*" if best.get((engine, *c)) == label else " ")
+            if c in got
+            else "-"
+            for c in configs
+        ]
         rows.append([engine, label, *marked, _f(got["rss"], ".0f")])
     return "\n".join(_lines(head, rows, [k[0] for k in order], {"engine", "setting"}))
 
@@ -142,27 +175,39 @@ def format_report(report: dict) -> str:
     """
     parts = [format_machine(report), ""]
     each = "every engine at every setting" if report.get("sweep") else "every engine"
-    rounds = (f"; {report['repeat']} rounds, each running {each} once: tokens/s is the median pass, "
-              "a ratio the median over rounds of the ratio within a round"
-              if report.get("repeat", 1) > 1 else "")
+    rounds = (
+        f"; {report['repeat']} rounds, each running {each} once: tokens/s is the median pass, "
+        "a ratio the median over rounds of the ratio within a round"
+        if report.get("repeat", 1) > 1
+        else ""
+    )
     if report.get("sweep"):
-        parts += ["each engine at its best setting per row (best against best):",
-                  format_table(report, "best"), "",
-                  "every setting, tokens/s (* the engine's best in that column):", format_settings(report),
-                  "",
-                  f"every engine at {report['threads']} thread{'s' if report['threads'] > 1 else ''}, one "
-                  "batch at a time (equal threads):", format_table(report), ""]
-        parts.append("agree: outputs (best hypothesis) equal to torch's at batch 1 with the same search; x "
-                     "torch / x ct2: tokens/s ratios against the torch row and the CTranslate2 row of the "
-                     "same device and precision (same search, same batch): in the first table each engine's "
-                     "best against the other's best, in the last the rows at equal threads; p50/p90 are "
-                     "empty for N x 1 settings (batches overlap: only a pass's wall time is measured)"
-                     + rounds)
+        parts += [
+            "each engine at its best setting per row (best against best):",
+            format_table(report, "best"),
+            "",
+            "every setting, tokens/s (* the engine's best in that column):",
+            format_settings(report),
+            "",
+            f"every engine at {report['threads']} thread{'s' if report['threads'] > 1 else ''}, one "
+            "batch at a time (equal threads):",
+            format_table(report),
+            "",
+        ]
+        parts.append(
+            "agree: outputs (best hypothesis) equal to torch's at batch 1 with the same search; x "
+            "torch / x ct2: tokens/s ratios against the torch row and the CTranslate2 row of the "
+            "same device and precision (same search, same batch): in the first table each engine's "
+            "best against the other's best, in the last the rows at equal threads; p50/p90 are "
+            "empty for N x 1 settings (batches overlap: only a pass's wall time is measured)" + rounds
+        )
     else:
         parts += [format_table(report), ""]
-        parts.append("agree: outputs (best hypothesis) equal to torch's at batch 1 with the same search; "
-                     "x torch / x ct2: tokens/s ratios against the torch row and the CTranslate2 row of the "
-                     "same device and precision (same search, same batch)" + rounds)
+        parts.append(
+            "agree: outputs (best hypothesis) equal to torch's at batch 1 with the same search; "
+            "x torch / x ct2: tokens/s ratios against the torch row and the CTranslate2 row of the "
+            "same device and precision (same search, same batch)" + rounds
+        )
     parts.append("note: " + TORCH_BEAM_NOTE)
     ct2 = report.get("ct2_check")
     if ct2 and ct2.get("reason"):

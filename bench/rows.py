@@ -14,6 +14,7 @@ the peer row is at the same threads; in `best` it is the peer's best row (best a
 several rounds (--repeat) a ratio is the median over rounds of the ratio within a round: the engines
 of one round run minutes apart at most, the rounds further apart, and a machine's speed drifts.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -52,8 +53,9 @@ def _setting(res: dict, threads: int | None) -> Setting:
     return Setting(res.get("intra_threads") or threads or 0, res.get("parallel", 1))
 
 
-def _row(name: str, res: dict, c: dict, n: int, limits: list[int], ref_out: dict,
-         threads: int | None) -> dict:
+def _row(
+    name: str, res: dict, c: dict, n: int, limits: list[int], ref_out: dict, threads: int | None
+) -> dict:
     beam, batch = c["beam"], c["batch"]
     setting = _setting(res, threads)
     tokens = target_tokens(c["outputs"], limits)
@@ -61,20 +63,33 @@ def _row(name: str, res: dict, c: dict, n: int, limits: list[int], ref_out: dict
     ref_greedy = ref_out.get((1, 1))
     lat = c["latencies_ms"]
     return {
-        "engine": name, "kind": ENGINES[name][0], "device": ENGINES[name][1], "precision": ENGINES[name][2],
-        "search": "greedy" if beam == 1 else f"beam{beam}", "beam": beam, "batch": batch,
-        "intra_threads": setting.intra, "parallel": setting.parallel, "setting": setting.label,
-        "seconds": c["seconds"], "pass_seconds": c["pass_seconds"], "target_tokens": tokens,
+        "engine": name,
+        "kind": ENGINES[name][0],
+        "device": ENGINES[name][1],
+        "precision": ENGINES[name][2],
+        "search": "greedy" if beam == 1 else f"beam{beam}",
+        "beam": beam,
+        "batch": batch,
+        "intra_threads": setting.intra,
+        "parallel": setting.parallel,
+        "setting": setting.label,
+        "seconds": c["seconds"],
+        "pass_seconds": c["pass_seconds"],
+        "target_tokens": tokens,
         "tokens_per_s": tokens / c["seconds"] if c["seconds"] > 0 else None,
         "sentences_per_s": n / c["seconds"] if c["seconds"] > 0 else None,
-        "p50_ms": percentile(lat, 50), "p90_ms": percentile(lat, 90),
+        "p50_ms": percentile(lat, 50),
+        "p90_ms": percentile(lat, 90),
         "batch_latency_p50_ms": percentile(c["batch_latencies_ms"], 50),
-        "peak_rss_mb": res["peak_rss_mb"], "rss_after_load_mb": res["rss_after_load_mb"],
-        "load_seconds": res["load_seconds"], "description": res["description"],
+        "peak_rss_mb": res["peak_rss_mb"],
+        "rss_after_load_mb": res["rss_after_load_mb"],
+        "load_seconds": res["load_seconds"],
+        "description": res["description"],
         "agreement": sum(a == b for a, b in zip(c["outputs"], ref_same)) if ref_same else None,
         "agreement_of": n,
-        "greedy_agreement": (sum(a == b for a, b in zip(c["outputs"], ref_greedy))
-                             if beam == 1 and ref_greedy else None),
+        "greedy_agreement": (
+            sum(a == b for a, b in zip(c["outputs"], ref_greedy)) if beam == 1 and ref_greedy else None
+        ),
         "outputs": c["outputs"],
     }
 
@@ -87,15 +102,20 @@ def _check_ct2(rows: list[dict], n: int) -> dict:
     if any(r["kind"] == "ct2" for r in rows):
         bad = [r for r in ct2_check if r["greedy_agreement"] != n]
         if not ct2_check:
-            ct2.update(valid=False, reason="ct2-cpu-fp32 did not run, so the conversion is unchecked: "
-                                           "timings void")
+            ct2.update(
+                valid=False, reason="ct2-cpu-fp32 did not run, so the conversion is unchecked: timings void"
+            )
         elif bad:
             worst = min(r["greedy_agreement"] or 0 for r in bad)
-            ct2.update(valid=False, reason="CTranslate2's fp32 greedy outputs equal ours on only "
-                       f"{worst}/{n} sentences: the conversion is not the same model, its timings are void")
+            ct2.update(
+                valid=False,
+                reason="CTranslate2's fp32 greedy outputs equal ours on only "
+                f"{worst}/{n} sentences: the conversion is not the same model, its timings are void",
+            )
         else:
-            ct2.update(valid=True, reason=f"CTranslate2's fp32 greedy outputs equal ours on {n}/{n} "
-                                          "sentences")
+            ct2.update(
+                valid=True, reason=f"CTranslate2's fp32 greedy outputs equal ours on {n}/{n} sentences"
+            )
         for r in rows:
             if r["kind"] == "ct2":
                 r["void"] = not ct2["valid"]
@@ -123,14 +143,24 @@ def merge_rounds(rounds: list[dict]) -> dict:
     for i, c in enumerate(first["configs"]):
         per_round = [r["configs"][i] for r in rounds]
         totals = [x["seconds"] for x in per_round]
-        configs.append({**c, "seconds": sorted(totals)[(len(totals) - 1) // 2], "pass_seconds": totals,
-                        "latencies_ms": median_each([x["latencies_ms"] for x in per_round]),
-                        "batch_latencies_ms": median_each([x["batch_latencies_ms"] for x in per_round]),
-                        "outputs_stable": all(x["outputs"] == c["outputs"] for x in per_round)})
-    return {**first, "configs": configs, "rounds": len(rounds),
-            "load_seconds": statistics.median(r["load_seconds"] for r in rounds),
-            "rss_after_load_mb": max(r["rss_after_load_mb"] for r in rounds),
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in rounds)}
+        configs.append(
+            {
+                **c,
+                "seconds": sorted(totals)[(len(totals) - 1) // 2],
+                "pass_seconds": totals,
+                "latencies_ms": median_each([x["latencies_ms"] for x in per_round]),
+                "batch_latencies_ms": median_each([x["batch_latencies_ms"] for x in per_round]),
+                "outputs_stable": all(x["outputs"] == c["outputs"] for x in per_round),
+            }
+        )
+    return {
+        **first,
+        "configs": configs,
+        "rounds": len(rounds),
+        "load_seconds": statistics.median(r["load_seconds"] for r in rounds),
+        "rss_after_load_mb": max(r["rss_after_load_mb"] for r in rounds),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in rounds),
+    }
 
 
 def _ratio(r: dict, base: dict) -> float | None:
@@ -140,8 +170,9 @@ def _ratio(r: dict, base: dict) -> float | None:
         return None
     a, b = r["pass_seconds"], base["pass_seconds"]
     if len(a) == len(b) > 1 and all(x > 0 for x in a + b):
-        return float(np.median([(r["target_tokens"] / x) / (base["target_tokens"] / y)
-                                for x, y in zip(a, b)]))
+        return float(
+            np.median([(r["target_tokens"] / x) / (base["target_tokens"] / y) for x, y in zip(a, b)])
+        )
     return r["tokens_per_s"] / base["tokens_per_s"]
 
 
@@ -193,11 +224,15 @@ def fill_rows(report: dict, results: dict, limits: list[int]) -> None:
     refs = [res for res in results.values() if res["engine"] == "torch"]
     ref = next((res for res in refs if is_equal(res)), refs[0] if refs else None)
     ref_out = {(c["beam"], c["batch"]): c["outputs"] for c in ref["configs"]} if ref else {}
-    every = [_row(res["engine"], res, c, n, limits, ref_out, threads)
-             for res in results.values() for c in res["configs"]]
+    every = [
+        _row(res["engine"], res, c, n, limits, ref_out, threads)
+        for res in results.values()
+        for c in res["configs"]
+    ]
     report["ct2_check"] = _check_ct2(every, n)  # every CTranslate2 setting's outputs must be the model's
-    rows = [r for r in every
-            if not swept or (r["intra_threads"], r["parallel"]) == (equal.intra, equal.parallel)]
+    rows = [
+        r for r in every if not swept or (r["intra_threads"], r["parallel"]) == (equal.intra, equal.parallel)
+    ]
     _add_ratios(rows)
     report["rows"] = rows
     if swept:

@@ -7,6 +7,7 @@ best setting per configuration first; with `threads` given, every engine runs at
 Each (engine, setting) runs in a fresh child process (`python -m seq2onnx.bench.engines JOB OUT`),
 so its peak memory is its own and no engine warms another's caches.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,10 +28,12 @@ from seq2onnx.bench.settings import Setting, sweep_settings
 CONFIGS = [(1, 1), (1, 32), (4, 1), (4, 32)]  # (beam size, batch size); beam 1 is greedy
 QUICK_SENTENCES, DEFAULT_SENTENCES = 16, 100
 CHILD_MODULE = "seq2onnx.bench.engines"
-SWEEP_NOTE = ("every engine ran at each thread setting (bench/settings.py; N x 1 thread: N batches at once, "
-              "CTranslate2 inter_threads=N, seq2onnx one Translator shared by N threads); best: per engine "
-              "and configuration the setting with the most tokens/s, x torch / x ct2 against the other's "
-              "best; rows: every engine at `threads`, one batch at a time")
+SWEEP_NOTE = (
+    "every engine ran at each thread setting (bench/settings.py; N x 1 thread: N batches at once, "
+    "CTranslate2 inter_threads=N, seq2onnx one Translator shared by N threads); best: per engine "
+    "and configuration the setting with the most tokens/s, x torch / x ct2 against the other's "
+    "best; rows: every engine at `threads`, one batch at a time"
+)
 
 
 def _load_sentences(ckpt_dir: Path, n: int, data: str | None) -> tuple[list[tuple[str, str]], str]:
@@ -113,18 +116,33 @@ def _run_child(job: dict, workdir: Path, timeout: float | None) -> dict:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.run([sys.executable, "-m", CHILD_MODULE, str(job_path), str(out_path)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", CHILD_MODULE, str(job_path), str(out_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
     if proc.returncode != 0 or not out_path.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"{name} failed (exit {proc.returncode}): {' | '.join(tail)}")
     return json.loads(out_path.read_text())
 
 
-def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, threads: int = 0,
-              bundle_dir: str | Path | None = None, quick: bool = False, engines: list[str] | None = None,
-              repeat: int = 1, data: str | None = None, sweep: bool = False, max_threads: int = 0,
-              log=print) -> dict:
+def run_bench(
+    checkpoint_path: str | Path,
+    *,
+    sentences: int | None = None,
+    threads: int = 0,
+    bundle_dir: str | Path | None = None,
+    quick: bool = False,
+    engines: list[str] | None = None,
+    repeat: int = 1,
+    data: str | None = None,
+    sweep: bool = False,
+    max_threads: int = 0,
+    log=print,
+) -> dict:
     """Runs the benchmark and returns the report (what --json writes).
 
     Args:
@@ -171,8 +189,10 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
         skipped = _unavailable(wanted)
         active = [e for e in wanted if e not in skipped]
         # (engine, setting) pairs, one child each per round; without a sweep every engine at `threads`
-        settings = {e: sweep_settings(ENGINES[e][0], ENGINES[e][1], threads) if sweep else [Setting(threads)]
-                    for e in active}
+        settings = {
+            e: sweep_settings(ENGINES[e][0], ENGINES[e][1], threads) if sweep else [Setting(threads)]
+            for e in active
+        }
         variants = [(e, s) for e in active for s in settings[e]]
         if sweep:
             report["sweep"] = {e: [s.label for s in settings[e]] for e in active}
@@ -180,11 +200,21 @@ def run_bench(checkpoint_path: str | Path, *, sentences: int | None = None, thre
         bundles = _bundles(ckpt_dir, root, active, log)
         ct2_model = _ct2_model(ckpt_dir, root, active, log)
         report["bundles"], report["ct2_model"] = bundles, ct2_model
-        job_base = {"checkpoint": str(ckpt_dir), "sources": sources, "limits": limits, "order": order,
-                    "threads": threads, "eos_id": cfg.eos_id, "unk_id": cfg.unk_id,
-                    "repeat": 1,  # one pass per child: rounds repeat
-                    "configs": CONFIGS, "bundles": bundles, "ct2_model": ct2_model,
-                    "source_pieces": source_pieces(tok), "target_pieces": target_pieces(tok)}
+        job_base = {
+            "checkpoint": str(ckpt_dir),
+            "sources": sources,
+            "limits": limits,
+            "order": order,
+            "threads": threads,
+            "eos_id": cfg.eos_id,
+            "unk_id": cfg.unk_id,
+            "repeat": 1,  # one pass per child: rounds repeat
+            "configs": CONFIGS,
+            "bundles": bundles,
+            "ct2_model": ct2_model,
+            "source_pieces": source_pieces(tok),
+            "target_pieces": target_pieces(tok),
+        }
         results = _run_rounds(variants, job_base, repeat, sweep, skipped, log)
         report["skipped"] = [{"engine": k, "reason": v} for k, v in skipped.items()]
         fill_rows(report, results, limits)
@@ -219,29 +249,47 @@ def _batches(tok, cfg, pairs: list[tuple[str, str]]) -> tuple[list[list[int]], i
     return sources, too_long, limits, order
 
 
-def _report_head(ckpt_dir: str, cfg, sources: list[list[int]], origin: str, too_long: int, threads: int,
-                 repeat: int, sweep: bool) -> dict:
+def _report_head(
+    ckpt_dir: str,
+    cfg,
+    sources: list[list[int]],
+    origin: str,
+    too_long: int,
+    threads: int,
+    repeat: int,
+    sweep: bool,
+) -> dict:
     """The report before any engine ran: the checkpoint, sentences, model, machine and notes."""
     from seq2onnx.export.bundle import DECODING_DEFAULTS as dd
 
     every = " at every setting" if sweep else ""
     return {
-        "checkpoint": ckpt_dir, "sentences": len(sources), "sentences_source": origin,
-        "sentences_dropped_too_long": too_long, "mean_source_tokens": sum(map(len, sources)) / len(sources),
-        "model": cfg.to_dict(), "machine": describe_machine(threads), "threads": threads, "repeat": repeat,
+        "checkpoint": ckpt_dir,
+        "sentences": len(sources),
+        "sentences_source": origin,
+        "sentences_dropped_too_long": too_long,
+        "mean_source_tokens": sum(map(len, sources)) / len(sources),
+        "model": cfg.to_dict(),
+        "machine": describe_machine(threads),
+        "threads": threads,
+        "repeat": repeat,
         "sweep": None,
-        "configs": [{"search": "greedy" if b == 1 else f"beam{b}", "beam": b, "batch": bs}
-                    for b, bs in CONFIGS],
+        "configs": [
+            {"search": "greedy" if b == 1 else f"beam{b}", "beam": b, "batch": bs} for b, bs in CONFIGS
+        ],
         "max_length": f"min({dd['max_length_a']} x source tokens + {dd['max_length_b']}, "
-                      f"{cfg.max_positions})",
-        "notes": [TORCH_BEAM_NOTE,
-                  "target tokens: generated tokens including the end token, summed over sentences",
-                  f"{repeat} round{'s' if repeat > 1 else ''}, each running every engine{every} "
-                  "once in rotating order; "
-                  "tokens/s: the median pass; x torch / x ct2: the median over rounds of the ratio within a "
-                  "round",
-                  PEAK_RSS_NOTE],
-        "rows": [], "skipped": [],
+        f"{cfg.max_positions})",
+        "notes": [
+            TORCH_BEAM_NOTE,
+            "target tokens: generated tokens including the end token, summed over sentences",
+            f"{repeat} round{'s' if repeat > 1 else ''}, each running every engine{every} "
+            "once in rotating order; "
+            "tokens/s: the median pass; x torch / x ct2: the median over rounds of the ratio within a "
+            "round",
+            PEAK_RSS_NOTE,
+        ],
+        "rows": [],
+        "skipped": [],
     }
 
 
@@ -302,16 +350,23 @@ def _ct2_model(ckpt_dir: Path, root: Path, active: list[str], log) -> str | None
     target = root / "ct2"
     if target.exists():
         if not (target / "model.bin").is_file():
-            raise ValueError(f"{target} exists and is not a CTranslate2 model; remove it or choose "
-                             "another --bundle-dir")
+            raise ValueError(
+                f"{target} exists and is not a CTranslate2 model; remove it or choose another --bundle-dir"
+            )
         shutil.rmtree(target)
     ct2_model = str(convert_checkpoint(ckpt_dir, target))
     log(f"converted the checkpoint for CTranslate2: {ct2_model} ({time.perf_counter() - t:.1f} s)")
     return ct2_model
 
 
-def _run_rounds(variants: list[tuple[str, Setting]], job_base: dict, repeat: int, sweep: bool,
-                skipped: dict[str, str], log) -> dict[tuple, dict]:
+def _run_rounds(
+    variants: list[tuple[str, Setting]],
+    job_base: dict,
+    repeat: int,
+    sweep: bool,
+    skipped: dict[str, str],
+    log,
+) -> dict[tuple, dict]:
     """Every (engine, setting) in child processes, `repeat` rounds; each one's rounds merged.
 
     Each round runs every engine at every setting once (a child process, one timed pass per
@@ -323,7 +378,7 @@ def _run_rounds(variants: list[tuple[str, Setting]], job_base: dict, repeat: int
     failed: set[tuple] = set()
     with tempfile.TemporaryDirectory(prefix="seq2onnx-bench-jobs-") as jobs:
         for r in range(repeat):
-            for name, s in variants[r % len(variants):] + variants[: r % len(variants)]:
+            for name, s in variants[r % len(variants) :] + variants[: r % len(variants)]:
                 if (name, s.key) in failed:
                     continue
                 what = f"{name} ({s.label})" if sweep else name

@@ -18,6 +18,7 @@ The sweep (the bench's default) tries intra = 1, 2, 4, ... up to the cores and t
 with parallel 1, and for onnx and ct2 on the CPU also (intra 1, parallel = cores). The equal-threads
 setting is (cores, 1), every engine at the same threads: the bench's table before the sweep.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -88,6 +89,9 @@ def describe_setting(kind: str, setting: Setting) -> str:
         return text + (at_once if setting.parallel > 1 else "")
     if kind == "onnx":
         text = f"intra_op_num_threads={setting.intra}"
-        return text + (f", one Translator shared by {setting.parallel} threads, each taking the next batch"
-                       if setting.parallel > 1 else "")
+        return text + (
+            f", one Translator shared by {setting.parallel} threads, each taking the next batch"
+            if setting.parallel > 1
+            else ""
+        )
     return f"{setting.intra} thread{'s' if setting.intra > 1 else ''}"

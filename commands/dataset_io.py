@@ -1,5 +1,6 @@
 """The files of `seq2onnx translate-dataset`: INPUT's format (from its suffix or --input-format), its texts
 read as one pyarrow string array, and OUTPUT written block by block in input order (text or Parquet)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -55,8 +56,9 @@ def read_source(path: Path, fmt: str, column: str | None):
         raise errors.CommandError(f"INPUT {path}: no such file")
     if fmt == "text":
         if column is not None:
-            raise errors.CommandError(f"--column {column!r} applies to Parquet or JSONL input; {path} is "
-                                      "read as text lines")
+            raise errors.CommandError(
+                f"--column {column!r} applies to Parquet or JSONL input; {path} is read as text lines"
+            )
         with open(path, encoding="utf-8", errors="replace", newline="") as f:
             lines = f.read().split("\n")
         if lines and lines[-1] == "":
@@ -73,15 +75,17 @@ def read_source(path: Path, fmt: str, column: str | None):
     names = table.column_names
     if column is None:
         if len(names) != 1:
-            raise errors.CommandError(f"{path} has the columns {names}; choose the one to translate with "
-                                      "--column")
+            raise errors.CommandError(
+                f"{path} has the columns {names}; choose the one to translate with --column"
+            )
         column = names[0]
     if column not in names:
         raise errors.CommandError(f"--column {column!r} is not in {path}; its columns are {names}")
     values = table.column(column)
     if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
-        raise errors.CommandError(f"--column {column!r} of {path} holds {values.type}, not text; choose a "
-                                  "string column")
+        raise errors.CommandError(
+            f"--column {column!r} of {path} holds {values.type}, not text; choose a string column"
+        )
     return values.combine_chunks().cast(pa.string())
 
 
@@ -105,8 +109,10 @@ class Writer:
     def write(self, batch) -> None:
         index = batch.column("index").to_pylist()
         if index != list(range(self.rows, self.rows + len(index))):
-            raise RuntimeError(f"rows came back out of order: expected index {self.rows}, got "
-                               f"{index[:1]}...; the output was not written")
+            raise RuntimeError(
+                f"rows came back out of order: expected index {self.rows}, got "
+                f"{index[:1]}...; the output was not written"
+            )
         if self.fmt == "parquet":
             self.file.write_table(batch.select(["translation"]).cast(self.schema))
         else:

@@ -1,4 +1,5 @@
 """`seq2onnx demo`: train, export, verify and translate on the generated corpus, in one command."""
+
 from __future__ import annotations
 
 import os
@@ -10,14 +11,20 @@ from seq2onnx.errors import EXIT_FAIL, CommandError, needs_torch
 
 def add(sub) -> None:
     """Registers the command on the `seq2onnx` parser's subparsers."""
-    p = sub.add_parser("demo", help="train, export, verify and translate on the generated corpus (~5 min on "
-                                    "2 cores)",
-                       description="The whole path on data the project makes itself: train a small "
-                       "Transformer, show reference translations, export the bundle, verify parity, "
-                       "translate with onnxruntime.")
+    p = sub.add_parser(
+        "demo",
+        help="train, export, verify and translate on the generated corpus (~5 min on 2 cores)",
+        description="The whole path on data the project makes itself: train a small "
+        "Transformer, show reference translations, export the bundle, verify parity, "
+        "translate with onnxruntime.",
+    )
     p.add_argument("--out", default="seq2onnx-demo", help="working directory (default ./seq2onnx-demo)")
-    p.add_argument("--steps", type=int, default=1000, help="training steps (default 1000: about 5 minutes on "
-                                                           "2 CPU cores)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=1000,
+        help="training steps (default 1000: about 5 minutes on 2 CPU cores)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing demo directory")
     p.set_defaults(func=run)
 
@@ -45,15 +52,30 @@ def run(args) -> int:
 
     root = Path(args.out)
     if root.exists() and not args.force:
-        raise CommandError(f"{root} already exists; pass --force to replace it or --out DIR for another "
-                           "place")
+        raise CommandError(
+            f"{root} already exists; pass --force to replace it or --out DIR for another place"
+        )
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     t0 = time.time()
     print(f"1/4 training a small Transformer on the generated English -> Lirish corpus ({args.steps} steps)")
     run = root / "run"
-    train(TrainOptions(out=str(run), d_model=128, n_heads=4, layers=2, d_ff=256, vocab_size=400,
-                       max_steps=args.steps, eval_every=max(args.steps // 4, 1), warmup=200, lr=1.5,
-                       max_tokens=3000, bleu_sentences=100, force=True))
+    train(
+        TrainOptions(
+            out=str(run),
+            d_model=128,
+            n_heads=4,
+            layers=2,
+            d_ff=256,
+            vocab_size=400,
+            max_steps=args.steps,
+            eval_every=max(args.steps // 4, 1),
+            warmup=200,
+            lr=1.5,
+            max_tokens=3000,
+            bleu_sentences=100,
+            force=True,
+        )
+    )
     t_train = time.time() - t0
     model, tok, ckpt = checkpoint.load(run / "best")
     print(f"\n2/4 reference decoding in PyTorch (beam 4), after {t_train:.0f} s of training:")
@@ -69,6 +91,8 @@ def run(args) -> int:
     print(f"\n4/4 translating with onnxruntime ({translator.device}: {translator.device_reason}), beam 4:")
     for s, r in zip(DEMO_SENTENCES, translator.translate_batch(DEMO_SENTENCES, beam_size=4)):
         print(f"  {s}\n    -> {r.hypotheses[0]}")
-    print(f"\ndemo done in {time.time() - t0:.0f} s. Try: seq2onnx translate {bundle} <<< 'the old cat sees "
-          "two birds'")
+    print(
+        f"\ndemo done in {time.time() - t0:.0f} s. Try: seq2onnx translate {bundle} <<< 'the old cat sees "
+        "two birds'"
+    )
     return 0 if report["passed"] else EXIT_FAIL

@@ -1,4 +1,5 @@
 """`seq2onnx evaluate CHECKPOINT`: BLEU on the test split, in PyTorch and optionally with a bundle."""
+
 from __future__ import annotations
 
 import time
@@ -8,10 +9,12 @@ from seq2onnx.errors import needs_torch
 
 def add(sub) -> None:
     """Registers the command on the `seq2onnx` parser's subparsers."""
-    p = sub.add_parser("evaluate",
-                       help="BLEU on the checkpoint's test split (PyTorch and, with --bundle, onnxruntime)",
-                       description="Decode the test split of the corpus the checkpoint was trained on (the "
-                       "same deterministic split as training) and report sacreBLEU against its references.")
+    p = sub.add_parser(
+        "evaluate",
+        help="BLEU on the checkpoint's test split (PyTorch and, with --bundle, onnxruntime)",
+        description="Decode the test split of the corpus the checkpoint was trained on (the "
+        "same deterministic split as training) and report sacreBLEU against its references.",
+    )
     p.add_argument("checkpoint")
     p.add_argument("--bundle", help="also decode with this bundle through onnxruntime and count agreement")
     p.add_argument("--beam", type=int, default=4)
@@ -49,6 +52,8 @@ def run(args) -> int:
         strip = lambda t: t[:-1] if t and t[-1] == model.cfg.eos_id else t
         same = sum(r.token_ids[0] == strip(h[0].tokens) for r, h in zip(results, hyps))
         ort_bleu = bleu([r.hypotheses[0] for r in results], refs)
-        print(f"onnxruntime bundle: BLEU {ort_bleu:.2f} ({t_ort:.1f} s), "
-              f"token ids identical to PyTorch on {same}/{len(pairs)} sentences")
+        print(
+            f"onnxruntime bundle: BLEU {ort_bleu:.2f} ({t_ort:.1f} s), "
+            f"token ids identical to PyTorch on {same}/{len(pairs)} sentences"
+        )
     return 0

@@ -7,6 +7,7 @@ cross-attention averaged over heads, each row summing to 1; the source's end tok
 last piece). Beside it, FILE with the suffix .html: a self-contained page drawing the first
 MAX_PICTURES records as heatmaps (no script, no network).
 """
+
 from __future__ import annotations
 
 import html
@@ -46,10 +47,16 @@ def record(line: int, source_pieces: list[str], target_pieces: list[str], weight
         ValueError: weights of another shape.
     """
     if weights.shape != (len(target_pieces), len(source_pieces)):
-        raise ValueError(f"line {line}: attention of shape {weights.shape} for {len(target_pieces)} target "
-                         f"and {len(source_pieces)} source pieces")
-    return {"line": line, "source_pieces": source_pieces, "target_pieces": target_pieces,
-            "attention": np.round(weights.astype(np.float64), DIGITS).tolist()}
+        raise ValueError(
+            f"line {line}: attention of shape {weights.shape} for {len(target_pieces)} target "
+            f"and {len(source_pieces)} source pieces"
+        )
+    return {
+        "line": line,
+        "source_pieces": source_pieces,
+        "target_pieces": target_pieces,
+        "attention": np.round(weights.astype(np.float64), DIGITS).tolist(),
+    }
 
 
 def json_line(rec: dict) -> str:
@@ -73,8 +80,10 @@ def _cell(weight: float) -> str:
     # white (0) to deep blue (1); the number is in the title for a hover read-out
     shade = int(round(255 * (1.0 - weight)))
     ink = "#fff" if weight > 0.55 else "#222"
-    return (f'<td style="background:rgb({shade},{shade},255);color:{ink}" title="{weight:.4f}">'
-            f"{round(100 * weight)}</td>")
+    return (
+        f'<td style="background:rgb({shade},{shade},255);color:{ink}" title="{weight:.4f}">'
+        f"{round(100 * weight)}</td>"
+    )
 
 
 def table(rec: dict) -> str:
@@ -89,7 +98,8 @@ def table(rec: dict) -> str:
     head = "".join(f'<th class="src">{html.escape(p)}</th>' for p in rec["source_pieces"])
     rows = "".join(
         f'<tr><th class="tgt">{html.escape(piece)}</th>{"".join(_cell(w) for w in weights)}</tr>'
-        for piece, weights in zip(rec["target_pieces"], rec["attention"]))
+        for piece, weights in zip(rec["target_pieces"], rec["attention"])
+    )
     return f"<table><tr><th></th>{head}</tr>{rows}</table>"
 
 
@@ -104,10 +114,12 @@ def page(records: list[dict], total: int, data_name: str) -> str:
     Returns:
         A self-contained HTML page.
     """
-    parts = [f"<!doctype html><meta charset=utf-8><title>seq2onnx attention</title><style>{_STYLE}</style>",
-             "<h1 style='font-size:18px'>Cross-attention, last decoder layer, averaged over heads</h1>",
-             "<p>Rows: target pieces; columns: source pieces (the end token last); cells: weight in "
-             f"percent. {len(records)} of {total} lines drawn; all are in {html.escape(data_name)}.</p>"]
+    parts = [
+        f"<!doctype html><meta charset=utf-8><title>seq2onnx attention</title><style>{_STYLE}</style>",
+        "<h1 style='font-size:18px'>Cross-attention, last decoder layer, averaged over heads</h1>",
+        "<p>Rows: target pieces; columns: source pieces (the end token last); cells: weight in "
+        f"percent. {len(records)} of {total} lines drawn; all are in {html.escape(data_name)}.</p>",
+    ]
     for rec in records:
         parts.append(f"<h2>line {rec['line']}</h2>{table(rec)}")
     return "\n".join(parts) + "\n"

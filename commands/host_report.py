@@ -1,6 +1,7 @@
 """The report of `seq2onnx verify-host`: its rows (one host's tokens and searches against the
 other's, with the first differences of each check) and the report as a table.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,9 @@ def _cut(text: str, n: int = 50) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def compare_search(label: str, sources: list[str], python, node: list[dict],
-                    differences: list) -> tuple[dict, dict, float, int]:
+def compare_search(
+    label: str, sources: list[str], python, node: list[dict], differences: list
+) -> tuple[dict, dict, float, int]:
     """Rows for one search: ids identical per sentence (every hypothesis), texts identical, and the
     largest score difference over hypotheses whose ids agree."""
     same_ids = same_text = hyps = compared = 0
@@ -35,19 +37,38 @@ def compare_search(label: str, sources: list[str], python, node: list[dict],
                 worst = max(worst, abs(p.scores[k] - n["scores"][k]))
         if not all(ids_equal) and shown < SHOWN_DIFFERENCES:
             k = ids_equal.index(False)
-            differences.append({
-                "check": label, "sentence": i, "source": sources[i], "hypothesis": k,
-                "python": {"ids": p.token_ids[k] if k < len(p.token_ids) else None,
-                           "score": p.scores[k] if k < len(p.scores) else None},
-                "node": {"ids": n["token_ids"][k] if k < len(n["token_ids"]) else None,
-                         "score": n["scores"][k] if k < len(n["scores"]) else None},
-            })
+            differences.append(
+                {
+                    "check": label,
+                    "sentence": i,
+                    "source": sources[i],
+                    "hypothesis": k,
+                    "python": {
+                        "ids": p.token_ids[k] if k < len(p.token_ids) else None,
+                        "score": p.scores[k] if k < len(p.scores) else None,
+                    },
+                    "node": {
+                        "ids": n["token_ids"][k] if k < len(n["token_ids"]) else None,
+                        "score": n["scores"][k] if k < len(n["scores"]) else None,
+                    },
+                }
+            )
             shown += 1
     total = len(python)
-    ids_row = check_row(f"{label} token ids identical", f"{same_ids}/{total}", "all", same_ids == total,
-                     "sentences whose every hypothesis has the same ids")
-    text_row = check_row(f"{label} translations identical", f"{same_text}/{hyps}", "all", same_text == hyps,
-                      "detokenised hypotheses")
+    ids_row = check_row(
+        f"{label} token ids identical",
+        f"{same_ids}/{total}",
+        "all",
+        same_ids == total,
+        "sentences whose every hypothesis has the same ids",
+    )
+    text_row = check_row(
+        f"{label} translations identical",
+        f"{same_text}/{hyps}",
+        "all",
+        same_text == hyps,
+        "detokenised hypotheses",
+    )
     return ids_row, text_row, worst, compared
 
 
@@ -58,11 +79,22 @@ def compare_tokens(label: str, texts: list[str], tokenizer, node: list[dict], di
         if n["ids"] == ids and n["decoded"] == tokenizer.decode(ids):
             same += 1
         elif sum(d["check"] == label for d in differences) < SHOWN_DIFFERENCES:
-            differences.append({"check": label, "sentence": i, "source": text,
-                                "python": {"ids": ids, "decoded": tokenizer.decode(ids)},
-                                "node": {"ids": n["ids"], "decoded": n["decoded"]}})
-    return check_row(f"{label} ids identical", f"{same}/{len(texts)}", "all", same == len(texts),
-                  "ids and detokenised text")
+            differences.append(
+                {
+                    "check": label,
+                    "sentence": i,
+                    "source": text,
+                    "python": {"ids": ids, "decoded": tokenizer.decode(ids)},
+                    "node": {"ids": n["ids"], "decoded": n["decoded"]},
+                }
+            )
+    return check_row(
+        f"{label} ids identical",
+        f"{same}/{len(texts)}",
+        "all",
+        same == len(texts),
+        "ids and detokenised text",
+    )
 
 
 def format_report(report: dict, source: str = "") -> str:
@@ -85,27 +117,35 @@ def format_report(report: dict, source: str = "") -> str:
         f"{'check':<44} {'value':>11} {'bound':>7}  result",
     ]
     for c in report["checks"]:
-        lines.append(f"{c['name']:<44} {c['value']:>11} {c['bound']:>7}  {'ok' if c['passed'] else 'FAIL'}  "
-                     f"{c['detail']}")
+        lines.append(
+            f"{c['name']:<44} {c['value']:>11} {c['bound']:>7}  {'ok' if c['passed'] else 'FAIL'}  "
+            f"{c['detail']}"
+        )
     if report["differences"]:
-        lines.append("differences (first of each check; scores are sums of log-probabilities, end token "
-                     "included):")
+        lines.append(
+            "differences (first of each check; scores are sums of log-probabilities, end token included):"
+        )
         for d in report["differences"]:
             hypothesis = f", hypothesis {d['hypothesis']}" if "hypothesis" in d else ""
             where = f"  {d['check']}, sentence {d['sentence']}{hypothesis}"
             lines.append(f"{where}: {_cut(d['source'])!r}")
             for side in ("python", "node"):
                 values = d[side]
-                shown = ", ".join(f"{k} {_cut(json.dumps(v, ensure_ascii=False), 80)}"
-                                  for k, v in values.items())
+                shown = ", ".join(
+                    f"{k} {_cut(json.dumps(v, ensure_ascii=False), 80)}" for k, v in values.items()
+                )
                 lines.append(f"    {side:<6} {shown}")
-    lines.append("speed (a measurement, not a check): target tokens per second inside translate calls, "
-                 "bundle load excluded")
+    lines.append(
+        "speed (a measurement, not a check): target tokens per second inside translate calls, "
+        "bundle load excluded"
+    )
     for label, s in report["speed"].items():
         rate = lambda tokens, seconds: f"{tokens / seconds:,.0f}" if seconds else "-"  # noqa: E731
-        lines.append(f"  {label:<8} python {rate(s['python_tokens'], s['python_s']):>8} tok/s "
-                     f"({s['python_s']:.2f} s)   node {rate(s['node_tokens'], s['node_s']):>8} tok/s "
-                     f"({s['node_s'] or 0:.2f} s)")
+        lines.append(
+            f"  {label:<8} python {rate(s['python_tokens'], s['python_s']):>8} tok/s "
+            f"({s['python_s']:.2f} s)   node {rate(s['node_tokens'], s['node_s']):>8} tok/s "
+            f"({s['node_s'] or 0:.2f} s)"
+        )
     lines.append(f"wall time {report['wall_s']:.1f} s")
     lines.append("PASSED" if report["passed"] else "FAILED: see the rows marked FAIL")
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """The sentences `seq2onnx verify-host` translates on both hosts: a file's lines (or a TSV column), spread
 over the file, or synthetic sentences made of the bundle's own pieces."""
+
 from __future__ import annotations
 
 import random
@@ -19,8 +20,9 @@ def _lines(path: Path) -> list[str]:
         raise errors.CommandError(f"{path}: no such file") from None
     except UnicodeDecodeError as e:
         line = path.read_bytes()[: e.start].count(b"\n") + 1
-        raise errors.CommandError(f"{path}: line {line} is not UTF-8 ({e.reason}); "
-                                  "give a UTF-8 file") from None
+        raise errors.CommandError(
+            f"{path}: line {line} is not UTF-8 ({e.reason}); give a UTF-8 file"
+        ) from None
     lines = text.removeprefix("\ufeff").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -45,16 +47,25 @@ def _synthetic(bundle_dir: Path, count: int, seed: int = 0) -> list[str]:
 
     bundle = read_bundle(bundle_dir, check_hashes=False)  # Translator checks the hashes
     sp = spm.SentencePieceProcessor(model_file=str(bundle.file("source_tokenizer")))
-    pieces = [i for i in range(sp.get_piece_size())
-              if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i))]
+    pieces = [
+        i
+        for i in range(sp.get_piece_size())
+        if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i))
+    ]
     rng = random.Random(seed)
     longest = max(1, min(24, bundle.max_positions - 1))
     return [sp.decode([rng.choice(pieces) for _ in range(rng.randint(1, longest))]) for _ in range(count)]
 
 
-def read_sentences(*, bundle_dir: str | Path, data: str | None = None, src_col: int = 0,
-                   sentences_file: str | None = None, synthetic: bool = False,
-                   count: int = DEFAULT_SENTENCES) -> tuple[list[str], str]:
+def read_sentences(
+    *,
+    bundle_dir: str | Path,
+    data: str | None = None,
+    src_col: int = 0,
+    sentences_file: str | None = None,
+    synthetic: bool = False,
+    count: int = DEFAULT_SENTENCES,
+) -> tuple[list[str], str]:
     """Returns the sentences to compare and a description of where they come from, read from exactly
     one source.
 
@@ -72,9 +83,11 @@ def read_sentences(*, bundle_dir: str | Path, data: str | None = None, src_col: 
     sources = (("--data", data), ("--sentences-file", sentences_file), ("--synthetic", synthetic))
     given = [name for name, on in sources if on]
     if not given:
-        raise errors.CommandError("give the sentences to compare: --sentences-file FILE (one per line), "
-                                  "--data TSV --src-col N (a column of a tab-separated file) or --synthetic "
-                                  "(random pieces of the bundle's source vocabulary)")
+        raise errors.CommandError(
+            "give the sentences to compare: --sentences-file FILE (one per line), "
+            "--data TSV --src-col N (a column of a tab-separated file) or --synthetic "
+            "(random pieces of the bundle's source vocabulary)"
+        )
     if len(given) > 1:
         raise errors.CommandError(f"{' and '.join(given)}: give one source of sentences")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -93,8 +106,10 @@ def read_sentences(*, bundle_dir: str | Path, data: str | None = None, src_col: 
                 continue
             columns = line.split("\t")
             if src_col >= len(columns):
-                raise errors.CommandError(f"{path}: line {n} has {len(columns)} tab-separated columns; "
-                                          f"--src-col {src_col} needs at least {src_col + 1}")
+                raise errors.CommandError(
+                    f"{path}: line {n} has {len(columns)} tab-separated columns; "
+                    f"--src-col {src_col} needs at least {src_col + 1}"
+                )
             texts.append(columns[src_col])
         what = f"column {src_col} of {path.name}"
     else:

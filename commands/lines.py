@@ -1,4 +1,5 @@
 """Input lines read on a thread for `seq2onnx translate`, so that it can answer before more input comes."""
+
 from __future__ import annotations
 
 import queue
@@ -28,8 +29,9 @@ class LineReader:
 
     def __init__(self, read, max_queued: int = 4096):
         self._queue: queue.Queue = queue.Queue(max_queued)  # bounded: a fast producer cannot fill memory
-        threading.Thread(target=self._run, args=(read,), daemon=True,
-                         name="seq2onnx-translate-reader").start()
+        threading.Thread(
+            target=self._run, args=(read,), daemon=True, name="seq2onnx-translate-reader"
+        ).start()
 
     def _run(self, read) -> None:
         pending = bytearray()

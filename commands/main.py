@@ -5,6 +5,7 @@ registers its parser, and a `run(args)` that the parser calls. A module imports 
 its top (torch, onnxruntime, Ray are imported when its command runs), so `seq2onnx --help` and the
 runtime's commands work on a runtime-only install (`pip install 'seq2onnx[cpu]'`) without torch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,9 @@ def add_debug(parser: argparse.ArgumentParser) -> None:
     Args:
         parser: the main parser or a subcommand's.
     """
-    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the full traceback on errors")
+    parser.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback on errors"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,11 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="seq2onnx",
         description="Train a Transformer in PyTorch, export it as two ONNX graphs, verify parity, translate "
-                    "without torch.",
+        "without torch.",
         epilog="`seq2onnx COMMAND --help` explains a command. translate, translate-dataset, web and "
-               "verify-host need only the runtime (pip install 'seq2onnx[cpu]'; verify-host also Node.js and "
-               f"npm ci --prefix js); the others ({', '.join(TRAINING_COMMANDS)}) need the training extra "
-               "(pip install 'seq2onnx[train,cpu]').",
+        "verify-host need only the runtime (pip install 'seq2onnx[cpu]'; verify-host also Node.js and "
+        f"npm ci --prefix js); the others ({', '.join(TRAINING_COMMANDS)}) need the training extra "
+        "(pip install 'seq2onnx[train,cpu]').",
     )
     parser.add_argument("--version", action="version", version=f"seq2onnx {_version()}")
     add_debug(parser)
@@ -100,10 +102,22 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
             raise
         from seq2onnx.runtime.bundle import BundleError
 
-        known = (CommandError, BundleError, ImportError, ValueError, TypeError, FileNotFoundError,
-                 PermissionError, RuntimeError, OSError)
-        kind = ("" if isinstance(e, known)
-                else f"unexpected {type(e).__name__} (rerun with --debug for the traceback): ")
+        known = (
+            CommandError,
+            BundleError,
+            ImportError,
+            ValueError,
+            TypeError,
+            FileNotFoundError,
+            PermissionError,
+            RuntimeError,
+            OSError,
+        )
+        kind = (
+            ""
+            if isinstance(e, known)
+            else f"unexpected {type(e).__name__} (rerun with --debug for the traceback): "
+        )
         print(f"seq2onnx {args.command}: error: {kind}{e}", file=sys.stderr)
         return EXIT_FAIL
 

@@ -1,6 +1,7 @@
 """The Node host (js/, `node js/bin/seq2onnx-js.mjs`) as `seq2onnx verify-host` runs it: finding it
 (node, its version, the JS host's dependencies), and running one of its commands on lines of input.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,39 +37,56 @@ def find_node_host(node: str | None = None, js_dir: str | Path | None = None) ->
     js = Path(js_dir) if js_dir is not None else js_dir_default()
     script = js / "bin" / "seq2onnx-js.mjs"
     if not script.is_file():
-        raise errors.CommandError(f"{js}: no JS host there (bin/seq2onnx-js.mjs); verify-host needs the js/ "
-                                  "folder of a seq2onnx checkout: pass --js-dir DIR")
+        raise errors.CommandError(
+            f"{js}: no JS host there (bin/seq2onnx-js.mjs); verify-host needs the js/ "
+            "folder of a seq2onnx checkout: pass --js-dir DIR"
+        )
     if node is None:
         found = shutil.which("node")
         if found is None:
-            raise errors.CommandError("node is not installed (not on PATH): install Node.js >= 18.17 "
-                                      "(Debian: apt-get install nodejs npm), then the JS host's "
-                                      f"dependencies: npm ci --prefix {js}; or pass --node PATH")
+            raise errors.CommandError(
+                "node is not installed (not on PATH): install Node.js >= 18.17 "
+                "(Debian: apt-get install nodejs npm), then the JS host's "
+                f"dependencies: npm ci --prefix {js}; or pass --node PATH"
+            )
         node = found
     elif not (os.path.isfile(node) and os.access(node, os.X_OK)):
         raise errors.CommandError(f"--node {node}: not an executable file; give the path of the node binary")
     for package in ("onnxruntime-node", "@sctg/sentencepiece-js"):
         if not (js / "node_modules" / package / "package.json").is_file():
-            raise errors.CommandError(f"{js / 'node_modules' / package}: missing; install the JS host's "
-                                      f"dependencies: npm ci --prefix {js}")
+            raise errors.CommandError(
+                f"{js / 'node_modules' / package}: missing; install the JS host's "
+                f"dependencies: npm ci --prefix {js}"
+            )
     try:
-        version = subprocess.run([node, "--version"], capture_output=True, text=True,
-                                 timeout=60).stdout.strip()
+        version = subprocess.run(
+            [node, "--version"], capture_output=True, text=True, timeout=60
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise errors.CommandError(f"{node} --version failed ({e}); "
-                                  "give a working node with --node PATH") from e
+        raise errors.CommandError(
+            f"{node} --version failed ({e}); give a working node with --node PATH"
+        ) from e
     match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+\S*", version)
     if not match:
         said = version.splitlines()[0][:60] if version else "nothing"
-        raise errors.CommandError(f"--node {node}: not Node.js (`{node} --version` printed {said!r}, not a "
-                                  "version like v20.11.1); give the path of the node binary with --node PATH")
+        raise errors.CommandError(
+            f"--node {node}: not Node.js (`{node} --version` printed {said!r}, not a "
+            "version like v20.11.1); give the path of the node binary with --node PATH"
+        )
     if tuple(map(int, match.groups())) < NODE_MIN:
-        raise errors.CommandError(f"{node} is Node.js {version}; the JS host needs Node.js >= "
-                                  f"{NODE_MIN[0]}.{NODE_MIN[1]}: install a newer one or pass --node PATH")
+        raise errors.CommandError(
+            f"{node} is Node.js {version}; the JS host needs Node.js >= "
+            f"{NODE_MIN[0]}.{NODE_MIN[1]}: install a newer one or pass --node PATH"
+        )
     ort_package = js / "node_modules" / "onnxruntime-node" / "package.json"
     ort_node = json.loads(ort_package.read_text(encoding="utf-8"))
-    return {"node": node, "cli": script, "js_dir": js, "node_version": version,
-            "onnxruntime_node": ort_node.get("version")}
+    return {
+        "node": node,
+        "cli": script,
+        "js_dir": js,
+        "node_version": version,
+        "onnxruntime_node": ort_node.get("version"),
+    }
 
 
 def run_node(host: dict, args: list[str], lines: list[str]) -> tuple[list[dict], dict | None]:
@@ -77,17 +95,26 @@ def run_node(host: dict, args: list[str], lines: list[str]) -> tuple[list[dict],
     stdin = "".join(line + "\n" for line in lines)
     # The host runs in its own folder: paths given relative to ours are made absolute first.
     args = [str(Path(a).resolve()) if i == 1 else a for i, a in enumerate(args)]
-    proc = subprocess.run([host["node"], str(host["cli"]), *args], input=stdin, capture_output=True,
-                          text=True, encoding="utf-8", cwd=host["js_dir"])
+    proc = subprocess.run(
+        [host["node"], str(host["cli"]), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        cwd=host["js_dir"],
+    )
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-3:]
         command = " ".join(args[:2])
-        raise errors.CommandError(f"the Node host failed (exit {proc.returncode}) on `{command} ...`: "
-                                  + (" | ".join(tail) or "no message"))
+        raise errors.CommandError(
+            f"the Node host failed (exit {proc.returncode}) on `{command} ...`: "
+            + (" | ".join(tail) or "no message")
+        )
     out = proc.stdout.splitlines()
     if len(out) != len(lines):
-        raise errors.CommandError(f"the Node host wrote {len(out)} lines for {len(lines)} inputs "
-                                  f"(`{' '.join(args[:2])}`)")
+        raise errors.CommandError(
+            f"the Node host wrote {len(out)} lines for {len(lines)} inputs (`{' '.join(args[:2])}`)"
+        )
     timing = None
     for line in proc.stderr.splitlines():
         if line.startswith("seq2onnx-js: timing "):

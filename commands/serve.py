@@ -3,6 +3,7 @@
 Torch-free: it needs the runtime and the serve extra (pip install 'seq2onnx[serve,cpu]'). FastAPI, uvicorn and
 the engines are imported when the command runs, so `seq2onnx --help` works without them. docs/serving.md.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,12 +20,20 @@ LIMITS = (
     ("--max-texts", 64, "texts per request; beyond: 413"),
     ("--max-chars", 10000, "characters per request, all texts together; beyond: 413"),
     ("--max-body-bytes", 1 << 20, "request body bytes; beyond: 413"),
-    ("--max-rows", 1024, "decoder rows one request holds at once (texts decoded together x beam_size, or x "
-                         "num_hypotheses when sampling); beyond: 422"),
-    ("--max-rows-in-flight", None, "decoder rows of every request being answered, all together (texts x "
-                                   "beams, or x samples); beyond: 503 with Retry-After. Default: 1024, less "
-                                   "where this machine's memory is short (serve/memory.py "
-                                   "rows_in_flight_default), at least --max-rows"),
+    (
+        "--max-rows",
+        1024,
+        "decoder rows one request holds at once (texts decoded together x beam_size, or x "
+        "num_hypotheses when sampling); beyond: 422",
+    ),
+    (
+        "--max-rows-in-flight",
+        None,
+        "decoder rows of every request being answered, all together (texts x "
+        "beams, or x samples); beyond: 503 with Retry-After. Default: 1024, less "
+        "where this machine's memory is short (serve/memory.py "
+        "rows_in_flight_default), at least --max-rows",
+    ),
     ("--max-connections", 512, "open connections (each one file descriptor); beyond: 503 and closed at once"),
     ("--max-header-bytes", 65536, "bytes of a request's line and headers; beyond: 431, connection closed"),
 )
@@ -33,81 +42,150 @@ LIMITS = (
 def add(subparsers) -> None:
     """Registers `seq2onnx serve` on the CLI's subparsers."""
     p = subparsers.add_parser(
-        "serve", help="serve a bundle over HTTP: batch and streaming translation, health, Prometheus metrics",
+        "serve",
+        help="serve a bundle over HTTP: batch and streaming translation, health, Prometheus metrics",
         description="Serve BUNDLE over HTTP (FastAPI under uvicorn): POST /v1/translate (texts and "
-                    "translate_batch's options as JSON), POST /v1/translate/stream (one text, NDJSON "
-                    "pieces), GET /health, /ready, /metrics, and the API's page at /docs. Prints one line "
-                    "once listening. SIGTERM or Ctrl-C drains: new requests are refused, those in flight are "
-                    "answered (for at most --drain-seconds), then it exits 0. Needs pip install "
-                    "'seq2onnx[serve,cpu]'; docs/serving.md explains every endpoint.")
+        "translate_batch's options as JSON), POST /v1/translate/stream (one text, NDJSON "
+        "pieces), GET /health, /ready, /metrics, and the API's page at /docs. Prints one line "
+        "once listening. SIGTERM or Ctrl-C drains: new requests are refused, those in flight are "
+        "answered (for at most --drain-seconds), then it exits 0. Needs pip install "
+        "'seq2onnx[serve,cpu]'; docs/serving.md explains every endpoint.",
+    )
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle made by `seq2onnx export`")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every "
-                        "interface)")
-    p.add_argument("--port", type=int, default=8000,
-                   help="the port to listen on (default 8000; 0 picks a free one and prints it)")
-    p.add_argument("--batching", choices=BATCHING, default="continuous",
-                   help="continuous (the default): one scheduler decodes the sentences of every request "
-                        "together, joining at each step (serve/batcher.py); request: each request decoded as "
-                        "its own batch, --workers at a time")
-    p.add_argument("--rounds", choices=("auto", "fused", "standard"), default="auto",
-                   help="--batching continuous only: the graph its rounds run. auto (the default): the fused "
-                        "decoder's, one in-place cache for every row (serve/fused_rounds.py), where the "
-                        "bundle's fused decoder runs here and takes row_start; else decoder.onnx's. fused: "
-                        "refuse to start otherwise; standard: decoder.onnx's (serve/standard_rounds.py)")
-    p.add_argument("--lanes", type=int, default=1,
-                   help="--batching continuous only: schedulers over the same sessions, each running its own "
-                        "rounds (default 1); a request joins the one with the fewest rows in flight. With "
-                        "--intra-threads 1, N lanes keep N cores busy, one lane's Python running while "
-                        "another's decoder step does (docs/serving.md)")
-    p.add_argument("--no-solo", dest="solo", action="store_false",
-                   help="--batching continuous only: hand every search to a lane. By default a search of at "
-                        "most 32 rows (sentences x beams) that finds nothing else decoding is decoded alone "
-                        "on its own thread by translate_batch's code, one at a time, sparing a lone client "
-                        "the hand-offs to a scheduler and back (docs/serving.md); requests arriving "
-                        "meanwhile join the lanes")
-    p.add_argument("--processes", type=int, default=1,
-                   help="server processes on the one port, each loading its own copy of the bundle with its "
-                        "own engine, threads and GIL (default 1). One process's Python (front end, planning, "
-                        "scheduler) runs on one core at a time: on small models N processes with "
-                        "--intra-threads 1 serve more, at N times the memory. The kernel hands each new "
-                        "connection to one of them; the limits below apply per process; /metrics sums all "
-                        "of them; a process that dies is replaced (docs/serving.md)")
-    p.add_argument("--liveness-seconds", type=float, default=30.0,
-                   help="--processes > 1 only: a process whose event loop sends the parent no heartbeat for "
-                        "this long (stopped, hung) is logged, killed and replaced (default 30)")
-    p.add_argument("--workers", type=int, default=2,
-                   help="--batching request only: requests decoded at once, each on a thread of its own "
-                        "(default 2)")
-    p.add_argument("--intra-threads", type=int, default=0,
-                   help="onnxruntime threads inside each operator (default 0: onnxruntime's, one per core)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where to run the graphs (default auto: CUDA where onnxruntime can run it, else the "
-                        "CPU)")
-    p.add_argument("--cache-dir", default=None, metavar="DIR",
-                   help="on the CPU, keep onnxruntime's optimized graphs with their weights packed for "
-                        "this machine in DIR, so that later starts skip optimizing and packing (about 2.8x "
-                        "the bundle on disk; runtime/session_cache.py; default: none)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="the port to listen on (default 8000; 0 picks a free one and prints it)",
+    )
+    p.add_argument(
+        "--batching",
+        choices=BATCHING,
+        default="continuous",
+        help="continuous (the default): one scheduler decodes the sentences of every request "
+        "together, joining at each step (serve/batcher.py); request: each request decoded as "
+        "its own batch, --workers at a time",
+    )
+    p.add_argument(
+        "--rounds",
+        choices=("auto", "fused", "standard"),
+        default="auto",
+        help="--batching continuous only: the graph its rounds run. auto (the default): the fused "
+        "decoder's, one in-place cache for every row (serve/fused_rounds.py), where the "
+        "bundle's fused decoder runs here and takes row_start; else decoder.onnx's. fused: "
+        "refuse to start otherwise; standard: decoder.onnx's (serve/standard_rounds.py)",
+    )
+    p.add_argument(
+        "--lanes",
+        type=int,
+        default=1,
+        help="--batching continuous only: schedulers over the same sessions, each running its own "
+        "rounds (default 1); a request joins the one with the fewest rows in flight. With "
+        "--intra-threads 1, N lanes keep N cores busy, one lane's Python running while "
+        "another's decoder step does (docs/serving.md)",
+    )
+    p.add_argument(
+        "--no-solo",
+        dest="solo",
+        action="store_false",
+        help="--batching continuous only: hand every search to a lane. By default a search of at "
+        "most 32 rows (sentences x beams) that finds nothing else decoding is decoded alone "
+        "on its own thread by translate_batch's code, one at a time, sparing a lone client "
+        "the hand-offs to a scheduler and back (docs/serving.md); requests arriving "
+        "meanwhile join the lanes",
+    )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="server processes on the one port, each loading its own copy of the bundle with its "
+        "own engine, threads and GIL (default 1). One process's Python (front end, planning, "
+        "scheduler) runs on one core at a time: on small models N processes with "
+        "--intra-threads 1 serve more, at N times the memory. The kernel hands each new "
+        "connection to one of them; the limits below apply per process; /metrics sums all "
+        "of them; a process that dies is replaced (docs/serving.md)",
+    )
+    p.add_argument(
+        "--liveness-seconds",
+        type=float,
+        default=30.0,
+        help="--processes > 1 only: a process whose event loop sends the parent no heartbeat for "
+        "this long (stopped, hung) is logged, killed and replaced (default 30)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="--batching request only: requests decoded at once, each on a thread of its own (default 2)",
+    )
+    p.add_argument(
+        "--intra-threads",
+        type=int,
+        default=0,
+        help="onnxruntime threads inside each operator (default 0: onnxruntime's, one per core)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where to run the graphs (default auto: CUDA where onnxruntime can run it, else the CPU)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="DIR",
+        help="on the CPU, keep onnxruntime's optimized graphs with their weights packed for "
+        "this machine in DIR, so that later starts skip optimizing and packing (about 2.8x "
+        "the bundle on disk; runtime/session_cache.py; default: none)",
+    )
     for option, default, text in LIMITS:
-        p.add_argument(option, type=int, default=default,
-                       help=f"at most this many {text}"
-                       + ("" if default is None else f" (default {default})"))
-    p.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds from a request's arrival to its answer; beyond: 504 and its job is "
-                        "cancelled (default 60)")
-    p.add_argument("--read-timeout", type=float, default=10.0,
-                   help="seconds a request's line and headers may take to arrive (from the connection's "
-                        "start, or a later request's first byte), and again its body after them; beyond: 408 "
-                        "and the connection closed (default 10; separate from --timeout)")
-    p.add_argument("--send-timeout", type=float, default=30.0,
-                   help="seconds a connection whose client reads none of its answers (the server's writes to "
-                        "it paused: its buffers full) is kept; beyond: dropped (default 30)")
-    p.add_argument("--keep-alive", type=float, default=5.0,
-                   help="seconds an idle connection is kept open after an answer (default 5)")
-    p.add_argument("--drain-seconds", type=float, default=25.0,
-                   help="after SIGTERM, seconds the requests in flight get to finish before they are "
-                        "cancelled (default 25: below Kubernetes' default grace period of 30 s, so that the "
-                        "engine closes before SIGKILL)")
+        p.add_argument(
+            option,
+            type=int,
+            default=default,
+            help=f"at most this many {text}" + ("" if default is None else f" (default {default})"),
+        )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds from a request's arrival to its answer; beyond: 504 and its job is "
+        "cancelled (default 60)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a request's line and headers may take to arrive (from the connection's "
+        "start, or a later request's first byte), and again its body after them; beyond: 408 "
+        "and the connection closed (default 10; separate from --timeout)",
+    )
+    p.add_argument(
+        "--send-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a connection whose client reads none of its answers (the server's writes to "
+        "it paused: its buffers full) is kept; beyond: dropped (default 30)",
+    )
+    p.add_argument(
+        "--keep-alive",
+        type=float,
+        default=5.0,
+        help="seconds an idle connection is kept open after an answer (default 5)",
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=25.0,
+        help="after SIGTERM, seconds the requests in flight get to finish before they are "
+        "cancelled (default 25: below Kubernetes' default grace period of 30 s, so that the "
+        "engine closes before SIGKILL)",
+    )
     serve_dropin.add_arguments(p)
     p.set_defaults(func=run)
 
@@ -135,9 +213,11 @@ def _check(args) -> None:
         if not 0 < value < math.inf:
             raise CommandError(f"{option} {value}: give a number of seconds > 0")
     if args.max_rows_in_flight < args.max_rows:
-        raise CommandError(f"--max-rows-in-flight {args.max_rows_in_flight} is below --max-rows "
-                           f"{args.max_rows}: a request of that many rows could never be answered; give at "
-                           "least --max-rows")
+        raise CommandError(
+            f"--max-rows-in-flight {args.max_rows_in_flight} is below --max-rows "
+            f"{args.max_rows}: a request of that many rows could never be answered; give at "
+            "least --max-rows"
+        )
     if not 0 <= args.drain_seconds < math.inf:
         raise CommandError(f"--drain-seconds {args.drain_seconds}: give a number of seconds >= 0")
     serve_dropin.check(args)
@@ -166,18 +246,27 @@ def run(args) -> int:
         import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        raise CommandError(f"`seq2onnx serve` needs {e.name}, which this install lacks: pip install "
-                           "'seq2onnx[serve,cpu]' (or 'seq2onnx[serve,gpu]' on a CUDA machine)") from None
+        raise CommandError(
+            f"`seq2onnx serve` needs {e.name}, which this install lacks: pip install "
+            "'seq2onnx[serve,cpu]' (or 'seq2onnx[serve,gpu]' on a CUDA machine)"
+        ) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s seq2onnx serve: %(message)s")
-    options = dict(host=args.host, port=args.port, drain_s=args.drain_seconds,
-                   max_connections=args.max_connections, read_timeout_s=args.read_timeout,
-                   max_header_bytes=args.max_header_bytes, keep_alive_s=args.keep_alive,
-                   send_timeout_s=args.send_timeout)
+    options = dict(
+        host=args.host,
+        port=args.port,
+        drain_s=args.drain_seconds,
+        max_connections=args.max_connections,
+        read_timeout_s=args.read_timeout,
+        max_header_bytes=args.max_header_bytes,
+        keep_alive_s=args.keep_alive,
+        send_timeout_s=args.send_timeout,
+    )
     if args.processes > 1:
         from seq2onnx.serve.processes import serve_processes
 
-        return serve_processes(functools.partial(make_app, args), args.processes,
-                               liveness_s=args.liveness_seconds, **options)
+        return serve_processes(
+            functools.partial(make_app, args), args.processes, liveness_s=args.liveness_seconds, **options
+        )
     from seq2onnx.serve.server import serve
 
     return serve(make_app(args), **options)
@@ -194,10 +283,16 @@ def make_app(args):
     )
     engine = _engine(args, translator)
     try:
-        app = create_app(engine, max_queue=args.max_queue, max_texts=args.max_texts,
-                         max_chars=args.max_chars, max_body_bytes=args.max_body_bytes,
-                         timeout_s=args.timeout, read_timeout_s=args.read_timeout,
-                         max_rows_in_flight=args.max_rows_in_flight)
+        app = create_app(
+            engine,
+            max_queue=args.max_queue,
+            max_texts=args.max_texts,
+            max_chars=args.max_chars,
+            max_body_bytes=args.max_body_bytes,
+            timeout_s=args.timeout,
+            read_timeout_s=args.read_timeout,
+            max_rows_in_flight=args.max_rows_in_flight,
+        )
         serve_dropin.mount(app, args, functools.partial(_engine, args))  # DeepL, LibreTranslate, keys
         return app
     except BaseException:

@@ -3,6 +3,7 @@
 Kept apart from commands/serve.py, which calls add_arguments, check and mount: serve/dropin.py and its
 neighbours do the work; docs/drop-in-apis.md explains it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,26 +16,48 @@ log = logging.getLogger("seq2onnx.serve")
 
 def add_arguments(p) -> None:
     """Adds --languages, --route, --api-keys, --key-in-flight and --key-per-minute to `serve`'s parser."""
-    g = p.add_argument_group("drop-in APIs (DeepL /v2/*, LibreTranslate /translate) and API keys; "
-                             "docs/drop-in-apis.md")
-    g.add_argument("--languages", metavar="SRC:TGT", default=None,
-                   help="the languages BUNDLE translates between, as BCP 47 codes: en:fr, en:de,fr, or `*` "
-                        "for the bundle's own language tokens (en:* for a multi-target Marian model). "
-                        "Default: *:* for a bundle with language tokens (NLLB, M2M100); a single-pair bundle "
-                        "without it serves only the native API")
-    g.add_argument("--route", metavar="SRC:TGT=BUNDLE", action="append", default=[],
-                   help="also serve BUNDLE for SRC:TGT (as --languages) to the drop-in APIs, on its own "
-                        "engine; repeat for more (one OPUS-MT bundle per pair). A request goes to the first "
-                        "bundle, BUNDLE then each --route, that reads its source and writes its target")
-    g.add_argument("--api-keys", metavar="FILE", default=None,
-                   help="require a key: FILE holds `NAME sha256:HEX [in_flight=N] [per_minute=N] "
-                        "[characters=N]` a line (python -m seq2onnx.serve.keys NAME makes one); SIGHUP "
-                        "re-reads it. Without it the server is open to anyone who reaches it")
-    g.add_argument("--key-in-flight", type=int, default=8,
-                   help="requests in flight per key, where its line sets none (default 8); beyond: 429")
-    g.add_argument("--key-per-minute", type=int, default=600,
-                   help="requests per minute per key, where its line sets none (default 600); beyond: 429 "
-                        "with Retry-After")
+    g = p.add_argument_group(
+        "drop-in APIs (DeepL /v2/*, LibreTranslate /translate) and API keys; docs/drop-in-apis.md"
+    )
+    g.add_argument(
+        "--languages",
+        metavar="SRC:TGT",
+        default=None,
+        help="the languages BUNDLE translates between, as BCP 47 codes: en:fr, en:de,fr, or `*` "
+        "for the bundle's own language tokens (en:* for a multi-target Marian model). "
+        "Default: *:* for a bundle with language tokens (NLLB, M2M100); a single-pair bundle "
+        "without it serves only the native API",
+    )
+    g.add_argument(
+        "--route",
+        metavar="SRC:TGT=BUNDLE",
+        action="append",
+        default=[],
+        help="also serve BUNDLE for SRC:TGT (as --languages) to the drop-in APIs, on its own "
+        "engine; repeat for more (one OPUS-MT bundle per pair). A request goes to the first "
+        "bundle, BUNDLE then each --route, that reads its source and writes its target",
+    )
+    g.add_argument(
+        "--api-keys",
+        metavar="FILE",
+        default=None,
+        help="require a key: FILE holds `NAME sha256:HEX [in_flight=N] [per_minute=N] "
+        "[characters=N]` a line (python -m seq2onnx.serve.keys NAME makes one); SIGHUP "
+        "re-reads it. Without it the server is open to anyone who reaches it",
+    )
+    g.add_argument(
+        "--key-in-flight",
+        type=int,
+        default=8,
+        help="requests in flight per key, where its line sets none (default 8); beyond: 429",
+    )
+    g.add_argument(
+        "--key-per-minute",
+        type=int,
+        default=600,
+        help="requests per minute per key, where its line sets none (default 600); beyond: 429 "
+        "with Retry-After",
+    )
 
 
 def check(args) -> None:
@@ -72,8 +95,9 @@ def mount(app, args, make_engine) -> None:
     try:
         for option in args.route:
             languages, _, bundle = option.partition("=")
-            translator = Translator(bundle, device=args.device, intra_threads=args.intra_threads,
-                                    cache_dir=args.cache_dir)
+            translator = Translator(
+                bundle, device=args.device, intra_threads=args.intra_threads, cache_dir=args.cache_dir
+            )
             engines.append(make_engine(translator))
             routes.append(_route(engines[-1], languages, f"--route {option}"))
         gate = Gate(args.api_keys, args.key_in_flight, args.key_per_minute, f.registry)
@@ -84,8 +108,10 @@ def mount(app, args, make_engine) -> None:
     mount_dropin(app, Routes(routes), gate)
     reload_on_sighup(gate)
     if gate.open:
-        log.warning("no --api-keys: the server is open; anyone who can reach it may translate (the DeepL "
-                    "and LibreTranslate endpoints take any key or none)")
+        log.warning(
+            "no --api-keys: the server is open; anyone who can reach it may translate (the DeepL "
+            "and LibreTranslate endpoints take any key or none)"
+        )
     else:
         log.info("--api-keys %s: %d keys; SIGHUP re-reads it", args.api_keys, len(gate.keys))
 

@@ -3,6 +3,7 @@
 Reads lines as they arrive (stdin or -i FILE, the same code), translates what has arrived, writes in
 input order and flushes; invalid UTF-8 and over-long lines cost only a warning on their own line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,13 @@ from seq2onnx.errors import CommandError
 from seq2onnx.commands import translate_flags
 from seq2onnx.commands.lines import LineReader
 from seq2onnx.commands.translate_io import (
-    READ_CHUNK, AtomicOutput, Progress, Warnings, count_lines, decode_line, stdin_read,
+    READ_CHUNK,
+    AtomicOutput,
+    Progress,
+    Warnings,
+    count_lines,
+    decode_line,
+    stdin_read,
 )
 from seq2onnx.commands.heatmap import MAX_PICTURES, json_line, page, picture_path, record
 
@@ -28,31 +35,42 @@ from seq2onnx.commands.heatmap import MAX_PICTURES, json_line, page, picture_pat
 # A stream's windows hold
 # only what has arrived, so the window does not delay an answer to a line that came alone.
 SORT_WINDOW = 8
+
+
 def _source_ids(
     translator, text: str, line: int, strict: bool, warnings: Warnings, args_langs: dict
 ) -> list[int]:
     """Source ids of one line; an over-long line is truncated with a warning, or an error with strict."""
-    ids, cut = translator.prepare_source(text, truncate=True, source_lang=args_langs.get("source_lang"),
-                                         target_lang=args_langs.get("target_lang"))
+    ids, cut = translator.prepare_source(
+        text,
+        truncate=True,
+        source_lang=args_langs.get("source_lang"),
+        target_lang=args_langs.get("target_lang"),
+    )
     if cut:
         # prepare_source tokenised only a prefix (a 55 MB line costs no more than a short one): the
         # count beyond the limit is unknown, and not worth a full tokenisation to report.
         limit = translator.max_positions
         if strict:
-            raise CommandError(f"input line {line} has more than {limit} tokens; this model was exported for "
-                               f"at most {limit} positions (max_positions in bundle.json): shorten the line, "
-                               "or leave out --strict to have it truncated with a warning")
-        warnings.warn("more tokens than the model's positions",
-                      f"line {line}: more tokens than the {limit} positions this model was exported for "
-                      f"(max_positions in bundle.json): translated its first {limit - 1} and the end token "
-                      "(--strict makes this an error)")
+            raise CommandError(
+                f"input line {line} has more than {limit} tokens; this model was exported for "
+                f"at most {limit} positions (max_positions in bundle.json): shorten the line, "
+                "or leave out --strict to have it truncated with a warning"
+            )
+        warnings.warn(
+            "more tokens than the model's positions",
+            f"line {line}: more tokens than the {limit} positions this model was exported for "
+            f"(max_positions in bundle.json): translated its first {limit - 1} and the end token "
+            "(--strict makes this an error)",
+        )
     return ids
 
 
 def _format(result, index: int, args) -> str:
     if args.num_hypotheses > 1:
-        return "".join(f"{index} ||| {text} ||| {score:.4f}\n"
-                       for text, score in zip(result.hypotheses, result.scores))
+        return "".join(
+            f"{index} ||| {text} ||| {score:.4f}\n" for text, score in zip(result.hypotheses, result.scores)
+        )
     if args.scores:
         return f"{result.scores[0]:.4f}\t{result.hypotheses[0]}\n"
     return result.hypotheses[0] + "\n"
@@ -78,42 +96,73 @@ warning naming the line (--strict: an error instead). Output is UTF-8."""
 
 
 def add(sub) -> None:
-    p = sub.add_parser("translate", help="translate lines with a bundle (no torch needed)",
-                       description=TRANSLATE_DESCRIPTION,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("bundle", help="the bundle directory (bundle.json, encoder.onnx, decoder.onnx, "
-                                  "tokenizers)")
+    p = sub.add_parser(
+        "translate",
+        help="translate lines with a bundle (no torch needed)",
+        description=TRANSLATE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "bundle", help="the bundle directory (bundle.json, encoder.onnx, decoder.onnx, tokenizers)"
+    )
     p.add_argument("-i", "--input", help="file of source lines (default, or '-': stdin)")
-    p.add_argument("-o", "--output", help="file to write (default, or '-': stdout); written under a "
-                                          "temporary name beside it and renamed when complete, so it is "
-                                          "never left half-written")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="file to write (default, or '-': stdout); written under a "
+        "temporary name beside it and renamed when complete, so it is "
+        "never left half-written",
+    )
     p.add_argument("--force", action="store_true", help="let --output replace an existing file")
     translate_flags.add_option_flags(p, notes=_NOTES)
     p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' (sum of log-probabilities)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="auto: CUDA where onnxruntime can run it, else the CPU (default auto)")
-    p.add_argument("--threads", type=int, default=0,
-                   help=f"onnxruntime intra-op threads, at most this machine's {os.cpu_count()} cores "
-                        "(default 0: all cores)")
-    p.add_argument("--cache-dir", default=None, metavar="DIR",
-                   help="on the CPU, keep onnxruntime's optimized graphs with their weights packed for "
-                        "this machine in DIR, so that later starts skip optimizing and packing (about 2.8x "
-                        "the bundle on disk; runtime/session_cache.py; default: none)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="auto: CUDA where onnxruntime can run it, else the CPU (default auto)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help=f"onnxruntime intra-op threads, at most this machine's {os.cpu_count()} cores "
+        "(default 0: all cores)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="DIR",
+        help="on the CPU, keep onnxruntime's optimized graphs with their weights packed for "
+        "this machine in DIR, so that later starts skip optimizing and packing (about 2.8x "
+        "the bundle on disk; runtime/session_cache.py; default: none)",
+    )
     length = p.add_mutually_exclusive_group()
-    length.add_argument("--truncate", action="store_true",
-                        help="cut lines longer than the model's positions, with a warning naming the line "
-                             "(the default)")
-    length.add_argument("--strict", action="store_true",
-                        help="a line longer than the model's positions is an error naming the line, not "
-                             "truncated")
-    p.add_argument("--attention", metavar="FILE",
-                   help="also write each line's cross-attention (the best translation's target pieces x "
-                        "source pieces, last decoder layer averaged over heads) to FILE as JSON lines, and "
-                        f"heatmaps of the first {MAX_PICTURES} lines to FILE with the suffix .html; the "
-                        "translations are the same as without it")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="a progress bar on stderr (default: on when stderr is a terminal and the input a "
-                        "file; --progress shows it anywhere, e.g. in a log, --no-progress never)")
+    length.add_argument(
+        "--truncate",
+        action="store_true",
+        help="cut lines longer than the model's positions, with a warning naming the line (the default)",
+    )
+    length.add_argument(
+        "--strict",
+        action="store_true",
+        help="a line longer than the model's positions is an error naming the line, not truncated",
+    )
+    p.add_argument(
+        "--attention",
+        metavar="FILE",
+        help="also write each line's cross-attention (the best translation's target pieces x "
+        "source pieces, last decoder layer averaged over heads) to FILE as JSON lines, and "
+        f"heatmaps of the first {MAX_PICTURES} lines to FILE with the suffix .html; the "
+        "translations are the same as without it",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar on stderr (default: on when stderr is a terminal and the input a "
+        "file; --progress shows it anywhere, e.g. in a log, --no-progress never)",
+    )
     p.set_defaults(func=run)
 
 
@@ -121,9 +170,11 @@ def _languages(args) -> dict:
     return {"source_lang": args.source_lang, "target_lang": args.target_lang}
 
 
-_NOTES = {"num_hypotheses": "; written as 'LINE ||| TEXT ||| SCORE', LINE counted from 0",
-          "max_batch_size": "; a stream's batches hold what has arrived",
-          "target_prefix": "; here comma-separated ids (e.g. 5,17), forced in every line's translation"}
+_NOTES = {
+    "num_hypotheses": "; written as 'LINE ||| TEXT ||| SCORE', LINE counted from 0",
+    "max_batch_size": "; a stream's batches hold what has arrived",
+    "target_prefix": "; here comma-separated ids (e.g. 5,17), forced in every line's translation",
+}
 
 
 def run(args) -> int:
@@ -161,8 +212,15 @@ def run(args) -> int:
     out = sink.file if sink else getattr(sys.stdout, "buffer", None)
     done = False
     try:
-        _translate_stream(translator, LineReader(read, max_queued=max(4096, 4 * args.max_batch_size)), args,
-                          out, warnings, progress, attention)
+        _translate_stream(
+            translator,
+            LineReader(read, max_queued=max(4096, 4 * args.max_batch_size)),
+            args,
+            out,
+            warnings,
+            progress,
+            attention,
+        )
         done = True
     except BrokenPipeError:
         if sink:
@@ -202,8 +260,12 @@ class AttentionSink:
         target_piece = self.translator.target_tokenizer.id_to_piece
         lines = []
         for k, (ids, result) in enumerate(zip(sources, results)):
-            rec = record(first + k, [source_piece(i) for i in ids],
-                         [target_piece(t) for t in result.token_ids[0]], result.attention[0])
+            rec = record(
+                first + k,
+                [source_piece(i) for i in ids],
+                [target_piece(t) for t in result.token_ids[0]],
+                result.attention[0],
+            )
             lines.append(json_line(rec))
             if len(self.drawn) < MAX_PICTURES:
                 self.drawn.append(rec)
@@ -223,9 +285,17 @@ class AttentionSink:
             self.picture.discard()
 
 
-def _translate_stream(translator, reader: LineReader, args, out, warnings: Warnings, progress: Progress,
-                      attention: AttentionSink | None = None) -> None:
+def _translate_stream(
+    translator,
+    reader: LineReader,
+    args,
+    out,
+    warnings: Warnings,
+    progress: Progress,
+    attention: AttentionSink | None = None,
+) -> None:
     """Translates the reader's batches, writing and flushing each batch's lines in input order."""
+
     def write(text: str) -> None:
         if out is None:  # stdout replaced by a text stream (embedding, tests)
             sys.stdout.write(text)
@@ -249,7 +319,8 @@ def _translate_stream(translator, reader: LineReader, args, out, warnings: Warni
             # the ids hold the source's language already
             options = translate_flags.search_options(args, len(ids)) | {"source_lang": None}
             results = translator.translate_batch(
-                ids, return_scores=True, return_attention=attention is not None, **options)
+                ids, return_scores=True, return_attention=attention is not None, **options
+            )
             write("".join(_format(r, first + k, args) for k, r in enumerate(results)))
             if attention is not None:
                 attention.write(first, ids, results)
@@ -257,5 +328,3 @@ def _translate_stream(translator, reader: LineReader, args, out, warnings: Warni
         if error is not None:
             raise error
         first += len(batch)
-
-

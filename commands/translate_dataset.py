@@ -19,6 +19,7 @@ imported only when the command runs. The shape of the job, and why:
 - OUTPUT is written to a temporary file beside it and renamed over it at the end: it is either
   complete or untouched, and an existing one is replaced only with --force.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,9 @@ def import_ray():
         import ray.data  # noqa: F401  (ray without the [data] extra lacks pyarrow)
         import pyarrow  # noqa: F401
     except ImportError as e:
-        raise errors.CommandError(f"translate-dataset needs Ray Data ({e}): "
-                                  "pip install 'seq2onnx[scale]'") from e
+        raise errors.CommandError(
+            f"translate-dataset needs Ray Data ({e}): pip install 'seq2onnx[scale]'"
+        ) from e
     return ray
 
 
@@ -73,20 +75,29 @@ def check_bundle_on_nodes(ray, bundle: Path) -> None:
 
     probe = ray.remote(num_cpus=0, max_retries=0)(_probe_bundle)
     nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
-    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-            .remote(str(bundle)) for n in nodes]
+    refs = [
+        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            str(bundle)
+        )
+        for n in nodes
+    ]
     try:
         answers = ray.get(refs, timeout=PROBE_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError as e:
-        raise errors.CommandError(f"the Ray nodes did not answer the bundle check within {PROBE_TIMEOUT_S} "
-                                  "s; is the cluster busy?") from e
+        raise errors.CommandError(
+            f"the Ray nodes did not answer the bundle check within {PROBE_TIMEOUT_S} s; is the cluster busy?"
+        ) from e
     except ray.exceptions.RayError as e:  # typically: seq2onnx cannot be imported there
-        raise errors.CommandError(f"a Ray worker could not check the bundle ({_worker_reason(e)}); "
-                           "install seq2onnx[cpu] in every node's Python environment") from e
+        raise errors.CommandError(
+            f"a Ray worker could not check the bundle ({_worker_reason(e)}); "
+            "install seq2onnx[cpu] in every node's Python environment"
+        ) from e
     failed = [a for a in answers if a]
     if failed:
-        raise errors.CommandError(f"a Ray worker cannot read the bundle {bundle}: {failed[0]}; put the "
-                           "bundle at the same path on every node (a shared filesystem) before translating")
+        raise errors.CommandError(
+            f"a Ray worker cannot read the bundle {bundle}: {failed[0]}; put the "
+            "bundle at the same path on every node (a shared filesystem) before translating"
+        )
 
 
 def _probe_bundle(path: str) -> str | None:
@@ -140,15 +151,27 @@ class TranslateBatches:
             results = self.translator.translate_batch([t or "" for t in texts], **self.options)
         except ValueError as e:  # its "source k" counts from this block's first row
             first = batch.column("index")[0].as_py()
-            raise ValueError(f"in input rows {first}..{first + len(texts) - 1} (source k is row {first}+k, "
-                             f"counting from 0): {e}") from None
+            raise ValueError(
+                f"in input rows {first}..{first + len(texts) - 1} (source k is row {first}+k, "
+                f"counting from 0): {e}"
+            ) from None
         out = [None if t is None else r.hypotheses[0] for t, r in zip(texts, results)]
         return pa.table({"index": batch.column("index"), "translation": pa.array(out, pa.string())})
 
 
-def translate_dataset(bundle: str | Path, source, output: Path, *, output_format: str = "text",
-                      workers: int = 1, threads: int = 1, device: str = "cpu", lines_per_task: int = 256,
-                      actor_class=TranslateBatches, **options) -> dict:
+def translate_dataset(
+    bundle: str | Path,
+    source,
+    output: Path,
+    *,
+    output_format: str = "text",
+    workers: int = 1,
+    threads: int = 1,
+    device: str = "cpu",
+    lines_per_task: int = 256,
+    actor_class=TranslateBatches,
+    **options,
+) -> dict:
     """Translates `source` (a pyarrow string array) on the connected Ray instance into `output`.
 
     Args:
@@ -178,9 +201,15 @@ def translate_dataset(bundle: str | Path, source, output: Path, *, output_format
     # block does not leave the others idle; no more actors than blocks, since each loads the model.
     lines_per_task = max(1, min(lines_per_task, -(-n // (4 * workers))))
     workers = max(1, min(workers, -(-n // lines_per_task)))
-    blocks = [pa.table({"index": pa.array(range(start, min(start + lines_per_task, n)), pa.int64()),
-                        "text": source.slice(start, lines_per_task)})
-              for start in range(0, n, lines_per_task)]
+    blocks = [
+        pa.table(
+            {
+                "index": pa.array(range(start, min(start + lines_per_task, n)), pa.int64()),
+                "text": source.slice(start, lines_per_task),
+            }
+        )
+        for start in range(0, n, lines_per_task)
+    ]
     ctx = ray.data.DataContext.get_current()
     saved = ctx.execution_options.preserve_order
     ctx.execution_options.preserve_order = True  # see the module docstring: order without a sort
@@ -188,10 +217,14 @@ def translate_dataset(bundle: str | Path, source, output: Path, *, output_format
         with atomic.temp_path(output) as tmp, Writer(tmp, output_format) as writer:
             if blocks:
                 ds = ray.data.from_arrow(blocks).map_batches(
-                    actor_class, batch_size=lines_per_task, batch_format="pyarrow",
+                    actor_class,
+                    batch_size=lines_per_task,
+                    batch_format="pyarrow",
                     compute=ray.data.ActorPoolStrategy(size=workers),
                     fn_constructor_args=(str(bundle), device, threads, options),
-                    num_cpus=threads, num_gpus=1 if device == "cuda" else 0)
+                    num_cpus=threads,
+                    num_gpus=1 if device == "cuda" else 0,
+                )
                 for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
                     writer.write(batch)
             if writer.rows != n:
@@ -199,50 +232,71 @@ def translate_dataset(bundle: str | Path, source, output: Path, *, output_format
     finally:
         ctx.execution_options.preserve_order = saved
     seconds = time.perf_counter() - t0
-    return {"lines": n, "seconds": round(seconds, 3),
-            "lines_per_second": round(n / seconds, 2) if seconds else None,
-            "workers": workers, "threads": threads}
+    return {
+        "lines": n,
+        "seconds": round(seconds, 3),
+        "lines_per_second": round(n / seconds, 2) if seconds else None,
+        "workers": workers,
+        "threads": threads,
+    }
 
 
 # -- the command ---------------------------------------------------------------------------------
 
+
 def add(sub) -> None:
     """Registers `translate-dataset` on the `seq2onnx` subparsers."""
-    p = sub.add_parser("translate-dataset", help="translate a corpus on Ray Data (pip install "
-                                                 "'seq2onnx[scale]')",
-                       description="Translate a text file, or one column of a Parquet/JSONL file, over a "
-                       "pool of Ray actors that each load the bundle once; write the translations in input "
-                       "order, one per line (text) or as the column 'translation' (Parquet). Runs a local "
-                       "Ray instance unless --address.")
+    p = sub.add_parser(
+        "translate-dataset",
+        help="translate a corpus on Ray Data (pip install 'seq2onnx[scale]')",
+        description="Translate a text file, or one column of a Parquet/JSONL file, over a "
+        "pool of Ray actors that each load the bundle once; write the translations in input "
+        "order, one per line (text) or as the column 'translation' (Parquet). Runs a local "
+        "Ray instance unless --address.",
+    )
     p.add_argument("bundle")
     p.add_argument("input", help="text file (one source per line), .parquet or .jsonl")
     p.add_argument("output", help="file to write: text, or Parquet for a .parquet name (see --format)")
-    p.add_argument("--column", help="the column to translate in Parquet/JSONL input (default: the only "
-                                    "column)")
+    p.add_argument(
+        "--column", help="the column to translate in Parquet/JSONL input (default: the only column)"
+    )
     p.add_argument("--input-format", choices=INPUT_FORMATS, help="default: from INPUT's suffix")
     p.add_argument("--format", choices=OUTPUT_FORMATS, help="output format (default: from OUTPUT's suffix)")
-    p.add_argument("--address", help="an existing Ray cluster (host:port, ray://..., or 'auto'); default: a "
-                                     "local instance")
-    p.add_argument("--workers", type=int, default=2, help="actors, each with its own copy of the model "
-                                                          "(default 2)")
-    p.add_argument("--threads", type=int, default=1, help="onnxruntime threads, and Ray CPUs, per actor "
-                                                          "(default 1)")
+    p.add_argument(
+        "--address",
+        help="an existing Ray cluster (host:port, ray://..., or 'auto'); default: a local instance",
+    )
+    p.add_argument(
+        "--workers", type=int, default=2, help="actors, each with its own copy of the model (default 2)"
+    )
+    p.add_argument(
+        "--threads", type=int, default=1, help="onnxruntime threads, and Ray CPUs, per actor (default 1)"
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda gives each actor one GPU")
     add_option_flags(p, only=("beam_size", "max_batch_size"))  # as translate's: --beam, --batch-size
-    p.add_argument("--lines-per-task", type=int, default=256,
-                   help="at most this many rows per block sent to an actor (the unit retried; default 256)")
+    p.add_argument(
+        "--lines-per-task",
+        type=int,
+        default=256,
+        help="at most this many rows per block sent to an actor (the unit retried; default 256)",
+    )
     p.add_argument("--truncate", action="store_true", help="cut sources longer than the model's positions")
     p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
-    p.add_argument("--json", action="store_true", help="print the run's statistics as one JSON line on "
-                                                       "stdout")
+    p.add_argument(
+        "--json", action="store_true", help="print the run's statistics as one JSON line on stdout"
+    )
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     """Runs `seq2onnx translate-dataset`; user errors raise CommandError (or BundleError)."""
-    for flag, value in (("--workers", args.workers), ("--threads", args.threads),
-                        ("--batch-size", args.max_batch_size), ("--lines-per-task", args.lines_per_task),
-                        ("--beam", args.beam_size or 1)):
+    for flag, value in (
+        ("--workers", args.workers),
+        ("--threads", args.threads),
+        ("--batch-size", args.max_batch_size),
+        ("--lines-per-task", args.lines_per_task),
+        ("--beam", args.beam_size or 1),
+    ):
         if value < 1:
             raise errors.CommandError(f"{flag} {value}; it must be at least 1")
     # abspath, not resolve: a shared mount may be reached through a symlink that differs per node.
@@ -253,41 +307,60 @@ def run(args) -> int:
     if output.is_dir() or not output.parent.is_dir():
         raise errors.CommandError(f"OUTPUT {output}: not a file in an existing directory")
     if not os.access(output.parent, os.W_OK | os.X_OK):  # now, not after Ray has translated everything
-        raise errors.CommandError(f"OUTPUT {output}: the directory {output.parent} is not writable; "
-                                  "choose a writable place for the output")
+        raise errors.CommandError(
+            f"OUTPUT {output}: the directory {output.parent} is not writable; "
+            "choose a writable place for the output"
+        )
     ray = import_ray()
     read_bundle(bundle)  # here, hashes included; before Ray starts
-    source = read_source(source_path, guess_format(source_path, args.input_format, INPUT_FORMATS),
-                         args.column)
+    source = read_source(
+        source_path, guess_format(source_path, args.input_format, INPUT_FORMATS), args.column
+    )
     started = not ray.is_initialized()
     if started:  # "local" starts a fresh instance even where `ray start` left one running
         ray.init(address=args.address or "local", include_dashboard=False, logging_level=logging.WARNING)
     try:
         need, have = args.workers * args.threads, ray.cluster_resources().get("CPU", 0)
         if need > have:
-            message = (f"--workers {args.workers} x --threads {args.threads} needs {need} CPUs; the Ray "
-                       f"instance has {have:g}: lower --workers or --threads")
+            message = (
+                f"--workers {args.workers} x --threads {args.threads} needs {need} CPUs; the Ray "
+                f"instance has {have:g}: lower --workers or --threads"
+            )
             if not args.address:
                 raise errors.CommandError(message)
             print(f"warning: {message} (or wait for the cluster to scale up)", file=sys.stderr)
         check_bundle_on_nodes(ray, bundle)
-        options = {"beam_size": args.beam_size, "max_batch_size": args.max_batch_size,
-                   "truncate": args.truncate}
+        options = {
+            "beam_size": args.beam_size,
+            "max_batch_size": args.max_batch_size,
+            "truncate": args.truncate,
+        }
         try:
             output_format = guess_format(output, args.format, OUTPUT_FORMATS)
-            stats = translate_dataset(bundle, source, output, output_format=output_format,
-                                      workers=args.workers, threads=args.threads, device=args.device,
-                                      lines_per_task=args.lines_per_task, **options)
+            stats = translate_dataset(
+                bundle,
+                source,
+                output,
+                output_format=output_format,
+                workers=args.workers,
+                threads=args.threads,
+                device=args.device,
+                lines_per_task=args.lines_per_task,
+                **options,
+            )
         except ray.exceptions.RayError as e:  # a worker's error, wrapped by Ray: name the worker's exception
-            raise RuntimeError(f"translation failed on a Ray worker: {_worker_reason(e)}; {output} was not "
-                               "written") from e
+            raise RuntimeError(
+                f"translation failed on a Ray worker: {_worker_reason(e)}; {output} was not written"
+            ) from e
     finally:
         if started:
             ray.shutdown()
     if args.json:
         print(json.dumps(stats, sort_keys=True))
     else:
-        print(f"{stats['lines']} lines in {stats['seconds']:.1f} s ({stats['lines_per_second']} lines/s) on "
-              f"{stats['workers']} workers -> {output}", file=sys.stderr)
+        print(
+            f"{stats['lines']} lines in {stats['seconds']:.1f} s ({stats['lines_per_second']} lines/s) on "
+            f"{stats['workers']} workers -> {output}",
+            file=sys.stderr,
+        )
     return 0
-

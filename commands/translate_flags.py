@@ -1,6 +1,7 @@
 """The decoding options' flags of `seq2onnx translate` (and translate-dataset): made from the options' one
 declaration (runtime/options.py), read into translate_batch's options, and checked with the command's
 one-line errors (CommandError naming the --flag), before the model loads and against it."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,9 @@ def _id_list(text: str) -> list[int]:
     try:
         ids = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of token ids, e.g. 128028 "
-                                         "or 5,17")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of token ids, e.g. 128028 or 5,17"
+        )
     if not ids or min(ids) < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give one or more token ids >= 0, separated by commas")
     return ids
@@ -42,8 +44,14 @@ def add_option_flags(p, only: tuple[str, ...] | None = None, notes: dict[str, st
             default = api_default(name)
             said = f"the bundle's decoding.{o.bundle}" if o.bundle else default
             metavar = {"lang": "CODE", "ids": "IDS"}.get(o.kind, name.split("_")[-1].upper())
-            p.add_argument(o.cli, dest=name, type=_READ[o.kind], default=default, metavar=metavar,
-                           help=f"{o.doc}{(notes or {}).get(name, '')} (default: {said})")
+            p.add_argument(
+                o.cli,
+                dest=name,
+                type=_READ[o.kind],
+                default=default,
+                metavar=metavar,
+                help=f"{o.doc}{(notes or {}).get(name, '')} (default: {said})",
+            )
 
 
 def check_options(args) -> None:
@@ -53,10 +61,18 @@ def check_options(args) -> None:
 
     cores = os.cpu_count() or 1
     if not 0 <= args.threads <= cores:
-        raise CommandError(f"--threads {args.threads}: this machine has {cores} cores; give 1 to {cores}, "
-                           "or 0 to use them all")
-    given = [o.cli for name, o in OPTIONS.items() if o.cli and o.scope == "text" and name not in ("beam_size",
-             "length_penalty", "sampling_temperature") and getattr(args, name) != api_default(name)]
+        raise CommandError(
+            f"--threads {args.threads}: this machine has {cores} cores; give 1 to {cores}, "
+            "or 0 to use them all"
+        )
+    given = [
+        o.cli
+        for name, o in OPTIONS.items()
+        if o.cli
+        and o.scope == "text"
+        and name not in ("beam_size", "length_penalty", "sampling_temperature")
+        and getattr(args, name) != api_default(name)
+    ]
     if given and args.sampling_temperature is None:  # as serve's 422 and seq2onnx-js: they mean nothing alone
         raise CommandError(f"{given[0]} needs --sampling-temperature (sampling); give it, or drop {given[0]}")
     for name, o in OPTIONS.items():
@@ -78,16 +94,26 @@ def check_against_model(args, translator) -> None:
 
     beam = args.beam_size if args.beam_size is not None else translator.bundle.decoding.get("beam_size", 4)
     if args.num_hypotheses > beam and args.sampling_temperature is None:
-        raise CommandError(f"--n-best {args.num_hypotheses} is more than the beam size {beam}; give --beam "
-                           f"{args.num_hypotheses} or more, or a smaller --n-best")
+        raise CommandError(
+            f"--n-best {args.num_hypotheses} is more than the beam size {beam}; give --beam "
+            f"{args.num_hypotheses} or more, or a smaller --n-best"
+        )
     limit = translator.max_positions
     if args.max_decoding_length is not None and not 1 <= args.max_decoding_length <= limit:
-        raise CommandError(f"--max-length {args.max_decoding_length}: this model has {limit} positions "
-                           f"(max_positions in bundle.json); give 1 to {limit}")
+        raise CommandError(
+            f"--max-length {args.max_decoding_length}: this model has {limit} positions "
+            f"(max_positions in bundle.json); give 1 to {limit}"
+        )
     try:
         options = translator.search_options(**search_options(args))
-        check_prefix_options(options, 1, translator.vocabulary.languages, translator.tgt_vocab,
-                             translator.eos_id, max_positions=translator.max_positions)
+        check_prefix_options(
+            options,
+            1,
+            translator.vocabulary.languages,
+            translator.tgt_vocab,
+            translator.eos_id,
+            max_positions=translator.max_positions,
+        )
     except OptionError as e:
         raise option_error(e) from None
 

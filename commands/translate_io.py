@@ -55,8 +55,9 @@ class AtomicOutput(atomic.AtomicFile):
         if path.exists() and not force:
             raise CommandError(f"{option} {path}: {path.name} exists; pass --force to overwrite it")
         if not path.parent.is_dir():
-            raise CommandError(f"{option} {path}: the directory {path.parent} does not exist; create it "
-                               "first")
+            raise CommandError(
+                f"{option} {path}: the directory {path.parent} does not exist; create it first"
+            )
 
 
 class Progress:
@@ -79,8 +80,10 @@ class Progress:
             width = 30
             filled = int(width * min(self.done / self.total, 1.0))
             left = (self.total - self.done) / rate if rate else 0.0
-            text = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} lines "
-                    f"{rate:.1f}/s, {left:.0f} s left ")
+            text = (
+                f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} lines "
+                f"{rate:.1f}/s, {left:.0f} s left "
+            )
         else:
             text = f"{self.done} lines, {rate:.1f}/s "
         sys.stderr.write("\r" + text.ljust(self.drawn))
@@ -133,6 +136,9 @@ def decode_line(raw: bytes, line: int, warnings: Warnings) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         bad = raw[e.start : e.end].hex(" ")
-        warnings.warn("invalid UTF-8", f"line {line}: invalid UTF-8 (byte {bad} at byte {e.start + 1} of the "
-                                       "line, perhaps more after it) replaced by U+FFFD")
+        warnings.warn(
+            "invalid UTF-8",
+            f"line {line}: invalid UTF-8 (byte {bad} at byte {e.start + 1} of the "
+            "line, perhaps more after it) replaced by U+FFFD",
+        )
         return raw.decode("utf-8", errors="replace")

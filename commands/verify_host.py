@@ -18,6 +18,7 @@ a near-tie between two hypotheses can be told from a convention difference. The 
 sessions are closed before the Node host runs, so that the two hosts' memory does not add up.
 Torch-free.
 """
+
 from __future__ import annotations
 
 import gc
@@ -39,47 +40,89 @@ MAX_BATCH = 32  # both hosts' default max_batch_size
 
 # -- the sentences ---------------------------------------------------------------------------------
 
+
 def _target_tokens(results) -> int:
     """Target tokens produced, as `seq2onnx bench` counts them: the best hypothesis and its end token."""
     return sum(len(r[0]) + 1 for r in results)
 
 
-def _python_searches(translator, source_ids: list[list[int]], searches: dict[str, tuple[int, int]],
-                     target_lang: str | None, max_length: int | None,
-                     log) -> tuple[dict[str, list], dict[str, float]]:
+def _python_searches(
+    translator,
+    source_ids: list[list[int]],
+    searches: dict[str, tuple[int, int]],
+    target_lang: str | None,
+    max_length: int | None,
+    log,
+) -> tuple[dict[str, list], dict[str, float]]:
     """Each search's results from the Python runtime, read in chunks, and its seconds."""
     python, python_s = {}, {}
     for label, (size, n_best) in searches.items():
         log(f"the Python runtime: {label} on {len(source_ids)} sentences")
         t0 = time.perf_counter()
-        python[label] = [r for start in range(0, len(source_ids), READ_CHUNK)
-                         for r in translator.translate_batch(source_ids[start:start + READ_CHUNK],
-                                                             beam_size=size, num_hypotheses=n_best,
-                                                             return_scores=True, max_batch_size=MAX_BATCH,
-                                                             target_lang=target_lang,
-                                                             max_decoding_length=max_length)]
+        python[label] = [
+            r
+            for start in range(0, len(source_ids), READ_CHUNK)
+            for r in translator.translate_batch(
+                source_ids[start : start + READ_CHUNK],
+                beam_size=size,
+                num_hypotheses=n_best,
+                return_scores=True,
+                max_batch_size=MAX_BATCH,
+                target_lang=target_lang,
+                max_decoding_length=max_length,
+            )
+        ]
         python_s[label] = time.perf_counter() - t0
     return python, python_s
 
 
-def _node_searches(host: dict, bundle_dir: str | Path, source_ids: list[list[int]],
-                   searches: dict[str, tuple[int, int]], threads: int, flags: list[str],
-                   log) -> tuple[dict[str, list[dict]], dict[str, dict | None]]:
+def _node_searches(
+    host: dict,
+    bundle_dir: str | Path,
+    source_ids: list[list[int]],
+    searches: dict[str, tuple[int, int]],
+    threads: int,
+    flags: list[str],
+    log,
+) -> tuple[dict[str, list[dict]], dict[str, dict | None]]:
     """Each search's results from the Node host (given the same source ids), and its timing."""
     node, node_timing = {}, {}
     id_lines = [json.dumps(ids) for ids in source_ids]
     for label, (size, n_best) in searches.items():
         log(f"the Node host: {label} on {len(source_ids)} sentences")
-        args = ["translate", str(bundle_dir), "--ids", "--json", "--timing", "--beam", str(size),
-                "--n-best", str(n_best), "--threads", str(threads), "--batch-size", str(MAX_BATCH), *flags]
+        args = [
+            "translate",
+            str(bundle_dir),
+            "--ids",
+            "--json",
+            "--timing",
+            "--beam",
+            str(size),
+            "--n-best",
+            str(n_best),
+            "--threads",
+            str(threads),
+            "--batch-size",
+            str(MAX_BATCH),
+            *flags,
+        ]
         node[label], node_timing[label] = run_node(host, args, id_lines)
     return node, node_timing
 
 
-def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, threads: int = 1,
-                node: str | None = None, js_dir: str | Path | None = None, log=None,
-                source_lang: str | None = None, target_lang: str | None = None,
-                max_length: int | None = None) -> dict:
+def verify_host(
+    bundle_dir: str | Path,
+    sentences: list[str],
+    *,
+    beam: int = 4,
+    threads: int = 1,
+    node: str | None = None,
+    js_dir: str | Path | None = None,
+    log=None,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    max_length: int | None = None,
+) -> dict:
     """Translates `sentences` with the Python runtime and the Node host, and compares them.
 
     Args:
@@ -108,16 +151,23 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
 
     log = log or (lambda message: None)
     if isinstance(beam, bool) or not isinstance(beam, int) or beam < 2:
-        raise errors.CommandError(f"--beam {beam}: give a beam of at least 2 (greedy search is compared "
-                                  "anyway)")
+        raise errors.CommandError(
+            f"--beam {beam}: give a beam of at least 2 (greedy search is compared anyway)"
+        )
     host = find_node_host(node, js_dir)
     started = time.perf_counter()
-    translator = Translator(bundle_dir, device="cpu", intra_threads=threads,
-                            _tuning=SessionTuning(decoder="standard"))
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
-                                   or not 1 <= max_length <= translator.max_positions):
-        raise errors.CommandError(f"--max-length {max_length}: give an integer from 1 to "
-                                  f"{translator.max_positions} (the model's max_positions)")
+    translator = Translator(
+        bundle_dir, device="cpu", intra_threads=threads, _tuning=SessionTuning(decoder="standard")
+    )
+    if max_length is not None and (
+        isinstance(max_length, bool)
+        or not isinstance(max_length, int)
+        or not 1 <= max_length <= translator.max_positions
+    ):
+        raise errors.CommandError(
+            f"--max-length {max_length}: give an integer from 1 to "
+            f"{translator.max_positions} (the model's max_positions)"
+        )
     langs = {"source_lang": source_lang, "target_lang": target_lang}
     prepared = [translator.prepare_source(s, truncate=True, **langs) for s in sentences]
     flags = [x for name, v in langs.items() if v for x in (f"--{name.replace('_', '-')}", v)]
@@ -134,92 +184,151 @@ def verify_host(bundle_dir: str | Path, sentences: list[str], *, beam: int = 4, 
     gc.collect()
     node, node_timing = _node_searches(host, bundle_dir, source_ids, searches, threads, flags, log)
     # target texts: every hypothesis the Python runtime wrote, once each, in order
-    targets = list(dict.fromkeys(h for label in searches for r in python[label] for h in r.hypotheses
-                                 if h.strip()))
+    targets = list(
+        dict.fromkeys(h for label in searches for r in python[label] for h in r.hypotheses if h.strip())
+    )
     log("the Node host: tokenizers")
     node_source_tokens, _ = run_node(host, ["tokenize", str(bundle_dir), "--side", "source"], sentences)
     node_target_tokens, _ = run_node(host, ["tokenize", str(bundle_dir), "--side", "target"], targets)
 
     differences: list[dict] = []
-    checks = [compare_tokens("source tokenizer", sentences, source_tokenizer, node_source_tokens,
-                              differences),
-              compare_tokens("target tokenizer", targets, target_tokenizer, node_target_tokens,
-                              differences)]
+    checks = [
+        compare_tokens("source tokenizer", sentences, source_tokenizer, node_source_tokens, differences),
+        compare_tokens("target tokenizer", targets, target_tokenizer, node_target_tokens, differences),
+    ]
     score_rows = []
     for label, (size, n_best) in searches.items():
         name = label if size == 1 else f"{label} (n-best {n_best})"
-        ids_row, text_row, worst, compared = compare_search(name, sentences, python[label], node[label],
-                                                             differences)
+        ids_row, text_row, worst, compared = compare_search(
+            name, sentences, python[label], node[label], differences
+        )
         checks += [ids_row, text_row]
-        score_rows.append(check_row(f"{name} max |score diff|", f"{worst:.1e}", f"{SCORE_BOUND:.0e}",
-                                 worst <= SCORE_BOUND, f"over {compared} hypotheses with identical ids"))
+        score_rows.append(
+            check_row(
+                f"{name} max |score diff|",
+                f"{worst:.1e}",
+                f"{SCORE_BOUND:.0e}",
+                worst <= SCORE_BOUND,
+                f"over {compared} hypotheses with identical ids",
+            )
+        )
     checks += score_rows
-    speed = {label: {
-        "python_s": python_s[label],
-        "node_s": node_timing[label]["translate_s"] if node_timing[label] else None,
-        "python_tokens": _target_tokens([r.token_ids for r in python[label]]),
-        "node_tokens": _target_tokens([n["token_ids"] for n in node[label]]),
-    } for label in searches}
+    speed = {
+        label: {
+            "python_s": python_s[label],
+            "node_s": node_timing[label]["translate_s"] if node_timing[label] else None,
+            "python_tokens": _target_tokens([r.token_ids for r in python[label]]),
+            "node_tokens": _target_tokens([n["token_ids"] for n in node[label]]),
+        }
+        for label in searches
+    }
     import onnxruntime
 
     return {
-        "bundle": str(bundle_dir), "host": "node", "node_version": host["node_version"],
-        "onnxruntime_node": host["onnxruntime_node"], "onnxruntime": onnxruntime.__version__,
-        "decoder": decoder_variant, "max_length": max_length, "threads": threads, "beam": beam,
+        "bundle": str(bundle_dir),
+        "host": "node",
+        "node_version": host["node_version"],
+        "onnxruntime_node": host["onnxruntime_node"],
+        "onnxruntime": onnxruntime.__version__,
+        "decoder": decoder_variant,
+        "max_length": max_length,
+        "threads": threads,
+        "beam": beam,
         "sentences": len(sentences),
-        "empty": sum(not ids for ids in source_ids), "truncated": sum(cut for _, cut in prepared),
-        "checks": checks, "differences": differences, "speed": speed,
-        "wall_s": time.perf_counter() - started, "passed": all(c["passed"] for c in checks),
+        "empty": sum(not ids for ids in source_ids),
+        "truncated": sum(cut for _, cut in prepared),
+        "checks": checks,
+        "differences": differences,
+        "speed": speed,
+        "wall_s": time.perf_counter() - started,
+        "passed": all(c["passed"] for c in checks),
     }
 
 
 # -- the command -----------------------------------------------------------------------------------
 
+
 def add(sub) -> None:
     """Registers `seq2onnx verify-host` on the CLI's subparsers."""
     p = sub.add_parser(
-        "verify-host", help="check that the Node host (js/) translates a bundle exactly as the Python "
-                            "runtime does",
+        "verify-host",
+        help="check that the Node host (js/) translates a bundle exactly as the Python runtime does",
         description="Translate the same sentences with the Python runtime and with the Node host (node "
-                    "js/bin/seq2onnx-js.mjs) on the same bundle, and compare: tokenizer ids, greedy and "
-                    "beam-search token ids (the whole n-best), texts, and scores within 1e-4. Needs no "
-                    "PyTorch; needs Node.js >= 18.17 and the JS host's dependencies (npm ci --prefix js). "
-                    "Exit 1 when any check fails.",
+        "js/bin/seq2onnx-js.mjs) on the same bundle, and compare: tokenizer ids, greedy and "
+        "beam-search token ids (the whole n-best), texts, and scores within 1e-4. Needs no "
+        "PyTorch; needs Node.js >= 18.17 and the JS host's dependencies (npm ci --prefix js). "
+        "Exit 1 when any check fails.",
         epilog="Sentences: --sentences-file FILE (one per line), --data TSV --src-col N, or --synthetic "
-               "(random pieces of the bundle's source vocabulary, for a bundle without data at hand). Of a "
-               "longer file, --sentences lines evenly spaced over it are used. Example: seq2onnx verify-host "
-               "my-bundle --data corpus.tsv --src-col 1 --sentences 200")
+        "(random pieces of the bundle's source vocabulary, for a bundle without data at hand). Of a "
+        "longer file, --sentences lines evenly spaced over it are used. Example: seq2onnx verify-host "
+        "my-bundle --data corpus.tsv --src-col 1 --sentences 200",
+    )
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle made by `seq2onnx export`")
-    p.add_argument("--host", default="node", choices=HOSTS, help="the host to compare with the Python "
-                                                                 "runtime (default node)")
+    p.add_argument(
+        "--host",
+        default="node",
+        choices=HOSTS,
+        help="the host to compare with the Python runtime (default node)",
+    )
     given = p.add_argument_group("sentences (give one)")
     given.add_argument("--sentences-file", metavar="FILE", help="a text file, one sentence per line")
-    given.add_argument("--data", metavar="TSV", help="a tab-separated file; the sentences are column "
-                                                     "--src-col")
-    given.add_argument("--src-col", type=int, default=0, metavar="N", help="column of --data, from 0 "
-                                                                           "(default 0)")
-    given.add_argument("--synthetic", action="store_true", help="texts of random pieces of the bundle's "
-                                                                "source vocabulary")
-    p.add_argument("--sentences", type=int, default=DEFAULT_SENTENCES, metavar="N",
-                   help=f"how many sentences to compare (default {DEFAULT_SENTENCES})")
-    p.add_argument("--beam", type=int, default=4, metavar="K", help="beam size of the beam-search row; its "
-                                                                    "n-best is all K (default 4)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="onnxruntime intra-op threads of each host (default 1; the hosts run one after the "
-                        "other)")
-    p.add_argument("--max-length", type=int, default=None, metavar="N",
-                   help="the decoding length limit of both hosts, 1 to the model's max_positions (default: "
-                        "bundle.json's max_length_a x source length + max_length_b); a model that never "
-                        "ends a sentence (random weights) decodes to it")
-    p.add_argument("--source-lang", metavar="CODE", help="a multilingual bundle's source language, on both "
-                                                         "hosts")
-    p.add_argument("--target-lang", metavar="CODE", help="a multilingual bundle's target language, on both "
-                                                         "hosts")
+    given.add_argument(
+        "--data", metavar="TSV", help="a tab-separated file; the sentences are column --src-col"
+    )
+    given.add_argument(
+        "--src-col", type=int, default=0, metavar="N", help="column of --data, from 0 (default 0)"
+    )
+    given.add_argument(
+        "--synthetic", action="store_true", help="texts of random pieces of the bundle's source vocabulary"
+    )
+    p.add_argument(
+        "--sentences",
+        type=int,
+        default=DEFAULT_SENTENCES,
+        metavar="N",
+        help=f"how many sentences to compare (default {DEFAULT_SENTENCES})",
+    )
+    p.add_argument(
+        "--beam",
+        type=int,
+        default=4,
+        metavar="K",
+        help="beam size of the beam-search row; its n-best is all K (default 4)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="onnxruntime intra-op threads of each host (default 1; the hosts run one after the other)",
+    )
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the decoding length limit of both hosts, 1 to the model's max_positions (default: "
+        "bundle.json's max_length_a x source length + max_length_b); a model that never "
+        "ends a sentence (random weights) decodes to it",
+    )
+    p.add_argument(
+        "--source-lang", metavar="CODE", help="a multilingual bundle's source language, on both hosts"
+    )
+    p.add_argument(
+        "--target-lang", metavar="CODE", help="a multilingual bundle's target language, on both hosts"
+    )
     p.add_argument("--node", metavar="PATH", help="the node executable (default: node on PATH)")
-    p.add_argument("--js-dir", metavar="DIR", default=None,
-                   help=f"the JS host's folder, with node_modules installed (default: {js_dir_default()})")
-    p.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE (refused if it "
-                                                  "exists, unless --force)")
+    p.add_argument(
+        "--js-dir",
+        metavar="DIR",
+        default=None,
+        help=f"the JS host's folder, with node_modules installed (default: {js_dir_default()})",
+    )
+    p.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write the report as JSON to FILE (refused if it exists, unless --force)",
+    )
     p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     p.set_defaults(func=run)
 
@@ -227,16 +336,29 @@ def add(sub) -> None:
 def run(args) -> int:
     """`seq2onnx verify-host`: the table on stdout, progress on stderr; exit 1 on any failed check."""
     if args.json and Path(args.json).exists() and not args.force:  # before minutes of work, not after
-        raise errors.CommandError(f"{args.json} exists; choose another --json FILE or pass --force to "
-                                  "replace it")
-    sentences, source = read_sentences(bundle_dir=args.bundle, data=args.data, src_col=args.src_col,
-                                       sentences_file=args.sentences_file, synthetic=args.synthetic,
-                                       count=args.sentences)
-    report = verify_host(args.bundle, sentences, beam=args.beam, threads=args.threads, node=args.node,
-                         js_dir=args.js_dir,
-                         log=lambda m: print(f"verify-host: {m}", file=sys.stderr, flush=True),
-                         source_lang=args.source_lang, target_lang=args.target_lang,
-                         max_length=args.max_length)
+        raise errors.CommandError(
+            f"{args.json} exists; choose another --json FILE or pass --force to replace it"
+        )
+    sentences, source = read_sentences(
+        bundle_dir=args.bundle,
+        data=args.data,
+        src_col=args.src_col,
+        sentences_file=args.sentences_file,
+        synthetic=args.synthetic,
+        count=args.sentences,
+    )
+    report = verify_host(
+        args.bundle,
+        sentences,
+        beam=args.beam,
+        threads=args.threads,
+        node=args.node,
+        js_dir=args.js_dir,
+        log=lambda m: print(f"verify-host: {m}", file=sys.stderr, flush=True),
+        source_lang=args.source_lang,
+        target_lang=args.target_lang,
+        max_length=args.max_length,
+    )
     report["source"] = source
     print(format_report(report, source))
     if args.json:  # refused above when it existed without --force

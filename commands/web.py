@@ -8,6 +8,7 @@ and the bundle's standard graphs and tokenisers. Nothing is fetched from the int
 so it can be served behind a firewall by any static file server (`python -m http.server`).
 Torch-free: this module needs only the standard library and seq2onnx.runtime (which checks the bundle).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,18 @@ from seq2onnx.runtime.bundle import BUNDLE_JSON, DECODER_LABELS, SPEC_PATH, STAN
 from seq2onnx.runtime.option_spec import CAPABILITIES_PATH
 
 # The JS host's platform-free modules and its browser entry point (never platform-node.js).
-HOST_FILES = ("spec.js", "options.js", "bundle.js", "checks.js", "search.js", "sampling.js", "tokenizer.js",
-              "translator.js", "platform-web.js", "index-web.js")
+HOST_FILES = (
+    "spec.js",
+    "options.js",
+    "bundle.js",
+    "checks.js",
+    "search.js",
+    "sampling.js",
+    "tokenizer.js",
+    "translator.js",
+    "platform-web.js",
+    "index-web.js",
+)
 # Where the site keeps the bundle spec: host/spec.js fetches ../spec/bundle.json beside itself. It is
 # the spec of this package (SPEC_PATH, the repository's spec/bundle.json), the one that checked the bundle.
 SITE_SPEC = "spec/bundle.json"
@@ -52,24 +63,31 @@ def _check_js_dir(js_dir: Path) -> None:
     from seq2onnx.errors import CommandError
 
     if not all((js_dir / name).is_file() for name in ("package.json", "src/index-web.js", "web/index.html")):
-        raise CommandError(f"--js-dir {js_dir}: no JS host there (package.json, src/index-web.js, "
-                           "web/index.html); point it at the js/ folder of a seq2onnx checkout")
+        raise CommandError(
+            f"--js-dir {js_dir}: no JS host there (package.json, src/index-web.js, "
+            "web/index.html); point it at the js/ folder of a seq2onnx checkout"
+        )
     missing = [f"src/{name}" for name in HOST_FILES if not (js_dir / "src" / name).is_file()]
     missing += [f"web/{name}" for name in PAGE_FILES if not (js_dir / "web" / name).is_file()]
     if missing:
-        raise CommandError(f"--js-dir {js_dir}: the JS host lacks {', '.join(missing)}; point it at the js/ "
-                           "folder of a seq2onnx checkout of this version")
+        raise CommandError(
+            f"--js-dir {js_dir}: the JS host lacks {', '.join(missing)}; point it at the js/ "
+            "folder of a seq2onnx checkout of this version"
+        )
     manifest = json.loads((js_dir / "package.json").read_text(encoding="utf-8"))
     for package, _, _ in VENDOR_FILES:
         installed = js_dir / "node_modules" / package / "package.json"
         if not installed.is_file():
-            raise CommandError(f"{installed.parent}: missing; install the JS dependencies first: npm ci "
-                               f"--prefix {js_dir}")
+            raise CommandError(
+                f"{installed.parent}: missing; install the JS dependencies first: npm ci --prefix {js_dir}"
+            )
         want = manifest.get("dependencies", {}).get(package)
         have = json.loads(installed.read_text(encoding="utf-8")).get("version")
         if want is not None and have != want:
-            raise CommandError(f"{installed.parent}: version {have}, js/package.json pins {want}; "
-                               f"reinstall: npm ci --prefix {js_dir}")
+            raise CommandError(
+                f"{installed.parent}: version {have}, js/package.json pins {want}; "
+                f"reinstall: npm ci --prefix {js_dir}"
+            )
 
 
 def _site_meta(meta: dict) -> dict:
@@ -115,8 +133,9 @@ def _write_site(site: Path, bundle, js_dir: Path) -> None:
         (target / BUNDLE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def build_site(bundle_dir: str | Path, out: str | Path, *, js_dir: str | Path | None = None,
-               force: bool = False) -> Path:
+def build_site(
+    bundle_dir: str | Path, out: str | Path, *, js_dir: str | Path | None = None, force: bool = False
+) -> Path:
     """Writes the static site for a bundle into `out`, atomically (a temporary folder beside it, then a
     rename).
 
@@ -164,25 +183,31 @@ def _size(path: Path) -> int:
 def add(subparsers) -> None:
     """Registers `seq2onnx web` on the CLI's subparsers."""
     p = subparsers.add_parser(
-        "web", help="write a static site that translates in the browser (onnxruntime-web, no server-side "
-                    "inference)",
+        "web",
+        help="write a static site that translates in the browser (onnxruntime-web, no server-side inference)",
         description="Write a self-contained static site into OUT: the page, the JS host and its bundle spec, "
-                    "onnxruntime-web's WebAssembly files and the bundle's standard graphs. Serve it with any "
-                    "static file server, "
-                    "e.g. python -m http.server -d OUT -b 127.0.0.1 8000. Needs the JS dependencies: "
-                    "npm ci --prefix js.")
+        "onnxruntime-web's WebAssembly files and the bundle's standard graphs. Serve it with any "
+        "static file server, "
+        "e.g. python -m http.server -d OUT -b 127.0.0.1 8000. Needs the JS dependencies: "
+        "npm ci --prefix js.",
+    )
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle made by `seq2onnx export`")
     p.add_argument("out", metavar="OUT", help="the folder to write (refused if it exists, unless --force)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
-    p.add_argument("--js-dir", default=None,
-                   help=f"the JS host's folder, with node_modules installed (default: {default_js_dir()})")
+    p.add_argument(
+        "--js-dir",
+        default=None,
+        help=f"the JS host's folder, with node_modules installed (default: {default_js_dir()})",
+    )
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     """`seq2onnx web`: builds the site and says how to serve it."""
     out = build_site(args.bundle, args.out, js_dir=args.js_dir, force=args.force)
-    print(f"wrote {out} ({_size(out) / 1e6:.1f} MB); serve it with:\n"
-          f"  python -m http.server -d {shlex.quote(str(out))} -b 127.0.0.1 8000\n"
-          "and open http://127.0.0.1:8000/")
+    print(
+        f"wrote {out} ({_size(out) / 1e6:.1f} MB); serve it with:\n"
+        f"  python -m http.server -d {shlex.quote(str(out))} -b 127.0.0.1 8000\n"
+        "and open http://127.0.0.1:8000/"
+    )
     return 0

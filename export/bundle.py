@@ -1,4 +1,5 @@
 """Checkpoint -> bundle directory: the two graphs, the tokenizers and bundle.json, written atomically."""
+
 from __future__ import annotations
 
 import gc
@@ -25,8 +26,13 @@ from .quantize_nbits import quantize_graphs_nbits
 from .weights import STAGING_FILE, TensorWriter, check_stored_graph, store_weights
 
 DECODERS = ("both", "standard")  # export_bundle's `decoder`: which decoder graphs a bundle gets
-DECODING_DEFAULTS = {"beam_size": 4, "length_penalty": 1.0, "max_length_a": 1.5, "max_length_b": 10,
-                     "min_length": 0}
+DECODING_DEFAULTS = {
+    "beam_size": 4,
+    "length_penalty": 1.0,
+    "max_length_a": 1.5,
+    "max_length_b": 10,
+    "min_length": 0,
+}
 # What `verify` holds each kind of bundle to. fp32 is held to 1e-4 on log-probabilities (we aim for
 # 1e-5); reduced precision is judged by its own bounds plus agreement with the fp32 model.
 TOLERANCES = {
@@ -69,8 +75,9 @@ def building(out: Path, force: bool, what: str, ckpt: str | Path):
     Raises:
         ExportError: as atomic.building raises its `error`.
     """
-    return atomic.building(out, force, what, error=ExportError, inputs={"the checkpoint": ckpt},
-                           ours=_is_bundle)
+    return atomic.building(
+        out, force, what, error=ExportError, inputs={"the checkpoint": ckpt}, ours=_is_bundle
+    )
 
 
 def _version(dist: str) -> str | None:
@@ -90,9 +97,17 @@ def variant(dtype: str, quantize: str | None) -> str:
     return quantize if quantize in QUANTIZATIONS else dtype
 
 
-def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", quantize: str | None = None,
-                  force: bool = False, decoder: str = "both", table_bits: int | None = None,
-                  block_size: int | None = None) -> Path:
+def export_bundle(
+    ckpt: str | Path,
+    out: str | Path,
+    *,
+    dtype: str = "float32",
+    quantize: str | None = None,
+    force: bool = False,
+    decoder: str = "both",
+    table_bits: int | None = None,
+    block_size: int | None = None,
+) -> Path:
     """Exports a checkpoint (a step-* directory or a run directory's `last`) into the bundle `out`.
 
     The bundle is validated (hashes, graph loading, one decoding step) before it is moved into place.
@@ -132,14 +147,18 @@ def export_bundle(ckpt: str | Path, out: str | Path, *, dtype: str = "float32", 
         scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused, table_bits, block_size)
         shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
-        write_meta(tmp, cfg, source=ckpt_dir.name, dtype=dtype, quantize=quantize, fused=fused,
-                   scheme=scheme)
+        write_meta(tmp, cfg, source=ckpt_dir.name, dtype=dtype, quantize=quantize, fused=fused, scheme=scheme)
         validate(tmp)
     return out
 
 
-def check_options(dtype: str, quantize: str | None, decoder: str, table_bits: int | None = None,
-                  block_size: int | None = None) -> bool:
+def check_options(
+    dtype: str,
+    quantize: str | None,
+    decoder: str,
+    table_bits: int | None = None,
+    block_size: int | None = None,
+) -> bool:
     """Checks export options; returns whether the fused decoder is written.
 
     Raises:
@@ -149,8 +168,10 @@ def check_options(dtype: str, quantize: str | None, decoder: str, table_bits: in
     if block_size is not None and (quantize != "int4" or block_size not in (16, 32, 64, 128)):
         raise ExportError(f"--block-size {block_size}: give 16, 32, 64 or 128, with --quantize int4")
     if table_bits is not None and (quantize != "int4" or table_bits not in (8, 4)):
-        raise ExportError(f"--table-bits {table_bits}: give 8 or 4, with --quantize int4 (the int8 bundle's "
-                          "tables are int8 per row)")
+        raise ExportError(
+            f"--table-bits {table_bits}: give 8 or 4, with --quantize int4 (the int8 bundle's "
+            "tables are int8 per row)"
+        )
     if dtype not in ("float32", "float16"):
         raise ExportError(f"--dtype {dtype}: choose float32 or float16")
     if quantize not in (None, *QUANTIZATIONS):
@@ -181,8 +202,13 @@ def _graph_files(fused: bool) -> dict[str, str]:
 
 
 def write_graphs_owned(
-    owner: list, directory: Path, dtype: str, quantize: str | None, fused: bool,
-    table_bits: int | None = None, block_size: int | None = None,
+    owner: list,
+    directory: Path,
+    dtype: str,
+    quantize: str | None,
+    fused: bool,
+    table_bits: int | None = None,
+    block_size: int | None = None,
 ) -> dict | None:
     """write_graphs, taking the model out of `owner` (a one-item list holding the caller's only reference):
     the model is let go once its graphs are staged, so that the int8 rewrite and the store run without it
@@ -199,19 +225,22 @@ def write_graphs_owned(
     scheme = None
     with TensorWriter(directory / STAGING_FILE) as writer:
         model = owner.pop()
-        export_graphs(model, directory, dtype=torch.float16 if dtype == "float16" else torch.float32,
-                      writer=writer)
+        export_graphs(
+            model, directory, dtype=torch.float16 if dtype == "float16" else torch.float32, writer=writer
+        )
         if fused:
             export_fused_decoder(model, directory, writer)
         del model  # the staged graphs hold its tensors from here on
         gc.collect()
         if quantize == "int8":
-            scheme = quantize_graphs(directory, graphs, contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS),
-                                     writer=writer)
+            scheme = quantize_graphs(
+                directory, graphs, contrib_labels=tuple(fmt.OPTIONAL_GRAPH_KEYS), writer=writer
+            )
         elif quantize == "int4":
             block = {"block": block_size} if block_size else {}  # else export/quantize_nbits.py's BLOCK
-            scheme = quantize_graphs_nbits(directory, graphs, bits=4, table_bits=table_bits or 8,
-                                           writer=writer, **block)
+            scheme = quantize_graphs_nbits(
+                directory, graphs, bits=4, table_bits=table_bits or 8, writer=writer, **block
+            )
     store_graphs(directory, fused)
     return scheme
 
@@ -227,8 +256,18 @@ def store_graphs(directory: Path, fused: bool) -> None:
         check_stored_graph(directory / name)
 
 
-def write_meta(directory: Path, cfg, *, source: str, dtype: str, quantize: str | None, fused: bool,
-               scheme: dict | None = None, decoding: dict | None = None, extra: dict | None = None) -> None:
+def write_meta(
+    directory: Path,
+    cfg,
+    *,
+    source: str,
+    dtype: str,
+    quantize: str | None,
+    fused: bool,
+    scheme: dict | None = None,
+    decoding: dict | None = None,
+    extra: dict | None = None,
+) -> None:
     """Writes bundle.json (and config.json, for humans) for the files in `directory`.
 
     Args:
@@ -242,22 +281,39 @@ def write_meta(directory: Path, cfg, *, source: str, dtype: str, quantize: str |
     import onnx
 
     keys = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
-    keys.update({k: v for k, v in fmt.OPTIONAL_FILE_KEYS.items() if k not in fmt.OPTIONAL_GRAPH_KEYS
-                 and (directory / v).is_file()})
-    files = {key: {"path": path, "sha256": fmt.sha256(directory / path),
-                   fmt.SIZE_FIELD: (directory / path).stat().st_size} for key, path in keys.items()}
+    keys.update(
+        {
+            k: v
+            for k, v in fmt.OPTIONAL_FILE_KEYS.items()
+            if k not in fmt.OPTIONAL_GRAPH_KEYS and (directory / v).is_file()
+        }
+    )
+    files = {
+        key: {
+            "path": path,
+            "sha256": fmt.sha256(directory / path),
+            fmt.SIZE_FIELD: (directory / path).stat().st_size,
+        }
+        for key, path in keys.items()
+    }
     if "weights" in files:  # the load's check (spec's weights.checksum): cheaper than sha256 on every CPU
         files["weights"][fmt.WEIGHTS_CHECKSUM] = fmt.file_crc32(directory / files["weights"]["path"])
-    graphs = graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size,
-                             fused=fused)
+    graphs = graph_signature(
+        cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size, fused=fused
+    )
     for label, graph in graphs.items():  # what a host's runtime must be able to run, read from the files
         graph["domains"] = graph_domains(onnx.load(str(directory / keys[label]), load_external_data=False))
     meta = {
         "format": fmt.FORMAT,
         "format_version": fmt.FORMAT_VERSION,
         "model": cfg.to_dict(),
-        "special_ids": {"pad": cfg.pad_id, "unk": cfg.unk_id, "bos": cfg.bos_id, "eos": cfg.eos_id,
-                        "decoder_start": cfg.decoder_start_id},
+        "special_ids": {
+            "pad": cfg.pad_id,
+            "unk": cfg.unk_id,
+            "bos": cfg.bos_id,
+            "eos": cfg.eos_id,
+            "decoder_start": cfg.decoder_start_id,
+        },
         "max_positions": cfg.max_positions,
         "dtype": dtype,
         "quantization": quantize,
@@ -268,13 +324,17 @@ def write_meta(directory: Path, cfg, *, source: str, dtype: str, quantize: str |
         "files": files,
         "tokenizers": {
             side: tokenizer_fingerprint(spm.SentencePieceProcessor(model_file=str(directory / path)))
-            for side, path in (("source", fmt.SOURCE_SPM), ("target", fmt.TARGET_SPM))},
+            for side, path in (("source", fmt.SOURCE_SPM), ("target", fmt.TARGET_SPM))
+        },
         "graphs": graphs,
         "decoding": DECODING_DEFAULTS if decoding is None else decoding,
         "source_checkpoint": source,
         "producer": {
-            "seq2onnx": _version("seq2onnx"), "torch": torch.__version__, "onnx": _version("onnx"),
-            "onnxruntime": _version("onnxruntime-gpu") or _version("onnxruntime"), "opset": OPSET,
+            "seq2onnx": _version("seq2onnx"),
+            "torch": torch.__version__,
+            "onnx": _version("onnx"),
+            "onnxruntime": _version("onnxruntime-gpu") or _version("onnxruntime"),
+            "opset": OPSET,
             "python": platform.python_version(),
         },
     }

@@ -22,6 +22,7 @@ The step's semantics differ from decoder.onnx (export/graphs.py) in three places
   caller's (a compaction copy, once per finished sentence, not per step).
 Only fp32: onnxruntime's CPU DecoderMaskedMultiHeadAttention is registered for float alone.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -56,8 +57,9 @@ def graph_domains(proto: onnx.ModelProto) -> list[str]:
     return sorted({"" if n.domain in ("", "ai.onnx") else n.domain for n in proto.graph.node})
 
 
-def build_fused_decoder(model: Transformer, *, check: bool = True,
-                        writer: TensorWriter | None = None) -> onnx.ModelProto:
+def build_fused_decoder(
+    model: Transformer, *, check: bool = True, writer: TensorWriter | None = None
+) -> onnx.ModelProto:
     """Builds the fused decoder-step graph of `model`, checked by onnx.checker.
 
     Args:
@@ -74,8 +76,10 @@ def build_fused_decoder(model: Transformer, *, check: bool = True,
         ValueError: the model's weights are not fp32 (the CPU kernels are fp32-only).
     """
     if model.generator.weight.dtype != torch.float32:
-        raise ValueError(f"the fused decoder is fp32-only; the model's weights are "
-                         f"{model.generator.weight.dtype}: call model.float() first")
+        raise ValueError(
+            f"the fused decoder is fp32-only; the model's weights are "
+            f"{model.generator.weight.dtype}: call model.float() first"
+        )
     with torch.no_grad():
         builder = StepBuilder(model, writer)
         x = builder.embedding()
@@ -95,17 +99,27 @@ def build_fused_decoder(model: Transformer, *, check: bool = True,
 def _model_proto(g: Graph, cfg) -> onnx.ModelProto:
     """The ModelProto of g's nodes and initializers, with fused_signature's inputs and outputs."""
     sig = fused_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, cfg.tgt_vocab_size)
-    types = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
-             "bool": TensorProto.BOOL}
+    types = {
+        "float32": TensorProto.FLOAT,
+        "int64": TensorProto.INT64,
+        "int32": TensorProto.INT32,
+        "bool": TensorProto.BOOL,
+    }
 
     def value_info(spec: dict) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(spec["name"], types[spec["dtype"]], spec["shape"])
 
-    graph = helper.make_graph(g.nodes, "decoder_step_fused", [value_info(s) for s in sig["inputs"]],
-                              [value_info(s) for s in sig["outputs"]], initializer=g.inits)
+    graph = helper.make_graph(
+        g.nodes,
+        "decoder_step_fused",
+        [value_info(s) for s in sig["inputs"]],
+        [value_info(s) for s in sig["outputs"]],
+        initializer=g.inits,
+    )
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
-    return helper.make_model(graph, opset_imports=opsets, producer_name="seq2onnx.export.fused",
-                             ir_version=IR_VERSION)
+    return helper.make_model(
+        graph, opset_imports=opsets, producer_name="seq2onnx.export.fused", ir_version=IR_VERSION
+    )
 
 
 def export_fused_decoder(model: Transformer, out_dir: Path, writer: TensorWriter | None = None) -> Path:

@@ -1,5 +1,6 @@
 """The nodes of the fused decoder step (export/fused.py says what it computes and why), added one
 sublayer at a time by StepBuilder to a Graph of nodes and initializers."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,17 @@ class Graph:
             self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
-    def node(self, op: str, inputs: list[str], n_out: int = 1, *, name: str, outputs: list[str] | None = None,
-             ms: bool = False, **attrs) -> list[str]:
+    def node(
+        self,
+        op: str,
+        inputs: list[str],
+        n_out: int = 1,
+        *,
+        name: str,
+        outputs: list[str] | None = None,
+        ms: bool = False,
+        **attrs,
+    ) -> list[str]:
         outs = outputs or [f"{name}/out{i}" for i in range(n_out)]
         domain = MS_DOMAIN if ms else ""
         self.nodes.append(helper.make_node(op, inputs, outs, name=name, domain=domain, **attrs))
@@ -72,15 +82,17 @@ class StepBuilder:
             return tok
         pos = g.const("positions", model.target_positions)  # the decoder's own table where it has one (mBART)
         # each row's position in its sentence: step - row_start (R,)
-        (at,) = g.node("Sub", [names.STEP, names.ROW_START], name="row_position",
-                       outputs=[names.ROW_POSITION])
+        (at,) = g.node(
+            "Sub", [names.STEP, names.ROW_START], name="row_position", outputs=[names.ROW_POSITION]
+        )
         (pe,) = g.node("Gather", [pos, at], name="position", axis=0)  # (R, D)
         (x,) = g.node("Add", [tok, pe], name="embed_add")  # (R, D), the residual stream
         if cfg.embedding_norm:  # mBART's layernorm_embedding: LN(embedding + position) feeds the layers
             norm = model.decoder_embed_norm
             gamma, beta = g.const("embed_norm_g", norm.weight), g.const("embed_norm_b", norm.bias)
-            (x,) = g.node("LayerNormalization", [x, gamma, beta], name="embed_norm", axis=-1,
-                          epsilon=self.eps)
+            (x,) = g.node(
+                "LayerNormalization", [x, gamma, beta], name="embed_norm", axis=-1, epsilon=self.eps
+            )
         return x
 
     def shared_constants(self) -> None:
@@ -117,10 +129,13 @@ class StepBuilder:
         reach = g.const("rel_reach", np.array(self.cfg.max_positions - 1, np.int64))
         (index,) = g.node("Add", [relative, reach], name="rel_index")  # layers.bucket_table's index
         buckets = g.const("decoder_buckets", model.decoder_buckets)
-        (bucket,) = g.node("Gather", [buckets, index], name="rel_bucket",
-                           axis=0)
-        (values,) = g.node("Gather", [g.const("decoder_relative", model.decoder_relative.weight), bucket],
-                           name="rel_values", axis=0)  # (step + 1, H)
+        (bucket,) = g.node("Gather", [buckets, index], name="rel_bucket", axis=0)
+        (values,) = g.node(
+            "Gather",
+            [g.const("decoder_relative", model.decoder_relative.weight), bucket],
+            name="rel_values",
+            axis=0,
+        )  # (step + 1, H)
         (heads,) = g.node("Transpose", [values], name="rel_heads", perm=[1, 0])  # (H, step + 1)
         axes = g.const("axes_0_2", np.array([0, 2], np.int64))
         (bias,) = g.node("Unsqueeze", [heads, axes], name="rel_bias")  # (1, H, 1, step + 1)
@@ -138,8 +153,9 @@ class StepBuilder:
         one, zero = g.const("one_i32", np.array(1, np.int32)), g.const("zero_i32", np.array(0, np.int32))
         (total,) = g.node("Add", [now, one], name="positions_now")
         (t,) = g.node("Range", [zero, total, one], name="positions")  # (step + 1,)
-        (start,) = g.node("Unsqueeze", [names.ROW_START, g.const("axis_1", np.array([1], np.int64))],
-                          name="row_start_2d")  # (R, 1)
+        (start,) = g.node(
+            "Unsqueeze", [names.ROW_START, g.const("axis_1", np.array([1], np.int64))], name="row_start_2d"
+        )  # (R, 1)
         (seen,) = g.node("GreaterOrEqual", [t, start], name="own_past")  # (R, step + 1)
         (mask,) = g.node("Cast", [seen], name="own_past_int32", to=TensorProto.INT32)
         return mask
@@ -158,8 +174,13 @@ class StepBuilder:
         if self.cfg.pre_norm and self.cfg.norm == "rms":
             x = self.rms_norm(h, *self.norm_args(0, "sub_self"))
         elif self.cfg.pre_norm:
-            (x,) = self.g.node("LayerNormalization", [h, *self.norm_args(0, "sub_self")], name="ln0_first",
-                               axis=-1, epsilon=self.eps)
+            (x,) = self.g.node(
+                "LayerNormalization",
+                [h, *self.norm_args(0, "sub_self")],
+                name="ln0_first",
+                axis=-1,
+                epsilon=self.eps,
+            )
         return x, h
 
     def rms_norm(self, x: str, gamma: str) -> str:
@@ -175,19 +196,27 @@ class StepBuilder:
         (y,) = g.node("Mul", [normed, gamma], name="rms0_scale")
         return y
 
-    def residual(self, i: int, out: str, bias: str, skip: str, label: str,
-                 next_norm: tuple[int, str]) -> tuple[str, str]:
+    def residual(
+        self, i: int, out: str, bias: str, skip: str, label: str, next_norm: tuple[int, str]
+    ) -> tuple[str, str]:
         """One SkipLayerNormalization (T5: SkipSimplifiedLayerNormalization): the sublayer's output plus
         its bias ("" for none) and the skip, normed."""
         g, eps = self.g, self.eps
         op = "SkipSimplifiedLayerNormalization" if self.cfg.norm == "rms" else "SkipLayerNormalization"
         extra = [bias] if bias else []
         if self.cfg.pre_norm:
-            y, _, _, h = g.node(op, [out, skip, *self.norm_args(*next_norm), *extra], 4,
-                                name=f"l{i}_{label}_sln", ms=True, epsilon=eps)
+            y, _, _, h = g.node(
+                op,
+                [out, skip, *self.norm_args(*next_norm), *extra],
+                4,
+                name=f"l{i}_{label}_sln",
+                ms=True,
+                epsilon=eps,
+            )
             return y, h
-        (y,) = g.node(op, [out, skip, *self.norm_args(i, label), *extra],
-                      name=f"l{i}_{label}_sln", ms=True, epsilon=eps)
+        (y,) = g.node(
+            op, [out, skip, *self.norm_args(i, label), *extra], name=f"l{i}_{label}_sln", ms=True, epsilon=eps
+        )
         return y, y
 
     def bias(self, name: str, linear) -> str:
@@ -209,17 +238,31 @@ class StepBuilder:
         g, sa = self.g, self.model.decoder_layers[i].self_attn
         present = names.present_names(self.cfg.n_decoder_layers)
         w_qkv = g.const(f"l{i}_w_qkv", torch.cat([sa.w_q.weight, sa.w_k.weight, sa.w_v.weight], dim=0))
-        b_qkv = [] if sa.w_q.bias is None else [
-            g.const(f"l{i}_b_qkv", torch.cat([sa.w_q.bias, sa.w_k.bias, sa.w_v.bias]))]
+        b_qkv = (
+            []
+            if sa.w_q.bias is None
+            else [g.const(f"l{i}_b_qkv", torch.cat([sa.w_q.bias, sa.w_k.bias, sa.w_v.bias]))]
+        )
         (qkv,) = g.node("Gemm", [x, w_qkv, *b_qkv], name=f"l{i}_qkv", transB=1)
         (qkv3,) = g.node("Reshape", [qkv, self.rows_qkv], name=f"l{i}_qkv_3d")
         q, k, v = g.node("Split", [qkv3, self.split3], 3, name=f"l{i}_qkv_split", axis=2)  # 3 x (R, 1, D)
-        cache = [names.past_key(i), names.past_value(i), names.STEP, names.BEAM_WIDTH,
-                 names.CACHE_INDIRECTION]
+        cache = [
+            names.past_key(i),
+            names.past_value(i),
+            names.STEP,
+            names.BEAM_WIDTH,
+            names.CACHE_INDIRECTION,
+        ]
         ctx, _, _ = g.node(
-            "DecoderMaskedMultiHeadAttention", [q, k, v, self.own_past, self.relative, *cache],
-            name=f"l{i}_self_attn", ms=True, outputs=[f"l{i}_self_ctx", present[2 * i], present[2 * i + 1]],
-            num_heads=self.cfg.n_heads, past_present_share_buffer=1, **self.scale)  # (R, 1, D)
+            "DecoderMaskedMultiHeadAttention",
+            [q, k, v, self.own_past, self.relative, *cache],
+            name=f"l{i}_self_attn",
+            ms=True,
+            outputs=[f"l{i}_self_ctx", present[2 * i], present[2 * i + 1]],
+            num_heads=self.cfg.n_heads,
+            past_present_share_buffer=1,
+            **self.scale,
+        )  # (R, 1, D)
         (ctx2,) = g.node("Reshape", [ctx, self.rows_d], name=f"l{i}_self_ctx_2d")
         wo = g.const(f"l{i}_self_wo", sa.w_o.weight)
         (o,) = g.node("Gemm", [ctx2, wo], name=f"l{i}_self_out", transB=1)
@@ -231,11 +274,19 @@ class StepBuilder:
         g, ca = self.g, self.model.decoder_layers[i].cross_attn
         (q,) = g.node("Gemm", [x, g.const(f"l{i}_cross_wq", ca.w_q.weight)], name=f"l{i}_cross_q", transB=1)
         (q3,) = g.node("Reshape", [q, self.q_shape], name=f"l{i}_cross_q_3d")
-        b_q = "" if ca.w_q.bias is None else g.const(
-            f"l{i}_cross_bq", np.concatenate([ca.w_q.bias.detach().numpy(), self.zeros_kv]))
-        (cctx,) = g.node("MultiHeadAttention", [q3, names.key_cross(i), names.value_cross(i), b_q, self.mask],
-                         name=f"l{i}_cross_attn", ms=True, num_heads=self.cfg.n_heads,
-                         **self.scale)  # (B, W, D)
+        b_q = (
+            ""
+            if ca.w_q.bias is None
+            else g.const(f"l{i}_cross_bq", np.concatenate([ca.w_q.bias.detach().numpy(), self.zeros_kv]))
+        )
+        (cctx,) = g.node(
+            "MultiHeadAttention",
+            [q3, names.key_cross(i), names.value_cross(i), b_q, self.mask],
+            name=f"l{i}_cross_attn",
+            ms=True,
+            num_heads=self.cfg.n_heads,
+            **self.scale,
+        )  # (B, W, D)
         (cctx2,) = g.node("Reshape", [cctx, self.rows_d], name=f"l{i}_cross_ctx_2d")
         wo = g.const(f"l{i}_cross_wo", ca.w_o.weight)
         (o,) = g.node("Gemm", [cctx2, wo], name=f"l{i}_cross_out", transB=1)
@@ -253,8 +304,11 @@ class StepBuilder:
             (f1,) = g.node("FusedGemm", [x, *w1], name=f"l{i}_ff_1", ms=True, activation="Relu", transB=1)
         else:
             (pre,) = g.node("Gemm", [x, *w1], name=f"l{i}_ff_1", transB=1)
-            op, attrs = {"swish": ("QuickGelu", {"alpha": 1.0}), "gelu": ("Gelu", {}),
-                         "gelu_tanh": ("FastGelu", {})}[cfg.activation]  # FastGelu: GELU's tanh form
+            op, attrs = {
+                "swish": ("QuickGelu", {"alpha": 1.0}),
+                "gelu": ("Gelu", {}),
+                "gelu_tanh": ("FastGelu", {}),
+            }[cfg.activation]  # FastGelu: GELU's tanh form
             (f1,) = g.node(op, [pre], name=f"l{i}_ff_act", ms=True, **attrs)
         if ff.w_3 is not None:  # gated (T5 v1.1, mT5): times the linear half
             w3 = [g.const(f"l{i}_ff_w3", ff.w_3.weight), *self.biases(f"l{i}_ff_b3", ff.w_3)]
@@ -277,8 +331,11 @@ class StepBuilder:
         if cfg.suppressed_ids and cfg.renormalize:  # -inf before the log-softmax (renormalize_logits)
             bias = never if bias is None else bias + never  # exact: b + 0 is b, b - inf is -inf
         if cfg.output_scale != 1.0:  # T5 with tied embeddings
-            (x,) = g.node("Mul", [x, g.const("output_scale", np.array(cfg.output_scale, np.float32))],
-                          name="output_scale")
+            (x,) = g.node(
+                "Mul",
+                [x, g.const("output_scale", np.array(cfg.output_scale, np.float32))],
+                name="output_scale",
+            )
         inputs = [x, table]
         if bias is not None:  # Gemm's C, not one more pass over (R, V) per addend (optimisation-notes row 50)
             inputs.append(g.const("generator_bias", bias))
@@ -288,5 +345,6 @@ class StepBuilder:
             g.node("Add", [lsm, g.const("suppressed", never)], name="suppress", outputs=[names.LOG_PROBS])
         else:
             g.node("LogSoftmax", [logits], name="log_softmax", axis=-1, outputs=[names.LOG_PROBS])
-        g.nodes += top_k_nodes(names.LOG_PROBS, names.TOP_K, names.TOPK_LOG_PROBS, names.TOPK_IDS,
-                               cfg.tgt_vocab_size)
+        g.nodes += top_k_nodes(
+            names.LOG_PROBS, names.TOP_K, names.TOPK_LOG_PROBS, names.TOPK_IDS, cfg.tgt_vocab_size
+        )

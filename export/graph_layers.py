@@ -1,5 +1,6 @@
 """The linear layers and id tables of an exported graph, as the quantizers read them: export/quantize.py
 (int8, per-row scales) and export/quantize_nbits.py (int4, MatMulNBits) rewrite the same layers."""
+
 from __future__ import annotations
 
 import re
@@ -16,7 +17,6 @@ from .weights import read_tensor
 
 MS_DOMAIN = "com.microsoft"
 ID_INPUTS = (names.SRC_IDS, names.TOKENS)  # the graph inputs of token ids: lookups in them are embeddings
-
 
 
 # each group's linear layers, in encoder.onnx / decoder.onnx (traced) and decoder_fused.onnx (built by name).
@@ -58,8 +58,11 @@ def linear_weights(node: onnx.NodeProto, inits: dict[str, np.ndarray]):
         (W (K, N), bias (N,) or None, activation or None), W transposed back (a view) when transB is set;
         None for any other node (it stays as it is).
     """
-    if (node.op_type not in ("MatMul", "Gemm", "FusedGemm") or len(node.input) < 2
-            or node.input[1] not in inits):
+    if (
+        node.op_type not in ("MatMul", "Gemm", "FusedGemm")
+        or len(node.input) < 2
+        or node.input[1] not in inits
+    ):
         return None
     w = inits[node.input[1]]
     if w.ndim != 2 or w.dtype != np.float32:

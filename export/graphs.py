@@ -10,6 +10,7 @@ TensorWriter, and the nodes computed from parameters alone (a Linear's weight tr
 of a tied or equal tensor) are folded here, one tensor at a time. A graph file is then a few hundred
 KB whatever the model's size, and the weights are streamed to disk: past protobuf's 2 GiB too.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -74,8 +75,9 @@ class DecoderGraph(nn.Module):
         self.model = model
         self.n_layers = model.cfg.n_decoder_layers
 
-    def forward(self, tokens: Tensor, step: Tensor, cache_indices: Tensor,
-                *rest: Tensor) -> tuple[Tensor, ...]:
+    def forward(
+        self, tokens: Tensor, step: Tensor, cache_indices: Tensor, *rest: Tensor
+    ) -> tuple[Tensor, ...]:
         """Runs decode_step on flat inputs.
 
         Args:
@@ -92,7 +94,8 @@ class DecoderGraph(nn.Module):
         cross = [(rest[2 * n + 2 * i], rest[2 * n + 2 * i + 1]) for i in range(n)]
         src_mask = rest[4 * n]
         log_probs, present, attention = self.model.decode_step(
-            tokens, step, cache_indices, past, cross, src_mask, return_attention=True)
+            tokens, step, cache_indices, past, cross, src_mask, return_attention=True
+        )
         return (log_probs, *[t for kv in present for t in kv], attention)
 
 
@@ -127,8 +130,13 @@ def example_inputs(model: Transformer, dtype: torch.dtype) -> tuple[tuple, tuple
     return enc, dec
 
 
-def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = torch.float32,
-                  writer: TensorWriter | None = None) -> tuple[Path, Path]:
+def export_graphs(
+    model: Transformer,
+    out_dir: Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    writer: TensorWriter | None = None,
+) -> tuple[Path, Path]:
     """Writes encoder.onnx and decoder.onnx into out_dir, their weights through `writer`.
 
     Args:
@@ -155,27 +163,46 @@ def export_graphs(model: Transformer, out_dir: Path, *, dtype: torch.dtype = tor
         if own:
             stack.enter_context(writer)
         _export(
-            EncoderGraph(model), enc_inputs, enc_path, writer,
+            EncoderGraph(model),
+            enc_inputs,
+            enc_path,
+            writer,
             inputs=[names.SRC_IDS, names.SRC_LENGTHS],
             outputs=[names.SRC_MASK, *names.cross_names(n)],
-            axes={names.SRC_IDS: {0: "batch", 1: "src_len"}, names.SRC_LENGTHS: {0: "batch"},
-                  names.SRC_MASK: {0: "batch", 1: "src_len"}, **cross_axes},
+            axes={
+                names.SRC_IDS: {0: "batch", 1: "src_len"},
+                names.SRC_LENGTHS: {0: "batch"},
+                names.SRC_MASK: {0: "batch", 1: "src_len"},
+                **cross_axes,
+            },
         )
         with _shared_generator(model):
-          _export(
-            DecoderGraph(model), dec_inputs, dec_path, writer,
-            inputs=[names.TOKENS, names.STEP, names.CACHE_INDICES, *names.past_names(n),
-                    *names.cross_names(n), names.SRC_MASK],
-            outputs=[names.LOG_PROBS, *names.present_names(n), names.CROSS_ATTENTION],
-            axes={
-                names.TOKENS: {0: "rows"}, names.STEP: {0: "step_rows"}, names.CACHE_INDICES: {0: "rows"},
-                names.LOG_PROBS: {0: "rows"},
-                **{p: {0: "prev_rows", 2: "past"} for p in names.past_names(n)},
-                **{p: {0: "rows", 2: "past_plus_1"} for p in names.present_names(n)},
-                names.CROSS_ATTENTION: {0: "rows", 1: "src_len"},
-                **cross_axes, names.SRC_MASK: {0: "batch", 1: "src_len"},
-            },
-          )
+            _export(
+                DecoderGraph(model),
+                dec_inputs,
+                dec_path,
+                writer,
+                inputs=[
+                    names.TOKENS,
+                    names.STEP,
+                    names.CACHE_INDICES,
+                    *names.past_names(n),
+                    *names.cross_names(n),
+                    names.SRC_MASK,
+                ],
+                outputs=[names.LOG_PROBS, *names.present_names(n), names.CROSS_ATTENTION],
+                axes={
+                    names.TOKENS: {0: "rows"},
+                    names.STEP: {0: "step_rows"},
+                    names.CACHE_INDICES: {0: "rows"},
+                    names.LOG_PROBS: {0: "rows"},
+                    **{p: {0: "prev_rows", 2: "past"} for p in names.past_names(n)},
+                    **{p: {0: "rows", 2: "past_plus_1"} for p in names.present_names(n)},
+                    names.CROSS_ATTENTION: {0: "rows", 1: "src_len"},
+                    **cross_axes,
+                    names.SRC_MASK: {0: "batch", 1: "src_len"},
+                },
+            )
     return enc_path, dec_path
 
 
@@ -191,8 +218,9 @@ def _shared_generator(model: Transformer):
     gen = model.generator
     shared = gen.bias is None
     if shared:
-        gen.bias = nn.Parameter(torch.zeros(gen.out_features, dtype=gen.weight.dtype,
-                                            device=gen.weight.device))
+        gen.bias = nn.Parameter(
+            torch.zeros(gen.out_features, dtype=gen.weight.dtype, device=gen.weight.device)
+        )
     try:
         yield
     finally:
@@ -200,8 +228,16 @@ def _shared_generator(model: Transformer):
             gen.bias = None
 
 
-def _export(module: nn.Module, args: tuple, path: Path, writer: TensorWriter, *, inputs: list[str],
-            outputs: list[str], axes: dict) -> None:
+def _export(
+    module: nn.Module,
+    args: tuple,
+    path: Path,
+    writer: TensorWriter,
+    *,
+    inputs: list[str],
+    outputs: list[str],
+    axes: dict,
+) -> None:
     # The TorchScript exporter on purpose: its dynamic_axes give the named axes of bundle.json
     # directly, and it emits plain MatMul/Softmax at opset 17. It warns that it is legacy. Without the
     # parameters (they become inputs) and without constant folding, which would copy every weight it
@@ -210,13 +246,33 @@ def _export(module: nn.Module, args: tuple, path: Path, writer: TensorWriter, *,
         warnings.simplefilter("ignore", DeprecationWarning)
         trace = _tracer_without_shape_inference()
         if trace is not None:
-            trace(module, args, str(path), False, False, torch.onnx.TrainingMode.EVAL, inputs, outputs,
-                  opset_version=OPSET, do_constant_folding=False, dynamic_axes=axes,
-                  keep_initializers_as_inputs=False, onnx_shape_inference=False)
+            trace(
+                module,
+                args,
+                str(path),
+                False,
+                False,
+                torch.onnx.TrainingMode.EVAL,
+                inputs,
+                outputs,
+                opset_version=OPSET,
+                do_constant_folding=False,
+                dynamic_axes=axes,
+                keep_initializers_as_inputs=False,
+                onnx_shape_inference=False,
+            )
         else:
             torch.onnx.export(
-                module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=axes,
-                opset_version=OPSET, do_constant_folding=False, export_params=False, dynamo=False,
+                module,
+                args,
+                str(path),
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_axes=axes,
+                opset_version=OPSET,
+                do_constant_folding=False,
+                export_params=False,
+                dynamo=False,
             )
     proto = onnx.load(str(path))
     _place_weights(proto, module.state_dict(keep_vars=True), writer)
@@ -245,6 +301,7 @@ def _tracer_without_shape_inference():
 
     try:
         from torch.onnx._internal.torchscript_exporter import utils
+
         trace = utils._export
         if "onnx_shape_inference" in inspect.signature(trace).parameters:
             return trace
@@ -285,8 +342,10 @@ def _place_weights(proto: onnx.ModelProto, params: dict[str, Tensor], writer: Te
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
             values[node.output[0]] = (node.op_type, node.input[0], attrs)
         else:
-            raise RuntimeError(f"{graph.name}: node {node.name!r} ({node.op_type}) computes from parameters "
-                               f"alone; export/graphs.py folds only {', '.join(FOLDED)}")
+            raise RuntimeError(
+                f"{graph.name}: node {node.name!r} ({node.op_type}) computes from parameters "
+                f"alone; export/graphs.py folds only {', '.join(FOLDED)}"
+            )
     for output in graph.output:
         if output.name in renamed or output.name in values:
             raise RuntimeError(f"{graph.name}: output {output.name!r} is a parameter")

@@ -8,6 +8,7 @@ decoder_fused.onnx) has each checked at the same bounds, each row naming its dec
 verdict fails if either fails. The fused decoder is driven by the runtime's own static step
 loop (runtime/fused_step.py), cache updated in place, so that loop is what is checked.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ class ParityError(AssertionError):
     """The bundle does not compute what the checkpoint computes, within the stated tolerance."""
 
 
-def test_sentences(ckpt_dir: Path, n: int, data: str | None = None, src_col: int = 0,
-                   tgt_col: int = 1) -> list[tuple[str, str]]:
+def test_sentences(
+    ckpt_dir: Path, n: int, data: str | None = None, src_col: int = 0, tgt_col: int = 1
+) -> list[tuple[str, str]]:
     """Picks the sentences to verify on: the test split of the corpus the checkpoint was trained on.
 
     Args:
@@ -73,9 +75,18 @@ def test_sentences(ckpt_dir: Path, n: int, data: str | None = None, src_col: int
 TENSOR_SENTENCES = 100
 
 
-def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, device: str = "cpu",
-           data: str | None = None, src_col: int = 0, tgt_col: int = 1,
-           tensor_sentences: int = TENSOR_SENTENCES, log=None) -> dict:
+def verify(
+    ckpt: str | Path,
+    bundle_dir: str | Path,
+    *,
+    sentences: int = 100,
+    device: str = "cpu",
+    data: str | None = None,
+    src_col: int = 0,
+    tgt_col: int = 1,
+    tensor_sentences: int = TENSOR_SENTENCES,
+    log=None,
+) -> dict:
     """Runs every tier and returns the report (parity_report.format_report prints it).
 
     Args:
@@ -106,28 +117,40 @@ def verify(ckpt: str | Path, bundle_dir: str | Path, *, sentences: int = 100, de
     decoders = tuple(bundle.decoder_variants)
     # One Translator per decoder, each forced to it: a fused decoder that cannot run is an error here.
     # The fused graph's kernels are the CPU's (its cache layout), so it is verified on the CPU.
-    translators = {d: Translator(bundle, device="cpu" if d == fmt.FUSED else device,
-                                 _tuning=SessionTuning(decoder=d))
-                   for d in decoders}
+    translators = {
+        d: Translator(bundle, device="cpu" if d == fmt.FUSED else device, _tuning=SessionTuning(decoder=d))
+        for d in decoders
+    }
     translator = translators[fmt.STANDARD]
     sample = pairs[: max(0, tensor_sentences)]
-    checks = tensor_checks(model, tok, bundle, sample, translator.device, tol["tensor_atol"],
-                           decoders=decoders, log=say) if sample else []
+    checks = (
+        tensor_checks(
+            model, tok, bundle, sample, translator.device, tol["tensor_atol"], decoders=decoders, log=say
+        )
+        if sample
+        else []
+    )
     checks += _search_checks(model, tok, translators, pairs, tol, say)
     # The tensor bound of a reduced-precision bundle is informative; its verdict rests on tokens and text.
     full_precision = meta["dtype"] == "float32" and not meta.get("quantization")
     judged = [c for c in checks if c.tier != "tensor" or full_precision]
     return {
-        "bundle": str(bundle_dir), "checkpoint": str(ckpt_dir), "variant": meta.get("variant", meta["dtype"]),
-        "decoders": list(decoders), "int8_products": int8_products(meta),
+        "bundle": str(bundle_dir),
+        "checkpoint": str(ckpt_dir),
+        "variant": meta.get("variant", meta["dtype"]),
+        "decoders": list(decoders),
+        "int8_products": int8_products(meta),
         "provider": translator.device.upper() if translator.device == "cpu" else "CUDA",
-        "sentences": len(pairs), "tensor_sentences": len(sample), "passed": all(c.passed for c in judged),
+        "sentences": len(pairs),
+        "tensor_sentences": len(sample),
+        "passed": all(c.passed for c in judged),
         "checks": [asdict(c) | {"judged": c in judged} for c in checks],
     }
 
 
-def _search_checks(model, tok, translators: dict[str, Translator], pairs: list[tuple[str, str]], tol: dict,
-                   say) -> list[Check]:
+def _search_checks(
+    model, tok, translators: dict[str, Translator], pairs: list[tuple[str, str]], tol: dict, say
+) -> list[Check]:
     """The token and text tiers: each decoder's greedy ids against the checkpoint's, and its BLEU drop."""
     checks = []
     srcs = [tok.encode_source(s)[: model.cfg.max_positions] for s, _ in pairs]
@@ -141,11 +164,28 @@ def _search_checks(model, tok, translators: dict[str, Translator], pairs: list[t
         got = t.translate_batch(srcs, beam_size=1)
         agree = sum(g.token_ids[0] == w for g, w in zip(got, want))
         rate = agree / max(len(pairs), 1)
-        checks.append(Check("tokens", "greedy token ids identical", rate, tol["min_greedy_agreement"],
-                            rate >= tol["min_greedy_agreement"], f"{agree}/{len(pairs)} sentences", variant))
+        checks.append(
+            Check(
+                "tokens",
+                "greedy token ids identical",
+                rate,
+                tol["min_greedy_agreement"],
+                rate >= tol["min_greedy_agreement"],
+                f"{agree}/{len(pairs)} sentences",
+                variant,
+            )
+        )
         bundle_bleu = bleu([g.hypotheses[0] for g in got], refs)
         drop = torch_bleu - bundle_bleu
-        checks.append(Check("text", "BLEU drop (torch - bundle)", drop, tol["max_bleu_drop"],
-                            drop <= tol["max_bleu_drop"] + 1e-9,
-                            f"torch {torch_bleu:.2f}, bundle {bundle_bleu:.2f}", variant))
+        checks.append(
+            Check(
+                "text",
+                "BLEU drop (torch - bundle)",
+                drop,
+                tol["max_bleu_drop"],
+                drop <= tol["max_bleu_drop"] + 1e-9,
+                f"torch {torch_bleu:.2f}, bundle {bundle_bleu:.2f}",
+                variant,
+            )
+        )
     return checks

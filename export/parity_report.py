@@ -84,23 +84,32 @@ def format_report(report: dict) -> str:
     if report.get("int8_products"):
         lines.append(f"int8 products: {report['int8_products']}")
     if report.get("tensor_sentences", report["sentences"]) < report["sentences"]:
-        lines.append(f"tiers: tensors on the first {report['tensor_sentences']} sentences; "
-                     f"tokens and BLEU on all {report['sentences']}")
+        lines.append(
+            f"tiers: tensors on the first {report['tensor_sentences']} sentences; "
+            f"tokens and BLEU on all {report['sentences']}"
+        )
     if any(c["tier"] == "tensor" for c in judged):
-        lines.append("tensors: max abs difference from the checkpoint evaluated in float64; "
-                     "bound: the tolerance (x max|x| for K/V and cache), "
-                     "or 2 x PyTorch fp32's own difference where that is larger")
+        lines.append(
+            "tensors: max abs difference from the checkpoint evaluated in float64; "
+            "bound: the tolerance (x max|x| for K/V and cache), "
+            "or 2 x PyTorch fp32's own difference where that is larger"
+        )
     lines.append(f"{'tier':<7} {'decoder':<8} {'check':<42} {'value':>10} {'bound':>10}  result")
     for c in judged:
         value, bound = _value_and_bound(c)
-        lines.append(f"{c['tier']:<7} {c.get('decoder') or '-':<8} {c['name']:<42} {value:>10} {bound:>10}  "
-                     f"{'ok' if c['passed'] else 'FAIL'}  {c['detail']}")
+        lines.append(
+            f"{c['tier']:<7} {c.get('decoder') or '-':<8} {c['name']:<42} {value:>10} {bound:>10}  "
+            f"{'ok' if c['passed'] else 'FAIL'}  {c['detail']}"
+        )
     if measured:
-        lines.append(f"measurements (not checks: this {report['variant']} bundle is judged by the checks "
-                     "above), max abs difference from the checkpoint evaluated in float64:")
+        lines.append(
+            f"measurements (not checks: this {report['variant']} bundle is judged by the checks "
+            "above), max abs difference from the checkpoint evaluated in float64:"
+        )
         for c in measured:
             value = _value_and_bound(c)[0]
-            lines.append(f"{c['tier']:<7} {c.get('decoder') or '-':<8} {c['name']:<42} {value:>10}  "
-                         f"{c['detail']}")
+            lines.append(
+                f"{c['tier']:<7} {c.get('decoder') or '-':<8} {c['name']:<42} {value:>10}  {c['detail']}"
+            )
     lines.append("PASSED" if report["passed"] else "FAILED: see the checks marked FAIL")
     return "\n".join(lines)

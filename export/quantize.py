@@ -37,6 +37,7 @@ fused decoder (already com.microsoft) uses MatMulIntegerToFloat, which folds the
 weight scale into the product. Attention products (QK^T, softmax . V), embeddings, layer norms and
 the contrib attention kernels stay fp32.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,7 +48,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 from .graph_layers import (
-    GROUPS, MS_DOMAIN, Initializers, QuantizeError, attrs, id_tables, layer_group, linear_weights,
+    GROUPS,
+    MS_DOMAIN,
+    Initializers,
+    QuantizeError,
+    attrs,
+    id_tables,
+    layer_group,
+    linear_weights,
 )
 from .graphs import check_graph_file
 from .quantize_tables import quantize_tables
@@ -57,25 +65,38 @@ ACTIVATION_QMAX = 127  # activation codes 128 +- 127: uint8 with zero point 128,
 ACTIVATION_ZERO = 128
 SCHEME = {  # what bundle.json's `quantization_scheme` records
     "name": "int8-per-row-u8s8",
-    "activations": {"bits": 8, "type": "uint8", "zero_point": ACTIVATION_ZERO, "range": [1, 255],
-                    "scale": f"per row: max|x| / {ACTIVATION_QMAX}, at run time",
-                    "block_size": "row (the whole input dimension)"},
-    "weights": {"bits": 8, "type": "int8", "zero_point": "per output channel: the code of 0",
-                "range": [-128, 127],
-                "scale": "per output channel: (max - min, 0 included) / 255",
-                "block_size": "column (the whole input dimension)"},
+    "activations": {
+        "bits": 8,
+        "type": "uint8",
+        "zero_point": ACTIVATION_ZERO,
+        "range": [1, 255],
+        "scale": f"per row: max|x| / {ACTIVATION_QMAX}, at run time",
+        "block_size": "row (the whole input dimension)",
+    },
+    "weights": {
+        "bits": 8,
+        "type": "int8",
+        "zero_point": "per output channel: the code of 0",
+        "range": [-128, 127],
+        "scale": "per output channel: (max - min, 0 included) / 255",
+        "block_size": "column (the whole input dimension)",
+    },
     "batch_invariant": True,
     "exact_products": "u8 x s8 where onnxruntime's kernel accumulates in 32 bits (VNNI, ARM); elsewhere on "
-                      "x86 the runtime sets session.x64quantprecision (u8 x u8)",
+    "x86 the runtime sets session.x64quantprecision (u8 x u8)",
     "fp32": "attention products, softmax, embeddings, layer norms, contrib attention kernels",
 }
 
 
 TABLES = {  # what bundle.json's quantization_scheme.tables records where the embeddings are int8
-    "bits": 8, "type": "int8", "zero_point": 0, "range": [-127, 127], "scale": "per row: max|e| / 127",
+    "bits": 8,
+    "type": "int8",
+    "zero_point": 0,
+    "range": [-127, 127],
+    "scale": "per row: max|e| / 127",
     "lookup": "Gather of the codes and of the row scales, Cast, Mul",
     "tied_projection": "the same codes, transposed (a Transpose node onnxruntime folds at load), against "
-                       "per-row activation codes as every linear layer",
+    "per-row activation codes as every linear layer",
 }
 
 
@@ -101,9 +122,15 @@ def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return (codes - 128).astype(np.int8), scale, (zero - 128).astype(np.int8)
 
 
-def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True,
-                   keep_float: frozenset[str] = frozenset(), directory: Path | None = None,
-                   writer: TensorWriter | None = None) -> int:
+def quantize_model(
+    proto: onnx.ModelProto,
+    *,
+    contrib: bool,
+    tables: bool = True,
+    keep_float: frozenset[str] = frozenset(),
+    directory: Path | None = None,
+    writer: TensorWriter | None = None,
+) -> int:
     """Rewrites every linear layer of `proto` (in place) as described in the module docstring.
 
     Args:
@@ -124,8 +151,9 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True
         QuantizeError: the graph has no linear layer to quantize, or keep_float names no group of GROUPS.
     """
     if unknown := set(keep_float) - set(GROUPS):
-        raise QuantizeError(f"keep_float: unknown groups {sorted(unknown)}; the groups are "
-                            f"{', '.join(GROUPS)}")
+        raise QuantizeError(
+            f"keep_float: unknown groups {sorted(unknown)}; the groups are {', '.join(GROUPS)}"
+        )
     graph = proto.graph
     rewriter = _Rewriter(graph, contrib, tables and "embeddings" not in keep_float, directory, writer)
     ids = {n.input[0] for n in id_tables(graph, rewriter.inits)} if keep_float else set()
@@ -140,8 +168,9 @@ def quantize_model(proto: onnx.ModelProto, *, contrib: bool, tables: bool = True
         count += 1
         rewriter.linear(node, *found)
     if count == 0:
-        raise QuantizeError(f"graph {graph.name!r} has no linear layer with constant fp32 weights to "
-                            "quantize")
+        raise QuantizeError(
+            f"graph {graph.name!r} has no linear layer with constant fp32 weights to quantize"
+        )
     nodes, added = rewriter.nodes, rewriter.added
     used = {name for n in nodes for name in n.input}
     kept = [i for i in graph.initializer if i.name in used]  # the fp32 weights now quantized go
@@ -161,8 +190,14 @@ def _inline(name: str, value: np.ndarray) -> onnx.TensorProto:
 class _Rewriter:
     """The new node list of one graph, and the initializers it adds, built layer by layer."""
 
-    def __init__(self, graph: onnx.GraphProto, contrib: bool, tables: bool, directory: Path | None = None,
-                 writer: TensorWriter | None = None):
+    def __init__(
+        self,
+        graph: onnx.GraphProto,
+        contrib: bool,
+        tables: bool,
+        directory: Path | None = None,
+        writer: TensorWriter | None = None,
+    ):
         self.contrib = contrib
         # a bias the tracer folded into a Constant (equal zero biases are shared)
         constants_to_initializers(graph, 0)
@@ -187,8 +222,9 @@ class _Rewriter:
             self.added[name] = write(name, np.asarray(value))
         return name
 
-    def linear(self, node: onnx.NodeProto, w: np.ndarray, bias: np.ndarray | None,
-               activation: str | None) -> None:
+    def linear(
+        self, node: onnx.NodeProto, w: np.ndarray, bias: np.ndarray | None, activation: str | None
+    ) -> None:
         """The nodes that replace one linear layer: codes, integer product, rescaling, bias, Relu."""
         x, y = node.input[0], node.output[0]
         tag = node.name or y
@@ -197,16 +233,21 @@ class _Rewriter:
         # 3. the integer product (.., N), rescaled per column (weights) and per row (m), then bias and Relu
         self.product(tag, codes, w_codes, w_zero, w_scale)
         out = y if bias is None and activation is None else f"{tag}/rowq/row"
-        self.nodes.append(helper.make_node("Mul", [f"{tag}/rowq/col", row_max], [out],
-                                           name=f"{tag}/rowq/row"))
+        self.nodes.append(
+            helper.make_node("Mul", [f"{tag}/rowq/col", row_max], [out], name=f"{tag}/rowq/row")
+        )
         if bias is not None:
             biased = y if activation is None else f"{tag}/rowq/biased"
-            self.nodes.append(helper.make_node("Add", [out, self.const(f"{tag}/rowq/bias", bias)], [biased],
-                                               name=f"{tag}/rowq/bias"))
+            self.nodes.append(
+                helper.make_node(
+                    "Add", [out, self.const(f"{tag}/rowq/bias", bias)], [biased], name=f"{tag}/rowq/bias"
+                )
+            )
             out = biased
         if activation is not None:
-            self.nodes.append(helper.make_node(activation, [out], [y],
-                                               name=f"{tag}/rowq/{activation.lower()}"))
+            self.nodes.append(
+                helper.make_node(activation, [out], [y], name=f"{tag}/rowq/{activation.lower()}")
+            )
 
     def row_codes(self, x: str) -> tuple[str, str]:
         """1. the input's codes (.., K) uint8, once per tensor; m = max|x| per row (.., 1)."""
@@ -215,11 +256,13 @@ class _Rewriter:
             scale = self.const("rowq/scale", np.array(1 / ACTIVATION_QMAX, np.float32))
             self.nodes += [
                 helper.make_node("Abs", [x], [f"{q}/abs"], name=f"{q}/abs"),
-                helper.make_node("ReduceMax", [f"{q}/abs"], [f"{q}/max"], name=f"{q}/max", axes=[-1],
-                                 keepdims=1),
+                helper.make_node(
+                    "ReduceMax", [f"{q}/abs"], [f"{q}/max"], name=f"{q}/max", axes=[-1], keepdims=1
+                ),
                 helper.make_node("Div", [x, f"{q}/max"], [f"{q}/unit"], name=f"{q}/unit"),  # in [-1, 1]
-                helper.make_node("QuantizeLinear", [f"{q}/unit", scale, self.zp], [f"{q}/codes"],
-                                 name=f"{q}/codes"),
+                helper.make_node(
+                    "QuantizeLinear", [f"{q}/unit", scale, self.zp], [f"{q}/codes"], name=f"{q}/codes"
+                ),
             ]
             self.codes_of[x] = (f"{q}/codes", f"{q}/max")
         return self.codes_of[x]
@@ -233,16 +276,22 @@ class _Rewriter:
         key = (node.input[1], node.op_type != "MatMul" and bool(attrs(node).get("transB", 0)))
         if key not in self.weights_of and key[1] and key[0] in self.tables:  # E^T's codes
             table_codes, _, row_scale = self.tables[key[0]]  # (V, D)
-            self.nodes.append(helper.make_node("Transpose", [table_codes], [f"{table_codes}/t"],
-                                               name=f"{table_codes}/t", perm=[1, 0]))
+            self.nodes.append(
+                helper.make_node(
+                    "Transpose", [table_codes], [f"{table_codes}/t"], name=f"{table_codes}/t", perm=[1, 0]
+                )
+            )
             zero = self.const(f"{key[0]}/rowq8/zero_point", np.zeros(w.shape[1], np.int8))
             scale = (row_scale.reshape(-1) / ACTIVATION_QMAX).astype(np.float32)
             self.weights_of[key] = (f"{table_codes}/t", zero, self.const(f"{key[0]}/rowq8/scale_t", scale))
         if key not in self.weights_of:
             wq, scale, zero = quantize_weights(w)
             base = f"{node.input[1]}/rowq" + ("_t" if key[1] else "")
-            self.weights_of[key] = (self.const(f"{base}/codes", wq), self.const(f"{base}/zero_point", zero),
-                                    self.const(f"{base}/scale", (scale / ACTIVATION_QMAX).astype(np.float32)))
+            self.weights_of[key] = (
+                self.const(f"{base}/codes", wq),
+                self.const(f"{base}/zero_point", zero),
+                self.const(f"{base}/scale", (scale / ACTIVATION_QMAX).astype(np.float32)),
+            )
         return self.weights_of[key]
 
     def product(self, tag: str, codes: str, w_codes: str, w_zero: str, w_scale: str) -> None:
@@ -251,23 +300,42 @@ class _Rewriter:
         zp = self.zp
         if self.contrib:
             one = self.const("rowq/one", np.array(1.0, np.float32))
-            self.nodes.append(helper.make_node(
-                "MatMulIntegerToFloat", [codes, w_codes, one, w_scale, zp, w_zero],
-                [f"{tag}/rowq/col"], name=f"{tag}/rowq/matmul", domain=MS_DOMAIN))
+            self.nodes.append(
+                helper.make_node(
+                    "MatMulIntegerToFloat",
+                    [codes, w_codes, one, w_scale, zp, w_zero],
+                    [f"{tag}/rowq/col"],
+                    name=f"{tag}/rowq/matmul",
+                    domain=MS_DOMAIN,
+                )
+            )
             return
         self.nodes += [
-            helper.make_node("MatMulInteger", [codes, w_codes, zp, w_zero], [f"{tag}/rowq/int"],
-                             name=f"{tag}/rowq/matmul"),
-            helper.make_node("Cast", [f"{tag}/rowq/int"], [f"{tag}/rowq/float"], name=f"{tag}/rowq/cast",
-                             to=TensorProto.FLOAT),
-            helper.make_node("Mul", [f"{tag}/rowq/float", w_scale], [f"{tag}/rowq/col"],
-                             name=f"{tag}/rowq/col"),
+            helper.make_node(
+                "MatMulInteger", [codes, w_codes, zp, w_zero], [f"{tag}/rowq/int"], name=f"{tag}/rowq/matmul"
+            ),
+            helper.make_node(
+                "Cast",
+                [f"{tag}/rowq/int"],
+                [f"{tag}/rowq/float"],
+                name=f"{tag}/rowq/cast",
+                to=TensorProto.FLOAT,
+            ),
+            helper.make_node(
+                "Mul", [f"{tag}/rowq/float", w_scale], [f"{tag}/rowq/col"], name=f"{tag}/rowq/col"
+            ),
         ]
 
 
-def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tuple[str, ...] = (), *,
-                    tables: bool = True, keep_float: frozenset[str] = frozenset(),
-                    writer: TensorWriter | None = None) -> dict:
+def quantize_graphs(
+    directory: Path,
+    files: dict[str, str],
+    contrib_labels: tuple[str, ...] = (),
+    *,
+    tables: bool = True,
+    keep_float: frozenset[str] = frozenset(),
+    writer: TensorWriter | None = None,
+) -> dict:
     """Quantizes the graph files of a bundle directory in place.
 
     Args:
@@ -293,8 +361,14 @@ def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tupl
         proto = onnx.load(str(path), load_external_data=False)  # its fp32 weights read one at a time
         contrib = label in contrib_labels
         try:
-            count = quantize_model(proto, contrib=contrib, tables=tables, keep_float=keep_float,
-                                   directory=Path(directory), writer=writer)
+            count = quantize_model(
+                proto,
+                contrib=contrib,
+                tables=tables,
+                keep_float=keep_float,
+                directory=Path(directory),
+                writer=writer,
+            )
         except QuantizeError as e:
             raise QuantizeError(f"{name}: {e}") from None
         onnx.save(proto, str(path))
@@ -310,5 +384,10 @@ def quantize_graphs(directory: Path, files: dict[str, str], contrib_labels: tupl
     extra = {"fp32_groups": sorted(keep_float)} if keep_float else {}
     if not tables or "embeddings" in keep_float:
         return {**SCHEME, "tables": "fp32", "graphs": layers, **extra}
-    return {**SCHEME, "tables": TABLES, "fp32": SCHEME["fp32"].replace("embeddings, ", ""), "graphs": layers,
-            **extra}
+    return {
+        **SCHEME,
+        "tables": TABLES,
+        "fp32": SCHEME["fp32"].replace("embeddings, ", ""),
+        "graphs": layers,
+        **extra,
+    }

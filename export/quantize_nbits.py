@@ -319,7 +319,9 @@ def scheme(
         },
         "weights": weights,
         "tables": tables,
-        "batch_invariant": "ids and scores (block 16)" if block < 32 else "ids: the 4-bit kernel's one-row "
+        "batch_invariant": "ids and scores (block 16)"
+        if block < 32
+        else "ids: the 4-bit kernel's one-row "
         "path rounds its sums differently from block 32 on (docs/precision.md)",
         "fp32": "attention products, softmax, layer norms, positional table, contrib attention kernels",
         "graphs": layers,

@@ -1,6 +1,7 @@
 """The int8 embedding tables of an int8 bundle (export/quantize.py): each table quantized per row, symmetric,
 as CTranslate2 quantizes its embeddings, and each lookup rewritten as a lookup of the codes and their row
 scales."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,8 +34,9 @@ def quantize_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes, scale
 
 
-def quantize_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray],
-                     const) -> dict[str, tuple[str, str]]:
+def quantize_tables(
+    graph: onnx.GraphProto, inits: dict[str, np.ndarray], const
+) -> dict[str, tuple[str, str]]:
     """Rewrites each embedding lookup as a lookup of int8 codes and their row scales (quantize_table).
 
     Returns:
@@ -52,10 +54,8 @@ def quantize_tables(graph: onnx.GraphProto, inits: dict[str, np.ndarray],
         tag, kept = node.name or node.output[0], attrs(node)
         t = f"{tag}/lookup8"
         rewritten[id(node)] = [
-            helper.make_node(node.op_type, [codes, node.input[1]], [f"{t}/codes"], name=f"{t}/codes",
-                             **kept),
-            helper.make_node(node.op_type, [scale, node.input[1]], [f"{t}/scale"], name=f"{t}/scale",
-                             **kept),
+            helper.make_node(node.op_type, [codes, node.input[1]], [f"{t}/codes"], name=f"{t}/codes", **kept),
+            helper.make_node(node.op_type, [scale, node.input[1]], [f"{t}/scale"], name=f"{t}/scale", **kept),
             helper.make_node("Cast", [f"{t}/codes"], [f"{t}/float"], name=f"{t}/cast", to=TensorProto.FLOAT),
             helper.make_node("Mul", [f"{t}/float", f"{t}/scale"], [node.output[0]], name=f"{t}/mul"),
         ]

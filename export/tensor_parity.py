@@ -1,6 +1,7 @@
 """verify's tensor tier: the bundle's encoder and decoder-step outputs against the checkpoint's, run in
 float64 (what the trained function computes) and in float32 (what PyTorch would give), batches padded;
 one Check per (decoder, output) with its worst difference against its bound."""
+
 from __future__ import annotations
 
 import copy
@@ -48,8 +49,17 @@ class _Worst:
 
 
 @torch.no_grad()
-def tensor_checks(model, tok, bundle: fmt.Bundle, pairs, device: str, atol: float, batch_size: int = 16,
-                  decoders: tuple[str, ...] = (fmt.STANDARD,), log=None) -> list[Check]:
+def tensor_checks(
+    model,
+    tok,
+    bundle: fmt.Bundle,
+    pairs,
+    device: str,
+    atol: float,
+    batch_size: int = 16,
+    decoders: tuple[str, ...] = (fmt.STANDARD,),
+    log=None,
+) -> list[Check]:
     """Checks encoder and decoder-step outputs of the bundle against the checkpoint, batches padded.
 
     The reference is the checkpoint evaluated in float64: what the trained function computes.
@@ -87,8 +97,9 @@ def tensor_checks(model, tok, bundle: fmt.Bundle, pairs, device: str, atol: floa
         mask_ok &= batch.mask_ok
         greedy = translate_ids(model, batch.srcs, beam_size=1)
         paths = {
-            "decoder log_probs (teacher-forced)":
-                [tok.encode_target(t)[: model.cfg.max_positions - 1] for _, t in chunk],
+            "decoder log_probs (teacher-forced)": [
+                tok.encode_target(t)[: model.cfg.max_positions - 1] for _, t in chunk
+            ],
             "decoder log_probs (greedy path)": [h[0].tokens for h in greedy],
         }
         for label, targets in paths.items():
@@ -120,15 +131,21 @@ class _TensorParity:
         self.enc = graph_session(bundle, "encoder", providers_for(device), entries)
         self.dec = graph_session(bundle, fmt.DECODER_LABELS[fmt.STANDARD], providers_for(device), entries)
         # The fused cache layout is the CPU kernels' (runtime/fused_step.py): checked on the CPU.
-        self.fused = (graph_session(bundle, fmt.DECODER_LABELS[fmt.FUSED], ["CPUExecutionProvider"], entries)
-                      if fmt.FUSED in decoders else None)
+        self.fused = (
+            graph_session(bundle, fmt.DECODER_LABELS[fmt.FUSED], ["CPUExecutionProvider"], entries)
+            if fmt.FUSED in decoders
+            else None
+        )
         self.half = self.enc.get_outputs()[1].type == "tensor(float16)"
         outputs = ("decoder log_probs (teacher-forced)", "decoder log_probs (greedy path)", "decoder cache")
-        self.worst = {("", "encoder cross K/V"): _Worst(),
-                      **{(d, name): _Worst() for d in decoders for name in outputs}}
+        self.worst = {
+            ("", "encoder cross K/V"): _Worst(),
+            **{(d, name): _Worst() for d in decoders for name in outputs},
+        }
         dec_outputs = [o.name for o in self.dec.get_outputs()]
-        self.attention_at = (dec_outputs.index(fmt.CROSS_ATTENTION)
-                             if fmt.CROSS_ATTENTION in dec_outputs else None)
+        self.attention_at = (
+            dec_outputs.index(fmt.CROSS_ATTENTION) if fmt.CROSS_ATTENTION in dec_outputs else None
+        )
         if fmt.STANDARD in decoders and self.attention_at is not None:  # bundles before 0.3 have none
             self.worst[fmt.STANDARD, "decoder cross_attention"] = _Worst()
 
@@ -147,8 +164,9 @@ class _TensorParity:
         flat32, flat64 = [t for kv in cross for t in kv], [t for kv in cross64 for t in kv]
         for got, want, exact in zip(ort_out[1:], flat32, flat64):
             for i, v in enumerate(lengths.tolist()):  # real source positions only
-                self.worst["", "encoder cross K/V"].update(got[i, :, :v], want[i, :, :v].numpy(),
-                                                          exact[i, :, :v].numpy())
+                self.worst["", "encoder cross K/V"].update(
+                    got[i, :, :v], want[i, :, :v].numpy(), exact[i, :, :v].numpy()
+                )
         return _Batch(srcs, lengths, mask, cross, cross64, ort_out, mask_ok)
 
     def decode_path(self, batch: _Batch, label: str, targets: list[list[int]]) -> None:
@@ -174,21 +192,33 @@ class _TensorParity:
         for t in range(steps):
             tokens = tgt_in[:, t : t + 1]
             position = torch.tensor([t])
-            log_probs, past, attention = self.model.decode_step(tokens, position, rows, past, batch.cross,
-                                                                batch.mask, return_attention=True)
-            exact, past64, attention64 = self.exact_model.decode_step(tokens, position, rows, past64,
-                                                                      batch.cross64, batch.mask,
-                                                                      return_attention=True)
+            log_probs, past, attention = self.model.decode_step(
+                tokens, position, rows, past, batch.cross, batch.mask, return_attention=True
+            )
+            exact, past64, attention64 = self.exact_model.decode_step(
+                tokens, position, rows, past64, batch.cross64, batch.mask, return_attention=True
+            )
             live = np.array([t < v for v in valid])
             want = (log_probs.numpy()[live], exact.numpy()[live])
             if fmt.STANDARD in self.decoders:
-                ort_past = self._standard_step(batch, label, t, tokens, rows, ort_past, live, want,
-                                               (attention.numpy(), attention64.numpy()))
+                ort_past = self._standard_step(
+                    batch,
+                    label,
+                    t,
+                    tokens,
+                    rows,
+                    ort_past,
+                    live,
+                    want,
+                    (attention.numpy(), attention64.numpy()),
+                )
             if fused_step is not None:
                 got = fused_step(tokens.numpy(), rows.numpy(), t, None)
                 self.worst[fmt.FUSED, label].update(got[live], *want)
-        caches = {fmt.STANDARD: ort_past if fmt.STANDARD in self.decoders else None,
-                  fmt.FUSED: None if fused_step is None else fused_step.cache}  # [rows, H, max_length, Dh]
+        caches = {
+            fmt.STANDARD: ort_past if fmt.STANDARD in self.decoders else None,
+            fmt.FUSED: None if fused_step is None else fused_step.cache,
+        }  # [rows, H, max_length, Dh]
         self._compare_caches(caches, past, past64, valid)
 
     def _fused_step(self, batch: _Batch, steps: int) -> FusedStep | None:
@@ -196,25 +226,52 @@ class _TensorParity:
         if self.fused is None:
             return None
         cfg = self.cfg
-        return FusedStep(self.fused, src_mask=batch.ort_out[0], cross=batch.ort_out[1:],
-                         n_layers=cfg.n_decoder_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
-                         beam_width=1, max_length=steps, top_k=None, vocab=cfg.tgt_vocab_size)
+        return FusedStep(
+            self.fused,
+            src_mask=batch.ort_out[0],
+            cross=batch.ort_out[1:],
+            n_layers=cfg.n_decoder_layers,
+            n_heads=cfg.n_heads,
+            head_dim=cfg.head_dim,
+            beam_width=1,
+            max_length=steps,
+            top_k=None,
+            vocab=cfg.tgt_vocab_size,
+        )
 
-    def _standard_step(self, batch: _Batch, label: str, t: int, tokens: torch.Tensor, rows: torch.Tensor,
-                       ort_past: list, live: np.ndarray, want: tuple[np.ndarray, np.ndarray],
-                       attention: tuple[np.ndarray, np.ndarray]) -> list:
+    def _standard_step(
+        self,
+        batch: _Batch,
+        label: str,
+        t: int,
+        tokens: torch.Tensor,
+        rows: torch.Tensor,
+        ort_past: list,
+        live: np.ndarray,
+        want: tuple[np.ndarray, np.ndarray],
+        attention: tuple[np.ndarray, np.ndarray],
+    ) -> list:
         """Runs decoder.onnx for step t, records its differences; returns its cache (present_*)."""
         n = self.cfg.n_decoder_layers
         feed_const = {**dict(zip(fmt.cross_names(n), batch.ort_out[1:])), fmt.SRC_MASK: batch.ort_out[0]}
-        out = self.dec.run(None, {fmt.TOKENS: tokens.numpy(), fmt.STEP: np.array([t], np.int64),
-                                  fmt.CACHE_INDICES: rows.numpy(), fmt.TOP_K: np.array([1], np.int64),
-                                  **dict(zip(fmt.past_names(n), ort_past)), **feed_const})
+        out = self.dec.run(
+            None,
+            {
+                fmt.TOKENS: tokens.numpy(),
+                fmt.STEP: np.array([t], np.int64),
+                fmt.CACHE_INDICES: rows.numpy(),
+                fmt.TOP_K: np.array([1], np.int64),
+                **dict(zip(fmt.past_names(n), ort_past)),
+                **feed_const,
+            },
+        )
         self.worst[fmt.STANDARD, label].update(out[0][live], *want)
         if self.attention_at is not None:
             for i in np.flatnonzero(live):  # real source positions only
                 v = int(batch.lengths[i])
                 self.worst[fmt.STANDARD, "decoder cross_attention"].update(
-                    out[self.attention_at][i, :v], attention[0][i, :v], attention[1][i, :v])
+                    out[self.attention_at][i, :v], attention[0][i, :v], attention[1][i, :v]
+                )
         return out[1 : 1 + 2 * n]
 
     def _compare_caches(self, caches: dict, past, past64, valid: list[int]) -> None:
@@ -223,8 +280,9 @@ class _TensorParity:
         for variant, cache in caches.items():
             for got, want, exact in zip(cache or [], flat32, flat64):
                 for i, v in enumerate(valid):
-                    self.worst[variant, "decoder cache"].update(got[i, :, :v], want[i, :, :v].numpy(),
-                                                                exact[i, :, :v].numpy())
+                    self.worst[variant, "decoder cache"].update(
+                        got[i, :, :v], want[i, :, :v].numpy(), exact[i, :, :v].numpy()
+                    )
 
 
 def _worst_checks(worst: dict[tuple[str, str], _Worst], atol: float) -> list[Check]:
@@ -233,8 +291,11 @@ def _worst_checks(worst: dict[tuple[str, str], _Worst], atol: float) -> list[Che
     for (variant, name), w in worst.items():
         scaled = "log_probs" not in name
         bound = max(atol * (max(1.0, w.scale) if scaled else 1.0), 2.0 * w.torch_abs)
-        detail = (f"vs fp64; PyTorch fp32 {w.torch_abs:.1e}; bundle vs PyTorch fp32 {w.vs_torch:.1e}; "
-                  f"max rel {w.bundle_rel:.1e}" + (f"; max|x| {w.scale:.1f}" if scaled else ""))
-        checks.append(Check("tensor", f"{name} max abs", w.bundle_abs, bound, w.bundle_abs <= bound, detail,
-                            variant))
+        detail = (
+            f"vs fp64; PyTorch fp32 {w.torch_abs:.1e}; bundle vs PyTorch fp32 {w.vs_torch:.1e}; "
+            f"max rel {w.bundle_rel:.1e}" + (f"; max|x| {w.scale:.1f}" if scaled else "")
+        )
+        checks.append(
+            Check("tensor", f"{name} max abs", w.bundle_abs, bound, w.bundle_abs <= bound, detail, variant)
+        )
     return checks

@@ -20,6 +20,7 @@ tests/test_top_k.py holds it to plain TopK on ties, -inf and every k.
 Small vocabularies keep plain TopK: below MIN_VOCAB its heap is cheap and the dozen extra nodes cost more
 at one row than they save.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,7 +40,7 @@ def block_size(vocab: int) -> int | None:
     if vocab < MIN_VOCAB:
         return None
     divisors = [b for b in range(BLOCKS[0], BLOCKS[1] + 1) if vocab % b == 0 and vocab // b >= 2]
-    return min(divisors, key=lambda b: abs(b - vocab ** 0.5)) if divisors else None
+    return min(divisors, key=lambda b: abs(b - vocab**0.5)) if divisors else None
 
 
 def top_k_nodes(log_probs: str, k: str, values: str, ids: str, vocab: int, prefix: str = "top_k") -> list:
@@ -57,8 +58,9 @@ def top_k_nodes(log_probs: str, k: str, values: str, ids: str, vocab: int, prefi
     """
     b = block_size(vocab)
     if b is None:
-        return [helper.make_node("TopK", [log_probs, k], [values, ids], name=prefix, axis=-1, largest=1,
-                                 sorted=1)]
+        return [
+            helper.make_node("TopK", [log_probs, k], [values, ids], name=prefix, axis=-1, largest=1, sorted=1)
+        ]
     g = vocab // b
 
     def name(x: str) -> str:
@@ -72,8 +74,11 @@ def top_k_nodes(log_probs: str, k: str, values: str, ids: str, vocab: int, prefi
         return node("Constant", [], [x], value=numpy_helper.from_array(np.asarray(value, np.int64), name(x)))
 
     return [
-        const("blocks_shape", [0, g, b]), const("blocks", [g]), const("axis_2", [2]),
-        const("rows_shape", [0, -1]), const("block_size", b),
+        const("blocks_shape", [0, g, b]),
+        const("blocks", [g]),
+        const("axis_2", [2]),
+        const("rows_shape", [0, -1]),
+        const("block_size", b),
         node("Reshape", [log_probs, "blocks_shape"], ["by_block"]),  # [R, G, B], a view
         node("ReduceMax", ["by_block"], ["block_max"], axes=[-1], keepdims=0),  # [R, G]
         node("Min", [k, "blocks"], ["kg"]),

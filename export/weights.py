@@ -25,6 +25,7 @@ copies the tensors the finished graphs still use into the bundle's weights file,
 lets parts be found in their wholes, and removes the staging file: the fp32 weights an int8 bundle
 replaced are never copied.
 """
+
 from __future__ import annotations
 
 import os
@@ -84,10 +85,12 @@ class _ByteIndex:
         """The offset of the first tensor (or part) of this type whose bytes are `raw`, or None."""
         view = memoryview(raw).cast("B")
         for offset in self._at.get((data_type, len(view)), ()):
-            if self._read(offset, min(self.PREFIX, len(view))) != view[:self.PREFIX]:
+            if self._read(offset, min(self.PREFIX, len(view))) != view[: self.PREFIX]:
                 continue
-            if all(self._read(offset + at, min(self.PIECE, len(view) - at)) == view[at:at + self.PIECE]
-                   for at in range(0, len(view), self.PIECE)):
+            if all(
+                self._read(offset + at, min(self.PIECE, len(view) - at)) == view[at : at + self.PIECE]
+                for at in range(0, len(view), self.PIECE)
+            ):
                 return offset
         return None
 
@@ -185,8 +188,9 @@ def read_tensor(directory: Path, tensor: onnx.TensorProto) -> np.ndarray:
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
     if length == 0:
         return np.zeros(tuple(tensor.dims), dtype)
-    array = np.memmap(Path(directory) / location, dtype=dtype, mode="r", offset=offset,
-                      shape=(length // dtype.itemsize,))
+    array = np.memmap(
+        Path(directory) / location, dtype=dtype, mode="r", offset=offset, shape=(length // dtype.itemsize,)
+    )
     return array.reshape(tuple(tensor.dims))
 
 
@@ -243,12 +247,20 @@ def store_weights(directory: Path, files: list[str]) -> WeightsReport:
     return report
 
 
-def _store(directory: Path, tensor: onnx.TensorProto, out, index: _ByteIndex, placed: dict, sources: dict,
-           report: WeightsReport) -> tuple[int, int]:
+def _store(
+    directory: Path,
+    tensor: onnx.TensorProto,
+    out,
+    index: _ByteIndex,
+    placed: dict,
+    sources: dict,
+    report: WeightsReport,
+) -> tuple[int, int]:
     """(length, offset in the weights file) of one large initializer, writing its bytes there unless they
     (or a tensor they are an equal part of) are there already."""
-    staged = (*_external(tensor), tensor.data_type) if tensor.data_location == onnx.TensorProto.EXTERNAL \
-        else None
+    staged = (
+        (*_external(tensor), tensor.data_type) if tensor.data_location == onnx.TensorProto.EXTERNAL else None
+    )
     if staged in placed:  # the same staging range as a tensor stored before: the same bytes
         return staged[2], placed[staged]
     raw = _bytes(directory, tensor, sources)
@@ -364,8 +376,11 @@ def constants_to_initializers(graph: onnx.GraphProto, min_bytes: int = MIN_EXTER
     export/quantize.py can read."""
     keep = []
     for node in graph.node:
-        value = (next((a.t for a in node.attribute if a.name == "value"), None)
-                 if node.op_type == "Constant" else None)
+        value = (
+            next((a.t for a in node.attribute if a.name == "value"), None)
+            if node.op_type == "Constant"
+            else None
+        )
         if value is not None and len(node.output) == 1 and numpy_helper.to_array(value).nbytes >= min_bytes:
             tensor = numpy_helper.from_array(numpy_helper.to_array(value), node.output[0])
             graph.initializer.append(tensor)

@@ -1,5 +1,6 @@
 """Training examples as tensors: text pairs encoded to ids, and a batch of them padded, with the
 teacher-forced decoder input (start + target) and output (target + end)."""
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ network, Add & Norm, and the encoder and decoder layers (model/transformer.py as
 Shape legend: B batch (sentences), R decoder rows (B x live beams), H heads, S source length,
 T target length, P past (cached) length, D d_model, Dh head size, V vocabulary.
 """
+
 from __future__ import annotations
 
 import math
@@ -239,8 +240,9 @@ class DecoderLayer(nn.Module):
         x = self.sub_cross(x, lambda y: self.cross_attn(y, cross, cross_bias))
         return self.sub_ff(x, self.feed_forward)
 
-    def step(self, x: Tensor, past: KV, cross: KV, cross_bias: Tensor,
-             self_bias: Tensor | None = None) -> tuple[Tensor, KV, Tensor]:
+    def step(
+        self, x: Tensor, past: KV, cross: KV, cross_bias: Tensor, self_bias: Tensor | None = None
+    ) -> tuple[Tensor, KV, Tensor]:
         """One new position per row.
 
         Args:

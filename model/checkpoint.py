@@ -5,6 +5,7 @@ A run directory holds complete checkpoints `step-NNNNNNNN/` and two symbolic lin
 place, then a link is swapped with os.replace; both are atomic on POSIX, so killing the process at
 any moment leaves `last` pointing at a complete checkpoint. Loading never unpickles.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,13 +58,15 @@ def resolve(path: str | Path) -> Path:
     """
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint directory; give a run directory or one of its "
-                              "step-*/last/best")
+        raise CheckpointError(
+            f"{path}: no such checkpoint directory; give a run directory or one of its step-*/last/best"
+        )
     if path.is_dir() and not (path / CONFIG).exists() and (path / "last").exists():
         path = path / "last"
     if not path.is_dir():
-        raise CheckpointError(f"{path}: is not a directory; a checkpoint is a directory with "
-                              f"{', '.join(REQUIRED)}")
+        raise CheckpointError(
+            f"{path}: is not a directory; a checkpoint is a directory with {', '.join(REQUIRED)}"
+        )
     missing = [name for name in REQUIRED if not (path / name).is_file()]
     if missing:
         raise CheckpointError(
@@ -104,7 +107,8 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transfor
     problems += [f"unexpected {k}" for k in weights if k not in expected]
     problems += [
         f"{k} has shape {tuple(weights[k].shape)}, config.json implies {tuple(s)}"
-        for k, s in expected.items() if k in weights and weights[k].shape != s
+        for k, s in expected.items()
+        if k in weights and weights[k].shape != s
     ]
     if problems:
         shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")

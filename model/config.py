@@ -1,4 +1,5 @@
 """The one description of a model's shape, written as config.json beside weights and graphs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,16 @@ NORMS = ("layer", "rms")
 # Fields added for imported T5 models (export/hf/family_t5.py), with the defaults that describe every model
 # made before them: to_dict leaves them out at their defaults, so older configs and bundles read and
 # write exactly as before.
-T5_DEFAULTS = {"d_kv": 0, "norm": "layer", "attention_scale": True, "linear_bias": True,
-               "relative_buckets": 0, "relative_max_distance": 128, "gated": False, "output_scale": 1.0}
+T5_DEFAULTS = {
+    "d_kv": 0,
+    "norm": "layer",
+    "attention_scale": True,
+    "linear_bias": True,
+    "relative_buckets": 0,
+    "relative_max_distance": 128,
+    "gated": False,
+    "output_scale": 1.0,
+}
 
 
 @dataclass(frozen=True)
@@ -116,12 +125,12 @@ class ModelConfig:
             )
         if self.share_vocab and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError(
-                f"share_vocab needs equal vocabularies, got {self.src_vocab_size} and "
-                f"{self.tgt_vocab_size}"
+                f"share_vocab needs equal vocabularies, got {self.src_vocab_size} and {self.tgt_vocab_size}"
             )
         if self.separate_positions and not self.stored_positions:
-            raise ValueError("separate_positions needs stored_positions (a decoder table is imported, "
-                             "never computed)")
+            raise ValueError(
+                "separate_positions needs stored_positions (a decoder table is imported, never computed)"
+            )
         if self.norm not in NORMS:
             raise ValueError(f"norm={self.norm!r}; choose one of {', '.join(NORMS)}")
         if self.relative_buckets < 0 or self.d_kv < 0:
@@ -131,8 +140,9 @@ class ModelConfig:
         object.__setattr__(self, "suppressed_ids", tuple(int(i) for i in self.suppressed_ids))
         bad = [i for i in self.suppressed_ids if not 0 <= i < self.tgt_vocab_size]
         if bad:
-            raise ValueError(f"suppressed_ids {bad} lie outside the target vocabulary [0, "
-                             f"{self.tgt_vocab_size})")
+            raise ValueError(
+                f"suppressed_ids {bad} lie outside the target vocabulary [0, {self.tgt_vocab_size})"
+            )
         for name in ("pad_id", "unk_id", "bos_id", "eos_id", "decoder_start_id"):
             value = getattr(self, name)
             if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
@@ -162,8 +172,9 @@ class ModelConfig:
         encoder = self.n_encoder_layers * (attention + feed_forward + 2 * norm)
         decoder = self.n_decoder_layers * (2 * attention + feed_forward + 3 * norm)
         embeddings = self.src_vocab_size * d + (0 if self.share_vocab else self.tgt_vocab_size * d)
-        generator = ((0 if self.tie_embeddings else self.tgt_vocab_size * d)
-                     + (self.tgt_vocab_size if self.logits_bias else 0))
+        generator = (0 if self.tie_embeddings else self.tgt_vocab_size * d) + (
+            self.tgt_vocab_size if self.logits_bias else 0
+        )
         final_norms = 2 * norm if self.pre_norm else 0
         embedding_norms = 2 * norm if self.embedding_norm else 0
         return encoder + decoder + embeddings + generator + final_norms + embedding_norms + relative
@@ -195,8 +206,7 @@ class ModelConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(
-                f"config has unknown fields {unknown}; it was written by a newer seq2onnx "
-                "or edited by hand"
+                f"config has unknown fields {unknown}; it was written by a newer seq2onnx or edited by hand"
             )
         return cls(**data)
 
@@ -246,8 +256,11 @@ def training_memory(cfg: ModelConfig, max_tokens: int) -> tuple[int, int]:
     """
     d, ff, h = cfg.d_model, cfg.d_ff, cfg.n_heads
     row = min(cfg.max_positions, max_tokens)
-    per_token = (cfg.n_encoder_layers * (12 * d + 2 * ff + h * row)
-                 + cfg.n_decoder_layers * (18 * d + 2 * ff + 2 * h * row) + 3 * cfg.tgt_vocab_size)
+    per_token = (
+        cfg.n_encoder_layers * (12 * d + 2 * ff + h * row)
+        + cfg.n_decoder_layers * (18 * d + 2 * ff + 2 * h * row)
+        + 3 * cfg.tgt_vocab_size
+    )
     return cfg.parameter_count() * TRAINING_BYTES_PER_PARAMETER, 4 * max_tokens * per_token
 
 

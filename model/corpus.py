@@ -16,6 +16,7 @@ word-for-word substitution; Lirish differs from English in ways a model has to l
 English is grammatical: "sees"/"see", "saw", irregular plurals (men, mice, wolves), "an old dog".
 Everything is lowercase ASCII words separated by single spaces, without punctuation.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,53 +34,112 @@ MAX_PAIRS = 2_000_000
 # English singular, English plural, Lirish stem. Subjects are animate so English reads
 # naturally; objects may be any noun.
 ANIMATE_NOUNS: dict[str, tuple[str, str]] = {
-    "dog": ("dogs", "toma"), "cat": ("cats", "mira"), "bird": ("birds", "pilo"),
-    "horse": ("horses", "karu"), "cow": ("cows", "bena"), "child": ("children", "nilu"),
-    "man": ("men", "soro"), "woman": ("women", "vela"), "mouse": ("mice", "tiki"),
-    "teacher": ("teachers", "lensa"), "farmer": ("farmers", "garo"), "king": ("kings", "reko"),
-    "queen": ("queens", "remi"), "wolf": ("wolves", "lupa"), "fox": ("foxes", "fesu"),
+    "dog": ("dogs", "toma"),
+    "cat": ("cats", "mira"),
+    "bird": ("birds", "pilo"),
+    "horse": ("horses", "karu"),
+    "cow": ("cows", "bena"),
+    "child": ("children", "nilu"),
+    "man": ("men", "soro"),
+    "woman": ("women", "vela"),
+    "mouse": ("mice", "tiki"),
+    "teacher": ("teachers", "lensa"),
+    "farmer": ("farmers", "garo"),
+    "king": ("kings", "reko"),
+    "queen": ("queens", "remi"),
+    "wolf": ("wolves", "lupa"),
+    "fox": ("foxes", "fesu"),
 }
 THING_NOUNS: dict[str, tuple[str, str]] = {
-    "house": ("houses", "dala"), "tree": ("trees", "bosi"), "river": ("rivers", "fluma"),
-    "apple": ("apples", "poma"), "book": ("books", "libo"), "letter": ("letters", "kirta"),
-    "ship": ("ships", "navo"), "car": ("cars", "koto"), "stone": ("stones", "peta"),
-    "flower": ("flowers", "floni"), "box": ("boxes", "kesa"), "cake": ("cakes", "tarta"),
-    "garden": ("gardens", "jarda"), "forest": ("forests", "silva"), "city": ("cities", "urbo"),
+    "house": ("houses", "dala"),
+    "tree": ("trees", "bosi"),
+    "river": ("rivers", "fluma"),
+    "apple": ("apples", "poma"),
+    "book": ("books", "libo"),
+    "letter": ("letters", "kirta"),
+    "ship": ("ships", "navo"),
+    "car": ("cars", "koto"),
+    "stone": ("stones", "peta"),
+    "flower": ("flowers", "floni"),
+    "box": ("boxes", "kesa"),
+    "cake": ("cakes", "tarta"),
+    "garden": ("gardens", "jarda"),
+    "forest": ("forests", "silva"),
+    "city": ("cities", "urbo"),
 }
 NOUNS: dict[str, tuple[str, str]] = {**ANIMATE_NOUNS, **THING_NOUNS}
 # Nouns that read well after a preposition ("in the garden").
 PLACE_NOUNS = ("house", "river", "garden", "forest", "city", "tree", "ship", "car", "box")
 
 ADJECTIVES: dict[str, str] = {
-    "big": "gran", "small": "piku", "red": "rosa", "old": "velo", "young": "juna",
-    "happy": "feli", "sad": "trista", "green": "verda", "black": "nera", "white": "alba",
-    "tall": "alta", "quick": "rapa", "slow": "lenta", "kind": "dula", "angry": "ira",
-    "brave": "bravi", "quiet": "kalma", "strong": "forta", "blue": "bluva", "tiny": "mina",
+    "big": "gran",
+    "small": "piku",
+    "red": "rosa",
+    "old": "velo",
+    "young": "juna",
+    "happy": "feli",
+    "sad": "trista",
+    "green": "verda",
+    "black": "nera",
+    "white": "alba",
+    "tall": "alta",
+    "quick": "rapa",
+    "slow": "lenta",
+    "kind": "dula",
+    "angry": "ira",
+    "brave": "bravi",
+    "quiet": "kalma",
+    "strong": "forta",
+    "blue": "bluva",
+    "tiny": "mina",
 }
 
 # English base, third person singular present, past; Lirish stem (ends in a consonant so the
 # tense+number suffix reads as one syllable).
 TRANSITIVE_VERBS: dict[str, tuple[str, str, str]] = {
-    "see": ("sees", "saw", "vel"), "like": ("likes", "liked", "am"), "find": ("finds", "found", "trov"),
-    "carry": ("carries", "carried", "port"), "follow": ("follows", "followed", "sek"),
-    "help": ("helps", "helped", "jut"), "hear": ("hears", "heard", "aud"),
-    "chase": ("chases", "chased", "kas"), "feed": ("feeds", "fed", "nutr"),
-    "meet": ("meets", "met", "renk"), "watch": ("watches", "watched", "spek"),
-    "call": ("calls", "called", "vok"), "bring": ("brings", "brought", "brel"),
-    "eat": ("eats", "ate", "manj"), "take": ("takes", "took", "pren"), "want": ("wants", "wanted", "vol"),
+    "see": ("sees", "saw", "vel"),
+    "like": ("likes", "liked", "am"),
+    "find": ("finds", "found", "trov"),
+    "carry": ("carries", "carried", "port"),
+    "follow": ("follows", "followed", "sek"),
+    "help": ("helps", "helped", "jut"),
+    "hear": ("hears", "heard", "aud"),
+    "chase": ("chases", "chased", "kas"),
+    "feed": ("feeds", "fed", "nutr"),
+    "meet": ("meets", "met", "renk"),
+    "watch": ("watches", "watched", "spek"),
+    "call": ("calls", "called", "vok"),
+    "bring": ("brings", "brought", "brel"),
+    "eat": ("eats", "ate", "manj"),
+    "take": ("takes", "took", "pren"),
+    "want": ("wants", "wanted", "vol"),
 }
 INTRANSITIVE_VERBS: dict[str, tuple[str, str, str]] = {
-    "sleep": ("sleeps", "slept", "dorm"), "run": ("runs", "ran", "kur"),
-    "sing": ("sings", "sang", "kant"), "wait": ("waits", "waited", "tend"),
-    "dance": ("dances", "danced", "bal"), "swim": ("swims", "swam", "nad"),
+    "sleep": ("sleeps", "slept", "dorm"),
+    "run": ("runs", "ran", "kur"),
+    "sing": ("sings", "sang", "kant"),
+    "wait": ("waits", "waited", "tend"),
+    "dance": ("dances", "danced", "bal"),
+    "swim": ("swims", "swam", "nad"),
 }
 VERBS = {**TRANSITIVE_VERBS, **INTRANSITIVE_VERBS}
 
 PREPOSITIONS: dict[str, str] = {"in": "ve", "near": "pri", "under": "sub", "behind": "dor", "with": "kon"}
 DETERMINERS: dict[str, str] = {"the": "lo", "a": "na"}
 
-NUMBER_WORDS_EN = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight",
-                   9: "nine", 10: "ten", 11: "eleven", 12: "twelve"}
+NUMBER_WORDS_EN = {
+    2: "two",
+    3: "three",
+    4: "four",
+    5: "five",
+    6: "six",
+    7: "seven",
+    8: "eight",
+    9: "nine",
+    10: "ten",
+    11: "eleven",
+    12: "twelve",
+}
 _UNITS_LI = {1: "un", 2: "du", 3: "tre", 4: "kar", 5: "pen", 6: "ses", 7: "sep", 8: "ok", 9: "nov"}
 MIN_NUMBER, MAX_NUMBER = 2, 20
 
@@ -202,8 +262,9 @@ class Clause:
             raise ValueError(f"verb={self.verb!r} is not in the vocabulary; use one of VERBS")
         if (self.verb in TRANSITIVE_VERBS) != (self.obj is not None):
             kind = "transitive" if self.verb in TRANSITIVE_VERBS else "intransitive"
-            raise ValueError(f"verb={self.verb!r} is {kind}; {'give' if kind == 'transitive' else 'drop'} "
-                             "the object")
+            raise ValueError(
+                f"verb={self.verb!r} is {kind}; {'give' if kind == 'transitive' else 'drop'} the object"
+            )
 
 
 def _english_np(np: NounPhrase) -> list[str]:
@@ -301,8 +362,11 @@ def sample_clause(rng: random.Random) -> Clause:
     transitive = rng.random() < 0.8
     # Intransitive clauses always get a place so that no sentence is shorter than 3 words.
     with_pp = not transitive or rng.random() < 0.3
-    pp = (PrepPhrase(rng.choice(_PREP_KEYS), _sample_np(rng, PLACE_NOUNS, allow_number=False))
-          if with_pp else None)
+    pp = (
+        PrepPhrase(rng.choice(_PREP_KEYS), _sample_np(rng, PLACE_NOUNS, allow_number=False))
+        if with_pp
+        else None
+    )
     if transitive:
         return Clause(subject, rng.choice(_TRANSITIVE_KEYS), _sample_np(rng, _NOUN_KEYS), past, pp)
     return Clause(subject, rng.choice(_INTRANSITIVE_KEYS), None, past, pp)

@@ -2,6 +2,7 @@
 
 Only the stdlib: this module is shared by training and tooling that must not need torch.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,7 +46,7 @@ def read_pairs(
     except FileNotFoundError:
         raise DataError(f"{path}: no such file; check the corpus path") from None
     if data.startswith(_BOM):
-        data = data[len(_BOM):]
+        data = data[len(_BOM) :]
     pairs: list[tuple[str, str]] = []
     skipped = 0
     # Split bytes, not text, so that invalid UTF-8 is reported at its own line number.
@@ -165,8 +166,11 @@ def filter_by_length(
     """
     if min_len < 0 or max_len < min_len:
         raise ValueError(f"min_len={min_len}, max_len={max_len}: need 0 <= min_len <= max_len")
-    kept = [i for i, (src, tgt) in enumerate(examples)
-            if min_len <= len(src) <= max_len and min_len <= len(tgt) <= max_len]
+    kept = [
+        i
+        for i, (src, tgt) in enumerate(examples)
+        if min_len <= len(src) <= max_len and min_len <= len(tgt) <= max_len
+    ]
     return kept, len(examples) - len(kept)
 
 

@@ -11,6 +11,7 @@ therefore sees the same examples whatever the number of processes, `--max-tokens
 batch, and a position in the data (epoch, batch in the epoch) means the same thing for any N: a
 run resumes with a different number of processes and continues the same trajectory.
 """
+
 from __future__ import annotations
 
 import gc
@@ -93,7 +94,7 @@ class Group:
         """
         q, r = divmod(len(batch), self.world_size)
         start = self.rank * q + min(self.rank, r)
-        return batch[start: start + q + (self.rank < r)]
+        return batch[start : start + q + (self.rank < r)]
 
     def agree(self, fn: Callable[[], T]) -> T:
         """Runs fn on every rank; if it raised on any rank, raises on all of them.
@@ -185,8 +186,9 @@ def _env_int(name: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise DistributedError(f"{name}={value!r} is not an integer; start the run with torchrun, which sets "
-                               "it") from None
+        raise DistributedError(
+            f"{name}={value!r} is not an integer; start the run with torchrun, which sets it"
+        ) from None
 
 
 def start(device: torch.device) -> Group:
@@ -212,18 +214,25 @@ def start(device: torch.device) -> Group:
             raise DistributedError(
                 f"rank {rank} has LOCAL_RANK {local_rank}, but this node has {count} CUDA device(s); "
                 f"start at most {count} processes per node (--nproc-per-node {count}) or train with --device "
-                "cpu")
+                "cpu"
+            )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=TIMEOUT,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=TIMEOUT,
+            device_id=device if device.type == "cuda" else None,
+        )
     except Exception as e:  # the store or backend raise several types for the same problem
         raise DistributedError(
             f"rank {rank} of {world_size} could not join the {backend} process group at "
             f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}: {e}; check that every node reaches "
-            "that address and that all ranks were started") from e
+            "that address and that all ranks were started"
+        ) from e
     return Group(rank=rank, world_size=world_size, local_rank=local_rank, device=device, active=True)
 
 
@@ -242,7 +251,8 @@ def describe_failure(group: Group, error: BaseException, step: int) -> Distribut
         f"rank {group.rank} of {group.world_size} lost the process group at step {step}: another rank "
         "stopped, was killed or timed out (torchrun's summary names it). The last checkpoint is intact: "
         "continue with --resume (any number of processes). Cause: "
-        f"{str(error).splitlines()[0] if str(error) else type(error).__name__}")
+        f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"
+    )
 
 
 def is_collective_failure(error: BaseException) -> bool:
@@ -259,10 +269,12 @@ def is_collective_failure(error: BaseException) -> bool:
     text = str(error)
     return isinstance(error, RuntimeError) and any(
         s in text
-        for s in ("Connection closed by peer", "Connection reset by peer", "Timed out", "NCCL", "Gloo"))
+        for s in ("Connection closed by peer", "Connection reset by peer", "Timed out", "NCCL", "Gloo")
+    )
 
 
 # -- launching ---------------------------------------------------------------------------------
+
 
 def without_option(argv: list[str], flag: str) -> list[str]:
     """Removes `flag VALUE` and `flag=VALUE` from a command line.
@@ -303,11 +315,14 @@ def launch(nproc: int, argv: list[str]) -> int:
         DistributedError: nproc < 1, or called inside a torchrun worker.
     """
     if nproc < 1:
-        raise DistributedError(f"--nproc {nproc}: need at least 1 process; use the number of GPUs (or CPU "
-                               "workers)")
+        raise DistributedError(
+            f"--nproc {nproc}: need at least 1 process; use the number of GPUs (or CPU workers)"
+        )
     if in_torchrun():
-        raise DistributedError("--nproc was given inside a torchrun worker (RANK is set); "
-                               "either launch with torchrun or with --nproc, not both")
+        raise DistributedError(
+            "--nproc was given inside a torchrun worker (RANK is set); "
+            "either launch with torchrun or with --nproc, not both"
+        )
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 

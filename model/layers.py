@@ -1,4 +1,5 @@
 """The Transformer's building blocks without parameters of their own: positions, masks, wide LayerNorm."""
+
 from __future__ import annotations
 
 import math
@@ -78,9 +79,9 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         """Normalizes the last dimension of x in at least fp32; returns it in x's dtype."""
-        return F.layer_norm(
-            wide(x), self.normalized_shape, wide(self.weight), wide(self.bias), self.eps
-        ).to(x.dtype)
+        return F.layer_norm(wide(x), self.normalized_shape, wide(self.weight), wide(self.bias), self.eps).to(
+            x.dtype
+        )
 
 
 class RMSNorm(nn.Module):

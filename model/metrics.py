@@ -1,4 +1,5 @@
 """Corpus BLEU (sacreBLEU), with the tokenizer chosen by the references' script."""
+
 from __future__ import annotations
 
 

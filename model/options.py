@@ -1,4 +1,5 @@
 """The options of a training run (`seq2onnx train`'s flags), written into every checkpoint's state."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

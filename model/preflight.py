@@ -1,5 +1,6 @@
 """Checks made before a run trains: the device, a writable run directory, the memory a batch needs, and
 whether the run's step budget can be reached in its time."""
+
 from __future__ import annotations
 
 import tempfile
@@ -43,8 +44,9 @@ def check_writable(out: Path) -> None:
         with tempfile.NamedTemporaryFile(dir=out, prefix=".probe-"):
             pass
     except OSError as e:
-        raise TrainError(f"cannot write checkpoints to {out}: {e.strerror or e}; "
-                         "choose a writable directory for the run") from e
+        raise TrainError(
+            f"cannot write checkpoints to {out}: {e.strerror or e}; choose a writable directory for the run"
+        ) from e
 
 
 def device_memory(device: torch.device) -> int | None:
@@ -82,8 +84,9 @@ def check_memory(cfg: ModelConfig, max_tokens: int, limit: int | None) -> None:
     )
 
 
-def steps_reachable(max_steps: int, start_step: int, step: int, elapsed_s: float,
-                    max_minutes: float | None) -> int:
+def steps_reachable(
+    max_steps: int, start_step: int, step: int, elapsed_s: float, max_minutes: float | None
+) -> int:
     """Returns the step at which the run will stop: max_steps, or sooner when --max-minutes ends it first.
 
     The time limit is turned into steps with the rate measured so far in this process (steps

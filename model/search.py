@@ -12,6 +12,7 @@ Search is written over a step callable, so that it can be tested with a hand-mad
     step(tokens (R, 1) int64, cache_indices (R,) int64, t: int, state) -> (log_probs (R, V), state)
 where row r continues row cache_indices[r] of the previous step and t is the step's position.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -127,8 +128,14 @@ def beam_search(
 
 
 def greedy_search(
-    step: Step, state: Any, *, rows: int, start_id: int, eos_id: int,
-    max_length: int | list[int], min_length: int = 0,
+    step: Step,
+    state: Any,
+    *,
+    rows: int,
+    start_id: int,
+    eos_id: int,
+    max_length: int | list[int],
+    min_length: int = 0,
 ) -> list[Hypothesis]:
     """Greedy search for a batch of `rows` sentences at once (argmax, first index on ties).
 
@@ -253,18 +260,32 @@ def translate_ids(
             for row, i in enumerate(chunk):
                 src[row, : len(sources[i])] = torch.tensor(sources[i])
             step, state = model_step(model, src, src != cfg.pad_id)
-            hyps = greedy_search(step, state, rows=len(chunk), start_id=cfg.decoder_start_id,
-                                 eos_id=cfg.eos_id, min_length=min_length,
-                                 max_length=[limit(len(sources[i])) for i in chunk])
+            hyps = greedy_search(
+                step,
+                state,
+                rows=len(chunk),
+                start_id=cfg.decoder_start_id,
+                eos_id=cfg.eos_id,
+                min_length=min_length,
+                max_length=[limit(len(sources[i])) for i in chunk],
+            )
             by_index.update(zip(chunk, hyps))
         return [[by_index[i]] for i in range(len(sources))]
     for s in sources:
         src = torch.tensor([s], device=device)
         mask = torch.ones_like(src, dtype=torch.bool)
         step, state = model_step(model, src, mask)
-        results.append(beam_search(
-            step, state, beam_size=beam_size, start_id=cfg.decoder_start_id, eos_id=cfg.eos_id,
-            max_length=limit(len(s)), min_length=min_length, length_penalty=length_penalty,
-            num_hypotheses=num_hypotheses,
-        ))
+        results.append(
+            beam_search(
+                step,
+                state,
+                beam_size=beam_size,
+                start_id=cfg.decoder_start_id,
+                eos_id=cfg.eos_id,
+                max_length=limit(len(s)),
+                min_length=min_length,
+                length_penalty=length_penalty,
+                num_hypotheses=num_hypotheses,
+            )
+        )
     return results

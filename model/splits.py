@@ -1,4 +1,5 @@
 """A run's corpus split into train, validation and test, the same way by training, verify and evaluate."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,8 +12,9 @@ from .options import TrainError, TrainOptions
 def _read_tsv(path: str, flag: str, opts: TrainOptions, verbose: bool = True) -> list[tuple[str, str]]:
     if not Path(path).is_file():
         raise TrainError(f"{flag} {path}: no such file; give a tab-separated corpus")
-    pairs, skipped = read_pairs(path, src_col=opts.src_col, tgt_col=opts.tgt_col,
-                                skip_bad=opts.skip_bad_lines)
+    pairs, skipped = read_pairs(
+        path, src_col=opts.src_col, tgt_col=opts.tgt_col, skip_bad=opts.skip_bad_lines
+    )
     if skipped and verbose:
         print(f"skipped {skipped} malformed lines of {path} (--skip-bad-lines)")
     return pairs
@@ -51,10 +53,14 @@ def load_split(opts: TrainOptions, *, valid: bool = True, verbose: bool = True) 
     sources = {s for s, _ in valid_pairs}
     train = [pair for pair in split.train if pair[0] not in sources]
     if not train:
-        raise TrainError(f"every training source of {opts.data or 'the generated corpus'} is also in "
-                         f"--valid-data {opts.valid_data}; give a validation file distinct from the training "
-                         "data")
+        raise TrainError(
+            f"every training source of {opts.data or 'the generated corpus'} is also in "
+            f"--valid-data {opts.valid_data}; give a validation file distinct from the training "
+            "data"
+        )
     if len(train) < len(split.train) and verbose:
-        print(f"dropped {len(split.train) - len(train)} training pairs whose source is in --valid-data "
-              f"{opts.valid_data}")
+        print(
+            f"dropped {len(split.train) - len(train)} training pairs whose source is in --valid-data "
+            f"{opts.valid_data}"
+        )
     return Split(train=train, valid=valid_pairs, test=split.test)

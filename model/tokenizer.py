@@ -1,4 +1,5 @@
 """SentencePiece models trained on the training split, with the special ids of ModelConfig."""
+
 from __future__ import annotations
 
 import io
@@ -41,7 +42,10 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int) -> bytes:
         model_type="unigram",
         # Chinese and similar scripts have thousands of rare characters: leave the rarest to unk.
         character_coverage=1.0 if len(chars) < 1000 else 0.9995,
-        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
         hard_vocab_limit=False,
         num_threads=1,  # deterministic
         shuffle_input_sentence=False,

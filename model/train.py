@@ -1,5 +1,6 @@
 """Training with teacher forcing: Adam (beta2 0.98), inverse-square-root warm-up, label smoothing,
 dropout, gradient clipping; periodic validation loss and BLEU on reference greedy decodes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,16 +61,20 @@ def evaluate(model, tok, examples, pairs, cfg, device, max_tokens, bleu_sentence
     for batch in token_batches(lengths, max_tokens=max_tokens, shuffle=False):
         src, mask, tgt_in, tgt_out = make_batch(examples, batch, cfg, device)
         logits = model(src, mask, tgt_in)
-        total += F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=cfg.pad_id,
-                                 reduction="sum").item()
+        total += F.cross_entropy(
+            logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=cfg.pad_id, reduction="sum"
+        ).item()
         count += int((tgt_out != cfg.pad_id).sum())
     n = min(bleu_sentences, len(pairs))
     hyps = translate_ids(model, [tok.encode_source(s) for s, _ in pairs[:n]], beam_size=1)
     texts = [tok.decode_target(h[0].tokens) for h in hyps]
     model.train()
     valid_bleu = bleu(texts, [t for _, t in pairs[:n]]) if n else 0.0
-    return {"valid_loss": total / max(count, 1), "valid_bleu": valid_bleu,
-            "samples": _distinct_samples([s for s, _ in pairs[:n]], texts, 3)}
+    return {
+        "valid_loss": total / max(count, 1),
+        "valid_bleu": valid_bleu,
+        "samples": _distinct_samples([s for s, _ in pairs[:n]], texts, 3),
+    }
 
 
 def _distinct_samples(sources: list[str], texts: list[str], k: int) -> list[tuple[str, str]]:
@@ -114,6 +119,7 @@ def train(opts: TrainOptions) -> Path:
         else:
             # Writes each rank's exception to the file torchrun reads, so its failure summary shows it.
             from torch.distributed.elastic.multiprocessing.errors import record
+
             out = record(_train)(opts, group)
         clean = True
         return out
@@ -156,19 +162,28 @@ def _train(opts: TrainOptions, group: distributed.Group) -> Path:
     lengths = run.lengths
     # On a terminal the bar redraws often; into a log file a line every 30 s is enough.
     interval = 0.5 if sys.stderr.isatty() else 30.0
-    bar = _Bar(total=opts.max_steps, initial=run.start_step, disable=not (opts.progress and main),
-               unit="step", dynamic_ncols=True, mininterval=interval)
+    bar = _Bar(
+        total=opts.max_steps,
+        initial=run.start_step,
+        disable=not (opts.progress and main),
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=interval,
+    )
     if main and not opts.resume:
         _announce(run, dropped)
     # A resumed run that already reached max_steps is finished: train nothing more.
     stop = state["step"] >= opts.max_steps
     if stop and main:
-        print(f"{run.out} already reached step {state['step']} of {opts.max_steps}; "
-              "raise --max-steps to train further")
+        print(
+            f"{run.out} already reached step {state['step']} of {opts.max_steps}; "
+            "raise --max-steps to train further"
+        )
     try:  # the bar's monitor thread is joined by bar.close(), on every path
         while not stop:
-            batches = token_batches(lengths, max_tokens=opts.max_tokens, shuffle=True,
-                                    seed=opts.seed + run.state["epoch"])
+            batches = token_batches(
+                lengths, max_tokens=opts.max_tokens, shuffle=True, seed=opts.seed + run.state["epoch"]
+            )
             for b in range(run.state["batch_in_epoch"], len(batches)):
                 stop = _step(run, lengths, batches[b], b, bar)
                 if stop:
@@ -212,8 +227,11 @@ def _prepare(opts: TrainOptions, group: distributed.Group) -> tuple[_Run, int]:
         state = checkpoint.load_training_state(ckpt, optimizer)
     state["options"] = dataclasses.asdict(opts)
     model.train()
-    amp = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-           else torch.autocast("cpu", enabled=False))
+    amp = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if device.type == "cuda"
+        else torch.autocast("cpu", enabled=False)
+    )
     run = _Run(opts, group, model, net, tok, split, train_ex, valid_ex, optimizer, state, amp, state["step"])
     return run, dropped
 
@@ -235,10 +253,13 @@ def _parallel(model: Transformer, opts: TrainOptions, group: distributed.Group) 
 def _announce(run: _Run, dropped: int) -> None:
     """The new run's first line: parameters, device, pairs and vocabularies."""
     group, cfg = run.group, run.model.cfg
-    print(f"training {sum(p.numel() for p in run.model.parameters()):,} parameters on {group.device}"
-          + (f" x {group.world_size} processes" if group.active else "") + ": "
-          f"{len(run.train_ex)} pairs ({dropped} longer than {run.opts.max_len} tokens dropped), "
-          f"vocabularies {cfg.src_vocab_size}/{cfg.tgt_vocab_size}")
+    print(
+        f"training {sum(p.numel() for p in run.model.parameters()):,} parameters on {group.device}"
+        + (f" x {group.world_size} processes" if group.active else "")
+        + ": "
+        f"{len(run.train_ex)} pairs ({dropped} longer than {run.opts.max_len} tokens dropped), "
+        f"vocabularies {cfg.src_vocab_size}/{cfg.tgt_vocab_size}"
+    )
 
 
 def _step(run: _Run, lengths: list[tuple[int, int]], batch: list[int], b: int, bar: _Bar) -> bool:
@@ -270,14 +291,29 @@ def _step(run: _Run, lengths: list[tuple[int, int]], batch: list[int], b: int, b
     bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{speed:,.0f}", refresh=False)
     if step % opts.eval_every == 0 or step >= opts.max_steps or timed_out:
         if group.is_main:  # validation runs once, on rank 0; the others wait for its state below
-            _validate_and_save(run.model, run.tok, run.valid_ex, run.split, cfg, group.device, opts,
-                               run.state, run.optimizer, bar, train_loss, grad_norm.item(), run.t0, run.out)
+            _validate_and_save(
+                run.model,
+                run.tok,
+                run.valid_ex,
+                run.split,
+                cfg,
+                group.device,
+                opts,
+                run.state,
+                run.optimizer,
+                bar,
+                train_loss,
+                grad_norm.item(),
+                run.t0,
+                run.out,
+            )
         run.state = group.broadcast(run.state)
     return step >= opts.max_steps or timed_out
 
 
-def _backward(run: _Run, batch: tuple[torch.Tensor, ...], has_examples: bool,
-              total: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _backward(
+    run: _Run, batch: tuple[torch.Tensor, ...], has_examples: bool, total: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward, loss, backward, clipping and the optimizer's step; returns (loss, grad norm).
 
     Under torchrun the loss is this rank's sum over the global batch's tokens, times N because DDP
@@ -292,12 +328,21 @@ def _backward(run: _Run, batch: tuple[torch.Tensor, ...], has_examples: bool,
     flat_logits, flat_target = logits.flatten(0, 1).float(), tgt_out.flatten()
     if run.group.active:
         weight = 1.0 if has_examples else 0.0
-        loss = F.cross_entropy(flat_logits, flat_target, ignore_index=cfg.pad_id,
-                               label_smoothing=opts.label_smoothing, reduction="sum") * weight
+        loss = (
+            F.cross_entropy(
+                flat_logits,
+                flat_target,
+                ignore_index=cfg.pad_id,
+                label_smoothing=opts.label_smoothing,
+                reduction="sum",
+            )
+            * weight
+        )
         objective = loss * (run.group.world_size / total)
     else:
-        loss = F.cross_entropy(flat_logits, flat_target, ignore_index=cfg.pad_id,
-                               label_smoothing=opts.label_smoothing)
+        loss = F.cross_entropy(
+            flat_logits, flat_target, ignore_index=cfg.pad_id, label_smoothing=opts.label_smoothing
+        )
         objective = loss
     run.optimizer.zero_grad(set_to_none=True)
     objective.backward()
@@ -314,14 +359,16 @@ def _agree_on_loss(run: _Run, loss: torch.Tensor, total: int, timed_out: bool) -
     group = run.group
     if not group.active:
         return loss.item(), timed_out
-    shared = torch.tensor([loss.item(), float(timed_out and group.is_main)], dtype=torch.float64,
-                          device=group.device)
+    shared = torch.tensor(
+        [loss.item(), float(timed_out and group.is_main)], dtype=torch.float64, device=group.device
+    )
     group.all_reduce_sum(shared)
     return shared[0].item() / total, shared[1].item() > 0
 
 
-def _validate_and_save(model, tok, valid_ex, split, cfg, device, opts, state, optimizer, bar, train_loss,
-                       grad_norm, t0, out) -> None:
+def _validate_and_save(
+    model, tok, valid_ex, split, cfg, device, opts, state, optimizer, bar, train_loss, grad_norm, t0, out
+) -> None:
     """Validation loss and BLEU, a line in the history and on the bar, and a checkpoint (best or not)."""
     step = state["step"]
     metrics = evaluate(model, tok, valid_ex, split.valid, cfg, device, opts.max_tokens, opts.bleu_sentences)
@@ -329,11 +376,20 @@ def _validate_and_save(model, tok, valid_ex, split, cfg, device, opts, state, op
     if best:
         state["best_valid_loss"] = metrics["valid_loss"]
     # grad_norm: the gradient's norm before clipping, the same for any number of processes.
-    state["history"].append({"step": step, "train_loss": train_loss, "grad_norm": grad_norm,
-                             "valid_loss": metrics["valid_loss"],
-                             "valid_bleu": metrics["valid_bleu"], "elapsed_s": time.time() - t0})
-    bar.write(f"step {step}: train loss {train_loss:.3f}, valid loss {metrics['valid_loss']:.3f}, "
-              f"valid BLEU {metrics['valid_bleu']:.1f}" + (" (best)" if best else ""))
+    state["history"].append(
+        {
+            "step": step,
+            "train_loss": train_loss,
+            "grad_norm": grad_norm,
+            "valid_loss": metrics["valid_loss"],
+            "valid_bleu": metrics["valid_bleu"],
+            "elapsed_s": time.time() - t0,
+        }
+    )
+    bar.write(
+        f"step {step}: train loss {train_loss:.3f}, valid loss {metrics['valid_loss']:.3f}, "
+        f"valid BLEU {metrics['valid_bleu']:.1f}" + (" (best)" if best else "")
+    )
     for s, h in metrics["samples"]:
         bar.write(f"  {s}  ->  {h}")
     checkpoint.save(out, model, tok, state, optimizer, best=best)

@@ -1,6 +1,7 @@
 """What a training run starts from: a new run directory (refused where occupied, without --force) or the
 last checkpoint of one to resume, the model's config from the options, and the corpus with the tokenizer
 trained on it, shared by every rank. model/train.py runs the steps."""
+
 from __future__ import annotations
 
 import json
@@ -20,10 +21,18 @@ from .tokenizer import Tokenizer
 def config(opts: TrainOptions, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
     try:
         return ModelConfig(
-            src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=opts.d_model,
-            n_heads=opts.n_heads, n_encoder_layers=opts.layers, n_decoder_layers=opts.layers, d_ff=opts.d_ff,
-            dropout=opts.dropout, max_positions=max(opts.max_len + 2, 128), pre_norm=opts.pre_norm,
-            tie_embeddings=opts.tie_embeddings, share_vocab=opts.joint_vocab,
+            src_vocab_size=src_vocab_size,
+            tgt_vocab_size=tgt_vocab_size,
+            d_model=opts.d_model,
+            n_heads=opts.n_heads,
+            n_encoder_layers=opts.layers,
+            n_decoder_layers=opts.layers,
+            d_ff=opts.d_ff,
+            dropout=opts.dropout,
+            max_positions=max(opts.max_len + 2, 128),
+            pre_norm=opts.pre_norm,
+            tie_embeddings=opts.tie_embeddings,
+            share_vocab=opts.joint_vocab,
         )
     except ValueError as e:
         raise TrainError(f"the model options do not fit together: {e}") from e
@@ -56,16 +65,22 @@ def new_run(opts: TrainOptions, out: Path, device: torch.device, main: bool) -> 
         raise TrainError(f"{out} is a file, not a run directory; choose another OUT")
     if out.exists() and any(out.iterdir()):
         if not opts.force:
-            raise TrainError(f"{out} already holds a run; pass --resume to continue it "
-                             "or --force to start over")
+            raise TrainError(
+                f"{out} already holds a run; pass --resume to continue it or --force to start over"
+            )
         if not ((out / "last").is_symlink() or any(p.name.startswith("step-") for p in out.iterdir())):
-            raise TrainError(f"{out} holds files but no run of `seq2onnx train` (no last or step-* inside): "
-                             "--force replaces only a run; choose another OUT or empty it yourself")
+            raise TrainError(
+                f"{out} holds files but no run of `seq2onnx train` (no last or step-* inside): "
+                "--force replaces only a run; choose another OUT or empty it yourself"
+            )
         for flag, path in (("--data", opts.data), ("--valid-data", opts.valid_data)):
             if path is not None and out.resolve() in Path(path).resolve().parents:
-                raise TrainError(f"{flag} {path} lies inside OUT {out}, which --force would delete; "
-                                 "move the data out of the run directory or choose another OUT")
+                raise TrainError(
+                    f"{flag} {path} lies inside OUT {out}, which --force would delete; "
+                    "move the data out of the run directory or choose another OUT"
+                )
         import shutil
+
         shutil.rmtree(out)
     check_writable(out)
 

@@ -8,6 +8,7 @@ path of the latter fixes sequence lengths in exported graphs. Three entry points
 graphs: `encode` + `cross_kv` (encoder.onnx) and `decode_step` (decoder.onnx); `forward` is the
 teacher-forced pass used for training.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,13 @@ from torch import Tensor, nn
 from .blocks import KV, DecoderLayer, EncoderLayer, make_norm
 from .config import ModelConfig
 from .layers import (  # noqa: F401 (sinusoid_table: API)
-    LayerNorm, bucket_table, causal_bias, own_past_bias, padding_bias, sinusoid_table, wide,
+    LayerNorm,
+    bucket_table,
+    causal_bias,
+    own_past_bias,
+    padding_bias,
+    sinusoid_table,
+    wide,
 )
 
 
@@ -36,9 +43,7 @@ class Transformer(nn.Module):
         d = cfg.d_model
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=cfg.pad_id)
         self.tgt_embed = (
-            self.src_embed
-            if cfg.share_vocab
-            else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
+            self.src_embed if cfg.share_vocab else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
         )
         # Stored positions (an imported model's own table) travel with the weights; ours are recomputed.
         # T5 has none: a learned per-head bias over buckets of relative positions, one table per stack
@@ -47,12 +52,17 @@ class Transformer(nn.Module):
             self.encoder_relative = nn.Embedding(cfg.relative_buckets, cfg.n_heads)
             self.decoder_relative = nn.Embedding(cfg.relative_buckets, cfg.n_heads)
             for side, both_ways in (("encoder", True), ("decoder", False)):
-                self.register_buffer(f"{side}_buckets", bucket_table(
-                    both_ways, cfg.relative_buckets, cfg.relative_max_distance, cfg.max_positions),
-                    persistent=False)
+                self.register_buffer(
+                    f"{side}_buckets",
+                    bucket_table(
+                        both_ways, cfg.relative_buckets, cfg.relative_max_distance, cfg.max_positions
+                    ),
+                    persistent=False,
+                )
         else:
-            self.register_buffer("positions", sinusoid_table(cfg.max_positions, d),
-                                 persistent=cfg.stored_positions)
+            self.register_buffer(
+                "positions", sinusoid_table(cfg.max_positions, d), persistent=cfg.stored_positions
+            )
         if cfg.separate_positions:  # mBART learns a table per stack: the decoder's, beside the encoder's
             self.register_buffer("tgt_positions", sinusoid_table(cfg.max_positions, d))
         self.embed_dropout = nn.Dropout(cfg.dropout)
@@ -114,8 +124,9 @@ class Transformer(nn.Module):
         """The decoder's position table: its own (cfg.separate_positions), else the one both stacks share."""
         return self.tgt_positions if self.cfg.separate_positions else self.positions
 
-    def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor | None,
-              norm: nn.Module | None = None) -> Tensor:
+    def embed(
+        self, table: nn.Embedding, ids: Tensor, positions: Tensor | None, norm: nn.Module | None = None
+    ) -> Tensor:
         """table(ids) * sqrt(d_model) (unless not cfg.scale_embedding) + positions (None: T5's, none),
         through `norm` (the stack's embedding norm; None: the target's), then dropout."""
         x = table(ids) * math.sqrt(self.cfg.d_model) if self.cfg.scale_embedding else table(ids)

@@ -152,6 +152,7 @@ def _check_sentencepiece(bundle: Bundle, proc, size_key: str, key: str) -> None:
                 bundle, f"special_ids.{name}", ids[name], own, f"{bundle.file(key).name} ({name}_id())"
             )
 
+
 def _shape_of(arg) -> list:
     return [d if isinstance(d, int) else str(d) for d in arg.shape]
 

@@ -11,6 +11,8 @@ from .ort_install import import_onnxruntime
 ort = import_onnxruntime()  # names a missing or doubly installed onnxruntime, with the fix
 
 DEVICES = ("auto", "cuda", "cpu")
+
+
 def cuda_usable() -> tuple[bool, str]:
     """Tells whether onnxruntime can run its CUDA provider here (a CUDA build and an NVIDIA driver).
 

@@ -79,12 +79,25 @@ class Graphs:
             max_length = self._buffer_pool.positions(rows * beam_width, beam_width, max_length, top_k)
             buffers = self._buffer_pool.take(rows * beam_width, beam_width, max_length, top_k)
             src_mask, cross = encoded  # the encoder's OrtValues: bound as they are
-            return FusedStep(self.decoder, src_mask=src_mask, cross=cross, beam_width=beam_width,
-                             max_length=max_length, buffers=buffers, **sizes)
+            return FusedStep(
+                self.decoder,
+                src_mask=src_mask,
+                cross=cross,
+                beam_width=beam_width,
+                max_length=max_length,
+                buffers=buffers,
+                **sizes,
+            )
         src_mask, cross = encoded
         return StandardStep(
-            self.decoder, rows=rows, src_mask=src_mask, cross=cross, cache_dtype=self.cache_dtype,
-            to_device=self.to_device, device=self.ort_device, **sizes,
+            self.decoder,
+            rows=rows,
+            src_mask=src_mask,
+            cross=cross,
+            cache_dtype=self.cache_dtype,
+            to_device=self.to_device,
+            device=self.ort_device,
+            **sizes,
         )
 
     def recycle(self, step) -> None:

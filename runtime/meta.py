@@ -273,8 +273,11 @@ def _check_files(v: _Schema, meta: dict) -> dict:
     if isinstance(weights, dict) and WEIGHTS_CHECKSUM in weights:  # optional: bundles before it have none
         value = weights[WEIGHTS_CHECKSUM]
         if not (isinstance(value, str) and re.fullmatch(f"[0-9a-f]{{{WEIGHTS_CHECKSUM_DIGITS}}}", value)):
-            v.fail(f"files.weights.{WEIGHTS_CHECKSUM}", value,
-                   f"expected {WEIGHTS_CHECKSUM_DIGITS} lowercase hex digits (the file's CRC-32)")
+            v.fail(
+                f"files.weights.{WEIGHTS_CHECKSUM}",
+                value,
+                f"expected {WEIGHTS_CHECKSUM_DIGITS} lowercase hex digits (the file's CRC-32)",
+            )
     return files
 
 
@@ -283,8 +286,11 @@ def _check_entry(v: _Schema, entry: dict, key: str) -> None:
     cost seconds of CPU in pathlib), without NUL; a sha256 of the spec's width; a size (optional) >= 0."""
     path = v.text(entry, "path", f"files.{key}.path")
     if len(path) > MAX_PATH_CHARS or "\0" in path:
-        want = (f"expected a path of at most {MAX_PATH_CHARS} characters" if "\0" not in path
-                else "expected a path without a NUL character")
+        want = (
+            f"expected a path of at most {MAX_PATH_CHARS} characters"
+            if "\0" not in path
+            else "expected a path without a NUL character"
+        )
         v.fail(f"files.{key}.path", path, want)
     digest = v.text(entry, "sha256", f"files.{key}.sha256")
     if not re.fullmatch(f"[0-9a-f]{{{SHA256_DIGITS}}}", digest):
@@ -333,9 +339,7 @@ def _check_graph(v: _Schema, graph: dict, label: str) -> None:
         want = FUSED if label == DECODER_LABELS[FUSED] else STANDARD
         v.text(graph, "variant", f"graphs.{label}.variant", (want,))
     domains = graph.get("domains")
-    if "domains" in graph and (
-        not isinstance(domains, list) or not all(isinstance(d, str) for d in domains)
-    ):
+    if "domains" in graph and (not isinstance(domains, list) or not all(isinstance(d, str) for d in domains)):
         v.fail(f"graphs.{label}.domains", domains, "expected a list of operator domains (strings)")
     for side in ("inputs", "outputs"):
         items = graph.get(side)

@@ -1,5 +1,6 @@
 """The options checked against a model: language codes, target prefixes (their ids, count and length) and the
 minimum length against each source's maximum. Each refusal is an OptionError (runtime/option_error.py)."""
+
 from __future__ import annotations
 
 from .option_error import OptionError, _is_int
@@ -23,8 +24,13 @@ def language_id(languages: dict[str, int], code, option: str) -> int:
         known = sorted(languages)
         listed = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
         fix = f"choose one of {listed}" if known else "this model has no language tokens: leave it out"
-        raise OptionError(option, code, limit=f"one of {listed}" if known else "none (no language tokens)",
-                          says=" is not a language of this model; ", hint=fix)
+        raise OptionError(
+            option,
+            code,
+            limit=f"one of {listed}" if known else "none (no language tokens)",
+            says=" is not a language of this model; ",
+            hint=fix,
+        )
     return languages[code]
 
 
@@ -46,25 +52,49 @@ def target_prefixes(target_prefix, n: int, tgt_vocab: int, eos_id: int) -> list[
     """
     if not isinstance(target_prefix, (list, tuple)) or len(target_prefix) != n:
         got = len(target_prefix) if isinstance(target_prefix, (list, tuple)) else type(target_prefix).__name__
-        raise OptionError("target_prefix", target_prefix, limit=f"{n} lists of target ids", shown=None,
-                          says=f" has {got} entries for {n} sources; ",
-                          hint="give one list of target ids per source")
+        raise OptionError(
+            "target_prefix",
+            target_prefix,
+            limit=f"{n} lists of target ids",
+            shown=None,
+            says=f" has {got} entries for {n} sources; ",
+            hint="give one list of target ids per source",
+        )
     out = []
     for i, prefix in enumerate(target_prefix):
         if not isinstance(prefix, (list, tuple)) or not all(_is_int(x) for x in prefix):
-            raise OptionError("target_prefix", target_prefix, limit="lists of target ids", shown=None,
-                              index=i, says=f" is {prefix!r}; ", hint="give a list of target token ids")
+            raise OptionError(
+                "target_prefix",
+                target_prefix,
+                limit="lists of target ids",
+                shown=None,
+                index=i,
+                says=f" is {prefix!r}; ",
+                hint="give a list of target token ids",
+            )
         bad = [int(x) for x in prefix if not 0 <= int(x) < tgt_vocab or int(x) == eos_id]
         if bad:
-            raise OptionError("target_prefix", target_prefix, limit=f"ids in [0, {tgt_vocab}) but {eos_id}",
-                              shown=None, index=i, hint="give target ids of the text before the translation",
-                              says=f" has ids {bad[:5]} outside [0, {tgt_vocab}) or the end token {eos_id}; ")
+            raise OptionError(
+                "target_prefix",
+                target_prefix,
+                limit=f"ids in [0, {tgt_vocab}) but {eos_id}",
+                shown=None,
+                index=i,
+                hint="give target ids of the text before the translation",
+                says=f" has ids {bad[:5]} outside [0, {tgt_vocab}) or the end token {eos_id}; ",
+            )
         out.append([int(x) for x in prefix])
     return out
 
 
-def check_prefix_options(options: SearchOptions, n: int, languages: dict[str, int], tgt_vocab: int,
-                         eos_id: int, max_positions: int | None = None) -> None:
+def check_prefix_options(
+    options: SearchOptions,
+    n: int,
+    languages: dict[str, int],
+    tgt_vocab: int,
+    eos_id: int,
+    max_positions: int | None = None,
+) -> None:
     """Checks the options that depend on a model's vocabulary (source_lang, target_lang, target_prefix) for n
     sources, as translate_batch would, so that a front end refuses them before it starts any work.
 
@@ -102,10 +132,16 @@ def check_prefix_length(given, prefixes: list[list[int]], max_positions: int) ->
     if longest > max_positions - 2:
         i = next(i for i, p in enumerate(prefixes) if len(p) == longest)
         room = max_positions - 2
-        raise OptionError("target_prefix", given, limit=f"at most {room} ids", shown=None, index=i,
-                          says=f" has {longest} ids; ",
-                          hint=f"give at most {room} (the model has {max_positions} positions, one for "
-                               "the start token and one for a token after the prefix)")
+        raise OptionError(
+            "target_prefix",
+            given,
+            limit=f"at most {room} ids",
+            shown=None,
+            index=i,
+            says=f" has {longest} ids; ",
+            hint=f"give at most {room} (the model has {max_positions} positions, one for "
+            "the start token and one for a token after the prefix)",
+        )
 
 
 def check_min_length(min_decoding_length: int, limit: int, tokens: int, source: int | None = None) -> None:
@@ -124,8 +160,12 @@ def check_min_length(min_decoding_length: int, limit: int, tokens: int, source: 
     if min_decoding_length < limit:
         return
     whose = "this text's" if source is None else "its"
-    raise OptionError("min_decoding_length", min_decoding_length, limit=f"below {limit}",
-                      before="" if source is None else f"source {source}: ",
-                      says=f" is not below {whose} maximum length {limit} (max_length_a x {tokens} tokens + "
-                      "max_length_b in bundle.json, at most max_positions): ",
-                      hint="pass a larger max_decoding_length or a smaller min_decoding_length")
+    raise OptionError(
+        "min_decoding_length",
+        min_decoding_length,
+        limit=f"below {limit}",
+        before="" if source is None else f"source {source}: ",
+        says=f" is not below {whose} maximum length {limit} (max_length_a x {tokens} tokens + "
+        "max_length_b in bundle.json, at most max_positions): ",
+        hint="pass a larger max_decoding_length or a smaller min_decoding_length",
+    )

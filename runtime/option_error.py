@@ -3,6 +3,7 @@
 
 bool is not accepted where an int is meant (True is an int to Python, never a beam size here).
 """
+
 from __future__ import annotations
 
 import numbers
@@ -24,15 +25,25 @@ class OptionError(ValueError):
         hint: the fix, e.g. "give an int >= 1 (1 is greedy search)".
     """
 
-    def __init__(self, option: str, value, *, limit: str, hint: str, says: str = ": ", shown: str | None = "",
-                 index: int | None = None, before: str = ""):
+    def __init__(
+        self,
+        option: str,
+        value,
+        *,
+        limit: str,
+        hint: str,
+        says: str = ": ",
+        shown: str | None = "",
+        index: int | None = None,
+        before: str = "",
+    ):
         """Args:
-            option, value, limit, hint: the attributes.
-            says: what the message says between the value and the hint (the reason, with its punctuation).
-            shown: the value as the message shows it: "" its repr, None not at all ("target_prefix has 3
-                entries...").
-            index: the item of a list-valued option at fault ("target_prefix[1] ..."); a front end drops it.
-            before: what the message says before the option, e.g. "source 2: ".
+        option, value, limit, hint: the attributes.
+        says: what the message says between the value and the hint (the reason, with its punctuation).
+        shown: the value as the message shows it: "" its repr, None not at all ("target_prefix has 3
+            entries...").
+        index: the item of a list-valued option at fault ("target_prefix[1] ..."); a front end drops it.
+        before: what the message says before the option, e.g. "source 2: ".
         """
         self.option, self.value, self.limit, self.hint = option, value, limit, hint
         self.says, self.index, self.before = says, index, before
@@ -61,8 +72,9 @@ def _describe(value) -> str:
 
 def _bool(name: str, value) -> bool:
     if not isinstance(value, bool):
-        raise OptionError(name, value, limit="True or False", hint="give True or False",
-                          shown=_describe(value))
+        raise OptionError(
+            name, value, limit="True or False", hint="give True or False", shown=_describe(value)
+        )
     return value
 
 

@@ -92,8 +92,12 @@ def docs(scope: str, indent: str = "            ") -> str:
     for name in names(scope):
         o, default = OPTIONS[name], api_default(name)
         said = f"bundle.json's decoding.{o.bundle}" if o.bundle else repr(default)
-        lines += textwrap.wrap(f"{name}: {o.doc} (default {said}).", width=110, initial_indent=indent,
-                               subsequent_indent=indent + "    ")
+        lines += textwrap.wrap(
+            f"{name}: {o.doc} (default {said}).",
+            width=110,
+            initial_indent=indent,
+            subsequent_indent=indent + "    ",
+        )
     return "\n".join(lines)
 
 
@@ -106,9 +110,17 @@ def takes_options(scope: str):
     def decorate(method):
         sig = inspect.signature(method)
         head = [p for p in sig.parameters.values() if p.kind != p.VAR_KEYWORD]
-        kw = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=api_default(n),
-                                annotation=annotations[n] if api_default(n) is not None or OPTIONS[n].nullable
-                                else f"{annotations[n]} | None") for n in names(scope)]
+        kw = [
+            inspect.Parameter(
+                n,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=api_default(n),
+                annotation=annotations[n]
+                if api_default(n) is not None or OPTIONS[n].nullable
+                else f"{annotations[n]} | None",
+            )
+            for n in names(scope)
+        ]
         method.__signature__ = sig.replace(parameters=head + kw)
         method.__doc__ = method.__doc__.replace("            OPTIONS\n", docs(scope) + "\n")
         return method
@@ -120,13 +132,24 @@ def capabilities() -> dict:
     """spec/capabilities.json's content."""
     options = {}
     for name, o in OPTIONS.items():
-        entry = {"js": js_name(name), "http": o.http, "cli": o.cli, "kind": o.kind, "doc": o.doc,
-                 "default": DEFAULTS[name], "bundle_default": o.bundle, "nullable": o.nullable}
+        entry = {
+            "js": js_name(name),
+            "http": o.http,
+            "cli": o.cli,
+            "kind": o.kind,
+            "doc": o.doc,
+            "default": DEFAULTS[name],
+            "bundle_default": o.bundle,
+            "nullable": o.nullable,
+        }
         if o.low is not None:
             entry |= {"min": o.low, "max": o.high, "min_open": o.low_open}
-        entry |= {"hint": o.hint, "scope": o.scope,
-                  "hosts": {host: LACKS.get(name, {}).get(host, True) for host in HOSTS},
-                  "cases": CASES.get(name, [])}
+        entry |= {
+            "hint": o.hint,
+            "scope": o.scope,
+            "hosts": {host: LACKS.get(name, {}).get(host, True) for host in HOSTS},
+            "cases": CASES.get(name, []),
+        }
         if name in GAPS:
             entry["gap"] = GAPS[name]
         options[name] = entry
@@ -142,17 +165,22 @@ def main(argv: list[str]) -> int:
     """Writes spec/capabilities.json; with --check, only compares it (1: it differs, run without --check)."""
     unknown = [a for a in argv if a != "--check"]
     if unknown:
-        print("usage: python -m seq2onnx.runtime.option_spec [--check]: writes spec/capabilities.json from "
-              "runtime/options.py's declarations; --check only compares (exit 1: it differs)"
-              + ("" if unknown in (["--help"], ["-h"]) else f"; unknown: {' '.join(unknown)}"),
-              file=sys.stderr if unknown not in (["--help"], ["-h"]) else sys.stdout)
+        print(
+            "usage: python -m seq2onnx.runtime.option_spec [--check]: writes spec/capabilities.json from "
+            "runtime/options.py's declarations; --check only compares (exit 1: it differs)"
+            + ("" if unknown in (["--help"], ["-h"]) else f"; unknown: {' '.join(unknown)}"),
+            file=sys.stderr if unknown not in (["--help"], ["-h"]) else sys.stdout,
+        )
         return 0 if unknown in (["--help"], ["-h"]) else 2
     text = render()
     if "--check" in argv:
         same = CAPABILITIES_PATH.is_file() and CAPABILITIES_PATH.read_text(encoding="utf-8") == text
         if not same:
-            print(f"{CAPABILITIES_PATH} differs from runtime/options.py's options: run "
-                  "`python -m seq2onnx.runtime.option_spec` and commit it", file=sys.stderr)
+            print(
+                f"{CAPABILITIES_PATH} differs from runtime/options.py's options: run "
+                "`python -m seq2onnx.runtime.option_spec` and commit it",
+                file=sys.stderr,
+            )
         return 0 if same else 1
     temporary = CAPABILITIES_PATH.with_name(CAPABILITIES_PATH.name + ".tmp")  # whole or not at all
     temporary.write_text(text, encoding="utf-8")

@@ -71,8 +71,10 @@ def fill(source: int, fd: int, size: int, path: Path) -> None:
     except OSError as e:
         raise copy_error(path, os.environ.get(COPY_DIR_VARIABLE) or tempfile.gettempdir(), size, e) from None
     if copied != size or os.fstat(source).st_size != size:
-        raise BundleError(f"{path}: changed size while it was read; re-export the bundle, or wait for the "
-                          "export that is writing it")
+        raise BundleError(
+            f"{path}: changed size while it was read; re-export the bundle, or wait for the "
+            "export that is writing it"
+        )
 
 
 def unnamed(where: str) -> tuple[int, bool]:

@@ -63,6 +63,7 @@ def _probabilities(log_probs: np.ndarray, temperature: float, top_k: int, top_p:
         probs /= probs.sum(axis=1, keepdims=True)
     return probs
 
+
 def sample_program(
     batch: int,
     *,

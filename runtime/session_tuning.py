@@ -2,6 +2,7 @@
 optimisation level, thread spinning, which decoder, TF32, prepacking), the spin settings it makes for
 each onnxruntime version, and the intra-op thread count. Refusals are runtime/options.py's OptionError.
 """
+
 from __future__ import annotations
 
 import os
@@ -83,9 +84,10 @@ def spin_settings(spinning: str, graph: str, ort_version: str) -> dict[str, str]
         return {"session.intra_op.allow_spinning": "1"}
     if _version(ort_version) < SPIN_DURATION_SINCE:  # a spin cannot be bounded: only the decoder's
         return {"session.intra_op.allow_spinning": "1" if graph == "decoder" else "0"}
-    return {"session.intra_op.allow_spinning": "1",
-            "session.intra_op.spin_duration_us":
-                str(DECODER_SPIN_US if graph == "decoder" else ENCODER_SPIN_US)}
+    return {
+        "session.intra_op.allow_spinning": "1",
+        "session.intra_op.spin_duration_us": str(DECODER_SPIN_US if graph == "decoder" else ENCODER_SPIN_US),
+    }
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -111,7 +113,12 @@ def check_intra_threads(value) -> int:
     """
     cores = os.cpu_count() or 1
     if not _is_int(value) or not 0 <= value <= cores:
-        raise OptionError("intra_threads", value, limit=f"an int in [0, {cores}]", shown=_describe(value),
-                          says=f": this machine has {cores} cores (os.cpu_count()); ",
-                          hint=f"give an int from 0 (onnxruntime's default: one per core) to {cores}")
+        raise OptionError(
+            "intra_threads",
+            value,
+            limit=f"an int in [0, {cores}]",
+            shown=_describe(value),
+            says=f": this machine has {cores} cores (os.cpu_count()); ",
+            hint=f"give an int from 0 (onnxruntime's default: one per core) to {cores}",
+        )
     return int(value)

@@ -99,9 +99,9 @@ class Translator:
         # Every file is read once, hash-checked on those bytes, and every session and tokenizer is made
         # from them: a bundle replaced on disk later cannot mix into this one (runtime/bundle.py).
         own = not isinstance(bundle_dir, Bundle)
-        bundle = read_bundle(
-            bundle_dir, check_hashes=check_hashes, defer_weights_hash=True
-        ) if own else bundle_dir
+        bundle = (
+            read_bundle(bundle_dir, check_hashes=check_hashes, defer_weights_hash=True) if own else bundle_dir
+        )
         with verified(bundle.weights):  # hashed while the sessions are made; checked before anything else
             self._load(bundle, bundle_dir, device, tuning, intra_threads, cache)
         if own:
@@ -134,8 +134,13 @@ class Translator:
         graphs = read_graphs(bundle)  # every listed graph parsed, whichever decoder is driven
         # a bundle read here is ours: each graph's bytes may go once its session is made (lower peak memory)
         s = open_sessions(
-            bundle, device, tuning, intra_threads, release_bytes=not isinstance(bundle_dir, Bundle),
-            check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs), cache=cache,
+            bundle,
+            device,
+            tuning,
+            intra_threads,
+            release_bytes=not isinstance(bundle_dir, Bundle),
+            check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs),
+            cache=cache,
         )
         self.device, self.device_reason = s.device, s.device_reason
         self.encoder, self.decoder = s.encoder, s.decoder

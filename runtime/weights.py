@@ -65,8 +65,15 @@ class WeightsFile:
         checked_by: "sha256" where the copy is held to bundle.json's sha256, else None.
     """
 
-    def __init__(self, path: Path, name: str, size: int, file_fd: int, sha256: str | None = None,
-                 where: str | None = None):
+    def __init__(
+        self,
+        path: Path,
+        name: str,
+        size: int,
+        file_fd: int,
+        sha256: str | None = None,
+        where: str | None = None,
+    ):
         self.path, self.name, self.size, self.sha256 = path, name, size, sha256
         self._where = where  # the copy's directory where it can be named again (O_TMPFILE), else None
         self.checked_by = "sha256" if sha256 is not None else None

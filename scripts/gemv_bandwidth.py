@@ -7,6 +7,7 @@ median and best GB/s: the floor docs/benchmarks.md divides a model's bytes per s
 
     python scripts/gemv_bandwidth.py [--k 8192] [--n 32768] [--threads 1,2] [--runs 10]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,10 +30,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     w = np.random.default_rng(0).standard_normal((args.k, args.n), dtype=np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "gemv",
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "gemv",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, args.k])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, args.n])],
-        initializer=[numpy_helper.from_array(w, "w")])
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gemv.onnx"
@@ -50,8 +53,10 @@ def main(argv=None) -> int:
                 start = time.perf_counter()
                 session.run(None, {"x": x})
                 times.append(time.perf_counter() - start)
-            print(f"threads {threads}: {w.nbytes / np.median(times) / 1e9:.1f} GB/s median, "
-                  f"{w.nbytes / min(times) / 1e9:.1f} best ({np.median(times) * 1e3:.1f} ms per pass)")
+            print(
+                f"threads {threads}: {w.nbytes / np.median(times) / 1e9:.1f} GB/s median, "
+                f"{w.nbytes / min(times) / 1e9:.1f} best ({np.median(times) * 1e3:.1f} ms per pass)"
+            )
             del session
     return 0
 

@@ -18,13 +18,30 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tiny fixtures' helpers (SentenceP
 MAX_LENGTH = 64  # generation_config.json's max_length: Tatoeba sentences are short
 BATCH = 32
 VOCAB = 4000
-SHAPE = dict(d_model=128, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
-             decoder_attention_heads=4, encoder_ffn_dim=512, decoder_ffn_dim=512,
-             max_position_embeddings=256, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-             encoder_layerdrop=0.0, decoder_layerdrop=0.0, scale_embedding=True, init_std=128 ** -0.5)
+SHAPE = dict(
+    d_model=128,
+    encoder_layers=3,
+    decoder_layers=3,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=512,
+    decoder_ffn_dim=512,
+    max_position_embeddings=256,
+    dropout=0.0,
+    attention_dropout=0.0,
+    activation_dropout=0.0,
+    encoder_layerdrop=0.0,
+    decoder_layerdrop=0.0,
+    scale_embedding=True,
+    init_std=128**-0.5,
+)
 # family: (source language code, target language code, learning rate); Marian (post-norm) wants the lower rate
-FAMILIES = {"marian": (None, None, 1.5e-3), "nllb": ("eng_Latn", "zho_Hans", 3e-3),
-            "mbart": ("en_XX", "zh_CN", 3e-3), "t5": (None, None, 1e-3)}
+FAMILIES = {
+    "marian": (None, None, 1.5e-3),
+    "nllb": ("eng_Latn", "zho_Hans", 3e-3),
+    "mbart": ("en_XX", "zh_CN", 3e-3),
+    "t5": (None, None, 1e-3),
+}
 T0 = time.perf_counter()
 
 
@@ -43,8 +60,10 @@ def read_pairs(n_test: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]
                 pairs.setdefault(cols[0].strip(), cols[1].strip())
     items = list(pairs.items())
     if n_test * 4 > len(items):
-        raise SystemExit(f"error: --sentences {n_test} leaves too few of {len(items)} pairs to train on; "
-                         f"ask for {len(items) // 4} or fewer")
+        raise SystemExit(
+            f"error: --sentences {n_test} leaves too few of {len(items)} pairs to train on; "
+            f"ask for {len(items) // 4} or fewer"
+        )
     step = len(items) / n_test
     test_idx = {int(i * step + step / 2) for i in range(n_test)}
     return [p for i, p in enumerate(items) if i not in test_idx], [items[i] for i in sorted(test_idx)]
@@ -57,10 +76,18 @@ def train_spm(texts: list[str], path: Path, model_type: str, **ids) -> Path:
     import sentencepiece as spm
 
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=VOCAB,
-                                   model_type=model_type, character_coverage=0.9995, num_threads=2,
-                                   minloglevel=2, input_sentence_size=200000, shuffle_input_sentence=True,
-                                   **ids)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_writer=model,
+        vocab_size=VOCAB,
+        model_type=model_type,
+        character_coverage=0.9995,
+        num_threads=2,
+        minloglevel=2,
+        input_sentence_size=200000,
+        shuffle_input_sentence=True,
+        **ids,
+    )
     path.write_bytes(model.getvalue())
     return path
 
@@ -77,18 +104,43 @@ def build_marian(out: Path, texts: list[str]):
     vocab = F._marian_vocab(F.spm_pieces(spm_path, ordinary=True))
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     with F._quiet_transformers():
-        tok = MarianTokenizer(source_spm=str(spm_path), target_spm=str(out / "target.spm"),
-                              vocab=str(out / "vocab.json"), source_lang="en", target_lang="zh",
-                              model_max_length=512)
+        tok = MarianTokenizer(
+            source_spm=str(spm_path),
+            target_spm=str(out / "target.spm"),
+            vocab=str(out / "vocab.json"),
+            source_lang="en",
+            target_lang="zh",
+            model_max_length=512,
+        )
     pad = len(vocab) - 1
     config = MarianConfig(
-        **SHAPE, vocab_size=len(vocab), decoder_vocab_size=len(vocab), share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True, activation_function="swish", pad_token_id=pad, decoder_start_token_id=pad,
-        eos_token_id=0, forced_eos_token_id=0, bos_token_id=0, normalize_before=False,
-        normalize_embedding=False, static_position_embeddings=True, add_final_layer_norm=False)
+        **SHAPE,
+        vocab_size=len(vocab),
+        decoder_vocab_size=len(vocab),
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        activation_function="swish",
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        bos_token_id=0,
+        normalize_before=False,
+        normalize_embedding=False,
+        static_position_embeddings=True,
+        add_final_layer_norm=False,
+    )
     generation = GenerationConfig(
-        bad_words_ids=[[pad]], bos_token_id=0, decoder_start_token_id=pad, eos_token_id=0,
-        forced_eos_token_id=0, max_length=MAX_LENGTH, num_beams=4, pad_token_id=pad, renormalize_logits=True)
+        bad_words_ids=[[pad]],
+        bos_token_id=0,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        max_length=MAX_LENGTH,
+        num_beams=4,
+        pad_token_id=pad,
+        renormalize_logits=True,
+    )
     return tok, MarianMTModel(config), generation
 
 
@@ -99,13 +151,29 @@ def build_nllb(out: Path, texts: list[str]):
 
     with tempfile.TemporaryDirectory() as snapshot:
         spm_path = train_spm(texts, Path(snapshot) / "sentencepiece.bpe.model", "bpe")  # NLLB's is BPE
-        tok = NllbTokenizer.from_pretrained(snapshot, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES),
-                                            src_lang="eng_Latn")
+        tok = NllbTokenizer.from_pretrained(
+            snapshot, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES), src_lang="eng_Latn"
+        )
         shutil.copyfile(spm_path, out / spm_path.name)  # as a hub snapshot has it beside tokenizer.json
-    config = M2M100Config(**SHAPE, vocab_size=len(tok), activation_function="relu", bos_token_id=0,
-                          pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, tie_word_embeddings=True)
-    generation = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, early_stopping=True,
-                                  eos_token_id=2, max_length=MAX_LENGTH, num_beams=4, pad_token_id=1)
+    config = M2M100Config(
+        **SHAPE,
+        vocab_size=len(tok),
+        activation_function="relu",
+        bos_token_id=0,
+        pad_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        tie_word_embeddings=True,
+    )
+    generation = GenerationConfig(
+        bos_token_id=0,
+        decoder_start_token_id=2,
+        early_stopping=True,
+        eos_token_id=2,
+        max_length=MAX_LENGTH,
+        num_beams=4,
+        pad_token_id=1,
+    )
     return tok, M2M100ForConditionalGeneration(config), generation
 
 
@@ -120,12 +188,27 @@ def build_mbart(out: Path, texts: list[str]):
         # bos_token as the published special_tokens_map.json has it (CTranslate2's converter reads it)
         tok = MBart50Tokenizer.from_pretrained(snapshot, src_lang="en_XX", bos_token="<s>")
         shutil.copyfile(spm_path, out / spm_path.name)
-    config = MBartConfig(**{**SHAPE, "activation_function": "gelu", **M.PUBLISHED}, vocab_size=len(tok),
-                         bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
-                         forced_eos_token_id=2, tie_word_embeddings=True, tokenizer_class="MBart50Tokenizer")
-    generation = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, early_stopping=True,
-                                  eos_token_id=2, forced_eos_token_id=2, max_length=MAX_LENGTH, num_beams=5,
-                                  pad_token_id=1)
+    config = MBartConfig(
+        **{**SHAPE, "activation_function": "gelu", **M.PUBLISHED},
+        vocab_size=len(tok),
+        bos_token_id=0,
+        pad_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=2,
+        tie_word_embeddings=True,
+        tokenizer_class="MBart50Tokenizer",
+    )
+    generation = GenerationConfig(
+        bos_token_id=0,
+        decoder_start_token_id=2,
+        early_stopping=True,
+        eos_token_id=2,
+        forced_eos_token_id=2,
+        max_length=MAX_LENGTH,
+        num_beams=5,
+        pad_token_id=1,
+    )
     return tok, MBartForConditionalGeneration(config), generation
 
 
@@ -137,21 +220,35 @@ def build_t5(out: Path, texts: list[str]):
     from transformers import GenerationConfig, T5Config, T5ForConditionalGeneration, T5Tokenizer
 
     with tempfile.TemporaryDirectory() as snapshot:  # T5's ids: <pad> 0, </s> 1, <unk> 2
-        spm_path = train_spm(texts, Path(snapshot) / "spiece.model", "unigram", pad_id=0, eos_id=1, unk_id=2,
-                             bos_id=-1)
+        spm_path = train_spm(
+            texts, Path(snapshot) / "spiece.model", "unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1
+        )
         tok = T5Tokenizer.from_pretrained(snapshot)
         shutil.copyfile(spm_path, out / spm_path.name)
-    config = T5Config(vocab_size=len(tok), d_model=256, d_kv=64, num_heads=4, d_ff=1024, num_layers=2,
-                      num_decoder_layers=2, feed_forward_proj="gated-gelu", dropout_rate=0.0, pad_token_id=0,
-                      eos_token_id=1, decoder_start_token_id=0, tie_word_embeddings=False)
+    config = T5Config(
+        vocab_size=len(tok),
+        d_model=256,
+        d_kv=64,
+        num_heads=4,
+        d_ff=1024,
+        num_layers=2,
+        num_decoder_layers=2,
+        feed_forward_proj="gated-gelu",
+        dropout_rate=0.0,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        tie_word_embeddings=False,
+    )
     model = T5ForConditionalGeneration(config)
     # transformers 5 ties lm_head at construction (tie_word_embeddings False only turns the output scale off);
     # MADLAD's checkpoint has its own, drawn here at d_model^-0.5 (T5's std 1: logits of std sqrt(d_model))
-    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * config.d_model ** -0.5)
+    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * config.d_model**-0.5)
     # as google/madlad400-*'s and t5-small's generation_config.json: no early_stopping (False); conventions()
     # adds the early_stopping True copy
-    generation = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, max_length=MAX_LENGTH,
-                                  pad_token_id=0)
+    generation = GenerationConfig(
+        decoder_start_token_id=0, eos_token_id=1, max_length=MAX_LENGTH, pad_token_id=0
+    )
     return tok, model, generation
 
 
@@ -179,7 +276,7 @@ def encode(tok, family: str, pairs: list[tuple[str, str]]) -> list[tuple[list[in
         tok.src_lang, tok.tgt_lang = source_lang, target_lang
     out = []
     for i in range(0, len(pairs), 1000):
-        chunk = pairs[i: i + 1000]
+        chunk = pairs[i : i + 1000]
         enc = tok([s for s, _ in chunk], text_target=[t for _, t in chunk])
         out += [(s, t) for s, t in zip(enc["input_ids"], enc["labels"]) if len(s) <= 64 and len(t) <= 64]
     if source_lang:
@@ -226,8 +323,10 @@ def train_family(family: str, model_dir: Path, train: list[tuple[str, str]], min
     model_dir.mkdir(parents=True, exist_ok=True)
     tok, model, generation = BUILDERS[family](model_dir, [t for pair in train for t in pair])
     examples = encode(tok, family, train)
-    log(f"{family}: {len(examples)} training pairs, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
-        f"parameters, vocabulary {model.config.vocab_size}; training {minutes} min")
+    log(
+        f"{family}: {len(examples)} training pairs, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
+        f"parameters, vocabulary {model.config.vocab_size}; training {minutes} min"
+    )
     facts = fit(model, examples, model.config.pad_token_id, minutes * 60, FAMILIES[family][2])
     if family == "marian":
         # OPUS-MT's <pad> row is zero (Marian has no <pad>; its decoder starts from a zero embedding, which
@@ -238,7 +337,9 @@ def train_family(family: str, model_dir: Path, train: list[tuple[str, str]], min
     with F._quiet_transformers():
         model.save_pretrained(model_dir)
         tok.save_pretrained(model_dir)
-    return {**facts, "pairs": len(examples), "parameters": sum(p.numel() for p in model.parameters()),
-            "vocab_size": model.config.vocab_size}
-
-
+    return {
+        **facts,
+        "pairs": len(examples),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": model.config.vocab_size,
+    }

@@ -25,6 +25,7 @@ sentences, the sentences whose token ids (and texts) equal generate()'s: greedy,
 CTranslate2's int8 (each against generate()'s fp32). Results: OUT/identity.md and OUT/identity.json
 (with the first differences of each row). Models and exports are kept under --work.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_identity_models import (  # noqa: E402
-    BATCH, FAMILIES, MAX_LENGTH, T0, TATOEBA, conventions, log, read_pairs, train_family)
+    BATCH,
+    FAMILIES,
+    MAX_LENGTH,
+    T0,
+    TATOEBA,
+    conventions,
+    log,
+    read_pairs,
+    train_family,
+)
 
 __all__ = ["BATCH", "FAMILIES", "compare", "ct2", "ours", "quiet", "read_pairs", "reference"]
 
@@ -48,12 +58,19 @@ def export_all(model_dir: Path, work: Path) -> dict[str, Path]:
     from ctranslate2.converters import TransformersConverter
 
     cli = Path(sys.executable).parent / "seq2onnx"
-    paths = {"ours fp32": work / "bundle", "ours int8": work / "bundle-int8",
-             "ct2 int8": work / "ct2-int8", "ct2 fp32": work / "ct2-fp32"}
+    paths = {
+        "ours fp32": work / "bundle",
+        "ours int8": work / "bundle-int8",
+        "ct2 int8": work / "ct2-int8",
+        "ct2 fp32": work / "ct2-fp32",
+    }
     for name, extra in (("ours fp32", []), ("ours int8", ["--quantize", "int8"])):
         t = time.perf_counter()
-        subprocess.run([str(cli), "export", str(model_dir), str(paths[name]), "--force", *extra], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [str(cli), "export", str(model_dir), str(paths[name]), "--force", *extra],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         log(f"  seq2onnx export ({name}): {time.perf_counter() - t:.1f} s")
     for name, quantization in (("ct2 int8", "int8"), ("ct2 fp32", None)):
         TransformersConverter(str(model_dir)).convert(str(paths[name]), quantization=quantization, force=True)
@@ -84,12 +101,13 @@ def reference(model_dir: Path, family: str, sources: list[str], beam: int, n: in
         tok.src_lang = source_lang
     eos, pad, out = model.config.eos_token_id, model.config.pad_token_id, []
     for i in range(0, len(sources), BATCH):
-        batch = tok(sources[i: i + BATCH], return_tensors="pt", padding=True)
+        batch = tok(sources[i : i + BATCH], return_tensors="pt", padding=True)
         with torch.inference_mode():
-            rows = model.generate(**batch, num_beams=beam, num_return_sequences=n, do_sample=False,
-                                  length_penalty=1.0, **extra).tolist()
+            rows = model.generate(
+                **batch, num_beams=beam, num_return_sequences=n, do_sample=False, length_penalty=1.0, **extra
+            ).tolist()
         for j in range(0, len(rows), n):
-            ids = [strip(r, eos, pad) for r in rows[j: j + n]]
+            ids = [strip(r, eos, pad) for r in rows[j : j + n]]
             out.append({"ids": ids, "texts": tok.batch_decode(ids, skip_special_tokens=True)})
     return out
 
@@ -101,8 +119,9 @@ def ours(bundle: Path, family: str, sources: list[str], beam: int, n: int) -> li
     source_lang, target_lang, _ = FAMILIES[family]
     langs = {"source_lang": source_lang, "target_lang": target_lang} if target_lang else {}
     tr = Translator(bundle, device="cpu", intra_threads=1)
-    results = tr.translate_batch(sources, beam_size=beam, num_hypotheses=n, length_penalty=1.0,
-                                 max_batch_size=BATCH, **langs)
+    results = tr.translate_batch(
+        sources, beam_size=beam, num_hypotheses=n, length_penalty=1.0, max_batch_size=BATCH, **langs
+    )
     return [{"ids": [list(x) for x in r.token_ids], "texts": list(r.hypotheses)} for r in results]
 
 
@@ -119,31 +138,48 @@ def ct2(model: Path, model_dir: Path, family: str, sources: list[str], beam: int
     prefix = {"target_prefix": [[target_lang]] * len(sources)} if target_lang else {}
     tr = ctranslate2.Translator(str(model), device="cpu", intra_threads=1)
     # max_decoding_length counts the target prefix, as generate()'s max_length - 1 does
-    results = tr.translate_batch(tokens, beam_size=beam, max_decoding_length=MAX_LENGTH - 1,
-                                 min_decoding_length=0, length_penalty=1.0, max_batch_size=BATCH, **prefix)
+    results = tr.translate_batch(
+        tokens,
+        beam_size=beam,
+        max_decoding_length=MAX_LENGTH - 1,
+        min_decoding_length=0,
+        length_penalty=1.0,
+        max_batch_size=BATCH,
+        **prefix,
+    )
     return [{"ids": [tok.convert_tokens_to_ids(r.hypotheses[0])], "texts": None} for r in results]
 
 
 # ------------------------------------------------------------------------------------------------ rows
 # (row, search, beam, n-best, engine); every row is held to generate()'s fp32 at the same search
-ROWS = [("greedy", 1, 1, "ours fp32"), ("beam 4", 4, 1, "ours fp32"),
-        ("beam 5 x 3 n-best", 5, 3, "ours fp32"),
-        ("greedy", 1, 1, "ours int8"), ("beam 4", 4, 1, "ours int8"),
-        ("greedy", 1, 1, "ct2 int8"), ("beam 4", 4, 1, "ct2 int8"),
-        ("greedy", 1, 1, "ct2 fp32"), ("beam 4", 4, 1, "ct2 fp32")]
+ROWS = [
+    ("greedy", 1, 1, "ours fp32"),
+    ("beam 4", 4, 1, "ours fp32"),
+    ("beam 5 x 3 n-best", 5, 3, "ours fp32"),
+    ("greedy", 1, 1, "ours int8"),
+    ("beam 4", 4, 1, "ours int8"),
+    ("greedy", 1, 1, "ct2 int8"),
+    ("beam 4", 4, 1, "ct2 int8"),
+    ("greedy", 1, 1, "ct2 fp32"),
+    ("beam 4", 4, 1, "ct2 fp32"),
+]
 
 
 def compare(want: list[dict], got: list[dict], sources: list[str]) -> dict:
     """Identical ids (every hypothesis, in order) and texts, and the first five differences."""
     same = [w["ids"] == g["ids"] for w, g in zip(want, got, strict=True)]
     texts = None if got[0]["texts"] is None else sum(w["texts"] == g["texts"] for w, g in zip(want, got))
-    diffs = [{"sentence": i, "source": sources[i], "generate": want[i], "engine": got[i]}
-             for i, ok in enumerate(same) if not ok][:5]
+    diffs = [
+        {"sentence": i, "source": sources[i], "generate": want[i], "engine": got[i]}
+        for i, ok in enumerate(same)
+        if not ok
+    ][:5]
     return {"ids": sum(same), "texts": texts, "total": len(same), "differences": diffs}
 
 
-def evaluate(label: str, family: str, model_dir: Path, paths: dict[str, Path],
-             sources: list[str]) -> list[dict]:
+def evaluate(
+    label: str, family: str, model_dir: Path, paths: dict[str, Path], sources: list[str]
+) -> list[dict]:
     """Every row of ROWS for one family's model (`label`: the family, or the family and its convention)."""
     wanted = {}
     rows = []
@@ -166,25 +202,34 @@ def evaluate(label: str, family: str, model_dir: Path, paths: dict[str, Path],
 
 # ---------------------------------------------------------------------------------------------- report
 def markdown(report: dict) -> str:
-    lines = [f"# Trained imports held to generate() ({report['sentences']} Tatoeba test sentences, en -> zh)",
-             "", f"Command: `{report['command']}`  ",
-             f"Wall time: {report['wall_s']:.0f} s; {report['machine']}", "",
-             "| family | params | train steps (loss) | row | engine | identical ids | identical texts |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Trained imports held to generate() ({report['sentences']} Tatoeba test sentences, en -> zh)",
+        "",
+        f"Command: `{report['command']}`  ",
+        f"Wall time: {report['wall_s']:.0f} s; {report['machine']}",
+        "",
+        "| family | params | train steps (loss) | row | engine | identical ids | identical texts |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in report["rows"]:
         t = report["training"][row["family"].split()[0]]
         texts = "—" if row["texts"] is None else f"{row['texts']}/{row['total']}"
-        lines.append(f"| {row['family']} | {t['parameters'] / 1e6:.1f}M | {t['steps']} "
-                     f"({t['final_loss']:.2f}) | {row['row']} | {row['engine']} | "
-                     f"{row['ids']}/{row['total']} | {texts} |")
-    lines += ["", "int8 and CTranslate2 rows are held to generate()'s fp32 at the same search. "
-              "CTranslate2 is given the tokenizer's pieces; its texts are not compared. "
-              "CTranslate2 does not emulate "
-              "forced_eos_token_id (Marian, mBART): a sentence reaching max_length differs there. "
-              "generate() runs with each checkpoint's generation_config.json: Marian's, as OPUS-MT's, has no "
-              "early_stopping (transformers' default False), which the bundle emulates (beam_convention "
-              "transformers_heuristic) and CTranslate2 does not (docs/decoding.md), so CTranslate2's beam "
-              "rows differ where a longer hypothesis wins late."]
+        lines.append(
+            f"| {row['family']} | {t['parameters'] / 1e6:.1f}M | {t['steps']} "
+            f"({t['final_loss']:.2f}) | {row['row']} | {row['engine']} | "
+            f"{row['ids']}/{row['total']} | {texts} |"
+        )
+    lines += [
+        "",
+        "int8 and CTranslate2 rows are held to generate()'s fp32 at the same search. "
+        "CTranslate2 is given the tokenizer's pieces; its texts are not compared. "
+        "CTranslate2 does not emulate "
+        "forced_eos_token_id (Marian, mBART): a sentence reaching max_length differs there. "
+        "generate() runs with each checkpoint's generation_config.json: Marian's, as OPUS-MT's, has no "
+        "early_stopping (transformers' default False), which the bundle emulates (beam_convention "
+        "transformers_heuristic) and CTranslate2 does not (docs/decoding.md), so CTranslate2's beam "
+        "rows differ where a longer hypothesis wins late.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -208,27 +253,53 @@ def quiet() -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--families", default="marian,nllb,mbart",
-                   help="comma-separated families to train and measure, of marian, nllb, mbart, t5\n"
-                        "(default: all three)")
-    p.add_argument("--sentences", type=int, default=1000,
-                   help="held-out Tatoeba pairs decoded by every engine and row\n"
-                        "(default 1000, as issue 35 asks)")
-    p.add_argument("--train-minutes", type=float, default=5.0,
-                   help="wall-clock minutes of training per family (default 5; the ids are compared\n"
-                        "whatever the quality, but a barely trained model loops to max_length more often)")
-    p.add_argument("--work", type=Path, default=Path("hf-trained-identity"),
-                   help="where each family's model directory, bundles and CTranslate2 models are written\n"
-                        "(WORK/FAMILY/{model,bundle,bundle-int8,ct2-int8,ct2-fp32}; replaced on each run)")
-    p.add_argument("--convention", default="both", choices=("both", "saved", "early_stopping"),
-                   help="t5: measure the model as saved (no early_stopping), the early_stopping true copy,\n"
-                        "or both (default)")
-    p.add_argument("--no-train", action="store_true",
-                   help="measure the models a previous run trained under --work (WORK/FAMILY/model) again")
-    p.add_argument("--out", type=Path, default=None,
-                   help="where identity.md and identity.json go (default: WORK/results)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument(
+        "--families",
+        default="marian,nllb,mbart",
+        help="comma-separated families to train and measure, of marian, nllb, mbart, t5\n"
+        "(default: all three)",
+    )
+    p.add_argument(
+        "--sentences",
+        type=int,
+        default=1000,
+        help="held-out Tatoeba pairs decoded by every engine and row\n(default 1000, as issue 35 asks)",
+    )
+    p.add_argument(
+        "--train-minutes",
+        type=float,
+        default=5.0,
+        help="wall-clock minutes of training per family (default 5; the ids are compared\n"
+        "whatever the quality, but a barely trained model loops to max_length more often)",
+    )
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=Path("hf-trained-identity"),
+        help="where each family's model directory, bundles and CTranslate2 models are written\n"
+        "(WORK/FAMILY/{model,bundle,bundle-int8,ct2-int8,ct2-fp32}; replaced on each run)",
+    )
+    p.add_argument(
+        "--convention",
+        default="both",
+        choices=("both", "saved", "early_stopping"),
+        help="t5: measure the model as saved (no early_stopping), the early_stopping true copy,\n"
+        "or both (default)",
+    )
+    p.add_argument(
+        "--no-train",
+        action="store_true",
+        help="measure the models a previous run trained under --work (WORK/FAMILY/model) again",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where identity.md and identity.json go (default: WORK/results)",
+    )
     args = p.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
     unknown = [f for f in families if f not in FAMILIES]
@@ -244,8 +315,9 @@ def trained(args, family: str, model_dir: Path, train: list[tuple[str, str]]) ->
     if args.no_train and facts.is_file():
         return json.loads(facts.read_text(encoding="utf-8"))
     if args.no_train:
-        raise SystemExit(f"error: --no-train, but {facts} is absent: train {family} first "
-                         "(leave out --no-train)")
+        raise SystemExit(
+            f"error: --no-train, but {facts} is absent: train {family} first (leave out --no-train)"
+        )
     result = train_family(family, model_dir, train, args.train_minutes)
     facts.write_text(json.dumps(result), encoding="utf-8")
     return result
@@ -255,14 +327,21 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     quiet()
     if not TATOEBA.is_file():
-        print(f"skipped: {TATOEBA} is absent; put the Tatoeba cmn-eng pairs (cmn.txt from "
-              "manythings.org/anki, tatoeba.org's sentence pairs) there", file=sys.stderr)
+        print(
+            f"skipped: {TATOEBA} is absent; put the Tatoeba cmn-eng pairs (cmn.txt from "
+            "manythings.org/anki, tatoeba.org's sentence pairs) there",
+            file=sys.stderr,
+        )
         return 0
     train, test = read_pairs(args.sentences)
     sources = [s for s, _ in test]
-    report = {"command": " ".join(["python", *sys.argv]), "sentences": len(sources),
-              "machine": f"{os.cpu_count()} CPU cores, load {os.getloadavg()[0]:.1f} at the start",
-              "training": {}, "rows": []}
+    report = {
+        "command": " ".join(["python", *sys.argv]),
+        "sentences": len(sources),
+        "machine": f"{os.cpu_count()} CPU cores, load {os.getloadavg()[0]:.1f} at the start",
+        "training": {},
+        "rows": [],
+    }
     for family in args.families:
         work = args.work / family
         report["training"][family] = trained(args, family, work / "model", train)

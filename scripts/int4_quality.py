@@ -78,13 +78,15 @@ def export(ckpt: Path, out: Path, quantize: str | None, options: dict) -> Path:
 
     if out.is_dir():
         return out
+
     def patched(*args, **kwargs):  # the variant's options over the exporter's own (bits, table_bits)
         return quantize_graphs_nbits(*args, **{**kwargs, **options})
 
     # bits 8 is a measurement, not a scheme the hosts run: it goes under int4's name here
     names = {8: nbits_module.SCHEME_NAMES[4]} if options.get("bits") == 8 else {}
-    with mock.patch.object(bundle_module, "quantize_graphs_nbits", patched), mock.patch.dict(
-        nbits_module.SCHEME_NAMES, names
+    with (
+        mock.patch.object(bundle_module, "quantize_graphs_nbits", patched),
+        mock.patch.dict(nbits_module.SCHEME_NAMES, names),
     ):
         if HF_FAMILY:
             return export_hf_bundle(ckpt, out, quantize=quantize)
@@ -252,8 +254,10 @@ def main(argv=None) -> None:
         rows["ct2 int8"] = run_ct2(ckpt, args.out / "ct2-int8", sources, args.speed)
     base, n = rows["fp32"], len(sources)
     print(f"{ckpt}: {n} test sentences, greedy")
-    print("| engine | weights MB | × fp32 | ids = fp32 bundle | ids = own fp32 | BLEU | b1 = b32 ids "
-          "| b1 = b32 scores | same, one source length | tok/s b1 | tok/s b32 |")
+    print(
+        "| engine | weights MB | × fp32 | ids = fp32 bundle | ids = own fp32 | BLEU | b1 = b32 ids "
+        "| b1 = b32 scores | same, one source length | tok/s b1 | tok/s b32 |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, row in rows.items():
         row["agree"] = sum(a == b for a, b in zip(row["ids"], base["ids"]))

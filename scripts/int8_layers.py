@@ -20,6 +20,7 @@ max|w| / 127, zero point 0) in place of the shipped scheme, to compare the two. 
 OUT/FAMILY-WEIGHTS-GROUP; generate()'s references are cached in OUT (reference-FAMILY-bBEAM-N.json).
 Results: OUT/int8_layers-FAMILY-WEIGHTS-bBEAM.md (and .json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,10 @@ def export_int8(model_dir: Path, out: Path, keep: frozenset[str], weights: str) 
 
     patched = partial(q.quantize_graphs, keep_float=keep)
     scheme = symmetric_weights if weights == "symmetric" else q.quantize_weights
-    with mock.patch.object(bundle_module, "quantize_graphs", patched), \
-            mock.patch.object(q, "quantize_weights", scheme):
+    with (
+        mock.patch.object(bundle_module, "quantize_graphs", patched),
+        mock.patch.object(q, "quantize_weights", scheme),
+    ):
         export_hf_bundle(model_dir, out, quantize="int8", force=True)
     return out
 
@@ -95,8 +98,9 @@ def scored(bundle: Path, family: str, sources: list[str]) -> list[tuple[list[int
     source_lang, target_lang, _ = ident.FAMILIES[family]
     langs = {"source_lang": source_lang, "target_lang": target_lang} if target_lang else {}
     tr = Translator(bundle, device="cpu", intra_threads=1)
-    results = tr.translate_batch(sources, beam_size=1, length_penalty=1.0, max_batch_size=ident.BATCH,
-                                 return_scores=True, **langs)
+    results = tr.translate_batch(
+        sources, beam_size=1, length_penalty=1.0, max_batch_size=ident.BATCH, return_scores=True, **langs
+    )
     return [(list(r.token_ids[0]), float(r.scores[0])) for r in results]
 
 
@@ -120,8 +124,10 @@ def measure_ours(args, model_dir: Path, sources: list[str], want: list[dict], ke
     got = ident.ours(out, args.family, sources, args.beam, 1)
     counts = ident.compare(want, got, sources)
     error = score_error(args.fp32_scores, scored(out, args.family, sources))
-    log(f"ours int8 ({args.weights}), fp32 {label}: {counts['ids']}/{counts['total']}, "
-        f"score error {error:.2e} ({time.perf_counter() - t:.0f} s)")
+    log(
+        f"ours int8 ({args.weights}), fp32 {label}: {counts['ids']}/{counts['total']}, "
+        f"score error {error:.2e} ({time.perf_counter() - t:.0f} s)"
+    )
     return {"engine": "ours int8", "fp32": label, "size_mb": size_mb(out), "score_error": error, **counts}
 
 
@@ -134,19 +140,28 @@ def measure_ct2(args, model_dir: Path, sources: list[str], want: list[dict]) -> 
 
 def markdown(args, rows: list[dict]) -> str:
     base = next((r["ids"] for r in rows if r["engine"] == "ours int8" and r["fp32"] == "none"), None)
-    lines = [f"# int8 agreement by layer group ({args.family}, beam {args.beam}, weights {args.weights})", "",
-             f"Command: `{' '.join(['python', *sys.argv])}`  ",
-             f"{os.cpu_count()} CPU cores; wall {time.perf_counter() - T0:.0f} s", "",
-             "| engine | left fp32 | identical ids | vs all int8 | score error | files MB |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# int8 agreement by layer group ({args.family}, beam {args.beam}, weights {args.weights})",
+        "",
+        f"Command: `{' '.join(['python', *sys.argv])}`  ",
+        f"{os.cpu_count()} CPU cores; wall {time.perf_counter() - T0:.0f} s",
+        "",
+        "| engine | left fp32 | identical ids | vs all int8 | score error | files MB |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         delta = "—" if base is None or r["engine"] != "ours int8" else f"{r['ids'] - base:+d}"
         error = "—" if r["score_error"] is None else f"{r['score_error']:.2e}"
-        lines.append(f"| {r['engine']} | {r['fp32']} | {r['ids']}/{r['total']} | {delta} | {error} | "
-                     f"{r['size_mb']:.2f} |")
-    lines += ["", "score error: mean |int8 - fp32| log-probability per token of the greedy output (end "
-              "token included), against the fp32 bundle WORK/FAMILY/bundle, over the sentences both decode "
-              "alike."]
+        lines.append(
+            f"| {r['engine']} | {r['fp32']} | {r['ids']}/{r['total']} | {delta} | {error} | "
+            f"{r['size_mb']:.2f} |"
+        )
+    lines += [
+        "",
+        "score error: mean |int8 - fp32| log-probability per token of the greedy output (end "
+        "token included), against the fp32 bundle WORK/FAMILY/bundle, over the sentences both decode "
+        "alike.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -160,26 +175,47 @@ def save(args, rows: list[dict]) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     import seq2onnx.export.quantize as q
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--work", type=Path, required=True,
-                   help="hf_trained_identity.py's --work: WORK/FAMILY/model is the trained HF model")
-    p.add_argument("--family", default="nllb", choices=sorted(ident.FAMILIES),
-                   help="which trained family (default nllb)")
-    p.add_argument("--sentences", type=int, default=1000,
-                   help="held-out Tatoeba test sentences, as hf_trained_identity.py's --sentences\n"
-                        "(default 1000: the same test set when it was run with 1000)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument(
+        "--work",
+        type=Path,
+        required=True,
+        help="hf_trained_identity.py's --work: WORK/FAMILY/model is the trained HF model",
+    )
+    p.add_argument(
+        "--family", default="nllb", choices=sorted(ident.FAMILIES), help="which trained family (default nllb)"
+    )
+    p.add_argument(
+        "--sentences",
+        type=int,
+        default=1000,
+        help="held-out Tatoeba test sentences, as hf_trained_identity.py's --sentences\n"
+        "(default 1000: the same test set when it was run with 1000)",
+    )
     p.add_argument("--beam", type=int, default=1, help="beam size of every row (default 1: greedy)")
-    p.add_argument("--groups", default="all",
-                   help="comma-separated groups to leave fp32, one row each, of\n"
-                        f"{', '.join(q.GROUPS)};\n'all' (default): every group; 'none': only the int8 "
-                        "and CTranslate2 rows")
-    p.add_argument("--weights", default="range", choices=("range", "symmetric"),
-                   help="int8 weights of the rows: 'range' (default) as export/quantize.py ships them;\n"
-                        "'symmetric' CTranslate2's scheme (max|w| / 127 per output channel, zero point 0)")
+    p.add_argument(
+        "--groups",
+        default="all",
+        help="comma-separated groups to leave fp32, one row each, of\n"
+        f"{', '.join(q.GROUPS)};\n'all' (default): every group; 'none': only the int8 "
+        "and CTranslate2 rows",
+    )
+    p.add_argument(
+        "--weights",
+        default="range",
+        choices=("range", "symmetric"),
+        help="int8 weights of the rows: 'range' (default) as export/quantize.py ships them;\n"
+        "'symmetric' CTranslate2's scheme (max|w| / 127 per output channel, zero point 0)",
+    )
     p.add_argument("--no-ct2", action="store_true", help="leave out the CTranslate2 int8 row")
-    p.add_argument("--out", type=Path, default=None,
-                   help="where bundles, cached references and results go (default WORK/int8-layers)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where bundles, cached references and results go (default WORK/int8-layers)",
+    )
     args = p.parse_args(argv)
     names = {"all": list(q.GROUPS), "none": []}.get(args.groups, [g for g in args.groups.split(",") if g])
     if unknown := [g for g in names if g not in q.GROUPS]:

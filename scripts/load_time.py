@@ -66,9 +66,12 @@ def phases(bundle: str, threads: int) -> str:
 
         setattr(owner, name, call)
 
-    for owner, name, label in ((weights, "fill", "copy"), (weights, "_checksum", "sha256"),
-                               (weights.WeightsFile, "open_session", "session"),
-                               (weights.WeightsFile, "verify", "verify")):
+    for owner, name, label in (
+        (weights, "fill", "copy"),
+        (weights, "_checksum", "sha256"),
+        (weights.WeightsFile, "open_session", "session"),
+        (weights.WeightsFile, "verify", "verify"),
+    ):
         timed(owner, name, label)
     start = time.perf_counter()
     Translator(bundle, device="cpu", intra_threads=threads)
@@ -86,8 +89,11 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="intra-op threads for both engines (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     p.add_argument("--cache-dir", type=Path, help="also time each bundle loaded with this session cache")
-    p.add_argument("--phases", action="store_true",
-                   help="time the phases of one load of the first --bundle, in this process")
+    p.add_argument(
+        "--phases",
+        action="store_true",
+        help="time the phases of one load of the first --bundle, in this process",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.phases:
@@ -103,10 +109,15 @@ def main(argv=None) -> int:
     }
     if args.cache_dir:
         for b in args.bundle:
-            spec = {"engine": "ours", "path": str(b), "threads": args.threads,
-                    "cache_dir": str(args.cache_dir)}
-            subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], check=True,
-                           capture_output=True)  # fills the cache: the first load makes its entries
+            spec = {
+                "engine": "ours",
+                "path": str(b),
+                "threads": args.threads,
+                "cache_dir": str(args.cache_dir),
+            }
+            subprocess.run(
+                [sys.executable, __file__, "--child", json.dumps(spec)], check=True, capture_output=True
+            )  # fills the cache: the first load makes its entries
             specs[f"ours {b.name} cached"] = spec
     if args.ct2:
         for ct in args.compute_type.split(","):

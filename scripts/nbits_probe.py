@@ -170,8 +170,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     print(f"onnxruntime {ort.__version__}, 1 thread, median of {args.rounds} rounds x {args.runs} runs")
-    print("| shape KxN | candidate | µs M=1 | µs M=32 | ×fp32 M=1 | ×fp32 M=32 | 32 rows = 1 at a time "
-          "| rel. error |")
+    print(
+        "| shape KxN | candidate | µs M=1 | µs M=32 | ×fp32 M=1 | ×fp32 M=32 | 32 rows = 1 at a time "
+        "| rel. error |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         k, n = map(int, shape.split("x"))

@@ -23,8 +23,12 @@ from seq2onnx.runtime.translator import Translator
 PARTS = {
     "plan": [("runtime/plan.py", "__init__"), ("runtime/plan.py", "search_job")],
     "encode": [("runtime/graphs.py", "encode"), ("runtime/translator.py", "encode")],  # now, and before 56
-    "step set-up": [("runtime/graphs.py", "step"), ("runtime/graphs.py", "recycle"),
-                    ("runtime/translator.py", "decoder_step"), ("runtime/translator.py", "recycle")],
+    "step set-up": [
+        ("runtime/graphs.py", "step"),
+        ("runtime/graphs.py", "recycle"),
+        ("runtime/translator.py", "decoder_step"),
+        ("runtime/translator.py", "recycle"),
+    ],
     "detokenize": [("runtime/translator.py", "detokenize")],
 }
 
@@ -53,8 +57,12 @@ def main() -> None:
     p.add_argument("--src-col", type=int, default=0, help="the sources' column (default 0)")
     p.add_argument("--sentences", type=int, default=200, help="sentences translated per pass (default 200)")
     p.add_argument("--beam", type=int, default=1, help="beam size (default 1: greedy)")
-    p.add_argument("--min-length", type=int, default=0,
-                   help="min_decoding_length (default 0): the end comes no sooner (an untrained model)")
+    p.add_argument(
+        "--min-length",
+        type=int,
+        default=0,
+        help="min_decoding_length (default 0): the end comes no sooner (an untrained model)",
+    )
     a = p.parse_args()
     with open(a.data, encoding="utf-8") as f:
         texts = [line.rstrip("\n").split("\t")[a.src_col] for _, line in zip(range(a.sentences), f)]

@@ -48,8 +48,17 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=8.0)
     a = p.parse_args()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "seq2onnx.commands", "serve", a.bundle, "--port", "0",
-               "--intra-threads", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "seq2onnx.commands",
+        "serve",
+        a.bundle,
+        "--port",
+        "0",
+        "--intra-threads",
+        "1",
+    ]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         port = int(re.search(r":(\d+) ", server.stdout.readline()).group(1))
@@ -85,9 +94,11 @@ def main() -> int:
         server.wait()
     waits.sort()
     p99 = waits[int(0.99 * (len(waits) - 1))]
-    print(f"mode {a.mode}: answers {statuses}; server CPU {cpu:.1f} s (its start included); /health "
-          f"n={len(waits)} median {statistics.median(waits) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, "
-          f"largest {waits[-1] * 1000:.0f} ms")
+    print(
+        f"mode {a.mode}: answers {statuses}; server CPU {cpu:.1f} s (its start included); /health "
+        f"n={len(waits)} median {statistics.median(waits) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, "
+        f"largest {waits[-1] * 1000:.0f} ms"
+    )
     return 0
 
 

@@ -23,8 +23,13 @@ from seq2onnx.serve.fused_rounds import FusedRounds
 from seq2onnx.serve.round_profile import NoProfile
 from seq2onnx.serve.scheduler import Member
 
-ROWS = [("greedy b1", 1, 1), ("greedy b32", 1, 32), ("beam 4 b1", 4, 1), ("beam 4 b32", 4, 32),
-        ("beam 3 b32", 3, 32)]  # (label, beam size, batch)
+ROWS = [
+    ("greedy b1", 1, 1),
+    ("greedy b32", 1, 32),
+    ("beam 4 b1", 4, 1),
+    ("beam 4 b32", 4, 32),
+    ("beam 3 b32", 3, 32),
+]  # (label, beam size, batch)
 
 
 def rounds_search(t: Translator):
@@ -74,8 +79,11 @@ def main() -> None:
         same = sum(x.token_ids == y.token_ids for x, y in pairs)
         diff = max(abs(u - v) for x, y in pairs for u, v in zip(x.scores, y.scores))
         ratio = seconds["rounds"] / seconds["step"]
-        print(f"{label:11s} rounds/step {ratio:.2f}  same tokens {same}/{len(texts)}"
-              f"  largest score difference {diff:.1e}", flush=True)
+        print(
+            f"{label:11s} rounds/step {ratio:.2f}  same tokens {same}/{len(texts)}"
+            f"  largest score difference {diff:.1e}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -295,8 +295,12 @@ def main() -> int:
     )
     p.add_argument("--idle", type=float, default=30.0, help="seconds sampled without clients at the end")
     p.add_argument("--batching", default="continuous")
-    p.add_argument("--mix", choices=("mixed", "heavy"), default="mixed",
-                   help="heavy: issue 60's 8-32 texts at beam 4 with the 4-best, or 8 samples")
+    p.add_argument(
+        "--mix",
+        choices=("mixed", "heavy"),
+        default="mixed",
+        help="heavy: issue 60's 8-32 texts at beam 4 with the 4-best, or 8 samples",
+    )
     p.add_argument("--out", default="soak-out")
     p.add_argument(
         "--server-args", nargs=argparse.REMAINDER, default=[], help="more `seq2onnx serve` options"

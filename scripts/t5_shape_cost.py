@@ -30,10 +30,22 @@ import sys
 import time
 from pathlib import Path
 
-MADLAD_3B = dict(vocab_size=256000, d_model=1024, d_kv=128, num_heads=16, d_ff=8192,
-                 feed_forward_proj="gated-gelu", relative_attention_num_buckets=32,
-                 relative_attention_max_distance=128, tie_word_embeddings=False, layer_norm_epsilon=1e-6,
-                 dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+MADLAD_3B = dict(
+    vocab_size=256000,
+    d_model=1024,
+    d_kv=128,
+    num_heads=16,
+    d_ff=8192,
+    feed_forward_proj="gated-gelu",
+    relative_attention_num_buckets=32,
+    relative_attention_max_distance=128,
+    tie_word_embeddings=False,
+    layer_norm_epsilon=1e-6,
+    dropout_rate=0.0,
+    decoder_start_token_id=0,
+    pad_token_id=0,
+    eos_token_id=1,
+)
 TEXT = "The weather is nice today, so we are going to walk to the station together."
 
 DECODE = r"""
@@ -70,8 +82,11 @@ def timed(cmd: list[str]) -> dict:
         raise SystemExit(f"error: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
     lines = proc.stdout.strip().splitlines()
-    return {"wall_s": time.perf_counter() - t, "peak_rss_gb": rss * 1024 / 1e9, "stdout": lines[-1] if lines
-            else ""}
+    return {
+        "wall_s": time.perf_counter() - t,
+        "peak_rss_gb": rss * 1024 / 1e9,
+        "stdout": lines[-1] if lines else "",
+    }
 
 
 def size_gb(path: Path) -> float:
@@ -86,14 +101,16 @@ def build(layers: int, tokenizer: Path, out: Path) -> dict:
         f"c = T5Config(**{MADLAD_3B!r}, num_layers={layers}, num_decoder_layers={layers})\n"
         "m = T5ForConditionalGeneration(c).eval()\n"
         "m.lm_head.weight = torch.nn.Parameter(torch.randn_like(m.lm_head.weight) * c.d_model ** -0.5)\n"
-        "m.save_pretrained(sys.argv[1]); print(sum(p.numel() for p in m.parameters()))\n")
+        "m.save_pretrained(sys.argv[1]); print(sum(p.numel() for p in m.parameters()))\n"
+    )
     shutil.rmtree(out, ignore_errors=True)
     result = timed([sys.executable, "-c", code, str(out)])
     for name in ("spiece.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (tokenizer / name).is_file():
             shutil.copyfile(tokenizer / name, out / name)
-    (out / "generation_config.json").write_text(json.dumps(
-        {"decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0, "max_length": 64}))
+    (out / "generation_config.json").write_text(
+        json.dumps({"decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0, "max_length": 64})
+    )
     return {"parameters": int(result["stdout"]), "build_peak_rss_gb": result["peak_rss_gb"]}
 
 
@@ -103,14 +120,25 @@ def measure(layers: int, args) -> dict:
     cli = Path(sys.executable).parent
     row["export"] = timed([str(cli / "seq2onnx"), "export", str(model), str(bundle), "--force"])
     print(json.dumps({"layers": layers, "export": row["export"]}), flush=True)  # each stage as it ends
-    row["ct2_convert"] = timed([str(cli / "ct2-transformers-converter"), "--model", str(model),
-                                "--output_dir", str(ct2), "--force"])
+    row["ct2_convert"] = timed(
+        [str(cli / "ct2-transformers-converter"), "--model", str(model), "--output_dir", str(ct2), "--force"]
+    )
     row["bundle_gb"], row["ct2_gb"] = size_gb(bundle), size_gb(ct2)
     print(json.dumps({k: v for k, v in row.items() if k != "export"}), flush=True)
     shutil.rmtree(model)  # the decodes need only the bundle and the CTranslate2 model
     for engine, path in (("ours", bundle), ("ct2", ct2)):
-        r = timed([sys.executable, "-c", DECODE, engine, str(path), str(args.sentences),
-                   str(args.tokenizer / "spiece.model"), TEXT])
+        r = timed(
+            [
+                sys.executable,
+                "-c",
+                DECODE,
+                engine,
+                str(path),
+                str(args.sentences),
+                str(args.tokenizer / "spiece.model"),
+                TEXT,
+            ]
+        )
         row[engine] = {**json.loads(r["stdout"]), "peak_rss_gb": r["peak_rss_gb"]}
         row[engine]["tokens_per_s"] = row[engine]["tokens"] / row[engine]["decode_s"]
         print(json.dumps({"layers": layers, engine: row[engine]}), flush=True)

@@ -1,6 +1,7 @@
 """The admission of `seq2onnx serve`'s requests (serve/app.py), as ASGI middleware: every answer counted by
 endpoint and status; a POST's body read within the byte and time limits, its JSON checked, then admitted to
 the bounded queue (503 + Retry-After past it); a job cut by the server's drain answered once."""
+
 from __future__ import annotations
 
 import asyncio
@@ -54,8 +55,11 @@ class Admission:
         except Exception as e:  # a fault of the server's own code: JSON, one traceback in the log
             log.error("the request failed: %s: %s", type(e).__name__, e, exc_info=e)
             if not status:
-                await error(500, f"the server failed ({type(e).__name__}: {e}); the server log has the "
-                                  "traceback", close=True)(scope, receive, answer)
+                await error(
+                    500,
+                    f"the server failed ({type(e).__name__}: {e}); the server log has the traceback",
+                    close=True,
+                )(scope, receive, answer)
         finally:
             self.frontend.requests.labels(endpoint, str(status[0] if status else CLIENT_LEFT)).inc()
             self.frontend.latency.labels(endpoint).observe(time.perf_counter() - start)
@@ -72,10 +76,12 @@ class Admission:
         if not isinstance(body, bytes):  # refused (answer it) or the client left (None)
             return None if body is None else await body(scope, receive, send)
         if f.draining or f.inflight >= f.max_queue:
-            why = "the server is shutting down (draining): send the request to another replica" \
-                if f.draining else \
-                f"the queue is full: {f.inflight} requests accepted and unanswered, the limit " \
+            why = (
+                "the server is shutting down (draining): send the request to another replica"
+                if f.draining
+                else f"the queue is full: {f.inflight} requests accepted and unanswered, the limit "
                 f"(--max-queue) is {f.max_queue}: retry after {RETRY_AFTER_S} s or raise --max-queue"
+            )
             return await error(503, why, retry=True)(scope, receive, send)
         f.inflight += 1
         try:
@@ -99,9 +105,13 @@ class Admission:
                 message = await asyncio.wait_for(receive(), until - loop.time())
             except asyncio.TimeoutError:
                 f = self.frontend
-                return error(408, f"the body did not arrive in time ({f.read_timeout_s:g} s after the "
-                                   f"headers, --read-timeout; {f.timeout_s:g} s after the arrival, "
-                                   "--timeout): send it at once", close=True)
+                return error(
+                    408,
+                    f"the body did not arrive in time ({f.read_timeout_s:g} s after the "
+                    f"headers, --read-timeout; {f.timeout_s:g} s after the arrival, "
+                    "--timeout): send it at once",
+                    close=True,
+                )
             if message["type"] == "http.disconnect":
                 return None
             chunks.append(message.get("body", b""))
@@ -111,8 +121,12 @@ class Admission:
             elif not message.get("more_body", False):
                 break
         if over is not None:
-            return error(413, f"{over}; the limit (--max-body-bytes) is {limit}: send fewer or shorter texts "
-                              "per request, or raise --max-body-bytes", close=True)
+            return error(
+                413,
+                f"{over}; the limit (--max-body-bytes) is {limit}: send fewer or shorter texts "
+                "per request, or raise --max-body-bytes",
+                close=True,
+            )
         body = b"".join(chunks)
         # UTF-8, JSON and the texts' limits, off the event loop for a large body (Frontend.screen)
         problem = await self.frontend.screen(body, scope["path"].removeprefix(scope.get("root_path", "")))
@@ -121,8 +135,10 @@ class Admission:
 
 async def _cut(scope, receive, send, status: list[int], stream: bool) -> None:
     """Answers a request cut by the drain limit: 503 as JSON, or a stream's last line if it has begun."""
-    message = "the server stopped before answering (the drain limit, --drain-seconds, passed): the job was " \
-              "cancelled; retry on another replica"
+    message = (
+        "the server stopped before answering (the drain limit, --drain-seconds, passed): the job was "
+        "cancelled; retry on another replica"
+    )
     with contextlib.suppress(Exception):
         if not status:
             return await error(503, message, retry=True, close=True)(scope, receive, send)

@@ -7,6 +7,7 @@ when the client leaves).
 Every error is JSON {"error": message, "field": name or null} (serve/errors.py); an accepted request gets
 exactly one answer.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,6 +32,7 @@ from seq2onnx.serve.stream import Stream, lines, pump, soon
 
 # -- checking a request --------------------------------------------------------------------------
 
+
 def _checked(f: Frontend, texts: list[str], field: str, options: dict, model: type[BaseModel]):
     """The request's SearchOptions; or the answer refusing it (413 over a limit, 422 a bad option value)."""
     if (over := f.over_limit(texts, field)) is not None:
@@ -40,14 +42,16 @@ def _checked(f: Frontend, texts: list[str], field: str, options: dict, model: ty
         # Languages and prefixes against the model now, as the CLI does: a bad one is refused before it is
         # queued, as an OptionError that names its field.
         t = f.engine.translator
-        check_prefix_options(search, len(texts), t.vocabulary.languages, t.tgt_vocab, t.eos_id,
-                             max_positions=t.max_positions)
+        check_prefix_options(
+            search, len(texts), t.vocabulary.languages, t.tgt_vocab, t.eos_id, max_positions=t.max_positions
+        )
         return search
     except Exception as e:  # ValueError, TypeError: 422; anything else is the engine's failure (500)
         return engine_error(e, model)
 
 
 # -- waiting for an engine -------------------------------------------------------------------------
+
 
 async def _wait(f: Frontend, waited: asyncio.Future, request: Request, job: Job) -> JSONResponse | None:
     """Waits for `waited`: None once it is done; else cancels the job and returns the answer (504, or 499
@@ -59,6 +63,7 @@ async def _wait(f: Frontend, waited: asyncio.Future, request: Request, job: Job)
         with contextlib.suppress(Exception):
             while (await request.receive())["type"] != "http.disconnect":
                 pass
+
     listener = asyncio.ensure_future(left())
     try:
         timeout = max(0.0, request.scope["seq2onnx.deadline"] - loop.time())
@@ -70,8 +75,13 @@ async def _wait(f: Frontend, waited: asyncio.Future, request: Request, job: Job)
             waited.cancel()
             job.cancel()
             f.cancelled.labels(outcome).inc()
-    return None if outcome == "done" else error(504, f.too_slow) if outcome == "timeout" else \
-        error(CLIENT_LEFT, "the client left")
+    return (
+        None
+        if outcome == "done"
+        else error(504, f.too_slow)
+        if outcome == "timeout"
+        else error(CLIENT_LEFT, "the client left")
+    )
 
 
 def _bridge(job: Job) -> asyncio.Future:
@@ -84,9 +94,19 @@ def _bridge(job: Job) -> asyncio.Future:
 
 # -- the app ---------------------------------------------------------------------------------------
 
-def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max_chars: int = 10000,
-               max_body_bytes: int = 1 << 20, timeout_s: float = 60.0, read_timeout_s: float = 10.0,
-               registry: CollectorRegistry | None = None, max_rows_in_flight: int = 1 << 30) -> FastAPI:
+
+def create_app(
+    engine: Engine,
+    *,
+    max_queue: int = 256,
+    max_texts: int = 64,
+    max_chars: int = 10000,
+    max_body_bytes: int = 1 << 20,
+    timeout_s: float = 60.0,
+    read_timeout_s: float = 10.0,
+    registry: CollectorRegistry | None = None,
+    max_rows_in_flight: int = 1 << 30,
+) -> FastAPI:
     """Makes the ASGI app that serves `engine`: POST /v1/translate and /v1/translate/stream, GET /health,
     /ready, /metrics.
 
@@ -109,15 +129,25 @@ def create_app(engine: Engine, *, max_queue: int = 256, max_texts: int = 64, max
     Raises:
         ValueError: a limit that is not an int >= 1, or a timeout that is not a finite number > 0.
     """
-    limits = dict(max_queue=max_queue, max_texts=max_texts, max_chars=max_chars,
-                  max_body_bytes=max_body_bytes)
-    _check_limits({**limits, "max_rows_in_flight": max_rows_in_flight}, timeout_s=timeout_s,
-                  read_timeout_s=read_timeout_s)
-    f = Frontend(engine, **limits, timeout_s=float(timeout_s), read_timeout_s=float(read_timeout_s),
-                 registry=CollectorRegistry() if registry is None else registry)
+    limits = dict(
+        max_queue=max_queue, max_texts=max_texts, max_chars=max_chars, max_body_bytes=max_body_bytes
+    )
+    _check_limits(
+        {**limits, "max_rows_in_flight": max_rows_in_flight},
+        timeout_s=timeout_s,
+        read_timeout_s=read_timeout_s,
+    )
+    f = Frontend(
+        engine,
+        **limits,
+        timeout_s=float(timeout_s),
+        read_timeout_s=float(read_timeout_s),
+        registry=CollectorRegistry() if registry is None else registry,
+    )
     f.max_rows_in_flight, f.rows_in_flight = max_rows_in_flight, 0  # _take_rows
-    app = FastAPI(title="seq2onnx serve",
-                  summary="A seq2onnx bundle's Translator over HTTP (docs/serving.md).")
+    app = FastAPI(
+        title="seq2onnx serve", summary="A seq2onnx bundle's Translator over HTTP (docs/serving.md)."
+    )
     app.state.frontend = f
     app.add_middleware(Admission, frontend=f)
     _add_error_handlers(app)
@@ -159,10 +189,20 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _translations(results: list) -> JSONResponse:
     """POST /v1/translate's answer: each text's hypotheses, token ids and scores."""
-    return JSONResponse({"translations": [{  # JSON has no -inf: a non-finite score is null
-        "hypotheses": r.hypotheses, "token_ids": [list(map(int, ids)) for ids in r.token_ids],
-        "scores": None if r.scores is None else [s if math.isfinite(s) else None for s in r.scores],
-    } for r in results]})
+    return JSONResponse(
+        {
+            "translations": [
+                {  # JSON has no -inf: a non-finite score is null
+                    "hypotheses": r.hypotheses,
+                    "token_ids": [list(map(int, ids)) for ids in r.token_ids],
+                    "scores": None
+                    if r.scores is None
+                    else [s if math.isfinite(s) else None for s in r.scores],
+                }
+                for r in results
+            ]
+        }
+    )
 
 
 def _add_translate(app: FastAPI, f: Frontend) -> None:
@@ -178,8 +218,9 @@ def _add_translate(app: FastAPI, f: Frontend) -> None:
         if isinstance(search, Response):
             return search
         # the rows it holds at once, as --max-rows counts them (serve/engine.py Engine.check)
-        rows = min(len(body.texts), search.max_batch_size) * (search.num_hypotheses if search.sampling
-                                                               else search.beam_size)
+        rows = min(len(body.texts), search.max_batch_size) * (
+            search.num_hypotheses if search.sampling else search.beam_size
+        )
         if (refused := _take_rows(f, rows)) is not None:
             return refused
         try:
@@ -189,8 +230,9 @@ def _add_translate(app: FastAPI, f: Frontend) -> None:
                 return answer
             results = job.future.result()
         except Cancelled:
-            return error(503, "the engine dropped the request (it is closing): retry on another replica",
-                         retry=True)
+            return error(
+                503, "the engine dropped the request (it is closing): retry on another replica", retry=True
+            )
         except Exception as e:
             return engine_error(e, TranslateRequest)
         finally:
@@ -204,7 +246,7 @@ _STREAM_EXAMPLE = '{"text": "lo"}\n{"text": " kesari"}\n{"done": true, "text": "
 _STREAM_200 = {
     "content": {"application/x-ndjson": {"example": _STREAM_EXAMPLE}},
     "description": 'NDJSON: a line {"text": piece} per piece, then {"done": true, "text": the whole '
-                   'translation}; an error after the first piece ends the stream with {"error": message}',
+    'translation}; an error after the first piece ends the stream with {"error": message}',
 }
 
 
@@ -213,9 +255,13 @@ def _take_rows(f: Frontend, rows: int) -> Response | None:
     answered); None, or the 503 refusing them where they would pass --max-rows-in-flight. A request's own
     rows are bounded by --max-rows (422); this bounds what all requests hold together, and so memory."""
     if f.rows_in_flight + rows > f.max_rows_in_flight:
-        return error(503, f"the server is decoding {f.rows_in_flight} rows (texts x beams or samples) and "
-                          f"this request needs {rows} more; the limit (--max-rows-in-flight) is "
-                          f"{f.max_rows_in_flight}: retry after {RETRY_AFTER_S} s", retry=True)
+        return error(
+            503,
+            f"the server is decoding {f.rows_in_flight} rows (texts x beams or samples) and "
+            f"this request needs {rows} more; the limit (--max-rows-in-flight) is "
+            f"{f.max_rows_in_flight}: retry after {RETRY_AFTER_S} s",
+            retry=True,
+        )
     f.rows_in_flight += rows
     return None
 
@@ -224,8 +270,11 @@ def _add_stream(app: FastAPI, f: Frontend) -> None:
     """POST /v1/translate/stream."""
     engine = f.engine
 
-    @app.post(STREAM, responses={**ERRORS, 200: _STREAM_200},
-              summary="Translate one text greedily, piece by piece as each token is decided (NDJSON)")
+    @app.post(
+        STREAM,
+        responses={**ERRORS, 200: _STREAM_200},
+        summary="Translate one text greedily, piece by piece as each token is decided (NDJSON)",
+    )
     async def translate_stream(body: StreamRequest, request: Request):
         """Streams the greedy translation of one text; the pieces join to its translation with beam_size=1."""
         options = {**body.model_dump(exclude_unset=True, exclude={"text"}), "beam_size": 1}
@@ -249,14 +298,20 @@ def _add_probes(app: FastAPI, f: Frontend) -> None:
     async def health():
         return {"status": "ok"}
 
-    @app.get("/ready", summary="200 while the server takes requests; 503 while it drains",
-             responses={503: {"model": ErrorResponse, "description": "draining"}})
+    @app.get(
+        "/ready",
+        summary="200 while the server takes requests; 503 while it drains",
+        responses={503: {"model": ErrorResponse, "description": "draining"}},
+    )
     async def ready():
         if f.draining:
             return error(503, "draining: the server is shutting down and takes no new requests")
         return {"ready": True, "batching": f.engine.batching}
 
-    @app.get("/metrics", response_class=Response,
-             summary="Prometheus metrics (text format): requests, queue depth, load, tokens, latency")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        summary="Prometheus metrics (text format): requests, queue depth, load, tokens, latency",
+    )
     async def metrics():
         return Response(f.metrics(), media_type=CONTENT_TYPE_LATEST)

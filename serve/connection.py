@@ -154,7 +154,9 @@ class LimitedH11Protocol(H11Protocol):
         if self.loop.time() - self.dropped[1] >= LOG_EVERY_S:
             self.logger.warning(
                 "dropped %d connections since the last such line: each had not read its answers for %g s "
-                "(--send-timeout)", self.dropped[0], self.send_timeout_s,
+                "(--send-timeout)",
+                self.dropped[0],
+                self.send_timeout_s,
             )
             self.dropped[:] = [0, self.loop.time()]
         self.transport.abort()  # its unsent answers discarded: close() would wait to send them

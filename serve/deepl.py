@@ -7,6 +7,7 @@ Bodies as JSON or form (`text` repeated), or the query string; the key in `Autho
 ignored: formality other than default/prefer_*, tag handling, glossaries, context and the rest of
 UNSUPPORTED. docs/drop-in-apis.md lists them.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,15 @@ from seq2onnx.serve.dropin import DropIn, Failure, key_of
 from seq2onnx.serve.languages import deepl_code, name
 from seq2onnx.serve.routes import Unsupported
 
-SUPPORTED = ("text", "source_lang", "target_lang", "formality", "split_sentences", "preserve_formatting",
-             "show_billed_characters")
+SUPPORTED = (
+    "text",
+    "source_lang",
+    "target_lang",
+    "formality",
+    "split_sentences",
+    "preserve_formatting",
+    "show_billed_characters",
+)
 # prefer_*: DeepL itself falls back to the default where a language has no formality
 FORMALITY = ("default", "prefer_more", "prefer_less")
 SPLIT = {"0": None, "1": r"(?<=[.!?])\s+|\s*\n\s*", "nonewlines": r"(?<=[.!?])\s+"}
@@ -44,8 +52,9 @@ async def params(request: Request) -> dict:
         if request.headers.get("content-type", "").startswith("application/json"):
             data = json.loads(body)
             if not isinstance(data, dict):
-                raise ValueError("the JSON body must be an object such as {\"text\": [\"Hello\"], "
-                                 "\"target_lang\": \"DE\"}")
+                raise ValueError(
+                    'the JSON body must be an object such as {"text": ["Hello"], "target_lang": "DE"}'
+                )
             found.update({k: v if isinstance(v, list) else [v] for k, v in data.items()})
         else:
             found.update(parse_qs(body.decode("utf-8"), keep_blank_values=True))
@@ -56,12 +65,16 @@ def refusal(given: dict) -> str | None:
     """The message refusing a parameter this server cannot honour or does not know, naming it; else None."""
     for key in given:
         if key not in SUPPORTED:
-            return (f"parameter {key!r} is not supported by this server (seq2onnx, a self-hosted model); "
-                    f"supported: {', '.join(SUPPORTED)}")
+            return (
+                f"parameter {key!r} is not supported by this server (seq2onnx, a self-hosted model); "
+                f"supported: {', '.join(SUPPORTED)}"
+            )
     formality = given.get("formality", "default")
     if formality not in FORMALITY:
-        return (f"formality={formality!r} is not supported: the models served here have no formality "
-                f"(supports_formality is false for every target language); use one of {', '.join(FORMALITY)}")
+        return (
+            f"formality={formality!r} is not supported: the models served here have no formality "
+            f"(supports_formality is false for every target language); use one of {', '.join(FORMALITY)}"
+        )
     split = str(given.get("split_sentences", "1"))
     if split not in SPLIT:
         return f"split_sentences={split!r}: give one of {', '.join(SPLIT)}"
@@ -93,7 +106,7 @@ def joined(translated: list[str], shapes: list[tuple[int, list[str]]]) -> list[s
     """The sentences' translations joined back into one per text, by the original separators."""
     out, at = [], 0
     for count, separators in shapes:
-        mine = translated[at:at + count]
+        mine = translated[at : at + count]
         at += count
         out.append("".join(p + s for p, s in zip(mine, [*separators, ""], strict=True)))
     return out
@@ -113,8 +126,9 @@ def router(drop: DropIn) -> APIRouter:
         if problem:
             return message(400, problem)
         try:
-            choice = drop.routes.choose(given.get("source_lang"), given["target_lang"],
-                                        ("source_lang", "target_lang"))
+            choice = drop.routes.choose(
+                given.get("source_lang"), given["target_lang"], ("source_lang", "target_lang")
+            )
         except Unsupported as e:
             return message(400, str(e))
         texts = given["text"]
@@ -124,9 +138,12 @@ def router(drop: DropIn) -> APIRouter:
             return message(results.status, results.message, results.retry_after)
         out = joined([r.hypotheses[0] for r in results], shapes)
         source = deepl_code(choice.source)
-        return {"translations": [{"detected_source_language": source, "text": text,
-                                  "billed_characters": len(original)}
-                                 for text, original in zip(out, texts, strict=True)]}
+        return {
+            "translations": [
+                {"detected_source_language": source, "text": text, "billed_characters": len(original)}
+                for text, original in zip(out, texts, strict=True)
+            ]
+        }
 
     @r.api_route("/v2/languages", methods=["GET", "POST"], summary="DeepL: source or target languages")
     async def languages(request: Request):
@@ -138,8 +155,10 @@ def router(drop: DropIn) -> APIRouter:
             return message(400, f"type={kind!r}: give source or target")
         if kind == "source":
             return [{"language": deepl_code(c), "name": name(c)} for c in drop.routes.sources()]
-        return [{"language": deepl_code(c), "name": name(c), "supports_formality": False}
-                for c in drop.routes.targets()]
+        return [
+            {"language": deepl_code(c), "name": name(c), "supports_formality": False}
+            for c in drop.routes.targets()
+        ]
 
     @r.api_route("/v2/usage", methods=["GET", "POST"], summary="DeepL: characters translated and the limit")
     async def usage(request: Request):

@@ -10,6 +10,7 @@ The native front end's own errors on a DeepL path (413 over --max-body-bytes, 50
 rewritten into DeepL's shape, {"message": ...}; LibreTranslate's shape, {"error": ...}, is the native one's.
 docs/drop-in-apis.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,11 +63,15 @@ class DropIn:
             engine closing, 504 too slow, 500 the engine failed).
         """
         f, engine = self.frontend, choice.route.engine
-        for count, what, limit, flag in ((len(texts), "texts", f.max_texts, "--max-texts"),
-                                         (sum(map(len, texts)), "characters", f.max_chars, "--max-chars")):
+        for count, what, limit, flag in (
+            (len(texts), "texts", f.max_texts, "--max-texts"),
+            (sum(map(len, texts)), "characters", f.max_chars, "--max-chars"),
+        ):
             if count > limit:
-                return Failure(413, f"{count} {what}; the server's limit ({flag}) is {limit} per request: "
-                                    "split the request")
+                return Failure(
+                    413,
+                    f"{count} {what}; the server's limit ({flag}) is {limit} per request: split the request",
+                )
         try:
             search = engine.check({**options, **choice.options}, len(texts))
             t = engine.translator
@@ -102,16 +107,23 @@ def api_of(path: str) -> str:
 def refusal_answer(api: str, refusal: Refusal) -> Response:
     """A key refusal in the API's own shape: DeepL 403/429/456 {"message"}; LibreTranslate 400 (missing),
     403/429 {"error"}; native 401 (missing, with WWW-Authenticate)/403/429 {"error", "field"}."""
-    status = {"missing": 403 if api == "deepl" else 400 if api == "libre" else 401, "wrong": 403,
-              "characters": 456 if api == "deepl" else 429}.get(refusal.why, 429)
-    hint = {"deepl": "send the header `Authorization: DeepL-Auth-Key KEY`",
-            "libre": "send the key as api_key", "native": "send the header `Authorization: Bearer KEY`"}[api]
+    status = {
+        "missing": 403 if api == "deepl" else 400 if api == "libre" else 401,
+        "wrong": 403,
+        "characters": 456 if api == "deepl" else 429,
+    }.get(refusal.why, 429)
+    hint = {
+        "deepl": "send the header `Authorization: DeepL-Auth-Key KEY`",
+        "libre": "send the key as api_key",
+        "native": "send the header `Authorization: Bearer KEY`",
+    }[api]
     message = f"{refusal.message}: {hint}" if refusal.why in ("missing", "wrong") else refusal.message
     headers = {"Retry-After": str(refusal.retry_after)} if refusal.retry_after else {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     body = {"deepl": {"message": message}, "libre": {"error": message}}.get(
-        api, {"error": message, "field": None})
+        api, {"error": message, "field": None}
+    )
     return JSONResponse(body, status, headers or None)
 
 

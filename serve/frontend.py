@@ -1,6 +1,7 @@
 """What an app of serve/app.py's create_app shares between its endpoints, its middleware and serve/server.py:
 the engine, the queue's depth, the drain flag, and the Prometheus metrics (summed over the processes of
 `--processes`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,8 +10,15 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
-                               generate_latest, multiprocess)
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.core import CounterMetricFamily
 
 from seq2onnx.serve.checks import json_checked
@@ -35,9 +43,11 @@ class _EngineCounters:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    SOLO = ("seq2onnx_searches_decoded_alone",
-            "searches decoded alone on their request's thread since the start: nothing else was decoding "
-            "(--batching continuous without --no-solo)")
+    SOLO = (
+        "seq2onnx_searches_decoded_alone",
+        "searches decoded alone on their request's thread since the start: nothing else was decoding "
+        "(--batching continuous without --no-solo)",
+    )
 
     def collect(self):
         yield CounterMetricFamily(*self.SOLO, value=self.engine.solo_searches)
@@ -51,8 +61,17 @@ class Frontend:
             draining: set by drain(), then /ready and new POSTs answer 503.
     """
 
-    def __init__(self, engine: Engine, max_queue: int, max_texts: int, max_chars: int, max_body_bytes: int,
-                 timeout_s: float, registry: CollectorRegistry, read_timeout_s: float = 10.0):
+    def __init__(
+        self,
+        engine: Engine,
+        max_queue: int,
+        max_texts: int,
+        max_chars: int,
+        max_body_bytes: int,
+        timeout_s: float,
+        registry: CollectorRegistry,
+        read_timeout_s: float = 10.0,
+    ):
         self.engine, self.max_queue, self.max_texts, self.max_chars = engine, max_queue, max_texts, max_chars
         self.max_body_bytes, self.timeout_s, self.registry = max_body_bytes, timeout_s, registry
         self.read_timeout_s = read_timeout_s
@@ -60,25 +79,40 @@ class Frontend:
         # POST paths admitted to the queue (body limits, deadline), and /metrics' endpoint labels: the drop-in
         # APIs (serve/dropin.py) add theirs
         self.admitted, self.endpoints = {TRANSLATE, STREAM}, set(ENDPOINTS)
-        self.too_slow = f"no answer within {timeout_s:g} s (--timeout); the job was cancelled: send fewer " \
-                        "or shorter texts, or raise --timeout"
-        self.requests = Counter("seq2onnx_requests", "HTTP requests answered, by endpoint and status",
-                                ["endpoint", "status"], registry=r)
-        self.latency = Histogram("seq2onnx_request_seconds",
-                                 "time from arrival to the answer's last byte, by endpoint", ["endpoint"],
-                                 buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120),
-                                 registry=r)
+        self.too_slow = (
+            f"no answer within {timeout_s:g} s (--timeout); the job was cancelled: send fewer "
+            "or shorter texts, or raise --timeout"
+        )
+        self.requests = Counter(
+            "seq2onnx_requests",
+            "HTTP requests answered, by endpoint and status",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "seq2onnx_request_seconds",
+            "time from arrival to the answer's last byte, by endpoint",
+            ["endpoint"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=r,
+        )
         self.texts = Counter("seq2onnx_texts", "texts translated (a stream counts one)", registry=r)
-        self.tokens = Counter("seq2onnx_generated_tokens",
-                              "target tokens returned (every hypothesis; a stream's pieces); "
-                              "tokens/s = rate()",
-                              registry=r)
-        self.cancelled = Counter("seq2onnx_cancelled_jobs", "jobs cancelled by the front end, by reason "
-                                 "(disconnect, timeout, shutdown)", ["reason"], registry=r)
+        self.tokens = Counter(
+            "seq2onnx_generated_tokens",
+            "target tokens returned (every hypothesis; a stream's pieces); tokens/s = rate()",
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "seq2onnx_cancelled_jobs",
+            "jobs cancelled by the front end, by reason (disconnect, timeout, shutdown)",
+            ["reason"],
+            registry=r,
+        )
         self.shared = bool(os.environ.get(SHARED_METRICS))
         self._gauges(engine, r)
-        info = Gauge("seq2onnx_engine_info", "the engine served", ["batching"], registry=r,
-                     multiprocess_mode="max")
+        info = Gauge(
+            "seq2onnx_engine_info", "the engine served", ["batching"], registry=r, multiprocess_mode="max"
+        )
         info.labels(engine.batching).set(1)
         if self.shared:  # one exposition summing every process's files, this one's included
             self.exposed = CollectorRegistry()
@@ -92,11 +126,20 @@ class Frontend:
         """The queue's depth, the engine's load and its own counts. One process: read at each scrape. Several
         (serve/processes.py): each process writes its values (refresh()), and a scrape sums the live ones."""
         self.loads = {
-            "queue_depth": Gauge("seq2onnx_queue_depth", "requests accepted and not yet answered (at most "
-                                 "--max-queue in each process)", registry=r, multiprocess_mode="livesum")}
+            "queue_depth": Gauge(
+                "seq2onnx_queue_depth",
+                "requests accepted and not yet answered (at most --max-queue in each process)",
+                registry=r,
+                multiprocess_mode="livesum",
+            )
+        }
         for key in LOAD_KEYS:
-            self.loads[key] = Gauge(f"seq2onnx_{key}", f"{key.replace('_', ' ')} being decoded now (the "
-                                    "engine's load())", registry=r, multiprocess_mode="livesum")
+            self.loads[key] = Gauge(
+                f"seq2onnx_{key}",
+                f"{key.replace('_', ' ')} being decoded now (the engine's load())",
+                registry=r,
+                multiprocess_mode="livesum",
+            )
         if not self.shared:
             self.loads["queue_depth"].set_function(lambda: self.inflight)
             for key in LOAD_KEYS:
@@ -133,11 +176,17 @@ class Frontend:
         """The 413 (status, message, field) refusing `texts` past --max-texts or --max-chars; None within
         them (only strings count characters: FastAPI refuses the others by name)."""
         chars = sum(len(t) for t in texts if isinstance(t, str))
-        for count, what, limit, flag in ((len(texts), "texts", self.max_texts, "--max-texts"),
-                                         (chars, "characters", self.max_chars, "--max-chars")):
+        for count, what, limit, flag in (
+            (len(texts), "texts", self.max_texts, "--max-texts"),
+            (chars, "characters", self.max_chars, "--max-chars"),
+        ):
             if count > limit:
-                return (413, f"{count} {what}; the limit ({flag}) is {limit} per request: split the request "
-                             f"or raise {flag}", field)
+                return (
+                    413,
+                    f"{count} {what}; the limit ({flag}) is {limit} per request: split the request "
+                    f"or raise {flag}",
+                    field,
+                )
         return None
 
     async def screen(self, body: bytes, path: str) -> tuple[int, str, str | None] | None:
@@ -159,13 +208,22 @@ class Frontend:
             body.decode("utf-8")
         # json.loads would guess another encoding, or fail without saying where
         except UnicodeDecodeError as e:
-            return (400, f"the body is not UTF-8 (byte {e.start}: {body[e.start:e.start + 1]!r}): "
-                         "send JSON encoded as UTF-8", None)
+            return (
+                400,
+                f"the body is not UTF-8 (byte {e.start}: {body[e.start : e.start + 1]!r}): "
+                "send JSON encoded as UTF-8",
+                None,
+            )
         value, problem = json_checked(body)
         if problem is not None or not isinstance(value, dict):
             return problem
-        texts, field = (value.get("texts"), "texts") if path == TRANSLATE else \
-            ([value.get("text")], "text") if path == STREAM else (None, None)
+        texts, field = (
+            (value.get("texts"), "texts")
+            if path == TRANSLATE
+            else ([value.get("text")], "text")
+            if path == STREAM
+            else (None, None)
+        )
         return self.over_limit(texts, field) if isinstance(texts, list) else None
 
     def drain(self) -> None:

@@ -17,6 +17,7 @@ SIGHUP re-reads the file; a file that fails to parse leaves the keys as they wer
 Make a key: `python -m seq2onnx.serve.keys NAME` prints a new key and the file's line for it.
 docs/drop-in-apis.md.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -80,10 +81,12 @@ def read_keys(path: Path, in_flight: int, per_minute: int) -> list[Key]:
         if not words:
             continue
         where = f"{path}:{number}"
-        if len(words) < 2 or not words[1].startswith(PREFIX) or not _HEX.fullmatch(words[1][len(PREFIX):]):
+        if len(words) < 2 or not words[1].startswith(PREFIX) or not _HEX.fullmatch(words[1][len(PREFIX) :]):
             # the line itself is not shown: in a wrong file it may be a secret
-            raise ValueError(f"{where}: not a key line; give `NAME sha256:HEX [in_flight=N] [per_minute=N] "
-                             "[characters=N]` (make one with `python -m seq2onnx.serve.keys NAME`)")
+            raise ValueError(
+                f"{where}: not a key line; give `NAME sha256:HEX [in_flight=N] [per_minute=N] "
+                "[characters=N]` (make one with `python -m seq2onnx.serve.keys NAME`)"
+            )
         if words[0] in names:
             raise ValueError(f"{where}: the name {words[0]!r} is used twice: give each key its own name")
         limits = dict(in_flight=in_flight, per_minute=per_minute, characters=None)
@@ -93,7 +96,7 @@ def read_keys(path: Path, in_flight: int, per_minute: int) -> list[Key]:
                 raise ValueError(f"{where}: {word!r}: give {'=N, '.join(LIMIT_NAMES)}=N with N >= 1")
             limits[option] = int(value)
         names.add(words[0])
-        keys.append(Key(words[0], bytes.fromhex(words[1][len(PREFIX):]), **limits))
+        keys.append(Key(words[0], bytes.fromhex(words[1][len(PREFIX) :]), **limits))
     return keys
 
 
@@ -139,15 +142,29 @@ class Gate:
         self._use: dict[str, _Use] = {}  # by name: a reload keeps a key's use
         self._lock = threading.Lock()
         self.open_characters = 0  # translated on an open server (DropIn.translate counts them)
-        self.requests = Counter("seq2onnx_key_requests", "requests by API key (a prefix of its hash) and "
-                                "outcome (admitted, in_flight, per_minute, characters)", ["key", "outcome"],
-                                registry=registry)
-        self.refused = Counter("seq2onnx_key_refusals", "requests refused for their key: missing or wrong",
-                               ["why"], registry=registry)
-        self.active = Gauge("seq2onnx_key_in_flight", "requests in flight by API key (a prefix of its hash)",
-                            ["key"], registry=registry, multiprocess_mode="livesum")
-        self.characters = Counter("seq2onnx_key_characters", "characters translated by API key",
-                                  ["key"], registry=registry)
+        self.requests = Counter(
+            "seq2onnx_key_requests",
+            "requests by API key (a prefix of its hash) and "
+            "outcome (admitted, in_flight, per_minute, characters)",
+            ["key", "outcome"],
+            registry=registry,
+        )
+        self.refused = Counter(
+            "seq2onnx_key_refusals",
+            "requests refused for their key: missing or wrong",
+            ["why"],
+            registry=registry,
+        )
+        self.active = Gauge(
+            "seq2onnx_key_in_flight",
+            "requests in flight by API key (a prefix of its hash)",
+            ["key"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.characters = Counter(
+            "seq2onnx_key_characters", "characters translated by API key", ["key"], registry=registry
+        )
 
     @property
     def open(self) -> bool:
@@ -190,12 +207,19 @@ class Gate:
             if key.characters is not None and use.characters >= key.characters:
                 refusal = Refusal("characters", f"this key's quota of {key.characters} characters is used up")
             elif use.in_flight >= key.in_flight:
-                refusal = Refusal("in_flight", f"this key already has {use.in_flight} requests in "
-                                  f"flight, its limit: wait for an answer before sending more", 1)
+                refusal = Refusal(
+                    "in_flight",
+                    f"this key already has {use.in_flight} requests in "
+                    f"flight, its limit: wait for an answer before sending more",
+                    1,
+                )
             elif use.tokens < 1.0:
                 wait = math.ceil((1.0 - use.tokens) / rate)
-                refusal = Refusal("per_minute", f"this key sent more than its {key.per_minute} requests per "
-                                  f"minute: retry after {wait} s", wait)
+                refusal = Refusal(
+                    "per_minute",
+                    f"this key sent more than its {key.per_minute} requests per minute: retry after {wait} s",
+                    wait,
+                )
             else:
                 use.in_flight += 1
                 use.tokens -= 1.0
@@ -234,9 +258,10 @@ def main(argv: list[str]) -> int:
     """`python -m seq2onnx.serve.keys NAME [in_flight=N ...]`: a new random key on stderr, its line on stdout
     (append it to the keys file: `... >> keys.txt`); `--stdin` hashes a key read from standard input."""
     if not argv or argv[0].startswith("-") and argv[0] != "--stdin":
-        print("usage: python -m seq2onnx.serve.keys [--stdin] NAME [in_flight=N] [per_minute=N] "
-              "[characters=N]",
-              file=sys.stderr)
+        print(
+            "usage: python -m seq2onnx.serve.keys [--stdin] NAME [in_flight=N] [per_minute=N] [characters=N]",
+            file=sys.stderr,
+        )
         return 2
     given = argv[0] == "--stdin"
     name, words = (argv[1], argv[2:]) if given else (argv[0], argv[1:])

@@ -7,6 +7,7 @@ with `seq2onnx serve --languages en:fr`). Every code is normalised with `langcod
 `langcodes.closest_match`, so that `EN-US` finds `en` and `pt` finds `pt-BR` while `zh-Hant` never finds
 `zh-Hans`. No table of codes is written here. docs/drop-in-apis.md.
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,8 +42,9 @@ def tag(code: str) -> str:
             raise ValueError(text)
         return langcodes.standardize_tag(text)
     except ValueError:
-        raise UnknownCode(f"{code!r} is not a language code (BCP 47, such as en, de, pt-BR or "
-                          "zh-Hans)") from None
+        raise UnknownCode(
+            f"{code!r} is not a language code (BCP 47, such as en, de, pt-BR or zh-Hans)"
+        ) from None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -106,8 +108,10 @@ def sides(declared: str | None, bundle_codes: dict[str, int], target_lang_in: st
     if not colon or not source or not target:
         raise ValueError(f"{declared!r}: give SOURCE:TARGET, e.g. en:fr, en:de,fr or en:*")
     if source == ANY and target_lang_in == "source_prefix":
-        raise ValueError(f"{declared!r}: this bundle's language tokens are targets only "
-                         "(Marian's >>code<<): name the source language, e.g. en:*")
+        raise ValueError(
+            f"{declared!r}: this bundle's language tokens are targets only "
+            "(Marian's >>code<<): name the source language, e.g. en:*"
+        )
     return _side(source, bundle_codes, declared), _side(target, bundle_codes, declared)
 
 
@@ -115,8 +119,10 @@ def _side(text: str, bundle_codes: dict[str, int], declared: str) -> Side:
     """One side of --languages: `*` (the bundle's tokens, by their standard tags) or a list of codes."""
     if text == ANY:
         if not bundle_codes:
-            raise ValueError(f"{declared!r}: `*` means the bundle's language tokens, and this "
-                             "bundle has none: name its languages, e.g. en:fr")
+            raise ValueError(
+                f"{declared!r}: `*` means the bundle's language tokens, and this "
+                "bundle has none: name its languages, e.g. en:fr"
+            )
         return Side({tag(code): code for code in bundle_codes})
     codes: dict[str, str | None] = {}
     for code in filter(None, (c.strip() for c in text.split(","))):

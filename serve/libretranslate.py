@@ -7,6 +7,7 @@ may be `auto` only where one language can be meant (the bundles writing the targ
 this server has no language detector, so /detect is refused, and so is `auto` elsewhere, by name.
 `format=html` is refused (the models translate plain text). docs/drop-in-apis.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,9 @@ async def params(request: Request) -> dict:
         if request.headers.get("content-type", "").startswith("application/json"):
             data = json.loads(body)
             if not isinstance(data, dict):
-                raise ValueError('the JSON body must be an object such as {"q": "Hello", "source": "en", '
-                                 '"target": "fr"}')
+                raise ValueError(
+                    'the JSON body must be an object such as {"q": "Hello", "source": "en", "target": "fr"}'
+                )
             found.update(data)
         else:
             form = parse_qs(body.decode("utf-8"), keep_blank_values=True)
@@ -49,8 +51,10 @@ def problem(given: dict) -> str | None:
     """The message refusing a missing, bad or unsupported parameter (named); else None."""
     for key in given:
         if key not in SUPPORTED:
-            return (f"Invalid request: parameter {key!r} is not supported by this server (seq2onnx, a "
-                    f"self-hosted model); supported: {', '.join(SUPPORTED)}")
+            return (
+                f"Invalid request: parameter {key!r} is not supported by this server (seq2onnx, a "
+                f"self-hosted model); supported: {', '.join(SUPPORTED)}"
+            )
     for key in ("q", "source", "target"):
         if given.get(key) in (None, "", []):
             return f"Invalid request: missing {key} parameter"
@@ -58,19 +62,23 @@ def problem(given: dict) -> str | None:
     if not isinstance(q, str) and not (isinstance(q, list) and all(isinstance(t, str) for t in q)):
         return "Invalid request: q must be a string or a list of strings"
     if given.get("format", "text") != "text":
-        return (f"Invalid request: format={given['format']!r} is not supported: the models served here "
-                "translate plain text; use format=text")
+        return (
+            f"Invalid request: format={given['format']!r} is not supported: the models served here "
+            "translate plain text; use format=text"
+        )
     alternatives = str(given.get("alternatives", 0))
     if not alternatives.isdigit() or int(alternatives) > MAX_ALTERNATIVES:
-        return (f"Invalid request: alternatives={given['alternatives']!r}: give an int from 0 to "
-                f"{MAX_ALTERNATIVES}")
+        return (
+            f"Invalid request: alternatives={given['alternatives']!r}: give an int from 0 to "
+            f"{MAX_ALTERNATIVES}"
+        )
     return None
 
 
 def _answer(results, texts_given, choice, alternatives: int, auto: bool) -> dict:
     """LibreTranslate's answer for one text (values) or a list (lists)."""
     best = [r.hypotheses[0] for r in results]
-    others = [r.hypotheses[1:alternatives + 1] for r in results]
+    others = [r.hypotheses[1 : alternatives + 1] for r in results]
     one = isinstance(texts_given, str)
     out: dict = {"translatedText": best[0] if one else best}
     if alternatives:
@@ -98,8 +106,9 @@ def router(drop: DropIn) -> APIRouter:
                 return error(400, refused)
             auto = given["source"] == "auto"
             try:
-                choice = drop.routes.choose(None if auto else given["source"], given["target"],
-                                            ("source", "target"))
+                choice = drop.routes.choose(
+                    None if auto else given["source"], given["target"], ("source", "target")
+                )
             except Unsupported as e:
                 return error(400, f"Invalid request: {e}")
             alternatives = int(given.get("alternatives", 0))
@@ -119,8 +128,9 @@ def router(drop: DropIn) -> APIRouter:
     async def languages():
         routes = drop.routes
         every = sorted({*routes.sources(), *routes.targets()})
-        return [{"code": c, "name": name(c), "targets": [t for t in routes.targets(c) if t != c]}
-                for c in every]
+        return [
+            {"code": c, "name": name(c), "targets": [t for t in routes.targets(c) if t != c]} for c in every
+        ]
 
     @r.post("/detect", summary="LibreTranslate: language detection (refused: this server has no detector)")
     async def detect(request: Request):
@@ -131,10 +141,12 @@ def router(drop: DropIn) -> APIRouter:
 
         async def work(key):
             sources = ", ".join(drop.routes.sources()) or "none declared"
-            return error(400, "Invalid request: /detect is not supported: this server has no language "
-                              f"detector; give source explicitly (the languages it reads: {sources})")
+            return error(
+                400,
+                "Invalid request: /detect is not supported: this server has no language "
+                f"detector; give source explicitly (the languages it reads: {sources})",
+            )
 
         return await hold(drop, request, given.get("api_key"), "libre", work)
 
     return r
-

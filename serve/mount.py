@@ -1,5 +1,6 @@
 """Puts the drop-in APIs (DeepL, LibreTranslate) and the key middleware on an app of serve/app.py's
 create_app: a small hook, so that serve/app.py stays the native front end. docs/drop-in-apis.md."""
+
 from __future__ import annotations
 
 from fastapi import FastAPI

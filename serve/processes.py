@@ -57,9 +57,17 @@ EXTRA_S = 15.0  # beyond the drain: the engine's close and the interpreter's exi
 HEARTBEAT_S = 1.0  # how often a serving process tells the parent that its event loop runs
 
 
-def serve_processes(make_app, processes: int, *, host: str = "127.0.0.1", port: int = 8000,
-                    drain_s: float = 25.0, max_connections: int = 512, liveness_s: float = 30.0,
-                    **serve_options) -> int:
+def serve_processes(
+    make_app,
+    processes: int,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    drain_s: float = 25.0,
+    max_connections: int = 512,
+    liveness_s: float = 30.0,
+    **serve_options,
+) -> int:
     """Serves the app that `make_app()` builds in each of `processes` processes, on one host:port.
 
     Args:
@@ -188,8 +196,12 @@ class _Group:
                     continue
                 w.process.join()
                 _forget(w.process.pid)
-                log.error("process %d (pid %d) exited with code %s while serving; starting another",
-                          i, w.process.pid, w.process.exitcode)
+                log.error(
+                    "process %d (pid %d) exited with code %s while serving; starting another",
+                    i,
+                    w.process.pid,
+                    w.process.exitcode,
+                )
                 self.workers[i] = _Worker(self.context, self.make_app, self.sock, self.options)
         return True
 
@@ -198,8 +210,14 @@ class _Group:
         quiet = time.monotonic() - w.heard
         if w.listening is None or quiet < self.liveness_s:
             return False
-        log.error("process %d (pid %d) sent no heartbeat for %.1f s (--liveness-seconds %g): stopped or "
-                  "hung; killing it", i, w.process.pid, quiet, self.liveness_s)
+        log.error(
+            "process %d (pid %d) sent no heartbeat for %.1f s (--liveness-seconds %g): stopped or "
+            "hung; killing it",
+            i,
+            w.process.pid,
+            quiet,
+            self.liveness_s,
+        )
         w.process.kill()  # SIGKILL ends a stopped process too
         return True
 
@@ -295,8 +313,9 @@ def _forget(pid: int | None) -> None:
 
 def _child(make_app, sock, options: dict, conn: Connection) -> None:
     """A server process: builds the app, serves on the parent's socket, exits with serve()'s status."""
-    logging.basicConfig(level=logging.INFO,
-                        format=f"%(asctime)s seq2onnx serve [pid {os.getpid()}]: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s seq2onnx serve [pid {os.getpid()}]: %(message)s"
+    )
     # While loading, only the parent's SIGTERM stops this process: a terminal's Ctrl-C reaches the whole
     # process group, and the parent passes it on as SIGTERM. Once serving, uvicorn's handlers take both.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -321,8 +340,9 @@ def _child(make_app, sock, options: dict, conn: Connection) -> None:
         with lock:
             conn.send(("alive", None))
 
-    raise SystemExit(serve(app, sock=sock, shared=shared, on_listening=listening,
-                           heartbeat=(beat, HEARTBEAT_S), **options))
+    raise SystemExit(
+        serve(app, sock=sock, shared=shared, on_listening=listening, heartbeat=(beat, HEARTBEAT_S), **options)
+    )
 
 
 def _orphaned(conn: Connection) -> None:

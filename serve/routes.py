@@ -5,6 +5,7 @@
 reads its source and writes its target (serve/languages.py matches the codes). The native API
 (/v1/translate) keeps serving the first bundle, as before. docs/drop-in-apis.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,8 +58,10 @@ class Unsupported(ValueError):
 
     def __init__(self, param: str, value, why: str, supported: list[str]):
         self.param, self.value, self.supported = param, value, supported
-        listed = ", ".join(supported) or "none (a bundle's languages are declared with seq2onnx serve " \
-                                          "--languages SRC:TGT)"
+        listed = (
+            ", ".join(supported)
+            or "none (a bundle's languages are declared with seq2onnx serve --languages SRC:TGT)"
+        )
         super().__init__(f"{param}={value!r}: {why}; supported: {listed}")
 
 
@@ -78,8 +81,14 @@ class Routes:
 
     def targets(self, source: str | None = None) -> list[str]:
         """Every target language (of the bundles reading `source`, when given), sorted."""
-        return sorted({code for r in self.routes for code in r.target.codes
-                       if source is None or source in r.source.codes})
+        return sorted(
+            {
+                code
+                for r in self.routes
+                for code in r.target.codes
+                if source is None or source in r.source.codes
+            }
+        )
 
     def choose(self, source: str | None, target: str, names: tuple[str, str]) -> Choice:
         """The bundle for (source, target); source None: the one language that some bundle writing
@@ -110,8 +119,10 @@ class Routes:
         readers = sorted({c for r in writers for c in r.source.codes})
         if len(readers) != 1:
             why = "this server detects no language" + (
-                f" and the bundles translating into {target} read several" if readers else
-                " and the bundle's source language is not declared (seq2onnx serve --languages SRC:TGT)")
+                f" and the bundles translating into {target} read several"
+                if readers
+                else " and the bundle's source language is not declared (seq2onnx serve --languages SRC:TGT)"
+            )
             raise Unsupported(names[0], None, why + ": name the source language", readers)
         route = next(r for r in writers if readers[0] in r.source.codes)
         source = (readers[0], route.source.codes[readers[0]])

@@ -1,6 +1,7 @@
 """The request and response bodies of `seq2onnx serve`'s own API, as FastAPI's /docs and /openapi.json show
 them (serve/app.py's endpoints take and answer these). The requests' option fields are made from the options'
 one declaration (runtime/options.py): their names, types, defaults and descriptions."""
+
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -34,27 +35,37 @@ class _Options(BaseModel):
 
 
 TranslateRequest = create_model(
-    "TranslateRequest", __base__=_Options, __module__=__name__,
+    "TranslateRequest",
+    __base__=_Options,
+    __module__=__name__,
     __doc__="POST /v1/translate: texts and Translator.translate_batch's options by name. Options that "
     "contradict each other are refused (422 naming both): beam_size > 1 with sampling_temperature; seed, "
     "sampling_topk or sampling_topp without it. A key given twice in the JSON is refused (422).",
-    texts=(list[str], Field(description="the source texts; an empty text translates to \"\"",
-                            examples=[["the queen sees"]])),
-    **_fields("batch"))
+    texts=(
+        list[str],
+        Field(description='the source texts; an empty text translates to ""', examples=[["the queen sees"]]),
+    ),
+    **_fields("batch"),
+)
 
 StreamRequest = create_model(
-    "StreamRequest", __base__=_Options, __module__=__name__,
+    "StreamRequest",
+    __base__=_Options,
+    __module__=__name__,
     __doc__="POST /v1/translate/stream: one text, translated greedily, sent piece by piece.",
     text=(str, Field(description="the source text", examples=["the queen sees young mice with an old box"])),
-    **_fields("stream"))
+    **_fields("stream"),
+)
 
 
 class Translation(BaseModel):
     """One text's n-best, best first."""
+
     hypotheses: list[str]
     token_ids: list[list[int]] = Field(description="each hypothesis's target ids, end token excluded")
     scores: list[float | None] | None = Field(
-        description="with return_scores (null for a non-finite score), else null")
+        description="with return_scores (null for a non-finite score), else null"
+    )
 
 
 class TranslateResponse(BaseModel):
@@ -66,9 +77,15 @@ class ErrorResponse(BaseModel):
     field: str | None = Field(None, description="the request's field at fault, if one is")
 
 
-ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in (
-    (400, "malformed JSON, too deep, too long an integer, or not UTF-8"), (408, "the body came too slowly"),
-    (413, "over a limit (bytes, texts, characters)"),
-    (422, "a wrong field, type or option value"), (500, "the engine failed"),
-    (503, "queue full (Retry-After), or draining"),
-    (504, "no answer within the timeout: the job was cancelled"))}
+ERRORS = {
+    status: {"model": ErrorResponse, "description": text}
+    for status, text in (
+        (400, "malformed JSON, too deep, too long an integer, or not UTF-8"),
+        (408, "the body came too slowly"),
+        (413, "over a limit (bytes, texts, characters)"),
+        (422, "a wrong field, type or option value"),
+        (500, "the engine failed"),
+        (503, "queue full (Retry-After), or draining"),
+        (504, "no answer within the timeout: the job was cancelled"),
+    )
+}

@@ -32,8 +32,9 @@ FD_SPARE = 64  # descriptors besides the connections: the bundle's files, the lo
 class _Server(uvicorn.Server):
     """uvicorn's server, with the front end's drain at the signal and a line at each phase of the shutdown."""
 
-    def __init__(self, config: uvicorn.Config, frontend, listening: str, drain_s: float, on_listening,
-                 heartbeat=None):
+    def __init__(
+        self, config: uvicorn.Config, frontend, listening: str, drain_s: float, on_listening, heartbeat=None
+    ):
         super().__init__(config)
         self.frontend, self.listening, self.drain_s = frontend, listening, drain_s
         self.on_listening, self.heartbeat = on_listening, heartbeat
@@ -204,7 +205,9 @@ def serve(
     # h11, not httptools: only uvicorn's h11 protocol bounds the headers (h11_max_incomplete_event_size);
     # serve/connection.py adds the head's read timeout and the connection cap that uvicorn lacks.
     protocol = limited_protocol(
-        read_timeout_s=read_timeout_s, max_connections=max_connections, max_header_bytes=max_header_bytes,
+        read_timeout_s=read_timeout_s,
+        max_connections=max_connections,
+        max_header_bytes=max_header_bytes,
         send_timeout_s=send_timeout_s,
     )
     config = uvicorn.Config(

@@ -8,6 +8,7 @@ installed, as an app installs it: nothing here imports torch at the top, and the
 prebuilt (SEQ2ONNX_TEST_BUNDLES, tests/tiny.py). .ci/run runs it in a venv without torch, so a
 torch import that reaches the runtime fails CI.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -24,20 +25,35 @@ else:  # tiny models run fastest on one thread; on a shared 2-core machine more 
 
 # The runtime's test files: they import neither torch nor the training side at the top, and need
 # only tiny_bundle()'s prebuilt bundles (fp32 and int8). Keep a new runtime test file in this list.
-RUNTIME_FILES = ("test_bad_bundles.py", "test_bundle_spec.py", "test_bundle_trust.py", "test_fuzz.py",
-                 "test_runtime_api.py", "test_runtime_memory.py", "test_runtime_search.py",
-                 "test_session_cache.py", "test_session_load.py", "test_translate_cli.py")
+RUNTIME_FILES = (
+    "test_bad_bundles.py",
+    "test_bundle_spec.py",
+    "test_bundle_trust.py",
+    "test_fuzz.py",
+    "test_runtime_api.py",
+    "test_runtime_memory.py",
+    "test_runtime_search.py",
+    "test_session_cache.py",
+    "test_session_load.py",
+    "test_translate_cli.py",
+)
 # Their tests that need the training side ([train]), left out of the runtime-only run: the PyTorch oracle
 # (model/search.py), or onnx to build a graph. (onnx stays out of that venv: the runtime must not need it.)
-NEEDS_TRAIN = ("test_runtime_search.py::test_beam_equals_torch_oracle",
-               "test_runtime_search.py::test_beam_one_equals_greedy_and_greedy_equals_oracle",
-               "test_runtime_memory.py::test_cpu_sessions_keep_no_copy_of_their_graph")
+NEEDS_TRAIN = (
+    "test_runtime_search.py::test_beam_equals_torch_oracle",
+    "test_runtime_search.py::test_beam_one_equals_greedy_and_greedy_equals_oracle",
+    "test_runtime_memory.py::test_cpu_sessions_keep_no_copy_of_their_graph",
+)
+
 
 def pytest_addoption(parser):
-    parser.addoption("--runtime-only", action="store_true",
-                     help="run only the runtime's tests (conftest.RUNTIME_FILES), in a venv with "
-                          "seq2onnx[cpu] and no torch; the tiny bundles come from SEQ2ONNX_TEST_BUNDLES "
-                          "(see .ci/run)")
+    parser.addoption(
+        "--runtime-only",
+        action="store_true",
+        help="run only the runtime's tests (conftest.RUNTIME_FILES), in a venv with "
+        "seq2onnx[cpu] and no torch; the tiny bundles come from SEQ2ONNX_TEST_BUNDLES "
+        "(see .ci/run)",
+    )
 
 
 def pytest_configure(config):
@@ -51,11 +67,15 @@ def pytest_configure(config):
         return
     # Without these the run would prove nothing, or would fail on every test with a less clear error.
     if importlib.util.find_spec("torch") is not None:
-        raise pytest.UsageError("--runtime-only: torch is installed here, so the run cannot show that "
-                                "the runtime needs none; run it in a venv with only seq2onnx[cpu] (.ci/run)")
+        raise pytest.UsageError(
+            "--runtime-only: torch is installed here, so the run cannot show that "
+            "the runtime needs none; run it in a venv with only seq2onnx[cpu] (.ci/run)"
+        )
     if not os.environ.get("SEQ2ONNX_TEST_BUNDLES"):
-        raise pytest.UsageError("--runtime-only: SEQ2ONNX_TEST_BUNDLES is not set; build the tiny bundles "
-                                "with torch first: PYTHONPATH=tests python -m helpers DIR (as .ci/run does)")
+        raise pytest.UsageError(
+            "--runtime-only: SEQ2ONNX_TEST_BUNDLES is not set; build the tiny bundles "
+            "with torch first: PYTHONPATH=tests python -m helpers DIR (as .ci/run does)"
+        )
 
 
 def pytest_unconfigure(config):
@@ -87,8 +107,17 @@ def _tiny_model(seed: int = 0, **overrides):
     from seq2onnx.model.config import ModelConfig
     from seq2onnx.model.transformer import Transformer
 
-    fields = dict(src_vocab_size=40, tgt_vocab_size=30, d_model=16, n_heads=2, n_encoder_layers=2,
-                  n_decoder_layers=2, d_ff=32, dropout=0.0, max_positions=64)
+    fields = dict(
+        src_vocab_size=40,
+        tgt_vocab_size=30,
+        d_model=16,
+        n_heads=2,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        d_ff=32,
+        dropout=0.0,
+        max_positions=64,
+    )
     fields.update(overrides)
     torch.manual_seed(seed)
     return Transformer(ModelConfig(**fields)).eval()

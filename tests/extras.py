@@ -3,6 +3,7 @@
 Each comes with an extra that `[dev]` includes, so CI always has it; a checkout without it gets a
 collection error naming the extra instead of a silently skipped module.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -18,5 +19,7 @@ def require(module: str, extra: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"{module} cannot be imported ({e}): it comes with seq2onnx's [{extra}] extra, which "
-                          "[dev] includes: pip install -e '.[dev]'") from e
+        raise ImportError(
+            f"{module} cannot be imported ({e}): it comes with seq2onnx's [{extra}] extra, which "
+            "[dev] includes: pip install -e '.[dev]'"
+        ) from e

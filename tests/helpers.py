@@ -3,6 +3,7 @@
 Plain functions, not fixtures, so that module-level code and helper functions can call them too.
 Nothing here imports torch: the runtime-only run (.ci/run) imports this module as well.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,15 +18,24 @@ REPO = Path(__file__).resolve().parents[1]
 # One environment for every child: one OpenMP thread (the models are tiny, and CTranslate2's default
 # 4 spinning threads made a child 70x slower on a loaded 2-core machine), and an ordinary UTF-8
 # locale (C.UTF-8: en_US.UTF-8 is not installed everywhere) with no override of Python's encodings.
-ENV = {**{k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONIOENCODING"))},
-       "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+ENV = {
+    **{k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONIOENCODING"))},
+    "LC_ALL": "C.UTF-8",
+    "OMP_NUM_THREADS": "1",
+}
 
 # Long enough for an export with parity checks on a loaded 2-core machine; a hung child still ends.
 TIMEOUT = 600
 
 
-def cli(*args, input: str | bytes | None = None, cwd: Path | str = REPO, env: dict | None = None,
-        timeout: float = TIMEOUT, python: str = sys.executable) -> subprocess.CompletedProcess:
+def cli(
+    *args,
+    input: str | bytes | None = None,
+    cwd: Path | str = REPO,
+    env: dict | None = None,
+    timeout: float = TIMEOUT,
+    python: str = sys.executable,
+) -> subprocess.CompletedProcess:
     """Runs `python -m seq2onnx.commands ARGS` and returns it finished, output captured.
 
     Args:
@@ -38,9 +48,16 @@ def cli(*args, input: str | bytes | None = None, cwd: Path | str = REPO, env: di
         python: the interpreter (another venv's, for the installed-wheel test).
     """
     text = not isinstance(input, bytes)
-    return subprocess.run([python, "-m", "seq2onnx.commands", *map(str, args)], input=input,
-                          capture_output=True, text=text, encoding="utf-8" if text else None, cwd=cwd,
-                          env=ENV if env is None else env, timeout=timeout)
+    return subprocess.run(
+        [python, "-m", "seq2onnx.commands", *map(str, args)],
+        input=input,
+        capture_output=True,
+        text=text,
+        encoding="utf-8" if text else None,
+        cwd=cwd,
+        env=ENV if env is None else env,
+        timeout=timeout,
+    )
 
 
 def free_port() -> int:
@@ -89,6 +106,8 @@ def prebuild_bundles(out: Path | str) -> list[Path]:
 
 if __name__ == "__main__":  # PYTHONPATH=tests python -m helpers DIR (as .ci/run does)
     if len(sys.argv) != 2:
-        sys.exit("usage: PYTHONPATH=tests python -m helpers DIR: "
-                 "builds the runtime-only run's tiny bundles into DIR")
+        sys.exit(
+            "usage: PYTHONPATH=tests python -m helpers DIR: "
+            "builds the runtime-only run's tiny bundles into DIR"
+        )
     print(*prebuild_bundles(sys.argv[1]), sep="\n")

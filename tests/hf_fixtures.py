@@ -7,6 +7,7 @@ writes. The conventions (special token ids, generation settings) follow the publ
 facebook/m2m100 checkpoints. `cached_model` builds each variant once per process; `damage` breaks
 a copy for the error tests.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +31,9 @@ torch.set_num_threads(1)
 
 DETERMINERS = ("the", "a", "this", "every")
 ADJECTIVES = ("red", "big", "small", "old", "happy", "young", "green", "quiet")
-NOUNS = tuple("cat dog bird fish horse man woman child tree house river garden teacher farmer apple boat".split())
+NOUNS = tuple(
+    "cat dog bird fish horse man woman child tree house river garden teacher farmer apple boat".split()
+)
 VERBS = ("sees", "eats", "likes", "finds", "follows", "helps", "paints", "watches", "carries", "knows")
 PREPOSITIONS = ("near", "under", "with", "behind")
 ENGLISH = DETERMINERS + ADJECTIVES + NOUNS + VERBS + PREPOSITIONS
@@ -132,8 +135,14 @@ def train_spm(texts: list[str], path: Path, vocab_size: int) -> Path:
     # rather than a model_prefix keeps the directory's path out of the file, so the bytes are too.
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="unigram",
-        character_coverage=1.0, num_threads=1, minloglevel=2)
+        sentence_iterator=iter(texts),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        num_threads=1,
+        minloglevel=2,
+    )
     path.write_bytes(model.getvalue())
     return path
 
@@ -148,11 +157,16 @@ def spm_pieces(path: str | Path, *, ordinary: bool = False) -> list[str]:
     import sentencepiece as spm
 
     processor = spm.SentencePieceProcessor(model_file=str(path))
-    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())
-            if not (ordinary and (processor.is_control(i) or processor.is_unknown(i)))]
+    return [
+        processor.id_to_piece(i)
+        for i in range(processor.get_piece_size())
+        if not (ordinary and (processor.is_control(i) or processor.is_unknown(i)))
+    ]
 
 
-def _fit(model, examples: list[tuple[list[int], list[int]]], pad_id: int, steps: int, seed: int, lr: float) -> None:
+def _fit(
+    model, examples: list[tuple[list[int], list[int]]], pad_id: int, steps: int, seed: int, lr: float
+) -> None:
     """Teacher-forced training: the model shifts `labels` right after its decoder start itself."""
     if steps <= 0:
         return
@@ -161,7 +175,8 @@ def _fit(model, examples: list[tuple[list[int], list[int]]], pad_id: int, steps:
     warmup = max(1, steps // 10)
     # Warm up (such high rates diverge on the first steps otherwise), then decay to a tenth.
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.1, 1 - s / steps)))
+        optimizer, lambda s: min((s + 1) / warmup, max(0.1, 1 - s / steps))
+    )
     model.train()
     for _ in range(steps):
         batch = [examples[i] for i in torch.randint(len(examples), (48,), generator=generator).tolist()]
@@ -193,13 +208,25 @@ def _quiet_transformers():
 
 
 # The shape both architectures share: small enough to train in seconds on one CPU thread.
-_SHAPE = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-              encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128, dropout=0.0,
-              attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
-              scale_embedding=True,
-              # fairseq's embedding init, d_model ** -0.5 rather than HF's 0.02: with 0.02 the scaled
-              # embeddings are a tenth of the sinusoidal positions and 300 steps learn little.
-              init_std=32 ** -0.5)
+_SHAPE = dict(
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=128,
+    dropout=0.0,
+    attention_dropout=0.0,
+    activation_dropout=0.0,
+    encoder_layerdrop=0.0,
+    decoder_layerdrop=0.0,
+    scale_embedding=True,
+    # fairseq's embedding init, d_model ** -0.5 rather than HF's 0.02: with 0.02 the scaled
+    # embeddings are a tenth of the sinusoidal positions and 300 steps learn little.
+    init_std=32**-0.5,
+)
 MAX_LENGTH = 64  # generation_config.json's max_length
 
 
@@ -210,8 +237,14 @@ def _marian_vocab(pieces: list[str]) -> dict[str, int]:
     return {token: i for i, token in enumerate(tokens)}
 
 
-def make_marian(directory: str | Path, *, shared_vocab: bool = True, activation: str = "swish",
-                train_steps: int = 300, seed: int = 0) -> Path:
+def make_marian(
+    directory: str | Path,
+    *,
+    shared_vocab: bool = True,
+    activation: str = "swish",
+    train_steps: int = 300,
+    seed: int = 0,
+) -> Path:
     """Builds a tiny en->fr OPUS-MT style checkpoint, as MarianMTModel and MarianTokenizer save it.
 
     The directory holds config.json, model.safetensors, generation_config.json, source.spm,
@@ -236,7 +269,10 @@ def make_marian(directory: str | Path, *, shared_vocab: bool = True, activation:
     pairs = parallel_corpus("fr", MARIAN_PAIRS)
     source_spm = train_spm([s for s, _ in pairs], out / "source.spm", 64)
     target_spm = train_spm([t for _, t in pairs], out / "target.spm", 64)
-    source_pieces, target_pieces = spm_pieces(source_spm, ordinary=True), spm_pieces(target_spm, ordinary=True)
+    source_pieces, target_pieces = (
+        spm_pieces(source_spm, ordinary=True),
+        spm_pieces(target_spm, ordinary=True),
+    )
     files = dict(source_spm=str(source_spm), target_spm=str(target_spm), vocab=str(out / "vocab.json"))
     if shared_vocab:
         vocab = _marian_vocab(source_pieces + target_pieces)
@@ -250,17 +286,33 @@ def make_marian(directory: str | Path, *, shared_vocab: bool = True, activation:
         files["target_vocab_file"] = str(out / "target_vocab.json")
     (out / "vocab.json").write_text(json.dumps(vocab, indent=2), encoding="utf-8")
     with _quiet_transformers():
-        tokenizer = MarianTokenizer(**files, separate_vocabs=not shared_vocab, source_lang="en", target_lang="fr",
-                                    model_max_length=512)
+        tokenizer = MarianTokenizer(
+            **files,
+            separate_vocabs=not shared_vocab,
+            source_lang="en",
+            target_lang="fr",
+            model_max_length=512,
+        )
 
     pad = len(vocab) - 1
     config = MarianConfig(
-        **_SHAPE, vocab_size=len(vocab), decoder_vocab_size=len(target_vocab),
-        share_encoder_decoder_embeddings=shared_vocab, tie_word_embeddings=True, activation_function=activation,
-        pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0, bos_token_id=0,
+        **_SHAPE,
+        vocab_size=len(vocab),
+        decoder_vocab_size=len(target_vocab),
+        share_encoder_decoder_embeddings=shared_vocab,
+        tie_word_embeddings=True,
+        activation_function=activation,
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        bos_token_id=0,
         # Fields the published OPUS-MT configs carry; HF's Marian is always post-norm with static positions.
-        normalize_before=False, normalize_embedding=False, static_position_embeddings=True,
-        add_final_layer_norm=False)
+        normalize_before=False,
+        normalize_embedding=False,
+        static_position_embeddings=True,
+        add_final_layer_norm=False,
+    )
     torch.manual_seed(seed)
     model = MarianMTModel(config)
     with torch.no_grad():
@@ -275,8 +327,16 @@ def make_marian(directory: str | Path, *, shared_vocab: bool = True, activation:
     _fit(model, examples, pad, train_steps, seed, lr=1e-2)
 
     model.generation_config = GenerationConfig(
-        bad_words_ids=[[pad]], bos_token_id=0, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
-        max_length=MAX_LENGTH, num_beams=4, pad_token_id=pad, renormalize_logits=True)
+        bad_words_ids=[[pad]],
+        bos_token_id=0,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        max_length=MAX_LENGTH,
+        num_beams=4,
+        pad_token_id=pad,
+        renormalize_logits=True,
+    )
     with _quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -288,7 +348,9 @@ def make_marian(directory: str | Path, *, shared_vocab: bool = True, activation:
 M2M_MADEUP_WORDS = 8
 
 
-def make_m2m100(directory: str | Path, *, activation: str = "relu", train_steps: int = 300, seed: int = 0) -> Path:
+def make_m2m100(
+    directory: str | Path, *, activation: str = "relu", train_steps: int = 300, seed: int = 0
+) -> Path:
     """Builds a tiny facebook/m2m100 style checkpoint that translates en->fr and en->de.
 
     The directory holds config.json, model.safetensors, generation_config.json, vocab.json,
@@ -323,13 +385,26 @@ def make_m2m100(directory: str | Path, *, activation: str = "relu", train_steps:
     # default list comes out empty (a chained `not in` in its __init__), and without the list
     # decode(skip_special_tokens=True) would keep "__fr__".
     languages = FAIRSEQ_LANGUAGE_CODES["m2m100"]
-    tokenizer = M2M100Tokenizer(vocab_file=str(out / "vocab.json"), spm_file=str(spm_path), src_lang="en",
-                                tgt_lang="fr", num_madeup_words=M2M_MADEUP_WORDS, model_max_length=1024,
-                                additional_special_tokens=[f"__{code}__" for code in languages])
+    tokenizer = M2M100Tokenizer(
+        vocab_file=str(out / "vocab.json"),
+        spm_file=str(spm_path),
+        src_lang="en",
+        tgt_lang="fr",
+        num_madeup_words=M2M_MADEUP_WORDS,
+        model_max_length=1024,
+        additional_special_tokens=[f"__{code}__" for code in languages],
+    )
 
     config = M2M100Config(
-        **_SHAPE, vocab_size=len(vocab) + len(languages) + M2M_MADEUP_WORDS, activation_function=activation,
-        bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, tie_word_embeddings=True)
+        **_SHAPE,
+        vocab_size=len(vocab) + len(languages) + M2M_MADEUP_WORDS,
+        activation_function=activation,
+        bos_token_id=0,
+        pad_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(seed)
     model = M2M100ForConditionalGeneration(config)
     examples = []
@@ -343,8 +418,14 @@ def make_m2m100(directory: str | Path, *, activation: str = "relu", train_steps:
 
     tokenizer.tgt_lang = None  # as published: the caller picks the target with forced_bos_token_id
     model.generation_config = GenerationConfig(
-        bos_token_id=0, decoder_start_token_id=2, early_stopping=True, eos_token_id=2, max_length=MAX_LENGTH,
-        num_beams=5, pad_token_id=1)
+        bos_token_id=0,
+        decoder_start_token_id=2,
+        early_stopping=True,
+        eos_token_id=2,
+        max_length=MAX_LENGTH,
+        num_beams=5,
+        pad_token_id=1,
+    )
     with _quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -425,7 +506,9 @@ def damage(directory: str | Path, how: str) -> Path:
     if how == "unknown_model_type":
         return _edit_json(directory / "config.json", lambda config: config.update(model_type="bart"))
     if how == "vocab_mismatch":
-        return _edit_json(directory / "config.json", lambda config: config.update(vocab_size=config["vocab_size"] + 7))
+        return _edit_json(
+            directory / "config.json", lambda config: config.update(vocab_size=config["vocab_size"] + 7)
+        )
     if how == "tokenizer_mismatch":
         return _edit_json(directory / "vocab.json", _break_vocab)
     if how == "missing_weights":

@@ -4,6 +4,7 @@ Published multi-target Marian models (e.g. opus-mt-en-ROMANCE) put the target la
 `>>xxx<<` token at the start of the SOURCE text, listed in vocab.json; MarianTokenizer finds these
 codes itself (supported_language_codes). Built as tests/hf_fixtures.py builds make_marian.
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,19 +36,39 @@ def make_marian_multi(directory: str | Path, *, train_steps: int = 300, seed: in
     out.mkdir(parents=True, exist_ok=True)
     english = F.source_sentences(F.MARIAN_PAIRS // 2)
     source_spm = F.train_spm(list(english), out / "source.spm", 64)
-    target_spm = F.train_spm([F.translate(s, lang) for lang in CODES for s in english], out / "target.spm", 96)
+    target_spm = F.train_spm(
+        [F.translate(s, lang) for lang in CODES for s in english], out / "target.spm", 96
+    )
     pieces = F.spm_pieces(source_spm, ordinary=True) + F.spm_pieces(target_spm, ordinary=True)
     vocab = F._marian_vocab(pieces + [f">>{code}<<" for code in CODES.values()])
     (out / "vocab.json").write_text(json.dumps(vocab, indent=2), encoding="utf-8")
     with F._quiet_transformers():
-        tokenizer = MarianTokenizer(source_spm=str(source_spm), target_spm=str(target_spm), vocab=str(out / "vocab.json"),
-                                    source_lang="en", target_lang="mul", model_max_length=512)
+        tokenizer = MarianTokenizer(
+            source_spm=str(source_spm),
+            target_spm=str(target_spm),
+            vocab=str(out / "vocab.json"),
+            source_lang="en",
+            target_lang="mul",
+            model_max_length=512,
+        )
     pad = len(vocab) - 1
     config = MarianConfig(
-        **F._SHAPE, vocab_size=len(vocab), decoder_vocab_size=len(vocab), share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True, activation_function="swish", pad_token_id=pad, decoder_start_token_id=pad,
-        eos_token_id=0, forced_eos_token_id=0, bos_token_id=0, normalize_before=False, normalize_embedding=False,
-        static_position_embeddings=True, add_final_layer_norm=False)
+        **F._SHAPE,
+        vocab_size=len(vocab),
+        decoder_vocab_size=len(vocab),
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        activation_function="swish",
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        bos_token_id=0,
+        normalize_before=False,
+        normalize_embedding=False,
+        static_position_embeddings=True,
+        add_final_layer_norm=False,
+    )
     torch.manual_seed(seed)
     model = MarianMTModel(config)
     with torch.no_grad():
@@ -59,8 +80,16 @@ def make_marian_multi(directory: str | Path, *, train_steps: int = 300, seed: in
             examples.append((encoded["input_ids"], encoded["labels"]))
     F._fit(model, examples, pad, train_steps, seed, lr=1e-2)
     model.generation_config = GenerationConfig(
-        bad_words_ids=[[pad]], bos_token_id=0, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
-        max_length=F.MAX_LENGTH, num_beams=4, pad_token_id=pad, renormalize_logits=True)
+        bad_words_ids=[[pad]],
+        bos_token_id=0,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        max_length=F.MAX_LENGTH,
+        num_beams=4,
+        pad_token_id=pad,
+        renormalize_logits=True,
+    )
     with F._quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -70,4 +99,6 @@ def make_marian_multi(directory: str | Path, *, train_steps: int = 300, seed: in
 @functools.lru_cache(maxsize=None)
 def cached_marian_multi(train_steps: int = 300) -> Path:
     """make_marian_multi's directory, built once per test run (read-only)."""
-    return build_once(f"marian-multi-steps={train_steps}", lambda out: make_marian_multi(out, train_steps=train_steps))
+    return build_once(
+        f"marian-multi-steps={train_steps}", lambda out: make_marian_multi(out, train_steps=train_steps)
+    )

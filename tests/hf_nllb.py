@@ -7,6 +7,7 @@ converts it, as from a hub snapshot), trains an M2M100 model eng_Latn -> fra_Lat
 toy corpus of tests/hf_fixtures.py, and saves both with save_pretrained. `with_spm` then puts the
 SentencePiece file beside them (a hub snapshot) or leaves it out (a fine-tuned model saved by 5.x).
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,8 +30,15 @@ def _train_bpe(texts: list[str], vocab_size: int) -> bytes:
     import sentencepiece as spm
 
     model = io.BytesIO()  # one thread, whole corpus, no path in the file: the same bytes on every run
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
-                                   model_type="bpe", character_coverage=1.0, num_threads=1, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        character_coverage=1.0,
+        num_threads=1,
+        minloglevel=2,
+    )
     return model.getvalue()
 
 
@@ -59,12 +67,21 @@ def make_nllb(directory: str | Path, *, with_spm: bool = True, train_steps: int 
     with tempfile.TemporaryDirectory() as snapshot:
         (Path(snapshot) / SPM_FILE).write_bytes(_train_bpe(texts, 160))
         # As from a hub snapshot's sentencepiece.bpe.model: transformers 5 converts it to its BPE backend.
-        tokenizer = NllbTokenizer.from_pretrained(snapshot, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES),
-                                                  src_lang=CODES["en"])
+        tokenizer = NllbTokenizer.from_pretrained(
+            snapshot, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES), src_lang=CODES["en"]
+        )
         if with_spm:
             shutil.copyfile(Path(snapshot) / SPM_FILE, out / SPM_FILE)
-    config = M2M100Config(**F._SHAPE, vocab_size=len(tokenizer), activation_function="relu", bos_token_id=0,
-                          pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, tie_word_embeddings=True)
+    config = M2M100Config(
+        **F._SHAPE,
+        vocab_size=len(tokenizer),
+        activation_function="relu",
+        bos_token_id=0,
+        pad_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(seed)
     model = M2M100ForConditionalGeneration(config)
     examples = []
@@ -76,8 +93,14 @@ def make_nllb(directory: str | Path, *, with_spm: bool = True, train_steps: int 
     F._fit(model, examples, config.pad_token_id, train_steps, seed, lr=2e-2)
     tokenizer.tgt_lang = None
     model.generation_config = GenerationConfig(
-        bos_token_id=0, decoder_start_token_id=2, early_stopping=True, eos_token_id=2, max_length=F.MAX_LENGTH,
-        num_beams=4, pad_token_id=1)
+        bos_token_id=0,
+        decoder_start_token_id=2,
+        early_stopping=True,
+        eos_token_id=2,
+        max_length=F.MAX_LENGTH,
+        num_beams=4,
+        pad_token_id=1,
+    )
     with F._quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -87,5 +110,7 @@ def make_nllb(directory: str | Path, *, with_spm: bool = True, train_steps: int 
 @functools.lru_cache(maxsize=None)
 def cached_nllb(with_spm: bool = True, train_steps: int = 300) -> Path:
     """make_nllb's directory, built once per test run (read-only: copy it before editing)."""
-    return build_once(f"nllb-spm={with_spm}-steps={train_steps}",
-                      lambda out: make_nllb(out, with_spm=with_spm, train_steps=train_steps))
+    return build_once(
+        f"nllb-spm={with_spm}-steps={train_steps}",
+        lambda out: make_nllb(out, with_spm=with_spm, train_steps=train_steps),
+    )

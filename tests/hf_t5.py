@@ -34,10 +34,18 @@ TAGS = {"fr": "<2fr>", "de": "<2de>"}  # MADLAD's target-language tags, the sour
 PADDED_ROWS = 28  # embedding rows beyond the tokenizer's ids (t5's 32128 - 32100)
 _SHAPES = {
     "t5": dict(d_model=32, d_kv=8, num_heads=4, d_ff=64, feed_forward_proj="relu", tie_word_embeddings=True),
-    "mt5": dict(d_model=32, d_kv=8, num_heads=6, d_ff=48, feed_forward_proj="gated-gelu",
-                relative_attention_num_buckets=8, relative_attention_max_distance=10),
-    "madlad": dict(d_model=32, d_kv=8, num_heads=4, d_ff=48, feed_forward_proj="gated-gelu",
-                   tie_word_embeddings=False),
+    "mt5": dict(
+        d_model=32,
+        d_kv=8,
+        num_heads=6,
+        d_ff=48,
+        feed_forward_proj="gated-gelu",
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=10,
+    ),
+    "madlad": dict(
+        d_model=32, d_kv=8, num_heads=4, d_ff=48, feed_forward_proj="gated-gelu", tie_word_embeddings=False
+    ),
 }
 
 
@@ -46,9 +54,19 @@ def _train_spm(texts: list[str], path: Path, vocab_size: int, tags: list[str]) -
 
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="unigram",
-        character_coverage=1.0, num_threads=1, minloglevel=2, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-        user_defined_symbols=tags or None)
+        sentence_iterator=iter(texts),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        num_threads=1,
+        minloglevel=2,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        user_defined_symbols=tags or None,
+    )
     path.write_bytes(model.getvalue())
     return path
 
@@ -58,8 +76,14 @@ def source_text(sentence: str, kind: str, lang: str = "fr") -> str:
     return f"{TAGS[lang]} {sentence}" if kind == "madlad" else sentence
 
 
-def make_t5(directory: str | Path, kind: str = "t5", *, train_steps: int = 300, seed: int = 0,
-            early_stopping: bool = True) -> Path:
+def make_t5(
+    directory: str | Path,
+    kind: str = "t5",
+    *,
+    train_steps: int = 300,
+    seed: int = 0,
+    early_stopping: bool = True,
+) -> Path:
     """Builds a tiny T5-family checkpoint (en -> fr; MADLAD: en -> fr and de by tag) with transformers 5.
 
     Args:
@@ -88,24 +112,42 @@ def make_t5(directory: str | Path, kind: str = "t5", *, train_steps: int = 300, 
         (out / SPM_FILE).write_bytes((Path(snapshot) / SPM_FILE).read_bytes())
     shape = dict(_SHAPES[kind])
     untied = shape.pop("tie_word_embeddings", None) is False or kind == "mt5"
-    config_class, model_class = (MT5Config, MT5ForConditionalGeneration) if kind == "mt5" else (
-        T5Config, T5ForConditionalGeneration)
-    config = config_class(**shape, vocab_size=len(tokenizer) + PADDED_ROWS, num_layers=2, num_decoder_layers=2,
-                          dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-                          **({"tie_word_embeddings": False} if untied else {}))
+    config_class, model_class = (
+        (MT5Config, MT5ForConditionalGeneration) if kind == "mt5" else (T5Config, T5ForConditionalGeneration)
+    )
+    config = config_class(
+        **shape,
+        vocab_size=len(tokenizer) + PADDED_ROWS,
+        num_layers=2,
+        num_decoder_layers=2,
+        dropout_rate=0.0,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        **({"tie_word_embeddings": False} if untied else {}),
+    )
     torch.manual_seed(seed)
     model = model_class(config)
-    if untied:  # transformers 5 ties at construction; a published v1.1/mT5/MADLAD checkpoint has its own lm_head
-        model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * config.d_model**-0.5)
+    if (
+        untied
+    ):  # transformers 5 ties at construction; a published v1.1/mT5/MADLAD checkpoint has its own lm_head
+        model.lm_head.weight = torch.nn.Parameter(
+            torch.randn_like(model.lm_head.weight) * config.d_model**-0.5
+        )
     examples = []
     for lang in langs:
         for source in english:
             encoded = tokenizer(source_text(source, kind, lang), text_target=F.translate(source, lang))
             examples.append((encoded["input_ids"], encoded["labels"]))
     F._fit(model, examples, config.pad_token_id, train_steps, seed, lr=1e-2)
-    model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0,
-                                               max_length=F.MAX_LENGTH, num_beams=4,
-                                               early_stopping=early_stopping)
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+        max_length=F.MAX_LENGTH,
+        num_beams=4,
+        early_stopping=early_stopping,
+    )
     with F._quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -115,5 +157,7 @@ def make_t5(directory: str | Path, kind: str = "t5", *, train_steps: int = 300, 
 @functools.lru_cache(maxsize=None)
 def cached_t5(kind: str = "t5", train_steps: int = 300, early_stopping: bool = True) -> Path:
     """make_t5's directory, built once per test run (read-only: copy it before editing)."""
-    return build_once(f"{kind}-steps={train_steps}-early={early_stopping}",
-                      lambda out: make_t5(out, kind, train_steps=train_steps, early_stopping=early_stopping))
+    return build_once(
+        f"{kind}-steps={train_steps}-early={early_stopping}",
+        lambda out: make_t5(out, kind, train_steps=train_steps, early_stopping=early_stopping),
+    )

@@ -1,4 +1,5 @@
 """Whether the Node host (js/) can run here: one reason to skip, shared by the tests that start it."""
+
 from __future__ import annotations
 
 import shutil

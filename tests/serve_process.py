@@ -4,6 +4,7 @@ always killed (ServeProcess.stop, or leaving its `with`), its log kept for the a
 Starting returns at once and listening() waits, so that a test module can start its servers together:
 their imports and bundle loads overlap instead of adding up.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,18 @@ class ServeProcess:
     def __init__(self, bundle: Path, *options: str):
         self._log = tempfile.NamedTemporaryFile(prefix="seq2onnx-serve-", suffix=".log", delete=False)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-        command = [sys.executable, "-m", "seq2onnx.commands", "serve", str(bundle), "--port", "0",
-                   "--intra-threads", "1", *options]
+        command = [
+            sys.executable,
+            "-m",
+            "seq2onnx.commands",
+            "serve",
+            str(bundle),
+            "--port",
+            "0",
+            "--intra-threads",
+            "1",
+            *options,
+        ]
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
         self.lines: queue.Queue = queue.Queue()
         self.url, self.client = None, None
@@ -59,7 +70,9 @@ class ServeProcess:
                 line = self.lines.get(timeout=0.2)
             except queue.Empty:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"seq2onnx serve exited with {self.proc.returncode}:\n{self.log()}") from None
+                    raise RuntimeError(
+                        f"seq2onnx serve exited with {self.proc.returncode}:\n{self.log()}"
+                    ) from None
                 continue
             found = re.search(r"listening on (http://\S+)", line)
             if found:

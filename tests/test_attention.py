@@ -1,5 +1,6 @@
 """Attention as data: translate_batch(return_attention=True), `translate --attention FILE`, and
 verify's check of the decoder's cross_attention output against PyTorch."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,14 @@ from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.translator import Translator
 from tiny import copy_bundle, edit_bundle_json, restate_size, scratch, tiny_bundle, tiny_run
 
-TEXTS = ["the old cat sees two birds", "a dog", "the small bird sleeps in the box near the red car",
-         "", "five brave cats", "the queen sees young mice with an old box"]
+TEXTS = [
+    "the old cat sees two birds",
+    "a dog",
+    "the small bird sleeps in the box near the red car",
+    "",
+    "five brave cats",
+    "the queen sees young mice with an old box",
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +46,9 @@ def standard():
 def test_asking_for_attention_leaves_hypotheses_and_scores_unchanged(request, which, beam, n_best):
     translator = request.getfixturevalue(which)
     plain = translator.translate_batch(TEXTS, beam_size=beam, num_hypotheses=n_best, return_scores=True)
-    seen = translator.translate_batch(TEXTS, beam_size=beam, num_hypotheses=n_best, return_scores=True,
-                                      return_attention=True)
+    seen = translator.translate_batch(
+        TEXTS, beam_size=beam, num_hypotheses=n_best, return_scores=True, return_attention=True
+    )
     assert [r.token_ids for r in seen] == [r.token_ids for r in plain]
     assert [r.scores for r in seen] == [r.scores for r in plain]  # exactly: the search ran as without it
     assert all(r.attention is None for r in plain)
@@ -71,8 +79,9 @@ def test_attention_is_pytorchs_along_the_hypothesis(standard):
             fed = [model.cfg.decoder_start_id, *tokens[:-1]] if tokens else []
             want = []
             for t, token in enumerate(fed):
-                _, past, attention = model.decode_step(torch.tensor([[token]]), torch.tensor([t]), rows, past, cross,
-                                                       mask, return_attention=True)
+                _, past, attention = model.decode_step(
+                    torch.tensor([[token]]), torch.tensor([t]), rows, past, cross, mask, return_attention=True
+                )
                 want.append(attention[0].numpy())
             want = np.array(want, dtype=np.float32).reshape(len(tokens), len(source))
             np.testing.assert_allclose(got, want, atol=1e-5)
@@ -100,6 +109,7 @@ def _without_attention_output(name: str):
     def edit(meta):
         spec = meta["graphs"]["decoder"]
         spec["outputs"] = [o for o in spec["outputs"] if o["name"] != names.CROSS_ATTENTION]
+
     edit_bundle_json(path, edit)
     restate_size(path, "decoder")
     return path
@@ -113,8 +123,13 @@ def test_a_bundle_without_the_output_translates_but_refuses_attention_naming_the
 
 
 def _translate(*args, stdin: str):
-    return subprocess.run([sys.executable, "-m", "seq2onnx.commands", "translate", str(tiny_bundle()), *args],
-                          input=stdin, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "seq2onnx.commands", "translate", str(tiny_bundle()), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """The shared bad bundles (spec/cases/bad-bundles.json): every host refuses each at load, with the same
 message. Each case damages a copy of the tiny bundle; the Python runtime (a Translator) and the Node
 host (its CLI, `seq2onnx-js translate`) must both refuse it with a one-line error matching the case."""
+
 from __future__ import annotations
 
 import hashlib
@@ -89,8 +90,13 @@ def test_the_python_runtime_refuses_it(case, copies):
 @pytest.mark.skipif(bool(skip_reason("the Node host")), reason=skip_reason("the Node host"))
 @pytest.mark.parametrize("case", CASES, ids=[c["what"] for c in CASES])
 def test_the_node_host_refuses_it_the_same_way(case, copies):
-    proc = subprocess.run([NODE, str(JS / "bin" / "seq2onnx-js.mjs"), "translate", str(copies[case["what"]])],
-                          input="the cat\n", capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [NODE, str(JS / "bin" / "seq2onnx-js.mjs"), "translate", str(copies[case["what"]])],
+        input="the cat\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and re.search(case["message"], lines[0]), (case["message"], proc.stderr)

@@ -3,6 +3,7 @@
 Requests of every kind are decoded at once by one scheduler: greedy and beam, n-best, scores, forced
 prefixes and sampling, sources of different lengths, requests that join while others are half way.
 """
+
 from __future__ import annotations
 
 import threading
@@ -18,8 +19,16 @@ from seq2onnx.serve.scheduler import Scheduler
 from seq2onnx.serve.engine import Cancelled, Engine, RequestEngine
 from tiny import copy_bundle, edit_bundle_json, restate_size
 
-TEXTS = ["the cat dances in the box", "a small bird sleeps", "the red dog", "a", "the small cat sees a big red bird",
-         "", "bird", "the dog sleeps in the small box with a cat"]
+TEXTS = [
+    "the cat dances in the box",
+    "a small bird sleeps",
+    "the red dog",
+    "a",
+    "the small cat sees a big red bird",
+    "",
+    "bird",
+    "the dog sleeps in the small box with a cat",
+]
 REQUESTS = [  # (texts, options): mixed kinds, all in flight together
     (TEXTS[:3], {"beam_size": 1, "return_scores": True}),
     (TEXTS[3:5], {"beam_size": 4, "num_hypotheses": 3, "return_scores": True}),
@@ -40,7 +49,9 @@ def engine(bundle, request):
     t = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=decoder))
     # solo=False: every search goes through the scheduler these tests are about (solo: its own tests below)
     e = ContinuousEngine(t, decoder="standard" if request.param.endswith("rounds") else "auto", solo=False)
-    assert type(e.scheduler.runner).__name__ == ("FusedRounds" if request.param == "fused" else "StandardRounds")
+    assert type(e.scheduler.runner).__name__ == (
+        "FusedRounds" if request.param == "fused" else "StandardRounds"
+    )
     yield e
     e.close()
 
@@ -53,7 +64,9 @@ def _same(a, b) -> None:
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
     assert [r.hypotheses for r in a] == [r.hypotheses for r in b]
     if a[0].scores is not None:
-        np.testing.assert_allclose([s for r in a for s in r.scores], [s for r in b for s in r.scores], rtol=0, atol=1e-4)
+        np.testing.assert_allclose(
+            [s for r in a for s in r.scores], [s for r in b for s in r.scores], rtol=0, atol=1e-4
+        )
 
 
 def test_concurrent_requests_equal_each_request_alone(engine):
@@ -71,7 +84,10 @@ def test_two_lanes_share_the_requests_and_each_equals_its_request_alone(bundle, 
     t = Translator(bundle, device="cpu", intra_threads=1, _tuning=SessionTuning(decoder=decoder))
     engine = ContinuousEngine(t, lanes=2, solo=False)  # every search to a lane, the first one too
     try:
-        assert [lane._thread.name for lane in engine.schedulers] == ["seq2onnx-scheduler-0", "seq2onnx-scheduler-1"]
+        assert [lane._thread.name for lane in engine.schedulers] == [
+            "seq2onnx-scheduler-0",
+            "seq2onnx-scheduler-1",
+        ]
         wanted = [_alone(t, texts, options) for texts, options in REQUESTS]
         jobs = [engine.submit(texts, engine.check(options)) for texts, options in REQUESTS * 3]
         got = [job.future.result(timeout=120) for job in jobs]
@@ -168,7 +184,9 @@ def test_a_lone_request_is_decoded_alone_and_requests_meanwhile_join_the_lanes(b
         _same(e.submit(wide[0], e.check(wide[1])).future.result(timeout=60), _alone(t, *wide))
         assert e.scheduler.rounds > 0
 
-        wanted = [_alone(t, [TEXTS[i]], {}) for i in (0, 1)]  # before the patch below (translate_batch uses it)
+        wanted = [
+            _alone(t, [TEXTS[i]], {}) for i in (0, 1)
+        ]  # before the patch below (translate_batch uses it)
         entered, real = threading.Event(), t.search
 
         def held(search, wrap=None):  # the lone search waits here until released
@@ -183,7 +201,9 @@ def test_a_lone_request_is_decoded_alone_and_requests_meanwhile_join_the_lanes(b
         second = e.submit([TEXTS[0]], e.check({}))  # the lone path is taken: this one joins a lane
         _same(second.future.result(timeout=60), wanted[0])
         assert not first.future.done()
-        first_cancelled = e.submit([TEXTS[7]], e.check({"max_decoding_length": 30}))  # to a lane: cancel there
+        first_cancelled = e.submit(
+            [TEXTS[7]], e.check({"max_decoding_length": 30})
+        )  # to a lane: cancel there
         first_cancelled.cancel()
         with pytest.raises(Cancelled):
             first_cancelled.future.result(timeout=60)
@@ -213,7 +233,10 @@ def test_rows_of_many_requests_share_one_round(engine, monkeypatch):
     def counted(work):
         if not members_per_round:  # the first round waits (bounded) until all five have joined: no race
             deadline = time.monotonic() + 30
-            while len(engine.scheduler._active) + len(engine.scheduler._incoming) < 5 and time.monotonic() < deadline:
+            while (
+                len(engine.scheduler._active) + len(engine.scheduler._incoming) < 5
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.005)
         members_per_round.append(len(work))
         return run_round(work)
@@ -221,7 +244,9 @@ def test_rows_of_many_requests_share_one_round(engine, monkeypatch):
     monkeypatch.setattr(engine.scheduler, "_round", counted)
     options = engine.check({"beam_size": 1, "max_decoding_length": 8})
     jobs = [engine.submit([text], options) for text in TEXTS[:5]]
-    steps = [min(len(job.future.result(timeout=60)[0].token_ids[0]) + 1, 8) for job in jobs]  # + the end token
+    steps = [
+        min(len(job.future.result(timeout=60)[0].token_ids[0]) + 1, 8) for job in jobs
+    ]  # + the end token
     assert max(members_per_round) >= 2  # requests decoded together
     assert len(members_per_round) < sum(steps)  # one request after another would take sum(steps) rounds
 
@@ -235,11 +260,15 @@ def test_requests_join_a_running_batch(engine):
     for text in TEXTS[:5]:
         threading.Event().wait(0.01)
         later.append((text, engine.submit([text], options)))
-    _same(first.future.result(timeout=60), _alone(engine.translator, long_text, dict(beam_size=2, return_scores=True,
-                                                                                         max_decoding_length=20)))
+    _same(
+        first.future.result(timeout=60),
+        _alone(engine.translator, long_text, dict(beam_size=2, return_scores=True, max_decoding_length=20)),
+    )
     for text, job in later:
-        _same(job.future.result(timeout=60), _alone(engine.translator, [text], dict(beam_size=2, return_scores=True,
-                                                                                      max_decoding_length=20)))
+        _same(
+            job.future.result(timeout=60),
+            _alone(engine.translator, [text], dict(beam_size=2, return_scores=True, max_decoding_length=20)),
+        )
 
 
 def test_stream_equals_greedy_translate(engine):
@@ -257,8 +286,10 @@ def test_a_cancelled_request_leaves_and_the_others_finish(engine):
     jobs[0].cancel()
     with pytest.raises(Cancelled):
         jobs[0].future.result(timeout=60)
-    _same(jobs[1].future.result(timeout=60), _alone(engine.translator, [TEXTS[7]] * 8,
-                                                   dict(beam_size=4, max_decoding_length=30)))
+    _same(
+        jobs[1].future.result(timeout=60),
+        _alone(engine.translator, [TEXTS[7]] * 8, dict(beam_size=4, max_decoding_length=30)),
+    )
     assert engine.scheduler.load()["active_searches"] == 0
 
 
@@ -364,6 +395,10 @@ def test_a_stream_answer_cancels_its_job_however_it_ends():
         return {"type": "http.disconnect"}
 
     job = Job()
-    with pytest.raises((OSError, ClientDisconnect)):  # Starlette turns the send's OSError into ClientDisconnect
-        asyncio.run(Stream(never_started(), job)({"type": "http", "asgi": {"spec_version": "2.4"}}, nothing, gone))
+    with pytest.raises(
+        (OSError, ClientDisconnect)
+    ):  # Starlette turns the send's OSError into ClientDisconnect
+        asyncio.run(
+            Stream(never_started(), job)({"type": "http", "asgi": {"spec_version": "2.4"}}, nothing, gone)
+        )
     assert job.cancelled.is_set()

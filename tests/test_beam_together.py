@@ -56,7 +56,9 @@ def _same_request(a, b) -> bool:
     keeps = (keep_a is None and keep_b is None) or (
         keep_a is not None and keep_b is not None and np.array_equal(keep_a, keep_b)
     )
-    return np.array_equal(tokens_a, tokens_b) and np.array_equal(indices_a, indices_b) and t_a == t_b and keeps
+    return (
+        np.array_equal(tokens_a, tokens_b) and np.array_equal(indices_a, indices_b) and t_a == t_b and keeps
+    )
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -117,8 +119,9 @@ def test_a_program_s_own_error_is_its_outcome_and_the_others_go_on():
 
 def test_a_program_ends_with_its_error_as_a_generator_does():
     """Bad settings raise at the first request, and the program is over: a further send stops it."""
-    program = beam_program(1, beam_size=2, start_id=START, eos_id=EOS, max_lengths=np.array([5]),
-                           num_hypotheses=3)
+    program = beam_program(
+        1, beam_size=2, start_id=START, eos_id=EOS, max_lengths=np.array([5]), num_hypotheses=3
+    )
     with pytest.raises(ValueError, match="num_hypotheses=3"):
         next(program)
     with pytest.raises(StopIteration):

@@ -1,5 +1,6 @@
 """`seq2onnx bench`: rows for every engine, CUDA rows skipped with a reason, CTranslate2's conversion exact,
 ratios against the right peer rows, memory measured per process."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,12 @@ import numpy as np
 import pytest
 from tiny import scratch, tiny_run
 
-from seq2onnx.bench import engines as bench_engines, report as bench_format, rows as bench_rows, run as bench_run
+from seq2onnx.bench import (
+    engines as bench_engines,
+    report as bench_format,
+    rows as bench_rows,
+    run as bench_run,
+)
 from seq2onnx.export.ctranslate2 import convert as ct2convert
 from seq2onnx.commands.main import main
 from seq2onnx.runtime.devices import cuda_usable as _cuda_usable
@@ -88,7 +94,11 @@ def _check_skipped_and_ct2(report: dict, n: int) -> None:
                 assert r["agreement"] == n  # the conversion is the same model
         assert _rows(report, "ct2-cpu-int8")
         # x ct2: against the CTranslate2 row of the same precision (fp32 and torch: fp32; int8: int8)
-        for engine, peer in (("onnx-cpu-fp32", "ct2-cpu-fp32"), ("torch", "ct2-cpu-fp32"), ("onnx-cpu-int8", "ct2-cpu-int8")):
+        for engine, peer in (
+            ("onnx-cpu-fp32", "ct2-cpu-fp32"),
+            ("torch", "ct2-cpu-fp32"),
+            ("onnx-cpu-int8", "ct2-cpu-int8"),
+        ):
             for r in _rows(report, engine):
                 p = _row(report, peer, r["search"], r["batch"])
                 assert r["x_ct2_engine"] == peer
@@ -101,8 +111,9 @@ def _check_skipped_and_ct2(report: dict, n: int) -> None:
 @pytest.mark.skipif(not HAVE_CT2, reason="ctranslate2 not installed")
 def test_ct2_conversion_pre_norm():
     """Pre-LN adds the stacks' final norms: CTranslate2 must still decode exactly as we do."""
-    report = bench_run.run_bench(tiny_run(pre_norm=True) / "last", quick=True, threads=1,
-                                 engines=["ct2-cpu-fp32"], log=lambda m: None)
+    report = bench_run.run_bench(
+        tiny_run(pre_norm=True) / "last", quick=True, threads=1, engines=["ct2-cpu-fp32"], log=lambda m: None
+    )
     assert report["ct2_check"]["valid"] is True, report["ct2_check"]
     for r in _rows(report, "ct2-cpu-fp32"):
         if r["search"] == "greedy":
@@ -112,10 +123,19 @@ def test_ct2_conversion_pre_norm():
 @pytest.mark.slow
 def test_ct2_missing_is_skipped_with_the_install_hint(monkeypatch):
     monkeypatch.setattr(ct2convert, "ct2_available", lambda: (False, ct2convert.CT2_MISSING))
-    report = bench_run.run_bench(tiny_run() / "last", sentences=4, threads=1,
-                                 engines=["ct2-cpu-fp32", "ct2-cpu-int8"], log=lambda m: None)
+    report = bench_run.run_bench(
+        tiny_run() / "last",
+        sentences=4,
+        threads=1,
+        engines=["ct2-cpu-fp32", "ct2-cpu-int8"],
+        log=lambda m: None,
+    )
     skipped = {s["engine"]: s["reason"] for s in report["skipped"]}
-    assert skipped["ct2-cpu-fp32"] == skipped["ct2-cpu-int8"] == "ctranslate2 not installed: pip install 'seq2onnx[bench]'"
+    assert (
+        skipped["ct2-cpu-fp32"]
+        == skipped["ct2-cpu-int8"]
+        == "ctranslate2 not installed: pip install 'seq2onnx[bench]'"
+    )
     assert {r["engine"] for r in report["rows"]} == {"torch"}
     assert "ctranslate2 not installed" in bench_format.format_report(report)
 
@@ -124,7 +144,9 @@ def test_counting_helpers():
     # a hypothesis shorter than its limit ended with </s>, which counts; one at the limit did not
     assert bench_rows.target_tokens([[5, 6], [5, 6, 7]], [10, 3]) == 3 + 3
     assert bench_rows.percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
-    assert bench_rows.percentile([4.0, 1.0, 3.0, 2.0], 90) == pytest.approx(3.7)  # 3 + 0.7 x (4 - 3), any order
+    assert bench_rows.percentile([4.0, 1.0, 3.0, 2.0], 90) == pytest.approx(
+        3.7
+    )  # 3 + 0.7 x (4 - 3), any order
     assert bench_rows.percentile([5.0], 90) == 5.0
     assert bench_rows.percentile([], 50) is None and bench_rows.percentile(None, 50) is None
 
@@ -134,8 +156,12 @@ def test_peak_memory_is_the_childs_own():
     """A child of a process holding 300 MB reports its own small peak (ru_maxrss would report the parent's)."""
     held = np.ones(300 * 2**20 // 8)  # written, so resident
     code = "from seq2onnx.bench.engines import peak_rss_mb, rss_mb; now = rss_mb(); print(now, peak_rss_mb())"
-    now, peak = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                          check=True).stdout.split())
+    now, peak = map(
+        float,
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.split(),
+    )
     assert 0 < now <= peak < 150, (peak, now)
     now = bench_engines.rss_mb()
     assert bench_engines.peak_rss_mb() >= now >= held.nbytes / 2**20
@@ -151,25 +177,49 @@ OUTPUTS = {  # engine -> best hypothesis per sentence (end token excluded)
     "ct2-cpu-fp32": [[5, 6], [7], [8, 9, 10], [11]],
     "ct2-cpu-int8": [[5], [7], [8, 9], [11, 12]],
 }
-BASE_SECONDS = {"torch": 2.0, "onnx-cpu-fp32": 1.0, "onnx-cpu-int8": 0.7, "ct2-cpu-fp32": 0.8, "ct2-cpu-int8": 0.3}
+BASE_SECONDS = {
+    "torch": 2.0,
+    "onnx-cpu-fp32": 1.0,
+    "onnx-cpu-int8": 0.7,
+    "ct2-cpu-fp32": 0.8,
+    "ct2-cpu-int8": 0.3,
+}
 CONFIG_FACTOR = {(1, 1): 1.0, (1, 32): 0.25, (4, 1): 3.0, (4, 32): 1.1}
 LATENCIES_MS = [10.0, 40.0, 20.0, 30.0]
 
 
 def _seconds(engine: str, beam: int, batch: int) -> float:
     # engine and configuration both change the time, and not in proportion across engines
-    return BASE_SECONDS[engine] * CONFIG_FACTOR[(beam, batch)] * (1.3 if engine == "torch" and beam == 4 else 1.0)
+    return (
+        BASE_SECONDS[engine]
+        * CONFIG_FACTOR[(beam, batch)]
+        * (1.3 if engine == "torch" and beam == 4 else 1.0)
+    )
 
 
 def _fake(engine: str, outputs: list[list[int]], seconds=None) -> dict:
     configs = []
     for b, bs in bench_run.CONFIGS:
         s = _seconds(engine, b, bs) if seconds is None else seconds
-        configs.append({"beam": b, "batch": bs, "seconds": s, "pass_seconds": [s], "outputs": outputs,
-                        "latencies_ms": LATENCIES_MS if bs == 1 else None,
-                        "batch_latencies_ms": None if bs == 1 else [s * 1000]})
-    return {"engine": engine, "description": engine, "load_seconds": 0.1, "rss_after_load_mb": 10.0,
-            "peak_rss_mb": 20.0 + len(engine), "configs": configs}
+        configs.append(
+            {
+                "beam": b,
+                "batch": bs,
+                "seconds": s,
+                "pass_seconds": [s],
+                "outputs": outputs,
+                "latencies_ms": LATENCIES_MS if bs == 1 else None,
+                "batch_latencies_ms": None if bs == 1 else [s * 1000],
+            }
+        )
+    return {
+        "engine": engine,
+        "description": engine,
+        "load_seconds": 0.1,
+        "rss_after_load_mb": 10.0,
+        "peak_rss_mb": 20.0 + len(engine),
+        "configs": configs,
+    }
 
 
 def _tokens(engine: str) -> int:
@@ -185,9 +235,16 @@ def _hand_made_report() -> dict:
 def test_rows_ratios_against_the_right_peers():
     report = _hand_made_report()
     assert report["ct2_check"]["valid"] is True
-    assert _tokens("torch") == 3 + 2 + 4 + 2 and _tokens("onnx-cpu-int8") == 4 + 3 + 2 + 2  # the 3-token limit cuts
-    peer_of = {"torch": "ct2-cpu-fp32", "onnx-cpu-fp32": "ct2-cpu-fp32", "onnx-cpu-int8": "ct2-cpu-int8",
-               "ct2-cpu-fp32": "ct2-cpu-fp32", "ct2-cpu-int8": "ct2-cpu-int8"}
+    assert (
+        _tokens("torch") == 3 + 2 + 4 + 2 and _tokens("onnx-cpu-int8") == 4 + 3 + 2 + 2
+    )  # the 3-token limit cuts
+    peer_of = {
+        "torch": "ct2-cpu-fp32",
+        "onnx-cpu-fp32": "ct2-cpu-fp32",
+        "onnx-cpu-int8": "ct2-cpu-int8",
+        "ct2-cpu-fp32": "ct2-cpu-fp32",
+        "ct2-cpu-int8": "ct2-cpu-int8",
+    }
     assert len(report["rows"]) == len(OUTPUTS) * len(bench_run.CONFIGS)
     for r in report["rows"]:
         e, beam, batch = r["engine"], r["beam"], r["batch"]
@@ -201,10 +258,14 @@ def test_rows_ratios_against_the_right_peers():
         if batch == 1:
             assert r["p50_ms"] == pytest.approx(25.0) and r["p90_ms"] == pytest.approx(37.0)
         else:
-            assert r["p50_ms"] is None and r["batch_latency_p50_ms"] == pytest.approx(_seconds(e, beam, batch) * 1000)
+            assert r["p50_ms"] is None and r["batch_latency_p50_ms"] == pytest.approx(
+                _seconds(e, beam, batch) * 1000
+            )
     int8 = _row(report, "onnx-cpu-int8", "greedy", 1)
     assert int8["agreement"] == 1 and int8["greedy_agreement"] == 1  # only the last sentence equals torch's
-    assert int8["x_ct2"] != pytest.approx(int8["tokens_per_s"] / _row(report, "ct2-cpu-fp32", "greedy", 1)["tokens_per_s"])
+    assert int8["x_ct2"] != pytest.approx(
+        int8["tokens_per_s"] / _row(report, "ct2-cpu-fp32", "greedy", 1)["tokens_per_s"]
+    )
 
 
 def test_format_table_prints_each_rows_numbers():
@@ -224,7 +285,9 @@ def test_format_table_prints_each_rows_numbers():
             assert cells[5:7] == ["25.0", "37.0"]
         else:
             assert cells[5:7] == ["-", "-"]
-    int8 = [t for t in table if t.startswith("onnx-cpu-int8") and t.split()[1:3] == ["beam4", "32"]][0].split()
+    int8 = [t for t in table if t.startswith("onnx-cpu-int8") and t.split()[1:3] == ["beam4", "32"]][
+        0
+    ].split()
     speed = {e: _tokens(e) / _seconds(e, 4, 32) for e in OUTPUTS}
     assert int8[-3] == f"{speed['onnx-cpu-int8'] / speed['torch']:.2f}"
     assert int8[-2] == f"{speed['onnx-cpu-int8'] / speed['ct2-cpu-int8']:.2f}"
@@ -233,8 +296,15 @@ def test_format_table_prints_each_rows_numbers():
 def test_ct2_disagreement_voids_its_timings():
     ref = [[5, 6], [7]]
     report = {"sentences": 2, "skipped": []}
-    bench_rows.fill_rows(report, {"torch": _fake("torch", ref, 2.0), "onnx-cpu-fp32": _fake("onnx-cpu-fp32", ref, 1.0),
-                                  "ct2-cpu-fp32": _fake("ct2-cpu-fp32", [[5, 6], [8]], 0.5)}, [10, 10])
+    bench_rows.fill_rows(
+        report,
+        {
+            "torch": _fake("torch", ref, 2.0),
+            "onnx-cpu-fp32": _fake("onnx-cpu-fp32", ref, 1.0),
+            "ct2-cpu-fp32": _fake("ct2-cpu-fp32", [[5, 6], [8]], 0.5),
+        },
+        [10, 10],
+    )
     assert report["ct2_check"]["valid"] is False and "1/2" in report["ct2_check"]["reason"]
     ct2_rows = [r for r in report["rows"] if r["engine"] == "ct2-cpu-fp32"]
     assert ct2_rows and all(r["void"] for r in ct2_rows)
@@ -284,19 +354,37 @@ def test_ratios_are_taken_within_rounds():
         if r["engine"] != "onnx-cpu-fp32":
             continue
         steady = {x: _tokens(x) / _seconds(x, r["beam"], r["batch"]) for x in speeds}
-        per_round = [steady["onnx-cpu-fp32"] * a / (steady["ct2-cpu-fp32"] * b)
-                     for a, b in zip(speeds["onnx-cpu-fp32"], speeds["ct2-cpu-fp32"])]
+        per_round = [
+            steady["onnx-cpu-fp32"] * a / (steady["ct2-cpu-fp32"] * b)
+            for a, b in zip(speeds["onnx-cpu-fp32"], speeds["ct2-cpu-fp32"])
+        ]
         assert r["x_ct2"] == pytest.approx(float(np.median(per_round)))
         assert r["x_ct2"] == pytest.approx(steady["onnx-cpu-fp32"] / steady["ct2-cpu-fp32"])
-        assert r["x_ct2"] != pytest.approx(r["tokens_per_s"] / _row(report, "ct2-cpu-fp32", r["search"], r["batch"])["tokens_per_s"])
+        assert r["x_ct2"] != pytest.approx(
+            r["tokens_per_s"] / _row(report, "ct2-cpu-fp32", r["search"], r["batch"])["tokens_per_s"]
+        )
 
 
 @pytest.mark.slow
 def test_bench_rounds_interleave_engines(capsys):
     """--repeat 2: two rounds, each running every engine once; every row keeps both passes."""
     out = scratch("bench-rounds") / "bench.json"
-    rc = main(["bench", str(tiny_run() / "last"), "--sentences", "4", "--threads", "1", "--engines", "onnx-cpu-fp32",
-               "--repeat", "2", "--json", str(out)])
+    rc = main(
+        [
+            "bench",
+            str(tiny_run() / "last"),
+            "--sentences",
+            "4",
+            "--threads",
+            "1",
+            "--engines",
+            "onnx-cpu-fp32",
+            "--repeat",
+            "2",
+            "--json",
+            str(out),
+        ]
+    )
     captured = capsys.readouterr()
     printed = captured.out
     assert rc == 0, printed
@@ -304,15 +392,20 @@ def test_bench_rounds_interleave_engines(capsys):
     assert "2 rounds, each running every engine once" in printed
     report = json.loads(out.read_text())
     for r in _rows(report, "onnx-cpu-fp32") + _rows(report, "torch"):
-        assert len(r["pass_seconds"]) == 2 and r["seconds"] == min(r["pass_seconds"])  # median of 2: the lower
+        assert len(r["pass_seconds"]) == 2 and r["seconds"] == min(
+            r["pass_seconds"]
+        )  # median of 2: the lower
     for r in _rows(report, "onnx-cpu-fp32"):
         torch_row = _row(report, "torch", r["search"], r["batch"])
-        within = [(r["target_tokens"] / a) / (torch_row["target_tokens"] / b)
-                  for a, b in zip(r["pass_seconds"], torch_row["pass_seconds"])]
+        within = [
+            (r["target_tokens"] / a) / (torch_row["target_tokens"] / b)
+            for a, b in zip(r["pass_seconds"], torch_row["pass_seconds"])
+        ]
         assert r["x_torch"] == pytest.approx(float(np.median(within)))
 
 
 # -- the thread sweep: every engine at each setting, the best per row, best against best ---------------
+
 
 def test_sweep_settings():
     from seq2onnx.bench.settings import Setting, intra_counts, sweep_settings
@@ -334,7 +427,9 @@ SWEEP_SPEED = {  # engine -> {setting: speed factor}: which setting is fastest d
     "ct2-cpu-fp32": {(1, 1): 1.0, (2, 1): 1.8, (1, 2): 1.1},
     "ct2-cpu-int8": {(1, 1): 2.0, (2, 1): 0.2, (1, 2): 1.5},
 }
-BEAM4_B32_SLOW = {("onnx-cpu-int8", (1, 2)): 0.5}  # in one configuration that engine's parallel setting is slow
+BEAM4_B32_SLOW = {
+    ("onnx-cpu-int8", (1, 2)): 0.5
+}  # in one configuration that engine's parallel setting is slow
 
 
 def _sweep_speed(engine: str, setting: tuple, beam: int, batch: int) -> float:
@@ -345,16 +440,26 @@ def _sweep_speed(engine: str, setting: tuple, beam: int, batch: int) -> float:
 def _sweep_report() -> dict:
     results = {}
     for engine, settings in SWEEP_SPEED.items():
-        for (intra, parallel) in settings:
+        for intra, parallel in settings:
             fake = _fake(engine, OUTPUTS[engine])
-            fake.update(intra_threads=intra, parallel=parallel, peak_rss_mb=20.0 + len(engine) + intra + 10 * parallel)
+            fake.update(
+                intra_threads=intra, parallel=parallel, peak_rss_mb=20.0 + len(engine) + intra + 10 * parallel
+            )
             for c in fake["configs"]:
                 c["seconds"] /= _sweep_speed(engine, (intra, parallel), c["beam"], c["batch"])
                 c["pass_seconds"] = [c["seconds"]]
             results[(engine, intra, parallel)] = fake
-    report = {"sentences": len(LIMITS), "skipped": [], "threads": 2, "repeat": 1,
-              "sweep": {e: [] for e in SWEEP_SPEED},
-              "configs": [{"search": "greedy" if b == 1 else f"beam{b}", "beam": b, "batch": bs} for b, bs in bench_run.CONFIGS]}
+    report = {
+        "sentences": len(LIMITS),
+        "skipped": [],
+        "threads": 2,
+        "repeat": 1,
+        "sweep": {e: [] for e in SWEEP_SPEED},
+        "configs": [
+            {"search": "greedy" if b == 1 else f"beam{b}", "beam": b, "batch": bs}
+            for b, bs in bench_run.CONFIGS
+        ],
+    }
     bench_rows.fill_rows(report, results, LIMITS)
     return report
 
@@ -363,13 +468,19 @@ def test_sweep_best_rows_are_best_against_best():
     report = _sweep_report()
     assert report["ct2_check"]["valid"] is True
     assert len(report["sweep_rows"]) == sum(map(len, SWEEP_SPEED.values())) * len(bench_run.CONFIGS)
-    peer_of = {"torch": "ct2-cpu-fp32", "onnx-cpu-int8": "ct2-cpu-int8", "ct2-cpu-fp32": "ct2-cpu-fp32",
-               "ct2-cpu-int8": "ct2-cpu-int8"}
+    peer_of = {
+        "torch": "ct2-cpu-fp32",
+        "onnx-cpu-int8": "ct2-cpu-int8",
+        "ct2-cpu-fp32": "ct2-cpu-fp32",
+        "ct2-cpu-int8": "ct2-cpu-int8",
+    }
     assert len(report["best"]) == len(SWEEP_SPEED) * len(bench_run.CONFIGS)
 
     def best_of(engine, beam, batch):
-        speeds = {s: _tokens(engine) / _seconds(engine, beam, batch) * _sweep_speed(engine, s, beam, batch)
-                  for s in SWEEP_SPEED[engine]}
+        speeds = {
+            s: _tokens(engine) / _seconds(engine, beam, batch) * _sweep_speed(engine, s, beam, batch)
+            for s in SWEEP_SPEED[engine]
+        }
         top = max(speeds, key=speeds.get)
         return top, speeds[top]
 
@@ -385,40 +496,92 @@ def test_sweep_best_rows_are_best_against_best():
         assert len(r["settings_tried"]) == len(SWEEP_SPEED[e])
     # the choice differs by configuration: int8's parallel setting wins except at beam 4 batch 32
     int8 = {(r["beam"], r["batch"]): r["setting"] for r in report["best"] if r["engine"] == "onnx-cpu-int8"}
-    assert int8 == {(1, 1): "2 x 1 thread", (1, 32): "2 x 1 thread", (4, 1): "2 x 1 thread", (4, 32): "2 threads"}
+    assert int8 == {
+        (1, 1): "2 x 1 thread",
+        (1, 32): "2 x 1 thread",
+        (4, 1): "2 x 1 thread",
+        (4, 32): "2 threads",
+    }
 
     # the equal-threads rows: every engine at 2 threads, one batch at a time, ratios at equal threads
-    assert {(r["engine"], r["intra_threads"], r["parallel"]) for r in report["rows"]} == {(e, 2, 1) for e in SWEEP_SPEED}
+    assert {(r["engine"], r["intra_threads"], r["parallel"]) for r in report["rows"]} == {
+        (e, 2, 1) for e in SWEEP_SPEED
+    }
     for r in report["rows"]:
-        speed = {x: _tokens(x) / _seconds(x, r["beam"], r["batch"]) * _sweep_speed(x, (2, 1), r["beam"], r["batch"])
-                 for x in SWEEP_SPEED}
+        speed = {
+            x: _tokens(x)
+            / _seconds(x, r["beam"], r["batch"])
+            * _sweep_speed(x, (2, 1), r["beam"], r["batch"])
+            for x in SWEEP_SPEED
+        }
         assert r["x_ct2"] == pytest.approx(speed[r["engine"]] / speed[peer_of[r["engine"]]])
 
 
 def test_sweep_report_prints_the_three_tables():
     report = _sweep_report()
-    report.update(machine={"cpu": "cpu", "logical_cores": 2, "physical_cores": 2, "usable_cores": 2, "memory_gb": 1,
-                           "os": "os", "python": "3", "load_average_at_start": None,
-                           "versions": {"torch": "t", "ctranslate2": "c", "onnxruntime": "o", "numpy": "n"}},
-                  checkpoint="ckpt", sentences_source="corpus", mean_source_tokens=3.0, max_length="m",
-                  model={"d_model": 8, "n_encoder_layers": 1, "n_decoder_layers": 1, "n_heads": 2, "d_ff": 16,
-                         "src_vocab_size": 10, "tgt_vocab_size": 10, "pre_norm": False},
-                  sweep={e: [f"{i} thread{'s' if i > 1 else ''}" if p == 1 else f"{p} x {i} thread"
-                             for i, p in SWEEP_SPEED[e]] for e in SWEEP_SPEED})
+    report.update(
+        machine={
+            "cpu": "cpu",
+            "logical_cores": 2,
+            "physical_cores": 2,
+            "usable_cores": 2,
+            "memory_gb": 1,
+            "os": "os",
+            "python": "3",
+            "load_average_at_start": None,
+            "versions": {"torch": "t", "ctranslate2": "c", "onnxruntime": "o", "numpy": "n"},
+        },
+        checkpoint="ckpt",
+        sentences_source="corpus",
+        mean_source_tokens=3.0,
+        max_length="m",
+        model={
+            "d_model": 8,
+            "n_encoder_layers": 1,
+            "n_decoder_layers": 1,
+            "n_heads": 2,
+            "d_ff": 16,
+            "src_vocab_size": 10,
+            "tgt_vocab_size": 10,
+            "pre_norm": False,
+        },
+        sweep={
+            e: [
+                f"{i} thread{'s' if i > 1 else ''}" if p == 1 else f"{p} x {i} thread"
+                for i, p in SWEEP_SPEED[e]
+            ]
+            for e in SWEEP_SPEED
+        },
+    )
     text = bench_format.format_report(report)
     assert text.index("best setting per row") < text.index("every setting") < text.index("equal threads")
     best = bench_format.format_table(report, "best").splitlines()
     assert best[0].split()[:4] == ["engine", "search", "batch", "setting"]
     for r in report["best"]:
-        (line,) = [t for t in best if t.startswith(r["engine"] + " ") and t.split()[1:3] == [r["search"], str(r["batch"])]]
-        assert f"  {r['setting']}  " in line and f"{r['tokens_per_s']:.0f}" in line and f"{r['x_ct2']:.2f}" in line
+        (line,) = [
+            t
+            for t in best
+            if t.startswith(r["engine"] + " ") and t.split()[1:3] == [r["search"], str(r["batch"])]
+        ]
+        assert (
+            f"  {r['setting']}  " in line
+            and f"{r['tokens_per_s']:.0f}" in line
+            and f"{r['x_ct2']:.2f}" in line
+        )
     every = bench_format.format_settings(report).splitlines()
     for r in report["sweep_rows"]:
         (line,) = [t for t in every if t.startswith(r["engine"] + " ") and f"  {r['setting']}  " in t]
-        column = [c["search"] + str(c["batch"]) for c in report["configs"]].index(r["search"] + str(r["batch"]))
+        column = [c["search"] + str(c["batch"]) for c in report["configs"]].index(
+            r["search"] + str(r["batch"])
+        )
         cell = line.split(r["setting"])[1].split()[column]
-        is_best = any(b["engine"] == r["engine"] and b["beam"] == r["beam"] and b["batch"] == r["batch"]
-                      and b["setting"] == r["setting"] for b in report["best"])
+        is_best = any(
+            b["engine"] == r["engine"]
+            and b["beam"] == r["beam"]
+            and b["batch"] == r["batch"]
+            and b["setting"] == r["setting"]
+            for b in report["best"]
+        )
         assert cell == f"{r['tokens_per_s']:.0f}" + ("*" if is_best else "")
         assert line.split()[-1] == f"{r['peak_rss_mb']:.0f}"
 
@@ -429,8 +592,20 @@ def test_bench_sweep_runs_every_setting(capsys):
     are the one-thread settings' (the batches overlap, the answers come back in order)."""
     out = scratch("bench-sweep") / "bench.json"
     engines = "onnx-cpu-fp32,ct2-cpu-fp32" if HAVE_CT2 else "onnx-cpu-fp32"
-    rc = main(["bench", str(tiny_run() / "last"), "--sentences", "4", "--max-threads", "2", "--engines", engines,
-               "--json", str(out)])
+    rc = main(
+        [
+            "bench",
+            str(tiny_run() / "last"),
+            "--sentences",
+            "4",
+            "--max-threads",
+            "2",
+            "--engines",
+            engines,
+            "--json",
+            str(out),
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.out
     report = json.loads(out.read_text())
@@ -453,18 +628,25 @@ def test_bench_sweep_runs_every_setting(capsys):
         for b in best:
             same = [r for r in rows if r["search"] == b["search"] and r["batch"] == b["batch"]]
             assert b["tokens_per_s"] == max(r["tokens_per_s"] for r in same)
-    assert {(r["engine"], r["intra_threads"], r["parallel"]) for r in report["rows"]} == \
-        {(e, cores, 1) for e in ["torch", *engines.split(",")]}
+    assert {(r["engine"], r["intra_threads"], r["parallel"]) for r in report["rows"]} == {
+        (e, cores, 1) for e in ["torch", *engines.split(",")]
+    }
     assert "running onnx-cpu-fp32 (1 thread)" in captured.err
     printed = captured.out
     assert "best setting per row" in printed and "every setting" in printed and "equal threads" in printed
     assert "threads:   swept" in printed
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--threads", "1", "--max-threads", "2"], "--threads N runs every engine at N threads only; --max-threads caps"),
-    (["--max-threads", "-1"], "--max-threads -1: give 0 (all cores) or more"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--threads", "1", "--max-threads", "2"],
+            "--threads N runs every engine at N threads only; --max-threads caps",
+        ),
+        (["--max-threads", "-1"], "--max-threads -1: give 0 (all cores) or more"),
+    ],
+)
 def test_bench_thread_options_are_checked(capsys, args, message):
     rc = main(["bench", str(tiny_run() / "last"), *args])
     assert rc != 0 and message in capsys.readouterr().err

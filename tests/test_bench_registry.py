@@ -1,5 +1,6 @@
 """bench/engines/: the engine registry. A registered class is an engine by name, for make_runner and the
 timing loop; an unknown name is refused with the known ones; a taken name cannot be registered twice."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,17 @@ def fake():
 
 def _job(engine: str, **extra) -> dict:
     sources = [[5, 6, 7], [8, 9], [4]]
-    return {"engine": engine, "sources": sources, "limits": [2, 5, 5], "threads": 3, "eos_id": 2,
-            "order": [2, 1, 0], "configs": [[1, 1], [4, 2]], "repeat": 2, **extra}
+    return {
+        "engine": engine,
+        "sources": sources,
+        "limits": [2, 5, 5],
+        "threads": 3,
+        "eos_id": 2,
+        "order": [2, 1, 0],
+        "configs": [[1, 1], [4, 2]],
+        "repeat": 2,
+        **extra,
+    }
 
 
 def test_registered_engine_is_picked_by_name(fake):
@@ -79,6 +89,15 @@ def test_a_taken_name_cannot_be_registered_again(fake):
 def test_the_engines_and_their_order_are_the_bench_s():
     """The registry gives the names and the order that the bench's rows and tables have always had."""
     assert list(engines.ENGINES) == [
-        "torch", "torch-batched", "onnx-cpu-fp32", "onnx-cpu-int8", "onnx-cuda-fp32", "onnx-cuda-fp16",
-        "ct2-cpu-fp32", "ct2-cpu-int8", "ct2-cuda-fp32", "ct2-cuda-fp16"]
+        "torch",
+        "torch-batched",
+        "onnx-cpu-fp32",
+        "onnx-cpu-int8",
+        "onnx-cuda-fp32",
+        "onnx-cuda-fp16",
+        "ct2-cpu-fp32",
+        "ct2-cpu-int8",
+        "ct2-cuda-fp32",
+        "ct2-cuda-fp16",
+    ]
     assert {kind for kind, _, _ in engines.ENGINES.values()} == set(engines.RUNNERS)

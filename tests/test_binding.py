@@ -37,9 +37,7 @@ def test_a_fused_binding_binds_every_input_and_runs_in_place(translator):
     assert t.decoder_variant == names.FUSED
     spec, session = t.spec, t.decoder
     src_mask, cross = t.graphs.encode(np.array([[5, 6, t.eos_id]], np.int64), np.array([3], np.int64))
-    inputs = fused_inputs(
-        **_arrays(1), row_start=np.zeros(1, np.int32), src_mask=src_mask, cross=cross
-    )
+    inputs = fused_inputs(**_arrays(1), row_start=np.zeros(1, np.int32), src_mask=src_mask, cross=cross)
     past = set(names.past_names(spec.n_layers))  # the cache: bound apart, as past and present alike
     assert set(inputs) | past == {i.name for i in session.get_inputs()} and not past & set(inputs)
     inputs[names.TOKENS][0, 0] = t.start_id

@@ -1,6 +1,7 @@
 """The bundle spec (spec/bundle.json) is the one source of the format's names and limits, and the
 shared cases (spec/cases/bundle-json.json) are refused by this host exactly as by the JS host,
 whose node:test suite reads the same file."""
+
 from __future__ import annotations
 
 import copy
@@ -58,14 +59,21 @@ def test_each_shared_case_is_refused_with_its_message(case):
 
 def test_the_runtime_takes_its_names_and_limits_from_the_spec():
     assert (fmt.FORMAT, fmt.FORMAT_VERSION, fmt.BUNDLE_JSON, fmt.MAX_JSON_BYTES) == (
-        SPEC["format"], SPEC["format_version"], SPEC["bundle_json"], SPEC["max_json_bytes"])
+        SPEC["format"],
+        SPEC["format_version"],
+        SPEC["bundle_json"],
+        SPEC["max_json_bytes"],
+    )
     assert fmt.FILE_KEYS == SPEC["files"]["required"] and fmt.OPTIONAL_FILE_KEYS == SPEC["files"]["optional"]
     assert list(fmt.DTYPES) == SPEC["dtypes"] and fmt.MS_DOMAIN == SPEC["contrib_domain"]
-    assert [fmt.TOKENS, fmt.TOPK_IDS, fmt.CACHE_INDIRECTION] == [SPEC["names"][k] for k in ("tokens", "topk_ids",
-                                                                                          "cache_indirection")]
+    assert [fmt.TOKENS, fmt.TOPK_IDS, fmt.CACHE_INDIRECTION] == [
+        SPEC["names"][k] for k in ("tokens", "topk_ids", "cache_indirection")
+    ]
     assert fmt.past_key(3) == SPEC["layer_names"]["past_key"].replace("{i}", "3")
-    assert fmt.cross_names(1) == [SPEC["layer_names"]["key_cross"].replace("{i}", "0"),
-                                  SPEC["layer_names"]["value_cross"].replace("{i}", "0")]
+    assert fmt.cross_names(1) == [
+        SPEC["layer_names"]["key_cross"].replace("{i}", "0"),
+        SPEC["layer_names"]["value_cross"].replace("{i}", "0"),
+    ]
 
 
 def test_a_name_changed_in_the_spec_changes_the_runtime(tmp_path):
@@ -80,19 +88,32 @@ def test_a_name_changed_in_the_spec_changes_the_runtime(tmp_path):
     (package / "__init__.py").write_text("")
     spec = dict(SPEC, names={**SPEC["names"], "tokens": "target_ids"}, max_json_bytes=4096)
     (package / "spec" / "bundle.json").write_text(json.dumps(spec))
-    code = ("from seq2onnx.runtime import bundle, signature; "
-            "print(bundle.TOKENS, bundle.MAX_JSON_BYTES, signature.graph_signature(1, 2, 4, 'float32', 8)"
-            "['decoder']['inputs'][0]['name'])")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    code = (
+        "from seq2onnx.runtime import bundle, signature; "
+        "print(bundle.TOKENS, bundle.MAX_JSON_BYTES, signature.graph_signature(1, 2, 4, 'float32', 8)"
+        "['decoder']['inputs'][0]['name'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["target_ids", "4096", "target_ids"]
 
 
 def test_no_source_file_repeats_a_graph_or_file_name_of_the_spec():
     """The names live in spec/bundle.json; code refers to them through runtime/bundle.py."""
-    literals = {*SPEC["names"].values(), *SPEC["files"]["required"].values(), *SPEC["files"]["optional"].values(),
-                *(v.replace("{i}", "") for v in SPEC["layer_names"].values()), SPEC["format"]}
+    literals = {
+        *SPEC["names"].values(),
+        *SPEC["files"]["required"].values(),
+        *SPEC["files"]["optional"].values(),
+        *(v.replace("{i}", "") for v in SPEC["layer_names"].values()),
+        SPEC["format"],
+    }
     literals -= {"step", "tokens"}  # common words: also used as ordinary names in the code
     found = []
     for folder in ("runtime",):

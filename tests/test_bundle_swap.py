@@ -6,6 +6,7 @@ the two bundles, never a mix.
 
 `python tests/test_bundle_swap.py N` runs the concurrent loop N times (the closing note's >= 500).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -27,7 +28,10 @@ TEXTS = ["the cat dances in the box", "a small bird sleeps", "three old kings ca
 
 def _outputs(translator: Translator) -> list:
     results = translator.translate_batch(TEXTS, beam_size=2, return_scores=True, return_attention=True)
-    return [(r.token_ids, [round(s, 5) for s in r.scores], [a.round(5).tolist() for a in r.attention]) for r in results]
+    return [
+        (r.token_ids, [round(s, 5) for s in r.scores], [a.round(5).tolist() for a in r.attention])
+        for r in results
+    ]
 
 
 def _pair() -> tuple[Path, Path, list, list]:

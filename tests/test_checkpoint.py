@@ -1,4 +1,5 @@
 """Checkpoints: exact round trips, the last/best links, clear errors, atomic writes, no pickle."""
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,18 @@ def tokenizers():
 
 def _model(tok: Tokenizer, seed: int = 0, **kw) -> Transformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, d_model=16,
-                      n_heads=2, n_encoder_layers=1, n_decoder_layers=2, d_ff=32, dropout=0.0,
-                      max_positions=64, **kw)
+    cfg = ModelConfig(
+        src_vocab_size=tok.src_vocab_size,
+        tgt_vocab_size=tok.tgt_vocab_size,
+        d_model=16,
+        n_heads=2,
+        n_encoder_layers=1,
+        n_decoder_layers=2,
+        d_ff=32,
+        dropout=0.0,
+        max_positions=64,
+        **kw,
+    )
     return Transformer(cfg).eval()
 
 
@@ -111,7 +121,9 @@ def test_training_state_and_optimizer_round_trip(tmp_path, tokenizers):
     tok = tokenizers[False]
     model = _model(tok, seed=4)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    model(torch.tensor([[5, 6, EOS_ID]]), torch.ones(1, 3, dtype=torch.bool), torch.tensor([[2, 5]])).sum().backward()
+    model(
+        torch.tensor([[5, 6, EOS_ID]]), torch.ones(1, 3, dtype=torch.bool), torch.tensor([[2, 5]])
+    ).sum().backward()
     opt.step()
     path = checkpoint.save(tmp_path, model, tok, {"step": 4, "history": [{"step": 4}]}, opt)
     model2 = _model(tok, seed=4)
@@ -159,7 +171,10 @@ def test_vocab_mismatch_names_tensor_and_shapes(tmp_path, tokenizers):
     v = cfg["tgt_vocab_size"]
     cfg["tgt_vocab_size"] = v + 3
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match=rf"tgt_embed\.weight has shape \({v}, 16\), config\.json implies \({v + 3}, 16\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"tgt_embed\.weight has shape \({v}, 16\), config\.json implies \({v + 3}, 16\)",
+    ):
         checkpoint.load(path)
 
 
@@ -204,7 +219,9 @@ def test_damaged_weights(tmp_path, tokenizers):
 def test_not_a_checkpoint(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(CheckpointError, match=r"not a complete checkpoint, missing config\.json, model\.safetensors"):
+    with pytest.raises(
+        CheckpointError, match=r"not a complete checkpoint, missing config\.json, model\.safetensors"
+    ):
         checkpoint.load(empty)
     text = tmp_path / "notes.txt"
     text.write_text("hello\n")
@@ -224,7 +241,7 @@ def test_leftover_tmp_dir_from_killed_write(tmp_path, tokenizers):
     # and a half-made link.
     leftover = run / ".tmp-k1ll3d"
     leftover.mkdir()
-    (leftover / "config.json").write_text("{\"src_vocab_size\": ")
+    (leftover / "config.json").write_text('{"src_vocab_size": ')
     (leftover / "model.safetensors").write_bytes(b"\x00" * 5)
     os.symlink("step-00000099", run / ".last.tmp-12345")
     loaded, _, path = checkpoint.load(run)
@@ -302,6 +319,9 @@ def test_config_too_big_for_memory_is_refused_before_allocating(tmp_path, tokeni
         raise AssertionError("the model was allocated before the size was checked")
 
     monkeypatch.setattr(checkpoint, "Transformer", allocating)
-    with pytest.raises(CheckpointError, match=r"config\.json: this model has [\d,]+ parameters and needs about "
-                                              r"[\d,.]+ GiB to load, more than this machine's [\d,.]+ GiB.*d_model \(65536\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"config\.json: this model has [\d,]+ parameters and needs about "
+        r"[\d,.]+ GiB to load, more than this machine's [\d,.]+ GiB.*d_model \(65536\)",
+    ):
         checkpoint.load(path)

@@ -1,4 +1,5 @@
 """Every command error exits non-zero with one line naming the problem and the fix; no traceback."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,13 @@ from tiny import scratch, tiny_bundle, tiny_run
 
 
 def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seq2onnx.commands", *args], input=stdin, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "seq2onnx.commands", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _cases():
@@ -82,7 +88,10 @@ def test_threads_above_the_cores_is_an_error_naming_the_limit():
     for value in (100000, -1, cores + 1):
         result = run("translate", str(tiny_bundle()), "--threads", str(value))
         assert result.returncode == 1 and "Traceback" not in result.stderr
-        assert f"--threads {value}: this machine has {cores} cores; give 1 to {cores}, or 0 to use them all" in result.stderr
+        assert (
+            f"--threads {value}: this machine has {cores} cores; give 1 to {cores}, or 0 to use them all"
+            in result.stderr
+        )
 
 
 def test_usage_errors_exit_2():

@@ -1,4 +1,5 @@
 """The generated English -> Lirish corpus: determinism, grammar rules, file output."""
+
 from __future__ import annotations
 
 import pytest
@@ -75,10 +76,16 @@ def test_past_tense_suffix_and_irregular_english():
 
 
 def test_numbers_words_and_digits_map_to_same_target_after_np():
-    words = Clause(NounPhrase("wolf", plural=True, det=None, number=3, adj="old"), "sleep",
-                   pp=PrepPhrase("in", NounPhrase("forest")))
-    digits = Clause(NounPhrase("wolf", plural=True, det=None, number=3, digits=True, adj="old"), "sleep",
-                    pp=PrepPhrase("in", NounPhrase("forest")))
+    words = Clause(
+        NounPhrase("wolf", plural=True, det=None, number=3, adj="old"),
+        "sleep",
+        pp=PrepPhrase("in", NounPhrase("forest")),
+    )
+    digits = Clause(
+        NounPhrase("wolf", plural=True, det=None, number=3, digits=True, adj="old"),
+        "sleep",
+        pp=PrepPhrase("in", NounPhrase("forest")),
+    )
     assert english(words) == "three old wolves sleep in the forest"
     assert english(digits) == "3 old wolves sleep in the forest"
     assert translate(words) == translate(digits) == "lupari veloni tre lo silva ve dormen"
@@ -86,7 +93,14 @@ def test_numbers_words_and_digits_map_to_same_target_after_np():
 
 def test_compound_numbers():
     assert [lirish_number(v) for v in (2, 9, 10, 11, 15, 19, 20)] == [
-        "du", "nov", "dek", "dekun", "dekpen", "deknov", "dudek"]
+        "du",
+        "nov",
+        "dek",
+        "dekun",
+        "dekpen",
+        "deknov",
+        "dudek",
+    ]
     with pytest.raises(ValueError, match="number=21"):
         lirish_number(21)
 

@@ -1,5 +1,6 @@
 """export --format ctranslate2: a directory a host runs with ctranslate2 + sentencepiece alone, and
 `verify` of it against the PyTorch reference (docs/ctranslate2.md)."""
+
 from __future__ import annotations
 
 import functools
@@ -32,8 +33,16 @@ from seq2onnx.export.parity import test_sentences as split_sentences  # noqa: E4
 from seq2onnx.model import checkpoint  # noqa: E402
 from seq2onnx.model.search import translate_ids  # noqa: E402
 
-CT2_FILES = {"model.bin", "config.json", "source_vocabulary.json", "target_vocabulary.json",
-             "source.spm.model", "target.spm.model", DEPLOY_JSON, MARKER}
+CT2_FILES = {
+    "model.bin",
+    "config.json",
+    "source_vocabulary.json",
+    "target_vocabulary.json",
+    "source.spm.model",
+    "target.spm.model",
+    DEPLOY_JSON,
+    MARKER,
+}
 
 
 def ckpt() -> Path:
@@ -68,7 +77,9 @@ def reference(beam_size: int) -> tuple[list[str], list[list[int]]]:
     """The test sentences and the PyTorch reference's ids for them (end token dropped)."""
     model, tok, ckpt_dir = checkpoint.load(ckpt())
     texts = [s for s, _ in split_sentences(ckpt_dir, 50)]
-    hyps = translate_ids(model, [tok.encode_source(t)[: model.cfg.max_positions] for t in texts], beam_size=beam_size)
+    hyps = translate_ids(
+        model, [tok.encode_source(t)[: model.cfg.max_positions] for t in texts], beam_size=beam_size
+    )
     eos = model.cfg.eos_id
     return texts, [h[0].tokens[:-1] if h[0].tokens[-1:] == [eos] else h[0].tokens for h in hyps]
 
@@ -82,14 +93,20 @@ def test_export_writes_the_directory_and_refuses_to_overwrite_without_force():
     # nothing left beside it: no temporary directory, no lock
     assert [p.name for p in out.parent.iterdir()] == ["model"]
     config = json.loads((out / "config.json").read_text())
-    assert config["decoder_start_token"] == "<s>" and config["eos_token"] == "</s>" and config["add_source_eos"] is False
+    assert (
+        config["decoder_start_token"] == "<s>"
+        and config["eos_token"] == "</s>"
+        and config["add_source_eos"] is False
+    )
     recipe = json.loads((out / DEPLOY_JSON).read_text())
     cfg = json.loads((ckpt() / "config.json").read_text())
     assert recipe["source"]["append"] == ["</s>"] and recipe["target"]["target_prefix"] is None
-    assert recipe["translate_batch"] == {"beam_size": DECODING_DEFAULTS["beam_size"],
-                                         "length_penalty": DECODING_DEFAULTS["length_penalty"],
-                                         "min_decoding_length": DECODING_DEFAULTS["min_length"],
-                                         "max_input_length": cfg["max_positions"]}
+    assert recipe["translate_batch"] == {
+        "beam_size": DECODING_DEFAULTS["beam_size"],
+        "length_penalty": DECODING_DEFAULTS["length_penalty"],
+        "min_decoding_length": DECODING_DEFAULTS["min_length"],
+        "max_input_length": cfg["max_positions"],
+    }
     assert recipe["max_decoding_length"]["a"] == DECODING_DEFAULTS["max_length_a"]
     assert recipe["max_decoding_length"]["max"] == cfg["max_positions"]
     for name in ("source.spm.model", "target.spm.model"):
@@ -110,7 +127,17 @@ def test_export_writes_the_directory_and_refuses_to_overwrite_without_force():
 @pytest.mark.slow
 def test_onnx_options_are_refused_for_ctranslate2():
     out = scratch("ct2-opts") / "model"
-    r = cli("export", "--format", "ctranslate2", str(ckpt()), str(out), "--dtype", "float16", "--decoder", "standard")
+    r = cli(
+        "export",
+        "--format",
+        "ctranslate2",
+        str(ckpt()),
+        str(out),
+        "--dtype",
+        "float16",
+        "--decoder",
+        "standard",
+    )
     assert r.returncode == 1
     line = r.stderr.strip()
     assert "--dtype, --decoder apply to ONNX bundles only" in line and "compute_type" in line, line
@@ -141,8 +168,15 @@ print(json.dumps({"ids": ids, "heavy": heavy}))
 def test_a_fresh_translator_with_only_sentencepiece_gives_pytorch_greedy_ids():
     texts, want = reference(beam_size=1)
     # -I: no script directory, PYTHONPATH or user site on the path; the repo is not the cwd either
-    r = subprocess.run([sys.executable, "-I", "-c", DEPLOY_GREEDY, str(exported())], input=json.dumps(texts),
-                       capture_output=True, text=True, timeout=300, cwd=tempfile.gettempdir(), env=ENV)
+    r = subprocess.run(
+        [sys.executable, "-I", "-c", DEPLOY_GREEDY, str(exported())],
+        input=json.dumps(texts),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tempfile.gettempdir(),
+        env=ENV,
+    )
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["heavy"] == []
@@ -153,7 +187,9 @@ def test_a_fresh_translator_with_only_sentencepiece_gives_pytorch_greedy_ids():
 def docs_snippet() -> str:
     text = (REPO / "docs" / "ctranslate2.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 1, "docs/ctranslate2.md should hold exactly one python block: the deployment snippet"
+    assert len(blocks) == 1, (
+        "docs/ctranslate2.md should hold exactly one python block: the deployment snippet"
+    )
     assert 'model_dir = "ct2/mine"' in blocks[0]
     return blocks[0]
 
@@ -162,8 +198,15 @@ def test_the_docs_snippet_translates_as_pytorch_beam_search():
     texts, want = reference(beam_size=DECODING_DEFAULTS["beam_size"])
     _, tok, _ = checkpoint.load(ckpt())
     snippet = docs_snippet().replace('"ct2/mine"', repr(str(exported())))
-    r = subprocess.run([sys.executable, "-I", "-c", snippet], input="".join(t + "\n" for t in texts),
-                       capture_output=True, text=True, timeout=300, cwd=tempfile.gettempdir(), env=ENV)
+    r = subprocess.run(
+        [sys.executable, "-I", "-c", snippet],
+        input="".join(t + "\n" for t in texts),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tempfile.gettempdir(),
+        env=ENV,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [tok.decode_target(w) for w in want]
 
@@ -180,8 +223,10 @@ def test_verify_passes_for_the_exported_model(tmp_path):
     assert ">= 100.0%" in rows["tokens", "greedy"] and ">= 99.5%" in rows["tokens", "beam"]
     report = json.loads(report_path.read_text())
     assert report["format"] == "ctranslate2" and report["sentences"] == 50 and report["recipe_changes"] == []
-    assert [(c["search"], c["value"], c["bound"]) for c in report["checks"]] == [("greedy", 1.0, 1.0),
-                                                                                ("beam 4", 1.0, 0.995)]
+    assert [(c["search"], c["value"], c["bound"]) for c in report["checks"]] == [
+        ("greedy", 1.0, 1.0),
+        ("beam 4", 1.0, 0.995),
+    ]
     assert report["differences"] == []
     scores = [m for m in report["measurements"] if m["tier"] == "score"]
     assert len(scores) == 2 and all(m["value"] < 1e-4 for m in scores)  # same weights: float noise only
@@ -205,7 +250,10 @@ def test_verify_fails_on_a_perturbed_weight_and_shows_both_scores(tmp_path):
     assert any(d["engine_disagreement"] > TIE and "compute differently" in d["kind"] for d in diffs)
     first = diffs[0]
     assert f"{first['search']} sentence {first['index']}: gap" in r.stdout
-    assert f"{first['torch']['torch_score']:.4f}" in r.stdout and f"{first['ct2']['torch_score']:.4f}" in r.stdout
+    assert (
+        f"{first['torch']['torch_score']:.4f}" in r.stdout
+        and f"{first['ct2']['torch_score']:.4f}" in r.stdout
+    )
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
 """Reading tab-separated corpora, leak-free splits, length filter and token batches."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,7 @@
 """Training on 2 processes with DistributedDataParallel (gloo on the CPU), launched by torchrun:
 the same losses as one process, checkpoints that resume with another number of processes, and a
 killed rank that ends the run with a clear error and a loadable checkpoint."""
+
 from __future__ import annotations
 
 import json
@@ -22,13 +23,63 @@ from seq2onnx.model.train import TrainOptions, train
 
 # A tiny model, dropout 0 so that the runs are deterministic; eval_every 1 puts every step's loss
 # and gradient norm in the history.
-OPTIONS = dict(generated_pairs=600, valid_size=20, test_size=20, vocab_size=80, max_len=40, d_model=32, n_heads=4,
-               layers=1, d_ff=64, dropout=0.0, max_tokens=600, warmup=20, lr=2.0, eval_every=1, bleu_sentences=2,
-               seed=3, device="cpu", progress=False)
+OPTIONS = dict(
+    generated_pairs=600,
+    valid_size=20,
+    test_size=20,
+    vocab_size=80,
+    max_len=40,
+    d_model=32,
+    n_heads=4,
+    layers=1,
+    d_ff=64,
+    dropout=0.0,
+    max_tokens=600,
+    warmup=20,
+    lr=2.0,
+    eval_every=1,
+    bleu_sentences=2,
+    seed=3,
+    device="cpu",
+    progress=False,
+)
 # The same options as `seq2onnx train` flags.
-FLAGS = ["--pairs", "600", "--valid-size", "20", "--test-size", "20", "--vocab-size", "80", "--max-len", "40",
-         "--d-model", "32", "--heads", "4", "--layers", "1", "--d-ff", "64", "--dropout", "0", "--max-tokens", "600",
-         "--warmup", "20", "--lr", "2", "--eval-every", "1", "--bleu-sentences", "2", "--seed", "3", "--device", "cpu"]
+FLAGS = [
+    "--pairs",
+    "600",
+    "--valid-size",
+    "20",
+    "--test-size",
+    "20",
+    "--vocab-size",
+    "80",
+    "--max-len",
+    "40",
+    "--d-model",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "1",
+    "--d-ff",
+    "64",
+    "--dropout",
+    "0",
+    "--max-tokens",
+    "600",
+    "--warmup",
+    "20",
+    "--lr",
+    "2",
+    "--eval-every",
+    "1",
+    "--bleu-sentences",
+    "2",
+    "--seed",
+    "3",
+    "--device",
+    "cpu",
+]
 # Per-step differences between 1 and 2 processes come from summing in another order (about 1e-6
 # here over 20 steps); a wrong share of the batch or a wrong normalisation moves the loss by 1e-2.
 TOL = 1e-4
@@ -36,9 +87,25 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _torchrun(out: Path, max_steps: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-            "--master_port", str(free_port()), "-m", "seq2onnx.commands", "train", str(out), *FLAGS,
-            "--max-steps", str(max_steps), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "seq2onnx.commands",
+        "train",
+        str(out),
+        *FLAGS,
+        "--max-steps",
+        str(max_steps),
+        *extra,
+    ]
 
 
 def _launch(out: Path, max_steps: int, *extra: str) -> list[str]:
@@ -61,8 +128,10 @@ def _assert_same_history(got: list[dict], want: list[dict]) -> None:
     assert [h["step"] for h in got] == [h["step"] for h in want]
     for key in ("train_loss", "grad_norm", "valid_loss"):
         diff = max(abs(g[key] - w[key]) for g, w in zip(got, want))
-        assert diff < TOL, f"{key} differs by up to {diff:.2e} (tolerance {TOL:.0e}): " \
-                           f"{[g[key] for g in got]} vs {[w[key] for w in want]}"
+        assert diff < TOL, (
+            f"{key} differs by up to {diff:.2e} (tolerance {TOL:.0e}): "
+            f"{[g[key] for g in got]} vs {[w[key] for w in want]}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +160,14 @@ REPEATS = 3
 def test_two_processes_match_one_process(tmp_path, one_process, busy_cores):
     for i in range(1, REPEATS):
         done = _run(_torchrun(tmp_path / f"again-{i}", 20))
-        assert "terminate called" not in done.stderr and "Fatal Python error" not in done.stderr, done.stderr[-3000:]
+        assert "terminate called" not in done.stderr and "Fatal Python error" not in done.stderr, done.stderr[
+            -3000:
+        ]
     run = tmp_path / "two"
     done = _run(_torchrun(run, 20))
-    assert "terminate called" not in done.stderr and "Fatal Python error" not in done.stderr, done.stderr[-3000:]
+    assert "terminate called" not in done.stderr and "Fatal Python error" not in done.stderr, done.stderr[
+        -3000:
+    ]
     assert "x 2 processes" in done.stdout  # it did train on two ranks
     assert done.stdout.count("training ") == 1  # rank 0 alone reports
     two, one = _state(run), _state(one_process)
@@ -106,8 +179,11 @@ def test_two_processes_match_one_process(tmp_path, one_process, busy_cores):
     # change the output, as the equal validation losses show. The other weights agree closely.
     a, _, _ = checkpoint.load(run)
     b, _, _ = checkpoint.load(one_process)
-    worst = max((a.state_dict()[k] - v).abs().max().item() for k, v in b.state_dict().items()
-                if not k.endswith("w_k.bias"))
+    worst = max(
+        (a.state_dict()[k] - v).abs().max().item()
+        for k, v in b.state_dict().items()
+        if not k.endswith("w_k.bias")
+    )
     assert worst < 1e-3, f"weights differ by up to {worst:.2e}"
     assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no probe or temporary leftovers
 
@@ -154,8 +230,14 @@ def _workers(agent: int) -> dict[int, int]:
 @pytest.mark.slow
 def test_killing_one_rank_ends_the_run_with_a_clear_error(tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.Popen(_torchrun(run, 100_000, "--eval-every", "5"), env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        _torchrun(run, 100_000, "--eval-every", "5"),
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 120
         while not (run / "last").exists() or len(workers := _workers(proc.pid)) < 2:
@@ -196,6 +278,7 @@ def test_failure_on_rank_0_at_start_stops_every_rank(tmp_path):
 
 
 # -- the pieces ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("size", [0, 1, 2, 5, 8])
 @pytest.mark.parametrize("world_size", [1, 2, 3])

@@ -12,6 +12,7 @@ generation_config.json has no early_stopping) is exported and held to generate()
 hypotheses, under each early_stopping and several length penalties; the other conventions are shown to
 differ on the same sentences (the test can fail).
 """
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,10 @@ def _generate(model_dir: Path, sources: list[str], **options) -> list[list[list[
         batch = tok(sources[i : i + 50], return_tensors="pt", padding=True)
         with torch.no_grad():
             rows += hf.generate(**batch, num_beams=BEAM, num_return_sequences=BEAM, **options).tolist()
-    return [[_strip(rows[BEAM * i + j], tok.pad_token_id, tok.eos_token_id) for j in range(BEAM)]
-            for i in range(len(sources))]
+    return [
+        [_strip(rows[BEAM * i + j], tok.pad_token_id, tok.eos_token_id) for j in range(BEAM)]
+        for i in range(len(sources))
+    ]
 
 
 def _agreement(bundle: Path, sources: list[str], want, **options) -> dict[str, tuple[int, int]]:
@@ -79,8 +82,10 @@ def _agreement(bundle: Path, sources: list[str], want, **options) -> dict[str, t
             (bundle / "bundle.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
             translator = Translator(bundle, device="cpu")
             got = translator.translate_batch(sources, beam_size=BEAM, num_hypotheses=BEAM, **options)
-            agree[convention] = (sum(g.token_ids == w for g, w in zip(got, want)),
-                                 sum(g.token_ids[0] == w[0] for g, w in zip(got, want)))
+            agree[convention] = (
+                sum(g.token_ids == w for g, w in zip(got, want)),
+                sum(g.token_ids[0] == w[0] for g, w in zip(got, want)),
+            )
     finally:
         meta["decoding"]["beam_convention"] = "transformers_heuristic"
         (bundle / "bundle.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
@@ -133,12 +138,22 @@ def test_node_host_stops_as_the_python_runtime(marian):
 
 def test_early_stopping_names_the_convention():
     config = {"eos_token_id": 0}
-    values = {"absent": {}, "true": {"early_stopping": True}, "false": {"early_stopping": False},
-              "never": {"early_stopping": "never"}}
-    convention = {key: decoding_defaults(generation, config, 512)["beam_convention"]
-                  for key, generation in values.items()}
-    assert convention == {"absent": "transformers_heuristic", "true": "transformers",
-                          "false": "transformers_heuristic", "never": "transformers_never"}
+    values = {
+        "absent": {},
+        "true": {"early_stopping": True},
+        "false": {"early_stopping": False},
+        "never": {"early_stopping": "never"},
+    }
+    convention = {
+        key: decoding_defaults(generation, config, 512)["beam_convention"]
+        for key, generation in values.items()
+    }
+    assert convention == {
+        "absent": "transformers_heuristic",
+        "true": "transformers",
+        "false": "transformers_heuristic",
+        "never": "transformers_never",
+    }
     assert decoding_defaults({}, {**config, "early_stopping": True}, 512)["beam_convention"] == "transformers"
     with pytest.raises(HFImportError, match="early_stopping 'sometimes' is not one of true, false"):
         decoding_defaults({"early_stopping": "sometimes"}, config, 512)
@@ -151,9 +166,15 @@ def test_conventions_are_the_spec_s_and_early_stopping_covers_them():
 
     assert list(BEAM_CONVENTIONS) == list(RUNTIME) == SPEC["beam_conventions"]
     assert RUNTIME == {"fairseq": True, **EARLY_STOPPING}
-    names = {case.get("convention", "fairseq") for case in json.loads(
-        (Path(__file__).resolve().parents[1] / "spec" / "cases" / "search.json").read_text())["cases"]
-        if case["search"] == "beam"}
+    names = {
+        case.get("convention", "fairseq")
+        for case in json.loads(
+            (Path(__file__).resolve().parents[1] / "spec" / "cases" / "search.json").read_text()
+        )["cases"]
+        if case["search"] == "beam"
+    }
     assert names == set(BEAM_CONVENTIONS)  # a shared case for every convention
-    with pytest.raises(ValueError, match="convention='hf'; choose one of fairseq, transformers, transformers_heur"):
+    with pytest.raises(
+        ValueError, match="convention='hf'; choose one of fairseq, transformers, transformers_heur"
+    ):
         beam_search(lambda *a: None, 1, beam_size=2, start_id=0, eos_id=1, max_lengths=[3], convention="hf")

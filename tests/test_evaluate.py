@@ -1,4 +1,5 @@
 """`seq2onnx evaluate`: test-split BLEU of the reference decoder and the bundle, with agreement."""
+
 from __future__ import annotations
 
 import re

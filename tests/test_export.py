@@ -1,4 +1,5 @@
 """Export: the encoder and decoder-step ONNX graphs, and the bundle around them."""
+
 from __future__ import annotations
 
 import hashlib
@@ -96,6 +97,7 @@ def run_decoder(dec: ort.InferenceSession, feed: dict, top_k: int = 1) -> dict[s
 
 # -- the graphs -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", GRAPHS)
 def test_graph_is_valid_opset17_inference_graph(name):
     p = proto(fp32_bundle(), name)
@@ -118,7 +120,11 @@ def test_fp32_bundle_has_the_standard_and_the_fused_decoder():
     meta = json.loads((bundle / fmt.BUNDLE_JSON).read_text())
     assert set(meta["graphs"]) == {"encoder", "decoder", "decoder_fused"}
     onnx_files = {k: e["path"] for k, e in meta["files"].items() if e["path"].endswith(".onnx")}
-    assert onnx_files == {"encoder": fmt.ENCODER_FILE, "decoder": fmt.DECODER_FILE, "decoder_fused": fmt.FUSED_DECODER_FILE}
+    assert onnx_files == {
+        "encoder": fmt.ENCODER_FILE,
+        "decoder": fmt.DECODER_FILE,
+        "decoder_fused": fmt.FUSED_DECODER_FILE,
+    }
     variants = {label: g["variant"] for label, g in meta["graphs"].items()}
     assert variants == {"encoder": "standard", "decoder": "standard", "decoder_fused": "fused"}
     for label, path in onnx_files.items():
@@ -135,8 +141,10 @@ def test_every_graph_has_opset_17s_ir_version(quantize):
     refuses to load at all (found on the GPU machine, whose image has 1.31)."""
     from tiny import tiny_bundle
 
-    versions = {p.name: onnx.load(p, load_external_data=False).ir_version
-                for p in tiny_bundle(quantize=quantize).glob("*.onnx")}
+    versions = {
+        p.name: onnx.load(p, load_external_data=False).ir_version
+        for p in tiny_bundle(quantize=quantize).glob("*.onnx")
+    }
     assert fmt.FUSED_DECODER_FILE in versions or quantize, versions
     assert versions and set(versions.values()) == {IR_VERSION} == {8}, versions
 
@@ -146,7 +154,10 @@ def test_decoder_standard_writes_no_fused_graph_and_a_bad_choice_is_named():
     meta = fmt.read_bundle(out).meta
     assert sorted(p.name for p in out.glob("*.onnx")) == sorted(GRAPHS)
     assert "decoder_fused" not in meta["files"] and "decoder_fused" not in meta["graphs"]
-    assert meta["graphs"]["decoder"] == json.loads((fp32_bundle() / fmt.BUNDLE_JSON).read_text())["graphs"]["decoder"]
+    assert (
+        meta["graphs"]["decoder"]
+        == json.loads((fp32_bundle() / fmt.BUNDLE_JSON).read_text())["graphs"]["decoder"]
+    )
     with pytest.raises(ExportError, match="--decoder fast: choose both or standard"):
         export_bundle(run_dir() / "last", scratch("bad-decoder") / "bundle", decoder="fast")
 
@@ -178,6 +189,7 @@ def test_graph_axes_equal_bundle_json(label):
 
 # -- dynamic sizes against PyTorch ----------------------------------------------------------------
 
+
 def encode_both(model, enc, sources: list[list[int]]):
     """Pads sources; returns (torch cross, torch mask, ort cross, ort mask), compared already."""
     cfg = model.cfg
@@ -207,7 +219,9 @@ class Both:
         self.cross_t, self.mask_t, self.cross_ort, self.mask_ort = cross_t, mask_t, cross_ort, mask_ort
         batch = mask_ort.shape[0]
         self.past_t = model.empty_cache(batch)
-        self.past_ort = [np.zeros((batch, model.cfg.n_heads, 0, model.cfg.head_dim), np.float32)] * (2 * self.n)
+        self.past_ort = [np.zeros((batch, model.cfg.n_heads, 0, model.cfg.head_dim), np.float32)] * (
+            2 * self.n
+        )
         self.t = 0
         self.top_k = 5
 
@@ -223,15 +237,27 @@ class Both:
         tokens, cache_indices = tokens.astype(np.int64).reshape(-1, 1), cache_indices.astype(np.int64)
         rows, cfg = tokens.shape[0], self.model.cfg
         self.top_k = (1, 5, cfg.tgt_vocab_size)[self.t % 3]  # k is dynamic: 1 .. vocab
-        out = run_decoder(self.dec, {
-            fmt.TOKENS: tokens, fmt.STEP: np.array([self.t], np.int64), fmt.CACHE_INDICES: cache_indices,
-            **dict(zip(fmt.past_names(self.n), self.past_ort)),
-            **dict(zip(fmt.cross_names(self.n), self.cross_ort)), fmt.SRC_MASK: self.mask_ort,
-        }, top_k=self.top_k)
+        out = run_decoder(
+            self.dec,
+            {
+                fmt.TOKENS: tokens,
+                fmt.STEP: np.array([self.t], np.int64),
+                fmt.CACHE_INDICES: cache_indices,
+                **dict(zip(fmt.past_names(self.n), self.past_ort)),
+                **dict(zip(fmt.cross_names(self.n), self.cross_ort)),
+                fmt.SRC_MASK: self.mask_ort,
+            },
+            top_k=self.top_k,
+        )
         with torch.no_grad():
             lp_t, self.past_t = self.model.decode_step(
-                torch.from_numpy(tokens), torch.tensor([self.t]), torch.from_numpy(cache_indices),
-                self.past_t, self.cross_t, self.mask_t)
+                torch.from_numpy(tokens),
+                torch.tensor([self.t]),
+                torch.from_numpy(cache_indices),
+                self.past_t,
+                self.cross_t,
+                self.mask_t,
+            )
         log_probs = out[fmt.LOG_PROBS]
         self.past_ort = [out[name] for name in fmt.present_names(self.n)]
         assert log_probs.dtype == np.float32 and log_probs.shape == (rows, cfg.tgt_vocab_size)
@@ -265,7 +291,7 @@ def test_batch1_src1_first_step_then_past_7():
     for _ in range(9):  # past 0 (first step) .. past 8: 7 included
         log_probs, diff = both.step(np.array([[token]]), np.array([0]))
         worst.append(diff)
-        log_probs[0, : 4] = -np.inf  # keep feeding real pieces
+        log_probs[0, :4] = -np.inf  # keep feeding real pieces
         token = int(log_probs[0].argmax())
     assert max(worst) <= ATOL, worst
 
@@ -317,6 +343,7 @@ def test_padding_does_not_change_a_sentence():
 
 # -- bundle.json ----------------------------------------------------------------------------------
 
+
 def test_bundle_json_describes_the_bundle():
     bundle = fp32_bundle()
     meta = json.loads((bundle / fmt.BUNDLE_JSON).read_text())
@@ -325,17 +352,29 @@ def test_bundle_json_describes_the_bundle():
     assert meta["format"] == fmt.FORMAT == "seq2onnx-bundle"
     assert meta["format_version"] == fmt.FORMAT_VERSION == 1
     assert meta["model"] == cfg.to_dict() == json.loads((ckpt / checkpoint.CONFIG).read_text())
-    assert meta["special_ids"] == {"pad": cfg.pad_id, "unk": cfg.unk_id, "bos": cfg.bos_id, "eos": cfg.eos_id,
-                                   "decoder_start": cfg.decoder_start_id}
+    assert meta["special_ids"] == {
+        "pad": cfg.pad_id,
+        "unk": cfg.unk_id,
+        "bos": cfg.bos_id,
+        "eos": cfg.eos_id,
+        "decoder_start": cfg.decoder_start_id,
+    }
     assert meta["max_positions"] == cfg.max_positions
     assert meta["dtype"] == "float32" and meta["quantization"] is None and meta["variant"] == "float32"
     assert meta["tolerances"] == TOLERANCES["float32"]
     assert meta["decoding"] == DECODING_DEFAULTS
-    assert set(meta["decoding"]) == {"beam_size", "length_penalty", "max_length_a", "max_length_b", "min_length"}
+    assert set(meta["decoding"]) == {
+        "beam_size",
+        "length_penalty",
+        "max_length_a",
+        "max_length_b",
+        "min_length",
+    }
     domains = {label: g.pop("domains") for label, g in meta["graphs"].items()}  # read from the files
     assert set(domains) == {"encoder", "decoder", "decoder_fused"}
-    assert meta["graphs"] == graph_signature(cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, "float32",
-                                                 cfg.tgt_vocab_size, fused=True)
+    assert meta["graphs"] == graph_signature(
+        cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, "float32", cfg.tgt_vocab_size, fused=True
+    )
     for label in ("encoder", "decoder", "decoder_fused"):
         for value in meta["graphs"][label]["inputs"] + meta["graphs"][label]["outputs"]:
             assert set(value) == {"name", "dtype", "shape"} and value["shape"]
@@ -364,8 +403,13 @@ def test_bundle_json_hashes_are_the_files_hashes():
 
 # -- writing the bundle ---------------------------------------------------------------------------
 
+
 def leftovers(parent: Path, name: str) -> list[str]:
-    return [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.tmp-") or p.name.startswith(f".{name}.old-")]
+    return [
+        p.name
+        for p in parent.iterdir()
+        if p.name.startswith(f".{name}.tmp-") or p.name.startswith(f".{name}.old-")
+    ]
 
 
 @pytest.mark.slow
@@ -418,6 +462,7 @@ def test_failed_export_leaves_no_temporary_directory(monkeypatch):
 
 # -- bad checkpoints ------------------------------------------------------------------------------
 
+
 def checkpoint_copy(name: str) -> Path:
     copy = scratch(name) / "ckpt"
     shutil.copytree((run_dir() / "last").resolve(), copy)
@@ -437,7 +482,10 @@ def bad_checkpoints() -> dict[str, tuple[Path, str]]:
     (not_ckpt / "notes.txt").write_text("hello")
     return {
         "missing weights": (missing, r"missing model\.safetensors"),
-        "mismatched shapes": (shapes, r"model\.safetensors does not match .*config\.json.*w_1\.weight has shape"),
+        "mismatched shapes": (
+            shapes,
+            r"model\.safetensors does not match .*config\.json.*w_1\.weight has shape",
+        ),
         "damaged weights": (damaged, r"model\.safetensors: cannot be read"),
         "not a checkpoint": (not_ckpt, r"not a complete checkpoint, missing config\.json"),
         "does not exist": (not_ckpt / "nowhere", r"nowhere: no such checkpoint directory"),
@@ -469,7 +517,9 @@ def test_cli_export_errors_are_one_line():
     r = cli("export", str(run_dir()), str(existing))
     assert r.returncode == 1
     lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("seq2onnx export: error:") and "--force" in lines[0], r.stderr
+    assert len(lines) == 1 and lines[0].startswith("seq2onnx export: error:") and "--force" in lines[0], (
+        r.stderr
+    )
 
 
 @pytest.mark.slow
@@ -487,6 +537,7 @@ def test_cli_export_decoder_choice():
 
 # -- int8 and fp16 --------------------------------------------------------------------------------
 
+
 def test_int8_export_is_quantized():
     bundle = tiny_bundle(False, True, "int8")
     meta = fmt.read_bundle(bundle).meta
@@ -497,12 +548,16 @@ def test_int8_export_is_quantized():
         onnx.checker.check_model(p, full_check=True)
         ops = all_ops(p.graph)
         # per-row activation scales (export/quantize.py), not onnxruntime's per-tensor DynamicQuantizeLinear
-        assert ops["MatMulInteger"] > 0 and ops["QuantizeLinear"] > 0 and "DynamicQuantizeLinear" not in ops, ops
+        assert (
+            ops["MatMulInteger"] > 0 and ops["QuantizeLinear"] > 0 and "DynamicQuantizeLinear" not in ops
+        ), ops
         assert not {"Dropout", "If"} & set(ops)
     # the fused decoder quantizes its GEMMs (MatMulIntegerToFloat) around the fp32 attention kernels
     assert fmt.read_bundle(bundle).decoder_variants == ["standard", "fused"]
     fused_ops = all_ops(proto(bundle, fmt.FUSED_DECODER_FILE).graph)
-    assert fused_ops["MatMulIntegerToFloat"] > 0 and fused_ops["DecoderMaskedMultiHeadAttention"] > 0, fused_ops
+    assert fused_ops["MatMulIntegerToFloat"] > 0 and fused_ops["DecoderMaskedMultiHeadAttention"] > 0, (
+        fused_ops
+    )
     assert meta["quantization_scheme"]["name"], meta["quantization_scheme"]
     # the graphs' interface is unchanged: float32 cache, bundle.json's names
     dec = proto(bundle, fmt.DECODER_FILE)
@@ -517,9 +572,16 @@ def fp16_bundle() -> Path:
 def float32_inputs(p: onnx.ModelProto, ops: tuple[str, ...]) -> dict[str, list[str]]:
     """Element types of the data input of every node of the given op types."""
     inferred = onnx.shape_inference.infer_shapes(p, check_type=True, strict_mode=True)
-    types = {v.name: dtype_name(v) for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
-    types.update({i.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(i.data_type)).name
-                  for i in p.graph.initializer})
+    types = {
+        v.name: dtype_name(v)
+        for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+    }
+    types.update(
+        {
+            i.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(i.data_type)).name
+            for i in p.graph.initializer
+        }
+    )
     found: dict[str, list[str]] = {}
     for node in p.graph.node:
         if node.op_type in ops:
@@ -531,9 +593,17 @@ def test_fp16_export_keeps_norms_and_softmax_in_float32(fp16_bundle):
     meta = fmt.read_bundle(fp16_bundle).meta
     assert meta["dtype"] == "float16" and meta["variant"] == "float16" and meta["quantization"] is None
     cfg = meta["model"]
-    assert {label: g.pop("domains") for label, g in meta["graphs"].items()} == {"encoder": [""], "decoder": [""]}
-    assert meta["graphs"] == graph_signature(cfg["n_decoder_layers"], cfg["n_heads"],
-                                                 cfg["d_model"] // cfg["n_heads"], "float16", cfg["tgt_vocab_size"])
+    assert {label: g.pop("domains") for label, g in meta["graphs"].items()} == {
+        "encoder": [""],
+        "decoder": [""],
+    }
+    assert meta["graphs"] == graph_signature(
+        cfg["n_decoder_layers"],
+        cfg["n_heads"],
+        cfg["d_model"] // cfg["n_heads"],
+        "float16",
+        cfg["tgt_vocab_size"],
+    )
     enc, dec = proto(fp16_bundle, fmt.ENCODER_FILE), proto(fp16_bundle, fmt.DECODER_FILE)
     for p in (enc, dec):
         onnx.checker.check_model(p, full_check=True)
@@ -546,7 +616,10 @@ def test_fp16_export_keeps_norms_and_softmax_in_float32(fp16_bundle):
     assert {dtype_name(v) for v in enc.graph.output if v.name != fmt.SRC_MASK} == {"float16"}
     for label, p in (("encoder", enc), ("decoder", dec)):
         found = float32_inputs(p, ("LayerNormalization", "ReduceMean", "Softmax", "LogSoftmax"))
-        assert found.get("Softmax") and (found.get("LayerNormalization") or found.get("ReduceMean")), (label, found)
+        assert found.get("Softmax") and (found.get("LayerNormalization") or found.get("ReduceMean")), (
+            label,
+            found,
+        )
         assert all(t == "float32" for types in found.values() for t in types), (label, found)
         assert all_ops(p.graph)["Cast"] > 0
 
@@ -562,12 +635,21 @@ def test_fp16_decoder_runs_on_cpu_and_agrees_with_fp32_torch(fp16_bundle):
     # one decoder step by hand: finite fp32 log-probabilities
     enc, dec = session(fp16_bundle / fmt.ENCODER_FILE), session(fp16_bundle / fmt.DECODER_FILE)
     n = model.cfg.n_decoder_layers
-    mask, *cross = enc.run(None, {fmt.SRC_IDS: np.array([srcs[0]], np.int64), fmt.SRC_LENGTHS: np.array([len(srcs[0])])})
+    mask, *cross = enc.run(
+        None, {fmt.SRC_IDS: np.array([srcs[0]], np.int64), fmt.SRC_LENGTHS: np.array([len(srcs[0])])}
+    )
     empty = np.zeros((1, model.cfg.n_heads, 0, model.cfg.head_dim), np.float16)
-    out = run_decoder(dec, {fmt.TOKENS: np.array([[model.cfg.decoder_start_id]], np.int64),
-                            fmt.STEP: np.array([0], np.int64), fmt.CACHE_INDICES: np.array([0], np.int64),
-                            **{x: empty for x in fmt.past_names(n)}, **dict(zip(fmt.cross_names(n), cross)),
-                            fmt.SRC_MASK: mask})
+    out = run_decoder(
+        dec,
+        {
+            fmt.TOKENS: np.array([[model.cfg.decoder_start_id]], np.int64),
+            fmt.STEP: np.array([0], np.int64),
+            fmt.CACHE_INDICES: np.array([0], np.int64),
+            **{x: empty for x in fmt.past_names(n)},
+            **dict(zip(fmt.cross_names(n), cross)),
+            fmt.SRC_MASK: mask,
+        },
+    )
     log_probs = out[fmt.LOG_PROBS]
     assert log_probs.dtype == np.float32 and np.isfinite(log_probs).all()
     want = [h[0].tokens for h in translate_ids(model, srcs, beam_size=1)]
@@ -588,8 +670,18 @@ def test_export_streams_the_weights_no_graph_is_held_with_them(tmp_path, monkeyp
     from seq2onnx.runtime import bundle as fmt
 
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(src_vocab_size=3000, tgt_vocab_size=3000, share_vocab=True, d_model=64,
-                                    n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2)).eval()
+    model = Transformer(
+        ModelConfig(
+            src_vocab_size=3000,
+            tgt_vocab_size=3000,
+            share_vocab=True,
+            d_model=64,
+            n_heads=4,
+            d_ff=128,
+            n_encoder_layers=2,
+            n_decoder_layers=2,
+        )
+    ).eval()
     weights = sum(p.numel() * 4 for p in model.parameters())  # 1.1 MB, three quarters of it the table
     sizes = []
     real_save, real_load = onnx.save_model, onnx.load_model
@@ -604,7 +696,7 @@ def test_export_streams_the_weights_no_graph_is_held_with_them(tmp_path, monkeyp
         sizes.append(proto.ByteSize())
         return proto
 
-    for module in (onnx, ):
+    for module in (onnx,):
         monkeypatch.setattr(module, "save", save)
         monkeypatch.setattr(module, "save_model", save)
         monkeypatch.setattr(module, "load", load)
@@ -629,8 +721,18 @@ def test_a_tied_table_is_stored_once_in_the_decoder(tmp_path):
     from seq2onnx.model.transformer import Transformer
 
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(src_vocab_size=300, tgt_vocab_size=300, share_vocab=True, d_model=16, n_heads=2,
-                                    d_ff=32, n_encoder_layers=1, n_decoder_layers=1)).eval()
+    model = Transformer(
+        ModelConfig(
+            src_vocab_size=300,
+            tgt_vocab_size=300,
+            share_vocab=True,
+            d_model=16,
+            n_heads=2,
+            d_ff=32,
+            n_encoder_layers=1,
+            n_decoder_layers=1,
+        )
+    ).eval()
     _, dec = graphs.export_graphs(model, tmp_path)
     proto = onnx.load(str(dec))
     assert sum(300 in i.dims and 16 in i.dims for i in proto.graph.initializer) == 1
@@ -660,15 +762,29 @@ def test_the_export_traces_without_torchs_shape_inference_and_the_graphs_are_the
         out = {}
         for name in (fmt.ENCODER_FILE, fmt.DECODER_FILE, fmt.FUSED_DECODER_FILE):
             proto = onnx.load(str(directory / name), load_external_data=False)
-            out[name] = [(n.op_type, list(n.input), list(n.output), sorted(str(a) for a in n.attribute))
-                         for n in proto.graph.node]
-            out[name].append([str(v) for v in (*proto.graph.input, *proto.graph.output)])  # names, types, axes
+            out[name] = [
+                (n.op_type, list(n.input), list(n.output), sorted(str(a) for a in n.attribute))
+                for n in proto.graph.node
+            ]
+            out[name].append(
+                [str(v) for v in (*proto.graph.input, *proto.graph.output)]
+            )  # names, types, axes
             out[name].append(sorted((t.name, t.data_type, tuple(t.dims)) for t in proto.graph.initializer))
         return out
 
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(src_vocab_size=300, tgt_vocab_size=300, share_vocab=True, d_model=32,
-                                    n_heads=4, d_ff=64, n_encoder_layers=1, n_decoder_layers=2)).eval()
+    model = Transformer(
+        ModelConfig(
+            src_vocab_size=300,
+            tgt_vocab_size=300,
+            share_vocab=True,
+            d_model=32,
+            n_heads=4,
+            d_ff=64,
+            n_encoder_layers=1,
+            n_decoder_layers=2,
+        )
+    ).eval()
     for d in ("private", "public"):
         (tmp_path / d).mkdir()
     write_graphs(model, tmp_path / "private", "float32", None, fused=True)

@@ -1,4 +1,5 @@
 """The `seq2onnx` command's help: every command is listed with its one-line help and has its own --help."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _help(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "250"}  # one line per command in the listing
-    return subprocess.run([sys.executable, "-m", "seq2onnx.commands", *args, "--help"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "seq2onnx.commands", *args, "--help"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_top_level_help_lists_every_command_with_its_one_line_help():
@@ -40,8 +47,10 @@ def test_each_command_has_its_own_help(name):
 
 def test_help_imports_neither_torch_nor_onnxruntime():
     """`seq2onnx --help` builds every command's parser; none may import the heavy libraries to do so."""
-    code = ("import sys; from seq2onnx.commands.main import build_parser; build_parser().format_help(); "
-            "print(sorted(m for m in ('torch', 'onnxruntime', 'ray', 'seq2onnx.model', 'seq2onnx.export') if m in sys.modules))")
+    code = (
+        "import sys; from seq2onnx.commands.main import build_parser; build_parser().format_help(); "
+        "print(sorted(m for m in ('torch', 'onnxruntime', 'ray', 'seq2onnx.model', 'seq2onnx.export') if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"

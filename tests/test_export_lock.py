@@ -1,4 +1,5 @@
 """Two exports to one output directory at once: exactly one succeeds, the other says why."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,18 @@ for line in sys.stdin:
 
 
 def _workers(n: int) -> list[subprocess.Popen]:
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env()) for _ in range(n)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=_env(),
+        )
+        for _ in range(n)
+    ]
     for p in procs:
         line = p.stdout.readline()
         assert line and json.loads(line) == {"ready": True}, p.stderr.read()
@@ -104,8 +115,10 @@ def test_two_cli_exports_started_together():
     ckpt = tiny_run()
     out = scratch("lock-cli") / "bundle"
     cmd = [sys.executable, "-m", "seq2onnx.commands", "export", str(ckpt), str(out)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env())
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env())
+        for _ in range(2)
+    ]
     results = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]
     assert sorted(rc for rc, _, _ in results) == [0, 1], results
     [(_, _, err)] = [r for r in results if r[0] == 1]

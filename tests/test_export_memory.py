@@ -90,7 +90,9 @@ def test_the_bundles_check_makes_unpacked_sessions(tmp_path, monkeypatch):
 def test_unpacked_sessions_translate_as_packed_ones():
     packed = Translator(tiny_bundle(), device="cpu")
     unpacked = Translator(tiny_bundle(), device="cpu", _tuning=SessionTuning(prepack=False))
-    assert unpacked.encoder.get_session_options().get_session_config_entry("session.disable_prepacking") == "1"
+    assert (
+        unpacked.encoder.get_session_options().get_session_config_entry("session.disable_prepacking") == "1"
+    )
     assert "session.disable_prepacking" not in sessions_module.session_entries(SessionTuning(), "decoder")
     for beam_size in (1, 4):
         a = packed.translate_batch(TEXTS, beam_size=beam_size, num_hypotheses=beam_size, return_scores=True)

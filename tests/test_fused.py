@@ -1,4 +1,5 @@
 """The fused decoder step (export/fused.py) against the PyTorch model's decode_step and decoder.onnx, step by step."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -8,7 +9,13 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from seq2onnx.export.fused import BEAM_WIDTH, CACHE_INDIRECTION, build_fused_decoder, export_fused_decoder, fused_signature
+from seq2onnx.export.fused import (
+    BEAM_WIDTH,
+    CACHE_INDIRECTION,
+    build_fused_decoder,
+    export_fused_decoder,
+    fused_signature,
+)
 from onnx import numpy_helper
 
 from seq2onnx.runtime import bundle as names
@@ -21,7 +28,9 @@ def session(model) -> ort.InferenceSession:
     o = ort.SessionOptions()
     o.intra_op_num_threads = 1
     o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(build_fused_decoder(model).SerializeToString(), o, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        build_fused_decoder(model).SerializeToString(), o, providers=["CPUExecutionProvider"]
+    )
 
 
 def source(model, lengths: list[int], seed: int = 1):
@@ -45,19 +54,35 @@ class FusedStep:
         self.sess, self.beams, self.batch = session(model), beams, mask.shape[0]
         rows = self.batch * beams
         shape = (rows, cfg.n_heads, MAX_LENGTH, cfg.head_dim)
-        self.cache = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
-                      for _ in range(2 * cfg.n_decoder_layers)]
+        self.cache = [
+            ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+            for _ in range(2 * cfg.n_decoder_layers)
+        ]
         self.pointers = [v.data_ptr() for v in self.cache]
         self.indirection = np.zeros((self.batch, beams, MAX_LENGTH), np.int32)
-        self.fixed = {names.SRC_MASK: mask.numpy(), names.TOP_K: np.array([3], np.int64),
-                      BEAM_WIDTH: np.array([beams], np.int32), names.ROW_START: np.zeros(rows, np.int32),
-                      **{n: t.numpy() for n, t in zip(names.cross_names(cfg.n_decoder_layers), [t for kv in cross for t in kv])}}
-        self.past, self.present = names.past_names(cfg.n_decoder_layers), names.present_names(cfg.n_decoder_layers)
+        self.fixed = {
+            names.SRC_MASK: mask.numpy(),
+            names.TOP_K: np.array([3], np.int64),
+            BEAM_WIDTH: np.array([beams], np.int32),
+            names.ROW_START: np.zeros(rows, np.int32),
+            **{
+                n: t.numpy()
+                for n, t in zip(names.cross_names(cfg.n_decoder_layers), [t for kv in cross for t in kv])
+            },
+        }
+        self.past, self.present = (
+            names.past_names(cfg.n_decoder_layers),
+            names.present_names(cfg.n_decoder_layers),
+        )
 
     def __call__(self, tokens: torch.Tensor, t: int) -> tuple[np.ndarray, np.ndarray]:
         b = self.sess.io_binding()
-        feeds = {**self.fixed, names.TOKENS: tokens.numpy(), names.STEP: np.array([t], np.int32),
-                 CACHE_INDIRECTION: self.indirection}
+        feeds = {
+            **self.fixed,
+            names.TOKENS: tokens.numpy(),
+            names.STEP: np.array([t], np.int32),
+            CACHE_INDIRECTION: self.indirection,
+        }
         for name, value in feeds.items():
             b.bind_cpu_input(name, value)
         for name, value in zip(self.past, self.cache):
@@ -117,14 +142,20 @@ def test_greedy_steps_match_the_standard_decoder_graph(make_model, tmp_path, voc
     mask, cross = source(model, [4, 6])
     fused = FusedStep(model, mask, cross, beams=1)
     rows, n = mask.shape[0], model.cfg.n_decoder_layers
-    feeds = {names.SRC_MASK: mask.numpy(), names.TOP_K: np.array([3], np.int64),
-             names.CACHE_INDICES: np.arange(rows, dtype=np.int64),
-             **{k: t.numpy() for k, t in zip(names.cross_names(n), [t for kv in cross for t in kv])},
-             **{k: t.numpy() for k, t in zip(names.past_names(n), [t for kv in model.empty_cache(rows) for t in kv])}}
+    feeds = {
+        names.SRC_MASK: mask.numpy(),
+        names.TOP_K: np.array([3], np.int64),
+        names.CACHE_INDICES: np.arange(rows, dtype=np.int64),
+        **{k: t.numpy() for k, t in zip(names.cross_names(n), [t for kv in cross for t in kv])},
+        **{
+            k: t.numpy()
+            for k, t in zip(names.past_names(n), [t for kv in model.empty_cache(rows) for t in kv])
+        },
+    }
     tokens = np.full((rows, 1), model.cfg.decoder_start_id, np.int64)
     for t in range(8):
         out = standard.run(None, {**feeds, names.TOKENS: tokens, names.STEP: np.array([t], np.int64)})
-        feeds.update(zip(names.past_names(n), out[1:1 + 2 * n]))
+        feeds.update(zip(names.past_names(n), out[1 : 1 + 2 * n]))
         log_probs, top = fused(torch.from_numpy(tokens), t)
         err = np.abs(log_probs - out[0]).max()
         assert err < ATOL, f"step {t}: max |fused - decoder.onnx| = {err:.2e}"
@@ -173,8 +204,15 @@ def test_rows_that_begin_later_read_only_their_own_positions(make_model, beams):
     mask, cross = source(model, [5, 3])  # sentence 0 from position 0, sentence 1 joins at `late`
     late, rows = 4, 2 * beams
     sess = session(model)
-    cache = [ort.OrtValue.ortvalue_from_numpy(np.random.default_rng(1).standard_normal(
-        (rows, cfg.n_heads, MAX_LENGTH, cfg.head_dim)).astype(np.float32) * 30) for _ in range(2 * cfg.n_decoder_layers)]
+    cache = [
+        ort.OrtValue.ortvalue_from_numpy(
+            np.random.default_rng(1)
+            .standard_normal((rows, cfg.n_heads, MAX_LENGTH, cfg.head_dim))
+            .astype(np.float32)
+            * 30
+        )
+        for _ in range(2 * cfg.n_decoder_layers)
+    ]
     indirection = np.tile(np.arange(beams, dtype=np.int32)[None, :, None], (rows // beams, 1, MAX_LENGTH))
     # row r holds sentence r // beams; a beam width of 2 pairs the rows (0, 1) and (2, 3)
     sentence = np.arange(rows) // beams
@@ -185,14 +223,21 @@ def test_rows_that_begin_later_read_only_their_own_positions(make_model, beams):
     pasts = [model.empty_cache(1) for _ in range(2)]
     for slot in range(late + 6):
         b = sess.io_binding()
-        feeds = {names.SRC_MASK: row_mask, names.TOP_K: np.array([1], np.int64), BEAM_WIDTH: np.array([beams], np.int32),
-                 CACHE_INDIRECTION: indirection, names.ROW_START: start, names.TOKENS: tokens.numpy(),
-                 names.STEP: np.array([slot], np.int32),
-                 **dict(zip(names.cross_names(cfg.n_decoder_layers), row_cross))}
+        feeds = {
+            names.SRC_MASK: row_mask,
+            names.TOP_K: np.array([1], np.int64),
+            BEAM_WIDTH: np.array([beams], np.int32),
+            CACHE_INDIRECTION: indirection,
+            names.ROW_START: start,
+            names.TOKENS: tokens.numpy(),
+            names.STEP: np.array([slot], np.int32),
+            **dict(zip(names.cross_names(cfg.n_decoder_layers), row_cross)),
+        }
         for name, value in feeds.items():
             b.bind_cpu_input(name, np.ascontiguousarray(value))
-        for past, present, value in zip(names.past_names(cfg.n_decoder_layers),
-                                        names.present_names(cfg.n_decoder_layers), cache):
+        for past, present, value in zip(
+            names.past_names(cfg.n_decoder_layers), names.present_names(cfg.n_decoder_layers), cache
+        ):
             b.bind_ortvalue_input(past, value)
             b.bind_ortvalue_output(present, value)
         b.bind_output(names.LOG_PROBS, "cpu")
@@ -206,8 +251,14 @@ def test_rows_that_begin_later_read_only_their_own_positions(make_model, beams):
                 continue  # the row is not in use yet: its outputs are unread
             rows_s = np.flatnonzero(sentence == s)
             with torch.no_grad():
-                ref, pasts[s] = model.decode_step(tokens[rows_s[:1]], torch.tensor([t]), torch.zeros(1, dtype=torch.long),
-                                                  pasts[s], [(k[s:s + 1], v[s:s + 1]) for k, v in cross], mask[s:s + 1])
+                ref, pasts[s] = model.decode_step(
+                    tokens[rows_s[:1]],
+                    torch.tensor([t]),
+                    torch.zeros(1, dtype=torch.long),
+                    pasts[s],
+                    [(k[s : s + 1], v[s : s + 1]) for k, v in cross],
+                    mask[s : s + 1],
+                )
             for r in rows_s:  # every beam of the sentence carries the same tokens here
                 err = np.abs(log_probs[r] - ref.numpy()[0]).max()
                 assert err < ATOL, f"sentence {s} row {r} step {t}: max |fused - pytorch| = {err:.2e}"
@@ -265,7 +316,9 @@ def test_step_beyond_the_cache_buffer_is_an_error(make_model):
 
 def test_exported_file_has_the_signature(make_model, tmp_path):
     model = make_model(d_model=16, n_heads=2)
-    sess = ort.InferenceSession(str(export_fused_decoder(model, tmp_path)), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(
+        str(export_fused_decoder(model, tmp_path)), providers=["CPUExecutionProvider"]
+    )
     sig = fused_signature(2, 2, 8, model.cfg.tgt_vocab_size)
     assert [i.name for i in sess.get_inputs()] == [s["name"] for s in sig["inputs"]]
     assert [o.name for o in sess.get_outputs()] == [s["name"] for s in sig["outputs"]]

@@ -5,6 +5,7 @@ variants); here: which decoder a Translator drives and why, the fallback where t
 cannot run, and that the static loop binds once, updates the cache in place and compacts the
 buffers when sentences finish, with the standard decoder's results.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,14 @@ from seq2onnx.runtime import plan as plan_module
 from seq2onnx.runtime.translator import Translator
 from tiny import scratch, tiny_bundle, tiny_run
 
-TEXTS = ["the cat dances in the box", "a small bird sleeps", "the queen sees young mice with an old box", "a cat",
-         "the small teacher found 15 sad children under the garden", "a black dog ate five brave cats near the car"]
+TEXTS = [
+    "the cat dances in the box",
+    "a small bird sleeps",
+    "the queen sees young mice with an old box",
+    "a cat",
+    "the small teacher found 15 sad children under the garden",
+    "a black dog ate five brave cats near the car",
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +71,15 @@ def test_bundle_without_the_fused_decoder_uses_the_standard_one():
     assert t.translate(TEXTS[0])
     with pytest.raises(RuntimeError, match="decoder='fused'.*no fused decoder"):
         Translator(out, device="cpu", _tuning=SessionTuning(decoder="fused"))
-    int8 = Translator(tiny_bundle(quantize="int8"), device="cpu")  # int8 GEMMs around fp32 attention: it has one
+    int8 = Translator(
+        tiny_bundle(quantize="int8"), device="cpu"
+    )  # int8 GEMMs around fp32 attention: it has one
     assert int8.decoder_variant == "fused", int8.decoder_reason
 
 
 def test_a_fused_decoder_this_onnxruntime_cannot_run_falls_back_with_the_reason(bundle, standard):
     """As on a host whose onnxruntime lacks a com.microsoft kernel: the session cannot be created."""
+
     def unknown_kernel(proto):
         node = next(n for n in proto.graph.node if n.op_type == "DecoderMaskedMultiHeadAttention")
         node.op_type = "NoSuchKernelAnywhere"
@@ -78,8 +88,9 @@ def test_a_fused_decoder_this_onnxruntime_cannot_run_falls_back_with_the_reason(
     t = Translator(out, device="cpu")
     assert t.decoder_variant == "standard"
     assert "cannot run the fused decoder" in t.decoder_reason and "NoSuchKernelAnywhere" in t.decoder_reason
-    assert ([r.token_ids for r in t.translate_batch(TEXTS, beam_size=2)]
-            == [r.token_ids for r in standard.translate_batch(TEXTS, beam_size=2)])
+    assert [r.token_ids for r in t.translate_batch(TEXTS, beam_size=2)] == [
+        r.token_ids for r in standard.translate_batch(TEXTS, beam_size=2)
+    ]
     with pytest.raises(RuntimeError, match="cannot run the fused decoder"):
         Translator(out, device="cpu", _tuning=SessionTuning(decoder="fused"))
 
@@ -88,14 +99,19 @@ def test_cuda_keeps_the_standard_decoder(bundle):
     """The CUDA kernel wants another cache layout: pick_decoder never chooses fused off the CPU."""
     meta = fmt.read_bundle(bundle)
     loaded = []
-    variant, _, why = decoders.pick_decoder(meta, "cuda", "auto", lambda label: loaded.append(label) or "session")
+    variant, _, why = decoders.pick_decoder(
+        meta, "cuda", "auto", lambda label: loaded.append(label) or "session"
+    )
     assert variant == "standard" and "CPU" in why and loaded == [fmt.DECODER_LABELS["standard"]]
 
 
 def test_sampling_is_the_same_on_both_decoders(bundle, standard):
     fused = Translator(bundle, device="cpu")
-    for kw in (dict(sampling_temperature=1.0, seed=3), dict(sampling_temperature=0.7, sampling_topk=5, seed=11),
-               dict(sampling_temperature=1.2, sampling_topp=0.9, seed=5, num_hypotheses=3)):
+    for kw in (
+        dict(sampling_temperature=1.0, seed=3),
+        dict(sampling_temperature=0.7, sampling_topk=5, seed=11),
+        dict(sampling_temperature=1.2, sampling_topp=0.9, seed=5, num_hypotheses=3),
+    ):
         a = fused.translate_batch(TEXTS, return_scores=True, **kw)
         b = standard.translate_batch(TEXTS, return_scores=True, **kw)
         assert [r.token_ids for r in a] == [r.token_ids for r in b], kw
@@ -127,15 +143,30 @@ def test_static_loop_binds_once_updates_in_place_and_compacts(bundle, standard, 
     monkeypatch.setattr(fused_step.FusedStep, "__call__", call)
     ids = [t.prepare_source(s)[0] for s in TEXTS]
     limits = t.spec.max_lengths(ids, t.search_options(beam_size=4))
-    step = t.graphs.step(t.graphs.encode(*t.sources.pad(ids)), rows=len(ids), top_k=8, max_length=int(limits.max()),
-                          beam_width=4)
-    got = beam_search(step, len(ids), beam_size=4, start_id=t.start_id, eos_id=t.eos_id, max_lengths=limits,
-                      num_hypotheses=4, length_penalty=0.6)
+    step = t.graphs.step(
+        t.graphs.encode(*t.sources.pad(ids)),
+        rows=len(ids),
+        top_k=8,
+        max_length=int(limits.max()),
+        beam_width=4,
+    )
+    got = beam_search(
+        step,
+        len(ids),
+        beam_size=4,
+        start_id=t.start_id,
+        eos_id=t.eos_id,
+        max_lengths=limits,
+        num_hypotheses=4,
+        length_penalty=0.6,
+    )
     shrank = sum(1 for a, b in zip(batches, batches[1:]) if b < a)
     assert shrank >= 2 and batches[-1] < len(TEXTS)  # sentences finished at different steps, rows compacted
     assert len(binds) == 1 + shrank  # bound once, then once per change of the batch: never per step
     assert all(same_memory) and len(same_memory) == len(batches) > 5
-    want = standard.translate_batch(ids, beam_size=4, num_hypotheses=4, length_penalty=0.6, return_scores=True)
+    want = standard.translate_batch(
+        ids, beam_size=4, num_hypotheses=4, length_penalty=0.6, return_scores=True
+    )
     for r, w in zip(got, want):
         assert [h[:-1] if h and h[-1] == t.eos_id else h for h in r.hypotheses] == w.token_ids
         assert np.allclose(r.scores, w.scores, rtol=0, atol=1e-4)
@@ -144,13 +175,17 @@ def test_static_loop_binds_once_updates_in_place_and_compacts(bundle, standard, 
 def test_beams_may_only_continue_their_own_sentence(bundle):
     t = Translator(bundle, device="cpu")
     ids = [t.prepare_source(s)[0] for s in TEXTS[:2]]
-    step = t.graphs.step(t.graphs.encode(*t.sources.pad(ids)), rows=len(ids), top_k=4, max_length=5, beam_width=2)
+    step = t.graphs.step(
+        t.graphs.encode(*t.sources.pad(ids)), rows=len(ids), top_k=4, max_length=5, beam_width=2
+    )
     step(np.full((2, 1), t.start_id), np.arange(2), 0, None)
     with pytest.raises(ValueError, match="own sentence"):
         step(np.full((4, 1), 5), np.array([0, 0, 0, 0]), 1, None)  # sentence 1's beams continue sentence 0
 
 
-@pytest.mark.parametrize("keep", [[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [0, 1, 4, 5], [0, 2, 4], [5], [0], [2, 3]])
+@pytest.mark.parametrize(
+    "keep", [[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [0, 1, 4, 5], [0, 2, 4], [5], [0], [2, 3]]
+)
 def test_compaction_moves_kept_rows_as_a_gather_would(keep, monkeypatch):
     """Block moves of runs of kept sentences leave every buffer as the plain gather of kept rows."""
     batch, width, t, rng = 6, 3, 4, np.random.default_rng(0)
@@ -163,8 +198,12 @@ def test_compaction_moves_kept_rows_as_a_gather_would(keep, monkeypatch):
     monkeypatch.setattr(step, "_bind", lambda: None)
     keep = np.array(keep)
     rows = (keep[:, None] * width + np.arange(width)).reshape(-1)
-    want = ([c[rows, :, :t].copy() for c in step._cache], [c[keep].copy() for c in step._cross],
-            step._mask[keep].copy(), step._indirection[keep, :, :t].copy())
+    want = (
+        [c[rows, :, :t].copy() for c in step._cache],
+        [c[keep].copy() for c in step._cross],
+        step._mask[keep].copy(),
+        step._indirection[keep, :, :t].copy(),
+    )
     step._compact(keep, t)
     assert step.batch == keep.size
     for got, expected in zip(step._cache, want[0]):
@@ -197,9 +236,15 @@ def test_step_buffers_are_reused_across_batches_with_the_standard_results(bundle
         real_init(self, *a, **kw)
 
     monkeypatch.setattr(fused_buffers.StepBuffers, "__init__", init)
-    runs = [dict(beam_size=1, max_batch_size=1), dict(beam_size=4, max_batch_size=6), dict(beam_size=1, max_batch_size=1),
-            dict(beam_size=2, max_batch_size=3), dict(beam_size=4, max_batch_size=6), dict(beam_size=1, max_batch_size=1),
-            dict(beam_size=2, max_batch_size=3)]
+    runs = [
+        dict(beam_size=1, max_batch_size=1),
+        dict(beam_size=4, max_batch_size=6),
+        dict(beam_size=1, max_batch_size=1),
+        dict(beam_size=2, max_batch_size=3),
+        dict(beam_size=4, max_batch_size=6),
+        dict(beam_size=1, max_batch_size=1),
+        dict(beam_size=2, max_batch_size=3),
+    ]
     seen, new_per_run = set(), []
     for kw in runs:
         before = len(made)
@@ -227,7 +272,9 @@ def test_buffer_pool_keeps_small_buffers_only_and_after_a_normal_end(bundle, mon
     assert positions % pool.position_quantum == 0
     assert pool.take(rows, width, positions - 3, top_k) is kept and pool._spares == []
     pool.give(kept)
-    assert pool.take(rows, width, positions + 1, top_k) is None and pool.take(rows + 1, width, 1, top_k) is None
+    assert (
+        pool.take(rows, width, positions + 1, top_k) is None and pool.take(rows + 1, width, 1, top_k) is None
+    )
     # sampling and a stream read to its end give theirs back too
     pool._spares.clear()
     t.translate_batch(TEXTS[:1], sampling_temperature=1.0, seed=1)

@@ -1,6 +1,7 @@
 """Fuzzed text through the runtime's text entry points: a real translation (non-empty for non-blank
 text, ids that detokenise to it, the same alone as in a batch, streamed pieces that join to it) or
 a clear error."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,26 @@ from seq2onnx.runtime.translator import TranslationResult, Translator
 
 # Every code point, surrogates and control characters included.
 ANY_CHAR = st.characters(codec=None, exclude_categories=())
-SPECIAL = st.sampled_from(["\x00", "\u0301", "\u202e", "\u200f", "🙂", "👩‍👩‍👧", "\ud800", "\udfff", "\t", "\r\n", "\ufeff",
-                           "漢字", "مرحبا", "שלום", "\u0000\u0000", " "])
+SPECIAL = st.sampled_from(
+    [
+        "\x00",
+        "\u0301",
+        "\u202e",
+        "\u200f",
+        "🙂",
+        "👩‍👩‍👧",
+        "\ud800",
+        "\udfff",
+        "\t",
+        "\r\n",
+        "\ufeff",
+        "漢字",
+        "مرحبا",
+        "שלום",
+        "\u0000\u0000",
+        " ",
+    ]
+)
 TEXT = st.lists(st.one_of(st.text(ANY_CHAR, max_size=40), SPECIAL), min_size=1, max_size=4).map("".join)
 CASES = 150
 

@@ -5,6 +5,7 @@ Marked `gpu`: each skips with one line where onnxruntime's CUDA provider (or, fo
 cannot run, and runs, and can fail, where it can. scripts/gpu_check.sh runs them on the GPU machine
 (`pytest -m gpu`).
 """
+
 from __future__ import annotations
 
 import math
@@ -125,10 +126,29 @@ def test_training_on_cuda_for_a_few_steps():
     from seq2onnx.model.train import TrainOptions, train
 
     out = scratch("cuda-train") / "run"
-    train(TrainOptions(out=str(out), generated_pairs=2000, valid_size=50, test_size=50, vocab_size=120,
-                       max_len=40, d_model=32, n_heads=4, layers=2, d_ff=64, dropout=0.0, max_tokens=1500,
-                       warmup=10, max_steps=20, eval_every=20, bleu_sentences=10, seed=3, device="cuda",
-                       progress=False))
+    train(
+        TrainOptions(
+            out=str(out),
+            generated_pairs=2000,
+            valid_size=50,
+            test_size=50,
+            vocab_size=120,
+            max_len=40,
+            d_model=32,
+            n_heads=4,
+            layers=2,
+            d_ff=64,
+            dropout=0.0,
+            max_tokens=1500,
+            warmup=10,
+            max_steps=20,
+            eval_every=20,
+            bleu_sentences=10,
+            seed=3,
+            device="cuda",
+            progress=False,
+        )
+    )
     state = json.loads((out / "last" / "train_state.json").read_text())
     assert state["step"] == 20 and math.isfinite(state["history"][-1]["train_loss"])
     # below a uniform guess over the vocabulary: it learnt

@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh and gpu_pack.sh (issue 39) here: the CPU mode runs every step of the GPU check,
 the copies per step are recorded as on CUDA, and a pack is joined, checked and installed as on the GPU
 machine, or refused naming the part to carry again."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,13 @@ def _env(**extra) -> dict:
 @pytest.mark.slow
 def test_cpu_mode_runs_every_step():
     out, work = scratch("gpu-check-out"), scratch("gpu-check-work")
-    done = subprocess.run(["bash", str(CHECK), "--cpu"], capture_output=True, text=True, timeout=1500,
-                          env=_env(OUT=str(out), GPU_CHECK_WORK=str(work)))
+    done = subprocess.run(
+        ["bash", str(CHECK), "--cpu"],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=_env(OUT=str(out), GPU_CHECK_WORK=str(work)),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["logs.tar.xz", "summary.md"]
     summary = (out / "summary.md").read_text()
@@ -51,7 +57,10 @@ def test_cpu_mode_runs_every_step():
     assert {b: (v["passed"], v["provider"]) for b, v in verify.items()} == {b: (True, "CPU") for b in verify}
     assert verify["fp16"]["variant"] == "float16" and verify["fp32"]["sentences"] == 24
     assert {(row["engine"], row["search"], row["batch"]) for row in bench["rows"]} >= {
-        ("onnx-cpu-fp32", "greedy", 1), ("onnx-cpu-fp32", "beam4", 32), ("torch", "greedy", 1)}
+        ("onnx-cpu-fp32", "greedy", 1),
+        ("onnx-cpu-fp32", "beam4", 32),
+        ("torch", "greedy", 1),
+    }
     # the gpu-marked tests ran: here each skipped with its one-line reason (on a GPU machine they pass)
     cases = list(tests.iter("testcase"))
     bad = [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
@@ -80,10 +89,12 @@ def _dummy_wheel(directory: Path) -> Path:
     """A pure-Python wheel of ~600 KB that xz cannot shrink (random bytes), so that it splits in parts."""
     whl = directory / "gpucheckdummy-0.1-py3-none-any.whl"
     dist = "gpucheckdummy-0.1.dist-info"
-    files = {"gpucheckdummy/__init__.py": b"VALUE = 41 + 1\n", "gpucheckdummy/blob.bin": os.urandom(600_000),
-             f"{dist}/METADATA": b"Metadata-Version: 2.1\nName: gpucheckdummy\nVersion: 0.1\n",
-             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                              b"Tag: py3-none-any\n"}
+    files = {
+        "gpucheckdummy/__init__.py": b"VALUE = 41 + 1\n",
+        "gpucheckdummy/blob.bin": os.urandom(600_000),
+        f"{dist}/METADATA": b"Metadata-Version: 2.1\nName: gpucheckdummy\nVersion: 0.1\n",
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     files[f"{dist}/RECORD"] = "".join(f"{n},,\n" for n in [*files, f"{dist}/RECORD"]).encode()
     with zipfile.ZipFile(whl, "w") as z:
         for name, data in files.items():
@@ -96,10 +107,21 @@ def _dummy_wheel(directory: Path) -> Path:
 def test_pack_is_joined_checked_and_installed(xz):
     tmp = scratch(f"gpu-pack-xz{xz}")
     pack, target = tmp / "pack", tmp / "target"
-    env = _env(GPU_PACK_OUT=str(pack), GPU_PACK_ANY="1", PART_BYTES="250000", GPU_DATA=str(tmp / "none.txt"),
-               GPU_PACK_XZ=xz)
-    made = subprocess.run(["bash", str(PACK), str(_dummy_wheel(tmp))], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env=env)
+    env = _env(
+        GPU_PACK_OUT=str(pack),
+        GPU_PACK_ANY="1",
+        PART_BYTES="250000",
+        GPU_DATA=str(tmp / "none.txt"),
+        GPU_PACK_XZ=xz,
+    )
+    made = subprocess.run(
+        ["bash", str(PACK), str(_dummy_wheel(tmp))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
     assert made.returncode == 0, made.stdout + made.stderr
     assert sorted(p.name for p in pack.iterdir() if p.is_dir()) == ["1", "2", "3"], made.stdout
     assert "call 3: carry" in made.stdout
@@ -108,8 +130,13 @@ def test_pack_is_joined_checked_and_installed(xz):
     assert f"compression {'xz' if xz == '1' else 'none'}" in manifest
 
     def install():
-        return subprocess.run(["bash", str(PACK), "--install", str(pack), str(target)],
-                              capture_output=True, text=True, timeout=300, env=_env())
+        return subprocess.run(
+            ["bash", str(PACK), "--install", str(pack), str(target)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=_env(),
+        )
 
     done = install()
     assert done.returncode == 0, done.stdout + done.stderr

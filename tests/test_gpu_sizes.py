@@ -1,5 +1,6 @@
 """scripts/gpu_sizes.py (issue 57): its plan puts the goals' rows first, an engine absent here is skipped by
 name, the report compares every engine's ids with generate() fp32, and its CPU mode runs end to end."""
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,21 @@ def test_plan_puts_each_models_goal_rows_before_the_other_ct2_types():
     assert steps[:6] == [("marian", s) for s in gpu_sizes.PREP] + [("marian", "ours-fp16")]
     nllb = steps.index(("nllb", "build"))
     assert {e for m, e in steps[:nllb]} >= {"ours-fp16", "ct2-float16", "generate-fp32", "ours-fp32"}
-    assert steps[-4:] == [("marian", "ct2-int8_float16"), ("marian", "ct2-float32"),
-                          ("nllb", "ct2-int8_float16"), ("nllb", "ct2-float32")]
+    assert steps[-4:] == [
+        ("marian", "ct2-int8_float16"),
+        ("marian", "ct2-float32"),
+        ("nllb", "ct2-int8_float16"),
+        ("nllb", "ct2-float32"),
+    ]
     assert len(steps) == len(set(steps)) == 2 * (len(gpu_sizes.PREP) + len(gpu_sizes.ENGINES))
     # only the preparation the engines asked for need; variants last
     assert gpu_sizes.plan(["nllb"], ["generate-fp32"], ["ours-fp32-tf32"]) == [
-        ("nllb", "build"), ("nllb", "prepare"), ("nllb", "export-fp32"), ("nllb", "generate-fp32"),
-        ("nllb", "ours-fp32-tf32")]
+        ("nllb", "build"),
+        ("nllb", "prepare"),
+        ("nllb", "export-fp32"),
+        ("nllb", "generate-fp32"),
+        ("nllb", "ours-fp32-tf32"),
+    ]
 
 
 def test_an_engine_absent_here_is_skipped_by_name():
@@ -39,9 +48,13 @@ def test_an_engine_absent_here_is_skipped_by_name():
     assert gpu_sizes.absent("ct2-float16", "cuda", find) == "skipped: ctranslate2 is not installed here"
     assert gpu_sizes.absent("ct2-convert", "cuda", find) == "skipped: ctranslate2 is not installed here"
     assert gpu_sizes.absent("ours-fp16", "cuda", find) is None
-    assert gpu_sizes.absent("generate-fp32", "cpu", lambda n: None) == "skipped: transformers is not installed here"
+    assert (
+        gpu_sizes.absent("generate-fp32", "cpu", lambda n: None)
+        == "skipped: transformers is not installed here"
+    )
     assert gpu_sizes.absent("ct2-int8_float16", "cpu", lambda n: object()) == (
-        "skipped: CTranslate2 computes float16 on CUDA only")
+        "skipped: CTranslate2 computes float16 on CUDA only"
+    )
     assert gpu_sizes.needs("ct2-float32") == ["build", "prepare", "ct2-convert"]
     assert gpu_sizes.needs("ours-fp16-standard") == ["build", "prepare", "export-fp16"]
 
@@ -49,11 +62,17 @@ def test_an_engine_absent_here_is_skipped_by_name():
 def test_engine_specs_turn_tf32_off_for_float32_only():
     mode, work = gpu_sizes.MODES["gpu"], Path("/w")
     spec = gpu_sizes.engine_spec("generate-fp32", work, "nllb", mode)
-    assert spec["engine"] == "torch" and spec["dtype"] == "float32" and spec["env"] == {"NVIDIA_TF32_OVERRIDE": "0"}
+    assert (
+        spec["engine"] == "torch"
+        and spec["dtype"] == "float32"
+        and spec["env"] == {"NVIDIA_TF32_OVERRIDE": "0"}
+    )
     assert spec["max_batch"] == 128 and spec["device"] == "cuda"
     assert "env" not in gpu_sizes.engine_spec("ct2-float16", work, "nllb", mode)
     tf32 = gpu_sizes.engine_spec("ours-fp32-tf32", work, "nllb", mode)
-    assert tf32["tuning"] == {"tf32": True} and "env" not in tf32 and tf32["bundle"] == "/w/out/nllb/bundle-fp32"
+    assert (
+        tf32["tuning"] == {"tf32": True} and "env" not in tf32 and tf32["bundle"] == "/w/out/nllb/bundle-fp32"
+    )
     assert gpu_sizes.engine_spec("ct2-int8_float16", work, "m", mode)["compute_type"] == "int8_float16"
 
 
@@ -66,24 +85,40 @@ def test_ct2_counts_equal_when_only_the_forced_end_token_differs():
 
 
 def _record(outputs: dict, **extra) -> dict:
-    rows = {r: {"seconds": 1.0, "tokens": 10 * len(o), "sentences": len(o), "outputs": o} for r, o in outputs.items()}
-    return {"status": "ok", "seconds": 1.0, "result": {"rows": rows, "load_s": 0.5, "gpu_peak_mb": 100.0} | extra}
+    rows = {
+        r: {"seconds": 1.0, "tokens": 10 * len(o), "sentences": len(o), "outputs": o}
+        for r, o in outputs.items()
+    }
+    return {
+        "status": "ok",
+        "seconds": 1.0,
+        "result": {"rows": rows, "load_s": 0.5, "gpu_peak_mb": 100.0} | extra,
+    }
 
 
 def test_report_names_skipped_engines_and_counts_ids_against_generate(tmp_path):
     table = tmp_path / "id_to_token.json"
     table.write_text(json.dumps(["</s>", "a", "b", "c"]))
     rows = {"greedy b1": [[1, 2]], "greedy b32": [[1, 2], [2, 3]]}
-    steps = {"build": {"status": "ok", "result": {"parameters": 1000}},
-             "prepare": {"status": "ok", "result": {"table": str(table)}},
-             "generate-fp32": _record(rows),
-             "ours-fp32": _record({"greedy b1": [[1, 2]], "greedy b32": [[1, 2], [2, 1]]}),
-             "ours-fp16": _record(rows, gpu_peak_mb=150.0),
-             "ct2-float16": _record({"greedy b1": [["a", "b"]], "greedy b32": [["a", "b"], ["b", "c"]]}),
-             "ct2-float32": {"status": "skipped: ctranslate2 is not installed here"}}
-    settings = {"device": "cuda", "budget_s": 450, "sentences": 2, "batch1": 1, "max_new_tokens": 8,
-                "rows": [("greedy", 1, 32), ("greedy", 1, 1)], "command": "x",
-                "engines": ["ours-fp16", "ct2-float16", "generate-fp32", "ours-fp32", "ct2-float32"]}
+    steps = {
+        "build": {"status": "ok", "result": {"parameters": 1000}},
+        "prepare": {"status": "ok", "result": {"table": str(table)}},
+        "generate-fp32": _record(rows),
+        "ours-fp32": _record({"greedy b1": [[1, 2]], "greedy b32": [[1, 2], [2, 1]]}),
+        "ours-fp16": _record(rows, gpu_peak_mb=150.0),
+        "ct2-float16": _record({"greedy b1": [["a", "b"]], "greedy b32": [["a", "b"], ["b", "c"]]}),
+        "ct2-float32": {"status": "skipped: ctranslate2 is not installed here"},
+    }
+    settings = {
+        "device": "cuda",
+        "budget_s": 450,
+        "sentences": 2,
+        "batch1": 1,
+        "max_new_tokens": 8,
+        "rows": [("greedy", 1, 32), ("greedy", 1, 1)],
+        "command": "x",
+        "engines": ["ours-fp16", "ct2-float16", "generate-fp32", "ours-fp32", "ct2-float32"],
+    }
     text = markdown({"env": {"mode": "gpu"}, "settings": settings, "steps": {"nllb": steps}, "seconds": 9})
     assert "| ct2-float32 | skipped: ctranslate2 is not installed here |" in text
     assert "| ours-fp32 | 1/1 | 1/2 |" in text  # ids against generate() fp32, greedy b1 then b32
@@ -97,31 +132,49 @@ def test_report_names_skipped_engines_and_counts_ids_against_generate(tmp_path):
 def test_cpu_mode_measures_every_engine_it_can_and_names_the_rest():
     out = scratch("gpu-sizes-out")
     engines = "ours-fp16,ct2-float16,generate-fp32,ours-fp32,ct2-float32"
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_sizes.sh"), "--cpu", "--models", "marian",
-                           "--engines", engines], capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, PYTHON=sys.executable, OUT=str(out)))
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_sizes.sh"), "--cpu", "--models", "marian", "--engines", engines],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, PYTHON=sys.executable, OUT=str(out)),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["logs.tar.xz", "results.json", "summary.md"]
     steps = json.loads((out / "results.json").read_text())["steps"]["marian"]
     status = {k: v["status"] for k, v in steps.items()}
-    assert status == {**{s: "ok" for s in gpu_sizes.PREP}, "ours-fp16": "ok", "generate-fp32": "ok",
-                      "ours-fp32": "ok", "ct2-float32": "ok",
-                      "ct2-float16": "skipped: CTranslate2 computes float16 on CUDA only"}, status
+    assert status == {
+        **{s: "ok" for s in gpu_sizes.PREP},
+        "ours-fp16": "ok",
+        "generate-fp32": "ok",
+        "ours-fp32": "ok",
+        "ct2-float32": "ok",
+        "ct2-float16": "skipped: CTranslate2 computes float16 on CUDA only",
+    }, status
     rows = steps["ours-fp32"]["result"]["rows"]
     assert sorted(rows) == ["beam4 b1", "beam4 b4", "beam4 b8", "greedy b1", "greedy b4", "greedy b8"]
     assert all(r["tokens"] > 0 for r in rows.values())
     summary = (out / "summary.md").read_text()
-    for row in ("| ours-fp32 | 2/2 | 8/8 | 8/8 | 2/2 | 8/8 | 8/8 |",  # ids = generate() fp32, every row
-                "| ct2-float32 | 2/2 | 8/8 | 8/8 | 2/2 | 8/8 | 8/8 |",
-                "| ct2-float16 | skipped: CTranslate2 computes float16 on CUDA only |"):
+    for row in (
+        "| ours-fp32 | 2/2 | 8/8 | 8/8 | 2/2 | 8/8 | 8/8 |",  # ids = generate() fp32, every row
+        "| ct2-float32 | 2/2 | 8/8 | 8/8 | 2/2 | 8/8 | 8/8 |",
+        "| ct2-float16 | skipped: CTranslate2 computes float16 on CUDA only |",
+    ):
         assert row in summary, summary
 
 
 def test_a_step_past_the_budget_or_after_a_failure_is_not_run(tmp_path):
-    ctx = {"work": tmp_path, "mode": gpu_sizes.MODES["gpu"], "budget": 450, "deadline": 0.0,
-           "sizes": {"nllb": gpu_sizes.SIZES["nllb"]}}
+    ctx = {
+        "work": tmp_path,
+        "mode": gpu_sizes.MODES["gpu"],
+        "budget": 450,
+        "deadline": 0.0,
+        "sizes": {"nllb": gpu_sizes.SIZES["nllb"]},
+    }
     assert gpu_sizes.run_step("nllb", "build", ctx, {}) == {"status": "not run: the budget was spent (450 s)"}
-    failed = {"nllb": {"build": {"status": "ok"}, "prepare": {"status": "ok"}, "export-fp16": {"status": "failed"}}}
+    failed = {
+        "nllb": {"build": {"status": "ok"}, "prepare": {"status": "ok"}, "export-fp16": {"status": "failed"}}
+    }
     assert gpu_sizes.run_step("nllb", "ours-fp16", ctx, failed) == {"status": "not run: needs export-fp16"}
     assert not list(tmp_path.iterdir())  # nothing was started
 

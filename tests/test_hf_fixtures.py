@@ -4,6 +4,7 @@ The importer's tests trust these directories to stand in for OPUS-MT and faceboo
 downloads, so this file checks them against transformers: the files and conventions, that the
 tokenizers round-trip, and that the trained models translate and stop.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,8 +68,15 @@ def test_corpus_is_deterministic_and_test_sentences_are_held_out():
 @pytest.mark.parametrize("shared_vocab", [True, False])
 def test_marian_directory_is_what_transformers_writes_and_loads(shared_vocab):
     path = hf.random_model("marian", shared_vocab=shared_vocab)
-    expected = {"config.json", "model.safetensors", "generation_config.json", "source.spm", "target.spm",
-                "vocab.json", "tokenizer_config.json"} | ({"target_vocab.json"} if not shared_vocab else set())
+    expected = {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "source.spm",
+        "target.spm",
+        "vocab.json",
+        "tokenizer_config.json",
+    } | ({"target_vocab.json"} if not shared_vocab else set())
     assert {p.name for p in path.iterdir()} == expected
 
     config = transformers.AutoConfig.from_pretrained(path)
@@ -113,14 +121,25 @@ def test_marian_ids_are_not_sentencepiece_ids(shared_vocab):
 
 def test_m2m100_directory_is_what_transformers_writes_and_loads():
     path = hf.random_model("m2m100")
-    assert {p.name for p in path.iterdir()} == {"config.json", "model.safetensors", "generation_config.json",
-                                                "vocab.json", "sentencepiece.bpe.model", "tokenizer_config.json",
-                                                "added_tokens.json"}
+    assert {p.name for p in path.iterdir()} == {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "vocab.json",
+        "sentencepiece.bpe.model",
+        "tokenizer_config.json",
+        "added_tokens.json",
+    }
     config = transformers.AutoConfig.from_pretrained(path)
     vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
     assert config.model_type == "m2m_100"
     assert [vocab[t] for t in ("<s>", "<pad>", "</s>", "<unk>")] == [0, 1, 2, 3]
-    assert (config.bos_token_id, config.pad_token_id, config.eos_token_id, config.decoder_start_token_id) == (0, 1, 2, 2)
+    assert (config.bos_token_id, config.pad_token_id, config.eos_token_id, config.decoder_start_token_id) == (
+        0,
+        1,
+        2,
+        2,
+    )
     assert config.vocab_size == len(vocab) + 100 + hf.M2M_MADEUP_WORDS
 
     tokenizer, model = _load(path)
@@ -138,7 +157,9 @@ def test_m2m100_directory_is_what_transformers_writes_and_loads():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [{}, {"shared_vocab": False, "activation": "relu"}], ids=["shared-swish", "separate-relu"])
+@pytest.mark.parametrize(
+    "options", [{}, {"shared_vocab": False, "activation": "relu"}], ids=["shared-swish", "separate-relu"]
+)
 def test_trained_marian_translates_and_stops(options):
     tokenizer, model = _load(hf.cached_model("marian", **options))
     sentences = hf.test_sentences(N_TEST)
@@ -190,7 +211,9 @@ def test_damage_breaks_each_thing_it_names(kind, tmp_path):
             assert damaged.name == "config.json" and config["vocab_size"] == original["vocab_size"] + 7
         else:
             vocab = json.loads(damaged.read_text(encoding="utf-8"))
-            pieces = set(hf.spm_pieces(path / ("source.spm" if kind == "marian" else "sentencepiece.bpe.model")))
+            pieces = set(
+                hf.spm_pieces(path / ("source.spm" if kind == "marian" else "sentencepiece.bpe.model"))
+            )
             original = json.loads((hf.random_model(kind) / "vocab.json").read_text(encoding="utf-8"))
             assert damaged.name == "vocab.json" and len(vocab) == len(original) - 5
             assert "\u2581qzx0" in vocab and "\u2581qzx0" not in pieces

@@ -4,6 +4,7 @@ The models are tiny, built from configs and trained for a few hundred steps in t
 (tests/hf_fixtures.py): no hub, no download. Each bundle is verified against transformers in
 float64 by export/hf/verify.py, the code behind `seq2onnx verify MODEL_DIR BUNDLE`.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,11 @@ def _export(tmp_path_factory, model_dir: Path, **options) -> Path:
 
 
 def _failed(report: dict) -> list[str]:
-    return [f"{c['decoder']} {c['name']}: {c['value']} vs {c['bound']} ({c['detail']})"
-            for c in report["checks"] if c["judged"] and not c["passed"]]
+    return [
+        f"{c['decoder']} {c['name']}: {c['value']} vs {c['bound']} ({c['detail']})"
+        for c in report["checks"]
+        if c["judged"] and not c["passed"]
+    ]
 
 
 def _check(report: dict, name: str, decoder: str) -> dict:
@@ -49,10 +53,14 @@ def _check(report: dict, name: str, decoder: str) -> dict:
     return found
 
 
-@pytest.mark.parametrize("options", [
-    {"shared_vocab": True, "activation": "swish"},  # OPUS-MT's own shape
-    {"shared_vocab": False, "activation": "relu"},  # separate vocabularies and embeddings
-], ids=["shared-swish", "separate-relu"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"shared_vocab": True, "activation": "swish"},  # OPUS-MT's own shape
+        {"shared_vocab": False, "activation": "relu"},  # separate vocabularies and embeddings
+    ],
+    ids=["shared-swish", "separate-relu"],
+)
 @pytest.mark.slow
 def test_marian_bundle_matches_transformers(tmp_path_factory, sentences_file, options):
     model_dir = F.cached_model("marian", **options)
@@ -62,7 +70,9 @@ def test_marian_bundle_matches_transformers(tmp_path_factory, sentences_file, op
     assert meta["model"]["share_vocab"] is options["shared_vocab"]
     assert meta["model"]["logits_bias"] is True and meta["model"]["pre_norm"] is False
     assert meta["special_ids"]["decoder_start"] == meta["special_ids"]["pad"]  # Marian starts from pad
-    assert meta["model"]["suppressed_ids"] == [meta["special_ids"]["pad"]]  # generation_config's bad_words_ids
+    assert meta["model"]["suppressed_ids"] == [
+        meta["special_ids"]["pad"]
+    ]  # generation_config's bad_words_ids
     assert meta["model"]["renormalize"] is True  # and its renormalize_logits, as OPUS-MT sets
     report = verify_hf(model_dir, bundle, data=str(sentences_file), sentences=SENTENCES, tensor_sentences=10)
     assert report["passed"], _failed(report)
@@ -95,20 +105,37 @@ def test_m2m100_forced_target_language(tmp_path_factory, sentences_file):
     model_dir = F.cached_model("m2m100")
     bundle = _export(tmp_path_factory, model_dir)
     meta = json.loads((bundle / "bundle.json").read_text())
-    assert meta["model"]["pre_norm"] is True and meta["special_ids"]["decoder_start"] == meta["special_ids"]["eos"]
+    assert (
+        meta["model"]["pre_norm"] is True
+        and meta["special_ids"]["decoder_start"] == meta["special_ids"]["eos"]
+    )
     assert {"fr", "de"} <= set(meta["tokens"]["languages"])
     for lang in ("fr", "de"):
-        report = verify_hf(model_dir, bundle, data=str(sentences_file), sentences=SENTENCES, tensor_sentences=5,
-                           source_lang="en", target_lang=lang)
+        report = verify_hf(
+            model_dir,
+            bundle,
+            data=str(sentences_file),
+            sentences=SENTENCES,
+            tensor_sentences=5,
+            source_lang="en",
+            target_lang=lang,
+        )
         assert report["passed"], (lang, _failed(report))
     t = Translator(bundle, device="cpu")
     text = F.test_sentences(3)[2]
-    fr, de = (t.translate_batch([text], target_lang=lang, beam_size=1, return_scores=True)[0] for lang in ("fr", "de"))
-    assert fr.token_ids[0][0] == meta["tokens"]["languages"]["fr"] and de.token_ids[0][0] == meta["tokens"]["languages"]["de"]
+    fr, de = (
+        t.translate_batch([text], target_lang=lang, beam_size=1, return_scores=True)[0]
+        for lang in ("fr", "de")
+    )
+    assert (
+        fr.token_ids[0][0] == meta["tokens"]["languages"]["fr"]
+        and de.token_ids[0][0] == meta["tokens"]["languages"]["de"]
+    )
     assert fr.hypotheses[0] != de.hypotheses[0]
     # target_prefix gives the same as target_lang, and the forced token adds 0 to the score
-    by_prefix = t.translate_batch([text], target_prefix=[[meta["tokens"]["languages"]["fr"]]], beam_size=1,
-                                  return_scores=True)[0]
+    by_prefix = t.translate_batch(
+        [text], target_prefix=[[meta["tokens"]["languages"]["fr"]]], beam_size=1, return_scores=True
+    )[0]
     assert by_prefix.token_ids == fr.token_ids and by_prefix.scores == pytest.approx(fr.scores)
     with pytest.raises(ValueError, match="'xx' is not a language of this model; choose one of"):
         t.translate_batch([text], target_lang="xx")
@@ -128,20 +155,27 @@ def test_int8_bundle_is_judged_by_its_own_bounds(tmp_path_factory, sentences_fil
     assert all(not c["judged"] for c in report["checks"] if c["tier"] == "tensor")
 
 
-@pytest.mark.parametrize("how, words", [
-    ("unknown_model_type", ["config.json", "model_type 'bart' is not supported", "marian", "m2m_100"]),
-    ("missing_weights", ["no weights", "model.safetensors", "save_pretrained"]),
-    ("vocab_mismatch", ["config.json", "vocab_size is", "rows", "set vocab_size to"]),
-    ("tokenizer_mismatch", ["source.spm", "not in the tokenizer's vocabulary", "vocab.json"]),
-])
+@pytest.mark.parametrize(
+    "how, words",
+    [
+        ("unknown_model_type", ["config.json", "model_type 'bart' is not supported", "marian", "m2m_100"]),
+        ("missing_weights", ["no weights", "model.safetensors", "save_pretrained"]),
+        ("vocab_mismatch", ["config.json", "vocab_size is", "rows", "set vocab_size to"]),
+        ("tokenizer_mismatch", ["source.spm", "not in the tokenizer's vocabulary", "vocab.json"]),
+    ],
+)
 @pytest.mark.slow
 def test_damaged_directory_is_one_line_and_writes_nothing(tmp_path, how, words):
     broken = tmp_path / "model"
     shutil.copytree(F.cached_model("marian", train_steps=0), broken)
     F.damage(broken, how)
     out = tmp_path / "bundle"
-    run = subprocess.run([sys.executable, "-m", "seq2onnx.commands", "export", str(broken), str(out)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "seq2onnx.commands", "export", str(broken), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 1
     errors = [line for line in run.stderr.splitlines() if line.startswith("seq2onnx export: error:")]
     assert len(errors) == 1, run.stderr
@@ -166,23 +200,59 @@ def test_cli_export_translate_and_verify(tmp_path, sentences_file):
     model_dir = F.cached_model("m2m100")
     bundle = tmp_path / "bundle"
     cli = [sys.executable, "-m", "seq2onnx.commands"]
-    done = subprocess.run([*cli, "export", str(model_dir), str(bundle), "--decoder", "standard"], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [*cli, "export", str(model_dir), str(bundle), "--decoder", "standard"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     text = F.test_sentences(1)[0]
-    got = {lang: subprocess.run([*cli, "translate", str(bundle), "--target-lang", lang, "--beam", "1"], input=text + "\n",
-                                capture_output=True, text=True, timeout=120) for lang in ("fr", "de")}
+    got = {
+        lang: subprocess.run(
+            [*cli, "translate", str(bundle), "--target-lang", lang, "--beam", "1"],
+            input=text + "\n",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        for lang in ("fr", "de")
+    }
     assert all(r.returncode == 0 for r in got.values()), [r.stderr for r in got.values()]
     assert got["fr"].stdout != got["de"].stdout and got["fr"].stdout.strip()
-    bad = subprocess.run([*cli, "translate", str(bundle), "--target-lang", "xx"], input=text + "\n",
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [*cli, "translate", str(bundle), "--target-lang", "xx"],
+        input=text + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 1 and "--target-lang 'xx' is not a language of this model" in bad.stderr
-    verified = subprocess.run([*cli, "verify", str(model_dir), str(bundle), "--data", str(sentences_file), "--quiet",
-                               "--sentences", "10", "--tensor-sentences", "2", "--target-lang", "de"],
-                              capture_output=True, text=True, timeout=300)
+    verified = subprocess.run(
+        [
+            *cli,
+            "verify",
+            str(model_dir),
+            str(bundle),
+            "--data",
+            str(sentences_file),
+            "--quiet",
+            "--sentences",
+            "10",
+            "--tensor-sentences",
+            "2",
+            "--target-lang",
+            "de",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert verified.stdout.rstrip().endswith("PASSED")
-    no_data = subprocess.run([*cli, "verify", str(model_dir), str(bundle)], capture_output=True, text=True, timeout=120)
+    no_data = subprocess.run(
+        [*cli, "verify", str(model_dir), str(bundle)], capture_output=True, text=True, timeout=120
+    )
     assert no_data.returncode == 1 and "give --data FILE" in no_data.stderr
 
 
@@ -192,7 +262,9 @@ def test_node_host_agrees_on_imported_bundles(tmp_path_factory, sentences_file):
     from seq2onnx.commands.verify_host import verify_host
 
     sentences = F.test_sentences(SENTENCES)
-    marian = _export(tmp_path_factory, F.cached_model("marian", shared_vocab=False, activation="relu"), decoder="standard")
+    marian = _export(
+        tmp_path_factory, F.cached_model("marian", shared_vocab=False, activation="relu"), decoder="standard"
+    )
     m2m = _export(tmp_path_factory, F.cached_model("m2m100"), decoder="standard")
     for bundle, langs in ((marian, {}), (m2m, {"source_lang": "en", "target_lang": "de"})):
         report = verify_host(bundle, sentences, beam=4, **langs)
@@ -217,10 +289,14 @@ def test_browser_translates_an_imported_bundle_as_python_does(tmp_path_factory, 
     report, _ = drive_page(site, sentences, runs, tmp_path / "page.png")
     assert report["errors"] == [] and report["loadStatus"]["state"] == "ready", report
     translator = Translator(bundle, device="cpu", intra_threads=1)
-    assert [r["beamSize"] for r in report["runs"]] == [1, 4]  # both runs came back: the loop below checks each
+    assert [r["beamSize"] for r in report["runs"]] == [
+        1,
+        4,
+    ]  # both runs came back: the loop below checks each
     for run in report["runs"]:
-        want = translator.translate_batch(sentences, beam_size=run["beamSize"], num_hypotheses=run["numHypotheses"],
-                                          return_scores=True)
+        want = translator.translate_batch(
+            sentences, beam_size=run["beamSize"], num_hypotheses=run["numHypotheses"], return_scores=True
+        )
         assert len(run["results"]) == len(want) == len(sentences)
         for got, expected in zip(run["results"], want):
             assert [h["text"] for h in got["hypotheses"]] == expected.hypotheses

@@ -50,7 +50,9 @@ def test_export_verifies_against_generate_in_both_target_languages(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     meta = json.loads((bundle / "bundle.json").read_text())
-    assert "decoder_fused" in meta["graphs"]  # the fused step has the embedding norm and the decoder's own table
+    assert (
+        "decoder_fused" in meta["graphs"]
+    )  # the fused step has the embedding norm and the decoder's own table
     model, tokens = meta["model"], meta["tokens"]
     assert (
         model["embedding_norm"] is True and model["separate_positions"] is True and model["pre_norm"] is True

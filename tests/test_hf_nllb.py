@@ -5,6 +5,7 @@ beside tokenizer.json) exports and is held to generate() by `seq2onnx verify`; a
 save_pretrained wrote alone (tokenizer.json, no .model) is refused in one line that names the file
 and where it comes from, writing nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,12 @@ def test_tokenizer_is_what_transformers_5_saves():
 def test_hub_snapshot_exports_and_verifies(tmp_path):
     model_dir = N.cached_nllb(with_spm=True)
     bundle = tmp_path / "bundle"
-    done = subprocess.run([*CLI, "export", str(model_dir), str(bundle), "--decoder", "standard"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*CLI, "export", str(model_dir), str(bundle), "--decoder", "standard"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     meta = json.loads((bundle / "bundle.json").read_text())
     tokens = meta["tokens"]
@@ -51,12 +56,34 @@ def test_hub_snapshot_exports_and_verifies(tmp_path):
     data = tmp_path / "sentences.txt"
     data.write_text("\n".join(F.test_sentences(30)) + "\n", encoding="utf-8")
     for lang in ("fra_Latn", "deu_Latn"):
-        verified = subprocess.run([*CLI, "verify", str(model_dir), str(bundle), "--data", str(data), "--sentences",
-                                   "30", "--tensor-sentences", "3", "--source-lang", "eng_Latn", "--target-lang", lang],
-                                  capture_output=True, text=True, timeout=600)
+        verified = subprocess.run(
+            [
+                *CLI,
+                "verify",
+                str(model_dir),
+                str(bundle),
+                "--data",
+                str(data),
+                "--sentences",
+                "30",
+                "--tensor-sentences",
+                "3",
+                "--source-lang",
+                "eng_Latn",
+                "--target-lang",
+                lang,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert verified.returncode == 0, verified.stdout + verified.stderr
-        for check in ("source ids identical to the tokenizer's", "greedy ids identical to generate()",
-                      "beam 4 ids identical to generate()", "texts identical to batch_decode"):
+        for check in (
+            "source ids identical to the tokenizer's",
+            "greedy ids identical to generate()",
+            "beam 4 ids identical to generate()",
+            "texts identical to batch_decode",
+        ):
             [row] = [line for line in verified.stdout.splitlines() if check in line]
             assert "100.0%" in row and row.split()[-3] == "ok", row
         assert verified.stdout.rstrip().endswith("PASSED")
@@ -66,12 +93,19 @@ def test_hub_snapshot_exports_and_verifies(tmp_path):
 def test_tokenizer_json_alone_is_refused_naming_the_file(tmp_path):
     model_dir = N.cached_nllb(with_spm=False)
     out = tmp_path / "bundle"
-    run = subprocess.run([*CLI, "export", str(model_dir), str(out)], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [*CLI, "export", str(model_dir), str(out)], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 1
     errors = [line for line in run.stderr.splitlines() if line.startswith("seq2onnx export: error:")]
     assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr
-    for words in ("sentencepiece.bpe.model: missing", "tokenizer.json only", "hf_hub_download(",
-                  "facebook/nllb-200-distilled-600M", str(model_dir)):
+    for words in (
+        "sentencepiece.bpe.model: missing",
+        "tokenizer.json only",
+        "hf_hub_download(",
+        "facebook/nllb-200-distilled-600M",
+        str(model_dir),
+    ):
         assert words in errors[0], errors[0]
     assert not out.exists()
 
@@ -84,7 +118,10 @@ def test_hf_extra_pins_the_tested_transformers_range():
     from packaging.specifiers import SpecifierSet
 
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
-    [spec] = [r[len("transformers"):] for r in project["project"]["optional-dependencies"]["hf"]
-              if r.startswith("transformers")]
+    [spec] = [
+        r[len("transformers") :]
+        for r in project["project"]["optional-dependencies"]["hf"]
+        if r.startswith("transformers")
+    ]
     assert "<" in spec, f"[hf] leaves transformers unbounded above: {spec}"
     assert transformers.__version__ in SpecifierSet(spec), (transformers.__version__, spec)

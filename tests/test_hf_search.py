@@ -6,6 +6,7 @@ reach the limit, so the forced end token decides them. `verify` holds the bundle
 that max_length, the Node host is held to the Python runtime, and the same bundle without
 decoding.forced_eos is shown to differ (the test can fail).
 """
+
 from __future__ import annotations
 
 import json
@@ -127,18 +128,36 @@ def test_n_best_is_generate_s(tmp_path):
     for i in range(0, len(sources), 50):
         batch = tok(sources[i : i + 50], return_tensors="pt", padding=True)
         with torch.no_grad():
-            rows += hf.generate(**batch, num_beams=5, num_return_sequences=3, early_stopping=True, length_penalty=1.0,
-                                forced_bos_token_id=forced, max_length=F.MAX_LENGTH).tolist()
-    want = [[_strip(rows[3 * i + j], tok.pad_token_id, tok.eos_token_id) for j in range(3)] for i in range(len(sources))]
+            rows += hf.generate(
+                **batch,
+                num_beams=5,
+                num_return_sequences=3,
+                early_stopping=True,
+                length_penalty=1.0,
+                forced_bos_token_id=forced,
+                max_length=F.MAX_LENGTH,
+            ).tolist()
+    want = [
+        [_strip(rows[3 * i + j], tok.pad_token_id, tok.eos_token_id) for j in range(3)]
+        for i in range(len(sources))
+    ]
     agree = {}
     for convention in ("transformers", "fairseq"):
         meta["decoding"]["beam_convention"] = convention
         (bundle / "bundle.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
         got = Translator(bundle, device="cpu").translate_batch(
-            sources, beam_size=5, num_hypotheses=3, length_penalty=1.0, max_decoding_length=F.MAX_LENGTH - 1,
-            source_lang="eng_Latn", target_lang="fra_Latn")
-        agree[convention] = (sum(g.token_ids == w for g, w in zip(got, want)),
-                             sum(g.token_ids[0] == w[0] for g, w in zip(got, want)))
+            sources,
+            beam_size=5,
+            num_hypotheses=3,
+            length_penalty=1.0,
+            max_decoding_length=F.MAX_LENGTH - 1,
+            source_lang="eng_Latn",
+            target_lang="fra_Latn",
+        )
+        agree[convention] = (
+            sum(g.token_ids == w for g, w in zip(got, want)),
+            sum(g.token_ids[0] == w[0] for g, w in zip(got, want)),
+        )
     assert agree["transformers"] == (len(sources), len(sources)), agree
     assert agree["fairseq"][1] == len(sources) and agree["fairseq"][0] < len(sources), agree
 
@@ -160,7 +179,10 @@ def test_beam_conventions_are_the_spec_s():
     from seq2onnx.runtime.search import BEAM_CONVENTIONS
     from seq2onnx.runtime.spec import SPEC
 
-    assert list(BEAM_CONVENTIONS) == SPEC["beam_conventions"] == ["fairseq", "transformers", "transformers_heuristic",
-                                                                  "transformers_never"]  # tests/test_early_stopping.py
+    assert (
+        list(BEAM_CONVENTIONS)
+        == SPEC["beam_conventions"]
+        == ["fairseq", "transformers", "transformers_heuristic", "transformers_never"]
+    )  # tests/test_early_stopping.py
     with pytest.raises(ValueError, match="convention='hf'; choose one of fairseq, transformers"):
         beam_search(lambda *a: None, 1, beam_size=2, start_id=0, eos_id=1, max_lengths=[3], convention="hf")

@@ -42,8 +42,18 @@ def test_config_without_t5_fields_writes_none_of_them():
     """Older models' config.json (and bundle.json's model) stay as they were: the T5 fields only where set."""
     plain = ModelConfig(src_vocab_size=100, tgt_vocab_size=100)
     assert not {"d_kv", "norm", "relative_buckets", "gated", "output_scale"} & set(plain.to_dict())
-    t5 = ModelConfig(src_vocab_size=100, tgt_vocab_size=100, d_model=32, n_heads=6, d_kv=8, norm="rms",
-                     relative_buckets=8, gated=True, linear_bias=False, attention_scale=False)
+    t5 = ModelConfig(
+        src_vocab_size=100,
+        tgt_vocab_size=100,
+        d_model=32,
+        n_heads=6,
+        d_kv=8,
+        norm="rms",
+        relative_buckets=8,
+        gated=True,
+        linear_bias=False,
+        attention_scale=False,
+    )
     data = t5.to_dict()
     assert data["d_kv"] == 8 and data["norm"] == "rms" and "output_scale" not in data
     assert ModelConfig.from_dict(data) == t5 and t5.head_dim == 8 and t5.inner_dim == 48
@@ -62,8 +72,9 @@ def test_relative_buckets_are_transformers_own():
     n = 300  # beyond max_distance 128: the far buckets
     relative = torch.arange(1 - n, n)
     for both_ways in (True, False):
-        want = T5Attention._relative_position_bucket(relative, bidirectional=both_ways, num_buckets=32,
-                                                     max_distance=128)
+        want = T5Attention._relative_position_bucket(
+            relative, bidirectional=both_ways, num_buckets=32, max_distance=128
+        )
         assert torch.equal(bucket_table(both_ways, 32, 128, n), want)
 
 
@@ -89,8 +100,14 @@ def test_export_verifies_against_generate(tmp_path, kind, steps, early):
     target = "de" if kind == "madlad" else None
     if kind == "madlad":
         assert set(meta["tokens"]["languages"]) == {"fr", "de"}
-    report = verify_hf(model_dir, bundle, data=str(_data(tmp_path)), sentences=SENTENCES, tensor_sentences=2,
-                       target_lang=target)
+    report = verify_hf(
+        model_dir,
+        bundle,
+        data=str(_data(tmp_path)),
+        sentences=SENTENCES,
+        tensor_sentences=2,
+        target_lang=target,
+    )
     assert report["passed"], [c for c in report["checks"] if not c["passed"]]
     tokens = [c for c in report["checks"] if c["tier"] == "tokens" and c["decoder"]]
     assert sorted({c["decoder"] for c in tokens}) == ["fused", "standard"]
@@ -117,13 +134,24 @@ def test_n_best_is_generate_s(tmp_path, kind):
     texts = [T.source_text(s, kind, "de") for s in sources]
     batch = tok(texts, return_tensors="pt", padding=True)
     with torch.no_grad():
-        rows = hf.generate(**batch, num_beams=4, num_return_sequences=3, early_stopping=True, length_penalty=1.0,
-                           max_length=max_length).tolist()
+        rows = hf.generate(
+            **batch,
+            num_beams=4,
+            num_return_sequences=3,
+            early_stopping=True,
+            length_penalty=1.0,
+            max_length=max_length,
+        ).tolist()
     want = [[_strip(rows[3 * i + j], tok.eos_token_id) for j in range(3)] for i in range(len(sources))]
     for decoder in ("standard", "fused"):
         got = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=decoder)).translate_batch(
-            sources, beam_size=4, num_hypotheses=3, length_penalty=1.0, max_decoding_length=max_length - 1,
-            **({"target_lang": "de"} if kind == "madlad" else {}))
+            sources,
+            beam_size=4,
+            num_hypotheses=3,
+            length_penalty=1.0,
+            max_decoding_length=max_length - 1,
+            **({"target_lang": "de"} if kind == "madlad" else {}),
+        )
         same = sum(g.token_ids == w for g, w in zip(got, want))
         assert same == len(sources), (decoder, same, [(g.token_ids, w) for g, w in zip(got, want)][:2])
 
@@ -135,8 +163,9 @@ def test_node_host_is_identical_to_python(tmp_path, kind):
     from seq2onnx.commands.verify_host import verify_host
 
     bundle = export_hf_bundle(T.cached_t5(kind, 300 if kind == "madlad" else 0, True), tmp_path / "bundle")
-    report = verify_host(bundle, F.test_sentences(16), beam=4, max_length=20,
-                         target_lang="fr" if kind == "madlad" else None)
+    report = verify_host(
+        bundle, F.test_sentences(16), beam=4, max_length=20, target_lang="fr" if kind == "madlad" else None
+    )
     assert report["passed"], ([c for c in report["checks"] if not c["passed"]], report["differences"][:3])
 
 
@@ -146,7 +175,9 @@ def test_directory_without_spiece_model_is_refused_naming_the_file(tmp_path):
     shutil.copytree(T.cached_t5("mt5", 0, True), model_dir)
     (model_dir / T.SPM_FILE).unlink()
     out = tmp_path / "bundle"
-    run = subprocess.run([*CLI, "export", str(model_dir), str(out)], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [*CLI, "export", str(model_dir), str(out)], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 1, run.stderr
     [error] = [line for line in run.stderr.splitlines() if line.startswith("seq2onnx export: error:")]
     for words in ("spiece.model: missing", "google/mt5-small", str(model_dir)):

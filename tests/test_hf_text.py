@@ -7,6 +7,7 @@
   transformers reads them as the special tokens; the bundle reads them as text, on purpose
   (docs/decoding.md): a user's text cannot end the source early or switch its language.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,9 @@ from seq2onnx.export.hf.bundle import export_hf_bundle  # noqa: E402
 from seq2onnx.runtime.translator import Translator  # noqa: E402
 
 SENTENCE = F.test_sentences(1)[0]
-TRAILING = [SENTENCE + end for end in ("\n", " ", "\t", "\r\n", "  \n\n", "\f")] + [f"{SENTENCE} \n{SENTENCE}\n"]
+TRAILING = [SENTENCE + end for end in ("\n", " ", "\t", "\r\n", "  \n\n", "\f")] + [
+    f"{SENTENCE} \n{SENTENCE}\n"
+]
 LITERAL = [f"the cat {t} sees a dog" for t in ("<unk>", "</s>", "<pad>", "<s>", "fra_Latn", "deu_Latn")]
 PLAIN = [SENTENCE, " " + SENTENCE, SENTENCE.replace(" ", "  "), SENTENCE.replace(" ", "\n"), SENTENCE + "\v"]
 
@@ -46,12 +49,19 @@ def _node_ids(bundle: Path, texts: list[str]) -> list[list[int]]:
 
     host = find_node_host()
     index = (Path(host["js_dir"]) / "src" / "index.js").as_uri()
-    script = (f"import {{ Translator }} from {json.dumps(index)};\n"
-              "const [dir, texts] = JSON.parse(process.argv[1]);\n"
-              "const t = await Translator.load(dir, { threads: 1 });\n"
-              "console.log(JSON.stringify(texts.map((x) => t.prepareSource(x).ids)));\n")
-    run = subprocess.run([host["node"], "--input-type=module", "-e", script, json.dumps([str(bundle), texts])],
-                         capture_output=True, text=True, timeout=120, cwd=host["js_dir"])
+    script = (
+        f"import {{ Translator }} from {json.dumps(index)};\n"
+        "const [dir, texts] = JSON.parse(process.argv[1]);\n"
+        "const t = await Translator.load(dir, { threads: 1 });\n"
+        "console.log(JSON.stringify(texts.map((x) => t.prepareSource(x).ids)));\n"
+    )
+    run = subprocess.run(
+        [host["node"], "--input-type=module", "-e", script, json.dumps([str(bundle), texts])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=host["js_dir"],
+    )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
 
@@ -63,7 +73,10 @@ def test_trailing_white_space_matches_transformers(nllb):
     assert t.bundle.meta["tokens"]["trailing_space"] == [space]
     for text in TRAILING + PLAIN:
         assert t.prepare_source(text)[0] == tok(text).input_ids, repr(text)
-    assert tok(SENTENCE + "\n").input_ids == tok(SENTENCE).input_ids[:-1] + [space] + tok(SENTENCE).input_ids[-1:]
+    assert (
+        tok(SENTENCE + "\n").input_ids
+        == tok(SENTENCE).input_ids[:-1] + [space] + tok(SENTENCE).input_ids[-1:]
+    )
 
 
 @pytest.mark.slow
@@ -79,8 +92,13 @@ def test_literal_special_tokens_are_read_as_text(nllb):
         ids = t.prepare_source(text)[0]
         body = ids[1:-1]
         assert body == source_map[processor.encode(text)].tolist(), text
-        assert not ({tok.eos_token_id, tok.pad_token_id, tok.bos_token_id} | languages) & set(body), (text, body)
-        assert ids != tok(text).input_ids, text  # transformers reads the token as special: the difference is real
+        assert not ({tok.eos_token_id, tok.pad_token_id, tok.bos_token_id} | languages) & set(body), (
+            text,
+            body,
+        )
+        assert ids != tok(text).input_ids, (
+            text
+        )  # transformers reads the token as special: the difference is real
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 `--target-lang` (the transformers side lacked the >>fra<< token: a broadcast error), and long runs
 that printed nothing for minutes (now chunked, a progress line per chunk).
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -30,18 +31,40 @@ def test_multi_target_marian_verifies_with_target_lang(tmp_path):
     t = Translator(bundle, device="cpu")
     assert t.bundle.meta["tokens"]["target_lang_in"] == "source_prefix"
     text = F.test_sentences(1)[0]
-    fr, de = (t.translate_batch([text], target_lang=code, beam_size=1)[0].hypotheses[0] for code in ("fra", "deu"))
+    fr, de = (
+        t.translate_batch([text], target_lang=code, beam_size=1)[0].hypotheses[0] for code in ("fra", "deu")
+    )
     assert fr != de, fr  # the language token reaches the encoder
     data = tmp_path / "sentences.txt"
     data.write_text("\n".join(F.test_sentences(30)) + "\n", encoding="utf-8")
     for code in ("fra", "deu"):
-        run = subprocess.run([*CLI, "verify", str(model_dir), str(bundle), "--data", str(data), "--sentences", "30",
-                              "--tensor-sentences", "3", "--target-lang", code], capture_output=True, text=True,
-                             timeout=600)
+        run = subprocess.run(
+            [
+                *CLI,
+                "verify",
+                str(model_dir),
+                str(bundle),
+                "--data",
+                str(data),
+                "--sentences",
+                "30",
+                "--tensor-sentences",
+                "3",
+                "--target-lang",
+                code,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert run.returncode == 0, run.stdout + run.stderr
         assert "broadcast" not in run.stderr
-        for check in ("source ids identical to the tokenizer's", "greedy ids identical to generate()",
-                      "beam 4 ids identical to generate()", "encoder K/V"):
+        for check in (
+            "source ids identical to the tokenizer's",
+            "greedy ids identical to generate()",
+            "beam 4 ids identical to generate()",
+            "encoder K/V",
+        ):
             [row] = [line for line in run.stdout.splitlines() if check in line]
             assert " ok " in row, row
         assert "30/30 sentences" in run.stdout
@@ -58,7 +81,11 @@ def test_long_verify_reports_progress_per_chunk(tmp_path):
     lines: list[str] = []
     report = verify_hf(model_dir, bundle, data=str(data), sentences=n, tensor_sentences=1, log=lines.append)
     assert report["passed"] and report["sentences"] == n
-    for phase in ("transformers' greedy generate", "transformers' beam-4 generate",
-                  "the bundle's greedy search (standard decoder)", "the bundle's beam-4 search (standard decoder)"):
+    for phase in (
+        "transformers' greedy generate",
+        "transformers' beam-4 generate",
+        "the bundle's greedy search (standard decoder)",
+        "the bundle's beam-4 search (standard decoder)",
+    ):
         counts = [line.rsplit(", ", 1)[1] for line in lines if phase in line]
         assert counts == [f"{i}/{n} sentences" for i in range(0, n, CHUNK)], (phase, lines)

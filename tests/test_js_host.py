@@ -3,6 +3,7 @@ same token ids for greedy and beam 4 (n-best of 4 included) on 240 generated sen
 within 1e-4, the same tokeniser ids and texts, and the same refusal of a damaged bundle.
 
 Needs Node.js and `npm ci --prefix js`; without them every test here skips with one line."""
+
 from __future__ import annotations
 
 import json
@@ -31,14 +32,30 @@ pytestmark = pytest.mark.skipif(bool(_SKIP), reason=_SKIP)
 # Strings the generated corpus never has: accents, other scripts, emoji, NFKC folding, several
 # spaces, tabs, a NUL, leading and trailing spaces. Most are unknown pieces to the tiny model.
 ODD_TEXTS = [
-    "héllo wörld ✓ 日本語 😀", "  two  spaces\tand tab ", "ＡＢＣ full width ﬁ ligature", "\x00nul", "Ünïcödé façade",
-    "the cat dances in the box.", "THE CAT", "x" * 60, "a\u00a0b\u2003c", "Ωμέγα Кириллица", "١٢٣ 123",
+    "héllo wörld ✓ 日本語 😀",
+    "  two  spaces\tand tab ",
+    "ＡＢＣ full width ﬁ ligature",
+    "\x00nul",
+    "Ünïcödé façade",
+    "the cat dances in the box.",
+    "THE CAT",
+    "x" * 60,
+    "a\u00a0b\u2003c",
+    "Ωμέγα Кириллица",
+    "١٢٣ 123",
 ]
 
 
 def node(*args: str, stdin: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([NODE, str(CLI), *args], input=stdin, capture_output=True, text=True, encoding="utf-8",
-                          cwd=JS, timeout=300)
+    proc = subprocess.run(
+        [NODE, str(CLI), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        cwd=JS,
+        timeout=300,
+    )
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -65,7 +82,9 @@ def sentences() -> list[str]:
 def _assert_same(got: list[dict], want, k: int) -> None:
     """Token ids identical and scores within 1e-4, hypothesis by hypothesis; counts in the message."""
     bad = [i for i, (g, w) in enumerate(zip(got, want)) if g["token_ids"] != w.token_ids]
-    assert not bad, f"{len(bad)}/{len(want)} sources differ, first {bad[:5]}: node {got[bad[0]]} python {want[bad[0]]!r}"
+    assert not bad, (
+        f"{len(bad)}/{len(want)} sources differ, first {bad[:5]}: node {got[bad[0]]} python {want[bad[0]]!r}"
+    )
     assert all(len(g["token_ids"]) == k for g in got)
     worst = max(float(np.max(np.abs(np.array(g["scores"]) - np.array(w.scores)))) for g, w in zip(got, want))
     assert worst <= 1e-4, f"scores differ by up to {worst}"
@@ -75,8 +94,18 @@ def _assert_same(got: list[dict], want, k: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("beam,n_best", [(1, 1), (4, 1), (4, 4)])
 def test_node_equals_python_on_generated_sentences(bundle, translator, sentences, beam, n_best):
-    got = node_json("translate", str(bundle), "--json", "--beam", str(beam), "--n-best", str(n_best),
-                    "--threads", str(THREADS), lines=sentences)
+    got = node_json(
+        "translate",
+        str(bundle),
+        "--json",
+        "--beam",
+        str(beam),
+        "--n-best",
+        str(n_best),
+        "--threads",
+        str(THREADS),
+        lines=sentences,
+    )
     want = translator.translate_batch(sentences, beam_size=beam, num_hypotheses=n_best, return_scores=True)
     assert [g["source_ids"] for g in got] == [translator.prepare_source(s)[0] for s in sentences]
     _assert_same(got, want, n_best)
@@ -95,10 +124,28 @@ def test_node_equals_python_on_token_ids_with_options(bundle, translator, senten
     ids = [translator.prepare_source(s)[0][:-1] for s in sentences[:40]]  # without the end token
     ids += [translator.prepare_source(s)[0] for s in sentences[40:60]]  # with it
     ids += [[rng.randrange(4, vocab) for _ in range(rng.randrange(1, 30))] for _ in range(20)]
-    options = dict(beam_size=3, num_hypotheses=2, length_penalty=0.6, min_decoding_length=3, max_decoding_length=12)
-    got = node_json("translate", str(bundle), "--ids", "--json", "--beam", "3", "--n-best", "2", "--length-penalty",
-                    "0.6", "--min-length", "3", "--max-length", "12", "--threads", str(THREADS),
-                    lines=[json.dumps(s) for s in ids])
+    options = dict(
+        beam_size=3, num_hypotheses=2, length_penalty=0.6, min_decoding_length=3, max_decoding_length=12
+    )
+    got = node_json(
+        "translate",
+        str(bundle),
+        "--ids",
+        "--json",
+        "--beam",
+        "3",
+        "--n-best",
+        "2",
+        "--length-penalty",
+        "0.6",
+        "--min-length",
+        "3",
+        "--max-length",
+        "12",
+        "--threads",
+        str(THREADS),
+        lines=[json.dumps(s) for s in ids],
+    )
     want = translator.translate_batch(ids, return_scores=True, **options)
     _assert_same(got, want, 2)
     assert all(3 <= len(h) <= 12 for g in got for h in g["token_ids"])  # the options were applied
@@ -152,16 +199,28 @@ def test_node_refuses_a_damaged_weights_file_by_its_sha256(bundle):
     proc = node("translate", str(damaged), stdin="the cat\n", check=False)
     # Node >= 20.15 / 22.2 computes the CRC-32 natively; an older Node (the README asks for >= 18.17) checks the
     # sha256 of a bundle that has both
-    native = subprocess.run(["node", "-e", "process.stdout.write(String(typeof require('zlib').crc32))"],
-                            capture_output=True, text=True, check=True).stdout == "function"
+    native = (
+        subprocess.run(
+            ["node", "-e", "process.stdout.write(String(typeof require('zlib').crc32))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        == "function"
+    )
     assert proc.returncode == 1 and proc.stdout == ""
     # every load holds the weights to their sha256 (issue 60: a CRC-32 can be fixed up by whoever edits the file)
-    assert native in (True, False) and "weights.bin: sha256 differs from bundle.json (files.weights)" in proc.stderr
+    assert (
+        native in (True, False)
+        and "weights.bin: sha256 differs from bundle.json (files.weights)" in proc.stderr
+    )
     meta = json.loads((bundle / "bundle.json").read_text())
     del meta["files"]["weights"]["crc32"]  # a bundle exported before the CRC-32 was written
     (damaged / "bundle.json").write_text(json.dumps(meta))
     proc = node("translate", str(damaged), stdin="the cat\n", check=False)
-    assert proc.returncode == 1 and "weights.bin: sha256 differs from bundle.json (files.weights)" in proc.stderr
+    assert (
+        proc.returncode == 1 and "weights.bin: sha256 differs from bundle.json (files.weights)" in proc.stderr
+    )
 
 
 def _relinked(bundle: Path, name: str, nested: bool) -> Path:
@@ -211,10 +270,16 @@ def test_node_runs_the_weights_file_it_checked_as_python_does(bundle, translator
     assert proc.stdout.splitlines() == expected, proc.stderr
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--beam", "2", "--length-penalty", "200"], "lengthPenalty=200: give a number in [-10, 10]"),
-    (["--sampling-temperature", "5e-324"], "--sampling-temperature 5e-324: give a number in [0.001, 1000]"),
-])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--beam", "2", "--length-penalty", "200"], "lengthPenalty=200: give a number in [-10, 10]"),
+        (
+            ["--sampling-temperature", "5e-324"],
+            "--sampling-temperature 5e-324: give a number in [0.001, 1000]",
+        ),
+    ],
+)
 def test_node_refuses_the_options_python_refuses_by_the_spec_s_ranges(bundle, flags, words):
     from seq2onnx.runtime.options import SearchOptions
 
@@ -222,7 +287,10 @@ def test_node_refuses_the_options_python_refuses_by_the_spec_s_ranges(bundle, fl
     assert proc.returncode != 0 and words in proc.stderr and proc.stdout == "", proc.stderr
     python = dict(zip(flags[::2], flags[1::2]))
     with pytest.raises(ValueError, match=r"give a number in \["):
-        SearchOptions(beam_size=int(python.get("--beam", 1)),
-                      length_penalty=float(python.get("--length-penalty", 1.0)),
-                      sampling_temperature=float(python["--sampling-temperature"])
-                      if "--sampling-temperature" in python else None)
+        SearchOptions(
+            beam_size=int(python.get("--beam", 1)),
+            length_penalty=float(python.get("--length-penalty", 1.0)),
+            sampling_temperature=float(python["--sampling-temperature"])
+            if "--sampling-temperature" in python
+            else None,
+        )

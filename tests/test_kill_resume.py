@@ -1,4 +1,5 @@
 """Interrupted training: SIGKILL inside checkpoint writes and at random moments; resume every time."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,12 @@ def _start(out: Path, max_steps: int, resume: bool, pause: bool = False) -> subp
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if pause:
         env[checkpoint._WRITE_PAUSE_ENV] = str(WRITE_PAUSE_S)
-    return subprocess.Popen([sys.executable, "-c", TRAIN, str(out), str(max_steps), "resume" if resume else "new"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", TRAIN, str(out), str(max_steps), "resume" if resume else "new"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
 
 
 def _step_of(out: Path) -> int:
@@ -56,7 +61,11 @@ def _assert_consistent(out: Path) -> None:
 
 def _writes_in_progress(out: Path) -> list[Path]:
     """Temporary checkpoint directories holding a complete checkpoint that is not renamed into place yet."""
-    return [d for d in out.glob(".tmp-*") if not d.name.startswith(".tmp-del-") and (d / checkpoint.STATE).is_file()]
+    return [
+        d
+        for d in out.glob(".tmp-*")
+        if not d.name.startswith(".tmp-del-") and (d / checkpoint.STATE).is_file()
+    ]
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ itself) and model/ (the PyTorch side: only itself and the leaves), then export/ 
 serve/ (the HTTP server: runtime and the leaves, never torch), bench/ (all of those), and commands/
 on top, which nothing imports. Every import counts, at the top of a module or inside a function.
 """
+
 from __future__ import annotations
 
 import ast

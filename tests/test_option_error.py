@@ -1,6 +1,7 @@
 """OptionError (issue 38 item 3): every option check raises it with .option and .value; the HTTP front end
 names the field and the CLI the flag from .option through the option's declaration (runtime/options.py's
 Option.http and Option.cli; issue 56), never by reading the message's text."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from seq2onnx.runtime.model_options import check_min_length, check_prefix_options, language_id, target_prefixes
+from seq2onnx.runtime.model_options import (
+    check_min_length,
+    check_prefix_options,
+    language_id,
+    target_prefixes,
+)
 from seq2onnx.runtime.options import OPTIONS, OptionError, SearchOptions, resolve_search_options
 from seq2onnx.runtime.session_tuning import SessionTuning, check_intra_threads
 
@@ -24,36 +30,84 @@ SEARCH = [
     (dict(beam_size=0), "beam_size", 0, "beam_size=0 (int): give an int >= 1 (1 is greedy search)"),
     (dict(beam_size=True), "beam_size", True, "beam_size=True (bool): give an int >= 1 (1 is greedy search)"),
     (dict(num_hypotheses=0), "num_hypotheses", 0, "num_hypotheses=0 (int): give an int >= 1"),
-    (dict(beam_size=2, num_hypotheses=3), "num_hypotheses", 3,
-     "num_hypotheses=3 must lie in [1, beam_size=2]: raise beam_size or lower num_hypotheses"),
-    (dict(length_penalty=NAN), "length_penalty", NAN,
-     "length_penalty=nan (float): give a number in [-10, 10] (1.0 is the default)"),
-    (dict(length_penalty=200), "length_penalty", 200,  # issue 60: an OverflowError (HTTP 500) before
-     "length_penalty=200 (int): give a number in [-10, 10] (1.0 is the default)"),
-    (dict(max_decoding_length=0), "max_decoding_length", 0,
-     "max_decoding_length=0 (int): give an int >= 1, at most the model's max_positions, or None"),
-    (dict(min_decoding_length=-1), "min_decoding_length", -1,
-     "min_decoding_length=-1 (int): give an int >= 0"),
-    (dict(min_decoding_length=5, max_decoding_length=5), "min_decoding_length", 5,
-     "min_decoding_length=5 must be below max_decoding_length=5: lower the minimum or raise the maximum"),
+    (
+        dict(beam_size=2, num_hypotheses=3),
+        "num_hypotheses",
+        3,
+        "num_hypotheses=3 must lie in [1, beam_size=2]: raise beam_size or lower num_hypotheses",
+    ),
+    (
+        dict(length_penalty=NAN),
+        "length_penalty",
+        NAN,
+        "length_penalty=nan (float): give a number in [-10, 10] (1.0 is the default)",
+    ),
+    (
+        dict(length_penalty=200),
+        "length_penalty",
+        200,  # issue 60: an OverflowError (HTTP 500) before
+        "length_penalty=200 (int): give a number in [-10, 10] (1.0 is the default)",
+    ),
+    (
+        dict(max_decoding_length=0),
+        "max_decoding_length",
+        0,
+        "max_decoding_length=0 (int): give an int >= 1, at most the model's max_positions, or None",
+    ),
+    (
+        dict(min_decoding_length=-1),
+        "min_decoding_length",
+        -1,
+        "min_decoding_length=-1 (int): give an int >= 0",
+    ),
+    (
+        dict(min_decoding_length=5, max_decoding_length=5),
+        "min_decoding_length",
+        5,
+        "min_decoding_length=5 must be below max_decoding_length=5: lower the minimum or raise the maximum",
+    ),
     (dict(return_scores=1), "return_scores", 1, "return_scores=1 (int): give True or False"),
-    (dict(return_attention="yes"), "return_attention", "yes",
-     "return_attention='yes' (str): give True or False"),
+    (
+        dict(return_attention="yes"),
+        "return_attention",
+        "yes",
+        "return_attention='yes' (str): give True or False",
+    ),
     (dict(truncate=None), "truncate", None, "truncate=None (NoneType): give True or False"),
     (dict(max_batch_size=0), "max_batch_size", 0, "max_batch_size=0 (int): give an int >= 1"),
-    (dict(sampling_temperature=0), "sampling_temperature", 0,
-     "sampling_temperature=0 (int): give a number in [0.001, 1000] (or None for beam search (beam_size=1 "
-     "is greedy))"),
-    (dict(sampling_temperature=5e-324), "sampling_temperature", 5e-324,  # issue 60: "" before
-     "sampling_temperature=5e-324 (float): give a number in [0.001, 1000] (or None for beam search "
-     "(beam_size=1 is greedy))"),
-    (dict(sampling_topk=-1), "sampling_topk", -1,
-     "sampling_topk=-1 (int): give an int >= 0 (0 keeps every token)"),
-    (dict(sampling_topp=NAN), "sampling_topp", NAN,
-     "sampling_topp=nan (float): give a number in (0, 1] (1 keeps every token)"),
+    (
+        dict(sampling_temperature=0),
+        "sampling_temperature",
+        0,
+        "sampling_temperature=0 (int): give a number in [0.001, 1000] (or None for beam search (beam_size=1 "
+        "is greedy))",
+    ),
+    (
+        dict(sampling_temperature=5e-324),
+        "sampling_temperature",
+        5e-324,  # issue 60: "" before
+        "sampling_temperature=5e-324 (float): give a number in [0.001, 1000] (or None for beam search "
+        "(beam_size=1 is greedy))",
+    ),
+    (
+        dict(sampling_topk=-1),
+        "sampling_topk",
+        -1,
+        "sampling_topk=-1 (int): give an int >= 0 (0 keeps every token)",
+    ),
+    (
+        dict(sampling_topp=NAN),
+        "sampling_topp",
+        NAN,
+        "sampling_topp=nan (float): give a number in (0, 1] (1 keeps every token)",
+    ),
     (dict(source_lang=5), "source_lang", 5, "source_lang=5 (int): give a language code (a str) or None"),
-    (dict(target_lang=b"de"), "target_lang", b"de",
-     "target_lang=b'de' (bytes): give a language code (a str) or None"),
+    (
+        dict(target_lang=b"de"),
+        "target_lang",
+        b"de",
+        "target_lang=b'de' (bytes): give a language code (a str) or None",
+    ),
     (dict(seed=-1), "seed", -1, "seed=-1 (int): give an int >= 0, or None for a different sample each call"),
 ]
 
@@ -71,8 +125,9 @@ def _check(e: OptionError, option: str, value, message: str | None = None) -> No
         assert str(e) == message
 
 
-@pytest.mark.parametrize("kwargs, option, value, message", SEARCH,
-                         ids=[f"{case[1]}-{i}" for i, case in enumerate(SEARCH)])
+@pytest.mark.parametrize(
+    "kwargs, option, value, message", SEARCH, ids=[f"{case[1]}-{i}" for i, case in enumerate(SEARCH)]
+)
 def test_each_search_option_check_raises_option_error(kwargs, option, value, message):
     with pytest.raises(OptionError) as e:
         SearchOptions(**kwargs)
@@ -85,15 +140,26 @@ def test_every_search_option_has_a_case():
     assert checked | unchecked == set(SearchOptions.__dataclass_fields__)
 
 
-@pytest.mark.parametrize("kwargs, option, value, message", [
-    (dict(optimization="most"), "optimization", "most",
-     "optimization='most'; choose one of all, extended, basic, none"),
-    (dict(thread_spinning="fast"), "thread_spinning", "fast",
-     "thread_spinning='fast'; choose one of bounded, none, unbounded"),
-    (dict(decoder="best"), "decoder", "best", "decoder='best'; choose one of auto, standard, fused"),
-    (dict(top_k_from_graph=0), "top_k_from_graph", 0, "top_k_from_graph=0 (int): give True or False"),
-    (dict(tf32="on"), "tf32", "on", "tf32='on' (str): give True or False"),
-])
+@pytest.mark.parametrize(
+    "kwargs, option, value, message",
+    [
+        (
+            dict(optimization="most"),
+            "optimization",
+            "most",
+            "optimization='most'; choose one of all, extended, basic, none",
+        ),
+        (
+            dict(thread_spinning="fast"),
+            "thread_spinning",
+            "fast",
+            "thread_spinning='fast'; choose one of bounded, none, unbounded",
+        ),
+        (dict(decoder="best"), "decoder", "best", "decoder='best'; choose one of auto, standard, fused"),
+        (dict(top_k_from_graph=0), "top_k_from_graph", 0, "top_k_from_graph=0 (int): give True or False"),
+        (dict(tf32="on"), "tf32", "on", "tf32='on' (str): give True or False"),
+    ],
+)
 def test_each_session_tuning_check_raises_option_error(kwargs, option, value, message):
     with pytest.raises(OptionError) as e:
         SessionTuning(**kwargs)
@@ -108,14 +174,29 @@ def test_intra_threads_raises_option_error(value):
     assert "cores (os.cpu_count())" in str(e.value)
 
 
-@pytest.mark.parametrize("kwargs, option, value, message", [
-    (dict(max_decoding_length=600), "max_decoding_length", 600,
-     "max_decoding_length=600; this model has 512 positions (max_positions in bundle.json): choose 1..that"),
-    (dict(min_decoding_length=512), "min_decoding_length", 512,
-     "min_decoding_length=512; this model has 512 positions (max_positions in bundle.json): choose 0..511"),
-    (dict(beam_size=5), "beam_size", 5,
-     "beam_size=5 needs a target vocabulary of at least 10 pieces, this model has 8: choose a smaller beam"),
-])
+@pytest.mark.parametrize(
+    "kwargs, option, value, message",
+    [
+        (
+            dict(max_decoding_length=600),
+            "max_decoding_length",
+            600,
+            "max_decoding_length=600; this model has 512 positions (max_positions in bundle.json): choose 1..that",
+        ),
+        (
+            dict(min_decoding_length=512),
+            "min_decoding_length",
+            512,
+            "min_decoding_length=512; this model has 512 positions (max_positions in bundle.json): choose 0..511",
+        ),
+        (
+            dict(beam_size=5),
+            "beam_size",
+            5,
+            "beam_size=5 needs a target vocabulary of at least 10 pieces, this model has 8: choose a smaller beam",
+        ),
+    ],
+)
 def test_the_checks_against_the_model_raise_option_error(kwargs, option, value, message):
     with pytest.raises(OptionError) as e:
         resolve_search_options(dict(kwargs), {}, max_positions=512, tgt_vocab=8)
@@ -125,32 +206,81 @@ def test_the_checks_against_the_model_raise_option_error(kwargs, option, value, 
 LANGUAGES = {"de": 7, "fr": 8}
 
 
-@pytest.mark.parametrize("call, option, value, message", [
-    (lambda: language_id(LANGUAGES, "xx", "source_lang"), "source_lang", "xx",
-     "source_lang='xx' is not a language of this model; choose one of de, fr"),
-    (lambda: language_id({}, "de", "target_lang"), "target_lang", "de",
-     "target_lang='de' is not a language of this model; this model has no language tokens: leave it out"),
-    (lambda: language_id(LANGUAGES, 3, "target_lang"), "target_lang", 3,
-     "target_lang=3; give a language code (a str)"),
-    (lambda: target_prefixes([[5]], 2, 50, 2), "target_prefix", [[5]],
-     "target_prefix has 1 entries for 2 sources; give one list of target ids per source"),
-    (lambda: target_prefixes([[5], [5, True]], 2, 50, 2), "target_prefix", [[5], [5, True]],
-     "target_prefix[1] is [5, True]; give a list of target token ids"),
-    (lambda: target_prefixes([[5, 99, 2]], 1, 50, 2), "target_prefix", [[5, 99, 2]],
-     "target_prefix[0] has ids [99, 2] outside [0, 50) or the end token 2; give target ids of the text "
-     "before the translation"),
-    (lambda: check_prefix_options(SearchOptions(target_lang="es"), 1, LANGUAGES, 50, 2),
-     "target_lang", "es", None),
-    (lambda: check_min_length(5, 5, 3), "min_decoding_length", 5,
-     "min_decoding_length=5 is not below this text's maximum length 5 (max_length_a x 3 tokens + "
-     "max_length_b in bundle.json, at most max_positions): pass a larger max_decoding_length or a smaller "
-     "min_decoding_length"),
-    (lambda: check_min_length(30, 12, 4, source=1), "min_decoding_length", 30,
-     "source 1: min_decoding_length=30 is not below its maximum length 12 (max_length_a x 4 tokens + "
-     "max_length_b in bundle.json, at most max_positions): pass a larger max_decoding_length or a smaller "
-     "min_decoding_length"),
-], ids=["unknown-language", "no-languages", "language-not-a-str", "prefix-count", "prefix-item", "prefix-ids",
-        "prefix-options", "min-length", "min-length-of-a-source"])
+@pytest.mark.parametrize(
+    "call, option, value, message",
+    [
+        (
+            lambda: language_id(LANGUAGES, "xx", "source_lang"),
+            "source_lang",
+            "xx",
+            "source_lang='xx' is not a language of this model; choose one of de, fr",
+        ),
+        (
+            lambda: language_id({}, "de", "target_lang"),
+            "target_lang",
+            "de",
+            "target_lang='de' is not a language of this model; this model has no language tokens: leave it out",
+        ),
+        (
+            lambda: language_id(LANGUAGES, 3, "target_lang"),
+            "target_lang",
+            3,
+            "target_lang=3; give a language code (a str)",
+        ),
+        (
+            lambda: target_prefixes([[5]], 2, 50, 2),
+            "target_prefix",
+            [[5]],
+            "target_prefix has 1 entries for 2 sources; give one list of target ids per source",
+        ),
+        (
+            lambda: target_prefixes([[5], [5, True]], 2, 50, 2),
+            "target_prefix",
+            [[5], [5, True]],
+            "target_prefix[1] is [5, True]; give a list of target token ids",
+        ),
+        (
+            lambda: target_prefixes([[5, 99, 2]], 1, 50, 2),
+            "target_prefix",
+            [[5, 99, 2]],
+            "target_prefix[0] has ids [99, 2] outside [0, 50) or the end token 2; give target ids of the text "
+            "before the translation",
+        ),
+        (
+            lambda: check_prefix_options(SearchOptions(target_lang="es"), 1, LANGUAGES, 50, 2),
+            "target_lang",
+            "es",
+            None,
+        ),
+        (
+            lambda: check_min_length(5, 5, 3),
+            "min_decoding_length",
+            5,
+            "min_decoding_length=5 is not below this text's maximum length 5 (max_length_a x 3 tokens + "
+            "max_length_b in bundle.json, at most max_positions): pass a larger max_decoding_length or a smaller "
+            "min_decoding_length",
+        ),
+        (
+            lambda: check_min_length(30, 12, 4, source=1),
+            "min_decoding_length",
+            30,
+            "source 1: min_decoding_length=30 is not below its maximum length 12 (max_length_a x 4 tokens + "
+            "max_length_b in bundle.json, at most max_positions): pass a larger max_decoding_length or a smaller "
+            "min_decoding_length",
+        ),
+    ],
+    ids=[
+        "unknown-language",
+        "no-languages",
+        "language-not-a-str",
+        "prefix-count",
+        "prefix-item",
+        "prefix-ids",
+        "prefix-options",
+        "min-length",
+        "min-length-of-a-source",
+    ],
+)
 def test_the_vocabulary_and_length_checks_raise_option_error(call, option, value, message):
     with pytest.raises(OptionError) as e:
         call()
@@ -162,18 +292,25 @@ def test_named_renders_another_name_for_the_option_without_the_index():
         target_prefixes([[5, 99]], 1, 50, 2)
     assert e.value.named("--target-prefix") == (
         "--target-prefix has ids [99] outside [0, 50) or the end token 2; give target ids of the text before "
-        "the translation")
+        "the translation"
+    )
     with pytest.raises(OptionError) as e:
         SearchOptions(length_penalty=NAN)
     assert e.value.named("--length-penalty") == (
-        "--length-penalty nan (float): give a number in [-10, 10] (1.0 is the default)")
+        "--length-penalty nan (float): give a number in [-10, 10] (1.0 is the default)"
+    )
 
 
 @pytest.mark.parametrize("module", ["options.py", "model_options.py"])
 def test_options_py_raises_no_plain_value_error(module):
     tree = ast.parse((ROOT / "runtime" / module).read_text(encoding="utf-8"))
-    raised = [node.exc.func.id for node in ast.walk(tree) if isinstance(node, ast.Raise)
-              and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name)]
+    raised = [
+        node.exc.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Raise)
+        and isinstance(node.exc, ast.Call)
+        and isinstance(node.exc.func, ast.Name)
+    ]
     # TypeError: an unknown keyword, as Python refuses one (runtime/options.py unknown_options)
     assert "OptionError" in raised and set(raised) <= {"OptionError", "TypeError"}, raised
 
@@ -214,24 +351,56 @@ def test_the_http_field_comes_from_the_declaration_not_the_message(monkeypatch):
     assert b'"field":null' in errors.engine_error(e, TranslateRequest).body
 
 
-@pytest.mark.parametrize("body, field, message", [
-    ({"texts": ["a"], "beam_size": 0}, "beam_size",
-     "beam_size=0 (int): give an int >= 1 (1 is greedy search)"),
-    ({"texts": ["a"], "beam_size": 100}, "beam_size",
-     "beam_size=100 needs a target vocabulary of at least 200 pieces"),
-    ({"texts": ["a"], "max_decoding_length": 100000}, "max_decoding_length",
-     "max_decoding_length=100000; this model has"),
-    ({"texts": ["a"], "source_lang": "xx"}, "source_lang",
-     "source_lang='xx' is not a language of this model; this model has no language tokens: leave it out"),
-    ({"texts": ["a"], "target_prefix": [[5, 100000]]}, "target_prefix",
-     "target_prefix[0] has ids [100000] outside"),
-    ({"texts": ["a", "b"], "target_prefix": [[5]]}, "target_prefix",
-     "target_prefix has 1 entries for 2 sources"),
-    ({"texts": ["a", "b", "c"], "beam_size": 4}, "beam_size",
-     "beam_size=4, num_hypotheses=1 over 3 texts decoded together make 12 decoder rows; the limit "
-     "(--max-rows) is 8 per request"),
-], ids=["range", "beam-vs-vocabulary", "max-length-vs-positions", "language", "prefix-ids", "prefix-count",
-        "max-rows"])
+@pytest.mark.parametrize(
+    "body, field, message",
+    [
+        (
+            {"texts": ["a"], "beam_size": 0},
+            "beam_size",
+            "beam_size=0 (int): give an int >= 1 (1 is greedy search)",
+        ),
+        (
+            {"texts": ["a"], "beam_size": 100},
+            "beam_size",
+            "beam_size=100 needs a target vocabulary of at least 200 pieces",
+        ),
+        (
+            {"texts": ["a"], "max_decoding_length": 100000},
+            "max_decoding_length",
+            "max_decoding_length=100000; this model has",
+        ),
+        (
+            {"texts": ["a"], "source_lang": "xx"},
+            "source_lang",
+            "source_lang='xx' is not a language of this model; this model has no language tokens: leave it out",
+        ),
+        (
+            {"texts": ["a"], "target_prefix": [[5, 100000]]},
+            "target_prefix",
+            "target_prefix[0] has ids [100000] outside",
+        ),
+        (
+            {"texts": ["a", "b"], "target_prefix": [[5]]},
+            "target_prefix",
+            "target_prefix has 1 entries for 2 sources",
+        ),
+        (
+            {"texts": ["a", "b", "c"], "beam_size": 4},
+            "beam_size",
+            "beam_size=4, num_hypotheses=1 over 3 texts decoded together make 12 decoder rows; the limit "
+            "(--max-rows) is 8 per request",
+        ),
+    ],
+    ids=[
+        "range",
+        "beam-vs-vocabulary",
+        "max-length-vs-positions",
+        "language",
+        "prefix-ids",
+        "prefix-count",
+        "max-rows",
+    ],
+)
 def test_http_422_names_the_field_of_the_option(translator, body, field, message):
     from extras import require
 
@@ -264,7 +433,9 @@ def test_every_flag_of_an_option_is_a_translate_flag_setting_it():
 
     sub = argparse.ArgumentParser().add_subparsers()
     translate.add(sub)
-    flags = {flag: action.dest for action in sub.choices["translate"]._actions for flag in action.option_strings}
+    flags = {
+        flag: action.dest for action in sub.choices["translate"]._actions for flag in action.option_strings
+    }
     declared = {o.cli: name for name, o in OPTIONS.items() if o.cli}
     assert {"--beam", "--n-best", "--length-penalty", "--sampling-temperature"} <= set(declared)
     assert {flag: flags.get(flag) for flag in declared} == declared
@@ -276,24 +447,49 @@ def test_the_cli_flag_comes_from_the_declaration_not_the_message(monkeypatch):
 
     e = OptionError("beam_size", 0, limit="an int >= 1", hint="give an int >= 1", shown="0 (int)")
     assert str(translate_flags.option_error(e)) == "--beam 0 (int): give an int >= 1"
-    monkeypatch.setitem(options.OPTIONS, "beam_size", dataclasses.replace(OPTIONS["beam_size"], cli="--beams"))
+    monkeypatch.setitem(
+        options.OPTIONS, "beam_size", dataclasses.replace(OPTIONS["beam_size"], cli="--beams")
+    )
     assert str(translate_flags.option_error(e)) == "--beams 0 (int): give an int >= 1"
     monkeypatch.setitem(options.OPTIONS, "beam_size", dataclasses.replace(OPTIONS["beam_size"], cli=None))
     assert str(translate_flags.option_error(e)) == str(e)  # no flag: the runtime's own message
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--target-prefix", "5,100000"], "--target-prefix has ids [100000] outside [0, "),
-    (["--target-lang", "xx"],
-     "--target-lang 'xx' is not a language of this model; this model has no language tokens"),
-    (["--source-lang", "xx"], "--source-lang 'xx' is not a language of this model"),
-    (["--length-penalty", "nan"], "--length-penalty nan (float): give a number in [-10, 10] (1.0 is the default)"),
-    (["--beam", "100"], "--beam 100 needs a target vocabulary of at least 200 pieces"),
-    (["--beam", "2", "--length-penalty", "200"], "--length-penalty 200.0 (float): give a number in [-10, 10]"),
-    (["--sampling-temperature", "0"], "--sampling-temperature 0.0 (float): give a number in [0.001, 1000]"),
-    (["--seed", "3"], "--seed needs --sampling-temperature (sampling); give it, or drop --seed"),
-], ids=["prefix-ids", "target-lang", "source-lang", "nan", "beam-vs-vocabulary", "length-penalty-range",
-        "temperature-range", "seed-without-sampling"])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--target-prefix", "5,100000"], "--target-prefix has ids [100000] outside [0, "),
+        (
+            ["--target-lang", "xx"],
+            "--target-lang 'xx' is not a language of this model; this model has no language tokens",
+        ),
+        (["--source-lang", "xx"], "--source-lang 'xx' is not a language of this model"),
+        (
+            ["--length-penalty", "nan"],
+            "--length-penalty nan (float): give a number in [-10, 10] (1.0 is the default)",
+        ),
+        (["--beam", "100"], "--beam 100 needs a target vocabulary of at least 200 pieces"),
+        (
+            ["--beam", "2", "--length-penalty", "200"],
+            "--length-penalty 200.0 (float): give a number in [-10, 10]",
+        ),
+        (
+            ["--sampling-temperature", "0"],
+            "--sampling-temperature 0.0 (float): give a number in [0.001, 1000]",
+        ),
+        (["--seed", "3"], "--seed needs --sampling-temperature (sampling); give it, or drop --seed"),
+    ],
+    ids=[
+        "prefix-ids",
+        "target-lang",
+        "source-lang",
+        "nan",
+        "beam-vs-vocabulary",
+        "length-penalty-range",
+        "temperature-range",
+        "seed-without-sampling",
+    ],
+)
 def test_the_cli_names_the_flag_of_the_option(bundle, capsys, flags, message):
     from seq2onnx.commands.main import main
 
@@ -334,8 +530,11 @@ def _reads_text(scope: ast.AST, error: str) -> list[str]:
     for node in ast.walk(scope):
         if isinstance(node, ast.Assign) and is_text(node.value):
             names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-    calls = [node for node in ast.walk(scope) if isinstance(node, ast.Call)
-             and isinstance(node.func, ast.Attribute) and is_text(node.func.value)]
+    calls = [
+        node
+        for node in ast.walk(scope)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_text(node.func.value)
+    ]
     return [f"line {node.lineno}: .{node.func.attr}() on the text of {error}" for node in calls]
 
 
@@ -347,8 +546,11 @@ def _exceptions(tree: ast.AST) -> list[tuple[ast.AST, str]]:
         if isinstance(node, ast.ExceptHandler) and node.name:
             found.append((node, node.name))
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            found += [(node, a.arg) for a in node.args.args if isinstance(a.annotation, ast.Name)
-                      and a.annotation.id.endswith(("Error", "Exception"))]
+            found += [
+                (node, a.arg)
+                for a in node.args.args
+                if isinstance(a.annotation, ast.Name) and a.annotation.id.endswith(("Error", "Exception"))
+            ]
     return found
 
 
@@ -365,13 +567,16 @@ def test_no_front_end_parses_an_error_message(path):
     assert _text_readers((ROOT / path).read_text(encoding="utf-8")) == [], path
 
 
-@pytest.mark.parametrize("code", [
-    "import re\ntry:\n    pass\nexcept ValueError as e:\n    name = re.match(r'\\w+', str(e))\n",
-    "try:\n    pass\nexcept ValueError as e:\n    text = str(e)\n    text = text.replace('beam_size=', '')\n",
-    "try:\n    pass\nexcept ValueError as e:\n    ok = str(e).startswith('source')\n",
-    "try:\n    pass\nexcept ValueError as e:\n    ok = e.args[0].split('=')\n",
-    "def field(e: BaseException):\n    return 'texts' if str(e).startswith('source') else None\n",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import re\ntry:\n    pass\nexcept ValueError as e:\n    name = re.match(r'\\w+', str(e))\n",
+        "try:\n    pass\nexcept ValueError as e:\n    text = str(e)\n    text = text.replace('beam_size=', '')\n",
+        "try:\n    pass\nexcept ValueError as e:\n    ok = str(e).startswith('source')\n",
+        "try:\n    pass\nexcept ValueError as e:\n    ok = e.args[0].split('=')\n",
+        "def field(e: BaseException):\n    return 'texts' if str(e).startswith('source') else None\n",
+    ],
+)
 def test_the_scan_finds_the_old_ways(code):
     assert _text_readers(code)
 
@@ -382,5 +587,6 @@ def test_translate_batch_refuses_a_target_prefix_too_long_for_the_model(translat
     with pytest.raises(OptionError) as e:
         translator.translate_batch(["a b"], target_prefix=[[5] * (room + 1)])
     assert e.value.option == "target_prefix" and f"give at most {room}" in str(e.value)
-    assert translator.translate_batch(["a b"], target_prefix=[[5] * 2], max_decoding_length=4)[0].token_ids[0][:2] \
-        == [5, 5]
+    assert translator.translate_batch(["a b"], target_prefix=[[5] * 2], max_decoding_length=4)[0].token_ids[
+        0
+    ][:2] == [5, 5]

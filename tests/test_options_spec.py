@@ -23,22 +23,31 @@ CASES = json.loads((ROOT / "spec" / "cases" / "options.json").read_text(encoding
 
 def test_the_committed_capabilities_are_what_the_generator_writes():
     committed = (ROOT / "spec" / "capabilities.json").read_text(encoding="utf-8")
-    assert committed == option_spec.render(), "run `python -m seq2onnx.runtime.option_spec` and commit the file"
+    assert committed == option_spec.render(), (
+        "run `python -m seq2onnx.runtime.option_spec` and commit the file"
+    )
 
 
 def test_the_check_fails_where_the_file_differs(tmp_path, monkeypatch):
     path = tmp_path / "capabilities.json"
     monkeypatch.setattr(option_spec, "CAPABILITIES_PATH", path)
     assert option_spec.main(["--check"]) == 1  # no file
-    assert option_spec.main([]) == 0 and json.loads(path.read_text(encoding="utf-8")) == option_spec.capabilities()
+    assert (
+        option_spec.main([]) == 0
+        and json.loads(path.read_text(encoding="utf-8")) == option_spec.capabilities()
+    )
     assert option_spec.main(["--check"]) == 0
     path.write_text(path.read_text(encoding="utf-8").replace('"min": -10', '"min": -11'), encoding="utf-8")
     assert option_spec.main(["--check"]) == 1
 
 
 def test_the_generator_runs_as_a_module_with_check():
-    proc = subprocess.run([sys.executable, "-m", "seq2onnx.runtime.option_spec", "--check"], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "seq2onnx.runtime.option_spec", "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -46,7 +55,12 @@ def test_the_spec_states_each_option_as_declared():
     spec = option_spec.capabilities()["options"]
     assert list(spec) == list(SearchOptions.__dataclass_fields__)
     penalty = spec["length_penalty"]
-    assert (penalty["min"], penalty["max"], penalty["js"], penalty["cli"]) == (-10, 10, "lengthPenalty", "--length-penalty")
+    assert (penalty["min"], penalty["max"], penalty["js"], penalty["cli"]) == (
+        -10,
+        10,
+        "lengthPenalty",
+        "--length-penalty",
+    )
     assert spec["sampling_topp"]["min_open"] is True and spec["return_attention"]["http"] is None
     assert spec["beam_size"]["bundle_default"] == "beam_size" and spec["max_batch_size"]["default"] == 32
 
@@ -67,8 +81,9 @@ def test_the_shared_cases_refuse_every_bounded_option_somewhere():
     assert bounded <= refused, bounded - refused
 
 
-@pytest.mark.parametrize("method, scope", [("translate", "text"), ("translate_batch", "batch"),
-                                           ("generate_tokens", "stream")])
+@pytest.mark.parametrize(
+    "method, scope", [("translate", "text"), ("translate_batch", "batch"), ("generate_tokens", "stream")]
+)
 def test_each_method_lists_its_options_in_its_signature_and_docstring(method, scope):
     function = getattr(Translator, method)
     params = inspect.signature(function).parameters
@@ -81,13 +96,21 @@ def test_each_method_lists_its_options_in_its_signature_and_docstring(method, sc
 
 
 def test_unknown_and_misplaced_keywords_name_the_option_and_the_valid_ones(translator):
-    with pytest.raises(TypeError, match=r"translate_batch\(\) got an unknown option 'beam'; it takes beam_size, "):
+    with pytest.raises(
+        TypeError, match=r"translate_batch\(\) got an unknown option 'beam'; it takes beam_size, "
+    ):
         translator.translate_batch(["a"], beam=2)
-    with pytest.raises(TypeError, match=r"translate\(\) got an unknown option 'num_hypotheses'; "
-                                        r"num_hypotheses is translate_batch's; it takes beam_size, length_penalty"):
+    with pytest.raises(
+        TypeError,
+        match=r"translate\(\) got an unknown option 'num_hypotheses'; "
+        r"num_hypotheses is translate_batch's; it takes beam_size, length_penalty",
+    ):
         translator.translate("a", num_hypotheses=2)
-    with pytest.raises(TypeError, match=r"generate_tokens\(\) got an unknown option 'beam_size'; beam_size is "
-                                        r"translate_batch's; it takes max_decoding_length, min_decoding_length"):
+    with pytest.raises(
+        TypeError,
+        match=r"generate_tokens\(\) got an unknown option 'beam_size'; beam_size is "
+        r"translate_batch's; it takes max_decoding_length, min_decoding_length",
+    ):
         translator.generate_tokens("a", beam_size=2)
 
 
@@ -96,4 +119,5 @@ def test_the_keyword_api_still_works(translator):
     assert [len(r.hypotheses) for r in batch] == [2, 2] and batch[0].scores is not None
     assert translator.translate("a b", beam_size=2) == batch[0].hypotheses[0]
     assert "".join(translator.generate_tokens("a b", max_decoding_length=8)) == translator.translate(
-        "a b", beam_size=1, max_decoding_length=8)
+        "a b", beam_size=1, max_decoding_length=8
+    )

@@ -1,5 +1,6 @@
 """Nothing lost: an output never overlaps an input, `--force` replaces only what seq2onnx wrote, and an
 output that cannot be written is named (not its temporary file). Real commands, real files."""
+
 from __future__ import annotations
 
 import shutil
@@ -78,7 +79,11 @@ def test_an_unwritable_output_names_the_output_not_a_temporary_file(tmp_path):
     target = Path("/proc/seq2onnx-test-output.txt")  # no file can be created there, even by root
     with pytest.raises(atomic.OutputError) as e:
         atomic.write_file(target, "x")
-    assert str(target) in str(e.value) and ".partial" not in str(e.value) and "choose a writable directory" in str(e.value)
+    assert (
+        str(target) in str(e.value)
+        and ".partial" not in str(e.value)
+        and "choose a writable directory" in str(e.value)
+    )
 
 
 def test_refuse_overlap_sees_links_both_ways(tmp_path):

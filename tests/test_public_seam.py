@@ -8,6 +8,7 @@ its internals without breaking the server or the benchmarks. No type is inferred
 private name that runtime/ does not define (sys._current_frames, a benchmark's own helper) is not the
 runtime's.
 """
+
 from __future__ import annotations
 
 import ast
@@ -63,12 +64,21 @@ def private_reaches(source: str, runtime_names: frozenset[str] | None = None) ->
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute) and node.attr in runtime_names and not _is_self(node.value):
             found.append((node.lineno, ast.unparse(node)))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ACCESSORS
-              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-              and node.args[1].value in runtime_names and not _is_self(node.args[0])):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ACCESSORS
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in runtime_names
+            and not _is_self(node.args[0])
+        ):
             found.append((node.lineno, ast.unparse(node)))
-        elif (isinstance(node, ast.ImportFrom) and node.level == 0
-              and (node.module or "").startswith("seq2onnx.runtime")):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").startswith("seq2onnx.runtime")
+        ):
             for alias in node.names:
                 if _private(alias.name) or any(_private(part) for part in node.module.split(".")):
                     found.append((node.lineno, f"from {node.module} import {alias.name}"))
@@ -81,8 +91,9 @@ def private_reaches(source: str, runtime_names: frozenset[str] | None = None) ->
 
 
 def _modules() -> list[Path]:
-    return sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py")
-                  if "__pycache__" not in p.parts)
+    return sorted(
+        p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts
+    )
 
 
 def test_no_module_outside_the_runtime_reaches_a_private_member():
@@ -92,8 +103,10 @@ def test_no_module_outside_the_runtime_reaches_a_private_member():
         for line, expression in private_reaches(path.read_text(encoding="utf-8")):
             if (rel, expression) not in PENDING:
                 reaches.append(f"{rel}:{line}: {expression}")
-    assert not reaches, ("private members reached outside runtime/ (use the Translator's public seam, "
-                         "runtime/plan.py):\n" + "\n".join(reaches))
+    assert not reaches, (
+        "private members reached outside runtime/ (use the Translator's public seam, "
+        "runtime/plan.py):\n" + "\n".join(reaches)
+    )
 
 
 def test_the_pending_reaches_have_public_replacements():
@@ -108,27 +121,32 @@ def test_the_runtime_s_private_names_are_known():
     assert "_current_frames" not in runtime_private_names()  # the standard library's: not the runtime's
 
 
-@pytest.mark.parametrize("planted, expression", [
-    ("def f(translator):\n    return translator._buffer_pool.give(1)\n", "translator._buffer_pool"),
-    ("def f(engine):\n    engine.translator._decode = None\n", "engine.translator._decode"),
-    ("def f(step):\n    return step.inner._cache\n", "step.inner._cache"),
-    ("def f(t):\n    return getattr(t, '_sessions')\n", "getattr(t, '_sessions')"),
-    ("from seq2onnx.runtime.plan import _regroup\n", "from seq2onnx.runtime.plan import _regroup"),
-    ("from seq2onnx.runtime._hidden import x\n", "from seq2onnx.runtime._hidden import x"),
-    ("import seq2onnx.runtime._hidden\n", "import seq2onnx.runtime._hidden"),
-])
+@pytest.mark.parametrize(
+    "planted, expression",
+    [
+        ("def f(translator):\n    return translator._buffer_pool.give(1)\n", "translator._buffer_pool"),
+        ("def f(engine):\n    engine.translator._decode = None\n", "engine.translator._decode"),
+        ("def f(step):\n    return step.inner._cache\n", "step.inner._cache"),
+        ("def f(t):\n    return getattr(t, '_sessions')\n", "getattr(t, '_sessions')"),
+        ("from seq2onnx.runtime.plan import _regroup\n", "from seq2onnx.runtime.plan import _regroup"),
+        ("from seq2onnx.runtime._hidden import x\n", "from seq2onnx.runtime._hidden import x"),
+        ("import seq2onnx.runtime._hidden\n", "import seq2onnx.runtime._hidden"),
+    ],
+)
 def test_a_planted_private_reach_is_caught(planted, expression):
     assert [e for _, e in private_reaches(planted)] == [expression]
 
 
 def test_self_cls_dunders_and_public_names_are_not_reaches():
-    clean = ("import sys\n"
-             "from seq2onnx.runtime.translator import Translator as _T\n"
-             "class A:\n"
-             "    def f(self, t):\n"
-             "        self._decode = t.decoder_step\n"
-             "        return (cls._cache, t.__class__, getattr(t, 'plan'), getattr(self, '_sessions'),\n"
-             "                sys._current_frames())\n")
+    clean = (
+        "import sys\n"
+        "from seq2onnx.runtime.translator import Translator as _T\n"
+        "class A:\n"
+        "    def f(self, t):\n"
+        "        self._decode = t.decoder_step\n"
+        "        return (cls._cache, t.__class__, getattr(t, 'plan'), getattr(self, '_sessions'),\n"
+        "                sys._current_frames())\n"
+    )
     assert private_reaches(clean) == []
 
 

@@ -8,6 +8,7 @@ was written; the old exporter is gone). The codes are uint8 activations against 
 onnxruntime's fast u8 x s8 product; every session here takes the runtime's options for it
 (runtime/u8s8_probe.py), so on an x86 CPU without VNNI these tests check the exact u8 x u8 path.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -68,20 +69,31 @@ def test_int8_bundle_records_its_scheme_and_loads_with_hashes(int8):
         # 128 (one for every row), the weights' one per output column
         inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
         # a tied output projection multiplies by the embedding's int8 codes, transposed by a node
-        inits.update({n.output[0]: inits[n.input[0]].T for n in proto.graph.node
-                      if n.op_type == "Transpose" and n.input[0] in inits})
+        inits.update(
+            {
+                n.output[0]: inits[n.input[0]].T
+                for n in proto.graph.node
+                if n.op_type == "Transpose" and n.input[0] in inits
+            }
+        )
         for node in products:
-            weights, a_zero, w_zero = (inits[node.input[i]] for i in ((1, 2, 3) if label != "decoder_fused" else (1, 4, 5)))
+            weights, a_zero, w_zero = (
+                inits[node.input[i]] for i in ((1, 2, 3) if label != "decoder_fused" else (1, 4, 5))
+            )
             assert a_zero.dtype == np.uint8 and a_zero.shape == () and a_zero == 128, node.name
             assert weights.dtype == w_zero.dtype == np.int8 and w_zero.shape == weights.shape[1:], node.name
         codes = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"]
-        assert codes and all(inits[n.input[1]] == np.float32(1 / 127) and inits[n.input[2]] == 128 for n in codes)
+        assert codes and all(
+            inits[n.input[1]] == np.float32(1 / 127) and inits[n.input[2]] == 128 for n in codes
+        )
     t = Translator(int8, device="cpu", check_hashes=True)
     assert t.decoder_variant == fmt.FUSED and t.translate(TEXTS[0])
 
 
 def _outputs(translator: Translator, texts: list[str], beam: int, batch: int) -> list[list[int]]:
-    return [list(r.token_ids[0]) for r in translator.translate_batch(texts, beam_size=beam, max_batch_size=batch)]
+    return [
+        list(r.token_ids[0]) for r in translator.translate_batch(texts, beam_size=beam, max_batch_size=batch)
+    ]
 
 
 @pytest.mark.slow
@@ -100,15 +112,25 @@ def _step_feeds(meta: dict, variant: str, rows: int, rng) -> dict:
     cfg = meta["model"]
     layers, heads = cfg["n_decoder_layers"], cfg["n_heads"]
     head_dim = cfg["d_model"] // heads
-    past = 3 if variant == fmt.STANDARD else 8  # the fused graph's cache is one [rows, H, max_length, Dh] buffer
-    feeds = {fmt.TOKENS: rng.integers(4, cfg["tgt_vocab_size"], (rows, 1)), fmt.TOP_K: np.array([4]),
-             fmt.SRC_MASK: np.ones((rows, 6), bool)}
+    past = (
+        3 if variant == fmt.STANDARD else 8
+    )  # the fused graph's cache is one [rows, H, max_length, Dh] buffer
+    feeds = {
+        fmt.TOKENS: rng.integers(4, cfg["tgt_vocab_size"], (rows, 1)),
+        fmt.TOP_K: np.array([4]),
+        fmt.SRC_MASK: np.ones((rows, 6), bool),
+    }
     if variant == fmt.STANDARD:
         feeds.update({fmt.STEP: np.array([3]), fmt.CACHE_INDICES: np.arange(rows)})
     else:
-        feeds.update({fmt.STEP: np.array([3], np.int32), fmt.BEAM_WIDTH: np.array([1], np.int32),
-                      fmt.CACHE_INDIRECTION: np.zeros((rows, 1, past), np.int32),
-                      fmt.ROW_START: np.zeros(rows, np.int32)})
+        feeds.update(
+            {
+                fmt.STEP: np.array([3], np.int32),
+                fmt.BEAM_WIDTH: np.array([1], np.int32),
+                fmt.CACHE_INDIRECTION: np.zeros((rows, 1, past), np.int32),
+                fmt.ROW_START: np.zeros(rows, np.int32),
+            }
+        )
     for name in fmt.past_names(layers):
         feeds[name] = rng.standard_normal((rows, heads, past, head_dim)).astype(np.float32)
     for name in fmt.cross_names(layers):
@@ -124,7 +146,7 @@ def test_each_row_of_an_int8_decoder_step_is_computed_alone(int8, variant):
     feeds = _step_feeds(bundle.meta, variant, 8, np.random.default_rng(0))
     batch = session.run([fmt.LOG_PROBS], feeds)[0]
     for r in range(8):
-        row = {k: v if k in (fmt.STEP, fmt.TOP_K, fmt.BEAM_WIDTH) else v[r:r + 1] for k, v in feeds.items()}
+        row = {k: v if k in (fmt.STEP, fmt.TOP_K, fmt.BEAM_WIDTH) else v[r : r + 1] for k, v in feeds.items()}
         if variant == fmt.STANDARD:
             row[fmt.CACHE_INDICES] = np.array([0])
         assert np.array_equal(session.run([fmt.LOG_PROBS], row)[0][0], batch[r]), f"row {r}"
@@ -138,7 +160,7 @@ def test_encoder_rows_are_computed_alone(int8):
     lengths = np.array([9, 4, 7, 9, 2, 5])
     batch = session.run(None, {fmt.SRC_IDS: src, fmt.SRC_LENGTHS: lengths})[1:]
     for r in range(6):
-        alone = session.run(None, {fmt.SRC_IDS: src[r:r + 1], fmt.SRC_LENGTHS: lengths[r:r + 1]})[1:]
+        alone = session.run(None, {fmt.SRC_IDS: src[r : r + 1], fmt.SRC_LENGTHS: lengths[r : r + 1]})[1:]
         assert all(np.array_equal(a[0], b[r]) for a, b in zip(alone, batch)), f"sentence {r}"
 
 
@@ -157,12 +179,24 @@ def _linear_graph(w: np.ndarray, b: np.ndarray, op: str) -> onnx.ModelProto:
     """x (M, K) -> op(x, W, b): Gemm with transB (as the traced decoder), or FusedGemm(Relu) (as the fused one)."""
     k, n = w.shape
     ms = op == "FusedGemm"
-    node = helper.make_node(op, ["x", "w", "b"], ["y"], transB=1, domain="com.microsoft" if ms else "",
-                            **({"activation": "Relu"} if ms else {}))
-    graph = helper.make_graph([node], "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])],
-                              initializer=[numpy_helper.from_array(np.ascontiguousarray(w.T), "w"),
-                                           numpy_helper.from_array(b, "b")])
+    node = helper.make_node(
+        op,
+        ["x", "w", "b"],
+        ["y"],
+        transB=1,
+        domain="com.microsoft" if ms else "",
+        **({"activation": "Relu"} if ms else {}),
+    )
+    graph = helper.make_graph(
+        [node],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])],
+        initializer=[
+            numpy_helper.from_array(np.ascontiguousarray(w.T), "w"),
+            numpy_helper.from_array(b, "b"),
+        ],
+    )
     opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("com.microsoft", 1)] if ms else [])
     return helper.make_model(graph, opset_imports=opsets)
 
@@ -178,7 +212,9 @@ def test_linear_layer_zero_rows_extremes_and_accuracy(op, contrib):
     assert quantize_model(proto, contrib=contrib) == 1
     inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
     codes, zero, scale127 = (inits[f"w/rowq_t/{name}"] for name in ("codes", "zero_point", "scale"))
-    assert codes.dtype == zero.dtype == np.int8 and np.all(codes[:, 0] == zero[0])  # an all-zero column: its zero point
+    assert codes.dtype == zero.dtype == np.int8 and np.all(
+        codes[:, 0] == zero[0]
+    )  # an all-zero column: its zero point
     assert codes.min() == -128 and codes.max() == 127  # the full 8-bit range
     dequantized = (codes.astype(np.float64) - zero) * scale127 * 127
     options = ort.SessionOptions()
@@ -186,7 +222,9 @@ def test_linear_layer_zero_rows_extremes_and_accuracy(op, contrib):
         options.add_session_config_entry(key, value)
     session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     relu = (lambda v: np.maximum(v, 0)) if op == "FusedGemm" else (lambda v: v)
-    x = np.stack([np.zeros(k), np.full(k, 2.5), np.full(k, -2.5), *rng.standard_normal((5, k))]).astype(np.float32)
+    x = np.stack([np.zeros(k), np.full(k, 2.5), np.full(k, -2.5), *rng.standard_normal((5, k))]).astype(
+        np.float32
+    )
     y = session.run(None, {"x": x})[0]
     # an all-zero row: codes of 0/0 times a row scale of 0 leave the bias, exactly
     assert np.array_equal(y[0], relu(b))
@@ -200,9 +238,12 @@ def test_linear_layer_zero_rows_extremes_and_accuracy(op, contrib):
 
 
 def test_a_graph_without_linear_layers_is_refused():
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "no_linear",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "no_linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     with pytest.raises(QuantizeError, match="'no_linear' has no linear layer with constant fp32 weights"):
         quantize_model(helper.make_model(graph), contrib=False)
 
@@ -231,8 +272,11 @@ def test_every_linear_layer_of_each_graph_has_a_keep_float_group():
     found = {label: _linear_groups(_graph(bundle.file(label))) for label in labels}
     assert all(g is not None for groups in found.values() for g in groups), found
     assert set(found["encoder"]) == {"encoder_self_attention", "encoder_feed_forward", "cross_attention"}
-    assert set(found["decoder"]) == set(found["decoder_fused"]) == {
-        "decoder_self_attention", "cross_attention", "decoder_feed_forward", "embeddings"}
+    assert (
+        set(found["decoder"])
+        == set(found["decoder_fused"])
+        == {"decoder_self_attention", "cross_attention", "decoder_feed_forward", "embeddings"}
+    )
 
 
 @pytest.mark.parametrize("label, contrib", [("decoder", False), ("decoder_fused", True)])

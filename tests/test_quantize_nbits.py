@@ -48,7 +48,9 @@ def test_codes_are_onnxruntimes_own(bits, symmetric):
     packed = np.zeros((n, nb, block * bits // 8), np.uint8)
     scales = np.zeros(n * nb, np.float32)
     zeros = np.zeros(n * ((nb + 1) // 2) if bits == 4 else n * nb, np.uint8)
-    (quantize_matmul_4bits if bits == 4 else quantize_matmul_8bits)(packed, w, scales, zeros, block, n, k, symmetric)
+    (quantize_matmul_4bits if bits == 4 else quantize_matmul_8bits)(
+        packed, w, scales, zeros, block, n, k, symmetric
+    )
     codes, ours_scales, ours_zeros = quantize_rows(np.ascontiguousarray(w.T), bits, block, symmetric)
     assert np.array_equal(codes, packed) and np.array_equal(ours_scales.reshape(-1), scales)
     assert (ours_zeros is None) == symmetric
@@ -82,7 +84,9 @@ def test_a_layer_becomes_one_matmulnbits_close_to_fp32(bits, bound):
     report = quantize_model_nbits(proto, bits=bits, table_bits=None)
     assert report["linear_layers"] == 1 and [n.op_type for n in proto.graph.node] == ["MatMulNBits"]
     x = np.random.default_rng(1).standard_normal((8, 128)).astype(np.float32)
-    y = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    y = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
     exact = x @ w + b
     err = np.abs(y - exact).max() / np.abs(exact).max()
     assert err < bound, err
@@ -96,7 +100,10 @@ def test_int4_bundle_records_its_scheme_and_is_small(int4):
     assert scheme["operators"] == ["MatMulNBits", "GatherBlockQuantized"]
     assert (scheme["weights"]["bits"], scheme["tables"]["bits"]) == (4, 8)
     for label in ("encoder", "decoder", "decoder_fused"):
-        assert scheme["graphs"][label]["product"] == "MatMulNBits" and scheme["graphs"][label]["linear_layers"] > 0
+        assert (
+            scheme["graphs"][label]["product"] == "MatMulNBits"
+            and scheme["graphs"][label]["linear_layers"] > 0
+        )
         assert scheme["graphs"][label]["lookups"] == 1  # the id table of each graph
     fp32 = (tiny_bundle() / "weights.bin").stat().st_size
     assert (int4 / "weights.bin").stat().st_size < 0.3 * fp32
@@ -115,8 +122,10 @@ def test_tied_projection_shares_the_tables_bytes(int4):
         assert table["location"] == fmt.WEIGHTS_FILE
         assert (table["offset"], table["length"]) == (proj["offset"], proj["length"]), name
         inits = {t.name: t for t in proto.graph.initializer}  # the scales: small, inside the graph here
-        assert np.array_equal(numpy_helper.to_array(inits[lookup.input[2]]).reshape(-1),
-                              numpy_helper.to_array(inits[projection[0].input[2]]))
+        assert np.array_equal(
+            numpy_helper.to_array(inits[lookup.input[2]]).reshape(-1),
+            numpy_helper.to_array(inits[projection[0].input[2]]),
+        )
 
 
 @pytest.mark.slow
@@ -138,8 +147,11 @@ def test_python_refuses_an_unknown_scheme_and_an_older_onnxruntime_by_name(int4)
     with pytest.raises(fmt.BundleError, match="quantization_scheme.name='int3-future' is not a scheme"):
         Translator(path, device="cpu", check_hashes=False)
     bundle = fmt.read_bundle(int4)
-    with pytest.raises(fmt.BundleError, match=r"'int4-matmulnbits' \(MatMulNBits, GatherBlockQuantized\) "
-                                              r"needs onnxruntime >= 1\.30\.0.* has onnxruntime 1\.20\.1"):
+    with pytest.raises(
+        fmt.BundleError,
+        match=r"'int4-matmulnbits' \(MatMulNBits, GatherBlockQuantized\) "
+        r"needs onnxruntime >= 1\.30\.0.* has onnxruntime 1\.20\.1",
+    ):
         check_scheme(bundle, "1.20.1")
     check_scheme(bundle, ort.__version__)  # this host's runs it
     check_scheme(fmt.read_bundle(tiny_bundle()), "1.0.0")  # fp32: no scheme, nothing to refuse
@@ -153,9 +165,25 @@ _NODE_SKIP = skip_reason("the Node host (js/)")
 @pytest.mark.parametrize("beam", [1, 4])
 def test_node_decodes_int4_as_python(int4, beam):
     sentences = [s for s, _ in generate_pairs(60, seed=11)]
-    proc = subprocess.run([NODE, str(ROOT / "js" / "bin" / "seq2onnx-js.mjs"), "translate", str(int4), "--json",
-                           "--beam", str(beam), "--threads", "1"], input="".join(s + "\n" for s in sentences),
-                          capture_output=True, text=True, encoding="utf-8", cwd=ROOT / "js", timeout=300)
+    proc = subprocess.run(
+        [
+            NODE,
+            str(ROOT / "js" / "bin" / "seq2onnx-js.mjs"),
+            "translate",
+            str(int4),
+            "--json",
+            "--beam",
+            str(beam),
+            "--threads",
+            "1",
+        ],
+        input="".join(s + "\n" for s in sentences),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        cwd=ROOT / "js",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     got = [json.loads(line) for line in proc.stdout.splitlines()]
     # the Node host drives the standard decoder: so does Python here
@@ -177,7 +205,9 @@ def test_four_bit_tables_load_in_both_checks_and_decode(tmp_path):
     out = export_bundle(tiny_run() / "last", tmp_path / "t4", quantize="int4", table_bits=4)
     scheme = json.loads((out / "bundle.json").read_text())["quantization_scheme"]
     assert scheme["tables"]["bits"] == 4
-    assert (out / "weights.bin").stat().st_size < (tiny_bundle(quantize="int4") / "weights.bin").stat().st_size
+    assert (out / "weights.bin").stat().st_size < (
+        tiny_bundle(quantize="int4") / "weights.bin"
+    ).stat().st_size
     results = Translator(out, device="cpu", intra_threads=1).translate_batch(TEXTS[:8], beam_size=1)
     assert all(r.token_ids[0] for r in results)
 
@@ -202,7 +232,10 @@ def test_browser_runs_int4_as_onnxruntimes_level_0_arithmetic(int4, tmp_path):
     level0 = functools.partial(quantize_graphs_nbits, level=0)
     with mock.patch.object(bundle_module, "quantize_graphs_nbits", level0):
         twin = bundle_module.export_bundle(tiny_run() / "last", tmp_path / "level0", quantize="int4")
-    assert json.loads((twin / "bundle.json").read_text())["quantization_scheme"]["activations"]["accuracy_level"] == 0
+    assert (
+        json.loads((twin / "bundle.json").read_text())["quantization_scheme"]["activations"]["accuracy_level"]
+        == 0
+    )
     site = web.build_site(int4, tmp_path / "site")
     runs = [{"beamSize": 1, "numHypotheses": 1}, {"beamSize": 4, "numHypotheses": 1}]
     report, _ = web.drive_page(site, web.SENTENCES, runs, tmp_path / "page.png")

@@ -6,6 +6,7 @@ and the browser page) take minutes and are not run here. A model with random wei
 sentence, so it decodes to its limit (511 for OPUS-MT's max_length); --max-length caps both hosts.
 
 Needs Node.js and `npm ci --prefix js`; without them the tests skip with one line."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """The reference beam search against docs/decoding.md, on hand-made fake steps with answers
 worked out by hand, and on random tiny Transformers (beam 1 == greedy, batched == alone)."""
+
 from __future__ import annotations
 
 import math
@@ -42,7 +43,9 @@ class TableStep:
             assert tokens.tolist() == [[START]] * len(cache_indices)
             prefixes = [() for _ in cache_indices.tolist()]
         else:
-            prefixes = [state[c] + (int(tok),) for c, tok in zip(cache_indices.tolist(), tokens[:, 0].tolist())]
+            prefixes = [
+                state[c] + (int(tok),) for c, tok in zip(cache_indices.tolist(), tokens[:, 0].tolist())
+            ]
         self.calls.append(prefixes)
         return torch.stack([self.dist(p) for p in prefixes]), prefixes
 
@@ -123,18 +126,22 @@ def test_length_penalty_changes_the_ranking():
 CASE3 = {(): {EOS: 0.6, A: 0.3}, (A,): {EOS: 0.7, B: 0.2}}
 
 
-@pytest.mark.parametrize("min_length, tokens, score", [
-    (0, [EOS], L(0.6)),
-    (1, [A, EOS], L(0.3) + L(0.7)),
-    (2, [A, B, EOS], L(0.3) + L(0.2) + L(0.9)),
-])
+@pytest.mark.parametrize(
+    "min_length, tokens, score",
+    [
+        (0, [EOS], L(0.6)),
+        (1, [A, EOS], L(0.3) + L(0.7)),
+        (2, [A, B, EOS], L(0.3) + L(0.2) + L(0.9)),
+    ],
+)
 def test_min_length_forbids_the_end_token(min_length, tokens, score):
     for k in (1, 2):
         hyps, _ = search(CASE3, beam_size=k, max_length=10, min_length=min_length)
         assert hyps[0].tokens == tokens, k
         assert hyps[0].score == pytest.approx(score, abs=1e-12)
-    greedy = greedy_search(TableStep(CASE3), None, rows=1, start_id=START, eos_id=EOS, max_length=10,
-                           min_length=min_length)
+    greedy = greedy_search(
+        TableStep(CASE3), None, rows=1, start_id=START, eos_id=EOS, max_length=10, min_length=min_length
+    )
     assert greedy[0].tokens == tokens and greedy[0].score == pytest.approx(score, abs=1e-12)
 
 
@@ -202,8 +209,7 @@ class RandomStep:
 @pytest.mark.parametrize("seed", range(6))
 def test_beam_one_equals_greedy_on_fake_step(seed):
     step = RandomStep(seed, eos_boost=-1.0)
-    beam = beam_search(step, None, beam_size=1, start_id=START, eos_id=EOS, max_length=15,
-                       length_penalty=1.0)
+    beam = beam_search(step, None, beam_size=1, start_id=START, eos_id=EOS, max_length=15, length_penalty=1.0)
     greedy = greedy_search(step, None, rows=1, start_id=START, eos_id=EOS, max_length=15)
     assert beam[0].tokens == greedy[0].tokens
     assert abs(beam[0].score - greedy[0].score) <= 1e-9
@@ -229,8 +235,18 @@ def _random_model(seed: int, pre_norm: bool = False, eos_pull: float = 1.4):
     from seq2onnx.model.transformer import Transformer
 
     torch.manual_seed(seed)
-    cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=25, d_model=16, n_heads=2, n_encoder_layers=1,
-                      n_decoder_layers=2, d_ff=32, dropout=0.0, max_positions=64, pre_norm=pre_norm)
+    cfg = ModelConfig(
+        src_vocab_size=30,
+        tgt_vocab_size=25,
+        d_model=16,
+        n_heads=2,
+        n_encoder_layers=1,
+        n_decoder_layers=2,
+        d_ff=32,
+        dropout=0.0,
+        max_positions=64,
+        pre_norm=pre_norm,
+    )
     model = Transformer(cfg).eval()
     with torch.no_grad():
         # Sharper outputs, and a pull towards the end token through the bias of the last norm,
@@ -266,8 +282,14 @@ def test_beam_one_equals_greedy_on_tiny_transformer(pre_norm, seed):
         src = torch.tensor([s])
         step, state = model_step(model, src, torch.ones_like(src, dtype=torch.bool))
         with torch.no_grad():
-            beam = beam_search(step, state, beam_size=1, start_id=cfg.decoder_start_id, eos_id=cfg.eos_id,
-                               max_length=int(1.5 * len(s)) + 10)
+            beam = beam_search(
+                step,
+                state,
+                beam_size=1,
+                start_id=cfg.decoder_start_id,
+                eos_id=cfg.eos_id,
+                max_length=int(1.5 * len(s)) + 10,
+            )
         assert beam[0].tokens == g[0].tokens
         assert abs(beam[0].score - g[0].score) <= 1e-9
     # Both kinds of stop are covered: by the end token and by the length limit.
@@ -305,14 +327,17 @@ def test_translate_ids_beam_returns_sorted_nbest():
 # Arguments
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(beam_size=0), r"beam_size=0"),
-    (dict(beam_size=2, max_length=0), r"max_length=0"),
-    (dict(beam_size=2, max_length=3, min_length=3), r"min_length=3 must lie in \[0, max_length=3\)"),
-    (dict(beam_size=2, min_length=-1), r"min_length=-1"),
-    (dict(beam_size=2, num_hypotheses=3), r"num_hypotheses=3 must lie in \[1, beam_size=2\]"),
-    (dict(beam_size=2, num_hypotheses=0), r"num_hypotheses=0"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(beam_size=0), r"beam_size=0"),
+        (dict(beam_size=2, max_length=0), r"max_length=0"),
+        (dict(beam_size=2, max_length=3, min_length=3), r"min_length=3 must lie in \[0, max_length=3\)"),
+        (dict(beam_size=2, min_length=-1), r"min_length=-1"),
+        (dict(beam_size=2, num_hypotheses=3), r"num_hypotheses=3 must lie in \[1, beam_size=2\]"),
+        (dict(beam_size=2, num_hypotheses=0), r"num_hypotheses=0"),
+    ],
+)
 def test_bad_arguments_raise(kw, match):
     kw.setdefault("max_length", 5)
     with pytest.raises(ValueError, match=match):

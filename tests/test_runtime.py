@@ -1,6 +1,7 @@
 """runtime.translator.Translator on the tiny bundle (CPU provider): torch-free import, token-for-token
 parity with the PyTorch reference (model.search.translate_ids), the API, bad input, damaged
 bundles and sharing one Translator between threads."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -16,7 +17,13 @@ import pytest
 import torch
 
 from seq2onnx.runtime.bundle import BundleError
-from seq2onnx.runtime.session_tuning import DECODER_SPIN_US, ENCODER_SPIN_US, SessionTuning, _version, spin_settings
+from seq2onnx.runtime.session_tuning import (
+    DECODER_SPIN_US,
+    ENCODER_SPIN_US,
+    SessionTuning,
+    _version,
+    spin_settings,
+)
 from seq2onnx.runtime import sessions as sessions_module
 from seq2onnx.runtime.devices import cuda_usable as _cuda_usable
 from seq2onnx.runtime.translator import TranslationResult, Translator
@@ -85,8 +92,13 @@ print(json.dumps({"hyps": [x.hypotheses[0] for x in r], "stream": g, "loaded": l
 
 @pytest.mark.parametrize("mode", ["plain", "block"])
 def test_runtime_is_torch_free(bundle, mode):
-    proc = subprocess.run([sys.executable, "-c", _TORCH_FREE, str(bundle), mode], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _TORCH_FREE, str(bundle), mode],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["loaded"] == []
@@ -94,6 +106,7 @@ def test_runtime_is_torch_free(bundle, mode):
 
 
 # -- parity with the PyTorch reference -------------------------------------------------------------
+
 
 def test_greedy_parity_on_the_test_split(any_translator, reference):
     from seq2onnx.model.search import translate_ids
@@ -109,7 +122,9 @@ def test_greedy_parity_on_the_test_split(any_translator, reference):
         assert r.scores[0] == pytest.approx(h.score, abs=1e-4)
         assert r.hypotheses == [tok.decode_target(h.tokens)]
     # the same from text: the runtime tokenises like the checkpoint's tokenizer
-    assert [r.token_ids for r in any_translator.translate_batch(sentences, beam_size=1)] == [r.token_ids for r in got]
+    assert [r.token_ids for r in any_translator.translate_batch(sentences, beam_size=1)] == [
+        r.token_ids for r in got
+    ]
     assert len({tuple(r.token_ids[0]) for r in got}) > 10  # a model that does translate, not a constant
 
 
@@ -131,8 +146,14 @@ def beam_reference(reference):
 def test_beam_parity_n_best(any_translator, beam_reference, max_batch_size):
     ids, want = beam_reference
     for (k, alpha), hyps in want.items():
-        got = any_translator.translate_batch(ids, beam_size=k, length_penalty=alpha, num_hypotheses=k,
-                                         return_scores=True, max_batch_size=max_batch_size)
+        got = any_translator.translate_batch(
+            ids,
+            beam_size=k,
+            length_penalty=alpha,
+            num_hypotheses=k,
+            return_scores=True,
+            max_batch_size=max_batch_size,
+        )
         for i, (r, ref) in enumerate(zip(got, hyps)):
             assert len(r.token_ids) == len(ref) == k
             assert r.token_ids == [_strip_eos(h.tokens) for h in ref], (k, alpha, i)
@@ -155,7 +176,9 @@ def test_text_translation_matches_reference(any_translator, reference):
     model, tok, sentences = reference
     for s in sentences[:8]:
         [[h]] = translate_ids(model, [tok.encode_source(s)], beam_size=4, length_penalty=1.0)
-        assert any_translator.translate(s) == tok.decode_target(h.tokens)  # bundle defaults: beam 4, penalty 1.0
+        assert any_translator.translate(s) == tok.decode_target(
+            h.tokens
+        )  # bundle defaults: beam 4, penalty 1.0
         assert any_translator.translate(s, beam_size=4, length_penalty=1.0) == tok.decode_target(h.tokens)
 
 
@@ -164,8 +187,10 @@ def test_min_and_max_decoding_length(any_translator, reference):
 
     model, tok, sentences = reference
     ids = [tok.encode_source(s) for s in sentences[:6]]
-    for kw, ref_kw in ((dict(max_decoding_length=3), dict(max_length=3)),
-                       (dict(min_decoding_length=12), dict(min_length=12))):
+    for kw, ref_kw in (
+        (dict(max_decoding_length=3), dict(max_length=3)),
+        (dict(min_decoding_length=12), dict(min_length=12)),
+    ):
         for k in (1, 2):
             got = any_translator.translate_batch(ids, beam_size=k, **kw)
             want = translate_ids(model, ids, beam_size=k, **ref_kw)
@@ -175,12 +200,17 @@ def test_min_and_max_decoding_length(any_translator, reference):
     long = any_translator.translate_batch(ids, beam_size=2, min_decoding_length=12)
     assert all(len(r.token_ids[0]) >= 12 for r in long)
     # the default limit, 1.5 x source length + 10 (bundle.json), binds when the end token is held off
-    assert any_translator.bundle.decoding["max_length_a"] == 1.5 and any_translator.bundle.decoding["max_length_b"] == 10
+    assert (
+        any_translator.bundle.decoding["max_length_a"] == 1.5
+        and any_translator.bundle.decoding["max_length_b"] == 10
+    )
     hit_limit = 0
     for s in ids:
         limit = int(1.5 * len(s)) + 10
         for k in (1, 2):
-            [r] = any_translator.translate_batch([s], beam_size=k, min_decoding_length=limit - 1, return_scores=True)
+            [r] = any_translator.translate_batch(
+                [s], beam_size=k, min_decoding_length=limit - 1, return_scores=True
+            )
             [[h]] = translate_ids(model, [s], beam_size=k, min_length=limit - 1)
             assert r.token_ids == [_strip_eos(h.tokens)] and r.scores[0] == pytest.approx(h.score, abs=1e-4)
             assert len(r.token_ids[0]) in (limit - 1, limit)
@@ -189,6 +219,7 @@ def test_min_and_max_decoding_length(any_translator, reference):
 
 
 # -- API -------------------------------------------------------------------------------------------
+
 
 @pytest.mark.skipif(_cuda_usable()[0], reason="this machine can run CUDA")
 def test_device_auto_and_cuda_without_gpu(bundle):
@@ -206,16 +237,25 @@ def test_device_auto_and_cuda_without_gpu(bundle):
 def test_spinning_is_bounded_by_default_and_changes_no_output(bundle, translator, reference):
     sentences = reference[2][:8]
     # onnxruntime reads session.intra_op.spin_duration_us from 1.26 on (written out, not the runtime's constant)
-    bounded = ({"encoder": ("1", "100"), "decoder": ("1", "1000")} if _version(ort.__version__) >= (1, 26)
-               else {"encoder": ("0", ""), "decoder": ("1", "")})
+    bounded = (
+        {"encoder": ("1", "100"), "decoder": ("1", "1000")}
+        if _version(ort.__version__) >= (1, 26)
+        else {"encoder": ("0", ""), "decoder": ("1", "")}
+    )
     none = Translator(bundle, device="cpu", _tuning=SessionTuning(thread_spinning="none"))
     unbounded = Translator(bundle, device="cpu", _tuning=SessionTuning(thread_spinning="unbounded"))
-    cases = [(translator, bounded), (none, {"encoder": ("0", ""), "decoder": ("0", "")}),
-             (unbounded, {"encoder": ("1", ""), "decoder": ("1", "")})]
+    cases = [
+        (translator, bounded),
+        (none, {"encoder": ("0", ""), "decoder": ("0", "")}),
+        (unbounded, {"encoder": ("1", ""), "decoder": ("1", "")}),
+    ]
     for t, expected in cases:
         for graph, session in (("encoder", t.encoder), ("decoder", t.decoder)):
             options = session.get_session_options()
-            got = tuple(_entry(options, k) for k in ("session.intra_op.allow_spinning", "session.intra_op.spin_duration_us"))
+            got = tuple(
+                _entry(options, k)
+                for k in ("session.intra_op.allow_spinning", "session.intra_op.spin_duration_us")
+            )
             assert got == expected[graph], (graph, got)
     want = [r.hypotheses for r in none.translate_batch(sentences, beam_size=2)]
     assert want == [r.hypotheses for r in translator.translate_batch(sentences, beam_size=2)]
@@ -229,7 +269,9 @@ def test_float_cpu_sessions_plan_no_memory_patterns(translator):
     for label, session in loaded.items():
         assert session.get_session_options().enable_mem_pattern is False, label
     # int8 graphs keep them (two threads at one row were 25-30% slower without), and so does CUDA
-    assert sessions_module.session_options(SessionTuning(), 1, "decoder", "cpu", True).enable_mem_pattern is True
+    assert (
+        sessions_module.session_options(SessionTuning(), 1, "decoder", "cpu", True).enable_mem_pattern is True
+    )
     int8 = Translator(tiny_bundle(quantize="int8"), device="cpu")
     assert int8.decoder.get_session_options().enable_mem_pattern is True
     assert sessions_module.session_options(SessionTuning(), 1, "decoder", "cuda").enable_mem_pattern is True
@@ -244,17 +286,35 @@ def _entry(options, key: str) -> str:
 
 def test_spin_settings_follow_the_onnxruntime_version():
     assert spin_settings("bounded", "encoder", "1.32.0") == {
-        "session.intra_op.allow_spinning": "1", "session.intra_op.spin_duration_us": str(ENCODER_SPIN_US)}
-    assert spin_settings("bounded", "decoder", "1.26.0")["session.intra_op.spin_duration_us"] == str(DECODER_SPIN_US)
-    assert spin_settings("bounded", "decoder", "1.27.0.dev20260401")["session.intra_op.spin_duration_us"] == "1000"
+        "session.intra_op.allow_spinning": "1",
+        "session.intra_op.spin_duration_us": str(ENCODER_SPIN_US),
+    }
+    assert spin_settings("bounded", "decoder", "1.26.0")["session.intra_op.spin_duration_us"] == str(
+        DECODER_SPIN_US
+    )
+    assert (
+        spin_settings("bounded", "decoder", "1.27.0.dev20260401")["session.intra_op.spin_duration_us"]
+        == "1000"
+    )
     # An onnxruntime that cannot bound a spin: only the decoder spins.
     assert spin_settings("bounded", "encoder", "1.25.1") == {"session.intra_op.allow_spinning": "0"}
     assert spin_settings("bounded", "decoder", "1.18.0") == {"session.intra_op.allow_spinning": "1"}
     assert spin_settings("none", "decoder", "1.32.0") == {"session.intra_op.allow_spinning": "0"}
 
 
-@pytest.mark.parametrize("text, want", [("1.32.0", (1, 32)), ("1.32.0+cpu", (1, 32)), ("1.27.0.dev20260401", (1, 27)),
-                                        ("2", (2, 0)), ("1.3rc27", (1, 3)), ("", (0, 0)), ("abc", (0, 0)), ("1.²", (1, 0))])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("1.32.0", (1, 32)),
+        ("1.32.0+cpu", (1, 32)),
+        ("1.27.0.dev20260401", (1, 27)),
+        ("2", (2, 0)),
+        ("1.3rc27", (1, 3)),
+        ("", (0, 0)),
+        ("abc", (0, 0)),
+        ("1.²", (1, 0)),
+    ],
+)
 def test_version_reads_leading_digits(text, want):
     assert _version(text) == want
 
@@ -284,7 +344,9 @@ def test_return_scores_num_hypotheses_and_repr(translator):
     norm = [s / (len(t) + 1) for s, t in zip(r.scores, r.token_ids)]
     assert norm == sorted(norm, reverse=True)
     text_repr = repr(r)
-    assert text_repr.startswith("TranslationResult(") and r.hypotheses[0] in text_repr and "scores=" in text_repr
+    assert (
+        text_repr.startswith("TranslationResult(") and r.hypotheses[0] in text_repr and "scores=" in text_repr
+    )
     assert "scores=" not in repr(plain) and len(text_repr) < 400
     with pytest.raises(ValueError, match="num_hypotheses"):
         translator.translate_batch([text], beam_size=2, num_hypotheses=3)
@@ -306,7 +368,9 @@ def test_translate_iterable_keeps_order_and_reads_lazily(translator, reference):
     first = next(it)
     assert len(pulled) == 4  # reads one batch at a time
     results = [first, *it]
-    assert [r.hypotheses for r in results] == [r.hypotheses for r in translator.translate_batch(lines, beam_size=2)]
+    assert [r.hypotheses for r in results] == [
+        r.hypotheses for r in translator.translate_batch(lines, beam_size=2)
+    ]
     assert [r.hypotheses for r in results] == [[translator.translate(s, beam_size=2)] for s in lines]
     assert results[9].hypotheses == [""] and results[10].hypotheses == [""]
 
@@ -329,7 +393,9 @@ def test_sampling_reproducible_with_seed(any_translator, reference):
     b = any_translator.translate_batch(src, sampling_temperature=1.5, seed=7, return_scores=True)
     c = any_translator.translate_batch(src, sampling_temperature=1.5, seed=8)
     greedy = any_translator.translate_batch(src, beam_size=1)
-    assert [r.token_ids for r in a] == [r.token_ids for r in b] and [r.scores for r in a] == [r.scores for r in b]
+    assert [r.token_ids for r in a] == [r.token_ids for r in b] and [r.scores for r in a] == [
+        r.scores for r in b
+    ]
     assert [r.token_ids for r in a] != [r.token_ids for r in c]
     assert [r.token_ids for r in a] != [r.token_ids for r in greedy]
     topk1 = any_translator.translate_batch(src, sampling_temperature=1.0, sampling_topk=1, seed=1)
@@ -340,8 +406,11 @@ def test_sampling_reproducible_with_seed(any_translator, reference):
 
 # -- bad input -------------------------------------------------------------------------------------
 
+
 def test_empty_and_whitespace_give_empty_translation(translator):
-    res = translator.translate_batch(["", "  \t ", "the cat dances in the box"], beam_size=2, return_scores=True)
+    res = translator.translate_batch(
+        ["", "  \t ", "the cat dances in the box"], beam_size=2, return_scores=True
+    )
     assert [r.hypotheses for r in res[:2]] == [[""], [""]]
     assert [r.token_ids for r in res[:2]] == [[[]], [[]]]
     assert res[2].hypotheses[0]
@@ -409,12 +478,15 @@ def test_ids_with_or_without_end_token_are_the_same_source(translator, reference
     for s in sentences[:5]:
         ids = tok.encode_source(s)
         assert ids[-1] == EOS
-        a, b, c, d = translator.translate_batch([ids, ids[:-1], np.array(ids), s], beam_size=2, return_scores=True)
+        a, b, c, d = translator.translate_batch(
+            [ids, ids[:-1], np.array(ids), s], beam_size=2, return_scores=True
+        )
         assert a.token_ids == b.token_ids == c.token_ids == d.token_ids
         assert a.scores == b.scores == c.scores == d.scores
 
 
 # -- damaged bundles -------------------------------------------------------------------------------
+
 
 def _truncate(path: Path) -> None:
     data = path.read_bytes()
@@ -423,7 +495,9 @@ def _truncate(path: Path) -> None:
 
 def test_intact_copy_loads(bundle):
     copy = _copy(bundle, "intact")
-    assert Translator(copy, device="cpu").translate("the cat") == Translator(bundle, device="cpu").translate("the cat")
+    assert Translator(copy, device="cpu").translate("the cat") == Translator(bundle, device="cpu").translate(
+        "the cat"
+    )
 
 
 def _outside(path):
@@ -445,15 +519,26 @@ def _swapped_graphs(path):
 # Each damage done to a copy of the bundle, and the names its error must carry.
 DAMAGES = {
     "missing_json": (lambda p: (p / "bundle.json").unlink(), ["bundle.json", "missing"]),
-    "invalid_json": (lambda p: (p / "bundle.json").write_text('{"format": "seq2onnx-bundle", '), ["bundle.json", "JSON"]),
+    "invalid_json": (
+        lambda p: (p / "bundle.json").write_text('{"format": "seq2onnx-bundle", '),
+        ["bundle.json", "JSON"],
+    ),
     "not_object": (lambda p: (p / "bundle.json").write_text("[1, 2]"), ["bundle.json"]),
-    "format_version": (lambda p: _edit_meta(p, lambda m: m.update(format_version=2)), ["bundle.json", "format_version"]),
+    "format_version": (
+        lambda p: _edit_meta(p, lambda m: m.update(format_version=2)),
+        ["bundle.json", "format_version"],
+    ),
     "missing_field": (lambda p: _edit_meta(p, lambda m: m.pop("graphs")), ["bundle.json", "graphs"]),
     "missing_decoder": (lambda p: (p / "decoder.onnx").unlink(), ["decoder.onnx", "missing"]),
     # another size than bundle.json's files.<key>.size: refused before the file is read (issue 60)
-    "truncated_encoder": (lambda p: _truncate(p / "encoder.onnx"), ["encoder.onnx", "bundle.json records", "(size)"]),
-    "replaced_tokenizer": (lambda p: shutil.copy(p / "source.spm.model", p / "target.spm.model"),
-                           ["target.spm.model", "(size)"]),
+    "truncated_encoder": (
+        lambda p: _truncate(p / "encoder.onnx"),
+        ["encoder.onnx", "bundle.json records", "(size)"],
+    ),
+    "replaced_tokenizer": (
+        lambda p: shutil.copy(p / "source.spm.model", p / "target.spm.model"),
+        ["target.spm.model", "(size)"],
+    ),
     "outside": (_outside, ["'../x'", "outside"]),
     "absolute": (_absolute, ["outside"]),
     "swapped_graphs": (_swapped_graphs, ["encoder.onnx"]),
@@ -490,13 +575,18 @@ def test_truncated_graph_without_hash_check_is_a_bundle_error(bundle):
 
 # -- threads ---------------------------------------------------------------------------------------
 
+
 def test_one_translator_shared_by_threads(translator, reference):
     _, _, sentences = reference
     src = sentences[:12]
     serial = translator.translate_batch(src, beam_size=2, return_scores=True)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(translator.translate_batch, src, beam_size=2, return_scores=True,
-                               max_batch_size=4 + i % 3) for i in range(16)]
+        futures = [
+            pool.submit(
+                translator.translate_batch, src, beam_size=2, return_scores=True, max_batch_size=4 + i % 3
+            )
+            for i in range(16)
+        ]
         results = [f.result(timeout=120) for f in futures]
     for got in results:
         assert [r.token_ids for r in got] == [r.token_ids for r in serial]
@@ -506,10 +596,12 @@ def test_one_translator_shared_by_threads(translator, reference):
 
 # -- regressions of bugs found by these tests ----------------------------------------------------
 
+
 def test_sampling_honours_or_refuses_num_hypotheses(translator):
     try:
-        [r] = translator.translate_batch(["the cat dances in the box"], sampling_temperature=1.0, num_hypotheses=3,
-                                         seed=1)
+        [r] = translator.translate_batch(
+            ["the cat dances in the box"], sampling_temperature=1.0, num_hypotheses=3, seed=1
+        )
     except ValueError:
         return
     assert len(r.hypotheses) == 3

@@ -1,6 +1,7 @@
 """The runtime's API: options checked by type and range, the onnxruntime install check, huge
 lines tokenised cheaply and exactly, seeded samples independent of their batch, and
 generate_tokens yielding text that joins to the greedy translation."""
+
 from __future__ import annotations
 
 import inspect
@@ -23,45 +24,49 @@ NAN = float("nan")
 
 # -- options ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kw, name", [
-    (dict(max_decoding_length=2.5), "max_decoding_length"),
-    (dict(max_decoding_length=True), "max_decoding_length"),
-    (dict(max_decoding_length=0), "max_decoding_length"),
-    (dict(max_decoding_length=129), "max_decoding_length"),
-    (dict(min_decoding_length=-1), "min_decoding_length"),
-    (dict(min_decoding_length=1.0), "min_decoding_length"),
-    (dict(min_decoding_length=5, max_decoding_length=5), "min_decoding_length=5"),
-    (dict(min_decoding_length=9, max_decoding_length=3), "max_decoding_length=3"),
-    (dict(min_decoding_length=128), "min_decoding_length"),
-    (dict(length_penalty=NAN), "length_penalty"),
-    (dict(length_penalty=float("inf")), "length_penalty"),
-    (dict(length_penalty="1"), "length_penalty"),
-    (dict(sampling_temperature=NAN), "sampling_temperature"),
-    (dict(sampling_temperature=0), "sampling_temperature"),
-    (dict(sampling_temperature=-1.0), "sampling_temperature"),
-    (dict(sampling_temperature=True), "sampling_temperature"),
-    (dict(beam_size="4"), "beam_size"),
-    (dict(beam_size=0), "beam_size"),
-    (dict(beam_size=True), "beam_size"),
-    (dict(beam_size=2.0), "beam_size"),
-    (dict(beam_size=61), "beam_size"),  # 2 x 61 > 120 target pieces
-    (dict(seed=-1), "seed"),
-    (dict(seed=True, sampling_temperature=1.0), "seed"),
-    (dict(seed=1.5, sampling_temperature=1.0), "seed"),
-    (dict(num_hypotheses=0), "num_hypotheses"),
-    (dict(num_hypotheses=5, beam_size=4), "num_hypotheses"),
-    (dict(num_hypotheses=1.0), "num_hypotheses"),
-    (dict(max_batch_size=0), "max_batch_size"),
-    (dict(max_batch_size=True), "max_batch_size"),
-    (dict(max_batch_size=None), "max_batch_size"),
-    (dict(sampling_topk=-1), "sampling_topk"),
-    (dict(sampling_topk=2.0), "sampling_topk"),
-    (dict(sampling_topp=0.0), "sampling_topp"),
-    (dict(sampling_topp=1.5), "sampling_topp"),
-    (dict(sampling_topp=NAN), "sampling_topp"),
-    (dict(return_scores=1), "return_scores"),
-    (dict(truncate="yes"), "truncate"),
-])
+
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        (dict(max_decoding_length=2.5), "max_decoding_length"),
+        (dict(max_decoding_length=True), "max_decoding_length"),
+        (dict(max_decoding_length=0), "max_decoding_length"),
+        (dict(max_decoding_length=129), "max_decoding_length"),
+        (dict(min_decoding_length=-1), "min_decoding_length"),
+        (dict(min_decoding_length=1.0), "min_decoding_length"),
+        (dict(min_decoding_length=5, max_decoding_length=5), "min_decoding_length=5"),
+        (dict(min_decoding_length=9, max_decoding_length=3), "max_decoding_length=3"),
+        (dict(min_decoding_length=128), "min_decoding_length"),
+        (dict(length_penalty=NAN), "length_penalty"),
+        (dict(length_penalty=float("inf")), "length_penalty"),
+        (dict(length_penalty="1"), "length_penalty"),
+        (dict(sampling_temperature=NAN), "sampling_temperature"),
+        (dict(sampling_temperature=0), "sampling_temperature"),
+        (dict(sampling_temperature=-1.0), "sampling_temperature"),
+        (dict(sampling_temperature=True), "sampling_temperature"),
+        (dict(beam_size="4"), "beam_size"),
+        (dict(beam_size=0), "beam_size"),
+        (dict(beam_size=True), "beam_size"),
+        (dict(beam_size=2.0), "beam_size"),
+        (dict(beam_size=61), "beam_size"),  # 2 x 61 > 120 target pieces
+        (dict(seed=-1), "seed"),
+        (dict(seed=True, sampling_temperature=1.0), "seed"),
+        (dict(seed=1.5, sampling_temperature=1.0), "seed"),
+        (dict(num_hypotheses=0), "num_hypotheses"),
+        (dict(num_hypotheses=5, beam_size=4), "num_hypotheses"),
+        (dict(num_hypotheses=1.0), "num_hypotheses"),
+        (dict(max_batch_size=0), "max_batch_size"),
+        (dict(max_batch_size=True), "max_batch_size"),
+        (dict(max_batch_size=None), "max_batch_size"),
+        (dict(sampling_topk=-1), "sampling_topk"),
+        (dict(sampling_topk=2.0), "sampling_topk"),
+        (dict(sampling_topp=0.0), "sampling_topp"),
+        (dict(sampling_topp=1.5), "sampling_topp"),
+        (dict(sampling_topp=NAN), "sampling_topp"),
+        (dict(return_scores=1), "return_scores"),
+        (dict(truncate="yes"), "truncate"),
+    ],
+)
 def test_translate_batch_options_are_checked(translator, kw, name):
     with pytest.raises(ValueError, match=name) as e:
         translator.translate_batch(["the cat"], **kw)
@@ -79,7 +84,9 @@ def test_one_options_dataclass(translator):
     # translate spells its options out, and both entry points refuse an unknown one
     params = inspect.signature(Translator.translate).parameters
     assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
-    assert {"beam_size", "length_penalty", "max_decoding_length", "sampling_temperature", "seed"} <= set(params)
+    assert {"beam_size", "length_penalty", "max_decoding_length", "sampling_temperature", "seed"} <= set(
+        params
+    )
     with pytest.raises(TypeError):
         translator.translate("the cat", beams=2)
     with pytest.raises(TypeError):
@@ -124,8 +131,10 @@ def test_cuda_float32_products_are_full_float32_unless_tf32_is_asked_for():
     from seq2onnx.runtime.session_tuning import SessionTuning
     from seq2onnx.runtime.devices import providers_for
 
-    assert providers_for("cuda", SessionTuning().tf32) == [("CUDAExecutionProvider", {"use_tf32": "0"}),
-                                                           "CPUExecutionProvider"]
+    assert providers_for("cuda", SessionTuning().tf32) == [
+        ("CUDAExecutionProvider", {"use_tf32": "0"}),
+        "CPUExecutionProvider",
+    ]
     assert providers_for("cuda", True)[0] == ("CUDAExecutionProvider", {"use_tf32": "1"})
     assert providers_for("cpu", True) == ["CPUExecutionProvider"]
     with pytest.raises(ValueError, match="tf32"):
@@ -141,6 +150,7 @@ def test_measuring_knobs_left_the_public_constructor():
 
 # -- the onnxruntime install check ----------------------------------------------------------------
 
+
 class _Dist:
     def __init__(self, name: str, top: str | None = "onnxruntime", version: str = "1.20.0"):
         self.metadata = {"Name": name}
@@ -153,15 +163,32 @@ class _Dist:
     files = None
 
 
-@pytest.mark.parametrize("names, words", [
-    (["onnxruntime", "onnxruntime-gpu"], ["onnxruntime 1.20.0 and onnxruntime-gpu 1.20.0 are both installed",
-                                          "pip uninstall -y onnxruntime onnxruntime-gpu && pip install 'seq2onnx[gpu]'"]),
-    (["onnxruntime", "onnxruntime_directml"], ["onnxruntime-directml", "pip uninstall -y onnxruntime onnxruntime-directml",
-                                               "seq2onnx[cpu]"]),
-    (["onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime"], ["all installed", "onnxruntime-openvino"]),
-])
+@pytest.mark.parametrize(
+    "names, words",
+    [
+        (
+            ["onnxruntime", "onnxruntime-gpu"],
+            [
+                "onnxruntime 1.20.0 and onnxruntime-gpu 1.20.0 are both installed",
+                "pip uninstall -y onnxruntime onnxruntime-gpu && pip install 'seq2onnx[gpu]'",
+            ],
+        ),
+        (
+            ["onnxruntime", "onnxruntime_directml"],
+            ["onnxruntime-directml", "pip uninstall -y onnxruntime onnxruntime-directml", "seq2onnx[cpu]"],
+        ),
+        (
+            ["onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime"],
+            ["all installed", "onnxruntime-openvino"],
+        ),
+    ],
+)
 def test_two_flavours_installed(monkeypatch, names, words):
-    monkeypatch.setattr(ort_install, "_candidates", lambda: [_Dist("onnxruntime-genai", "onnxruntime_genai"), *map(_Dist, names)])
+    monkeypatch.setattr(
+        ort_install,
+        "_candidates",
+        lambda: [_Dist("onnxruntime-genai", "onnxruntime_genai"), *map(_Dist, names)],
+    )
     with pytest.raises(ImportError) as e:
         ort_install.import_onnxruntime()
     for word in words:
@@ -169,8 +196,11 @@ def test_two_flavours_installed(monkeypatch, names, words):
 
 
 def test_one_flavour_beside_onnxruntime_addons(monkeypatch):
-    dists = [_Dist("onnxruntime-gpu"), _Dist("onnxruntime-genai", "onnxruntime_genai"),
-             _Dist("onnxruntime_extensions", "onnxruntime_extensions")]
+    dists = [
+        _Dist("onnxruntime-gpu"),
+        _Dist("onnxruntime-genai", "onnxruntime_genai"),
+        _Dist("onnxruntime_extensions", "onnxruntime_extensions"),
+    ]
     monkeypatch.setattr(ort_install, "_candidates", lambda: dists)
     assert ort_install.onnxruntime_distributions() == ["onnxruntime-gpu 1.20.0"]
     assert ort_install.import_onnxruntime().__name__ == "onnxruntime"
@@ -183,8 +213,11 @@ def test_no_onnxruntime_installed(monkeypatch):
         raise ModuleNotFoundError(f"No module named {name!r}")
 
     monkeypatch.setattr(ort_install.importlib, "import_module", no_module)
-    with pytest.raises(ImportError, match=r"onnxruntime is not installed: pip install 'seq2onnx\[cpu\]' "
-                                          r"\(or 'seq2onnx\[gpu\]' on a CUDA machine\)"):
+    with pytest.raises(
+        ImportError,
+        match=r"onnxruntime is not installed: pip install 'seq2onnx\[cpu\]' "
+        r"\(or 'seq2onnx\[gpu\]' on a CUDA machine\)",
+    ):
         ort_install.import_onnxruntime()
 
 
@@ -209,14 +242,20 @@ def test_translator_import_runs_the_check(tmp_path):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: 1.20.0\n\n")
     (info / "top_level.txt").write_text("onnxruntime\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", _BOTH], capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", _BOTH], capture_output=True, text=True, cwd=ROOT, timeout=60, env=env
+    )
     assert proc.returncode == 0, proc.stderr
     assert "onnxruntime-gpu 1.20.0 are both installed" in proc.stdout and "pip uninstall -y" in proc.stdout
 
 
 def test_the_scan_reads_only_onnxruntime_named_metadata(tmp_path, monkeypatch):
-    for name, top in (("onnxruntime_gpu-1.20.0.dist-info", "onnxruntime"), ("numpy-2.0.dist-info", "numpy"),
-                      ("ort_nightly-1.21.dev1.dist-info", "onnxruntime"), ("onnxruntime_genai-0.5.dist-info", "onnxruntime_genai")):
+    for name, top in (
+        ("onnxruntime_gpu-1.20.0.dist-info", "onnxruntime"),
+        ("numpy-2.0.dist-info", "numpy"),
+        ("ort_nightly-1.21.dev1.dist-info", "onnxruntime"),
+        ("onnxruntime_genai-0.5.dist-info", "onnxruntime_genai"),
+    ):
         info = tmp_path / name
         info.mkdir()
         dist, version = name.removesuffix(".dist-info").split("-", 1)
@@ -228,10 +267,30 @@ def test_the_scan_reads_only_onnxruntime_named_metadata(tmp_path, monkeypatch):
 
 # -- huge lines ------------------------------------------------------------------------------------
 
+
 def _texts():
     rng = np.random.default_rng(4)
-    words = ["the", "cat", "dances", "in", "box", "a", "small", "bird", "sleeps", "漢字", "🙂", "queen", "x" * 40,
-             "\u0301e", "mice", "old", "\tteacher", "  ", "na"]
+    words = [
+        "the",
+        "cat",
+        "dances",
+        "in",
+        "box",
+        "a",
+        "small",
+        "bird",
+        "sleeps",
+        "漢字",
+        "🙂",
+        "queen",
+        "x" * 40,
+        "\u0301e",
+        "mice",
+        "old",
+        "\tteacher",
+        "  ",
+        "na",
+    ]
     for n in (300, 2_000, 9_000):
         yield " ".join(words[i] for i in rng.integers(0, len(words), n))
     yield "abcdefghij" * 9_000  # 90,000 characters without a space: cut mid-word
@@ -249,7 +308,10 @@ def test_truncation_equals_cutting_the_full_tokenisation(translator):
             with pytest.raises(ValueError, match=f"(more than {limit}|{len(full)}) tokens.*truncate=True"):
                 translator.prepare_source(text)
     short = "the cat dances in the box"
-    assert translator.prepare_source(short) == (translator.source_tokenizer.encode(short) + [translator.eos_id], False)
+    assert translator.prepare_source(short) == (
+        translator.source_tokenizer.encode(short) + [translator.eos_id],
+        False,
+    )
 
 
 class _Recording:
@@ -286,6 +348,7 @@ def test_a_20_mb_line_is_tokenised_by_a_small_prefix(translator, monkeypatch):
 
 # -- sampling --------------------------------------------------------------------------------------
 
+
 def test_a_seeded_sample_does_not_depend_on_its_batch(translator):
     s = "the queen sees young mice with an old box"
     others = ["a cat", "the small teacher found 15 sad children under the garden", "a bird", "the dog ate"]
@@ -305,9 +368,18 @@ def test_a_seeded_sample_does_not_depend_on_its_batch(translator):
 
 # -- generate_tokens -------------------------------------------------------------------------------
 
+
 def test_generate_tokens_joins_to_the_greedy_translation(translator):
-    texts = ["the cat dances in the box", "a small bird sleeps", "漢字 ☃ 🙂 the cat", "the queen sees young mice",
-             "15 sad children", "x", "\x00\x01 dog", "the  cat\tin   the box"]
+    texts = [
+        "the cat dances in the box",
+        "a small bird sleeps",
+        "漢字 ☃ 🙂 the cat",
+        "the queen sees young mice",
+        "15 sad children",
+        "x",
+        "\x00\x01 dog",
+        "the  cat\tin   the box",
+    ]
     for text in texts:
         pieces = list(translator.generate_tokens(text))
         greedy = translator.translate(text, beam_size=1)
@@ -315,7 +387,8 @@ def test_generate_tokens_joins_to_the_greedy_translation(translator):
         assert len(pieces) == 0 or all(pieces)
     for m in (1, 2, 5):
         assert "".join(translator.generate_tokens(texts[0], max_decoding_length=m)) == translator.translate(
-            texts[0], beam_size=1, max_decoding_length=m)
+            texts[0], beam_size=1, max_decoding_length=m
+        )
 
 
 def test_text_increments_with_unknown_and_byte_fallback_pieces():
@@ -331,8 +404,16 @@ def test_text_increments_with_unknown_and_byte_fallback_pieces():
     # byte fallback: one character from several ids, held back until its last byte arrives
     texts = ["the cat sat on the mat", "a dog ran far", "birds sing"] * 50
     out = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=out, vocab_size=300, byte_fallback=True,
-                                   model_type="unigram", hard_vocab_limit=False, minloglevel=2, num_threads=1)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_writer=out,
+        vocab_size=300,
+        byte_fallback=True,
+        model_type="unigram",
+        hard_vocab_limit=False,
+        minloglevel=2,
+        num_threads=1,
+    )
     byte = spm.SentencePieceProcessor(model_proto=out.getvalue())
     for text in ["the 漢字 cat 🙂", "ünïcödé dog", "👩‍👩‍👧 sat"]:
         ids = byte.encode(text)

@@ -1,5 +1,6 @@
 """What a loaded Translator holds (docs/optimisation-notes.md, rows 19-20): no second copy of any graph's
 bytes beside its session, and while the sessions are made only the bytes of the graphs not yet loaded."""
+
 from __future__ import annotations
 
 import onnxruntime
@@ -19,10 +20,17 @@ def _keeps_model_bytes() -> bool:
     from onnx import TensorProto, helper
 
     value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [value],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [value],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    return getattr(onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"]), "_model_bytes", None) is data
+    return (
+        getattr(onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"]), "_model_bytes", None)
+        is data
+    )
 
 
 def test_cpu_sessions_keep_no_copy_of_their_graph():

@@ -1,6 +1,7 @@
 """runtime/search.py alone (numpy, no onnxruntime): the hand-made fake steps with known answers of
 spec/cases/search.json (shared with js/test/search.test.mjs), and token-for-token agreement with the
 PyTorch oracle (model/search.py) on random log-prob tables."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,9 @@ from seq2onnx.runtime.search import (
 )
 from seq2onnx.runtime.prefix import force_prefix
 
-CASES = json.loads((Path(__file__).resolve().parents[1] / "spec" / "cases" / "search.json").read_text(encoding="utf-8"))
+CASES = json.loads(
+    (Path(__file__).resolve().parents[1] / "spec" / "cases" / "search.json").read_text(encoding="utf-8")
+)
 START, EOS = CASES["start_id"], CASES["end_id"]
 NEG = CASES["never"]  # "never" without -inf
 
@@ -124,6 +127,7 @@ def case_fn(case: dict):
 
 # -- greedy and beam search: the shared hand-made cases (spec/cases/search.json) -------------------
 
+
 def _run_case(case: dict, fn, batch: int, max_lengths, step_output: str, sentence: int = 0):
     """One case through greedy_search or beam_search, the Fake answering with full float64 log-probs
     or with the float32 top-k candidates the decoder graph gives."""
@@ -132,16 +136,29 @@ def _run_case(case: dict, fn, batch: int, max_lengths, step_output: str, sentenc
     beam = case["beam_size"] if case["search"] == "beam" else 1
     k = candidates_needed(beam, min_length, greedy=case["search"] == "greedy")
     step = fake.step if step_output == "full" else _as_top_k(fake.step, k)
-    if "target_prefixes" in case or case.get("forced_eos"):  # forced tokens wrap the step, as the Translator does
+    if "target_prefixes" in case or case.get(
+        "forced_eos"
+    ):  # forced tokens wrap the step, as the Translator does
         prefixes = case.get("target_prefixes", [[]] * len(case["max_lengths"]))
-        step = force_prefix(step, prefixes if len(prefixes) == batch else prefixes[sentence : sentence + 1],
-                            end_id=EOS if case.get("forced_eos") else None, max_lengths=max_lengths)
+        step = force_prefix(
+            step,
+            prefixes if len(prefixes) == batch else prefixes[sentence : sentence + 1],
+            end_id=EOS if case.get("forced_eos") else None,
+            max_lengths=max_lengths,
+        )
     kw = dict(start_id=START, eos_id=EOS, max_lengths=np.array(max_lengths), min_length=min_length)
     if case["search"] == "greedy":
         return greedy_search(step, batch, **kw), fake
     assert case["search"] == "beam", case["search"]
-    return beam_search(step, batch, beam_size=beam, num_hypotheses=case["num_hypotheses"],
-                       length_penalty=case["length_penalty"], convention=case.get("convention", "fairseq"), **kw), fake
+    return beam_search(
+        step,
+        batch,
+        beam_size=beam,
+        num_hypotheses=case["num_hypotheses"],
+        length_penalty=case["length_penalty"],
+        convention=case.get("convention", "fairseq"),
+        **kw,
+    ), fake
 
 
 SPEC_RUNS = [(case, step_output) for case in CASES["cases"] for step_output in case["steps"]]
@@ -164,11 +181,14 @@ def test_shared_search_case(case, step_output):
         assert fake.calls == [(t, rows, keep) for t, rows, keep in case["calls"]]
     if batch > 1:  # each sentence alone gives what it gets in the batch
         for s in range(batch):
-            [alone], _ = _run_case(case, lambda _, p, s=s: fn(s, p), 1, max_lengths[s : s + 1], step_output, s)
+            [alone], _ = _run_case(
+                case, lambda _, p, s=s: fn(s, p), 1, max_lengths[s : s + 1], step_output, s
+            )
             assert (alone.hypotheses, alone.scores) == (res[s].hypotheses, res[s].scores), s
 
 
 # -- argument errors -------------------------------------------------------------------------------
+
 
 def test_search_argument_errors():
     fn = random_fn(0, 6)
@@ -189,14 +209,23 @@ def test_search_argument_errors():
 
 # -- beam search against the oracle ----------------------------------------------------------------
 
+
 def _oracle(fn, batch, *, k, alpha, min_length, max_lengths):
     from seq2onnx.model.search import beam_search as torch_beam
 
     out = []
     for s in range(batch):
-        hyps = torch_beam(oracle_step(fn, s), None, beam_size=k, start_id=START, eos_id=EOS,
-                          max_length=int(max_lengths[s]), min_length=min_length, length_penalty=alpha,
-                          num_hypotheses=k)
+        hyps = torch_beam(
+            oracle_step(fn, s),
+            None,
+            beam_size=k,
+            start_id=START,
+            eos_id=EOS,
+            max_length=int(max_lengths[s]),
+            min_length=min_length,
+            length_penalty=alpha,
+            num_hypotheses=k,
+        )
         out.append(([h.tokens for h in hyps], [h.score for h in hyps]))
     return out
 
@@ -213,8 +242,17 @@ def test_beam_equals_torch_oracle(k, batch, ties):
         for alpha in (0.0, 0.6, 1.0, 2.0):
             for min_length in (0, 2):
                 fake = Fake(fn, batch)
-                got = beam_search(fake.step, batch, beam_size=k, start_id=START, eos_id=EOS, max_lengths=max_lengths,
-                                  min_length=min_length, length_penalty=alpha, num_hypotheses=k)
+                got = beam_search(
+                    fake.step,
+                    batch,
+                    beam_size=k,
+                    start_id=START,
+                    eos_id=EOS,
+                    max_lengths=max_lengths,
+                    min_length=min_length,
+                    length_penalty=alpha,
+                    num_hypotheses=k,
+                )
                 want = _oracle(fn, batch, k=k, alpha=alpha, min_length=min_length, max_lengths=max_lengths)
                 for s, (r, (tokens, scores)) in enumerate(zip(got, want)):
                     assert r.hypotheses == tokens, (seed, alpha, min_length, s)
@@ -222,7 +260,9 @@ def test_beam_equals_torch_oracle(k, batch, ties):
                     assert np.allclose(r.scores, scores, rtol=0, atol=1e-9), (seed, alpha, min_length, s)
                     # scores are the sums of the fake's log-probs along each hypothesis, end token included
                     for h, sc in zip(r.hypotheses, r.scores):
-                        assert sum(fn(s, tuple(h[:i]))[h[i]] for i in range(len(h))) == pytest.approx(sc, abs=1e-9)
+                        assert sum(fn(s, tuple(h[:i]))[h[i]] for i in range(len(h))) == pytest.approx(
+                            sc, abs=1e-9
+                        )
                         assert len(h) <= max_lengths[s] and (EOS not in h[:min_length])
                     checked += 1
                 finished_early += any(c[2] is not None for c in fake.calls)
@@ -238,20 +278,42 @@ def test_beam_one_equals_greedy_and_greedy_equals_oracle():
         fn = random_fn(100 + seed, 7, ties=seed % 2 == 1)
         max_lengths = np.array([8, 3, 6, 10])
         for min_length in (0, 2):
-            greedy = greedy_search(Fake(fn, 4).step, 4, start_id=START, eos_id=EOS, max_lengths=max_lengths,
-                                   min_length=min_length)
-            beam = beam_search(Fake(fn, 4).step, 4, beam_size=1, start_id=START, eos_id=EOS, max_lengths=max_lengths,
-                               min_length=min_length, length_penalty=1.0)
+            greedy = greedy_search(
+                Fake(fn, 4).step,
+                4,
+                start_id=START,
+                eos_id=EOS,
+                max_lengths=max_lengths,
+                min_length=min_length,
+            )
+            beam = beam_search(
+                Fake(fn, 4).step,
+                4,
+                beam_size=1,
+                start_id=START,
+                eos_id=EOS,
+                max_lengths=max_lengths,
+                min_length=min_length,
+                length_penalty=1.0,
+            )
             assert [g.hypotheses for g in greedy] == [b.hypotheses for b in beam]
             assert np.allclose([g.scores for g in greedy], [b.scores for b in beam], rtol=0, atol=1e-9)
             for s in range(4):
-                [h] = torch_greedy(oracle_step(fn, s), None, rows=1, start_id=START, eos_id=EOS,
-                                   max_length=int(max_lengths[s]), min_length=min_length)
+                [h] = torch_greedy(
+                    oracle_step(fn, s),
+                    None,
+                    rows=1,
+                    start_id=START,
+                    eos_id=EOS,
+                    max_length=int(max_lengths[s]),
+                    min_length=min_length,
+                )
                 assert greedy[s].hypotheses == [h.tokens]
                 assert greedy[s].scores[0] == pytest.approx(h.score, abs=1e-9)
 
 
 # -- sampling --------------------------------------------------------------------------------------
+
 
 def _sample(fn, batch, **kw):
     kw.setdefault("max_lengths", np.full(batch, 8))
@@ -329,8 +391,9 @@ def test_sample_min_length():
         assert len(r.hypotheses[0]) == 4 and r.hypotheses[0][-1] == EOS
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=0), dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5),
-                                dict(top_k=-1)])
+@pytest.mark.parametrize(
+    "kw", [dict(temperature=0), dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1)]
+)
 def test_sample_bad_arguments(kw):
     with pytest.raises(ValueError):
         _sample(random_fn(0, 6), 2, **kw)
@@ -359,15 +422,25 @@ def test_sample_top_k_beyond_vocabulary():
 
 # -- streaming -------------------------------------------------------------------------------------
 
+
 def test_stream_greedy_equals_greedy_without_end_token():
     for seed in range(8):
         fn = random_fn(200 + seed, 8, ties=seed % 3 == 0)
         for max_length, min_length in ((12, 0), (3, 0), (12, 2)):
-            [g] = greedy_search(Fake(fn, 1).step, 1, start_id=START, eos_id=EOS, max_lengths=np.array([max_length]),
-                                min_length=min_length)
+            [g] = greedy_search(
+                Fake(fn, 1).step,
+                1,
+                start_id=START,
+                eos_id=EOS,
+                max_lengths=np.array([max_length]),
+                min_length=min_length,
+            )
             fake = Fake(fn, 1)
-            streamed = list(stream_greedy(fake.step, start_id=START, eos_id=EOS, max_length=max_length,
-                                          min_length=min_length))
+            streamed = list(
+                stream_greedy(
+                    fake.step, start_id=START, eos_id=EOS, max_length=max_length, min_length=min_length
+                )
+            )
             want = g.hypotheses[0][:-1] if g.hypotheses[0][-1] == EOS else g.hypotheses[0]
             assert streamed == want
             assert len(fake.calls) == len(g.hypotheses[0])  # no step beyond the end
@@ -387,14 +460,36 @@ def test_sample_of_a_sentence_does_not_depend_on_its_batch():
     base = random_fn(11, 10, eos_drift=0.3)
     contents = [7, 3, 9, 12, 5]  # what each sentence "is": the fake decoder's sentence id and its key
     for seed in range(6):
-        batch = sample(Fake(lambda s, p: base(contents[s], p), 5).step, 5, start_id=START, eos_id=EOS,
-                       max_lengths=np.full(5, 8), seed=seed, row_keys=[[c] for c in contents])
+        batch = sample(
+            Fake(lambda s, p: base(contents[s], p), 5).step,
+            5,
+            start_id=START,
+            eos_id=EOS,
+            max_lengths=np.full(5, 8),
+            seed=seed,
+            row_keys=[[c] for c in contents],
+        )
         for s, c in enumerate(contents):
-            [alone] = sample(Fake(lambda _, p, c=c: base(c, p), 1).step, 1, start_id=START, eos_id=EOS,
-                             max_lengths=np.full(1, 8), seed=seed, row_keys=[[c]])
+            [alone] = sample(
+                Fake(lambda _, p, c=c: base(c, p), 1).step,
+                1,
+                start_id=START,
+                eos_id=EOS,
+                max_lengths=np.full(1, 8),
+                seed=seed,
+                row_keys=[[c]],
+            )
             assert alone.hypotheses == batch[s].hypotheses and alone.scores == batch[s].scores
     with pytest.raises(ValueError, match="row_keys"):
-        sample(Fake(base, 2).step, 2, start_id=START, eos_id=EOS, max_lengths=np.full(2, 8), seed=0, row_keys=[[1]])
+        sample(
+            Fake(base, 2).step,
+            2,
+            start_id=START,
+            eos_id=EOS,
+            max_lengths=np.full(2, 8),
+            seed=0,
+            row_keys=[[1]],
+        )
 
 
 def _as_top_k(step, k: int):
@@ -423,8 +518,11 @@ def test_top_k_steps_give_the_full_log_probs_results(ties, min_length, beam):
     for make in (lambda: full_step(fn, batch), lambda: _as_top_k(full_step(fn, batch), k)):
         step = make()
         kw = dict(start_id=START, eos_id=EOS, max_lengths=lengths, min_length=min_length)
-        found = (greedy_search(step, batch, **kw) if beam == 1
-                 else beam_search(step, batch, beam_size=beam, num_hypotheses=beam, **kw))
+        found = (
+            greedy_search(step, batch, **kw)
+            if beam == 1
+            else beam_search(step, batch, beam_size=beam, num_hypotheses=beam, **kw)
+        )
         results.append([(r.hypotheses, r.scores) for r in found])
     assert results[0] == results[1]
     assert any(len(h) > 1 for hyps, _ in results[0] for h in hyps)
@@ -439,7 +537,11 @@ def test_greedy_asks_the_graph_for_its_best_candidate_alone():
 
 def test_the_translator_downloads_greedy_s_best_candidate_alone(translator):
     """What a Translator asks of the decoder graph's TopK: 1 for greedy, 2K for a beam of K."""
-    assert [translator.spec.step_top_k(1, 0), translator.spec.step_top_k(1, 2), translator.spec.step_top_k(4, 0)] == [1, 2, 8]
+    assert [
+        translator.spec.step_top_k(1, 0),
+        translator.spec.step_top_k(1, 2),
+        translator.spec.step_top_k(4, 0),
+    ] == [1, 2, 8]
 
 
 def full_step(fn, batch):
@@ -456,7 +558,11 @@ def test_one_sentence_greedy_equals_the_batched_loop(ties, min_length, top_k):
     sentence gets inside a batch, from full log-probs and from top-k, with the end token forbidden."""
     vocab, lengths = 12, np.array([6, 9, 4])
     fn = random_fn(11, vocab, ties=ties)
-    make = (lambda f, b: _as_top_k(full_step(f, b), candidates_needed(1, min_length, greedy=True))) if top_k else full_step
+    make = (
+        (lambda f, b: _as_top_k(full_step(f, b), candidates_needed(1, min_length, greedy=True)))
+        if top_k
+        else full_step
+    )
     kw = dict(start_id=START, eos_id=EOS, min_length=min_length)
     batched = greedy_search(make(fn, 3), 3, max_lengths=lengths, **kw)
     for s in range(3):

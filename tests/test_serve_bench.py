@@ -1,5 +1,6 @@
 """scripts/serve_ct2.py and serve_identity.py (issue 26): CTranslate2 behind the serving front end decodes as our
 runtime does, and serve_identity runs end to end on the tiny bundle with a real server process."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -66,8 +67,9 @@ def test_ct2_engine_gives_the_runtimes_tokens_and_scores(ct2_model, sentences, b
         for g, w in zip(got, want):
             assert g.scores == pytest.approx(w.scores, abs=1e-3)
         assert engine.load() == {"active_requests": 0, "active_sentences": 0, "active_rows": 0}
-        assert "".join(engine.stream(sentences[0], engine.check({"beam_size": 1}), _module("serve_ct2").Job())) == \
-            tr.translate(sentences[0], beam_size=1)
+        assert "".join(
+            engine.stream(sentences[0], engine.check({"beam_size": 1}), _module("serve_ct2").Job())
+        ) == tr.translate(sentences[0], beam_size=1)
     finally:
         engine.close()
 
@@ -75,10 +77,13 @@ def test_ct2_engine_gives_the_runtimes_tokens_and_scores(ct2_model, sentences, b
 def test_ct2_engine_refuses_what_it_cannot_honour(ct2_model):
     from seq2onnx.runtime.translator import Translator
 
-    engine = _module("serve_ct2").CT2Engine(Translator(tiny_bundle(), device="cpu", intra_threads=1), ct2_model,
-                                            inter_threads=1, intra_threads=1)
+    engine = _module("serve_ct2").CT2Engine(
+        Translator(tiny_bundle(), device="cpu", intra_threads=1), ct2_model, inter_threads=1, intra_threads=1
+    )
     try:
-        with pytest.raises(ValueError, match="sampling_temperature=0.5: the CTranslate2 engine cannot honour it"):
+        with pytest.raises(
+            ValueError, match="sampling_temperature=0.5: the CTranslate2 engine cannot honour it"
+        ):
             engine.check({"sampling_temperature": 0.5})
         with pytest.raises(ValueError, match="return_attention=True"):
             engine.check({"return_attention": True})
@@ -87,22 +92,33 @@ def test_ct2_engine_refuses_what_it_cannot_honour(ct2_model):
     finally:
         engine.close()
     with pytest.raises(ValueError, match="model.bin does not exist"):
-        _module("serve_ct2").CT2Engine(Translator(tiny_bundle(), device="cpu", intra_threads=1), scratch("no-ct2"))
+        _module("serve_ct2").CT2Engine(
+            Translator(tiny_bundle(), device="cpu", intra_threads=1), scratch("no-ct2")
+        )
     other = scratch("other-ct2") / "ct2"
     shutil.copytree(ct2_model, other)
     (other / "seq2onnx-ct2.json").write_text(json.dumps({"source_checkpoint": "step-00000001"}))
-    with pytest.raises(ValueError, match="exported from checkpoint step-00000001, the bundle from step-00000300"):
+    with pytest.raises(
+        ValueError, match="exported from checkpoint step-00000001, the bundle from step-00000300"
+    ):
         _module("serve_ct2").CT2Engine(Translator(tiny_bundle(), device="cpu", intra_threads=1), other)
 
 
 def test_ct2_server_without_a_model_asks_for_one_or_echo(capsys):
     assert _module("serve_ct2").main([str(tiny_bundle()), "--port", "0"]) == 2
-    assert "give CT2_MODEL_DIR (seq2onnx export CKPT DIR --format ctranslate2), or --echo" in capsys.readouterr().err
+    assert (
+        "give CT2_MODEL_DIR (seq2onnx export CKPT DIR --format ctranslate2), or --echo"
+        in capsys.readouterr().err
+    )
 
 
 def _run(script: str, *args, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCHMARKS / script), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_scripts_refuse_a_non_empty_out_before_any_server_starts(data, capsys):
@@ -118,8 +134,20 @@ def test_scripts_refuse_a_non_empty_out_before_any_server_starts(data, capsys):
 @pytest.mark.slow
 def test_serve_identity_counts_and_lists_differences(data, sentences):
     out = scratch("serve-identity") / "out"
-    r = _run("serve_identity.py", tiny_bundle(), "--out", out, "--sentences", 8, "--clients", 2, "--data", data,
-             "--src-col", 1)
+    r = _run(
+        "serve_identity.py",
+        tiny_bundle(),
+        "--out",
+        out,
+        "--sentences",
+        8,
+        "--clients",
+        2,
+        "--data",
+        data,
+        "--src-col",
+        1,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((out / "identity.json").read_text())
     assert set(report["results"]) == {"greedy", "beam4"}
@@ -137,16 +165,29 @@ def test_identity_report_shows_both_answers_of_each_difference():
     from seq2onnx.runtime.translator import TranslationResult
 
     identity = _module("serve_identity")
-    served = [{"hypotheses": ["a b"], "token_ids": [[5, 6]], "scores": [-1.5]},
-              {"hypotheses": ["c"], "token_ids": [[7]], "scores": [-0.5]}, {"error": "HTTP 503: full"}]
-    alone = [TranslationResult(["a b"], [[5, 6]], [-1.5]), TranslationResult(["d"], [[8]], [-0.25]),
-             TranslationResult(["e"], [[9]], [-2.0])]
+    served = [
+        {"hypotheses": ["a b"], "token_ids": [[5, 6]], "scores": [-1.5]},
+        {"hypotheses": ["c"], "token_ids": [[7]], "scores": [-0.5]},
+        {"error": "HTTP 503: full"},
+    ]
+    alone = [
+        TranslationResult(["a b"], [[5, 6]], [-1.5]),
+        TranslationResult(["d"], [[8]], [-0.25]),
+        TranslationResult(["e"], [[9]], [-2.0]),
+    ]
     result = identity.compare(["s0", "s1", "s2"], served, alone)
     assert result["total"] == 3 and result["identical"] == 1 and len(result["errors"]) == 1
-    assert result["differences"] == [{"index": 1, "source": "s1",
-                                      "served": {"hypothesis": "c", "token_ids": [7], "score": -0.5},
-                                      "alone": {"hypothesis": "d", "token_ids": [8], "score": -0.25}}]
-    text = identity.as_text({"batching": "continuous", "sentences": 3, "clients": 2, "results": {"greedy": result}})
+    assert result["differences"] == [
+        {
+            "index": 1,
+            "source": "s1",
+            "served": {"hypothesis": "c", "token_ids": [7], "score": -0.5},
+            "alone": {"hypothesis": "d", "token_ids": [8], "score": -0.25},
+        }
+    ]
+    text = identity.as_text(
+        {"batching": "continuous", "sentences": 3, "clients": 2, "results": {"greedy": result}}
+    )
     assert "greedy: 1/3 identical, 1 differ, 1 failed requests" in text
     assert "[greedy #1] s1\n  served: 'c' score -0.5\n  alone:  'd' score -0.25" in text
     assert "[greedy #2] request failed: HTTP 503: full" in text

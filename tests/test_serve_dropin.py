@@ -4,6 +4,7 @@ deep-translator's LibreTranslator) against real `seq2onnx serve` processes (test
 Two servers: "keyed" serves two tiny bundles (en:fr the plain one, en:de the pre-norm one: two models, so a
 wrong route shows) with --api-keys; "open" serves one bundle without keys. Every wait is bounded.
 """
+
 from __future__ import annotations
 
 import signal
@@ -24,8 +25,12 @@ from seq2onnx.serve.keys import line_for  # noqa: E402
 from serve_process import ServeProcess  # noqa: E402
 from tiny import tiny_bundle  # noqa: E402
 
-KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789", "tight": "tight-key-0123456789",
-        "quota": "quota-key-0123456789"}
+KEYS = {
+    "alice": "alice-key-0123456789",
+    "bob": "bob-key-0123456789",
+    "tight": "tight-key-0123456789",
+    "quota": "quota-key-0123456789",
+}
 TEXT = "the queen sees young mice with an old box"
 TEXTS = ["a black dog ate five brave cats near the car", "the queen sees"]
 
@@ -41,8 +46,15 @@ def servers(bundle, tmp_path_factory):
     keys.write_text(_keys_lines(["alice", "tight", "quota"]), encoding="utf-8")
     running = {}
     try:
-        running["keyed"] = ServeProcess(bundle, "--languages", "en:fr", "--route",
-                                        f"en:de={tiny_bundle(pre_norm=True)}", "--api-keys", str(keys))
+        running["keyed"] = ServeProcess(
+            bundle,
+            "--languages",
+            "en:fr",
+            "--route",
+            f"en:de={tiny_bundle(pre_norm=True)}",
+            "--api-keys",
+            str(keys),
+        )
         running["open"] = ServeProcess(bundle, "--languages", "en:fr")
         yield {name: p.listening() for name, p in running.items()} | {"keys": keys}
     finally:
@@ -67,10 +79,13 @@ def _deepl(server, key="alice"):
 
 
 def _libre(server, target="fr", key="alice", source="en"):
-    return LibreTranslator(source=source, target=target, api_key=KEYS.get(key, key), custom_url=server.url + "/")
+    return LibreTranslator(
+        source=source, target=target, api_key=KEYS.get(key, key), custom_url=server.url + "/"
+    )
 
 
 # -- DeepL -----------------------------------------------------------------------------------------
+
 
 def test_deepl_client_translates_one_text_and_a_list_each_on_its_bundle(keyed, translator, other_translator):
     client = _deepl(keyed)
@@ -85,7 +100,9 @@ def test_deepl_splits_sentences_unless_told_not_to(keyed, translator):
     client, text = _deepl(keyed), "the queen sees. a black dog"
     split = client.translate_text(text, target_lang="FR").text
     assert split == translator.translate("the queen sees.") + " " + translator.translate("a black dog")
-    assert client.translate_text(text, target_lang="FR", split_sentences="0").text == translator.translate(text)
+    assert client.translate_text(text, target_lang="FR", split_sentences="0").text == translator.translate(
+        text
+    )
 
 
 def test_deepl_client_lists_languages_and_usage(keyed):
@@ -115,7 +132,9 @@ def test_deepl_client_gets_its_errors_named(keyed):
 def test_deepl_quota_is_456_and_the_native_limits_answer_in_deepl_shape(keyed):
     headers = {"Authorization": f"DeepL-Auth-Key {KEYS['quota']}"}
     for _ in range(3):  # 10 characters: spent by now whatever ran before
-        r = keyed.client.post("/v2/translate", headers=headers, data={"text": "the queen sees", "target_lang": "FR"})
+        r = keyed.client.post(
+            "/v2/translate", headers=headers, data={"text": "the queen sees", "target_lang": "FR"}
+        )
     assert r.status_code == 456 and "quota of 10 characters" in r.json()["message"]
     alice = {"Authorization": f"DeepL-Auth-Key {KEYS['alice']}"}
     r = keyed.client.post("/v2/translate", headers=alice, data={"text": ["a"] * 65, "target_lang": "FR"})
@@ -126,14 +145,22 @@ def test_deepl_quota_is_456_and_the_native_limits_answer_in_deepl_shape(keyed):
 
 # -- keys: limits, 429, the native API, reload, metrics ----------------------------------------------
 
+
 def test_a_key_over_its_limits_gets_429_with_retry_after_and_others_are_served(keyed):
     tight = {"Authorization": f"DeepL-Auth-Key {KEYS['tight']}"}
-    answers = [keyed.client.post("/v2/translate", headers=tight, data={"text": "a", "target_lang": "FR"})
-               for _ in range(3)]
+    answers = [
+        keyed.client.post("/v2/translate", headers=tight, data={"text": "a", "target_lang": "FR"})
+        for _ in range(3)
+    ]
     assert [r.status_code for r in answers] == [200, 200, 429]
-    assert int(answers[2].headers["Retry-After"]) >= 1 and "12 requests per minute" in answers[2].json()["message"]
+    assert (
+        int(answers[2].headers["Retry-After"]) >= 1
+        and "12 requests per minute" in answers[2].json()["message"]
+    )
     assert _deepl(keyed).translate_text("a", target_lang="FR").text  # alice is still served
-    r = keyed.client.post("/translate", data={"q": "a", "source": "en", "target": "fr", "api_key": KEYS["tight"]})
+    r = keyed.client.post(
+        "/translate", data={"q": "a", "source": "en", "target": "fr", "api_key": KEYS["tight"]}
+    )
     assert r.status_code == 429 and set(r.json()) == {"error"}
 
 
@@ -142,8 +169,9 @@ def test_the_native_api_takes_a_bearer_key(keyed):
     assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
     r = keyed.client.post("/v1/translate", json={"texts": ["a"]}, headers={"Authorization": "Bearer nope"})
     assert r.status_code == 403 and "not valid" in r.json()["error"]
-    r = keyed.client.post("/v1/translate", json={"texts": ["a"]},
-                          headers={"Authorization": f"Bearer {KEYS['alice']}"})
+    r = keyed.client.post(
+        "/v1/translate", json={"texts": ["a"]}, headers={"Authorization": f"Bearer {KEYS['alice']}"}
+    )
     assert r.status_code == 200, r.text
 
 
@@ -173,6 +201,7 @@ def test_metrics_count_per_key_by_a_hash_label_never_the_key(keyed):
 
 # -- LibreTranslate -------------------------------------------------------------------------------
 
+
 def test_libretranslate_client_translates_one_text_and_a_list(keyed, translator, other_translator):
     assert _libre(keyed).translate(TEXT) == translator.translate(TEXT)
     assert _libre(keyed, "de").translate_batch(TEXTS) == [other_translator.translate(t) for t in TEXTS]
@@ -184,13 +213,17 @@ def test_libretranslate_client_errors_and_their_messages(keyed):
     with pytest.raises(ServerException):
         _libre(keyed, "es").translate(TEXT)
     # deep-translator shows only the status: the message, in LibreTranslate's shape, read directly
-    r = httpx.post(keyed.url + "/translate", params={"q": TEXT, "source": "en", "target": "es",
-                                                     "api_key": KEYS["alice"]})
+    r = httpx.post(
+        keyed.url + "/translate", params={"q": TEXT, "source": "en", "target": "es", "api_key": KEYS["alice"]}
+    )
     assert r.status_code == 400
-    assert r.json() == {"error": "Invalid request: target='es': no bundle served here translates into it; "
-                                 "supported: de, fr"}
-    r = httpx.post(keyed.url + "/translate", data={"q": TEXT, "source": "en", "target": "fr", "format": "html",
-                                                   "api_key": KEYS["alice"]})
+    assert r.json() == {
+        "error": "Invalid request: target='es': no bundle served here translates into it; supported: de, fr"
+    }
+    r = httpx.post(
+        keyed.url + "/translate",
+        data={"q": TEXT, "source": "en", "target": "fr", "format": "html", "api_key": KEYS["alice"]},
+    )
     assert r.status_code == 400 and "format='html' is not supported" in r.json()["error"]
     r = httpx.post(keyed.url + "/detect", data={"q": TEXT, "api_key": KEYS["alice"]})
     assert r.status_code == 400 and "/detect is not supported" in r.json()["error"]
@@ -201,26 +234,36 @@ def test_libretranslate_client_errors_and_their_messages(keyed):
 def test_libretranslate_languages_auto_and_alternatives(keyed, translator):
     langs = keyed.client.get("/languages").json()
     assert {x["code"]: x["targets"] for x in langs} == {"de": [], "en": ["de", "fr"], "fr": []}
-    r = keyed.client.post("/translate", json={"q": [TEXT], "source": "auto", "target": "fr", "alternatives": 1,
-                                              "api_key": KEYS["alice"]})
+    r = keyed.client.post(
+        "/translate",
+        json={"q": [TEXT], "source": "auto", "target": "fr", "alternatives": 1, "api_key": KEYS["alice"]},
+    )
     assert r.status_code == 200, r.text
-    want = translator.translate_batch([TEXT], beam_size=max(2, translator.search_options().beam_size),
-                                      num_hypotheses=2)[0].hypotheses
-    assert r.json() == {"translatedText": [want[0]], "alternatives": [[want[1]]],
-                        "detectedLanguage": [{"confidence": 100.0, "language": "en"}]}
+    want = translator.translate_batch(
+        [TEXT], beam_size=max(2, translator.search_options().beam_size), num_hypotheses=2
+    )[0].hypotheses
+    assert r.json() == {
+        "translatedText": [want[0]],
+        "alternatives": [[want[1]]],
+        "detectedLanguage": [{"confidence": 100.0, "language": "en"}],
+    }
 
 
 # -- without --api-keys ---------------------------------------------------------------------------
 
+
 def test_an_open_server_says_so_and_takes_any_key(servers, translator):
     server = servers["open"]
     assert "no --api-keys: the server is open" in server.log()
-    assert _deepl(server, "anything").translate_text(TEXT, target_lang="FR").text == translator.translate(TEXT)
+    assert _deepl(server, "anything").translate_text(TEXT, target_lang="FR").text == translator.translate(
+        TEXT
+    )
     assert _libre(server, key="anything").translate(TEXT) == translator.translate(TEXT)
     assert server.client.post("/v1/translate", json={"texts": [TEXT]}).status_code == 200
 
 
 # -- a multilingual bundle: routed by its own language tokens -------------------------------------------
+
 
 @pytest.mark.slow
 def test_a_multilingual_bundle_is_routed_by_its_own_codes(tmp_path):
@@ -241,8 +284,9 @@ def test_a_multilingual_bundle_is_routed_by_its_own_codes(tmp_path):
             got = client.translate_text(TEXTS, source_lang="EN", target_lang=code, split_sentences="0")
             want = translator.translate_batch(TEXTS, source_lang="eng_Latn", target_lang=nllb)
             assert [r.text for r in got] == [w.hypotheses[0] for w in want]
-        assert _libre(server, "de", key="anything").translate(TEXT) == \
-            translator.translate(TEXT, source_lang="eng_Latn", target_lang="deu_Latn")
+        assert _libre(server, "de", key="anything").translate(TEXT) == translator.translate(
+            TEXT, source_lang="eng_Latn", target_lang="deu_Latn"
+        )
         with pytest.raises(deepl.DeepLException, match="source_lang=None: this server detects no language"):
             client.translate_text(TEXT, target_lang="FR")  # the bundle reads three languages
 
@@ -258,7 +302,9 @@ def test_sighup_to_a_process_group_reloads_the_keys_file_in_every_process(bundle
         server.listening()
 
         def statuses(n: int) -> set[int]:
-            return {httpx.get(f"{server.url}/v2/usage", headers=bob, timeout=30).status_code for _ in range(n)}
+            return {
+                httpx.get(f"{server.url}/v2/usage", headers=bob, timeout=30).status_code for _ in range(n)
+            }
 
         assert statuses(8) == {403}
         keys.write_text(_keys_lines(["alice", "bob"]), encoding="utf-8")

@@ -1,6 +1,7 @@
 """The drop-in APIs' pieces without a server: language codes (langcodes), routing by (source, target), the keys
 file and the per-key gate, DeepL's sentence splitting. The real clients against real servers are in
 tests/test_serve_dropin.py."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -18,8 +19,18 @@ from seq2onnx.serve.languages import Side, UnknownCode, sides, tag  # noqa: E402
 from seq2onnx.serve.routes import Route, Routes, Unsupported  # noqa: E402
 
 
-@pytest.mark.parametrize("code, want", [("deu_Latn", "de"), ("zho_Hans", "zh-Hans"), (">>fra<<", "fr"),
-                                        ("fra", "fr"), ("EN-US", "en-US"), ("pt-BR", "pt-BR"), ("de", "de")])
+@pytest.mark.parametrize(
+    "code, want",
+    [
+        ("deu_Latn", "de"),
+        ("zho_Hans", "zh-Hans"),
+        (">>fra<<", "fr"),
+        ("fra", "fr"),
+        ("EN-US", "en-US"),
+        ("pt-BR", "pt-BR"),
+        ("de", "de"),
+    ],
+)
 def test_every_spelling_of_a_code_becomes_its_standard_tag(code, want):
     assert tag(code) == want
 
@@ -56,8 +67,10 @@ def test_sides_from_the_bundle_tokens_or_the_declaration():
 
 def _routes() -> Routes:
     def engine(codes, where="target_prefix"):
-        return SimpleNamespace(translator=SimpleNamespace(
-            vocabulary=SimpleNamespace(languages=codes, target_lang_in=where)))
+        return SimpleNamespace(
+            translator=SimpleNamespace(vocabulary=SimpleNamespace(languages=codes, target_lang_in=where))
+        )
+
     nllb = Route.of(engine({"eng_Latn": 1, "fra_Latn": 2}), None)
     de = Route.of(engine({}), "en:de")
     es = Route.of(engine({}), "fr:es")
@@ -100,8 +113,11 @@ def test_the_keys_file_is_read_and_a_bad_line_is_refused_naming_it(tmp_path):
     assert (alice.name, alice.per_minute, alice.in_flight, alice.characters) == ("alice", 5, 3, None)
     assert bob.per_minute == 100 and bob.hash == K.digest("secret-b")
     assert "secret" not in path.read_text()
-    for bad, match in (("alice secret-a", ":1: not a key line; give `NAME sha256:HEX"), (good + " speed=3", "'speed=3'"),
-                       (f"{good}\n{good}", ":2: the name 'alice' is used twice")):
+    for bad, match in (
+        ("alice secret-a", ":1: not a key line; give `NAME sha256:HEX"),
+        (good + " speed=3", "'speed=3'"),
+        (f"{good}\n{good}", ":2: the name 'alice' is used twice"),
+    ):
         with pytest.raises(ValueError, match=match):
             K.read_keys(_keys_file(tmp_path, bad), 3, 100)
 

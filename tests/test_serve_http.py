@@ -5,6 +5,7 @@ its end; the translation tests run on both engines (--batching request, and cont
 exists). Every wait is bounded. The drain case also runs in process (the window in which a real server answers
 503 before it closes its socket is too short to aim at).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,14 +30,27 @@ BATCHINGS = ["request"] + (["continuous"] if importlib.util.find_spec("seq2onnx.
 FRONT = BATCHINGS[-1]  # the default engine where it exists: the front end's own cases run on it
 TRANSLATE, STREAM = "/v1/translate", "/v1/translate/stream"
 TEXTS = ["the queen sees young mice with an old box", "", "a black dog ate five brave cats near the car"]
-LONG = "the quick brown fox jumps over the lazy dog again and again " * 3  # 115 tokens: fits the 128 positions
+LONG = (
+    "the quick brown fox jumps over the lazy dog again and again " * 3
+)  # 115 tokens: fits the 128 positions
 # 64 sentences x 16 beams x >= 100 steps: about 3 s on the tests' machine, 10 x the tiny --timeout below
 SLOW = {"texts": [LONG] * 64, "beam_size": 16, "min_decoding_length": 100, "max_decoding_length": 120}
 LIMITS = ("--max-texts", "5000", "--max-chars", "20000", "--max-body-bytes", "100000")
 CONFIGS = {
     **{b: ("--batching", b, *LIMITS) for b in BATCHINGS},
     "timeout": ("--batching", FRONT, "--timeout", "0.3", "--max-chars", "20000"),
-    "drain": ("--batching", FRONT, "--max-queue", "2", "--workers", "1", "--drain-seconds", "20", "--max-chars", "20000"),
+    "drain": (
+        "--batching",
+        FRONT,
+        "--max-queue",
+        "2",
+        "--workers",
+        "1",
+        "--drain-seconds",
+        "20",
+        "--max-chars",
+        "20000",
+    ),
 }
 
 
@@ -72,6 +86,7 @@ def _ok(server: ServeProcess) -> None:
 
 # -- translations ----------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_translate_gives_the_token_ids_of_translate_batch(server, translator):
     r = server.client.post(TRANSLATE, json={"texts": TEXTS, "beam_size": 3, "return_scores": True})
@@ -87,8 +102,9 @@ def test_translate_gives_the_token_ids_of_translate_batch(server, translator):
 
 @pytest.mark.slow
 def test_n_best_with_and_without_scores(server, translator):
-    r = server.client.post(TRANSLATE, json={"texts": TEXTS[:1], "beam_size": 4, "num_hypotheses": 3,
-                                            "return_scores": True})
+    r = server.client.post(
+        TRANSLATE, json={"texts": TEXTS[:1], "beam_size": 4, "num_hypotheses": 3, "return_scores": True}
+    )
     assert r.status_code == 200, r.text
     [got] = r.json()["translations"]
     [want] = translator.translate_batch(TEXTS[:1], beam_size=4, num_hypotheses=3, return_scores=True)
@@ -112,6 +128,7 @@ def test_stream_pieces_join_to_the_greedy_translation(server, translator):
 
 # -- health, readiness, metrics, the API's description ----------------------------------------------
 
+
 def test_health_ready_and_openapi(front):
     assert front.client.get("/health").json() == {"status": "ok"}
     assert front.client.get("/ready").json() == {"ready": True, "batching": FRONT}
@@ -128,11 +145,14 @@ def test_health_ready_and_openapi(front):
 
 def test_metrics_count_requests_and_tokens(front):
     def read():
-        return (front.metric("seq2onnx_requests_total", endpoint=TRANSLATE, status="200"),
-                front.metric("seq2onnx_requests_total", endpoint=TRANSLATE, status="422"),
-                front.metric("seq2onnx_generated_tokens_total"), front.metric("seq2onnx_texts_total"),
-                front.metric("seq2onnx_request_seconds_count", endpoint=TRANSLATE),
-                front.metric("seq2onnx_searches_decoded_alone_total"))
+        return (
+            front.metric("seq2onnx_requests_total", endpoint=TRANSLATE, status="200"),
+            front.metric("seq2onnx_requests_total", endpoint=TRANSLATE, status="422"),
+            front.metric("seq2onnx_generated_tokens_total"),
+            front.metric("seq2onnx_texts_total"),
+            front.metric("seq2onnx_request_seconds_count", endpoint=TRANSLATE),
+            front.metric("seq2onnx_searches_decoded_alone_total"),
+        )
 
     deadline = time.monotonic() + 30  # nothing of an earlier test still decoding: the next search is alone
     while front.metric("seq2onnx_active_requests") and time.monotonic() < deadline:
@@ -148,12 +168,18 @@ def test_metrics_count_requests_and_tokens(front):
     assert after[4] == before[4] + 2
     assert after[5] == before[5] + (FRONT == "continuous")  # the continuous engine's solo path; else none
     text = front.client.get("/metrics").text
-    for name in ("seq2onnx_queue_depth", "seq2onnx_active_requests", "seq2onnx_active_sentences",
-                 "seq2onnx_active_rows", f'seq2onnx_engine_info{{batching="{FRONT}"}}'):
+    for name in (
+        "seq2onnx_queue_depth",
+        "seq2onnx_active_requests",
+        "seq2onnx_active_sentences",
+        "seq2onnx_active_rows",
+        f'seq2onnx_engine_info{{batching="{FRONT}"}}',
+    ):
         assert name in text
 
 
 # -- bad requests: a clear 4xx, and the server goes on ----------------------------------------------
+
 
 def _body(obj) -> bytes:
     return json.dumps(obj).encode()
@@ -163,42 +189,153 @@ BAD = [  # (id, endpoint, body, status, the message matches, field)
     ("malformed-json", TRANSLATE, b'{"texts": ["a"', 400, r"the body is not valid JSON", None),
     ("not-an-object", TRANSLATE, b"[1, 2]", 422, r"must be a JSON object such as", None),
     ("no-body", TRANSLATE, b"", 422, r"must be a JSON object", None),
-    ("texts-not-a-list", TRANSLATE, _body({"texts": "hello"}), 422, r'^texts="hello": Input should be a valid list', "texts"),
-    ("a-text-not-a-str", TRANSLATE, _body({"texts": ["a", 3]}), 422, r"^texts\[1\]=3: Input should be a valid string", "texts"),
+    (
+        "texts-not-a-list",
+        TRANSLATE,
+        _body({"texts": "hello"}),
+        422,
+        r'^texts="hello": Input should be a valid list',
+        "texts",
+    ),
+    (
+        "a-text-not-a-str",
+        TRANSLATE,
+        _body({"texts": ["a", 3]}),
+        422,
+        r"^texts\[1\]=3: Input should be a valid string",
+        "texts",
+    ),
     ("no-texts", TRANSLATE, _body({"beam_size": 2}), 422, r"^texts is missing", "texts"),
-    ("option-of-a-wrong-type", TRANSLATE, _body({"texts": ["a"], "beam_size": "4"}), 422,
-     r'^beam_size="4": Input should be a valid integer', "beam_size"),
-    ("a-bool-is-no-int", TRANSLATE, _body({"texts": ["a"], "num_hypotheses": True}), 422, r"^num_hypotheses=true",
-     "num_hypotheses"),
-    ("unknown-option", TRANSLATE, _body({"texts": ["a"], "beam": 4}), 422, r"^unknown field 'beam': this endpoint "
-     r"takes texts, ", "beam"),
-    ("return-attention", TRANSLATE, _body({"texts": ["a"], "return_attention": True}), 422,
-     r"return_attention is not served over HTTP", "return_attention"),
+    (
+        "option-of-a-wrong-type",
+        TRANSLATE,
+        _body({"texts": ["a"], "beam_size": "4"}),
+        422,
+        r'^beam_size="4": Input should be a valid integer',
+        "beam_size",
+    ),
+    (
+        "a-bool-is-no-int",
+        TRANSLATE,
+        _body({"texts": ["a"], "num_hypotheses": True}),
+        422,
+        r"^num_hypotheses=true",
+        "num_hypotheses",
+    ),
+    (
+        "unknown-option",
+        TRANSLATE,
+        _body({"texts": ["a"], "beam": 4}),
+        422,
+        r"^unknown field 'beam': this endpoint "
+        r"takes texts, ",
+        "beam",
+    ),
+    (
+        "return-attention",
+        TRANSLATE,
+        _body({"texts": ["a"], "return_attention": True}),
+        422,
+        r"return_attention is not served over HTTP",
+        "return_attention",
+    ),
     ("invalid-utf8", TRANSLATE, b'{"texts": ["\xff\xfe"]}', 400, r"^the body is not UTF-8 \(byte 12", None),
-    ("bad-option-value", TRANSLATE, _body({"texts": ["a"], "beam_size": 0}), 422,
-     re.escape("beam_size=0 (int): give an int >= 1 (1 is greedy search)"), "beam_size"),
-    ("n-best-over-the-beam", TRANSLATE, _body({"texts": ["a"], "beam_size": 2, "num_hypotheses": 3}), 422,
-     r"raise beam_size or lower num_hypotheses", "num_hypotheses"),
-    ("target-prefix-per-text", TRANSLATE, _body({"texts": ["a", "b"], "target_prefix": [[5]]}), 422,
-     r"^target_prefix has 1 entries for 2 sources", "target_prefix"),
-    ("nan", TRANSLATE, b'{"texts": ["a"], "length_penalty": NaN}', 422, r"^length_penalty=nan .*give a number in \[-10, 10\]", "length_penalty"),
-    ("source-too-long", TRANSLATE, _body({"texts": ["a", LONG * 2]}), 422, r"^source 1 .*truncate=True", "texts"),
-    ("too-many-texts", TRANSLATE, _body({"texts": [""] * 5001}), 413,
-     r"^5001 texts; the limit \(--max-texts\) is 5000 per request: .*raise --max-texts", "texts"),
-    ("too-many-characters", TRANSLATE, _body({"texts": ["a" * 10001, "b" * 10000]}), 413,
-     r"^20001 characters; the limit \(--max-chars\) is 20000 per request", "texts"),
-    ("body-over-the-limit", TRANSLATE, _body({"texts": ["a"] * 30000}), 413,
-     r"^the body has 150011 bytes; the limit \(--max-body-bytes\) is 100000: .*raise --max-body-bytes", None),
-    ("stream-given-texts", STREAM, _body({"texts": ["a"]}), 422, r"^unknown field 'texts': this endpoint takes text, ", "texts"),
-    ("stream-text-not-a-str", STREAM, _body({"text": 5}), 422, r"^text=5: Input should be a valid string", "text"),
-    ("stream-bad-option-value", STREAM, _body({"text": "a", "min_decoding_length": -1}), 422,
-     r"^min_decoding_length=-1 \(int\): give an int >= 0", "min_decoding_length"),
+    (
+        "bad-option-value",
+        TRANSLATE,
+        _body({"texts": ["a"], "beam_size": 0}),
+        422,
+        re.escape("beam_size=0 (int): give an int >= 1 (1 is greedy search)"),
+        "beam_size",
+    ),
+    (
+        "n-best-over-the-beam",
+        TRANSLATE,
+        _body({"texts": ["a"], "beam_size": 2, "num_hypotheses": 3}),
+        422,
+        r"raise beam_size or lower num_hypotheses",
+        "num_hypotheses",
+    ),
+    (
+        "target-prefix-per-text",
+        TRANSLATE,
+        _body({"texts": ["a", "b"], "target_prefix": [[5]]}),
+        422,
+        r"^target_prefix has 1 entries for 2 sources",
+        "target_prefix",
+    ),
+    (
+        "nan",
+        TRANSLATE,
+        b'{"texts": ["a"], "length_penalty": NaN}',
+        422,
+        r"^length_penalty=nan .*give a number in \[-10, 10\]",
+        "length_penalty",
+    ),
+    (
+        "source-too-long",
+        TRANSLATE,
+        _body({"texts": ["a", LONG * 2]}),
+        422,
+        r"^source 1 .*truncate=True",
+        "texts",
+    ),
+    (
+        "too-many-texts",
+        TRANSLATE,
+        _body({"texts": [""] * 5001}),
+        413,
+        r"^5001 texts; the limit \(--max-texts\) is 5000 per request: .*raise --max-texts",
+        "texts",
+    ),
+    (
+        "too-many-characters",
+        TRANSLATE,
+        _body({"texts": ["a" * 10001, "b" * 10000]}),
+        413,
+        r"^20001 characters; the limit \(--max-chars\) is 20000 per request",
+        "texts",
+    ),
+    (
+        "body-over-the-limit",
+        TRANSLATE,
+        _body({"texts": ["a"] * 30000}),
+        413,
+        r"^the body has 150011 bytes; the limit \(--max-body-bytes\) is 100000: .*raise --max-body-bytes",
+        None,
+    ),
+    (
+        "stream-given-texts",
+        STREAM,
+        _body({"texts": ["a"]}),
+        422,
+        r"^unknown field 'texts': this endpoint takes text, ",
+        "texts",
+    ),
+    (
+        "stream-text-not-a-str",
+        STREAM,
+        _body({"text": 5}),
+        422,
+        r"^text=5: Input should be a valid string",
+        "text",
+    ),
+    (
+        "stream-bad-option-value",
+        STREAM,
+        _body({"text": "a", "min_decoding_length": -1}),
+        422,
+        r"^min_decoding_length=-1 \(int\): give an int >= 0",
+        "min_decoding_length",
+    ),
     ("stream-source-too-long", STREAM, _body({"text": LONG * 2}), 422, r"^source 0 .*truncate=True", "text"),
     ("stream-too-many-characters", STREAM, _body({"text": "a" * 20001}), 413, r"^20001 characters", "text"),
 ]
 
 
-@pytest.mark.parametrize("endpoint, body, status, message, field", [case[1:] for case in BAD], ids=[c[0] for c in BAD])
+@pytest.mark.parametrize(
+    "endpoint, body, status, message, field", [case[1:] for case in BAD], ids=[c[0] for c in BAD]
+)
 def test_a_bad_request_gets_a_clear_4xx(front, endpoint, body, status, message, field):
     r = front.client.post(endpoint, content=body, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
@@ -230,6 +367,7 @@ def test_thousands_of_empty_texts_translate_to_empty_strings(front):
 
 # -- leaving, timing out, a full queue, draining ----------------------------------------------------
 
+
 def test_a_client_that_leaves_has_its_job_cancelled(server):
     cancelled = server.metric("seq2onnx_cancelled_jobs_total", reason="disconnect")
     left = server.metric("seq2onnx_requests_total", endpoint=TRANSLATE, status="499")
@@ -254,8 +392,10 @@ def test_a_request_past_the_timeout_gets_504_and_its_job_is_cancelled(servers):
     server.wait_metric("seq2onnx_active_rows", lambda v: v == 0, timeout_s=30)
     # a body that comes too slowly holds a queue slot only until the same deadline
     with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=10) as sock:
-        sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{\"texts\"")
+        sock.sendall(
+            b"POST /v1/translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"texts"'
+        )
         assert sock.recv(4096).startswith(b"HTTP/1.1 408")
     _ok(server)
 
@@ -315,8 +455,12 @@ def test_a_draining_app_refuses_new_requests(translator):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
             ok = await client.post(TRANSLATE, json={"texts": ["a black dog"]})
             app.state.frontend.drain()
-            return ok, await client.get("/ready"), await client.post(TRANSLATE, json={"texts": ["a"]}), \
-                await client.get("/health")
+            return (
+                ok,
+                await client.get("/ready"),
+                await client.post(TRANSLATE, json={"texts": ["a"]}),
+                await client.get("/health"),
+            )
 
     try:
         ok, ready, refused, health = asyncio.run(requests())

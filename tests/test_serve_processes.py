@@ -55,7 +55,6 @@ def _post_fresh(url: str, body: dict) -> httpx.Response:
         return c.post(TRANSLATE, json=body)
 
 
-
 def test_two_processes_answer_as_one_translate_batch_and_say_so(two, translator):
     expected = [h[0] for h in (r.hypotheses for r in translator.translate_batch(TEXTS, beam_size=1))]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -124,6 +123,7 @@ def test_the_kernel_spreads_connections_over_the_processes_whichever_is_awake(tw
     finally:
         os.kill(pids[0], signal.SIGCONT)
     try:
+
         def held():
             out = [_established(pid, port) - was for pid, was in zip(pids, before)]
             return out if sum(out) == n else None
@@ -133,8 +133,10 @@ def test_the_kernel_spreads_connections_over_the_processes_whichever_is_awake(tw
         assert min(spread) >= 3, spread
         body = b'{"texts": ["the queen sees"]}'
         for s in socks:
-            s.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            s.sendall(
+                b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
         for s in socks:
             assert s.recv(65536).startswith(b"HTTP/1.1 200")
     finally:
@@ -233,7 +235,9 @@ def test_a_process_that_cannot_start_stops_the_command_naming_why(tmp_path):
     bad.mkdir()
     done = subprocess.run(
         [sys.executable, "-m", "seq2onnx.commands", "serve", str(bad), "--port", "0", "--processes", "2"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode != 0
     assert "server process" in done.stderr and "could not start" in done.stderr, done.stderr
@@ -244,6 +248,8 @@ def test_a_process_that_cannot_start_stops_the_command_naming_why(tmp_path):
 def test_processes_below_one_are_refused_naming_the_value(bundle):
     done = subprocess.run(
         [sys.executable, "-m", "seq2onnx.commands", "serve", str(bundle), "--processes", "0"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1 and "--processes 0: give an int >= 1" in done.stderr, done.stderr

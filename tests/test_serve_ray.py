@@ -13,6 +13,7 @@ connection error, send it again (at most RETRIES times, with a short pause). The
 each request ends with exactly one 200 carrying the right translation, that every error on the
 way was such a clean, retryable one, and that no attempt went unanswered (no client timeout).
 """
+
 from __future__ import annotations
 
 import collections
@@ -48,8 +49,11 @@ def _ray_serve():
         import ray
         from ray import serve
     except ImportError as e:
-        pytest.fail(f"Ray Serve cannot be imported ({e}); it is part of the dev extra: "
-                    "pip install -e '.[dev]' (or pip install 'ray[serve]>=2.9')", pytrace=False)
+        pytest.fail(
+            f"Ray Serve cannot be imported ({e}); it is part of the dev extra: "
+            "pip install -e '.[dev]' (or pip install 'ray[serve]>=2.9')",
+            pytrace=False,
+        )
     return ray, serve
 
 
@@ -64,7 +68,11 @@ def _replicas(serve) -> dict:
     from seq2onnx.serve.ray_deploy import APP_NAME, DEPLOYMENT_NAME
 
     app = serve.status().applications.get(APP_NAME)
-    return dict(app.deployments[DEPLOYMENT_NAME].replica_states) if app and DEPLOYMENT_NAME in app.deployments else {}
+    return (
+        dict(app.deployments[DEPLOYMENT_NAME].replica_states)
+        if app and DEPLOYMENT_NAME in app.deployments
+        else {}
+    )
 
 
 def _replica_actors(ray) -> dict[str, str]:
@@ -72,8 +80,10 @@ def _replica_actors(ray) -> dict[str, str]:
     from seq2onnx.serve.ray_deploy import APP_NAME, DEPLOYMENT_NAME
 
     prefix = f"SERVE_REPLICA::{APP_NAME}#{DEPLOYMENT_NAME}#"
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
-    return {n[len(prefix):]: n for n in names}
+    names = [
+        a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)
+    ]
+    return {n[len(prefix) :]: n for n in names}
 
 
 def test_build_refuses_a_wrong_bundle_or_limit_before_any_replica_starts(bundle, tmp_path):
@@ -98,15 +108,35 @@ def test_the_module_serves_until_sigint(bundle):
     _ray_serve()
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen([sys.executable, "-m", "seq2onnx.serve.ray_deploy", str(bundle), "--replicas", "1",
-                             "--port", str(port)], env=env, cwd=Path(__file__).parent, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "seq2onnx.serve.ray_deploy",
+            str(bundle),
+            "--replicas",
+            "1",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        cwd=Path(__file__).parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline, answer = time.monotonic() + WAIT_S, None
         # The proxy listens (404: no route yet) before the replica is up.
-        while (answer is None or answer.status_code in (404, 503)) and time.monotonic() < deadline and proc.poll() is None:
+        while (
+            (answer is None or answer.status_code in (404, 503))
+            and time.monotonic() < deadline
+            and proc.poll() is None
+        ):
             try:
-                answer = httpx.post(f"http://127.0.0.1:{port}/v1/translate", json={"texts": [TEXTS[0]]}, timeout=10)
+                answer = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/translate", json={"texts": [TEXTS[0]]}, timeout=10
+                )
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
@@ -133,15 +163,25 @@ def served(bundle):
     expected = {t: r.hypotheses[0] for t, r in zip(TEXTS, translator.translate_batch(TEXTS, beam_size=1))}
     port = _free_port()
     # "local": a fresh instance even where RAY_ADDRESS names a cluster; a small object store (no data moves).
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024,
-             logging_level="WARNING")
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=100 * 1024 * 1024,
+        logging_level="WARNING",
+    )
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
         # serve.run waits for both replicas; on another thread so that the wait is bounded here.
         # The replicas log at WARNING: an access line per request would bury the test's output.
-        pool.submit(serve.run, build(bundle, num_replicas=2, threads=1), name=APP_NAME, route_prefix="/",
-                    logging_config={"log_level": "WARNING"}).result(timeout=WAIT_S)
+        pool.submit(
+            serve.run,
+            build(bundle, num_replicas=2, threads=1),
+            name=APP_NAME,
+            route_prefix="/",
+            logging_config={"log_level": "WARNING"},
+        ).result(timeout=WAIT_S)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0) as client:
             yield {"ray": ray, "serve": serve, "client": client, "expected": expected}
     finally:
@@ -171,7 +211,9 @@ def test_requests_spread_over_both_replicas(served):
         assert [t["hypotheses"][0] for t in r.json()["translations"]] == [expected[t] for t in _request(n)]
         spread[r.headers["x-replica"]] += 1
     print(f"\nspread of 40 requests over the replicas: {dict(spread)}")
-    assert len(spread) == 2 and min(spread.values()) >= 5, f"requests did not spread over 2 replicas: {dict(spread)}"
+    assert len(spread) == 2 and min(spread.values()) >= 5, (
+        f"requests did not spread over 2 replicas: {dict(spread)}"
+    )
 
 
 @pytest.mark.slow
@@ -216,7 +258,9 @@ class Load:
             for attempt in range(RETRIES):
                 try:
                     r = _translate(self.client, texts)
-                except httpx.TransportError as e:  # a dropped connection is retryable; a timeout is "no answer"
+                except (
+                    httpx.TransportError
+                ) as e:  # a dropped connection is retryable; a timeout is "no answer"
                     self.attempts[n].append((type(e).__name__, None, str(e)[:200]))
                     if isinstance(e, httpx.TimeoutException):
                         break
@@ -225,7 +269,9 @@ class Load:
                 self.attempts[n].append((r.status_code, r.headers.get("x-replica"), r.text[:200]))
                 if r.status_code == 200:
                     self.answers[n].append(r.headers["x-replica"])
-                    if [t["hypotheses"][0] for t in r.json()["translations"]] != [self.expected[t] for t in texts]:
+                    if [t["hypotheses"][0] for t in r.json()["translations"]] != [
+                        self.expected[t] for t in texts
+                    ]:
                         self.wrong.append(n)
                     break
                 if r.status_code not in RETRYABLE:
@@ -247,7 +293,10 @@ def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered_o
     try:
         deadline = time.monotonic() + WAIT_S
         # Both replicas busy first, so that the one killed has requests in flight.
-        while not (len(load.served_by()) == 2 and min(load.served_by().values()) >= 3) and time.monotonic() < deadline:
+        while (
+            not (len(load.served_by()) == 2 and min(load.served_by().values()) >= 3)
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
         victim = sorted(before)[0]
         ray.kill(ray.get_actor(before[victim], namespace="serve"), no_restart=True)
@@ -257,13 +306,20 @@ def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered_o
         recovered_s = None
         while time.monotonic() - killed_at < WAIT_S:
             now = _replica_actors(ray)
-            if recovered_s is None and _replicas(serve).get("RUNNING") == 2 and len(now) == 2 and victim not in now:
+            if (
+                recovered_s is None
+                and _replicas(serve).get("RUNNING") == 2
+                and len(now) == 2
+                and victim not in now
+            ):
                 recovered_s = time.monotonic() - killed_at
                 new = (set(now) - set(before)).pop()
             if recovered_s is not None and load.served_by()[new] >= 3:
                 break
             time.sleep(0.2)
-        assert recovered_s is not None, f"no replacement within {WAIT_S:.0f} s: {_replicas(serve)}, {_replica_actors(ray)}"
+        assert recovered_s is not None, (
+            f"no replacement within {WAIT_S:.0f} s: {_replicas(serve)}, {_replica_actors(ray)}"
+        )
         assert load.served_by()[new] >= 3, f"the new replica {new} answered nothing: {dict(load.served_by())}"
     finally:
         load.stop.set()
@@ -275,10 +331,12 @@ def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered_o
     statuses = collections.Counter(a[0] for n in sent for a in load.attempts[n])
     errors = [(n, a) for n in sent for a in load.attempts[n] if a[0] != 200]
     retried = [n for n in sent if len(load.attempts[n]) > 1]
-    print(f"\nkilled replica {victim} after {answered_at_kill} answered requests; two replicas RUNNING again "
-          f"after {recovered_s:.1f} s (new replica {new})\n"
-          f"requests sent: {len(sent)}, HTTP attempts: {sum(statuses.values())}, by status: {dict(statuses)}\n"
-          f"requests retried: {len(retried)}, answered 200 by replica: {dict(load.served_by())}")
+    print(
+        f"\nkilled replica {victim} after {answered_at_kill} answered requests; two replicas RUNNING again "
+        f"after {recovered_s:.1f} s (new replica {new})\n"
+        f"requests sent: {len(sent)}, HTTP attempts: {sum(statuses.values())}, by status: {dict(statuses)}\n"
+        f"requests retried: {len(retried)}, answered 200 by replica: {dict(load.served_by())}"
+    )
     for n, (status, replica, body) in errors[:5]:
         print(f"  request {n}: {status} from {replica or 'the proxy'}: {body!r}")
 
@@ -286,12 +344,17 @@ def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered_o
     # Exactly one answer per request: each ends with one 200 (never two, never none).
     unanswered = [n for n in sent if len(load.answers[n]) == 0]
     doubled = [n for n in sent if len(load.answers[n]) > 1]
-    assert not unanswered, f"{len(unanswered)} requests never got a 200: {[load.attempts[n] for n in unanswered[:3]]}"
+    assert not unanswered, (
+        f"{len(unanswered)} requests never got a 200: {[load.attempts[n] for n in unanswered[:3]]}"
+    )
     assert not doubled, f"requests answered twice: {doubled[:10]}"
     # Every error on the way was a clean one a client can retry: a 5xx from the proxy, the app's 408 or a
     # dropped connection.
-    unclean = [(n, a) for n, a in errors if a[0] not in RETRYABLE and a[0] not in ("RemoteProtocolError", "ConnectError",
-                                                                                   "ReadError")]
+    unclean = [
+        (n, a)
+        for n, a in errors
+        if a[0] not in RETRYABLE and a[0] not in ("RemoteProtocolError", "ConnectError", "ReadError")
+    ]
     assert not unclean, f"errors a client cannot retry: {unclean[:5]}"
     # A 500 here is the proxy's (the request died with its replica), never the app's: every answer of the app
     # names its replica, and the engine did not fail.

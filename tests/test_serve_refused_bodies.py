@@ -28,8 +28,10 @@ MANY_TEXTS = b'{"texts": [' + b'"",' * 333_000 + b'"a"]}'  # ~1 MB: 333,001 text
 
 def _post(port: int, body: bytes, timeout: float = 30) -> tuple[int, bytes]:
     """One POST of `body` on its own connection; (status, the answer's bytes)."""
-    head = (f"POST {TRANSLATE} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    head = (
+        f"POST {TRANSLATE} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(head + body)
         answer = b""
@@ -48,7 +50,7 @@ def test_large_bodies_are_screened_once_and_refused_by_name():
         status, answer = _post(port, b'{"texts": ["' + b"a" * 900_000 + b'"]}')
         assert status == 413 and b"900000 characters; the limit (--max-chars)" in answer, answer[:300]
         status, answer = _post(port, b'{"text": "' + b"b" * 900_000 + b'"}')  # on /v1/translate: no texts
-        assert status == 422 and b'this endpoint takes texts' in answer and len(answer) < 2000, answer[:300]
+        assert status == 422 and b"this endpoint takes texts" in answer and len(answer) < 2000, answer[:300]
         status, answer = _post(port, b'{"texts": ["a"], "texts": ["' + b"a" * 900_000 + b'"]}')
         assert status == 422 and b"appears more than once" in answer, answer[:300]
         status, answer = _post(port, b'{"texts": ["' + b"a" * 900_000 + b'\xff"]}')

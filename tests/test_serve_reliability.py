@@ -34,7 +34,6 @@ TRANSLATE = "/v1/translate"
 TEXTS = ["the queen sees", "a young mouse eats", "the old king runs", "two birds sing"]
 
 
-
 def _answers(server: ServeProcess, beam: int) -> list:
     r = server.client.post(TRANSLATE, json={"texts": TEXTS, "beam_size": beam})
     assert r.status_code == 200, r.text
@@ -85,10 +84,23 @@ def _free_port() -> int:
 
 def _group(bundle, port: int, *options: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "seq2onnx.commands", "serve", str(bundle), "--port", str(port),
-               "--intra-threads", "1", "--processes", "2", *options]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "seq2onnx.commands",
+        "serve",
+        str(bundle),
+        "--port",
+        str(port),
+        "--intra-threads",
+        "1",
+        "--processes",
+        "2",
+        *options,
+    ]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
 
 
 def _end(proc: subprocess.Popen) -> None:
@@ -121,7 +133,9 @@ def test_two_groups_started_a_moment_apart_on_one_port_one_serves_and_the_other_
 
 def _pids(log: str) -> list[int]:
     """The server processes' pids, from their log lines (as tests/test_serve_processes.py finds them)."""
-    pids = re.findall(r"seq2onnx serve \[pid (\d+)\]: ", log) + re.findall(r"Started server process \[(\d+)\]", log)
+    pids = re.findall(r"seq2onnx serve \[pid (\d+)\]: ", log) + re.findall(
+        r"Started server process \[(\d+)\]", log
+    )
     return list(dict.fromkeys(int(p) for p in pids))
 
 
@@ -137,8 +151,10 @@ def test_a_stopped_worker_is_found_by_its_heartbeat_logged_killed_and_replaced(b
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(stopped, signal.SIGCONT)
-        assert re.search(rf"process \d \(pid {stopped}\) sent no heartbeat for [\d.]+ s \(--liveness-seconds 2\)",
-                         server.log()), server.log()
+        assert re.search(
+            rf"process \d \(pid {stopped}\) sent no heartbeat for [\d.]+ s \(--liveness-seconds 2\)",
+            server.log(),
+        ), server.log()
         until(lambda: "exited with code -9 while serving" in server.log(), 30, "its exit")
         # every fresh connection is answered again (none lands on the stopped process)
         answers = []
@@ -177,10 +193,13 @@ def test_a_client_that_pipelines_and_never_reads_is_dropped_after_the_send_timeo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("body, field, words", [
-    ({"texts": ["a black dog"], "beam_size": 2, "length_penalty": 200}, "length_penalty", "[-10, 10]"),
-    ({"texts": ["a black dog"], "sampling_temperature": 5e-324}, "sampling_temperature", "[0.001, 1000]"),
-])
+@pytest.mark.parametrize(
+    "body, field, words",
+    [
+        ({"texts": ["a black dog"], "beam_size": 2, "length_penalty": 200}, "length_penalty", "[-10, 10]"),
+        ({"texts": ["a black dog"], "sampling_temperature": 5e-324}, "sampling_temperature", "[0.001, 1000]"),
+    ],
+)
 def test_out_of_range_float_options_get_422_naming_the_range_not_500(bundle, body, field, words):
     with ServeProcess(bundle) as server:
         r = server.client.post(TRANSLATE, json=body)
@@ -196,8 +215,10 @@ def test_rows_in_flight_are_bounded_server_wide_beyond_it_503_with_retry_after(b
     import concurrent.futures
 
     body = {"texts": TEXTS * 2, "beam_size": 4}  # 8 texts x beam 4: 32 rows, the whole limit
-    with ServeProcess(bundle, "--max-rows-in-flight", "32", "--max-rows", "32", "--batching", "request",
-                      "--workers", "4") as server:
+    with ServeProcess(
+        bundle, "--max-rows-in-flight", "32", "--max-rows", "32", "--batching", "request", "--workers", "4"
+    ) as server:
+
         def post(_):
             with httpx.Client(base_url=server.url, timeout=60) as c:
                 return c.post(TRANSLATE, json=body)
@@ -207,7 +228,10 @@ def test_rows_in_flight_are_bounded_server_wide_beyond_it_503_with_retry_after(b
         codes = [a.status_code for a in answers]
         assert set(codes) <= {200, 503} and 200 in codes and 503 in codes, codes
         refused = next(a for a in answers if a.status_code == 503)
-        assert "the limit (--max-rows-in-flight) is 32" in refused.json()["error"] and refused.headers["retry-after"]
+        assert (
+            "the limit (--max-rows-in-flight) is 32" in refused.json()["error"]
+            and refused.headers["retry-after"]
+        )
         too_many = server.client.post(TRANSLATE, json={"texts": TEXTS * 2, "beam_size": 5})  # 40 rows alone
         assert too_many.status_code == 422, too_many.text  # one request's limit (--max-rows), never admitted
 
@@ -228,4 +252,6 @@ def test_a_target_prefix_longer_than_the_model_is_refused_not_cut(bundle):
     with ServeProcess(bundle) as server:
         r = server.client.post(TRANSLATE, json={"texts": ["a black dog"], "target_prefix": [[5] * 10_000]})
         assert r.status_code == 422 and r.json()["field"] == "target_prefix", r.text
-        assert re.search(r"has 10000 ids; give at most \d+ \(the model has \d+ positions", r.json()["error"]), r.text
+        assert re.search(
+            r"has 10000 ids; give at most \d+ \(the model has \d+ positions", r.json()["error"]
+        ), r.text

@@ -1,6 +1,7 @@
 """scripts/serve_wrk.py (issue 36, item 4): the pieces that need no wrk (the words, wrk's report read back,
 the ceiling's echo engine answering through the real front end in a real process), and with wrk installed
 the Lua script's bodies and a short run of the whole script."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -68,7 +69,8 @@ def test_words_come_from_the_source_pieces_and_are_json_escaped():
 
 def test_continuous_settings_cover_each_thread_count_and_lanes():
     args = wrk_bench.build_parser().parse_args(
-        [str(tiny_bundle()), "--out", "x", "--servers", "continuous", "--threads", "2"])
+        [str(tiny_bundle()), "--out", "x", "--servers", "continuous", "--threads", "2"]
+    )
     args.continuous_intra, args.continuous_lanes = [1, 2], [1, 2]
     got = {setting: argv for name, setting, argv in wrk_bench.servers(args) if name == "continuous"}
     assert sorted(got) == ["intra 1", "intra 2", "lanes 2 x intra 1"]
@@ -79,13 +81,17 @@ def test_continuous_settings_cover_each_thread_count_and_lanes():
 
 def test_processes_add_each_server_as_p_processes_with_the_threads_split():
     args = wrk_bench.build_parser().parse_args(
-        [str(tiny_bundle()), "--out", "x", "--ct2", "c", "--threads", "2", "--processes", "1", "2"])
+        [str(tiny_bundle()), "--out", "x", "--ct2", "c", "--threads", "2", "--processes", "1", "2"]
+    )
     args.continuous_intra = [1, 2]  # as main() sets it
     got = {(name, setting): argv for name, setting, argv in wrk_bench.servers(args) if "processes" in setting}
     assert sorted(got) == [
-        ("ceiling", "2 processes"), ("continuous", "2 processes x intra 1"),
-        ("ct2", "2 processes x inter 1 x intra 1"), ("request", "2 processes x workers 1 x intra 1"),
-        ("standard-rounds", "2 processes x intra 1")]
+        ("ceiling", "2 processes"),
+        ("continuous", "2 processes x intra 1"),
+        ("ct2", "2 processes x inter 1 x intra 1"),
+        ("request", "2 processes x workers 1 x intra 1"),
+        ("standard-rounds", "2 processes x intra 1"),
+    ]
 
     def option(argv, name):
         assert argv.count(name) == 1, argv
@@ -107,8 +113,11 @@ def test_processes_add_each_server_as_p_processes_with_the_threads_split():
 def stub():
     """The ceiling's server (`serve_ct2.py BUNDLE --echo`) as the benchmark starts it: a real process."""
     scaffold = wrk_bench.sc
-    argv = [*wrk_bench.servers(wrk_bench.build_parser().parse_args(
-        [str(tiny_bundle()), "--out", "x", "--servers", "ceiling"]))[0][2]]
+    argv = [
+        *wrk_bench.servers(
+            wrk_bench.build_parser().parse_args([str(tiny_bundle()), "--out", "x", "--servers", "ceiling"])
+        )[0][2]
+    ]
     log = scratch("wrk-stub") / "stub.log"
     with scaffold.Server(argv, log, "the queen sees", start_timeout=60) as server:
         yield server
@@ -121,8 +130,13 @@ def test_echo_engine_answers_through_the_real_front_end(stub):
     with httpx.Client(timeout=30) as client:
         for text, beam in (("the queen sees", 1), ("a cat", 4)):  # bounded: two requests
             n = min(beam, 2)
-            body = {"texts": [text], "beam_size": beam, "max_decoding_length": 7, "num_hypotheses": n,
-                    "return_scores": True}
+            body = {
+                "texts": [text],
+                "beam_size": beam,
+                "max_decoding_length": 7,
+                "num_hypotheses": n,
+                "return_scores": True,
+            }
             answer = client.post(stub.url, json=body).json()["translations"][0]
             assert answer["hypotheses"] == [text] * n and answer["scores"] == [0.0] * n
             assert answer["token_ids"][0] == tr.prepare_source(text)[0][:-1]
@@ -151,14 +165,34 @@ def test_lua_script_posts_random_sentences(stub):
 
 def test_table_names_each_servers_best_setting_and_the_ratios():
     def p(server, setting, rps, beam=1, clients=32):
-        return {"server": server, "setting": setting, "beam": beam, "clients": clients, "requests_per_s": rps,
-                "tokens_per_s": 10 * rps, "p50_ms": 10.0, "p90_ms": 20.0, "p99_ms": 30.0, "max_ms": 40.0,
-                "requests": 100, "errors": {}}
+        return {
+            "server": server,
+            "setting": setting,
+            "beam": beam,
+            "clients": clients,
+            "requests_per_s": rps,
+            "tokens_per_s": 10 * rps,
+            "p50_ms": 10.0,
+            "p90_ms": 20.0,
+            "p99_ms": 30.0,
+            "max_ms": 40.0,
+            "requests": 100,
+            "errors": {},
+        }
 
-    report = {"started": "now", "note": "note", "beams": [1], "clients": [32], "points": [
-        p("continuous", "", 300.0), p("request", "workers 1 x intra 2", 100.0),
-        p("request", "workers 2 x intra 1", 200.0), p("ct2", "inter 2 x intra 1", 150.0),
-        p("ceiling", "", 600.0)]}
+    report = {
+        "started": "now",
+        "note": "note",
+        "beams": [1],
+        "clients": [32],
+        "points": [
+            p("continuous", "", 300.0),
+            p("request", "workers 1 x intra 2", 100.0),
+            p("request", "workers 2 x intra 1", 200.0),
+            p("ct2", "inter 2 x intra 1", 150.0),
+            p("ceiling", "", 600.0),
+        ],
+    }
     table = wrk_bench.markdown(report)
     row = next(line for line in table.splitlines() if line.startswith("| 32 |"))
     assert "200.0 / 30 (workers 2 x intra 1)" in row and "100.0" not in row
@@ -168,9 +202,26 @@ def test_table_names_each_servers_best_setting_and_the_ratios():
 @pytest.mark.skipif(not HAS_WRK, reason=NO_WRK)
 def test_whole_script_measures_the_ceiling():  # about 5 s: a server start and two 1-second wrk runs
     out = scratch("wrk-run") / "out"
-    code = wrk_bench.main([str(tiny_bundle()), "--out", str(out), "--servers", "ceiling", "--clients", "2",
-                           "--seconds", "1", "--warmup", "1", "--max-length", "5", "9",
-                           "--in-process-seconds", "0"])
+    code = wrk_bench.main(
+        [
+            str(tiny_bundle()),
+            "--out",
+            str(out),
+            "--servers",
+            "ceiling",
+            "--clients",
+            "2",
+            "--seconds",
+            "1",
+            "--warmup",
+            "1",
+            "--max-length",
+            "5",
+            "9",
+            "--in-process-seconds",
+            "0",
+        ]
+    )
     report = json.loads((out / "results.json").read_text())
     assert code == 0 and [p["server"] for p in report["points"]] == ["ceiling"]
     assert report["points"][0]["requests_per_s"] > 0 and report["points"][0]["tokens_per_s"] > 0

@@ -1,5 +1,6 @@
 """The session cache (runtime/session_cache.py): onnxruntime's optimized graphs with pre-packed weights, saved
 on a first load and used by the next, computing what an uncached Translator computes."""
+
 from __future__ import annotations
 
 import os
@@ -73,12 +74,22 @@ def test_nothing_is_cached_without_hashes_or_from_a_damaged_weights_file(bundle)
 
 
 def test_the_key_follows_what_the_saved_graph_depends_on(monkeypatch):
-    base = dict(graph=b"graph", weights_sha256="a" * 64, ort_version="1.32.0", level="all",
-                entries={"session.intra_op.allow_spinning": "1"})
+    base = dict(
+        graph=b"graph",
+        weights_sha256="a" * 64,
+        ort_version="1.32.0",
+        level="all",
+        entries={"session.intra_op.allow_spinning": "1"},
+    )
     key = entry_key(**base)
     assert entry_key(**base) == key
-    for field, other in (("graph", b"graph2"), ("weights_sha256", "b" * 64), ("ort_version", "1.31.1"),
-                         ("level", "extended"), ("entries", {"session.qdq_matmulnbits_accuracy_level": "4"})):
+    for field, other in (
+        ("graph", b"graph2"),
+        ("weights_sha256", "b" * 64),
+        ("ort_version", "1.31.1"),
+        ("level", "extended"),
+        ("entries", {"session.qdq_matmulnbits_accuracy_level": "4"}),
+    ):
         assert entry_key(**{**base, field: other}) != key, field
     monkeypatch.setattr(session_cache, "cpu_identity", lambda: "another CPU")
     assert entry_key(**base) != key

@@ -72,7 +72,9 @@ def test_a_large_bundle_makes_its_sessions_one_after_the_other(threads_making, m
 def test_an_encoder_onnxruntime_cannot_load_is_named_from_its_thread(threads_making):
     damaged = copy_bundle(tiny_bundle(), "encoder-garbage")
     _unrunnable(damaged, "encoder.onnx")
-    with pytest.raises(BundleError, match=r"encoder\.onnx: onnxruntime cannot load this graph.*files\.encoder"):
+    with pytest.raises(
+        BundleError, match=r"encoder\.onnx: onnxruntime cannot load this graph.*files\.encoder"
+    ):
         Translator(damaged, device="cpu", check_hashes=False)
     assert "seq2onnx-load-encoder" in threads_making
     assert _load_threads_alive() == []

@@ -1,4 +1,5 @@
 """SentencePiece tokenizers: fixed special ids, round trips, decoding rules, save/load."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,7 +21,11 @@ def tok(pairs):
 
 def test_special_ids_are_fixed(tok):
     for sp in (tok.source, tok.target):
-        assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+        assert (
+            (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+            == (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
+            == (0, 1, 2, 3)
+        )
         assert sp.id_to_piece(PAD_ID) == "<pad>"
         assert sp.id_to_piece(UNK_ID) == "<unk>"
         assert sp.is_control(BOS_ID) and sp.is_control(EOS_ID)

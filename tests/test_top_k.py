@@ -1,4 +1,5 @@
 """The decoder graphs' top k (export/top_k.py): the two-stage graph equals plain TopK, ties, -inf and every k."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,14 +12,23 @@ from seq2onnx.export.top_k import MIN_VOCAB, block_size, top_k_nodes
 
 
 def _session(vocab: int, two_stage: bool) -> ort.InferenceSession:
-    nodes = (top_k_nodes("x", "k", "values", "ids", vocab) if two_stage else
-             [helper.make_node("TopK", ["x", "k"], ["values", "ids"], axis=-1, largest=1, sorted=1)])
+    nodes = (
+        top_k_nodes("x", "k", "values", "ids", vocab)
+        if two_stage
+        else [helper.make_node("TopK", ["x", "k"], ["values", "ids"], axis=-1, largest=1, sorted=1)]
+    )
     graph = helper.make_graph(
-        nodes, "top_k",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", vocab]),
-         helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
-        [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["rows", "k"]),
-         helper.make_tensor_value_info("ids", TensorProto.INT64, ["rows", "k"])])
+        nodes,
+        "top_k",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", vocab]),
+            helper.make_tensor_value_info("k", TensorProto.INT64, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("values", TensorProto.FLOAT, ["rows", "k"]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["rows", "k"]),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
@@ -52,8 +62,12 @@ def test_two_stages_equal_plain_top_k_with_ties_and_minus_infinity(rows):
         # the best value repeated across blocks, and inside one block: ties decide which ids come out
         "ties": np.round(rng.standard_normal((rows, vocab)), 1).astype(np.float32),
         # the best entries in one block alone, and a block of -inf (a suppressed range)
-        "one block": np.where(np.arange(vocab) // 82 == 40, 5.0, rng.standard_normal((rows, vocab))).astype(np.float32),
-        "minus inf": np.where(np.arange(vocab) < 4000, -np.inf, rng.standard_normal((rows, vocab))).astype(np.float32),
+        "one block": np.where(np.arange(vocab) // 82 == 40, 5.0, rng.standard_normal((rows, vocab))).astype(
+            np.float32
+        ),
+        "minus inf": np.where(np.arange(vocab) < 4000, -np.inf, rng.standard_normal((rows, vocab))).astype(
+            np.float32
+        ),
     }
     for name, x in cases.items():
         for k in (1, 2, 3, 9, 81, 99, 100, 101, 250, vocab):
@@ -62,5 +76,7 @@ def test_two_stages_equal_plain_top_k_with_ties_and_minus_infinity(rows):
             ref_values, ref_ids = _reference(x, k)
             np.testing.assert_array_equal(got[1], want[1], err_msg=f"{name}, k={k}: ids")
             np.testing.assert_array_equal(got[0], want[0], err_msg=f"{name}, k={k}: values")
-            np.testing.assert_array_equal(got[1], ref_ids, err_msg=f"{name}, k={k}: ids against the reference")
+            np.testing.assert_array_equal(
+                got[1], ref_ids, err_msg=f"{name}, k={k}: ids against the reference"
+            )
             np.testing.assert_array_equal(got[0], ref_values, err_msg=f"{name}, k={k}")

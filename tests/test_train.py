@@ -1,5 +1,6 @@
 """Training runs on the generated corpus: the loss falls, resume continues exactly, runs are
 reproducible, and the run directory is protected."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,28 @@ from seq2onnx.model.train import TrainOptions, train
 
 
 def _opts(out: Path, **kw) -> TrainOptions:
-    base = dict(out=str(out), generated_pairs=600, valid_size=20, test_size=20, vocab_size=80, max_len=40,
-                d_model=32, n_heads=4, layers=1, d_ff=64, dropout=0.0, max_tokens=600, warmup=20, lr=2.0,
-                max_steps=40, eval_every=10, bleu_sentences=4, seed=3, device="cpu", progress=False)
+    base = dict(
+        out=str(out),
+        generated_pairs=600,
+        valid_size=20,
+        test_size=20,
+        vocab_size=80,
+        max_len=40,
+        d_model=32,
+        n_heads=4,
+        layers=1,
+        d_ff=64,
+        dropout=0.0,
+        max_tokens=600,
+        warmup=20,
+        lr=2.0,
+        max_steps=40,
+        eval_every=10,
+        bleu_sentences=4,
+        seed=3,
+        device="cpu",
+        progress=False,
+    )
     base.update(kw)
     return TrainOptions(**base)
 
@@ -98,7 +118,9 @@ def test_refuses_to_overwrite_without_force(tmp_path):
         train(_opts(run, max_steps=2))
     assert (run / "notes.txt").read_text() == "keep me\n"
     # --force replaces only a run: a folder of the user's is refused, and kept
-    with pytest.raises(TrainError, match=r"holds files but no run of `seq2onnx train`.*--force replaces only a run"):
+    with pytest.raises(
+        TrainError, match=r"holds files but no run of `seq2onnx train`.*--force replaces only a run"
+    ):
         train(_opts(run, max_steps=2, eval_every=2, force=True))
     assert (run / "notes.txt").read_text() == "keep me\n"
     (run / "notes.txt").unlink()
@@ -160,6 +182,7 @@ def test_missing_corpus_is_a_clear_error(tmp_path):
 
 # -- failing early: an unwritable run directory, a model too big for the machine -------------------
 
+
 def _no_training(monkeypatch):
     """Makes reading the corpus (the first step of real work) fail loudly, to prove a check came first."""
     import seq2onnx.model.train_setup as train_setup
@@ -175,7 +198,9 @@ def test_unwritable_run_directory_fails_before_training(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     # A path under a regular file cannot be created, by root either.
-    with pytest.raises(TrainError, match=r"cannot write checkpoints to .*a-file/run.*choose a writable directory"):
+    with pytest.raises(
+        TrainError, match=r"cannot write checkpoints to .*a-file/run.*choose a writable directory"
+    ):
         train(_opts(blocker / "run"))
     with pytest.raises(TrainError, match=r"a-file is a file, not a run directory"):
         train(_opts(blocker))
@@ -183,8 +208,11 @@ def test_unwritable_run_directory_fails_before_training(tmp_path, monkeypatch):
 
 def test_model_too_big_for_memory_fails_before_allocating(tmp_path, monkeypatch):
     _no_training(monkeypatch)
-    with pytest.raises(TrainError, match=r"would need about [\d,.]+ GiB to train.*this machine has [\d,.]+ GiB"
-                                         r".*smaller --d-model \(now 65536\).*--max-tokens") as info:
+    with pytest.raises(
+        TrainError,
+        match=r"would need about [\d,.]+ GiB to train.*this machine has [\d,.]+ GiB"
+        r".*smaller --d-model \(now 65536\).*--max-tokens",
+    ) as info:
         train(_opts(tmp_path / "run", d_model=65536, n_heads=4))
     assert "parameters x 16 bytes" in str(info.value)
     assert not (tmp_path / "run").exists()  # refused before anything was written
@@ -206,6 +234,7 @@ def test_memory_estimate_counts_weights_gradients_adam_and_activations():
 
 
 # -- progress toward whichever limit ends the run --------------------------------------------------
+
 
 def test_steps_reachable_counts_toward_the_first_limit():
     from seq2onnx.model.preflight import steps_reachable
@@ -254,6 +283,7 @@ def test_progress_bar_total_follows_the_time_limit(tmp_path, monkeypatch):
 
 # -- a separate validation file ----------------------------------------------------------------
 
+
 def _write_tsv(path: Path, pairs: list[tuple[str, str]]) -> Path:
     # target<TAB>source with a byte-order mark and \r\n: the column options and quirks apply to both files
     path.write_bytes(b"\xef\xbb\xbf" + "".join(f"{t}\t{s}\r\n" for s, t in pairs).encode())
@@ -269,8 +299,15 @@ def test_valid_data_file_is_the_validation_split(tmp_path):
     data = _write_tsv(tmp_path / "train.tsv", pairs)
     held_out = [p for p in generate_pairs(60, seed=8)][:15]
     valid = _write_tsv(tmp_path / "valid.tsv", held_out + pairs[:5])  # 5 sources also in --data
-    opts = _opts(tmp_path / "run", data=str(data), valid_data=str(valid), src_col=1, tgt_col=0, max_steps=4,
-                 eval_every=4)
+    opts = _opts(
+        tmp_path / "run",
+        data=str(data),
+        valid_data=str(valid),
+        src_col=1,
+        tgt_col=0,
+        max_steps=4,
+        eval_every=4,
+    )
     split = load_split(opts)
     assert split.valid == held_out + pairs[:5]
     assert not {s for s, _ in split.valid} & {s for s, _ in split.train}  # never trained on

@@ -1,4 +1,5 @@
 """The hand-written Transformer: positions, masks, padding, and the cached decode step."""
+
 from __future__ import annotations
 
 import json
@@ -230,9 +231,20 @@ def test_config_special_ids_inside_vocabulary():
 
 
 def test_config_json_round_trip(tmp_path):
-    cfg = ModelConfig(src_vocab_size=41, tgt_vocab_size=37, d_model=24, n_heads=3, n_encoder_layers=1,
-                      n_decoder_layers=2, d_ff=48, dropout=0.25, max_positions=77, pre_norm=True,
-                      tie_embeddings=False, layer_norm_eps=1e-6)
+    cfg = ModelConfig(
+        src_vocab_size=41,
+        tgt_vocab_size=37,
+        d_model=24,
+        n_heads=3,
+        n_encoder_layers=1,
+        n_decoder_layers=2,
+        d_ff=48,
+        dropout=0.25,
+        max_positions=77,
+        pre_norm=True,
+        tie_embeddings=False,
+        layer_norm_eps=1e-6,
+    )
     path = tmp_path / "config.json"
     cfg.save(path)
     data = json.loads(path.read_text())

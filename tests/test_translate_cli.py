@@ -1,4 +1,5 @@
 """`seq2onnx translate BUNDLE` (python -m seq2onnx.commands translate) against Translator.translate_batch."""
+
 from __future__ import annotations
 
 import functools
@@ -64,7 +65,11 @@ def test_translate_beam_one(bundle, translator):
 
 
 def test_translate_scores(bundle, translator):
-    out = _ok(translate(str(bundle), "--scores", "--beam", "2", "--length-penalty", "0.6", input="\n".join(LINES) + "\n"))
+    out = _ok(
+        translate(
+            str(bundle), "--scores", "--beam", "2", "--length-penalty", "0.6", input="\n".join(LINES) + "\n"
+        )
+    )
     want = translator.translate_batch(LINES, beam_size=2, length_penalty=0.6, return_scores=True)
     assert len(out) == len(LINES)
     for line, r in zip(out, want):
@@ -79,7 +84,11 @@ def test_translate_n_best(bundle, translator):
     out = _ok(translate(str(bundle), "--n-best", "2", input="\n".join(LINES) + "\n"))
     want = translator.translate_batch(LINES, num_hypotheses=2, return_scores=True)
     assert len(out) == 2 * len(LINES)
-    expected = [f"{i} ||| {text} ||| {score:.4f}" for i, r in enumerate(want) for text, score in zip(r.hypotheses, r.scores)]
+    expected = [
+        f"{i} ||| {text} ||| {score:.4f}"
+        for i, r in enumerate(want)
+        for text, score in zip(r.hypotheses, r.scores)
+    ]
     assert out == expected
     parts = out[0].split(" ||| ")
     assert len(parts) == 3 and parts[0] == "0" and float(parts[2]) < 0
@@ -92,7 +101,9 @@ def test_translate_files(bundle, translator):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
     out = (d / "out.txt").read_text(encoding="utf-8").split("\n")
-    assert out[-1] == "" and out[:-1] == [r.hypotheses[0] for r in translator.translate_batch(LINES, beam_size=2)]
+    assert out[-1] == "" and out[:-1] == [
+        r.hypotheses[0] for r in translator.translate_batch(LINES, beam_size=2)
+    ]
 
 
 def _one_error_line(proc: subprocess.CompletedProcess, *words: str) -> str:
@@ -133,16 +144,32 @@ def test_unicode_line_separators_do_not_split_lines(bundle):
 
 def test_help_explains_the_filter_options():
     text = translate("--help").stdout
-    for option in ("--strict", "--truncate", "--progress", "--no-progress", "--force", "--threads", "Unix filter", "U+FFFD"):
+    for option in (
+        "--strict",
+        "--truncate",
+        "--progress",
+        "--no-progress",
+        "--force",
+        "--threads",
+        "Unix filter",
+        "U+FFFD",
+    ):
         assert option in text, option
 
 
 # -- a Unix filter ---------------------------------------------------------------------------------
 
+
 def test_streaming_answers_each_line_before_stdin_closes(bundle, translator):
     """A co-process: each line's translation comes back while stdin is still open."""
-    proc = subprocess.Popen(COMMAND + [str(bundle), "--beam", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=ROOT, env=ENV)
+    proc = subprocess.Popen(
+        COMMAND + [str(bundle), "--beam", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=ENV,
+    )
     answers: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [answers.put(line) for line in proc.stdout], daemon=True).start()
     try:
@@ -162,16 +189,26 @@ def test_streaming_answers_each_line_before_stdin_closes(bundle, translator):
 def test_reader_leaving_early_ends_quietly_with_status_0(bundle, translator):
     """`... | seq2onnx translate B | head -1`: no 'Broken pipe', status 0 (PIPESTATUS of translate)."""
     command = " ".join(map(shlex.quote, [*COMMAND, str(bundle), "--beam", "1", "--batch-size", "8"]))
-    script = f"yes 'a small bird sleeps' | head -3000 | {command} | head -1; echo \"status=${{PIPESTATUS[2]}}\""
-    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
-    assert proc.stdout == translator.translate("a small bird sleeps", beam_size=1) + "\nstatus=0\n", proc.stderr
+    script = (
+        f"yes 'a small bird sleeps' | head -3000 | {command} | head -1; echo \"status=${{PIPESTATUS[2]}}\""
+    )
+    proc = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300
+    )
+    assert proc.stdout == translator.translate("a small bird sleeps", beam_size=1) + "\nstatus=0\n", (
+        proc.stderr
+    )
     assert "Broken pipe" not in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stderr == ""
 
 
 def test_invalid_utf8_is_replaced_with_one_warning_stdin_and_file_alike(bundle, translator):
     data = b"a small bird sleeps\nthe cat \xff\xfe dances in the box\r\nthree old kings carry the red boxes\n"
-    expected_lines = ["a small bird sleeps", "the cat \ufffd\ufffd dances in the box", "three old kings carry the red boxes"]
+    expected_lines = [
+        "a small bird sleeps",
+        "the cat \ufffd\ufffd dances in the box",
+        "three old kings carry the red boxes",
+    ]
     want = "".join(r.hypotheses[0] + "\n" for r in translator.translate_batch(expected_lines)).encode("utf-8")
     path = scratch("cli-utf8") / "in.txt"
     path.write_bytes(data)
@@ -201,13 +238,18 @@ def test_strict_error_names_the_input_line(bundle, translator):
     proc = translate(str(bundle), "--strict", "--beam", "1", input="\n".join(lines) + "\n")
     assert proc.returncode == 1
     errors = proc.stderr.strip().splitlines()
-    assert len(errors) == 1 and errors[0].startswith("seq2onnx translate: error: input line 281 has "), proc.stderr
+    assert len(errors) == 1 and errors[0].startswith("seq2onnx translate: error: input line 281 has "), (
+        proc.stderr
+    )
     assert f"at most {translator.max_positions} positions" in errors[0] and "--strict" in errors[0]
     # the lines before it were translated and written
-    assert proc.stdout.split("\n")[:-1] == [r.hypotheses[0] for r in translator.translate_batch(short[:280], beam_size=1)]
+    assert proc.stdout.split("\n")[:-1] == [
+        r.hypotheses[0] for r in translator.translate_batch(short[:280], beam_size=1)
+    ]
 
 
 # -- -o FILE ---------------------------------------------------------------------------------------
+
 
 def test_output_file_needs_force_to_replace_and_gets_the_usual_mode(bundle, translator):
     d = scratch("cli-force")
@@ -243,12 +285,17 @@ def test_output_file_is_not_left_partial_on_failure(bundle):
 def test_output_file_is_not_left_partial_on_ctrl_c(bundle):
     d = scratch("cli-ctrl-c")
     # PYTHONFAULTHANDLER: should it ever hang, SIGABRT below makes it print every thread's stack
-    proc = subprocess.Popen(COMMAND + [str(bundle), "-o", str(d / "out.txt")], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
-                            env={**ENV, "PYTHONFAULTHANDLER": "1"},
-                            # Ctrl-C as at a terminal: a shell's background job inherits SIGINT ignored,
-                            # and Python then installs no KeyboardInterrupt handler at all
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        COMMAND + [str(bundle), "-o", str(d / "out.txt")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**ENV, "PYTHONFAULTHANDLER": "1"},
+        # Ctrl-C as at a terminal: a shell's background job inherits SIGINT ignored,
+        # and Python then installs no KeyboardInterrupt handler at all
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         proc.stdin.write(b"a small bird sleeps\n")
         proc.stdin.flush()
@@ -263,7 +310,9 @@ def test_output_file_is_not_left_partial_on_ctrl_c(bundle):
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGABRT)
             _, err = proc.communicate(timeout=60)
-            raise AssertionError(f"no exit 120 s after Ctrl-C; its threads:\n{err.decode(errors='replace')[-6000:]}")
+            raise AssertionError(
+                f"no exit 120 s after Ctrl-C; its threads:\n{err.decode(errors='replace')[-6000:]}"
+            )
         assert code == 130
         assert list(d.iterdir()) == []
     finally:
@@ -272,6 +321,7 @@ def test_output_file_is_not_left_partial_on_ctrl_c(bundle):
 
 
 # -- progress --------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_progress_only_when_asked_or_on_a_terminal(bundle):
@@ -286,7 +336,9 @@ def test_progress_only_when_asked_or_on_a_terminal(bundle):
     assert f"{len(LINES)} lines, " in from_stdin.stderr and from_stdin.stdout == plain.stdout
     assert translate(str(bundle), "-i", str(path), "--no-progress").stderr == ""
     env = {**ENV, "SEQ2ONNX_PROGRESS": "1"}  # the old undocumented switch is gone
-    old = subprocess.run([*COMMAND, str(bundle), "-i", str(path)], capture_output=True, text=True, env=env, timeout=120)
+    old = subprocess.run(
+        [*COMMAND, str(bundle), "-i", str(path)], capture_output=True, text=True, env=env, timeout=120
+    )
     assert old.returncode == 0 and old.stderr == ""
 
 
@@ -295,6 +347,10 @@ def test_option_errors_name_the_value_and_the_fix(bundle):
     for value in ("100000", "-1"):
         line = _one_error_line(translate(str(bundle), "--threads", value, input="a\n"), f"--threads {value}")
         assert f"{cores} cores" in line and "0 to use them all" in line
-    _one_error_line(translate(str(bundle), "--n-best", "3", "--beam", "2", input="a\n"), "--n-best 3", "--beam 3")
+    _one_error_line(
+        translate(str(bundle), "--n-best", "3", "--beam", "2", input="a\n"), "--n-best 3", "--beam 3"
+    )
     _one_error_line(translate(str(bundle), "--batch-size", "0", input="a\n"), "--batch-size 0")
-    _one_error_line(translate(str(bundle), "--max-length", "100000", input="a\n"), "--max-length 100000", "max_positions")
+    _one_error_line(
+        translate(str(bundle), "--max-length", "100000", input="a\n"), "--max-length 100000", "max_positions"
+    )

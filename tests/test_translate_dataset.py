@@ -1,5 +1,6 @@
 """`seq2onnx translate-dataset` (commands/translate_dataset.py) on a local 2-CPU Ray instance, against
 Translator.translate_batch and `seq2onnx translate` on the same input."""
+
 from __future__ import annotations
 
 import argparse
@@ -68,9 +69,27 @@ def test_text_output_is_byte_identical_to_seq2onnx_translate(local_ray, bundle, 
     assert run(bundle, source, d / "out.txt", "--workers", 2, "--lines-per-task", 40, "--json") == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["lines"] == len(LINES) and stats["workers"] == 2
-    proc = subprocess.run([sys.executable, "-m", "seq2onnx.commands", "translate", str(bundle), "--device", "cpu",
-                           "--threads", "1", "-i", str(source), "-o", str(d / "cli.txt")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "seq2onnx.commands",
+            "translate",
+            str(bundle),
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "-i",
+            str(source),
+            "-o",
+            str(d / "cli.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (d / "out.txt").read_bytes() == (d / "cli.txt").read_bytes()
     assert len((d / "out.txt").read_text(encoding="utf-8").split("\n")[:-1]) == len(LINES)
@@ -82,8 +101,24 @@ def test_parquet_column_in_parquet_out_keeps_order_and_nulls(local_ray, bundle, 
     d = scratch("ds-parquet")
     texts = LINES[:60] + [None] + LINES[60:90]
     pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), d / "in.parquet")
-    assert run(bundle, d / "in.parquet", d / "out.parquet", "--column", "text", "--beam", 1, "--lines-per-task", 16) == 0
-    assert pq.read_table(d / "out.parquet").column("translation").to_pylist() == greedy[:60] + [None] + greedy[60:90]
+    assert (
+        run(
+            bundle,
+            d / "in.parquet",
+            d / "out.parquet",
+            "--column",
+            "text",
+            "--beam",
+            1,
+            "--lines-per-task",
+            16,
+        )
+        == 0
+    )
+    assert (
+        pq.read_table(d / "out.parquet").column("translation").to_pylist()
+        == greedy[:60] + [None] + greedy[60:90]
+    )
 
 
 @pytest.mark.slow
@@ -117,8 +152,9 @@ def test_killed_worker_is_restarted_and_its_block_retried(local_ray, bundle, gre
 
     # A class defined in a function is pickled by value, so the actors get it without importing tests/.
     source = pa.array(LINES, pa.string())
-    stats = dataset.translate_dataset(bundle, source, d / "out.txt", workers=2, lines_per_task=20,
-                                      actor_class=CrashOnce, beam_size=1)
+    stats = dataset.translate_dataset(
+        bundle, source, d / "out.txt", workers=2, lines_per_task=20, actor_class=CrashOnce, beam_size=1
+    )
     assert Path(marker).exists(), "no worker was killed: the test proved nothing"
     assert stats["lines"] == len(LINES)
     assert (d / "out.txt").read_text(encoding="utf-8").split("\n")[:-1] == greedy
@@ -134,7 +170,10 @@ def test_bundle_a_worker_cannot_read_fails_before_work_starts(local_ray, bundle,
     monkeypatch.setattr(dataset, "read_bundle", lambda *a, **k: None)
     started = []
     monkeypatch.setattr(dataset, "translate_dataset", lambda *a, **k: started.append(1))
-    with pytest.raises(CommandError, match=r"a Ray worker cannot read the bundle .*only-on-the-driver.*not a bundle directory"):
+    with pytest.raises(
+        CommandError,
+        match=r"a Ray worker cannot read the bundle .*only-on-the-driver.*not a bundle directory",
+    ):
         run(missing, source, d / "out.txt")
     assert not started and not (d / "out.txt").exists()
 
@@ -163,7 +202,10 @@ def test_refuses_to_overwrite_without_force(local_ray, bundle, greedy):
 def test_translator_error_on_a_worker_ends_the_job_with_its_reason(local_ray, bundle):
     d = scratch("ds-long")
     source = write_text(d / "in.txt", ["the cat sleeps", "the cat " * 400])
-    with pytest.raises(RuntimeError, match=r"failed on a Ray worker: ValueError: in input rows 1\.\.1 .*positions.*out.txt was not written"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"failed on a Ray worker: ValueError: in input rows 1\.\.1 .*positions.*out.txt was not written",
+    ):
         run(bundle, source, d / "out.txt", "--workers", 1)
     assert not (d / "out.txt").exists() and not list(d.glob(".*.tmp"))
 

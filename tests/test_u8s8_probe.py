@@ -5,6 +5,7 @@ its `session.x64quantprecision` option rewrites int8 weights as uint8 for the ex
 On a CPU with VNNI (this project's development machine) both paths are exact, so they must agree
 to the bit; on one without, the probe must say so and the runtime's options must carry the entry.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +28,9 @@ def _run_probe(entries: dict) -> np.ndarray:
     for key, value in entries.items():
         options.add_session_config_entry(key, value)
     session = ort.InferenceSession(u8s8_probe.probe_model(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"a": np.array([[255] * 64, [0] * 64, list(range(64)), [1, 254] * 32], np.uint8)})[0]
+    return session.run(
+        None, {"a": np.array([[255] * 64, [0] * 64, list(range(64)), [1, 254] * 32], np.uint8)}
+    )[0]
 
 
 def test_the_probe_is_a_valid_onnx_graph_whose_exact_path_gives_the_integer_product():
@@ -39,12 +42,16 @@ def test_the_probe_is_a_valid_onnx_graph_whose_exact_path_gives_the_integer_prod
     assert want[0, 0] == 64 * 255 * 127 > 2 * 32767  # pairs of these products overflow 16 bits
     assert np.array_equal(_run_probe({u8s8_probe.PRECISION_KEY: "1"}), want)  # the exact u8 x u8 path
     default = _run_probe({})
-    assert np.array_equal(default, want) != u8s8_probe.u8s8_saturates(ort)  # the probe tells which this CPU is
+    assert np.array_equal(default, want) != u8s8_probe.u8s8_saturates(
+        ort
+    )  # the probe tells which this CPU is
 
 
 @pytest.mark.parametrize("saturates", [False, True])
 def test_the_runtime_sets_the_precision_option_exactly_where_the_kernel_saturates(monkeypatch, saturates):
-    monkeypatch.setattr(sessions, "precision_entries", lambda _: {u8s8_probe.PRECISION_KEY: "1"} if saturates else {})
+    monkeypatch.setattr(
+        sessions, "precision_entries", lambda _: {u8s8_probe.PRECISION_KEY: "1"} if saturates else {}
+    )
     options = sessions.session_options(SessionTuning(), 1, "decoder")
     if saturates:
         assert options.get_session_config_entry(u8s8_probe.PRECISION_KEY) == "1"
@@ -66,17 +73,25 @@ def test_an_int8_bundle_translates_alike_through_either_kernel(monkeypatch, beam
 
 
 @pytest.mark.parametrize("optimization", ["basic", "none"])
-def test_an_int8_bundle_below_extended_optimisation_is_refused_where_the_kernel_saturates(monkeypatch, optimization):
+def test_an_int8_bundle_below_extended_optimisation_is_refused_where_the_kernel_saturates(
+    monkeypatch, optimization
+):
     """onnxruntime's exact rewrite is an extended-level optimisation: without it the products would saturate."""
     bundle = tiny_bundle(quantize="int8")
     if not u8s8_probe.u8s8_saturates(ort):  # a CPU whose own kernel is exact loads it at any level
         Translator(bundle, device="cpu", _tuning=SessionTuning(optimization=optimization))
     monkeypatch.setattr(sessions, "precision_entries", lambda _: {u8s8_probe.PRECISION_KEY: "1"})
-    with pytest.raises(ValueError, match=f"optimization='{optimization}' with an int8 bundle on this CPU.*"
-                                         "'extended' or 'all'"):
+    with pytest.raises(
+        ValueError,
+        match=f"optimization='{optimization}' with an int8 bundle on this CPU.*'extended' or 'all'",
+    ):
         Translator(bundle, device="cpu", _tuning=SessionTuning(optimization=optimization))
-    Translator(tiny_bundle(), device="cpu", _tuning=SessionTuning(optimization=optimization))  # float32: any level
-    assert Translator(bundle, device="cpu", _tuning=SessionTuning(optimization="extended")).translate(TEXTS[0])
+    Translator(
+        tiny_bundle(), device="cpu", _tuning=SessionTuning(optimization=optimization)
+    )  # float32: any level
+    assert Translator(bundle, device="cpu", _tuning=SessionTuning(optimization="extended")).translate(
+        TEXTS[0]
+    )
 
 
 def test_a_probe_that_cannot_run_asks_for_the_exact_kernel(monkeypatch):
@@ -109,7 +124,9 @@ def test_threads_asking_at_once_run_one_probe():
 
     slow = Slow()
     answers: list[bool] = []
-    threads = [threading.Thread(target=lambda: answers.append(u8s8_probe.u8s8_saturates(slow))) for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: answers.append(u8s8_probe.u8s8_saturates(slow))) for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -6,6 +6,7 @@ in what it writes. The errors for a missing node, a missing js/node_modules and 
 name what to install or pass; they need no node and always run.
 
 The tests that run node need Node.js and `npm ci --prefix js`; without them they skip with one line."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,15 @@ needs_node = pytest.mark.skipif(bool(_SKIP), reason=_SKIP)
 
 
 def verify_host(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seq2onnx.commands", "verify-host", *args], capture_output=True, text=True,
-                          encoding="utf-8", cwd=ROOT, timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "seq2onnx.commands", "verify-host", *args],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        cwd=ROOT,
+        timeout=300,
+        env=env,
+    )
 
 
 def rows(stdout: str) -> dict[str, str]:
@@ -107,7 +115,10 @@ def test_passes_on_the_tiny_bundle_and_writes_the_report(bundle, sentences_file,
     assert checks["greedy token ids identical"]["value"] == f"{n}/{n}"
     assert checks["beam 4 (n-best 4) token ids identical"]["value"] == f"{n}/{n}"
     assert checks["beam 4 (n-best 4) translations identical"]["value"] == f"{4 * n}/{4 * n}"
-    assert checks["beam 4 (n-best 4) max |score diff|"]["detail"] == f"over {4 * n} hypotheses with identical ids"
+    assert (
+        checks["beam 4 (n-best 4) max |score diff|"]["detail"]
+        == f"over {4 * n} hypotheses with identical ids"
+    )
     assert report["passed"] and report["sentences"] == n and report["decoder"] == "standard"
     assert report["speed"]["beam 4"]["node_s"] > 0 and report["speed"]["beam 4"]["node_tokens"] > n
     # the report file is not overwritten without --force, and that is said before any work
@@ -116,21 +127,30 @@ def test_passes_on_the_tiny_bundle_and_writes_the_report(bundle, sentences_file,
 
 
 @needs_node
-@pytest.mark.parametrize("fault,failing", [
-    ("ids", "beam 4 (n-best 4) token ids identical"),
-    ("score", "greedy max |score diff|"),
-    ("tokens", "target tokenizer ids identical"),
-])
+@pytest.mark.parametrize(
+    "fault,failing",
+    [
+        ("ids", "beam 4 (n-best 4) token ids identical"),
+        ("score", "greedy max |score diff|"),
+        ("tokens", "target tokenizer ids identical"),
+    ],
+)
 @pytest.mark.slow
 def test_fails_when_the_node_host_differs(bundle, sentences_file, tmp_path, fault, failing):
-    proc = verify_host(str(bundle), "--sentences-file", str(sentences_file), "--node", str(fake_node(tmp_path, fault)))
+    proc = verify_host(
+        str(bundle), "--sentences-file", str(sentences_file), "--node", str(fake_node(tmp_path, fault))
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED: see the rows marked FAIL" in proc.stdout
     found = rows(proc.stdout)
     assert len(found) == 8 and {name for name, r in found.items() if r == "FAIL"} == {failing}, proc.stdout
     if fault == "ids":  # the difference is shown with both hosts' ids and scores
         assert "beam 4 (n-best 4), sentence 3, hypothesis 1:" in proc.stdout
-        assert "    python ids [" in proc.stdout and "    node   ids [" in proc.stdout and ", score -" in proc.stdout
+        assert (
+            "    python ids [" in proc.stdout
+            and "    node   ids [" in proc.stdout
+            and ", score -" in proc.stdout
+        )
     if fault == "score":
         assert f"{1e-3:.1e}" in next(line for line in proc.stdout.splitlines() if line.startswith(failing))
 
@@ -144,16 +164,33 @@ def test_missing_node_and_missing_node_modules_name_what_to_install(tmp_path):
     assert proc.returncode == 1
     assert "node is not installed (not on PATH): install Node.js >= 18.17" in proc.stderr
     assert f"npm ci --prefix {JS}" in proc.stderr
-    proc = verify_host("nowhere", "--sentences-file", str(sentences), "--node", str(tmp_path / "no-such-node"))
+    proc = verify_host(
+        "nowhere", "--sentences-file", str(sentences), "--node", str(tmp_path / "no-such-node")
+    )
     assert proc.returncode == 1 and "not an executable file" in proc.stderr
     bare = tmp_path / "js"  # the JS host without its dependencies
     shutil.copytree(JS / "bin", bare / "bin")
-    proc = verify_host("nowhere", "--sentences-file", str(sentences), "--js-dir", str(bare),
-                       "--node", str(fake_node(tmp_path, "none", version="v20.1.0")))
+    proc = verify_host(
+        "nowhere",
+        "--sentences-file",
+        str(sentences),
+        "--js-dir",
+        str(bare),
+        "--node",
+        str(fake_node(tmp_path, "none", version="v20.1.0")),
+    )
     assert proc.returncode == 1
-    assert f"{bare / 'node_modules' / 'onnxruntime-node'}: missing; install the JS host's dependencies: npm ci --prefix {bare}" \
+    assert (
+        f"{bare / 'node_modules' / 'onnxruntime-node'}: missing; install the JS host's dependencies: npm ci --prefix {bare}"
         in proc.stderr
-    proc = verify_host("nowhere", "--sentences-file", str(sentences), "--node", str(fake_node(tmp_path, "old", version="v16.20.0")))
+    )
+    proc = verify_host(
+        "nowhere",
+        "--sentences-file",
+        str(sentences),
+        "--node",
+        str(fake_node(tmp_path, "old", version="v16.20.0")),
+    )
     assert proc.returncode == 1 and "is Node.js v16.20.0; the JS host needs Node.js >= 18.17" in proc.stderr
     proc = verify_host("nowhere", "--sentences-file", str(sentences), "--js-dir", str(tmp_path))
     assert proc.returncode == 1 and "no JS host there (bin/seq2onnx-js.mjs)" in proc.stderr
@@ -162,8 +199,12 @@ def test_missing_node_and_missing_node_modules_name_what_to_install(tmp_path):
 def test_a_node_that_is_not_node_is_named_without_its_output(bundle, sentences_file):
     proc = verify_host(str(bundle), "--sentences-file", str(sentences_file), "--node", "/bin/false")
     assert proc.returncode == 1
-    assert "--node /bin/false: not Node.js" in proc.stderr and "give the path of the node binary" in proc.stderr
-    assert "Copyright" not in proc.stderr and "License" not in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert (
+        "--node /bin/false: not Node.js" in proc.stderr and "give the path of the node binary" in proc.stderr
+    )
+    assert (
+        "Copyright" not in proc.stderr and "License" not in proc.stderr and len(proc.stderr.splitlines()) == 1
+    )
 
 
 def test_sentences_come_from_one_named_source(tmp_path):
@@ -174,12 +215,18 @@ def test_sentences_come_from_one_named_source(tmp_path):
     tsv = tmp_path / "corpus.tsv"
     # a byte order mark, CRLF ends, a blank line and a file ending in two newlines, as Tatoeba's
     rows_ = [f"src{i}\ttgt {i}" for i in range(10)]
-    tsv.write_bytes(("\ufeff" + "\r\n".join(rows_[:5]) + "\r\n\r\n" + "\n".join(rows_[5:]) + "\n\n").encode("utf-8"))
+    tsv.write_bytes(
+        ("\ufeff" + "\r\n".join(rows_[:5]) + "\r\n\r\n" + "\n".join(rows_[5:]) + "\n\n").encode("utf-8")
+    )
     texts, what = read_sentences(bundle_dir="nowhere", data=str(tsv), src_col=1, count=4)
     assert texts == ["tgt 0", "tgt 2", "tgt 5", "tgt 7"]  # evenly spaced over the 10
     assert what == "4 sentences from column 1 of corpus.tsv (evenly spaced over its 10 non-empty ones)"
-    assert read_sentences(bundle_dir="nowhere", data=str(tsv), src_col=0, count=50)[0][0] == "src0"  # no BOM left
-    with pytest.raises(cli.CommandError, match=r"line 1 has 2 tab-separated columns; --src-col 2 needs at least 3"):
+    assert (
+        read_sentences(bundle_dir="nowhere", data=str(tsv), src_col=0, count=50)[0][0] == "src0"
+    )  # no BOM left
+    with pytest.raises(
+        cli.CommandError, match=r"line 1 has 2 tab-separated columns; --src-col 2 needs at least 3"
+    ):
         read_sentences(bundle_dir="nowhere", data=str(tsv), src_col=2)
     with pytest.raises(cli.CommandError, match="--data and --synthetic: give one source of sentences"):
         read_sentences(bundle_dir="nowhere", data=str(tsv), synthetic=True)
@@ -196,5 +243,7 @@ def test_synthetic_sentences_are_made_from_the_bundle(bundle):
 
 
 def test_the_command_is_listed():
-    out = subprocess.run([sys.executable, "-m", "seq2onnx.commands", "--help"], capture_output=True, text=True, cwd=ROOT).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "seq2onnx.commands", "--help"], capture_output=True, text=True, cwd=ROOT
+    ).stdout
     assert "verify-host" in out and "check that the Node host (js/)" in out

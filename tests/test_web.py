@@ -7,6 +7,7 @@ runtime on the same bundle: identical texts and token ids, scores within 1e-4, a
 leaving the local server. It needs Debian's `chromium`, Node.js and `npm ci --prefix js`; without
 them it skips with one line. The site tests need only `npm ci --prefix js` (the files to copy).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,10 @@ if CHROMIUM is None:
     _BROWSER_SKIP = "chromium is not installed: apt-get install chromium (Debian) to run the browser test"
 elif NODE is None:
     _BROWSER_SKIP = "node is not installed: install Node.js >= 18 (Debian: apt-get install nodejs npm) to run the browser test"
-elif not (JS / "node_modules" / "puppeteer-core").is_dir() or not (JS / "node_modules" / "onnxruntime-web").is_dir():
+elif (
+    not (JS / "node_modules" / "puppeteer-core").is_dir()
+    or not (JS / "node_modules" / "onnxruntime-web").is_dir()
+):
     _BROWSER_SKIP = _NO_MODULES
 else:
     _BROWSER_SKIP = ""
@@ -86,7 +90,9 @@ def test_site_holds_the_page_host_wasm_and_standard_graphs(site, bundle):
 @needs_modules
 def test_import_map_names_local_files_only(site):
     page = (site / "index.html").read_text()
-    imports = json.loads(re.search(r'<script type="importmap">(.*?)</script>', page, re.S).group(1))["imports"]
+    imports = json.loads(re.search(r'<script type="importmap">(.*?)</script>', page, re.S).group(1))[
+        "imports"
+    ]
     assert set(imports) == {"onnxruntime-web", "@sctg/sentencepiece-js", "fs", "buffer"}
     for name, target in imports.items():
         assert target.startswith("./") and (site / target).is_file(), (name, target)
@@ -153,8 +159,12 @@ class _Server:
     """`python -m http.server` on 127.0.0.1, on a free port that the server picks itself."""
 
     def __init__(self, directory: Path):
-        self.proc = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "-b", "127.0.0.1", "-d",
-                                      str(directory)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "http.server", "0", "-b", "127.0.0.1", "-d", str(directory)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         match = re.search(r"port (\d+)", line)
         if not match:
@@ -180,10 +190,23 @@ def drive_page(site: Path, sentences: list[str], runs: list[dict], screenshot: P
     """
     server = _Server(site)
     try:
-        job = {"url": server.url, "chromium": CHROMIUM, "sentences": sentences, "runs": runs,
-               "screenshot": str(screenshot), "timeoutMs": 240_000}
-        proc = subprocess.run([NODE, str(DRIVER)], input=json.dumps(job), capture_output=True, text=True,
-                              encoding="utf-8", cwd=JS, timeout=600)
+        job = {
+            "url": server.url,
+            "chromium": CHROMIUM,
+            "sentences": sentences,
+            "runs": runs,
+            "screenshot": str(screenshot),
+            "timeoutMs": 240_000,
+        }
+        proc = subprocess.run(
+            [NODE, str(DRIVER)],
+            input=json.dumps(job),
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            cwd=JS,
+            timeout=600,
+        )
     finally:
         server.stop()
     assert proc.returncode == 0, proc.stderr
@@ -203,17 +226,21 @@ def test_browser_translations_match_the_python_runtime(site, bundle, tmp_path):
     for run in report["runs"]:
         beam, n = run["beamSize"], run["numHypotheses"]
         assert run["status"]["state"] == "done", run["status"]
-        expected = translator.translate_batch(SENTENCES, beam_size=beam, num_hypotheses=n, return_scores=True,
-                                              return_attention=True)
+        expected = translator.translate_batch(
+            SENTENCES, beam_size=beam, num_hypotheses=n, return_scores=True, return_attention=True
+        )
         assert [r["source"] for r in run["results"]] == SENTENCES
         # the heatmaps: each source's best hypothesis, the Python runtime's attention within 1e-4
         assert [a["index"] for a in run["attention"]] == list(range(len(SENTENCES)))
         for text, drawn, want in zip(SENTENCES, run["attention"], expected):
-            pieces = translator.source_tokenizer.encode(text, out_type=str)  # unknown pieces as typed, not <unk>
+            pieces = translator.source_tokenizer.encode(
+                text, out_type=str
+            )  # unknown pieces as typed, not <unk>
             assert drawn["sourcePieces"] == [p or "·" for p in pieces] + ["</s>"]
             assert drawn["rows"] == len(want.token_ids[0])
-            np.testing.assert_allclose(np.array(drawn["weights"]).reshape(want.attention[0].shape), want.attention[0],
-                                       atol=1e-4)
+            np.testing.assert_allclose(
+                np.array(drawn["weights"]).reshape(want.attention[0].shape), want.attention[0], atol=1e-4
+            )
         for got, want in zip(run["results"], expected):
             hyps = got["hypotheses"]
             assert [h["text"] for h in hyps] == want.hypotheses, (beam, got["source"])

@@ -25,7 +25,11 @@ def test_browser_translates_a_madlad_shaped_bundle_as_python_does(tmp_path):
 
     bundle = export_hf_bundle(T.cached_t5("madlad", 300, True), tmp_path / "bundle", decoder="standard")
     site = build_site(bundle, tmp_path / "site")
-    runs = [{"beamSize": beam, "numHypotheses": beam, "targetLang": lang} for lang in ("fr", "de") for beam in (1, 4)]
+    runs = [
+        {"beamSize": beam, "numHypotheses": beam, "targetLang": lang}
+        for lang in ("fr", "de")
+        for beam in (1, 4)
+    ]
     report, _ = drive_page(site, SENTENCES, runs, tmp_path / "page.png")
     assert report["loadStatus"]["state"] == "ready", report["loadStatus"]
     assert report["errors"] == []
@@ -34,8 +38,9 @@ def test_browser_translates_a_madlad_shaped_bundle_as_python_does(tmp_path):
     for run in report["runs"]:
         assert run["status"]["state"] == "done", run["status"]
         beam, lang = run["beamSize"], run["targetLang"]
-        want = translator.translate_batch(SENTENCES, beam_size=beam, num_hypotheses=beam, return_scores=True,
-                                          target_lang=lang)
+        want = translator.translate_batch(
+            SENTENCES, beam_size=beam, num_hypotheses=beam, return_scores=True, target_lang=lang
+        )
         for got, expected in zip(run["results"], want, strict=True):
             hyps = got["hypotheses"]
             assert [h["tokens"] for h in hyps] == expected.token_ids, (beam, lang, got["source"])

@@ -1,5 +1,6 @@
 """One weights file per bundle (export/weights.py, runtime/weights.py): every weight stored once, loaded from
 the file onnxruntime reads itself, the standard decoder loaded only when asked for, old bundles still read."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,17 @@ GRAPHS = (names.ENCODER_FILE, names.DECODER_FILE, names.FUSED_DECODER_FILE)
 
 def _model(**overrides) -> Transformer:
     torch.manual_seed(0)
-    cfg = dict(src_vocab_size=600, tgt_vocab_size=600, share_vocab=True, d_model=128, n_heads=4, d_ff=512,
-               n_encoder_layers=2, n_decoder_layers=2, max_positions=64)
+    cfg = dict(
+        src_vocab_size=600,
+        tgt_vocab_size=600,
+        share_vocab=True,
+        d_model=128,
+        n_heads=4,
+        d_ff=512,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        max_positions=64,
+    )
     return Transformer(ModelConfig(**{**cfg, **overrides})).eval()
 
 
@@ -50,8 +60,9 @@ def test_every_weight_is_stored_once(tmp_path, tie):
         proto = onnx.load(str(tmp_path / name), load_external_data=False)
         inline = [t.name for t in proto.graph.initializer if len(t.raw_data) >= 1024]
         assert not inline, (name, inline)
-        assert {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"} == \
-            {names.WEIGHTS_FILE}
+        assert {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"} == {
+            names.WEIGHTS_FILE
+        }
 
 
 def test_tensors_are_matched_by_every_byte_and_their_type(tmp_path):
@@ -175,9 +186,13 @@ def test_a_weights_file_changed_after_the_export_is_refused():
     with pytest.raises(BundleError, match=r"weights\.bin: \d+ bytes, bundle\.json records \d+ \(size\)"):
         Translator(path, device="cpu")
     _edit_weights_entry(path, lambda entry: entry.pop("size"))  # as a bundle before the size: by its sha256
-    with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json \(files\.weights\)"):
+    with pytest.raises(
+        BundleError, match=r"weights\.bin: sha256 differs from bundle\.json \(files\.weights\)"
+    ):
         Translator(path, device="cpu")  # checked in a thread while the sessions are made
-    with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json \(files\.weights\)"):
+    with pytest.raises(
+        BundleError, match=r"weights\.bin: sha256 differs from bundle\.json \(files\.weights\)"
+    ):
         read_bundle(path)  # checked before read_bundle returns
 
 
@@ -204,7 +219,9 @@ def test_the_weights_crc32_is_zlibs_and_a_crc_fixed_edit_is_refused_by_the_sha25
     with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json"):
         Translator(path, device="cpu")
     # the same edit with the CRC-32 fixed up (issue 60): the sha256 still refuses it, in both load paths
-    _edit_weights_entry(path, lambda entry: entry.__setitem__(names.WEIGHTS_CHECKSUM, f"{zlib.crc32(data):08x}"))
+    _edit_weights_entry(
+        path, lambda entry: entry.__setitem__(names.WEIGHTS_CHECKSUM, f"{zlib.crc32(data):08x}")
+    )
     with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json"):
         Translator(path, device="cpu")
     with pytest.raises(BundleError, match=r"weights\.bin: sha256 differs from bundle\.json"):
@@ -249,7 +266,9 @@ def _wide_bundle() -> Path:
     model = Transformer(ModelConfig(**cfg))
     save_file(_unique_state(model), str(ckpt / "model.safetensors"))
     model.cfg.save(ckpt / "config.json")
-    return export_bundle(ckpt, ckpt.parent / "bundle"), sum(p.numel() * 4 for p in model.decoder_layers.parameters())
+    return export_bundle(ckpt, ckpt.parent / "bundle"), sum(
+        p.numel() * 4 for p in model.decoder_layers.parameters()
+    )
 
 
 @pytest.mark.slow
@@ -257,7 +276,9 @@ def test_loading_the_second_decoder_costs_one_copy_of_its_weights():
     """The standard decoder beside the fused one adds about one copy of the decoder's weights (onnxruntime's
     packed layout, read from the weights file), not two (a copy of the file's bytes and the packed one)."""
     bundle, decoder_bytes = _wide_bundle()
-    out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(bundle)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _RSS_SCRIPT, str(bundle)], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rss = json.loads(out.stdout.strip().splitlines()[-1])
     extra = rss["both"] - rss["fused"]
@@ -267,14 +288,21 @@ def test_loading_the_second_decoder_costs_one_copy_of_its_weights():
 def test_an_int8_bundle_is_a_quarter_of_the_weights(tmp_path):
     """int8 layers and int8 embedding tables (per row), the tied projection multiplying by the same codes: the
     files hold about a quarter of the fp32 tensors (CTranslate2's int8 model is the anchor, about 0.26x)."""
-    model = _model(d_model=256, d_ff=1024, src_vocab_size=2000, tgt_vocab_size=2000)  # graph protobufs ~5% of it
+    model = _model(
+        d_model=256, d_ff=1024, src_vocab_size=2000, tgt_vocab_size=2000
+    )  # graph protobufs ~5% of it
     write_graphs(model, tmp_path, "float32", "int8", fused=True)
     on_disk = sum((tmp_path / name).stat().st_size for name in (*GRAPHS, names.WEIGHTS_FILE))
     assert on_disk <= 0.30 * _tensor_bytes(model), (on_disk, _tensor_bytes(model))
     for name in GRAPHS:  # every embedding lookup reads int8 codes
         proto = onnx.load(str(tmp_path / name), load_external_data=False)
         dtypes = {t.name: t.data_type for t in proto.graph.initializer}
-        tables = [n.input[0] for n in proto.graph.node if n.op_type in ("Gather", "GatherND") and n.input[0] in dtypes
-                  and len(next(t.dims for t in proto.graph.initializer if t.name == n.input[0])) == 2]
+        tables = [
+            n.input[0]
+            for n in proto.graph.node
+            if n.op_type in ("Gather", "GatherND")
+            and n.input[0] in dtypes
+            and len(next(t.dims for t in proto.graph.initializer if t.name == n.input[0])) == 2
+        ]
         assert tables and all(dtypes[t] in (onnx.TensorProto.INT8, onnx.TensorProto.FLOAT) for t in tables)
         assert any(dtypes[t] == onnx.TensorProto.INT8 for t in tables), name

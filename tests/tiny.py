@@ -4,6 +4,7 @@ Not a conftest fixture on purpose: several test files import these builders. bui
 variant to one build per run, whichever pytest-xdist worker asks first, and an lru_cache to one lookup
 per process.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,12 +38,32 @@ def _run(pre_norm: bool, tie: bool, steps: int) -> Path:
     torch.set_num_threads(1)  # tiny models run fastest on one thread; on 2 shared cores more threads thrash
 
     def build(out: Path) -> None:
-        train(TrainOptions(
-            out=str(out), generated_pairs=3000, valid_size=50, test_size=50, vocab_size=120, max_len=40,
-            d_model=32, n_heads=4, layers=2, d_ff=64, dropout=0.0, pre_norm=pre_norm, tie_embeddings=tie,
-            max_tokens=1500, warmup=100, lr=2.0, max_steps=steps, eval_every=steps, bleu_sentences=10,
-            seed=3, device="cpu", progress=False,
-        ))
+        train(
+            TrainOptions(
+                out=str(out),
+                generated_pairs=3000,
+                valid_size=50,
+                test_size=50,
+                vocab_size=120,
+                max_len=40,
+                d_model=32,
+                n_heads=4,
+                layers=2,
+                d_ff=64,
+                dropout=0.0,
+                pre_norm=pre_norm,
+                tie_embeddings=tie,
+                max_tokens=1500,
+                warmup=100,
+                lr=2.0,
+                max_steps=steps,
+                eval_every=steps,
+                bleu_sentences=10,
+                seed=3,
+                device="cpu",
+                progress=False,
+            )
+        )
 
     return build_once(f"run-pre{int(pre_norm)}-tie{int(tie)}-{steps}", build)
 
@@ -53,8 +74,10 @@ def _bundle(pre_norm: bool, tie: bool, quantize: str | None) -> Path:
     prebuilt = os.environ.get("SEQ2ONNX_TEST_BUNDLES")  # the runtime-only run: built beforehand with torch
     if prebuilt:
         if not (Path(prebuilt) / name).is_dir():
-            raise FileNotFoundError(f"SEQ2ONNX_TEST_BUNDLES={prebuilt} has no {name}: build it with "
-                                    "`PYTHONPATH=tests python -m helpers DIR` (tests/helpers.py)")
+            raise FileNotFoundError(
+                f"SEQ2ONNX_TEST_BUNDLES={prebuilt} has no {name}: build it with "
+                "`PYTHONPATH=tests python -m helpers DIR` (tests/helpers.py)"
+            )
         return Path(prebuilt) / name
     from seq2onnx.export.bundle import export_bundle
 
@@ -85,6 +108,7 @@ def edit_bundle_json(path: Path, edit) -> None:
 def restate_size(path: Path, key: str) -> None:
     """bundle.json's files.<key>.size set to the file's size now: a test that rewrote that file (a graph
     saved again) and loads it with check_hashes=False; the size is checked at every load (runtime/bundle.py)."""
+
     def edit(meta):
         entry = meta["files"][key]
         entry["size"] = (path / entry["path"]).stat().st_size

@@ -15,6 +15,7 @@ A new engine is one more such class, imported below. timing.py times a runner (r
 This package imports nothing heavy at its top: the parent reads ENGINES from it, and each runner
 imports its own engine only in the child.
 """
+
 from __future__ import annotations
 
 # imported for their @register, in this order: ENGINES' order, hence the rows' and the tables'
@@ -23,9 +24,24 @@ from .base import ENGINES, RUNNERS, Runner, make_runner, register, unregister
 from .ct2 import CT2_COMPUTE
 from .timing import main, peak_rss_mb, rss_mb, run_engine
 
-TORCH_BEAM_NOTE = ("torch beam search decodes one sentence at a time (model.search.translate_ids): "
-                   "its beam rows at batch 32 are 32 sequential searches")
+TORCH_BEAM_NOTE = (
+    "torch beam search decodes one sentence at a time (model.search.translate_ids): "
+    "its beam rows at batch 32 are 32 sequential searches"
+)
 PEAK_RSS_NOTE = "every engine runs in its own process: peak RSS is that process's own peak (VmHWM on Linux)"
 
-__all__ = ["CT2_COMPUTE", "ENGINES", "PEAK_RSS_NOTE", "RUNNERS", "TORCH_BEAM_NOTE", "Runner", "main",
-           "make_runner", "peak_rss_mb", "register", "rss_mb", "run_engine", "unregister"]
+__all__ = [
+    "CT2_COMPUTE",
+    "ENGINES",
+    "PEAK_RSS_NOTE",
+    "RUNNERS",
+    "TORCH_BEAM_NOTE",
+    "Runner",
+    "main",
+    "make_runner",
+    "peak_rss_mb",
+    "register",
+    "rss_mb",
+    "run_engine",
+    "unregister",
+]

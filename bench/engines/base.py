@@ -3,6 +3,7 @@
 Adding an engine is one class in its own module of this package, decorated with @register and imported
 by __init__.py (registration order is the order of ENGINES, hence of the bench's rows and tables).
 """
+
 from __future__ import annotations
 
 from seq2onnx.bench.settings import PARALLEL_KINDS
@@ -55,8 +56,9 @@ def register(cls: type[Runner]) -> type[Runner]:
     """
     taken = [n for n in cls.variants if n in ENGINES]
     if cls.kind in RUNNERS or taken:
-        raise ValueError(f"engine kind {cls.kind!r} or names {taken} already registered; "
-                         "give the class new ones")
+        raise ValueError(
+            f"engine kind {cls.kind!r} or names {taken} already registered; give the class new ones"
+        )
     RUNNERS[cls.kind] = cls
     for name, (device, precision) in cls.variants.items():
         ENGINES[name] = (cls.kind, device, precision)

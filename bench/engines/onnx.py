@@ -1,5 +1,6 @@
 """Engines `onnx-*`: runtime.translator.Translator on the fp32 or int8 bundle (export/quantize.py:
 per-row activation scales), on the CPU provider or, where a GPU is usable, CUDA (fp32, fp16)."""
+
 from __future__ import annotations
 
 from seq2onnx.bench.settings import Setting, describe_setting
@@ -12,8 +13,12 @@ class OnnxRunner(Runner):
     """The runtime's Translator on one bundle; in parallel, shared by `parallel` threads."""
 
     kind = "onnx"
-    variants = {"onnx-cpu-fp32": ("cpu", "fp32"), "onnx-cpu-int8": ("cpu", "int8"),
-                "onnx-cuda-fp32": ("cuda", "fp32"), "onnx-cuda-fp16": ("cuda", "fp16")}
+    variants = {
+        "onnx-cpu-fp32": ("cpu", "fp32"),
+        "onnx-cpu-int8": ("cpu", "int8"),
+        "onnx-cuda-fp32": ("cuda", "fp32"),
+        "onnx-cuda-fp16": ("cuda", "fp16"),
+    }
 
     def __init__(self, job: dict, device: str, precision: str):
         super().__init__(job, device, precision)
@@ -30,13 +35,19 @@ class OnnxRunner(Runner):
             self.pool = ThreadPoolExecutor(self.parallel)
 
     def run(self, indices, beam):
-        res = self.tr.translate_batch([self.sources[i] for i in indices], beam_size=beam, length_penalty=1.0,
-                                      max_batch_size=max(len(indices), 1))
+        res = self.tr.translate_batch(
+            [self.sources[i] for i in indices],
+            beam_size=beam,
+            length_penalty=1.0,
+            max_batch_size=max(len(indices), 1),
+        )
         return [list(r.token_ids[0]) for r in res]
 
     def run_many(self, chunks, beam):
         return list(self.pool.map(lambda chunk: self.run(chunk, beam), chunks))
 
     def describe(self) -> str:
-        return (f"onnxruntime {self.version} ({self.tr.device}), "
-                f"{describe_setting(self.kind, Setting(self.threads, self.parallel))}")
+        return (
+            f"onnxruntime {self.version} ({self.tr.device}), "
+            f"{describe_setting(self.kind, Setting(self.threads, self.parallel))}"
+        )

@@ -1,4 +1,5 @@
 """The child's timing loop and memory measures: one engine, loaded once, timed over the job's batches."""
+
 from __future__ import annotations
 
 import json
@@ -71,10 +72,16 @@ def _time_config(runner: Runner, job: dict, beam: int, batch: int) -> dict:
     passes = [_one_pass(runner, chunks, beam, outputs) for _ in range(job["repeat"])]
     totals = [sum(p) for p in passes]
     median_pass = passes[totals.index(sorted(totals)[(len(totals) - 1) // 2])]
-    latencies = ([statistics.median(p[c] for p in passes) * 1000 for c in range(len(chunks))]
-                 if runner.parallel == 1 else None)
+    latencies = (
+        [statistics.median(p[c] for p in passes) * 1000 for c in range(len(chunks))]
+        if runner.parallel == 1
+        else None
+    )
     return {
-        "beam": beam, "batch": batch, "seconds": sum(median_pass), "pass_seconds": totals,
+        "beam": beam,
+        "batch": batch,
+        "seconds": sum(median_pass),
+        "pass_seconds": totals,
         "latencies_ms": latencies if batch == 1 else None,
         "batch_latencies_ms": latencies if batch != 1 else None,
         "outputs": [outputs[i] for i in range(len(job["sources"]))],
@@ -102,9 +109,16 @@ def run_engine(job: dict) -> dict:
     load_s = time.perf_counter() - t0
     rss_loaded = rss_mb()
     results = [_time_config(runner, job, beam, batch) for beam, batch in job["configs"]]
-    return {"engine": job["engine"], "intra_threads": job["threads"], "parallel": runner.parallel,
-            "description": runner.describe(), "load_seconds": load_s,
-            "rss_after_load_mb": rss_loaded, "peak_rss_mb": peak_rss_mb(), "configs": results}
+    return {
+        "engine": job["engine"],
+        "intra_threads": job["threads"],
+        "parallel": runner.parallel,
+        "description": runner.describe(),
+        "load_seconds": load_s,
+        "rss_after_load_mb": rss_loaded,
+        "peak_rss_mb": peak_rss_mb(),
+        "configs": results,
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -3,6 +3,7 @@
 What a batched PyTorch decoder gets, so that the ONNX rows are also compared with PyTorch on equal
 search terms.
 """
+
 from __future__ import annotations
 
 from .base import Runner, register, strip_eos
@@ -38,8 +39,13 @@ class TorchBatchedRunner(Runner):
                 state["cross"] = [(a[k], b[k]) for a, b in state["cross"]]
                 state["mask"] = state["mask"][k]
             log_probs, state["past"] = model.decode_step(
-                torch.from_numpy(tokens), torch.tensor([t]), torch.from_numpy(cache_indices), state["past"],
-                state["cross"], state["mask"])
+                torch.from_numpy(tokens),
+                torch.tensor([t]),
+                torch.from_numpy(cache_indices),
+                state["past"],
+                state["cross"],
+                state["mask"],
+            )
             return log_probs.numpy()
 
         return step
@@ -55,12 +61,18 @@ class TorchBatchedRunner(Runner):
         src = torch.full((len(srcs), max(map(len, srcs))), cfg.pad_id, dtype=torch.long)
         for row, ids in enumerate(srcs):
             src[row, : len(ids)] = torch.tensor(ids)
-        common = dict(start_id=cfg.decoder_start_id, eos_id=cfg.eos_id,
-                      max_lengths=np.array([self.limits[i] for i in indices]))
+        common = dict(
+            start_id=cfg.decoder_start_id,
+            eos_id=cfg.eos_id,
+            max_lengths=np.array([self.limits[i] for i in indices]),
+        )
         with torch.no_grad():
             step = self._step(src)
-            found = (greedy_search(step, len(srcs), **common) if beam == 1 else
-                     beam_search(step, len(srcs), beam_size=beam, length_penalty=1.0, **common))
+            found = (
+                greedy_search(step, len(srcs), **common)
+                if beam == 1
+                else beam_search(step, len(srcs), beam_size=beam, length_penalty=1.0, **common)
+            )
         return [strip_eos(r.hypotheses[0], self.eos) for r in found]
 
     def describe(self) -> str:

@@ -3,6 +3,7 @@
 Its greedy search is batched; its beam search decodes one sentence at a time (that is the reference
 implementation), so "torch beam4 batch 32" is 32 sequential searches.
 """
+
 from __future__ import annotations
 
 from .base import Runner, register, strip_eos
@@ -27,8 +28,13 @@ class TorchRunner(Runner):
         self.model, _, _ = checkpoint.load(job["checkpoint"])
 
     def run(self, indices, beam):
-        hyps = self.translate_ids(self.model, [self.sources[i] for i in indices], beam_size=beam,
-                                  length_penalty=1.0, batch_size=max(len(indices), 1))
+        hyps = self.translate_ids(
+            self.model,
+            [self.sources[i] for i in indices],
+            beam_size=beam,
+            length_penalty=1.0,
+            batch_size=max(len(indices), 1),
+        )
         return [strip_eos(h[0].tokens, self.eos) for h in hyps]
 
     def describe(self) -> str:

@@ -162,8 +162,10 @@ def read_json_object(path: Path, what: str) -> dict:
                 kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a device, pipe or socket"
                 raise HFImportError(f"{path}: not a regular file ({kind}); restore {what}")
             if info.st_size > MAX_JSON_BYTES:
-                raise HFImportError(f"{path}: {info.st_size} bytes, more than the {MAX_JSON_BYTES} such a "
-                                    f"file can be; restore {what}")
+                raise HFImportError(
+                    f"{path}: {info.st_size} bytes, more than the {MAX_JSON_BYTES} such a "
+                    f"file can be; restore {what}"
+                )
             data = json.loads(f.read().decode("utf-8"))
     except IsADirectoryError:
         raise HFImportError(f"{path}: not a regular file (a directory); restore {what}") from None

@@ -77,7 +77,8 @@ def check_t5_config(model_dir: Path, config: dict) -> None:
         raise HFImportError(
             f"{model_dir / 'config.json'}: relative_attention_num_buckets {buckets} and "
             f"relative_attention_max_distance {reach}: T5 needs at least 4 buckets and a distance above half "
-            f"of them; {C._RESTORE}")
+            f"of them; {C._RESTORE}"
+        )
 
 
 def t5_parameters(config: dict) -> int:
@@ -86,8 +87,11 @@ def t5_parameters(config: dict) -> int:
     gated = str(config.get("feed_forward_proj", "relu")).startswith("gated-")
     encoder, decoder = config["num_layers"], config.get("num_decoder_layers") or config["num_layers"]
     attention, feed_forward = 4 * d * inner, (3 if gated else 2) * d * ff
-    return (encoder * (attention + feed_forward + 2 * d) + decoder * (2 * attention + feed_forward + 3 * d)
-            + 2 * config["vocab_size"] * d)
+    return (
+        encoder * (attention + feed_forward + 2 * d)
+        + decoder * (2 * attention + feed_forward + 3 * d)
+        + 2 * config["vocab_size"] * d
+    )
 
 
 def _stack_pairs(model, hf) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -101,23 +105,35 @@ def _stack_pairs(model, hf) -> list[tuple[torch.Tensor, torch.Tensor]]:
         pairs.append((getattr(model, f"{stack}_relative").weight, first.relative_attention_bias.weight))
         pairs.append((getattr(model, f"{stack}_norm").weight, getattr(hf, stack).final_layer_norm.weight))
         for layer, block in zip(ours, theirs):
-            attentions = [(layer.self_attn, block.layer[0].SelfAttention, layer.sub_attn
-                           if stack == "encoder" else layer.sub_self, block.layer[0])]
+            attentions = [
+                (
+                    layer.self_attn,
+                    block.layer[0].SelfAttention,
+                    layer.sub_attn if stack == "encoder" else layer.sub_self,
+                    block.layer[0],
+                )
+            ]
             if stack == "decoder":
                 cross = block.layer[1]
                 attentions.append((layer.cross_attn, cross.EncDecAttention, layer.sub_cross, cross))
             for mine, attn, sub, their_layer in attentions:
-                pairs += [(mine.w_q.weight, attn.q.weight), (mine.w_k.weight, attn.k.weight),
-                          (mine.w_v.weight, attn.v.weight), (mine.w_o.weight, attn.o.weight),
-                          (sub.norm.weight, their_layer.layer_norm.weight)]
+                pairs += [
+                    (mine.w_q.weight, attn.q.weight),
+                    (mine.w_k.weight, attn.k.weight),
+                    (mine.w_v.weight, attn.v.weight),
+                    (mine.w_o.weight, attn.o.weight),
+                    (sub.norm.weight, their_layer.layer_norm.weight),
+                ]
             ff_layer = block.layer[-1]
             dense, ff = ff_layer.DenseReluDense, layer.feed_forward
             if ff.w_3 is not None:
                 pairs += [(ff.w_1.weight, dense.wi_0.weight), (ff.w_3.weight, dense.wi_1.weight)]
             else:
                 pairs.append((ff.w_1.weight, dense.wi.weight))
-            pairs += [(ff.w_2.weight, dense.wo.weight),
-                      (layer.sub_ff.norm.weight, ff_layer.layer_norm.weight)]
+            pairs += [
+                (ff.w_2.weight, dense.wo.weight),
+                (layer.sub_ff.norm.weight, ff_layer.layer_norm.weight),
+            ]
     return pairs
 
 
@@ -139,8 +155,10 @@ def output_scale(hf) -> float:
         gaps = {s: (hf.lm_head(hidden * s) - logits).abs().max().item() for s in candidates}
     scale = min(gaps, key=gaps.get)
     if gaps[scale] > 1e-4 * max(1.0, logits.abs().max().item()):
-        raise HFImportError(f"the model's logits are not lm_head(decoder output x 1 or x d_model ** -0.5) "
-                            f"(differences {gaps}): a T5 variant this importer does not know")
+        raise HFImportError(
+            f"the model's logits are not lm_head(decoder output x 1 or x d_model ** -0.5) "
+            f"(differences {gaps}): a T5 variant this importer does not know"
+        )
     return scale
 
 
@@ -159,8 +177,11 @@ class T5(Family):
         """MADLAD-400's target-language tags (<2fr>, <2de>, ...: the tokenizer's added tokens of that form) as
         the languages the hosts put before the source's pieces (a target_lang of "fr" puts <2fr>); {} for a
         model without them (t5's task prefixes are text)."""
-        tags = {token[2:-1]: int(i) for token, i in tokenizer.get_vocab().items()
-                if _TAG.fullmatch(token) and 0 <= int(i) < size}
+        tags = {
+            token[2:-1]: int(i)
+            for token, i in tokenizer.get_vocab().items()
+            if _TAG.fullmatch(token) and 0 <= int(i) < size
+        }
         return {"languages": tags, "target_lang_in": "source_prefix"} if tags else {}
 
     def check_directory(self, model_dir: Path, config: dict) -> None:
@@ -179,31 +200,53 @@ class T5(Family):
         c = hf.config
         shared, head = hf.encoder.embed_tokens.weight, hf.get_output_embeddings().weight
         if not _same(shared, hf.decoder.embed_tokens.weight):
-            raise HFImportError(f"{model_dir}: the encoder's and decoder's embeddings differ; T5 shares one "
-                                "table (restore the weights save_pretrained wrote)")
+            raise HFImportError(
+                f"{model_dir}: the encoder's and decoder's embeddings differ; T5 shares one "
+                "table (restore the weights save_pretrained wrote)"
+            )
         activation = T5_ACTIVATIONS.get(c.dense_act_fn)
         if activation is None:
             raise HFImportError(
                 f"{model_dir / 'config.json'}: the feed-forward's activation {c.dense_act_fn!r} is not "
-                f"supported; supported: {', '.join(sorted(T5_ACTIVATIONS))}")
+                f"supported; supported: {', '.join(sorted(T5_ACTIVATIONS))}"
+            )
         suppressed, renormalize = suppression(generation, model_dir)
         start = generation.get("decoder_start_token_id", config.get("decoder_start_token_id"))
         eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
         inner = c.num_heads * c.d_kv
         cfg = ModelConfig(
-            src_vocab_size=shared.shape[0], tgt_vocab_size=head.shape[0], d_model=c.d_model,
+            src_vocab_size=shared.shape[0],
+            tgt_vocab_size=head.shape[0],
+            d_model=c.d_model,
             n_heads=c.num_heads,
-            n_encoder_layers=len(hf.encoder.block), n_decoder_layers=len(hf.decoder.block), d_ff=c.d_ff,
-            dropout=0.0, max_positions=int(config.get("n_positions") or DEFAULT_POSITIONS), pre_norm=True,
-            tie_embeddings=_same(head, shared), share_vocab=True, layer_norm_eps=c.layer_norm_epsilon,
-            pad_id=c.pad_token_id, unk_id=c.pad_token_id, bos_id=start, eos_id=eos, decoder_start_id=start,
-            activation=activation, scale_embedding=False, logits_bias=False, stored_positions=False,
-            suppressed_ids=tuple(suppressed), renormalize=renormalize,
+            n_encoder_layers=len(hf.encoder.block),
+            n_decoder_layers=len(hf.decoder.block),
+            d_ff=c.d_ff,
+            dropout=0.0,
+            max_positions=int(config.get("n_positions") or DEFAULT_POSITIONS),
+            pre_norm=True,
+            tie_embeddings=_same(head, shared),
+            share_vocab=True,
+            layer_norm_eps=c.layer_norm_epsilon,
+            pad_id=c.pad_token_id,
+            unk_id=c.pad_token_id,
+            bos_id=start,
+            eos_id=eos,
+            decoder_start_id=start,
+            activation=activation,
+            scale_embedding=False,
+            logits_bias=False,
+            stored_positions=False,
+            suppressed_ids=tuple(suppressed),
+            renormalize=renormalize,
             d_kv=0 if inner == c.d_model else c.d_kv,  # 0: as every host computed it before T5
-            norm="rms", attention_scale=False, linear_bias=False,
+            norm="rms",
+            attention_scale=False,
+            linear_bias=False,
             relative_buckets=c.relative_attention_num_buckets,
             relative_max_distance=c.relative_attention_max_distance,
-            gated=bool(c.is_gated_act), output_scale=output_scale(hf),
+            gated=bool(c.is_gated_act),
+            output_scale=output_scale(hf),
         )
         model = empty_model(cfg)
         assign(model, embedding_pairs(model, hf) + _stack_pairs(model, hf))

@@ -336,6 +336,7 @@ def _layer_pairs(model: Transformer, enc, dec) -> list[tuple[torch.Tensor, torch
         pairs += _affine(ours.sub_ff.norm, theirs.final_layer_norm)
     return pairs
 
+
 def empty_model(cfg: ModelConfig) -> Transformer:
     """Our Transformer of cfg on the CPU, eval mode, its parameters allocated but not initialised (assign
     fills them); buffers computed from the config (T5's bucket tables) are computed."""
@@ -350,7 +351,8 @@ def empty_model(cfg: ModelConfig) -> Transformer:
 
         for side, both_ways in (("encoder", True), ("decoder", False)):
             getattr(model, f"{side}_buckets").copy_(
-                bucket_table(both_ways, cfg.relative_buckets, cfg.relative_max_distance, cfg.max_positions))
+                bucket_table(both_ways, cfg.relative_buckets, cfg.relative_max_distance, cfg.max_positions)
+            )
     return model
 
 

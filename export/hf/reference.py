@@ -1,11 +1,13 @@
 """transformers' side of `seq2onnx verify MODEL_DIR BUNDLE`: generate()'s ids, our Translator's on the same
 source ids, the reference log-probabilities along a target, and a hypothesis's score under them."""
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 CHUNK = 32
+
 
 def generate(
     hf,

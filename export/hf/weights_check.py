@@ -1,6 +1,7 @@
 """Hugging Face weights read without torch: each safetensors file's header (shapes and dtypes, nothing else of
 the file), and config.json held to those shapes before transformers would fill a mismatch at random or drop
 it."""
+
 from __future__ import annotations
 
 import json

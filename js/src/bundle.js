@@ -5,7 +5,7 @@
 // The format's names and limits, and the per-field checks of bundle.json, are spec/bundle.json's
 // (src/spec.js), the file runtime/bundle.py reads too: this module spells none of them, and the
 // other modules take them from here.
-import { SPEC, SPEC_URL, numberLiterals } from "./spec.js";
+import { numberLiterals, SPEC, SPEC_URL } from "./spec.js";
 
 export { numberLiterals };
 
@@ -52,7 +52,10 @@ export const BEAM_CONVENTIONS = SPEC.beam_conventions; // decoding.beam_conventi
 // this host drives, and the fused one, built from onnxruntime's contrib kernels (CONTRIB_DOMAIN).
 export const STANDARD = "standard";
 export const FUSED = "fused";
-export const DECODER_LABELS = Object.freeze({ [STANDARD]: SPEC.decoders[STANDARD], [FUSED]: SPEC.decoders[FUSED] });
+export const DECODER_LABELS = Object.freeze({
+  [STANDARD]: SPEC.decoders[STANDARD],
+  [FUSED]: SPEC.decoders[FUSED],
+});
 export const ENCODER_LABEL = "encoder"; // graphs.encoder and files.encoder (a key of the spec's files.required)
 export const CONTRIB_DOMAIN = SPEC.contrib_domain;
 
@@ -89,11 +92,16 @@ export function layerName(kind, i) {
 /** Whether `name` is layer_names[kind] for some layer index (a template with one "{i}"). */
 export function isLayerName(kind, name) {
   const [head, tail = ""] = layerName(kind, "{i}").split("{i}");
-  return name.length > head.length + tail.length && name.startsWith(head) && name.endsWith(tail) &&
-    /^\d+$/.test(name.slice(head.length, name.length - tail.length));
+  return (
+    name.length > head.length + tail.length &&
+    name.startsWith(head) &&
+    name.endsWith(tail) &&
+    /^\d+$/.test(name.slice(head.length, name.length - tail.length))
+  );
 }
 
-const perLayer = (kinds) => (n) => Array.from({ length: n }, (_, i) => kinds.map((k) => layerName(k, i))).flat();
+const perLayer = (kinds) => (n) =>
+  Array.from({ length: n }, (_, i) => kinds.map((k) => layerName(k, i))).flat();
 /** @type {(n: number) => string[]} the encoder's outputs (and the decoder's inputs) of n layers */
 export const crossNames = perLayer(["key_cross", "value_cross"]);
 /** @type {(n: number) => string[]} the decoder's self-attention cache inputs of n layers */
@@ -177,7 +185,10 @@ class Schema {
   }
 
   obj(parent, key, field) {
-    if (!(key in parent)) throw new BundleError(`${this.where}: missing the field '${field}'; re-export the bundle with \`seq2onnx export\``);
+    if (!(key in parent))
+      throw new BundleError(
+        `${this.where}: missing the field '${field}'; re-export the bundle with \`seq2onnx export\``,
+      );
     if (!isObject(parent[key])) this.fail(field, parent[key], "expected an object");
     return parent[key];
   }
@@ -186,8 +197,11 @@ class Schema {
     if (!(key in parent) && !required) return null;
     const value = parent[key];
     if (!Number.isInteger(value) || value < low) this.fail(field, value, `expected an integer >= ${low}`);
-    if (this.fractions.has(field)) { // written 2.0 or 2e0: a float to Python, refused there too
-      throw new BundleError(`${this.where}: ${field} is ${this.fractions.get(field)}, expected an integer >= ${low}; ${FIX_FIELD}`);
+    if (this.fractions.has(field)) {
+      // written 2.0 or 2e0: a float to Python, refused there too
+      throw new BundleError(
+        `${this.where}: ${field} is ${this.fractions.get(field)}, expected an integer >= ${low}; ${FIX_FIELD}`,
+      );
     }
     return value;
   }
@@ -221,11 +235,17 @@ class Schema {
   idMap(parent, key, field) {
     const value = parent[key];
     const want = "expected an object of language codes to token ids (integers >= 0)";
-    if (!isObject(value) || !Object.values(value).every((x) => Number.isInteger(x) && x >= 0)) this.fail(field, value, want);
+    if (!isObject(value) || !Object.values(value).every((x) => Number.isInteger(x) && x >= 0))
+      this.fail(field, value, want);
     const literal = (code) => this.fractions.get(`${field}.${code}`);
-    if (Object.keys(value).some(literal)) { // as Python reads it: a float, shown as written
-      const shown = `{${Object.entries(value).map(([c, x]) => `${JSON.stringify(c)}:${literal(c) ?? x}`).join(",")}}`;
-      throw new BundleError(`${this.where}: ${field} is ${shown.length <= 60 ? shown : `${shown.slice(0, 57)}...`}, ${want}; ${FIX_FIELD}`);
+    if (Object.keys(value).some(literal)) {
+      // as Python reads it: a float, shown as written
+      const shown = `{${Object.entries(value)
+        .map(([c, x]) => `${JSON.stringify(c)}:${literal(c) ?? x}`)
+        .join(",")}}`;
+      throw new BundleError(
+        `${this.where}: ${field} is ${shown.length <= 60 ? shown : `${shown.slice(0, 57)}...`}, ${want}; ${FIX_FIELD}`,
+      );
     }
     return value;
   }
@@ -255,7 +275,12 @@ class Schema {
         this.real(parent, key, row.field, row.min ?? null);
         break;
       case "string":
-        this.text(parent, key, row.field, typeof row.choices === "string" ? SPEC[row.choices] : row.choices ?? null);
+        this.text(
+          parent,
+          key,
+          row.field,
+          typeof row.choices === "string" ? SPEC[row.choices] : (row.choices ?? null),
+        );
         break;
       case "ids":
         this.ids(parent, key, row.field);
@@ -267,8 +292,10 @@ class Schema {
         if (typeof parent[key] !== "boolean") this.fail(row.field, parent[key], "expected true or false");
         break;
       default: // a spec this host does not understand: refuse loudly rather than skip a check
-        throw new Error(`${SPEC_URL}: fields[${row.field}] has type ${JSON.stringify(row.type)}; ` +
-          "this host knows integer, number, string, ids, id_map, boolean");
+        throw new Error(
+          `${SPEC_URL}: fields[${row.field}] has type ${JSON.stringify(row.type)}; ` +
+            "this host knows integer, number, string, ids, id_map, boolean",
+        );
     }
   }
 }
@@ -288,29 +315,44 @@ export function validateMeta(meta, where, fractions = new Map()) {
   const v = new Schema(where, fractions);
   for (const row of SPEC.fields) v.field(meta, row);
   const { model, special_ids: special } = meta;
-  if (model.d_model % model.n_heads && !model.d_kv) v.fail("model.d_model", model.d_model, `expected a multiple of model.n_heads=${model.n_heads}`);
+  if (model.d_model % model.n_heads && !model.d_kv)
+    v.fail("model.d_model", model.d_model, `expected a multiple of model.n_heads=${model.n_heads}`);
   if (meta.max_positions !== model.max_positions) {
-    v.fail("max_positions", meta.max_positions, `expected model.max_positions=${model.max_positions} (the same value twice)`);
+    v.fail(
+      "max_positions",
+      meta.max_positions,
+      `expected model.max_positions=${model.max_positions} (the same value twice)`,
+    );
   }
   // The tokens section's ids (its types were checked by the table): inside the vocabularies they go to.
   const tokens = meta.tokens ?? {};
   const src = model.src_vocab_size;
   const both = Math.min(src, model.tgt_vocab_size);
-  const inside = [[SOURCE_PREFIX, src, "the source vocabulary"], ["source_suffix", src, "the source vocabulary"],
-    [TARGET_PREFIX, model.tgt_vocab_size, "the target vocabulary"]];
+  const inside = [
+    [SOURCE_PREFIX, src, "the source vocabulary"],
+    ["source_suffix", src, "the source vocabulary"],
+    [TARGET_PREFIX, model.tgt_vocab_size, "the target vocabulary"],
+  ];
   for (const [key, size, what] of inside) {
-    if (key in tokens && tokens[key].some((id) => id >= size)) v.fail(`tokens.${key}`, tokens[key], `expected ids inside ${what} [0, ${size})`);
+    if (key in tokens && tokens[key].some((id) => id >= size))
+      v.fail(`tokens.${key}`, tokens[key], `expected ids inside ${what} [0, ${size})`);
   }
   if (tokens.languages && Object.values(tokens.languages).some((id) => id >= both)) {
     v.fail("tokens.languages", tokens.languages, `expected ids inside both vocabularies [0, ${both})`);
   }
   for (const key of ["pad", "unk", "bos", "eos", "decoder_start"]) {
     const value = special[key];
-    const vocab = key === "decoder_start" ? model.tgt_vocab_size : Math.min(model.src_vocab_size, model.tgt_vocab_size);
-    if (value >= vocab) v.fail(`special_ids.${key}`, value, `expected an id inside the vocabulary [0, ${vocab})`);
+    const vocab =
+      key === "decoder_start" ? model.tgt_vocab_size : Math.min(model.src_vocab_size, model.tgt_vocab_size);
+    if (value >= vocab)
+      v.fail(`special_ids.${key}`, value, `expected an id inside the vocabulary [0, ${vocab})`);
     const modelKey = key === "decoder_start" ? "decoder_start_id" : `${key}_id`;
     if (modelKey in model && model[modelKey] !== value) {
-      v.fail(`special_ids.${key}`, value, `expected model.${modelKey}=${short(model[modelKey])} (the same id twice)`);
+      v.fail(
+        `special_ids.${key}`,
+        value,
+        `expected model.${modelKey}=${short(model[modelKey])} (the same id twice)`,
+      );
     }
   }
   const files = v.obj(meta, "files", "files");
@@ -329,16 +371,22 @@ export function validateMeta(meta, where, fractions = new Map()) {
     v.integer(entry, ENTRY.size_field, `files.${key}.${ENTRY.size_field}`, { required: false });
   }
   const weights = files[WEIGHTS];
-  if (weights && typeof weights === "object" && CHECKSUM.field in weights) { // bundles before it have none
+  if (weights && typeof weights === "object" && CHECKSUM.field in weights) {
+    // bundles before it have none
     const value = weights[CHECKSUM.field];
     if (typeof value !== "string" || !new RegExp(`^[0-9a-f]{${CHECKSUM.hex_digits}}$`).test(value)) {
-      v.fail(`files.${WEIGHTS}.${CHECKSUM.field}`, value, `expected ${CHECKSUM.hex_digits} lowercase hex digits (the file's CRC-32)`);
+      v.fail(
+        `files.${WEIGHTS}.${CHECKSUM.field}`,
+        value,
+        `expected ${CHECKSUM.hex_digits} lowercase hex digits (the file's CRC-32)`,
+      );
     }
   }
   const graphs = v.obj(meta, "graphs", "graphs");
   const labels = [ENCODER_LABEL, DECODER_LABELS[STANDARD]];
-  for (const key of OPTIONAL_GRAPH_KEYS) { // an optional graph is described exactly when its file is listed
-    if ((key in files) !== (key in graphs)) {
+  for (const key of OPTIONAL_GRAPH_KEYS) {
+    // an optional graph is described exactly when its file is listed
+    if (key in files !== key in graphs) {
       const [has, lacks] = key in files ? ["files", "graphs"] : ["graphs", "files"];
       v.fail(`${lacks}.${key}`, undefined, `expected because ${has}.${key} is present`);
     }
@@ -346,26 +394,37 @@ export function validateMeta(meta, where, fractions = new Map()) {
   }
   for (const label of labels) {
     const graph = v.obj(graphs, label, `graphs.${label}`);
-    if ("variant" in graph) v.text(graph, "variant", `graphs.${label}.variant`, [label === DECODER_LABELS[FUSED] ? FUSED : STANDARD]);
-    if ("domains" in graph && !(Array.isArray(graph.domains) && graph.domains.every((d) => typeof d === "string"))) {
+    if ("variant" in graph)
+      v.text(graph, "variant", `graphs.${label}.variant`, [
+        label === DECODER_LABELS[FUSED] ? FUSED : STANDARD,
+      ]);
+    if (
+      "domains" in graph &&
+      !(Array.isArray(graph.domains) && graph.domains.every((d) => typeof d === "string"))
+    ) {
       v.fail(`graphs.${label}.domains`, graph.domains, "expected a list of operator domains (strings)");
     }
     for (const side of ["inputs", "outputs"]) {
       const items = graph[side];
-      if (!Array.isArray(items) || !items.length) v.fail(`graphs.${label}.${side}`, items, "expected a non-empty list");
+      if (!Array.isArray(items) || !items.length)
+        v.fail(`graphs.${label}.${side}`, items, "expected a non-empty list");
       items.forEach((item, i) => {
         const field = `graphs.${label}.${side}[${i}]`;
         if (!isObject(item)) v.fail(field, item, "expected an object");
         v.text(item, "name", `${field}.name`);
         v.text(item, "dtype", `${field}.dtype`);
         const shape = item.shape;
-        if (!Array.isArray(shape) || !shape.every((d) => typeof d === "string" || (Number.isInteger(d) && d >= 0))) {
+        if (
+          !Array.isArray(shape) ||
+          !shape.every((d) => typeof d === "string" || (Number.isInteger(d) && d >= 0))
+        ) {
           v.fail(`${field}.shape`, shape, "expected a list of sizes (integers) and axis names (strings)");
         }
       });
     }
   }
-  if (meta.tokenizers !== undefined && meta.tokenizers !== null) { // optional: vocabulary fingerprints (src/checks.js)
+  if (meta.tokenizers !== undefined && meta.tokenizers !== null) {
+    // optional: vocabulary fingerprints (src/checks.js)
     const tokenizers = v.obj(meta, "tokenizers", "tokenizers");
     for (const side of ["source", "target"]) {
       const entry = v.obj(tokenizers, side, `tokenizers.${side}`);
@@ -394,7 +453,9 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
     raw = await platform.readFile(metaPath, { maxBytes: MAX_JSON_BYTES });
   } catch (e) {
     if (e && (e.code === "ENOENT" || e.code === "ENOTDIR")) {
-      throw new BundleError(`${metaPath}: missing; ${dir} is not a seq2onnx bundle (make one with \`seq2onnx export CHECKPOINT ${dir}\`)`);
+      throw new BundleError(
+        `${metaPath}: missing; ${dir} is not a seq2onnx bundle (make one with \`seq2onnx export CHECKPOINT ${dir}\`)`,
+      );
     }
     if (e?.code === "EFBIG") throw tooLarge(metaPath, e.size);
     throw unreadable(metaPath, e);
@@ -409,7 +470,9 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
     throw new BundleError(`${metaPath}: invalid JSON (${e.message}); re-export the bundle`);
   }
   if (!isObject(meta) || meta.format !== FORMAT) {
-    throw new BundleError(`${metaPath}: not a ${FORMAT} description (format=${short(isObject(meta) ? meta.format ?? null : null)})`);
+    throw new BundleError(
+      `${metaPath}: not a ${FORMAT} description (format=${short(isObject(meta) ? (meta.format ?? null) : null)})`,
+    );
   }
   // JSON.parse reads 1.0 as 1: the text tells whether the version is an integer, as Python's json does.
   const fractions = numberLiterals(text);
@@ -428,9 +491,12 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
     const entry = meta.files[key];
     const where = await platform.resolveInside(dir, entry.path);
     if (!where.inside) {
-      throw new BundleError(`${metaPath}: files.${key}.path ${JSON.stringify(entry.path)} points outside the bundle; refusing it`);
+      throw new BundleError(
+        `${metaPath}: files.${key}.path ${JSON.stringify(entry.path)} points outside the bundle; refusing it`,
+      );
     }
-    if (!where.exists) throw new BundleError(`${where.path}: missing from the bundle (files.${key} in ${BUNDLE_JSON})`);
+    if (!where.exists)
+      throw new BundleError(`${where.path}: missing from the bundle (files.${key} in ${BUNDLE_JSON})`);
     paths[key] = where.path;
     // the fused decoder is read only to be hashed (this host never loads it); the maps are kept; the
     // weights file is read for its hash and size, and kept where the platform hands onnxruntime bytes
@@ -451,7 +517,8 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
       if (e?.code === "ESIZE") throw wrongSize(where.path, e.size, size, key);
       throw unreadable(where.path, e, `files.${key} in ${BUNDLE_JSON}`);
     }
-    if (bytes && size !== undefined && bytes.length !== size) throw wrongSize(where.path, bytes.length, size, key);
+    if (bytes && size !== undefined && bytes.length !== size)
+      throw wrongSize(where.path, bytes.length, size, key);
     if (streamed) paths.weightsFolder = digest.folder;
     if (checkHashes && (streamed ? digest.sha256 : await platform.sha256(bytes)) !== entry.sha256) {
       throw new BundleError(
@@ -466,21 +533,28 @@ export async function readBundle(dir, platform, { checkHashes = true } = {}) {
 
 /** A file whose size is not bundle.json's files.<key>.size (the words of runtime/bundle.py). */
 function wrongSize(file, size, recorded, key) {
-  return new BundleError(`${file}: ${size} bytes, ${BUNDLE_JSON} records ${recorded} (${ENTRY.size_field}); the file is ` +
-    `damaged or was replaced: re-export the bundle (files.${key} in ${BUNDLE_JSON})`);
+  return new BundleError(
+    `${file}: ${size} bytes, ${BUNDLE_JSON} records ${recorded} (${ENTRY.size_field}); the file is ` +
+      `damaged or was replaced: re-export the bundle (files.${key} in ${BUNDLE_JSON})`,
+  );
 }
 
 function tooLarge(metaPath, size) {
-  return new BundleError(`${metaPath}: ${size} bytes, more than the ${MAX_JSON_BYTES} a bundle description can be; ` +
-    `this is not a ${BUNDLE_JSON} made by \`seq2onnx export\` (re-export the bundle)`);
+  return new BundleError(
+    `${metaPath}: ${size} bytes, more than the ${MAX_JSON_BYTES} a bundle description can be; ` +
+      `this is not a ${BUNDLE_JSON} made by \`seq2onnx export\` (re-export the bundle)`,
+  );
 }
 
 /** A bundle file that cannot be read: not a regular file (refused before reading), or an I/O error. */
 function unreadable(file, e, what = null) {
-  if (e?.code === "ENOTREG") { // the words of runtime/bundle.py, with what the file is
+  if (e?.code === "ENOTREG") {
+    // the words of runtime/bundle.py, with what the file is
     const kind = e.kind ?? "a device, pipe or socket";
-    return new BundleError(`${file}: not a regular file (${what ? `${kind}; ${what}` : kind}); a bundle holds ` +
-      "files: re-export it with `seq2onnx export` (a link to a device or a named pipe is never one)");
+    return new BundleError(
+      `${file}: not a regular file (${what ? `${kind}; ${what}` : kind}); a bundle holds ` +
+        "files: re-export it with `seq2onnx export` (a link to a device or a named pipe is never one)",
+    );
   }
   return new BundleError(`${file}: cannot be read (${e?.message ?? e})`);
 }

@@ -10,9 +10,27 @@
 // onnxruntime session no initializer shapes); tensor data is skipped by its length, never copied.
 // No Node API: the same checks run in the browser.
 import {
-  BUNDLE_JSON, BundleError, DECODER_LABELS, DTYPES, ENCODER_LABEL, LOG_PROBS, OPTIONAL_FILE_KEYS, SOURCE_VOCAB, STANDARD,
-  SRC_IDS, STEP, TARGET_VOCAB, TOP_K, VOCAB_MAP, VOCAB_TEXTS, WEIGHTS, WEIGHTS_SPEC, isLayerName, layerName, pastNames,
+  BUNDLE_JSON,
+  BundleError,
+  DECODER_LABELS,
+  DTYPES,
+  ENCODER_LABEL,
+  isLayerName,
+  LOG_PROBS,
+  layerName,
+  OPTIONAL_FILE_KEYS,
+  pastNames,
+  SOURCE_VOCAB,
+  SRC_IDS,
+  STANDARD,
+  STEP,
   short,
+  TARGET_VOCAB,
+  TOP_K,
+  VOCAB_MAP,
+  VOCAB_TEXTS,
+  WEIGHTS,
+  WEIGHTS_SPEC,
 } from "./bundle.js";
 import { SPEC, SPEC_URL } from "./spec.js";
 
@@ -63,7 +81,8 @@ function* fields(buf, start, end) {
       if (pos + n > end) throw new ProtoError("a field runs past the end of its message");
       yield [number, wire, [pos, pos + n]];
       pos += n;
-    } else if (wire === 1 || wire === 5) { // fixed64, fixed32: their bytes (a SentencePiece score is a fixed32 float)
+    } else if (wire === 1 || wire === 5) {
+      // fixed64, fixed32: their bytes (a SentencePiece score is a fixed32 float)
       const n = wire === 1 ? 8 : 4;
       if (pos + n > end) throw new ProtoError("a field runs past the end of its message");
       yield [number, wire, [pos, pos + n]];
@@ -87,7 +106,12 @@ const text = (buf, [s, e]) => utf8.decode(buf.subarray(s, e));
 const NORMAL = 1;
 const UNKNOWN = 2;
 const CONTROL = 3;
-const SPECIAL_PIECES = { 45: ["unk", "<unk>"], 46: ["bos", "<s>"], 47: ["eos", "</s>"], 48: ["pad", "<pad>"] };
+const SPECIAL_PIECES = {
+  45: ["unk", "<unk>"],
+  46: ["bos", "<s>"],
+  47: ["eos", "</s>"],
+  48: ["pad", "<pad>"],
+};
 /** SentencePiece's piece types (ModelProto.SentencePiece.Type) and model types (TrainerSpec.ModelType). */
 export const PIECE_TYPES = Object.freeze({ NORMAL, UNKNOWN, CONTROL, USER_DEFINED: 4, UNUSED: 5, BYTE: 6 });
 export const MODEL_TYPES = Object.freeze({ UNIGRAM: 1, BPE: 2, WORD: 3, CHAR: 4 });
@@ -139,7 +163,12 @@ export function readVocabulary(bytes) {
     const id = index.get(name) ?? unkIndex; // PieceToId: an unknown piece is the unknown id
     return id >= 0 && types[id] === type ? id : -1;
   };
-  const special = { pad: idOf(names.pad, CONTROL), unk: idOf(names.unk, UNKNOWN), bos: idOf(names.bos, CONTROL), eos: idOf(names.eos, CONTROL) };
+  const special = {
+    pad: idOf(names.pad, CONTROL),
+    unk: idOf(names.unk, UNKNOWN),
+    bos: idOf(names.bos, CONTROL),
+    eos: idOf(names.eos, CONTROL),
+  };
   return { pieces, types, scores: Float32Array.from(scores), modelType, byteFallback, special };
 }
 
@@ -149,8 +178,11 @@ export function readVocabulary(bytes) {
 // Refused at import if the spec names another layout, rather than reading a map wrongly.
 const READERS = { int32: [4, (view, at, little) => view.getInt32(at, little)] };
 const LITTLE = { little: true, big: false };
-if (![SOURCE_VOCAB, TARGET_VOCAB, VOCAB_TEXTS].every((k) => OPTIONAL_FILE_KEYS.includes(k))
-  || !Object.hasOwn(READERS, VOCAB_MAP.dtype) || !Object.hasOwn(LITTLE, VOCAB_MAP.byte_order)) {
+if (
+  ![SOURCE_VOCAB, TARGET_VOCAB, VOCAB_TEXTS].every((k) => OPTIONAL_FILE_KEYS.includes(k)) ||
+  !Object.hasOwn(READERS, VOCAB_MAP.dtype) ||
+  !Object.hasOwn(LITTLE, VOCAB_MAP.byte_order)
+) {
   throw new Error(`${SPEC_URL}: files.optional or vocab_maps names a vocabulary map this host cannot read`);
 }
 const [ENTRY_BYTES, readEntry] = READERS[VOCAB_MAP.dtype];
@@ -171,13 +203,21 @@ function vocabMap(bundle, key, length, low, high) {
   if (!bytes) return null;
   const where = bundle.paths[key];
   if (bytes.length % ENTRY_BYTES) {
-    throw new BundleError(`${where}: ${bytes.length} bytes is not a whole number of ${VOCAB_MAP.dtype} entries; ${REEXPORT}`);
+    throw new BundleError(
+      `${where}: ${bytes.length} bytes is not a whole number of ${VOCAB_MAP.dtype} entries; ${REEXPORT}`,
+    );
   }
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  const map = Int32Array.from({ length: bytes.length / ENTRY_BYTES }, (_, i) => readEntry(view, i * ENTRY_BYTES, LITTLE[VOCAB_MAP.byte_order]));
-  if (map.length !== length) throw new BundleError(`${where}: ${map.length} entries, expected ${length}; ${REEXPORT}`);
+  const map = Int32Array.from({ length: bytes.length / ENTRY_BYTES }, (_, i) =>
+    readEntry(view, i * ENTRY_BYTES, LITTLE[VOCAB_MAP.byte_order]),
+  );
+  if (map.length !== length)
+    throw new BundleError(`${where}: ${map.length} entries, expected ${length}; ${REEXPORT}`);
   const bad = map.findIndex((x) => x < low || x >= high);
-  if (bad >= 0) throw new BundleError(`${where}: entry ${bad} is ${map[bad]}, expected an id in [${low}, ${high}); ${REEXPORT}`);
+  if (bad >= 0)
+    throw new BundleError(
+      `${where}: entry ${bad} is ${map[bad]}, expected an id in [${low}, ${high}); ${REEXPORT}`,
+    );
   return map;
 }
 
@@ -197,21 +237,30 @@ function vocabTexts(bundle, targetMap) {
     const data = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(bytes));
     if (data === null || typeof data !== "object" || Array.isArray(data)) throw new Error("not an object");
     for (const [text, id] of Object.entries(data.source ?? {})) {
-      if (!Number.isInteger(id)) throw new Error(`source[${JSON.stringify(text)}] is ${short(id)}, not an id`);
+      if (!Number.isInteger(id))
+        throw new Error(`source[${JSON.stringify(text)}] is ${short(id)}, not an id`);
       texts.source.set(text, id);
     }
     for (const [id, text] of Object.entries(data.target ?? {})) {
-      if (!/^\d+$/.test(id) || typeof text !== "string") throw new Error(`target[${JSON.stringify(id)}] is not an id's text`);
+      if (!/^\d+$/.test(id) || typeof text !== "string")
+        throw new Error(`target[${JSON.stringify(id)}] is not an id's text`);
       texts.target.set(Number(id), text);
     }
   } catch (e) {
-    throw new BundleError(`${where}: not the vocabulary texts the spec describes (${e.message}); ${REEXPORT}`);
+    throw new BundleError(
+      `${where}: not the vocabulary texts the spec describes (${e.message}); ${REEXPORT}`,
+    );
   }
   const src = bundle.meta.model.src_vocab_size;
-  if ([...texts.source.values()].some((id) => id < 0 || id >= src)) throw new BundleError(`${where}: a source id outside [0, ${src}); ${REEXPORT}`);
-  const missing = targetMap ? [...targetMap.keys()].filter((i) => targetMap[i] === VOCAB_MAP.text && !texts.target.has(i)) : [];
+  if ([...texts.source.values()].some((id) => id < 0 || id >= src))
+    throw new BundleError(`${where}: a source id outside [0, ${src}); ${REEXPORT}`);
+  const missing = targetMap
+    ? [...targetMap.keys()].filter((i) => targetMap[i] === VOCAB_MAP.text && !texts.target.has(i))
+    : [];
   if (missing.length) {
-    throw new BundleError(`${where}: no text for target id ${missing[0]}, which ${TARGET_VOCAB} marks ${VOCAB_MAP.text}; ${REEXPORT}`);
+    throw new BundleError(
+      `${where}: no text for target id ${missing[0]}, which ${TARGET_VOCAB} marks ${VOCAB_MAP.text}; ${REEXPORT}`,
+    );
   }
   return texts;
 }
@@ -230,7 +279,10 @@ function vocabTexts(bundle, targetMap) {
  */
 export async function checkTokenizers(bundle, platform) {
   const { model, special_ids: ids, tokenizers: fingerprints } = bundle.meta;
-  const sides = [["source", "src_vocab_size", "source_tokenizer"], ["target", "tgt_vocab_size", "target_tokenizer"]];
+  const sides = [
+    ["source", "src_vocab_size", "source_tokenizer"],
+    ["target", "tgt_vocab_size", "target_tokenizer"],
+  ];
   const file = (key) => bundle.paths[key];
   const vocab = {};
   const have = {};
@@ -241,7 +293,8 @@ export async function checkTokenizers(bundle, platform) {
       throw new BundleError(`${file(key)}: not a SentencePiece model (${e.message}); ${FIX}`);
     }
     // the fingerprint of runtime/checks.py: sha256 of the pieces in id order joined by "\n"
-    if (fingerprints) have[side] = await platform.sha256(new TextEncoder().encode(vocab[side].pieces.join("\n")));
+    if (fingerprints)
+      have[side] = await platform.sha256(new TextEncoder().encode(vocab[side].pieces.join("\n")));
   }
   // The maps and texts of an imported model first, as the Python runtime reads them (runtime/vocab.py)
   const maps = {
@@ -253,8 +306,11 @@ export async function checkTokenizers(bundle, platform) {
   // the other file is in turn this side's, else "the same vocabulary as" the other file.
   const wrongVocabulary = (side, key, { isOther = false, exchanged = false } = {}) => {
     const other = side === "source" ? "target" : "source";
-    const what = exchanged ? `; it is the ${other} tokenizer: the two .model files are exchanged`
-      : isOther ? `; it is the ${other} tokenizer (the same vocabulary as ${baseName(file(`${other}_tokenizer`))})` : "";
+    const what = exchanged
+      ? `; it is the ${other} tokenizer: the two .model files are exchanged`
+      : isOther
+        ? `; it is the ${other} tokenizer (the same vocabulary as ${baseName(file(`${other}_tokenizer`))})`
+        : "";
     return new BundleError(
       `${file(key)}: its vocabulary is not the ${side} vocabulary the model was exported with ` +
         `(tokenizers.${side}.pieces_sha256 in ${BUNDLE_JSON})${what}; ${FIX}`,
@@ -264,18 +320,37 @@ export async function checkTokenizers(bundle, platform) {
   if (fingerprints) {
     for (const [side, , key] of sides) {
       const other = side === "source" ? "target" : "source";
-      if (have[side] === fingerprints[other].pieces_sha256 && have[side] !== fingerprints[side].pieces_sha256) {
-        throw wrongVocabulary(side, key, { isOther: true, exchanged: have[other] === fingerprints[side].pieces_sha256 });
+      if (
+        have[side] === fingerprints[other].pieces_sha256 &&
+        have[side] !== fingerprints[side].pieces_sha256
+      ) {
+        throw wrongVocabulary(side, key, {
+          isOther: true,
+          exchanged: have[other] === fingerprints[side].pieces_sha256,
+        });
       }
     }
   }
   for (const [side, sizeKey, key] of sides) {
     const { pieces, special } = vocab[side];
     if (!maps[side] && pieces.length !== model[sizeKey]) {
-      throw mismatch(bundle, `model.${sizeKey}`, model[sizeKey], pieces.length, `${baseName(file(key))} (get_piece_size())`);
+      throw mismatch(
+        bundle,
+        `model.${sizeKey}`,
+        model[sizeKey],
+        pieces.length,
+        `${baseName(file(key))} (get_piece_size())`,
+      );
     }
     for (const name of maps[side] ? [] : ["pad", "unk", "bos", "eos"]) {
-      if (special[name] !== ids[name]) throw mismatch(bundle, `special_ids.${name}`, ids[name], special[name], `${baseName(file(key))} (${name}_id())`);
+      if (special[name] !== ids[name])
+        throw mismatch(
+          bundle,
+          `special_ids.${name}`,
+          ids[name],
+          special[name],
+          `${baseName(file(key))} (${name}_id())`,
+        );
     }
     if (fingerprints && have[side] !== fingerprints[side].pieces_sha256) throw wrongVocabulary(side, key);
   }
@@ -287,7 +362,9 @@ export async function checkTokenizers(bundle, platform) {
 /** name -> {type, shape} of a session's inputs or outputs, or null where onnxruntime gives no metadata. */
 function metadata(list) {
   if (!Array.isArray(list) || !list.length) return null;
-  return new Map(list.filter((m) => m.isTensor !== false).map((m) => [m.name, { type: m.type, shape: [...m.shape] }]));
+  return new Map(
+    list.filter((m) => m.isTensor !== false).map((m) => [m.name, { type: m.type, shape: [...m.shape] }]),
+  );
 }
 
 /**
@@ -305,26 +382,47 @@ function metadata(list) {
  */
 export function checkGraphs(bundle, encoder, decoder) {
   const { model, graphs, dtype } = bundle.meta;
-  const sessions = [[ENCODER_LABEL, encoder], [DECODER, decoder]];
+  const sessions = [
+    [ENCODER_LABEL, encoder],
+    [DECODER, decoder],
+  ];
   for (const [label, session] of sessions) {
     const spec = graphs[label];
     const file = bundle.paths[label];
     const have = [[...session.inputNames].sort(), [...session.outputNames].sort()];
     const want = [spec.inputs.map((i) => i.name).sort(), spec.outputs.map((o) => o.name).sort()];
     if (JSON.stringify(have) !== JSON.stringify(want)) {
-      throw new BundleError(`${file}: its inputs/outputs ${JSON.stringify(have)} differ from ${BUNDLE_JSON}'s ` +
-        `graphs.${label} ${JSON.stringify(want)}; ${FIX}`);
+      throw new BundleError(
+        `${file}: its inputs/outputs ${JSON.stringify(have)} differ from ${BUNDLE_JSON}'s ` +
+          `graphs.${label} ${JSON.stringify(want)}; ${FIX}`,
+      );
     }
-    for (const [kind, list] of [["inputs", session.inputMetadata], ["outputs", session.outputMetadata]]) {
+    for (const [kind, list] of [
+      ["inputs", session.inputMetadata],
+      ["outputs", session.outputMetadata],
+    ]) {
       const found = metadata(list);
       if (!found) continue;
       for (const item of spec[kind]) {
         const arg = found.get(item.name);
         if (!arg) continue;
-        if (arg.type !== item.dtype) throw mismatch(bundle, `graphs.${label}.${kind}[${item.name}].dtype`, item.dtype, arg.type, baseName(file));
+        if (arg.type !== item.dtype)
+          throw mismatch(
+            bundle,
+            `graphs.${label}.${kind}[${item.name}].dtype`,
+            item.dtype,
+            arg.type,
+            baseName(file),
+          );
         const fixed = item.shape.map((d, i) => [i, d]).filter(([, d]) => Number.isInteger(d));
         if (arg.shape.length !== item.shape.length || fixed.some(([i, d]) => arg.shape[i] !== d)) {
-          throw mismatch(bundle, `graphs.${label}.${kind}[${item.name}].shape`, item.shape, arg.shape, baseName(file));
+          throw mismatch(
+            bundle,
+            `graphs.${label}.${kind}[${item.name}].shape`,
+            item.shape,
+            arg.shape,
+            baseName(file),
+          );
         }
       }
     }
@@ -335,8 +433,13 @@ export function checkGraphs(bundle, encoder, decoder) {
   const inputs = [...decoder.inputNames];
   const cacheInputs = inputs.filter((n) => isLayerName("past_key", n) || isLayerName("past_value", n)).length;
   if (cacheInputs !== 2 * layers || !pastNames(layers).every((n) => inputs.includes(n))) {
-    throw mismatch(bundle, "model.n_decoder_layers", layers, Math.floor(cacheInputs / 2),
-      `${decName} (its ${layerName("past_key", "*")}/${layerName("past_value", "*")} inputs, layers)`);
+    throw mismatch(
+      bundle,
+      "model.n_decoder_layers",
+      layers,
+      Math.floor(cacheInputs / 2),
+      `${decName} (its ${layerName("past_key", "*")}/${layerName("past_value", "*")} inputs, layers)`,
+    );
   }
   if (!inputs.includes(TOP_K)) throw new BundleError(`${decFile}: no ${TOP_K} input; ${FIX}`);
   const decIn = metadata(decoder.inputMetadata);
@@ -347,19 +450,35 @@ export function checkGraphs(bundle, encoder, decoder) {
     const where = `${decName} (input ${first} of shape ${JSON.stringify(cache)}`;
     const headDim = model.d_kv || model.d_model / model.n_heads; // d_kv: T5's head size of its own
     if (cache.length !== 4 || cache[1] !== model.n_heads) {
-      throw mismatch(bundle, "model.n_heads", model.n_heads, cache.length === 4 ? cache[1] : cache, `${where})`);
+      throw mismatch(
+        bundle,
+        "model.n_heads",
+        model.n_heads,
+        cache.length === 4 ? cache[1] : cache,
+        `${where})`,
+      );
     }
     if (cache[3] !== headDim) {
-      throw mismatch(bundle, "model.d_model", model.d_model, cache[3] * model.n_heads,
-        `${where}: head size ${cache[3]} x ${model.n_heads} heads)`);
+      throw mismatch(
+        bundle,
+        "model.d_model",
+        model.d_model,
+        cache[3] * model.n_heads,
+        `${where}: head size ${cache[3]} x ${model.n_heads} heads)`,
+      );
     }
     if (!DTYPES.includes(type) || type !== dtype) throw mismatch(bundle, "dtype", dtype, type, `${where})`);
   }
   if (decOut) {
     const logProbs = decOut.get(LOG_PROBS).shape;
     if (logProbs[logProbs.length - 1] !== model.tgt_vocab_size) {
-      throw mismatch(bundle, "model.tgt_vocab_size", model.tgt_vocab_size, logProbs[logProbs.length - 1],
-        `${decName} (output ${LOG_PROBS} of shape ${JSON.stringify(logProbs)})`);
+      throw mismatch(
+        bundle,
+        "model.tgt_vocab_size",
+        model.tgt_vocab_size,
+        logProbs[logProbs.length - 1],
+        `${decName} (output ${LOG_PROBS} of shape ${JSON.stringify(logProbs)})`,
+      );
     }
   }
   checkTables(bundle);
@@ -374,8 +493,9 @@ function tensorInfo(buf, span) {
   const dims = [];
   for (const [n, w, v] of fields(buf, ...span)) {
     if (n === 1 && w === 0) dims.push(v);
-    else if (n === 1 && w === 2) { // packed
-      for (let pos = v[0], d; pos < v[1];) {
+    else if (n === 1 && w === 2) {
+      // packed
+      for (let pos = v[0], d; pos < v[1]; ) {
         [d, pos] = varint(buf, pos);
         dims.push(d);
       }
@@ -413,19 +533,25 @@ function older(a, b) {
 export function checkScheme(bundle, ortVersion) {
   const scheme = bundle.meta.quantization_scheme;
   if (!scheme) return;
-  const known = Object.fromEntries(Object.entries(SPEC.quantization_schemes).filter(([k]) => !k.startsWith("$")));
+  const known = Object.fromEntries(
+    Object.entries(SPEC.quantization_schemes).filter(([k]) => !k.startsWith("$")),
+  );
   const name = typeof scheme === "object" ? scheme.name : scheme;
   if (!Object.hasOwn(known, name)) {
-    throw new BundleError(`${bundle.metaPath}: quantization_scheme.name=${JSON.stringify(name)} is not a scheme this ` +
-      `host runs (${Object.keys(known).join(", ")}); upgrade seq2onnx, or re-export the bundle with ` +
-      "`seq2onnx export --quantize int8`");
+    throw new BundleError(
+      `${bundle.metaPath}: quantization_scheme.name=${JSON.stringify(name)} is not a scheme this ` +
+        `host runs (${Object.keys(known).join(", ")}); upgrade seq2onnx, or re-export the bundle with ` +
+        "`seq2onnx export --quantize int8`",
+    );
   }
   const need = known[name].onnxruntime;
   if (ortVersion !== undefined && older(release(ortVersion), release(need))) {
     const operators = known[name].operators.join(", ") || "its int8 operators";
-    throw new BundleError(`${bundle.metaPath}: quantization scheme ${JSON.stringify(name)} (${operators}) needs ` +
-      `onnxruntime >= ${need}, and this host has onnxruntime ${ortVersion}; upgrade onnxruntime, or re-export ` +
-      "the bundle with `seq2onnx export --quantize int8`");
+    throw new BundleError(
+      `${bundle.metaPath}: quantization scheme ${JSON.stringify(name)} (${operators}) needs ` +
+        `onnxruntime >= ${need}, and this host has onnxruntime ${ortVersion}; upgrade onnxruntime, or re-export ` +
+        "the bundle with `seq2onnx export --quantize int8`",
+    );
   }
 }
 
@@ -457,25 +583,34 @@ export function gatherTables(buf, packed) {
         if (n === 1) node.inputs.push(text(buf, v));
         else if (n === 2) node.outputs.push(text(buf, v));
         else if (n === 4) node.op = text(buf, v);
-        else if (n === 5) values.push(...[...fields(buf, ...v)].filter(([an, aw]) => an === 5 && aw === 2).map((a) => a[2]));
+        else if (n === 5)
+          values.push(...[...fields(buf, ...v)].filter(([an, aw]) => an === 5 && aw === 2).map((a) => a[2]));
       }
-      if (node.op === "Constant" && values.length && node.outputs.length) shapes.set(node.outputs[0], tensorInfo(buf, values[0]).dims);
+      if (node.op === "Constant" && values.length && node.outputs.length)
+        shapes.set(node.outputs[0], tensorInfo(buf, values[0]).dims);
       nodes.push(node);
     }
   }
   const tableShape = (name, depth = 4) => {
     if (shapes.has(name)) return shapes.get(name);
     if (!depth) return null;
-    const from = nodes.find((n) => n.outputs.includes(name) && ["Cast", "DequantizeLinear", "Identity"].includes(n.op) && n.inputs.length);
+    const from = nodes.find(
+      (n) =>
+        n.outputs.includes(name) &&
+        ["Cast", "DequantizeLinear", "Identity"].includes(n.op) &&
+        n.inputs.length,
+    );
     return from ? tableShape(from.inputs[0], depth - 1) : null;
   };
   const isPacked = (n) => packed && n.op === packed.op && n.inputs.length >= 3;
-  return nodes.filter((n) => (n.op === "Gather" && n.inputs.length === 2) || isPacked(n))
+  return nodes
+    .filter((n) => (n.op === "Gather" && n.inputs.length === 2) || isPacked(n))
     .map((n) => {
       const shape = tableShape(n.inputs[0]);
       if (!isPacked(n) || shape === null) return [n.inputs[1], shape];
       return [n.inputs[1], shape.length === 2 ? [shape[0], (shape[1] * 8) / packed.bits] : null];
-    }).filter(([, shape]) => shape !== null);
+    })
+    .filter(([, shape]) => shape !== null);
 }
 
 /**
@@ -526,10 +661,15 @@ export function checkReferences(bundle, key) {
   const weights = bundle.meta.files[WEIGHTS];
   for (const t of found) {
     const where = `${file}: initializer ${JSON.stringify(t.name)}`;
-    if (!weights) throw new BundleError(`${where} is external data but ${BUNDLE_JSON} lists no files.weights; ${REEXPORT}`);
+    if (!weights)
+      throw new BundleError(
+        `${where} is external data but ${BUNDLE_JSON} lists no files.weights; ${REEXPORT}`,
+      );
     if (t.entries.location !== weights.path) {
-      throw new BundleError(`${where} points at ${JSON.stringify(t.entries.location ?? null)}; a bundle's graphs may only ` +
-        `point at its weights file ${JSON.stringify(weights.path)}; ${REEXPORT}`);
+      throw new BundleError(
+        `${where} points at ${JSON.stringify(t.entries.location ?? null)}; a bundle's graphs may only ` +
+          `point at its weights file ${JSON.stringify(weights.path)}; ${REEXPORT}`,
+      );
     }
     const offset = Number(t.entries.offset ?? "0");
     const length = Number(t.entries.length);
@@ -539,12 +679,16 @@ export function checkReferences(bundle, key) {
     const width = WEIGHTS_SPEC.element_bytes[String(t.dataType)];
     const count = t.dims.reduce((a, b) => a * b, 1);
     if (width === undefined || length !== count * width) {
-      throw new BundleError(`${where}: ${length} bytes for a tensor of shape ${JSON.stringify(t.dims)} and ONNX type ` +
-        `${t.dataType}; ${REEXPORT}`);
+      throw new BundleError(
+        `${where}: ${length} bytes for a tensor of shape ${JSON.stringify(t.dims)} and ONNX type ` +
+          `${t.dataType}; ${REEXPORT}`,
+      );
     }
     if (offset % WEIGHTS_SPEC.alignment || offset + length > bundle.weightsSize) {
-      throw new BundleError(`${where}: bytes ${offset}..${offset + length} of ${weights.path} (${bundle.weightsSize} bytes, ` +
-        `alignment ${WEIGHTS_SPEC.alignment}); the file is truncated or the graph damaged: ${REEXPORT}`);
+      throw new BundleError(
+        `${where}: bytes ${offset}..${offset + length} of ${weights.path} (${bundle.weightsSize} bytes, ` +
+          `alignment ${WEIGHTS_SPEC.alignment}); the file is truncated or the graph damaged: ${REEXPORT}`,
+      );
     }
   }
 }
@@ -555,28 +699,38 @@ export function checkReferences(bundle, key) {
  */
 function packedTables(scheme) {
   const tables = scheme?.tables;
-  const known = scheme && Object.hasOwn(SPEC.quantization_schemes, scheme.name) ? SPEC.quantization_schemes[scheme.name] : null;
-  if (!known?.operators?.includes(tables?.lookup) || !Number.isInteger(tables.bits) || tables.bits < 1) return undefined;
+  const known =
+    scheme && Object.hasOwn(SPEC.quantization_schemes, scheme.name)
+      ? SPEC.quantization_schemes[scheme.name]
+      : null;
+  if (!known?.operators?.includes(tables?.lookup) || !Number.isInteger(tables.bits) || tables.bits < 1)
+    return undefined;
   return { op: tables.lookup, bits: tables.bits };
 }
 
 /** The source embedding's rows and the positional table's rows, read from the graph files. */
 function checkTables(bundle) {
   const { model } = bundle.meta;
-  const tables = [[ENCODER_LABEL, SRC_IDS, "src_vocab_size", "source embedding"], [DECODER, STEP, "max_positions", "positional table"]];
+  const tables = [
+    [ENCODER_LABEL, SRC_IDS, "src_vocab_size", "source embedding"],
+    [DECODER, STEP, "max_positions", "positional table"],
+  ];
   if (model.relative_buckets) tables.pop(); // T5 has no positional table (a relative bias instead)
   const packed = packedTables(bundle.meta.quantization_scheme);
   for (const [key, indices, field, what] of tables) {
     const file = bundle.paths[key];
     let found;
     try {
-      found = gatherTables(bundle.files[key], packed).filter(([idx]) => idx === indices).map(([, shape]) => shape);
+      found = gatherTables(bundle.files[key], packed)
+        .filter(([idx]) => idx === indices)
+        .map(([, shape]) => shape);
       // an int8 table is looked up twice, its codes and its row scales [rows, 1] (export/quantize.py)
       if (found.length > 1) found = found.filter((shape) => !(shape.length === 2 && shape[1] === 1));
     } catch (e) {
       throw new BundleError(`${file}: cannot be read for its tables (${e.message}); ${FIX}`);
     }
-    if (found.length !== 1 || found[0].length !== 2) throw new BundleError(`${file}: no ${what} (a Gather of ${indices}) found; ${FIX}`);
+    if (found.length !== 1 || found[0].length !== 2)
+      throw new BundleError(`${file}: no ${what} (a Gather of ${indices}) found; ${FIX}`);
     const [rows, width] = found[0];
     const where = `${baseName(file)} (${what} of shape [${rows}, ${width}])`;
     if (rows !== model[field]) throw mismatch(bundle, `model.${field}`, model[field], rows, where);

@@ -22,10 +22,10 @@
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { BUNDLE_JSON } from "./bundle.js";
-import { OPTIONS, OptionError } from "./options.js";
-import { checkSampling } from "./sampling.js";
 import { Translator } from "./index.js";
+import { OPTIONS, OptionError } from "./options.js";
 import { CORES } from "./platform-node.js";
+import { checkSampling } from "./sampling.js";
 
 const USAGE = `usage: seq2onnx-js translate BUNDLE [--beam N] [--n-best N] [--length-penalty A] [--max-length N]
                                  [--min-length N] [--threads N] [--batch-size N] [--truncate] [--json] [--ids]
@@ -48,7 +48,11 @@ Random sampling (the Python runtime's sampling_* options and stream: the same se
 class UsageError extends Error {}
 
 // The decoding options' flags, as `seq2onnx translate` has them (spec/capabilities.json's cli), each read as text
-const OPTION_FLAGS = Object.fromEntries(Object.values(OPTIONS).filter((o) => o.cli).map((o) => [o.cli.slice(2), { type: "string" }]));
+const OPTION_FLAGS = Object.fromEntries(
+  Object.values(OPTIONS)
+    .filter((o) => o.cli)
+    .map((o) => [o.cli.slice(2), { type: "string" }]),
+);
 
 const PROGRAM = "seq2onnx-js";
 const WARNINGS_SHOWN = 10; // per kind, as `seq2onnx translate`; the rest are counted in one closing line
@@ -80,7 +84,9 @@ function integer(options, name, { min = 0, max, fallback } = {}) {
   if (raw === undefined) return fallback;
   const value = Number(raw);
   if (!Number.isInteger(value) || value < min || (max !== undefined && value > max)) {
-    throw new UsageError(`--${name} ${raw}: give an integer ${max === undefined ? `>= ${min}` : `from ${min} to ${max}`}`);
+    throw new UsageError(
+      `--${name} ${raw}: give an integer ${max === undefined ? `>= ${min}` : `from ${min} to ${max}`}`,
+    );
   }
   return value;
 }
@@ -88,7 +94,10 @@ function integer(options, name, { min = 0, max, fallback } = {}) {
 /** An int option's flag, by spec/capabilities.json's cli, min and default (undefined: the bundle's or none). */
 function intOption(options, name) {
   const o = OPTIONS[name];
-  return integer(options, o.cli.slice(2), { min: o.min, fallback: o.bundle_default ? undefined : o.default ?? undefined });
+  return integer(options, o.cli.slice(2), {
+    min: o.min,
+    fallback: o.bundle_default ? undefined : (o.default ?? undefined),
+  });
 }
 
 /** --sampling-*: the API's sampling options (undefined when --sampling-temperature is not given). */
@@ -114,14 +123,19 @@ function samplingOptions(options) {
     throw new UsageError(`--seed ${seedRaw}: give an integer >= 0`);
   }
   const seed = seedRaw === undefined ? undefined : BigInt(seedRaw);
-  const found = { samplingTemperature, samplingTopk: integer(options, "sampling-topk", { fallback: 0 }),
-    samplingTopp: number("sampling-topp") ?? 1, seed };
+  const found = {
+    samplingTemperature,
+    samplingTopk: integer(options, "sampling-topk", { fallback: 0 }),
+    samplingTopp: number("sampling-topp") ?? 1,
+    seed,
+  };
   try {
     const { samplingTopk: topK, samplingTopp: topP } = found;
     checkSampling({ temperature: samplingTemperature, topK, topP, seed });
   } catch (e) {
     // the API's words with the option's flag (spec/capabilities.json's cli): "--sampling-topp 1.5: give a number in (0, 1] ..."
-    if (e instanceof OptionError && OPTIONS[e.option].cli) throw new UsageError(e.named(OPTIONS[e.option].cli));
+    if (e instanceof OptionError && OPTIONS[e.option].cli)
+      throw new UsageError(e.named(OPTIONS[e.option].cli));
     throw e;
   }
   return found;
@@ -133,7 +147,9 @@ function threadsOption(options, cores) {
   if (raw === undefined) return 0;
   const value = Number(raw);
   if (!/^\d+$/.test(raw.trim()) || value > cores) {
-    throw new UsageError(`--threads ${raw}: this machine has ${cores} cores; give 1 to ${cores}, or 0 to use them all`);
+    throw new UsageError(
+      `--threads ${raw}: this machine has ${cores} cores; give 1 to ${cores}, or 0 to use them all`,
+    );
   }
   return value;
 }
@@ -143,7 +159,7 @@ function threadsOption(options, cores) {
  * {start, end} (end: after the maximal subpart, the bytes that one U+FFFD replaces), or null.
  */
 function firstInvalidUtf8(bytes) {
-  for (let i = 0; i < bytes.length;) {
+  for (let i = 0; i < bytes.length; ) {
     const b = bytes[i];
     if (b < 0x80) {
       i++;
@@ -154,8 +170,10 @@ function firstInvalidUtf8(bytes) {
     let low = 0x80;
     let high = 0xbf;
     if (b >= 0xc2 && b <= 0xdf) need = 1;
-    else if (b >= 0xe0 && b <= 0xef) [need, low, high] = [2, b === 0xe0 ? 0xa0 : 0x80, b === 0xed ? 0x9f : 0xbf];
-    else if (b >= 0xf0 && b <= 0xf4) [need, low, high] = [3, b === 0xf0 ? 0x90 : 0x80, b === 0xf4 ? 0x8f : 0xbf];
+    else if (b >= 0xe0 && b <= 0xef)
+      [need, low, high] = [2, b === 0xe0 ? 0xa0 : 0x80, b === 0xed ? 0x9f : 0xbf];
+    else if (b >= 0xf0 && b <= 0xf4)
+      [need, low, high] = [3, b === 0xf0 ? 0x90 : 0x80, b === 0xf4 ? 0x8f : 0xbf];
     else return { start: i, end: i + 1 };
     let j = 1;
     for (; j <= need; j++) {
@@ -177,7 +195,7 @@ const lenientUtf8 = new TextDecoder("utf-8", { ignoreBOM: true });
  */
 function readLines(input, warnings) {
   const lines = [];
-  for (let start = 0; start < input.length;) {
+  for (let start = 0; start < input.length; ) {
     let end = input.indexOf(0x0a, start);
     if (end < 0) end = input.length;
     let raw = input.subarray(start, end);
@@ -187,9 +205,14 @@ function readLines(input, warnings) {
       text = strictUtf8.decode(raw);
     } catch {
       const bad = firstInvalidUtf8(raw) ?? { start: 0, end: 0 };
-      const hex = Array.from(raw.subarray(bad.start, bad.end), (x) => x.toString(16).padStart(2, "0")).join(" ");
-      warnings.warn("invalid UTF-8", `line ${lines.length + 1}: invalid UTF-8 (byte ${hex} at byte ${bad.start + 1} of the line, ` +
-        "perhaps more after it) replaced by U+FFFD");
+      const hex = Array.from(raw.subarray(bad.start, bad.end), (x) => x.toString(16).padStart(2, "0")).join(
+        " ",
+      );
+      warnings.warn(
+        "invalid UTF-8",
+        `line ${lines.length + 1}: invalid UTF-8 (byte ${hex} at byte ${bad.start + 1} of the line, ` +
+          "perhaps more after it) replaced by U+FFFD",
+      );
       text = lenientUtf8.decode(raw);
     }
     lines.push(text);
@@ -216,14 +239,23 @@ function sourceIds(translator, line, n, options, warnings, layout) {
       parsed = undefined;
     }
     if (!Array.isArray(parsed)) {
-      warnings.warn("no JSON array of ids", `line ${n}: --ids wants a JSON array of token ids, got ${JSON.stringify(line.slice(0, 40))}; ` +
-        "wrote an empty line");
+      warnings.warn(
+        "no JSON array of ids",
+        `line ${n}: --ids wants a JSON array of token ids, got ${JSON.stringify(line.slice(0, 40))}; ` +
+          "wrote an empty line",
+      );
       return null;
     }
     try {
-      ({ ids, truncated: cut } = translator._sourceIds(n - 1, parsed, true, layout) ?? { ids: [], truncated: false });
+      ({ ids, truncated: cut } = translator._sourceIds(n - 1, parsed, true, layout) ?? {
+        ids: [],
+        truncated: false,
+      });
     } catch (e) {
-      warnings.warn("ids outside the source vocabulary", `line ${n}: ${e.message.replace(/^source \d+: /, "")}; wrote an empty line`);
+      warnings.warn(
+        "ids outside the source vocabulary",
+        `line ${n}: ${e.message.replace(/^source \d+: /, "")}; wrote an empty line`,
+      );
       return null;
     }
     prefix = []; // ids are the whole row but the suffix
@@ -237,14 +269,21 @@ function sourceIds(translator, line, n, options, warnings, layout) {
   const { suffix } = layout;
   const kept = limit - prefix.length - suffix.length;
   // our own exports add only the end token; imported models may add a prefix and another suffix
-  const added = !prefix.length && suffix.length === 1 && suffix[0] === translator.eosId ? "the end token"
-    : `the ${prefix.length + suffix.length} ids the model adds around them`;
+  const added =
+    !prefix.length && suffix.length === 1 && suffix[0] === translator.eosId
+      ? "the end token"
+      : `the ${prefix.length + suffix.length} ids the model adds around them`;
   if (!options.truncate) {
-    warnings.warn("more tokens than the model's positions", `${what}: wrote an empty line ` +
-      `(--truncate translates its first ${kept} tokens and ${added})`);
+    warnings.warn(
+      "more tokens than the model's positions",
+      `${what}: wrote an empty line ` + `(--truncate translates its first ${kept} tokens and ${added})`,
+    );
     return null;
   }
-  warnings.warn("more tokens than the model's positions", `${what}: translated its first ${kept} and ${added} (--truncate)`);
+  warnings.warn(
+    "more tokens than the model's positions",
+    `${what}: translated its first ${kept} and ${added} (--truncate)`,
+  );
   return ids;
 }
 
@@ -253,7 +292,9 @@ function idsOption(options, name) {
   const raw = options[name];
   if (raw === undefined) return undefined;
   if (!/^\s*\d+\s*(,\s*\d+\s*)*$/.test(raw)) {
-    throw new UsageError(`--${name} ${JSON.stringify(raw)}: give one or more token ids >= 0, separated by commas (as 128022 or 5,17)`);
+    throw new UsageError(
+      `--${name} ${JSON.stringify(raw)}: give one or more token ids >= 0, separated by commas (as 128022 or 5,17)`,
+    );
   }
   return raw.split(",").map(Number);
 }
@@ -262,29 +303,40 @@ function idsOption(options, name) {
  * Option errors that need the bundle, named by their flags (as `seq2onnx translate`), before any line
  * is read; returns the source prefix and suffix and the target prefix of --source-lang/--target-lang.
  */
-function checkAgainstModel(translator, {
-  beamSize, numHypotheses, maxDecodingLength, sourceLang, targetLang, targetPrefix, sampling,
-}) {
+function checkAgainstModel(
+  translator,
+  { beamSize, numHypotheses, maxDecodingLength, sourceLang, targetLang, targetPrefix, sampling },
+) {
   const beam = beamSize ?? translator.bundle.meta.decoding.beam_size;
   if (numHypotheses > beam && !sampling) {
-    throw new UsageError(`--n-best ${numHypotheses} is more than the beam size ${beam}; give --beam ${numHypotheses} or more, ` +
-      "or a smaller --n-best");
+    throw new UsageError(
+      `--n-best ${numHypotheses} is more than the beam size ${beam}; give --beam ${numHypotheses} or more, ` +
+        "or a smaller --n-best",
+    );
   }
   const limit = translator.maxPositions;
   if (maxDecodingLength !== undefined && maxDecodingLength > limit) {
-    throw new UsageError(`--max-length ${maxDecodingLength}: this model has ${limit} positions (max_positions in ${BUNDLE_JSON}); ` +
-      `give 1 to ${limit}`);
+    throw new UsageError(
+      `--max-length ${maxDecodingLength}: this model has ${limit} positions (max_positions in ${BUNDLE_JSON}); ` +
+        `give 1 to ${limit}`,
+    );
   }
   const bad = (targetPrefix ?? []).filter((id) => id >= translator.tgtVocab || id === translator.eosId);
   if (bad.length) {
-    throw new UsageError(`--target-prefix ${targetPrefix.join(",")}: ids ${JSON.stringify(bad.slice(0, 5))} outside ` +
-      `[0, ${translator.tgtVocab}) or the end token ${translator.eosId}; give target ids of the text before the translation`);
+    throw new UsageError(
+      `--target-prefix ${targetPrefix.join(",")}: ids ${JSON.stringify(bad.slice(0, 5))} outside ` +
+        `[0, ${translator.tgtVocab}) or the end token ${translator.eosId}; give target ids of the text before the translation`,
+    );
   }
   try {
-    return translator.tokens.layout({ sourceLang, targetLang }, { sourceLang: "--source-lang", targetLang: "--target-lang" });
+    return translator.tokens.layout(
+      { sourceLang, targetLang },
+      { sourceLang: "--source-lang", targetLang: "--target-lang" },
+    );
   } catch (e) {
     // the words of `seq2onnx translate`: "--target-lang "xx" is not a language of this model; ..."
-    if (e instanceof RangeError || e instanceof TypeError) throw new UsageError(e.message.replace(/^(--[a-z-]+)=/, "$1 "));
+    if (e instanceof RangeError || e instanceof TypeError)
+      throw new UsageError(e.message.replace(/^(--[a-z-]+)=/, "$1 "));
     throw e;
   }
 }
@@ -298,15 +350,23 @@ async function translate(bundle, options, io) {
   const minDecodingLength = intOption(options, "min_decoding_length");
   const lp = options["length-penalty"];
   const lengthPenalty = lp === undefined ? undefined : Number(lp);
-  if (lengthPenalty !== undefined && !Number.isFinite(lengthPenalty)) throw new UsageError(`--length-penalty ${lp}: give a number`);
+  if (lengthPenalty !== undefined && !Number.isFinite(lengthPenalty))
+    throw new UsageError(`--length-penalty ${lp}: give a number`);
   const { "source-lang": sourceLang, "target-lang": targetLang } = options;
   const targetPrefix = idsOption(options, "target-prefix");
   const sampling = samplingOptions(options);
   const started = performance.now();
   const translator = await io.load(bundle, { threads });
   const loadSeconds = (performance.now() - started) / 1000;
-  const layout = checkAgainstModel(translator, { beamSize, numHypotheses, maxDecodingLength, sourceLang,
-    targetLang, targetPrefix, sampling: "samplingTemperature" in sampling });
+  const layout = checkAgainstModel(translator, {
+    beamSize,
+    numHypotheses,
+    maxDecodingLength,
+    sourceLang,
+    targetLang,
+    targetPrefix,
+    sampling: "samplingTemperature" in sampling,
+  });
   let translateSeconds = 0;
   const warnings = new Warnings(io.stderr);
   const lines = readLines(io.stdin(), warnings);
@@ -314,21 +374,34 @@ async function translate(bundle, options, io) {
   const write = io.stdout;
   try {
     for (let start = 0; start < lines.length; start += chunk) {
-      const part = lines.slice(start, start + chunk).map((line, j) => sourceIds(translator, line, start + j + 1, options, warnings, layout));
+      const part = lines
+        .slice(start, start + chunk)
+        .map((line, j) => sourceIds(translator, line, start + j + 1, options, warnings, layout));
       const before = performance.now();
       // a line that cannot be translated is given as [], which translates to "" (its place kept)
-      const results = await translator.translateBatch(part.map((ids) => ids ?? []), {
-        beamSize, numHypotheses, lengthPenalty, returnScores: true, maxDecodingLength, minDecodingLength, maxBatchSize,
-        targetPrefix: part.map(() => targetPrefix ?? layout.targetPrefix), // the lines are ids already: the target side's
-        ...sampling,
-      });
+      const results = await translator.translateBatch(
+        part.map((ids) => ids ?? []),
+        {
+          beamSize,
+          numHypotheses,
+          lengthPenalty,
+          returnScores: true,
+          maxDecodingLength,
+          minDecodingLength,
+          maxBatchSize,
+          targetPrefix: part.map(() => targetPrefix ?? layout.targetPrefix), // the lines are ids already: the target side's
+          ...sampling,
+        },
+      );
       translateSeconds += (performance.now() - before) / 1000;
       let out = "";
       results.forEach((r, j) => {
         if (options.json) {
           out += `${JSON.stringify({ source_ids: part[j] ?? [], hypotheses: r.hypotheses, token_ids: r.tokenIds, scores: r.scores })}\n`;
         } else if (numHypotheses > 1) {
-          r.hypotheses.forEach((text, h) => { out += `${start + j} ||| ${text} ||| ${r.scores[h].toFixed(4)}\n`; });
+          r.hypotheses.forEach((text, h) => {
+            out += `${start + j} ||| ${text} ||| ${r.scores[h].toFixed(4)}\n`;
+          });
         } else {
           out += `${r.hypotheses[0]}\n`;
         }
@@ -371,8 +444,12 @@ async function tokenize(bundle, options, io) {
 /** @type {CliIO} */
 export const NODE_IO = {
   stdin: () => readFileSync(0),
-  stdout: (text) => { process.stdout.write(text); },
-  stderr: (text) => { process.stderr.write(text); },
+  stdout: (text) => {
+    process.stdout.write(text);
+  },
+  stderr: (text) => {
+    process.stderr.write(text);
+  },
   load: (bundle, options) => Translator.load(bundle, options),
   cores: CORES,
 };
@@ -387,10 +464,18 @@ export async function main(argv, io = {}) {
   const env = { ...NODE_IO, ...io };
   try {
     const { values, positionals } = parseArgs({
-      args: argv, allowPositionals: true, strict: true,
+      args: argv,
+      allowPositionals: true,
+      strict: true,
       options: {
-        ...OPTION_FLAGS, threads: { type: "string" }, truncate: { type: "boolean" }, json: { type: "boolean" },
-        ids: { type: "boolean" }, timing: { type: "boolean" }, side: { type: "string" }, help: { type: "boolean", short: "h" },
+        ...OPTION_FLAGS,
+        threads: { type: "string" },
+        truncate: { type: "boolean" },
+        json: { type: "boolean" },
+        ids: { type: "boolean" },
+        timing: { type: "boolean" },
+        side: { type: "string" },
+        help: { type: "boolean", short: "h" },
       },
     });
     if (values.help) {
@@ -402,7 +487,10 @@ export async function main(argv, io = {}) {
     await (command === "translate" ? translate : tokenize)(bundle, values, env);
     return 0;
   } catch (e) {
-    const usage = e instanceof UsageError || e?.code === "ERR_PARSE_ARGS_UNKNOWN_OPTION" || e?.code === "ERR_PARSE_ARGS_INVALID_OPTION_VALUE";
+    const usage =
+      e instanceof UsageError ||
+      e?.code === "ERR_PARSE_ARGS_UNKNOWN_OPTION" ||
+      e?.code === "ERR_PARSE_ARGS_INVALID_OPTION_VALUE";
     env.stderr(`${PROGRAM}: error: ${e?.message ?? e}\n`);
     return usage ? 2 : 1;
   }

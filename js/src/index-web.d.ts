@@ -18,4 +18,7 @@ export declare class Translator extends PortableTranslator {
 /** The onnxruntime-web module the translator runs on. */
 export declare const ort: any;
 export declare function configureOrt(ort: unknown, wasmBase: string): void;
-export declare function webPlatform(ort: unknown, options?: { fetch?: typeof fetch; subtle?: SubtleCrypto | null }): Platform;
+export declare function webPlatform(
+  ort: unknown,
+  options?: { fetch?: typeof fetch; subtle?: SubtleCrypto | null },
+): Platform;

@@ -17,9 +17,16 @@ export class Translator extends PortableTranslator {
    *   folder, as `seq2onnx web` lays the site out)
    * @returns {Promise<PortableTranslator>}
    */
-  static async load(bundleUrl, { wasmBase = new URL("../ort/", import.meta.url).href, fetch, ...options } = {}) {
+  static async load(
+    bundleUrl,
+    { wasmBase = new URL("../ort/", import.meta.url).href, fetch, ...options } = {},
+  ) {
     configureOrt(ort, wasmBase);
     // threads 0 lets onnxruntime-web choose; configureOrt has set it to one.
-    return PortableTranslator.load(bundleUrl, { ...options, platform: webPlatform(ort, fetch ? { fetch } : {}), threads: 0 });
+    return PortableTranslator.load(bundleUrl, {
+      ...options,
+      platform: webPlatform(ort, fetch ? { fetch } : {}),
+      threads: 0,
+    });
   }
 }

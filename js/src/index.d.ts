@@ -73,17 +73,25 @@ export interface Platform {
   coresSource?: string;
   resolveInside(dir: string, rel: string): Promise<{ inside: boolean; exists: boolean; path: string }>;
   sha256(bytes: Uint8Array): Promise<string>;
-  loadTokenizer?(bytes: Uint8Array, name: string): Promise<{ encode(text: string): number[]; decode(ids: number[]): string }>;
+  loadTokenizer?(
+    bytes: Uint8Array,
+    name: string,
+  ): Promise<{ encode(text: string): number[]; decode(ids: number[]): string }>;
 }
 
 export declare class PortableTranslator {
   static load(bundleDir: string, options: LoadOptions & { platform: Platform }): Promise<PortableTranslator>;
   readonly maxPositions: number;
   translate(text: string, options?: TranslateOptions): Promise<string>;
-  translateBatch(source: (string | ArrayLike<number>)[], options?: TranslateOptions): Promise<TranslationResult[]>;
+  translateBatch(
+    source: (string | ArrayLike<number>)[],
+    options?: TranslateOptions,
+  ): Promise<TranslationResult[]>;
   /** The encoder's ids of a text: the source prefix, its (mapped) SentencePiece ids, the suffix. */
-  prepareSource(text: string, options?: { truncate?: boolean; sourceLang?: string; targetLang?: string }):
-    { ids: number[]; truncated: boolean };
+  prepareSource(
+    text: string,
+    options?: { truncate?: boolean; sourceLang?: string; targetLang?: string },
+  ): { ids: number[]; truncated: boolean };
   /** bundle.json's tokens section and the vocabulary maps. */
   readonly tokens: Tokens;
   maxLengths(sources: number[][], maxDecodingLength?: number): number[];
@@ -102,31 +110,63 @@ export declare const nodePlatform: Platform;
 export type StepOutput =
   | { logProbs: ArrayLike<number>; vocab: number }
   | { values: ArrayLike<number>; ids: ArrayLike<number>; k: number; vocab: number };
-export type Step = (tokens: number[], cacheIndices: number[], t: number, keep: number[] | null) => Promise<StepOutput> | StepOutput;
-export interface SearchResult { hypotheses: number[][]; scores: number[] }
+export type Step = (
+  tokens: number[],
+  cacheIndices: number[],
+  t: number,
+  keep: number[] | null,
+) => Promise<StepOutput> | StepOutput;
+export interface SearchResult {
+  hypotheses: number[][];
+  scores: number[];
+}
 
 /** Candidates per row a step must return: 2K for a beam search, 1 for greedy (`greedy`), +1 under a minimum length. */
 export declare function candidatesNeeded(beamSize: number, minLength: number, greedy?: boolean): number;
 /** A step whose rows of sentence s are forced to prefixes[s][t] (0, every other token -inf) at t < its length. */
 export declare function forcePrefix(step: Step, prefixes: (ArrayLike<number> | null | undefined)[]): Step;
-export declare function greedySearch(step: Step, batch: number,
-  options: { startId: number; eosId: number; maxLengths: number[]; minLength?: number }): Promise<SearchResult[]>;
-export declare function beamSearch(step: Step, batch: number,
-  options: { beamSize: number; startId: number; eosId: number; maxLengths: number[]; minLength?: number;
-    lengthPenalty?: number; numHypotheses?: number }): Promise<SearchResult[]>;
-export declare function readBundle(dir: string, platform: Platform, options?: { checkHashes?: boolean }):
-  Promise<{ path: string; meta: any; files: Record<string, Uint8Array> }>;
+export declare function greedySearch(
+  step: Step,
+  batch: number,
+  options: { startId: number; eosId: number; maxLengths: number[]; minLength?: number },
+): Promise<SearchResult[]>;
+export declare function beamSearch(
+  step: Step,
+  batch: number,
+  options: {
+    beamSize: number;
+    startId: number;
+    eosId: number;
+    maxLengths: number[];
+    minLength?: number;
+    lengthPenalty?: number;
+    numHypotheses?: number;
+  },
+): Promise<SearchResult[]>;
+export declare function readBundle(
+  dir: string,
+  platform: Platform,
+  options?: { checkHashes?: boolean },
+): Promise<{ path: string; meta: any; files: Record<string, Uint8Array> }>;
 /** bundle.json's tokens section with its defaults, and the vocabulary maps (docs/bundle-format.md, "Tokenization"). */
 export declare class Tokens {
-  constructor(meta: any, maps?: { source?: Int32Array | null; target?: Int32Array | null;
-    texts?: { source: Map<string, number>; target: Map<number, string> } });
+  constructor(
+    meta: any,
+    maps?: {
+      source?: Int32Array | null;
+      target?: Int32Array | null;
+      texts?: { source: Map<string, number>; target: Map<number, string> };
+    },
+  );
   readonly sourcePrefix: number[];
   readonly sourceSuffix: number[];
   readonly targetPrefix: number[];
   readonly languages: Record<string, number>;
   language(code: string, option: string): number;
-  layout(languages?: { sourceLang?: string | null; targetLang?: string | null }, names?: { sourceLang?: string; targetLang?: string }):
-    { prefix: number[]; suffix: number[]; targetPrefix: number[] };
+  layout(
+    languages?: { sourceLang?: string | null; targetLang?: string | null },
+    names?: { sourceLang?: string; targetLang?: string },
+  ): { prefix: number[]; suffix: number[]; targetPrefix: number[] };
   splitCode(text: string): [number | null, string];
   /** A text's model source ids: SentencePiece's through the source map; unknown pieces by their text (vocab_texts). */
   encodeSource(tokenizer: SentencePiece | { encode(text: string): number[] }, text: string): number[];

@@ -45,14 +45,18 @@ export function checkOption(name, value) {
   if ((value == null && o.nullable) || o.kind === "ids") return value;
   let ok;
   if (o.kind === "int") {
-    ok = typeof value === "bigint" ? BIG.has(name) && value >= BigInt(o.min) : Number.isSafeInteger(value) && value >= o.min;
+    ok =
+      typeof value === "bigint"
+        ? BIG.has(name) && value >= BigInt(o.min)
+        : Number.isSafeInteger(value) && value >= o.min;
   } else if (o.kind === "number") {
     ok = typeof value === "number" && (o.min_open ? value > o.min : value >= o.min) && value <= o.max; // NaN: neither
   } else {
     ok = typeof value === (o.kind === "bool" ? "boolean" : "string");
   }
   if (ok) return value;
-  const big = BIG.has(name) && Number.isInteger(value) && !Number.isSafeInteger(value) ? " (a BigInt above 2^53)" : "";
+  const big =
+    BIG.has(name) && Number.isInteger(value) && !Number.isSafeInteger(value) ? " (a BigInt above 2^53)" : "";
   throw new OptionError(name, show(value), ": ", o.hint + big);
 }
 
@@ -68,21 +72,31 @@ export function checkOption(name, value) {
 export function readOptions(given, decoding = {}) {
   const unknown = Object.keys(given).filter((key) => !(key in NAMES));
   if (unknown.length) {
-    throw new TypeError(`unknown option ${JSON.stringify(unknown[0])}; translateBatch takes ${Object.keys(NAMES).join(", ")}`);
+    throw new TypeError(
+      `unknown option ${JSON.stringify(unknown[0])}; translateBatch takes ${Object.keys(NAMES).join(", ")}`,
+    );
   }
   const read = {};
   for (const [name, o] of Object.entries(OPTIONS)) {
-    const fallback = o.bundle_default ? decoding[o.bundle_default] ?? o.default : o.default;
+    const fallback = o.bundle_default ? (decoding[o.bundle_default] ?? o.default) : o.default;
     read[o.js] = checkOption(name, given[o.js] ?? fallback);
   }
   const { beamSize, numHypotheses, minDecodingLength, maxDecodingLength, samplingTemperature } = read;
   if (samplingTemperature == null && numHypotheses > beamSize) {
-    throw new OptionError("num_hypotheses", show(numHypotheses), ` must lie in [1, beamSize=${beamSize}]: `,
-      "raise beamSize or lower numHypotheses");
+    throw new OptionError(
+      "num_hypotheses",
+      show(numHypotheses),
+      ` must lie in [1, beamSize=${beamSize}]: `,
+      "raise beamSize or lower numHypotheses",
+    );
   }
   if (maxDecodingLength != null && minDecodingLength >= maxDecodingLength) {
-    throw new OptionError("min_decoding_length", show(minDecodingLength),
-      ` must be below maxDecodingLength=${maxDecodingLength}: `, "lower the minimum or raise the maximum");
+    throw new OptionError(
+      "min_decoding_length",
+      show(minDecodingLength),
+      ` must be below maxDecodingLength=${maxDecodingLength}: `,
+      "lower the minimum or raise the maximum",
+    );
   }
   return read;
 }

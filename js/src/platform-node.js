@@ -1,23 +1,28 @@
 // The Node platform: onnxruntime-node, the file system and node:crypto. The browser build swaps
 // this one module for src/platform-web.js: onnxruntime-web, fetch() and crypto.subtle.
 import { createHash } from "node:crypto";
-import { constants } from "node:fs";
-import zlib from "node:zlib";
-import { rmSync } from "node:fs";
+import { constants, rmSync } from "node:fs";
 import { mkdir, mkdtemp, open, realpath, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
+import zlib from "node:zlib";
 import * as ort from "onnxruntime-node";
 
 /** This machine's cores, as onnxruntime counts them for its default thread pool (at least 1). */
-export const CORES = Math.max(1, typeof os.availableParallelism === "function" ? os.availableParallelism() : os.cpus().length);
+export const CORES = Math.max(
+  1,
+  typeof os.availableParallelism === "function" ? os.availableParallelism() : os.cpus().length,
+);
 /** How CORES was found, for messages. */
-export const CORES_SOURCE = typeof os.availableParallelism === "function" ? "os.availableParallelism()" : "os.cpus().length";
+export const CORES_SOURCE =
+  typeof os.availableParallelism === "function" ? "os.availableParallelism()" : "os.cpus().length";
 
 // The private copies of weights files not yet removed (privateCopy): removed at the latest when the process
 // exits, by one listener for all of them.
 const COPIES = new Set();
-process.once("exit", () => { for (const folder of COPIES) rmSync(folder, { recursive: true, force: true }); });
+process.once("exit", () => {
+  for (const folder of COPIES) rmSync(folder, { recursive: true, force: true });
+});
 
 function removeCopy(folder) {
   rmSync(folder, { recursive: true, force: true });
@@ -52,13 +57,22 @@ export const nodePlatform = {
     try {
       const info = await handle.stat();
       if (!info.isFile()) {
-        throw Object.assign(new Error(`${file}: ${kind(info)}, not a regular file`), { code: "ENOTREG", kind: kind(info) });
+        throw Object.assign(new Error(`${file}: ${kind(info)}, not a regular file`), {
+          code: "ENOTREG",
+          kind: kind(info),
+        });
       }
       if (size !== undefined && info.size !== size) {
-        throw Object.assign(new Error(`${file}: ${info.size} bytes, not ${size}`), { code: "ESIZE", size: info.size });
+        throw Object.assign(new Error(`${file}: ${info.size} bytes, not ${size}`), {
+          code: "ESIZE",
+          size: info.size,
+        });
       }
       if (maxBytes !== undefined && info.size > maxBytes) {
-        throw Object.assign(new Error(`${file}: ${info.size} bytes, more than ${maxBytes}`), { code: "EFBIG", size: info.size });
+        throw Object.assign(new Error(`${file}: ${info.size} bytes, more than ${maxBytes}`), {
+          code: "EFBIG",
+          size: info.size,
+        });
       }
       const buffer = await handle.readFile();
       return new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength);
@@ -81,7 +95,10 @@ export const nodePlatform = {
     try {
       const info = await handle.stat();
       if (!info.isFile()) {
-        throw Object.assign(new Error(`${file}: ${kind(info)}, not a regular file`), { code: "ENOTREG", kind: kind(info) });
+        throw Object.assign(new Error(`${file}: ${kind(info)}, not a regular file`), {
+          code: "ENOTREG",
+          kind: kind(info),
+        });
       }
       const hash = crc32 ? null : createHash("sha256");
       const piece = Buffer.allocUnsafe(16 << 20);
@@ -113,10 +130,16 @@ export const nodePlatform = {
     try {
       const info = await handle.stat();
       if (!info.isFile()) {
-        throw Object.assign(new Error(`${file}: ${kind(info)}, not a regular file`), { code: "ENOTREG", kind: kind(info) });
+        throw Object.assign(new Error(`${file}: ${kind(info)}, not a regular file`), {
+          code: "ENOTREG",
+          kind: kind(info),
+        });
       }
       if (size !== undefined && info.size !== size) {
-        throw Object.assign(new Error(`${file}: ${info.size} bytes, not ${size}`), { code: "ESIZE", size: info.size });
+        throw Object.assign(new Error(`${file}: ${info.size} bytes, not ${size}`), {
+          code: "ESIZE",
+          size: info.size,
+        });
       }
       folder = await mkdtemp(path.join(os.tmpdir(), "seq2onnx-weights-"));
       COPIES.add(folder);
@@ -170,7 +193,10 @@ export const nodePlatform = {
    * as the Python runtime does; graphs name the file by files.weights.path, nested or not, inside it.
    */
   weightsOptions(options, bundle) {
-    const session = { ...(options.extra?.session ?? {}), model_external_initializers_file_folder_path: bundle.paths.weightsFolder };
+    const session = {
+      ...(options.extra?.session ?? {}),
+      model_external_initializers_file_folder_path: bundle.paths.weightsFolder,
+    };
     return { ...options, extra: { ...(options.extra ?? {}), session } };
   },
 };

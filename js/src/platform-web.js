@@ -12,7 +12,8 @@ const SCHEME = /^[a-zA-Z][a-zA-Z0-9+.-]*:/;
  * @param {string} wasmBase  URL of the folder holding ort-wasm-simd-threaded.wasm, ending in "/"
  */
 export function configureOrt(ort, wasmBase) {
-  if (!wasmBase.endsWith("/")) throw new RangeError(`wasmBase ${JSON.stringify(wasmBase)} must end with "/" (a folder URL)`);
+  if (!wasmBase.endsWith("/"))
+    throw new RangeError(`wasmBase ${JSON.stringify(wasmBase)} must end with "/" (a folder URL)`);
   // Only the .wasm: a folder prefix would also redirect the JavaScript glue, which the bundled
   // build (ort.wasm.bundle.min.mjs) carries inside itself.
   ort.env.wasm.wasmPaths = { wasm: `${wasmBase}ort-wasm-simd-threaded.wasm` };
@@ -29,8 +30,12 @@ export function configureOrt(ort, wasmBase) {
  *   fetch and crypto.subtle (absent outside secure contexts: then SHA-256 is computed in JS)
  * @returns {import("./bundle.js").Platform}
  */
-export function webPlatform(ort, { fetch: fetchFn = globalThis.fetch, subtle = globalThis.crypto?.subtle ?? null } = {}) {
-  if (typeof fetchFn !== "function") throw new TypeError("webPlatform needs fetch() (a browser, or Node >= 18)");
+export function webPlatform(
+  ort,
+  { fetch: fetchFn = globalThis.fetch, subtle = globalThis.crypto?.subtle ?? null } = {},
+) {
+  if (typeof fetchFn !== "function")
+    throw new TypeError("webPlatform needs fetch() (a browser, or Node >= 18)");
   const join = (dir, rel) => (dir.endsWith("/") ? dir : `${dir}/`) + rel;
   return {
     name: "web",
@@ -49,8 +54,12 @@ export function webPlatform(ort, { fetch: fetchFn = globalThis.fetch, subtle = g
       // A server has no symbolic links to follow: what is refused is a path that could leave the
       // folder once the URL is resolved (.., a scheme, an absolute path, backslashes, an encoded byte).
       const parts = rel.split("/");
-      const inside = rel.length > 0 && !SCHEME.test(rel) && !rel.startsWith("/") && !/[\\%?#]/.test(rel)
-        && parts.every((p) => p !== ".." && p !== "");
+      const inside =
+        rel.length > 0 &&
+        !SCHEME.test(rel) &&
+        !rel.startsWith("/") &&
+        !/[\\%?#]/.test(rel) &&
+        parts.every((p) => p !== ".." && p !== "");
       const url = join(dir, rel);
       if (!inside) return { inside: false, exists: false, path: url };
       const response = await fetchFn(url, { method: "HEAD" });
@@ -62,7 +71,10 @@ export function webPlatform(ort, { fetch: fetchFn = globalThis.fetch, subtle = g
     },
     keepsWeights: true, // onnxruntime-web takes a bundle's weights file as bytes (externalData)
     weightsOptions(options, bundle) {
-      return { ...options, externalData: [{ path: bundle.meta.files.weights.path, data: bundle.files.weights }] };
+      return {
+        ...options,
+        externalData: [{ path: bundle.meta.files.weights.path, data: bundle.files.weights }],
+      };
     },
   };
 }
@@ -70,13 +82,14 @@ export function webPlatform(ort, { fetch: fetchFn = globalThis.fetch, subtle = g
 const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 
 const K = new Uint32Array([
-  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01,
-  0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc,
-  0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
-  0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08,
-  0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
-  0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
+  0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
+  0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
+  0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+  0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
+  0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
+  0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+  0xc67178f2,
 ]);
 
 /**
@@ -93,7 +106,9 @@ export function sha256Hex(bytes) {
   const view = new DataView(padded.buffer);
   view.setUint32(padded.length - 8, Math.floor(bitLength / 2 ** 32));
   view.setUint32(padded.length - 4, bitLength >>> 0);
-  const h = new Uint32Array([0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19]);
+  const h = new Uint32Array([
+    0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
+  ]);
   const w = new Uint32Array(64);
   const rotr = (x, n) => (x >>> n) | (x << (32 - n));
   for (let offset = 0; offset < padded.length; offset += 64) {
@@ -109,7 +124,11 @@ export function sha256Hex(bytes) {
       const t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
       [hh, g, f, e, d, c, b, a] = [g, f, e, (d + t1) >>> 0, c, b, a, (t1 + t2) >>> 0];
     }
-    [a, b, c, d, e, f, g, hh].forEach((x, i) => { h[i] = (h[i] + x) >>> 0; });
+    [a, b, c, d, e, f, g, hh].forEach((x, i) => {
+      h[i] = (h[i] + x) >>> 0;
+    });
   }
-  return hex(new Uint8Array(Array.from(h, (x) => [x >>> 24, (x >>> 16) & 255, (x >>> 8) & 255, x & 255]).flat()));
+  return hex(
+    new Uint8Array(Array.from(h, (x) => [x >>> 24, (x >>> 16) & 255, (x >>> 8) & 255, x & 255]).flat()),
+  );
 }

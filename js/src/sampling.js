@@ -8,8 +8,9 @@
 // The token is the first whose cumulative probability exceeds u(t), over softmax(logProbs /
 // temperature) restricted to the topK likeliest (ties to the lower id) and to the smallest set whose
 // probability reaches topP; sums are numpy's pairwise sums, so that the probabilities match too.
-import { greedySearch } from "./search.js";
+
 import { checkOption } from "./options.js";
+import { greedySearch } from "./search.js";
 
 const MASK64 = (1n << 64n) - 1n;
 const GOLDEN = 0x9e3779b97f4a7c15n;
@@ -93,7 +94,7 @@ export function pairwiseSum(a, start = 0, n = a.length) {
     const r = Array.from({ length: 8 }, (_, j) => a[start + j]);
     let i = 8;
     for (; i < n - (n % 8); i += 8) for (let j = 0; j < 8; j++) r[j] += a[start + i + j];
-    let s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    let s = r[0] + r[1] + (r[2] + r[3]) + (r[4] + r[5] + (r[6] + r[7]));
     for (; i < n; i++) s += a[start + i];
     return s;
   }
@@ -103,7 +104,7 @@ export function pairwiseSum(a, start = 0, n = a.length) {
 }
 
 /** Indices of `values` by value descending, ties to the lower index (numpy's stable argsort of -values). */
-const descending = (values) => Array.from(values.keys()).sort((i, j) => (values[j] - values[i]) || i - j);
+const descending = (values) => Array.from(values.keys()).sort((i, j) => values[j] - values[i] || i - j);
 
 /** One row's sampling distribution: softmax(logProbs / temperature) within topK and topP. */
 export function rowProbabilities(logProbs, { temperature = 1, topK = 0, topP = 1 } = {}) {
@@ -156,7 +157,10 @@ export function checkSampling({ temperature, topK, topP, seed, minLength = 0 }) 
 function freshSeed() {
   const words = new Uint32Array(4);
   if (globalThis.crypto?.getRandomValues) globalThis.crypto.getRandomValues(words);
-  else words.forEach((_, i) => { words[i] = Math.floor(Math.random() * 2 ** 32); });
+  else
+    words.forEach((_, i) => {
+      words[i] = Math.floor(Math.random() * 2 ** 32);
+    });
   return words.reduce((acc, w, i) => acc | (BigInt(w) << BigInt(32 * i)), 0n);
 }
 
@@ -172,9 +176,21 @@ function freshSeed() {
  * @returns {Promise<import("./search.js").SearchResult[]>}  scores: the model's log-probs of the samples
  * @throws {RangeError} a setting out of range, or not one row key per sentence
  */
-export async function sampleSearch(step, batch, {
-  startId, eosId, maxLengths, minLength = 0, temperature = 1, topK = 0, topP = 1, seed = null, rowKeys = null,
-}) {
+export async function sampleSearch(
+  step,
+  batch,
+  {
+    startId,
+    eosId,
+    maxLengths,
+    minLength = 0,
+    temperature = 1,
+    topK = 0,
+    topP = 1,
+    seed = null,
+    rowKeys = null,
+  },
+) {
   checkSampling({ temperature, topK, topP, seed, minLength });
   const keys = rowKeys ?? Array.from({ length: batch }, (_, r) => [r]);
   if (keys.length !== batch) {

@@ -43,7 +43,9 @@
  */
 export function forcePrefix(step, prefixes, end = null) {
   if (end && end.maxLengths.length !== prefixes.length) {
-    throw new RangeError(`${end.maxLengths.length} max lengths for ${prefixes.length} sentences; give one per sentence`);
+    throw new RangeError(
+      `${end.maxLengths.length} max lengths for ${prefixes.length} sentences; give one per sentence`,
+    );
   }
   // each sentence's forced tokens by step: its prefix, then (with end) the end token at its last step
   const table = prefixes.map((p, s) => {
@@ -57,7 +59,9 @@ export function forcePrefix(step, prefixes, end = null) {
   return async (tokens, cacheIndices, t, keep) => {
     if (t === 0) {
       if (tokens.length !== prefixes.length) {
-        throw new RangeError(`${prefixes.length} target prefixes for a batch of ${tokens.length} sentences; give one per sentence`);
+        throw new RangeError(
+          `${prefixes.length} target prefixes for a batch of ${tokens.length} sentences; give one per sentence`,
+        );
       }
       alive = range(prefixes.length);
     } else if (keep !== null) {
@@ -124,7 +128,9 @@ function check(beamSize, maxLengths, minLength) {
     throw new RangeError(`maxDecodingLength=${shortest}; it must be at least 1`);
   }
   if (minLength < 0 || (shortest !== null && minLength >= shortest)) {
-    throw new RangeError(`minDecodingLength=${minLength} must lie in [0, maxDecodingLength=${shortest ?? "?"})`);
+    throw new RangeError(
+      `minDecodingLength=${minLength} must lie in [0, maxDecodingLength=${shortest ?? "?"})`,
+    );
   }
 }
 
@@ -241,14 +247,27 @@ function sentenceCandidates(out, row0, beams, beamScores, n, eosId, forbidEos) {
  *          earlyStopping?: boolean | "never"}} options
  * @returns {Promise<SearchResult[]>}
  */
-export async function beamSearch(step, batch, {
-  beamSize, startId, eosId, maxLengths, minLength = 0, lengthPenalty = 1.0, numHypotheses = 1, bestFinished = false,
-  earlyStopping = true,
-}) {
+export async function beamSearch(
+  step,
+  batch,
+  {
+    beamSize,
+    startId,
+    eosId,
+    maxLengths,
+    minLength = 0,
+    lengthPenalty = 1.0,
+    numHypotheses = 1,
+    bestFinished = false,
+    earlyStopping = true,
+  },
+) {
   check(beamSize, maxLengths, minLength);
   if (!EARLY_STOPPING.includes(earlyStopping) || (earlyStopping !== true && !bestFinished)) {
-    throw new RangeError(`earlyStopping=${JSON.stringify(earlyStopping)}: true, false or "never", and ` +
-      "false or \"never\" only with bestFinished (transformers' rule)");
+    throw new RangeError(
+      `earlyStopping=${JSON.stringify(earlyStopping)}: true, false or "never", and ` +
+        'false or "never" only with bestFinished (transformers\' rule)',
+    );
   }
   const k = beamSize;
   const norm = (score, length) => score / length ** lengthPenalty;
@@ -270,7 +289,9 @@ export async function beamSearch(step, batch, {
     const out = await step(tokens, cacheIndices, t, keep);
     const vocab = out.vocab;
     if (vocab < 2 * k) {
-      throw new RangeError(`beamSize=${k} needs a vocabulary of at least ${2 * k} tokens, this one has ${vocab}`);
+      throw new RangeError(
+        `beamSize=${k} needs a vocabulary of at least ${2 * k} tokens, this one has ${vocab}`,
+      );
     }
     if ("ids" in out && out.k < 2 * k) {
       throw new RangeError(`the step returned ${out.k} candidates per row; beamSize=${k} needs ${2 * k}`);
@@ -305,7 +326,8 @@ export async function beamSearch(step, batch, {
       // 2. continue: the first K candidates that do not end (each beam offers at most one end
       // token, so there are at least K among the 2K)
       const cont = cand.filter((c) => c.flat % vocab !== eosId).slice(0, k);
-      if (cont.length < k) throw new Error(`internal: ${cont.length} continuing candidates for beamSize=${k}`);
+      if (cont.length < k)
+        throw new Error(`internal: ${cont.length} continuing candidates for beamSize=${k}`);
       nextHistory.push(cont.map((c) => [...history[i][Math.floor(c.flat / vocab)], c.flat % vocab]));
       nextScores.push(cont.map((c) => c.total));
       nextTokens.push(cont.map((c) => c.flat % vocab));

@@ -19,7 +19,7 @@
 
 const IN_NODE = Boolean(globalThis.process?.versions?.node);
 
-const IN_CHECKOUT = IN_NODE && !await packaged();
+const IN_CHECKOUT = IN_NODE && !(await packaged());
 /** Where a spec file is read from: a file: URL in Node, an http(s): URL in a browser. */
 const specUrl = (name) => new URL(IN_CHECKOUT ? `../../spec/${name}` : `../spec/${name}`, import.meta.url);
 /** Where the bundle spec is read from. */
@@ -45,9 +45,11 @@ async function loadSpec(url, what) {
       text = await response.text();
     }
   } catch (e) {
-    throw new Error(`${url}: the seq2onnx ${what} cannot be read (${e?.message ?? e}); ` +
-      `the JS host needs the repository's spec/ folder, or its copy in the npm package ` +
-      "(a site built by `seq2onnx web` serves it as spec/)");
+    throw new Error(
+      `${url}: the seq2onnx ${what} cannot be read (${e?.message ?? e}); ` +
+        `the JS host needs the repository's spec/ folder, or its copy in the npm package ` +
+        "(a site built by `seq2onnx web` serves it as spec/)",
+    );
   }
   try {
     return JSON.parse(text);
@@ -87,7 +89,8 @@ export function numberLiterals(text) {
   const skipSpace = () => {
     while (i < n && (text[i] === " " || text[i] === "\t" || text[i] === "\n" || text[i] === "\r")) i++;
   };
-  const readString = () => { // at the opening quote; returns the raw literal
+  const readString = () => {
+    // at the opening quote; returns the raw literal
     const start = i++;
     while (i < n && text[i] !== '"') i += text[i] === "\\" ? 2 : 1;
     i++;
@@ -117,7 +120,8 @@ export function numberLiterals(text) {
       const literal = readString();
       skipSpace();
       if (top && !top.array && text[i] === ":") key = JSON.parse(literal); // a key, not a value
-    } else { // a number, true, false or null
+    } else {
+      // a number, true, false or null
       const start = i;
       while (i < n && !",}] \t\n\r".includes(text[i])) i++;
       const literal = text.slice(start, i);

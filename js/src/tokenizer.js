@@ -22,12 +22,13 @@
 // from Hugging Face (docs/bundle-format.md, "Tokenization"): the ids around a source's text ids,
 // language codes, and the target ids -> text.
 import { SentencePieceProcessor } from "@sctg/sentencepiece-js";
-import { SOURCE_PREFIX, TARGET_LANG_IN, VOCAB_MAP, short } from "./bundle.js";
+import { SOURCE_PREFIX, short, TARGET_LANG_IN, VOCAB_MAP } from "./bundle.js";
 import { MODEL_TYPES, PIECE_TYPES, readVocabulary } from "./checks.js";
 
 // Python's str.isspace() set: a text made only of these is "empty" for the Python runtime
 // (str.strip()), which differs from String.prototype.trim() on \x1c-\x1f, \x85 and \ufeff.
-const PY_SPACE = "\\t\\n\\v\\f\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
+const PY_SPACE =
+  "\\t\\n\\v\\f\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
 const PY_SPACE_ONLY = new RegExp(`^[${PY_SPACE}]*$`);
 const PY_STRIP = new RegExp(`^[${PY_SPACE}]+|[${PY_SPACE}]+$`, "g"); // str.strip()
 // Marian's leading target-language code, e.g. >>fra<< (runtime/vocab.py's _CODE; Python's \s is str.isspace())
@@ -61,7 +62,9 @@ export class UnigramEncoder {
     this.byteFallback = byteFallback;
     this.unkId = types.indexOf(UNKNOWN);
     let min = 3.4028234663852886e38; // FLT_MAX: min_score_ over the normal pieces
-    types.forEach((t, i) => { if (t === NORMAL && scores[i] < min) min = scores[i]; });
+    types.forEach((t, i) => {
+      if (t === NORMAL && scores[i] < min) min = scores[i];
+    });
     this.unkScore = f32(min - UNK_PENALTY);
     // The trie of the pieces that segmentation may use (NORMAL, USER_DEFINED, UNUSED: InitializePieces
     // with the reserved id map), over their UTF-8 bytes: node -> Map(byte -> node), and each node's id.
@@ -114,16 +117,18 @@ export class UnigramEncoder {
     const start = new Int32Array(size + 1).fill(-1);
     const id = new Int32Array(size + 1).fill(-1);
     const offer = (end, from, candidate, piece) => {
-      if (start[end] === -1 || candidate > score[end]) { // ties: the earlier start, offered first, stays
+      if (start[end] === -1 || candidate > score[end]) {
+        // ties: the earlier start, offered first, stays
         score[end] = candidate;
         start[end] = from;
         id[end] = piece;
       }
     };
     let frontier = 0;
-    for (let from = 0; from < size;) {
+    for (let from = 0; from < size; ) {
       let here = score[from];
-      if (here < -SCORE_RESET || here > SCORE_RESET) { // 0.2.3: subtract the offset from the open ends
+      if (here < -SCORE_RESET || here > SCORE_RESET) {
+        // 0.2.3: subtract the offset from the open ends
         for (let i = from; i <= frontier; i++) {
           if (i === from || start[i] !== -1) score[i] = f32(score[i] - here);
         }
@@ -131,7 +136,7 @@ export class UnigramEncoder {
       }
       const charLen = Math.min(oneCharLen(text[from]), size - from);
       let single = false;
-      for (let node = 0, end = from; end < size;) {
+      for (let node = 0, end = from; end < size; ) {
         node = this.next[node].get(text[end++]);
         if (node === undefined) break;
         const piece = this.ids[node];
@@ -157,7 +162,8 @@ export class UnigramEncoder {
       const unknown = piece === this.unkId || this.types[piece] === UNKNOWN;
       if (unknown && this.byteFallback) {
         for (let i = from; i < end; i++) out.push({ id: this.byteIds[text[i]], from: i, end: i + 1 });
-      } else if (unknown && previousUnknown) { // a run of unknowns is one piece
+      } else if (unknown && previousUnknown) {
+        // a run of unknowns is one piece
         out[out.length - 1].end = end;
       } else {
         out.push({ id: piece, from, end });
@@ -181,8 +187,13 @@ export class SentencePiece {
     this.unigram = model && model.modelType === MODEL_TYPES.UNIGRAM ? new UnigramEncoder(model) : null;
     this.pieceBytes = model ? model.pieces.map((p) => utf8Encoder.encode(p)) : null;
     this.byteValue = model
-      ? new Map(model.pieces.flatMap((p, i) => (model.types[i] === PIECE_TYPES.BYTE && /^<0x[0-9A-F]{2}>$/.test(p)
-        ? [[p, parseInt(p.slice(3, 5), 16)]] : [])))
+      ? new Map(
+          model.pieces.flatMap((p, i) =>
+            model.types[i] === PIECE_TYPES.BYTE && /^<0x[0-9A-F]{2}>$/.test(p)
+              ? [[p, parseInt(p.slice(3, 5), 16)]]
+              : [],
+          ),
+        )
       : null;
   }
 
@@ -220,7 +231,8 @@ export class SentencePiece {
   normalized(text) {
     const ids = this.processor.encodeIds(text);
     const pieces = this.processor.encodePieces(text); // the same segmentation, as strings
-    if (pieces.length !== ids.length) throw new Error(`SentencePiece: ${ids.length} ids but ${pieces.length} pieces for one text`);
+    if (pieces.length !== ids.length)
+      throw new Error(`SentencePiece: ${ids.length} ids but ${pieces.length} pieces for one text`);
     const { UNKNOWN, BYTE } = PIECE_TYPES;
     const parts = ids.map((id, i) => {
       const type = this.model.types[id];
@@ -252,8 +264,13 @@ export class SentencePiece {
     if (!this.unigram) return this.processor.encodePieces(clean);
     const normalized = this.normalized(clean);
     const decoder = new TextDecoder("utf-8", { ignoreBOM: true }); // keeps a leading U+FEFF, as Python
-    return this.unigram.segment(normalized).map(({ id, from, end }) => (this.model.types[id] === PIECE_TYPES.BYTE
-      ? this.model.pieces[id] : decoder.decode(normalized.subarray(from, end))));
+    return this.unigram
+      .segment(normalized)
+      .map(({ id, from, end }) =>
+        this.model.types[id] === PIECE_TYPES.BYTE
+          ? this.model.pieces[id]
+          : decoder.decode(normalized.subarray(from, end)),
+      );
   }
 
   /** The text of piece ids. */
@@ -281,12 +298,15 @@ export class SentencePiece {
    */
   decodePieces(pieces) {
     this.pieceIds ??= new Map(this.model.pieces.map((p, i) => [p, i]));
-    this.sentinel ??= this.model.pieces.findIndex((p, i) => this.model.types[i] === PIECE_TYPES.NORMAL && p && !p.includes("\u2581"));
+    this.sentinel ??= this.model.pieces.findIndex(
+      (p, i) => this.model.types[i] === PIECE_TYPES.NORMAL && p && !p.includes("\u2581"),
+    );
     let out = "";
     let run = [];
     const flush = () => {
       if (!run.length) return;
-      if (out && this.sentinel >= 0) out += this.decode([this.sentinel, ...run]).slice(this.model.pieces[this.sentinel].length);
+      if (out && this.sentinel >= 0)
+        out += this.decode([this.sentinel, ...run]).slice(this.model.pieces[this.sentinel].length);
       else out += this.decode(run);
       run = [];
     };
@@ -340,10 +360,12 @@ export class Tokens {
    * @throws {RangeError} for a code the bundle does not have, naming it and the known ones (runtime/vocab.py's words)
    */
   language(code, option) {
-    if (typeof code !== "string") throw new TypeError(`${option}=${short(code)}; give a language code (a string)`);
+    if (typeof code !== "string")
+      throw new TypeError(`${option}=${short(code)}; give a language code (a string)`);
     if (Object.hasOwn(this.languages, code)) return this.languages[code];
     const known = Object.keys(this.languages).sort();
-    const listed = known.slice(0, 10).join(", ") + (known.length > 10 ? ` and ${known.length - 10} more` : "");
+    const listed =
+      known.slice(0, 10).join(", ") + (known.length > 10 ? ` and ${known.length - 10} more` : "");
     const fix = known.length ? `choose one of ${listed}` : "this model has no language tokens: leave it out";
     throw new RangeError(`${option}=${JSON.stringify(code)} is not a language of this model; ${fix}`);
   }
@@ -377,7 +399,10 @@ export class Tokens {
   splitCode(text) {
     const found = this.textLanguageCodes ? LANGUAGE_CODE.exec(text) : null;
     if (!found) return [null, text];
-    return [Object.hasOwn(this.languages, found[1]) ? this.languages[found[1]] : this.unkId, text.slice(found[0].length)];
+    return [
+      Object.hasOwn(this.languages, found[1]) ? this.languages[found[1]] : this.unkId,
+      text.slice(found[0].length),
+    ];
   }
 
   /**
@@ -389,7 +414,8 @@ export class Tokens {
   encodeSource(tokenizer, text) {
     const ids = this._mapped(tokenizer, text);
     // tokens.trailing_space: SentencePiece drops a text's final white space, NLLB's tokenizer keeps a lone ▁
-    if (this.trailingSpace.length && ids.length && TRAILING_SPACE.test(text)) return [...ids, ...this.trailingSpace];
+    if (this.trailingSpace.length && ids.length && TRAILING_SPACE.test(text))
+      return [...ids, ...this.trailingSpace];
     return ids;
   }
 
@@ -401,7 +427,9 @@ export class Tokens {
     const unk = tokenizer.unkId ?? -1;
     if (this.unknownPieces.size && unk >= 0 && ids.includes(unk)) {
       const pieces = tokenizer.pieces(text);
-      ids.forEach((p, i) => { if (p === unk && this.unknownPieces.has(pieces[i])) out[i] = this.unknownPieces.get(pieces[i]); });
+      ids.forEach((p, i) => {
+        if (p === unk && this.unknownPieces.has(pieces[i])) out[i] = this.unknownPieces.get(pieces[i]);
+      });
     }
     return out;
   }
@@ -421,8 +449,15 @@ export class Tokens {
     const map = this.targetMap;
     let text;
     if (map && this.targetTexts.size) {
-      text = tokenizer.decodePieces(ids.flatMap((id) => (map[id] >= 0 ? [tokenizer.idToPiece(map[id])]
-        : map[id] === VOCAB_MAP.text ? [this.targetTexts.get(id) ?? ""] : [])));
+      text = tokenizer.decodePieces(
+        ids.flatMap((id) =>
+          map[id] >= 0
+            ? [tokenizer.idToPiece(map[id])]
+            : map[id] === VOCAB_MAP.text
+              ? [this.targetTexts.get(id) ?? ""]
+              : [],
+        ),
+      );
     } else {
       text = tokenizer.decode(map ? ids.map((id) => map[id]).filter((p) => p >= 0) : ids);
     }

@@ -4,16 +4,27 @@
 // one-line message matching the case's. The cases that need real graphs run in the Python test.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, unlinkSync, writeFileSync } from "node:fs";
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  rmSync,
+  symlinkSync,
+  unlinkSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import zlib from "node:zlib";
 import { after, test } from "node:test";
+import zlib from "node:zlib";
 import { BundleError, readBundle } from "../src/bundle.js";
 import { nodePlatform } from "../src/platform-node.js";
 import { hash, soundFiles, soundMeta } from "./fixtures.mjs";
 
-const CASES = JSON.parse(readFileSync(new URL("../../spec/cases/bad-bundles.json", import.meta.url), "utf8")).cases;
+const CASES = JSON.parse(
+  readFileSync(new URL("../../spec/cases/bad-bundles.json", import.meta.url), "utf8"),
+).cases;
 const root = mkdtempSync(path.join(tmpdir(), "seq2onnx-js-bad-"));
 after(() => rmSync(root, { recursive: true, force: true }));
 
@@ -62,7 +73,8 @@ function damaged(c, i) {
       entry.sha256 = hash(data);
       // the weights file's load-time check (spec's weights.checksum)
       // (a Node without zlib.crc32 checks the sha256 instead: the entry then goes)
-      if ("crc32" in entry && typeof zlib.crc32 === "function") entry.crc32 = zlib.crc32(data).toString(16).padStart(8, "0");
+      if ("crc32" in entry && typeof zlib.crc32 === "function")
+        entry.crc32 = zlib.crc32(data).toString(16).padStart(8, "0");
       else delete entry.crc32;
     }
     writeFileSync(metaPath, JSON.stringify(meta, null, 2));
@@ -70,7 +82,9 @@ function damaged(c, i) {
   return dir;
 }
 
-test("the shared bad bundles that need only files are refused, each with its one-line message", { timeout: 60000 }, async () => {
+test("the shared bad bundles that need only files are refused, each with its one-line message", {
+  timeout: 60000,
+}, async () => {
   const cases = CASES.filter((c) => c.needs === "files");
   assert.ok(cases.length > 0, "no files cases in spec/cases/bad-bundles.json");
   for (const [i, c] of cases.entries()) {

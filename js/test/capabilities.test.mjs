@@ -54,7 +54,10 @@ test("every option has shared cases that exercise it, or a gap naming where each
     for (const ref of o.cases) {
       const [file, field] = ref.split(":");
       const spec = JSON.parse(readFileSync(new URL(`spec/cases/${file}`, REPO), "utf8"));
-      assert.ok(spec.cases.some((c) => field in c), `${name}: no case of ${file} has ${field}`);
+      assert.ok(
+        spec.cases.some((c) => field in c),
+        `${name}: no case of ${file} has ${field}`,
+      );
     }
     if (o.cases.length) continue;
     const files = o.gap?.match(/(tests|js\/test|js\/web)\/[\w.-]+/g) ?? [];

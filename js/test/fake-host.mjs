@@ -37,13 +37,25 @@ export function fakeOrt(log) {
       const lengths = Array.from(feeds.src_lengths.data, Number);
       const mask = new Uint8Array(b * s).map((_, i) => (i % s < lengths[Math.floor(i / s)] ? 1 : 0));
       const cross = new Float32Array(b * s).map((_, i) => ids[Math.floor(i / s) * s]);
-      return { src_mask: new ort.Tensor("bool", mask, [b, s]), key_cross_0: new ort.Tensor("float32", cross, [b, 1, s, 1]),
-        value_cross_0: new ort.Tensor("float32", cross.slice(), [b, 1, s, 1]) };
+      return {
+        src_mask: new ort.Tensor("bool", mask, [b, s]),
+        key_cross_0: new ort.Tensor("float32", cross, [b, 1, s, 1]),
+        value_cross_0: new ort.Tensor("float32", cross.slice(), [b, 1, s, 1]),
+      };
     },
   };
   const decoder = {
-    inputNames: ["tokens", "step", "cache_indices", "past_key_self_0", "past_value_self_0", "key_cross_0", "value_cross_0",
-      "src_mask", "top_k"],
+    inputNames: [
+      "tokens",
+      "step",
+      "cache_indices",
+      "past_key_self_0",
+      "past_value_self_0",
+      "key_cross_0",
+      "value_cross_0",
+      "src_mask",
+      "top_k",
+    ],
     outputNames: ["log_probs", "present_key_self_0", "present_value_self_0", "topk_log_probs", "topk_ids"],
     async run(feeds, fetches) {
       const tokens = Array.from(feeds.tokens.data, Number);
@@ -99,7 +111,11 @@ export function fakeOrt(log) {
 
 // words -> ids: a word's id is 4 + its length (capped); ids -> text: the ids joined by "-"
 export const fakeTokenizer = async () => ({
-  encode: (text) => text.split(/\s+/).filter(Boolean).map((w) => 4 + Math.min(w.length, VOCAB - 5)),
+  encode: (text) =>
+    text
+      .split(/\s+/)
+      .filter(Boolean)
+      .map((w) => 4 + Math.min(w.length, VOCAB - 5)),
   decode: (ids) => ids.join("-"),
 });
 
@@ -107,8 +123,10 @@ export const fakeTokenizer = async () => ({
 export function graphSignature() {
   const io = (names) => names.map((name) => ({ name, dtype: "float32", shape: [] }));
   const { encoder, decoder } = fakeOrt([]).sessions;
-  return { encoder: { inputs: io(encoder.inputNames), outputs: io(encoder.outputNames) },
-    decoder: { inputs: io(decoder.inputNames), outputs: io(decoder.outputNames) } };
+  return {
+    encoder: { inputs: io(encoder.inputNames), outputs: io(encoder.outputNames) },
+    decoder: { inputs: io(decoder.inputNames), outputs: io(decoder.outputNames) },
+  };
 }
 
 /**
@@ -120,15 +138,31 @@ export function graphSignature() {
 export function fakeBundle(root, edit = () => {}, extra = {}) {
   const dir = mkdtempSync(path.join(root, "b"));
   const meta = {
-    format: "seq2onnx-bundle", format_version: 1, dtype: "float32", max_positions: 12,
-    model: { n_decoder_layers: 1, n_heads: 1, d_model: 1, max_positions: 12, src_vocab_size: VOCAB, tgt_vocab_size: VOCAB },
+    format: "seq2onnx-bundle",
+    format_version: 1,
+    dtype: "float32",
+    max_positions: 12,
+    model: {
+      n_decoder_layers: 1,
+      n_heads: 1,
+      d_model: 1,
+      max_positions: 12,
+      src_vocab_size: VOCAB,
+      tgt_vocab_size: VOCAB,
+    },
     special_ids: { pad: 0, unk: 1, bos: START, eos: EOS, decoder_start: START },
     decoding: { beam_size: 4, length_penalty: 1.0, max_length_a: 1.5, max_length_b: 2, min_length: 0 },
-    graphs: graphSignature(), files: {},
+    graphs: graphSignature(),
+    files: {},
   };
   // real protobufs of these sizes (the load-time checks read them); the fake sessions ignore them
   const { bytes: real } = soundFiles({ vocab: VOCAB, dModel: 1, maxPositions: 12 });
-  const names = { encoder: "encoder.onnx", decoder: "decoder.onnx", source_tokenizer: "source.spm.model", target_tokenizer: "target.spm.model" };
+  const names = {
+    encoder: "encoder.onnx",
+    decoder: "decoder.onnx",
+    source_tokenizer: "source.spm.model",
+    target_tokenizer: "target.spm.model",
+  };
   for (const key of ["encoder", "decoder", "source_tokenizer", "target_tokenizer"]) {
     const bytes = real[names[key]];
     writeFileSync(path.join(dir, key), bytes);

@@ -10,7 +10,7 @@ import { test } from "node:test";
 import { main } from "../src/cli.js";
 import { Translator } from "../src/index.js";
 import { pairwiseSum, rowProbabilities, sampleSearch, seedSequenceState, uniform } from "../src/sampling.js";
-import { EOS, VOCAB, fakeBundle, fakePlatform } from "./fake-host.mjs";
+import { EOS, fakeBundle, fakePlatform, VOCAB } from "./fake-host.mjs";
 
 const SPEC = JSON.parse(readFileSync(new URL("../../spec/cases/sampling.json", import.meta.url), "utf8"));
 const TABLE = JSON.parse(readFileSync(new URL("../../spec/capabilities.json", import.meta.url), "utf8"));
@@ -36,15 +36,22 @@ function fake(sentences) {
 }
 
 const optionsOf = (c) => ({
-  startId: SPEC.start_id, eosId: SPEC.end_id, maxLengths: c.max_lengths, minLength: c.min_length ?? 0,
-  temperature: c.temperature, topK: c.top_k ?? 0, topP: c.top_p ?? 1, seed: BigInt(c.seed),
+  startId: SPEC.start_id,
+  eosId: SPEC.end_id,
+  maxLengths: c.max_lengths,
+  minLength: c.min_length ?? 0,
+  temperature: c.temperature,
+  topK: c.top_k ?? 0,
+  topP: c.top_p ?? 1,
+  seed: BigInt(c.seed),
   rowKeys: c.row_keys ?? null,
 });
 
 /** The options a case exercises, by spec/capabilities.json's FILE:FIELD entries. */
-const exercised = (c) => Object.entries(TABLE.options)
-  .filter(([, o]) => o.cases.some((ref) => ref.startsWith("sampling.json:") && ref.split(":")[1] in c))
-  .map(([name]) => name);
+const exercised = (c) =>
+  Object.entries(TABLE.options)
+    .filter(([, o]) => o.cases.some((ref) => ref.startsWith("sampling.json:") && ref.split(":")[1] in c))
+    .map(([name]) => name);
 
 for (const c of SPEC.cases) {
   const lacking = exercised(c).filter((name) => TABLE.options[name].hosts.node !== true);
@@ -53,8 +60,14 @@ for (const c of SPEC.cases) {
   test(`sampling case ${c.name}: the Python host's tokens and scores`, { skip }, async () => {
     const batch = c.max_lengths.length;
     const found = await sampleSearch(fake(range(batch)), batch, optionsOf(c));
-    assert.deepEqual(found.map((r) => r.hypotheses[0]), c.expect.map((e) => e.tokens));
-    assert.deepEqual(found.map((r) => r.scores[0]), c.expect.map((e) => e.score));
+    assert.deepEqual(
+      found.map((r) => r.hypotheses[0]),
+      c.expect.map((e) => e.tokens),
+    );
+    assert.deepEqual(
+      found.map((r) => r.scores[0]),
+      c.expect.map((e) => e.score),
+    );
     // batch invariance: each sentence alone, with its own key, draws the same tokens
     for (let s = 0; s < c.max_lengths.length; s++) {
       const alone = { ...optionsOf(c), maxLengths: [c.max_lengths[s]], rowKeys: [c.row_keys?.[s] ?? [s]] };
@@ -91,7 +104,10 @@ test("the seed reproduces; another seed draws otherwise; no seed draws a fresh o
   assert.deepEqual(await run(42), first); // a Number seed is the same seed
   assert.notDeepEqual(await run(43n), first);
   const fresh = await Promise.all(range(4).map(() => run(null)));
-  assert.ok(fresh.some((f) => JSON.stringify(f) !== JSON.stringify(fresh[0])), "no seed: samples vary");
+  assert.ok(
+    fresh.some((f) => JSON.stringify(f) !== JSON.stringify(fresh[0])),
+    "no seed: samples vary",
+  );
 });
 
 const range = (n) => Array.from({ length: n }, (_, i) => i);
@@ -116,12 +132,16 @@ test("top-k and top-p restrict the support to the likeliest tokens", async () =>
 
 test("sampling refuses settings out of range, naming the value and the fix", async () => {
   const base = optionsOf({ max_lengths: [4], temperature: 1, seed: 1 });
-  const cases = [[{ temperature: 0 }, /samplingTemperature=0: give a number in \[0\.001, 1000\]/], [{ temperature: 5e-324 }, /samplingTemperature=5e-324: give a number in \[0\.001, 1000\]/],
+  const cases = [
+    [{ temperature: 0 }, /samplingTemperature=0: give a number in \[0\.001, 1000\]/],
+    [{ temperature: 5e-324 }, /samplingTemperature=5e-324: give a number in \[0\.001, 1000\]/],
     [{ topK: -1 }, /samplingTopk=-1: give an int >= 0 \(0 keeps every token\)/],
     [{ topP: 1.5 }, /samplingTopp=1.5: give a number in \(0, 1\]/],
-    [{ seed: -3 }, /seed=-3: give an int >= 0/], [{ seed: 2 ** 60 }, /seed=.*a BigInt above 2\^53/],
+    [{ seed: -3 }, /seed=-3: give an int >= 0/],
+    [{ seed: 2 ** 60 }, /seed=.*a BigInt above 2\^53/],
     [{ rowKeys: [[0], [1]] }, /rowKeys has 2 keys for 1 sentences/],
-    [{ minLength: 4 }, /minDecodingLength=4 must lie in \[0, maxDecodingLength=4\)/]];
+    [{ minLength: 4 }, /minDecodingLength=4 must lie in \[0, maxDecodingLength=4\)/],
+  ];
   for (const [bad, message] of cases) {
     await assert.rejects(sampleSearch(fake([0]), 1, { ...base, ...bad }), message);
   }
@@ -131,11 +151,24 @@ test("sampling refuses settings out of range, naming the value and the fix", asy
 
 test("translateBatch samples numHypotheses per source, batch-invariant, the seed reproducing", async () => {
   const t = await Translator.load(fakeBundle(root), { platform: fakePlatform([]) });
-  const sources = [[5, 6, 7, EOS], [8, 9, EOS], [10, EOS]];
-  const options = { samplingTemperature: 1.3, samplingTopk: 6, seed: 2026n, numHypotheses: 5, beamSize: 1,
-    returnScores: true };
+  const sources = [
+    [5, 6, 7, EOS],
+    [8, 9, EOS],
+    [10, EOS],
+  ];
+  const options = {
+    samplingTemperature: 1.3,
+    samplingTopk: 6,
+    seed: 2026n,
+    numHypotheses: 5,
+    beamSize: 1,
+    returnScores: true,
+  };
   const all = await t.translateBatch(sources, options);
-  assert.deepEqual(all.map((r) => r.tokenIds.length), [5, 5, 5]); // more samples than the beam: allowed
+  assert.deepEqual(
+    all.map((r) => r.tokenIds.length),
+    [5, 5, 5],
+  ); // more samples than the beam: allowed
   assert.ok(new Set(all.flatMap((r) => r.tokenIds.map(String))).size > 3, "samples differ");
   for (const [i, s] of sources.entries()) {
     const [alone] = await t.translateBatch([s], { ...options, maxBatchSize: 1 });
@@ -152,24 +185,42 @@ test("the command line samples with --sampling-temperature, and names its flags 
   const run = async (...args) => {
     let out = "";
     let err = "";
-    const io = { stdin: () => Buffer.from("[5, 6, 7]\n[8, 9]\n"),
-      stdout: (x) => { out += x; }, stderr: (x) => { err += x; },
-      load: (dir, options) => Translator.load(dir, { ...options, platform: fakePlatform([]) }), cores: 2 };
+    const io = {
+      stdin: () => Buffer.from("[5, 6, 7]\n[8, 9]\n"),
+      stdout: (x) => {
+        out += x;
+      },
+      stderr: (x) => {
+        err += x;
+      },
+      load: (dir, options) => Translator.load(dir, { ...options, platform: fakePlatform([]) }),
+      cores: 2,
+    };
     const rc = await main(["translate", bundle, "--ids", "--json", ...args], io);
     return { rc, out, err };
   };
   const flags = ["--sampling-temperature", "1.2", "--sampling-topk", "5", "--seed", "7", "--n-best", "3"];
   const sampled = await run(...flags);
   assert.equal(sampled.rc, 0, sampled.err);
-  const lines = sampled.out.trim().split("\n").map((l) => JSON.parse(l));
-  assert.deepEqual(lines.map((l) => l.token_ids.length), [3, 3]);
+  const lines = sampled.out
+    .trim()
+    .split("\n")
+    .map((l) => JSON.parse(l));
+  assert.deepEqual(
+    lines.map((l) => l.token_ids.length),
+    [3, 3],
+  );
   assert.deepEqual((await run(...flags)).out, sampled.out);
   assert.notDeepEqual((await run(...flags.slice(0, -4), "--seed", "8", "--n-best", "3")).out, sampled.out);
-  for (const [args, message] of [[["--seed", "3"], /--seed needs --sampling-temperature/],
-    [["--sampling-temperature", "1", "--sampling-topp", "1.5"],
-      /--sampling-topp 1.5: give a number in \(0, 1\]/],
+  for (const [args, message] of [
+    [["--seed", "3"], /--seed needs --sampling-temperature/],
+    [
+      ["--sampling-temperature", "1", "--sampling-topp", "1.5"],
+      /--sampling-topp 1.5: give a number in \(0, 1\]/,
+    ],
     [["--sampling-temperature", "x"], /--sampling-temperature x: give a number/],
-    [["--sampling-temperature", "1", "--seed", "1.5"], /--seed 1.5: give an integer >= 0/]]) {
+    [["--sampling-temperature", "1", "--seed", "1.5"], /--seed 1.5: give an integer >= 0/],
+  ]) {
     const r = await run(...args);
     assert.equal(r.rc, 2, r.err);
     assert.match(r.err, message);

@@ -43,13 +43,19 @@ class Fake {
       assert.equal(this.calls.length, t + 1, "steps must come in order t = 0, 1, ...");
       if (keep !== null) {
         assert.ok(keep.length < this.alive.length);
-        assert.deepEqual(keep, [...new Set(keep)].sort((a, b) => a - b));
+        assert.deepEqual(
+          keep,
+          [...new Set(keep)].sort((a, b) => a - b),
+        );
         this.alive = keep.map((k) => this.alive[k]);
       }
       rows = [...cacheIndices].map((c, r) => [this.rows[c][0], [...this.rows[c][1], tokens[r]]]);
       const beams = rows.length / this.alive.length;
       assert.ok(Number.isInteger(beams));
-      assert.deepEqual(rows.map(([s]) => s), this.alive.flatMap((s) => Array(beams).fill(s)));
+      assert.deepEqual(
+        rows.map(([s]) => s),
+        this.alive.flatMap((s) => Array(beams).fill(s)),
+      );
     }
     this.rows = rows;
     const tables = rows.map(([s, p]) => this.fn(s, p));
@@ -59,7 +65,9 @@ class Fake {
     const values = [];
     const ids = [];
     for (const row of tables) {
-      const order = [...row.keys()].sort((a, b) => (row[a] > row[b] ? -1 : row[a] < row[b] ? 1 : a - b)).slice(0, k);
+      const order = [...row.keys()]
+        .sort((a, b) => (row[a] > row[b] ? -1 : row[a] < row[b] ? 1 : a - b))
+        .slice(0, k);
       values.push(...order.map((i) => Math.fround(row[i])));
       ids.push(...order);
     }
@@ -97,18 +105,24 @@ function randomFn(seed, vocab, { ties = false, eosDrift = 0.7 } = {}) {
     if (!cache.has(key)) {
       let h = 2166136261 ^ seed;
       for (const c of `${seed}|${key}`) h = Math.imul(h ^ c.charCodeAt(0), 16777619);
-      const rand = () => { // mulberry32
+      const rand = () => {
+        // mulberry32
         h = (h + 0x6d2b79f5) | 0;
         let x = Math.imul(h ^ (h >>> 15), 1 | h);
         x = (x + Math.imul(x ^ (x >>> 7), 61 | x)) ^ x;
         return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
       };
-      const logits = Array.from({ length: vocab }, () => (ties ? Math.floor(rand() * 3) : (rand() + rand() + rand() - 1.5) * 2));
+      const logits = Array.from({ length: vocab }, () =>
+        ties ? Math.floor(rand() * 3) : (rand() + rand() + rand() - 1.5) * 2,
+      );
       logits[EOS] += eosDrift * (prefix.length - 2);
       const max = Math.max(...logits);
       const lse = max + Math.log(logits.reduce((a, x) => a + Math.exp(x - max), 0));
       // float32 values, as the decoder graph gives them: both step outputs then carry the same numbers
-      cache.set(key, logits.map((x) => Math.fround(x - lse)));
+      cache.set(
+        key,
+        logits.map((x) => Math.fround(x - lse)),
+      );
     }
     return cache.get(key);
   };
@@ -116,7 +130,8 @@ function randomFn(seed, vocab, { ties = false, eosDrift = 0.7 } = {}) {
 
 const close = (a, b, tol = 1e-9) => assert.ok(Math.abs(a - b) <= tol, `${a} vs ${b}`);
 
-const beam = (fake, batch, options) => beamSearch(fake.step, batch, { startId: START, eosId: EOS, ...options });
+const beam = (fake, batch, options) =>
+  beamSearch(fake.step, batch, { startId: START, eosId: EOS, ...options });
 
 // -- greedy and beam search: the shared hand-made cases (spec/cases/search.json) ---------------
 
@@ -128,15 +143,24 @@ const beam = (fake, batch, options) => beamSearch(fake.step, batch, { startId: S
 async function runCase(c, fn, maxLengths, stepOutput, prefixes = c.target_prefixes) {
   const minLength = c.min_length ?? 0;
   const beamSize = c.search === "beam" ? c.beam_size : 1;
-  const fake = new Fake(fn, maxLengths.length, stepOutput === "full" ? null : candidatesNeeded(beamSize, minLength, c.search !== "beam"));
+  const fake = new Fake(
+    fn,
+    maxLengths.length,
+    stepOutput === "full" ? null : candidatesNeeded(beamSize, minLength, c.search !== "beam"),
+  );
   const end = c.forced_eos ? { endId: EOS, maxLengths } : null; // forced_eos: the end token at the last step
   const forced = prefixes ?? (end ? maxLengths.map(() => []) : null);
   const step = forced ? forcePrefix(fake.step, forced, end) : fake.step;
   const common = { startId: START, eosId: EOS, maxLengths, minLength };
   if (c.search === "greedy") return [await greedySearch(step, maxLengths.length, common), fake];
   assert.equal(c.search, "beam");
-  const options = { ...common, beamSize, numHypotheses: c.num_hypotheses, lengthPenalty: c.length_penalty,
-    ...RULES[c.convention ?? "fairseq"] };
+  const options = {
+    ...common,
+    beamSize,
+    numHypotheses: c.num_hypotheses,
+    lengthPenalty: c.length_penalty,
+    ...RULES[c.convention ?? "fairseq"],
+  };
   return [await beamSearch(step, maxLengths.length, options), fake];
 }
 
@@ -144,7 +168,8 @@ for (const c of CASES.cases) {
   for (const stepOutput of c.steps) {
     test(`${c.name} [${stepOutput}]`, async () => {
       assert.ok(["full", "top_k"].includes(stepOutput), stepOutput);
-      if (c.target_prefixes) assert.equal(c.target_prefixes.length, c.max_lengths.length, "one prefix per sentence");
+      if (c.target_prefixes)
+        assert.equal(c.target_prefixes.length, c.max_lengths.length, "one prefix per sentence");
       const fn = caseFn(c);
       const [res, fake] = await runCase(c, fn, c.max_lengths, stepOutput);
       assert.equal(res.length, c.max_lengths.length);
@@ -152,13 +177,21 @@ for (const c of CASES.cases) {
       c.expect.forEach((want, s) => {
         assert.deepEqual(res[s].hypotheses, want.hypotheses, `sentence ${s}`);
         assert.equal(res[s].scores.length, want.scores.length, `sentence ${s}`);
-        want.scores.forEach((x, i) => { close(res[s].scores[i], x, c.score_tolerance); });
+        want.scores.forEach((x, i) => {
+          close(res[s].scores[i], x, c.score_tolerance);
+        });
       });
       if (c.calls) assert.deepEqual(fake.calls, c.calls);
-      if (c.max_lengths.length > 1) { // each sentence alone gives what it gets in the batch
+      if (c.max_lengths.length > 1) {
+        // each sentence alone gives what it gets in the batch
         for (let s = 0; s < c.max_lengths.length; s++) {
-          const [[alone]] = await runCase(c, (_, p) => fn(s, p), [c.max_lengths[s]], stepOutput,
-            c.target_prefixes && [c.target_prefixes[s]]);
+          const [[alone]] = await runCase(
+            c,
+            (_, p) => fn(s, p),
+            [c.max_lengths[s]],
+            stepOutput,
+            c.target_prefixes && [c.target_prefixes[s]],
+          );
           assert.deepEqual(alone, res[s], `sentence ${s}`);
         }
       }
@@ -178,15 +211,48 @@ test("beam conventions: every one of the spec's, in its order (src/translator.js
 test("search: argument errors name the value", async () => {
   const fn = randomFn(0, 6);
   const kw = { startId: START, eosId: EOS };
-  await assert.rejects(beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 0, maxLengths: [5] }), /beamSize=0/);
-  await assert.rejects(beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 2, numHypotheses: 3, maxLengths: [5] }), /numHypotheses=3/);
-  await assert.rejects(beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 2, minLength: 5, maxLengths: [5] }), /minDecodingLength=5/);
-  await assert.rejects(beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 2, maxLengths: [5], bestFinished: true, earlyStopping: "no" }), /earlyStopping="no"/);
-  await assert.rejects(beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 2, maxLengths: [5], earlyStopping: false }), /only with bestFinished/);
-  await assert.rejects(greedySearch(new Fake(fn, 1).step, 1, { ...kw, minLength: -1, maxLengths: [5] }), /minDecodingLength/);
-  await assert.rejects(greedySearch(new Fake(fn, 1).step, 1, { ...kw, maxLengths: [0] }), /maxDecodingLength=0/);
-  await assert.rejects(beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 4, maxLengths: [5] }), /vocabulary of at least 8/);
-  await assert.rejects(beamSearch(new Fake(randomFn(0, 12), 1, 3).step, 1, { ...kw, beamSize: 2, maxLengths: [5] }), /returned 3 candidates/);
+  await assert.rejects(
+    beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 0, maxLengths: [5] }),
+    /beamSize=0/,
+  );
+  await assert.rejects(
+    beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 2, numHypotheses: 3, maxLengths: [5] }),
+    /numHypotheses=3/,
+  );
+  await assert.rejects(
+    beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 2, minLength: 5, maxLengths: [5] }),
+    /minDecodingLength=5/,
+  );
+  await assert.rejects(
+    beamSearch(new Fake(fn, 1).step, 1, {
+      ...kw,
+      beamSize: 2,
+      maxLengths: [5],
+      bestFinished: true,
+      earlyStopping: "no",
+    }),
+    /earlyStopping="no"/,
+  );
+  await assert.rejects(
+    beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 2, maxLengths: [5], earlyStopping: false }),
+    /only with bestFinished/,
+  );
+  await assert.rejects(
+    greedySearch(new Fake(fn, 1).step, 1, { ...kw, minLength: -1, maxLengths: [5] }),
+    /minDecodingLength/,
+  );
+  await assert.rejects(
+    greedySearch(new Fake(fn, 1).step, 1, { ...kw, maxLengths: [0] }),
+    /maxDecodingLength=0/,
+  );
+  await assert.rejects(
+    beamSearch(new Fake(fn, 1).step, 1, { ...kw, beamSize: 4, maxLengths: [5] }),
+    /vocabulary of at least 8/,
+  );
+  await assert.rejects(
+    beamSearch(new Fake(randomFn(0, 12), 1, 3).step, 1, { ...kw, beamSize: 2, maxLengths: [5] }),
+    /returned 3 candidates/,
+  );
 });
 
 // -- against a plain reference -----------------------------------------------------------------
@@ -210,11 +276,15 @@ function reference(fn, s, { k, alpha, minLength, maxLength, prefix = [] }) {
     cand.sort((a, b) => (a.total > b.total ? -1 : a.total < b.total ? 1 : a.flat - b.flat));
     const top = cand.slice(0, 2 * k);
     const last = t + 1 === maxLength;
-    for (const c of top.slice(0, k)) { // a candidate at -inf never finishes
+    for (const c of top.slice(0, k)) {
+      // a candidate at -inf never finishes
       const finishes = (c.token === EOS || last) && c.total !== -Infinity;
       if (finishes && fin.length < k) fin.push({ tokens: [...live[c.beam].tokens, c.token], score: c.total });
     }
-    live = top.filter((c) => c.token !== EOS).slice(0, k).map((c) => ({ tokens: [...live[c.beam].tokens, c.token], score: c.total }));
+    live = top
+      .filter((c) => c.token !== EOS)
+      .slice(0, k)
+      .map((c) => ({ tokens: [...live[c.beam].tokens, c.token], score: c.total }));
   }
   const ranked = fin.map((h) => ({ ...h, norm: h.score / h.tokens.length ** alpha }));
   ranked.sort((x, y) => (x.norm > y.norm ? -1 : x.norm < y.norm ? 1 : 0));
@@ -240,10 +310,19 @@ test("beam equals the plain reference, through full log-probs and through top-k 
             assert.deepEqual(viaTopK, got);
             for (let s = 0; s < batch; s++) {
               const want = reference(fn, s, { k, alpha, minLength, maxLength: maxLengths[s] });
-              assert.deepEqual(got[s].hypotheses, want.hypotheses, JSON.stringify({ k, ties, seed, alpha, minLength, s }));
-              got[s].scores.forEach((x, i) => { close(x, want.scores[i]); });
+              assert.deepEqual(
+                got[s].hypotheses,
+                want.hypotheses,
+                JSON.stringify({ k, ties, seed, alpha, minLength, s }),
+              );
+              got[s].scores.forEach((x, i) => {
+                close(x, want.scores[i]);
+              });
               got[s].hypotheses.forEach((h, i) => {
-                close(h.reduce((a, tok, j) => a + fn(s, h.slice(0, j))[tok], 0), got[s].scores[i]);
+                close(
+                  h.reduce((a, tok, j) => a + fn(s, h.slice(0, j))[tok], 0),
+                  got[s].scores[i],
+                );
                 assert.ok(h.length <= maxLengths[s] && !h.slice(0, minLength).includes(EOS));
               });
               checked++;
@@ -270,13 +349,25 @@ test("beam with K = 1 equals greedy, through both step outputs", async () => {
     for (const minLength of [0, 2]) {
       const common = { startId: START, eosId: EOS, maxLengths, minLength };
       const greedy = await greedySearch(new Fake(fn, 4).step, 4, common);
-      const greedyTopK = await greedySearch(new Fake(fn, 4, candidatesNeeded(1, minLength, true)).step, 4, common);
+      const greedyTopK = await greedySearch(
+        new Fake(fn, 4, candidatesNeeded(1, minLength, true)).step,
+        4,
+        common,
+      );
       const one = await beamSearch(new Fake(fn, 4).step, 4, { ...common, beamSize: 1, lengthPenalty: 1 });
       assert.deepEqual(greedyTopK, greedy);
-      assert.deepEqual(one.map((r) => r.hypotheses), greedy.map((r) => r.hypotheses));
-      one.forEach((r, s) => { close(r.scores[0], greedy[s].scores[0]); });
+      assert.deepEqual(
+        one.map((r) => r.hypotheses),
+        greedy.map((r) => r.hypotheses),
+      );
+      one.forEach((r, s) => {
+        close(r.scores[0], greedy[s].scores[0]);
+      });
       greedy.forEach((r, s) => {
-        assert.deepEqual(r.hypotheses[0], reference(fn, s, { k: 1, alpha: 1, minLength, maxLength: maxLengths[s] }).hypotheses[0]);
+        assert.deepEqual(
+          r.hypotheses[0],
+          reference(fn, s, { k: 1, alpha: 1, minLength, maxLength: maxLengths[s] }).hypotheses[0],
+        );
       });
     }
   }
@@ -291,23 +382,44 @@ test("forced prefixes: beam and greedy equal the plain reference, through both s
       const fn = randomFn(500 + seed * 10 + k, vocab, { ties: seed % 3 === 2 });
       const maxLengths = seed % 2 ? [7, 3, 9, 5] : [6, 6, 6, 6];
       const prefixes = maxLengths.map((_, s) => pick(seed, s));
-      for (const [alpha, minLength] of [[1.0, 0], [0.0, 2], [0.6, 0]]) {
+      for (const [alpha, minLength] of [
+        [1.0, 0],
+        [0.0, 2],
+        [0.6, 0],
+      ]) {
         const options = { beamSize: k, maxLengths, minLength, lengthPenalty: alpha, numHypotheses: k };
         const full = await beam({ step: forcePrefix(new Fake(fn, 4).step, prefixes) }, 4, options);
-        const topK = await beam({ step: forcePrefix(new Fake(fn, 4, candidatesNeeded(k, minLength)).step, prefixes) }, 4, options);
+        const topK = await beam(
+          { step: forcePrefix(new Fake(fn, 4, candidatesNeeded(k, minLength)).step, prefixes) },
+          4,
+          options,
+        );
         assert.deepEqual(topK, full);
         for (let s = 0; s < 4; s++) {
-          const want = reference(fn, s, { k, alpha, minLength, maxLength: maxLengths[s], prefix: prefixes[s] });
+          const want = reference(fn, s, {
+            k,
+            alpha,
+            minLength,
+            maxLength: maxLengths[s],
+            prefix: prefixes[s],
+          });
           const where = JSON.stringify({ k, seed, alpha, minLength, s, prefix: prefixes[s] });
           assert.deepEqual(full[s].hypotheses, want.hypotheses, where);
-          full[s].scores.forEach((x, i) => { close(x, want.scores[i]); });
-          for (const h of full[s].hypotheses) assert.deepEqual(h.slice(0, prefixes[s].length), prefixes[s].slice(0, h.length), where);
+          full[s].scores.forEach((x, i) => {
+            close(x, want.scores[i]);
+          });
+          for (const h of full[s].hypotheses)
+            assert.deepEqual(h.slice(0, prefixes[s].length), prefixes[s].slice(0, h.length), where);
           checked++;
         }
         if (k === 1) {
           const common = { startId: START, eosId: EOS, maxLengths, minLength };
           const greedy = await greedySearch(forcePrefix(new Fake(fn, 4).step, prefixes), 4, common);
-          const greedyTopK = await greedySearch(forcePrefix(new Fake(fn, 4, candidatesNeeded(1, minLength, true)).step, prefixes), 4, common);
+          const greedyTopK = await greedySearch(
+            forcePrefix(new Fake(fn, 4, candidatesNeeded(1, minLength, true)).step, prefixes),
+            4,
+            common,
+          );
           // An end token forced where the minimum length forbids it leaves no finite candidate: the
           // argmax of a row of -inf is then the step output's first entry, unspecified. Elsewhere
           // greedy is beam K = 1, through both step outputs.
@@ -327,11 +439,21 @@ test("forcePrefix: the step itself without prefixes; one prefix per sentence; id
   const fake = new Fake(randomFn(1, 6), 2);
   assert.equal(forcePrefix(fake.step, [[], null]), fake.step);
   const kw = { startId: START, eosId: EOS, maxLengths: [4, 4] };
-  await assert.rejects(greedySearch(forcePrefix(new Fake(randomFn(1, 6), 2).step, [[4]]), 2, kw), /1 target prefixes for a batch of 2 sentences/);
-  await assert.rejects(greedySearch(forcePrefix(new Fake(randomFn(1, 6), 2).step, [[4], [6]]), 2, kw),
-    /target prefix token 6 is outside the target vocabulary \[0, 6\)/);
+  await assert.rejects(
+    greedySearch(forcePrefix(new Fake(randomFn(1, 6), 2).step, [[4]]), 2, kw),
+    /1 target prefixes for a batch of 2 sentences/,
+  );
+  await assert.rejects(
+    greedySearch(forcePrefix(new Fake(randomFn(1, 6), 2).step, [[4], [6]]), 2, kw),
+    /target prefix token 6 is outside the target vocabulary \[0, 6\)/,
+  );
   // the rows forced, the step's own arrays untouched
-  const out = { values: Float32Array.of(-0.5, -1, -2, -0.1, -0.2, -0.3), ids: Int32Array.of(4, 0, 1, 2, 5, 3), k: 3, vocab: 6 };
+  const out = {
+    values: Float32Array.of(-0.5, -1, -2, -0.1, -0.2, -0.3),
+    ids: Int32Array.of(4, 0, 1, 2, 5, 3),
+    k: 3,
+    vocab: 6,
+  };
   const forced = await forcePrefix(() => out, [[0], [5]])([START, START], [0, 1], 0, null);
   assert.deepEqual([...forced.ids], [0, 4, 1, 5, 2, 3]); // the forced id, then the row's others in order
   assert.deepEqual([...forced.values], [0, -Infinity, -Infinity, 0, -Infinity, -Infinity]);

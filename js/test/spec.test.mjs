@@ -3,14 +3,16 @@
 // `fields` table (row by row, in order), and no module of src/ spells a name of the spec in a
 // string (the Python runtime reads the same file, so a name changed there changes both hosts).
 import assert from "node:assert/strict";
-import { readFileSync, readdirSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { test } from "node:test";
 import * as B from "../src/bundle.js";
 import { SPEC, SPEC_URL } from "../src/spec.js";
 
 const SPEC_FILE = new URL("../../spec/bundle.json", import.meta.url);
 const SRC = new URL("../src/", import.meta.url);
-const BASE = JSON.parse(readFileSync(new URL("../../spec/cases/bundle-json.json", import.meta.url), "utf8")).base;
+const BASE = JSON.parse(
+  readFileSync(new URL("../../spec/cases/bundle-json.json", import.meta.url), "utf8"),
+).base;
 
 test("src/spec.js reads the repository's spec/bundle.json, once, frozen", () => {
   assert.equal(SPEC_URL.href, SPEC_FILE.href);
@@ -42,9 +44,21 @@ test("bundle.js's names and limits are the spec's", () => {
       assert.ok(B.isLayerName(kind, layer(kind, i)), `${kind} ${i}`);
     }
   }
-  assert.ok(!B.isLayerName("past_key", layer("past_key", "x")) && !B.isLayerName("past_key", layer("present_key", 0)));
-  assert.deepEqual(B.crossNames(2), [layer("key_cross", 0), layer("value_cross", 0), layer("key_cross", 1), layer("value_cross", 1)]);
-  assert.deepEqual(B.pastNames(2), [layer("past_key", 0), layer("past_value", 0), layer("past_key", 1), layer("past_value", 1)]);
+  assert.ok(
+    !B.isLayerName("past_key", layer("past_key", "x")) && !B.isLayerName("past_key", layer("present_key", 0)),
+  );
+  assert.deepEqual(B.crossNames(2), [
+    layer("key_cross", 0),
+    layer("value_cross", 0),
+    layer("key_cross", 1),
+    layer("value_cross", 1),
+  ]);
+  assert.deepEqual(B.pastNames(2), [
+    layer("past_key", 0),
+    layer("past_value", 0),
+    layer("past_key", 1),
+    layer("past_value", 1),
+  ]);
   assert.deepEqual(B.presentNames(1), [layer("present_key", 0), layer("present_value", 0)]);
 });
 
@@ -56,21 +70,33 @@ function locate(meta, field) {
 }
 const WRONG = { integer: "x", number: "x", string: 7, ids: "x", id_map: [5], boolean: 1 }; // a value of another type, for each type
 // Further wrong values of the types made of parts: each must be refused as the whole value is.
-const WRONG_PARTS = { ids: [[1, -1], [true], [1.5], [[2]], {}], id_map: [{ de: -1 }, { de: "6" }, { de: true }, null], boolean: ["true", 0, []] };
+const WRONG_PARTS = {
+  ids: [[1, -1], [true], [1.5], [[2]], {}],
+  id_map: [{ de: -1 }, { de: "6" }, { de: true }, null],
+  boolean: ["true", 0, []],
+};
 const WANT = {
   ids: "expected a list of token ids (integers >= 0)",
   id_map: "expected an object of language codes to token ids (integers >= 0)",
   boolean: "expected true or false",
 };
 // A sound tokens section (bundles imported from Hugging Face), added to BASE where a row needs it.
-const TOKENS = { source_prefix: [4], source_suffix: [3], target_prefix: [5], languages: { de: 6, en: 7 },
-  target_lang_in: "target_prefix", text_language_codes: true, strip_text: false };
+const TOKENS = {
+  source_prefix: [4],
+  source_suffix: [3],
+  target_prefix: [5],
+  languages: { de: 6, en: 7 },
+  target_lang_in: "target_prefix",
+  text_language_codes: true,
+  strip_text: false,
+};
 const withTokens = () => ({ ...structuredClone(BASE), tokens: structuredClone(TOKENS) });
 
 const refusal = (field, want) => (e) => {
   assert.ok(e instanceof B.BundleError, `${field}: ${e}`);
   assert.ok(e.message.startsWith(`B/bundle.json: ${field} is `), `${field}: ${e.message}`);
-  if (want) assert.ok(e.message.includes(want), `${field}: ${e.message} does not say ${JSON.stringify(want)}`);
+  if (want)
+    assert.ok(e.message.includes(want), `${field}: ${e.message} does not say ${JSON.stringify(want)}`);
   return true;
 };
 
@@ -87,18 +113,50 @@ test("validateMeta checks each row of the spec's fields table: type, min, choice
       else assert.throws(() => B.validateMeta(meta, "B/bundle.json"), refusal(row.field, want), row.field);
     };
     const choices = typeof row.choices === "string" ? SPEC[row.choices] : row.choices;
-    const expected = row.type === "integer" ? `expected an integer >= ${row.min ?? 0}`
-      : row.type === "number" ? `expected a finite number${row.min !== undefined ? ` >= ${row.min}` : ""}`
-        : WANT[row.type] ?? (choices ? `expected one of ${choices.join(", ")}` : "expected a string");
+    const expected =
+      row.type === "integer"
+        ? `expected an integer >= ${row.min ?? 0}`
+        : row.type === "number"
+          ? `expected a finite number${row.min !== undefined ? ` >= ${row.min}` : ""}`
+          : (WANT[row.type] ?? (choices ? `expected one of ${choices.join(", ")}` : "expected a string"));
     assert.ok(row.type in WRONG, `a test value for the type ${row.type}`);
-    check((p, k) => { p[k] = WRONG[row.type]; }, expected);
-    for (const value of WRONG_PARTS[row.type] ?? []) check((p, k) => { p[k] = value; }, `is ${JSON.stringify(value)}, ${expected}`);
-    check((p, k) => { delete p[k]; }, row.required === false ? null : `${row.field} is missing, ${expected}`);
-    check((p, k) => { p[k] = null; }, row.nullable ? null : `is null, ${expected}`);
-    if (row.min !== undefined) check((p, k) => { p[k] = row.min - 1; }, `is ${row.min - 1}, ${expected}`);
+    check((p, k) => {
+      p[k] = WRONG[row.type];
+    }, expected);
+    for (const value of WRONG_PARTS[row.type] ?? [])
+      check(
+        (p, k) => {
+          p[k] = value;
+        },
+        `is ${JSON.stringify(value)}, ${expected}`,
+      );
+    check(
+      (p, k) => {
+        delete p[k];
+      },
+      row.required === false ? null : `${row.field} is missing, ${expected}`,
+    );
+    check(
+      (p, k) => {
+        p[k] = null;
+      },
+      row.nullable ? null : `is null, ${expected}`,
+    );
+    if (row.min !== undefined)
+      check(
+        (p, k) => {
+          p[k] = row.min - 1;
+        },
+        `is ${row.min - 1}, ${expected}`,
+      );
     if (choices) {
-      check((p, k) => { p[k] = `${choices[0]}-not-a-choice`; }, expected);
-      for (const choice of choices) check((p, k) => { p[k] = choice; }, null);
+      check((p, k) => {
+        p[k] = `${choices[0]}-not-a-choice`;
+      }, expected);
+      for (const choice of choices)
+        check((p, k) => {
+          p[k] = choice;
+        }, null);
     }
   }
 });
@@ -121,8 +179,10 @@ test("optional rows under an absent object are skipped; an object on the way mus
   for (const parent of parents) {
     B.validateMeta(structuredClone(BASE), "B/bundle.json"); // BASE lacks it: nothing to check
     for (const value of [[], 5, null, "x"]) {
-      assert.throws(() => B.validateMeta({ ...structuredClone(BASE), [parent]: value }, "B/bundle.json"),
-        refusal(parent, `is ${JSON.stringify(value)}, expected an object`));
+      assert.throws(
+        () => B.validateMeta({ ...structuredClone(BASE), [parent]: value }, "B/bundle.json"),
+        refusal(parent, `is ${JSON.stringify(value)}, expected an object`),
+      );
     }
     B.validateMeta({ ...structuredClone(BASE), [parent]: {} }, "B/bundle.json"); // every field of it optional
   }
@@ -143,7 +203,8 @@ function stringLiterals(src) {
   const advance = (n = 1) => {
     for (let k = 0; k < n; k++) if (src[i++] === "\n") line++;
   };
-  const template = () => { // from the character after ` (or after the } that closes a substitution)
+  const template = () => {
+    // from the character after ` (or after the } that closes a substitution)
     let text = "";
     const start = line;
     while (i < src.length) {
@@ -168,7 +229,21 @@ function stringLiterals(src) {
     }
     throw new Error(`the source ends inside a template literal (line ${start})`);
   };
-  const beforeRegex = ["return", "typeof", "case", "of", "in", "void", "delete", "throw", "new", "else", "do", "yield", "await"];
+  const beforeRegex = [
+    "return",
+    "typeof",
+    "case",
+    "of",
+    "in",
+    "void",
+    "delete",
+    "throw",
+    "new",
+    "else",
+    "do",
+    "yield",
+    "await",
+  ];
   while (i < src.length) {
     const c = src[i];
     const next = src[i + 1];
@@ -195,12 +270,16 @@ function stringLiterals(src) {
       advance();
       template();
       [last, word] = ["`", ""];
-    } else if (c === "/" && (last === "" || "(,=:[!&|?{};+-*%<>~^".includes(last) || beforeRegex.includes(word))) {
+    } else if (
+      c === "/" &&
+      (last === "" || "(,=:[!&|?{};+-*%<>~^".includes(last) || beforeRegex.includes(word))
+    ) {
       const start = line;
       let inClass = false;
       advance();
       while (inClass || src[i] !== "/") {
-        if (i >= src.length || src[i] === "\n") throw new Error(`an unterminated regular expression (line ${start})`);
+        if (i >= src.length || src[i] === "\n")
+          throw new Error(`an unterminated regular expression (line ${start})`);
         if (src[i] === "\\") advance();
         else if (src[i] === "[") inClass = true;
         else if (src[i] === "]") inClass = false;
@@ -241,10 +320,12 @@ function forbidden() {
   const walk = (value, key) => {
     if (key === "$comment" || key === "fields") return;
     if (typeof value === "string") names.add(value);
-    else if (value !== null && typeof value === "object") for (const [k, v] of Object.entries(value)) walk(v, k);
+    else if (value !== null && typeof value === "object")
+      for (const [k, v] of Object.entries(value)) walk(v, k);
   };
   walk(SPEC);
-  for (const template of Object.values(SPEC.layer_names)) for (const part of template.split("{i}")) if (part) names.add(part);
+  for (const template of Object.values(SPEC.layer_names))
+    for (const part of template.split("{i}")) if (part) names.add(part);
   return [...names];
 }
 
@@ -252,7 +333,8 @@ function offences(source, names) {
   const found = [];
   for (const { text, line } of stringLiterals(source)) {
     for (const name of names) {
-      if (text === name || (/[_.-]/.test(name) && text.includes(name))) found.push(`line ${line}: ${JSON.stringify(name)} in ${JSON.stringify(text)}`);
+      if (text === name || (/[_.-]/.test(name) && text.includes(name)))
+        found.push(`line ${line}: ${JSON.stringify(name)} in ${JSON.stringify(text)}`);
     }
   }
   for (const limit of [String(SPEC.max_json_bytes), `1 << ${Math.log2(SPEC.max_json_bytes)}`]) {
@@ -273,20 +355,41 @@ test("the check below finds a hand copy in a string, a template and a limit, nev
   ].join("\n");
   const found = offences(sample, names);
   for (const what of [layer, SPEC.names.topk_log_probs, SPEC.files.required.encoder]) {
-    assert.ok(found.some((o) => o.startsWith(`line 3: ${JSON.stringify(what)} in`)), `${what}: ${found.join("; ")}`);
+    assert.ok(
+      found.some((o) => o.startsWith(`line 3: ${JSON.stringify(what)} in`)),
+      `${what}: ${found.join("; ")}`,
+    );
   }
-  assert.ok(found.includes(`line 4: ${JSON.stringify(SPEC.format)} in ${JSON.stringify(SPEC.format)}`), found.join("; "));
+  assert.ok(
+    found.includes(`line 4: ${JSON.stringify(SPEC.format)} in ${JSON.stringify(SPEC.format)}`),
+    found.join("; "),
+  );
   assert.ok(found.includes(`the limit ${SPEC.max_json_bytes}`), found.join("; "));
-  assert.deepEqual(found.filter((o) => /^line [12]:/.test(o)), []);
-  // biome-ignore lint/suspicious/noTemplateCurlyInString: the input is JavaScript source with a template in it
-  assert.deepEqual(stringLiterals("const x = `a${`b${'c'}d`}e`; // `f`").map((l) => l.text), ["a", "b", "c", "d", "e"]);
+  assert.deepEqual(
+    found.filter((o) => /^line [12]:/.test(o)),
+    [],
+  );
+  assert.deepEqual(
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: the input is JavaScript source with a template in it
+    stringLiterals("const x = `a${`b${'c'}d`}e`; // `f`").map((l) => l.text),
+    ["a", "b", "c", "d", "e"],
+  );
 });
 
 test("no module of src/ but spec.js spells a name or a limit of the spec", () => {
   const names = forbidden();
   for (const required of ["past_key", "key_cross"]) assert.ok(SPEC.layer_names[required], required);
   const files = readdirSync(SRC).filter((f) => f.endsWith(".js") && f !== "spec.js");
-  assert.ok(files.includes("bundle.js") && files.includes("translator.js") && files.includes("checks.js"), files.join(", "));
-  const found = files.flatMap((f) => offences(readFileSync(new URL(f, SRC), "utf8"), names).map((o) => `src/${f} ${o}`));
-  assert.deepEqual(found, [], `hand copies of spec/bundle.json's names (take them from src/bundle.js):\n${found.join("\n")}`);
+  assert.ok(
+    files.includes("bundle.js") && files.includes("translator.js") && files.includes("checks.js"),
+    files.join(", "),
+  );
+  const found = files.flatMap((f) =>
+    offences(readFileSync(new URL(f, SRC), "utf8"), names).map((o) => `src/${f} ${o}`),
+  );
+  assert.deepEqual(
+    found,
+    [],
+    `hand copies of spec/bundle.json's names (take them from src/bundle.js):\n${found.join("\n")}`,
+  );
 });

@@ -32,43 +32,81 @@ try {
   const page = await browser.newPage();
   await page.setViewport({ width: 1000, height: 900 });
   page.on("request", (request) => report.requests.push(request.url()));
-  page.on("console", (message) => { if (message.type() === "error") report.errors.push(message.text()); });
+  page.on("console", (message) => {
+    if (message.type() === "error") report.errors.push(message.text());
+  });
   page.on("pageerror", (error) => report.errors.push(String(error)));
   const started = performance.now();
   await page.goto(job.url, { waitUntil: "load", timeout });
-  const settled = (states) => `["${states.join('","')}"].includes(document.getElementById("status").dataset.state)`;
+  const settled = (states) =>
+    `["${states.join('","')}"].includes(document.getElementById("status").dataset.state)`;
   await page.waitForFunction(settled(["ready", "error"]), { timeout, polling: 50 });
   report.loadMs = Math.round(performance.now() - started);
-  report.loadStatus = await page.$eval("#status", (el) => ({ state: el.dataset.state, text: el.textContent }));
+  report.loadStatus = await page.$eval("#status", (el) => ({
+    state: el.dataset.state,
+    text: el.textContent,
+  }));
   if (report.loadStatus.state === "ready") {
     await page.click("#source");
     await page.keyboard.type(job.sentences.join("\n"));
     for (const run of job.runs) {
-      await page.$eval("#beam", (el, v) => { el.value = String(v); }, run.beamSize);
-      await page.$eval("#nbest", (el, v) => { el.value = String(v); }, run.numHypotheses);
+      await page.$eval(
+        "#beam",
+        (el, v) => {
+          el.value = String(v);
+        },
+        run.beamSize,
+      );
+      await page.$eval(
+        "#nbest",
+        (el, v) => {
+          el.value = String(v);
+        },
+        run.numHypotheses,
+      );
       // a multilingual model's language fields (shown only for one): "" keeps the bundle's default
       report.languageFields = await page.$$eval(".langs", (labels) => labels.filter((l) => !l.hidden).length);
-      await page.$eval("#srclang", (el, v) => { el.value = v; }, run.sourceLang ?? "");
-      await page.$eval("#tgtlang", (el, v) => { el.value = v; }, run.targetLang ?? "");
-      await page.$eval("#status", (el) => { el.dataset.state = "waiting"; });
+      await page.$eval(
+        "#srclang",
+        (el, v) => {
+          el.value = v;
+        },
+        run.sourceLang ?? "",
+      );
+      await page.$eval(
+        "#tgtlang",
+        (el, v) => {
+          el.value = v;
+        },
+        run.targetLang ?? "",
+      );
+      await page.$eval("#status", (el) => {
+        el.dataset.state = "waiting";
+      });
       const clicked = performance.now();
       await page.click("#translate");
       await page.waitForFunction(settled(["done", "error"]), { timeout, polling: 50 });
       const ms = Math.round(performance.now() - clicked);
       const status = await page.$eval("#status", (el) => ({ state: el.dataset.state, text: el.textContent }));
-      const results = await page.$$eval("#results .result", (articles) => articles.map((a) => ({
-        source: a.querySelector(".source").textContent,
-        hypotheses: [...a.querySelectorAll(".hyp")].map((li) => ({
-          text: li.querySelector(".text").textContent,
-          score: Number(li.dataset.score),
-          shown: li.querySelector(".score").textContent,
-          tokens: JSON.parse(li.dataset.tokens),
+      const results = await page.$$eval("#results .result", (articles) =>
+        articles.map((a) => ({
+          source: a.querySelector(".source").textContent,
+          hypotheses: [...a.querySelectorAll(".hyp")].map((li) => ({
+            text: li.querySelector(".text").textContent,
+            score: Number(li.dataset.score),
+            shown: li.querySelector(".score").textContent,
+            tokens: JSON.parse(li.dataset.tokens),
+          })),
         })),
-      })));
-      const attention = await page.$$eval("#heatmaps table.heatmap", (tables) => tables.map((t) => ({
-        index: Number(t.dataset.index), weights: JSON.parse(t.dataset.weights),
-        rows: t.querySelectorAll("tr").length - 1, sourcePieces: [...t.querySelectorAll("th.src")].map((th) => th.textContent),
-      })));
+      );
+      const attention = await page.$$eval("#heatmaps table.heatmap", (tables) =>
+        tables.map((t) => ({
+          index: Number(t.dataset.index),
+          weights: JSON.parse(t.dataset.weights),
+          rows: t.querySelectorAll("tr").length - 1,
+          sourcePieces: [...t.querySelectorAll("th.src")].map((th) => th.textContent),
+        })),
+      );
       report.runs.push({ ...run, status, results, attention, ms });
     }
   }

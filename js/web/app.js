@@ -1,7 +1,7 @@
 // The page's logic: loads the bundle served beside it (./bundle/) into the browser host and shows
 // each source line's n-best with scores. The DOM keeps each score at full precision in
 // data-score (tests/test_web.py compares it with the Python runtime's); the page shows 4 decimals.
-import { Translator, ort } from "./host/index-web.js";
+import { ort, Translator } from "./host/index-web.js";
 
 const $ = (id) => document.getElementById(id);
 let translator = null;
@@ -15,15 +15,19 @@ function setStatus(state, text) {
 function readInteger(id, label, low, high) {
   const value = Number($(id).value);
   if (!(Number.isInteger(value) && value >= low && value <= high)) {
-    throw new RangeError(`${label} is ${JSON.stringify($(id).value)}; give a whole number from ${low} to ${high}`);
+    throw new RangeError(
+      `${label} is ${JSON.stringify($(id).value)}; give a whole number from ${low} to ${high}`,
+    );
   }
   return value;
 }
 
 function describe(meta) {
   const m = meta.model;
-  return `Model: ${m.n_encoder_layers} encoder + ${m.n_decoder_layers} decoder layers, d_model ${m.d_model}, ` +
-    `${m.n_heads} heads, vocabularies ${m.src_vocab_size} / ${m.tgt_vocab_size}, ${meta.dtype}`;
+  return (
+    `Model: ${m.n_encoder_layers} encoder + ${m.n_decoder_layers} decoder layers, d_model ${m.d_model}, ` +
+    `${m.n_heads} heads, vocabularies ${m.src_vocab_size} / ${m.tgt_vocab_size}, ${meta.dtype}`
+  );
 }
 
 async function load() {
@@ -41,21 +45,29 @@ async function load() {
   showLanguages(translator.tokens.languages);
   $("translate").disabled = false;
   const seconds = ((performance.now() - start) / 1000).toFixed(1);
-  setStatus("ready", `Ready: loaded and checked in ${seconds} s (onnxruntime-web ${ort.env.versions?.web ?? ""}, WebAssembly).`);
+  setStatus(
+    "ready",
+    `Ready: loaded and checked in ${seconds} s (onnxruntime-web ${ort.env.versions?.web ?? ""}, WebAssembly).`,
+  );
 }
 
 /** A multilingual model (NLLB, M2M100, mBART-50) gets source and target language fields, its codes listed. */
 function showLanguages(languages) {
   const codes = Object.keys(languages ?? {}).sort();
   if (!codes.length) return;
-  $("languages").replaceChildren(...codes.map((code) => Object.assign(document.createElement("option"), { value: code })));
+  $("languages").replaceChildren(
+    ...codes.map((code) => Object.assign(document.createElement("option"), { value: code })),
+  );
   for (const label of document.querySelectorAll(".langs")) label.hidden = false;
 }
 
 /** The language fields' codes as translateBatch options; an empty field keeps the bundle's default. */
 function languageOptions() {
   const options = {};
-  for (const [id, key] of [["srclang", "sourceLang"], ["tgtlang", "targetLang"]]) {
+  for (const [id, key] of [
+    ["srclang", "sourceLang"],
+    ["tgtlang", "targetLang"],
+  ]) {
     const code = $(id).value.trim();
     if (code) options[key] = code;
   }
@@ -145,7 +157,9 @@ function renderAttention(sources, results) {
 async function onTranslate(event) {
   event.preventDefault();
   if (!translator) return;
-  const sources = $("source").value.split(/\r?\n/).filter((line) => line.trim() !== "");
+  const sources = $("source")
+    .value.split(/\r?\n/)
+    .filter((line) => line.trim() !== "");
   let options;
   try {
     const beamSize = readInteger("beam", "Beam size", 1, 32);
@@ -154,7 +168,14 @@ async function onTranslate(event) {
     if (!(Number.isFinite(lengthPenalty) && lengthPenalty >= 0)) {
       throw new RangeError(`Length penalty is ${JSON.stringify($("lp").value)}; give a number of at least 0`);
     }
-    options = { beamSize, numHypotheses, lengthPenalty, returnScores: true, returnAttention: true, ...languageOptions() };
+    options = {
+      beamSize,
+      numHypotheses,
+      lengthPenalty,
+      returnScores: true,
+      returnAttention: true,
+      ...languageOptions(),
+    };
   } catch (e) {
     setStatus("error", e.message);
     return;
@@ -171,8 +192,11 @@ async function onTranslate(event) {
     render(sources, results);
     renderAttention(sources, results);
     const ms = Math.round(performance.now() - start);
-    setStatus("done", `Translated ${sources.length} line(s) in ${ms} ms (beam ${options.beamSize}, ` +
-      `${options.numHypotheses} hypothes${options.numHypotheses === 1 ? "is" : "es"} each).`);
+    setStatus(
+      "done",
+      `Translated ${sources.length} line(s) in ${ms} ms (beam ${options.beamSize}, ` +
+        `${options.numHypotheses} hypothes${options.numHypotheses === 1 ? "is" : "es"} each).`,
+    );
   } catch (e) {
     setStatus("error", `Cannot translate: ${e.message}`);
   } finally {

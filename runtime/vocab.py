@@ -72,6 +72,13 @@ def read_map(data: bytes, where: str, length: int, low: int, high: int) -> np.nd
     return array
 
 
+def metaspace_text(pieces: Sequence[str]) -> str:
+    """The tokenizers library's Metaspace decoding of piece texts: joined, each ▁ a space, one leading space
+    dropped (tokens.metaspace)."""
+    text = "".join(pieces).replace("\u2581", " ")
+    return text[1:] if text.startswith(" ") else text
+
+
 @dataclass
 class Vocabulary:
     """What turns text into a model's source ids and its target ids back into text.
@@ -85,6 +92,9 @@ class Vocabulary:
         text_language_codes: a source text's leading >>code<< is a language token (Marian).
         strip_text: strip the decoded text.
         restore_spaces: ▁ left in the decoded text become spaces (before stripping).
+        metaspace: the text is the pieces' texts joined, each ▁ a space, one leading space dropped, nothing
+            stripped: the tokenizers library's Metaspace decoder, which transformers 5 decodes T5, NLLB and
+            mBART with (SentencePiece drops every leading space; a lone ▁ first or last shows the difference).
         unk_id: the model's unknown id (for a >>code<< that is no language).
         unknown_pieces: the text of a piece SentencePiece marks unknown -> its model id (vocab_texts' source).
         target_texts: model target id -> its piece text, for ids the target map marks -2 (vocab_texts'
@@ -103,6 +113,7 @@ class Vocabulary:
     text_language_codes: bool = False
     strip_text: bool = False
     restore_spaces: bool = False
+    metaspace: bool = False
     unk_id: int = 1
     unknown_pieces: dict[str, int] = field(default_factory=dict)
     target_texts: dict[int, str] = field(default_factory=dict)
@@ -152,6 +163,7 @@ class Vocabulary:
             text_language_codes=bool(tokens.get("text_language_codes", False)),
             strip_text=bool(tokens.get("strip_text", False)),
             restore_spaces=bool(tokens.get("restore_spaces", False)),
+            metaspace=bool(tokens.get("metaspace", False)),
             unk_id=ids["unk"],
             unknown_pieces=unknown,
             target_texts=texts,
@@ -189,6 +201,8 @@ class Vocabulary:
 
     def decoder(self, processor):
         """Returns decode(ids) -> text for the target SentencePiece model `processor`."""
+        if self.metaspace:
+            return lambda ids: metaspace_text(self.to_texts(processor, ids))
         if not self.mapped and not self.strip_text and not self.restore_spaces:
             return processor.decode
         if not self.target_texts:
@@ -201,6 +215,8 @@ class Vocabulary:
 
     def to_texts(self, processor, ids: Sequence[int]) -> list[str]:
         """Model target ids -> piece texts, leaving out those that are never text."""
+        if self.target_map is None:
+            return [processor.id_to_piece(int(i)) for i in ids]
         out = []
         for i in ids:
             m = int(self.target_map[i])

@@ -106,6 +106,27 @@ def _trailing_space(tokenizer, suffix: list[int]) -> list[int]:
     return tails[0] if all(t == tails[0] for t in tails) else []
 
 
+def _decodes_as_metaspace(tokenizer) -> bool:
+    """Whether the tokenizer decodes as the tokenizers library's Metaspace decoder (tokens.metaspace), which
+    keeps the spaces of a lone ▁ first or last that SentencePiece's decoding and a strip drop.
+
+    Asked of the tokenizer on pieces where the two differ, not known per family: transformers 5 decodes T5,
+    NLLB and mBART so, Marian as SentencePiece does.
+    """
+    from seq2onnx.runtime.vocab import metaspace_text
+
+    vocab = tokenizer.get_vocab()
+    words = [p for p in ("\u2581the", "\u2581a", "\u2581de") if p in vocab]
+    if "\u2581" not in vocab or not words:
+        return False
+    probes = [["\u2581", words[0]], [words[0], "\u2581"], ["\u2581", "\u2581", words[0], "\u2581"]]
+    for pieces in probes:
+        text = tokenizer.decode([vocab[p] for p in pieces], skip_special_tokens=True)
+        if text != metaspace_text(pieces):
+            return False
+    return True
+
+
 def _locate(ids: list[int], inner: list[int]) -> tuple[list[int], list[int]]:
     for start in range(len(ids) - len(inner) + 1):
         if ids[start : start + len(inner)] == inner:
@@ -184,6 +205,8 @@ def token_files(
     # Marian replaces the ▁ that DecodePieces keeps in unknown pieces; M2M100 does not
     # (convert_tokens_to_string).
     section: dict = {"strip_text": True, "restore_spaces": family.restore_spaces}
+    if _decodes_as_metaspace(tokenizer):
+        section = {"metaspace": True}
     from seq2onnx.runtime.vocab import Vocabulary
 
     encoder = Vocabulary(source_map=source_map, unknown_pieces=unknown).encoder(source)

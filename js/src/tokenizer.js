@@ -330,6 +330,17 @@ export class SentencePiece {
  * Without a tokens section and maps, exactly the convention of our own exports: [text ids, eos],
  * no target prefix, SentencePiece's ids decoded as they are.
  */
+
+/**
+ * The tokenizers library's Metaspace decoding of piece texts (tokens.metaspace), as runtime/vocab.py's
+ * metaspace_text: joined, each "▁" a space, one leading space dropped, nothing stripped.
+ * @param {string[]} pieces
+ */
+export function metaspaceText(pieces) {
+  const text = pieces.join("").replaceAll("\u2581", " ");
+  return text.startsWith(" ") ? text.slice(1) : text;
+}
+
 export class Tokens {
   /**
    * @param {any} meta  bundle.json (validated)
@@ -346,6 +357,7 @@ export class Tokens {
     this.textLanguageCodes = t.text_language_codes ?? false;
     this.stripText = t.strip_text ?? false;
     this.restoreSpaces = t.restore_spaces ?? false;
+    this.metaspace = t.metaspace ?? false;
     this.unkId = meta.special_ids.unk;
     this.sourceMap = source;
     this.targetMap = target;
@@ -435,6 +447,24 @@ export class Tokens {
   }
 
   /**
+   * A hypothesis's ids as piece texts, as runtime/vocab.py's to_texts: each id's piece, ids mapped to the skip
+   * value left out, the vocab_texts text of pieces the target model lacks.
+   * @param {number[]} ids
+   * @param {{idToPiece: (id: number) => string}} tokenizer
+   */
+  pieceTexts(ids, tokenizer) {
+    const map = this.targetMap;
+    if (!map) return ids.map((id) => tokenizer.idToPiece(id));
+    return ids.flatMap((id) =>
+      map[id] >= 0
+        ? [tokenizer.idToPiece(map[id])]
+        : map[id] === VOCAB_MAP.text
+          ? [this.targetTexts.get(id) ?? ""]
+          : [],
+    );
+  }
+
+  /**
    * The text of a hypothesis's ids (its end token already removed), as runtime/vocab.py's decoder:
    * with a target map, each id's piece, the ids mapped to the skip value (special and language
    * tokens) left out; where vocab_texts gives the text of pieces the target model lacks (the map's
@@ -447,17 +477,10 @@ export class Tokens {
    */
   decode(ids, tokenizer) {
     const map = this.targetMap;
+    if (this.metaspace) return metaspaceText(this.pieceTexts(ids, tokenizer));
     let text;
     if (map && this.targetTexts.size) {
-      text = tokenizer.decodePieces(
-        ids.flatMap((id) =>
-          map[id] >= 0
-            ? [tokenizer.idToPiece(map[id])]
-            : map[id] === VOCAB_MAP.text
-              ? [this.targetTexts.get(id) ?? ""]
-              : [],
-        ),
-      );
+      text = tokenizer.decodePieces(this.pieceTexts(ids, tokenizer));
     } else {
       text = tokenizer.decode(map ? ids.map((id) => map[id]).filter((p) => p >= 0) : ids);
     }

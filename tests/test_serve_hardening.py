@@ -23,6 +23,7 @@ require("fastapi", "serve")
 import httpx  # noqa: E402
 
 from serve_process import ServeProcess  # noqa: E402
+from helpers import until  # noqa: E402
 
 TRANSLATE, STREAM = "/v1/translate", "/v1/translate/stream"
 READ_TIMEOUT_S, MAX_CONNECTIONS, MAX_HEADER_BYTES = 1.5, 24, 8192
@@ -448,8 +449,17 @@ def test_memory_taken_by_bursts_of_large_rounds_is_given_back(hard):
     assert peak - warm > 100e6, (
         f"the bursts grew the server by {(peak - warm) / 1e6:.0f} MB only: nothing measured"
     )
-    time.sleep(1)  # idle: the scheduler gives the memory back after 0.2 s (serve/memory.py)
-    after = hard.metric("process_resident_memory_bytes")
+
+    # idle: the scheduler gives the memory back after 0.2 s (serve/memory.py); on a busy machine (the suite's
+    # other worker, CI) that may take longer, so wait for it, at most 10 s
+    def given_back():
+        now = hard.metric("process_resident_memory_bytes")
+        return now if now - warm < 0.5 * (peak - warm) else None
+
+    try:
+        after = until(given_back, 10, "memory given back")
+    except TimeoutError:
+        after = hard.metric("process_resident_memory_bytes")
     assert after - warm < 0.5 * (peak - warm), (
         f"resident {after / 1e6:.0f} MB after the bursts: {warm / 1e6:.0f} MB warm, {peak / 1e6:.0f} MB at "
         "the peak"

@@ -275,3 +275,31 @@ def test_config_parameter_count_equals_the_model(make_model, overrides):
     """The count the memory checks use before allocating is the allocated model's, ties counted once."""
     model = make_model(**overrides, n_encoder_layers=1, n_decoder_layers=3)
     assert model.cfg.parameter_count() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_attention_is_pytorch_s_scaled_dot_product_attention(scaled):
+    """The paper's attention (softmax(QK^T / sqrt(d_k) + mask) V; T5: no sqrt) against PyTorch's own
+    scaled_dot_product_attention, with a causal mask and with padding: the export and the hosts reproduce
+    model/, so this is where the formula itself is held to an independent one."""
+    from seq2onnx.model.blocks import MultiHeadAttention
+
+    cfg = ModelConfig(
+        src_vocab_size=10,
+        tgt_vocab_size=10,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        dropout=0.0,
+        attention_scale=scaled,
+    )
+    attention = MultiHeadAttention(cfg).eval()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 8) for _ in range(3))
+    causal = torch.triu(torch.full((5, 5), float("-inf")), diagonal=1)
+    padding = torch.zeros(2, 1, 1, 5)
+    padding[1, ..., 3:] = float("-inf")
+    for bias in (None, causal, padding):
+        got = attention.attention(q, k, v, bias)
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=None if scaled else 1.0)
+        torch.testing.assert_close(got, want)

@@ -12,6 +12,7 @@ import math
 
 from seq2onnx.commands import serve_dropin
 from seq2onnx.errors import CommandError
+from seq2onnx.serve.memory import MAX_ROWS
 
 BATCHING = ("continuous", "request")
 # (option, default, what it bounds): each an int >= 1; the front end answers 413 or 503 beyond it
@@ -22,7 +23,7 @@ LIMITS = (
     ("--max-body-bytes", 1 << 20, "request body bytes; beyond: 413"),
     (
         "--max-rows",
-        1024,
+        MAX_ROWS,
         "decoder rows one request holds at once (texts decoded together x beam_size, or x "
         "num_hypotheses when sampling); beyond: 422",
     ),
@@ -30,8 +31,8 @@ LIMITS = (
         "--max-rows-in-flight",
         None,
         "decoder rows of every request being answered, all together (texts x "
-        "beams, or x samples); beyond: 503 with Retry-After. Default: 1024, less "
-        "where this machine's memory is short (serve/memory.py "
+        "beams, or x samples); beyond, a request waits in line (first come, first "
+        "served) within --timeout. Default: 512, less where this machine's memory is short (serve/memory.py "
         "rows_in_flight_default), at least --max-rows",
     ),
     ("--max-connections", 512, "open connections (each one file descriptor); beyond: 503 and closed at once"),

@@ -25,8 +25,9 @@ from seq2onnx.runtime.model_options import check_prefix_options
 from seq2onnx.serve.admission import CLIENT_LEFT, Admission
 from seq2onnx.serve.checks import contradiction
 from seq2onnx.serve.engine import Cancelled, Engine, Job
-from seq2onnx.serve.errors import RETRY_AFTER_S, engine_error, error, invalid
+from seq2onnx.serve.errors import engine_error, error, invalid
 from seq2onnx.serve.frontend import STREAM, TRANSLATE, Frontend
+from seq2onnx.serve.memory import RowGate
 from seq2onnx.serve.schemas import ERRORS, ErrorResponse, StreamRequest, TranslateRequest, TranslateResponse
 from seq2onnx.serve.stream import Stream, lines, pump, soon
 
@@ -123,7 +124,8 @@ def create_app(
         registry: the prometheus_client registry of /metrics; None: a new one for this app (never the global
             one, so that several apps can live in one process).
         max_rows_in_flight: decoder rows (texts x beams, or x samples) of POST /v1/translate requests
-            being answered, all together, at most; beyond: 503 with Retry-After (`--max-rows-in-flight`).
+            being answered, all together, at most; beyond, a request waits in line for rows
+            (`--max-rows-in-flight`; serve/memory.py RowGate).
     Returns:
         The FastAPI app; app.state.frontend is its Frontend (the engine, the queue's depth, drain()).
     Raises:
@@ -144,7 +146,7 @@ def create_app(
         read_timeout_s=float(read_timeout_s),
         registry=CollectorRegistry() if registry is None else registry,
     )
-    f.max_rows_in_flight, f.rows_in_flight = max_rows_in_flight, 0  # _take_rows
+    f.rows = RowGate(max_rows_in_flight)  # _take_rows
     app = FastAPI(
         title="seq2onnx serve", summary="A seq2onnx bundle's Translator over HTTP (docs/serving.md)."
     )
@@ -221,8 +223,8 @@ def _add_translate(app: FastAPI, f: Frontend) -> None:
         rows = min(len(body.texts), search.max_batch_size) * (
             search.num_hypotheses if search.sampling else search.beam_size
         )
-        if (refused := _take_rows(f, rows)) is not None:
-            return refused
+        if (answer := await _take_rows(f, rows, request)) is not None:
+            return answer
         try:
             job = engine.submit(body.texts, search)
             answer = await _wait(f, _bridge(job), request, job)
@@ -236,7 +238,7 @@ def _add_translate(app: FastAPI, f: Frontend) -> None:
         except Exception as e:
             return engine_error(e, TranslateRequest)
         finally:
-            f.rows_in_flight -= rows
+            f.rows.give(rows)
         f.texts.inc(len(results))
         f.tokens.inc(sum(len(ids) for r in results for ids in r.token_ids))
         return _translations(results)
@@ -250,20 +252,24 @@ _STREAM_200 = {
 }
 
 
-def _take_rows(f: Frontend, rows: int) -> Response | None:
-    """Counts a request's decoder rows into the server-wide total in flight (the caller gives them back once
-    answered); None, or the 503 refusing them where they would pass --max-rows-in-flight. A request's own
-    rows are bounded by --max-rows (422); this bounds what all requests hold together, and so memory."""
-    if f.rows_in_flight + rows > f.max_rows_in_flight:
+async def _take_rows(f: Frontend, rows: int, request: Request) -> Response | None:
+    """Waits in line (serve/memory.py RowGate) until a request's decoder rows fit in --max-rows-in-flight; the
+    caller gives them back once answered. None once they are held; else the answer: 504 when the request's
+    time ran out in line, 499 when its client left, 503 when the rows could never fit. A request's own rows
+    are bounded by --max-rows (422); this bounds what all requests hold together, and so memory."""
+    if rows > f.rows.limit:
         return error(
             503,
-            f"the server is decoding {f.rows_in_flight} rows (texts x beams or samples) and "
-            f"this request needs {rows} more; the limit (--max-rows-in-flight) is "
-            f"{f.max_rows_in_flight}: retry after {RETRY_AFTER_S} s",
-            retry=True,
+            f"this request needs {rows} rows (texts x beams or samples) at once; the limit "
+            f"(--max-rows-in-flight) is {f.rows.limit}: send fewer texts or beams, or raise the limit",
         )
-    f.rows_in_flight += rows
-    return None
+    granted = f.rows.take(rows)
+    try:
+        return await _wait(f, granted, request, Job())
+    except BaseException:  # the drain cut the wait: rows granted meanwhile go back
+        if granted.done() and not granted.cancelled():
+            f.rows.give(rows)
+        raise
 
 
 def _add_stream(app: FastAPI, f: Frontend) -> None:

@@ -41,6 +41,7 @@ from seq2onnx.runtime.text import text_increments
 from seq2onnx.runtime.translator import Translator
 
 from .engine import Cancelled, Engine, Job, search_here
+from .memory import MAX_ROWS
 from .fused_rounds import FusedRounds
 from .scheduler import Scheduler, member_of
 from .standard_rounds import NoServingDecoder, StandardRounds, check_decoder
@@ -112,7 +113,7 @@ class ContinuousEngine(Engine):
         self,
         translator: Translator,
         max_workers: int = 1024,
-        max_rows: int = 1024,
+        max_rows: int = MAX_ROWS,
         decoder: str = "auto",
         lanes: int = 1,
         solo: bool = True,

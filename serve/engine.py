@@ -17,6 +17,7 @@ from typing import Iterator
 
 from seq2onnx.runtime.options import OptionError, SearchOptions
 from seq2onnx.runtime.translator import Translator
+from seq2onnx.serve.memory import MAX_ROWS
 
 
 class Cancelled(Exception):
@@ -55,7 +56,7 @@ class Engine:
     #: searches decoded alone on their request's thread so far (ContinuousEngine's solo path; /metrics)
     solo_searches = 0
 
-    def __init__(self, translator: Translator, max_rows: int = 1024):
+    def __init__(self, translator: Translator, max_rows: int = MAX_ROWS):
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"max_rows={max_rows!r}; give an int >= 1")
         self.translator, self.max_rows = translator, max_rows
@@ -149,7 +150,7 @@ class RequestEngine(Engine):
 
     batching = "request"
 
-    def __init__(self, translator: Translator, workers: int = 2, max_rows: int = 1024):
+    def __init__(self, translator: Translator, workers: int = 2, max_rows: int = MAX_ROWS):
         super().__init__(translator, max_rows)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="seq2onnx-request"

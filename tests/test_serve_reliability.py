@@ -211,7 +211,7 @@ def test_out_of_range_float_options_get_422_naming_the_range_not_500(bundle, bod
 
 
 @pytest.mark.slow
-def test_rows_in_flight_are_bounded_server_wide_beyond_it_503_with_retry_after(bundle):
+def test_rows_in_flight_are_bounded_server_wide_beyond_it_requests_wait_in_line(bundle):
     import concurrent.futures
 
     body = {"texts": TEXTS * 2, "beam_size": 4}  # 8 texts x beam 4: 32 rows, the whole limit
@@ -225,25 +225,59 @@ def test_rows_in_flight_are_bounded_server_wide_beyond_it_503_with_retry_after(b
 
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(post, range(48)))
-        codes = [a.status_code for a in answers]
-        assert set(codes) <= {200, 503} and 200 in codes and 503 in codes, codes
-        refused = next(a for a in answers if a.status_code == 503)
-        assert (
-            "the limit (--max-rows-in-flight) is 32" in refused.json()["error"]
-            and refused.headers["retry-after"]
-        )
+        # 16 at once, one fits: the others waited in line for the rows (they were refused 503 before)
+        assert [a.status_code for a in answers] == [200] * 48, [
+            a.text for a in answers if a.status_code != 200
+        ]
+        assert len({a.text for a in answers}) == 1  # the same answer, whoever waited
+        # every row was given back: a whole-limit request is admitted at once, not left waiting (504)
+        assert server.client.post(TRANSLATE, json={**body, "beam_size": 1}).status_code == 200
+        assert server.client.post(TRANSLATE, json=body, timeout=30).status_code == 200
         too_many = server.client.post(TRANSLATE, json={"texts": TEXTS * 2, "beam_size": 5})  # 40 rows alone
         assert too_many.status_code == 422, too_many.text  # one request's limit (--max-rows), never admitted
 
 
+def test_rows_wait_in_line_first_come_first_served():
+    import asyncio
+
+    from seq2onnx.serve.memory import RowGate
+
+    async def run():
+        gate, order = RowGate(32), []
+        first = gate.take(24)
+        big, small = gate.take(32), gate.take(4)  # 4 would fit beside 24, but 32 came first
+        for name, granted in (("big", big), ("small", small)):
+            granted.add_done_callback(lambda f, name=name: f.cancelled() or order.append(name))
+        await asyncio.sleep(0)
+        assert first.done() and not big.done() and not small.done() and gate.waiting == 2
+        gate.give(24)
+        await asyncio.sleep(0)
+        assert big.done() and not small.done() and gate.held == 32
+        gate.give(32)
+        await asyncio.sleep(0)
+        assert order == ["big", "small"] and gate.held == 4
+        gate.give(4)
+        late = gate.take(32)
+        blocked = gate.take(8)
+        blocked.cancel()  # its client left: the line forgets it
+        after = gate.take(8)
+        await asyncio.sleep(0)
+        assert late.done() and not after.done() and gate.waiting == 1
+        gate.give(32)
+        await asyncio.sleep(0)
+        assert after.done() and gate.held == 8 and gate.waiting == 0
+
+    asyncio.run(run())
+
+
 def test_the_default_rows_in_flight_follow_the_machine_s_memory():
-    from seq2onnx.serve.memory import ROW_BYTES, ROWS_CAP, rows_in_flight_default
+    from seq2onnx.serve.memory import MAX_ROWS, ROW_BYTES, ROWS_CAP, rows_in_flight_default
 
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert ROWS_CAP == 1024  # measured (serve/memory.py): a burst of more kept more than 1.5x the warm RSS
-    assert rows_in_flight_default(16) == max(16, min(1024, int(total * 0.5 / ROW_BYTES)))
-    assert rows_in_flight_default(16, processes=64) == max(16, min(1024, int(total * 0.5 / ROW_BYTES / 64)))
-    assert rows_in_flight_default(1024) == 1024  # the default --max-rows: the cap, never below it
+    assert ROWS_CAP == MAX_ROWS == 512  # measured (serve/memory.py): more kept more than 1.5x the warm RSS
+    assert rows_in_flight_default(16) == max(16, min(512, int(total * 0.5 / ROW_BYTES)))
+    assert rows_in_flight_default(16, processes=64) == max(16, min(512, int(total * 0.5 / ROW_BYTES / 64)))
+    assert rows_in_flight_default(512) == 512  # the default --max-rows: the cap, never below it
     assert rows_in_flight_default(10**9) == 10**9  # never below one request's --max-rows
 
 

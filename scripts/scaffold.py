@@ -15,8 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE.parents[1] / "shared" / "data" / "tatoeba-cmn-eng" / "cmn.txt"
 PATH = "/v1/translate"
@@ -84,7 +82,7 @@ class Server:
     def __enter__(self) -> "Server":
         import httpx
 
-        port = free_port()
+        self.port = port = free_port()
         self.url = f"http://127.0.0.1:{port}{PATH}"
         self._log = open(self.log_path, "wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -145,13 +143,6 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def percentiles(values: list[float]) -> dict:
-    if not values:
-        return {"p50_ms": None, "p95_ms": None, "p99_ms": None}
-    p = np.percentile(np.array(values) * 1000, [50, 95, 99])
-    return {"p50_ms": float(p[0]), "p95_ms": float(p[1]), "p99_ms": float(p[2])}
 
 
 def prepare_out(out: Path, force: bool) -> None:

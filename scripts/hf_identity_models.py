@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TATOEBA = ROOT.parent / "shared" / "data" / "tatoeba-cmn-eng" / "cmn.txt"
-sys.path.insert(0, str(ROOT / "tests"))  # the tiny fixtures' helpers (SentencePiece, Marian's vocab.json)
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "scripts")]  # the tiny fixtures, and scaffold
 
 MAX_LENGTH = 64  # generation_config.json's max_length: Tatoeba sentences are short
 BATCH = 32
@@ -42,11 +42,7 @@ FAMILIES = {
     "mbart": ("en_XX", "zh_CN", 3e-3),
     "t5": (None, None, 1e-3),
 }
-T0 = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+from scaffold import T0, log  # noqa: E402, F401  (scripts/ is this module's folder)
 
 
 # ------------------------------------------------------------------------------------------------ data

@@ -233,30 +233,22 @@ def run_step(model: str, step: str, ctx: dict, results: dict) -> dict:
 
 
 def environment(device: str) -> dict:
-    """Versions, CPU and devices, from a child (the parent imports no torch): what the report's head says."""
-    code = (
-        "import json, platform, importlib.metadata as md\n"
-        "out = {'python': platform.python_version()}\n"
-        "for d in ('torch', 'transformers', 'onnxruntime', 'onnxruntime-gpu', 'ctranslate2', 'onnx'):\n"
-        "    try: out[d] = md.version(d)\n"
-        "    except Exception: pass\n"
-        "try:\n import torch; out['gpu'] = torch.cuda.is_available() and torch.cuda.get_device_name(0)\n"
-        "except Exception as e: out['torch_error'] = repr(e)\n"
-        "try:\n import onnxruntime as o; out['providers'] = o.get_available_providers()\n"
-        "except Exception as e: out['onnxruntime_error'] = repr(e)\n"
-        "print(json.dumps(out))\n"
-    )
-    try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
-        env = json.loads(done.stdout.strip().splitlines()[-1])
-    except Exception as e:  # the report says so; the steps still run and fail with their own reasons
-        env = {"error": repr(e)[:300]}
+    """Versions, CPU and GPU: the report's head (each engine's row says what it ran on: `ran`)."""
+    from importlib import metadata
+
+    env = {"python": sys.version.split()[0], "device": device, "cpus": os.cpu_count()}
+    for dist in ("torch", "transformers", "onnxruntime", "onnxruntime-gpu", "ctranslate2", "onnx"):
+        try:
+            env[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
     cpu = [
-        x.split(":", 1)[1].strip()
+        x.split(":", 1)[1]
         for x in Path("/proc/cpuinfo").read_text().splitlines()
         if x.startswith("model name")
     ]
-    return env | {"device": device, "cpu": cpu[0] if cpu else "?", "cpus": os.cpu_count()}
+    gpu = subprocess.run("nvidia-smi -L", shell=True, capture_output=True, text=True).stdout.strip()
+    return env | {"cpu": cpu[0].strip() if cpu else "?", "gpu": gpu or None}
 
 
 def write_out(out: Path, work: Path, report: dict) -> None:
@@ -291,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ct2-mkl", action="store_true", help="also CTranslate2 fp32 with CT2_USE_MKL=1")
     for name in ("sentences", "batch1-sentences", "max-new-tokens", "threads"):
         p.add_argument(f"--{name}", type=int, help="default: the device's preset (PRESETS)")
+    p.add_argument("--prepare-only", action="store_true", help="build, export and convert; time nothing")
     p.add_argument("--repeat", type=int, default=1, help="rounds of the engines (speed: the fastest round)")
     p.add_argument("--budget-s", type=float, help="seconds for all steps (default 450 cuda, 1200 --tiny)")
     p.add_argument("--job-timeout", type=float, help="seconds a step may take (default 3600 at real sizes)")
@@ -391,7 +384,8 @@ def main(argv=None) -> int:
     report = {"env": environment(args.device), "settings": settings | {"command": " ".join(sys.argv)}}
     report["steps"] = {m: s for m, s in old.get("steps", {}).items() if m not in models}
     write_out(out, work, report)
-    for model, step in plan(models, engines, extra, args.repeat):
+    steps = plan(models, engines, extra, args.repeat)
+    for model, step in [s for s in steps if s[1] in PREP] if args.prepare_only else steps:
         print(f"[hf_real_sizes {time.time() - t0:5.0f} s] {model} {step} ...", flush=True)
         record = run_step(model, step, ctx, report["steps"])
         if "@" in step:  # a later round: its result beside the first round's

@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+from scaffold import log
 from seq2onnx.atomic import write_file
 
-T0 = time.perf_counter()
 TATOEBA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tatoeba-cmn-eng" / "cmn.txt"
 ROWS = [("greedy", 1, 1), ("greedy", 1, 32), ("beam4", 4, 1), ("beam4", 4, 32)]  # (search, beam, batch)
 M2M_LANGS, M2M_MADEUP = 100, 8  # M2M100Tokenizer's language tokens and num_madeup_words after vocab.json
@@ -43,8 +43,14 @@ TINY = {  # 64 wide: the whole pipeline in minutes
 }
 
 
-def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - T0:8.1f}s] {msg}", file=sys.stderr, flush=True)
+def strip(row: list[int], eos: int, pad: int) -> list[int]:
+    """A generate() row as our token_ids: no decoder start, no end token and nothing after it."""
+    ids = row[1:]
+    if eos in ids:
+        return ids[: ids.index(eos)]
+    while ids and ids[-1] == pad:
+        ids.pop()
+    return ids
 
 
 def memory_mb() -> dict:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from hf_sizes_common import LANGS, M2M_LANGS, M2M_MADEUP, MBART_LANGS, ROWS, GpuMemory
-from hf_sizes_common import dir_bytes, english_corpus, memory_mb, write_json
+from hf_sizes_common import dir_bytes, english_corpus, memory_mb, strip, write_json
 
 
 # --------------------------------------------------------------------------------------------- build
@@ -226,17 +226,6 @@ def job_ct2_convert(spec: dict) -> dict:
 
 
 # --------------------------------------------------------------------------------------------- engines
-def _strip(row: list[int], eos: int, pad: int) -> list[int]:
-    """A generate() row as our token_ids: without the start token, without the end token and what follows
-    it."""
-    ids = row[1:]
-    if eos in ids:
-        return ids[: ids.index(eos)]
-    while ids and ids[-1] == pad:
-        ids.pop()
-    return ids
-
-
 def _torch_decoder(spec: dict, prep: dict):
     """transformers' generate() on spec's device ("cpu" or "cuda") in spec's dtype (float32 or float16)."""
     import torch
@@ -265,7 +254,7 @@ def _torch_decoder(spec: dict, prep: dict):
         with torch.inference_mode():
             search = dict(num_beams=beam, do_sample=False, max_length=L + 1, min_length=0, **opts, **extra)
             out = model.generate(input_ids=ids, attention_mask=mask, **search)
-        return [_strip(r, eos, pad) for r in out.tolist()]  # .tolist() waits for the device
+        return [strip(r, eos, pad) for r in out.tolist()]  # .tolist() waits for the device
 
     return decode, str(dtype).replace("torch.", "")
 

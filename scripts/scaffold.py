@@ -18,11 +18,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE.parents[1] / "shared" / "data" / "tatoeba-cmn-eng" / "cmn.txt"
 PATH = "/v1/translate"
+T0 = time.perf_counter()
 
 
 def log(message: str) -> None:
-    """A progress line on stderr."""
-    print(f"[{Path(sys.argv[0]).stem} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    """A progress line on stderr: the script, the clock and the seconds since it started."""
+    stamp = f"{Path(sys.argv[0]).stem} {time.strftime('%H:%M:%S')} {time.perf_counter() - T0:7.1f}s"
+    print(f"[{stamp}] {message}", file=sys.stderr, flush=True)
 
 
 def beam_label(beam: int) -> str:

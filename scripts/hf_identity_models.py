@@ -67,25 +67,10 @@ def read_pairs(n_test: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]
 
 def train_spm(texts: list[str], path: Path, model_type: str, **ids) -> Path:
     """A SentencePiece model of VOCAB pieces; rare Chinese characters (0.05% of the text) become <unk>."""
-    import io
+    import hf_fixtures as F
 
-    import sentencepiece as spm
-
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
-        model_writer=model,
-        vocab_size=VOCAB,
-        model_type=model_type,
-        character_coverage=0.9995,
-        num_threads=2,
-        minloglevel=2,
-        input_sentence_size=200000,
-        shuffle_input_sentence=True,
-        **ids,
-    )
-    path.write_bytes(model.getvalue())
-    return path
+    sample = dict(input_sentence_size=200000, shuffle_input_sentence=True, num_threads=2)
+    return F.train_spm(texts, path, VOCAB, model_type=model_type, character_coverage=0.9995, **sample, **ids)
 
 
 # ---------------------------------------------------------------------------------------------- models

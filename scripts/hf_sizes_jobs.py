@@ -18,20 +18,13 @@ def train_spm(texts: list[str], path: Path, pieces: int, total: int) -> list[str
     """A unigram model trained on texts (up to `pieces` pieces), then unused filler pieces appended (score far
     below every trained piece, text that never occurs) up to `total` pieces; writes it to path, returns its
     pieces."""
-    import io
-
-    import sentencepiece as spm
     from sentencepiece import sentencepiece_model_pb2 as pb
 
-    buf = io.BytesIO()
-    options = dict(
-        model_type="unigram", character_coverage=1.0, hard_vocab_limit=False, num_threads=2, minloglevel=2
-    )
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=buf, vocab_size=pieces, **options
-    )
+    import hf_fixtures as F
+
+    F.train_spm(texts, path, pieces, hard_vocab_limit=False, num_threads=2)
     proto = pb.ModelProto()
-    proto.ParseFromString(buf.getvalue())
+    proto.ParseFromString(path.read_bytes())
     low = min(p.score for p in proto.pieces) - 10.0
     for i in range(total - len(proto.pieces)):
         piece = proto.pieces.add()

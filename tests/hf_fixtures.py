@@ -121,8 +121,10 @@ test_sentences.__test__ = False  # a helper, not a test, though pytest would col
 
 
 # SentencePiece and training, shared by both builders.
-def train_spm(texts: list[str], path: Path, vocab_size: int) -> Path:
+def train_spm(texts: list[str], path: Path, vocab_size: int, **options) -> Path:
     """Trains a unigram SentencePiece model on `texts` and writes it to `path` (any file name); returns `path`.
+
+    `options` are SentencePieceTrainer's, over these (scripts/ train their models with this too).
 
     Raises:
         RuntimeError: From SentencePiece, when `texts` cannot fill `vocab_size` pieces.
@@ -138,10 +140,7 @@ def train_spm(texts: list[str], path: Path, vocab_size: int) -> Path:
         sentence_iterator=iter(texts),
         model_writer=model,
         vocab_size=vocab_size,
-        model_type="unigram",
-        character_coverage=1.0,
-        num_threads=1,
-        minloglevel=2,
+        **{"model_type": "unigram", "character_coverage": 1.0, "num_threads": 1, "minloglevel": 2, **options},
     )
     path.write_bytes(model.getvalue())
     return path

@@ -33,16 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_sizes_common import ROWS, SIZES, TINY, mem_available_gb, run_job, test_sentences, write_json  # noqa: E402
 from hf_sizes_report import markdown  # noqa: E402
 
-GPU_ROWS = [("greedy", 1, 32), ("beam4", 4, 32), ("greedy", 1, 1), ("beam4", 4, 1), ("greedy", 1, 128)]
-GPU_ROWS += [("beam4", 4, 128)]  # batch 32 first: the goals' rows
-TINY_ROWS = [
-    ("greedy", 1, 4),
-    ("beam4", 4, 4),
-    ("greedy", 1, 1),
-    ("beam4", 4, 1),
-    ("greedy", 1, 8),
-    ("beam4", 4, 8),
-]
+
+def _rows(*batches: int) -> list[tuple[str, int, int]]:
+    """(search, beam, batch): greedy and beam 4 at each batch, in the order measured."""
+    return [(search, beam, b) for b in batches for search, beam in (("greedy", 1), ("beam4", 4))]
+
+
+GPU_ROWS, TINY_ROWS = _rows(32, 1, 128), _rows(4, 1, 8)  # on the GPU batch 32 first: the goals' rows
 PRESETS = {  # per device (and --tiny): sentences, batch-1 sentences, new tokens, threads, budget, rows
     "cuda": dict(sentences=128, batch1=8, max_new_tokens=32, threads=1, budget=450, rows=GPU_ROWS),
     "cpu": dict(sentences=32, batch1=8, max_new_tokens=32, threads=2, budget=None, rows=ROWS),

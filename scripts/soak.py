@@ -104,6 +104,15 @@ async def _clients(
     await asyncio.gather(*(client(i) for i in range(n)))
 
 
+def sample(pid: int, t: float, window: list, load: bool) -> dict:
+    """The server's RSS and descriptors now, and the answers of the window (time, latency, status)."""
+    latencies = sorted(lat for _, lat, _ in window)
+    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
+    figures = {"t_s": round(t, 1), "rss_mb": round(proc_rss_mb(pid), 1), "fds": proc_fds(pid)}
+    answered = {"answered": len(window), "non_200": sum(st != 200 for *_, st in window)}
+    return figures | {"p99_s": None if p99 is None else round(p99, 3), **answered, "load": load}
+
+
 def serve_soak(args) -> int:
     """Runs the --serve soak (the module docstring); writes DIR/soak.json and DIR/soak.png.
 
@@ -126,15 +135,7 @@ def serve_soak(args) -> int:
         warm_done, warm_errors = [], []
         mix = heavy_request if args.mix == "heavy" else mixed_request
         asyncio.run(_clients("127.0.0.1", port, 1, args.warmup, pool, warm_done, warm_errors, mix))
-        warm = {
-            "t_s": 0.0,
-            "rss_mb": round(proc_rss_mb(pid), 1),
-            "fds": proc_fds(pid),
-            "p99_s": None,
-            "answered": len(warm_done),
-            "non_200": sum(st != 200 for *_, st in warm_done),
-            "load": False,
-        }
+        warm = sample(pid, 0.0, warm_done, False) | {"p99_s": None}
         print("warm-up:", json.dumps(warm), flush=True)
         t0 = time.monotonic()
         load = threading.Thread(
@@ -149,19 +150,7 @@ def serve_soak(args) -> int:
             time.sleep(args.every)
             now, window = time.monotonic(), done[seen:]
             seen += len(window)
-            latencies = sorted(lat for _, lat, _ in window)
-            p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
-            samples.append(
-                {
-                    "t_s": round(now - t0, 1),
-                    "rss_mb": round(proc_rss_mb(pid), 1),
-                    "fds": proc_fds(pid),
-                    "p99_s": None if p99 is None else round(p99, 3),
-                    "answered": len(window),
-                    "non_200": sum(st != 200 for *_, st in window),
-                    "load": load.is_alive(),
-                }
-            )
+            samples.append(sample(pid, now - t0, window, load.is_alive()))
             print(json.dumps(samples[-1]), flush=True)
             if not load.is_alive() and now - t0 >= args.minutes * 60 + args.idle:
                 break

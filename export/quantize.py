@@ -100,7 +100,7 @@ TABLES = {  # what bundle.json's quantization_scheme.tables records where the em
 }
 
 
-# keep_float's layer groups (a maintainer's ablation, scripts/int8_layers.py): the names the exporter gives
+# keep_float's layer groups (an ablation: scripts/int4_quality.py's int8 rows): the names the exporter gives
 def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Quantizes weights per output column: W ~ (codes - zero point) x scale, with 0 exactly representable.
 

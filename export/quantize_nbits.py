@@ -52,8 +52,8 @@ SYMMETRIC = False
 # with 8-bit tables the encoder's self-attention is 8-bit too (the group whose 4 bits cost the most
 # agreement, measured group by group); with 4-bit tables (the smallest bundle) every layer is 4-bit
 EIGHT_BIT = frozenset({"encoder_self_attention"})
-# bits 8 is for measurements (scripts/nbits_probe.py, row 60): spec/bundle.json lists no such scheme, so the
-# hosts refuse a bundle made with it
+# bits 8 is for measurements (6c5edd9:scripts/nbits_probe.py, row 60): spec/bundle.json lists no such
+# scheme, so the hosts refuse a bundle made with it
 SCHEME_NAMES = {4: "int4-matmulnbits", 8: "int8-matmulnbits"}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TATOEBA = ROOT.parent / "shared" / "data" / "tatoeba-cmn-eng" / "cmn.txt"
-sys.path.insert(0, str(ROOT / "tests"))  # the tiny fixtures' helpers (SentencePiece, Marian's vocab.json)
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "scripts")]  # the tiny fixtures, and scaffold
 
 MAX_LENGTH = 64  # generation_config.json's max_length: Tatoeba sentences are short
 BATCH = 32
@@ -42,11 +42,7 @@ FAMILIES = {
     "mbart": ("en_XX", "zh_CN", 3e-3),
     "t5": (None, None, 1e-3),
 }
-T0 = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+from scaffold import T0, log  # noqa: E402, F401  (scripts/ is this module's folder)
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -71,31 +67,16 @@ def read_pairs(n_test: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]
 
 def train_spm(texts: list[str], path: Path, model_type: str, **ids) -> Path:
     """A SentencePiece model of VOCAB pieces; rare Chinese characters (0.05% of the text) become <unk>."""
-    import io
+    import hf_fixtures as F
 
-    import sentencepiece as spm
-
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
-        model_writer=model,
-        vocab_size=VOCAB,
-        model_type=model_type,
-        character_coverage=0.9995,
-        num_threads=2,
-        minloglevel=2,
-        input_sentence_size=200000,
-        shuffle_input_sentence=True,
-        **ids,
-    )
-    path.write_bytes(model.getvalue())
-    return path
+    sample = dict(input_sentence_size=200000, shuffle_input_sentence=True, num_threads=2)
+    return F.train_spm(texts, path, VOCAB, model_type=model_type, character_coverage=0.9995, **sample, **ids)
 
 
 # ---------------------------------------------------------------------------------------------- models
 def build_marian(out: Path, texts: list[str]):
     """(tokenizer, model, generation config) as OPUS-MT's: one SentencePiece model for both sides."""
-    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+    from transformers import MarianMTModel, MarianTokenizer
 
     import hf_fixtures as F
 
@@ -112,41 +93,14 @@ def build_marian(out: Path, texts: list[str]):
             target_lang="zh",
             model_max_length=512,
         )
-    pad = len(vocab) - 1
-    config = MarianConfig(
-        **SHAPE,
-        vocab_size=len(vocab),
-        decoder_vocab_size=len(vocab),
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        activation_function="swish",
-        pad_token_id=pad,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=0,
-        bos_token_id=0,
-        normalize_before=False,
-        normalize_embedding=False,
-        static_position_embeddings=True,
-        add_final_layer_norm=False,
-    )
-    generation = GenerationConfig(
-        bad_words_ids=[[pad]],
-        bos_token_id=0,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=0,
-        max_length=MAX_LENGTH,
-        num_beams=4,
-        pad_token_id=pad,
-        renormalize_logits=True,
-    )
+    config, generation = F.conventions("marian", SHAPE, len(vocab))
     return tok, MarianMTModel(config), generation
 
 
 def build_nllb(out: Path, texts: list[str]):
     """(tokenizer, model, generation config): an NLLB-200 style M2M100, transformers 5's NllbTokenizer."""
-    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+    import hf_fixtures as F
+    from transformers import M2M100ForConditionalGeneration, NllbTokenizer
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
     with tempfile.TemporaryDirectory() as snapshot:
@@ -155,60 +109,21 @@ def build_nllb(out: Path, texts: list[str]):
             snapshot, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES), src_lang="eng_Latn"
         )
         shutil.copyfile(spm_path, out / spm_path.name)  # as a hub snapshot has it beside tokenizer.json
-    config = M2M100Config(
-        **SHAPE,
-        vocab_size=len(tok),
-        activation_function="relu",
-        bos_token_id=0,
-        pad_token_id=1,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        tie_word_embeddings=True,
-    )
-    generation = GenerationConfig(
-        bos_token_id=0,
-        decoder_start_token_id=2,
-        early_stopping=True,
-        eos_token_id=2,
-        max_length=MAX_LENGTH,
-        num_beams=4,
-        pad_token_id=1,
-    )
+    config, generation = F.conventions("nllb", SHAPE, len(tok))
     return tok, M2M100ForConditionalGeneration(config), generation
 
 
 def build_mbart(out: Path, texts: list[str]):
     """(tokenizer, model, generation config) of an mBART-50 many-to-many style model."""
-    from transformers import GenerationConfig, MBart50Tokenizer, MBartConfig, MBartForConditionalGeneration
-
-    import hf_mbart as M
+    import hf_fixtures as F
+    from transformers import MBart50Tokenizer, MBartForConditionalGeneration
 
     with tempfile.TemporaryDirectory() as snapshot:
         spm_path = train_spm(texts, Path(snapshot) / "sentencepiece.bpe.model", "unigram")
         # bos_token as the published special_tokens_map.json has it (CTranslate2's converter reads it)
         tok = MBart50Tokenizer.from_pretrained(snapshot, src_lang="en_XX", bos_token="<s>")
         shutil.copyfile(spm_path, out / spm_path.name)
-    config = MBartConfig(
-        **{**SHAPE, "activation_function": "gelu", **M.PUBLISHED},
-        vocab_size=len(tok),
-        bos_token_id=0,
-        pad_token_id=1,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        forced_eos_token_id=2,
-        tie_word_embeddings=True,
-        tokenizer_class="MBart50Tokenizer",
-    )
-    generation = GenerationConfig(
-        bos_token_id=0,
-        decoder_start_token_id=2,
-        early_stopping=True,
-        eos_token_id=2,
-        forced_eos_token_id=2,
-        max_length=MAX_LENGTH,
-        num_beams=5,
-        pad_token_id=1,
-    )
+    config, generation = F.conventions("mbart", SHAPE, len(tok), tokenizer_class="MBart50Tokenizer")
     return tok, MBartForConditionalGeneration(config), generation
 
 

@@ -1,9 +1,6 @@
-"""hf_real_sizes.py's jobs, each run in a child process of its own (`hf_sizes_jobs.py SPEC`: run_job).
-
+"""hf_real_sizes.py's jobs, each a child process of its own (`hf_sizes_jobs.py SPEC`: run_job starts it):
 build (a model directory with random weights and trained tokenizers), prepare (the test sentences' ids),
-export (our fp32 or int8 bundle, its peak memory sampled), ct2_convert (CTranslate2's converter) and engine
-(one engine translating the prepared ids, timed per row).
-"""
+export (our bundle), ct2_convert (CTranslate2's converter), engine (one engine's rows, timed)."""
 
 from __future__ import annotations
 
@@ -12,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from hf_sizes_common import LANGS, M2M_LANGS, M2M_MADEUP, MBART_LANGS, ROWS, T0, GpuMemory
-from hf_sizes_common import dir_bytes, english_corpus, memory_mb, write_atomic
+from hf_sizes_common import LANGS, M2M_LANGS, M2M_MADEUP, MBART_LANGS, ROWS, GpuMemory
+from hf_sizes_common import dir_bytes, english_corpus, memory_mb, strip, write_json
 
 
 # --------------------------------------------------------------------------------------------- build
@@ -21,20 +18,13 @@ def train_spm(texts: list[str], path: Path, pieces: int, total: int) -> list[str
     """A unigram model trained on texts (up to `pieces` pieces), then unused filler pieces appended (score far
     below every trained piece, text that never occurs) up to `total` pieces; writes it to path, returns its
     pieces."""
-    import io
-
-    import sentencepiece as spm
     from sentencepiece import sentencepiece_model_pb2 as pb
 
-    buf = io.BytesIO()
-    options = dict(
-        model_type="unigram", character_coverage=1.0, hard_vocab_limit=False, num_threads=2, minloglevel=2
-    )
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=buf, vocab_size=pieces, **options
-    )
+    import hf_fixtures as F
+
+    F.train_spm(texts, path, pieces, hard_vocab_limit=False, num_threads=2)
     proto = pb.ModelProto()
-    proto.ParseFromString(buf.getvalue())
+    proto.ParseFromString(path.read_bytes())
     low = min(p.score for p in proto.pieces) - 10.0
     for i in range(total - len(proto.pieces)):
         piece = proto.pieces.add()
@@ -53,13 +43,14 @@ def job_build(spec: dict) -> dict:
     s, out = spec["size"], Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     texts, origin = english_corpus()
-    texts = texts[: spec.get("max_texts") or len(texts)]  # tiny pieces need fewer (gpu_sizes.py's CPU mode)
+    texts = texts[: spec.get("max_texts") or len(texts)]  # tiny pieces need fewer (--tiny)
     d, L, H, F = s["d"], s["layers"], s["heads"], s["ffn"]
     shape = dict(
         d_model=d, encoder_layers=L, decoder_layers=L, encoder_attention_heads=H, scale_embedding=True
     )
     shape.update(decoder_attention_heads=H, encoder_ffn_dim=F, decoder_ffn_dim=F)
     torch.manual_seed(spec.get("seed", 0))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # hf_fixtures.conventions
     build = {"marian": _build_marian, "mbart": _build_mbart}.get(s["family"], _build_m2m100)
     tok, model = build(s, out, texts, shape)
     params = sum(p.numel() for p in model.parameters())
@@ -75,7 +66,9 @@ def _build_marian(s: dict, out: Path, texts: list[str], shape: dict):
     Returns:
         (tokenizer, model), both to be saved into out.
     """
-    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+    from transformers import MarianMTModel, MarianTokenizer
+
+    import hf_fixtures as F  # the published conventions, one source with the tests
 
     V = s["vocab"]
     # vocab.json: </s> 0, <unk> 1, the ordinary pieces, <pad> last; SentencePiece adds <unk> <s> </s> of its
@@ -89,15 +82,9 @@ def _build_marian(s: dict, out: Path, texts: list[str], shape: dict):
     files = dict(source_spm=str(out / "source.spm"), target_spm=str(out / "target.spm"))
     files["vocab"] = str(out / "vocab.json")
     tok = MarianTokenizer(**files, source_lang="en", target_lang="fr", model_max_length=512)
-    pad = V - 1
-    ids = dict(pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0)
-    ids["bos_token_id"] = 0
-    sizes = dict(vocab_size=V, decoder_vocab_size=V, max_position_embeddings=512, activation_function="swish")
-    tied = dict(share_encoder_decoder_embeddings=True, tie_word_embeddings=True, add_final_layer_norm=False)
-    layout = dict(normalize_before=False, normalize_embedding=False, static_position_embeddings=True)
-    model = MarianMTModel(MarianConfig(**shape, **ids, **sizes, **tied, **layout))
-    search = dict(bad_words_ids=[[pad]], max_length=512, num_beams=4, renormalize_logits=True)
-    model.generation_config = GenerationConfig(**ids, **search)
+    config, generation = F.conventions("marian", shape, V, max_length=512, max_position_embeddings=512)
+    model = MarianMTModel(config)
+    model.generation_config = generation
     return tok, model
 
 
@@ -107,7 +94,9 @@ def _build_mbart(s: dict, out: Path, texts: list[str], shape: dict):
     Returns:
         (tokenizer, model), both to be saved into out.
     """
-    from transformers import GenerationConfig, MBart50Tokenizer, MBartConfig, MBartForConditionalGeneration
+    from transformers import MBart50Tokenizer, MBartForConditionalGeneration
+
+    import hf_fixtures as F  # the published conventions, one source with the tests
 
     V = s["vocab"]
     # MBart50Tokenizer's ids: <s> <pad> </s> <unk>, the pieces but SentencePiece's own three, 52 codes,
@@ -116,18 +105,10 @@ def _build_mbart(s: dict, out: Path, texts: list[str], shape: dict):
     # bos_token as the published special_tokens_map.json has it (CTranslate2's converter reads it)
     tok = MBart50Tokenizer.from_pretrained(str(out), src_lang="en_XX", bos_token="<s>")
     assert len(tok) == V, (len(tok), V)
-    ids = dict(
-        bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2
-    )
-    sizes = dict(
-        vocab_size=V, activation_function="gelu", max_position_embeddings=1024, tie_word_embeddings=True
-    )
-    layout = dict(normalize_before=True, normalize_embedding=True, static_position_embeddings=False)
-    layout.update(add_final_layer_norm=True, add_bias_logits=False)
-    # tokenizer_class as published; CTranslate2 reads it
-    config = MBartConfig(**shape, **ids, **sizes, **layout, tokenizer_class="MBart50Tokenizer")
+    published = dict(max_length=200, max_position_embeddings=1024, tokenizer_class="MBart50Tokenizer")
+    config, generation = F.conventions("mbart", shape, V, **published)
     model = MBartForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(**ids, early_stopping=True, max_length=200, num_beams=5)
+    model.generation_config = generation
     return tok, model
 
 
@@ -137,8 +118,10 @@ def _build_m2m100(s: dict, out: Path, texts: list[str], shape: dict):
     Returns:
         (tokenizer, model), both to be saved into out.
     """
-    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+    from transformers import M2M100ForConditionalGeneration, M2M100Tokenizer
     from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+
+    import hf_fixtures as F  # the published conventions, one source with the tests
 
     V = s["vocab"]
     languages = FAIRSEQ_LANGUAGE_CODES["m2m100"]
@@ -152,13 +135,10 @@ def _build_m2m100(s: dict, out: Path, texts: list[str], shape: dict):
     codes = [f"__{c}__" for c in languages]
     langs = dict(src_lang="en", tgt_lang="fr", num_madeup_words=M2M_MADEUP, additional_special_tokens=codes)
     tok = M2M100Tokenizer(**files, **langs, model_max_length=1024)
-    ids = dict(bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2)
-    sizes = dict(
-        vocab_size=V, activation_function="relu", max_position_embeddings=1024, tie_word_embeddings=True
-    )
-    model = M2M100ForConditionalGeneration(M2M100Config(**shape, **ids, **sizes))
+    config, generation = F.conventions("m2m100", shape, V, max_length=200, max_position_embeddings=1024)
+    model = M2M100ForConditionalGeneration(config)
     tok.tgt_lang = None
-    model.generation_config = GenerationConfig(**ids, early_stopping=True, max_length=200, num_beams=5)
+    model.generation_config = generation
     return tok, model
 
 
@@ -202,58 +182,19 @@ def job_prepare(spec: dict) -> dict:
 
 
 # --------------------------------------------------------------------------------------------- export
-class PeakWhere:
-    """Samples this process's resident set every 0.1 s with the main thread's innermost frames of the package
-    (or torch, onnx, onnxruntime), and writes the largest sample so far to a file, so that a job that fails
-    still says where its memory peaked."""
-
-    def __init__(self, path: str):
-        import threading
-
-        self.path, self.best, self.main = path, 0.0, threading.main_thread().ident
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _where(self) -> list[str]:
-        import traceback
-
-        frame = sys._current_frames().get(self.main)
-        if frame is None:
-            return []
-        stack = traceback.extract_stack(frame)
-        ours = ("/seq2onnx/", "/work/main/", "/torch/onnx/", "/onnx/", "/onnxruntime/")
-        keep = [f for f in stack if any(k in f.filename for k in ours)]
-        return [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in keep[-4:]]
-
-    def _run(self):
-        while not self.stop.wait(0.1):
-            rss = memory_mb()["rss_mb"]
-            if rss > self.best + 16:
-                self.best = rss
-                peak = {"rss_mb": rss, "where": self._where(), "at_s": time.perf_counter() - T0}
-                write_atomic(Path(self.path), json.dumps(peak))
-
-    def close(self) -> dict:
-        self.stop.set()
-        self.thread.join()
-        return json.loads(Path(self.path).read_text()) if Path(self.path).is_file() else {}
-
-
 def job_export(spec: dict) -> dict:
     import torch  # noqa: F401  (imports before the clock and the baseline)
 
     from seq2onnx.export.hf.bundle import export_hf_bundle
 
     base = memory_mb()["rss_mb"]
-    sampler = PeakWhere(spec["result"] + ".peak")
     t = time.perf_counter()
     dtype = spec.get("dtype", "float32")
     export_hf_bundle(spec["model_dir"], spec["out"], quantize=spec["quantize"], force=True, dtype=dtype)
     seconds = time.perf_counter() - t
     files = {p.name: p.stat().st_size for p in Path(spec["out"]).iterdir() if p.suffix in (".onnx", ".bin")}
     out = {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"]))}
-    return out | {"graph_and_weights_bytes": files, "peak_where": sampler.close()}
+    return out | {"graph_and_weights_bytes": files}
 
 
 def job_ct2_convert(spec: dict) -> dict:
@@ -278,17 +219,6 @@ def job_ct2_convert(spec: dict) -> dict:
 
 
 # --------------------------------------------------------------------------------------------- engines
-def _strip(row: list[int], eos: int, pad: int) -> list[int]:
-    """A generate() row as our token_ids: without the start token, without the end token and what follows
-    it."""
-    ids = row[1:]
-    if eos in ids:
-        return ids[: ids.index(eos)]
-    while ids and ids[-1] == pad:
-        ids.pop()
-    return ids
-
-
 def _torch_decoder(spec: dict, prep: dict):
     """transformers' generate() on spec's device ("cpu" or "cuda") in spec's dtype (float32 or float16)."""
     import torch
@@ -317,7 +247,7 @@ def _torch_decoder(spec: dict, prep: dict):
         with torch.inference_mode():
             search = dict(num_beams=beam, do_sample=False, max_length=L + 1, min_length=0, **opts, **extra)
             out = model.generate(input_ids=ids, attention_mask=mask, **search)
-        return [_strip(r, eos, pad) for r in out.tolist()]  # .tolist() waits for the device
+        return [strip(r, eos, pad) for r in out.tolist()]  # .tolist() waits for the device
 
     return decode, str(dtype).replace("torch.", "")
 
@@ -421,7 +351,7 @@ def job_engine(spec: dict) -> dict:
         row = {"seconds": seconds, "tokens": tokens, "sentences": sum(map(len, batches)), "outputs": outputs}
         out["rows"][name] = row
         out["gpu_peak_mb"] = gpu.peak_mb()
-        write_atomic(Path(spec["result"] + ".partial"), json.dumps(out | memory_mb()))
+        write_json(Path(spec["result"] + ".partial"), out | memory_mb())
         rate = f"{tokens / seconds:.1f} tokens/s ({seconds:.2f} s)"
         print(f"  {spec['label']}: {name}: {rate}", file=sys.stderr, flush=True)
     gpu.close()
@@ -437,7 +367,7 @@ def child_main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     result = JOBS[spec["job"]](spec)
     result.update(memory_mb())
-    write_atomic(Path(spec["result"]), json.dumps(result))
+    write_json(Path(spec["result"]), result)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from hf_identity_models import (  # noqa: E402
     read_pairs,
     train_family,
 )
+from hf_sizes_common import strip  # noqa: E402
 
 __all__ = ["BATCH", "FAMILIES", "compare", "ct2", "ours", "quiet", "read_pairs", "reference"]
 
@@ -78,16 +79,6 @@ def export_all(model_dir: Path, work: Path) -> dict[str, Path]:
 
 
 # ----------------------------------------------------------------------------------------------- decode
-def strip(row: list[int], eos: int, pad: int) -> list[int]:
-    """A generate() row as our token_ids: no decoder start, no end token and nothing after it."""
-    ids = row[1:]
-    if eos in ids:
-        return ids[: ids.index(eos)]
-    while ids and ids[-1] == pad:
-        ids.pop()
-    return ids
-
-
 def reference(model_dir: Path, family: str, sources: list[str], beam: int, n: int) -> list[dict]:
     """generate()'s outputs: per sentence {"ids": n id lists, "texts": n texts}."""
     import torch
@@ -253,53 +244,19 @@ def quiet() -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = p.add_argument
+    add(
+        "--families", default="marian,nllb,mbart", help="of marian, nllb, mbart, t5 (default the first three)"
     )
-    p.add_argument(
-        "--families",
-        default="marian,nllb,mbart",
-        help="comma-separated families to train and measure, of marian, nllb, mbart, t5\n"
-        "(default: all three)",
-    )
-    p.add_argument(
-        "--sentences",
-        type=int,
-        default=1000,
-        help="held-out Tatoeba pairs decoded by every engine and row\n(default 1000, as issue 35 asks)",
-    )
-    p.add_argument(
-        "--train-minutes",
-        type=float,
-        default=5.0,
-        help="wall-clock minutes of training per family (default 5; the ids are compared\n"
-        "whatever the quality, but a barely trained model loops to max_length more often)",
-    )
-    p.add_argument(
-        "--work",
-        type=Path,
-        default=Path("hf-trained-identity"),
-        help="where each family's model directory, bundles and CTranslate2 models are written\n"
-        "(WORK/FAMILY/{model,bundle,bundle-int8,ct2-int8,ct2-fp32}; replaced on each run)",
-    )
-    p.add_argument(
-        "--convention",
-        default="both",
-        choices=("both", "saved", "early_stopping"),
-        help="t5: measure the model as saved (no early_stopping), the early_stopping true copy,\n"
-        "or both (default)",
-    )
-    p.add_argument(
-        "--no-train",
-        action="store_true",
-        help="measure the models a previous run trained under --work (WORK/FAMILY/model) again",
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="where identity.md and identity.json go (default: WORK/results)",
-    )
+    add("--sentences", type=int, default=1000, help="held-out Tatoeba pairs every row decodes (1000)")
+    add("--train-minutes", type=float, default=5.0, help="wall-clock minutes of training per family (5)")
+    work = "WORK/FAMILY/{model,bundle,bundle-int8,ct2-int8,ct2-fp32}, replaced on each run"
+    add("--work", type=Path, default=Path("hf-trained-identity"), help=work)
+    conventions = "t5: as saved (no early_stopping), the early_stopping true copy, or both (default)"
+    add("--convention", default="both", choices=("both", "saved", "early_stopping"), help=conventions)
+    add("--no-train", action="store_true", help="measure the models an earlier run trained under --work")
+    add("--out", type=Path, default=None, help="identity.md and identity.json (default WORK/results)")
     args = p.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
     unknown = [f for f in families if f not in FAMILIES]

@@ -5,7 +5,8 @@
 
 Exports from RUN_DIR (its `best`, else `last`) the fp32, int8 and int4 bundles, int4 variants (4-bit tables,
 block 16, 64 or 128, zero points, accuracy level 0, each layer group of export/graph_layers.py's GROUPS at 8
-bits: export/quantize_nbits.py's options, patched in), and CTranslate2's float32 and int8 models
+bits: export/quantize_nbits.py's options, patched in), int8 with each group left fp32 (export/quantize.py's
+keep_float: which layers cost int8 its agreement), and CTranslate2's float32 and int8 models
 (export/ctranslate2/convert.py; the float32 one tells CTranslate2's own search from its int8), then on the
 checkpoint's test split. With --hf FAMILY the model is a trained Hugging Face directory
 (scripts/hf_trained_identity.py's WORK/FAMILY/model, its held-out Tatoeba sentences and languages; CTranslate2
@@ -65,6 +66,8 @@ VARIANTS = {  # name -> (quantize, quantize_graphs_nbits options patched in)
     "int4 symmetric, 4-bit tables, encoder_self_attention 8-bit": _v(
         table_bits=4, eight_bit=frozenset(GROUPS[1:2])
     ),
+    # which layers cost int8 its agreement (issues 35, 61): one group left fp32 at a time (keep_float)
+    **{f"int8, {g} fp32": ("int8", {"keep_float": frozenset({g})}) for g in GROUPS},
 }
 HF_FAMILY: str | None = None  # --hf: the family of a Hugging Face model directory
 HF_TOKENIZER = None  # --hf: its tokenizer (source lengths)
@@ -72,20 +75,27 @@ HF_TOKENIZER = None  # --hf: its tokenizer (source lengths)
 
 def export(ckpt: Path, out: Path, quantize: str | None, options: dict) -> Path:
     import seq2onnx.export.bundle as bundle_module
+    import seq2onnx.export.quantize as int8_module
     from seq2onnx.export.hf.bundle import export_hf_bundle
     import seq2onnx.export.quantize_nbits as nbits_module
     from seq2onnx.export.quantize_nbits import quantize_graphs_nbits
 
     if out.is_dir():
         return out
+    options = dict(options)
+    keep = options.pop("keep_float", frozenset())
 
     def patched(*args, **kwargs):  # the variant's options over the exporter's own (bits, table_bits)
         return quantize_graphs_nbits(*args, **{**kwargs, **options})
+
+    def int8(*args, **kwargs):  # int8 with the variant's groups left fp32
+        return int8_module.quantize_graphs(*args, **kwargs, keep_float=keep)
 
     # bits 8 is a measurement, not a scheme the hosts run: it goes under int4's name here
     names = {8: nbits_module.SCHEME_NAMES[4]} if options.get("bits") == 8 else {}
     with (
         mock.patch.object(bundle_module, "quantize_graphs_nbits", patched),
+        mock.patch.object(bundle_module, "quantize_graphs", int8),
         mock.patch.dict(nbits_module.SCHEME_NAMES, names),
     ):
         if HF_FAMILY:

@@ -1,6 +1,6 @@
 """Where a one-sentence translate_batch call spends its Python: the batch-1 profile.
 
-    python scripts/profile_batch1.py BUNDLE --data TSV [--src-col 1] [--sentences 200] [--beam 1]
+    python scripts/profile_batch1.py BUNDLE [--data TSV] [--src-col 0] [--sentences 200] [--beam 1]
 
 One Translator (CPU, 1 intra thread) translates each sentence alone, twice over (the first pass warms the
 pools), then once more under cProfile. Prints the wall time per call and the share of the profiled time
@@ -15,9 +15,14 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import sys
 import time
+from pathlib import Path
 
-from seq2onnx.runtime.translator import Translator
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import scaffold as sc  # noqa: E402
+
+from seq2onnx.runtime.translator import Translator  # noqa: E402
 
 # part -> the functions (file suffix, name) whose cumulative time is that part's
 PARTS = {
@@ -53,19 +58,12 @@ def _cumulative(stats: pstats.Stats, file_suffix: str, name: str) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle")
-    p.add_argument("--data", required=True, help="a TSV of sources")
-    p.add_argument("--src-col", type=int, default=0, help="the sources' column (default 0)")
-    p.add_argument("--sentences", type=int, default=200, help="sentences translated per pass (default 200)")
+    sc.add_sentences(p, 200, col=0)
     p.add_argument("--beam", type=int, default=1, help="beam size (default 1: greedy)")
-    p.add_argument(
-        "--min-length",
-        type=int,
-        default=0,
-        help="min_decoding_length (default 0): the end comes no sooner (an untrained model)",
-    )
+    lower = "min_decoding_length (default 0): the end comes no sooner (an untrained model)"
+    p.add_argument("--min-length", type=int, default=0, help=lower)
     a = p.parse_args()
-    with open(a.data, encoding="utf-8") as f:
-        texts = [line.rstrip("\n").split("\t")[a.src_col] for _, line in zip(range(a.sentences), f)]
+    texts = sc.read_sentences(a.data, a.src_col, a.sentences, a.seed)
     t = Translator(a.bundle, device="cpu", intra_threads=1)
     options = dict(beam_size=a.beam, min_decoding_length=a.min_length)
     for _ in range(2):

@@ -4,25 +4,28 @@ clients that translate.
     python scripts/refused_bodies.py BUNDLE [--mode texts|chars|length|chunked|translate|none]
         [--clients 16] [--seconds 8]
 
-Starts `seq2onnx serve BUNDLE --port 0 --intra-threads 1`; --clients threads each send, one connection per
-request, for --seconds (after 1 s of start): `texts` ~1 MB of 166,001 short texts (under --max-body-bytes,
-refused 413 by --max-texts), `chars` one text of ~1 MB (413 by --max-chars), `length` a Content-Length over
-the limit, `chunked` a chunked body over it, `translate` two short texts (200), `none` nothing. Meanwhile
-/health is asked every 50 ms on a fresh connection. Prints the answers' statuses, the server's CPU seconds,
-and /health's median, p99 and largest latency.
+Starts `seq2onnx serve BUNDLE --intra-threads 1` (scaffold.Server); --clients threads each send, one
+connection per request, for --seconds (after 1 s of start): `texts` ~1 MB of 166,001 short texts (under
+--max-body-bytes, refused 413 by --max-texts), `chars` one text of ~1 MB (413 by --max-chars), `length` a
+Content-Length over the limit, `chunked` a chunked body over it, `translate` two short texts (200), `none`
+nothing. Meanwhile /health is asked every 50 ms on a fresh connection. Prints the answers' statuses, the
+server's CPU seconds, and /health's median, p99 and largest latency.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 import statistics
-import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import scaffold as sc  # noqa: E402
 
 BODIES = {
     "texts": b'{"texts": [' + b'"abc",' * 166_000 + b'"a"]}',
@@ -47,21 +50,10 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--seconds", type=float, default=8.0)
     a = p.parse_args()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "seq2onnx.commands",
-        "serve",
-        a.bundle,
-        "--port",
-        "0",
-        "--intra-threads",
-        "1",
-    ]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    try:
-        port = int(re.search(r":(\d+) ", server.stdout.readline()).group(1))
+    os.environ["OMP_NUM_THREADS"] = "1"
+    log = Path(tempfile.mkdtemp()) / "server.log"
+    with sc.Server(sc.serve_argv(a.bundle, "--intra-threads", 1), log, probe=None) as server:
+        port = server.port
         stop, statuses, data = threading.Event(), {}, None if a.mode == "none" else request(a.mode)
 
         def flood():
@@ -87,11 +79,8 @@ def main() -> int:
             waits.append(time.monotonic() - started)
             time.sleep(0.05)
         stop.set()
-        stat = open(f"/proc/{server.pid}/stat").read().split()
+        stat = open(f"/proc/{server.proc.pid}/stat").read().split()
         cpu = (int(stat[13]) + int(stat[14])) / os.sysconf("SC_CLK_TCK")
-    finally:
-        server.kill()
-        server.wait()
     waits.sort()
     p99 = waits[int(0.99 * (len(waits) - 1))]
     print(

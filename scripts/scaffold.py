@@ -15,16 +15,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE.parents[1] / "shared" / "data" / "tatoeba-cmn-eng" / "cmn.txt"
 PATH = "/v1/translate"
+T0 = time.perf_counter()
 
 
 def log(message: str) -> None:
-    """A progress line on stderr."""
-    print(f"[{Path(sys.argv[0]).stem} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    """A progress line on stderr: the script, the clock and the seconds since it started."""
+    stamp = f"{Path(sys.argv[0]).stem} {time.strftime('%H:%M:%S')} {time.perf_counter() - T0:7.1f}s"
+    print(f"[{stamp}] {message}", file=sys.stderr, flush=True)
 
 
 def beam_label(beam: int) -> str:
@@ -84,7 +84,7 @@ class Server:
     def __enter__(self) -> "Server":
         import httpx
 
-        port = free_port()
+        self.port = port = free_port()
         self.url = f"http://127.0.0.1:{port}{PATH}"
         self._log = open(self.log_path, "wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -145,13 +145,6 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def percentiles(values: list[float]) -> dict:
-    if not values:
-        return {"p50_ms": None, "p95_ms": None, "p99_ms": None}
-    p = np.percentile(np.array(values) * 1000, [50, 95, 99])
-    return {"p50_ms": float(p[0]), "p95_ms": float(p[1]), "p99_ms": float(p[2])}
 
 
 def prepare_out(out: Path, force: bool) -> None:

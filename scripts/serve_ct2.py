@@ -153,9 +153,8 @@ class CT2Engine(Engine):
                     f"length {limit}: pass a larger max_decoding_length or a smaller min_decoding_length"
                 )
             by_limit.setdefault(limit, []).append(i)
-        # CTranslate2 takes one max_decoding_length per call: one call per distinct limit keeps every
-        # sentence's
-        # own limit (cutting a longer search afterwards would be exact for greedy only). One text: one call.
+        # CTranslate2 takes one max_decoding_length per call: one call per distinct limit keeps each
+        # sentence's own limit (cutting a longer search afterwards is exact for greedy only).
         for limit, rows in by_limit.items():
             found = self.ct2.translate_batch(
                 [pieces[i] for i in rows],
@@ -176,8 +175,7 @@ class CT2Engine(Engine):
                 full = [[self._target_id(p) for p in h] for h in r.hypotheses]
                 ids = [h[:-1] if h and h[-1] == self.translator.eos_id else h for h in full]
                 # CTranslate2's score is the sum of log-probabilities / length^length_penalty (end token
-                # counted),
-                # for greedy search too; ours is the sum: multiplied back.
+                # counted), for greedy search too; ours is the sum: multiplied back.
                 scores = (
                     [float(s) * max(len(h), 1) ** options.length_penalty for s, h in zip(r.scores, full)]
                     if options.return_scores

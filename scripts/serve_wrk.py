@@ -1,7 +1,7 @@
 """Load benchmark of `seq2onnx serve` driven by wrk, an independent HTTP client (issue 36, item 4).
 
     python scripts/serve_wrk.py BUNDLE --ct2 CT2_DIR --out DIR [--clients 1 8 32 128] [--seconds 15]
-    python scripts/serve_wrk.py marian WORK     # an OPUS-MT-size Marian: WORK/bundle, WORK/ct2
+    python scripts/hf_real_sizes.py --work W --models marian --prepare-only   # W/out/marian/bundle-fp32, ct2
 
 Each server is its own process on 127.0.0.1 (scaffold.Server: a free port, awaited until it answers,
 SIGTERM then SIGKILL), with --threads (T) compute threads in all:
@@ -47,7 +47,7 @@ COLUMNS = ("continuous", "continuous-no-solo", *SERVERS[1:])  # the report's (--
 MARKER = "SERVE_WRK "
 
 
-sys.path.insert(0, str(HERE))  # scaffold and hf_sizes_common, also when a test loads this file by path
+sys.path.insert(0, str(HERE))  # scaffold, also when a test loads this file by path
 import scaffold as sc  # noqa: E402
 
 log = sc.log
@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=doc[0], epilog="\n\n".join(doc[1:]), formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("bundle", type=Path, help="the bundle served (seq2onnx export's, or `marian WORK`'s)")
+    p.add_argument("bundle", type=Path, help="the bundle served (seq2onnx export's)")
     p.add_argument("--ct2", type=Path, help="the CTranslate2 model of the bundle's checkpoint (else no ct2)")
     sc.add_out(p)
     p.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS), help="(default all)")
@@ -355,34 +355,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_marian(work: Path) -> int:
-    """`serve_wrk.py marian WORK`: hf_real_sizes.py's OPUS-MT-size Marian (random weights) in WORK/model, its
-    fp32 bundle in WORK/bundle and CTranslate2 model in WORK/ct2; steps already done are skipped."""
-    import hf_sizes_common as hf
-
-    model = work / "model"
-    steps = [
-        ("build", model / "model.safetensors", {"size": hf.SIZES["marian"], "out": str(model)}),
-        ("export", work / "bundle" / "bundle.json", {"model_dir": str(model), "out": str(work / "bundle")}),
-        ("ct2_convert", work / "ct2" / "model.bin", {"model_dir": str(model), "out": str(work / "ct2")}),
-    ]
-    for name, done, spec in steps:
-        if done.is_file():
-            continue
-        log(f"marian: {name}")
-        result = hf.run_job(
-            {"job": name, **spec, **({"quantize": None} if name == "export" else {})},
-            work,
-            f"marian-{name}",
-            3600.0,
-        )
-        if "error" in result:
-            print(f"serve_wrk: {name} failed: {result['error']}", file=sys.stderr)
-            return 1
-    print(f"bundle {work / 'bundle'}\nct2 {work / 'ct2'}")
-    return 0
-
-
 def _check(args) -> None:
     """Raises ValueError for a bad argument or a missing wrk."""
     if shutil.which("wrk") is None:
@@ -401,8 +373,6 @@ def _check(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Returns 0; 1 when a point had errors; 2 for a bad argument or a missing wrk (the message on stderr)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["marian"] and len(argv) == 2:
-        return build_marian(Path(argv[1]))
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, sc.terminate)  # unwinds: the servers are stopped
     words: list = []

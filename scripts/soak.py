@@ -1,26 +1,14 @@
-"""Long runs: one Translator in this process, or a `seq2onnx serve` process under many clients.
+"""Memory over a long run: a `seq2onnx serve` process under many clients (issue 37, item 8; issue 60).
 
-    python scripts/soak.py BUNDLE [--sentences 10000] [--batch 32] [--beam 4]
-    python scripts/soak.py BUNDLE --serve [--clients 64] [--minutes 10] [--every 10] --out DIR
+    python scripts/soak.py BUNDLE --serve [--clients 64] [--minutes 10] [--every 10] [--mix heavy] --out DIR
 
---serve (issue 37, item 8): a real server on 127.0.0.1 (`seq2onnx serve BUNDLE --batching continuous`)
-and --clients closed-loop clients of mixed requests (greedy, beam 4 with 2-best and scores, sampling with
-a seed, 1-8 texts of 1-40 words, some with a max_decoding_length), for --minutes, after a warm-up of
---warmup seconds with one client of the same mix (every graph and kind of search has run: the reference
-reading). Every --every seconds it samples the server's resident set (/proc/PID/status VmRSS), its open
-file descriptors (/proc/PID/fd) and the p99 latency of the requests answered in that window; then the
-clients stop and the idle server is sampled for --idle seconds. Writes DIR/soak.json and DIR/soak.png
-(RSS, descriptors and p99 against time); see serve_soak() for the figures.
-
-Without --serve:
-Memory is read from /proc/self/statm (resident set) after every batch. The inputs cycle through a
-pool of 2,000 distinct sentences; the warm-up is the first pass over that pool (at least 10% of
-the run), because onnxruntime's arena grows until it has seen every batch shape once and then
-reuses its blocks. The resident set then still swings by a few percent from batch to batch (the
-allocator returns and takes back pages), so one reading against another measures that swing, not a
-leak: growth is the median of the readings over the last tenth of the run against the median over
-the tenth after the warm-up. The largest reading is reported too; the run fails (exit 1) when the
-growth is 5% or more.
+A real server on 127.0.0.1 (`seq2onnx serve BUNDLE --batching continuous`) and --clients closed-loop clients
+(raw_http.py) of mixed requests (greedy, beam 4 with 2-best and scores, sampling with a seed, 1-8 texts of
+1-40 words, some with a max_decoding_length; or --mix heavy: issue 60's), for --minutes, after --warmup
+seconds of one client of the same mix (the reference reading). Every --every seconds it samples the
+server's resident set (VmRSS), open descriptors and the p99 latency of that window; then the clients stop
+and the idle server is sampled for --idle seconds. Writes DIR/soak.json and DIR/soak.png (serve_soak()
+names the figures). The in-process mode (one Translator, no server) is `git show 6c5edd9:scripts/soak.py`.
 """
 
 from __future__ import annotations
@@ -35,12 +23,8 @@ import time
 from pathlib import Path
 
 
-from seq2onnx.runtime.translator import Translator
-
-
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import scaffold as sc  # noqa: E402
 
 
 POOL = 2000
@@ -120,6 +104,15 @@ async def _clients(
     await asyncio.gather(*(client(i) for i in range(n)))
 
 
+def sample(pid: int, t: float, window: list, load: bool) -> dict:
+    """The server's RSS and descriptors now, and the answers of the window (time, latency, status)."""
+    latencies = sorted(lat for _, lat, _ in window)
+    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
+    figures = {"t_s": round(t, 1), "rss_mb": round(proc_rss_mb(pid), 1), "fds": proc_fds(pid)}
+    answered = {"answered": len(window), "non_200": sum(st != 200 for *_, st in window)}
+    return figures | {"p99_s": None if p99 is None else round(p99, 3), **answered, "load": load}
+
+
 def serve_soak(args) -> int:
     """Runs the --serve soak (the module docstring); writes DIR/soak.json and DIR/soak.png.
 
@@ -129,42 +122,20 @@ def serve_soak(args) -> int:
     """
     import threading
 
-    from scaffold import Server, free_port  # noqa: F401  (scripts/ is this script's folder)
-
     from seq2onnx.atomic import write_file
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pool = sentences(POOL)
-    argv = [
-        sys.executable,
-        "-m",
-        "seq2onnx.commands",
-        "serve",
-        args.bundle,
-        "--batching",
-        args.batching,
-        "--max-queue",
-        str(4 * args.clients),
-        "--max-texts",
-        "64",
-        *args.server_args,
-    ]
+    limits = ("--batching", args.batching, "--max-queue", 4 * args.clients, "--max-texts", 64)
+    argv = sc.serve_argv(args.bundle, *limits, *args.server_args)
     done, errors, samples = [], [], []
-    with Server(argv, out / "server.log", probe=pool[0]) as server:
-        pid, port = server.proc.pid, int(server.url.split(":")[2].split("/")[0])
+    with sc.Server(argv, out / "server.log", probe=pool[0]) as server:
+        pid, port = server.proc.pid, server.port
         warm_done, warm_errors = [], []
         mix = heavy_request if args.mix == "heavy" else mixed_request
         asyncio.run(_clients("127.0.0.1", port, 1, args.warmup, pool, warm_done, warm_errors, mix))
-        warm = {
-            "t_s": 0.0,
-            "rss_mb": round(proc_rss_mb(pid), 1),
-            "fds": proc_fds(pid),
-            "p99_s": None,
-            "answered": len(warm_done),
-            "non_200": sum(st != 200 for *_, st in warm_done),
-            "load": False,
-        }
+        warm = sample(pid, 0.0, warm_done, False) | {"p99_s": None}
         print("warm-up:", json.dumps(warm), flush=True)
         t0 = time.monotonic()
         load = threading.Thread(
@@ -179,19 +150,7 @@ def serve_soak(args) -> int:
             time.sleep(args.every)
             now, window = time.monotonic(), done[seen:]
             seen += len(window)
-            latencies = sorted(lat for _, lat, _ in window)
-            p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
-            samples.append(
-                {
-                    "t_s": round(now - t0, 1),
-                    "rss_mb": round(proc_rss_mb(pid), 1),
-                    "fds": proc_fds(pid),
-                    "p99_s": None if p99 is None else round(p99, 3),
-                    "answered": len(window),
-                    "non_200": sum(st != 200 for *_, st in window),
-                    "load": load.is_alive(),
-                }
-            )
+            samples.append(sample(pid, now - t0, window, load.is_alive()))
             print(json.dumps(samples[-1]), flush=True)
             if not load.is_alive() and now - t0 >= args.minutes * 60 + args.idle:
                 break
@@ -280,75 +239,19 @@ def plot_soak(report: dict, path: Path) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle")
-    p.add_argument("--sentences", type=int, default=10_000)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--json", help="write the figures here")
-    p.add_argument(
-        "--serve", action="store_true", help="soak a `seq2onnx serve` process instead (the docstring)"
-    )
+    p.add_argument("--serve", action="store_true", help="(the only mode; kept for the docs' commands)")
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--every", type=float, default=10.0, help="seconds between samples")
-    p.add_argument(
-        "--warmup", type=float, default=30.0, help="seconds of one client before the reference sample"
-    )
+    p.add_argument("--warmup", type=float, default=30.0, help="seconds of one client before the reference")
     p.add_argument("--idle", type=float, default=30.0, help="seconds sampled without clients at the end")
     p.add_argument("--batching", default="continuous")
-    p.add_argument(
-        "--mix",
-        choices=("mixed", "heavy"),
-        default="mixed",
-        help="heavy: issue 60's 8-32 texts at beam 4 with the 4-best, or 8 samples",
-    )
+    heavy = "heavy: issue 60's 8-32 texts at beam 4 with the 4-best, or 8 samples"
+    p.add_argument("--mix", choices=("mixed", "heavy"), default="mixed", help=heavy)
     p.add_argument("--out", default="soak-out")
-    p.add_argument(
-        "--server-args", nargs=argparse.REMAINDER, default=[], help="more `seq2onnx serve` options"
-    )
-    args = p.parse_args()
-    if args.serve:
-        return serve_soak(args)
-    translator = Translator(args.bundle, device="cpu")
-    texts = sentences(args.sentences)
-    # one pass over the distinct inputs (every batch shape seen once), but never more than half the run
-    warmup_end = max(min(POOL, args.sentences // 2), args.sentences // 10, args.batch)
-    samples: list[tuple[int, float]] = []
-    t0 = time.time()
-    baseline = None
-    for start in range(0, len(texts), args.batch):
-        translator.translate_batch(texts[start : start + args.batch], beam_size=args.beam)
-        done = min(start + args.batch, len(texts))
-        samples.append((done, rss_mb()))
-        if baseline is None and done >= warmup_end:
-            baseline = samples[-1][1]
-        if done % 1000 < args.batch:
-            print(f"{done:>6} sentences  rss {samples[-1][1]:.1f} MB  {time.time() - t0:.0f} s", flush=True)
-    window = max(args.sentences // 10, args.batch)
-    after = [m for done, m in samples if warmup_end <= done < warmup_end + window] or [baseline]
-    last = [m for done, m in samples if done > len(texts) - window] or [samples[-1][1]]
-    baseline, final = statistics.median(after), statistics.median(last)
-    growth = (final - baseline) / baseline
-    peak = max(m for _, m in samples)
-    peak_after = max(m for done, m in samples if done >= warmup_end)
-    report = {
-        "sentences": len(texts),
-        "distinct": min(POOL, len(texts)),
-        "beam": args.beam,
-        "batch": args.batch,
-        "warmup_sentences": warmup_end,
-        "rss_after_warmup_mb": baseline,
-        "rss_final_mb": final,
-        "window_sentences": window,
-        "rss_peak_mb": peak,
-        "growth_after_warmup": growth,
-        "largest_growth_after_warmup": (peak_after - baseline) / baseline,
-        "seconds": time.time() - t0,
-        "readings": [{"sentences": d, "rss_mb": round(m, 1)} for d, m in samples],
-    }
-    print(json.dumps({k: v for k, v in report.items() if k != "readings"}, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if growth < 0.05 else 1
+    more = "more `seq2onnx serve` options"
+    p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help=more)
+    return serve_soak(p.parse_args())
 
 
 if __name__ == "__main__":

@@ -121,8 +121,10 @@ test_sentences.__test__ = False  # a helper, not a test, though pytest would col
 
 
 # SentencePiece and training, shared by both builders.
-def train_spm(texts: list[str], path: Path, vocab_size: int) -> Path:
+def train_spm(texts: list[str], path: Path, vocab_size: int, **options) -> Path:
     """Trains a unigram SentencePiece model on `texts` and writes it to `path` (any file name); returns `path`.
+
+    `options` are SentencePieceTrainer's, over these (scripts/ train their models with this too).
 
     Raises:
         RuntimeError: From SentencePiece, when `texts` cannot fill `vocab_size` pieces.
@@ -138,10 +140,7 @@ def train_spm(texts: list[str], path: Path, vocab_size: int) -> Path:
         sentence_iterator=iter(texts),
         model_writer=model,
         vocab_size=vocab_size,
-        model_type="unigram",
-        character_coverage=1.0,
-        num_threads=1,
-        minloglevel=2,
+        **{"model_type": "unigram", "character_coverage": 1.0, "num_threads": 1, "minloglevel": 2, **options},
     )
     path.write_bytes(model.getvalue())
     return path
@@ -237,6 +236,71 @@ def _marian_vocab(pieces: list[str]) -> dict[str, int]:
     return {token: i for i, token in enumerate(tokens)}
 
 
+# The published checkpoints' conventions (special ids, layout switches, generation settings): one source for
+# the builders here, in hf_marian_multi.py, hf_nllb.py and hf_mbart.py, and in scripts/ (hf_identity_models.py,
+# hf_sizes_jobs.py), which import this module from the checkout.
+_MBART_PUBLISHED = dict(  # facebook/mbart-large-50-many-to-many-mmt's switches (transformers reads none)
+    normalize_before=True,
+    normalize_embedding=True,
+    static_position_embeddings=False,
+    add_final_layer_norm=True,
+    add_bias_logits=False,
+)
+
+
+def conventions(family: str, shape: dict, vocab_size: int, max_length: int = MAX_LENGTH, **config):
+    """(model config, generation config) of a family as its published checkpoints have them.
+
+    Args:
+        family: "marian" (OPUS-MT: </s> 0, <pad> = decoder start = the last id, swish, post-norm), "m2m100"
+            (facebook/m2m100: <s> 0 <pad> 1 </s> 2, beam 5), "nllb" (the same, beam 4) or "mbart" (mBART-50:
+            gelu, pre-norm, </s> forced at the end).
+        shape: the config's size fields (d_model, layers, heads, ffn, ...).
+        vocab_size: the embedding rows (Marian: also its decoder's, unless config says decoder_vocab_size).
+        max_length: generation_config.json's max_length.
+        **config: fields over the family's (e.g. activation_function, share_encoder_decoder_embeddings).
+    """
+    from transformers import GenerationConfig, M2M100Config, MarianConfig, MBartConfig
+
+    if family == "marian":
+        pad = vocab_size - 1
+        ids = dict(
+            pad_token_id=pad,
+            decoder_start_token_id=pad,
+            eos_token_id=0,
+            forced_eos_token_id=0,
+            bos_token_id=0,
+        )
+        layout = dict(normalize_before=False, normalize_embedding=False, static_position_embeddings=True)
+        fields = dict(
+            decoder_vocab_size=vocab_size, share_encoder_decoder_embeddings=True, activation_function="swish"
+        )
+        model = MarianConfig(
+            **shape,
+            **ids,
+            **layout,
+            **{**fields, **config},
+            vocab_size=vocab_size,
+            tie_word_embeddings=True,
+            add_final_layer_norm=False,
+        )
+        return model, GenerationConfig(
+            **ids, bad_words_ids=[[pad]], max_length=max_length, num_beams=4, renormalize_logits=True
+        )
+    ids = dict(bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2)
+    search = dict(early_stopping=True, max_length=max_length, num_beams=4 if family == "nllb" else 5)
+    if family == "mbart":
+        ids["forced_eos_token_id"] = 2
+        fields = {**shape, "activation_function": "gelu", **_MBART_PUBLISHED, **config}
+        return MBartConfig(
+            **fields, **ids, vocab_size=vocab_size, tie_word_embeddings=True
+        ), GenerationConfig(**ids, **search)
+    fields = {**shape, "activation_function": "relu", **config}
+    return M2M100Config(**fields, **ids, vocab_size=vocab_size, tie_word_embeddings=True), GenerationConfig(
+        **ids, **search
+    )
+
+
 def make_marian(
     directory: str | Path,
     *,
@@ -262,7 +326,7 @@ def make_marian(
     Returns:
         The directory.
     """
-    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+    from transformers import MarianMTModel, MarianTokenizer
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -295,23 +359,13 @@ def make_marian(
         )
 
     pad = len(vocab) - 1
-    config = MarianConfig(
-        **_SHAPE,
-        vocab_size=len(vocab),
+    config, generation = conventions(
+        "marian",
+        _SHAPE,
+        len(vocab),
         decoder_vocab_size=len(target_vocab),
         share_encoder_decoder_embeddings=shared_vocab,
-        tie_word_embeddings=True,
         activation_function=activation,
-        pad_token_id=pad,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=0,
-        bos_token_id=0,
-        # Fields the published OPUS-MT configs carry; HF's Marian is always post-norm with static positions.
-        normalize_before=False,
-        normalize_embedding=False,
-        static_position_embeddings=True,
-        add_final_layer_norm=False,
     )
     torch.manual_seed(seed)
     model = MarianMTModel(config)
@@ -326,17 +380,7 @@ def make_marian(
     # Measured over seeds 0-2: 1e-2 gives 55-65% exact translations; post-norm diverges at 2e-2 for some.
     _fit(model, examples, pad, train_steps, seed, lr=1e-2)
 
-    model.generation_config = GenerationConfig(
-        bad_words_ids=[[pad]],
-        bos_token_id=0,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=0,
-        max_length=MAX_LENGTH,
-        num_beams=4,
-        pad_token_id=pad,
-        renormalize_logits=True,
-    )
+    model.generation_config = generation
     with _quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -368,7 +412,7 @@ def make_m2m100(
     Returns:
         The directory.
     """
-    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+    from transformers import M2M100ForConditionalGeneration, M2M100Tokenizer
     from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
 
     out = Path(directory)
@@ -395,16 +439,8 @@ def make_m2m100(
         additional_special_tokens=[f"__{code}__" for code in languages],
     )
 
-    config = M2M100Config(
-        **_SHAPE,
-        vocab_size=len(vocab) + len(languages) + M2M_MADEUP_WORDS,
-        activation_function=activation,
-        bos_token_id=0,
-        pad_token_id=1,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        tie_word_embeddings=True,
-    )
+    vocab_size = len(vocab) + len(languages) + M2M_MADEUP_WORDS
+    config, generation = conventions("m2m100", _SHAPE, vocab_size, activation_function=activation)
     torch.manual_seed(seed)
     model = M2M100ForConditionalGeneration(config)
     examples = []
@@ -417,15 +453,7 @@ def make_m2m100(
     _fit(model, examples, config.pad_token_id, train_steps, seed, lr=2e-2)
 
     tokenizer.tgt_lang = None  # as published: the caller picks the target with forced_bos_token_id
-    model.generation_config = GenerationConfig(
-        bos_token_id=0,
-        decoder_start_token_id=2,
-        early_stopping=True,
-        eos_token_id=2,
-        max_length=MAX_LENGTH,
-        num_beams=5,
-        pad_token_id=1,
-    )
+    model.generation_config = generation
     with _quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)

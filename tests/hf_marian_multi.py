@@ -30,7 +30,7 @@ def make_marian_multi(directory: str | Path, *, train_steps: int = 300, seed: in
     Returns:
         The directory.
     """
-    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+    from transformers import MarianMTModel, MarianTokenizer
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -52,23 +52,7 @@ def make_marian_multi(directory: str | Path, *, train_steps: int = 300, seed: in
             model_max_length=512,
         )
     pad = len(vocab) - 1
-    config = MarianConfig(
-        **F._SHAPE,
-        vocab_size=len(vocab),
-        decoder_vocab_size=len(vocab),
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        activation_function="swish",
-        pad_token_id=pad,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=0,
-        bos_token_id=0,
-        normalize_before=False,
-        normalize_embedding=False,
-        static_position_embeddings=True,
-        add_final_layer_norm=False,
-    )
+    config, generation = F.conventions("marian", F._SHAPE, len(vocab))
     torch.manual_seed(seed)
     model = MarianMTModel(config)
     with torch.no_grad():
@@ -79,17 +63,7 @@ def make_marian_multi(directory: str | Path, *, train_steps: int = 300, seed: in
             encoded = tokenizer(f">>{code}<< {source}", text_target=F.translate(source, lang))
             examples.append((encoded["input_ids"], encoded["labels"]))
     F._fit(model, examples, pad, train_steps, seed, lr=1e-2)
-    model.generation_config = GenerationConfig(
-        bad_words_ids=[[pad]],
-        bos_token_id=0,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=0,
-        max_length=F.MAX_LENGTH,
-        num_beams=4,
-        pad_token_id=pad,
-        renormalize_logits=True,
-    )
+    model.generation_config = generation
     with F._quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)

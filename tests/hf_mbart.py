@@ -23,15 +23,6 @@ from build_cache import build_once
 
 CODES = {"en": "en_XX", "fr": "fr_XX", "de": "de_DE"}  # mBART-50's codes of the toy corpus' languages
 SPM_FILE = "sentencepiece.bpe.model"
-# The switches facebook/mbart-large-50-many-to-many-mmt's config.json carries (transformers reads
-# none of them).
-PUBLISHED = dict(
-    normalize_before=True,
-    normalize_embedding=True,
-    static_position_embeddings=False,
-    add_final_layer_norm=True,
-    add_bias_logits=False,
-)
 
 
 def make_mbart(directory: str | Path, *, train_steps: int = 300, seed: int = 0, **config) -> Path:
@@ -46,7 +37,7 @@ def make_mbart(directory: str | Path, *, train_steps: int = 300, seed: int = 0, 
     Returns:
         The directory.
     """
-    from transformers import GenerationConfig, MBart50Tokenizer, MBartConfig, MBartForConditionalGeneration
+    from transformers import MBart50Tokenizer, MBartForConditionalGeneration
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -56,17 +47,7 @@ def make_mbart(directory: str | Path, *, train_steps: int = 300, seed: int = 0, 
         F.train_spm(texts, Path(snapshot) / SPM_FILE, 160)
         tokenizer = MBart50Tokenizer.from_pretrained(snapshot, src_lang=CODES["en"])
         shutil.copyfile(Path(snapshot) / SPM_FILE, out / SPM_FILE)
-    fields = {**F._SHAPE, "activation_function": "gelu", **PUBLISHED, **config}
-    model_config = MBartConfig(
-        **fields,
-        vocab_size=len(tokenizer),
-        bos_token_id=0,
-        pad_token_id=1,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        forced_eos_token_id=2,
-        tie_word_embeddings=True,
-    )
+    model_config, generation = F.conventions("mbart", F._SHAPE, len(tokenizer), **config)
     torch.manual_seed(seed)
     model = MBartForConditionalGeneration(model_config)
     examples = []
@@ -77,16 +58,7 @@ def make_mbart(directory: str | Path, *, train_steps: int = 300, seed: int = 0, 
             examples.append((encoded["input_ids"], encoded["labels"]))
     F._fit(model, examples, model_config.pad_token_id, train_steps, seed, lr=2e-2)
     tokenizer.tgt_lang = None
-    model.generation_config = GenerationConfig(
-        bos_token_id=0,
-        decoder_start_token_id=2,
-        early_stopping=True,
-        eos_token_id=2,
-        forced_eos_token_id=2,
-        max_length=F.MAX_LENGTH,
-        num_beams=5,
-        pad_token_id=1,
-    )
+    model.generation_config = generation
     with F._quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)

@@ -57,7 +57,7 @@ def make_nllb(directory: str | Path, *, with_spm: bool = True, train_steps: int 
     Returns:
         The directory.
     """
-    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+    from transformers import M2M100ForConditionalGeneration, NllbTokenizer
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
     out = Path(directory)
@@ -72,16 +72,7 @@ def make_nllb(directory: str | Path, *, with_spm: bool = True, train_steps: int 
         )
         if with_spm:
             shutil.copyfile(Path(snapshot) / SPM_FILE, out / SPM_FILE)
-    config = M2M100Config(
-        **F._SHAPE,
-        vocab_size=len(tokenizer),
-        activation_function="relu",
-        bos_token_id=0,
-        pad_token_id=1,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        tie_word_embeddings=True,
-    )
+    config, generation = F.conventions("nllb", F._SHAPE, len(tokenizer))
     torch.manual_seed(seed)
     model = M2M100ForConditionalGeneration(config)
     examples = []
@@ -92,15 +83,7 @@ def make_nllb(directory: str | Path, *, with_spm: bool = True, train_steps: int 
             examples.append((encoded["input_ids"], encoded["labels"]))
     F._fit(model, examples, config.pad_token_id, train_steps, seed, lr=2e-2)
     tokenizer.tgt_lang = None
-    model.generation_config = GenerationConfig(
-        bos_token_id=0,
-        decoder_start_token_id=2,
-        early_stopping=True,
-        eos_token_id=2,
-        max_length=F.MAX_LENGTH,
-        num_beams=4,
-        pad_token_id=1,
-    )
+    model.generation_config = generation
     with F._quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)

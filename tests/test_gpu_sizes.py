@@ -1,5 +1,6 @@
-"""scripts/gpu_sizes.py (issue 57): its plan puts the goals' rows first, an engine absent here is skipped by
-name, the report compares every engine's ids with generate() fp32, and its CPU mode runs end to end."""
+"""scripts/hf_real_sizes.py on the GPU (issue 57; scripts/gpu_sizes.sh runs it): its plan puts the goals' rows
+first, an engine absent here is skipped by name, the report compares every engine's ids with generate() fp32,
+and the CPU mode of gpu_sizes.sh runs end to end."""
 
 from __future__ import annotations
 
@@ -15,13 +16,17 @@ from tiny import scratch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-import gpu_sizes  # noqa: E402
-from gpu_sizes_report import markdown, same  # noqa: E402
+import hf_real_sizes as sizes  # noqa: E402
+from hf_sizes_report import markdown, same  # noqa: E402
+
+GPU = sizes.PRESETS["cuda"] | {"device": "cuda"}
+PREP = ("build", "prepare", "export-fp32", "export-fp16", "ct2-convert")  # what the GPU's engines need
+ENGINES = sizes.GPU_ENGINES + sizes.LAST
 
 
 def test_plan_puts_each_models_goal_rows_before_the_other_ct2_types():
-    steps = gpu_sizes.plan(["marian", "nllb"], list(gpu_sizes.ENGINES))
-    assert steps[:6] == [("marian", s) for s in gpu_sizes.PREP] + [("marian", "ours-fp16")]
+    steps = sizes.plan(["marian", "nllb"], list(ENGINES))
+    assert steps[:6] == [("marian", s) for s in PREP] + [("marian", "ours-fp16")]
     nllb = steps.index(("nllb", "build"))
     assert {e for m, e in steps[:nllb]} >= {"ours-fp16", "ct2-float16", "generate-fp32", "ours-fp32"}
     assert steps[-4:] == [
@@ -30,9 +35,9 @@ def test_plan_puts_each_models_goal_rows_before_the_other_ct2_types():
         ("nllb", "ct2-int8_float16"),
         ("nllb", "ct2-float32"),
     ]
-    assert len(steps) == len(set(steps)) == 2 * (len(gpu_sizes.PREP) + len(gpu_sizes.ENGINES))
+    assert len(steps) == len(set(steps)) == 2 * (len(PREP) + len(ENGINES))
     # only the preparation the engines asked for need; variants last
-    assert gpu_sizes.plan(["nllb"], ["generate-fp32"], ["ours-fp32-tf32"]) == [
+    assert sizes.plan(["nllb"], ["generate-fp32"], ["ours-fp32-tf32"]) == [
         ("nllb", "build"),
         ("nllb", "prepare"),
         ("nllb", "export-fp32"),
@@ -45,35 +50,36 @@ def test_an_engine_absent_here_is_skipped_by_name():
     def find(name):
         return None if name == "ctranslate2" else object()
 
-    assert gpu_sizes.absent("ct2-float16", "cuda", find) == "skipped: ctranslate2 is not installed here"
-    assert gpu_sizes.absent("ct2-convert", "cuda", find) == "skipped: ctranslate2 is not installed here"
-    assert gpu_sizes.absent("ours-fp16", "cuda", find) is None
+    assert sizes.absent("ct2-float16", "cuda", find) == "skipped: ctranslate2 is not installed here"
+    assert sizes.absent("ct2-convert", "cuda", find) == "skipped: ctranslate2 is not installed here"
+    assert sizes.absent("ours-fp16", "cuda", find) is None
     assert (
-        gpu_sizes.absent("generate-fp32", "cpu", lambda n: None)
-        == "skipped: transformers is not installed here"
+        sizes.absent("generate-fp32", "cpu", lambda n: None) == "skipped: transformers is not installed here"
     )
-    assert gpu_sizes.absent("ct2-int8_float16", "cpu", lambda n: object()) == (
+    assert sizes.absent("ct2-int8_float16", "cpu", lambda n: object()) == (
         "skipped: CTranslate2 computes float16 on CUDA only"
     )
-    assert gpu_sizes.needs("ct2-float32") == ["build", "prepare", "ct2-convert"]
-    assert gpu_sizes.needs("ours-fp16-standard") == ["build", "prepare", "export-fp16"]
+    assert sizes.needs("ct2-float32") == ["build", "prepare", "ct2-convert"]
+    assert sizes.needs("ours-fp16-standard") == ["build", "prepare", "export-fp16"]
 
 
 def test_engine_specs_turn_tf32_off_for_float32_only():
-    mode, work = gpu_sizes.MODES["gpu"], Path("/w")
-    spec = gpu_sizes.engine_spec("generate-fp32", work, "nllb", mode)
+    mode, work = GPU, Path("/w")
+    spec = sizes.engine_spec("generate-fp32", work, "nllb", mode)
     assert (
         spec["engine"] == "torch"
         and spec["dtype"] == "float32"
         and spec["env"] == {"NVIDIA_TF32_OVERRIDE": "0"}
     )
     assert spec["max_batch"] == 128 and spec["device"] == "cuda"
-    assert "env" not in gpu_sizes.engine_spec("ct2-float16", work, "nllb", mode)
-    tf32 = gpu_sizes.engine_spec("ours-fp32-tf32", work, "nllb", mode)
+    assert "env" not in sizes.engine_spec("ct2-float16", work, "nllb", mode)
+    tf32 = sizes.engine_spec("ours-fp32-tf32", work, "nllb", mode)
     assert (
         tf32["tuning"] == {"tf32": True} and "env" not in tf32 and tf32["bundle"] == "/w/out/nllb/bundle-fp32"
     )
-    assert gpu_sizes.engine_spec("ct2-int8_float16", work, "m", mode)["compute_type"] == "int8_float16"
+    assert sizes.engine_spec("ct2-int8_float16", work, "m", mode)["compute_type"] == "int8_float16"
+    cpu = sizes.engine_spec("ct2-float32-t1-mkl", work, "m", sizes.PRESETS["cpu"] | {"device": "cpu"})
+    assert (cpu["threads"], cpu["env"], cpu["compute_type"]) == (1, {"CT2_USE_MKL": "1"}, "float32")
 
 
 def test_ct2_counts_equal_when_only_the_forced_end_token_differs():
@@ -132,6 +138,7 @@ def test_report_names_skipped_engines_and_counts_ids_against_generate(tmp_path):
 def test_cpu_mode_measures_every_engine_it_can_and_names_the_rest():
     out = scratch("gpu-sizes-out")
     engines = "ours-fp16,ct2-float16,generate-fp32,ours-fp32,ct2-float32"
+    prep = ("build", "prepare", "export-fp32", "export-fp16", "ct2-convert")
     done = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_sizes.sh"), "--cpu", "--models", "marian", "--engines", engines],
         capture_output=True,
@@ -144,7 +151,7 @@ def test_cpu_mode_measures_every_engine_it_can_and_names_the_rest():
     steps = json.loads((out / "results.json").read_text())["steps"]["marian"]
     status = {k: v["status"] for k, v in steps.items()}
     assert status == {
-        **{s: "ok" for s in gpu_sizes.PREP},
+        **{s: "ok" for s in prep},
         "ours-fp16": "ok",
         "generate-fp32": "ok",
         "ours-fp32": "ok",
@@ -166,16 +173,16 @@ def test_cpu_mode_measures_every_engine_it_can_and_names_the_rest():
 def test_a_step_past_the_budget_or_after_a_failure_is_not_run(tmp_path):
     ctx = {
         "work": tmp_path,
-        "mode": gpu_sizes.MODES["gpu"],
+        "mode": GPU,
         "budget": 450,
         "deadline": 0.0,
-        "sizes": {"nllb": gpu_sizes.SIZES["nllb"]},
+        "sizes": {"nllb": sizes.SIZES["nllb"]},
     }
-    assert gpu_sizes.run_step("nllb", "build", ctx, {}) == {"status": "not run: the budget was spent (450 s)"}
+    assert sizes.run_step("nllb", "build", ctx, {}) == {"status": "not run: the budget was spent (450 s)"}
     failed = {
         "nllb": {"build": {"status": "ok"}, "prepare": {"status": "ok"}, "export-fp16": {"status": "failed"}}
     }
-    assert gpu_sizes.run_step("nllb", "ours-fp16", ctx, failed) == {"status": "not run: needs export-fp16"}
+    assert sizes.run_step("nllb", "ours-fp16", ctx, failed) == {"status": "not run: needs export-fp16"}
     assert not list(tmp_path.iterdir())  # nothing was started
 
 

@@ -265,7 +265,7 @@ def _linear_groups(proto: onnx.ModelProto) -> list[str | None]:
 
 
 def test_every_linear_layer_of_each_graph_has_a_keep_float_group():
-    """keep_float (scripts/int8_layers.py) finds its layers by the exporter's names: a renamed layer
+    """keep_float (scripts/int4_quality.py) finds its layers by the exporter's names: a renamed layer
     fails here."""
     bundle = fmt.read_bundle(tiny_bundle())
     labels = ("encoder", "decoder", "decoder_fused")

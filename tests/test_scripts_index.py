@@ -1,5 +1,6 @@
 """scripts/ stays an index a maintainer can trust (issue 62, item 4): every `scripts/NAME` the guide names exists,
-scripts/README.md lists every script, and no script passes the package's line cap."""
+scripts/README.md lists every script, no script passes the package's line cap, and scripts/ as a whole stays
+under its total."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 MAX_LINES = 450  # as the package's files (tests/test_layers.py)
-# Over the cap while another issue's branch trims it; an entry must still be over (else delete it here).
+# scripts/ in all (`wc -l scripts/*`): 6,439 on 6c5edd9, 4,361 after issue 62's folds (the issue asks under
+# 4,000). A ratchet: lower it when scripts/ shrinks, never raise it to let a script in.
+MAX_TOTAL_LINES = 4361
 # `scripts/NAME`, not `REV:scripts/NAME` (a file in git history, e.g. `git show 108c463:scripts/gemm.py`)
 REFERENCE = re.compile(r"(?<![\w:/.-])scripts/([\w.-]+\.(?:py|sh|lua|md))")
 
@@ -50,9 +53,18 @@ def test_the_index_lists_every_script():
     assert [p for p in scripts if p not in named and not p.startswith(prefixes)] == []
 
 
+def _lines() -> dict[str, int]:
+    return {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in SCRIPTS.iterdir() if p.is_file()}
+
+
 def test_no_script_passes_the_line_cap():
-    lines = {
-        p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in SCRIPTS.iterdir() if p.is_file()
-    }
-    long = {name: n for name, n in lines.items() if n > MAX_LINES}
+    long = {name: n for name, n in _lines().items() if n > MAX_LINES}
     assert long == {}, f"split or trim these scripts (at most {MAX_LINES} lines each): {long}"
+
+
+def test_scripts_stay_under_their_total():
+    total = sum(_lines().values())
+    assert total <= MAX_TOTAL_LINES, (
+        f"scripts/ has {total} lines, over {MAX_TOTAL_LINES}: fold into scaffold.py or retire a probe whose "
+        "finding docs/ records (scripts/README.md says how), rather than raising the cap"
+    )

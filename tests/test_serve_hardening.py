@@ -40,6 +40,11 @@ HARD = (
     "4",
     "--max-chars",
     "20000",
+    # the bursts below are two requests of 1,024 rows at once, past the defaults (512, serve/memory.py)
+    "--max-rows",
+    "1024",
+    "--max-rows-in-flight",
+    "2048",
 )
 LONG = "the quick brown fox jumps over the lazy dog again and again " * 3
 # 32 sentences x 8 beams x >= 100 steps: seconds on the tests' machine, far past --drain-seconds 0.5

@@ -99,7 +99,7 @@ def test_every_weight_is_stored_once(tmp_path, shape):
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("quantize", [None, "int4"])
+@pytest.mark.parametrize("quantize", [None, "int8", "int4"])
 def test_the_two_decoders_share_every_matrix(tmp_path, shape, quantize):
     """Each matrix of decoder.onnx lies in weights.bin inside one of decoder_fused.onnx's (the same range, or
     Q, K, V as thirds of the stacked QKV): the standard decoder costs the bundle no weights of its own."""

@@ -32,6 +32,27 @@ GROUPS = {
 }
 
 
+# the standard decoder's self-attention Q, K and V products as the tracer names them (layer 1: "w_q_1")
+SELF_QKV = re.compile(r"^/sub_self/w_([qkv])(_\d+)?/")
+
+
+def self_attention_triples(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """Each layer's [Q, K, V] products of a traced decoder's self-attention, by each one's node name, where
+    all three read the same input: the fused decoder multiplies by their weights stacked (export/quantize.py
+    gives the standard decoder the same int8 codes, so that the weights file holds them once)."""
+    layers: dict[str, dict[str, onnx.NodeProto]] = {}
+    for node in graph.node:
+        match = SELF_QKV.match(node.name)
+        if match and node.op_type in ("Gemm", "MatMul") and len(node.input) > 1:
+            layers.setdefault(match.group(2) or "", {})[match.group(1)] = node
+    found = {}
+    for parts in layers.values():
+        if len(parts) == 3 and len({n.input[0] for n in parts.values()}) == 1:
+            triple = [parts[k] for k in "qkv"]
+            found.update({n.name: triple for n in triple})
+    return found
+
+
 def layer_group(node: onnx.NodeProto, tables: set[str] | dict) -> str | None:
     """The GROUPS entry a linear layer belongs to (a weight that is an id table: "embeddings"), or None."""
     if len(node.input) > 1 and node.input[1] in tables:

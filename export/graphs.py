@@ -176,7 +176,7 @@ def export_graphs(
                 **cross_axes,
             },
         )
-        with _shared_generator(model):
+        with _gemm_linears(model) as zero_biases:
             _export(
                 DecoderGraph(model),
                 dec_inputs,
@@ -202,30 +202,42 @@ def export_graphs(
                     **cross_axes,
                     names.SRC_MASK: {0: "batch", 1: "src_len"},
                 },
+                no_bias=zero_biases,
             )
     return enc_path, dec_path
 
 
 @contextlib.contextmanager
-def _shared_generator(model: Transformer):
-    """The output projection traced as Gemm(x, W, 0, transB=1) on its own (V, D) initializer.
+def _gemm_linears(model: Transformer):
+    """The decoder's linear layers traced as Gemm(x, W, transB=1) on their own (out, in) initializers.
 
-    Traced as it is (a Linear without bias), it becomes MatMul(x, Transpose(W)), and constant folding
-    stores W transposed: a tied table would be held twice (NLLB-600M's decoder would pass the 2 GB of
-    one ONNX file), and the bundle's weights file could not share W with the fused decoder, which
-    multiplies by W itself. With a bias the exporter makes one Gemm with transB (adding 0 changes no value).
+    Traced as it is, a Linear without bias (the output projection; every layer of T5) becomes
+    MatMul(x, Transpose(W)), and folding stores W transposed: a tied table would be held twice (NLLB-600M's
+    decoder would pass the 2 GB of one ONNX file), and the bundle's weights file could not share W with
+    the fused decoder, which multiplies by W itself (a T5 bundle held each decoder layer twice: 1.41x the
+    weights at MADLAD-3B shape, docs/t5.md). With a bias, the exporter makes one Gemm with transB on the
+    step's (R, D) rows; so each gets a zero bias while traced. The output projection keeps its zero C
+    (adding 0 changes no value); the layers' are dropped again by _export (Gemm's C is optional).
+
+    Yields:
+        The names of the layers' zero biases, as the traced DecoderGraph's inputs name them.
     """
     gen = model.generator
-    shared = gen.bias is None
-    if shared:
-        gen.bias = nn.Parameter(
-            torch.zeros(gen.out_features, dtype=gen.weight.dtype, device=gen.weight.device)
-        )
+    added = [gen] if gen.bias is None else []
+    layers = {
+        f"model.decoder_layers.{name}.bias": module
+        for name, module in model.decoder_layers.named_modules()
+        if isinstance(module, nn.Linear) and module.bias is None
+    }
+    added += layers.values()
+    for linear in added:
+        w = linear.weight
+        linear.bias = nn.Parameter(torch.zeros(linear.out_features, dtype=w.dtype, device=w.device))
     try:
-        yield
+        yield frozenset(layers)
     finally:
-        if shared:
-            gen.bias = None
+        for linear in added:
+            linear.bias = None
 
 
 def _export(
@@ -237,6 +249,7 @@ def _export(
     inputs: list[str],
     outputs: list[str],
     axes: dict,
+    no_bias: frozenset[str] = frozenset(),
 ) -> None:
     # The TorchScript exporter on purpose: its dynamic_axes give the named axes of bundle.json
     # directly, and it emits plain MatMul/Softmax at opset 17. It warns that it is legacy. Without the
@@ -275,6 +288,9 @@ def _export(
                 dynamo=False,
             )
     proto = onnx.load(str(path))
+    for node in proto.graph.node:  # the zero biases _gemm_linears gave the layers: no C, as the model
+        if node.op_type == "Gemm" and len(node.input) == 3 and node.input[2] in no_bias:
+            del node.input[2]
     _place_weights(proto, module.state_dict(keep_vars=True), writer)
     if names.LOG_PROBS in outputs:
         add_top_k(proto, module.model.cfg.tgt_vocab_size)

@@ -15,6 +15,10 @@ process under /usr/bin/time -v (its "Maximum resident set size"):
 - a load and a greedy decode of --sentences sentences to 64 tokens at batch 1, one thread, with our
   Translator and ctranslate2.Translator: load seconds, peak RSS, generated tokens per second.
 
+`--export-only` stops after the export: the bundle's size beside the fp32 weights' (safetensors), no
+CTranslate2, no decode; `--vocab` shrinks the vocabulary (256,000), so that a few layers weigh more than
+the two 256,000-row tables and a check of the bundle's size per layer takes a minute, not ten.
+
 The per-layer cost is the difference between two layer counts; docs/t5.md extrapolates it to 32+32.
 Results: WORK/shape_cost.json. Keep L small: the 2+2 model is 2.7 GB of fp32 weights, 4+4 3.4 GB.
 """
@@ -93,12 +97,13 @@ def size_gb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e9
 
 
-def build(layers: int, tokenizer: Path, out: Path) -> dict:
+def build(layers: int, tokenizer: Path, out: Path, vocab: int = MADLAD_3B["vocab_size"]) -> dict:
     """The random-weight model of `layers`+`layers` layers, saved; its parameter count."""
+    config = {**MADLAD_3B, "vocab_size": vocab}
     code = (
         "import sys, torch; from transformers import T5Config, T5ForConditionalGeneration\n"
         "torch.manual_seed(0)\n"
-        f"c = T5Config(**{MADLAD_3B!r}, num_layers={layers}, num_decoder_layers={layers})\n"
+        f"c = T5Config(**{config!r}, num_layers={layers}, num_decoder_layers={layers})\n"
         "m = T5ForConditionalGeneration(c).eval()\n"
         "m.lm_head.weight = torch.nn.Parameter(torch.randn_like(m.lm_head.weight) * c.d_model ** -0.5)\n"
         "m.save_pretrained(sys.argv[1]); print(sum(p.numel() for p in m.parameters()))\n"
@@ -116,10 +121,19 @@ def build(layers: int, tokenizer: Path, out: Path) -> dict:
 
 def measure(layers: int, args) -> dict:
     model, bundle, ct2 = (args.work / f"{name}-{layers}" for name in ("model", "bundle", "ct2"))
-    row = {"layers": layers, **build(layers, args.tokenizer, model), "model_gb": size_gb(model)}
+    row = {"layers": layers, "vocab": args.vocab, **build(layers, args.tokenizer, model, args.vocab)}
+    row["model_gb"] = size_gb(model)
     cli = Path(sys.executable).parent
     row["export"] = timed([str(cli / "seq2onnx"), "export", str(model), str(bundle), "--force"])
     print(json.dumps({"layers": layers, "export": row["export"]}), flush=True)  # each stage as it ends
+    if args.export_only:
+        weights = sum(p.stat().st_size for p in model.glob("*.safetensors"))
+        row.update(bundle_gb=size_gb(bundle), fp32_weights_gb=weights / 1e9)
+        row["bundle_over_weights"] = row["bundle_gb"] / row["fp32_weights_gb"]
+        print(json.dumps(row), flush=True)
+        shutil.rmtree(model)
+        shutil.rmtree(bundle)
+        return row
     row["ct2_convert"] = timed(
         [str(cli / "ct2-transformers-converter"), "--model", str(model), "--output_dir", str(ct2), "--force"]
     )
@@ -154,6 +168,8 @@ def main(argv=None) -> int:
     p.add_argument("--work", type=Path, required=True, help="scratch directory (models are deleted after)")
     p.add_argument("--layers", default="2,4", help="comma-separated encoder (= decoder) layer counts")
     p.add_argument("--sentences", type=int, default=8, help="sentences decoded by each engine")
+    p.add_argument("--vocab", type=int, default=MADLAD_3B["vocab_size"], help="vocabulary size (MADLAD's)")
+    p.add_argument("--export-only", action="store_true", help="the export and the bundle's size alone")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     rows = [measure(int(n), args) for n in args.layers.split(",")]

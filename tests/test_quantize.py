@@ -64,7 +64,10 @@ def test_int8_bundle_records_its_scheme_and_loads_with_hashes(int8):
         ops = {n.op_type for n in proto.graph.node}
         assert "DynamicQuantizeLinear" not in ops and not ops & {"Gemm", "FusedGemm"}, (label, ops)
         products = [n for n in proto.graph.node if n.op_type == graph["product"]]
-        assert len(products) == graph["linear_layers"] > 0, label
+        # the standard decoder's self-attention Q, K, V: one product each layer, by the fused QKV's codes
+        stacked = [n for n in proto.graph.node if n.op_type == "Split" and n.name.endswith("/qkv/split")]
+        assert bool(stacked) == (label == "decoder"), (label, [n.name for n in stacked])
+        assert len(products) + 2 * len(stacked) == graph["linear_layers"] > 0, label
         # uint8 activations x int8 weights (onnxruntime's fast kernel): the activations' zero point a scalar
         # 128 (one for every row), the weights' one per output column
         inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}

@@ -253,6 +253,21 @@ def check_replaceable(
         )
 
 
+def _check_existing(
+    out: Path,
+    force: bool,
+    what: str,
+    error: type[Exception],
+    ours: Callable[[Path], bool] | None,
+    why: str,
+) -> None:
+    """Refuse an existing `out` without force, or one force may not replace (`why` adds to the message)."""
+    if out.exists() and not force:
+        raise error(f"{out} already exists{why}; pass --force to replace it")
+    if out.exists():
+        check_replaceable(out, ours, what, error)
+
+
 @contextmanager
 def building(
     out: str | os.PathLike[str],
@@ -286,22 +301,14 @@ def building(
     """
     out = Path(out)
     refuse_overlap(out, inputs or {}, error)
-    if out.exists() and not force:
-        raise error(f"{out} already exists; pass --force to replace it")
-    if out.exists():
-        check_replaceable(out, ours, what, error)
+    _check_existing(out, force, what, error, ours, "")
     parent = out.resolve().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise error(f"cannot write the {what} at {out}: {e.strerror}; choose a writable directory") from e
     with OutputLock(out, what, error):
-        if out.exists() and not force:
-            raise error(
-                f"{out} already exists (written by another {what} meanwhile); pass --force to replace it"
-            )
-        if out.exists():
-            check_replaceable(out, ours, what, error)
+        _check_existing(out, force, what, error, ours, f" (written by another {what} meanwhile)")
         try:
             tmp = temp_dir(parent, f".{out.name}.tmp-")
         except OSError as e:

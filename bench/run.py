@@ -169,56 +169,72 @@ def run_bench(
         ValueError: unknown engines, no sentences, or a directory in bundle_dir that is not ours.
         CheckpointError: a bad checkpoint.
     """
-    from seq2onnx.export.ctranslate2.convert import source_pieces, target_pieces
-    from seq2onnx.model import checkpoint
-
     cores = usable_cores()
     threads = threads or (min(max_threads, cores) if max_threads else cores)
     n = sentences or (QUICK_SENTENCES if quick else DEFAULT_SENTENCES)
     wanted = _wanted_engines(engines)
-    ckpt_dir = checkpoint.resolve(checkpoint_path)
-    model, tok, _ = checkpoint.load(ckpt_dir)
-    cfg = model.cfg
-    pairs, origin = _load_sentences(ckpt_dir, n, data)
-    if not pairs:
-        raise ValueError("no sentences to benchmark")
-    sources, too_long, limits, order = _batches(tok, cfg, pairs)
+    ckpt_dir, tok, cfg, origin, (sources, too_long, limits, order) = _prepare(checkpoint_path, n, data)
     report = _report_head(str(ckpt_dir), cfg, sources, origin, too_long, threads, repeat, sweep)
 
     with _work_dir(bundle_dir) as root:
         skipped = _unavailable(wanted)
         active = [e for e in wanted if e not in skipped]
-        # (engine, setting) pairs, one child each per round; without a sweep every engine at `threads`
-        settings = {
-            e: sweep_settings(ENGINES[e][0], ENGINES[e][1], threads) if sweep else [Setting(threads)]
-            for e in active
-        }
-        variants = [(e, s) for e in active for s in settings[e]]
-        if sweep:
-            report["sweep"] = {e: [s.label for s in settings[e]] for e in active}
-            report["notes"].append(SWEEP_NOTE)
+        variants = _variants(active, threads, sweep, report)
         bundles = _bundles(ckpt_dir, root, active, log)
         ct2_model = _ct2_model(ckpt_dir, root, active, log)
         report["bundles"], report["ct2_model"] = bundles, ct2_model
-        job_base = {
-            "checkpoint": str(ckpt_dir),
-            "sources": sources,
-            "limits": limits,
-            "order": order,
-            "threads": threads,
-            "eos_id": cfg.eos_id,
-            "unk_id": cfg.unk_id,
-            "repeat": 1,  # one pass per child: rounds repeat
-            "configs": CONFIGS,
-            "bundles": bundles,
-            "ct2_model": ct2_model,
-            "source_pieces": source_pieces(tok),
-            "target_pieces": target_pieces(tok),
-        }
+        job_base = {**_job_base(ckpt_dir, cfg, tok, sources, limits, order, threads), "bundles": bundles}
+        job_base["ct2_model"] = ct2_model
         results = _run_rounds(variants, job_base, repeat, sweep, skipped, log)
         report["skipped"] = [{"engine": k, "reason": v} for k, v in skipped.items()]
         fill_rows(report, results, limits)
     return report
+
+
+def _prepare(checkpoint_path: str | Path, n: int, data: str | None) -> tuple:
+    """The checkpoint's directory, tokenizer and config, where the sentences come from, and the
+    sentences in batches (_batches)."""
+    from seq2onnx.model import checkpoint
+
+    ckpt_dir = checkpoint.resolve(checkpoint_path)
+    model, tok, _ = checkpoint.load(ckpt_dir)
+    pairs, origin = _load_sentences(ckpt_dir, n, data)
+    if not pairs:
+        raise ValueError("no sentences to benchmark")
+    return ckpt_dir, tok, model.cfg, origin, _batches(tok, model.cfg, pairs)
+
+
+def _variants(active: list[str], threads: int, sweep: bool, report: dict) -> list[tuple[str, Setting]]:
+    """The (engine, setting) pairs to run, one child each per round; without a sweep every engine at
+    `threads`. With a sweep, notes each engine's settings in the report."""
+    settings = {
+        e: sweep_settings(ENGINES[e][0], ENGINES[e][1], threads) if sweep else [Setting(threads)]
+        for e in active
+    }
+    if sweep:
+        report["sweep"] = {e: [s.label for s in settings[e]] for e in active}
+        report["notes"].append(SWEEP_NOTE)
+    return [(e, s) for e in active for s in settings[e]]
+
+
+def _job_base(ckpt_dir: Path, cfg, tok, sources, limits, order, threads: int) -> dict:
+    """What every child's job holds besides the engine and its setting: the model, the sentences in
+    their batches, and the tokenizer's pieces (which the CTranslate2 child translates between)."""
+    from seq2onnx.export.ctranslate2.convert import source_pieces, target_pieces
+
+    return {
+        "checkpoint": str(ckpt_dir),
+        "sources": sources,
+        "limits": limits,
+        "order": order,
+        "threads": threads,
+        "eos_id": cfg.eos_id,
+        "unk_id": cfg.unk_id,
+        "repeat": 1,  # one pass per child: rounds repeat
+        "configs": CONFIGS,
+        "source_pieces": source_pieces(tok),
+        "target_pieces": target_pieces(tok),
+    }
 
 
 def _wanted_engines(engines: list[str] | None) -> list[str]:

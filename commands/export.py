@@ -39,6 +39,20 @@ def add(sub) -> None:
         help="onnx (default): the ONNX bundle; ctranslate2: a model directory for "
         "ctranslate2.Translator (float32 weights; choose int8/float16 at load with compute_type)",
     )
+    _add_precision_flags(p)
+    p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR")
+    p.add_argument(
+        "--decoder",
+        choices=["both", "standard"],
+        help="ONNX only. both (default): decoder.onnx and, for float32 bundles, "
+        "decoder_fused.onnx (onnxruntime's com.microsoft kernels, faster on its CPU provider); "
+        "standard: decoder.onnx only",
+    )
+    p.set_defaults(func=run)
+
+
+def _add_precision_flags(p) -> None:
+    """The ONNX bundle's precision: --dtype, --quantize and int4's --table-bits and --block-size."""
     # None when not given, so that --format ctranslate2 can refuse them and export_bundle's defaults apply.
     p.add_argument(
         "--dtype",
@@ -70,15 +84,6 @@ def add(sub) -> None:
         "scale), 32 (default); 16: scores independent of the batch at one row too, a larger "
         "and slower bundle; 64/128: smaller (docs/precision.md)",
     )
-    p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR")
-    p.add_argument(
-        "--decoder",
-        choices=["both", "standard"],
-        help="ONNX only. both (default): decoder.onnx and, for float32 bundles, "
-        "decoder_fused.onnx (onnxruntime's com.microsoft kernels, faster on its CPU provider); "
-        "standard: decoder.onnx only",
-    )
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

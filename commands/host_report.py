@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 SHOWN_DIFFERENCES = 5  # per check
+SCORE_BOUND = 1e-4  # max |score difference| between hosts, per hypothesis with identical ids
 
 
 def check_row(name: str, value: str, bound: str, passed: bool, detail: str = "") -> dict:
@@ -149,3 +150,42 @@ def format_report(report: dict, source: str = "") -> str:
     lines.append(f"wall time {report['wall_s']:.1f} s")
     lines.append("PASSED" if report["passed"] else "FAILED: see the rows marked FAIL")
     return "\n".join(lines)
+
+
+def host_checks(sentences, searches, python, node: dict, differences: list[dict]) -> list[dict]:
+    """The table's rows: both tokenizers, then each search's ids and texts, then each one's scores;
+    the differences found are appended to `differences`.
+
+    Args:
+        sentences: the source texts.
+        searches: label -> (beam size, n-best).
+        python: the Python runtime's side (verify_host._PythonSide: results, tokenizers).
+        node: the Node host's side (verify_host._node_side: results, targets, token ids).
+        differences: where the differences go.
+    """
+    targets = node["targets"]
+    checks = [
+        compare_tokens(
+            "source tokenizer", sentences, python.source_tokenizer, node["source_tokens"], differences
+        ),
+        compare_tokens(
+            "target tokenizer", targets, python.target_tokenizer, node["target_tokens"], differences
+        ),
+    ]
+    score_rows = []
+    for label, (size, n_best) in searches.items():
+        name = label if size == 1 else f"{label} (n-best {n_best})"
+        ids_row, text_row, worst, compared = compare_search(
+            name, sentences, python.results[label], node["results"][label], differences
+        )
+        checks += [ids_row, text_row]
+        score_rows.append(
+            check_row(
+                f"{name} max |score diff|",
+                f"{worst:.1e}",
+                f"{SCORE_BOUND:.0e}",
+                worst <= SCORE_BOUND,
+                f"over {compared} hypotheses with identical ids",
+            )
+        )
+    return checks + score_rows

@@ -98,19 +98,7 @@ def read_sentences(
     path = Path(data or sentences_file)
     lines = _lines(path)
     if data:
-        if src_col < 0:
-            raise errors.CommandError(f"--src-col {src_col}: give a column number >= 0")
-        texts = []
-        for n, line in enumerate(lines, 1):
-            if not line.strip():  # blank lines (a file ending in two newlines) hold no sentence
-                continue
-            columns = line.split("\t")
-            if src_col >= len(columns):
-                raise errors.CommandError(
-                    f"{path}: line {n} has {len(columns)} tab-separated columns; "
-                    f"--src-col {src_col} needs at least {src_col + 1}"
-                )
-            texts.append(columns[src_col])
+        texts = _column(path, lines, src_col)
         what = f"column {src_col} of {path.name}"
     else:
         texts, what = lines, path.name
@@ -120,6 +108,24 @@ def read_sentences(
     kept = _spread(texts, count)
     spread = f" (evenly spaced over its {len(texts)} non-empty ones)" if len(kept) < len(texts) else ""
     return kept, f"{len(kept)} sentences from {what}{spread}"
+
+
+def _column(path: Path, lines: list[str], src_col: int) -> list[str]:
+    """Column `src_col` of the tab-separated `lines` (of `path`), blank lines left out."""
+    if src_col < 0:
+        raise errors.CommandError(f"--src-col {src_col}: give a column number >= 0")
+    texts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():  # blank lines (a file ending in two newlines) hold no sentence
+            continue
+        columns = line.split("\t")
+        if src_col >= len(columns):
+            raise errors.CommandError(
+                f"{path}: line {n} has {len(columns)} tab-separated columns; "
+                f"--src-col {src_col} needs at least {src_col + 1}"
+            )
+        texts.append(columns[src_col])
+    return texts
 
 
 # -- the comparison --------------------------------------------------------------------------------

@@ -41,6 +41,27 @@ def find_node_host(node: str | None = None, js_dir: str | Path | None = None) ->
             f"{js}: no JS host there (bin/seq2onnx-js.mjs); verify-host needs the js/ "
             "folder of a seq2onnx checkout: pass --js-dir DIR"
         )
+    node = _node_executable(node, js)
+    for package in ("onnxruntime-node", "@sctg/sentencepiece-js"):
+        if not (js / "node_modules" / package / "package.json").is_file():
+            raise errors.CommandError(
+                f"{js / 'node_modules' / package}: missing; install the JS host's "
+                f"dependencies: npm ci --prefix {js}"
+            )
+    version = _node_version(node)
+    ort_package = js / "node_modules" / "onnxruntime-node" / "package.json"
+    ort_node = json.loads(ort_package.read_text(encoding="utf-8"))
+    return {
+        "node": node,
+        "cli": script,
+        "js_dir": js,
+        "node_version": version,
+        "onnxruntime_node": ort_node.get("version"),
+    }
+
+
+def _node_executable(node: str | None, js: Path) -> str:
+    """The node to run: `node` if it is an executable file, else the one on PATH."""
     if node is None:
         found = shutil.which("node")
         if found is None:
@@ -49,15 +70,14 @@ def find_node_host(node: str | None = None, js_dir: str | Path | None = None) ->
                 "(Debian: apt-get install nodejs npm), then the JS host's "
                 f"dependencies: npm ci --prefix {js}; or pass --node PATH"
             )
-        node = found
-    elif not (os.path.isfile(node) and os.access(node, os.X_OK)):
+        return found
+    if not (os.path.isfile(node) and os.access(node, os.X_OK)):
         raise errors.CommandError(f"--node {node}: not an executable file; give the path of the node binary")
-    for package in ("onnxruntime-node", "@sctg/sentencepiece-js"):
-        if not (js / "node_modules" / package / "package.json").is_file():
-            raise errors.CommandError(
-                f"{js / 'node_modules' / package}: missing; install the JS host's "
-                f"dependencies: npm ci --prefix {js}"
-            )
+    return node
+
+
+def _node_version(node: str) -> str:
+    """`node --version`, refused unless it is Node.js >= NODE_MIN."""
     try:
         version = subprocess.run(
             [node, "--version"], capture_output=True, text=True, timeout=60
@@ -78,15 +98,7 @@ def find_node_host(node: str | None = None, js_dir: str | Path | None = None) ->
             f"{node} is Node.js {version}; the JS host needs Node.js >= "
             f"{NODE_MIN[0]}.{NODE_MIN[1]}: install a newer one or pass --node PATH"
         )
-    ort_package = js / "node_modules" / "onnxruntime-node" / "package.json"
-    ort_node = json.loads(ort_package.read_text(encoding="utf-8"))
-    return {
-        "node": node,
-        "cli": script,
-        "js_dir": js,
-        "node_version": version,
-        "onnxruntime_node": ort_node.get("version"),
-    }
+    return version
 
 
 def run_node(host: dict, args: list[str], lines: list[str]) -> tuple[list[dict], dict | None]:

@@ -53,6 +53,18 @@ def add(subparsers) -> None:
         "'seq2onnx[serve,cpu]'; docs/serving.md explains every endpoint.",
     )
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle made by `seq2onnx export`")
+    _add_listen_flags(p)
+    _add_scheduling_flags(p)
+    _add_process_flags(p)
+    _add_engine_flags(p)
+    _add_limit_flags(p)
+    _add_timeout_flags(p)
+    serve_dropin.add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _add_listen_flags(p) -> None:
+    """Where it listens: --host and --port."""
     p.add_argument(
         "--host",
         default="127.0.0.1",
@@ -64,6 +76,10 @@ def add(subparsers) -> None:
         default=8000,
         help="the port to listen on (default 8000; 0 picks a free one and prints it)",
     )
+
+
+def _add_scheduling_flags(p) -> None:
+    """How requests are decoded together: --batching, --rounds, --lanes, --no-solo."""
     p.add_argument(
         "--batching",
         choices=BATCHING,
@@ -100,6 +116,10 @@ def add(subparsers) -> None:
         "the hand-offs to a scheduler and back (docs/serving.md); requests arriving "
         "meanwhile join the lanes",
     )
+
+
+def _add_process_flags(p) -> None:
+    """Processes and threads: --processes, --liveness-seconds, --workers."""
     p.add_argument(
         "--processes",
         type=int,
@@ -124,6 +144,10 @@ def add(subparsers) -> None:
         default=2,
         help="--batching request only: requests decoded at once, each on a thread of its own (default 2)",
     )
+
+
+def _add_engine_flags(p) -> None:
+    """The sessions: --intra-threads, --device, --cache-dir."""
     p.add_argument(
         "--intra-threads",
         type=int,
@@ -144,6 +168,10 @@ def add(subparsers) -> None:
         "this machine in DIR, so that later starts skip optimizing and packing (about 2.8x "
         "the bundle on disk; runtime/session_cache.py; default: none)",
     )
+
+
+def _add_limit_flags(p) -> None:
+    """The limits of LIMITS, each an int >= 1."""
     for option, default, text in LIMITS:
         p.add_argument(
             option,
@@ -151,6 +179,10 @@ def add(subparsers) -> None:
             default=default,
             help=f"at most this many {text}" + ("" if default is None else f" (default {default})"),
         )
+
+
+def _add_timeout_flags(p) -> None:
+    """Time limits: --timeout, --read-timeout, --send-timeout, --keep-alive, --drain-seconds."""
     p.add_argument(
         "--timeout",
         type=float,
@@ -187,8 +219,6 @@ def add(subparsers) -> None:
         "cancelled (default 25: below Kubernetes' default grace period of 30 s, so that the "
         "engine closes before SIGKILL)",
     )
-    serve_dropin.add_arguments(p)
-    p.set_defaults(func=run)
 
 
 def _check(args) -> None:

@@ -17,6 +17,14 @@ def add(sub) -> None:
         "run.",
     )
     p.add_argument("out", help="run directory (checkpoints, `last` and `best`)")
+    _add_data_flags(p)
+    _add_model_flags(p)
+    _add_run_flags(p)
+    p.set_defaults(func=run)
+
+
+def _add_data_flags(p) -> None:
+    """The corpus: its files, columns, generated size, splits and vocabulary."""
     p.add_argument("--data", help="tab-separated corpus; default: the generated corpus of `seq2onnx demo`")
     p.add_argument(
         "--valid-data",
@@ -41,6 +49,10 @@ def add(sub) -> None:
     p.add_argument("--vocab-size", type=int, default=1000, help="SentencePiece pieces per side")
     p.add_argument("--joint-vocab", action="store_true", help="one SentencePiece model for both sides")
     p.add_argument("--max-len", type=int, default=64, help="drop training pairs longer than this many tokens")
+
+
+def _add_model_flags(p) -> None:
+    """The Transformer's shape."""
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
@@ -48,6 +60,10 @@ def add(sub) -> None:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--pre-norm", action="store_true", help="pre-LN instead of the paper's post-LN")
     p.add_argument("--untied", action="store_true", help="separate target embedding and output projection")
+
+
+def _add_run_flags(p) -> None:
+    """The optimisation and the run: batch, schedule, stopping, evaluation, device, resume."""
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch, padding included")
     p.add_argument("--lr", type=float, default=1.0, help="scale of the inverse-square-root schedule")
     p.add_argument("--warmup", type=int, default=800)
@@ -69,7 +85,6 @@ def add(sub) -> None:
         "launcher: one per GPU, or CPU processes); --max-tokens is the batch of all N "
         "together",
     )
-    p.set_defaults(func=run)
 
 
 def train_options(args):

@@ -116,6 +116,13 @@ def add(sub) -> None:
     p.add_argument("--force", action="store_true", help="let --output replace an existing file")
     translate_flags.add_option_flags(p, notes=_NOTES)
     p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' (sum of log-probabilities)")
+    _add_session_flags(p)
+    _add_line_flags(p)
+    p.set_defaults(func=run)
+
+
+def _add_session_flags(p) -> None:
+    """Where the graphs run: --device, --threads, --cache-dir."""
     p.add_argument(
         "--device",
         default="auto",
@@ -137,6 +144,10 @@ def add(sub) -> None:
         "this machine in DIR, so that later starts skip optimizing and packing (about 2.8x "
         "the bundle on disk; runtime/session_cache.py; default: none)",
     )
+
+
+def _add_line_flags(p) -> None:
+    """Each line's length (--truncate, --strict), its --attention, and --progress."""
     length = p.add_mutually_exclusive_group()
     length.add_argument(
         "--truncate",
@@ -163,7 +174,6 @@ def add(sub) -> None:
         help="a progress bar on stderr (default: on when stderr is a terminal and the input a "
         "file; --progress shows it anywhere, e.g. in a log, --no-progress never)",
     )
-    p.set_defaults(func=run)
 
 
 def _languages(args) -> dict:
@@ -181,14 +191,7 @@ def run(args) -> int:
     translate_flags.check_options(args)
     from_file = args.input not in (None, "-")
     to_file = args.output not in (None, "-")
-    inputs = {"the bundle": args.bundle, **({"--input": args.input} if from_file else {})}
-    if to_file:
-        atomic.refuse_overlap(args.output, inputs, CommandError)
-        AtomicOutput.check(Path(args.output), args.force)  # refuse before the model loads
-    if args.attention:
-        for path in (Path(args.attention), picture_path(Path(args.attention))):
-            atomic.refuse_overlap(path, inputs, CommandError)
-            AtomicOutput.check(path, args.force, "--attention")
+    _refuse_outputs(args, from_file, to_file)  # before the model loads
 
     from seq2onnx.runtime.translator import Translator
 
@@ -199,11 +202,7 @@ def run(args) -> int:
     show = args.progress if args.progress is not None else from_file and sys.stderr.isatty()
     progress = Progress(count_lines(Path(args.input)) if from_file and show else None, enabled=show)
     warnings = Warnings(progress)
-    if from_file:
-        fd = os.open(args.input, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        read = functools.partial(os.read, fd, READ_CHUNK)
-    else:
-        fd, read = None, stdin_read()
+    fd, read = _open_input(args.input if from_file else None)
     attention = AttentionSink(Path(args.attention), args.force, translator) if args.attention else None
     # last: nothing can fail before `try`
     sink = AtomicOutput(Path(args.output), args.force) if to_file else None
@@ -242,6 +241,26 @@ def run(args) -> int:
         if attention:
             attention.close(commit=done)
     return 0
+
+
+def _refuse_outputs(args, from_file: bool, to_file: bool) -> None:
+    """Refuses an --output or --attention file that overlaps an input or exists without --force."""
+    inputs = {"the bundle": args.bundle, **({"--input": args.input} if from_file else {})}
+    if to_file:
+        atomic.refuse_overlap(args.output, inputs, CommandError)
+        AtomicOutput.check(Path(args.output), args.force)
+    if args.attention:
+        for path in (Path(args.attention), picture_path(Path(args.attention))):
+            atomic.refuse_overlap(path, inputs, CommandError)
+            AtomicOutput.check(path, args.force, "--attention")
+
+
+def _open_input(path: str | None):
+    """(fd, read): the file's descriptor and a reader of its chunks, or (None, stdin's reader)."""
+    if path is None:
+        return None, stdin_read()
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    return fd, functools.partial(os.read, fd, READ_CHUNK)
 
 
 class AttentionSink:

@@ -22,6 +22,7 @@ imported only when the command runs. The shape of the job, and why:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -192,45 +193,21 @@ def translate_dataset(
     Raises:
         RuntimeError: a row came back missing, twice or out of order (a bug, never a shifted file).
     """
-    import pyarrow as pa
     import ray
 
     t0 = time.perf_counter()
     n = len(source)
-    # Short inputs get smaller blocks (about 4 per actor) so that every actor has work and the last
-    # block does not leave the others idle; no more actors than blocks, since each loads the model.
-    lines_per_task = max(1, min(lines_per_task, -(-n // (4 * workers))))
-    workers = max(1, min(workers, -(-n // lines_per_task)))
-    blocks = [
-        pa.table(
-            {
-                "index": pa.array(range(start, min(start + lines_per_task, n)), pa.int64()),
-                "text": source.slice(start, lines_per_task),
-            }
-        )
-        for start in range(0, n, lines_per_task)
-    ]
-    ctx = ray.data.DataContext.get_current()
-    saved = ctx.execution_options.preserve_order
-    ctx.execution_options.preserve_order = True  # see the module docstring: order without a sort
-    try:
-        with atomic.temp_path(output) as tmp, Writer(tmp, output_format) as writer:
-            if blocks:
-                ds = ray.data.from_arrow(blocks).map_batches(
-                    actor_class,
-                    batch_size=lines_per_task,
-                    batch_format="pyarrow",
-                    compute=ray.data.ActorPoolStrategy(size=workers),
-                    fn_constructor_args=(str(bundle), device, threads, options),
-                    num_cpus=threads,
-                    num_gpus=1 if device == "cuda" else 0,
-                )
-                for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-                    writer.write(batch)
-            if writer.rows != n:
-                raise RuntimeError(f"Ray Data returned {writer.rows} of {n} rows; {output} was not written")
-    finally:
-        ctx.execution_options.preserve_order = saved
+    lines_per_task, workers = _sizes(n, lines_per_task, workers)
+    blocks = _blocks(source, lines_per_task)
+    with _order_preserved(ray), atomic.temp_path(output) as tmp, Writer(tmp, output_format) as writer:
+        if blocks:
+            ds = _pipeline(
+                ray, blocks, actor_class, (str(bundle), device, threads, options), lines_per_task, workers
+            )
+            for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                writer.write(batch)
+        if writer.rows != n:
+            raise RuntimeError(f"Ray Data returned {writer.rows} of {n} rows; {output} was not written")
     seconds = time.perf_counter() - t0
     return {
         "lines": n,
@@ -239,6 +216,60 @@ def translate_dataset(
         "workers": workers,
         "threads": threads,
     }
+
+
+@contextlib.contextmanager
+def _order_preserved(ray):
+    """Inside, Ray Data yields the blocks in input order (see the module docstring: order without a
+    sort); the setting is global, so it is restored after."""
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.execution_options.preserve_order
+    ctx.execution_options.preserve_order = True
+    try:
+        yield
+    finally:
+        ctx.execution_options.preserve_order = saved
+
+
+def _pipeline(ray, blocks: list, actor_class, actor_args: tuple, lines_per_task: int, workers: int):
+    """The Ray dataset that maps `blocks` through a pool of `workers` actors (actor_class(*actor_args):
+    bundle, device, threads, options), a block a batch."""
+    threads, device = actor_args[2], actor_args[1]
+    return ray.data.from_arrow(blocks).map_batches(
+        actor_class,
+        batch_size=lines_per_task,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=workers),
+        fn_constructor_args=actor_args,
+        num_cpus=threads,
+        num_gpus=1 if device == "cuda" else 0,
+    )
+
+
+def _sizes(n: int, lines_per_task: int, workers: int) -> tuple[int, int]:
+    """(lines per block, actors) for `n` rows.
+
+    Short inputs get smaller blocks (about 4 per actor) so that every actor has work and the last
+    block does not leave the others idle; no more actors than blocks, since each loads the model.
+    """
+    lines_per_task = max(1, min(lines_per_task, -(-n // (4 * workers))))
+    return lines_per_task, max(1, min(workers, -(-n // lines_per_task)))
+
+
+def _blocks(source, lines_per_task: int) -> list:
+    """`source` cut into pyarrow tables (index, text) of at most `lines_per_task` rows."""
+    import pyarrow as pa
+
+    n = len(source)
+    return [
+        pa.table(
+            {
+                "index": pa.array(range(start, min(start + lines_per_task, n)), pa.int64()),
+                "text": source.slice(start, lines_per_task),
+            }
+        )
+        for start in range(0, n, lines_per_task)
+    ]
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -290,27 +321,10 @@ def add(sub) -> None:
 
 def run(args) -> int:
     """Runs `seq2onnx translate-dataset`; user errors raise CommandError (or BundleError)."""
-    for flag, value in (
-        ("--workers", args.workers),
-        ("--threads", args.threads),
-        ("--batch-size", args.max_batch_size),
-        ("--lines-per-task", args.lines_per_task),
-        ("--beam", args.beam_size or 1),
-    ):
-        if value < 1:
-            raise errors.CommandError(f"{flag} {value}; it must be at least 1")
+    _check_counts(args)
     # abspath, not resolve: a shared mount may be reached through a symlink that differs per node.
     bundle, source_path, output = Path(os.path.abspath(args.bundle)), Path(args.input), Path(args.output)
-    atomic.refuse_overlap(output, {"INPUT": source_path, "the bundle": bundle}, errors.CommandError)
-    if output.exists() and not args.force:
-        raise errors.CommandError(f"OUTPUT {output} exists; pass --force to replace it")
-    if output.is_dir() or not output.parent.is_dir():
-        raise errors.CommandError(f"OUTPUT {output}: not a file in an existing directory")
-    if not os.access(output.parent, os.W_OK | os.X_OK):  # now, not after Ray has translated everything
-        raise errors.CommandError(
-            f"OUTPUT {output}: the directory {output.parent} is not writable; "
-            "choose a writable place for the output"
-        )
+    _check_output(output, {"INPUT": source_path, "the bundle": bundle}, args.force)
     ray = import_ray()
     read_bundle(bundle)  # here, hashes included; before Ray starts
     source = read_source(
@@ -320,15 +334,7 @@ def run(args) -> int:
     if started:  # "local" starts a fresh instance even where `ray start` left one running
         ray.init(address=args.address or "local", include_dashboard=False, logging_level=logging.WARNING)
     try:
-        need, have = args.workers * args.threads, ray.cluster_resources().get("CPU", 0)
-        if need > have:
-            message = (
-                f"--workers {args.workers} x --threads {args.threads} needs {need} CPUs; the Ray "
-                f"instance has {have:g}: lower --workers or --threads"
-            )
-            if not args.address:
-                raise errors.CommandError(message)
-            print(f"warning: {message} (or wait for the cluster to scale up)", file=sys.stderr)
+        _check_cpus(ray, args)
         check_bundle_on_nodes(ray, bundle)
         options = {
             "beam_size": args.beam_size,
@@ -355,7 +361,54 @@ def run(args) -> int:
     finally:
         if started:
             ray.shutdown()
-    if args.json:
+    _report(stats, output, args.json)
+    return 0
+
+
+def _check_counts(args) -> None:
+    """Refuses a count below 1."""
+    for flag, value in (
+        ("--workers", args.workers),
+        ("--threads", args.threads),
+        ("--batch-size", args.max_batch_size),
+        ("--lines-per-task", args.lines_per_task),
+        ("--beam", args.beam_size or 1),
+    ):
+        if value < 1:
+            raise errors.CommandError(f"{flag} {value}; it must be at least 1")
+
+
+def _check_output(output: Path, inputs: dict, force: bool) -> None:
+    """Refuses an OUTPUT that overlaps an input, exists without --force, or cannot be written: now,
+    not after Ray has translated everything."""
+    atomic.refuse_overlap(output, inputs, errors.CommandError)
+    if output.exists() and not force:
+        raise errors.CommandError(f"OUTPUT {output} exists; pass --force to replace it")
+    if output.is_dir() or not output.parent.is_dir():
+        raise errors.CommandError(f"OUTPUT {output}: not a file in an existing directory")
+    if not os.access(output.parent, os.W_OK | os.X_OK):
+        raise errors.CommandError(
+            f"OUTPUT {output}: the directory {output.parent} is not writable; "
+            "choose a writable place for the output"
+        )
+
+
+def _check_cpus(ray, args) -> None:
+    """Refuses more CPUs than a local instance has; on a cluster (--address), warns: it may scale up."""
+    need, have = args.workers * args.threads, ray.cluster_resources().get("CPU", 0)
+    if need > have:
+        message = (
+            f"--workers {args.workers} x --threads {args.threads} needs {need} CPUs; the Ray "
+            f"instance has {have:g}: lower --workers or --threads"
+        )
+        if not args.address:
+            raise errors.CommandError(message)
+        print(f"warning: {message} (or wait for the cluster to scale up)", file=sys.stderr)
+
+
+def _report(stats: dict, output: Path, as_json: bool) -> None:
+    """The run's statistics: one JSON line on stdout (--json), else a line on stderr."""
+    if as_json:
         print(json.dumps(stats, sort_keys=True))
     else:
         print(
@@ -363,4 +416,3 @@ def run(args) -> int:
             f"{stats['workers']} workers -> {output}",
             file=sys.stderr,
         )
-    return 0

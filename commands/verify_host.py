@@ -8,7 +8,7 @@ comparison needs neither PyTorch nor the checkpoint: the Python runtime is the r
 - the same target token ids for greedy search and for beam search with its whole n-best, fed the
   same source ids (the Python tokenizer's), so that a tokenizer difference shows in its own row
   and not again in every search row;
-- scores (sums of log-probabilities, end token included) within SCORE_BOUND.
+- scores (sums of log-probabilities, end token included) within SCORE_BOUND (host_report.py).
 
 Both hosts drive the standard decoder (graphs.decoder: the Node host cannot run the fused one's
 com.microsoft kernels), on the CPU, with the same threads, the same batches (256 lines per
@@ -25,15 +25,15 @@ import gc
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from seq2onnx import atomic, errors
 from seq2onnx.commands.host_sentences import DEFAULT_SENTENCES, read_sentences
-from seq2onnx.commands.host_report import check_row, compare_search, compare_tokens, format_report
+from seq2onnx.commands.host_report import format_report, host_checks
 from seq2onnx.commands.node_host import find_node_host, js_dir_default, run_node
 
 HOSTS = ("node",)
-SCORE_BOUND = 1e-4  # max |score difference| between hosts, per hypothesis with identical ids
 READ_CHUNK = 256  # js/bin/seq2onnx-js.mjs: lines per translateBatch call (as `seq2onnx translate`)
 MAX_BATCH = 32  # both hosts' default max_batch_size
 
@@ -146,9 +146,6 @@ def verify_host(
             max_length outside 1..max_positions.
         BundleError: the bundle is refused by the Python runtime.
     """
-    from seq2onnx.runtime.session_tuning import SessionTuning
-    from seq2onnx.runtime.translator import Translator
-
     log = log or (lambda message: None)
     if isinstance(beam, bool) or not isinstance(beam, int) or beam < 2:
         raise errors.CommandError(
@@ -156,6 +153,46 @@ def verify_host(
         )
     host = find_node_host(node, js_dir)
     started = time.perf_counter()
+    langs = {"source_lang": source_lang, "target_lang": target_lang}
+    searches = {"greedy": (1, 1), f"beam {beam}": (beam, beam)}
+    python = _python_side(bundle_dir, sentences, searches, threads, langs, max_length, log)
+    # Only the tokenizers are needed from here on: the sessions (and their arenas, which keep the
+    # largest key/value caches of the searches) went with the translator; free them before the
+    # Node host loads the bundle.
+    gc.collect()
+    node = _node_side(
+        host, bundle_dir, sentences, python, searches, threads, _node_flags(langs, max_length), log
+    )
+    differences: list[dict] = []
+    checks = host_checks(sentences, searches, python, node, differences)
+    settings = {"max_length": max_length, "threads": threads, "beam": beam}
+    return _report(
+        bundle_dir, host, settings, sentences, python, node, searches, checks, differences, started
+    )
+
+
+@dataclass
+class _PythonSide:
+    """What the Python runtime gave, kept once its translator (and sessions) are gone: the prepared
+    sources (ids, truncated), each search's results and seconds, the tokenizers, the decoder used."""
+
+    prepared: list[tuple[list[int], bool]]
+    results: dict[str, list]
+    seconds: dict[str, float]
+    source_tokenizer: object
+    target_tokenizer: object
+    decoder: str
+
+    @property
+    def source_ids(self) -> list[list[int]]:
+        return [ids for ids, _ in self.prepared]
+
+
+def _python_side(bundle_dir, sentences, searches, threads, langs, max_length, log) -> _PythonSide:
+    """Runs the searches on the Python runtime (the standard decoder, on the CPU)."""
+    from seq2onnx.runtime.session_tuning import SessionTuning
+    from seq2onnx.runtime.translator import Translator
+
     translator = Translator(
         bundle_dir, device="cpu", intra_threads=threads, _tuning=SessionTuning(decoder="standard")
     )
@@ -168,75 +205,79 @@ def verify_host(
             f"--max-length {max_length}: give an integer from 1 to "
             f"{translator.max_positions} (the model's max_positions)"
         )
-    langs = {"source_lang": source_lang, "target_lang": target_lang}
     prepared = [translator.prepare_source(s, truncate=True, **langs) for s in sentences]
+    source_ids = [ids for ids, _ in prepared]
+    results, seconds = _python_searches(
+        translator, source_ids, searches, langs["target_lang"], max_length, log
+    )
+    return _PythonSide(
+        prepared,
+        results,
+        seconds,
+        translator.source_tokenizer,
+        translator.target_tokenizer,
+        translator.decoder_variant,
+    )
+
+
+def _node_flags(langs: dict, max_length: int | None) -> list[str]:
+    """The Node host's flags for the languages and the length limit."""
     flags = [x for name, v in langs.items() if v for x in (f"--{name.replace('_', '-')}", v)]
     if max_length is not None:
         flags += ["--max-length", str(max_length)]
-    source_ids = [ids for ids, _ in prepared]
-    searches = {"greedy": (1, 1), f"beam {beam}": (beam, beam)}
-    python, python_s = _python_searches(translator, source_ids, searches, target_lang, max_length, log)
-    # Only the tokenizers are needed from here on: the sessions (and their arenas, which keep the
-    # largest key/value caches of the searches) go before the Node host loads the bundle.
-    source_tokenizer, target_tokenizer = translator.source_tokenizer, translator.target_tokenizer
-    decoder_variant = translator.decoder_variant
-    del translator
-    gc.collect()
-    node, node_timing = _node_searches(host, bundle_dir, source_ids, searches, threads, flags, log)
-    # target texts: every hypothesis the Python runtime wrote, once each, in order
+    return flags
+
+
+def _node_side(host, bundle_dir, sentences, python: _PythonSide, searches, threads, flags, log) -> dict:
+    """The Node host's searches (results, timing) on the Python runtime's source ids, and its
+    tokenizers' ids of the sentences (source) and of every hypothesis the Python runtime wrote
+    (targets, once each, in order)."""
+    results, timing = _node_searches(host, bundle_dir, python.source_ids, searches, threads, flags, log)
     targets = list(
-        dict.fromkeys(h for label in searches for r in python[label] for h in r.hypotheses if h.strip())
+        dict.fromkeys(
+            h for label in searches for r in python.results[label] for h in r.hypotheses if h.strip()
+        )
     )
     log("the Node host: tokenizers")
-    node_source_tokens, _ = run_node(host, ["tokenize", str(bundle_dir), "--side", "source"], sentences)
-    node_target_tokens, _ = run_node(host, ["tokenize", str(bundle_dir), "--side", "target"], targets)
+    source_tokens, _ = run_node(host, ["tokenize", str(bundle_dir), "--side", "source"], sentences)
+    target_tokens, _ = run_node(host, ["tokenize", str(bundle_dir), "--side", "target"], targets)
+    return {
+        "results": results,
+        "timing": timing,
+        "targets": targets,
+        "source_tokens": source_tokens,
+        "target_tokens": target_tokens,
+    }
 
-    differences: list[dict] = []
-    checks = [
-        compare_tokens("source tokenizer", sentences, source_tokenizer, node_source_tokens, differences),
-        compare_tokens("target tokenizer", targets, target_tokenizer, node_target_tokens, differences),
-    ]
-    score_rows = []
-    for label, (size, n_best) in searches.items():
-        name = label if size == 1 else f"{label} (n-best {n_best})"
-        ids_row, text_row, worst, compared = compare_search(
-            name, sentences, python[label], node[label], differences
-        )
-        checks += [ids_row, text_row]
-        score_rows.append(
-            check_row(
-                f"{name} max |score diff|",
-                f"{worst:.1e}",
-                f"{SCORE_BOUND:.0e}",
-                worst <= SCORE_BOUND,
-                f"over {compared} hypotheses with identical ids",
-            )
-        )
-    checks += score_rows
+
+def _report(
+    bundle_dir, host, settings, sentences, python, node, searches, checks, differences, started
+) -> dict:
+    """verify_host's report (host_report.py formats it)."""
+    import onnxruntime
+
     speed = {
         label: {
-            "python_s": python_s[label],
-            "node_s": node_timing[label]["translate_s"] if node_timing[label] else None,
-            "python_tokens": _target_tokens([r.token_ids for r in python[label]]),
-            "node_tokens": _target_tokens([n["token_ids"] for n in node[label]]),
+            "python_s": python.seconds[label],
+            "node_s": node["timing"][label]["translate_s"] if node["timing"][label] else None,
+            "python_tokens": _target_tokens([r.token_ids for r in python.results[label]]),
+            "node_tokens": _target_tokens([n["token_ids"] for n in node["results"][label]]),
         }
         for label in searches
     }
-    import onnxruntime
-
     return {
         "bundle": str(bundle_dir),
         "host": "node",
         "node_version": host["node_version"],
         "onnxruntime_node": host["onnxruntime_node"],
         "onnxruntime": onnxruntime.__version__,
-        "decoder": decoder_variant,
-        "max_length": max_length,
-        "threads": threads,
-        "beam": beam,
+        "decoder": python.decoder,
+        "max_length": settings["max_length"],
+        "threads": settings["threads"],
+        "beam": settings["beam"],
         "sentences": len(sentences),
-        "empty": sum(not ids for ids in source_ids),
-        "truncated": sum(cut for _, cut in prepared),
+        "empty": sum(not ids for ids in python.source_ids),
+        "truncated": sum(cut for _, cut in python.prepared),
         "checks": checks,
         "differences": differences,
         "speed": speed,
@@ -270,6 +311,20 @@ def add(sub) -> None:
         choices=HOSTS,
         help="the host to compare with the Python runtime (default node)",
     )
+    _add_sentence_flags(p)
+    _add_search_flags(p)
+    _add_host_flags(p)
+    p.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write the report as JSON to FILE (refused if it exists, unless --force)",
+    )
+    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
+    p.set_defaults(func=run)
+
+
+def _add_sentence_flags(p) -> None:
+    """Where the sentences come from (one of three) and how many."""
     given = p.add_argument_group("sentences (give one)")
     given.add_argument("--sentences-file", metavar="FILE", help="a text file, one sentence per line")
     given.add_argument(
@@ -288,6 +343,10 @@ def add(sub) -> None:
         metavar="N",
         help=f"how many sentences to compare (default {DEFAULT_SENTENCES})",
     )
+
+
+def _add_search_flags(p) -> None:
+    """The searches both hosts run: --beam, --threads, --max-length, the languages."""
     p.add_argument(
         "--beam",
         type=int,
@@ -317,6 +376,10 @@ def add(sub) -> None:
     p.add_argument(
         "--target-lang", metavar="CODE", help="a multilingual bundle's target language, on both hosts"
     )
+
+
+def _add_host_flags(p) -> None:
+    """The Node host: --node, --js-dir."""
     p.add_argument("--node", metavar="PATH", help="the node executable (default: node on PATH)")
     p.add_argument(
         "--js-dir",
@@ -324,13 +387,6 @@ def add(sub) -> None:
         default=None,
         help=f"the JS host's folder, with node_modules installed (default: {js_dir_default()})",
     )
-    p.add_argument(
-        "--json",
-        metavar="FILE",
-        help="also write the report as JSON to FILE (refused if it exists, unless --force)",
-    )
-    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -156,55 +156,59 @@ def export_graphs(
     n = model.cfg.n_decoder_layers
     enc_inputs, dec_inputs = example_inputs(model, dtype)
     enc_path, dec_path = out_dir / names.ENCODER_FILE, out_dir / names.DECODER_FILE
-    cross_axes = {name: {0: "batch", 2: "src_len"} for name in names.cross_names(n)}
     own = writer is None
     writer = TensorWriter(Path(out_dir) / STAGING_FILE) if own else writer
     with torch.no_grad(), contextlib.ExitStack() as stack:
         if own:
             stack.enter_context(writer)
-        _export(
-            EncoderGraph(model),
-            enc_inputs,
-            enc_path,
-            writer,
-            inputs=[names.SRC_IDS, names.SRC_LENGTHS],
-            outputs=[names.SRC_MASK, *names.cross_names(n)],
-            axes={
-                names.SRC_IDS: {0: "batch", 1: "src_len"},
-                names.SRC_LENGTHS: {0: "batch"},
-                names.SRC_MASK: {0: "batch", 1: "src_len"},
-                **cross_axes,
-            },
-        )
+        _export(EncoderGraph(model), enc_inputs, enc_path, writer, **_encoder_io(n))
         with _gemm_linears(model) as zero_biases:
-            _export(
-                DecoderGraph(model),
-                dec_inputs,
-                dec_path,
-                writer,
-                inputs=[
-                    names.TOKENS,
-                    names.STEP,
-                    names.CACHE_INDICES,
-                    *names.past_names(n),
-                    *names.cross_names(n),
-                    names.SRC_MASK,
-                ],
-                outputs=[names.LOG_PROBS, *names.present_names(n), names.CROSS_ATTENTION],
-                axes={
-                    names.TOKENS: {0: "rows"},
-                    names.STEP: {0: "step_rows"},
-                    names.CACHE_INDICES: {0: "rows"},
-                    names.LOG_PROBS: {0: "rows"},
-                    **{p: {0: "prev_rows", 2: "past"} for p in names.past_names(n)},
-                    **{p: {0: "rows", 2: "past_plus_1"} for p in names.present_names(n)},
-                    names.CROSS_ATTENTION: {0: "rows", 1: "src_len"},
-                    **cross_axes,
-                    names.SRC_MASK: {0: "batch", 1: "src_len"},
-                },
-                no_bias=zero_biases,
-            )
+            _export(DecoderGraph(model), dec_inputs, dec_path, writer, **_decoder_io(n), no_bias=zero_biases)
     return enc_path, dec_path
+
+
+def _cross_axes(n: int) -> dict:
+    return {name: {0: "batch", 2: "src_len"} for name in names.cross_names(n)}
+
+
+def _encoder_io(n: int) -> dict:
+    """The encoder graph's input and output names and their dynamic axes (`n` decoder layers)."""
+    return {
+        "inputs": [names.SRC_IDS, names.SRC_LENGTHS],
+        "outputs": [names.SRC_MASK, *names.cross_names(n)],
+        "axes": {
+            names.SRC_IDS: {0: "batch", 1: "src_len"},
+            names.SRC_LENGTHS: {0: "batch"},
+            names.SRC_MASK: {0: "batch", 1: "src_len"},
+            **_cross_axes(n),
+        },
+    }
+
+
+def _decoder_io(n: int) -> dict:
+    """The decoder graph's input and output names and their dynamic axes (`n` layers)."""
+    return {
+        "inputs": [
+            names.TOKENS,
+            names.STEP,
+            names.CACHE_INDICES,
+            *names.past_names(n),
+            *names.cross_names(n),
+            names.SRC_MASK,
+        ],
+        "outputs": [names.LOG_PROBS, *names.present_names(n), names.CROSS_ATTENTION],
+        "axes": {
+            names.TOKENS: {0: "rows"},
+            names.STEP: {0: "step_rows"},
+            names.CACHE_INDICES: {0: "rows"},
+            names.LOG_PROBS: {0: "rows"},
+            **{p: {0: "prev_rows", 2: "past"} for p in names.past_names(n)},
+            **{p: {0: "rows", 2: "past_plus_1"} for p in names.present_names(n)},
+            names.CROSS_ATTENTION: {0: "rows", 1: "src_len"},
+            **_cross_axes(n),
+            names.SRC_MASK: {0: "batch", 1: "src_len"},
+        },
+    }
 
 
 @contextlib.contextmanager

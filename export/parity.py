@@ -115,25 +115,12 @@ def verify(
     tol = meta["tolerances"]
     pairs = test_sentences(ckpt_dir, sentences, data, src_col, tgt_col)
     decoders = tuple(bundle.decoder_variants)
-    # One Translator per decoder, each forced to it: a fused decoder that cannot run is an error here.
-    # The fused graph's kernels are the CPU's (its cache layout), so it is verified on the CPU.
-    translators = {
-        d: Translator(bundle, device="cpu" if d == fmt.FUSED else device, _tuning=SessionTuning(decoder=d))
-        for d in decoders
-    }
+    translators = _translators(bundle, decoders, device)
     translator = translators[fmt.STANDARD]
     sample = pairs[: max(0, tensor_sentences)]
-    checks = (
-        tensor_checks(
-            model, tok, bundle, sample, translator.device, tol["tensor_atol"], decoders=decoders, log=say
-        )
-        if sample
-        else []
-    )
+    checks = _tensor_tier(model, tok, bundle, sample, translator.device, tol, decoders, say)
     checks += _search_checks(model, tok, translators, pairs, tol, say)
-    # The tensor bound of a reduced-precision bundle is informative; its verdict rests on tokens and text.
-    full_precision = meta["dtype"] == "float32" and not meta.get("quantization")
-    judged = [c for c in checks if c.tier != "tensor" or full_precision]
+    judged = _judged(checks, meta)
     return {
         "bundle": str(bundle_dir),
         "checkpoint": str(ckpt_dir),
@@ -146,6 +133,29 @@ def verify(
         "passed": all(c.passed for c in judged),
         "checks": [asdict(c) | {"judged": c in judged} for c in checks],
     }
+
+
+def _translators(bundle, decoders: tuple[str, ...], device: str) -> dict[str, Translator]:
+    """One Translator per decoder, each forced to it: a fused decoder that cannot run is an error here.
+    The fused graph's kernels are the CPU's (its cache layout), so it is verified on the CPU."""
+    return {
+        d: Translator(bundle, device="cpu" if d == fmt.FUSED else device, _tuning=SessionTuning(decoder=d))
+        for d in decoders
+    }
+
+
+def _tensor_tier(model, tok, bundle, sample, device: str, tol: dict, decoders, say) -> list[Check]:
+    """The tensor tier's checks on `sample` (none for no sentences)."""
+    if not sample:
+        return []
+    return tensor_checks(model, tok, bundle, sample, device, tol["tensor_atol"], decoders=decoders, log=say)
+
+
+def _judged(checks: list[Check], meta: dict) -> list[Check]:
+    """The checks the verdict rests on: the tensor bound of a reduced-precision bundle is
+    informative, its verdict rests on tokens and text."""
+    full_precision = meta["dtype"] == "float32" and not meta.get("quantization")
+    return [c for c in checks if c.tier != "tensor" or full_precision]
 
 
 def _search_checks(

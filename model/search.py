@@ -104,20 +104,8 @@ def beam_search(
         log_probs = log_probs.double().cpu()
         if t < min_length:
             log_probs[:, eos_id] = float("-inf")
-        vocab = log_probs.shape[1]
-        scores = torch.tensor([s for _, s in live], dtype=torch.float64)
-        total = (scores[:, None] + log_probs).reshape(-1)
-        order = torch.sort(total, descending=True, stable=True).indices[: 2 * k].tolist()
         last_step = t == max_length - 1
-        next_live: list[tuple[list[int], float, int]] = []
-        for rank, flat in enumerate(order):
-            beam, token = divmod(flat, vocab)
-            hyp = (live[beam][0] + [token], total[flat].item())
-            if rank < k and (token == eos_id or last_step):
-                if len(finished) < k:
-                    finished.append(Hypothesis(*hyp))
-            elif token != eos_id and len(next_live) < k:
-                next_live.append((*hyp, beam))
+        next_live = _expand(live, log_probs, k, eos_id, last_step, finished)
         if len(finished) >= k or last_step:
             break
         live = [(toks, s) for toks, s, _ in next_live]
@@ -125,6 +113,34 @@ def beam_search(
         cache_indices = torch.tensor([beam for _, _, beam in next_live])
     ranked = sorted(finished, key=lambda h: h.normalized(length_penalty), reverse=True)
     return ranked[:num_hypotheses]
+
+
+def _expand(
+    live: list[tuple[list[int], float]],
+    log_probs: Tensor,
+    k: int,
+    eos_id: int,
+    last_step: bool,
+    finished: list[Hypothesis],
+) -> list[tuple[list[int], float, int]]:
+    """One step of beam search over the 2K best continuations of the live beams (ties to the lower
+    flat index): a top-K candidate that ends (or any top-K one at the last step) is appended to
+    `finished` while it holds fewer than K; the first K that do not end are returned as
+    (tokens, score, the beam they continue)."""
+    vocab = log_probs.shape[1]
+    scores = torch.tensor([s for _, s in live], dtype=torch.float64)
+    total = (scores[:, None] + log_probs).reshape(-1)
+    order = torch.sort(total, descending=True, stable=True).indices[: 2 * k].tolist()
+    next_live: list[tuple[list[int], float, int]] = []
+    for rank, flat in enumerate(order):
+        beam, token = divmod(flat, vocab)
+        hyp = (live[beam][0] + [token], total[flat].item())
+        if rank < k and (token == eos_id or last_step):
+            if len(finished) < k:
+                finished.append(Hypothesis(*hyp))
+        elif token != eos_id and len(next_live) < k:
+            next_live.append((*hyp, beam))
+    return next_live
 
 
 def greedy_search(
@@ -241,40 +257,16 @@ def translate_ids(
     cfg = model.cfg
     model.eval()
     device = next(model.parameters()).device
-    results: list[list[Hypothesis]] = []
-
-    def limit(n: int) -> int:
-        if max_length is not None:
-            return min(max_length, cfg.max_positions)
-        return min(int(max_length_a * n) + max_length_b, cfg.max_positions)
-
+    if max_length is not None:
+        limits = [min(max_length, cfg.max_positions)] * len(sources)
+    else:
+        limits = [min(int(max_length_a * len(s)) + max_length_b, cfg.max_positions) for s in sources]
     if beam_size == 1 and num_hypotheses == 1:
-        # Greedy decisions do not look ahead, so sentences of similar length share a batch and
-        # each one's output is cut at its own limit afterwards.
-        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-        by_index: dict[int, Hypothesis] = {}
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            width = max(len(sources[i]) for i in chunk)
-            src = torch.full((len(chunk), width), cfg.pad_id, dtype=torch.long, device=device)
-            for row, i in enumerate(chunk):
-                src[row, : len(sources[i])] = torch.tensor(sources[i])
-            step, state = model_step(model, src, src != cfg.pad_id)
-            hyps = greedy_search(
-                step,
-                state,
-                rows=len(chunk),
-                start_id=cfg.decoder_start_id,
-                eos_id=cfg.eos_id,
-                min_length=min_length,
-                max_length=[limit(len(sources[i])) for i in chunk],
-            )
-            by_index.update(zip(chunk, hyps))
-        return [[by_index[i]] for i in range(len(sources))]
-    for s in sources:
+        return _translate_greedy(model, sources, limits, min_length, batch_size, device)
+    results = []
+    for s, n in zip(sources, limits):
         src = torch.tensor([s], device=device)
-        mask = torch.ones_like(src, dtype=torch.bool)
-        step, state = model_step(model, src, mask)
+        step, state = model_step(model, src, torch.ones_like(src, dtype=torch.bool))
         results.append(
             beam_search(
                 step,
@@ -282,10 +274,46 @@ def translate_ids(
                 beam_size=beam_size,
                 start_id=cfg.decoder_start_id,
                 eos_id=cfg.eos_id,
-                max_length=limit(len(s)),
+                max_length=n,
                 min_length=min_length,
                 length_penalty=length_penalty,
                 num_hypotheses=num_hypotheses,
             )
         )
     return results
+
+
+def _translate_greedy(
+    model: Transformer,
+    sources: list[list[int]],
+    limits: list[int],
+    min_length: int,
+    batch_size: int,
+    device: torch.device,
+) -> list[list[Hypothesis]]:
+    """Greedy search over batches of `batch_size` sentences, each cut at its own limit.
+
+    Greedy decisions do not look ahead, so sentences of similar length share a batch and each one's
+    output is cut at its own limit afterwards.
+    """
+    cfg = model.cfg
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    by_index: dict[int, Hypothesis] = {}
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        width = max(len(sources[i]) for i in chunk)
+        src = torch.full((len(chunk), width), cfg.pad_id, dtype=torch.long, device=device)
+        for row, i in enumerate(chunk):
+            src[row, : len(sources[i])] = torch.tensor(sources[i])
+        step, state = model_step(model, src, src != cfg.pad_id)
+        hyps = greedy_search(
+            step,
+            state,
+            rows=len(chunk),
+            start_id=cfg.decoder_start_id,
+            eos_id=cfg.eos_id,
+            min_length=min_length,
+            max_length=[limits[i] for i in chunk],
+        )
+        by_index.update(zip(chunk, hyps))
+    return [[by_index[i]] for i in range(len(sources))]

@@ -85,13 +85,33 @@ def forced_attention(
     if steps == 0:
         return [np.zeros((0, source_lengths[r // rows_per_source]), np.float32) for r in range(rows)]
     n_layers = len(cross) // 2
-    # tokens[r, t]: what row r feeds at step t: the start token, then its own pieces; rows that
-    # have ended feed the end token, whose attention is computed and dropped.
-    tokens = np.full((rows, steps), eos_id, dtype=np.int64)
+    tokens = _forced_tokens(hypotheses, steps, start_id, eos_id)
+    past = [to_device(np.zeros((rows, n_heads, 0, head_dim), dtype=cache_dtype)) for _ in range(2 * n_layers)]
+    weights = _forced_steps(decoder, tokens, past, cross, src_mask, device)
+    stacked = np.stack(weights, axis=1)  # (rows, steps, S_padded)
+    return [
+        np.ascontiguousarray(stacked[r, : len(h), : source_lengths[r // rows_per_source]], dtype=np.float32)
+        for r, h in enumerate(hypotheses)
+    ]
+
+
+def _forced_tokens(hypotheses: list[list[int]], steps: int, start_id: int, eos_id: int) -> np.ndarray:
+    """tokens[r, t]: what row r feeds at step t: the start token, then its own pieces; rows that
+    have ended feed the end token, whose attention is computed and dropped."""
+    tokens = np.full((len(hypotheses), steps), eos_id, dtype=np.int64)
     tokens[:, 0] = start_id
     for r, h in enumerate(hypotheses):
         tokens[r, 1 : len(h)] = h[:-1]
-    past = [to_device(np.zeros((rows, n_heads, 0, head_dim), dtype=cache_dtype)) for _ in range(2 * n_layers)]
+    return tokens
+
+
+def _forced_steps(
+    decoder, tokens: np.ndarray, past: list, cross: list, src_mask, device: str
+) -> list[np.ndarray]:
+    """Runs the decoder on `tokens` one step at a time, every row continuing itself; each step's
+    cross-attention (rows, S_padded)."""
+    rows, steps = tokens.shape
+    n_layers = len(cross) // 2
     keep = np.arange(rows, dtype=np.int64)  # every row continues itself
     weights = []
     for t in range(steps):
@@ -111,8 +131,4 @@ def forced_attention(
         outputs = b.get_outputs()
         past = outputs[: 2 * n_layers]
         weights.append(outputs[-1].numpy())  # (rows, S_padded)
-    stacked = np.stack(weights, axis=1)  # (rows, steps, S_padded)
-    return [
-        np.ascontiguousarray(stacked[r, : len(h), : source_lengths[r // rows_per_source]], dtype=np.float32)
-        for r, h in enumerate(hypotheses)
-    ]
+    return weights

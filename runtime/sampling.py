@@ -100,45 +100,12 @@ def sample_program(
     Raises:
         ValueError: a setting out of range, or not one row key per sentence.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature}; it must be > 0 (use beam_size=1 for greedy)")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p} must lie in (0, 1]")
-    if top_k < 0:
-        raise ValueError(f"top_k={top_k} must be >= 0 (0 keeps every token)")
+    _check_sampling(temperature, top_k, top_p)
     _check(1, np.asarray(max_lengths, dtype=np.int64), min_length)
     keys = [[r] for r in range(batch)] if row_keys is None else row_keys
     if len(keys) != batch:
         raise ValueError(f"row_keys has {len(keys)} keys for {batch} sentences; give one per sentence")
-    if seed is None:
-        seed = int(np.random.SeedSequence().entropy)
-    # One 64-bit stream key per sentence, made once per batch; each step's draws are then one
-    # vectorised hash of (key, step) rather than a generator call per row.
-    stream = np.array(
-        [
-            np.random.SeedSequence([seed, *(int(k) for k in key)]).generate_state(1, np.uint64)[0]
-            for key in keys
-        ],
-        dtype=np.uint64,
-    )
-    alive = np.arange(batch)  # sentence of each row, followed through `keep` as greedy search drops them
-
-    def sampled(out, t, keep):
-        nonlocal alive
-        if keep is not None:
-            alive = alive[keep]
-        log_probs = out.astype(np.float64)
-        if t < min_length:
-            log_probs[:, eos_id] = -np.inf
-        probs = _probabilities(log_probs, temperature, top_k, top_p)
-        draws = _uniform(stream[alive], t)[:, None]  # (R, 1): each row's own stream at step t
-        choice = (probs.cumsum(axis=1) > draws).argmax(axis=1)
-        # Greedy search below takes the argmax: hand it a one-hot of the choice, scored by the model.
-        out = np.full_like(log_probs, -np.inf)
-        rows = np.arange(log_probs.shape[0])
-        out[rows, choice] = log_probs[rows, choice]
-        return out
-
+    sampled = _Sampler(batch, _streams(seed, keys), eos_id, min_length, temperature, top_k, top_p)
     # Greedy search takes the argmax of each step's output: it is sent a one-hot of the sampled choice.
     program = greedy_program(batch, start_id=start_id, eos_id=eos_id, max_lengths=max_lengths, min_length=0)
     request = next(program)
@@ -148,3 +115,50 @@ def sample_program(
             request = program.send(sampled(out, request[2], request[3]))
         except StopIteration as done:
             return done.value
+
+
+def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature}; it must be > 0 (use beam_size=1 for greedy)")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} must lie in (0, 1]")
+    if top_k < 0:
+        raise ValueError(f"top_k={top_k} must be >= 0 (0 keeps every token)")
+
+
+def _streams(seed: int | None, keys: list[list[int]]) -> np.ndarray:
+    """One 64-bit stream key per sentence, made once per batch; each step's draws are then one
+    vectorised hash of (key, step) rather than a generator call per row. A None seed draws a fresh one."""
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy)
+    return np.array(
+        [
+            np.random.SeedSequence([seed, *(int(k) for k in key)]).generate_state(1, np.uint64)[0]
+            for key in keys
+        ],
+        dtype=np.uint64,
+    )
+
+
+class _Sampler:
+    """Turns a step's log-probabilities into a one-hot of each row's sampled token, scored by the model
+    (greedy search, which takes the argmax, then keeps the sample)."""
+
+    def __init__(self, batch, stream, eos_id, min_length, temperature, top_k, top_p):
+        self.alive = np.arange(batch)  # sentence of each row, followed through `keep` as rows end
+        self.stream, self.eos_id, self.min_length = stream, eos_id, min_length
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+
+    def __call__(self, out: np.ndarray, t: int, keep) -> np.ndarray:
+        if keep is not None:
+            self.alive = self.alive[keep]
+        log_probs = out.astype(np.float64)
+        if t < self.min_length:
+            log_probs[:, self.eos_id] = -np.inf
+        probs = _probabilities(log_probs, self.temperature, self.top_k, self.top_p)
+        draws = _uniform(self.stream[self.alive], t)[:, None]  # (R, 1): each row's own stream at step t
+        choice = (probs.cumsum(axis=1) > draws).argmax(axis=1)
+        out = np.full_like(log_probs, -np.inf)
+        rows = np.arange(log_probs.shape[0])
+        out[rows, choice] = log_probs[rows, choice]
+        return out

@@ -168,19 +168,7 @@ def open_sessions(
     _refuse_inexact_int8(bundle, tuning)
     picked, why = pick_device(device)
     checked = _session_loader(bundle, tuning, intra_threads, picked, release_bytes=release_bytes, cache=cache)
-    standard_label = DECODER_LABELS[STANDARD]
-    # The decoder first: packing its largest weight (a tied projection, 1 GB at NLLB-600M size) maps
-    # the table while its packed copy is made; done before the encoder's weights are packed, the
-    # load's peak holds the table twice beside the decoder alone (docs/optimisation-notes.md row 37).
-    small = picked == "cpu" and _packs_small(bundle)
-    encoder_beside = Beside(lambda: checked("encoder"), "encoder") if small else None
-    try:
-        variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
-    except BaseException:
-        if encoder_beside is not None:
-            encoder_beside.wait()  # no session goes on being made after a failed load returns
-        raise
-    encoder = checked("encoder") if encoder_beside is None else encoder_beside.result()
+    variant, decoder, reason, encoder = _decoder_then_encoder(bundle, picked, tuning, checked)
     if picked == "cuda" and decoder.get_providers()[0] != "CUDAExecutionProvider":
         if device == "cuda":
             raise RuntimeError(
@@ -192,6 +180,34 @@ def open_sessions(
         )
         variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
         encoder = checked("encoder")
+    return _sessions(picked, why, encoder, decoder, variant, reason, bundle, checked, check_late)
+
+
+def _decoder_then_encoder(bundle: Bundle, picked: str, tuning: SessionTuning, checked) -> tuple:
+    """(variant, decoder session, why that variant, encoder session) on the `picked` device.
+
+    The decoder first: packing its largest weight (a tied projection, 1 GB at NLLB-600M size) maps
+    the table while its packed copy is made; done before the encoder's weights are packed, the
+    load's peak holds the table twice beside the decoder alone (docs/optimisation-notes.md row 37).
+    A small bundle makes its encoder's session beside (BESIDE_MAX_BYTES).
+    """
+    small = picked == "cpu" and _packs_small(bundle)
+    encoder_beside = Beside(lambda: checked("encoder"), "encoder") if small else None
+    try:
+        variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
+    except BaseException:
+        if encoder_beside is not None:
+            encoder_beside.wait()  # no session goes on being made after a failed load returns
+        raise
+    encoder = checked("encoder") if encoder_beside is None else encoder_beside.result()
+    return variant, decoder, reason, encoder
+
+
+def _sessions(
+    picked, why, encoder, decoder, variant, reason, bundle: Bundle, checked, check_late
+) -> Sessions:
+    """The Sessions, with the standard decoder: the one driven, loaded now, or loaded when first asked for."""
+    standard_label = DECODER_LABELS[STANDARD]
     if variant == STANDARD:
         return Sessions(picked, why, encoder, decoder, variant, reason, decoder)
     if bundle.weights is None:  # its weights are inside its graph file: load it now and let the bytes go

@@ -134,6 +134,28 @@ def create_app(
     limits = dict(
         max_queue=max_queue, max_texts=max_texts, max_chars=max_chars, max_body_bytes=max_body_bytes
     )
+    f = _frontend(engine, limits, timeout_s, read_timeout_s, registry, max_rows_in_flight)
+    app = FastAPI(
+        title="seq2onnx serve", summary="A seq2onnx bundle's Translator over HTTP (docs/serving.md)."
+    )
+    app.state.frontend = f
+    app.add_middleware(Admission, frontend=f)
+    _add_error_handlers(app)
+    _add_translate(app, f)
+    _add_stream(app, f)
+    _add_probes(app, f)
+    return app
+
+
+def _frontend(
+    engine: Engine,
+    limits: dict,
+    timeout_s: float,
+    read_timeout_s: float,
+    registry: CollectorRegistry | None,
+    max_rows_in_flight: int,
+) -> Frontend:
+    """The app's Frontend, its limits and timeouts checked first (_check_limits)."""
     _check_limits(
         {**limits, "max_rows_in_flight": max_rows_in_flight},
         timeout_s=timeout_s,
@@ -147,16 +169,7 @@ def create_app(
         registry=CollectorRegistry() if registry is None else registry,
     )
     f.rows = RowGate(max_rows_in_flight)  # _take_rows
-    app = FastAPI(
-        title="seq2onnx serve", summary="A seq2onnx bundle's Translator over HTTP (docs/serving.md)."
-    )
-    app.state.frontend = f
-    app.add_middleware(Admission, frontend=f)
-    _add_error_handlers(app)
-    _add_translate(app, f)
-    _add_stream(app, f)
-    _add_probes(app, f)
-    return app
+    return f
 
 
 def _check_limits(limits: dict, *, timeout_s: float, read_timeout_s: float) -> None:

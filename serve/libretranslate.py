@@ -89,6 +89,28 @@ def _answer(results, texts_given, choice, alternatives: int, auto: bool) -> dict
     return out
 
 
+async def _translate(drop: DropIn, request: Request, given: dict):
+    """POST /translate's answer to the read parameters `given`: refused, or the translations."""
+    refused = problem(given)
+    if refused:
+        return error(400, refused)
+    auto = given["source"] == "auto"
+    try:
+        choice = drop.routes.choose(None if auto else given["source"], given["target"], ("source", "target"))
+    except Unsupported as e:
+        return error(400, f"Invalid request: {e}")
+    alternatives = int(given.get("alternatives", 0))
+    options = {}
+    if alternatives:
+        beam = choice.route.engine.translator.search_options().beam_size
+        options = {"beam_size": max(beam, alternatives + 1), "num_hypotheses": alternatives + 1}
+    q = given["q"]
+    results = await drop.translate(request, choice, [q] if isinstance(q, str) else q, options)
+    if isinstance(results, Failure):
+        return error(results.status, results.message, results.retry_after)
+    return _answer(results, q, choice, alternatives, auto)
+
+
 def router(drop: DropIn) -> APIRouter:
     """LibreTranslate's endpoints over the drop-in context."""
     r = APIRouter(tags=["LibreTranslate API"])
@@ -99,30 +121,9 @@ def router(drop: DropIn) -> APIRouter:
             given = await params(request)
         except (ValueError, UnicodeDecodeError) as e:
             return error(400, f"Invalid request: the body cannot be read: {e}")
-
-        async def work(key):
-            refused = problem(given)
-            if refused:
-                return error(400, refused)
-            auto = given["source"] == "auto"
-            try:
-                choice = drop.routes.choose(
-                    None if auto else given["source"], given["target"], ("source", "target")
-                )
-            except Unsupported as e:
-                return error(400, f"Invalid request: {e}")
-            alternatives = int(given.get("alternatives", 0))
-            options = {}
-            if alternatives:
-                beam = choice.route.engine.translator.search_options().beam_size
-                options = {"beam_size": max(beam, alternatives + 1), "num_hypotheses": alternatives + 1}
-            q = given["q"]
-            results = await drop.translate(request, choice, [q] if isinstance(q, str) else q, options)
-            if isinstance(results, Failure):
-                return error(results.status, results.message, results.retry_after)
-            return _answer(results, q, choice, alternatives, auto)
-
-        return await hold(drop, request, given.get("api_key"), "libre", work)
+        return await hold(
+            drop, request, given.get("api_key"), "libre", lambda key: _translate(drop, request, given)
+        )
 
     @r.get("/languages", summary="LibreTranslate: the languages and each one's targets")
     async def languages():

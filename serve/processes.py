@@ -86,38 +86,53 @@ def serve_processes(
         CommandError: host:port cannot be listened on, or a process failed before it listened (its error
             is in the message).
     """
+    _check_arguments(processes, liveness_s)
+    _descriptors(max_connections)
+    sock = hold_port(host, port)
+    with _metrics_dir():
+        options = dict(drain_s=drain_s, max_connections=max_connections, processes=processes, **serve_options)
+        group = _Group(make_app, sock, options, liveness_s)
+        stop = threading.Event()
+        handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
+        if hasattr(signal, "SIGHUP"):  # `--api-keys`' reload (serve/keys.py): every process re-reads its file
+            handlers[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: group.forward(signal.SIGHUP))
+        try:
+            group.start(processes)
+            line = group.await_listening(stop)
+            kept = True
+            if line is not None:
+                print(line, flush=True)
+                kept = group.watch(stop)
+            # this copy of the socket first: once each process has closed its own, the kernel refuses new
+            # connections instead of queueing them for nobody (as one server does at its drain)
+            sock.close()
+            code = group.stop(drain_s + EXTRA_S)
+            return code if kept else 1
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            group.kill()
+            sock.close()
+
+
+def _check_arguments(processes: int, liveness_s: float) -> None:
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
         raise ValueError(f"processes={processes!r}: give an int >= 1")
     if not 0 < liveness_s < float("inf"):
         raise ValueError(f"liveness_s={liveness_s!r}: give a number of seconds > 0")
-    _descriptors(max_connections)
-    sock = hold_port(host, port)
+
+
+@contextlib.contextmanager
+def _metrics_dir():
+    """A temporary directory for the processes' metrics files (prometheus_client's multiprocess mode),
+    named in METRICS_DIR before the spawns (each child's environment is a copy); removed, and the
+    variable restored, at the end."""
     metrics = tempfile.mkdtemp(prefix="seq2onnx-metrics-")
     previous = os.environ.get(METRICS_DIR)
-    os.environ[METRICS_DIR] = metrics  # before the spawns: each child's environment is a copy
-    options = dict(drain_s=drain_s, max_connections=max_connections, processes=processes, **serve_options)
-    group = _Group(make_app, sock, options, liveness_s)
-    stop = threading.Event()
-    handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
-    if hasattr(signal, "SIGHUP"):  # `--api-keys`' reload (serve/keys.py): every process re-reads its file
-        handlers[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: group.forward(signal.SIGHUP))
+    os.environ[METRICS_DIR] = metrics
     try:
-        group.start(processes)
-        line = group.await_listening(stop)
-        kept = True
-        if line is not None:
-            print(line, flush=True)
-            kept = group.watch(stop)
-        # this copy of the socket first: once each process has closed its own, the kernel refuses new
-        # connections instead of queueing them for nobody (as one server does at its drain)
-        sock.close()
-        code = group.stop(drain_s + EXTRA_S)
-        return code if kept else 1
+        yield metrics
     finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        group.kill()
-        sock.close()
         shutil.rmtree(metrics, ignore_errors=True)
         if previous is None:
             os.environ.pop(METRICS_DIR, None)

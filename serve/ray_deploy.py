@@ -161,35 +161,14 @@ def build(
         TypeError: a limit that create_app does not take.
         RuntimeError: a Ray older than MIN_RAY.
     """
-    import ray
     from ray import serve
 
-    from seq2onnx.serve.app import create_app
-    from seq2onnx.serve.engine import Engine
-
-    if tuple(int(part) for part in ray.__version__.split(".")[:2]) < MIN_RAY:
-        raise RuntimeError(
-            f"Ray {ray.__version__} is installed; this deployment needs Ray "
-            f"{'.'.join(map(str, MIN_RAY))} or newer: pip install 'ray[serve]>={'.'.join(map(str, MIN_RAY))}'"
-        )
-    path = Path(bundle).expanduser().resolve()  # absolute: the replicas may run on other nodes
-    if not (path / "bundle.json").is_file():
-        raise ValueError(
-            f"{bundle}: no bundle.json there; give a bundle directory (`seq2onnx export` writes one)"
-        )
+    _check_ray()
+    path = _bundle_path(bundle)
     if batching not in BATCHINGS:
         raise ValueError(f"batching={batching!r}; choose one of {', '.join(BATCHINGS)}")
-    for name, value in (("num_replicas", num_replicas), ("threads", threads), ("workers", workers)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r}; give a whole number of at least 1")
-    # A wrong limit would fail in every replica, over and over as Ray retries them: refuse it here,
-    # with create_app's own checks run on an engine that decodes nothing.
-    allowed = [p for p, v in inspect.signature(create_app).parameters.items() if v.kind is v.KEYWORD_ONLY]
-    unknown = sorted(set(limits) - set(allowed))
-    if unknown:
-        raise TypeError(f"unknown limit(s) {', '.join(unknown)}; create_app takes {', '.join(allowed)}")
-    create_app(Engine(None), **limits)
-    max_queue = limits.get("max_queue", inspect.signature(create_app).parameters["max_queue"].default)
+    _check_counts(num_replicas=num_replicas, threads=threads, workers=workers)
+    max_queue = _check_limits(limits)
 
     deployment = serve.deployment(
         serve.ingress()(Replica),
@@ -207,6 +186,47 @@ def build(
         graceful_shutdown_timeout_s=float(limits.get("timeout_s", 60.0)) + 5.0,
     )
     return deployment.bind(str(path), batching, device, threads, workers, limits)
+
+
+def _bundle_path(bundle: str | Path) -> Path:
+    """The bundle's absolute path (the replicas may run on other nodes), refused without a bundle.json."""
+    path = Path(bundle).expanduser().resolve()
+    if not (path / "bundle.json").is_file():
+        raise ValueError(
+            f"{bundle}: no bundle.json there; give a bundle directory (`seq2onnx export` writes one)"
+        )
+    return path
+
+
+def _check_counts(**counts: int) -> None:
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r}; give a whole number of at least 1")
+
+
+def _check_ray() -> None:
+    """Refuses a Ray older than MIN_RAY."""
+    import ray
+
+    if tuple(int(part) for part in ray.__version__.split(".")[:2]) < MIN_RAY:
+        raise RuntimeError(
+            f"Ray {ray.__version__} is installed; this deployment needs Ray "
+            f"{'.'.join(map(str, MIN_RAY))} or newer: pip install 'ray[serve]>={'.'.join(map(str, MIN_RAY))}'"
+        )
+
+
+def _check_limits(limits: dict) -> int:
+    """Refuses a wrong limit here: it would fail in every replica, over and over as Ray retries them;
+    create_app's own checks are run on an engine that decodes nothing. Returns max_queue."""
+    from seq2onnx.serve.app import create_app
+    from seq2onnx.serve.engine import Engine
+
+    allowed = [p for p, v in inspect.signature(create_app).parameters.items() if v.kind is v.KEYWORD_ONLY]
+    unknown = sorted(set(limits) - set(allowed))
+    if unknown:
+        raise TypeError(f"unknown limit(s) {', '.join(unknown)}; create_app takes {', '.join(allowed)}")
+    create_app(Engine(None), **limits)
+    return limits.get("max_queue", inspect.signature(create_app).parameters["max_queue"].default)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -162,13 +162,8 @@ def serve(
         drain_s: seconds the requests in flight get to finish after the signal (uvicorn's
             timeout_graceful_shutdown).
         log_level: uvicorn's log level.
-        max_connections: open connections at most; beyond, a new one is answered 503 and closed at once.
-        read_timeout_s: seconds a request's line and headers may take to arrive (408 and closed beyond; the
-            body's own limit is the app's).
-        max_header_bytes: bytes of a request's line and headers at most (431 and closed beyond).
-        keep_alive_s: seconds an idle kept-alive connection stays open (uvicorn's timeout_keep_alive).
-        send_timeout_s: seconds a connection whose client reads none of its answers is kept (the server's
-            writes to it paused) before it is dropped (serve/connection.py).
+        max_connections, read_timeout_s, max_header_bytes, keep_alive_s, send_timeout_s: each
+            connection's limits (_uvicorn_config says each).
         sock: a listening socket to serve on instead of binding host:port (serve/processes.py binds one for
             all its processes; it names the URL and is closed on return).
         on_listening: called with the line instead of printing it (serve/processes.py prints it once every
@@ -181,26 +176,62 @@ def serve(
     Returns:
         0 once stopped (the exit status of `seq2onnx serve`).
     Raises:
-        CommandError: host:port cannot be listened on (the message names them and the fix).
+        CommandError: host:port cannot be listened on (the message names them and the fix), or the file
+            descriptor limit is too low for max_connections.
         ValueError: drain_s is not a number >= 0.
-        CommandError: the file descriptor limit is too low for max_connections.
     """
     if isinstance(drain_s, bool) or not isinstance(drain_s, (int, float)) or not 0 <= drain_s < float("inf"):
         raise ValueError(f"drain_s={drain_s!r}: give a finite number of seconds >= 0")
     frontend = app.state.frontend
-    engine = frontend.engine
+    sock = _socket(frontend.engine, host, port, max_connections, sock)
+    listening = f"seq2onnx serve: listening on {url_of(sock)} ({_how(frontend.engine, processes)})"
+    limits = (max_connections, read_timeout_s, max_header_bytes, keep_alive_s, send_timeout_s)
+    config = _uvicorn_config(app, log_level, drain_s, *limits)
+    server = _Server(config, frontend, listening, drain_s, on_listening or _print, heartbeat)
+    return _run(app, server, sock, shared)
+
+
+def _socket(engine, host: str, port: int, max_connections: int, sock: socket.socket | None) -> socket.socket:
+    """The listening socket: `sock`, or host:port bound, with the open-files limit raised for
+    max_connections; on an error the engine is closed (its threads would keep the process alive)."""
     try:
         _descriptors(max_connections)
-        sock = _bind(host, port) if sock is None else sock
+        return _bind(host, port) if sock is None else sock
     except BaseException:
-        engine.close()  # its threads would keep the process alive after the error
+        engine.close()
         raise
+
+
+def _how(engine, processes: int) -> str:
+    """The listening line's parenthesis: batching (continuous: its rounds' graph), processes, bundle."""
     bundle = getattr(getattr(engine, "translator", None), "bundle", None)
     where = getattr(bundle, "path", "?")
-    rounds = f", {engine.rounds} rounds" if getattr(engine, "rounds", None) else ""  # continuous: which graph
+    rounds = f", {engine.rounds} rounds" if getattr(engine, "rounds", None) else ""
     many = f", {processes} processes" if processes > 1 else ""
-    how = f"batching {engine.batching}{rounds}{many}, bundle {where}"
-    listening = f"seq2onnx serve: listening on {url_of(sock)} ({how})"
+    return f"batching {engine.batching}{rounds}{many}, bundle {where}"
+
+
+def _uvicorn_config(
+    app,
+    log_level: str,
+    drain_s: float,
+    max_connections: int,
+    read_timeout_s: float,
+    max_header_bytes: int,
+    keep_alive_s: float,
+    send_timeout_s: float,
+) -> uvicorn.Config:
+    """uvicorn's configuration, with the connection limits.
+
+    Args:
+        max_connections: open connections at most; beyond, a new one is answered 503 and closed at once.
+        read_timeout_s: seconds a request's line and headers may take to arrive (408 and closed beyond; the
+            body's own limit is the app's).
+        max_header_bytes: bytes of a request's line and headers at most (431 and closed beyond).
+        keep_alive_s: seconds an idle kept-alive connection stays open (uvicorn's timeout_keep_alive).
+        send_timeout_s: seconds a connection whose client reads none of its answers is kept (the server's
+            writes to it paused) before it is dropped (serve/connection.py).
+    """
     # lifespan off: the engine exists before the app and is closed after uvicorn (below), not by the app
     # h11, not httptools: only uvicorn's h11 protocol bounds the headers (h11_max_incomplete_event_size);
     # serve/connection.py adds the head's read timeout and the connection cap that uvicorn lacks.
@@ -210,7 +241,7 @@ def serve(
         max_header_bytes=max_header_bytes,
         send_timeout_s=send_timeout_s,
     )
-    config = uvicorn.Config(
+    return uvicorn.Config(
         app,
         log_level=log_level,
         access_log=False,
@@ -221,7 +252,12 @@ def serve(
         h11_max_incomplete_event_size=max_header_bytes,
         backlog=BACKLOG,
     )
-    server = _Server(config, frontend, listening, drain_s, on_listening or _print, heartbeat)
+
+
+def _run(app, server, sock: socket.socket, shared: socket.socket | None) -> int:
+    """Runs the server until it has drained; then closes the sockets, the engine and the drop-in APIs'
+    other bundles."""
+    engine = app.state.frontend.engine
     # uvicorn raises the signal it caught again once it has stopped, so that the process dies of it; this
     # process exits 0 instead: while it serves, its own handlers for those signals do nothing (uvicorn's
     # replace them until it stops, then these take that second signal).

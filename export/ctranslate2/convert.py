@@ -96,7 +96,14 @@ def build_spec(model, tokenizer):
     )
     positions = _np(model.positions)
 
-    enc, dec = spec.encoder, spec.decoder
+    _encoder(spec.encoder, model, positions)
+    _decoder(spec.decoder, model, positions)
+    _vocabulary(spec, cfg, tokenizer)
+    return spec
+
+
+def _encoder(enc, model, positions) -> None:
+    """Copies the encoder: embeddings, positions, each layer's attention and feed-forward, final norm."""
     enc.embeddings[0].weight = _np(model.src_embed.weight)
     enc.scale_embeddings = True
     enc.position_encodings.encodings = positions.copy()
@@ -108,9 +115,13 @@ def build_spec(model, tokenizer):
         _linear(layer_spec.ffn.linear_0, layer.feed_forward.w_1)
         _linear(layer_spec.ffn.linear_1, layer.feed_forward.w_2)
         _norm(layer_spec.ffn.layer_norm, layer.sub_ff.norm)
-    if cfg.pre_norm:
+    if model.cfg.pre_norm:
         _norm(enc.layer_norm, model.encoder_norm)
 
+
+def _decoder(dec, model, positions) -> None:
+    """Copies the decoder: embeddings, positions, each layer's self- and cross-attention and
+    feed-forward, final norm, output projection."""
     dec.embeddings.weight = _np(model.tgt_embed.weight)
     dec.scale_embeddings = True
     dec.position_encodings.encodings = positions.copy()
@@ -126,10 +137,13 @@ def build_spec(model, tokenizer):
         _linear(layer_spec.ffn.linear_0, layer.feed_forward.w_1)
         _linear(layer_spec.ffn.linear_1, layer.feed_forward.w_2)
         _norm(layer_spec.ffn.layer_norm, layer.sub_ff.norm)
-    if cfg.pre_norm:
+    if model.cfg.pre_norm:
         _norm(dec.layer_norm, model.decoder_norm)
     _linear(dec.projection, model.generator)
 
+
+def _vocabulary(spec, cfg, tokenizer) -> None:
+    """The special tokens, the epsilon, and both vocabularies."""
     spec.config.layer_norm_epsilon = float(cfg.layer_norm_eps)
     spec.config.unk_token = tokenizer.source.id_to_piece(cfg.unk_id)
     spec.config.bos_token = tokenizer.target.id_to_piece(cfg.bos_id)
@@ -139,7 +153,6 @@ def build_spec(model, tokenizer):
     spec.config.add_source_eos = False  # our source ids already end with </s>
     spec.register_source_vocabulary(source_pieces(tokenizer))
     spec.register_target_vocabulary(target_pieces(tokenizer))
-    return spec
 
 
 def source_pieces(tokenizer) -> list[str]:
@@ -236,7 +249,7 @@ def deploy_recipe(model, tokenizer, ckpt_dir: Path) -> dict:
         The recipe, ready for json.dumps.
     """
     from seq2onnx.export.bundle import DECODING_DEFAULTS as dd
-    from seq2onnx.model.tokenizer import SOURCE_MODEL, TARGET_MODEL
+    from seq2onnx.model.tokenizer import SOURCE_MODEL
 
     cfg = model.cfg
     eos = tokenizer.source.id_to_piece(cfg.eos_id)
@@ -248,14 +261,7 @@ def deploy_recipe(model, tokenizer, ckpt_dir: Path) -> dict:
             "append": [eos],
             "how": "pieces = source SentencePiece encode(text, out_type=str) + append",
         },
-        "target": {
-            "tokenizer": TARGET_MODEL,
-            "start_token": tokenizer.target.id_to_piece(cfg.decoder_start_id),
-            "end_token": tokenizer.target.id_to_piece(cfg.eos_id),
-            "target_prefix": None,
-            "how": "the start token is in config.json (decoder_start_token): give no target_prefix; "
-            "decode the result's pieces with the target SentencePiece model",
-        },
+        "target": _target(tokenizer, cfg),
         "translate_batch": {
             "beam_size": dd["beam_size"],
             "length_penalty": dd["length_penalty"],
@@ -273,12 +279,31 @@ def deploy_recipe(model, tokenizer, ckpt_dir: Path) -> dict:
         "compute_type='int8') on the CPU, 'float16' or 'int8_float16' on CUDA (verify checks float32)",
         "model": cfg.to_dict(),
         "source_checkpoint": ckpt_dir.name,
-        "producer": {
-            "seq2onnx": _version("seq2onnx"),
-            "ctranslate2": _version("ctranslate2"),
-            "torch": _version("torch"),
-            "python": platform.python_version(),
-        },
+        "producer": _producer(),
+    }
+
+
+def _target(tokenizer, cfg) -> dict:
+    """The recipe's target side: its tokenizer, start and end tokens, and how to decode."""
+    from seq2onnx.model.tokenizer import TARGET_MODEL
+
+    return {
+        "tokenizer": TARGET_MODEL,
+        "start_token": tokenizer.target.id_to_piece(cfg.decoder_start_id),
+        "end_token": tokenizer.target.id_to_piece(cfg.eos_id),
+        "target_prefix": None,
+        "how": "the start token is in config.json (decoder_start_token): give no target_prefix; "
+        "decode the result's pieces with the target SentencePiece model",
+    }
+
+
+def _producer() -> dict:
+    """The versions that wrote the directory."""
+    return {
+        "seq2onnx": _version("seq2onnx"),
+        "ctranslate2": _version("ctranslate2"),
+        "torch": _version("torch"),
+        "python": platform.python_version(),
     }
 
 

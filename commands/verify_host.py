@@ -281,7 +281,7 @@ def add(sub) -> None:
         epilog="Sentences: --sentences-file FILE (one per line), --data TSV --src-col N, or --synthetic "
         "(random pieces of the bundle's source vocabulary, for a bundle without data at hand). Of a "
         "longer file, --sentences lines evenly spaced over it are used. Example: seq2onnx verify-host "
-        "my-bundle --data corpus.tsv --src-col 1 --sentences 200",
+        "my-bundle --data corpus.tsv --src-col 1 --sentences 200 (add --host browser for the page)",
     )
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle made by `seq2onnx export`")
     p.add_argument(
@@ -330,7 +330,8 @@ def _add_host_arguments(p) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="onnxruntime intra-op threads of each host (default 1; the hosts run one after the other)",
+        help="onnxruntime intra-op threads of the Python runtime and the Node host (default 1; the hosts "
+        "run one after the other; the page keeps onnxruntime-web's own)",
     )
     p.add_argument(
         "--max-length",

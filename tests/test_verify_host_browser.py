@@ -5,7 +5,8 @@ It passes on the tiny bundle with every row counted. A missing Chromium (and a -
 one, and --max-length, which the page has no field for) is refused before any work with a message that
 names what to install or pass; those tests need neither Chromium nor node and always run. The run in
 the browser needs Debian's `chromium`, Node.js and `npm ci --prefix js`; without them it skips with
-one line, as tests/test_web.py's browser tests do.
+one line, as tests/test_web.py's browser tests do. The source-pieces row fails, and shows both sides,
+when the page's pieces differ (no browser needed).
 """
 
 from __future__ import annotations
@@ -78,3 +79,30 @@ def test_missing_chromium_names_what_to_install_and_the_option(monkeypatch, tmp_
 def test_max_length_is_refused_for_the_page_that_has_no_such_field():
     with pytest.raises(CommandError, match="--max-length 8: the page has no length field"):
         verify_host_function("nowhere", ["the cat"], host="browser", max_length=8)
+
+
+class _Pieces:
+    """A tokenizer stand-in: each word is a piece ("▁" + word)."""
+
+    def encode(self, text, out_type=str):
+        assert out_type is str
+        return ["▁" + w for w in text.split()]
+
+
+def test_a_piece_the_page_shows_differently_fails_its_row_and_is_shown():
+    from seq2onnx.commands.host_report import compare_pieces
+
+    differences: list[dict] = []
+    texts = ["the cat", "a dog"]
+    page = [["▁the", "▁cat", "</s>"], ["▁a", "▁do", "g", "</s>"]]  # the second split otherwise
+    row = compare_pieces("source tokenizer", texts, _Pieces(), page, differences)
+    assert row["value"] == "1/2" and not row["passed"]
+    assert differences == [
+        {
+            "check": "source tokenizer",
+            "sentence": 1,
+            "source": "a dog",
+            "python": {"pieces": ["▁a", "▁dog", "</s>"]},
+            "browser": {"pieces": ["▁a", "▁do", "g", "</s>"]},
+        }
+    ]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 SHOWN_DIFFERENCES = 5  # per check
-SCORE_BOUND = 1e-4  # max |score difference| between hosts, per hypothesis with identical ids
 
 
 def check_row(name: str, value: str, bound: str, passed: bool, detail: str = "") -> dict:
@@ -19,10 +18,11 @@ def _cut(text: str, n: int = 50) -> str:
 
 
 def compare_search(
-    label: str, sources: list[str], python, node: list[dict], differences: list
+    label: str, sources: list[str], python, node: list[dict], differences: list, host: str = "node"
 ) -> tuple[dict, dict, float, int]:
     """Rows for one search: ids identical per sentence (every hypothesis), texts identical, and the
-    largest score difference over hypotheses whose ids agree."""
+    largest score difference over hypotheses whose ids agree. `host` names the other side in
+    `differences`."""
     same_ids = same_text = hyps = compared = 0
     worst = 0.0
     shown = 0
@@ -48,7 +48,7 @@ def compare_search(
                         "ids": p.token_ids[k] if k < len(p.token_ids) else None,
                         "score": p.scores[k] if k < len(p.scores) else None,
                     },
-                    "node": {
+                    host: {
                         "ids": n["token_ids"][k] if k < len(n["token_ids"]) else None,
                         "score": n["scores"][k] if k < len(n["scores"]) else None,
                     },
@@ -98,6 +98,60 @@ def compare_tokens(label: str, texts: list[str], tokenizer, node: list[dict], di
     )
 
 
+def compare_pieces(
+    label: str, texts: list[str], tokenizer, pieces: list[list[str]], differences: list
+) -> dict:
+    """The row of the source pieces the page shows (its heatmaps' columns, an empty piece as "·",
+    then "</s>") against the Python tokenizer's pieces of each text."""
+    same = 0
+    for i, (text, got) in enumerate(zip(texts, pieces, strict=True)):
+        want = [p or "·" for p in tokenizer.encode(text, out_type=str)] + ["</s>"]
+        if got == want:
+            same += 1
+        elif sum(d["check"] == label for d in differences) < SHOWN_DIFFERENCES:
+            differences.append(
+                {
+                    "check": label,
+                    "sentence": i,
+                    "source": text,
+                    "python": {"pieces": want},
+                    "browser": {"pieces": got},
+                }
+            )
+    return check_row(
+        f"{label} pieces identical",
+        f"{same}/{len(texts)}",
+        "all",
+        same == len(texts),
+        "the page's heatmap columns",
+    )
+
+
+def host_label(host: str, runner: dict) -> str:
+    """How the report names the other host: its versions."""
+    if host == "browser":
+        return (
+            f"the browser host ({runner['chromium_version']}, headless, onnxruntime-web "
+            f"{runner['onnxruntime_web']}, WebAssembly; the page of `seq2onnx web`)"
+        )
+    return f"the Node host ({runner['node_version']}, onnxruntime-node {runner['onnxruntime_node']})"
+
+
+def _header(report: dict, source: str) -> list[str]:
+    if report["host"] == "browser":
+        threads = f"Python {report['threads']} thread(s), the page WebAssembly as onnxruntime-web sets it"
+    else:
+        threads = f"{report['threads']} thread(s) each"
+    return [
+        f"verify-host {report['bundle']}: {report['host_label']} against the Python runtime "
+        f"(onnxruntime {report['onnxruntime']})",
+        f"{report['decoder']} decoder on both, CPU, {threads}; "
+        + (f"max length {report['max_length']}; " if report.get("max_length") else "")
+        + f"{source or str(report['sentences']) + ' sentences'}; {report['empty']} empty, "
+        f"{report['truncated']} cut to max_positions",
+    ]
+
+
 def format_report(report: dict, source: str = "") -> str:
     """Returns verify_host's report as a table.
 
@@ -108,15 +162,7 @@ def format_report(report: dict, source: str = "") -> str:
         report: what verify_host returned.
         source: where the sentences came from (read_sentences); "": their count.
     """
-    lines = [
-        f"verify-host {report['bundle']}: the Node host ({report['node_version']}, onnxruntime-node "
-        f"{report['onnxruntime_node']}) against the Python runtime (onnxruntime {report['onnxruntime']})",
-        f"{report['decoder']} decoder on both, CPU, {report['threads']} thread(s) each; "
-        + (f"max length {report['max_length']}; " if report.get("max_length") else "")
-        + f"{source or str(report['sentences']) + ' sentences'}; {report['empty']} empty, "
-        f"{report['truncated']} cut to max_positions",
-        f"{'check':<44} {'value':>11} {'bound':>7}  result",
-    ]
+    lines = [*_header(report, source), f"{'check':<44} {'value':>11} {'bound':>7}  result"]
     for c in report["checks"]:
         lines.append(
             f"{c['name']:<44} {c['value']:>11} {c['bound']:>7}  {'ok' if c['passed'] else 'FAIL'}  "
@@ -130,7 +176,7 @@ def format_report(report: dict, source: str = "") -> str:
             hypothesis = f", hypothesis {d['hypothesis']}" if "hypothesis" in d else ""
             where = f"  {d['check']}, sentence {d['sentence']}{hypothesis}"
             lines.append(f"{where}: {_cut(d['source'])!r}")
-            for side in ("python", "node"):
+            for side in ("python", report["host"]):
                 values = d[side]
                 shown = ", ".join(
                     f"{k} {_cut(json.dumps(v, ensure_ascii=False), 80)}" for k, v in values.items()
@@ -139,53 +185,15 @@ def format_report(report: dict, source: str = "") -> str:
     lines.append(
         "speed (a measurement, not a check): target tokens per second inside translate calls, "
         "bundle load excluded"
+        + ("; the page's from the click to its results drawn" if report["host"] == "browser" else "")
     )
     for label, s in report["speed"].items():
         rate = lambda tokens, seconds: f"{tokens / seconds:,.0f}" if seconds else "-"  # noqa: E731
         lines.append(
             f"  {label:<8} python {rate(s['python_tokens'], s['python_s']):>8} tok/s "
-            f"({s['python_s']:.2f} s)   node {rate(s['node_tokens'], s['node_s']):>8} tok/s "
-            f"({s['node_s'] or 0:.2f} s)"
+            f"({s['python_s']:.2f} s)   {report['host']} {rate(s['host_tokens'], s['host_s']):>8} tok/s "
+            f"({s['host_s'] or 0:.2f} s)"
         )
     lines.append(f"wall time {report['wall_s']:.1f} s")
     lines.append("PASSED" if report["passed"] else "FAILED: see the rows marked FAIL")
     return "\n".join(lines)
-
-
-def host_checks(sentences, searches, python, node: dict, differences: list[dict]) -> list[dict]:
-    """The table's rows: both tokenizers, then each search's ids and texts, then each one's scores;
-    the differences found are appended to `differences`.
-
-    Args:
-        sentences: the source texts.
-        searches: label -> (beam size, n-best).
-        python: the Python runtime's side (verify_host._PythonSide: results, tokenizers).
-        node: the Node host's side (verify_host._node_side: results, targets, token ids).
-        differences: where the differences go.
-    """
-    targets = node["targets"]
-    checks = [
-        compare_tokens(
-            "source tokenizer", sentences, python.source_tokenizer, node["source_tokens"], differences
-        ),
-        compare_tokens(
-            "target tokenizer", targets, python.target_tokenizer, node["target_tokens"], differences
-        ),
-    ]
-    score_rows = []
-    for label, (size, n_best) in searches.items():
-        name = label if size == 1 else f"{label} (n-best {n_best})"
-        ids_row, text_row, worst, compared = compare_search(
-            name, sentences, python.results[label], node["results"][label], differences
-        )
-        checks += [ids_row, text_row]
-        score_rows.append(
-            check_row(
-                f"{name} max |score diff|",
-                f"{worst:.1e}",
-                f"{SCORE_BOUND:.0e}",
-                worst <= SCORE_BOUND,
-                f"over {compared} hypotheses with identical ids",
-            )
-        )
-    return checks + score_rows

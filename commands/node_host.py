@@ -12,8 +12,10 @@ import subprocess
 from pathlib import Path
 
 from seq2onnx import errors
+from seq2onnx.commands.host_report import compare_tokens
 
 NODE_MIN = (18, 17)  # js/package.json "engines"
+MAX_BATCH = 32  # both hosts' default max_batch_size
 
 
 def js_dir_default() -> Path:
@@ -135,3 +137,60 @@ def run_node(host: dict, args: list[str], lines: list[str]) -> tuple[list[dict],
         return [json.loads(line) for line in out], timing
     except ValueError as e:
         raise errors.CommandError(f"the Node host wrote a line that is not JSON ({e})") from e
+
+
+def _node_searches(
+    host: dict,
+    bundle_dir: str | Path,
+    source_ids: list[list[int]],
+    searches: dict[str, tuple[int, int]],
+    threads: int,
+    flags: list[str],
+    log,
+) -> tuple[dict[str, list[dict]], dict[str, dict | None]]:
+    """Each search's results from the Node host (given the same source ids), and its timing."""
+    node, node_timing = {}, {}
+    id_lines = [json.dumps(ids) for ids in source_ids]
+    for label, (size, n_best) in searches.items():
+        log(f"the Node host: {label} on {len(source_ids)} sentences")
+        args = [
+            "translate",
+            str(bundle_dir),
+            "--ids",
+            "--json",
+            "--timing",
+            "--beam",
+            str(size),
+            "--n-best",
+            str(n_best),
+            "--threads",
+            str(threads),
+            "--batch-size",
+            str(MAX_BATCH),
+            *flags,
+        ]
+        node[label], node_timing[label] = run_node(host, args, id_lines)
+    return node, node_timing
+
+
+def node_side(runner, bundle_dir, sentences, source_ids, searches, python, tokenizers, options, log):
+    """verify-host's Node side: the Node host's searches (fed the Python tokenizer's ids) and its
+    tokenizer rows."""
+    langs, max_length, threads = options["langs"], options["max_length"], options["threads"]
+    flags = [x for name, v in langs.items() if v for x in (f"--{name.replace('_', '-')}", v)]
+    if max_length is not None:
+        flags += ["--max-length", str(max_length)]
+    results, timing = _node_searches(runner, bundle_dir, source_ids, searches, threads, flags, log)
+    # target texts: every hypothesis the Python runtime wrote, once each, in order
+    targets = list(
+        dict.fromkeys(h for label in searches for r in python[label] for h in r.hypotheses if h.strip())
+    )
+    log("the Node host: tokenizers")
+    source_tokens, _ = run_node(runner, ["tokenize", str(bundle_dir), "--side", "source"], sentences)
+    target_tokens, _ = run_node(runner, ["tokenize", str(bundle_dir), "--side", "target"], targets)
+    differences: list[dict] = []
+    checks = [
+        compare_tokens("source tokenizer", sentences, tokenizers[0], source_tokens, differences),
+        compare_tokens("target tokenizer", targets, tokenizers[1], target_tokens, differences),
+    ]
+    return results, timing, checks, differences

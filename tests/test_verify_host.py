@@ -120,7 +120,7 @@ def test_passes_on_the_tiny_bundle_and_writes_the_report(bundle, sentences_file,
         == f"over {4 * n} hypotheses with identical ids"
     )
     assert report["passed"] and report["sentences"] == n and report["decoder"] == "standard"
-    assert report["speed"]["beam 4"]["node_s"] > 0 and report["speed"]["beam 4"]["node_tokens"] > n
+    assert report["speed"]["beam 4"]["host_s"] > 0 and report["speed"]["beam 4"]["host_tokens"] > n
     # the report file is not overwritten without --force, and that is said before any work
     again = verify_host(str(bundle), "--sentences-file", str(sentences_file), "--json", str(report_path))
     assert again.returncode == 1 and "exists; choose another --json FILE or pass --force" in again.stderr

@@ -1,7 +1,8 @@
 """`seq2onnx web`: the static site it writes, and the page translating in a real browser.
 
 The browser test serves the site with `python -m http.server` on 127.0.0.1, drives headless
-Chromium with puppeteer-core (js/tools/drive-page.mjs): types the sentences, translates with beam 1
+Chromium with puppeteer-core (js/tools/drive-page.mjs, through seq2onnx.commands.browser_host, which
+`seq2onnx verify-host --host browser` runs too): types the sentences, translates with beam 1
 and beam 4 (n-best of 4), reads the n-best back from the DOM and compares it with the Python
 runtime on the same bundle: identical texts and token ids, scores within 1e-4, and no request
 leaving the local server. It needs Debian's `chromium`, Node.js and `npm ci --prefix js`; without
@@ -15,8 +16,6 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,31 +24,19 @@ import pytest
 from seq2onnx.model.corpus import generate_pairs
 from seq2onnx.errors import CommandError
 from seq2onnx.runtime.translator import Translator
+from seq2onnx.commands.browser_host import browser_skip_reason, drive_page  # noqa: F401 (other tests' import)
 from seq2onnx.commands.web import add as add_web, build_site
 from tiny import tiny_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "js"
-DRIVER = JS / "tools" / "drive-page.mjs"
-NODE = shutil.which("node")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 STANDARD_FILES = {"encoder", "decoder", "source_tokenizer", "target_tokenizer", "weights"}
 # Generated sentences and two the corpus never has (accents: unknown pieces for the tiny model).
 SENTENCES = [src for src, _ in generate_pairs(6, seed=5)] + ["Ünïcödé façade", "the cat dances in the box"]
 
 _NO_MODULES = "js/node_modules is missing: run `npm ci --prefix js` to build and test the web site"
 needs_modules = pytest.mark.skipif(not (JS / "node_modules" / "onnxruntime-web").is_dir(), reason=_NO_MODULES)
-if CHROMIUM is None:
-    _BROWSER_SKIP = "chromium is not installed: apt-get install chromium (Debian) to run the browser test"
-elif NODE is None:
-    _BROWSER_SKIP = "node is not installed: install Node.js >= 18 (Debian: apt-get install nodejs npm) to run the browser test"
-elif (
-    not (JS / "node_modules" / "puppeteer-core").is_dir()
-    or not (JS / "node_modules" / "onnxruntime-web").is_dir()
-):
-    _BROWSER_SKIP = _NO_MODULES
-else:
-    _BROWSER_SKIP = ""
+_BROWSER_SKIP = browser_skip_reason(JS)
 
 
 @pytest.fixture(scope="module")
@@ -153,64 +140,6 @@ def test_command_writes_the_site_and_says_how_to_serve_it(bundle, tmp_path, caps
     assert args.func(args) == 0
     assert "python -m http.server -d" in capsys.readouterr().out
     assert (tmp_path / "site" / "bundle" / "decoder.onnx").is_file()
-
-
-class _Server:
-    """`python -m http.server` on 127.0.0.1, on a free port that the server picks itself."""
-
-    def __init__(self, directory: Path):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "http.server", "0", "-b", "127.0.0.1", "-d", str(directory)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        line = self.proc.stdout.readline()
-        match = re.search(r"port (\d+)", line)
-        if not match:
-            self.stop()
-            raise RuntimeError(f"http.server did not start: {line!r}")
-        self.url = f"http://127.0.0.1:{match.group(1)}/"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
-
-
-def drive_page(site: Path, sentences: list[str], runs: list[dict], screenshot: Path) -> tuple[dict, str]:
-    """Serves `site` on 127.0.0.1 and drives its page in Chromium (js/tools/drive-page.mjs) through `runs`.
-
-    Returns:
-        (the driver's JSON report, the server's URL).
-    """
-    server = _Server(site)
-    try:
-        job = {
-            "url": server.url,
-            "chromium": CHROMIUM,
-            "sentences": sentences,
-            "runs": runs,
-            "screenshot": str(screenshot),
-            "timeoutMs": 240_000,
-        }
-        proc = subprocess.run(
-            [NODE, str(DRIVER)],
-            input=json.dumps(job),
-            capture_output=True,
-            text=True,
-            encoding="utf-8",
-            cwd=JS,
-            timeout=600,
-        )
-    finally:
-        server.stop()
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout), server.url
 
 
 @pytest.mark.slow

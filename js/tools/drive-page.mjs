@@ -1,11 +1,13 @@
 #!/usr/bin/env node
 // Drives the page of `seq2onnx web` in headless Chromium (puppeteer-core), as a user would: waits
 // for the model, types the sentences into the textarea, sets beam size and hypotheses, presses
-// Translate, and reads each n-best back from the DOM. tests/test_web.py runs it.
+// Translate, and reads each n-best back from the DOM. commands/browser_host.py runs it (verify-host
+// --host browser and the browser tests).
 //
 // Reads one JSON object on stdin: {url, chromium, sentences: [..], runs: [{beamSize, numHypotheses,
 // sourceLang?, targetLang?}],
-// screenshot?: path (taken after the last run), timeoutMs?}. Writes one JSON object on stdout:
+// screenshot?: path (taken after the last run), timeoutMs?, fill?: set the text box at once instead of
+// typing each key (many sentences), weights?: false to read only the heatmaps' source pieces}. Writes one JSON object on stdout:
 // {runs: [{beamSize, numHypotheses, status, results: [{source, hypotheses: [{text, score, shown, tokens}]}],
 //         attention: [{index, weights, rows, sourcePieces}] (the heatmaps)}],
 //  loadStatus, requests: [every URL the page asked for], errors: [console errors and page errors],
@@ -47,8 +49,18 @@ try {
     text: el.textContent,
   }));
   if (report.loadStatus.state === "ready") {
-    await page.click("#source");
-    await page.keyboard.type(job.sentences.join("\n"));
+    if (job.fill) {
+      await page.$eval(
+        "#source",
+        (el, v) => {
+          el.value = v;
+        },
+        job.sentences.join("\n"),
+      );
+    } else {
+      await page.click("#source");
+      await page.keyboard.type(job.sentences.join("\n"));
+    }
     for (const run of job.runs) {
       await page.$eval(
         "#beam",
@@ -99,13 +111,16 @@ try {
           })),
         })),
       );
-      const attention = await page.$$eval("#heatmaps table.heatmap", (tables) =>
-        tables.map((t) => ({
-          index: Number(t.dataset.index),
-          weights: JSON.parse(t.dataset.weights),
-          rows: t.querySelectorAll("tr").length - 1,
-          sourcePieces: [...t.querySelectorAll("th.src")].map((th) => th.textContent),
-        })),
+      const attention = await page.$$eval(
+        "#heatmaps table.heatmap",
+        (tables, withWeights) =>
+          tables.map((t) => ({
+            index: Number(t.dataset.index),
+            weights: withWeights ? JSON.parse(t.dataset.weights) : null,
+            rows: t.querySelectorAll("tr").length - 1,
+            sourcePieces: [...t.querySelectorAll("th.src")].map((th) => th.textContent),
+          })),
+        job.weights !== false,
       );
       report.runs.push({ ...run, status, results, attention, ms });
     }

@@ -73,22 +73,21 @@ def compare_search(
     return ids_row, text_row, worst, compared
 
 
+def _note(differences: list, label: str, i: int, text: str, python: dict, host: str, got: dict) -> None:
+    """Records sentence `i`'s difference in a check, the first SHOWN_DIFFERENCES of each check only."""
+    if sum(d["check"] == label for d in differences) < SHOWN_DIFFERENCES:
+        differences.append({"check": label, "sentence": i, "source": text, "python": python, host: got})
+
+
 def compare_tokens(label: str, texts: list[str], tokenizer, node: list[dict], differences: list) -> dict:
     same = 0
     for i, (text, n) in enumerate(zip(texts, node)):
         ids = tokenizer.encode(text)
         if n["ids"] == ids and n["decoded"] == tokenizer.decode(ids):
             same += 1
-        elif sum(d["check"] == label for d in differences) < SHOWN_DIFFERENCES:
-            differences.append(
-                {
-                    "check": label,
-                    "sentence": i,
-                    "source": text,
-                    "python": {"ids": ids, "decoded": tokenizer.decode(ids)},
-                    "node": {"ids": n["ids"], "decoded": n["decoded"]},
-                }
-            )
+        else:
+            python = {"ids": ids, "decoded": tokenizer.decode(ids)}
+            _note(differences, label, i, text, python, "node", {"ids": n["ids"], "decoded": n["decoded"]})
     return check_row(
         f"{label} ids identical",
         f"{same}/{len(texts)}",
@@ -108,16 +107,8 @@ def compare_pieces(
         want = [p or "·" for p in tokenizer.encode(text, out_type=str)] + ["</s>"]
         if got == want:
             same += 1
-        elif sum(d["check"] == label for d in differences) < SHOWN_DIFFERENCES:
-            differences.append(
-                {
-                    "check": label,
-                    "sentence": i,
-                    "source": text,
-                    "python": {"pieces": want},
-                    "browser": {"pieces": got},
-                }
-            )
+        else:
+            _note(differences, label, i, text, {"pieces": want}, "browser", {"pieces": got})
     return check_row(
         f"{label} pieces identical",
         f"{same}/{len(texts)}",

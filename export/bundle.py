@@ -21,7 +21,7 @@ from seq2onnx.runtime.signature import graph_signature
 
 from .fused import export_fused_decoder, graph_domains
 from .graphs import OPSET, export_graphs
-from .quantize import quantize_graphs
+from .quantize_files import quantize_graphs
 from .quantize_nbits import quantize_graphs_nbits
 from .weights import STAGING_FILE, TensorWriter, check_stored_graph, store_weights
 

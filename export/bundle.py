@@ -21,7 +21,7 @@ from seq2onnx.runtime.signature import graph_signature
 
 from .fused import export_fused_decoder, graph_domains
 from .graphs import OPSET, export_graphs
-from .quantize import quantize_graphs
+from .quantize_files import quantize_graphs
 from .quantize_nbits import quantize_graphs_nbits
 from .weights import STAGING_FILE, TensorWriter, check_stored_graph, store_weights
 
@@ -278,31 +278,8 @@ def write_meta(
         decoding: the decoding defaults (DECODING_DEFAULTS when None).
         extra: more top-level fields (an imported model's tokens and origin).
     """
-    import onnx
-
-    keys = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
-    keys.update(
-        {
-            k: v
-            for k, v in fmt.OPTIONAL_FILE_KEYS.items()
-            if k not in fmt.OPTIONAL_GRAPH_KEYS and (directory / v).is_file()
-        }
-    )
-    files = {
-        key: {
-            "path": path,
-            "sha256": fmt.sha256(directory / path),
-            fmt.SIZE_FIELD: (directory / path).stat().st_size,
-        }
-        for key, path in keys.items()
-    }
-    if "weights" in files:  # the load's check (spec's weights.checksum): cheaper than sha256 on every CPU
-        files["weights"][fmt.WEIGHTS_CHECKSUM] = fmt.file_crc32(directory / files["weights"]["path"])
-    graphs = graph_signature(
-        cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size, fused=fused
-    )
-    for label, graph in graphs.items():  # what a host's runtime must be able to run, read from the files
-        graph["domains"] = graph_domains(onnx.load(str(directory / keys[label]), load_external_data=False))
+    keys, files = _file_entries(directory, fused)
+    graphs = _graph_entries(directory, cfg, dtype, fused, keys)
     meta = {
         "format": fmt.FORMAT,
         "format_version": fmt.FORMAT_VERSION,
@@ -329,18 +306,59 @@ def write_meta(
         "graphs": graphs,
         "decoding": DECODING_DEFAULTS if decoding is None else decoding,
         "source_checkpoint": source,
-        "producer": {
-            "seq2onnx": _version("seq2onnx"),
-            "torch": torch.__version__,
-            "onnx": _version("onnx"),
-            "onnxruntime": _version("onnxruntime-gpu") or _version("onnxruntime"),
-            "opset": OPSET,
-            "python": platform.python_version(),
-        },
+        "producer": _producer(),
     }
     meta.update(extra or {})
     (directory / fmt.BUNDLE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     cfg.save(directory / "config.json")  # the same config, beside the graphs, for humans
+
+
+def _file_entries(directory: Path, fused: bool) -> tuple[dict[str, str], dict[str, dict]]:
+    """bundle.json's files: {key: path} of the bundle's files (the optional ones present), and each one's
+    entry (path, sha256, size; the weights' checksum)."""
+    keys = {**fmt.FILE_KEYS, **(fmt.OPTIONAL_GRAPH_KEYS if fused else {})}
+    keys.update(
+        {
+            k: v
+            for k, v in fmt.OPTIONAL_FILE_KEYS.items()
+            if k not in fmt.OPTIONAL_GRAPH_KEYS and (directory / v).is_file()
+        }
+    )
+    files = {
+        key: {
+            "path": path,
+            "sha256": fmt.sha256(directory / path),
+            fmt.SIZE_FIELD: (directory / path).stat().st_size,
+        }
+        for key, path in keys.items()
+    }
+    if "weights" in files:  # the load's check (spec's weights.checksum): cheaper than sha256 on every CPU
+        files["weights"][fmt.WEIGHTS_CHECKSUM] = fmt.file_crc32(directory / files["weights"]["path"])
+    return keys, files
+
+
+def _graph_entries(directory: Path, cfg, dtype: str, fused: bool, keys: dict[str, str]) -> dict:
+    """bundle.json's graphs: each graph's signature, with the operator domains read from its file."""
+    import onnx
+
+    graphs = graph_signature(
+        cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim, dtype, cfg.tgt_vocab_size, fused=fused
+    )
+    for label, graph in graphs.items():  # what a host's runtime must be able to run, read from the files
+        graph["domains"] = graph_domains(onnx.load(str(directory / keys[label]), load_external_data=False))
+    return graphs
+
+
+def _producer() -> dict:
+    """bundle.json's producer: the versions that made the bundle."""
+    return {
+        "seq2onnx": _version("seq2onnx"),
+        "torch": torch.__version__,
+        "onnx": _version("onnx"),
+        "onnxruntime": _version("onnxruntime-gpu") or _version("onnxruntime"),
+        "opset": OPSET,
+        "python": platform.python_version(),
+    }
 
 
 def validate(directory: Path) -> None:

@@ -58,7 +58,6 @@ from .graph_layers import (
     linear_weights,
     self_attention_triples,
 )
-from .graphs import check_graph_file
 from .quantize_tables import quantize_tables
 from .weights import TensorWriter, constants_to_initializers
 
@@ -157,6 +156,18 @@ def quantize_model(
         )
     graph = proto.graph
     rewriter = _Rewriter(graph, contrib, tables and "embeddings" not in keep_float, directory, writer)
+    count = _rewrite_layers(graph, rewriter, keep_float)
+    if count == 0:
+        raise QuantizeError(
+            f"graph {graph.name!r} has no linear layer with constant fp32 weights to quantize"
+        )
+    _replace_nodes(proto, rewriter, contrib)
+    return count
+
+
+def _rewrite_layers(graph: onnx.GraphProto, rewriter: _Rewriter, keep_float: frozenset[str]) -> int:
+    """Feeds each node of `graph` to the rewriter: a linear layer (not kept fp32) rewritten, a self-attention
+    Q, K, V triple stacked, any other node kept. Returns how many linear layers were quantized."""
     ids = {n.input[0] for n in id_tables(graph, rewriter.inits)} if keep_float else set()
     count, triples, stacked = 0, self_attention_triples(graph), set()
     for node in graph.node:
@@ -176,10 +187,13 @@ def quantize_model(
             stacked.update(n.name for n in triple)
         else:
             rewriter.linear(node, *found)
-    if count == 0:
-        raise QuantizeError(
-            f"graph {graph.name!r} has no linear layer with constant fp32 weights to quantize"
-        )
+    return count
+
+
+def _replace_nodes(proto: onnx.ModelProto, rewriter: _Rewriter, contrib: bool) -> None:
+    """Writes the rewriter's nodes into `proto`'s graph, with the initializers they use (the fp32 weights
+    now quantized go), and com.microsoft's opset where the products need it."""
+    graph = proto.graph
     nodes, added = rewriter.nodes, rewriter.added
     used = {name for n in nodes for name in n.input}
     kept = [i for i in graph.initializer if i.name in used]  # the fp32 weights now quantized go
@@ -189,7 +203,6 @@ def quantize_model(
     graph.initializer.extend(kept + [t for name, t in added.items() if name in used])
     if contrib and not any(o.domain == MS_DOMAIN for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
-    return count
 
 
 def _inline(name: str, value: np.ndarray) -> onnx.TensorProto:
@@ -373,69 +386,3 @@ class _Rewriter:
                 "Mul", [f"{tag}/rowq/float", w_scale], [f"{tag}/rowq/col"], name=f"{tag}/rowq/col"
             ),
         ]
-
-
-def quantize_graphs(
-    directory: Path,
-    files: dict[str, str],
-    contrib_labels: tuple[str, ...] = (),
-    *,
-    tables: bool = True,
-    keep_float: frozenset[str] = frozenset(),
-    writer: TensorWriter | None = None,
-) -> dict:
-    """Quantizes the graph files of a bundle directory in place.
-
-    Args:
-        directory: the bundle directory.
-        files: {label: file name} of the graphs to quantize.
-        contrib_labels: the labels whose graphs use com.microsoft operators.
-        tables: the embedding tables (and a tied output projection) in int8 per row too (quantize_model).
-        keep_float: layer groups left fp32 (quantize_model; default none); recorded as `fp32_groups`.
-        writer: where the int8 tensors go (export/weights.py's staging file); None: inside each graph.
-
-    Returns:
-        bundle.json's `quantization_scheme`: SCHEME plus, per graph, the layers quantized and the
-        operator that multiplies.
-
-    Raises:
-        QuantizeError: a graph without linear layers.
-        onnx.checker.ValidationError: a rewritten graph that does not check (a standard graph: full check).
-        onnx.shape_inference.InferenceError: a rewritten standard graph fails strict shape inference.
-    """
-    layers = {}
-    for label, name in files.items():
-        path = Path(directory) / name
-        proto = onnx.load(str(path), load_external_data=False)  # its fp32 weights read one at a time
-        contrib = label in contrib_labels
-        try:
-            count = quantize_model(
-                proto,
-                contrib=contrib,
-                tables=tables,
-                keep_float=keep_float,
-                directory=Path(directory),
-                writer=writer,
-            )
-        except QuantizeError as e:
-            raise QuantizeError(f"{name}: {e}") from None
-        onnx.save(proto, str(path))
-        del proto
-        if writer is not None:
-            writer.flush()
-        if contrib:
-            onnx.checker.check_model(str(path))  # contrib ops have no ONNX schema: structure and types only
-        else:
-            check_graph_file(path)
-        product = "MatMulIntegerToFloat" if contrib else "MatMulInteger"
-        layers[label] = {"linear_layers": count, "product": product}
-    extra = {"fp32_groups": sorted(keep_float)} if keep_float else {}
-    if not tables or "embeddings" in keep_float:
-        return {**SCHEME, "tables": "fp32", "graphs": layers, **extra}
-    return {
-        **SCHEME,
-        "tables": TABLES,
-        "fp32": SCHEME["fp32"].replace("embeddings, ", ""),
-        "graphs": layers,
-        **extra,
-    }

@@ -250,6 +250,22 @@ def quantize_model_nbits(
         )
     graph = proto.graph
     r = _NBitsRewriter(graph, bits, block, symmetric, table_bits, directory, writer, level, eight_bit)
+    count = _rewrite_layers(graph, r)
+    if count == 0:
+        raise QuantizeError(
+            f"graph {graph.name!r} has no linear layer with constant fp32 weights to quantize"
+        )
+    _replace_nodes(proto, r)
+    return {"linear_layers": count, "lookups": r.lookups, "product": "MatMulNBits"}
+
+
+def _rewrite_layers(graph: onnx.GraphProto, r: _NBitsRewriter) -> int:
+    """Feeds each node of `graph` to the rewriter: a linear layer rewritten, any other node kept. Returns
+    how many linear layers were quantized.
+
+    Raises:
+        QuantizeError: a layer with fewer input features than one block holds.
+    """
     count = 0
     for node in graph.node:
         found = linear_weights(node, r.inits)
@@ -263,10 +279,13 @@ def quantize_model_nbits(
             )
         count += 1
         r.linear(node, *found)
-    if count == 0:
-        raise QuantizeError(
-            f"graph {graph.name!r} has no linear layer with constant fp32 weights to quantize"
-        )
+    return count
+
+
+def _replace_nodes(proto: onnx.ModelProto, r: _NBitsRewriter) -> None:
+    """Writes the rewriter's nodes into `proto`'s graph, with the initializers they use (the fp32 weights
+    now quantized go), and com.microsoft's opset, which MatMulNBits needs."""
+    graph = proto.graph
     used = {name for n in r.nodes for name in n.input}
     kept = [i for i in graph.initializer if i.name in used]
     del graph.node[:]
@@ -275,7 +294,6 @@ def quantize_model_nbits(
     graph.initializer.extend(kept + [t for name, t in r.added.items() if name in used])
     if not any(o.domain == MS_DOMAIN for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
-    return {"linear_layers": count, "lookups": r.lookups, "product": "MatMulNBits"}
 
 
 def scheme(

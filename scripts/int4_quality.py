@@ -75,7 +75,7 @@ HF_TOKENIZER = None  # --hf: its tokenizer (source lengths)
 
 def export(ckpt: Path, out: Path, quantize: str | None, options: dict) -> Path:
     import seq2onnx.export.bundle as bundle_module
-    import seq2onnx.export.quantize as int8_module
+    import seq2onnx.export.quantize_files as int8_module
     from seq2onnx.export.hf.bundle import export_hf_bundle
     import seq2onnx.export.quantize_nbits as nbits_module
     from seq2onnx.export.quantize_nbits import quantize_graphs_nbits

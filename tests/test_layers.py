@@ -155,18 +155,6 @@ def test_no_file_over_the_size_limit(path):
 
 # Functions are split by job too (issue 56): def to last line, docstring included.
 MAX_FUNCTION_LINES = 60
-# Over the limit for now: these files belong to another branch in flight (issue 56's weights /
-# quantize / HF work); the lead splits them after merging it and then empties this set.
-PENDING_LONG_FUNCTIONS = {
-    ("export/bundle.py", "write_meta"),
-    ("export/hf/bundle.py", "export_hf_bundle"),
-    ("export/hf/family_t5.py", "read_model"),
-    ("export/hf/tokens.py", "token_files"),
-    ("export/hf/verify.py", "verify_hf"),
-    ("export/hf/weights_check.py", "safetensors_header"),
-    ("export/quantize.py", "quantize_graphs"),
-    ("export/quantize_nbits.py", "quantize_model_nbits"),
-}
 
 
 def _long_functions(path: Path, root: Path = ROOT) -> list[tuple[str, int, str, int]]:
@@ -182,13 +170,9 @@ def _long_functions(path: Path, root: Path = ROOT) -> list[tuple[str, int, str, 
 
 
 def test_no_function_over_the_size_limit():
-    found = [f for path in sorted(_modules().values()) for f in _long_functions(path)]
-    bad = [f for f in found if (f[0], f[2]) not in PENDING_LONG_FUNCTIONS]
+    bad = [f for path in sorted(_modules().values()) for f in _long_functions(path)]
     listed = "; ".join(f"{file}:{line} {name} has {n} lines" for file, line, name, n in bad)
     assert not bad, f"functions over {MAX_FUNCTION_LINES} lines (def to end): {listed}; split them by job"
-    # a pending entry that is fixed (or renamed) must leave the list, so that it cannot hide a new one
-    stale = PENDING_LONG_FUNCTIONS - {(f[0], f[2]) for f in found}
-    assert not stale, f"PENDING_LONG_FUNCTIONS lists functions no longer over the limit: {sorted(stale)}"
 
 
 def test_the_function_scan_finds_a_long_one(tmp_path):

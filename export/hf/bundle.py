@@ -24,7 +24,7 @@ from seq2onnx.runtime import bundle as fmt
 
 from .family import Family
 from .read import HFImportError, import_hf, read_config
-from .tokens import load_tokenizer, token_files
+from .tokens import TokenFiles, load_tokenizer, token_files
 
 
 def decoding_defaults(generation: dict, config: dict, max_positions: int) -> dict:
@@ -69,14 +69,7 @@ def export_hf_bundle(
     tokenizer = load_tokenizer(model_dir)
     imported = import_hf(model_dir)
     model, cfg, kind, family = imported.model, imported.model.cfg, imported.kind, imported.family
-    files = token_files(
-        model_dir,
-        family,
-        tokenizer,
-        src_vocab=cfg.src_vocab_size,
-        tgt_vocab=cfg.tgt_vocab_size,
-        generation=imported.generation,
-    )
+    files = _token_files(model_dir, imported, tokenizer)
     if files.unk_id != cfg.unk_id:
         model.cfg = cfg = type(cfg)(**{**cfg.to_dict(), "unk_id": files.unk_id})
     decoding = family.decoding_defaults(imported.generation, config, cfg.max_positions)
@@ -86,22 +79,7 @@ def export_hf_bundle(
         out, force, "bundle", error=ExportError, inputs={"the model directory": model_dir}, ours=_is_bundle
     ) as tmp:
         scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused, table_bits, block_size)
-        shutil.copyfile(files.source_spm, tmp / fmt.SOURCE_SPM)
-        shutil.copyfile(files.target_spm, tmp / fmt.TARGET_SPM)
-        (tmp / fmt.SOURCE_VOCAB).write_bytes(files.source_map.astype("<i4").tobytes())
-        (tmp / fmt.TARGET_VOCAB).write_bytes(files.target_map.astype("<i4").tobytes())
-        if files.texts:
-            (tmp / fmt.VOCAB_TEXTS).write_text(
-                json.dumps(files.texts, ensure_ascii=False, sort_keys=True), encoding="utf-8"
-            )
-        origin = {
-            "model_type": kind,
-            "architectures": config.get("architectures"),
-            "transformers_config": {
-                k: config.get(k)
-                for k in ("activation_function", "scale_embedding", "max_position_embeddings", "d_model")
-            },
-        }
+        _write_tokens(tmp, files)
         write_meta(
             tmp,
             cfg,
@@ -111,10 +89,47 @@ def export_hf_bundle(
             fused=fused,
             scheme=scheme,
             decoding=decoding,
-            extra={"tokens": files.tokens, "imported_from": origin},
+            extra={"tokens": files.tokens, "imported_from": _origin(kind, config)},
         )
         validate(tmp)
     return out
+
+
+def _token_files(model_dir: Path, imported, tokenizer) -> TokenFiles:
+    """The vocabulary files and tokens section of the imported model (export/hf/tokens.py)."""
+    cfg = imported.model.cfg
+    return token_files(
+        model_dir,
+        imported.family,
+        tokenizer,
+        src_vocab=cfg.src_vocab_size,
+        tgt_vocab=cfg.tgt_vocab_size,
+        generation=imported.generation,
+    )
+
+
+def _write_tokens(tmp: Path, files: TokenFiles) -> None:
+    """Writes the SentencePiece models, the vocabulary maps and the vocabulary texts into the bundle."""
+    shutil.copyfile(files.source_spm, tmp / fmt.SOURCE_SPM)
+    shutil.copyfile(files.target_spm, tmp / fmt.TARGET_SPM)
+    (tmp / fmt.SOURCE_VOCAB).write_bytes(files.source_map.astype("<i4").tobytes())
+    (tmp / fmt.TARGET_VOCAB).write_bytes(files.target_map.astype("<i4").tobytes())
+    if files.texts:
+        (tmp / fmt.VOCAB_TEXTS).write_text(
+            json.dumps(files.texts, ensure_ascii=False, sort_keys=True), encoding="utf-8"
+        )
+
+
+def _origin(kind: str, config: dict) -> dict:
+    """bundle.json's imported_from: the model type, architectures and the transformers settings read."""
+    return {
+        "model_type": kind,
+        "architectures": config.get("architectures"),
+        "transformers_config": {
+            k: config.get(k)
+            for k in ("activation_function", "scale_embedding", "max_position_embeddings", "d_model")
+        },
+    }
 
 
 __all__ = ["HFImportError", "export_hf_bundle", "decoding_defaults"]

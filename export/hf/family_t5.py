@@ -195,59 +195,9 @@ class T5(Family):
             HFImportError: a T5 whose stacks do not share their embedding, or whose parts this importer
                 does not know.
         """
-        from .read import assign, embedding_pairs, empty_model, suppression
+        from .read import assign, embedding_pairs, empty_model
 
-        c = hf.config
-        shared, head = hf.encoder.embed_tokens.weight, hf.get_output_embeddings().weight
-        if not _same(shared, hf.decoder.embed_tokens.weight):
-            raise HFImportError(
-                f"{model_dir}: the encoder's and decoder's embeddings differ; T5 shares one "
-                "table (restore the weights save_pretrained wrote)"
-            )
-        activation = T5_ACTIVATIONS.get(c.dense_act_fn)
-        if activation is None:
-            raise HFImportError(
-                f"{model_dir / 'config.json'}: the feed-forward's activation {c.dense_act_fn!r} is not "
-                f"supported; supported: {', '.join(sorted(T5_ACTIVATIONS))}"
-            )
-        suppressed, renormalize = suppression(generation, model_dir)
-        start = generation.get("decoder_start_token_id", config.get("decoder_start_token_id"))
-        eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
-        inner = c.num_heads * c.d_kv
-        cfg = ModelConfig(
-            src_vocab_size=shared.shape[0],
-            tgt_vocab_size=head.shape[0],
-            d_model=c.d_model,
-            n_heads=c.num_heads,
-            n_encoder_layers=len(hf.encoder.block),
-            n_decoder_layers=len(hf.decoder.block),
-            d_ff=c.d_ff,
-            dropout=0.0,
-            max_positions=int(config.get("n_positions") or DEFAULT_POSITIONS),
-            pre_norm=True,
-            tie_embeddings=_same(head, shared),
-            share_vocab=True,
-            layer_norm_eps=c.layer_norm_epsilon,
-            pad_id=c.pad_token_id,
-            unk_id=c.pad_token_id,
-            bos_id=start,
-            eos_id=eos,
-            decoder_start_id=start,
-            activation=activation,
-            scale_embedding=False,
-            logits_bias=False,
-            stored_positions=False,
-            suppressed_ids=tuple(suppressed),
-            renormalize=renormalize,
-            d_kv=0 if inner == c.d_model else c.d_kv,  # 0: as every host computed it before T5
-            norm="rms",
-            attention_scale=False,
-            linear_bias=False,
-            relative_buckets=c.relative_attention_num_buckets,
-            relative_max_distance=c.relative_attention_max_distance,
-            gated=bool(c.is_gated_act),
-            output_scale=output_scale(hf),
-        )
+        cfg = _model_config(hf, config, model_dir, generation, _checked_activation(hf, model_dir))
         model = empty_model(cfg)
         assign(model, embedding_pairs(model, hf) + _stack_pairs(model, hf))
         return model
@@ -260,6 +210,75 @@ class MT5(T5):
     model_type = "mt5"
     title = "mT5"
     spm_snapshot = "google/mt5-small"
+
+
+def _checked_activation(hf, model_dir: Path) -> str:
+    """The feed-forward's activation, after checking that the stacks share one embedding.
+
+    Raises:
+        HFImportError: the encoder's and decoder's embeddings differ, or an activation this importer does
+            not know.
+    """
+    c = hf.config
+    shared = hf.encoder.embed_tokens.weight
+    if not _same(shared, hf.decoder.embed_tokens.weight):
+        raise HFImportError(
+            f"{model_dir}: the encoder's and decoder's embeddings differ; T5 shares one "
+            "table (restore the weights save_pretrained wrote)"
+        )
+    activation = T5_ACTIVATIONS.get(c.dense_act_fn)
+    if activation is None:
+        raise HFImportError(
+            f"{model_dir / 'config.json'}: the feed-forward's activation {c.dense_act_fn!r} is not "
+            f"supported; supported: {', '.join(sorted(T5_ACTIVATIONS))}"
+        )
+    return activation
+
+
+def _model_config(hf, config: dict, model_dir: Path, generation: dict, activation: str) -> ModelConfig:
+    """Our ModelConfig of T5's fields: hf's config and tensors, config.json and generation_config.json."""
+    from .read import suppression
+
+    c = hf.config
+    shared, head = hf.encoder.embed_tokens.weight, hf.get_output_embeddings().weight
+    suppressed, renormalize = suppression(generation, model_dir)
+    start = generation.get("decoder_start_token_id", config.get("decoder_start_token_id"))
+    eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
+    inner = c.num_heads * c.d_kv
+    return ModelConfig(
+        src_vocab_size=shared.shape[0],
+        tgt_vocab_size=head.shape[0],
+        d_model=c.d_model,
+        n_heads=c.num_heads,
+        n_encoder_layers=len(hf.encoder.block),
+        n_decoder_layers=len(hf.decoder.block),
+        d_ff=c.d_ff,
+        dropout=0.0,
+        max_positions=int(config.get("n_positions") or DEFAULT_POSITIONS),
+        pre_norm=True,
+        tie_embeddings=_same(head, shared),
+        share_vocab=True,
+        layer_norm_eps=c.layer_norm_epsilon,
+        pad_id=c.pad_token_id,
+        unk_id=c.pad_token_id,
+        bos_id=start,
+        eos_id=eos,
+        decoder_start_id=start,
+        activation=activation,
+        scale_embedding=False,
+        logits_bias=False,
+        stored_positions=False,
+        suppressed_ids=tuple(suppressed),
+        renormalize=renormalize,
+        d_kv=0 if inner == c.d_model else c.d_kv,  # 0: as every host computed it before T5
+        norm="rms",
+        attention_scale=False,
+        linear_bias=False,
+        relative_buckets=c.relative_attention_num_buckets,
+        relative_max_distance=c.relative_attention_max_distance,
+        gated=bool(c.is_gated_act),
+        output_scale=output_scale(hf),
+    )
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

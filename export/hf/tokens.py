@@ -155,6 +155,42 @@ def token_files(
     source_path, target_path = family.spm_paths(model_dir, tokenizer)
     source = spm.SentencePieceProcessor(model_file=str(source_path))
     target = spm.SentencePieceProcessor(model_file=str(target_path))
+    pieces, source_map = _source_map(model_dir, tokenizer, source, source_path, src_vocab)
+    special = set(tokenizer.all_special_ids)
+    target_map, target_texts = _target_map(model_dir, tokenizer, target, tgt_vocab, special)
+    # Vocabulary entries that are no source piece: the text of an unknown piece is looked up among them.
+    known = set(pieces)
+    vocab = tokenizer.get_vocab()
+    unknown = {
+        text: int(i)
+        for text, i in vocab.items()
+        if text not in known and i not in special and 0 <= i < src_vocab
+    }
+    section = _tokens_section(tokenizer, family, source, source_map, unknown)
+    forced = generation.get("forced_bos_token_id")
+    if isinstance(forced, int):
+        section["target_prefix"] = [forced]
+    section.update(family.languages(tokenizer, min(src_vocab, tgt_vocab)))
+    return TokenFiles(
+        source_spm=source_path,
+        target_spm=target_path,
+        source_map=source_map.astype(np.int32),
+        target_map=target_map.astype(np.int32),
+        tokens=section,
+        unk_id=int(tokenizer.unk_token_id),
+        texts={"source": unknown, "target": target_texts} if unknown or target_texts else {},
+    )
+
+
+def _source_map(
+    model_dir: Path, tokenizer, source: spm.SentencePieceProcessor, source_path: Path, src_vocab: int
+) -> tuple[list[str], np.ndarray]:
+    """The source model's pieces and each one's id in the tokenizer, checked against the model.
+
+    Raises:
+        HFImportError: an id outside the model's embeddings, or more than 1% of the pieces unknown to the
+            tokenizer's vocabulary.
+    """
     pieces = [source.id_to_piece(i) for i in range(source.get_piece_size())]
     source_map = np.array(tokenizer.convert_tokens_to_ids(pieces), dtype=np.int64)
     if source_map.size and (source_map.min() < 0 or source_map.max() >= src_vocab):
@@ -175,7 +211,17 @@ def token_files(
             f"tokenizer's vocabulary (e.g. {lost[:3]}): the vocabulary file (vocab.json) does not belong "
             "to this SentencePiece model; restore the files that save_pretrained wrote together"
         )
-    special = set(tokenizer.all_special_ids)
+    return pieces, source_map
+
+
+def _target_map(
+    model_dir: Path, tokenizer, target: spm.SentencePieceProcessor, tgt_vocab: int, special: set[int]
+) -> tuple[np.ndarray, dict[str, str]]:
+    """Each output id's piece in the decoding model, and the texts of the pieces that model lacks.
+
+    Raises:
+        HFImportError: a tokenizer vocabulary larger than the model's output ids.
+    """
     tokens = _tokens_of(tokenizer, tgt_vocab)
     # Each id's piece in the decoding model; -1 for what batch_decode(skip_special_tokens=True) leaves out;
     # -2 (its text in vocab_texts) for a piece that model lacks, which DecodePieces keeps as its text.
@@ -194,14 +240,13 @@ def token_files(
             f"{model_dir}: the tokenizer's vocabulary has {_vocab_size(tokenizer)} entries, more than "
             f"the model's {tgt_vocab} output ids: the tokenizer files do not belong to this model"
         )
-    # Vocabulary entries that are no source piece: the text of an unknown piece is looked up among them.
-    known = set(pieces)
-    vocab = tokenizer.get_vocab()
-    unknown = {
-        text: int(i)
-        for text, i in vocab.items()
-        if text not in known and i not in special and 0 <= i < src_vocab
-    }
+    return target_map, target_texts
+
+
+def _tokens_section(
+    tokenizer, family: Family, source: spm.SentencePieceProcessor, source_map: np.ndarray, unknown: dict
+) -> dict:
+    """The tokens section's text handling and the ids the tokenizer puts around a source sentence."""
     # Marian replaces the ▁ that DecodePieces keeps in unknown pieces; M2M100 does not
     # (convert_tokens_to_string).
     section: dict = {"strip_text": True, "restore_spaces": family.restore_spaces}
@@ -215,16 +260,4 @@ def token_files(
     trailing = _trailing_space(tokenizer, suffix)
     if trailing:
         section["trailing_space"] = trailing
-    forced = generation.get("forced_bos_token_id")
-    if isinstance(forced, int):
-        section["target_prefix"] = [forced]
-    section.update(family.languages(tokenizer, min(src_vocab, tgt_vocab)))
-    return TokenFiles(
-        source_spm=source_path,
-        target_spm=target_path,
-        source_map=source_map.astype(np.int32),
-        target_map=target_map.astype(np.int32),
-        tokens=section,
-        unk_id=int(tokenizer.unk_token_id),
-        texts={"source": unknown, "target": target_texts} if unknown or target_texts else {},
-    )
+    return section

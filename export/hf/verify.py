@@ -32,6 +32,7 @@ from seq2onnx.runtime.translator import Translator
 from .read import load_hf, read_config
 from .reference import generate, language_text, log_probs, score, strip, translate
 from .tokens import load_tokenizer
+from .verify_tensors import tensor_checks
 
 MIN_BEAM_AGREEMENT = 0.995  # the issue's bound for beam 4; greedy must agree on every sentence
 TIE = 1e-4  # nats: a deciding gap this small is float noise between float64 and the bundle's float32
@@ -98,47 +99,126 @@ def verify_hf(
     """
     say = log or (lambda line: None)
     model_dir, bundle_dir = Path(model_dir), Path(bundle_dir)
+    run = _open(
+        model_dir, bundle_dir, (data, sentences, src_col, tgt_col), device, (source_lang, target_lang)
+    )
+    ours_src, hf_srcs, same_ids, check = _source_ids(run, target_lang)
+    checks = [check]
+    want = _generated(run, hf_srcs, say)
+    texts = run.tok.batch_decode(want[1], skip_special_tokens=True)
+    rows, targets = _teacher_inputs(run, hf_srcs, want[1])
+    # the tensor tier compares encoder outputs position by position: only sentences whose ids agree (the
+    # token tier above reports the others)
+    tensor_rows = [i for i in range(min(tensor_sentences, len(run.srcs))) if same_ids[i]]
+    tensor_inputs = [
+        [rows[i] for i in tensor_rows],
+        [ours_src[i] for i in tensor_rows],
+        [targets[i] for i in tensor_rows],
+    ]
+    differences = []
+    for variant, t in run.translators.items():
+        tensor_args = (run.start, run.suppression, run.tol["tensor_atol"], variant, say)
+        checks.extend(tensor_checks(t, run.hf, *tensor_inputs, *tensor_args))
+        for beams in (1, 4):
+            found, differing = _search_checks(run, variant, beams, (want[beams], rows, texts), say)
+            checks.extend(found)
+            differences.extend(differing)
+    return _report(run, model_dir, bundle_dir, min(tensor_sentences, len(run.srcs)), checks, differences)
+
+
+@dataclass
+class _Run:
+    """What every tier reads: the bundle and its translators, transformers' model and tokenizer, the
+    sentences, and the decoding settings as the runtime applies them."""
+
+    bundle: fmt.Bundle
+    hf: torch.nn.Module
+    tok: object
+    pairs: list[tuple[str, str | None]]
+    translators: dict
+    options: dict
+    source_prefix: list[int]
+    prefix: list[int]
+
+    @property
+    def srcs(self) -> list[str]:
+        return [s for s, _ in self.pairs]
+
+    @property
+    def first(self) -> Translator:
+        return next(iter(self.translators.values()))
+
+    @property
+    def tol(self) -> dict:
+        return self.bundle.meta["tolerances"]
+
+    @property
+    def start(self) -> int:
+        return self.bundle.special_ids["decoder_start"]
+
+    @property
+    def max_length(self) -> int:
+        return int(self.bundle.decoding["max_length_b"]) + 1  # transformers counts the start token
+
+    @property
+    def suppression(self) -> tuple[list[int], bool]:
+        cfg = self.bundle.model
+        return list(cfg.get("suppressed_ids", [])), bool(cfg.get("renormalize", False))
+
+    @property
+    def exact(self) -> bool:
+        return self.bundle.meta["dtype"] == "float32" and not self.bundle.meta.get("quantization")
+
+
+def _open(model_dir: Path, bundle_dir: Path, data: tuple, device: str, langs: tuple) -> _Run:
+    """Reads the model directory, the bundle and the sentences: both models, the tokenizer set to the
+    languages, and the prefixes the runtime puts on a source and a target.
+
+    data: read_sentences' (path, n, src_col, tgt_col); langs: (source_lang, target_lang).
+    """
+    source_lang, target_lang = langs
     read_config(model_dir)
     bundle = fmt.read_bundle(bundle_dir)
-    tol = bundle.meta["tolerances"]
     hf = load_hf(model_dir).double()
     tok = load_tokenizer(model_dir)
-    pairs = read_sentences(data, sentences, src_col, tgt_col)
-    srcs = [s for s, _ in pairs]
-    decoders = tuple(bundle.decoder_variants)
+    pairs = read_sentences(*data)
     translators = {
         d: Translator(bundle, device="cpu" if d == fmt.FUSED else device, _tuning=SessionTuning(decoder=d))
-        for d in decoders
+        for d in bundle.decoder_variants
     }
-    first = translators[decoders[0]]
-    cfg, ids = bundle.model, bundle.special_ids
-    eos, pad, start = ids["eos"], ids["pad"], ids["decoder_start"]
+    first = next(iter(translators.values()))
     if source_lang is not None and hasattr(tok, "src_lang"):
         tok.src_lang = source_lang
     if target_lang is not None and hasattr(tok, "tgt_lang"):
         tok.tgt_lang = target_lang
     options = {"source_lang": source_lang, "target_lang": target_lang}
     source_prefix, [prefix] = first.prefixes(1, first.search_options(**options))  # as the runtime puts them
-    forced = prefix[0] if prefix else None
-    max_length = int(bundle.decoding["max_length_b"]) + 1  # transformers counts the start token
-    suppressed, renormalize = list(cfg.get("suppressed_ids", [])), bool(cfg.get("renormalize", False))
-    checks: list[Check] = []
-    exact = bundle.meta["dtype"] == "float32" and not bundle.meta.get("quantization")
+    return _Run(bundle, hf, tok, pairs, translators, options, source_prefix, prefix)
 
-    ours_src = [first.sources.ids(i, s, False, source_prefix) for i, s in enumerate(srcs)]
-    hf_srcs = [language_text(bundle.meta.get("tokens", {}), tok, target_lang) + s for s in srcs]
-    theirs_src = [tok(s).input_ids for s in hf_srcs]
+
+def _source_ids(run: _Run, target_lang: str | None) -> tuple[list, list[str], list[bool], Check]:
+    """Our source ids and the tokenizer's, sentence by sentence: (ours, the texts given to transformers,
+    which agree, the check)."""
+    srcs = run.srcs
+    ours_src = [run.first.sources.ids(i, s, False, run.source_prefix) for i, s in enumerate(srcs)]
+    hf_srcs = [language_text(run.bundle.meta.get("tokens", {}), run.tok, target_lang) + s for s in srcs]
+    theirs_src = [run.tok(s).input_ids for s in hf_srcs]
     same_ids = [a == b for a, b in zip(ours_src, theirs_src)]
-    checks.append(
-        Check(
-            "tokens",
-            "source ids identical to the tokenizer's",
-            sum(same_ids) / len(srcs),
-            1.0,
-            all(same_ids),
-            f"{sum(same_ids)}/{len(srcs)} sentences",
-        )
+    check = Check(
+        "tokens",
+        "source ids identical to the tokenizer's",
+        sum(same_ids) / len(srcs),
+        1.0,
+        all(same_ids),
+        f"{sum(same_ids)}/{len(srcs)} sentences",
     )
+    return ours_src, hf_srcs, same_ids, check
+
+
+def _generated(run: _Run, hf_srcs: list[str], say) -> dict[int, list]:
+    """transformers' generate() ids by beam count: greedy (in float32) and beam 4 (in float64)."""
+    forced = run.prefix[0] if run.prefix else None
+    hf, tok, max_length = run.hf, run.tok, run.max_length
     want = {
         1: generate(hf.float(), tok, hf_srcs, beams=1, max_length=max_length, forced=forced, say=say),
         4: generate(
@@ -149,92 +229,93 @@ def verify_hf(
             max_length=max_length,
             forced=forced,
             say=say,
-            early_stopping=EARLY_STOPPING[bundle.decoding.get("beam_convention", "fairseq")],
+            early_stopping=EARLY_STOPPING[run.bundle.decoding.get("beam_convention", "fairseq")],
         ),
     }
     hf.double()
-    texts = tok.batch_decode(want[1], skip_special_tokens=True)
+    return want
+
+
+def _teacher_inputs(run: _Run, hf_srcs: list[str], greedy: list) -> tuple[list[dict], list[list[int]]]:
+    """transformers' encoder inputs per sentence, and the teacher-forced targets: the references when
+    given, else the greedy outputs."""
+    ids = run.bundle.special_ids
     rows = [
-        {k: torch.tensor([v]) for k, v in tok(s).items() if k in ("input_ids", "attention_mask")}
+        {k: torch.tensor([v]) for k, v in run.tok(s).items() if k in ("input_ids", "attention_mask")}
         for s in hf_srcs
     ]
     targets = [
-        (tok(text_target=r).input_ids[:-1] if r is not None else strip(w, pad, eos))
-        for (_, r), w in zip(pairs, want[1])
+        (run.tok(text_target=r).input_ids[:-1] if r is not None else strip(w, ids["pad"], ids["eos"]))
+        for (_, r), w in zip(run.pairs, greedy)
     ]
-    # the tensor tier compares encoder outputs position by position: only sentences whose ids agree (the
-    # token tier above reports the others)
-    tensor_rows = [i for i in range(min(tensor_sentences, len(srcs))) if same_ids[i]]
+    return rows, targets
+
+
+def _search_checks(run: _Run, variant: str, beams: int, refs: tuple, say) -> tuple[list[Check], list[dict]]:
+    """One decoder's greedy or beam-4 ids (and greedy texts) against generate()'s, with each difference;
+    refs: (generate()'s ids for this search, transformers' encoder inputs, greedy texts)."""
+    want, rows, texts = refs
+    srcs, ids = run.srcs, run.bundle.special_ids
+    pad, eos = ids["pad"], ids["eos"]
+    got = translate(
+        run.translators[variant],
+        srcs,
+        beams=beams,
+        max_length=run.max_length - 1,
+        options=run.options,
+        say=say,
+        label=variant,
+    )
+    expected = [strip(w, pad, eos) for w in want]
+    agree = [g.token_ids[0] == w for g, w in zip(got, expected)]
+    # fp32: every greedy sentence, beam 4 on >= 99.5%; int8/fp16: the bundle's own agreement bound
+    bound = min(run.tol["min_greedy_agreement"], 1.0 if beams == 1 else MIN_BEAM_AGREEMENT)
+    rate = sum(agree) / len(agree)
+    search = f"{'greedy' if beams == 1 else 'beam 4'} ids identical to generate()"
+    checks = [
+        Check("tokens", search, rate, bound, rate >= bound, f"{sum(agree)}/{len(agree)} sentences", variant)
+    ]
     differences = []
-    for variant, t in translators.items():
-        checks.extend(
-            _tensor_checks(
-                t,
-                hf,
-                [rows[i] for i in tensor_rows],
-                [ours_src[i] for i in tensor_rows],
-                [targets[i] for i in tensor_rows],
-                start,
-                (suppressed, renormalize),
-                tol["tensor_atol"],
-                variant,
-                say,
+    for i in np.flatnonzero(~np.array(agree)):
+        mismatch = _Mismatch(int(i), srcs[i], got[i].token_ids[0], expected[i], beams, variant)
+        differences.append(
+            _difference(
+                run.hf,
+                rows[i],
+                mismatch,
+                run.start,
+                eos,
+                len(run.prefix),
+                run.suppression,
+                run.exact,
+                run.bundle.meta.get("variant"),
             )
         )
-        for beams in (1, 4):
-            got = translate(
-                t, srcs, beams=beams, max_length=max_length - 1, options=options, say=say, label=variant
-            )
-            expected = [strip(w, pad, eos) for w in want[beams]]
-            agree = [g.token_ids[0] == w for g, w in zip(got, expected)]
-            # fp32: every greedy sentence, beam 4 on >= 99.5%; int8/fp16: the bundle's own agreement bound
-            bound = min(tol["min_greedy_agreement"], 1.0 if beams == 1 else MIN_BEAM_AGREEMENT)
-            rate = sum(agree) / len(agree)
-            checks.append(
-                Check(
-                    "tokens",
-                    f"{'greedy' if beams == 1 else 'beam 4'} ids identical to generate()",
-                    rate,
-                    bound,
-                    rate >= bound,
-                    f"{sum(agree)}/{len(agree)} sentences",
-                    variant,
-                )
-            )
-            for i in np.flatnonzero(~np.array(agree)):
-                mismatch = _Mismatch(int(i), srcs[i], got[i].token_ids[0], expected[i], beams, variant)
-                differences.append(
-                    _difference(
-                        hf,
-                        rows[i],
-                        mismatch,
-                        start,
-                        eos,
-                        len(prefix),
-                        (suppressed, renormalize),
-                        exact,
-                        bundle.meta.get("variant"),
-                    )
-                )
-            if beams == 1:
-                checks.append(_text_check(got, texts, tol["min_greedy_agreement"], variant))
+    if beams == 1:
+        checks.append(_text_check(got, texts, run.tol["min_greedy_agreement"], variant))
+    return checks, differences
+
+
+def _report(run: _Run, model_dir: Path, bundle_dir: Path, tensor_sentences: int, checks, differences) -> dict:
+    """The report verify_hf returns."""
     # As for our own bundles: the tensor bound of a reduced-precision bundle is a measurement; tokens and text
     # decide.
-    judged = [c for c in checks if c.tier != "tensor" or exact]
+    judged = [c for c in checks if c.tier != "tensor" or run.exact]
+    first = run.first
     return {
         "bundle": str(bundle_dir),
         "checkpoint": str(model_dir),
-        "variant": bundle.meta.get("variant", "float32"),
-        "decoders": list(decoders),
-        "int8_products": int8_products(bundle.meta),
+        "variant": run.bundle.meta.get("variant", "float32"),
+        "decoders": list(run.translators),
+        "int8_products": int8_products(run.bundle.meta),
         "provider": first.device.upper() if first.device == "cpu" else "CUDA",
-        "sentences": len(srcs),
-        "tensor_sentences": min(tensor_sentences, len(srcs)),
+        "sentences": len(run.pairs),
+        "tensor_sentences": tensor_sentences,
         "passed": all(c.passed for c in judged),
         "checks": [asdict(c) | {"judged": c in judged} for c in checks],
         "differences": differences,
         "tie": TIE,
-        "options": options,
+        "options": run.options,
     }
 
 
@@ -288,75 +369,6 @@ def _text_check(got, texts: list[str], bound: float, variant: str) -> Check:
         f"{same_text}/{len(texts)} sentences",
         variant,
     )
-
-
-def _cross_projections(hf) -> list[tuple]:
-    """Each decoder layer's cross-attention key and value projections: BART-style layers, or T5's blocks."""
-    decoder = hf.get_decoder()
-    if hasattr(decoder, "block"):  # T5, mT5: block.N.layer[1] is the cross-attention
-        return [(b.layer[1].EncDecAttention.k, b.layer[1].EncDecAttention.v) for b in decoder.block]
-    return [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj) for layer in decoder.layers]
-
-
-def _tensor_checks(
-    translator, hf, rows, sources, targets, start, suppression, atol, variant, say
-) -> list[Check]:
-    """Encoder K/V and teacher-forced log-probabilities of one decoder against transformers in float64."""
-    if not rows:
-        return []
-    say(f"tensors: {len(rows)} sentences, {variant} decoder, against transformers in float64")
-    worst_kv = worst_lp = 0.0
-    scale_kv = 1.0
-    n_layers = translator.n_layers
-    projections = _cross_projections(hf)
-    for row, src, target in zip(rows, sources, targets):
-        src_mask, cross = translator.graphs.encode(*translator.sources.pad([src]))
-        with torch.no_grad():
-            memory = hf.get_encoder()(**row).last_hidden_state  # (1, S, D)
-        heads, dh = translator.n_heads, translator.head_dim
-        for i in range(n_layers):
-            k_proj, v_proj = projections[i]
-            for proj, got in ((k_proj, cross[2 * i]), (v_proj, cross[2 * i + 1])):
-                with torch.no_grad():
-                    ref = proj(memory).reshape(1, -1, heads, dh).transpose(1, 2).numpy()
-                worst_kv = max(worst_kv, float(np.abs(got.numpy().astype(np.float64) - ref).max()))
-                scale_kv = max(scale_kv, float(np.abs(ref).max()))
-        decoder_input = [start] + target
-        ref = log_probs(hf, row, decoder_input, *suppression)
-        step = translator.graphs.step(
-            (src_mask, cross), rows=1, top_k=None, max_length=len(decoder_input) + 1
-        )
-        for t, token in enumerate(decoder_input):
-            lp = np.asarray(step(np.array([[token]], dtype=np.int64), np.zeros(1, dtype=np.int64), t, None))[
-                0
-            ]
-            finite = np.isfinite(ref[t])
-            if not np.array_equal(finite, np.isfinite(lp)):
-                worst_lp = float("inf")
-                continue
-            worst_lp = max(worst_lp, float(np.abs(lp[finite].astype(np.float64) - ref[t][finite]).max()))
-        translator.graphs.recycle(step)
-    kv_bound = atol * scale_kv
-    return [
-        Check(
-            "tensor",
-            "encoder K/V (cross-attention inputs)",
-            worst_kv,
-            kv_bound,
-            worst_kv <= kv_bound,
-            f"x max|K/V| = {scale_kv:.2f}",
-            variant,
-        ),
-        Check(
-            "tensor",
-            "decoder log_probs (teacher-forced)",
-            worst_lp,
-            atol,
-            worst_lp <= atol,
-            f"{sum(len(t) + 1 for t in targets)} steps",
-            variant,
-        ),
-    ]
 
 
 def format_differences(report: dict) -> str:

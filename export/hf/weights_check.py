@@ -51,6 +51,21 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
             f"{path}: is {size} bytes, too short for a safetensors file (an 8-byte header "
             f"length, the header, the data); {_COPY_FIX}"
         )
+    length, header = _read_header(path, size)
+    data_bytes = size - 8 - length
+    return {
+        name: _checked_entry(path, name, entry, data_bytes)
+        for name, entry in header.items()
+        if name != "__metadata__"
+    }
+
+
+def _read_header(path: Path, size: int) -> tuple[int, dict]:
+    """The header's length and its JSON object, read from a file of `size` bytes (at least 8).
+
+    Raises:
+        HFImportError: a length beyond the file or safetensors' limit, a header that is no JSON object.
+    """
     with path.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         if length > min(size - 8, MAX_HEADER):
@@ -70,34 +85,39 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
         raise HFImportError(
             f"{path}: its header is a JSON {type(header).__name__}, not an object; {_COPY_FIX}"
         )
-    data_bytes, tensors = size - 8 - length, {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
-            good = all(_is_int(x) and x >= 0 for x in [*shape, begin, end]) and begin <= end
-            nbytes = DTYPE_BYTES[dtype] * math.prod(shape) if good else 0
-        except (TypeError, KeyError, ValueError):
-            good = False
-        if not good:
-            raise HFImportError(
-                f"{path}: tensor {name}'s header entry {_show(entry)} is not a safetensors "
-                f"entry (dtype, shape, data_offsets); {_COPY_FIX}"
-            )
-        if nbytes != end - begin:
-            raise HFImportError(
-                f"{path}: tensor {name} of shape {shape} ({dtype}) needs {nbytes:,} bytes "
-                f"but its data_offsets hold {end - begin:,}: the header is damaged; "
-                f"{_COPY_FIX}"
-            )
-        if end > data_bytes:
-            raise HFImportError(
-                f"{path}: tensor {name} ends at byte {end:,} of the data but the file holds "
-                f"{data_bytes:,}: the file is truncated; {_COPY_FIX}"
-            )
-        tensors[name] = (dtype, shape)
-    return tensors
+    return length, header
+
+
+def _checked_entry(path: Path, name: str, entry, data_bytes: int) -> tuple[str, list[int]]:
+    """One tensor's (dtype, shape) from its header entry, checked against its offsets and the data.
+
+    Raises:
+        HFImportError: an entry that is no safetensors entry, offsets that disagree with the shape, or
+            data beyond the file.
+    """
+    try:
+        dtype, shape, (begin, end) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
+        good = all(_is_int(x) and x >= 0 for x in [*shape, begin, end]) and begin <= end
+        nbytes = DTYPE_BYTES[dtype] * math.prod(shape) if good else 0
+    except (TypeError, KeyError, ValueError):
+        good = False
+    if not good:
+        raise HFImportError(
+            f"{path}: tensor {name}'s header entry {_show(entry)} is not a safetensors "
+            f"entry (dtype, shape, data_offsets); {_COPY_FIX}"
+        )
+    if nbytes != end - begin:
+        raise HFImportError(
+            f"{path}: tensor {name} of shape {shape} ({dtype}) needs {nbytes:,} bytes "
+            f"but its data_offsets hold {end - begin:,}: the header is damaged; "
+            f"{_COPY_FIX}"
+        )
+    if end > data_bytes:
+        raise HFImportError(
+            f"{path}: tensor {name} ends at byte {end:,} of the data but the file holds "
+            f"{data_bytes:,}: the file is truncated; {_COPY_FIX}"
+        )
+    return dtype, shape
 
 
 def weight_headers(model_dir: Path) -> dict[str, tuple[str, list[int]]] | None:

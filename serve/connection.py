@@ -10,7 +10,10 @@ run out. This protocol adds both, as Go's ReadHeaderTimeout and hyper's header_r
 - the head must arrive within `read_timeout_s` of the connection's start (its first request) or of its first
   byte (a later request; the idle time before it is timeout_keep_alive's); else 408 and the connection closes;
 - beyond `max_connections` open connections, a new one is answered 503 and closed at once (its descriptor
-  freed);
+  freed); and once one was refused, every open connection closes after its next answer (`connection:
+  close`), so that the slots turn over: a client that holds a connection open with requests it pipelines
+  and never reads (its answers fit in the socket buffers, so its writes never pause) holds no slot for
+  longer than one answer while others wait; as Envoy's overload action "disable_http_keepalive";
 - a client that does not read its answers (it pipelines requests and never reads, or stops reading mid-answer)
   is dropped once the server's writes to it have been paused for `send_timeout_s` (`--send-timeout`): asyncio
   pauses a transport's writes when its buffer passes its high-water mark, after the kernel's send buffer and
@@ -84,16 +87,19 @@ class LimitedH11Protocol(H11Protocol):
     send_timeout_s: float
     refused: list
     dropped: list
+    turned: list  # [connections refused since the server started]: each connection's answer reads it
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.conn = _Connection(h11.SERVER, self.max_header_bytes)
         self._head_timer = self._lingering = self._send_timer = None
+        self._turned_seen = self.turned[0]
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             self.refused[0] += 1
+            self.turned[0] += 1
             if self.loop.time() - self.refused[1] >= LOG_EVERY_S:  # one line a minute at most, under a flood
                 self.logger.warning(
                     "refused %d connections since the last such line: %d open, the limit "
@@ -129,6 +135,15 @@ class LimitedH11Protocol(H11Protocol):
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._disarm()  # the head is read (or broken: answered already)
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle and self.cycle is not None and self.turned[0] > self._turned_seen:
+            # a connection was refused since this one's last answer: this answer is its last, and says so
+            # (uvicorn adds `connection: close` to the answer of a request that carries it, then closes)
+            self.cycle.keep_alive = False
+            self.cycle.scope["headers"].append((b"connection", b"close"))
 
     def eof_received(self):
         if self._lingering is not None:
@@ -242,5 +257,6 @@ def limited_protocol(
         "send_timeout_s": send_timeout_s,
         "refused": [0, -math.inf],
         "dropped": [0, -math.inf],
+        "turned": [0],
     }
     return type("LimitedH11Protocol", (LimitedH11Protocol,), limits)

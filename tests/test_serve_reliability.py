@@ -189,6 +189,45 @@ def test_a_client_that_pipelines_and_never_reads_is_dropped_after_the_send_timeo
         assert server.client.get("/health").status_code == 200  # the server itself goes on
 
 
+@pytest.mark.slow
+def test_connections_that_pipeline_and_never_read_hold_no_slot_once_another_is_refused(bundle):
+    # their answers fit in the socket buffers, so no write pauses and the send timeout never starts: before,
+    # 4 such connections against --max-connections 4 held every slot until their 3,000 requests were answered
+    with ServeProcess(bundle, "--max-connections", "4") as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        body = b'{"texts": ["the queen sees"]}'
+        request = b"POST /v1/translate HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        request += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        hogs = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
+        try:
+            for hog in hogs:
+                with contextlib.suppress(OSError):  # the server reads at its own pace
+                    hog.sendall(request * 3000)
+
+            def post():
+                try:
+                    return httpx.post(server.url + TRANSLATE, json={"texts": TEXTS}, timeout=10).status_code
+                except httpx.TransportError:  # refused before its request was read
+                    return None
+
+            codes = [post()]  # every slot is held: refused, and the slots start to turn over
+            codes.append(until(lambda: post() == 200 or None, 20, "a slot for a new client"))
+            assert codes[0] in (503, None) and codes[-1], codes
+            assert all("connection: close" in _read_to_end(hog) for hog in hogs)  # each was told so, last
+        finally:
+            for hog in hogs:
+                hog.close()
+
+
+def _read_to_end(sock: socket.socket) -> str:
+    """What the server sent until it closed the connection (at most 64 MiB; the socket's timeout bounds it)."""
+    data = b""
+    with contextlib.suppress(OSError):
+        while len(data) < 64 << 20 and (chunk := sock.recv(1 << 20)):
+            data += chunk
+    return data[-4096:].decode("latin-1").lower()
+
+
 # -- item 6 and the low items: one rule per option, shared by both hosts -------------------------------------
 
 

@@ -151,3 +151,25 @@ class Initializers(Mapping):
 
     def __len__(self) -> int:
         return len(self.tensors)
+
+
+def rewrite_graph_file(directory: Path, name: str, rewrite, writer, check) -> object:
+    """Reads one graph file with its weights left outside, rewrites it with `rewrite(proto)`, writes it back
+    (the writer's new tensors flushed first), checks the file with `check(path)`, and returns what `rewrite`
+    returned.
+
+    Raises:
+        QuantizeError: naming the file (as `rewrite` raised it); `check`'s own errors.
+    """
+    path = Path(directory) / name
+    proto = onnx.load(str(path), load_external_data=False)  # its fp32 weights read one at a time
+    try:
+        result = rewrite(proto)
+    except QuantizeError as e:
+        raise QuantizeError(f"{name}: {e}") from None
+    onnx.save(proto, str(path))
+    del proto
+    if writer is not None:
+        writer.flush()
+    check(path)
+    return result

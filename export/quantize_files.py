@@ -7,7 +7,7 @@ from pathlib import Path
 
 import onnx
 
-from .graph_layers import QuantizeError
+from .graph_layers import rewrite_graph_file
 from .graphs import check_graph_file
 from .quantize import SCHEME, TABLES, quantize_model
 from .weights import TensorWriter
@@ -60,28 +60,15 @@ def _quantize_file(
 ) -> int:
     """Reads one graph file, quantizes it, writes it back (its int8 tensors flushed to the writer) and
     checks it; returns how many layers were quantized."""
-    path = directory / name
-    proto = onnx.load(str(path), load_external_data=False)  # its fp32 weights read one at a time
-    try:
-        count = quantize_model(
-            proto,
-            contrib=contrib,
-            tables=tables,
-            keep_float=keep_float,
-            directory=directory,
-            writer=writer,
+
+    def rewrite(proto):
+        return quantize_model(
+            proto, contrib=contrib, tables=tables, keep_float=keep_float, directory=directory, writer=writer
         )
-    except QuantizeError as e:
-        raise QuantizeError(f"{name}: {e}") from None
-    onnx.save(proto, str(path))
-    del proto
-    if writer is not None:
-        writer.flush()
-    if contrib:
-        onnx.checker.check_model(str(path))  # contrib ops have no ONNX schema: structure and types only
-    else:
-        check_graph_file(path)
-    return count
+
+    # contrib ops have no ONNX schema: structure and types only
+    check = (lambda path: onnx.checker.check_model(str(path))) if contrib else check_graph_file
+    return rewrite_graph_file(directory, name, rewrite, writer, check)
 
 
 def _scheme(layers: dict, tables: bool, keep_float: frozenset[str]) -> dict:

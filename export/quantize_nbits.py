@@ -41,6 +41,7 @@ from .graph_layers import (
     id_tables,
     layer_group,
     linear_weights,
+    rewrite_graph_file,
 )
 from .weights import TensorWriter, constants_to_initializers
 
@@ -378,27 +379,24 @@ def quantize_graphs_nbits(
         raise QuantizeError(f"block size {block}: expected a power of 2, at least 16")
     if eight_bit is None:
         eight_bit = EIGHT_BIT if table_bits == 8 else frozenset()
+
+    def rewrite(proto):
+        return quantize_model_nbits(
+            proto,
+            bits=bits,
+            block=block,
+            symmetric=symmetric,
+            table_bits=table_bits,
+            directory=Path(directory),
+            writer=writer,
+            level=level,
+            eight_bit=eight_bit,
+        )
+
+    def check(path: Path) -> None:  # contrib ops have no ONNX schema: structure and types only
+        onnx.checker.check_model(str(path))
+
     layers = {}
     for label, name in files.items():
-        path = Path(directory) / name
-        proto = onnx.load(str(path), load_external_data=False)
-        try:
-            layers[label] = quantize_model_nbits(
-                proto,
-                bits=bits,
-                block=block,
-                symmetric=symmetric,
-                table_bits=table_bits,
-                directory=Path(directory),
-                writer=writer,
-                level=level,
-                eight_bit=eight_bit,
-            )
-        except QuantizeError as e:
-            raise QuantizeError(f"{name}: {e}") from None
-        onnx.save(proto, str(path))
-        del proto
-        if writer is not None:
-            writer.flush()
-        onnx.checker.check_model(str(path))  # contrib ops have no ONNX schema: structure and types only
+        layers[label] = rewrite_graph_file(Path(directory), name, rewrite, writer, check)
     return scheme(bits, block, symmetric, table_bits, layers, level, eight_bit)

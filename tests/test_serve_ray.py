@@ -41,6 +41,9 @@ RETRIES = 5
 # 2-core machine, the proxy can take longer than that to hand a body over.
 RETRYABLE = {408, 500, 502, 503, 504}
 WAIT_S = 60.0  # the bound on every wait for Ray (start, recovery)
+# the module's own start (a fresh Ray, its proxy, the replica): 39 s alone on 2 cores, and past 60 s twice with
+# the suite's other worker and other jobs on them
+START_S = 150.0
 
 
 def _ray_serve():
@@ -126,7 +129,7 @@ def test_the_module_serves_until_sigint(bundle):
         text=True,
     )
     try:
-        deadline, answer = time.monotonic() + WAIT_S, None
+        deadline, answer = time.monotonic() + START_S, None
         # The proxy listens (404: no route yet) before the replica is up.
         while (
             (answer is None or answer.status_code in (404, 503))
@@ -140,7 +143,7 @@ def test_the_module_serves_until_sigint(bundle):
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        assert answer is not None, f"no answer within {WAIT_S:.0f} s; exit {proc.poll()}"
+        assert answer is not None, f"no answer within {START_S:.0f} s; exit {proc.poll()}"
         assert answer.status_code == 200 and answer.headers["x-replica"], answer.text
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=WAIT_S) == 0

@@ -11,7 +11,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from importlib import metadata
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib import metadata
 
 _PREFIXES = ("onnxruntime", "ort_nightly", "ort-nightly")  # metadata directories' names, lower case
 CPU_FIX = "pip install 'seq2onnx[cpu]' (or 'seq2onnx[gpu]' on a CUDA machine)"
@@ -29,8 +32,8 @@ def _ships_onnxruntime(dist: metadata.Distribution) -> bool:
     return any(str(f).replace("\\", "/").startswith("onnxruntime/") for f in dist.files or ())
 
 
-def _candidates() -> list[metadata.Distribution]:
-    """The installed distributions whose metadata directory is named onnxruntime* or ort-nightly*.
+def _candidate_paths() -> list[str]:
+    """The metadata directories on sys.path named onnxruntime* or ort-nightly* (.dist-info, .egg-info).
 
     A scan of sys.path's directories by name: reading every distribution's metadata
     (metadata.distributions()) took ~30 ms of each process's start in an environment of ~200 packages.
@@ -44,8 +47,15 @@ def _candidates() -> list[metadata.Distribution]:
         for name in names:
             low = name.lower()
             if low.startswith(_PREFIXES) and low.endswith((".dist-info", ".egg-info")):
-                found.append(metadata.Distribution.at(os.path.join(entry or ".", name)))
+                found.append(os.path.join(entry or ".", name))
     return found
+
+
+def _candidates() -> list[metadata.Distribution]:
+    """The installed distributions whose metadata directory is named onnxruntime* or ort-nightly*."""
+    from importlib import metadata  # ~25 ms of imports (email, zipfile): only where a clash is possible
+
+    return [metadata.Distribution.at(path) for path in _candidate_paths()]
 
 
 def onnxruntime_distributions() -> list[str]:
@@ -92,6 +102,11 @@ def import_onnxruntime():
         ImportError: naming the problem and the fix: several flavours installed, none installed, or
             one that cannot be imported.
     """
+    if len(_candidate_paths()) <= 1:  # no two flavours can clash: metadata is read only if the import fails
+        try:
+            return importlib.import_module("onnxruntime")
+        except ImportError:
+            pass  # the checks below name the problem
     dists = onnxruntime_distributions()
     check_install(dists)
     try:

@@ -184,11 +184,9 @@ class _Dist:
     ],
 )
 def test_two_flavours_installed(monkeypatch, names, words):
-    monkeypatch.setattr(
-        ort_install,
-        "_candidates",
-        lambda: [_Dist("onnxruntime-genai", "onnxruntime_genai"), *map(_Dist, names)],
-    )
+    dists = [_Dist("onnxruntime-genai", "onnxruntime_genai"), *map(_Dist, names)]
+    monkeypatch.setattr(ort_install, "_candidate_paths", lambda: [f"/site/{d}.dist-info" for d in names])
+    monkeypatch.setattr(ort_install, "_candidates", lambda: dists)
     with pytest.raises(ImportError) as e:
         ort_install.import_onnxruntime()
     for word in words:
@@ -223,6 +221,16 @@ def test_no_onnxruntime_installed(monkeypatch):
 
 def test_the_real_environment_has_one_flavour():
     assert len(ort_install.onnxruntime_distributions()) == 1
+
+
+def test_one_flavour_is_imported_without_reading_metadata():
+    # importlib.metadata costs ~25 ms of every load (email, zipfile, socket): only a possible clash reads it
+    code = (
+        "import sys; from seq2onnx.runtime.ort_install import import_onnxruntime; import_onnxruntime(); "
+        "print('importlib.metadata' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out
 
 
 _BOTH = r"""

@@ -25,6 +25,7 @@ from .bundle import (
 )
 from .onnx_info import GraphInfo, GraphReadError, read_graph_info
 from .spec import SPEC
+from .vocab import all_pieces
 from .weights import check_references
 
 # onnxruntime's type strings for the element types bundle.json names
@@ -57,7 +58,7 @@ def tokenizer_fingerprint(processor) -> dict:
     Returns:
         {"pieces": vocabulary size, "pieces_sha256": hash of the pieces in id order}.
     """
-    pieces = "\n".join(processor.id_to_piece(list(range(processor.get_piece_size()))))  # one call for all
+    pieces = "\n".join(all_pieces(processor))
     return {
         "pieces": processor.get_piece_size(),
         "pieces_sha256": hashlib.sha256(pieces.encode("utf-8")).hexdigest(),

@@ -22,7 +22,7 @@ from .search import SearchResult, Step, run, stream_greedy
 from .session_tuning import SessionTuning, check_intra_threads
 from .session_cache import SessionCache
 from .devices import DEVICES
-from .sessions import open_sessions
+from .sessions import Beside, open_sessions
 from .source import Sources
 from .result import TranslationResult  # noqa: F401  (re-exported: the public result type)
 from .text import text_increments
@@ -108,7 +108,8 @@ class Translator:
             self.bundle = bundle.without_data()  # the sessions hold what they need
 
     def _load(self, bundle: Bundle, bundle_dir, device: str, tuning: SessionTuning, intra_threads, cache):
-        """The constructor's work once the bundle is read: tokenizers, vocabulary, sessions, checks."""
+        """The constructor's work once the bundle is read: sessions, and beside them tokenizers, vocabulary,
+        checks."""
         self.bundle = bundle
         self.spec = spec = ModelSpec.of_bundle(bundle, tuning.top_k_from_graph)  # what planning reads
         self.n_layers, self.n_heads, self.head_dim = spec.n_layers, spec.n_heads, spec.head_dim
@@ -116,6 +117,38 @@ class Translator:
         self.tgt_vocab = spec.tgt_vocab
         self.pad_id, self.eos_id, self.start_id = spec.pad_id, spec.eos_id, spec.start_id
         self.cache_dtype = _NP_DTYPE[self.bundle.dtype]
+        graphs = read_graphs(bundle)  # every listed graph parsed, its references checked before onnxruntime's
+        # The sessions are made in a thread (onnxruntime lets go of the GIL while it packs the weights) while
+        # this one loads the tokenizers: 0.1 s of an OPUS-MT-size load no longer waits before the sessions.
+        # A bundle read here is ours: each graph's bytes may go once its session is made (lower peak memory).
+        made = Beside(
+            lambda: open_sessions(
+                bundle,
+                device,
+                tuning,
+                intra_threads,
+                release_bytes=not isinstance(bundle_dir, Bundle),
+                check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs),
+                cache=cache,
+            ),
+            "sessions",
+        )
+        try:
+            self._load_tokenizers(bundle)
+        except BaseException:
+            made.wait()  # no session goes on being made after a failed load returns
+            raise
+        s = made.result()
+        self.device, self.device_reason = s.device, s.device_reason
+        self.encoder, self.decoder = s.encoder, s.decoder
+        self.decoder_variant, self.decoder_reason = s.variant, s.reason
+        # every graph checked now; the standard decoder, not loaded yet, from its file (runtime/onnx_info.py)
+        check_graphs(bundle, {**graphs, **s.by_label()}, graphs)
+        self.graphs = Graphs(s, self.spec, self.cache_dtype, bundle.path)
+        self.ort_device = self.graphs.ort_device
+
+    def _load_tokenizers(self, bundle: Bundle) -> None:
+        """Tokenizers, the vocabulary's maps and the sources' preparation, checked against bundle.json."""
         self.source_tokenizer, self.target_tokenizer = load_tokenizers(bundle)
         # Maps, prefixes and languages of an imported model (runtime/vocab.py); identity for ours.
         self.vocabulary = Vocabulary.of_bundle(
@@ -131,24 +164,6 @@ class Translator:
             vocabulary=self.vocabulary,
         )
         self._decode = self.vocabulary.decoder(self.target_tokenizer)
-        graphs = read_graphs(bundle)  # every listed graph parsed, whichever decoder is driven
-        # a bundle read here is ours: each graph's bytes may go once its session is made (lower peak memory)
-        s = open_sessions(
-            bundle,
-            device,
-            tuning,
-            intra_threads,
-            release_bytes=not isinstance(bundle_dir, Bundle),
-            check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs),
-            cache=cache,
-        )
-        self.device, self.device_reason = s.device, s.device_reason
-        self.encoder, self.decoder = s.encoder, s.decoder
-        self.decoder_variant, self.decoder_reason = s.variant, s.reason
-        # every graph checked now; the standard decoder, not loaded yet, from its file (runtime/onnx_info.py)
-        check_graphs(bundle, {**graphs, **s.by_label()}, graphs)
-        self.graphs = Graphs(s, self.spec, self.cache_dtype, bundle.path)
-        self.ort_device = self.graphs.ort_device
 
     # -- public API -----------------------------------------------------------------------------
 

@@ -52,7 +52,8 @@ def test_a_small_bundle_makes_its_encoder_beside_its_decoder(threads_making, mon
     threads_making.clear()
     translator = Translator(tiny_bundle(), device="cpu")
     assert "seq2onnx-load-encoder" in threads_making
-    assert threads_making.count(threading.current_thread().name) >= 1  # the decoder, in the caller's
+    # the decoder in the load's sessions thread (the caller's thread loads the tokenizers meanwhile)
+    assert threads_making.count("seq2onnx-load-sessions") >= 1
     texts = ["the small teacher found 15 sad children", "a black dog ate five brave cats"]
     for beam_size in (1, 4):  # the sessions made either way translate alike
         a = translator.translate_batch(texts, beam_size=beam_size, return_scores=True)
@@ -66,7 +67,7 @@ def test_a_large_bundle_makes_its_sessions_one_after_the_other(threads_making, m
     # above the limit the decoder's table, mapped while it is packed, must not meet the encoder's weights
     monkeypatch.setattr(sessions_module, "BESIDE_MAX_BYTES", 0)
     Translator(tiny_bundle(), device="cpu")
-    assert threads_making and set(threads_making) == {threading.current_thread().name}
+    assert threads_making and set(threads_making) == {"seq2onnx-load-sessions"}
 
 
 def test_an_encoder_onnxruntime_cannot_load_is_named_from_its_thread(threads_making):
@@ -88,3 +89,30 @@ def test_a_decoder_that_fails_waits_for_the_encoders_thread(threads_making):
         Translator(damaged, device="cpu", check_hashes=False)
     assert "seq2onnx-load-encoder" in threads_making
     assert _load_threads_alive() == []  # no session goes on being made after the error
+
+
+def test_the_tokenizers_load_while_the_sessions_are_made(monkeypatch):
+    # onnxruntime lets go of the GIL while it packs weights: the caller's thread loads the tokenizers then
+    making = threading.Event()
+    real = ort.InferenceSession
+
+    class Signalling(real):
+        def __init__(self, *args, **kwargs):
+            making.set()
+            super().__init__(*args, **kwargs)
+
+    from seq2onnx.runtime import translator as translator_module
+
+    real_load = translator_module.load_tokenizers
+    seen = []
+
+    def load_tokenizers(bundle):
+        seen.append(making.wait(timeout=20))  # made one after the other, no session starts meanwhile
+        return real_load(bundle)
+
+    bundle = tiny_bundle()  # made (and loaded) first, if this is its first use
+    monkeypatch.setattr(ort, "InferenceSession", Signalling)
+    monkeypatch.setattr(translator_module, "load_tokenizers", load_tokenizers)
+    translator = Translator(bundle, device="cpu")
+    assert seen == [True]
+    assert translator.translate("a black dog ate five brave cats")

@@ -2,7 +2,7 @@
 attention pass.
 
 The decoder driven is the fused one (decoder_fused.onnx: runtime/fused_step.py) where the bundle has it and
-this onnxruntime runs it on the chosen provider, else the standard decoder.onnx (runtime/standard_step.py);
+this onnxruntime runs it on the chosen provider, else the standard decoder.onnx (runtime/standard_graph.py);
 runtime/decoders.py picks it. Every graph's inputs and outputs are bound by runtime/binding.py.
 """
 
@@ -18,7 +18,7 @@ from .fused_step import FusedStep
 from .model_spec import ModelSpec
 from .search import Step
 from .devices import ort
-from .standard_step import StandardStep
+from .standard_graph import StandardGraph
 
 
 class Graphs:
@@ -42,6 +42,7 @@ class Graphs:
         self.device = sessions.device
         self.ort_device = "cuda" if self.device == "cuda" else "cpu"
         self.spec, self.cache_dtype, self._path = spec, cache_dtype, bundle_path
+        self._standard_graph: StandardGraph | None = None  # made when first asked for (standard_graph)
         # the fused step's buffers between batches
         self._buffer_pool = StepBufferPool(
             n_layers=spec.n_layers, n_heads=spec.n_heads, head_dim=spec.head_dim, vocab=spec.tgt_vocab
@@ -88,17 +89,7 @@ class Graphs:
                 buffers=buffers,
                 **sizes,
             )
-        src_mask, cross = encoded
-        return StandardStep(
-            self.decoder,
-            rows=rows,
-            src_mask=src_mask,
-            cross=cross,
-            cache_dtype=self.cache_dtype,
-            to_device=self.to_device,
-            device=self.ort_device,
-            **sizes,
-        )
+        return self.standard_graph.step(encoded, rows=rows, top_k=top_k)
 
     def recycle(self, step) -> None:
         """Offers a step's buffers to the next batch (a standard step has none). Call it only after a search
@@ -109,6 +100,24 @@ class Graphs:
     def to_device(self, array: np.ndarray):
         """Returns a numpy array as an OrtValue on ort_device."""
         return ort.OrtValue.ortvalue_from_numpy(array, self.ort_device, 0)
+
+    @property
+    def standard_graph(self) -> StandardGraph:
+        """The standard decoder as every caller drives it (runtime/standard_graph.py): the driven one, or the
+        one loaded for return_attention and the continuous batcher where the fused one is driven."""
+        if self._standard_graph is None:
+            s = self.spec
+            self._standard_graph = StandardGraph(
+                self.standard_decoder,
+                n_layers=s.n_layers,
+                n_heads=s.n_heads,
+                head_dim=s.head_dim,
+                vocab=s.tgt_vocab,
+                cache_dtype=self.cache_dtype,
+                device=self.ort_device,
+                to_device=self.to_device,
+            )
+        return self._standard_graph
 
     @property
     def standard_decoder(self):
@@ -139,8 +148,9 @@ class Graphs:
         rows = [h[j] if j < len(h) else [] for h in hypotheses for j in range(n)]  # n rows per source
         src_mask, cross = encoded
         s = self.spec
+        self.attention_decoder()  # checked: a bundle without the output is refused
         flat = forced_attention(
-            self.attention_decoder(),
+            self.standard_graph,
             src_mask=src_mask,
             cross=cross,
             rows_per_source=n,
@@ -148,10 +158,5 @@ class Graphs:
             source_lengths=[len(x) for x in sources],
             start_id=s.start_id,
             eos_id=s.eos_id,
-            n_heads=s.n_heads,
-            head_dim=s.head_dim,
-            cache_dtype=self.cache_dtype,
-            to_device=self.to_device,
-            device=self.ort_device,
         )
         return [flat[i * n : i * n + len(h)] for i, h in enumerate(hypotheses)]

@@ -79,9 +79,9 @@ def rounds_runner(translator: Translator, decoder: str = "auto"):
     graphs = translator.graphs
     if fused and decoder != "standard":
         return FusedRounds(graphs.decoder, graphs.spec)
-    standard = graphs.standard_decoder
-    check_decoder(standard, translator.bundle.path)
-    return StandardRounds(standard, graphs)
+    standard = graphs.standard_graph
+    check_decoder(standard.session, translator.bundle.path)
+    return StandardRounds(standard)
 
 
 class ContinuousEngine(Engine):

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.binding import bind_decoder, rows_answer, wanted_outputs
+from seq2onnx.runtime.binding import rows_answer, wanted_outputs
+from seq2onnx.runtime.standard_graph import StandardGraph
 
 from .layout import RowLayout
 from .memory import ArenaShrink
@@ -46,19 +47,18 @@ class StandardRounds:
     """The rounds of serve/batcher.py's Scheduler over decoder.onnx (the module docstring).
 
     Args:
-        decoder: the onnxruntime session of decoder.onnx (per-row steps: check_decoder).
-        graphs: the Translator's Graphs (runtime/graphs.py): the model's sizes (`spec`), the cache's dtype,
-            and the device where the cache stays (`ort_device`, `to_device`).
+        graph: the Translator's StandardGraph (runtime/standard_graph.py) of a decoder.onnx that takes per-row
+            steps (check_decoder): its session, sizes, cache dtype and the device where the cache stays.
     """
 
-    def __init__(self, decoder, graphs):
+    def __init__(self, graph: StandardGraph):
         import onnxruntime
 
-        spec = graphs.spec
+        self.graph, self.decoder = graph, graph.session
         self._host = onnxruntime.OrtValue.ortvalue_from_numpy
-        self._to, self.device = graphs.to_device, graphs.ort_device
-        self.decoder, self.n_layers, self.n_heads = decoder, spec.n_layers, spec.n_heads
-        self.head_dim, self.cache_dtype, self.vocab = spec.head_dim, graphs.cache_dtype, spec.tgt_vocab
+        self._to, self.device = graph.to_device, graph.device
+        self.n_layers, self.n_heads, self.head_dim = graph.n_layers, graph.n_heads, graph.head_dim
+        self.cache_dtype, self.vocab = graph.cache_dtype, graph.vocab
         self._past: list | None = None  # the previous round's present_* OrtValues
         self.layout = RowLayout(
             n_layers=self.n_layers,
@@ -99,19 +99,18 @@ class StandardRounds:
             name: self._host(np.zeros((1, 1), kinds[name]))  # on the host, as in a round
             for name in (names.TOPK_LOG_PROBS, names.TOPK_IDS)
         }
-        b = bind_decoder(
-            self.decoder,
+        self.graph.run(
             tokens=np.zeros((1, 1), np.int64),
             steps=np.zeros(1, np.int64),
             cache_indices=np.zeros(1, np.int64),
-            top_k=np.ones(1, np.int64),
+            top_k=1,
             past=self._trimmed_past(0),
             cross=[cross] * (2 * self.n_layers),
             src_mask=mask,
             present=present,
             outputs=on_host,
+            runner=lambda session, b: self.shrink.run(session, b, shrink=True),
         )
-        self.shrink.run(self.decoder, b, shrink=True)
 
     def run(self, work: list, prof) -> dict:
         """Runs one round over work's (member, tokens, cache indices, step, keep, width); returns each
@@ -132,25 +131,19 @@ class StandardRounds:
         top_k, wanted = wanted_outputs([m.top_k for m in members])
         src_mask, cross = self.layout.inputs()
         prof.lap("inputs")
-        # the cache stays where the graph runs; what the searches read comes down
-        b = bind_decoder(
-            self.decoder,
+        # the cache stays where the graph runs; what the searches read comes down ("run" includes binding)
+        self._past, got = self.graph.run(
             tokens=tokens,
             steps=steps,
             cache_indices=indices,
-            top_k=np.array([max(top_k, 1)], dtype=np.int64),
+            top_k=top_k,
             past=past,
             cross=cross,
             src_mask=src_mask,
-            present=self.device,
             outputs={name: "cpu" for name in wanted},
+            runner=lambda session, b: self.shrink.run(session, b, total),
         )
-        prof.lap("bind")
-        self.shrink.run(self.decoder, b, total)
         prof.lap("run")
-        out = b.get_outputs()
-        self._past = out[: len(past)]
-        got = dict(zip(wanted, (o.numpy() for o in out[len(past) :])))
         self.last_rows = sum(rows)
         answers = {}
         for m, start, n in zip(members, starts, rows):

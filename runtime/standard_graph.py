@@ -105,8 +105,11 @@ class StandardGraph:
         }
         return out[: len(past)], got
 
-    def step(self, encoded: tuple, *, rows: int, top_k: int | None) -> StandardStep:
-        """translate_batch's step over encoded sources (runtime/graphs.py's Graphs.step)."""
+    def step(
+        self, encoded: tuple, *, rows: int, top_k: int | None, max_length: int = 0, beam_width: int = 1
+    ) -> StandardStep:
+        """translate_batch's step over encoded sources (runtime/graphs.py's Graphs.step); max_length and
+        beam_width size nothing here (the cache grows by one position a step), as FusedGraph.step's do."""
         src_mask, cross = encoded
         return StandardStep(self, rows=rows, src_mask=src_mask, cross=cross, top_k=top_k)
 

@@ -78,7 +78,7 @@ def rounds_runner(translator: Translator, decoder: str = "auto"):
         )
     graphs = translator.graphs
     if fused and decoder != "standard":
-        return FusedRounds(graphs.decoder, graphs.spec)
+        return FusedRounds(graphs.decoder_graph)
     standard = graphs.standard_graph
     check_decoder(standard.session, translator.bundle.path)
     return StandardRounds(standard)

@@ -1,12 +1,9 @@
 """The fused decoder's (decoder_fused.onnx) static step loop: translate_batch's step on the fused graph.
 
-The fused graph (docs/fused-decoder.md) keeps each layer's self-attention cache in ONE buffer of
-[rows, heads, max_length, head_dim], bound both as `past_*` and `present_*`: the contrib kernel
-writes the new position in place. So the bindings need not change from step to step: every
-input and output is a numpy array owned here and wrapped once in an OrtValue that shares its
-memory (CPU), bound once per batch (and again only when finished sentences leave it). A step
-writes the tokens, the step number and the beams' cache indirection into those arrays and runs;
-top-k or log-probabilities come back in preallocated arrays.
+The graph writes each layer's cache in place (runtime/fused_graph.py): every input and output is an array of
+the step's FusedBuffers, bound once per batch (and again only when finished sentences leave it). A step
+writes the tokens, the step number and the beams' cache indirection into those arrays and runs; top-k or
+log-probabilities come back in preallocated arrays.
 
 The search (runtime/search.py) drives a step as `step(tokens, cache_indices, t, keep)`, where
 row r continues row cache_indices[r] of the previous step and `keep` drops finished sentences.

@@ -60,13 +60,8 @@ class FusedRounds:
     """
 
     def __init__(self, graph: FusedGraph):
-        self.graph, self.decoder = graph, graph.session
-        self.n_layers, self.n_heads, self.head_dim, self.vocab = (
-            graph.n_layers,
-            graph.n_heads,
-            graph.head_dim,
-            graph.vocab,
-        )
+        self.graph, self.decoder, self.vocab = graph, graph.session, graph.vocab
+        self.n_layers, self.n_heads, self.head_dim = graph.n_layers, graph.n_heads, graph.head_dim
         self._cross_names = names.cross_names(self.n_layers)
         self.shrink = ArenaShrink("cpu")
         # the buffers' sizes when a burst begins (they grow when needed), and the source width's quantum

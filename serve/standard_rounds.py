@@ -54,21 +54,17 @@ class StandardRounds:
     def __init__(self, graph: StandardGraph):
         import onnxruntime
 
-        self.graph, self.decoder = graph, graph.session
-        self._host = onnxruntime.OrtValue.ortvalue_from_numpy
-        self._to, self.device = graph.to_device, graph.device
-        self.n_layers, self.n_heads, self.head_dim = graph.n_layers, graph.n_heads, graph.head_dim
-        self.cache_dtype, self.vocab = graph.cache_dtype, graph.vocab
+        self.graph, self._host, self._to = graph, onnxruntime.OrtValue.ortvalue_from_numpy, graph.to_device
         self._past: list | None = None  # the previous round's present_* OrtValues
         self.layout = RowLayout(
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            head_dim=self.head_dim,
-            dtype=self.cache_dtype,
+            n_layers=graph.n_layers,
+            n_heads=graph.n_heads,
+            head_dim=graph.head_dim,
+            dtype=graph.cache_dtype,
             to_device=self._to,
-            shares_memory=self.device == "cpu",
+            shares_memory=graph.device == "cpu",
         )
-        self.shrink = ArenaShrink(self.device)
+        self.shrink = ArenaShrink(graph.device)
         self.last_rows = 0
 
     def clear(self) -> None:
@@ -87,13 +83,14 @@ class StandardRounds:
         """One dummy round of one row under onnxruntime's arena shrinkage: the arena gives back every chunk of
         the last burst (a burst whose rows never fell, its sentences ending together, was never shrunk). Its
         outputs are written into arrays of ours: one left in the arena would pin the chunk it was cut from."""
-        cross = self._to(np.zeros((1, self.n_heads, 8, self.head_dim), dtype=self.cache_dtype))
+        g = self.graph
+        cross = self._to(np.zeros((1, g.n_heads, 8, g.head_dim), dtype=g.cache_dtype))
         mask = np.zeros((1, 8), dtype=bool)
         mask[0, 0] = True
-        kinds = {o.name: _NUMPY[o.type] for o in self.decoder.get_outputs()}
+        kinds = {o.name: _NUMPY[o.type] for o in g.session.get_outputs()}
         present = [
-            self._to(np.zeros((1, self.n_heads, 1, self.head_dim), kinds[name]))
-            for name in names.present_names(self.n_layers)
+            self._to(np.zeros((1, g.n_heads, 1, g.head_dim), kinds[name]))
+            for name in names.present_names(g.n_layers)
         ]
         on_host = {
             name: self._host(np.zeros((1, 1), kinds[name]))  # on the host, as in a round
@@ -105,7 +102,7 @@ class StandardRounds:
             cache_indices=np.zeros(1, np.int64),
             top_k=1,
             past=self._trimmed_past(0),
-            cross=[cross] * (2 * self.n_layers),
+            cross=[cross] * (2 * g.n_layers),
             src_mask=mask,
             present=present,
             outputs=on_host,
@@ -148,7 +145,7 @@ class StandardRounds:
         answers = {}
         for m, start, n in zip(members, starts, rows):
             m.offset = int(start)
-            answers[m] = rows_answer(got, m.top_k, slice(start, start + n), self.vocab)
+            answers[m] = rows_answer(got, m.top_k, slice(start, start + n), self.graph.vocab)
         prof.lap("outputs")
         return answers
 
@@ -178,9 +175,8 @@ class StandardRounds:
 
     def _trimmed_past(self, needed: int) -> list:
         """The previous round's cache, its leading slots cut when no row of this round reads them."""
-        shape = (1, self.n_heads, 0, self.head_dim)
         if self._past is None:
-            return [self._to(np.zeros(shape, dtype=self.cache_dtype)) for _ in range(2 * self.n_layers)]
+            return self.graph.empty_past(1)
         length = self._past[0].shape()[2]
         # Cutting copies the whole cache (as each round's Concat does): only once enough slots are idle.
         if length - needed >= max(4, needed // 4):

@@ -87,9 +87,8 @@ class FusedBuffers:
         return sum(a.nbytes for a in arrays) + (0 if self.row_start is None else self.row_start.nbytes)
 
     def forget_encoded(self, encoded_names: list[str]) -> None:
-        """Drops the last batch's encoder outputs from its bindings' held values, so that a spare does not
-        keep them alive. The bindings keep pointers to them: every batch rebinds these inputs before it
-        runs."""
+        """Drops our references to the last batch's encoder outputs (every batch rebinds them before it runs).
+        The IOBindings hold their own until then: a spare keeps one small batch's (BufferPool.max_bytes)."""
         for _, held, _ in self.bindings.values():
             for name in encoded_names:
                 held.pop(name, None)

@@ -210,6 +210,7 @@ class FusedRounds:
             self.mask = relaid(self.mask)
             self.cross = [relaid(c) for c in self.cross]
             self._generation += 1  # the binding pointed into the old arrays
+            self.buffers.bindings.clear()  # an IOBinding holds what it binds: the old arrays would stay alive
         self.cross_group = group
 
     # -- members ------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ import numpy as np
 
 from . import bundle as names
 from .binding import bind_fused, fused_binding, fused_inputs
-from .decoders import takes_row_start
 from .fused_step import FusedStep
 
 
@@ -112,7 +111,8 @@ class FusedGraph:
 
     def __init__(self, session, *, n_layers: int, n_heads: int, head_dim: int, vocab: int):
         self.session, self.n_layers, self.n_heads, self.head_dim = session, n_layers, n_heads, head_dim
-        self.vocab, self.row_start = vocab, takes_row_start(session)
+        # graphs exported before `row_start` begin every row at position 0 (no serving rounds on them)
+        self.vocab, self.row_start = vocab, any(i.name == names.ROW_START for i in session.get_inputs())
         self.encoded_names = [names.SRC_MASK, *names.cross_names(n_layers)]
         self.pool = BufferPool(self)
 

@@ -86,23 +86,21 @@ class FusedStep:
         Dh) each."""
         return self._cache
 
-    def _encoded_inputs(self, sentences: int) -> dict:
-        """src_mask and the cross keys/values by name, of the first `sentences`: the encoder's own OrtValues
-        while the batch is whole, else our arrays' first rows."""
-        if self._values is not None and not self._owned:
-            return dict(zip(self.graph.encoded_names, self._values))
-        return dict(zip(self.graph.encoded_names, (a[:sentences] for a in [self._mask, *self._cross])))
-
     def _run_binding(self, sentences: int, width: int):
         """The binding of a run over the first sentences x width rows (FusedGraph.bind: made once per shape,
-        the encoder's outputs rebound when they changed), and its outputs by name."""
+        the encoder's outputs rebound when they changed), and its outputs by name. The encoder's outputs are
+        its own OrtValues while the batch is whole, else our arrays' first rows."""
+        if self._values is not None and not self._owned:
+            encoded = self._values
+        else:
+            encoded = [a[:sentences] for a in [self._mask, *self._cross]]
         return self.graph.bind(
             self.buffers,
             rows=sentences * width,
             width=width,
             top_k=self._k,
             wanted=self._wanted,
-            encoded=self._encoded_inputs(sentences),
+            encoded=dict(zip(self.graph.encoded_names, encoded)),
         )
 
     def _bind(self) -> None:

@@ -15,6 +15,7 @@ from seq2onnx.export.parity_report import Check
 from seq2onnx.model.search import translate_ids
 from seq2onnx.runtime import bundle as fmt
 from seq2onnx.runtime.devices import providers_for
+from seq2onnx.runtime.fused_graph import FusedGraph
 from seq2onnx.runtime.fused_step import FusedStep
 from seq2onnx.runtime.sessions import graph_session
 from seq2onnx.runtime.u8s8_probe import precision_entries
@@ -226,17 +227,20 @@ class _TensorParity:
         if self.fused is None:
             return None
         cfg = self.cfg
-        return FusedStep(
+        graph = FusedGraph(
             self.fused,
-            src_mask=batch.ort_out[0],
-            cross=batch.ort_out[1:],
             n_layers=cfg.n_decoder_layers,
             n_heads=cfg.n_heads,
             head_dim=cfg.head_dim,
+            vocab=cfg.tgt_vocab_size,
+        )
+        return FusedStep(
+            graph,
+            src_mask=batch.ort_out[0],
+            cross=batch.ort_out[1:],
             beam_width=1,
             max_length=steps,
             top_k=None,
-            vocab=cfg.tgt_vocab_size,
         )
 
     def _standard_step(

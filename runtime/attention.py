@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 from . import bundle as names
-from .binding import bind_decoder
 
 
 class NoAttentionOutput(ValueError):
@@ -44,7 +43,7 @@ def check_attention_output(decoder, bundle_path) -> None:
 
 
 def forced_attention(
-    decoder,
+    graph,
     *,
     src_mask,
     cross: list,
@@ -53,16 +52,11 @@ def forced_attention(
     source_lengths: list[int],
     start_id: int,
     eos_id: int,
-    n_heads: int,
-    head_dim: int,
-    cache_dtype,
-    to_device,
-    device: str,
 ) -> list[np.ndarray]:
     """Computes each hypothesis's attention by one forced pass of the standard decoder.
 
     Args:
-        decoder (onnxruntime.InferenceSession): the standard decoder.
+        graph: the standard decoder's StandardGraph (runtime/standard_graph.py).
         src_mask (onnxruntime.OrtValue): the encoder's mask output for B sources.
         cross: the encoder's key and value outputs (OrtValues), per layer.
         rows_per_source: hypotheses per source.
@@ -71,11 +65,6 @@ def forced_attention(
         source_lengths: B lengths (end token included).
         start_id: the decoder's start token.
         eos_id: the end token (fed by rows that have ended).
-        n_heads: attention heads.
-        head_dim: head size.
-        cache_dtype (numpy dtype): the cache's element type.
-        to_device (Callable[[np.ndarray], onnxruntime.OrtValue]): numpy -> OrtValue on the session's device.
-        device: where the present outputs are bound ("cpu", "cuda").
 
     Returns:
         Each hypothesis's [len(hypothesis), source length] attention, float32.
@@ -84,10 +73,8 @@ def forced_attention(
     steps = max((len(h) for h in hypotheses), default=0)
     if steps == 0:
         return [np.zeros((0, source_lengths[r // rows_per_source]), np.float32) for r in range(rows)]
-    n_layers = len(cross) // 2
     tokens = _forced_tokens(hypotheses, steps, start_id, eos_id)
-    past = [to_device(np.zeros((rows, n_heads, 0, head_dim), dtype=cache_dtype)) for _ in range(2 * n_layers)]
-    weights = _forced_steps(decoder, tokens, past, cross, src_mask, device)
+    weights = _forced_steps(graph, tokens, cross, src_mask)
     stacked = np.stack(weights, axis=1)  # (rows, steps, S_padded)
     return [
         np.ascontiguousarray(stacked[r, : len(h), : source_lengths[r // rows_per_source]], dtype=np.float32)
@@ -105,30 +92,23 @@ def _forced_tokens(hypotheses: list[list[int]], steps: int, start_id: int, eos_i
     return tokens
 
 
-def _forced_steps(
-    decoder, tokens: np.ndarray, past: list, cross: list, src_mask, device: str
-) -> list[np.ndarray]:
+def _forced_steps(graph, tokens: np.ndarray, cross: list, src_mask) -> list[np.ndarray]:
     """Runs the decoder on `tokens` one step at a time, every row continuing itself; each step's
     cross-attention (rows, S_padded)."""
     rows, steps = tokens.shape
-    n_layers = len(cross) // 2
+    past = graph.empty_past(rows)
     keep = np.arange(rows, dtype=np.int64)  # every row continues itself
     weights = []
     for t in range(steps):
-        b = bind_decoder(
-            decoder,
+        past, got = graph.run(
             tokens=np.ascontiguousarray(tokens[:, t : t + 1]),
             steps=np.array([t], dtype=np.int64),
             cache_indices=keep,
-            top_k=np.array([1], dtype=np.int64),
+            top_k=1,
             past=past,
             cross=cross,
             src_mask=src_mask,
-            present=device,
             outputs={names.CROSS_ATTENTION: "cpu"},
         )
-        decoder.run_with_iobinding(b)
-        outputs = b.get_outputs()
-        past = outputs[: 2 * n_layers]
-        weights.append(outputs[-1].numpy())  # (rows, S_padded)
+        weights.append(got[names.CROSS_ATTENTION])  # (rows, S_padded)
     return weights

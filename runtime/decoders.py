@@ -59,9 +59,3 @@ def pick_decoder(bundle: names.Bundle, device: str, wanted: str, load) -> tuple[
     if wanted == names.FUSED:
         raise DecoderUnavailable(f"SessionTuning(decoder='fused') cannot be honoured: {why}")
     return names.STANDARD, load(names.DECODER_LABELS[names.STANDARD]), why
-
-
-def takes_row_start(session) -> bool:
-    """Tells whether a fused decoder session takes `row_start` (rows that begin at different positions:
-    serving rounds); fused graphs exported before it do not."""
-    return any(i.name == names.ROW_START for i in session.get_inputs())

@@ -1,12 +1,9 @@
 """The fused decoder's (decoder_fused.onnx) static step loop: translate_batch's step on the fused graph.
 
-The fused graph (docs/fused-decoder.md) keeps each layer's self-attention cache in ONE buffer of
-[rows, heads, max_length, head_dim], bound both as `past_*` and `present_*`: the contrib kernel
-writes the new position in place. So the bindings need not change from step to step: every
-input and output is a numpy array owned here and wrapped once in an OrtValue that shares its
-memory (CPU), bound once per batch (and again only when finished sentences leave it). A step
-writes the tokens, the step number and the beams' cache indirection into those arrays and runs;
-top-k or log-probabilities come back in preallocated arrays.
+The graph writes each layer's cache in place (runtime/fused_graph.py): every input and output is an array of
+the step's FusedBuffers, bound once per batch (and again only when finished sentences leave it). A step
+writes the tokens, the step number and the beams' cache indirection into those arrays and runs; top-k or
+log-probabilities come back in preallocated arrays.
 
 The search (runtime/search.py) drives a step as `step(tokens, cache_indices, t, keep)`, where
 row r continues row cache_indices[r] of the previous step and `keep` drops finished sentences.
@@ -19,20 +16,15 @@ Here that becomes:
 - the first step of a beam search has one row per sentence while the buffers have W: it runs on
   the first B rows with beam width 1 (its own binding), and position 0 is then copied to the W rows
   of each sentence;
-- the buffers and bindings outlive the batch (runtime/fused_buffers.py's StepBuffers): the
-  Translator offers them to the next batch of the same shape.
+- the buffers and bindings are runtime/fused_graph.py's FusedBuffers, bound by FusedGraph.bind; they
+  outlive the batch in the graph's pool, offered to the next batch of the same rows.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import bundle as names
-from .binding import bind_fused, fused_binding, fused_inputs, rows_answer
-from .fused_buffers import StepBuffers
-
-
-_ONE = np.ones(1, np.int32)  # beam_width of a beam search's first step (never written)
+from .binding import rows_answer, wanted_outputs
 
 
 class FusedStep:
@@ -42,40 +34,32 @@ class FusedStep:
     the next step: a caller copies what it keeps.
 
     Args:
-        session: the decoder_fused.onnx session (CPU).
+        graph: the FusedGraph (runtime/fused_graph.py) of the decoder_fused.onnx session (CPU).
         src_mask: (B, S) bool, the encoder's output.
         cross: per layer key then value, (B, H, S, Dh) float32: the encoder's outputs. Both are
             numpy arrays or the encoder's OrtValues (CPU), bound as they are (copied only before the
             first compaction, which writes in place, so that the caller's arrays stay the encoder's).
-        n_layers: decoder layers.
-        n_heads: attention heads.
-        head_dim: head size.
         beam_width: W, the beams per sentence after the first step (1 for greedy and sampling).
-        max_length: the cache's positions: at least the batch's longest decoding (StepBufferPool.positions).
+        max_length: the cache's positions: at least the batch's longest decoding (BufferPool.positions).
         top_k: candidates per row to return as TopK; None returns the full log-probabilities.
-        vocab: the target vocabulary size.
-        buffers: a StepBuffers left by an earlier batch (StepBufferPool.take), used if it fits.
+        buffers: a FusedBuffers left by an earlier batch (BufferPool.take), used if it fits.
 
     Attributes:
-        buffers: this batch's StepBuffers, for the caller to offer to the next batch.
+        buffers: this batch's FusedBuffers, for the caller to offer to the next batch.
     """
 
     _owned = False  # are _mask and _cross our copies (else the encoder's arrays)?
 
     def __init__(
         self,
-        session,
+        graph,
         *,
         src_mask: np.ndarray,
         cross: list[np.ndarray],
-        n_layers: int,
-        n_heads: int,
-        head_dim: int,
         beam_width: int,
         max_length: int,
         top_k: int | None,
-        vocab: int,
-        buffers: StepBuffers | None = None,
+        buffers=None,
     ):
         values = [src_mask, *cross]
         # the encoder's OrtValues, bound as they are until the first compaction (wrapping costs ~5 us each)
@@ -83,21 +67,17 @@ class FusedStep:
         self._mask = np.ascontiguousarray(_host(src_mask), dtype=bool)
         self._cross = [np.ascontiguousarray(_host(c), dtype=np.float32) for c in cross]
         batch, width = self._mask.shape[0], beam_width
-        if buffers is None or not buffers.fits(batch * width, width, max_length, top_k):
-            buffers = StepBuffers(
-                session,
-                (batch * width, width, max_length, top_k),
-                n_layers=n_layers,
-                n_heads=n_heads,
-                head_dim=head_dim,
-                vocab=vocab,
-            )
-        self.buffers, self.session, self.width, self.vocab, self.top_k = buffers, session, width, vocab, top_k
+        rows = batch * width
+        if buffers is None or buffers.capacity != rows or buffers.positions < max_length:
+            buffers = graph.buffers(rows, max_length)
+        buffers.indirection[:rows] = 0  # a width of 1 reads none of it, but the kernel wants zeros
+        self.graph, self.buffers, self.width, self.top_k = graph, buffers, width, top_k
         self.batch = batch  # sentences in the buffers now
         self._sentences = np.arange(batch)  # sliced to index the sentences in the buffers
-        self._cache, self._indirection, self._tokens = buffers.cache, buffers.indirection, buffers.tokens
-        self._step, self._out = buffers.step, buffers.out
-        self._cross_names = names.cross_names(n_layers)
+        self._cache, self._tokens, self._step = buffers.cache, buffers.tokens, buffers.step
+        # (sentences, W, positions): beam w of sentence b is row b x W + w
+        self._indirection = buffers.indirection.reshape(batch, width, buffers.positions)
+        self._k, self._wanted = wanted_outputs([top_k])
         self._bind()
 
     @property
@@ -106,60 +86,43 @@ class FusedStep:
         Dh) each."""
         return self._cache
 
-    def _bind(self) -> None:
-        """Binds the first batch x W rows of every array, sharing memory. The cache, tokens and
-        outputs are bound anew (a new binding) only when the rows change (a compaction, or buffers made for
-        another batch); else only the encoder's mask and cross keys/values, this batch's, are rebound."""
-        buffers, b, rows = self.buffers, self.batch, self.batch * self.width
-        encoded_names = [names.SRC_MASK, *self._cross_names]
-        if self._values is not None and not self._owned:  # the whole batch: the encoder's own OrtValues
-            encoded = dict(zip(encoded_names, self._values))
+    def _run_binding(self, sentences: int, width: int):
+        """The binding of a run over the first sentences x width rows (FusedGraph.bind: made once per shape,
+        the encoder's outputs rebound when they changed), and its outputs by name. The encoder's outputs are
+        its own OrtValues while the batch is whole, else our arrays' first rows."""
+        if self._values is not None and not self._owned:
+            encoded = self._values
         else:
-            encoded = dict(zip(encoded_names, (a[:b] for a in [self._mask, *self._cross])))
-        if buffers.bound_rows != rows:
-            width, indirection = buffers.fixed[names.BEAM_WIDTH], self._indirection[:b]
-            buffers.binding, buffers.held = self._rows_binding(rows, width, indirection, encoded)
-            buffers.bound_rows = rows
-        else:
-            bind_fused(buffers.binding, buffers.held, encoded)
-        self._binding = buffers.binding
-        self._encoded = {name: buffers.held[name] for name in encoded_names}
-
-    def _rows_binding(self, rows: int, beam_width: np.ndarray, indirection: np.ndarray, encoded: dict):
-        """A new binding (and the OrtValues it holds) of the first `rows` rows of the tokens, the cache (past
-        and present alike: updated in place) and the outputs, with the beam width and indirection for them,
-        the step number, top-k and the encoder's outputs `encoded`: complete."""
-        row_start = self.buffers.row_start
-        inputs = fused_inputs(
-            tokens=self._tokens[:rows],
-            step=self._step,
-            top_k=self.buffers.fixed[names.TOP_K],
-            beam_width=beam_width,
-            indirection=indirection,
-            row_start=None if row_start is None else row_start[:rows],
+            encoded = [a[:sentences] for a in [self._mask, *self._cross]]
+        return self.graph.bind(
+            self.buffers,
+            rows=sentences * width,
+            width=width,
+            top_k=self._k,
+            wanted=self._wanted,
+            encoded=dict(zip(self.graph.encoded_names, encoded)),
         )
-        cache = [array[:rows] for array in self._cache]
-        outputs = {name: array[:rows] for name, array in self._out.items()}
-        return fused_binding(self.session, {**inputs, **encoded}, cache, outputs)
 
-    def _first_step(self, tokens: np.ndarray) -> None:
+    def _bind(self) -> None:
+        """Binds the first batch x W rows of every array, sharing memory: at the start and again when the rows
+        change (a compaction)."""
+        self._binding, self._out = self._run_binding(self.batch, self.width)
+
+    def _first_step(self, tokens: np.ndarray) -> dict:
         """A beam search's first step on one row per sentence: its W beams would all compute the
         same start (W times the work, at batch 32 ~15% of a beam search: notes row 17). The rows
         are the first B of the buffers, with beam width 1. Position 0 of sentence j then moves to
         row j x W, its beam 0: every later step reads position 0 through the indirection, whose
-        entry for it is always 0 (step 1's beams all continue the one row of their sentence)."""
-        buffers, b, w = self.buffers, self.batch, self.width
-        if buffers.first_sentences != b:  # indirection unread: width 1
-            made = self._rows_binding(b, _ONE, buffers.first_indirection[:b], self._encoded)
-            buffers.first_binding, buffers.first_held = made
-            buffers.first_sentences = b
-        else:  # this batch's encoder outputs, as the main binding has them
-            bind_fused(buffers.first_binding, buffers.first_held, self._encoded)
+        entry for it is always 0 (step 1's beams all continue the one row of their sentence).
+        Returns the outputs by name."""
+        b, w = self.batch, self.width
+        binding, out = self._run_binding(b, 1)
         self._tokens[:b] = tokens
         self._step[0] = 0
-        self.session.run_with_iobinding(buffers.first_binding)
+        self.graph.session.run_with_iobinding(binding)
         for array in self._cache:  # row j -> row j*W; numpy buffers the overlapping source
             array[: b * w : w, :, 0] = array[:b, :, 0]
+        return out
 
     def _compact(self, keep: np.ndarray, t: int) -> None:
         """Moves the kept sentences' rows to the front of every buffer (positions < t only).
@@ -238,14 +201,13 @@ class FusedStep:
                 f"step {t}: {given} token rows for {self.batch} sentences x {1 if first else w} beams"
             )
         if first:
-            self._first_step(tokens)
-            take = slice(0, self.batch)
+            out = self._first_step(tokens)
         else:
             self._tokens[:rows] = tokens
             self._step[0] = t
-            self.session.run_with_iobinding(self._binding)
-            take = slice(0, rows)
-        return rows_answer(self._out, self.top_k, take, self.vocab)
+            self.graph.session.run_with_iobinding(self._binding)
+            out = self._out
+        return rows_answer(out, self.top_k, slice(None), self.graph.vocab)
 
 
 def _host(value) -> np.ndarray:

@@ -1,8 +1,8 @@
 """Graphs: a Translator's onnxruntime sessions as the searches drive them: encode, the decoder's step, the
 attention pass.
 
-The decoder driven is the fused one (decoder_fused.onnx: runtime/fused_step.py) where the bundle has it and
-this onnxruntime runs it on the chosen provider, else the standard decoder.onnx (runtime/standard_step.py);
+The decoder driven is the fused one (decoder_fused.onnx: runtime/fused_graph.py) where the bundle has it and
+this onnxruntime runs it on the chosen provider, else the standard decoder.onnx (runtime/standard_graph.py);
 runtime/decoders.py picks it. Every graph's inputs and outputs are bound by runtime/binding.py.
 """
 
@@ -13,12 +13,11 @@ import numpy as np
 from . import bundle as names
 from .attention import check_attention_output, forced_attention
 from .binding import bind_encoder
-from .fused_buffers import StepBufferPool
-from .fused_step import FusedStep
+from .fused_graph import FusedGraph
 from .model_spec import ModelSpec
 from .search import Step
 from .devices import ort
-from .standard_step import StandardStep
+from .standard_graph import StandardGraph
 
 
 class Graphs:
@@ -32,6 +31,8 @@ class Graphs:
     Attributes:
         encoder, decoder: the encoder's session and the driven decoder's.
         variant, reason: "fused" or "standard", the decoder driven, and why.
+        decoder_graph: the driven decoder as its callers drive it: a FusedGraph (runtime/fused_graph.py) or a
+            StandardGraph (runtime/standard_graph.py); standard_graph is decoder.onnx's in either case.
         device, ort_device: the provider's device ("cpu" or "cuda"), where the encoder's outputs and the cache
             stay.
     """
@@ -42,9 +43,18 @@ class Graphs:
         self.device = sessions.device
         self.ort_device = "cuda" if self.device == "cuda" else "cpu"
         self.spec, self.cache_dtype, self._path = spec, cache_dtype, bundle_path
-        # the fused step's buffers between batches
-        self._buffer_pool = StepBufferPool(
-            n_layers=spec.n_layers, n_heads=spec.n_heads, head_dim=spec.head_dim, vocab=spec.tgt_vocab
+        self._standard_graph: StandardGraph | None = None  # made when first asked for (standard_graph)
+        # the driven decoder's graph object: the fused one keeps its buffers and bindings between batches
+        self.decoder_graph: FusedGraph | StandardGraph = (
+            FusedGraph(
+                self.decoder,
+                n_layers=spec.n_layers,
+                n_heads=spec.n_heads,
+                head_dim=spec.head_dim,
+                vocab=spec.tgt_vocab,
+            )
+            if self.variant == names.FUSED
+            else self.standard_graph
         )
 
     def encode(self, src: np.ndarray, lengths: np.ndarray) -> tuple:
@@ -67,48 +77,41 @@ class Graphs:
             rows: the sources (sentences at the first step).
             top_k: the step returns a TopK of [rows, top_k] (ModelSpec.step_top_k); None: every
                 log-probability, [rows, vocab].
-            max_length: the longest decoding (the fused step's buffers; StepBufferPool may round it up).
+            max_length: the longest decoding (the fused step's buffers; BufferPool may round it up).
             beam_width: rows per sentence after the first step (the fused step's buffers).
         Returns:
             A FusedStep or a StandardStep; give it to recycle() once its search ended normally.
         """
-        s = self.spec
-        sizes = dict(n_layers=s.n_layers, n_heads=s.n_heads, head_dim=s.head_dim, vocab=s.tgt_vocab)
-        sizes["top_k"] = top_k
-        if self.variant == names.FUSED:
-            max_length = self._buffer_pool.positions(rows * beam_width, beam_width, max_length, top_k)
-            buffers = self._buffer_pool.take(rows * beam_width, beam_width, max_length, top_k)
-            src_mask, cross = encoded  # the encoder's OrtValues: bound as they are
-            return FusedStep(
-                self.decoder,
-                src_mask=src_mask,
-                cross=cross,
-                beam_width=beam_width,
-                max_length=max_length,
-                buffers=buffers,
-                **sizes,
-            )
-        src_mask, cross = encoded
-        return StandardStep(
-            self.decoder,
-            rows=rows,
-            src_mask=src_mask,
-            cross=cross,
-            cache_dtype=self.cache_dtype,
-            to_device=self.to_device,
-            device=self.ort_device,
-            **sizes,
+        return self.decoder_graph.step(
+            encoded, rows=rows, top_k=top_k, max_length=max_length, beam_width=beam_width
         )
 
     def recycle(self, step) -> None:
         """Offers a step's buffers to the next batch (a standard step has none). Call it only after a search
         that ended normally: one that raised may have left them half bound."""
-        inner = getattr(step, "inner", step)  # under force_prefix
-        self._buffer_pool.give(getattr(inner, "buffers", None))
+        self.decoder_graph.recycle(step)
 
     def to_device(self, array: np.ndarray):
         """Returns a numpy array as an OrtValue on ort_device."""
         return ort.OrtValue.ortvalue_from_numpy(array, self.ort_device, 0)
+
+    @property
+    def standard_graph(self) -> StandardGraph:
+        """The standard decoder as every caller drives it (runtime/standard_graph.py): the driven one, or the
+        one loaded for return_attention and the continuous batcher where the fused one is driven."""
+        if self._standard_graph is None:
+            s = self.spec
+            self._standard_graph = StandardGraph(
+                self.standard_decoder,
+                n_layers=s.n_layers,
+                n_heads=s.n_heads,
+                head_dim=s.head_dim,
+                vocab=s.tgt_vocab,
+                cache_dtype=self.cache_dtype,
+                device=self.ort_device,
+                to_device=self.to_device,
+            )
+        return self._standard_graph
 
     @property
     def standard_decoder(self):
@@ -139,8 +142,9 @@ class Graphs:
         rows = [h[j] if j < len(h) else [] for h in hypotheses for j in range(n)]  # n rows per source
         src_mask, cross = encoded
         s = self.spec
+        self.attention_decoder()  # checked: a bundle without the output is refused
         flat = forced_attention(
-            self.attention_decoder(),
+            self.standard_graph,
             src_mask=src_mask,
             cross=cross,
             rows_per_source=n,
@@ -148,10 +152,5 @@ class Graphs:
             source_lengths=[len(x) for x in sources],
             start_id=s.start_id,
             eos_id=s.eos_id,
-            n_heads=s.n_heads,
-            head_dim=s.head_dim,
-            cache_dtype=self.cache_dtype,
-            to_device=self.to_device,
-            device=self.ort_device,
         )
         return [flat[i * n : i * n + len(h)] for i, h in enumerate(hypotheses)]

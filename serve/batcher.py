@@ -33,7 +33,7 @@ import threading
 from typing import Iterator
 
 from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.decoders import takes_row_start
+from seq2onnx.runtime.fused_graph import FusedGraph
 from seq2onnx.runtime.options import SearchOptions
 from seq2onnx.runtime.plan import SearchJob
 from seq2onnx.runtime.search import greedy_one_program
@@ -67,7 +67,8 @@ def rounds_runner(translator: Translator, decoder: str = "auto"):
         NoServingDecoder: the standard rounds on a decoder.onnx exported before continuous batching.
         ValueError: decoder="fused" where the fused rounds cannot run, or an unknown `decoder`.
     """
-    fused = translator.decoder_variant == names.FUSED and takes_row_start(translator.decoder)
+    graphs = translator.graphs
+    fused = isinstance(graphs.decoder_graph, FusedGraph) and graphs.decoder_graph.row_start
     if decoder not in ("auto", "fused", "standard"):
         raise ValueError(f"decoder={decoder!r}: give 'auto', 'fused' or 'standard'")
     if decoder == "fused" and not fused:
@@ -76,12 +77,11 @@ def rounds_runner(translator: Translator, decoder: str = "auto"):
             f"({translator.decoder_variant} is) and a decoder_fused.onnx with input {names.ROW_START!r} "
             "(export the bundle again); or serve with the standard rounds"
         )
-    graphs = translator.graphs
     if fused and decoder != "standard":
-        return FusedRounds(graphs.decoder, graphs.spec)
-    standard = graphs.standard_decoder
-    check_decoder(standard, translator.bundle.path)
-    return StandardRounds(standard, graphs)
+        return FusedRounds(graphs.decoder_graph)
+    standard = graphs.standard_graph
+    check_decoder(standard.session, translator.bundle.path)
+    return StandardRounds(standard)
 
 
 class ContinuousEngine(Engine):

@@ -31,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.binding import fused_binding, fused_inputs, rows_answer, wanted_outputs
+from seq2onnx.runtime.binding import rows_answer, wanted_outputs
+from seq2onnx.runtime.fused_graph import FusedGraph
 
 from .memory import ArenaShrink
 
@@ -50,14 +51,17 @@ class _Placed:
 class FusedRounds:
     """The rounds of serve/batcher.py's Scheduler over the fused decoder (the module docstring).
 
+    The cache, the tokens, `row_start` and the kernel's indirection are a FusedBuffers of the Translator's
+    FusedGraph (runtime/fused_graph.py), bound by it as translate_batch's are; the rows' bookkeeping (owners,
+    `_source`) and the cross entries are the rounds' own.
+
     Args:
-        decoder: the decoder_fused.onnx session (CPU), with a `row_start` input.
-        spec: the model's sizes (runtime/model_spec.py's ModelSpec).
+        graph: the Translator's FusedGraph of a decoder_fused.onnx (CPU) with a `row_start` input.
     """
 
-    def __init__(self, decoder, spec):
-        self.decoder, self.n_layers, self.n_heads = decoder, spec.n_layers, spec.n_heads
-        self.head_dim, self.vocab = spec.head_dim, spec.tgt_vocab
+    def __init__(self, graph: FusedGraph):
+        self.graph, self.decoder, self.vocab = graph, graph.session, graph.vocab
+        self.n_layers, self.n_heads, self.head_dim = graph.n_layers, graph.n_heads, graph.head_dim
         self._cross_names = names.cross_names(self.n_layers)
         self.shrink = ArenaShrink("cpu")
         # the buffers' sizes when a burst begins (they grow when needed), and the source width's quantum
@@ -80,9 +84,8 @@ class FusedRounds:
         self.cross: list[np.ndarray] = []  # per layer key then value: (capacity / cross_group, H, width, Dh)
         self.cross_group = 1  # the rows each cross entry serves: 1, or the round's group (module docstring)
         self._members: dict[int, object] = {}
-        self._step, self._beam_width = np.zeros(1, np.int32), np.ones(1, np.int32)
-        self._top_k = np.ones(1, np.int64)
-        self._binding, self._held, self._outputs, self._bound = None, {}, {}, None
+        self.buffers = None  # the graph's FusedBuffers: cache, tokens, row_start, the kernel's indirection
+        self._binding, self._outputs, self._bound = None, {}, None
         self._last_group = 1
         self._generation = 0  # changes with every allocation: a binding points into the buffers it saw
         self._layout = 0  # changes whenever rows are taken or freed (or reallocated): _used() is made again
@@ -98,22 +101,24 @@ class FusedRounds:
         """(Re)allocates every buffer, keeping what the rows in use hold (a counted copy)."""
         old = (self.capacity, self.positions, self.width)
         keep_rows, keep_pos, keep_w = min(capacity, old[0]), min(positions, old[1]), min(width, old[2])
-        shape = (capacity, self.n_heads, positions, self.head_dim)
-        cache = [np.zeros(shape, np.float32) for _ in range(2 * self.n_layers)]
-        for new, was in zip(cache, self.cache):
+        buffers = self.graph.buffers(capacity, positions)
+        for new, was in zip(buffers.cache, self.cache):
             new[:keep_rows, :, :keep_pos] = was[:keep_rows, :, :keep_pos]
-        self.cache = cache
+        self.buffers, self.cache, self.tokens, self._relative = (
+            buffers,
+            buffers.cache,
+            buffers.tokens,
+            buffers.indirection,
+        )
         rows = np.arange(capacity, dtype=np.int32)
         source = np.repeat(rows[:, None], positions, axis=1)
         source[:keep_rows, :keep_pos] = self._source[:keep_rows, :keep_pos]
-        self._source, self._relative = source, np.zeros((capacity, positions), np.int32)
+        self._source = source
         owner = np.full(capacity, -1, np.int64)
         owner[:keep_rows] = self.owner[:keep_rows]
         self.owner = owner
-        row_start = np.zeros(capacity, np.int32)
-        row_start[:keep_rows] = self.row_start[:keep_rows]
-        self.row_start = row_start
-        self.tokens = np.zeros((capacity, 1), np.int64)
+        buffers.row_start[:keep_rows] = self.row_start[:keep_rows]
+        self.row_start = buffers.row_start
         entries, keep_entries = capacity // self.cross_group, keep_rows // self.cross_group
         mask = np.zeros((entries, width), bool)
         mask[:, 0] = True  # a free row attends to something (its outputs are unread)
@@ -205,6 +210,7 @@ class FusedRounds:
             self.mask = relaid(self.mask)
             self.cross = [relaid(c) for c in self.cross]
             self._generation += 1  # the binding pointed into the old arrays
+            self.buffers.bindings.clear()  # an IOBinding holds what it binds: the old arrays would stay alive
         self.cross_group = group
 
     # -- members ------------------------------------------------------------------------------------
@@ -361,7 +367,7 @@ class FusedRounds:
             self._relative[:] = 0
         self._last_group = group
         top_k, wanted = wanted_outputs([m.top_k for m, *_ in work])
-        self._step[0] = self.slot
+        self.buffers.step[0] = self.slot
         return used, every_row, top_k, wanted
 
     def _answers(self, work: list, placed_rows: list, every_row: np.ndarray, got: dict) -> dict:
@@ -386,34 +392,22 @@ class FusedRounds:
         return self._used_rows
 
     def _bind(self, used: int, group: int, top_k: int, wanted: list[str]) -> dict[str, np.ndarray]:
-        """The round's IO binding over the first `used` rows, made again only when what it binds changed (the
-        rows, the group, top-k, the outputs wanted, or the buffers): every input and output is an array of
-        ours wrapped by pointer, so a round only writes into them. Returns the output arrays by name."""
+        """The round's IO binding over the first `used` rows (FusedGraph.bind: kept with the buffers by rows,
+        group, top-k and outputs), asked for again only when what it binds changed (those, or the buffers and
+        the cross entries: _generation): a round only writes into the bound arrays. Returns the output arrays
+        by name."""
         key = (used, group, top_k, tuple(wanted), self._generation)
         if key == self._bound:
             return self._outputs
-        self._beam_width[0], self._top_k[0] = group, top_k
-        entries = used // self.cross_group
-        inputs = fused_inputs(
-            tokens=self.tokens[:used],
-            step=self._step,
-            top_k=self._top_k,
-            beam_width=self._beam_width,
-            indirection=self._relative[:used].reshape(used // group, group, self.positions),
-            row_start=self.row_start[:used],
-            src_mask=self.mask[:entries],  # the graph's cross-attention: used / entries rows each
-            cross=[c[:entries] for c in self.cross],
+        entries = used // self.cross_group  # the graph's cross-attention: used / entries rows each
+        encoded = dict(
+            zip(self.graph.encoded_names, [self.mask[:entries], *(c[:entries] for c in self.cross)])
         )
-        shapes = {
-            names.LOG_PROBS: ((used, self.vocab), np.float32),
-            names.TOPK_LOG_PROBS: ((used, top_k), np.float32),
-            names.TOPK_IDS: ((used, top_k), np.int64),
-        }
-        # ours: an output left in the arena would pin the chunk it was cut from
-        outputs = {name: np.empty(*shapes[name]) for name in wanted}
-        b, held = fused_binding(self.decoder, inputs, [array[:used] for array in self.cache], outputs)
-        self._binding, self._held, self._outputs, self._bound = b, held, outputs, key
-        return outputs
+        self._binding, self._outputs = self.graph.bind(
+            self.buffers, rows=used, width=group, top_k=top_k, wanted=wanted, encoded=encoded
+        )
+        self._bound = key
+        return self._outputs
 
     def shrink_arena(self) -> None:
         """Nothing to shrink when idle but onnxruntime's arena: a one-row round under shrinkage."""
@@ -421,7 +415,7 @@ class FusedRounds:
             return
         self.clear()
         self._allocate(1, 1, 8)
-        self._step[0] = 0
+        self.buffers.step[0] = 0
         self._bind(1, 1, 1, [names.TOPK_LOG_PROBS, names.TOPK_IDS])
         self.shrink.run(self.decoder, self._binding, shrink=True)
         self.clear()

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.binding import bind_decoder, rows_answer, wanted_outputs
+from seq2onnx.runtime.binding import rows_answer, wanted_outputs
+from seq2onnx.runtime.standard_graph import StandardGraph
 
 from .layout import RowLayout
 from .memory import ArenaShrink
@@ -46,29 +47,24 @@ class StandardRounds:
     """The rounds of serve/batcher.py's Scheduler over decoder.onnx (the module docstring).
 
     Args:
-        decoder: the onnxruntime session of decoder.onnx (per-row steps: check_decoder).
-        graphs: the Translator's Graphs (runtime/graphs.py): the model's sizes (`spec`), the cache's dtype,
-            and the device where the cache stays (`ort_device`, `to_device`).
+        graph: the Translator's StandardGraph (runtime/standard_graph.py) of a decoder.onnx that takes per-row
+            steps (check_decoder): its session, sizes, cache dtype and the device where the cache stays.
     """
 
-    def __init__(self, decoder, graphs):
+    def __init__(self, graph: StandardGraph):
         import onnxruntime
 
-        spec = graphs.spec
-        self._host = onnxruntime.OrtValue.ortvalue_from_numpy
-        self._to, self.device = graphs.to_device, graphs.ort_device
-        self.decoder, self.n_layers, self.n_heads = decoder, spec.n_layers, spec.n_heads
-        self.head_dim, self.cache_dtype, self.vocab = spec.head_dim, graphs.cache_dtype, spec.tgt_vocab
+        self.graph, self._host, self._to = graph, onnxruntime.OrtValue.ortvalue_from_numpy, graph.to_device
         self._past: list | None = None  # the previous round's present_* OrtValues
         self.layout = RowLayout(
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            head_dim=self.head_dim,
-            dtype=self.cache_dtype,
+            n_layers=graph.n_layers,
+            n_heads=graph.n_heads,
+            head_dim=graph.head_dim,
+            dtype=graph.cache_dtype,
             to_device=self._to,
-            shares_memory=self.device == "cpu",
+            shares_memory=graph.device == "cpu",
         )
-        self.shrink = ArenaShrink(self.device)
+        self.shrink = ArenaShrink(graph.device)
         self.last_rows = 0
 
     def clear(self) -> None:
@@ -87,31 +83,31 @@ class StandardRounds:
         """One dummy round of one row under onnxruntime's arena shrinkage: the arena gives back every chunk of
         the last burst (a burst whose rows never fell, its sentences ending together, was never shrunk). Its
         outputs are written into arrays of ours: one left in the arena would pin the chunk it was cut from."""
-        cross = self._to(np.zeros((1, self.n_heads, 8, self.head_dim), dtype=self.cache_dtype))
+        g = self.graph
+        cross = self._to(np.zeros((1, g.n_heads, 8, g.head_dim), dtype=g.cache_dtype))
         mask = np.zeros((1, 8), dtype=bool)
         mask[0, 0] = True
-        kinds = {o.name: _NUMPY[o.type] for o in self.decoder.get_outputs()}
+        kinds = {o.name: _NUMPY[o.type] for o in g.session.get_outputs()}
         present = [
-            self._to(np.zeros((1, self.n_heads, 1, self.head_dim), kinds[name]))
-            for name in names.present_names(self.n_layers)
+            self._to(np.zeros((1, g.n_heads, 1, g.head_dim), kinds[name]))
+            for name in names.present_names(g.n_layers)
         ]
         on_host = {
             name: self._host(np.zeros((1, 1), kinds[name]))  # on the host, as in a round
             for name in (names.TOPK_LOG_PROBS, names.TOPK_IDS)
         }
-        b = bind_decoder(
-            self.decoder,
+        self.graph.run(
             tokens=np.zeros((1, 1), np.int64),
             steps=np.zeros(1, np.int64),
             cache_indices=np.zeros(1, np.int64),
-            top_k=np.ones(1, np.int64),
+            top_k=1,
             past=self._trimmed_past(0),
-            cross=[cross] * (2 * self.n_layers),
+            cross=[cross] * (2 * g.n_layers),
             src_mask=mask,
             present=present,
             outputs=on_host,
+            runner=lambda session, b: self.shrink.run(session, b, shrink=True),
         )
-        self.shrink.run(self.decoder, b, shrink=True)
 
     def run(self, work: list, prof) -> dict:
         """Runs one round over work's (member, tokens, cache indices, step, keep, width); returns each
@@ -132,30 +128,24 @@ class StandardRounds:
         top_k, wanted = wanted_outputs([m.top_k for m in members])
         src_mask, cross = self.layout.inputs()
         prof.lap("inputs")
-        # the cache stays where the graph runs; what the searches read comes down
-        b = bind_decoder(
-            self.decoder,
+        # the cache stays where the graph runs; what the searches read comes down ("run" includes binding)
+        self._past, got = self.graph.run(
             tokens=tokens,
             steps=steps,
             cache_indices=indices,
-            top_k=np.array([max(top_k, 1)], dtype=np.int64),
+            top_k=top_k,
             past=past,
             cross=cross,
             src_mask=src_mask,
-            present=self.device,
             outputs={name: "cpu" for name in wanted},
+            runner=lambda session, b: self.shrink.run(session, b, total),
         )
-        prof.lap("bind")
-        self.shrink.run(self.decoder, b, total)
         prof.lap("run")
-        out = b.get_outputs()
-        self._past = out[: len(past)]
-        got = dict(zip(wanted, (o.numpy() for o in out[len(past) :])))
         self.last_rows = sum(rows)
         answers = {}
         for m, start, n in zip(members, starts, rows):
             m.offset = int(start)
-            answers[m] = rows_answer(got, m.top_k, slice(start, start + n), self.vocab)
+            answers[m] = rows_answer(got, m.top_k, slice(start, start + n), self.graph.vocab)
         prof.lap("outputs")
         return answers
 
@@ -185,9 +175,8 @@ class StandardRounds:
 
     def _trimmed_past(self, needed: int) -> list:
         """The previous round's cache, its leading slots cut when no row of this round reads them."""
-        shape = (1, self.n_heads, 0, self.head_dim)
         if self._past is None:
-            return [self._to(np.zeros(shape, dtype=self.cache_dtype)) for _ in range(2 * self.n_layers)]
+            return self.graph.empty_past(1)
         length = self._past[0].shape()[2]
         # Cutting copies the whole cache (as each round's Concat does): only once enough slots are idle.
         if length - needed >= max(4, needed // 4):

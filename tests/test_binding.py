@@ -3,10 +3,18 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from seq2onnx.runtime import bundle as names
 from seq2onnx.runtime.binding import fused_binding, fused_inputs
+from seq2onnx.runtime.translator import Translator
+from seq2onnx.serve.batcher import rounds_runner
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _arrays(rows: int, positions: int = 4) -> dict:
@@ -49,3 +57,38 @@ def test_a_fused_binding_binds_every_input_and_runs_in_place(translator):
     session.run_with_iobinding(binding)
     assert all(np.any(c[0, :, 0] != 0) and not np.any(c[0, :, 1:]) for c in cache)
     assert 0 <= out[names.TOPK_IDS][0, 0] < spec.tgt_vocab and out[names.TOPK_LOG_PROBS][0, 0] < 0
+
+
+def _io_binding_sites(root: Path) -> list[str]:
+    """Each `.io_binding(` call in the package's modules (tests and scripts aside), as "path:line"."""
+    skip = ("tests", "scripts", "js", "docs")
+    folders = [p for p in root.iterdir() if p.is_dir() and p.name not in skip and not p.name.startswith(".")]
+    paths = [*root.glob("*.py"), *(path for folder in folders for path in folder.rglob("*.py"))]
+    sites = []
+    for path in sorted(paths):
+        rel = path.relative_to(root).as_posix()
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if re.search(r"\.io_binding\(", line.split("#")[0]):
+                sites.append(f"{rel}:{n}")
+    return sites
+
+
+def test_only_runtime_binding_makes_io_bindings(tmp_path):
+    """One module binds every graph (issue 56): no other module of the package calls io_binding(); a call
+    planted elsewhere is found."""
+    sites = _io_binding_sites(ROOT)
+    assert sites and {s.split(":")[0] for s in sites} == {"runtime/binding.py"}, sites
+    (tmp_path / "serve").mkdir()
+    (tmp_path / "serve" / "rounds.py").write_text("def f(session):\n    return session.io_binding()\n")
+    assert _io_binding_sites(tmp_path) == ["serve/rounds.py:2"]
+
+
+@pytest.mark.parametrize("rounds", ["fused", "standard"])
+def test_the_serving_rounds_drive_the_translators_own_graph_object(bundle, rounds):
+    """translate_batch and the serving rounds run one object per decoder graph: the rounds are given the
+    Translator's FusedGraph (the one its steps drive) or its StandardGraph, and bind nothing themselves."""
+    t = Translator(bundle, device="cpu")
+    runner = rounds_runner(t, rounds)
+    want = t.graphs.decoder_graph if rounds == "fused" else t.graphs.standard_graph
+    assert runner.graph is want and want.variant == rounds
+    assert (t.graphs.decoder_graph is t.graphs.standard_graph) == (t.decoder_variant == "standard")

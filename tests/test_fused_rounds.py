@@ -7,6 +7,9 @@ the positions were dropped or grown under them, other searches' beams shared the
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -153,17 +156,26 @@ def test_beams_share_their_sentence_cross_entry_and_the_layout_follows_the_width
     }
     runner = rounds_runner(t)
     runner.first_positions, runner.first_rows, runner.width_quantum = 4, 1, 1
-    groups = {}
+    groups, masks = {}, []
 
     def seen(round_, r):
         groups[round_] = r.cross_group
         assert all(c.shape[0] == r.capacity // r.cross_group for c in r.cross)
         assert r.mask.shape[0] == r.capacity // r.cross_group
+        masks.append(weakref.ref(r.mask))
 
     got, _ = _drive(runner, plan, 20, seen)
     assert [groups[i] for i in (1, 4, 5, 8, 9, 13, 14, 18)] == [4, 4, 1, 1, 4, 4, 8, 8], groups
     # 4 -> 1 -> 4 -> 8 (the first round's layout is made with the buffers: no copy)
     assert runner.copies["relayout"] == 3, runner.copies
+    # no binding kept with the buffers keeps the entries of an earlier layout alive (an IOBinding holds what
+    # it binds)
+    gc.collect()
+    current, array = set(), runner.mask  # the current entries and the arrays they are views of
+    while array is not None:
+        current.add(id(array))
+        array = array.base
+    assert {id(m()) for m in masks if m() is not None} <= current
     for name, (s, _) in plan.items():
         assert len(got[name]) == s.steps
         for step, (a, b) in enumerate(zip(got[name], _alone(t, s))):

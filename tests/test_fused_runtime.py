@@ -18,7 +18,8 @@ import pytest
 
 from seq2onnx.export.bundle import export_bundle
 from seq2onnx.runtime import bundle as fmt
-from seq2onnx.runtime import decoders, fused_buffers, fused_step
+from seq2onnx.runtime import decoders, fused_graph, fused_step
+from seq2onnx.runtime.binding import wanted_outputs
 from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.beam import beam_search
 from seq2onnx.runtime import plan as plan_module
@@ -223,19 +224,25 @@ def test_compaction_refuses_keep_that_is_not_ascending_sentences(keep):
 
 
 def test_step_buffers_are_reused_across_batches_with_the_standard_results(bundle, standard, monkeypatch):
-    """Batches of a shape seen before take its spare StepBuffers (no reset between them: stale cache
-    positions, indirection entries and encoder bindings must never be read), interleaved with other
-    shapes and with compactions; every result equals the standard decoder's."""
+    """Batches of a shape seen before take its spare FusedBuffers and their bindings (no reset between them:
+    stale cache positions, indirection entries and encoder bindings must never be read), interleaved with
+    other shapes and with compactions; every result equals the standard decoder's."""
     t = Translator(bundle, device="cpu")
-    t.graphs._buffer_pool.spares = 8  # every shape of this test stays: a repeated shape must make nothing new
-    made = []
-    real_init = fused_buffers.StepBuffers.__init__
+    pool = t.graphs.decoder_graph.pool
+    pool.spares = 8  # every shape of this test stays: a repeated shape must make nothing new
+    made, bound = [], []
+    real_init, real_binding = fused_graph.FusedBuffers.__init__, fused_graph.fused_binding
 
-    def init(self, *a, **kw):
-        made.append(a[1])  # the key
-        real_init(self, *a, **kw)
+    def init(self, graph, capacity, positions):
+        made.append((capacity, positions))
+        real_init(self, graph, capacity, positions)
 
-    monkeypatch.setattr(fused_buffers.StepBuffers, "__init__", init)
+    def binding(*a, **kw):
+        bound.append(1)
+        return real_binding(*a, **kw)
+
+    monkeypatch.setattr(fused_graph.FusedBuffers, "__init__", init)
+    monkeypatch.setattr(fused_graph, "fused_binding", binding)
     runs = [
         dict(beam_size=1, max_batch_size=1),
         dict(beam_size=4, max_batch_size=6),
@@ -247,34 +254,33 @@ def test_step_buffers_are_reused_across_batches_with_the_standard_results(bundle
     ]
     seen, new_per_run = set(), []
     for kw in runs:
-        before = len(made)
+        before = len(made), len(bound)
         got = t.translate_batch(TEXTS, return_scores=True, **kw)
         want = standard.translate_batch(TEXTS, return_scores=True, **kw)
         assert [r.token_ids for r in got] == [r.token_ids for r in want], kw
         assert np.allclose([r.scores for r in got], [r.scores for r in want], rtol=0, atol=1e-4), kw
-        new_per_run.append((tuple(kw.values()) in seen, len(made) - before))
+        new_per_run.append((tuple(kw.values()) in seen, len(made) - before[0], len(bound) - before[1]))
         seen.add(tuple(kw.values()))
-    assert all(n == 0 for repeated, n in new_per_run if repeated), new_per_run
-    assert all(n > 0 for repeated, n in new_per_run if not repeated), new_per_run
+    # a repeated shape allocates nothing and binds nothing new (its bindings are kept with its buffers)
+    assert all(n == b == 0 for repeated, n, b in new_per_run if repeated), new_per_run
+    assert all(n > 0 and b > 0 for repeated, n, b in new_per_run if not repeated), new_per_run
     # a spare does not keep its last batch's encoder outputs alive
-    pool = t.graphs._buffer_pool
-    assert all(not set(b.held) & set(pool.encoded_names) for b in pool._spares)
+    encoded = set(t.graphs.decoder_graph.encoded_names)
+    assert all(not set(held) & encoded for b in pool._spares for _, held, _ in b.bindings.values())
 
 
 def test_buffer_pool_keeps_small_buffers_only_and_after_a_normal_end(bundle, monkeypatch):
     t = Translator(bundle, device="cpu")
-    pool = t.graphs._buffer_pool
+    pool = t.graphs.decoder_graph.pool
     t.translate_batch(TEXTS[:1], beam_size=1)
     assert len(pool._spares) == 1
     # a larger spare serves a shorter decoding; rounding makes similar lengths share one
     (kept,) = pool._spares
-    rows, width, positions, top_k = kept.key
+    rows, positions = kept.capacity, kept.positions
     assert positions % pool.position_quantum == 0
-    assert pool.take(rows, width, positions - 3, top_k) is kept and pool._spares == []
+    assert pool.take(rows, positions - 3) is kept and pool._spares == []
     pool.give(kept)
-    assert (
-        pool.take(rows, width, positions + 1, top_k) is None and pool.take(rows + 1, width, 1, top_k) is None
-    )
+    assert pool.take(rows, positions + 1) is None and pool.take(rows + 1, 1) is None
     # sampling and a stream read to its end give theirs back too
     pool._spares.clear()
     t.translate_batch(TEXTS[:1], sampling_temperature=1.0, seed=1)
@@ -287,7 +293,7 @@ def test_buffer_pool_keeps_small_buffers_only_and_after_a_normal_end(bundle, mon
     pool._spares.clear()
     monkeypatch.setattr(pool, "max_bytes", 1000)
     t.translate_batch(TEXTS, beam_size=2, max_batch_size=3)
-    assert pool._spares == [] and pool.positions(6, 2, 17, 4) == 17
+    assert pool._spares == [] and pool.positions(6, 17, 4) == 17
     # a search that raises gives nothing back (its buffers may be half bound)
     monkeypatch.setattr(pool, "max_bytes", 4 << 20)
 
@@ -301,13 +307,18 @@ def test_buffer_pool_keeps_small_buffers_only_and_after_a_normal_end(bundle, mon
     assert pool._spares == []
 
 
-@pytest.mark.parametrize("key", [(1, 1, 32, 2), (8, 4, 64, 9), (6, 2, 17, None)])
-def test_buffer_bytes_is_what_step_buffers_allocate(bundle, key):
-    """The pool rounds and keeps by buffer_bytes, computed before allocating: it must match the arrays."""
+@pytest.mark.parametrize("key", [(1, 32, 2), (8, 64, 9), (6, 17, None)])
+def test_buffer_bytes_is_what_fused_buffers_allocate(bundle, key):
+    """The pool rounds and keeps by buffer_bytes, computed before allocating: it must match the arrays once a
+    search of that top_k bound its outputs."""
     t = Translator(bundle, device="cpu")
-    dims = t.graphs._buffer_pool.dims
-    buffers = fused_buffers.StepBuffers(t.decoder, key, **dims)
-    arrays = [*buffers.cache, buffers.indirection, buffers.row_start, *buffers.out.values()]
-    if buffers.first_indirection is not None:
-        arrays.append(buffers.first_indirection)
-    assert fused_buffers.buffer_bytes(*key, **dims) == buffers.nbytes == sum(a.nbytes for a in arrays)
+    graph = t.graphs.decoder_graph
+    rows, positions, top_k = key
+    buffers = graph.buffers(rows, positions)
+    _, wanted = wanted_outputs([top_k])
+    for name in wanted:
+        buffers.output(name, top_k or 0)
+    dims = graph.pool.dims
+    assert fused_graph.buffer_bytes(*key, **dims) == buffers.nbytes
+    arrays = [*buffers.cache, buffers.indirection, buffers.tokens, buffers.row_start]
+    assert buffers.nbytes == sum(a.nbytes for a in arrays) + sum(a.nbytes for a in buffers._outputs.values())

@@ -117,14 +117,14 @@ def test_the_pending_reaches_have_public_replacements():
 
 def test_the_runtime_s_private_names_are_known():
     known = runtime_private_names()
-    assert {"_decode", "_sessions", "_buffer_pool", "_cache", "_Forced", "_regroup"} <= known
+    assert {"_decode", "_sessions", "_spares", "_cache", "_Forced", "_regroup"} <= known
     assert "_current_frames" not in runtime_private_names()  # the standard library's: not the runtime's
 
 
 @pytest.mark.parametrize(
     "planted, expression",
     [
-        ("def f(translator):\n    return translator._buffer_pool.give(1)\n", "translator._buffer_pool"),
+        ("def f(translator):\n    return translator._spares.pop()\n", "translator._spares"),
         ("def f(engine):\n    engine.translator._decode = None\n", "engine.translator._decode"),
         ("def f(step):\n    return step.inner._cache\n", "step.inner._cache"),
         ("def f(t):\n    return getattr(t, '_sessions')\n", "getattr(t, '_sessions')"),
@@ -157,9 +157,9 @@ def test_a_planted_reach_in_a_module_of_the_package_fails_the_check(tmp_path, mo
     for folder in FOLDERS[1:]:
         (fake / folder).mkdir()
     batcher = fake / "serve" / "batcher.py"
-    planted = "\n\ndef planted(t):\n    return t._buffer_pool\n"
+    planted = "\n\ndef planted(t):\n    return t._spares\n"
     batcher.write_text(batcher.read_text(encoding="utf-8") + planted, encoding="utf-8")
     runtime_private_names()  # read from the real runtime/ before ROOT moves (the copy has none)
     monkeypatch.setattr(sys.modules[__name__], "ROOT", fake)
-    with pytest.raises(AssertionError, match=r"serve/batcher.py:\d+: t._buffer_pool"):
+    with pytest.raises(AssertionError, match=r"serve/batcher.py:\d+: t._spares"):
         test_no_module_outside_the_runtime_reaches_a_private_member()

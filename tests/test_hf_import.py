@@ -168,7 +168,11 @@ def test_int8_bundle_is_judged_by_its_own_bounds(tmp_path_factory, sentences_fil
         ("unknown_model_type", ["config.json", "model_type 'bart' is not supported", "marian", "m2m_100"]),
         ("missing_weights", ["no weights", "model.safetensors", "save_pretrained"]),
         ("vocab_mismatch", ["config.json", "vocab_size is", "rows", "set vocab_size to"]),
-        ("tokenizer_mismatch", ["source.spm", "not in the tokenizer's vocabulary", "vocab.json"]),
+        pytest.param(  # the check reads the tokenizer first: ~3 s
+            "tokenizer_mismatch",
+            ["source.spm", "not in the tokenizer's vocabulary", "vocab.json"],
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_damaged_directory_is_one_line_and_writes_nothing(tmp_path, capsys, how, words):

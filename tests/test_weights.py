@@ -99,6 +99,7 @@ def test_every_weight_is_stored_once(tmp_path, shape):
         }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("quantize", [None, "int8", "int4"])
 def test_the_two_decoders_share_every_matrix(tmp_path, shape, quantize):

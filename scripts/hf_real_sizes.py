@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import scaffold as sc  # noqa: E402
 from hf_sizes_common import ROWS, SIZES, TINY, mem_available_gb, run_job, test_sentences, write_json  # noqa: E402
 from hf_sizes_report import markdown  # noqa: E402
 
@@ -117,21 +118,13 @@ def engine_spec(name: str, work: Path, model: str, mode: dict) -> dict:
     kind, precision, *rest = name.split("@")[0].split("-")
     out = work / "out" / model
     rows = mode["rows"]
-    spec = {
-        "threads": mode["threads"],
-        "device": mode["device"],
-        "max_batch": max(b for *_, b in rows),
-        "rows": rows,
-    }
+    spec = dict(threads=mode["threads"], device=mode["device"], max_batch=max(b for *_, b in rows), rows=rows)
     fp32 = precision in ("fp32", "float32")
     if mode["device"] == "cuda" and fp32 and "tf32" not in rest:  # full float32 products in any library
         spec["env"] = {"NVIDIA_TF32_OVERRIDE": "0"}
     if kind == "ours":
-        return spec | {
-            "engine": "ours",
-            "bundle": str(out / f"bundle-{precision}"),
-            "tuning": VARIANTS[rest[0]] if rest else {},
-        }
+        tuning = VARIANTS[rest[0]] if rest else {}
+        return spec | dict(engine="ours", bundle=str(out / f"bundle-{precision}"), tuning=tuning)
     if kind == "generate":
         return spec | {"engine": "torch", "dtype": "float32" if fp32 else "float16"}
     threads = [int(x[1:]) for x in rest if x.startswith("t")]
@@ -145,37 +138,21 @@ def prep_spec(step: str, model: str, work: Path, mode: dict, size: dict) -> dict
     """The job's settings for a preparation step."""
     mdir, out = work / "models" / model, work / "out" / model
     if step == "build":
-        return {
-            "job": "build",
-            "size": size,
-            "out": str(mdir) + ".partial",
-            "max_texts": mode.get("spm_texts"),
-        }
+        return dict(job="build", size=size, out=str(mdir) + ".partial", max_texts=mode.get("spm_texts"))
     if step == "prepare":
         sentences = test_sentences(mode["sentences"])
-        return {
-            "job": "prepare",
-            "model_dir": str(mdir),
-            "sentences": sentences,
-            "vocab_out": str(out / "id_to_token.json"),
-        }
+        return dict(
+            job="prepare", model_dir=str(mdir), sentences=sentences, vocab_out=str(out / "id_to_token.json")
+        )
     if step == "ct2-convert":  # on the CPU also its int8 conversion: the anchor of an int8 bundle's size
-        return {
-            "job": "ct2_convert",
-            "model_dir": str(mdir),
-            "out": str(out / "ct2"),
-            "int8": mode["device"] == "cpu",
-        }
+        return dict(
+            job="ct2_convert", model_dir=str(mdir), out=str(out / "ct2"), int8=mode["device"] == "cpu"
+        )
     precision = step.split("-")[1]
     quantize = precision if precision in ("int8", "int4") else None
     dtype = "float16" if precision == "fp16" else "float32"
-    return {
-        "job": "export",
-        "model_dir": str(mdir),
-        "out": str(out / f"bundle-{precision}"),
-        "quantize": quantize,
-        "dtype": dtype,
-    }
+    bundle = str(out / f"bundle-{precision}")
+    return dict(job="export", model_dir=str(mdir), out=bundle, quantize=quantize, dtype=dtype)
 
 
 def run_step(model: str, step: str, ctx: dict, results: dict) -> dict:
@@ -190,11 +167,8 @@ def run_step(model: str, step: str, ctx: dict, results: dict) -> dict:
         return {"status": f"not run: needs {', '.join(failed)}"}
     mdir = work / "models" / model
     if step == "build" and (mdir / "build.json").is_file():  # cached under WORK/models
-        return {
-            "status": "ok",
-            "seconds": 0.0,
-            "result": json.loads((mdir / "build.json").read_text()) | {"cached": True},
-        }
+        cached = json.loads((mdir / "build.json").read_text()) | {"cached": True}
+        return {"status": "ok", "seconds": 0.0, "result": cached}
     left = ctx["deadline"] - time.time()
     if left < 15:
         return {"status": f"not run: the budget was spent ({ctx['budget']:.0f} s)"}
@@ -260,10 +234,7 @@ def write_out(out: Path, work: Path, report: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    doc = __doc__.split("\n\n", 2)
-    p = argparse.ArgumentParser(
-        description=doc[0], epilog=doc[2], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = sc.parser(__doc__)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--tiny", action="store_true", help="64-wide configs: the whole pipeline in minutes")
     p.add_argument("--work", type=Path, help="models (cached), bundles, job logs (default OUT-work)")
@@ -360,24 +331,12 @@ def main(argv=None) -> int:
         )
 
     sizes = TINY if args.tiny else SIZES
-    ctx = {
-        "work": work,
-        "mode": mode,
-        "budget": budget,
-        "deadline": t0 + (budget or float("inf")),
-        "limit": limit,
-    }
-    ctx |= {
-        "sizes": {m: sizes[m] for m in models},
-        "max_rss_gb": args.max_job_rss_gb or 0.85 * mem_available_gb(),
-    }
+    ctx = dict(work=work, mode=mode, budget=budget, deadline=t0 + (budget or float("inf")), limit=limit)
+    ctx |= dict(
+        sizes={m: sizes[m] for m in models}, max_rss_gb=args.max_job_rss_gb or 0.85 * mem_available_gb()
+    )
     old = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
-    settings = mode | {
-        "models": models,
-        "engines": engines + extra,
-        "budget_s": budget,
-        "repeat": args.repeat,
-    }
+    settings = mode | dict(models=models, engines=engines + extra, budget_s=budget, repeat=args.repeat)
     report = {"env": environment(args.device), "settings": settings | {"command": " ".join(sys.argv)}}
     report["steps"] = {m: s for m, s in old.get("steps", {}).items() if m not in models}
     write_out(out, work, report)

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from scaffold import log
+from scaffold import log, rss_mb
 from seq2onnx.atomic import write_file
 
 TATOEBA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tatoeba-cmn-eng" / "cmn.txt"
@@ -75,14 +75,6 @@ def mem_available_gb() -> float:
     return 16.0
 
 
-def _rss_gb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next(int(x.split()[1]) / 2**20 for x in f if x.startswith("VmRSS:"))
-    except (OSError, StopIteration):
-        return 0.0
-
-
 def run_job(spec: dict, work: Path, name: str, timeout: float, max_rss_gb: float = float("inf")) -> dict:
     """Runs one job (`hf_sizes_jobs.py SPEC`) in a child process, killed past `timeout` seconds or
     `max_rss_gb` resident (before the OOM killer); returns its result, or {"error": ...} with why and the end
@@ -101,7 +93,7 @@ def run_job(spec: dict, work: Path, name: str, timeout: float, max_rss_gb: float
         try:
             while proc.poll() is None and not killed:
                 time.sleep(0.25)
-                seen = max(seen, _rss_gb(proc.pid))
+                seen = max(seen, rss_mb(proc.pid) / 1024)
                 if time.perf_counter() - t > timeout:
                     killed = f"killed by this script: timed out after {timeout:.0f} s"
                 elif seen > max_rss_gb:

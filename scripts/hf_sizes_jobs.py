@@ -51,8 +51,13 @@ def job_build(spec: dict) -> dict:
     shape.update(decoder_attention_heads=H, encoder_ffn_dim=F, decoder_ffn_dim=F)
     torch.manual_seed(spec.get("seed", 0))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # hf_fixtures.conventions
+    import hf_fixtures as F  # the published conventions, one source with the tests
+
     build = {"marian": _build_marian, "mbart": _build_mbart}.get(s["family"], _build_m2m100)
-    tok, model = build(s, out, texts, shape)
+    tok, model_class, published = build(s, out, texts)
+    config, generation = F.conventions(s["family"], shape, s["vocab"], **published)
+    model = model_class(config)
+    model.generation_config = generation
     params = sum(p.numel() for p in model.parameters())
     model.eval()
     model.save_pretrained(out)
@@ -60,43 +65,29 @@ def job_build(spec: dict) -> dict:
     return {"parameters": params, "spm_trained_on": origin}
 
 
-def _build_marian(s: dict, out: Path, texts: list[str], shape: dict):
-    """An OPUS-MT Marian: its vocab.json, two SentencePiece models, its conventions.
-
-    Returns:
-        (tokenizer, model), both to be saved into out.
-    """
+# Each builder trains the family's tokenizer into out and returns (tokenizer, model class, the published
+# config's values for hf_fixtures.conventions).
+def _build_marian(s: dict, out: Path, texts: list[str]):
+    """An OPUS-MT Marian: its vocab.json, two SentencePiece models."""
     from transformers import MarianMTModel, MarianTokenizer
-
-    import hf_fixtures as F  # the published conventions, one source with the tests
 
     V = s["vocab"]
     # vocab.json: </s> 0, <unk> 1, the ordinary pieces, <pad> last; SentencePiece adds <unk> <s> </s> of its
     # own
     pieces = train_spm(texts, out / "source.spm", s["spm"], V - 2 - 1 + 3)
     (out / "target.spm").write_bytes((out / "source.spm").read_bytes())
-    ordinary = sorted(p for p in pieces[3:])
-    vocab = {t: i for i, t in enumerate(["</s>", "<unk>"] + ordinary + ["<pad>"])}
+    vocab = {t: i for i, t in enumerate(["</s>", "<unk>"] + sorted(pieces[3:]) + ["<pad>"])}
     assert len(vocab) == V, (len(vocab), V)
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     files = dict(source_spm=str(out / "source.spm"), target_spm=str(out / "target.spm"))
     files["vocab"] = str(out / "vocab.json")
     tok = MarianTokenizer(**files, source_lang="en", target_lang="fr", model_max_length=512)
-    config, generation = F.conventions("marian", shape, V, max_length=512, max_position_embeddings=512)
-    model = MarianMTModel(config)
-    model.generation_config = generation
-    return tok, model
+    return tok, MarianMTModel, dict(max_length=512, max_position_embeddings=512)
 
 
-def _build_mbart(s: dict, out: Path, texts: list[str], shape: dict):
-    """An mBART-50 many-to-many: MBart50Tokenizer's layout, en_XX first.
-
-    Returns:
-        (tokenizer, model), both to be saved into out.
-    """
+def _build_mbart(s: dict, out: Path, texts: list[str]):
+    """An mBART-50 many-to-many: MBart50Tokenizer's layout, en_XX first."""
     from transformers import MBart50Tokenizer, MBartForConditionalGeneration
-
-    import hf_fixtures as F  # the published conventions, one source with the tests
 
     V = s["vocab"]
     # MBart50Tokenizer's ids: <s> <pad> </s> <unk>, the pieces but SentencePiece's own three, 52 codes,
@@ -106,22 +97,13 @@ def _build_mbart(s: dict, out: Path, texts: list[str], shape: dict):
     tok = MBart50Tokenizer.from_pretrained(str(out), src_lang="en_XX", bos_token="<s>")
     assert len(tok) == V, (len(tok), V)
     published = dict(max_length=200, max_position_embeddings=1024, tokenizer_class="MBart50Tokenizer")
-    config, generation = F.conventions("mbart", shape, V, **published)
-    model = MBartForConditionalGeneration(config)
-    model.generation_config = generation
-    return tok, model
+    return tok, MBartForConditionalGeneration, published
 
 
-def _build_m2m100(s: dict, out: Path, texts: list[str], shape: dict):
-    """An M2M100 (NLLB's size): M2M100Tokenizer's layout and language tokens.
-
-    Returns:
-        (tokenizer, model), both to be saved into out.
-    """
+def _build_m2m100(s: dict, out: Path, texts: list[str]):
+    """An M2M100 (NLLB's size): M2M100Tokenizer's layout and language tokens."""
     from transformers import M2M100ForConditionalGeneration, M2M100Tokenizer
     from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
-
-    import hf_fixtures as F  # the published conventions, one source with the tests
 
     V = s["vocab"]
     languages = FAIRSEQ_LANGUAGE_CODES["m2m100"]
@@ -135,11 +117,8 @@ def _build_m2m100(s: dict, out: Path, texts: list[str], shape: dict):
     codes = [f"__{c}__" for c in languages]
     langs = dict(src_lang="en", tgt_lang="fr", num_madeup_words=M2M_MADEUP, additional_special_tokens=codes)
     tok = M2M100Tokenizer(**files, **langs, model_max_length=1024)
-    config, generation = F.conventions("m2m100", shape, V, max_length=200, max_position_embeddings=1024)
-    model = M2M100ForConditionalGeneration(config)
     tok.tgt_lang = None
-    model.generation_config = generation
-    return tok, model
+    return tok, M2M100ForConditionalGeneration, dict(max_length=200, max_position_embeddings=1024)
 
 
 # -------------------------------------------------------------------------------------------- prepare

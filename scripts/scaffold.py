@@ -1,11 +1,12 @@
-"""What the scripts share: their common options, the Tatoeba sentences, a server process on 127.0.0.1 awaited
-until it translates, latency percentiles, the output folder, Markdown tables and progress lines.
+"""What the scripts share: their parser and common options, the Tatoeba sentences, a server process on
+127.0.0.1 awaited until it translates, a process's RSS, the output folder, Markdown tables and progress lines.
 
 A script imports it as a sibling: `sys.path.insert(0, str(Path(__file__).resolve().parent))`, which also
 holds when a test loads the script by path."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import signal
@@ -164,7 +165,24 @@ def terminate(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through every `finally`: the servers are stopped
 
 
+def rss_mb(pid: int | str = "self") -> float:
+    """A process's resident set (VmRSS in /proc), MB; 0.0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(x.split()[1]) / 1024 for x in f if x.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0.0
+
+
 # -- options every script spells the same way --------------------------------------------------------
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The script's parser: its docstring's first paragraph as the description, the rest as the epilog."""
+    head, _, rest = doc.partition("\n\n")
+    return argparse.ArgumentParser(
+        description=head, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def add_out(p, what: str = "output directory") -> None:

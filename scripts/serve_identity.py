@@ -97,7 +97,7 @@ def as_text(report: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = sc.parser(__doc__)
     p.add_argument("bundle", type=Path, help="the bundle served and translated in process")
     sc.add_out(p)
     sc.add_sentences(p, 1000)

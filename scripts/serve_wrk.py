@@ -314,10 +314,7 @@ def measure(args, report: dict, lua: list, requests: list) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    doc = __doc__.split("\n\n")
-    p = argparse.ArgumentParser(
-        description=doc[0], epilog="\n\n".join(doc[1:]), formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = sc.parser(__doc__)
     p.add_argument("bundle", type=Path, help="the bundle served (seq2onnx export's)")
     p.add_argument("--ct2", type=Path, help="the CTranslate2 model of the bundle's checkpoint (else no ct2)")
     sc.add_out(p)

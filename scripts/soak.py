@@ -1,6 +1,6 @@
 """Memory over a long run: a `seq2onnx serve` process under many clients (issue 37, item 8; issue 60).
 
-    python scripts/soak.py BUNDLE --serve [--clients 64] [--minutes 10] [--every 10] [--mix heavy] --out DIR
+    python scripts/soak.py BUNDLE [--clients 64] [--minutes 10] [--every 10] [--mix heavy] --out DIR
 
 A real server on 127.0.0.1 (`seq2onnx serve BUNDLE --batching continuous`) and --clients closed-loop clients
 (raw_http.py) of mixed requests (greedy, beam 4 with 2-best and scores, sampling with a seed, 1-8 texts of
@@ -36,15 +36,6 @@ def sentences(n: int) -> list[str]:
 
     pool = [s for s, _ in generate_pairs(POOL, seed=99)]
     return [pool[i % len(pool)] for i in range(n)]
-
-
-# -- --serve: a server process under many clients -------------------------------------------------
-
-
-def proc_rss_mb(pid: int) -> float:
-    """A process's resident set (VmRSS), MB."""
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
 def proc_fds(pid: int) -> int:
@@ -108,13 +99,13 @@ def sample(pid: int, t: float, window: list, load: bool) -> dict:
     """The server's RSS and descriptors now, and the answers of the window (time, latency, status)."""
     latencies = sorted(lat for _, lat, _ in window)
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
-    figures = {"t_s": round(t, 1), "rss_mb": round(proc_rss_mb(pid), 1), "fds": proc_fds(pid)}
+    figures = {"t_s": round(t, 1), "rss_mb": round(sc.rss_mb(pid), 1), "fds": proc_fds(pid)}
     answered = {"answered": len(window), "non_200": sum(st != 200 for *_, st in window)}
     return figures | {"p99_s": None if p99 is None else round(p99, 3), **answered, "load": load}
 
 
 def serve_soak(args) -> int:
-    """Runs the --serve soak (the module docstring); writes DIR/soak.json and DIR/soak.png.
+    """Runs the soak (the module docstring); writes DIR/soak.json and DIR/soak.png.
 
     The figures: rss_after_warmup_mb (at the end of the one-client warm-up), rss_peak_mb,
     rss_end_mb (the last sample under load), rss_idle_mb (after --idle seconds without clients), and
@@ -124,13 +115,11 @@ def serve_soak(args) -> int:
 
     from seq2onnx.atomic import write_file
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pool = sentences(POOL)
+    out, pool = args.out, sentences(POOL)
     limits = ("--batching", args.batching, "--max-queue", 4 * args.clients, "--max-texts", 64)
     argv = sc.serve_argv(args.bundle, *limits, *args.server_args)
     done, errors, samples = [], [], []
-    with sc.Server(argv, out / "server.log", probe=pool[0]) as server:
+    with sc.Server(argv, out / "logs" / "server.log", probe=pool[0]) as server:
         pid, port = server.proc.pid, server.port
         warm_done, warm_errors = [], []
         mix = heavy_request if args.mix == "heavy" else mixed_request
@@ -237,9 +226,9 @@ def plot_soak(report: dict, path: Path) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sc.parser(__doc__)
     p.add_argument("bundle")
-    p.add_argument("--serve", action="store_true", help="(the only mode; kept for the docs' commands)")
+    sc.add_out(p, "soak.json, soak.png, logs/server.log")
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--every", type=float, default=10.0, help="seconds between samples")
@@ -248,10 +237,10 @@ def main() -> int:
     p.add_argument("--batching", default="continuous")
     heavy = "heavy: issue 60's 8-32 texts at beam 4 with the 4-best, or 8 samples"
     p.add_argument("--mix", choices=("mixed", "heavy"), default="mixed", help=heavy)
-    p.add_argument("--out", default="soak-out")
     more = "more `seq2onnx serve` options"
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help=more)
-    return serve_soak(p.parse_args())
+    args = p.parse_args()
+    return sc.checked("soak", lambda: sc.prepare_out(args.out, args.force)) or serve_soak(args)
 
 
 if __name__ == "__main__":

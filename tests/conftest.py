@@ -22,6 +22,9 @@ except ImportError:
     torch = None
 else:  # tiny models run fastest on one thread; on a shared 2-core machine more threads thrash
     torch.set_num_threads(1)
+# The same for every child process a test starts (the `seq2onnx` command, a verify, a server), unless the test
+# sets it: torch and CTranslate2 otherwise start a thread per core in each child (helpers.ENV sets it too).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The runtime's test files: they import neither torch nor the training side at the top, and need
 # only tiny_bundle()'s prebuilt bundles (fp32 and int8). Keep a new runtime test file in this list.

@@ -491,6 +491,44 @@ def _cached(kind: str, options: tuple) -> Path:
     return build_once(name, lambda out: _BUILDERS[kind](out, **dict(options)))
 
 
+def export_cache(tmp_path_factory):
+    """export(model_dir, **export_hf_bundle options) -> its bundle, exported once per directory and options
+    for whoever holds this (a module-scoped fixture): tests that only read a bundle share it, read-only."""
+    from seq2onnx.export.hf.bundle import export_hf_bundle
+
+    made: dict[tuple, Path] = {}
+
+    def export(model_dir: Path, **options) -> Path:
+        key = (str(model_dir), tuple(sorted(options.items())))
+        if key not in made:
+            made[key] = export_hf_bundle(model_dir, tmp_path_factory.mktemp("bundle") / "b", **options)
+        return made[key]
+
+    return export
+
+
+# verify's token rows that a trained tiny model passes at 100%
+TOKEN_CHECKS = (
+    "source ids identical to the tokenizer's",
+    "greedy ids identical to generate()",
+    "beam 4 ids identical to generate()",
+    "texts identical to batch_decode",
+)
+
+
+def verify_command(capsys, model_dir: Path, bundle: Path, data: Path, *options: str) -> str:
+    """`seq2onnx verify MODEL_DIR BUNDLE --data DATA --sentences 30 --tensor-sentences 3 OPTIONS` in this
+    process (a child would spend most of its time importing torch and transformers again); asserts that it
+    exits 0 with PASSED and returns its report (stdout)."""
+    from seq2onnx.commands.main import main
+
+    counts = ["--sentences", "30", "--tensor-sentences", "3"]
+    code = main(["verify", str(model_dir), str(bundle), "--data", str(data), *counts, *options])
+    printed = capsys.readouterr()
+    assert code == 0 and printed.out.rstrip().endswith("PASSED"), printed.out + printed.err
+    return printed.out
+
+
 def random_model(kind: str, **options) -> Path:
     """An untrained (random weights) model of `kind`, cached like `cached_model`; about a second to build."""
     return cached_model(kind, train_steps=0, **options)

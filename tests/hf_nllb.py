@@ -92,8 +92,13 @@ def make_nllb(directory: str | Path, *, with_spm: bool = True, train_steps: int 
 
 @functools.lru_cache(maxsize=None)
 def cached_nllb(with_spm: bool = True, train_steps: int = 300) -> Path:
-    """make_nllb's directory, built once per test run (read-only: copy it before editing)."""
-    return build_once(
-        f"nllb-spm={with_spm}-steps={train_steps}",
-        lambda out: make_nllb(out, with_spm=with_spm, train_steps=train_steps),
-    )
+    """make_nllb's directory, built once per test run (read-only: copy it before editing). The one without
+    the SentencePiece file is a copy of the other less that file: with_spm changes nothing else, so the same
+    model is trained once."""
+    if with_spm:
+        return build_once(
+            f"nllb-spm=True-steps={train_steps}", lambda out: make_nllb(out, train_steps=train_steps)
+        )
+    with_file = cached_nllb(True, train_steps)
+    copy = lambda out: shutil.copytree(with_file, out, ignore=shutil.ignore_patterns(SPM_FILE))  # noqa: E731
+    return build_once(f"nllb-spm=False-steps={train_steps}", copy)

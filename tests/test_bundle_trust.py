@@ -203,6 +203,7 @@ def test_missing_fused_decoder_file_is_refused(bundle):
     _refused(path, "decoder_fused.onnx", "missing", "files.decoder_fused")
 
 
+@pytest.mark.slow
 def test_variants_pass_the_checks(bundle):
     """The checks do not refuse what `seq2onnx export` writes: fp32 (both decoders), int8 (export
     validates by loading, so a float16 bundle is checked by test_export's export)."""

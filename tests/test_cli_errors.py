@@ -94,6 +94,7 @@ def test_threads_above_the_cores_is_an_error_naming_the_limit():
         )
 
 
+@pytest.mark.slow
 def test_usage_errors_exit_2():
     assert run("translate").returncode == 2  # missing BUNDLE: argparse's usage message
     assert run().returncode == 2  # no command: help, exit 2

@@ -194,6 +194,7 @@ def docs_snippet() -> str:
     return blocks[0]
 
 
+@pytest.mark.slow
 def test_the_docs_snippet_translates_as_pytorch_beam_search():
     texts, want = reference(beam_size=DECODING_DEFAULTS["beam_size"])
     _, tok, _ = checkpoint.load(ckpt())

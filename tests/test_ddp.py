@@ -4,6 +4,7 @@ killed rank that ends the run with a clear error and a loadable checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -115,8 +116,13 @@ def _launch(out: Path, max_steps: int, *extra: str) -> list[str]:
 
 
 def _run(command: list[str]) -> subprocess.CompletedProcess:
-    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    """A 2-process run that must finish, on busy cores (_busy_cores): exit 0, and nothing aborted at exit."""
+    with _busy_cores():
+        done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
+    assert "terminate called" not in done.stderr and "Fatal Python error" not in done.stderr, done.stderr[
+        -3000:
+    ]
     return done
 
 
@@ -140,34 +146,25 @@ def one_process(tmp_path_factory) -> Path:
     return train(TrainOptions(out=str(tmp_path_factory.mktemp("one") / "run"), max_steps=20, **OPTIONS))
 
 
-@pytest.fixture
-def busy_cores():
-    """Two CPU-bound child processes for the test's duration: the condition in which a finished
-    2-process run used to abort at exit ("terminate called without an active exception", about 1
-    run in 30 here) when DistributedDataParallel still held the process group at shutdown."""
+@contextlib.contextmanager
+def _busy_cores():
+    """Two CPU-bound child processes while it lasts: the condition in which a finished 2-process run used to
+    abort at exit ("terminate called without an active exception", about 1 run in 30 here) when
+    DistributedDataParallel still held the process group at shutdown. Every run of _run holds it: three per
+    run of this file (one test used to repeat its run three times for that)."""
     spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    yield
-    for proc in spin:
-        proc.kill()
-        proc.wait()
-
-
-# Finished runs under load: every one must exit 0 with nothing aborted at exit.
-REPEATS = 3
+    try:
+        yield
+    finally:
+        for proc in spin:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_process(tmp_path, one_process, busy_cores):
-    for i in range(1, REPEATS):
-        done = _run(_torchrun(tmp_path / f"again-{i}", 20))
-        assert "terminate called" not in done.stderr and "Fatal Python error" not in done.stderr, done.stderr[
-            -3000:
-        ]
+def test_two_processes_match_one_process(tmp_path, one_process):
     run = tmp_path / "two"
     done = _run(_torchrun(run, 20))
-    assert "terminate called" not in done.stderr and "Fatal Python error" not in done.stderr, done.stderr[
-        -3000:
-    ]
     assert "x 2 processes" in done.stdout  # it did train on two ranks
     assert done.stdout.count("training ") == 1  # rank 0 alone reports
     two, one = _state(run), _state(one_process)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from seq2onnx.commands.main import main
 from tiny import tiny_bundle, tiny_run
 
 
+@pytest.mark.slow
 def test_evaluate_reports_bleu_and_agreement(capsys):
     assert main(["evaluate", str(tiny_run() / "last"), "--bundle", str(tiny_bundle()), "--beam", "2"]) == 0
     out = capsys.readouterr().out

@@ -135,6 +135,7 @@ def test_fp32_bundle_has_the_standard_and_the_fused_decoder():
 
 
 @pytest.mark.parametrize("quantize", [None, "int8", "int4"])
+@pytest.mark.slow
 def test_every_graph_has_opset_17s_ir_version(quantize):
     """Every graph, the fused decoder and int8's included, is written with opset 17's IR version:
     onnx's make_model would stamp its own newest (14 with onnx 1.23), which onnxruntime 1.31
@@ -659,6 +660,7 @@ def test_fp16_decoder_runs_on_cpu_and_agrees_with_fp32_torch(fp16_bundle):
 
 
 @pytest.mark.parametrize("quantize", [None, "int8", "int4"])
+@pytest.mark.slow
 def test_export_streams_the_weights_no_graph_is_held_with_them(tmp_path, monkeypatch, quantize):
     """No graph is loaded or saved with its weights inside (an NLLB-3.3B graph is past protobuf's 2 GiB,
     and every such copy is a copy of the model in memory): the tensors go to a staging file as they are
@@ -747,6 +749,7 @@ def test_a_tied_table_is_stored_once_in_the_decoder(tmp_path):
     assert model.generator.bias is None  # the zero bias was only there for the tracing
 
 
+@pytest.mark.slow
 def test_the_export_traces_without_torchs_shape_inference_and_the_graphs_are_the_same(tmp_path, monkeypatch):
     """The tracer runs with torch's ONNX shape inference off (it serializes each parameter a node reads: a
     copy of an embedding table per lookup, the export's peak at NLLB size), and the graphs it writes have

@@ -48,6 +48,7 @@ def _live_transformers() -> int:
 
 
 @pytest.mark.parametrize("which", ["checkpoint", "hf"])
+@pytest.mark.slow
 def test_the_model_is_let_go_before_the_int8_rewrite_and_the_store(which, tmp_path, monkeypatch):
     seen: dict[str, int] = {}
     real_store, real_quantize = export_bundle_module.store_graphs, export_bundle_module.quantize_graphs
@@ -72,6 +73,7 @@ def test_the_model_is_let_go_before_the_int8_rewrite_and_the_store(which, tmp_pa
     assert Translator(tmp_path / "bundle", device="cpu").translate(TEXTS[0])
 
 
+@pytest.mark.slow
 def test_the_bundles_check_makes_unpacked_sessions(tmp_path, monkeypatch):
     tunings: list[SessionTuning] = []
     real = translator_module.Translator

@@ -65,6 +65,7 @@ def test_auto_drives_the_fused_decoder_and_says_why(bundle, standard):
         SessionTuning(decoder="fast")
 
 
+@pytest.mark.slow
 def test_bundle_without_the_fused_decoder_uses_the_standard_one():
     out = export_bundle(tiny_run(False, True) / "last", scratch("no-fused") / "bundle", decoder="standard")
     t = Translator(out, device="cpu")

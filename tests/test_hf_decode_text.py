@@ -87,6 +87,7 @@ def test_the_node_host_decodes_a_metaspace_bundle_as_python(t5):
     assert json.loads(done.stdout) == want
 
 
+@pytest.mark.slow
 def test_a_sentencepiece_decoding_tokenizer_is_not_recorded_as_metaspace(tmp_path):
     bundle = export_hf_bundle(F.random_model("marian"), tmp_path / "bundle", decoder="standard")
     tokens = json.loads((bundle / "bundle.json").read_text())["tokens"]

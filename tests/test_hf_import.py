@@ -21,6 +21,7 @@ from extras import require
 require("transformers", "hf")
 
 import hf_fixtures as F  # noqa: E402
+from seq2onnx.commands.main import main  # noqa: E402
 from seq2onnx.export.hf.bundle import export_hf_bundle  # noqa: E402
 from seq2onnx.export.hf.read import HFImportError  # noqa: E402
 from seq2onnx.export.hf.verify import verify_hf  # noqa: E402
@@ -38,6 +39,12 @@ def sentences_file(tmp_path_factory) -> Path:
 
 def _export(tmp_path_factory, model_dir: Path, **options) -> Path:
     return export_hf_bundle(model_dir, tmp_path_factory.mktemp("bundle") / "b", **options)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """One export per model and options for the module (a verify and the Node host's run read the same)."""
+    return F.export_cache(tmp_path_factory)
 
 
 def _failed(report: dict) -> list[str]:
@@ -62,9 +69,9 @@ def _check(report: dict, name: str, decoder: str) -> dict:
     ids=["shared-swish", "separate-relu"],
 )
 @pytest.mark.slow
-def test_marian_bundle_matches_transformers(tmp_path_factory, sentences_file, options):
+def test_marian_bundle_matches_transformers(exported, sentences_file, options):
     model_dir = F.cached_model("marian", **options)
-    bundle = _export(tmp_path_factory, model_dir)
+    bundle = exported(model_dir)
     meta = json.loads((bundle / "bundle.json").read_text())
     assert meta["model"]["activation"] == options["activation"]
     assert meta["model"]["share_vocab"] is options["shared_vocab"]
@@ -85,11 +92,11 @@ def test_marian_bundle_matches_transformers(tmp_path_factory, sentences_file, op
 
 
 @pytest.mark.slow
-def test_marian_ids_are_not_sentencepiece_ids(tmp_path_factory):
+def test_marian_ids_are_not_sentencepiece_ids(exported):
     """The importer maps pieces through the tokenizer's vocabulary: a bundle that fed SentencePiece's own ids
     would translate garbage, and the map file says so."""
     model_dir = F.cached_model("marian")
-    bundle = _export(tmp_path_factory, model_dir, decoder="standard")
+    bundle = exported(model_dir)
     source_map = np.frombuffer((bundle / "source.vocab.bin").read_bytes(), dtype="<i4")
     assert (source_map != np.arange(source_map.size)).any()
     t = Translator(bundle, device="cpu")
@@ -101,9 +108,9 @@ def test_marian_ids_are_not_sentencepiece_ids(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_m2m100_forced_target_language(tmp_path_factory, sentences_file):
+def test_m2m100_forced_target_language(exported, sentences_file):
     model_dir = F.cached_model("m2m100")
-    bundle = _export(tmp_path_factory, model_dir)
+    bundle = exported(model_dir)
     meta = json.loads((bundle / "bundle.json").read_text())
     assert (
         meta["model"]["pre_norm"] is True
@@ -161,27 +168,27 @@ def test_int8_bundle_is_judged_by_its_own_bounds(tmp_path_factory, sentences_fil
         ("unknown_model_type", ["config.json", "model_type 'bart' is not supported", "marian", "m2m_100"]),
         ("missing_weights", ["no weights", "model.safetensors", "save_pretrained"]),
         ("vocab_mismatch", ["config.json", "vocab_size is", "rows", "set vocab_size to"]),
-        ("tokenizer_mismatch", ["source.spm", "not in the tokenizer's vocabulary", "vocab.json"]),
+        pytest.param(  # the check reads the tokenizer first: ~3 s
+            "tokenizer_mismatch",
+            ["source.spm", "not in the tokenizer's vocabulary", "vocab.json"],
+            marks=pytest.mark.slow,
+        ),
     ],
 )
-@pytest.mark.slow
-def test_damaged_directory_is_one_line_and_writes_nothing(tmp_path, how, words):
+def test_damaged_directory_is_one_line_and_writes_nothing(tmp_path, capsys, how, words):
+    """`seq2onnx export` in this process (the command as a child process, with its exit status, is
+    test_hf_nllb's, test_hf_mbart's and test_hf_t5's refusals)."""
     broken = tmp_path / "model"
     shutil.copytree(F.cached_model("marian", train_steps=0), broken)
     F.damage(broken, how)
     out = tmp_path / "bundle"
-    run = subprocess.run(
-        [sys.executable, "-m", "seq2onnx.commands", "export", str(broken), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 1
-    errors = [line for line in run.stderr.splitlines() if line.startswith("seq2onnx export: error:")]
-    assert len(errors) == 1, run.stderr
+    assert main(["export", str(broken), str(out)]) == 1
+    stderr = capsys.readouterr().err
+    errors = [line for line in stderr.splitlines() if line.startswith("seq2onnx export: error:")]
+    assert len(errors) == 1, stderr
     for word in words:
         assert word in errors[0], errors[0]
-    assert "unexpected" not in errors[0] and "Traceback" not in run.stderr
+    assert "unexpected" not in errors[0] and "Traceback" not in stderr
     assert not out.exists() and not any(p.name.startswith(".bundle") for p in tmp_path.iterdir())
 
 
@@ -195,7 +202,7 @@ def test_import_error_is_raised_before_anything_is_written(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_export_translate_and_verify(tmp_path, sentences_file):
+def test_cli_export_translate_and_verify(tmp_path, sentences_file, capsys):
     """The commands as a user types them: export, translate with a target language, verify (exit 0)."""
     model_dir = F.cached_model("m2m100")
     bundle = tmp_path / "bundle"
@@ -220,14 +227,10 @@ def test_cli_export_translate_and_verify(tmp_path, sentences_file):
     }
     assert all(r.returncode == 0 for r in got.values()), [r.stderr for r in got.values()]
     assert got["fr"].stdout != got["de"].stdout and got["fr"].stdout.strip()
-    bad = subprocess.run(
-        [*cli, "translate", str(bundle), "--target-lang", "xx"],
-        input=text + "\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 1 and "--target-lang 'xx' is not a language of this model" in bad.stderr
+    # the refusals in this process: their exit status and message are the command's, no child needed
+    (tmp_path / "in.txt").write_text(text + "\n", encoding="utf-8")
+    assert main(["translate", str(bundle), "--target-lang", "xx", "-i", str(tmp_path / "in.txt")]) == 1
+    assert "--target-lang 'xx' is not a language of this model" in capsys.readouterr().err
     verified = subprocess.run(
         [
             *cli,
@@ -250,22 +253,19 @@ def test_cli_export_translate_and_verify(tmp_path, sentences_file):
     )
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert verified.stdout.rstrip().endswith("PASSED")
-    no_data = subprocess.run(
-        [*cli, "verify", str(model_dir), str(bundle)], capture_output=True, text=True, timeout=120
-    )
-    assert no_data.returncode == 1 and "give --data FILE" in no_data.stderr
+    assert main(["verify", str(model_dir), str(bundle)]) == 1
+    assert "give --data FILE" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_node_host_agrees_on_imported_bundles(tmp_path_factory, sentences_file):
-    """verify-host: the Node host tokenizes through the maps and forces the language as the Python runtime does."""
+def test_node_host_agrees_on_imported_bundles(exported, sentences_file):
+    """verify-host: the Node host tokenizes through the maps and forces the language as the Python runtime does
+    (both drive the standard decoder of the bundles the tests above verified)."""
     from seq2onnx.commands.verify_host import verify_host
 
     sentences = F.test_sentences(SENTENCES)
-    marian = _export(
-        tmp_path_factory, F.cached_model("marian", shared_vocab=False, activation="relu"), decoder="standard"
-    )
-    m2m = _export(tmp_path_factory, F.cached_model("m2m100"), decoder="standard")
+    marian = exported(F.cached_model("marian", shared_vocab=False, activation="relu"))
+    m2m = exported(F.cached_model("m2m100"))
     for bundle, langs in ((marian, {}), (m2m, {"source_lang": "en", "target_lang": "de"})):
         report = verify_host(bundle, sentences, beam=4, **langs)
         failed = [c for c in report["checks"] if not c["passed"]]

@@ -22,6 +22,7 @@ require("transformers", "hf")
 
 import hf_fixtures as F  # noqa: E402
 import hf_mbart as M  # noqa: E402
+from seq2onnx.commands.main import main  # noqa: E402
 from seq2onnx.runtime.translator import Translator  # noqa: E402
 
 CLI = [sys.executable, "-m", "seq2onnx.commands"]
@@ -42,7 +43,7 @@ def test_fixture_is_mbart50_as_transformers_5_saves_it():
 
 
 @pytest.mark.slow
-def test_export_verifies_against_generate_in_both_target_languages(tmp_path):
+def test_export_verifies_against_generate_in_both_target_languages(tmp_path, capsys):
     model_dir = M.cached_mbart()
     bundle = tmp_path / "bundle"
     done = subprocess.run(
@@ -65,40 +66,15 @@ def test_export_verifies_against_generate_in_both_target_languages(tmp_path):
     assert meta["decoding"]["forced_eos"] is True and meta["special_ids"]["decoder_start"] == 2
     data = tmp_path / "sentences.txt"
     data.write_text("\n".join(F.test_sentences(30)) + "\n", encoding="utf-8")
-    for lang in ("fr_XX", "de_DE"):
-        verified = subprocess.run(
-            [
-                *CLI,
-                "verify",
-                str(model_dir),
-                str(bundle),
-                "--data",
-                str(data),
-                "--sentences",
-                "30",
-                "--tensor-sentences",
-                "3",
-                "--source-lang",
-                "en_XX",
-                "--target-lang",
-                lang,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
+    for lang in ("fr_XX", "de_DE"):  # the command in this process: the export above was its child
+        report = F.verify_command(
+            capsys, model_dir, bundle, data, "--source-lang", "en_XX", "--target-lang", lang
         )
-        assert verified.returncode == 0, verified.stdout + verified.stderr
-        for check in (
-            "source ids identical to the tokenizer's",
-            "greedy ids identical to generate()",
-            "beam 4 ids identical to generate()",
-            "texts identical to batch_decode",
-        ):
-            rows = [line for line in verified.stdout.splitlines() if check in line]
+        for check in F.TOKEN_CHECKS:
+            rows = [line for line in report.splitlines() if check in line]
             assert rows and all("100.0%" in row and row.split()[-3] == "ok" for row in rows), rows
             if "source ids" not in check:  # one row per decoder: the standard and the fused one
                 assert sorted(row.split()[1] for row in rows) == ["fused", "standard"], rows
-        assert verified.stdout.rstrip().endswith("PASSED")
     # the forced first token picks the language: the trained model's outputs differ between the two
     translator = Translator(bundle, device="cpu")
     sentences = F.test_sentences(5)
@@ -114,16 +90,14 @@ def test_export_verifies_against_generate_in_both_target_languages(tmp_path):
 
 
 @pytest.mark.slow
-def test_tokenizer_json_alone_is_refused_naming_the_file(tmp_path):
+def test_tokenizer_json_alone_is_refused_naming_the_file(tmp_path, capsys):
     model_dir = tmp_path / "model"
     shutil.copytree(M.cached_mbart(), model_dir)
     (model_dir / M.SPM_FILE).unlink()
     out = tmp_path / "bundle"
-    run = subprocess.run(
-        [*CLI, "export", str(model_dir), str(out)], capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 1, run.stderr
-    [error] = [line for line in run.stderr.splitlines() if line.startswith("seq2onnx export: error:")]
+    assert main(["export", str(model_dir), str(out)]) == 1  # in this process (test_hf_nllb's is a child)
+    stderr = capsys.readouterr().err
+    [error] = [line for line in stderr.splitlines() if line.startswith("seq2onnx export: error:")]
     for words in (
         "sentencepiece.bpe.model: missing",
         "facebook/mbart-large-50-many-to-many-mmt",

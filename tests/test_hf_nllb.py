@@ -38,7 +38,7 @@ def test_tokenizer_is_what_transformers_5_saves():
 
 
 @pytest.mark.slow
-def test_hub_snapshot_exports_and_verifies(tmp_path):
+def test_hub_snapshot_exports_and_verifies(tmp_path, capsys):
     model_dir = N.cached_nllb(with_spm=True)
     bundle = tmp_path / "bundle"
     done = subprocess.run(
@@ -55,38 +55,13 @@ def test_hub_snapshot_exports_and_verifies(tmp_path):
     assert tokens["source_prefix"] == [tokens["languages"]["eng_Latn"]] and tokens["source_suffix"] == [2]
     data = tmp_path / "sentences.txt"
     data.write_text("\n".join(F.test_sentences(30)) + "\n", encoding="utf-8")
-    for lang in ("fra_Latn", "deu_Latn"):
-        verified = subprocess.run(
-            [
-                *CLI,
-                "verify",
-                str(model_dir),
-                str(bundle),
-                "--data",
-                str(data),
-                "--sentences",
-                "30",
-                "--tensor-sentences",
-                "3",
-                "--source-lang",
-                "eng_Latn",
-                "--target-lang",
-                lang,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
+    for lang in ("fra_Latn", "deu_Latn"):  # the command in this process: the export above was its child
+        report = F.verify_command(
+            capsys, model_dir, bundle, data, "--source-lang", "eng_Latn", "--target-lang", lang
         )
-        assert verified.returncode == 0, verified.stdout + verified.stderr
-        for check in (
-            "source ids identical to the tokenizer's",
-            "greedy ids identical to generate()",
-            "beam 4 ids identical to generate()",
-            "texts identical to batch_decode",
-        ):
-            [row] = [line for line in verified.stdout.splitlines() if check in line]
+        for check in F.TOKEN_CHECKS:
+            [row] = [line for line in report.splitlines() if check in line]
             assert "100.0%" in row and row.split()[-3] == "ok", row
-        assert verified.stdout.rstrip().endswith("PASSED")
 
 
 @pytest.mark.slow

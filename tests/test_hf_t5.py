@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -23,6 +21,7 @@ require("transformers", "hf")
 import hf_fixtures as F  # noqa: E402
 import hf_t5 as T  # noqa: E402
 from node_host import skip_reason  # noqa: E402
+from seq2onnx.commands.main import main  # noqa: E402
 from seq2onnx.export.hf.bundle import export_hf_bundle  # noqa: E402
 from seq2onnx.export.hf.read import HFImportError  # noqa: E402
 from seq2onnx.export.hf.verify import verify_hf  # noqa: E402
@@ -30,7 +29,6 @@ from seq2onnx.model.config import ModelConfig  # noqa: E402
 from seq2onnx.runtime.session_tuning import SessionTuning  # noqa: E402
 from seq2onnx.runtime.translator import Translator  # noqa: E402
 
-CLI = [sys.executable, "-m", "seq2onnx.commands"]
 SENTENCES = 24
 # (kind, training steps, early_stopping): random t5 and mT5, a trained MADLAD (a random one emits its own
 # <2xx> tags, which batch_decode keeps as text and the hosts drop as language tokens), and the heuristic
@@ -78,6 +76,12 @@ def test_relative_buckets_are_transformers_own():
         assert torch.equal(bucket_table(both_ways, 32, 128, n), want)
 
 
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """One export per model for the module: the verify, n-best and Node host tests read the same bundle."""
+    return F.export_cache(tmp_path_factory)
+
+
 def _data(tmp_path, n=SENTENCES):
     data = tmp_path / "sentences.txt"
     data.write_text("\n".join(F.test_sentences(n)) + "\n", encoding="utf-8")
@@ -86,9 +90,9 @@ def _data(tmp_path, n=SENTENCES):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, steps, early", CASES)
-def test_export_verifies_against_generate(tmp_path, kind, steps, early):
+def test_export_verifies_against_generate(tmp_path, exported, kind, steps, early):
     model_dir = T.cached_t5(kind, steps, early)
-    bundle = export_hf_bundle(model_dir, tmp_path / "bundle")
+    bundle = exported(model_dir)
     meta = json.loads((bundle / "bundle.json").read_text())
     model = meta["model"]
     assert "decoder_fused" in meta["graphs"]  # the fused step takes the relative bias
@@ -121,13 +125,13 @@ def _strip(row: list[int], eos: int) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["mt5", "madlad"])
-def test_n_best_is_generate_s(tmp_path, kind):
+def test_n_best_is_generate_s(exported, kind):
     """beam 4 x 3 hypotheses identical to generate(num_return_sequences=3), on both decoders."""
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     model_dir = T.cached_t5(kind, 300 if kind == "madlad" else 0, True)
-    bundle = export_hf_bundle(model_dir, tmp_path / "bundle")
+    bundle = exported(model_dir)  # test_export_verifies_against_generate's
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     hf = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir)).eval()
     sources, max_length = F.test_sentences(40), 24
@@ -159,10 +163,10 @@ def test_n_best_is_generate_s(tmp_path, kind):
 @pytest.mark.slow
 @pytest.mark.skipif(bool(skip_reason("the Node host")), reason=skip_reason("the Node host"))
 @pytest.mark.parametrize("kind", ["mt5", "madlad"])
-def test_node_host_is_identical_to_python(tmp_path, kind):
+def test_node_host_is_identical_to_python(exported, kind):
     from seq2onnx.commands.verify_host import verify_host
 
-    bundle = export_hf_bundle(T.cached_t5(kind, 300 if kind == "madlad" else 0, True), tmp_path / "bundle")
+    bundle = exported(T.cached_t5(kind, 300 if kind == "madlad" else 0, True))
     report = verify_host(
         bundle, F.test_sentences(16), beam=4, max_length=20, target_lang="fr" if kind == "madlad" else None
     )
@@ -170,16 +174,14 @@ def test_node_host_is_identical_to_python(tmp_path, kind):
 
 
 @pytest.mark.slow
-def test_directory_without_spiece_model_is_refused_naming_the_file(tmp_path):
+def test_directory_without_spiece_model_is_refused_naming_the_file(tmp_path, capsys):
     model_dir = tmp_path / "model"
     shutil.copytree(T.cached_t5("mt5", 0, True), model_dir)
     (model_dir / T.SPM_FILE).unlink()
     out = tmp_path / "bundle"
-    run = subprocess.run(
-        [*CLI, "export", str(model_dir), str(out)], capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 1, run.stderr
-    [error] = [line for line in run.stderr.splitlines() if line.startswith("seq2onnx export: error:")]
+    assert main(["export", str(model_dir), str(out)]) == 1  # in this process (test_hf_nllb's is a child)
+    stderr = capsys.readouterr().err
+    [error] = [line for line in stderr.splitlines() if line.startswith("seq2onnx export: error:")]
     for words in ("spiece.model: missing", "google/mt5-small", str(model_dir)):
         assert words in error, error
     assert not out.exists()

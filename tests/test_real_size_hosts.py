@@ -29,6 +29,7 @@ def int8_bundle():
     return tiny_bundle(quantize="int8")
 
 
+@pytest.mark.slow
 def test_node_host_matches_python_on_an_int8_bundle_capped_by_max_length(int8_bundle):
     sentences, source = read_sentences(bundle_dir=int8_bundle, synthetic=True, count=N_SENTENCES)
     report = verify_host(int8_bundle, sentences, beam=4, threads=1, max_length=MAX_LENGTH)

@@ -182,6 +182,7 @@ def test_text_translation_matches_reference(any_translator, reference):
         assert any_translator.translate(s, beam_size=4, length_penalty=1.0) == tok.decode_target(h.tokens)
 
 
+@pytest.mark.slow
 def test_min_and_max_decoding_length(any_translator, reference):
     from seq2onnx.model.search import translate_ids
 

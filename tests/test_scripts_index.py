@@ -10,9 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 MAX_LINES = 450  # as the package's files (tests/test_layers.py)
-# scripts/ in all (`wc -l scripts/*`): 6,439 on 6c5edd9, 4,361 after issue 62's folds (the issue asks under
-# 4,000). A ratchet: lower it when scripts/ shrinks, never raise it to let a script in.
-MAX_TOTAL_LINES = 4282
+# scripts/ in all (`wc -l scripts/*`): 6,439 on 6c5edd9, 4,361 after issue 62's folds, 3,941 once two probes
+# left (the issue asks under 4,000). A ratchet: lower it when scripts/ shrinks, never raise it to let a script in.
+MAX_TOTAL_LINES = 3941
 # `scripts/NAME`, not `REV:scripts/NAME` (a file in git history, e.g. `git show 108c463:scripts/gemm.py`)
 REFERENCE = re.compile(r"(?<![\w:/.-])scripts/([\w.-]+\.(?:py|sh|lua|md))")
 

@@ -55,6 +55,7 @@ def _post_fresh(url: str, body: dict) -> httpx.Response:
         return c.post(TRANSLATE, json=body)
 
 
+@pytest.mark.slow
 def test_two_processes_answer_as_one_translate_batch_and_say_so(two, translator):
     expected = [h[0] for h in (r.hypotheses for r in translator.translate_batch(TEXTS, beam_size=1))]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -66,6 +67,7 @@ def test_two_processes_answer_as_one_translate_batch_and_say_so(two, translator)
     assert len(pids) == 2 and set(pids) <= _children(two.proc.pid), (pids, two.log())
 
 
+@pytest.mark.slow
 def test_metrics_sum_every_process_whichever_answers_the_scrape(two):
     before = two.metric("seq2onnx_texts_total")
     n = 20
@@ -144,6 +146,7 @@ def test_the_kernel_spreads_connections_over_the_processes_whichever_is_awake(tw
             s.close()
 
 
+@pytest.mark.slow
 def test_the_listening_line_comes_once_every_process_listens_and_names_them(bundle):
     server = ServeProcess(bundle, "--processes", "2")
     try:
@@ -164,6 +167,7 @@ def _line(server: ServeProcess) -> str | None:
     return line if "listening on" in line else None
 
 
+@pytest.mark.slow
 def test_a_process_that_dies_is_replaced_and_sigterm_drains_all_and_exits_0(bundle):
     with ServeProcess(bundle, "--processes", "2") as server:
         first = until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
@@ -184,6 +188,7 @@ def test_a_process_that_dies_is_replaced_and_sigterm_drains_all_and_exits_0(bund
         socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=2).close()
 
 
+@pytest.mark.slow
 def test_while_they_drain_new_connections_are_refused_and_the_request_in_flight_answered(bundle):
     long = "the quick brown fox jumps over the lazy dog again and again " * 3
     # 1,024 rows of >= 100 steps: ~2 s alone on the tests' machine; two of them, one per process or both on
@@ -205,6 +210,7 @@ def test_while_they_drain_new_connections_are_refused_and_the_request_in_flight_
         assert server.proc.wait(timeout=60) == 0, server.log()
 
 
+@pytest.mark.slow
 def test_processes_stop_by_themselves_when_the_parent_is_killed(bundle):
     with ServeProcess(bundle, "--processes", "2") as server:
         pids = until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
@@ -230,6 +236,7 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_a_process_that_cannot_start_stops_the_command_naming_why(tmp_path):
     bad = tmp_path / "not-a-bundle"
     bad.mkdir()

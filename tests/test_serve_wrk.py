@@ -200,6 +200,7 @@ def test_table_names_each_servers_best_setting_and_the_ratios():
 
 
 @pytest.mark.skipif(not HAS_WRK, reason=NO_WRK)
+@pytest.mark.slow
 def test_whole_script_measures_the_ceiling():  # about 5 s: a server start and two 1-second wrk runs
     out = scratch("wrk-run") / "out"
     code = wrk_bench.main(

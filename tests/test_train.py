@@ -54,6 +54,7 @@ def _same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> boo
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_training_lowers_the_loss(tmp_path):
     run = train(_opts(tmp_path / "run", max_steps=40, eval_every=10))
     state = _state(run)
@@ -101,6 +102,7 @@ def test_resume_continues_exactly(tmp_path):
     assert _same_weights(_weights(resumed), _weights(straight))
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_trains_no_further(tmp_path):
     run = tmp_path / "run"
     train(_opts(run, max_steps=20, eval_every=10))
@@ -148,6 +150,7 @@ def test_resume_without_checkpoint(tmp_path):
         train(_opts(empty, resume=True))
 
 
+@pytest.mark.slow
 def test_reproducible_with_the_same_seed(tmp_path):
     a = train(_opts(tmp_path / "a", max_steps=10, eval_every=10))
     b = train(_opts(tmp_path / "b", max_steps=10, eval_every=10))
@@ -164,6 +167,7 @@ def test_bad_device(tmp_path, monkeypatch):
         train(_opts(tmp_path / "run", device="cuda"))
 
 
+@pytest.mark.slow
 def test_several_runs_in_one_process_have_identical_weights(tmp_path):
     # a set-ordered initialisation once made every few runs in one process differ
     runs = [_weights(_trained(tmp_path / name)) for name in "abcd"]

@@ -123,6 +123,7 @@ def test_missing_input_file(bundle):
     _one_error_line(translate(str(bundle), "-i", str(missing)), "nope.txt")
 
 
+@pytest.mark.slow
 def test_bad_bundle_path():
     bad = scratch("cli-bad") / "no-bundle"
     _one_error_line(translate(str(bad), input="the cat\n"), "no-bundle")
@@ -186,6 +187,7 @@ def test_streaming_answers_each_line_before_stdin_closes(bundle, translator):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_reader_leaving_early_ends_quietly_with_status_0(bundle, translator):
     """`... | seq2onnx translate B | head -1`: no 'Broken pipe', status 0 (PIPESTATUS of translate)."""
     command = " ".join(map(shlex.quote, [*COMMAND, str(bundle), "--beam", "1", "--batch-size", "8"]))
@@ -202,6 +204,7 @@ def test_reader_leaving_early_ends_quietly_with_status_0(bundle, translator):
     assert proc.stderr == ""
 
 
+@pytest.mark.slow
 def test_invalid_utf8_is_replaced_with_one_warning_stdin_and_file_alike(bundle, translator):
     data = b"a small bird sleeps\nthe cat \xff\xfe dances in the box\r\nthree old kings carry the red boxes\n"
     expected_lines = [
@@ -219,6 +222,7 @@ def test_invalid_utf8_is_replaced_with_one_warning_stdin_and_file_alike(bundle, 
         assert len(warnings) == 1 and "line 2" in warnings[0] and "invalid UTF-8" in warnings[0], warnings
 
 
+@pytest.mark.slow
 def test_over_long_line_is_truncated_with_a_warning_and_the_others_translated(bundle, translator):
     long = "the cat dances " * 200  # 3,000 characters, far more tokens than the tiny model's positions
     assert len(translator.source_tokenizer.encode(long)) > translator.max_positions
@@ -232,6 +236,7 @@ def test_over_long_line_is_truncated_with_a_warning_and_the_others_translated(bu
         assert str(translator.max_positions) in warnings[0]
 
 
+@pytest.mark.slow
 def test_strict_error_names_the_input_line(bundle, translator):
     short = [LINES[i % 3 * 2] for i in range(300)]  # lines 0, 2, 4 of LINES: two texts and an empty line
     lines = short[:280] + ["the cat dances " * 200] + short[280:]
@@ -251,6 +256,7 @@ def test_strict_error_names_the_input_line(bundle, translator):
 # -- -o FILE ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_output_file_needs_force_to_replace_and_gets_the_usual_mode(bundle, translator):
     d = scratch("cli-force")
     out = d / "out.txt"
@@ -269,6 +275,7 @@ def test_output_file_needs_force_to_replace_and_gets_the_usual_mode(bundle, tran
     assert sorted(p.name for p in d.iterdir()) == ["new.txt", "out.txt"]  # no temporary file left
 
 
+@pytest.mark.slow
 def test_output_file_is_not_left_partial_on_failure(bundle):
     d = scratch("cli-partial")
     lines = "\n".join([LINES[0], LINES[2], "the cat dances " * 200]) + "\n"
@@ -282,6 +289,7 @@ def test_output_file_is_not_left_partial_on_failure(bundle):
 
 
 @pytest.mark.skipif(os.name == "nt", reason="SIGINT to a child is POSIX")
+@pytest.mark.slow
 def test_output_file_is_not_left_partial_on_ctrl_c(bundle):
     d = scratch("cli-ctrl-c")
     # PYTHONFAULTHANDLER: should it ever hang, SIGABRT below makes it print every thread's stack
@@ -342,6 +350,7 @@ def test_progress_only_when_asked_or_on_a_terminal(bundle):
     assert old.returncode == 0 and old.stderr == ""
 
 
+@pytest.mark.slow
 def test_option_errors_name_the_value_and_the_fix(bundle):
     cores = os.cpu_count()
     for value in ("100000", "-1"):

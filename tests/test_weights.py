@@ -79,6 +79,7 @@ def _ranges(path: Path) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.slow
 def test_every_weight_is_stored_once(tmp_path, shape):
     """The three graphs and the weights file together are the model's tensors, not three copies of them.
 
@@ -98,6 +99,7 @@ def test_every_weight_is_stored_once(tmp_path, shape):
         }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("quantize", [None, "int8", "int4"])
 def test_the_two_decoders_share_every_matrix(tmp_path, shape, quantize):
@@ -153,6 +155,7 @@ def _resident_bytes_of(path: Path) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+@pytest.mark.slow
 def test_a_tied_table_is_resident_once_after_the_decoder_is_loaded(tmp_path):
     """The tied projection multiplies by the table under a name of its own, pointing at the same bytes: the
     lookups read the table, the Gemm packs its copy at load and onnxruntime unmaps what it packed, so the
@@ -332,6 +335,7 @@ def test_loading_the_second_decoder_costs_one_copy_of_its_weights():
     assert 0.5 * decoder_bytes < extra < 1.4 * decoder_bytes, (extra / 1e6, decoder_bytes / 1e6)
 
 
+@pytest.mark.slow
 def test_an_int8_bundle_is_a_quarter_of_the_weights(tmp_path):
     """int8 layers and int8 embedding tables (per row), the tied projection multiplying by the same codes: the
     files hold about a quarter of the fp32 tensors (CTranslate2's int8 model is the anchor, about 0.26x)."""

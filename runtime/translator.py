@@ -118,11 +118,14 @@ class Translator:
         self.pad_id, self.eos_id, self.start_id = spec.pad_id, spec.eos_id, spec.start_id
         self.cache_dtype = _NP_DTYPE[self.bundle.dtype]
         graphs = read_graphs(bundle)  # every listed graph parsed, its references checked before onnxruntime's
-        # The sessions are made in a thread (onnxruntime lets go of the GIL while it packs the weights) while
-        # this one loads the tokenizers: 0.1 s of an OPUS-MT-size load no longer waits before the sessions.
-        # A bundle read here is ours: each graph's bytes may go once its session is made (lower peak memory).
-        made = Beside(
-            lambda: open_sessions(
+        # The tokenizers load in a thread while this one makes the sessions (onnxruntime lets go of the GIL
+        # while it packs the weights): 0.1 s of an OPUS-MT-size load no longer waits before the sessions. The
+        # sessions stay in the caller's thread: made in another, their load's transient copies (int8 weights
+        # rewritten for the exact kernel) went to a glibc thread arena and stayed resident (+40-70 MB at the
+        # OPUS-MT-size int8 peak). A bundle read here is ours: a graph's bytes go once its session is made.
+        tokenizers = Beside(lambda: self._load_tokenizers(bundle), "tokenizers")
+        try:
+            s = open_sessions(
                 bundle,
                 device,
                 tuning,
@@ -130,15 +133,10 @@ class Translator:
                 release_bytes=not isinstance(bundle_dir, Bundle),
                 check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs),
                 cache=cache,
-            ),
-            "sessions",
-        )
-        try:
-            self._load_tokenizers(bundle)
-        except BaseException:
-            made.wait()  # no session goes on being made after a failed load returns
-            raise
-        s = made.result()
+            )
+        finally:
+            tokenizers.wait()  # nothing goes on being made after a failed load returns
+        tokenizers.result()
         self.device, self.device_reason = s.device, s.device_reason
         self.encoder, self.decoder = s.encoder, s.decoder
         self.decoder_variant, self.decoder_reason = s.variant, s.reason

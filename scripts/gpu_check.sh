@@ -97,7 +97,7 @@ for b in fp32 fp16; do
   step "export-$b" 120 train "${s2o[@]}" export "$work/run/best" "$work/$b" --force \
     $([ $b = fp16 ] && echo --dtype float16)
 done
-step tests 150 env "$py" -m pytest -q -rs -m gpu -p no:cacheprovider --junitxml="$work/tests.xml" \
+step tests 150 env "$py" -m pytest -q -n0 -rs -m gpu -p no:cacheprovider --junitxml="$work/tests.xml" \
   tests/test_gpu.py
 for b in fp32 fp16; do
   step "verify-$b" 100 "export-$b" "${s2o[@]}" verify "$work/run/best" "$work/$b" --device $dev --quiet \

@@ -97,6 +97,14 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: half as many workers again as cores (3 on 2 cores). Many tests wait on a child process, a
+    server or a Ray job; a spare worker fills those waits (the suite took 640 s at 3 workers on 2 cores,
+    against 692 s at 2)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(2, cores * 3 // 2)
+
+
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("--runtime-only"):
         return

@@ -72,24 +72,29 @@ def _generate(model_dir: Path, sources: list[str], **options) -> list[list[list[
     ]
 
 
-def _agreement(bundle: Path, sources: list[str], want, **options) -> dict[str, tuple[int, int]]:
-    """Per beam_convention, (sentences whose n-best ids equal `want`'s, those whose best does)."""
+def _decode(bundle: Path, sources: list[str], **options) -> dict[str, list]:
+    """Per beam_convention, the bundle's BEAM hypotheses per sentence (token_ids)."""
     meta = json.loads((bundle / "bundle.json").read_text())
-    agree = {}
+    got = {}
     try:
         for convention in EARLY_STOPPING:
             meta["decoding"]["beam_convention"] = convention
             (bundle / "bundle.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
             translator = Translator(bundle, device="cpu")
-            got = translator.translate_batch(sources, beam_size=BEAM, num_hypotheses=BEAM, **options)
-            agree[convention] = (
-                sum(g.token_ids == w for g, w in zip(got, want)),
-                sum(g.token_ids[0] == w[0] for g, w in zip(got, want)),
-            )
+            results = translator.translate_batch(sources, beam_size=BEAM, num_hypotheses=BEAM, **options)
+            got[convention] = [r.token_ids for r in results]
     finally:
         meta["decoding"]["beam_convention"] = "transformers_heuristic"
         (bundle / "bundle.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
-    return agree
+    return got
+
+
+def _agreement(got: dict[str, list], want) -> dict[str, tuple[int, int]]:
+    """Per beam_convention, (sentences whose n-best ids equal `want`'s, those whose best does)."""
+    return {
+        convention: (sum(g == w for g, w in zip(rows, want)), sum(g[0] == w[0] for g, w in zip(rows, want)))
+        for convention, rows in got.items()
+    }
 
 
 @pytest.mark.slow
@@ -103,7 +108,7 @@ def test_the_model_s_own_generate_is_the_bundle_s(marian):
     assert decoding["beam_convention"] == "transformers_heuristic" and decoding["beam_size"] == BEAM
     sources = F.test_sentences(SENTENCES)
     want = _generate(model_dir, sources)
-    agree = _agreement(bundle, sources, want)
+    agree = _agreement(_decode(bundle, sources), want)
     assert agree["transformers_heuristic"] == (SENTENCES, SENTENCES), agree
     assert agree["transformers"][1] < SENTENCES and agree["transformers"][0] < agree["transformers"][1], agree
 
@@ -116,9 +121,10 @@ def test_each_early_stopping_is_its_convention_s(marian, length_penalty):
     a <= 0 they are one rule)."""
     model_dir, bundle = marian
     sources = F.test_sentences(SENTENCES)
+    got = _decode(bundle, sources, length_penalty=length_penalty)  # each convention's, decoded once
     for convention, early_stopping in EARLY_STOPPING.items():
         want = _generate(model_dir, sources, early_stopping=early_stopping, length_penalty=length_penalty)
-        agree = _agreement(bundle, sources, want, length_penalty=length_penalty)
+        agree = _agreement(got, want)
         assert agree[convention] == (SENTENCES, SENTENCES), (convention, agree)
         for other, counts in agree.items():
             pair = {convention, other}

@@ -214,8 +214,8 @@ def markdown(report: dict) -> str:
 
 def servers(args) -> list[tuple[str, str, list[str]]]:
     """(server, setting, argv without --port) of every server to measure."""
-    want, T = set(args.servers), args.threads
-    cont = sc.serve_argv(args.bundle, "--timeout", args.server_timeout, "--batching", "continuous")
+    want, T, one = set(args.servers), args.threads, ("--processes", 1)  # one: serve's default is auto
+    cont = sc.serve_argv(args.bundle, "--timeout", args.server_timeout, "--batching", "continuous", *one)
     out = []
     if "standard-rounds" in want:  # continuous batching on decoder.onnx
         out.append(("standard-rounds", "", cont + ["--intra-threads", str(T), "--rounds", "standard"]))
@@ -226,7 +226,7 @@ def servers(args) -> list[tuple[str, str, list[str]]]:
     for lanes in (n for n in args.continuous_lanes if n > 1 and "continuous" in want):  # the threads split
         argv = cont + ["--intra-threads", str(max(1, T // lanes)), "--lanes", str(lanes)]
         out.append(("continuous", f"lanes {lanes} x intra {max(1, T // lanes)}", argv))
-    request = sc.serve_argv(args.bundle, "--timeout", args.server_timeout, "--batching", "request")
+    request = sc.serve_argv(args.bundle, "--timeout", args.server_timeout, "--batching", "request", *one)
     ct2 = [sys.executable, str(HERE / "serve_ct2.py"), str(args.bundle), str(args.ct2), "--timeout"]
     for k in sorted({1, T}):  # W and I must be 1 or T
         if "request" in want and k in args.request_workers:

@@ -117,7 +117,7 @@ def serve_soak(args) -> int:
 
     out, pool = args.out, sentences(POOL)
     limits = ("--batching", args.batching, "--max-queue", 4 * args.clients, "--max-texts", 64)
-    argv = sc.serve_argv(args.bundle, *limits, *args.server_args)
+    argv = sc.serve_argv(args.bundle, "--processes", 1, *limits, *args.server_args)  # RSS: one pid
     done, errors, samples = [], [], []
     with sc.Server(argv, out / "logs" / "server.log", probe=pool[0]) as server:
         pid, port = server.proc.pid, server.port

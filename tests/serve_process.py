@@ -24,7 +24,7 @@ START_TIMEOUT_S = 60  # importing FastAPI and onnxruntime and loading the bundle
 
 
 class ServeProcess:
-    """`python -m seq2onnx.commands serve BUNDLE --port 0 *options` on 127.0.0.1.
+    """`python -m seq2onnx.commands serve BUNDLE --port 0 --intra-threads 1 --processes 1 *options` on 127.0.0.1.
 
     Attributes:
         url, client: http://127.0.0.1:PORT (from the line the command prints once it listens) and an httpx.Client
@@ -44,6 +44,8 @@ class ServeProcess:
             "--port",
             "0",
             "--intra-threads",
+            "1",
+            "--processes",  # one process unless a test asks for more (a later --processes wins)
             "1",
             *options,
         ]

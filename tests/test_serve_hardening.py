@@ -84,6 +84,8 @@ def _on_port(bundle, port: int) -> subprocess.Popen:
         str(port),
         "--intra-threads",
         "1",
+        "--processes",
+        "1",
     ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -260,3 +260,46 @@ def test_processes_below_one_are_refused_naming_the_value(bundle):
         timeout=60,
     )
     assert done.returncode == 1 and "--processes 0: give an int >= 1" in done.stderr, done.stderr
+
+
+# -- --processes auto (the default) --------------------------------------------------------------------
+
+
+def _options(bundle, **given):
+    import argparse
+
+    fields = dict(
+        bundle=bundle, batching="continuous", lanes=1, intra_threads=0, device="cpu", processes="auto"
+    )
+    return argparse.Namespace(**{**fields, **given})
+
+
+def test_auto_is_one_process_per_core_for_a_small_cpu_bundle_and_one_otherwise(bundle, tmp_path):
+    from seq2onnx.commands.serve import AUTO_PROCESSES_MAX_MB, auto_processes
+
+    assert auto_processes(_options(bundle), cores=4)[0] == 4
+    assert auto_processes(_options(bundle, intra_threads=1), cores=2)[0] == 2
+    assert auto_processes(_options(bundle), cores=1) == (1, "one core")
+    for given in (dict(batching="request"), dict(lanes=2), dict(intra_threads=2)):
+        assert auto_processes(_options(bundle, **given), cores=4)[0] == 1, given
+    assert auto_processes(_options(bundle, device="cuda"), cores=4) == (1, "the graphs run on CUDA")
+    assert auto_processes(_options(bundle, device="auto"), cores=4, cuda=True)[0] == 1
+    assert auto_processes(_options(bundle, device="auto"), cores=4, cuda=False)[0] == 4
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / "weights.bin", "wb") as f:  # sparse: its size on disk is what auto reads
+        f.truncate((AUTO_PROCESSES_MAX_MB + 1) << 20)
+    processes, why = auto_processes(_options(big), cores=4)
+    assert processes == 1 and f"above {AUTO_PROCESSES_MAX_MB} MB" in why, why
+
+
+@pytest.mark.slow
+def test_the_default_serves_with_a_process_per_core_and_says_so(bundle):
+    cores = len(os.sched_getaffinity(0))
+    with ServeProcess(bundle, "--processes", "auto", "--intra-threads", "0") as server:
+        server.listening()
+        assert f"--processes auto: {cores} (" in server.log(), server.log()
+        if cores > 1:  # the parent and one server process per core
+            until(lambda: len(_children(server.proc.pid)) >= cores, 30, f"{cores} server processes")
+        r = server.client.post(TRANSLATE, json={"texts": TEXTS[:1], "beam_size": 1})
+        assert r.status_code == 200, r.text

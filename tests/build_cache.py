@@ -14,8 +14,9 @@ import fcntl
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
 
@@ -57,3 +58,13 @@ def build_once(name: str, build: Callable[[Path], object]) -> Path:
         finally:
             shutil.rmtree(aside, ignore_errors=True)
     return final
+
+
+@contextmanager
+def exclusive(name: str) -> Iterator[None]:
+    """Holds ROOT/name.lock for the block: the workers of one run take turns at what must not overlap (two local
+    Ray instances started together on this machine: Ray Serve's proxy then died at start, 1 run in 3 with 3
+    workers)."""
+    with open(ROOT / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        yield

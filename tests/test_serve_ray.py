@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from build_cache import exclusive
 from seq2onnx.model.corpus import generate_pairs
 
 TEXTS = [s for s, _ in generate_pairs(40, seed=5)]
@@ -153,6 +154,13 @@ def test_the_module_serves_until_sigint(bundle):
             proc.wait()
         stderr = proc.stderr.read()
     assert f"1 replica(s) (continuous batching) on http://127.0.0.1:{port}/" in stderr, stderr[-2000:]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_ray_at_a_time():
+    """This module's local Ray instances never run beside test_translate_dataset.py's."""
+    with exclusive("ray"):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from seq2onnx.commands import translate_dataset as dataset  # noqa: E402
 from seq2onnx.runtime.bundle import BundleError  # noqa: E402
 from seq2onnx.errors import CommandError  # noqa: E402
 from seq2onnx.runtime.translator import Translator  # noqa: E402
+from build_cache import exclusive  # noqa: E402
 from tiny import scratch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,9 +37,10 @@ LINES[3:3] = ["", "   ", "漢字 ☃ 🙂", "a\u2028line with a separator inside
 @pytest.fixture(scope="module")
 def local_ray():
     """A fresh local instance with 2 CPUs ("local": never a cluster that RAY_ADDRESS or `ray start` left)."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield ray
-    ray.shutdown()
+    with exclusive("ray"):  # never beside test_serve_ray.py's instances
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        yield ray
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

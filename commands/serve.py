@@ -260,7 +260,7 @@ def auto_processes(args, cores: int | None = None, cuda: bool | None = None) -> 
         return 1, "the graphs run on CUDA"
     if cores < 2:
         return 1, "one core"
-    return cores, f"one per core, each with --intra-threads 1 (a {size / (1 << 20):.1f} MB bundle)"
+    return cores, f"one per core, each with --intra-threads 1, for a {size / (1 << 20):.1f} MB bundle"
 
 
 def _cuda_usable() -> bool:

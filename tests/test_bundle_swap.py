@@ -9,6 +9,7 @@ the two bundles, never a mix.
 
 from __future__ import annotations
 
+import random
 import shutil
 import sys
 import threading
@@ -62,13 +63,20 @@ def test_a_translator_keeps_its_bundle_when_the_directory_is_replaced_or_deleted
     assert _outputs(translator) == out_a  # and with no bundle on disk at all
 
 
-def concurrent_loads(n: int) -> dict:
-    """n Translators loaded while another thread keeps replacing the directory with A or B."""
+def concurrent_loads(n: int, most: int | None = None) -> dict:
+    """Translators loaded while another thread keeps replacing the directory with A or B.
+
+    Loads n, then goes on until both bundles have been loaded or `most` loads are done: when each load
+    happens to meet the same bundle depends on this machine's timing (a loaded CI machine once gave 12
+    loads of B), while what is checked is that no load is ever a mix, whichever it meets.
+    """
+    most = n if most is None else most
     a, b, out_a, out_b = _pair()
     live = scratch("swap-loop") / "bundle"
     shutil.copytree(a, live)
     stop = threading.Event()
     swaps = [0]
+    pauses = random.Random(0)
 
     def swapper():
         while not stop.is_set():
@@ -76,14 +84,24 @@ def concurrent_loads(n: int) -> dict:
             swaps[0] += 1
             # a pause between replacements (an export takes seconds): back to back, on a machine where a
             # swap is quicker than reading the bundle, every load saw 8 replacements and gave up (a clear
-            # refusal, but not what this test is about); each load still sees replacements while it runs
-            stop.wait(0.05)
+            # refusal, but not what this test is about); each load still sees replacements while it runs.
+            # Its length varies: with a fixed pause a load that retries after a replacement can fall into
+            # step with the swapper and meet the same bundle every time
+            stop.wait(pauses.uniform(0.02, 0.1))
 
-    thread = threading.Thread(target=swapper, daemon=True)
-    thread.start()
+    def swap_all():
+        try:
+            swapper()
+        except BaseException as e:  # a swap that failed ends the race: the test says so, not a hang
+            counts.setdefault("swap errors", []).append(repr(e)[:200])
+
     counts = {"a": 0, "b": 0, "mixed": 0, "refused": 0}
+    thread = threading.Thread(target=swap_all, daemon=True)
+    thread.start()
+    loads = 0
     try:
-        for _ in range(n):
+        while loads < n or (loads < most and not (counts["a"] and counts["b"])):
+            loads += 1
             try:
                 got = _outputs(Translator(live, device="cpu"))
             except Exception as e:  # a clear refusal is allowed, a mix is not
@@ -100,11 +118,11 @@ def concurrent_loads(n: int) -> dict:
 
 @pytest.mark.slow
 def test_bundles_loaded_while_the_directory_is_replaced_are_each_one_bundle():
-    counts = concurrent_loads(12)
-    assert counts["mixed"] == 0 and counts["refused"] == 0, counts
-    assert counts["a"] + counts["b"] == 12, counts
+    counts = concurrent_loads(12, most=60)
+    assert counts["mixed"] == 0 and counts["refused"] == 0 and "swap errors" not in counts, counts
+    assert 12 <= counts["a"] + counts["b"] <= 60, counts
     # The replacements ran during the loop: both bundles were loaded, and the directory was replaced
-    # about once per load (how many times exactly depends on how fast this machine loads: 12 was seen).
+    # about once per load (how many times exactly depends on how fast this machine loads).
     assert counts["a"] >= 1 and counts["b"] >= 1 and counts["swaps"] >= 6, counts
 
 

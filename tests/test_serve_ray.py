@@ -158,9 +158,26 @@ def test_the_module_serves_until_sigint(bundle):
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_ray_at_a_time():
-    """This module's local Ray instances never run beside test_translate_dataset.py's."""
-    with exclusive("ray"):
-        yield
+    """This module's local Ray instances never run beside test_translate_dataset.py's, and give Serve's proxy
+    time to start.
+
+    Ray Serve's controller kills a proxy that is not ready within RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S (5 s
+    by default), and serve.start then fails with ActorDiedError ("killed by ray.kill"; seen once in a full
+    run on 2 cores beside 2 other test workers). Ray's processes inherit the variable from this one.
+    """
+    key, before = (
+        "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S",
+        os.environ.get("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"),
+    )
+    os.environ[key] = "60"
+    try:
+        with exclusive("ray"):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,8 @@ KEYS = {
 }
 TEXT = "the queen sees young mice with an old box"
 TEXTS = ["a black dog ate five brave cats near the car", "the queen sees"]
+# The module needs a second trained model (the pre-norm run: ~15 s to build), which no fast test needs.
+pytestmark = pytest.mark.slow
 
 
 def _keys_lines(names) -> str:

@@ -256,17 +256,15 @@ def auto_processes(args, cores: int | None = None, cuda: bool | None = None) -> 
         return 1, "--batching request, --lanes or --intra-threads above 1 given"
     if size > AUTO_PROCESSES_MAX_MB << 20:
         return 1, f"the bundle is {size / (1 << 20):.0f} MB, above {AUTO_PROCESSES_MAX_MB} MB"
-    if args.device == "cuda" or args.device == "auto" and (_cuda_usable() if cuda is None else cuda):
+    if cuda is None and args.device == "auto":
+        from seq2onnx.runtime.devices import cuda_usable  # here: onnxruntime's import only when it decides
+
+        cuda = cuda_usable()[0]
+    if args.device == "cuda" or args.device == "auto" and cuda:
         return 1, "the graphs run on CUDA"
     if cores < 2:
         return 1, "one core"
     return cores, f"one per core, each with --intra-threads 1, for a {size / (1 << 20):.1f} MB bundle"
-
-
-def _cuda_usable() -> bool:
-    from seq2onnx.runtime.devices import cuda_usable
-
-    return cuda_usable()[0]
 
 
 def _check(args) -> None:

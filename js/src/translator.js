@@ -25,6 +25,7 @@ import {
   TOP_K,
   TOPK_IDS,
   TOPK_LOG_PROBS,
+  WEIGHTS,
 } from "./bundle.js";
 import { checkGraphs, checkReferences, checkScheme, checkTokenizers } from "./checks.js";
 import { readOptions } from "./options.js";
@@ -245,6 +246,9 @@ export class Translator {
       throw e;
     } finally {
       platform.releaseCopy?.(bundle); // the private copy of the weights: onnxruntime holds what it read
+      // and the weights' bytes where the platform read them (a browser): onnxruntime-web copied what each
+      // session reads into its own memory, so kept here they would be a second copy for the page's life
+      delete bundle.files[WEIGHTS];
     }
     try {
       checkGraphs(bundle, encoder, decoder); // names, element types, sizes and tables against bundle.json

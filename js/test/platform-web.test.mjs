@@ -196,3 +196,31 @@ test("the browser build carries the vocabulary maps and the tokens section: fetc
     rmSync(root, { recursive: true, force: true });
   }
 });
+
+test("the page lets go of the weights' bytes once both sessions have them", async () => {
+  const root = mkdtempSync(path.join(tmpdir(), "seq2onnx-js-web-"));
+  try {
+    const weights = new Uint8Array(64).fill(7);
+    const dir = fakeBundle(root, () => {}, { weights });
+    const files = new Map(
+      readdirSync(dir).map((name) => [BASE + name, new Uint8Array(readFileSync(path.join(dir, name)))]),
+    );
+    const ort = fakeOrt([]);
+    const platform = {
+      ...webPlatform(ort, { fetch: server(files).fetch, subtle: null }),
+      loadTokenizer: fakeTokenizer,
+    };
+    const t = await Translator.load(BASE, { platform });
+    // each session was handed the checked bytes (onnxruntime-web copies what it reads) ...
+    assert.deepEqual(
+      ort.created.map((o) => o.externalData.map((f) => [f.path, f.data.length])),
+      [[["weights.bin", 64]], [["weights.bin", 64]]],
+    );
+    // ... and the Translator keeps none of them, while it still translates
+    assert.equal(t.bundle.files.weights, undefined);
+    const [r] = await t.translateBatch(["one two"], { beamSize: 1 });
+    assert.ok(r.tokenIds[0].length > 0);
+  } finally {
+    rmSync(root, { recursive: true, force: true });
+  }
+});

@@ -8,7 +8,7 @@ from seq2onnx.errors import CommandError, needs_torch
 
 EXPORT_FORMATS = ("onnx", "ctranslate2")
 # export options of ONNX bundles (export_bundle has their defaults)
-ONNX_ONLY = ("dtype", "quantize", "decoder", "table_bits", "block_size")
+ONNX_ONLY = ("dtype", "quantize", "decoder", "table_bits", "block_size", "activations")
 
 
 def add(sub) -> None:
@@ -52,7 +52,7 @@ def add(sub) -> None:
 
 
 def _add_precision_flags(p) -> None:
-    """The ONNX bundle's precision: --dtype, --quantize and int4's --table-bits and --block-size."""
+    """The ONNX bundle's precision: --dtype, --quantize; int4's --table-bits, --block-size, --activations."""
     # None when not given, so that --format ctranslate2 can refuse them and export_bundle's defaults apply.
     p.add_argument(
         "--dtype",
@@ -83,6 +83,14 @@ def _add_precision_flags(p) -> None:
         help="ONNX only, with --quantize int4: values per block of weights (each with its own "
         "scale), 32 (default); 16: scores independent of the batch at one row too, a larger "
         "and slower bundle; 64/128: smaller (docs/precision.md)",
+    )
+    p.add_argument(
+        "--activations",
+        choices=["int8", "float32"],
+        help="ONNX only, with --quantize int4: how MatMulNBits takes its inputs. int8 (default; "
+        "accuracy level 4): quantized per block of each row, the CPU's fast path. float32 (level "
+        "0): what onnxruntime-web computes whatever the bundle says, so that Python, Node and the "
+        "browser decode alike; slower on the CPU (docs/precision.md)",
     )
 
 

@@ -22,7 +22,7 @@ from seq2onnx.runtime.signature import graph_signature
 from .fused import export_fused_decoder, graph_domains
 from .graphs import OPSET, export_graphs
 from .quantize_files import quantize_graphs
-from .quantize_nbits import quantize_graphs_nbits
+from .quantize_nbits import ACTIVATIONS, quantize_graphs_nbits
 from .weights import STAGING_FILE, TensorWriter, check_stored_graph, store_weights
 
 DECODERS = ("both", "standard")  # export_bundle's `decoder`: which decoder graphs a bundle gets
@@ -107,6 +107,7 @@ def export_bundle(
     decoder: str = "both",
     table_bits: int | None = None,
     block_size: int | None = None,
+    activations: str | None = None,
 ) -> Path:
     """Exports a checkpoint (a step-* directory or a run directory's `last`) into the bundle `out`.
 
@@ -129,6 +130,8 @@ def export_bundle(
             "standard" writes decoder.onnx alone, for hosts without onnxruntime's com.microsoft operators.
         table_bits: with "int4", the tables' bits, 8 (None: the default) or 4.
         block_size: with "int4", values per block of weights: 16, 32 (None: the default), 64 or 128.
+        activations: with "int4", "int8" (None: the default; MatMulNBits' accuracy level 4) or "float32"
+            (level 0: onnxruntime-web's arithmetic, on every host).
 
     Returns:
         The bundle directory, `out`.
@@ -138,13 +141,13 @@ def export_bundle(
             without force, an output another export is writing, or an unwritable location.
         CheckpointError: a bad checkpoint.
     """
-    fused = check_options(dtype, quantize, decoder, table_bits, block_size)
+    fused = check_options(dtype, quantize, decoder, table_bits, block_size, activations)
     out = Path(out)
     with building(out, force, "bundle", ckpt) as tmp:
         model, _, ckpt_dir = checkpoint.load(ckpt)
         cfg, owner = model.cfg, [model]
         del model  # write_graphs_owned lets it go once its graphs are staged
-        scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused, table_bits, block_size)
+        scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused, table_bits, block_size, activations)
         shutil.copyfile(ckpt_dir / SOURCE_MODEL, tmp / fmt.SOURCE_SPM)
         shutil.copyfile(ckpt_dir / TARGET_MODEL, tmp / fmt.TARGET_SPM)
         write_meta(tmp, cfg, source=ckpt_dir.name, dtype=dtype, quantize=quantize, fused=fused, scheme=scheme)
@@ -158,13 +161,20 @@ def check_options(
     decoder: str,
     table_bits: int | None = None,
     block_size: int | None = None,
+    activations: str | None = None,
 ) -> bool:
     """Checks export options; returns whether the fused decoder is written.
 
     Raises:
         ExportError: an unknown dtype, quantization or decoder, int8 from float16, or table bits other than
-            8 or 4, or without int4, or a block size other than 16, 32, 64 or 128, or without int4.
+            8 or 4, a block size other than 16, 32, 64 or 128, or activations other than int8 or float32, or
+            one of those three without int4.
     """
+    if activations is not None and (quantize != "int4" or activations not in ACTIVATIONS):
+        raise ExportError(
+            f"--activations {activations}: give {' or '.join(ACTIVATIONS)}, with --quantize int4 (the int8 "
+            "bundle's activations are int8 per row)"
+        )
     if block_size is not None and (quantize != "int4" or block_size not in (16, 32, 64, 128)):
         raise ExportError(f"--block-size {block_size}: give 16, 32, 64 or 128, with --quantize int4")
     if table_bits is not None and (quantize != "int4" or table_bits not in (8, 4)):
@@ -209,6 +219,7 @@ def write_graphs_owned(
     fused: bool,
     table_bits: int | None = None,
     block_size: int | None = None,
+    activations: str | None = None,
 ) -> dict | None:
     """write_graphs, taking the model out of `owner` (a one-item list holding the caller's only reference):
     the model is let go once its graphs are staged, so that the int8 rewrite and the store run without it
@@ -238,8 +249,9 @@ def write_graphs_owned(
             )
         elif quantize == "int4":
             block = {"block": block_size} if block_size else {}  # else export/quantize_nbits.py's BLOCK
+            level = {"level": ACTIVATIONS[activations]} if activations else {}  # else its LEVEL
             scheme = quantize_graphs_nbits(
-                directory, graphs, bits=4, table_bits=table_bits or 8, writer=writer, **block
+                directory, graphs, bits=4, table_bits=table_bits or 8, writer=writer, **block, **level
             )
     store_graphs(directory, fused)
     return scheme

@@ -47,6 +47,9 @@ from .weights import TensorWriter, constants_to_initializers
 
 BLOCK = 32  # values per block along K (probe: docs/optimisation-notes.md row 59)
 LEVEL = 4  # accuracy_level: int8 activations per block of each row, integer products
+# --activations: MatMulNBits' accuracy_level by what it does to the inputs; 0 is what onnxruntime-web computes
+# whatever the attribute (docs/precision.md), so a level-0 bundle decodes alike on every host
+ACTIVATIONS = {"int8": LEVEL, "float32": 0}
 # a bundle's weights have zero points: more greedy agreement with fp32 on both trained models measured, at
 # about the same speed and 2.5% more bytes (docs/precision.md; optimisation-notes row 65)
 SYMMETRIC = False

@@ -216,22 +216,20 @@ def test_four_bit_tables_load_in_both_checks_and_decode(tmp_path):
 def test_browser_runs_int4_as_onnxruntimes_level_0_arithmetic(int4, tmp_path):
     """The browser host (onnxruntime-web 1.30, WebAssembly) on the int4 bundle computes MatMulNBits with fp32
     activations whatever its accuracy_level: its ids and scores are the Python runtime's on the same bundle
-    exported at accuracy_level 0 (measured: 40/40 ids, scores within 5e-6), and only near it at level 4
-    (34/40 ids, scores off by up to 0.08 on the tiny model; docs/precision.md)."""
-    import functools
-    from unittest import mock
-
+    exported with --activations float32, accuracy_level 0 (measured: 40/40 ids, scores within 5e-6), and only
+    near it at level 4 (34/40 ids, scores off by up to 0.08 on the tiny model; docs/precision.md)."""
     import test_web as web  # its site builder and page driver (Chromium through puppeteer-core)
     from tiny import tiny_run
 
-    import seq2onnx.export.bundle as bundle_module
-    from seq2onnx.export.quantize_nbits import quantize_graphs_nbits
+    from seq2onnx.export.bundle import ExportError, export_bundle
 
     if web._BROWSER_SKIP:
         pytest.skip(web._BROWSER_SKIP)
-    level0 = functools.partial(quantize_graphs_nbits, level=0)
-    with mock.patch.object(bundle_module, "quantize_graphs_nbits", level0):
-        twin = bundle_module.export_bundle(tiny_run() / "last", tmp_path / "level0", quantize="int4")
+    with pytest.raises(
+        ExportError, match="--activations float32: give int8 or float32, with --quantize int4"
+    ):
+        export_bundle(tiny_run() / "last", tmp_path / "x", quantize="int8", activations="float32")
+    twin = export_bundle(tiny_run() / "last", tmp_path / "level0", quantize="int4", activations="float32")
     assert (
         json.loads((twin / "bundle.json").read_text())["quantization_scheme"]["activations"]["accuracy_level"]
         == 0

@@ -46,6 +46,7 @@ def export_hf_bundle(
     decoder: str = "both",
     table_bits: int | None = None,
     block_size: int | None = None,
+    activations: str | None = None,
 ) -> Path:
     """Exports a Hugging Face model directory into the bundle `out` (options as export_bundle's).
 
@@ -53,7 +54,8 @@ def export_hf_bundle(
         model_dir: a directory as save_pretrained writes it (config.json, weights, generation_config.json,
             tokenizer files) of a model_type that a family of export/hf/family_*.py reads.
         out: the bundle directory to write (atomically, validated before it is moved into place).
-        dtype, quantize, force, decoder, table_bits, block_size: as seq2onnx.export.bundle.export_bundle.
+        dtype, quantize, force, decoder, table_bits, block_size, activations: as
+            seq2onnx.export.bundle.export_bundle.
 
     Returns:
         The bundle directory.
@@ -63,7 +65,7 @@ def export_hf_bundle(
             nothing is written.
         ExportError: bad options or output (as export_bundle).
     """
-    fused = check_options(dtype, quantize, decoder, table_bits, block_size)
+    fused = check_options(dtype, quantize, decoder, table_bits, block_size, activations)
     model_dir, out = Path(model_dir), Path(out)
     config = read_config(model_dir)  # before anything is written: an unsupported directory writes nothing
     tokenizer = load_tokenizer(model_dir)
@@ -78,7 +80,7 @@ def export_hf_bundle(
     with atomic.building(
         out, force, "bundle", error=ExportError, inputs={"the model directory": model_dir}, ours=_is_bundle
     ) as tmp:
-        scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused, table_bits, block_size)
+        scheme = write_graphs_owned(owner, tmp, dtype, quantize, fused, table_bits, block_size, activations)
         _write_tokens(tmp, files)
         write_meta(
             tmp,

@@ -249,9 +249,9 @@ def write_graphs_owned(
             )
         elif quantize == "int4":
             block = {"block": block_size} if block_size else {}  # else export/quantize_nbits.py's BLOCK
-            level = {"level": ACTIVATIONS[activations]} if activations else {}  # else its LEVEL
+            level = ACTIVATIONS[activations or "int8"]
             scheme = quantize_graphs_nbits(
-                directory, graphs, bits=4, table_bits=table_bits or 8, writer=writer, **block, **level
+                directory, graphs, bits=4, table_bits=table_bits or 8, writer=writer, level=level, **block
             )
     store_graphs(directory, fused)
     return scheme

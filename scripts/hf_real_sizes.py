@@ -52,7 +52,9 @@ PRESETS = {  # per device (and --tiny): sentences, batch-1 sentences, new tokens
 # Seconds each step may take at most on the GPU (NLLB-600M's are the long ones); twice that for --tiny on
 # a busy CPU; --job-timeout (default 3600) on the CPU at real sizes.
 LIMITS = {"build": 90, "prepare": 60, "export-fp32": 150, "export-fp16": 150, "ct2-convert": 90, "engine": 75}
-PREP = ("build", "prepare", "export-fp32", "export-int8", "export-int4", "export-fp16", "ct2-convert")
+# our bundles: int4t4 is `--quantize int4 --table-bits 4` (the smallest; docs/precision.md)
+OURS = ("fp32", "int8", "int4", "int4t4", "fp16")
+PREP = ("build", "prepare", *(f"export-{v}" for v in OURS), "ct2-convert")
 GPU_ENGINES = ("ours-fp16", "ct2-float16", "generate-fp32", "generate-fp16", "ours-fp32")
 LAST = ("ct2-int8_float16", "ct2-float32")  # on the GPU, after every model's goal rows
 MODULES = {"ours": "onnxruntime", "generate": "transformers", "ct2": "ctranslate2"}
@@ -149,10 +151,12 @@ def prep_spec(step: str, model: str, work: Path, mode: dict, size: dict) -> dict
             job="ct2_convert", model_dir=str(mdir), out=str(out / "ct2"), int8=mode["device"] == "cpu"
         )
     precision = step.split("-")[1]
-    quantize = precision if precision in ("int8", "int4") else None
+    quantize = precision[:4] if precision.startswith("int") else None
     dtype = "float16" if precision == "fp16" else "float32"
-    bundle = str(out / f"bundle-{precision}")
-    return dict(job="export", model_dir=str(mdir), out=bundle, quantize=quantize, dtype=dtype)
+    bundle, bits = str(out / f"bundle-{precision}"), 4 if precision == "int4t4" else None
+    return dict(
+        job="export", model_dir=str(mdir), out=bundle, quantize=quantize, dtype=dtype, table_bits=bits
+    )
 
 
 def run_step(model: str, step: str, ctx: dict, results: dict) -> dict:
@@ -245,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--models", default="marian,nllb", help="a subset of " + ",".join(SIZES) + " (marian,nllb)"
     )
     p.add_argument("--engines", help="engine names, or torch,ours,ct2 for those of the default list")
-    p.add_argument("--variants", default="fp32,int8", help="our CPU bundles: of fp32,int8,int4 (fp32,int8)")
+    p.add_argument("--variants", default="fp32,int8", help="our CPU bundles: of " + ",".join(OURS[:-1]))
     p.add_argument("--ours-variants", default="", help="A/B engines run last, e.g. ours-fp32-tf32 (VARIANTS)")
     p.add_argument("--ct2-threads", help="CTranslate2 intra_threads tried on the CPU (default THREADS,1)")
     p.add_argument("--ct2-mkl", action="store_true", help="also CTranslate2 fp32 with CT2_USE_MKL=1")
@@ -289,7 +293,7 @@ def _settings(p: argparse.ArgumentParser, args) -> tuple[dict, list[str], list[s
     engines = []
     for e in (args.engines or ",".join(listed)).split(","):
         engines += [x for x in listed if x.startswith(groups[e] + "-")] if e in groups else [e] if e else []
-    bad = [m for m in models if m not in SIZES] + [v for v in variants if v not in ("fp32", "int8", "int4")]
+    bad = [m for m in models if m not in SIZES] + [v for v in variants if v not in OURS[:-1]]
     bad += [e for e in engines + extra if not _known(e)]
     if bad or not models or not engines:
         p.error(f"unknown: {', '.join(bad) or 'no model or engine'}; see --help for the choices")
@@ -299,11 +303,7 @@ def _settings(p: argparse.ArgumentParser, args) -> tuple[dict, list[str], list[s
 def _known(engine: str) -> bool:
     kind, *rest = engine.split("-")
     if kind == "ours":
-        return (
-            len(rest) in (1, 2)
-            and rest[0] in ("fp32", "int8", "int4", "fp16")
-            and rest[1:] in ([], *([v] for v in VARIANTS))
-        )
+        return len(rest) in (1, 2) and rest[0] in OURS and rest[1:] in ([], *([v] for v in VARIANTS))
     if kind == "generate":
         return rest in (["fp32"], ["fp16"])
     ok = rest and rest[0] in ("float32", "int8", "float16", "int8_float16")

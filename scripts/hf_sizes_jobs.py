@@ -168,8 +168,10 @@ def job_export(spec: dict) -> dict:
 
     base = memory_mb()["rss_mb"]
     t = time.perf_counter()
-    dtype = spec.get("dtype", "float32")
-    export_hf_bundle(spec["model_dir"], spec["out"], quantize=spec["quantize"], force=True, dtype=dtype)
+    options = dict(
+        quantize=spec["quantize"], dtype=spec.get("dtype", "float32"), table_bits=spec.get("table_bits")
+    )
+    export_hf_bundle(spec["model_dir"], spec["out"], force=True, **options)
     seconds = time.perf_counter() - t
     files = {p.name: p.stat().st_size for p in Path(spec["out"]).iterdir() if p.suffix in (".onnx", ".bin")}
     out = {"seconds": seconds, "rss_after_imports_mb": base, "bytes": dir_bytes(Path(spec["out"]))}

@@ -9,7 +9,7 @@ from scaffold import fmt, md_table
 
 REFERENCE = "generate-fp32"  # transformers' generate() in float32 (TF32 off): every row's token ids
 # our precision -> CTranslate2's compute type it is held to (CTranslate2 has no int4 on the CPU)
-CT2_TYPE = {"fp32": "float32", "int8": "int8", "int4": "int8", "fp16": "float16"}
+CT2_TYPE = {"fp32": "float32", "int8": "int8", "int4": "int8", "int4t4": "int8", "fp16": "float16"}
 SIBLING = {  # fp16 engines and the fp32 sibling each is held to, as agreement of outputs
     "ours-fp16": "ours-fp32",
     "generate-fp16": "generate-fp32",

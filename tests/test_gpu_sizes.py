@@ -82,6 +82,24 @@ def test_engine_specs_turn_tf32_off_for_float32_only():
     assert (cpu["threads"], cpu["env"], cpu["compute_type"]) == (1, {"CT2_USE_MKL": "1"}, "float32")
 
 
+def test_each_bundle_variant_is_exported_with_its_own_options():
+    cpu, work = sizes.PRESETS["cpu"] | {"device": "cpu"}, Path("/w")
+    got = {
+        v: {k: spec[k] for k in ("quantize", "dtype", "table_bits", "out")}
+        for v in ("fp32", "int8", "int4", "int4t4", "fp16")
+        for spec in [sizes.prep_spec(f"export-{v}", "m", work, cpu, {})]
+    }
+    assert got == {
+        "fp32": dict(quantize=None, dtype="float32", table_bits=None, out="/w/out/m/bundle-fp32"),
+        "int8": dict(quantize="int8", dtype="float32", table_bits=None, out="/w/out/m/bundle-int8"),
+        "int4": dict(quantize="int4", dtype="float32", table_bits=None, out="/w/out/m/bundle-int4"),
+        "int4t4": dict(quantize="int4", dtype="float32", table_bits=4, out="/w/out/m/bundle-int4t4"),
+        "fp16": dict(quantize=None, dtype="float16", table_bits=None, out="/w/out/m/bundle-fp16"),
+    }
+    assert sizes.needs("ours-int4t4") == ["build", "prepare", "export-int4t4"]
+    assert sizes.engine_spec("ours-int4t4", work, "m", cpu)["bundle"] == "/w/out/m/bundle-int4t4"
+
+
 def test_ct2_counts_equal_when_only_the_forced_end_token_differs():
     ref = [[5, 6, 7], [5, 6]]
     assert same([[5, 6, 7, 9], [5, 6]], ref, limit=4) == "2/2"  # cut at the limit, one longer

@@ -100,9 +100,9 @@ def _add_scheduling_flags(p) -> None:
         choices=("auto", "fused", "standard"),
         default="auto",
         help="--batching continuous only: the graph its rounds run. auto (the default): the fused "
-        "decoder's, one in-place cache for every row (serve/fused_rounds.py), where the "
+        "decoder's, one in-place cache for every row (runtime/fused_rounds.py), where the "
         "bundle's fused decoder runs here and takes row_start; else decoder.onnx's. fused: "
-        "refuse to start otherwise; standard: decoder.onnx's (serve/standard_rounds.py)",
+        "refuse to start otherwise; standard: decoder.onnx's (runtime/standard_rounds.py)",
     )
     p.add_argument(
         "--lanes",
@@ -301,7 +301,8 @@ def _engine(args, translator):
         from seq2onnx.serve.engine import RequestEngine
 
         return RequestEngine(translator, workers=args.workers, max_rows=args.max_rows)
-    from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder
+    from seq2onnx.runtime.rounds import NoServingDecoder
+    from seq2onnx.serve.batcher import ContinuousEngine
 
     try:
         return ContinuousEngine(

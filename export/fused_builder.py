@@ -145,7 +145,7 @@ class StepBuilder:
         """The self-attention mask (R, step + 1) int32: 1 where position t >= row_start[r].
 
         Positions before a row's start belong to whoever held the row before (a serving round's
-        rows join at different steps: runtime/fused_step.py, serve/fused_rounds.py); the kernel
+        rows join at different steps: runtime/fused_step.py, runtime/fused_rounds.py); the kernel
         scores them with mask_filter_value, which underflows to exactly 0 (docs/fused-decoder.md).
         """
         g = self.g

@@ -3,13 +3,13 @@
 
 decoder.onnx is driven through runtime/standard_graph.py's StandardGraph.run by its three callers: the
 search's step (StandardStep), the forced pass that returns attention (runtime/attention.py) and the continuous
-batcher's rounds (serve/standard_rounds.py). Each binds the same inputs in the same way (the graph's names
+batcher's rounds (runtime/standard_rounds.py). Each binds the same inputs in the same way (the graph's names
 come from runtime/spec.py through runtime/bundle.py); what differs is where the outputs go, which each caller
 says. The outputs of a run come back (binding.get_outputs()) in the order they were bound: the 2 x layers
 `present_*` cache values first, then `outputs` in the order given.
 
 decoder_fused.onnx is bound by runtime/fused_graph.py's FusedGraph.bind for both of its callers,
-translate_batch's step loop (runtime/fused_step.py) and the serving rounds (serve/fused_rounds.py): every
+translate_batch's step loop (runtime/fused_step.py) and the serving rounds (runtime/fused_rounds.py): every
 array the graph reads and writes is a FusedBuffers' and is bound by pointer (fused_binding, bind_fused), once
 per shape rather than per step: a step only writes into the arrays. Its inputs are named in one place
 (fused_inputs), and every IO binding of the package is made here.

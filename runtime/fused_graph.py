@@ -7,7 +7,7 @@ position in place. So a binding need not change from run to run: every input and
 a FusedBuffers, wrapped once in an OrtValue that shares its memory (CPU), and a run only writes the tokens,
 the step and the indirection into them. Two callers drive it, both through FusedGraph.bind:
 translate_batch's static step loop (runtime/fused_step.py's FusedStep) and the serving rounds
-(serve/fused_rounds.py's FusedRounds); runtime/binding.py makes the bindings.
+(runtime/fused_rounds.py's FusedRounds); runtime/binding.py makes the bindings.
 
 A FusedBuffers keeps the bindings made over its first rows (by rows, beam width, top-k and outputs), so a
 batch of a shape seen before binds nothing new but the encoder's outputs; translate_batch's buffers outlive

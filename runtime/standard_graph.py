@@ -4,7 +4,7 @@ One object per session owns what every run of decoder.onnx needs beside its per-
 sizes, the cache's dtype and the device where the cache stays. Three callers drive it, all through `run`
 (which binds through runtime/binding.py, the one module that binds graphs): translate_batch's step
 (StandardStep, below), the forced pass that returns attention (runtime/attention.py) and the continuous
-batcher's rounds (serve/standard_rounds.py).
+batcher's rounds (runtime/standard_rounds.py).
 
 The key/value cache never leaves the device: each run binds the previous run's `present_*` OrtValues as the
 next run's `past_*` inputs, uploads only the new tokens, the steps and the cache indices, and downloads only
@@ -80,7 +80,7 @@ class StandardGraph:
             outputs: the other outputs wanted, in order: {name: "cpu" (downloaded as numpy) or an OrtValue
                 written into (returned as it is)}.
             present: None (the cache stays on the device) or 2 x layers OrtValues written into.
-            runner: runner(session, binding) runs it (serve/memory.py's ArenaShrink.run); None: a plain run.
+            runner: runner(session, binding) runs it (runtime/arena.py's ArenaShrink.run); None: a plain run.
         """
         b = bind_decoder(
             self.session,

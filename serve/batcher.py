@@ -19,8 +19,8 @@ uses too: forced prefixes). So:
 
 The rows of a round sit at different steps. Where the Translator drives the fused decoder (the CPU's
 default), the rounds run it over one in-place cache whose rows each begin at their own position
-(serve/fused_rounds.py); elsewhere they run decoder.onnx, which takes each row's own step
-(serve/standard_rounds.py). Either way rows of a greedy and of a beam request, or of sources of different
+(runtime/fused_rounds.py); elsewhere they run decoder.onnx, which takes each row's own step
+(runtime/standard_rounds.py). Either way rows of a greedy and of a beam request, or of sources of different
 lengths, share one graph run.
 """
 
@@ -32,56 +32,24 @@ import queue
 import threading
 from typing import Iterator
 
-from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.fused_graph import FusedGraph
 from seq2onnx.runtime.options import SearchOptions
 from seq2onnx.runtime.plan import SearchJob
+from seq2onnx.runtime.rounds import rounds_runner
 from seq2onnx.runtime.search import greedy_one_program
 from seq2onnx.runtime.text import text_increments
 from seq2onnx.runtime.translator import Translator
 
 from .engine import Cancelled, Engine, Job, search_here
 from .memory import MAX_ROWS
-from .fused_rounds import FusedRounds
 from .scheduler import Scheduler, member_of
-from .standard_rounds import NoServingDecoder, StandardRounds, check_decoder
 
-__all__ = ["ContinuousEngine", "NoServingDecoder", "rounds_runner"]
+__all__ = ["ContinuousEngine"]
 
 
 # The widest search decoded alone (ContinuousEngine solo): the hand-off it saves is a fixed cost, worth it for
 # a lone client's small requests; a larger one goes to a lane, whose idle time gives its memory back (arena
 # shrink, malloc_trim: serve/memory.py), which nothing does after a search decoded alone.
 SOLO_MAX_ROWS = 32
-
-
-def rounds_runner(translator: Translator, decoder: str = "auto"):
-    """What runs a Translator's serving rounds: the fused decoder's in-place rounds where the Translator
-    drives the fused decoder and its graph takes `row_start`, else decoder.onnx's.
-
-    Args:
-        translator: the Translator served.
-        decoder: "auto", "fused" or "standard" (the rounds' graph; "fused" raises where it cannot run).
-
-    Raises:
-        NoServingDecoder: the standard rounds on a decoder.onnx exported before continuous batching.
-        ValueError: decoder="fused" where the fused rounds cannot run, or an unknown `decoder`.
-    """
-    graphs = translator.graphs
-    fused = isinstance(graphs.decoder_graph, FusedGraph) and graphs.decoder_graph.row_start
-    if decoder not in ("auto", "fused", "standard"):
-        raise ValueError(f"decoder={decoder!r}: give 'auto', 'fused' or 'standard'")
-    if decoder == "fused" and not fused:
-        raise ValueError(
-            f"{translator.bundle.path}: the fused serving rounds need the fused decoder driven "
-            f"({translator.decoder_variant} is) and a decoder_fused.onnx with input {names.ROW_START!r} "
-            "(export the bundle again); or serve with the standard rounds"
-        )
-    if fused and decoder != "standard":
-        return FusedRounds(graphs.decoder_graph)
-    standard = graphs.standard_graph
-    check_decoder(standard.session, translator.bundle.path)
-    return StandardRounds(standard)
 
 
 class ContinuousEngine(Engine):
@@ -122,7 +90,7 @@ class ContinuousEngine(Engine):
             raise ValueError(f"lanes={lanes!r}: give an int >= 1 (schedulers over the same sessions)")
         super().__init__(translator, max_rows)
         runners = [rounds_runner(translator, decoder) for _ in range(lanes)]
-        self.rounds = "fused" if isinstance(runners[0], FusedRounds) else "standard"  # the rounds' graph
+        self.rounds = runners[0].kind  # the rounds' graph: "fused" or "standard"
         self.schedulers = [
             Scheduler(runner, name="seq2onnx-scheduler" + (f"-{i}" if lanes > 1 else ""))
             for i, runner in enumerate(runners)

@@ -4,10 +4,9 @@ Two allocators keep what a burst of large rounds took, and neither gives it back
 - onnxruntime's CPU arena (a BFC arena) grows by chunks to hold the largest round's tensors (the cache is
   rows x slots x layers x d_model) and keeps them for the session's life. Its documented remedy is a run
   option, "memory.enable_memory_arena_shrinkage", which frees the arena's wholly unused chunks at the end of
-  that run; `ArenaShrink` asks for it on a round once the rows have fallen to half of their peak since the
-  last shrink (not every round: freed chunks would be allocated again at the next growth);
+  that run; the rounds ask for it through runtime/arena.py's `ArenaShrink`;
 - glibc's malloc keeps freed blocks of the numpy arrays (the rounds' inputs, the cross rows of
-  serve/layout.py, the encoder's outputs on the request threads' arenas) below its mmap threshold in its
+  runtime/row_layout.py, the encoder's outputs on the request threads' arenas) below its mmap threshold in its
   heaps; `trim()` calls malloc_trim(0), which returns their free pages, when the scheduler falls idle (the
   scheduler drops its cache and cross rows then too).
 """
@@ -96,52 +95,9 @@ class RowGate:
         return sum(not granted.done() for _, granted in self._line)
 
 
-SHRINK_KEY = "memory.enable_memory_arena_shrinkage"
 IDLE_S = 0.2  # idle this long after a burst, the scheduler gives memory back (the requests' threads are done)
 # a trim costs a walk of the heaps: not after every one-sentence request of a lone client
 TRIM_AFTER_ROUNDS = 64
-# a shrink frees chunks that the next growth allocates again: not on every falling round
-MIN_ROUNDS_BETWEEN = 8
-
-
-class ArenaShrink:
-    """When a round should run with onnxruntime's arena shrinkage, and the RunOptions that ask for it.
-
-    Args:
-        device: "cpu" or "cuda": whose arena is shrunk (the CPU's always: outputs are bound there too).
-    """
-
-    def __init__(self, device: str = "cpu"):
-        import onnxruntime
-
-        self.options = onnxruntime.RunOptions()
-        self.options.add_run_config_entry(SHRINK_KEY, "cpu:0;gpu:0" if device == "cuda" else "cpu:0")
-        self.peak, self.since, self.count = 0, 0, 0
-
-    def run_options(self, rows: int):
-        """The RunOptions for a round of `rows` rows: the shrinking ones, or None (onnxruntime's defaults)."""
-        self.peak, self.since = max(self.peak, rows), self.since + 1
-        if not self.enabled or 2 * rows > self.peak or self.since < MIN_ROUNDS_BETWEEN:
-            return None
-        self.peak, self.since, self.count = rows, 0, self.count + 1
-        return self.options
-
-    enabled = True  # False once a session refused the option (it has no arena: nothing to shrink)
-
-    def run(self, session, binding, rows: int = 0, shrink: bool = False) -> None:
-        """session.run_with_iobinding(binding), under shrinkage when `shrink` or run_options(rows) says so.
-
-        A session without an arena (enable_cpu_mem_arena off) refuses the option ("Did not find an arena based
-        allocator"): the run is made again without it, and shrinking is off from then on.
-        """
-        options = (self.options if self.enabled else None) if shrink else self.run_options(rows)
-        try:
-            session.run_with_iobinding(binding, options)
-        except Exception as e:
-            if options is None or "arena" not in str(e):
-                raise
-            self.enabled = False
-            session.run_with_iobinding(binding)
 
 
 def _malloc_trim():

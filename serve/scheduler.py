@@ -2,7 +2,7 @@
 
 Each search is a program (runtime/search.py) and a Member: its rows in the shared batch, and the innermost
 step of its program. A round runs the decoder graph ONCE over the rows of every member (the runner:
-serve/fused_rounds.py or serve/standard_rounds.py), then sends each program its own rows of the output;
+runtime/fused_rounds.py or runtime/standard_rounds.py), then sends each program its own rows of the output;
 serve/batcher.py's ContinuousEngine hands searches to schedulers (its lanes) and says why this design.
 """
 
@@ -58,7 +58,7 @@ class Member:
         self, job: Job, src_mask: np.ndarray, cross: list[np.ndarray], top_k: int | None, width: int = 1
     ):
         self.job, self.top_k, self.src_mask, self.cross, self.width = job, top_k, src_mask, cross, width
-        self.placed = None  # its rows in the rounds (serve/layout.py, serve/fused_rounds.py)
+        self.placed = None  # its rows in the rounds (runtime/row_layout.py, runtime/fused_rounds.py)
         self.serial = next(_SERIALS)
         self.version = 0  # changes when sentences leave: its per-row cross is then made again
         # its first row in the previous round's output (None before its first step)
@@ -98,7 +98,7 @@ class Scheduler:
     thread.
 
     Args:
-        runner: what runs a round's graph: serve/fused_rounds.py's FusedRounds or serve/standard_rounds.py's
+        runner: what runs a round's graph (runtime/rounds.py's rounds_runner): a FusedRounds or a
             StandardRounds (run(work, profile) -> answers, leave(member), idle(), clear(), shrink_arena(),
             last_rows).
     """

@@ -14,7 +14,8 @@ import pytest
 
 from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.translator import Translator
-from seq2onnx.serve.batcher import ContinuousEngine, NoServingDecoder, rounds_runner
+from seq2onnx.runtime.rounds import NoServingDecoder, rounds_runner
+from seq2onnx.serve.batcher import ContinuousEngine
 from seq2onnx.serve.scheduler import Scheduler
 from seq2onnx.serve.engine import Cancelled, Engine, RequestEngine
 from tiny import copy_bundle, edit_bundle_json, restate_size
@@ -44,7 +45,7 @@ REQUESTS = [  # (texts, options): mixed kinds, all in flight together
 @pytest.fixture(scope="module", params=["standard", "fused", "fused-standard-rounds"])
 def engine(bundle, request):
     """A ContinuousEngine over a Translator driving either decoder; its rounds run that decoder (the fused
-    decoder's in-place rounds: serve/fused_rounds.py), or decoder.onnx under the fused Translator."""
+    decoder's in-place rounds: runtime/fused_rounds.py), or decoder.onnx under the fused Translator."""
     decoder = request.param.split("-")[0]
     t = Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=decoder))
     # solo=False: every search goes through the scheduler these tests are about (solo: its own tests below)
@@ -107,7 +108,7 @@ def test_lanes_out_of_range_are_named(translator, lanes):
 
 
 def test_fused_rounds_that_move_positions_and_grow_give_each_request_alone(bundle):
-    """The fused rounds' buffers under every change they make (serve/fused_rounds.py): positions no live row
+    """The fused rounds' buffers under every change they make (runtime/fused_rounds.py): positions no live row
     reads dropped, positions and rows grown, the source width widened, beams and greedy rows in one group,
     rows freed by finished sentences taken by later ones; every result is translate_batch's alone."""
     t = Translator(bundle, device="cpu")

@@ -1,4 +1,4 @@
-"""The serving round's array bookkeeping (issue 36 item 3): serve/standard_rounds.py's _row_inputs against the
+"""The serving round's array bookkeeping (issue 36 item 3): runtime/standard_rounds.py's _row_inputs against the
 per-member loop it replaced, and serve/round_profile.py's report."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from seq2onnx.serve import round_profile
-from seq2onnx.serve.standard_rounds import StandardRounds
+from seq2onnx.runtime.standard_rounds import StandardRounds
 
 
 class _Member:

@@ -12,7 +12,7 @@ import pytest
 from seq2onnx.runtime import bundle as names
 from seq2onnx.runtime.binding import fused_binding, fused_inputs
 from seq2onnx.runtime.translator import Translator
-from seq2onnx.serve.batcher import rounds_runner
+from seq2onnx.runtime.rounds import rounds_runner
 from test_layers import PACKAGES
 
 ROOT = Path(__file__).resolve().parents[1]

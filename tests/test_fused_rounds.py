@@ -1,4 +1,4 @@
-"""The fused decoder's serving rounds (serve/fused_rounds.py), driven round by round with scripted searches.
+"""The fused decoder's serving rounds (runtime/fused_rounds.py), driven round by round with scripted searches.
 
 A search's rows answered in a shared round, whatever else the buffers hold and however they moved, must be
 what the same search gets alone in fresh buffers: the rows sit at other places, began at other positions,
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from seq2onnx.runtime.translator import Translator
-from seq2onnx.serve.batcher import rounds_runner
+from seq2onnx.runtime.rounds import rounds_runner
 from seq2onnx.serve.scheduler import Member
-from seq2onnx.serve.fused_rounds import FusedRounds
+from seq2onnx.runtime.fused_rounds import FusedRounds
 from seq2onnx.serve.round_profile import NoProfile
 
 

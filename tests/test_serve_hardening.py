@@ -474,7 +474,8 @@ def test_memory_taken_by_bursts_of_large_rounds_is_given_back(hard):
 
 
 def test_arena_shrink_asks_once_the_rows_fall_to_half_and_not_on_every_round():
-    from seq2onnx.serve.memory import MIN_ROUNDS_BETWEEN, ArenaShrink, trim
+    from seq2onnx.runtime.arena import MIN_ROUNDS_BETWEEN, ArenaShrink
+    from seq2onnx.serve.memory import trim
 
     shrink = ArenaShrink("cpu")
     asked = [
@@ -491,7 +492,7 @@ def test_arena_shrink_asks_once_the_rows_fall_to_half_and_not_on_every_round():
 
 
 def test_a_session_without_an_arena_runs_on_unshrunk():
-    from seq2onnx.serve.memory import ArenaShrink
+    from seq2onnx.runtime.arena import ArenaShrink
 
     class NoArena:  # what onnxruntime answers with enable_cpu_mem_arena off
         def __init__(self):

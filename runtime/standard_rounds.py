@@ -5,21 +5,20 @@ decoder.onnx takes each row's own step (`step` of shape [rows], Transformer.deco
 positions are the LAST step[r] slots of the shared cache, right-aligned, since every round appends one slot
 for every row; the slots before them are masked (layers.own_past_bias). A new row continues any row (all
 its slots are masked). The cross keys and values are given per row (a sentence's copied for each of its
-beams, serve/layout.py): rows of a greedy and of a beam request, or of sources of different lengths, share
-one graph run. Each round's Concat copies the whole cache, and rows follow cache_indices by copying:
-serve/fused_rounds.py does neither.
+beams, runtime/row_layout.py): rows of a greedy and of a beam request, or of sources of different lengths,
+share one graph run. Each round's Concat copies the whole cache, and rows follow cache_indices by copying:
+runtime/fused_rounds.py does neither.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.binding import rows_answer, wanted_outputs
-from seq2onnx.runtime.standard_graph import StandardGraph
-
-from .layout import RowLayout
-from .memory import ArenaShrink
+from . import bundle as names
+from .arena import ArenaShrink
+from .binding import rows_answer, wanted_outputs
+from .row_layout import RowLayout
+from .standard_graph import StandardGraph
 
 # the decoder's output types, for arrays that its outputs are written into
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
@@ -50,6 +49,8 @@ class StandardRounds:
         graph: the Translator's StandardGraph (runtime/standard_graph.py) of a decoder.onnx that takes per-row
             steps (check_decoder): its session, sizes, cache dtype and the device where the cache stays.
     """
+
+    kind = "standard"  # the rounds' graph, as `seq2onnx serve --rounds` names it
 
     def __init__(self, graph: StandardGraph):
         import onnxruntime

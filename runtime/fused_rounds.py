@@ -1,6 +1,6 @@
 """Serving rounds on the fused decoder (decoder_fused.onnx): one in-place cache for every row of every search.
 
-The standard rounds (serve/standard_rounds.py) run decoder.onnx, whose Concat copies the whole cache every
+The standard rounds (runtime/standard_rounds.py) run decoder.onnx, whose Concat copies the whole cache every
 round and whose rows follow cache_indices by copying. Here each layer's cache is ONE buffer of
 [capacity, H, M, Dh] that the kernel (DecoderMaskedMultiHeadAttention) writes in place at position `slot`,
 the round's count, for every row at once:
@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from seq2onnx.runtime import bundle as names
-from seq2onnx.runtime.binding import rows_answer, wanted_outputs
-from seq2onnx.runtime.fused_graph import FusedGraph
-
-from .memory import ArenaShrink
+from . import bundle as names
+from .arena import ArenaShrink
+from .binding import rows_answer, wanted_outputs
+from .fused_graph import FusedGraph
 
 
 def _pow2(n: int) -> int:
@@ -58,6 +57,8 @@ class FusedRounds:
     Args:
         graph: the Translator's FusedGraph of a decoder_fused.onnx (CPU) with a `row_start` input.
     """
+
+    kind = "fused"  # the rounds' graph, as `seq2onnx serve --rounds` names it
 
     def __init__(self, graph: FusedGraph):
         self.graph, self.decoder, self.vocab = graph, graph.session, graph.vocab

@@ -3,6 +3,8 @@ one loaded late, and the optimized graphs kept between loads (runtime/devices.py
 
 from __future__ import annotations
 
+import contextlib
+
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -166,6 +168,12 @@ def open_sessions(
             saturates (its exact rewrite is an extended-level optimisation).
     """
     _refuse_inexact_int8(bundle, tuning)
+    with bundle.weights.kept_linked() if bundle.weights is not None else contextlib.nullcontext():
+        return _open(bundle, device, tuning, intra_threads, release_bytes, check_late, cache)
+
+
+def _open(bundle: Bundle, device: str, tuning, intra_threads, release_bytes, check_late, cache) -> Sessions:
+    """open_sessions' work, while every session it makes maps one link of the weights file."""
     picked, why = pick_device(device)
     checked = _session_loader(bundle, tuning, intra_threads, picked, release_bytes=release_bytes, cache=cache)
     variant, decoder, reason, encoder = _decoder_then_encoder(bundle, picked, tuning, checked)

@@ -227,6 +227,23 @@ def test_the_standard_decoder_is_loaded_when_first_asked_for():
     assert all(r.attention is not None and len(r.attention) for r in with_attention)
 
 
+@pytest.mark.parametrize("beside", [True, False])
+def test_a_load_copies_the_weights_file_once(monkeypatch, beside):
+    """The encoder's and the decoder's sessions map one private copy (weights.py kept_linked): a session that
+    linked its own once the first link was gone would copy the whole file again (8.8 s at NLLB-600M). Both
+    ways a load makes them: the encoder's beside the decoder's (small bundles), or after it (large ones)."""
+    from seq2onnx.runtime import private_copy, sessions
+
+    monkeypatch.setattr(sessions, "BESIDE_MAX_BYTES", 1 << 30 if beside else 0)
+    bundle = tiny_bundle()
+    size, copies, copy_bytes = (bundle / names.WEIGHTS_FILE).stat().st_size, [], private_copy.copy_bytes
+    monkeypatch.setattr(private_copy, "copy_bytes", lambda *a: copies.append(a[2]) or copy_bytes(*a))
+    t = Translator(bundle, device="cpu")
+    assert (t.decoder_variant, copies) == ("fused", [size])
+    t.translate_batch(TEXTS, beam_size=2, return_attention=True)  # the standard decoder, loaded later: a copy
+    assert copies == [size, size]
+
+
 def test_a_weights_file_changed_after_the_export_is_refused():
     path = copy_bundle(tiny_bundle(), "swapped-weights")
     shutil.copyfile(tiny_bundle(quantize="int8") / names.WEIGHTS_FILE, path / names.WEIGHTS_FILE)

@@ -153,10 +153,8 @@ def prep_spec(step: str, model: str, work: Path, mode: dict, size: dict) -> dict
     precision = step.split("-")[1]
     quantize = precision[:4] if precision.startswith("int") else None
     dtype = "float16" if precision == "fp16" else "float32"
-    bundle, bits = str(out / f"bundle-{precision}"), 4 if precision == "int4t4" else None
-    return dict(
-        job="export", model_dir=str(mdir), out=bundle, quantize=quantize, dtype=dtype, table_bits=bits
-    )
+    spec = dict(job="export", model_dir=str(mdir), out=str(out / f"bundle-{precision}"), quantize=quantize)
+    return spec | {"dtype": dtype, "table_bits": 4 if precision == "int4t4" else None}
 
 
 def run_step(model: str, step: str, ctx: dict, results: dict) -> dict:

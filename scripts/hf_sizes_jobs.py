@@ -168,9 +168,7 @@ def job_export(spec: dict) -> dict:
 
     base = memory_mb()["rss_mb"]
     t = time.perf_counter()
-    options = dict(
-        quantize=spec["quantize"], dtype=spec.get("dtype", "float32"), table_bits=spec.get("table_bits")
-    )
+    options = {k: spec.get(k) for k in ("quantize", "table_bits")} | {"dtype": spec.get("dtype", "float32")}
     export_hf_bundle(spec["model_dir"], spec["out"], force=True, **options)
     seconds = time.perf_counter() - t
     files = {p.name: p.stat().st_size for p in Path(spec["out"]).iterdir() if p.suffix in (".onnx", ".bin")}

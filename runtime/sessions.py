@@ -4,7 +4,6 @@ one loaded late, and the optimized graphs kept between loads (runtime/devices.py
 from __future__ import annotations
 
 import contextlib
-
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -172,7 +171,15 @@ def open_sessions(
         return _open(bundle, device, tuning, intra_threads, release_bytes, check_late, cache)
 
 
-def _open(bundle: Bundle, device: str, tuning, intra_threads, release_bytes, check_late, cache) -> Sessions:
+def _open(
+    bundle: Bundle,
+    device: str,
+    tuning: SessionTuning,
+    intra_threads: int,
+    release_bytes: bool,
+    check_late: Callable[[str, object], None] | None,
+    cache: SessionCache | None,
+) -> Sessions:
     """open_sessions' work, while every session it makes maps one link of the weights file."""
     picked, why = pick_device(device)
     checked = _session_loader(bundle, tuning, intra_threads, picked, release_bytes=release_bytes, cache=cache)

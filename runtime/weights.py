@@ -184,11 +184,7 @@ class WeightsFile:
             yield
         finally:
             kept, self._kept = self._kept[0], None
-            if kept is not None:
-                folder, fresh = kept
-                shutil.rmtree(folder, ignore_errors=True)
-                if fresh is not None:
-                    os.close(fresh)
+            _unlink(kept)
 
     def _linked(self) -> tuple[tuple[str, int | None] | None, bool]:
         """(the link for a session, whether the caller removes it after the session is made)."""
@@ -217,14 +213,12 @@ class WeightsFile:
         self._wait_copy()
         linked, own = self._linked()
         if linked is not None:
-            folder, fresh = linked
+            folder = linked[0]
             try:
                 return create(lambda options: options.add_session_config_entry(FOLDER_OPTION, folder))
             finally:
                 if own:
-                    shutil.rmtree(folder, ignore_errors=True)
-                    if fresh is not None:
-                        os.close(fresh)  # the session's mapping keeps what it reads
+                    _unlink(linked)  # the session's mapping keeps what it reads
         with mmap.mmap(self._file_fd, 0, access=mmap.ACCESS_READ) as held:
             data = memoryview(held)
             try:
@@ -255,6 +249,15 @@ class WeightsFile:
                 f"{self.path}: changed since it was read (sha256 differs from bundle.json); re-export "
                 "the bundle, or wait for the export that is writing it"
             )
+
+
+def _unlink(linked: tuple[str, int | None] | None) -> None:
+    """Removes a link WeightsFile._link made, and closes its fresh copy's descriptor (if any)."""
+    if linked is not None:
+        folder, fresh = linked
+        shutil.rmtree(folder, ignore_errors=True)
+        if fresh is not None:
+            os.close(fresh)
 
 
 @contextlib.contextmanager

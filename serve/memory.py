@@ -1,10 +1,8 @@
 """Giving memory back after a burst: the serving scheduler's part of issue 37, item 8.
 
 Two allocators keep what a burst of large rounds took, and neither gives it back by itself:
-- onnxruntime's CPU arena (a BFC arena) grows by chunks to hold the largest round's tensors (the cache is
-  rows x slots x layers x d_model) and keeps them for the session's life. Its documented remedy is a run
-  option, "memory.enable_memory_arena_shrinkage", which frees the arena's wholly unused chunks at the end of
-  that run; the rounds ask for it through runtime/arena.py's `ArenaShrink`;
+- onnxruntime's CPU arena, which the rounds shrink through runtime/arena.py's `ArenaShrink` (its docstring
+  says how);
 - glibc's malloc keeps freed blocks of the numpy arrays (the rounds' inputs, the cross rows of
   runtime/row_layout.py, the encoder's outputs on the request threads' arenas) below its mmap threshold in its
   heaps; `trim()` calls malloc_trim(0), which returns their free pages, when the scheduler falls idle (the
@@ -96,6 +94,9 @@ class RowGate:
 
 
 IDLE_S = 0.2  # idle this long after a burst, the scheduler gives memory back (the requests' threads are done)
+# ... and trims once more this long after: on a loaded machine a request's thread may still hold its buffers
+# (encoder outputs, the answer) at the first trim, and what it frees later would stay resident
+LATE_TRIM_S = 2.0
 # a trim costs a walk of the heaps: not after every one-sentence request of a lone client
 TRIM_AFTER_ROUNDS = 64
 

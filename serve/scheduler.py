@@ -20,7 +20,7 @@ from seq2onnx.runtime.beam import BeamProgram, advance_together
 from seq2onnx.runtime.plan import SearchJob
 
 from .engine import Cancelled, Job
-from .memory import IDLE_S, TRIM_AFTER_ROUNDS, trim
+from .memory import IDLE_S, LATE_TRIM_S, TRIM_AFTER_ROUNDS, trim
 from .round_profile import round_profile
 
 __all__ = ["Member", "RoundFailed", "Scheduler", "member_of"]
@@ -112,7 +112,7 @@ class Scheduler:
         self._searches = 0  # submitted and not finished (under _cond: what idle() reads)
         self._closed = False
         # memory given back after bursts (serve/memory.py); the runner's buffers kept while idle
-        self._trimmed_at, self._release_due, self._clear_due = 0, False, False
+        self._trimmed_at, self._release_due, self._clear_due, self._late_trim_due = 0, False, False, False
         self.rounds = 0
         self.last_rows = 0
         self.profile = round_profile()  # SEQ2ONNX_PROFILE_ROUNDS=1: where the rounds' time goes
@@ -175,6 +175,12 @@ class Scheduler:
                         self.runner.clear()
                         if self._release_due:
                             self._release()
+                    continue
+                if self._late_trim_due:  # after a release: what the requests' threads let go of since
+                    if not self._cond.wait(timeout=LATE_TRIM_S):
+                        self._late_trim_due = False
+                        gc.collect()
+                        trim()
                     continue
                 self._cond.wait()
             new, self._incoming = self._incoming, []
@@ -255,7 +261,7 @@ class Scheduler:
 
     def _release(self) -> None:
         """The arena's chunks and the heaps' free pages back to the system (under the lock: a few ms)."""
-        self._release_due, self._trimmed_at = False, self.rounds
+        self._release_due, self._trimmed_at, self._late_trim_due = False, self.rounds, True
         gc.collect()  # the burst's searches sit in reference cycles (programs, their steps and members)
         try:
             for _ in range(2 if self.runner.shrink.enabled else 0):  # twice: the first run's tensors may pin

@@ -1,4 +1,5 @@
-"""Helpers the test files share: the `seq2onnx` command in a child process, and a free local port.
+"""Helpers the test files share: the `seq2onnx` command in a child process or in this one, and a free local
+port.
 
 Plain functions, not fixtures, so that module-level code and helper functions can call them too.
 Nothing here imports torch: the runtime-only run (.ci/run) imports this module as well.
@@ -58,6 +59,31 @@ def cli(
         env=ENV if env is None else env,
         timeout=timeout,
     )
+
+
+def cli_here(*args) -> subprocess.CompletedProcess:
+    """Runs `seq2onnx ARGS` in this process (commands.main.main), output captured as cli() captures it.
+
+    For the commands that need torch (export, verify): a child pays about 2.4 s of CPU to import it, which
+    a test worker has already paid. What these tests check (exit status, files, the one-line error) is
+    main()'s; cli() stays for what only a process shows (signals, locale, the console entry, concurrency),
+    and tests/test_cli_errors.py runs each command's errors in a real child.
+
+    Args:
+        *args: the command line after `seq2onnx` (converted with str).
+    """
+    import contextlib
+    import io
+
+    from seq2onnx.commands.main import main
+
+    argv, out, err = [str(a) for a in args], io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's usage errors exit 2, as in a child
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["seq2onnx", *argv], code, out.getvalue(), err.getvalue())
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ENV, REPO, cli  # ENV: one OpenMP thread, as CTranslate2 needs here
+from helpers import ENV, REPO, cli_here  # ENV: one OpenMP thread, as CTranslate2 needs here
 from tiny import scratch, tiny_run
 
 from seq2onnx.atomic import MARKER
@@ -87,7 +87,7 @@ def reference(beam_size: int) -> tuple[list[str], list[list[int]]]:
 @pytest.mark.slow
 def test_export_writes_the_directory_and_refuses_to_overwrite_without_force():
     out = scratch("ct2-cli") / "model"
-    r = cli("export", "--format", "ctranslate2", str(ckpt()), str(out))
+    r = cli_here("export", "--format", "ctranslate2", str(ckpt()), str(out))
     assert r.returncode == 0, r.stderr
     assert {p.name for p in out.iterdir()} == CT2_FILES
     # nothing left beside it: no temporary directory, no lock
@@ -113,13 +113,13 @@ def test_export_writes_the_directory_and_refuses_to_overwrite_without_force():
         assert (out / name).read_bytes() == (ckpt().resolve() / name).read_bytes()
 
     before = (out / "model.bin").stat().st_mtime_ns
-    r = cli("export", "--format", "ctranslate2", str(ckpt()), str(out))
+    r = cli_here("export", "--format", "ctranslate2", str(ckpt()), str(out))
     assert r.returncode == 1 and "already exists; pass --force" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert (out / "model.bin").stat().st_mtime_ns == before
 
     (out / "stale").write_text("from before")
-    r = cli("export", "--format", "ctranslate2", str(ckpt()), str(out), "--force")
+    r = cli_here("export", "--format", "ctranslate2", str(ckpt()), str(out), "--force")
     assert r.returncode == 0, r.stderr
     assert {p.name for p in out.iterdir()} == CT2_FILES  # replaced whole, not merged
 
@@ -127,7 +127,7 @@ def test_export_writes_the_directory_and_refuses_to_overwrite_without_force():
 @pytest.mark.slow
 def test_onnx_options_are_refused_for_ctranslate2():
     out = scratch("ct2-opts") / "model"
-    r = cli(
+    r = cli_here(
         "export",
         "--format",
         "ctranslate2",
@@ -215,7 +215,7 @@ def test_the_docs_snippet_translates_as_pytorch_beam_search():
 @pytest.mark.slow
 def test_verify_passes_for_the_exported_model(tmp_path):
     report_path = tmp_path / "report.json"
-    r = cli("verify", str(ckpt()), str(exported()), "--json", str(report_path))
+    r = cli_here("verify", str(ckpt()), str(exported()), "--json", str(report_path))
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert lines[-1] == "PASSED" and "FAIL" not in r.stdout
@@ -236,7 +236,7 @@ def test_verify_passes_for_the_exported_model(tmp_path):
 @pytest.mark.slow
 def test_verify_fails_on_a_perturbed_weight_and_shows_both_scores(tmp_path):
     report_path = tmp_path / "report.json"
-    r = cli("verify", str(ckpt()), str(damaged_copy(0.2)), "--json", str(report_path))
+    r = cli_here("verify", str(ckpt()), str(damaged_copy(0.2)), "--json", str(report_path))
     assert r.returncode == 1, r.stdout + r.stderr
     assert r.stdout.splitlines()[-1].startswith("FAILED") and "FAIL " in r.stdout
     report = json.loads(report_path.read_text())

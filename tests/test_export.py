@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from helpers import cli
+from helpers import cli_here
 from tiny import scratch, tiny_bundle, tiny_run
 
 from seq2onnx.export.bundle import DECODING_DEFAULTS, TOLERANCES, ExportError, export_bundle
@@ -507,7 +507,7 @@ def test_cli_export_errors_are_one_line():
     out = scratch("cli-out") / "bundle"
     for label in ("missing weights", "does not exist"):
         path, pattern = cases[label]
-        r = cli("export", str(path), str(out))
+        r = cli_here("export", str(path), str(out))
         assert r.returncode == 1, (label, r.stderr)
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert len(lines) == 1, r.stderr
@@ -515,7 +515,7 @@ def test_cli_export_errors_are_one_line():
         assert re.search(pattern, lines[0]), lines[0]
         assert not out.exists()
     existing = fp32_bundle()
-    r = cli("export", str(run_dir()), str(existing))
+    r = cli_here("export", str(run_dir()), str(existing))
     assert r.returncode == 1
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("seq2onnx export: error:") and "--force" in lines[0], (
@@ -526,13 +526,13 @@ def test_cli_export_errors_are_one_line():
 @pytest.mark.slow
 def test_cli_export_decoder_choice():
     out = scratch("cli-decoder") / "bundle"
-    r = cli("export", str(run_dir()), str(out), "--decoder", "standard")
+    r = cli_here("export", str(run_dir()), str(out), "--decoder", "standard")
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in out.glob("*.onnx")) == sorted(GRAPHS)
-    r = cli("export", str(run_dir()), str(out), "--force")  # the default: both decoders
+    r = cli_here("export", str(run_dir()), str(out), "--force")  # the default: both decoders
     assert r.returncode == 0, r.stderr
     assert fmt.read_bundle(out).decoder_variants == ["standard", "fused"]
-    r = cli("export", str(run_dir()), str(out), "--force", "--decoder", "fused-only")
+    r = cli_here("export", str(run_dir()), str(out), "--force", "--decoder", "fused-only")
     assert r.returncode != 0 and "--decoder" in r.stderr
 
 

@@ -21,6 +21,7 @@ from extras import require
 require("transformers", "hf")
 
 import hf_fixtures as F  # noqa: E402
+from helpers import cli_here  # noqa: E402
 from seq2onnx.commands.main import main  # noqa: E402
 from seq2onnx.export.hf.bundle import export_hf_bundle  # noqa: E402
 from seq2onnx.export.hf.read import HFImportError  # noqa: E402
@@ -207,12 +208,7 @@ def test_cli_export_translate_and_verify(tmp_path, sentences_file, capsys):
     model_dir = F.cached_model("m2m100")
     bundle = tmp_path / "bundle"
     cli = [sys.executable, "-m", "seq2onnx.commands"]
-    done = subprocess.run(
-        [*cli, "export", str(model_dir), str(bundle), "--decoder", "standard"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = cli_here("export", model_dir, bundle, "--decoder", "standard")  # torch's commands in this process
     assert done.returncode == 0, done.stderr
     text = F.test_sentences(1)[0]
     got = {
@@ -231,25 +227,19 @@ def test_cli_export_translate_and_verify(tmp_path, sentences_file, capsys):
     (tmp_path / "in.txt").write_text(text + "\n", encoding="utf-8")
     assert main(["translate", str(bundle), "--target-lang", "xx", "-i", str(tmp_path / "in.txt")]) == 1
     assert "--target-lang 'xx' is not a language of this model" in capsys.readouterr().err
-    verified = subprocess.run(
-        [
-            *cli,
-            "verify",
-            str(model_dir),
-            str(bundle),
-            "--data",
-            str(sentences_file),
-            "--quiet",
-            "--sentences",
-            "10",
-            "--tensor-sentences",
-            "2",
-            "--target-lang",
-            "de",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    verified = cli_here(
+        "verify",
+        model_dir,
+        bundle,
+        "--data",
+        sentences_file,
+        "--quiet",
+        "--sentences",
+        "10",
+        "--tensor-sentences",
+        "2",
+        "--target-lang",
+        "de",
     )
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert verified.stdout.rstrip().endswith("PASSED")

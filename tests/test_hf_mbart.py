@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -21,11 +19,10 @@ from extras import require
 require("transformers", "hf")
 
 import hf_fixtures as F  # noqa: E402
+from helpers import cli_here  # noqa: E402
 import hf_mbart as M  # noqa: E402
 from seq2onnx.commands.main import main  # noqa: E402
 from seq2onnx.runtime.translator import Translator  # noqa: E402
-
-CLI = [sys.executable, "-m", "seq2onnx.commands"]
 
 
 @pytest.mark.slow
@@ -46,9 +43,7 @@ def test_fixture_is_mbart50_as_transformers_5_saves_it():
 def test_export_verifies_against_generate_in_both_target_languages(tmp_path, capsys):
     model_dir = M.cached_mbart()
     bundle = tmp_path / "bundle"
-    done = subprocess.run(
-        [*CLI, "export", str(model_dir), str(bundle)], capture_output=True, text=True, timeout=300
-    )
+    done = cli_here("export", model_dir, bundle)
     assert done.returncode == 0, done.stderr
     meta = json.loads((bundle / "bundle.json").read_text())
     assert (
@@ -66,7 +61,7 @@ def test_export_verifies_against_generate_in_both_target_languages(tmp_path, cap
     assert meta["decoding"]["forced_eos"] is True and meta["special_ids"]["decoder_start"] == 2
     data = tmp_path / "sentences.txt"
     data.write_text("\n".join(F.test_sentences(30)) + "\n", encoding="utf-8")
-    for lang in ("fr_XX", "de_DE"):  # the command in this process: the export above was its child
+    for lang in ("fr_XX", "de_DE"):  # the command in this process
         report = F.verify_command(
             capsys, model_dir, bundle, data, "--source-lang", "en_XX", "--target-lang", lang
         )
@@ -95,7 +90,7 @@ def test_tokenizer_json_alone_is_refused_naming_the_file(tmp_path, capsys):
     shutil.copytree(M.cached_mbart(), model_dir)
     (model_dir / M.SPM_FILE).unlink()
     out = tmp_path / "bundle"
-    assert main(["export", str(model_dir), str(out)]) == 1  # in this process (test_hf_nllb's is a child)
+    assert main(["export", str(model_dir), str(out)]) == 1  # in this process
     stderr = capsys.readouterr().err
     [error] = [line for line in stderr.splitlines() if line.startswith("seq2onnx export: error:")]
     for words in (

@@ -9,8 +9,6 @@ and where it comes from, writing nothing.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -19,9 +17,8 @@ from extras import require
 require("transformers", "hf")
 
 import hf_fixtures as F  # noqa: E402
+from helpers import cli_here  # noqa: E402
 import hf_nllb as N  # noqa: E402
-
-CLI = [sys.executable, "-m", "seq2onnx.commands"]
 
 
 @pytest.mark.slow
@@ -41,12 +38,7 @@ def test_tokenizer_is_what_transformers_5_saves():
 def test_hub_snapshot_exports_and_verifies(tmp_path, capsys):
     model_dir = N.cached_nllb(with_spm=True)
     bundle = tmp_path / "bundle"
-    done = subprocess.run(
-        [*CLI, "export", str(model_dir), str(bundle), "--decoder", "standard"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = cli_here("export", model_dir, bundle, "--decoder", "standard")
     assert done.returncode == 0, done.stderr
     meta = json.loads((bundle / "bundle.json").read_text())
     tokens = meta["tokens"]
@@ -55,7 +47,7 @@ def test_hub_snapshot_exports_and_verifies(tmp_path, capsys):
     assert tokens["source_prefix"] == [tokens["languages"]["eng_Latn"]] and tokens["source_suffix"] == [2]
     data = tmp_path / "sentences.txt"
     data.write_text("\n".join(F.test_sentences(30)) + "\n", encoding="utf-8")
-    for lang in ("fra_Latn", "deu_Latn"):  # the command in this process: the export above was its child
+    for lang in ("fra_Latn", "deu_Latn"):  # the command in this process
         report = F.verify_command(
             capsys, model_dir, bundle, data, "--source-lang", "eng_Latn", "--target-lang", lang
         )
@@ -68,9 +60,7 @@ def test_hub_snapshot_exports_and_verifies(tmp_path, capsys):
 def test_tokenizer_json_alone_is_refused_naming_the_file(tmp_path):
     model_dir = N.cached_nllb(with_spm=False)
     out = tmp_path / "bundle"
-    run = subprocess.run(
-        [*CLI, "export", str(model_dir), str(out)], capture_output=True, text=True, timeout=300
-    )
+    run = cli_here("export", model_dir, out)
     assert run.returncode == 1
     errors = [line for line in run.stderr.splitlines() if line.startswith("seq2onnx export: error:")]
     assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr

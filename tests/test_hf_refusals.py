@@ -12,8 +12,6 @@ import hashlib
 import json
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from extras import require
 require("transformers", "hf")
 
 import hf_fixtures as F  # noqa: E402
+from helpers import cli_here  # noqa: E402
 from seq2onnx.export.hf.bundle import export_hf_bundle  # noqa: E402
 from seq2onnx.export.hf.checks import (  # noqa: E402
     MIN_POSITIONS,
@@ -251,7 +250,7 @@ CASES = {
         [WEIGHTS, EMBED, "header is damaged"],
     ),
 }
-# Run as typed (`seq2onnx export DIR OUT`): one of each file; the rest call the function the command calls.
+# Run as typed (`seq2onnx export DIR OUT`, in this process): one of each file; the rest call the function the command calls.
 TYPED = (
     "gen_max_length_-1",
     "gen_num_beams_0",
@@ -303,13 +302,9 @@ def test_refused_by_name(tmp_path, name):
 def test_refused_as_typed(tmp_path, name):
     broken = _broken(tmp_path, name)
     before = _digest(broken)
-    command = Path(sys.executable).parent / "seq2onnx"
-    run = subprocess.run(
-        [str(command), "export", str(broken), str(tmp_path / "bundle")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = cli_here(
+        "export", broken, tmp_path / "bundle"
+    )  # the command's main(); test_cli_errors runs a child
     assert run.returncode == 1, run.stderr
     lines = run.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"seq2onnx export: error: {broken}"), run.stderr

@@ -179,7 +179,7 @@ def test_directory_without_spiece_model_is_refused_naming_the_file(tmp_path, cap
     shutil.copytree(T.cached_t5("mt5", 0, True), model_dir)
     (model_dir / T.SPM_FILE).unlink()
     out = tmp_path / "bundle"
-    assert main(["export", str(model_dir), str(out)]) == 1  # in this process (test_hf_nllb's is a child)
+    assert main(["export", str(model_dir), str(out)]) == 1  # in this process
     stderr = capsys.readouterr().err
     [error] = [line for line in stderr.splitlines() if line.startswith("seq2onnx export: error:")]
     for words in ("spiece.model: missing", "google/mt5-small", str(model_dir)):

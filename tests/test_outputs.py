@@ -10,7 +10,7 @@ import pytest
 
 from seq2onnx import atomic
 from seq2onnx.export.ctranslate2.convert import ct2_available
-from helpers import cli
+from helpers import cli, cli_here
 from tiny import scratch, tiny_run
 
 CHECKPOINT_FILES = {"config.json", "model.safetensors", "source.spm.model", "target.spm.model"}
@@ -32,7 +32,7 @@ FORMATS = ["onnx"] + (["ctranslate2"] if ct2_available()[0] else [])
 def test_export_into_its_own_checkpoint_is_refused_and_the_checkpoint_kept(checkpoint, format_):
     before = {p.name: p.read_bytes() for p in checkpoint.iterdir()}
     for out in (checkpoint, checkpoint / "bundle", checkpoint.parent):
-        r = cli("export", checkpoint, out, "--force", "--format", format_)
+        r = cli_here("export", checkpoint, out, "--force", "--format", format_)
         assert r.returncode == 1, r.stderr
         assert "overlaps the checkpoint" in r.stderr and "choose an output outside it" in r.stderr, r.stderr
     assert {p.name: p.read_bytes() for p in checkpoint.iterdir()} == before
@@ -43,7 +43,7 @@ def test_export_into_its_own_checkpoint_is_refused_and_the_checkpoint_kept(check
 def test_export_into_a_run_through_its_last_link_is_refused(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(tiny_run(), run, symlinks=True)
-    r = cli("export", run / "last", run, "--force")
+    r = cli_here("export", run / "last", run, "--force")
     assert r.returncode == 1 and "overlaps the checkpoint" in r.stderr, r.stderr
     assert (run / "last" / "model.safetensors").is_file()
 
@@ -54,14 +54,14 @@ def test_force_never_empties_a_folder_seq2onnx_did_not_write(checkpoint, tmp_pat
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "important.txt").write_text("keep me\n")
-    r = cli("export", checkpoint, mine, "--force", "--format", format_)
+    r = cli_here("export", checkpoint, mine, "--force", "--format", format_)
     assert r.returncode == 1 and "non-empty directory that seq2onnx did not write" in r.stderr, r.stderr
     assert [p.name for p in mine.iterdir()] == ["important.txt"]
     # an export's own output is replaced with --force; and it is marked as ours
     out = tmp_path / "out"
-    assert cli("export", checkpoint, out, "--format", format_).returncode == 0
+    assert cli_here("export", checkpoint, out, "--format", format_).returncode == 0
     assert (out / atomic.MARKER).is_file()
-    r = cli("export", checkpoint, out, "--force", "--format", format_)
+    r = cli_here("export", checkpoint, out, "--force", "--format", format_)
     assert r.returncode == 0, r.stderr
 
 

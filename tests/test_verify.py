@@ -7,7 +7,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from helpers import cli_here
 from tiny import scratch, tiny_bundle, tiny_run
 
 from seq2onnx.export.bundle import TOLERANCES
@@ -29,7 +29,6 @@ from seq2onnx.runtime.session_tuning import SessionTuning
 from seq2onnx.runtime.u8s8_probe import precision_entries
 from seq2onnx.runtime.translator import Translator
 
-REPO = Path(__file__).resolve().parents[1]
 
 VARIANTS = {
     "post-LN tied": (False, True),
@@ -314,22 +313,7 @@ def test_format_report_lists_only_deciding_checks_with_bounds():
 
 
 def cli_verify(bundle: Path, json_out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "seq2onnx.commands",
-            "verify",
-            str(tiny_run(False, True)),
-            str(bundle),
-            "--json",
-            str(json_out),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return cli_here("verify", tiny_run(False, True), bundle, "--json", json_out)
 
 
 @pytest.mark.slow

@@ -38,13 +38,15 @@ def _fields(buf, start: int, end: int):
     """(field number, wire type, value) of one message; value is an int (varint) or (start, end)."""
     pos = start
     while pos < end:
-        key, pos = _varint(buf, pos)
+        key = buf[pos]  # one byte, the common case inline: a load reads ~60k varints
+        key, pos = (key, pos + 1) if key < 0x80 else _varint(buf, pos)
         number, wire = key >> 3, key & 7
         if wire == 0:
             value, pos = _varint(buf, pos)
             yield number, wire, value
         elif wire == 2:
-            n, pos = _varint(buf, pos)
+            n = buf[pos]
+            n, pos = (n, pos + 1) if n < 0x80 else _varint(buf, pos)
             if pos + n > end:
                 raise GraphReadError("a field runs past the end of its message")
             yield number, wire, (pos, pos + n)
@@ -281,7 +283,7 @@ def _read_node(buf, span, info: GraphInfo) -> None:
     Raises:
         IndexError: the file ends inside a field.
     """
-    op, inputs, outputs, values = "", [], [], []
+    op, inputs, outputs, attributes = "", [], [], []
     for n, w, v in _fields(buf, *span):
         if w != 2:
             continue
@@ -292,7 +294,9 @@ def _read_node(buf, span, info: GraphInfo) -> None:
         elif n == 4:
             op = _text(buf, v)
         elif n == 5:
-            values.extend(av for an, aw, av in _fields(buf, *v) if an == 5 and aw == 2)
-    if op == "Constant" and values and outputs:
-        info.shapes[outputs[0]] = _tensor(buf, values[0])[1]
+            attributes.append(v)  # read below for a Constant only (most nodes are not)
+    if op == "Constant" and outputs:
+        values = [av for a in attributes for an, aw, av in _fields(buf, *a) if an == 5 and aw == 2]
+        if values:
+            info.shapes[outputs[0]] = _tensor(buf, values[0])[1]
     info.nodes.append((op, inputs, outputs))

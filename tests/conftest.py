@@ -99,9 +99,13 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: half as many workers again as cores (3 on 2 cores). Many tests wait on a child process, a
-    server or a Ray job; a spare worker fills those waits (the suite took 640 s at 3 workers on 2 cores,
-    against 692 s at 2)."""
+    server or a Ray job; a spare worker fills those waits (the suite: 530-571 s at 3 workers on 2 cores,
+    589 s at 2). The fast subset (`-m "not slow"`) seldom waits: one worker per core (68-96 s at 2 workers, median
+    88, against 84-105 s at 3, median 96, five runs each: the third worker's collection and contention cost
+    more CPU, 109-157 s against 148-184, than it fills)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if config.getoption("markexpr", "").replace(" ", "") == "notslow":
+        return max(2, cores)
     return max(2, cores * 3 // 2)
 
 

@@ -168,6 +168,31 @@ def test_fused_rounds_keep_their_buffers_between_requests_and_drop_them_when_idl
         e.close()
 
 
+def test_after_a_burst_the_idle_scheduler_trims_once_more_late(bundle, monkeypatch):
+    """The memory is given back when the scheduler falls idle, and the heaps are trimmed once more LATE_TRIM_S
+    later (what a request's thread freed after the first trim), then not again."""
+    from seq2onnx.serve import scheduler
+
+    trims = []
+    monkeypatch.setattr(scheduler, "trim", lambda: trims.append(time.monotonic()))
+    monkeypatch.setattr(scheduler, "TRIM_AFTER_ROUNDS", 1)  # any request is a burst here
+    monkeypatch.setattr(scheduler, "IDLE_S", 0.05)
+    monkeypatch.setattr(scheduler, "LATE_TRIM_S", 0.3)
+    t = Translator(bundle, device="cpu")
+    e = ContinuousEngine(t, solo=False)
+    try:
+        texts, options = REQUESTS[2]
+        _same(e.submit(texts, e.check(options)).future.result(timeout=60), _alone(t, texts, options))
+        deadline = time.monotonic() + 30
+        while len(trims) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.6)  # two late periods more: no third trim
+        assert len(trims) == 2, trims
+        assert trims[1] - trims[0] >= 0.3
+    finally:
+        e.close()
+
+
 @pytest.mark.parametrize("decoder", ["fused", "standard"])
 def test_a_lone_request_is_decoded_alone_and_requests_meanwhile_join_the_lanes(bundle, decoder, monkeypatch):
     """solo (the default): a request that finds nothing decoding runs translate_batch's own search on its worker

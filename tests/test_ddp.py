@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,21 +151,29 @@ def one_process(tmp_path_factory) -> Path:
     return train(TrainOptions(out=str(tmp_path_factory.mktemp("one") / "run"), max_steps=20, **OPTIONS))
 
 
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory) -> tuple[Path, str]:
+    """10 steps on 2 processes under torchrun: the run directory (tests copy it before resuming) and its
+    stdout. One 2-process run serves both the comparison and the resume in one process."""
+    run = tmp_path_factory.mktemp("two") / "run"
+    return run, _run(_torchrun(run, 10)).stdout
+
+
 @pytest.mark.slow
-def test_two_processes_match_one_process(tmp_path, one_process):
-    run = tmp_path / "two"
-    done = _run(_torchrun(run, 20))
-    assert "x 2 processes" in done.stdout  # it did train on two ranks
-    assert done.stdout.count("training ") == 1  # rank 0 alone reports
-    two, one = _state(run), _state(one_process)
-    assert two["step"] == one["step"] == 20
-    assert (two["epoch"], two["batch_in_epoch"]) == (one["epoch"], one["batch_in_epoch"])
-    _assert_same_history(two["history"], one["history"])
+def test_two_processes_match_one_process(two_processes, tmp_path):
+    run, stdout = two_processes
+    assert "x 2 processes" in stdout  # it did train on two ranks
+    assert stdout.count("training ") == 1  # rank 0 alone reports
+    one = train(TrainOptions(out=str(tmp_path / "one"), max_steps=10, **OPTIONS))
+    two, ref = _state(run), _state(one)
+    assert two["step"] == ref["step"] == 10
+    assert (two["epoch"], two["batch_in_epoch"]) == (ref["epoch"], ref["batch_in_epoch"])
+    _assert_same_history(two["history"], ref["history"])
     # The keys' biases are left out: softmax ignores a shift shared by all keys, so their gradient is
     # rounding noise, which Adam (eps 1e-9) turns into full-size steps in either run; they do not
     # change the output, as the equal validation losses show. The other weights agree closely.
     a, _, _ = checkpoint.load(run)
-    b, _, _ = checkpoint.load(one_process)
+    b, _, _ = checkpoint.load(one)
     worst = max(
         (a.state_dict()[k] - v).abs().max().item()
         for k, v in b.state_dict().items()
@@ -175,10 +184,9 @@ def test_two_processes_match_one_process(tmp_path, one_process):
 
 
 @pytest.mark.slow
-def test_two_process_checkpoint_resumes_in_one_process(tmp_path, one_process):
+def test_two_process_checkpoint_resumes_in_one_process(two_processes, tmp_path, one_process):
     run = tmp_path / "run"
-    _run(_launch(run, 10))
-    assert _state(run)["step"] == 10
+    shutil.copytree(two_processes[0], run, symlinks=True)  # "last" is a link
     train(TrainOptions(out=str(run), max_steps=20, resume=True, **OPTIONS))
     state = _state(run)
     assert state["step"] == 20
@@ -187,6 +195,7 @@ def test_two_process_checkpoint_resumes_in_one_process(tmp_path, one_process):
 
 @pytest.mark.slow
 def test_one_process_checkpoint_resumes_in_two_processes(tmp_path, one_process):
+    """Through model.distributed.launch, what `seq2onnx train --nproc 2` calls."""
     run = tmp_path / "run"
     train(TrainOptions(out=str(run), max_steps=10, **OPTIONS))
     done = _run(_launch(run, 20, "--resume"))

@@ -1,8 +1,10 @@
 """serve/ray_deploy.py: the serve app as a Ray Serve deployment, 2 replicas on a local 2-CPU Ray.
 
-Real HTTP to Ray's proxy on 127.0.0.1. One module-scoped deployment; the tests run in order:
-requests spread over both replicas (X-Replica), then one replica is killed under load and must be
-replaced while every request the client sent ends with exactly one right answer.
+One deployment for the module, started as a user starts it (`python -m seq2onnx.serve.ray_deploy BUNDLE
+--replicas 2`, its own local Ray), with real HTTP to Ray's proxy on 127.0.0.1. The tests run in order:
+requests spread over both replicas (X-Replica), the app's other endpoints answer through the proxy, then
+one replica's process is SIGKILLed under load and must be replaced while every request the client sent
+ends with exactly one right answer, and last SIGINT stops the command with exit status 0.
 
 What a client sees of a replica killed under it (docs/serving-ray.md, with the evidence): a request
 the dead replica had accepted is answered by the proxy with 500 and Ray's ActorDiedError text (Ray
@@ -67,27 +69,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _replicas(serve) -> dict:
-    """The deployment's replica states, e.g. {"RUNNING": 2}."""
-    from seq2onnx.serve.ray_deploy import APP_NAME, DEPLOYMENT_NAME
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> command line of every live process under `root` (Ray's daemons and workers are below the
+    command that started the local Ray)."""
+    parent, cmdline = {}, {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmdline[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, IndexError, ValueError):
+                continue  # exited meanwhile
+    found, frontier = {}, {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier and pid not in found}
+        found.update((pid, cmdline[pid]) for pid in frontier)
+    return found
 
-    app = serve.status().applications.get(APP_NAME)
-    return (
-        dict(app.deployments[DEPLOYMENT_NAME].replica_states)
-        if app and DEPLOYMENT_NAME in app.deployments
-        else {}
-    )
 
-
-def _replica_actors(ray) -> dict[str, str]:
-    """Tag -> actor name of the live replica actors (named SERVE_REPLICA::app#deployment#tag)."""
-    from seq2onnx.serve.ray_deploy import APP_NAME, DEPLOYMENT_NAME
-
-    prefix = f"SERVE_REPLICA::{APP_NAME}#{DEPLOYMENT_NAME}#"
-    names = [
-        a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)
-    ]
-    return {n[len(prefix) :]: n for n in names}
+def _replica_pids(root: int) -> set[int]:
+    """The replica actors' processes (Ray titles them "ray::ServeReplica:<app>:<deployment>")."""
+    return {pid for pid, cmd in _descendants(root).items() if cmd.startswith("ray::ServeReplica")}
 
 
 def test_build_refuses_a_wrong_bundle_or_limit_before_any_replica_starts(bundle, tmp_path):
@@ -104,56 +106,6 @@ def test_build_refuses_a_wrong_bundle_or_limit_before_any_replica_starts(bundle,
         build(bundle, max_texts=0)
     assert main([str(tmp_path), "--port", "1"]) == 2  # one line on stderr, and no Ray started
     assert main([str(bundle), "--detach"]) == 2  # a local Ray would end with the command
-
-
-@pytest.mark.slow
-def test_the_module_serves_until_sigint(bundle):
-    """`python -m seq2onnx.serve.ray_deploy` on its own local Ray (before the module's Ray starts)."""
-    _ray_serve()
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "seq2onnx.serve.ray_deploy",
-            str(bundle),
-            "--replicas",
-            "1",
-            "--port",
-            str(port),
-        ],
-        env=env,
-        cwd=Path(__file__).parent,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline, answer = time.monotonic() + START_S, None
-        # The proxy listens (404: no route yet) before the replica is up.
-        while (
-            (answer is None or answer.status_code in (404, 503))
-            and time.monotonic() < deadline
-            and proc.poll() is None
-        ):
-            try:
-                answer = httpx.post(
-                    f"http://127.0.0.1:{port}/v1/translate", json={"texts": [TEXTS[0]]}, timeout=10
-                )
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        assert answer is not None, f"no answer within {START_S:.0f} s; exit {proc.poll()}"
-        assert answer.status_code == 200 and answer.headers["x-replica"], answer.text
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=WAIT_S) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        stderr = proc.stderr.read()
-    assert f"1 replica(s) (continuous batching) on http://127.0.0.1:{port}/" in stderr, stderr[-2000:]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -181,43 +133,53 @@ def _one_ray_at_a_time():
 
 
 @pytest.fixture(scope="module")
-def served(bundle):
-    """The deployment on a fresh local Ray (2 CPUs, one per replica); Ray is shut down whatever happens."""
-    ray, serve = _ray_serve()
+def served(bundle, tmp_path_factory):
+    """`python -m seq2onnx.serve.ray_deploy` with 2 replicas on its own local Ray (2 CPUs, one per replica).
+
+    Its stderr goes to a file (Ray's log lines would fill a pipe nobody reads). The last test stops it
+    with SIGINT; whatever happens, its process group is killed at the end.
+    """
+    _ray_serve()
     from seq2onnx.runtime.translator import Translator
-    from seq2onnx.serve.ray_deploy import APP_NAME, build
 
     translator = Translator(bundle, device="cpu", intra_threads=1)
     expected = {t: r.hypotheses[0] for t, r in zip(TEXTS, translator.translate_batch(TEXTS, beam_size=1))}
     port = _free_port()
-    # "local": a fresh instance even where RAY_ADDRESS names a cluster; a small object store (no data moves).
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=100 * 1024 * 1024,
-        logging_level="WARNING",
-    )
-    pool = concurrent.futures.ThreadPoolExecutor(1)
+    stderr = tmp_path_factory.mktemp("ray") / "stderr.txt"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, never a cluster
+    command = [sys.executable, "-m", "seq2onnx.serve.ray_deploy", str(bundle), "--replicas", "2"]
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen(
+            [*command, "--threads", "1", "--port", str(port)],
+            env=env,
+            cwd=Path(__file__).parent,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
-        # serve.run waits for both replicas; on another thread so that the wait is bounded here.
-        # The replicas log at WARNING: an access line per request would bury the test's output.
-        pool.submit(
-            serve.run,
-            build(bundle, num_replicas=2, threads=1),
-            name=APP_NAME,
-            route_prefix="/",
-            logging_config={"log_level": "WARNING"},
-        ).result(timeout=WAIT_S)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0) as client:
-            yield {"ray": ray, "serve": serve, "client": client, "expected": expected}
+            deadline, answer = time.monotonic() + START_S, None
+            # The proxy listens (404: no route yet) before the replicas are up.
+            while (
+                (answer is None or answer.status_code in (404, 503))
+                and time.monotonic() < deadline
+                and proc.poll() is None
+            ):
+                try:
+                    answer = client.post("/v1/translate", json={"texts": [TEXTS[0]]}, timeout=10)
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.5)
+            assert answer is not None and answer.status_code == 200, (
+                f"no answer within {START_S:.0f} s ({answer and answer.status_code}); exit {proc.poll()}: "
+                + stderr.read_text()[-2000:]
+            )
+            yield {"proc": proc, "port": port, "stderr": stderr, "client": client, "expected": expected}
     finally:
-        pool.shutdown(wait=False)
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        if proc.poll() is None:  # a test failed before the SIGINT: end the command and its Ray
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _request(n: int) -> list[str]:
@@ -312,9 +274,9 @@ class Load:
 
 @pytest.mark.slow
 def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered_once(served):
-    ray, serve, client = served["ray"], served["serve"], served["client"]
-    before = _replica_actors(ray)
-    assert len(before) == 2 and _replicas(serve).get("RUNNING") == 2, (before, _replicas(serve))
+    proc, client = served["proc"], served["client"]
+    before = _replica_pids(proc.pid)
+    assert len(before) == 2, _descendants(proc.pid)
     load = Load(client, served["expected"])
     for t in load.threads:
         t.start()
@@ -326,29 +288,28 @@ def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered_o
             and time.monotonic() < deadline
         ):
             time.sleep(0.1)
-        victim = sorted(before)[0]
-        ray.kill(ray.get_actor(before[victim], namespace="serve"), no_restart=True)
+        tags = set(load.served_by())
+        assert len(tags) == 2, f"both replicas did not answer within {WAIT_S:.0f} s: {dict(load.served_by())}"
+        victim = min(before)
+        os.kill(victim, signal.SIGKILL)  # as the kernel's OOM killer or a crash would end it
         killed_at = time.monotonic()
         answered_at_kill = len(load.answers)
-        # Recovery: two RUNNING replicas again, one of them new, and the new one answering requests.
-        recovered_s = None
+        # Recovery: two replica processes again, one of them new, and a new replica answering requests.
+        recovered_s, new = None, None
         while time.monotonic() - killed_at < WAIT_S:
-            now = _replica_actors(ray)
-            if (
-                recovered_s is None
-                and _replicas(serve).get("RUNNING") == 2
-                and len(now) == 2
-                and victim not in now
-            ):
+            now = _replica_pids(proc.pid)
+            if recovered_s is None and len(now) == 2 and victim not in now:
                 recovered_s = time.monotonic() - killed_at
-                new = (set(now) - set(before)).pop()
-            if recovered_s is not None and load.served_by()[new] >= 3:
+            new = next((t for t in load.served_by() if t not in tags), None)
+            if recovered_s is not None and new is not None and load.served_by()[new] >= 3:
                 break
             time.sleep(0.2)
         assert recovered_s is not None, (
-            f"no replacement within {WAIT_S:.0f} s: {_replicas(serve)}, {_replica_actors(ray)}"
+            f"no replacement within {WAIT_S:.0f} s: replica processes {_replica_pids(proc.pid)}"
         )
-        assert load.served_by()[new] >= 3, f"the new replica {new} answered nothing: {dict(load.served_by())}"
+        assert new is not None and load.served_by()[new] >= 3, (
+            f"no new replica answered within {WAIT_S:.0f} s: {dict(load.served_by())}"
+        )
     finally:
         load.stop.set()
         for t in load.threads:
@@ -360,8 +321,8 @@ def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered_o
     errors = [(n, a) for n in sent for a in load.attempts[n] if a[0] != 200]
     retried = [n for n in sent if len(load.attempts[n]) > 1]
     print(
-        f"\nkilled replica {victim} after {answered_at_kill} answered requests; two replicas RUNNING again "
-        f"after {recovered_s:.1f} s (new replica {new})\n"
+        f"\nkilled replica process {victim} after {answered_at_kill} answered requests; two replica processes "
+        f"again after {recovered_s:.1f} s (new replica {new})\n"
         f"requests sent: {len(sent)}, HTTP attempts: {sum(statuses.values())}, by status: {dict(statuses)}\n"
         f"requests retried: {len(retried)}, answered 200 by replica: {dict(load.served_by())}"
     )
@@ -387,3 +348,12 @@ def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered_o
     # A 500 here is the proxy's (the request died with its replica), never the app's: every answer of the app
     # names its replica, and the engine did not fail.
     assert all(a[1] is None for n, a in errors if a[0] == 500), f"a 500 from the app: {errors[:5]}"
+
+
+@pytest.mark.slow
+def test_sigint_stops_the_command_with_status_0(served):
+    proc, port = served["proc"], served["port"]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=WAIT_S) == 0, served["stderr"].read_text()[-3000:]
+    stderr = served["stderr"].read_text()
+    assert f"2 replica(s) (continuous batching) on http://127.0.0.1:{port}/" in stderr, stderr[-2000:]

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from seq2onnx import atomic
 
+from .adam import Adam
 from .config import ModelConfig, available_memory, gib
 from .tokenizer import SOURCE_MODEL, TARGET_MODEL, Tokenizer
 from .transformer import Transformer
@@ -147,7 +148,7 @@ def save(
     model: Transformer,
     tokenizer: Tokenizer,
     state: dict,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: Adam | None = None,
     *,
     best: bool = False,
     keep: int = 1,
@@ -243,7 +244,7 @@ def remove_leftovers(run_dir: str | Path) -> list[str]:
     return removed
 
 
-def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+def _optimizer_state(optimizer: Adam) -> tuple[dict[str, torch.Tensor], dict]:
     sd = optimizer.state_dict()
     tensors, meta = {}, {"param_groups": sd["param_groups"], "state": {}}
     for pid, st in sd["state"].items():
@@ -256,7 +257,7 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.
     return tensors, meta
 
 
-def load_training_state(path: Path, optimizer: torch.optim.Optimizer | None) -> dict:
+def load_training_state(path: Path, optimizer: Adam | None) -> dict:
     """Reads train_state.json of a checkpoint; restores the optimizer's moments when it is given.
 
     Args:

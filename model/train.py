@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import checkpoint, distributed, train_setup
+from .adam import Adam
 from .batches import encode_pairs, make_batch
 from .data import Split, filter_by_length, token_batches
 from .metrics import bleu
@@ -139,7 +140,7 @@ class _Run:
     split: Split
     train_ex: list[tuple[list[int], list[int]]]  # encoded, too-long pairs dropped
     valid_ex: list[tuple[list[int], list[int]]]  # encoded, cut to the model's positions
-    optimizer: torch.optim.Optimizer
+    optimizer: Adam
     state: dict  # train_state.json: step, epoch, batch_in_epoch, best_valid_loss, history, options
     amp: torch.autocast  # bf16 autocast on CUDA, a no-op on the CPU
     start_step: int  # the step the run (or its resumption) started at
@@ -222,7 +223,7 @@ def _prepare(opts: TrainOptions, group: distributed.Group) -> tuple[_Run, int]:
     train_ex = [train_ex[i] for i in keep]
     valid_ex = encode_pairs(tok, split.valid)
     valid_ex = [(s[: cfg.max_positions], t[: cfg.max_positions - 1]) for s, t in valid_ex]
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)  # the paper's
     if opts.resume:
         state = checkpoint.load_training_state(ckpt, optimizer)
     state["options"] = dataclasses.asdict(opts)

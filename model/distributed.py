@@ -14,15 +14,21 @@ run resumes with a different number of processes and continues the same trajecto
 
 from __future__ import annotations
 
+import functools
 import gc
+import json
 import os
 import sys
+import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from seq2onnx import atomic
 
 T = TypeVar("T")
 
@@ -274,6 +280,31 @@ def is_collective_failure(error: BaseException) -> bool:
 
 
 # -- launching ---------------------------------------------------------------------------------
+
+
+def recorded(fn: Callable[..., T]) -> Callable[..., T]:
+    """fn, whose exception is written to the file torchrun reads (TORCHELASTIC_ERROR_FILE) before it goes on.
+
+    What torch's `record` does, with the file written aside and renamed. torch's opens the file, then writes
+    the JSON; torchrun's agent, which SIGTERMs the other ranks as soon as one fails, can stop this rank
+    between the two, then fail itself on the empty file (a JSONDecodeError in torchrun instead of its summary;
+    seen in a full test run, tests/test_ddp.py's killed rank). Renamed into place, the file is whole or
+    absent.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+            if path:  # torch's layout (ProcessFailure reads message, extraInfo.py_callstack and timestamp)
+                info = {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}
+                message = {"message": {"message": f"{type(e).__name__}: {e}", "extraInfo": info}}
+                atomic.write_file(path, json.dumps(message))
+            raise
+
+    return wrapper
 
 
 def without_option(argv: list[str], flag: str) -> list[str]:

@@ -119,9 +119,7 @@ def train(opts: TrainOptions) -> Path:
             out = _train(opts, group)
         else:
             # Writes each rank's exception to the file torchrun reads, so its failure summary shows it.
-            from torch.distributed.elastic.multiprocessing.errors import record
-
-            out = record(_train)(opts, group)
+            out = distributed.recorded(_train)(opts, group)
         clean = True
         return out
     finally:

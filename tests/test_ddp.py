@@ -303,3 +303,28 @@ def test_single_process_group_does_nothing():
     assert group.all_reduce_sum(t).item() == 2.0
     with pytest.raises(ValueError, match="boom"):
         group.agree(lambda: (_ for _ in ()).throw(ValueError("boom")))
+
+
+def test_a_rank_s_exception_reaches_torchrun_s_error_file_whole(tmp_path, monkeypatch):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from seq2onnx.model import distributed
+
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+
+    def fails():
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        distributed.recorded(fails)()
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(path))
+    assert failure.message["message"] == "ValueError: boom" and failure.timestamp > 0  # torch's layout
+    assert 'raise ValueError("boom")' in failure.message["extraInfo"]["py_callstack"]
+    # Stopped while the JSON is made (torchrun's SIGTERM), the file is absent, never empty: torchrun's agent
+    # fails on an empty one.
+    path.unlink()
+    monkeypatch.setattr(distributed.json, "dumps", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        distributed.recorded(fails)()
+    assert not path.exists()

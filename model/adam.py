@@ -49,14 +49,10 @@ class Adam:
         self.param_groups = [{"lr": lr, "betas": tuple(betas), "eps": eps, **_FIXED}]
         self.state: dict[int, dict[str, torch.Tensor]] = {}  # parameter index -> step, exp_avg, exp_avg_sq
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drops (or zeroes) every parameter's gradient."""
+    def zero_grad(self) -> None:
+        """Drops every parameter's gradient (backward() then makes a fresh one)."""
         for p in self.params:
-            if p.grad is not None:
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad.zero_()
+            p.grad = None
 
     @torch.no_grad()
     def step(self) -> None:

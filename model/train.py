@@ -343,7 +343,7 @@ def _backward(
             flat_logits, flat_target, ignore_index=cfg.pad_id, label_smoothing=opts.label_smoothing
         )
         objective = loss
-    run.optimizer.zero_grad(set_to_none=True)
+    run.optimizer.zero_grad()
     objective.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), opts.clip_norm)
     run.optimizer.step()

@@ -27,7 +27,7 @@ def _steps(model: torch.nn.Module, optimizer, first: int, last: int) -> None:
         generator = torch.Generator().manual_seed(step)
         ids = torch.randint(11, (4, 5), generator=generator)
         optimizer.param_groups[0]["lr"] = 0.01 * (1 + step % 3)
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()  # torch's default too: set to None
         model[2](model[1](model[0](ids))).square().mean().backward()
         optimizer.step()
 

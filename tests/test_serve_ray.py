@@ -70,20 +70,18 @@ def _free_port() -> int:
 
 
 def _descendants(root: int) -> dict[int, str]:
-    """pid -> command line of every live process under `root` (Ray's daemons and workers are below the
-    command that started the local Ray)."""
-    parent, cmdline = {}, {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                cmdline[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except (OSError, IndexError, ValueError):
-                continue  # exited meanwhile
-    found, frontier = {}, {root}
+    """pid -> command line of every process under `root` (Ray's daemons and workers are below the command that
+    started the local Ray)."""
+    rows = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    table = {}
+    for row in rows.splitlines():
+        pid, ppid, *args = row.split(None, 2)
+        table[int(pid)] = (int(ppid), " ".join(args))
+    found: dict[int, str] = {}
+    frontier = {root}
     while frontier:
-        frontier = {pid for pid, ppid in parent.items() if ppid in frontier and pid not in found}
-        found.update((pid, cmdline[pid]) for pid in frontier)
+        frontier = {pid for pid, (ppid, _) in table.items() if ppid in frontier and pid not in found}
+        found.update((pid, table[pid][1]) for pid in frontier)
     return found
 
 

@@ -66,6 +66,8 @@ def pytest_configure(config):
         import uuid
 
         config.option.testrunuid = config.option.testrunuid or uuid.uuid4().hex
+        if not config.getoption("--runtime-only") and torch is not None:
+            _prebuild(config)
     if not config.getoption("--runtime-only"):
         return
     # Without these the run would prove nothing, or would fail on every test with a less clear error.
@@ -81,7 +83,34 @@ def pytest_configure(config):
         )
 
 
+def _prebuild(config) -> None:
+    """Starts the tiny trained bundle's build (tests/tiny.py) while the workers still collect.
+
+    Most workers' first tests need that bundle. Built by the first of them, the others would wait ~15 s
+    for it with their core idle; started here, it runs beside their collection (~10 s of CPU each). The
+    child takes the build's lock as a worker would (build_cache.py), so a worker that asks sooner builds it
+    itself and the child then finds it built; a child that fails leaves the build to the workers, whose
+    tests then show the error.
+    """
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTEST_XDIST_TESTRUNUID=config.option.testrunuid)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))
+    config._seq2onnx_prebuild = subprocess.Popen(
+        [sys.executable, "-c", "import tiny; tiny.tiny_bundle()"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def pytest_unconfigure(config):
+    prebuild = getattr(config, "_seq2onnx_prebuild", None)
+    if prebuild is not None:  # a run stopped early: the build is no longer wanted
+        prebuild.kill()
+        prebuild.wait()
     run = getattr(config.option, "testrunuid", None)
     if run and not hasattr(config, "workerinput"):
         import shutil

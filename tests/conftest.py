@@ -66,7 +66,7 @@ def pytest_configure(config):
         import uuid
 
         config.option.testrunuid = config.option.testrunuid or uuid.uuid4().hex
-        if not config.getoption("--runtime-only") and torch is not None:
+        if not config.getoption("--runtime-only") and torch is not None and _whole_suite(config):
             _prebuild(config)
     if not config.getoption("--runtime-only"):
         return
@@ -81,6 +81,16 @@ def pytest_configure(config):
             "--runtime-only: SEQ2ONNX_TEST_BUNDLES is not set; build the tiny bundles "
             "with torch first: PYTHONPATH=tests python -m helpers DIR (as .ci/run does)"
         )
+
+
+def _whole_suite(config) -> bool:
+    """A run of every test file (`pytest`, `pytest tests`, any -m): not of chosen files, ids or -k names."""
+    from pathlib import Path
+
+    tests, here = Path(__file__).resolve().parent, Path(config.invocation_params.dir)
+    paths = [(here / arg.split("::")[0]).resolve() for arg in config.args]
+    chosen = config.option.keyword or config.option.collectonly
+    return not chosen and all(p == tests or p in tests.parents for p in paths)
 
 
 def _prebuild(config) -> None:

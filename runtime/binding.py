@@ -224,6 +224,11 @@ def bind_encoder(encoder, *, src: np.ndarray, lengths: np.ndarray, n_layers: int
     b = encoder.io_binding()
     b.bind_cpu_input(names.SRC_IDS, src)
     b.bind_cpu_input(names.SRC_LENGTHS, lengths)
-    for name in (names.SRC_MASK, *_cache_names(n_layers)[2]):
+    for name in encoder_output_names(n_layers):
         b.bind_output(name, device)
     return b
+
+
+def encoder_output_names(n_layers: int) -> tuple[str, ...]:
+    """encoder.onnx's outputs in order: src_mask, then the cross keys and values, layer by layer."""
+    return (names.SRC_MASK, *_cache_names(n_layers)[2])

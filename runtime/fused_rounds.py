@@ -28,6 +28,8 @@ serves: the graph's cross-attention queries each entry with its `rows / entries`
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from . import bundle as names
@@ -56,12 +58,14 @@ class FusedRounds:
 
     Args:
         graph: the Translator's FusedGraph of a decoder_fused.onnx (CPU) with a `row_start` input.
+        shrink_encoder: gives back the encoder's arena with the decoder's (shrink_arena); None: nothing.
     """
 
     kind = "fused"  # the rounds' graph, as `seq2onnx serve --rounds` names it
 
-    def __init__(self, graph: FusedGraph):
+    def __init__(self, graph: FusedGraph, shrink_encoder: Callable[[], None] | None = None):
         self.graph, self.decoder, self.vocab = graph, graph.session, graph.vocab
+        self.shrink_encoder = shrink_encoder
         self.n_layers, self.n_heads, self.head_dim = graph.n_layers, graph.n_heads, graph.head_dim
         self._cross_names = names.cross_names(self.n_layers)
         self.shrink = ArenaShrink("cpu")
@@ -411,7 +415,8 @@ class FusedRounds:
         return self._outputs
 
     def shrink_arena(self) -> None:
-        """Nothing to shrink when idle but onnxruntime's arena: a one-row round under shrinkage."""
+        """Nothing to shrink when idle but onnxruntime's arenas: a one-row round under shrinkage, then the
+        encoder's (shrink_encoder)."""
         if not self.shrink.enabled:
             return
         self.clear()
@@ -420,3 +425,5 @@ class FusedRounds:
         self._bind(1, 1, 1, [names.TOPK_LOG_PROBS, names.TOPK_IDS])
         self.shrink.run(self.decoder, self._binding, shrink=True)
         self.clear()
+        if self.shrink_encoder is not None:
+            self.shrink_encoder()

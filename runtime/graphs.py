@@ -12,7 +12,8 @@ import numpy as np
 
 from . import bundle as names
 from .attention import check_attention_output, forced_attention
-from .binding import bind_encoder
+from .arena import ArenaShrink
+from .binding import bind_encoder, encoder_output_names
 from .fused_graph import FusedGraph
 from .model_spec import ModelSpec
 from .search import Step
@@ -44,6 +45,7 @@ class Graphs:
         self.ort_device = "cuda" if self.device == "cuda" else "cpu"
         self.spec, self.cache_dtype, self._path = spec, cache_dtype, bundle_path
         self._standard_graph: StandardGraph | None = None  # made when first asked for (standard_graph)
+        self._encoder_shrink = ArenaShrink("cpu")  # shrink_encoder_arena's run options
         # the driven decoder's graph object: the fused one keeps its buffers and bindings between batches
         self.decoder_graph: FusedGraph | StandardGraph = (
             FusedGraph(
@@ -66,6 +68,27 @@ class Graphs:
         self.encoder.run_with_iobinding(binding)
         src_mask, *cross = binding.get_outputs()
         return src_mask, cross
+
+    def shrink_encoder_arena(self) -> None:
+        """Gives back the chunks of the encoder's onnxruntime arena that nothing uses (serve/scheduler.py,
+        after a burst): a one-token run under runtime/arena.py's shrinkage. The encoder's outputs are cut from
+        its arena and live as long as their searches (encode's OrtValues), so a burst of long sources grows it
+        as much as the decoder's, and no decoder round shrinks it. The run's outputs go into arrays of ours,
+        as in the rounds' shrink_arena: one cut from the arena would pin the chunk it came from. CPU only (a
+        CUDA session's arena is the device's; nothing here would free it)."""
+        shrink = self._encoder_shrink
+        if self.device != "cpu" or not shrink.enabled:
+            return
+        src, lengths = np.full((1, 1), self.spec.eos_id, np.int64), np.ones(1, np.int64)
+        src_mask, cross = self.encode(src, lengths)  # cut from the arena: copied, then dropped
+        ours = [np.empty_like(value.numpy()) for value in (src_mask, *cross)]
+        del src_mask, cross
+        b = self.encoder.io_binding()
+        b.bind_cpu_input(names.SRC_IDS, src)
+        b.bind_cpu_input(names.SRC_LENGTHS, lengths)
+        for name, value in zip(encoder_output_names(self.spec.n_layers), ours):
+            b.bind_output(name, "cpu", 0, value.dtype, list(value.shape), value.ctypes.data)
+        shrink.run(self.encoder, b, shrink=True)
 
     def step(
         self, encoded: tuple, *, rows: int, top_k: int | None, max_length: int, beam_width: int = 1

@@ -45,7 +45,7 @@ def rounds_runner(translator: Translator, decoder: str = "auto") -> FusedRounds 
             "(export the bundle again); or serve with the standard rounds"
         )
     if fused and decoder != "standard":
-        return FusedRounds(graphs.decoder_graph)
+        return FusedRounds(graphs.decoder_graph, graphs.shrink_encoder_arena)
     standard = graphs.standard_graph
     check_decoder(standard.session, translator.bundle.path)
-    return StandardRounds(standard)
+    return StandardRounds(standard, graphs.shrink_encoder_arena)

@@ -12,6 +12,8 @@ runtime/fused_rounds.py does neither.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from . import bundle as names
@@ -48,13 +50,15 @@ class StandardRounds:
     Args:
         graph: the Translator's StandardGraph (runtime/standard_graph.py) of a decoder.onnx that takes per-row
             steps (check_decoder): its session, sizes, cache dtype and the device where the cache stays.
+        shrink_encoder: gives back the encoder's arena with the decoder's (shrink_arena); None: nothing.
     """
 
     kind = "standard"  # the rounds' graph, as `seq2onnx serve --rounds` names it
 
-    def __init__(self, graph: StandardGraph):
+    def __init__(self, graph: StandardGraph, shrink_encoder: Callable[[], None] | None = None):
         import onnxruntime
 
+        self.shrink_encoder = shrink_encoder
         self.graph, self._host, self._to = graph, onnxruntime.OrtValue.ortvalue_from_numpy, graph.to_device
         self._past: list | None = None  # the previous round's present_* OrtValues
         self.layout = RowLayout(
@@ -82,8 +86,9 @@ class StandardRounds:
 
     def shrink_arena(self) -> None:
         """One dummy round of one row under onnxruntime's arena shrinkage: the arena gives back every chunk of
-        the last burst (a burst whose rows never fell, its sentences ending together, was never shrunk). Its
-        outputs are written into arrays of ours: one left in the arena would pin the chunk it was cut from."""
+        the last burst (a burst whose rows never fell, its sentences ending together, was never shrunk), then
+        the encoder's (shrink_encoder). Its outputs are written into arrays of ours: one left in the arena
+        would pin the chunk it was cut from."""
         g = self.graph
         cross = self._to(np.zeros((1, g.n_heads, 8, g.head_dim), dtype=g.cache_dtype))
         mask = np.zeros((1, 8), dtype=bool)
@@ -109,6 +114,8 @@ class StandardRounds:
             outputs=on_host,
             runner=lambda session, b: self.shrink.run(session, b, shrink=True),
         )
+        if self.shrink_encoder is not None:
+            self.shrink_encoder()
 
     def run(self, work: list, prof) -> dict:
         """Runs one round over work's (member, tokens, cache indices, step, keep, width); returns each

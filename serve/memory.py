@@ -1,8 +1,9 @@
 """Giving memory back after a burst: the serving scheduler's part of issue 37, item 8.
 
 Two allocators keep what a burst of large rounds took, and neither gives it back by itself:
-- onnxruntime's CPU arena, which the rounds shrink through runtime/arena.py's `ArenaShrink` (its docstring
-  says how);
+- onnxruntime's CPU arenas, the decoder's and the encoder's (whose outputs, the cross keys and values, live as
+  long as their searches), which the rounds shrink through runtime/arena.py's `ArenaShrink` (its docstring
+  says how; runtime/graphs.py `shrink_encoder_arena` for the encoder's);
 - glibc's malloc keeps freed blocks of the numpy arrays (the rounds' inputs, the cross rows of
   runtime/row_layout.py, the encoder's outputs on the request threads' arenas) below its mmap threshold in its
   heaps; `trim()` calls malloc_trim(0), which returns their free pages, when the scheduler falls idle (the

@@ -210,9 +210,11 @@ def rows_answer(got: Mapping[str, np.ndarray], top_k: int | None, rows, vocab: i
     return TopK(got[names.TOPK_LOG_PROBS][rows, :top_k], got[names.TOPK_IDS][rows, :top_k], vocab)
 
 
-def bind_encoder(encoder, *, src: np.ndarray, lengths: np.ndarray, n_layers: int, device: str):
+def bind_encoder(
+    encoder, *, src: np.ndarray, lengths: np.ndarray, n_layers: int, device: str, into: list | None = None
+):
     """Returns an IO binding of one run of encoder.onnx, not run yet: its outputs (src_mask, then the cross
-    keys and values, layer by layer) stay on `device` ("cpu", "cuda") as OrtValues.
+    keys and values, layer by layer) stay on `device` ("cpu", "cuda") as OrtValues, or go into `into`.
 
     Args:
         encoder (onnxruntime.InferenceSession): the encoder's session.
@@ -220,15 +222,15 @@ def bind_encoder(encoder, *, src: np.ndarray, lengths: np.ndarray, n_layers: int
         lengths: (B,) int64 source lengths.
         n_layers: the decoder's layers (one cross key and value each).
         device: where the outputs stay.
+        into: numpy arrays of the outputs' shapes and types, in their order, written by the run (on the CPU);
+            None: onnxruntime allocates them.
     """
     b = encoder.io_binding()
     b.bind_cpu_input(names.SRC_IDS, src)
     b.bind_cpu_input(names.SRC_LENGTHS, lengths)
-    for name in encoder_output_names(n_layers):
-        b.bind_output(name, device)
+    for i, name in enumerate((names.SRC_MASK, *_cache_names(n_layers)[2])):
+        if into is None:
+            b.bind_output(name, device)
+        else:
+            b.bind_output(name, "cpu", 0, into[i].dtype, list(into[i].shape), into[i].ctypes.data)
     return b
-
-
-def encoder_output_names(n_layers: int) -> tuple[str, ...]:
-    """encoder.onnx's outputs in order: src_mask, then the cross keys and values, layer by layer."""
-    return (names.SRC_MASK, *_cache_names(n_layers)[2])

@@ -13,7 +13,7 @@ import numpy as np
 from . import bundle as names
 from .attention import check_attention_output, forced_attention
 from .arena import ArenaShrink
-from .binding import bind_encoder, encoder_output_names
+from .binding import bind_encoder
 from .fused_graph import FusedGraph
 from .model_spec import ModelSpec
 from .search import Step
@@ -83,11 +83,8 @@ class Graphs:
         src_mask, cross = self.encode(src, lengths)  # cut from the arena: copied, then dropped
         ours = [np.empty_like(value.numpy()) for value in (src_mask, *cross)]
         del src_mask, cross
-        b = self.encoder.io_binding()
-        b.bind_cpu_input(names.SRC_IDS, src)
-        b.bind_cpu_input(names.SRC_LENGTHS, lengths)
-        for name, value in zip(encoder_output_names(self.spec.n_layers), ours):
-            b.bind_output(name, "cpu", 0, value.dtype, list(value.shape), value.ctypes.data)
+        n_layers = self.spec.n_layers
+        b = bind_encoder(self.encoder, src=src, lengths=lengths, n_layers=n_layers, device="cpu", into=ours)
         shrink.run(self.encoder, b, shrink=True)
 
     def step(

@@ -19,7 +19,7 @@ from .standard_rounds import NoServingDecoder, StandardRounds, check_decoder
 if TYPE_CHECKING:
     from .translator import Translator
 
-__all__ = ["NoServingDecoder", "rounds_runner"]
+__all__ = ["NoServingDecoder", "arena_release", "rounds_runner"]
 
 
 def rounds_runner(translator: Translator, decoder: str = "auto") -> FusedRounds | StandardRounds:
@@ -49,3 +49,17 @@ def rounds_runner(translator: Translator, decoder: str = "auto") -> FusedRounds 
     standard = graphs.standard_graph
     check_decoder(standard.session, translator.bundle.path)
     return StandardRounds(standard, graphs.shrink_encoder_arena)
+
+
+def arena_release(translator: Translator):
+    """Returns what gives a Translator's onnxruntime arenas back once nothing decodes (serve/memory.py's
+    IdleRelease, for `--batching request`): its serving rounds' shrink_arena (a one-row run of the decoder
+    under shrinkage, then the encoder's), or the encoder's alone where those rounds would load decoder.onnx
+    beside a fused decoder without `row_start`, or where that decoder takes no per-row steps."""
+    graphs = translator.graphs
+    if isinstance(graphs.decoder_graph, FusedGraph) and not graphs.decoder_graph.row_start:
+        return graphs.shrink_encoder_arena
+    try:
+        return rounds_runner(translator).shrink_arena
+    except NoServingDecoder:
+        return graphs.shrink_encoder_arena

@@ -16,8 +16,9 @@ import threading
 from typing import Iterator
 
 from seq2onnx.runtime.options import OptionError, SearchOptions
+from seq2onnx.runtime.rounds import arena_release
 from seq2onnx.runtime.translator import Translator
-from seq2onnx.serve.memory import MAX_ROWS
+from seq2onnx.serve.memory import MAX_ROWS, IdleRelease
 
 
 class Cancelled(Exception):
@@ -155,6 +156,8 @@ class RequestEngine(Engine):
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="seq2onnx-request"
         )
+        # after a burst, idle: the arenas and the heaps give back what it took (serve/memory.py)
+        self.release = IdleRelease(arena_release(translator))
 
     def submit(self, texts: list[str], options: SearchOptions) -> Job:
         return self._on_pool(self._pool, texts, options, lambda job: self._translate_as(job, texts, options))
@@ -165,7 +168,11 @@ class RequestEngine(Engine):
         at the next step."""
         t = self.translator
         plan = t.plan(texts, options)
-        return plan.run(lambda search: search_here(t, search, job))
+        self.release.started(len(texts) * max(options.beam_size, options.num_hypotheses))
+        try:
+            return plan.run(lambda search: search_here(t, search, job))
+        finally:
+            self.release.ended()
 
     def stream(self, text: str, options: SearchOptions, job: Job) -> Iterator[str]:
         self._count(1, options, +1)
@@ -180,6 +187,7 @@ class RequestEngine(Engine):
     def close(self) -> None:
         # a job never started is never answered: it was cancelled
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self.release.close()
 
 
 def search_here(translator: Translator, search, job: Job):

@@ -1,4 +1,5 @@
-"""Giving memory back after a burst: the serving scheduler's part of issue 37, item 8.
+"""Giving memory back after a burst (issue 37, item 8): the continuous scheduler does it in its loop
+(serve/scheduler.py), `--batching request` through IdleRelease (below).
 
 Two allocators keep what a burst of large rounds took, and neither gives it back by itself:
 - onnxruntime's CPU arenas, the decoder's and the encoder's (whose outputs, the cross keys and values, live as
@@ -6,7 +7,7 @@ Two allocators keep what a burst of large rounds took, and neither gives it back
   says how; runtime/graphs.py `shrink_encoder_arena` for the encoder's);
 - glibc's malloc keeps freed blocks of the numpy arrays (the rounds' inputs, the cross rows of
   runtime/row_layout.py, the encoder's outputs on the request threads' arenas) below its mmap threshold in its
-  heaps; `trim()` calls malloc_trim(0), which returns their free pages, when the scheduler falls idle (the
+  heaps; `trim()` calls malloc_trim(0), which returns their free pages, when the engine falls idle (the
   scheduler drops its cache and cross rows then too).
 """
 
@@ -16,7 +17,11 @@ import asyncio
 import collections
 import ctypes
 import ctypes.util
+import gc
+import logging
 import os
+import threading
+from collections.abc import Callable
 
 # What a decoder row in flight costs, measured: 16 clients of 8-32 texts at beam 4 (2,048 rows) took the 0.7M
 # demo model to a 3.1 GB peak (issue 60), about 1.5 MiB a row, mostly allocator and arena growth; larger
@@ -100,6 +105,9 @@ IDLE_S = 0.2  # idle this long after a burst, the scheduler gives memory back (t
 LATE_TRIM_S = 2.0
 # a trim costs a walk of the heaps: not after every one-sentence request of a lone client
 TRIM_AFTER_ROUNDS = 64
+TRIM_AFTER_ROWS = 64  # the same for `--batching request`, which sees requests' rows, not rounds
+
+log = logging.getLogger("seq2onnx.serve")
 
 
 def _malloc_trim():
@@ -119,3 +127,67 @@ def trim() -> bool:
         return False
     _TRIM(0)
     return True
+
+
+class IdleRelease:
+    """Gives memory back once an engine has stayed idle IDLE_S after a burst: `--batching request`'s part of
+    item 8 (serve/engine.py RequestEngine; the continuous scheduler does the same in its own loop). After at
+    least `after_rows` rows decoded since the last release, once nothing has run for IDLE_S, it collects
+    reference cycles, calls `give_back` twice (the arenas' shrink runs, runtime/rounds.py `arena_release`:
+    the first run's tensors may pin a chunk) and trims the C heap; LATE_TRIM_S later, still idle, it collects
+    and trims once more (what the requests' threads let go of since). Its own thread waits; the work runs
+    under its lock, so a request that starts meanwhile waits those few ms.
+
+    Args:
+        give_back: shrinks the sessions' arenas; an error is logged, never raised (a server serves on).
+        after_rows: rows decoded since the last release before another is due.
+    """
+
+    def __init__(self, give_back: Callable[[], None], after_rows: int = TRIM_AFTER_ROWS):
+        self._give_back, self._after_rows = give_back, after_rows
+        self._cond = threading.Condition()
+        self._running, self._rows, self._late, self._closed = 0, 0, False, False
+        self.releases = 0  # releases done so far (tests, /metrics-free diagnosis)
+        self._thread = threading.Thread(target=self._loop, name="seq2onnx-release", daemon=True)
+        self._thread.start()
+
+    def started(self, rows: int) -> None:
+        """A request of `rows` decoder rows starts decoding."""
+        with self._cond:
+            self._running, self._rows = self._running + 1, self._rows + rows
+            self._cond.notify()
+
+    def ended(self) -> None:
+        """A request that started() ended, however."""
+        with self._cond:
+            self._running -= 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Stops the thread (a release under way ends first)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        with self._cond:
+            while not self._closed:
+                due = self._rows >= self._after_rows
+                if self._running or not (due or self._late):
+                    self._cond.wait()
+                elif not self._cond.wait(timeout=IDLE_S if due else LATE_TRIM_S) and not self._running:
+                    self._release(due)  # still idle, nothing started or ended meanwhile
+
+    def _release(self, due: bool) -> None:
+        gc.collect()  # the searches sit in reference cycles (programs, their steps)
+        if due:
+            self._rows, self._late, self.releases = 0, True, self.releases + 1
+            try:
+                for _ in range(2):
+                    self._give_back()
+            except Exception as e:  # giving memory back must never fail a server: say so, serve on
+                log.warning("could not shrink the sessions' memory arenas: %s: %s", type(e).__name__, e)
+        else:
+            self._late = False
+        trim()

@@ -3,7 +3,7 @@
 // cases that exist or a gap whose test files exist, and a host lacking an option says why.
 // tests/test_capabilities.py reads the same table for the Python host.
 import assert from "node:assert/strict";
-import { existsSync, mkdtempSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { test } from "node:test";
@@ -16,17 +16,21 @@ const OPTIONS = Object.entries(TABLE.options);
 
 /** The option names translateBatch reads, recorded by a Proxy as its destructuring reads them. */
 async function optionsRead() {
-  const dir = fakeBundle(mkdtempSync(path.join(tmpdir(), "seq2onnx-caps-")));
-  const t = await Translator.load(dir, { platform: fakePlatform([]) });
-  const read = new Set();
-  const get = (_target, key) => {
-    if (typeof key === "string") read.add(key);
-    return undefined;
-  };
-  const spy = new Proxy({}, { get });
-  assert.deepEqual(await t.translateBatch([], spy), []);
-  await t.release();
-  return read;
+  const dir = mkdtempSync(path.join(tmpdir(), "seq2onnx-caps-"));
+  try {
+    const t = await Translator.load(fakeBundle(dir), { platform: fakePlatform([]) });
+    const read = new Set();
+    const get = (_target, key) => {
+      if (typeof key === "string") read.add(key);
+      return undefined;
+    };
+    const spy = new Proxy({}, { get });
+    assert.deepEqual(await t.translateBatch([], spy), []);
+    await t.release();
+    return read;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 test("translateBatch takes exactly the options the table gives the Node host", async () => {

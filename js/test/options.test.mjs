@@ -2,10 +2,10 @@
 // option cases (spec/cases/options.json, also run by tests/test_options_spec.py against the Python runtime)
 // accepted or refused alike, by the option's name, and an unknown option refused naming it.
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { test } from "node:test";
+import { after, test } from "node:test";
 import { Translator } from "../src/index.js";
 import { OPTIONS, OptionError, readOptions } from "../src/options.js";
 import { fakeBundle, fakePlatform } from "./fake-host.mjs";
@@ -42,7 +42,9 @@ test("the cases refuse an option by the spec's limit: moving the limit moves the
 });
 
 test("translateBatch refuses an unknown option, naming it and the options, and the spec's limits", async () => {
-  const dir = fakeBundle(mkdtempSync(path.join(tmpdir(), "seq2onnx-options-")));
+  const root = mkdtempSync(path.join(tmpdir(), "seq2onnx-options-"));
+  after(() => rmSync(root, { recursive: true, force: true }));
+  const dir = fakeBundle(root);
   const t = await Translator.load(dir, { platform: fakePlatform([]) });
   await assert.rejects(
     t.translateBatch(["a"], { beam: 2 }),

@@ -3,10 +3,10 @@
 // properties (the seed reproduces, top-k and top-p restrict the support, batch invariance), and
 // sampling through translateBatch and the command line on the fake host.
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { test } from "node:test";
+import { after, test } from "node:test";
 import { main } from "../src/cli.js";
 import { Translator } from "../src/index.js";
 import { pairwiseSum, rowProbabilities, sampleSearch, seedSequenceState, uniform } from "../src/sampling.js";
@@ -15,6 +15,7 @@ import { EOS, fakeBundle, fakePlatform, VOCAB } from "./fake-host.mjs";
 const SPEC = JSON.parse(readFileSync(new URL("../../spec/cases/sampling.json", import.meta.url), "utf8"));
 const TABLE = JSON.parse(readFileSync(new URL("../../spec/capabilities.json", import.meta.url), "utf8"));
 const root = mkdtempSync(path.join(tmpdir(), "seq2onnx-sampling-"));
+after(() => rmSync(root, { recursive: true, force: true }));
 
 /** The fake decoder of sampling.json: row (s, p) is base[(s + len(p) + sum(p)) % len(base)]; follows keep. */
 function fake(sentences) {

@@ -29,12 +29,14 @@ listening line once all of them listen, and then only watches:
 - if the parent dies, each process notices its pipe closing and drains and exits by itself.
 
 Metrics: prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR, a temporary folder the parent
-owns and removes): /metrics of any process answers the sums over all of them (serve/app.py).
+owns and removes, and which the next group removes if the parent was killed outright): /metrics of any
+process answers the sums over all of them (serve/app.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import multiprocessing
 import os
@@ -53,6 +55,9 @@ from seq2onnx.serve.server import BACKLOG, STOP_SIGNALS, _bind, _descriptors, se
 log = logging.getLogger("seq2onnx.serve")
 
 METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when a child imports it
+METRICS_PREFIX = "seq2onnx-metrics-"  # the metrics folders' names, under the temporary directory
+OWNER_LOCK = ".owner"  # in a metrics folder: locked by the parent that uses it (prometheus reads *.db only)
+ABANDONED_AFTER_S = 60.0  # a metrics folder younger than this is never removed as abandoned
 EXTRA_S = 15.0  # beyond the drain: the engine's close and the interpreter's exit, before SIGKILL
 HEARTBEAT_S = 1.0  # how often a serving process tells the parent that its event loop runs
 
@@ -126,18 +131,68 @@ def _check_arguments(processes: int, liveness_s: float) -> None:
 def _metrics_dir():
     """A temporary directory for the processes' metrics files (prometheus_client's multiprocess mode),
     named in METRICS_DIR before the spawns (each child's environment is a copy); removed, and the
-    variable restored, at the end."""
-    metrics = tempfile.mkdtemp(prefix="seq2onnx-metrics-")
+    variable restored, at the end.
+
+    A parent killed outright (SIGKILL, the OOM killer) runs no `finally`, so the folder would stay: the
+    parent holds a lock on its OWNER_LOCK file for as long as it lives, and each group that starts removes
+    the folders whose lock is free (remove_abandoned)."""
+    remove_abandoned(tempfile.gettempdir())
+    metrics = tempfile.mkdtemp(prefix=METRICS_PREFIX)
+    owner = _lock_owner(metrics)
     previous = os.environ.get(METRICS_DIR)
     os.environ[METRICS_DIR] = metrics
     try:
         yield metrics
     finally:
         shutil.rmtree(metrics, ignore_errors=True)
+        if owner is not None:
+            os.close(owner)
         if previous is None:
             os.environ.pop(METRICS_DIR, None)
         else:
             os.environ[METRICS_DIR] = previous
+
+
+def _lock_owner(folder: str) -> int | None:
+    """Creates folder/OWNER_LOCK and holds an exclusive lock on it (released when this process ends, however
+    it ends); None where the OS has no flock (the folder is then never taken for abandoned)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(os.path.join(folder, OWNER_LOCK), os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def remove_abandoned(root: str, min_age_s: float = ABANDONED_AFTER_S) -> list[str]:
+    """Removes the metrics folders under `root` whose owner is gone: named METRICS_PREFIX*, holding an
+    OWNER_LOCK that nobody locks (a lock held in another process namespace counts too), older than
+    `min_age_s` (a folder whose owner is between mkdtemp and its lock is not taken). Folders without the
+    file, or of another user, are left alone. Returns the folders removed."""
+    try:
+        import fcntl
+    except ImportError:
+        return []
+    removed = []
+    for folder in sorted(glob.glob(os.path.join(glob.escape(root), METRICS_PREFIX + "*"))):
+        lock = os.path.join(folder, OWNER_LOCK)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:  # no lock file (not ours to judge), a link, or not readable by us
+            continue
+        try:
+            if os.fstat(fd).st_uid != os.getuid() or time.time() - os.fstat(fd).st_mtime < min_age_s:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # its owner still runs
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        finally:
+            os.close(fd)
+    return removed
 
 
 class _Worker:

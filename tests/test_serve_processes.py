@@ -306,3 +306,47 @@ def test_the_default_serves_with_a_process_per_core_and_says_so(bundle):
             until(lambda: len(_children(server.proc.pid)) >= cores, 30, f"{cores} server processes")
         r = server.client.post(TRANSLATE, json={"texts": TEXTS[:1], "beam_size": 1})
         assert r.status_code == 200, r.text
+
+
+def _metrics_folder(root, name: str, *, lock: bool = True, age_s: float = 120.0):
+    from seq2onnx.serve import processes
+
+    folder = root / f"{processes.METRICS_PREFIX}{name}"
+    folder.mkdir()
+    (folder / "counter_1.db").write_bytes(b"\0" * 8)
+    if lock:
+        (folder / processes.OWNER_LOCK).write_bytes(b"")
+        os.utime(folder / processes.OWNER_LOCK, (time.time() - age_s,) * 2)
+    return folder
+
+
+def test_a_killed_parents_metrics_folder_is_removed_and_no_folder_still_owned(tmp_path):
+    import fcntl
+
+    from seq2onnx.serve import processes
+
+    dead = _metrics_folder(tmp_path, "dead")
+    live = _metrics_folder(tmp_path, "live")
+    young = _metrics_folder(tmp_path, "young", age_s=0)  # between its owner's mkdtemp and its lock
+    unknown = _metrics_folder(tmp_path, "old", lock=False)  # no lock file: not ours to judge
+    held = os.open(live / processes.OWNER_LOCK, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)  # as a running parent holds it (flock: per open file, so in-process too)
+    try:
+        assert processes.remove_abandoned(str(tmp_path)) == [str(dead)]
+        assert [p.exists() for p in (dead, live, young, unknown)] == [False, True, True, True]
+    finally:
+        os.close(held)
+    assert processes.remove_abandoned(str(tmp_path)) == [str(live)]  # its owner gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([young.name, unknown.name])
+
+
+def test_a_group_holds_its_metrics_folders_lock_and_removes_an_abandoned_one_at_start(tmp_path, monkeypatch):
+    from seq2onnx.serve import processes
+
+    monkeypatch.setattr(processes.tempfile, "tempdir", str(tmp_path))
+    dead = _metrics_folder(tmp_path, "dead")
+    with processes._metrics_dir() as metrics:
+        assert not dead.exists() and os.environ[processes.METRICS_DIR] == metrics
+        assert os.path.dirname(metrics) == str(tmp_path)
+        assert processes.remove_abandoned(str(tmp_path), min_age_s=0) == []  # held by this process
+    assert not os.path.exists(metrics) and list(tmp_path.iterdir()) == []

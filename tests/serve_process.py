@@ -20,6 +20,21 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tiny import scratch
+
+
+def server_env() -> dict:
+    """A server's environment: one OpenMP thread, unbuffered output, and TMPDIR in the run's own folder
+    (removed when the run ends), so that what a server killed outright leaves there (a --processes group's
+    metrics folder, multiprocessing's pymp-*) goes with the run."""
+    return {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(scratch("serve-tmp")),
+    }
+
+
 START_TIMEOUT_S = 60  # importing FastAPI and onnxruntime and loading the bundle, on a busy 2-core machine
 
 
@@ -34,7 +49,7 @@ class ServeProcess:
 
     def __init__(self, bundle: Path, *options: str):
         self._log = tempfile.NamedTemporaryFile(prefix="seq2onnx-serve-", suffix=".log", delete=False)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        env = server_env()
         command = [
             sys.executable,
             "-m",

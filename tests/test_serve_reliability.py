@@ -27,7 +27,7 @@ require("fastapi", "serve")
 import httpx  # noqa: E402
 
 from helpers import until  # noqa: E402
-from serve_process import ServeProcess  # noqa: E402
+from serve_process import ServeProcess, server_env  # noqa: E402
 from tiny import copy_bundle, tiny_bundle  # noqa: E402
 
 TRANSLATE = "/v1/translate"
@@ -83,7 +83,7 @@ def _free_port() -> int:
 
 
 def _group(bundle, port: int, *options: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = server_env()
     command = [
         sys.executable,
         "-m",

@@ -43,6 +43,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -169,17 +170,20 @@ def remove_abandoned(root: str, min_age_s: float = ABANDONED_AFTER_S) -> list[st
     """Removes the metrics folders under `root` whose owner is gone: named METRICS_PREFIX*, holding an
     OWNER_LOCK that nobody locks (a lock held in another process namespace counts too), older than
     `min_age_s` (a folder whose owner is between mkdtemp and its lock is not taken). Folders without the
-    file, or of another user, are left alone. Returns the folders removed."""
+    file, links and what another user owns are left alone. Returns the folders removed."""
     try:
         import fcntl
     except ImportError:
         return []
     removed = []
     for folder in sorted(glob.glob(os.path.join(glob.escape(root), METRICS_PREFIX + "*"))):
-        lock = os.path.join(folder, OWNER_LOCK)
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
+            held = os.lstat(folder)
+            fd = os.open(os.path.join(folder, OWNER_LOCK), os.O_RDWR | os.O_NOFOLLOW)
         except OSError:  # no lock file (not ours to judge), a link, or not readable by us
+            continue
+        if not stat.S_ISDIR(held.st_mode) or held.st_uid != os.getuid():  # a link, or another user's
+            os.close(fd)
             continue
         try:
             if os.fstat(fd).st_uid != os.getuid() or time.time() - os.fstat(fd).st_mtime < min_age_s:

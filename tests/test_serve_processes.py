@@ -329,15 +329,27 @@ def test_a_killed_parents_metrics_folder_is_removed_and_no_folder_still_owned(tm
     live = _metrics_folder(tmp_path, "live")
     young = _metrics_folder(tmp_path, "young", age_s=0)  # between its owner's mkdtemp and its lock
     unknown = _metrics_folder(tmp_path, "old", lock=False)  # no lock file: not ours to judge
+    (tmp_path / "elsewhere").mkdir()
+    elsewhere = _metrics_folder(tmp_path / "elsewhere", "x")  # abandoned-looking, outside the swept names
+    link = tmp_path / f"{processes.METRICS_PREFIX}link"
+    link.symlink_to(elsewhere, target_is_directory=True)  # a link to it: never followed
     held = os.open(live / processes.OWNER_LOCK, os.O_RDWR)
     fcntl.flock(held, fcntl.LOCK_EX)  # as a running parent holds it (flock: per open file, so in-process too)
     try:
         assert processes.remove_abandoned(str(tmp_path)) == [str(dead)]
-        assert [p.exists() for p in (dead, live, young, unknown)] == [False, True, True, True]
+        assert [p.exists() for p in (dead, live, young, unknown, elsewhere)] == [
+            False,
+            True,
+            True,
+            True,
+            True,
+        ]
     finally:
         os.close(held)
     assert processes.remove_abandoned(str(tmp_path)) == [str(live)]  # its owner gone
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([young.name, unknown.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [young.name, unknown.name, link.name, "elsewhere"]
+    )
 
 
 def test_a_group_holds_its_metrics_folders_lock_and_removes_an_abandoned_one_at_start(tmp_path, monkeypatch):

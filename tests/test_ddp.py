@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from helpers import free_port
+from tiny import scratch
 from seq2onnx.model import checkpoint
 from seq2onnx.model.distributed import Group, without_option
 from seq2onnx.model.train import TrainOptions, train
@@ -84,7 +85,9 @@ FLAGS = [
 # Per-step differences between 1 and 2 processes come from summing in another order (about 1e-6
 # here over 20 steps); a wrong share of the batch or a wrong normalisation moves the loss by 1e-2.
 TOL = 1e-4
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# TMPDIR in the run's own folder (removed when the run ends): torchrun's agent leaves its torchelastic_*
+# folder behind when a rank is killed or fails, as tests here make them
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch("ddp-tmp"))}
 
 
 def _torchrun(out: Path, max_steps: int, *extra: str) -> list[str]:

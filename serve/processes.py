@@ -50,6 +50,11 @@ import threading
 import time
 from multiprocessing.connection import Connection, wait
 
+try:  # an OS without flock (Windows): metrics folders are neither locked nor swept
+    import fcntl
+except ImportError:
+    fcntl = None
+
 from seq2onnx.errors import CommandError
 from seq2onnx.serve.server import BACKLOG, STOP_SIGNALS, _bind, _descriptors, serve
 
@@ -157,9 +162,7 @@ def _metrics_dir():
 def _lock_owner(folder: str) -> int | None:
     """Creates folder/OWNER_LOCK and holds an exclusive lock on it (released when this process ends, however
     it ends); None where the OS has no flock (the folder is then never taken for abandoned)."""
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         return None
     fd = os.open(os.path.join(folder, OWNER_LOCK), os.O_CREAT | os.O_RDWR, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -171,31 +174,24 @@ def remove_abandoned(root: str, min_age_s: float = ABANDONED_AFTER_S) -> list[st
     OWNER_LOCK that nobody locks (a lock held in another process namespace counts too), older than
     `min_age_s` (a folder whose owner is between mkdtemp and its lock is not taken). Folders without the
     file, links and what another user owns are left alone. Returns the folders removed."""
-    try:
-        import fcntl
-    except ImportError:
-        return []
     removed = []
-    for folder in sorted(glob.glob(os.path.join(glob.escape(root), METRICS_PREFIX + "*"))):
+    for folder in sorted(glob.glob(os.path.join(glob.escape(root), METRICS_PREFIX + "*"))) if fcntl else []:
         try:
             held = os.lstat(folder)
             fd = os.open(os.path.join(folder, OWNER_LOCK), os.O_RDWR | os.O_NOFOLLOW)
         except OSError:  # no lock file (not ours to judge), a link, or not readable by us
             continue
-        if not stat.S_ISDIR(held.st_mode) or held.st_uid != os.getuid():  # a link, or another user's
-            os.close(fd)
-            continue
         try:
-            if os.fstat(fd).st_uid != os.getuid() or time.time() - os.fstat(fd).st_mtime < min_age_s:
+            mine = stat.S_ISDIR(held.st_mode) and held.st_uid == os.getuid()  # not a link, not another user's
+            if not mine or time.time() - os.fstat(fd).st_mtime < min_age_s:
                 continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # its owner still runs
-                continue
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: its owner still runs
+        except BlockingIOError:
+            continue
         finally:
             os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
     return removed
 
 

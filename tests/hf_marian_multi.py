@@ -74,5 +74,7 @@ def make_marian_multi(directory: str | Path, *, train_steps: int = 300, seed: in
 def cached_marian_multi(train_steps: int = 300) -> Path:
     """make_marian_multi's directory, built once per test run (read-only)."""
     return build_once(
-        f"marian-multi-steps={train_steps}", lambda out: make_marian_multi(out, train_steps=train_steps)
+        f"marian-multi-steps={train_steps}",
+        lambda out: make_marian_multi(out, train_steps=train_steps),
+        keep_by=F.SOURCES,
     )

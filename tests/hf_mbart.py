@@ -68,4 +68,6 @@ def make_mbart(directory: str | Path, *, train_steps: int = 300, seed: int = 0, 
 @functools.lru_cache(maxsize=None)
 def cached_mbart(train_steps: int = 300) -> Path:
     """make_mbart's directory, built once per test run (read-only: copy it before editing)."""
-    return build_once(f"mbart-steps={train_steps}", lambda out: make_mbart(out, train_steps=train_steps))
+    return build_once(
+        f"mbart-steps={train_steps}", lambda out: make_mbart(out, train_steps=train_steps), keep_by=F.SOURCES
+    )

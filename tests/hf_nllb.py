@@ -97,7 +97,9 @@ def cached_nllb(with_spm: bool = True, train_steps: int = 300) -> Path:
     model is trained once."""
     if with_spm:
         return build_once(
-            f"nllb-spm=True-steps={train_steps}", lambda out: make_nllb(out, train_steps=train_steps)
+            f"nllb-spm=True-steps={train_steps}",
+            lambda out: make_nllb(out, train_steps=train_steps),
+            keep_by=F.SOURCES,
         )
     with_file = cached_nllb(True, train_steps)
     copy = lambda out: shutil.copytree(with_file, out, ignore=shutil.ignore_patterns(SPM_FILE))  # noqa: E731

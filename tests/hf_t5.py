@@ -160,4 +160,5 @@ def cached_t5(kind: str = "t5", train_steps: int = 300, early_stopping: bool = T
     return build_once(
         f"{kind}-steps={train_steps}-early={early_stopping}",
         lambda out: make_t5(out, kind, train_steps=train_steps, early_stopping=early_stopping),
+        keep_by=F.SOURCES,
     )

@@ -33,7 +33,18 @@ def tiny_bundle(pre_norm: bool = False, tie: bool = True, quantize: str | None =
 def _run(pre_norm: bool, tie: bool, steps: int) -> Path:
     import torch  # here, not at the top: the runtime-only run (conftest.py) imports this module without torch
 
+    import seq2onnx
     from seq2onnx.model.train import TrainOptions, train
+
+    # What decides the run's bytes (build_cache.py keeps it between test runs while these are unchanged): the
+    # trainer (model/ and the package's root modules it imports) and this file's options.
+    package = Path(seq2onnx.__file__).parent
+    sources = [
+        *(package / "model").rglob("*.py"),
+        package / "atomic.py",
+        package / "errors.py",
+        Path(__file__),
+    ]
 
     torch.set_num_threads(1)  # tiny models run fastest on one thread; on 2 shared cores more threads thrash
 
@@ -65,7 +76,7 @@ def _run(pre_norm: bool, tie: bool, steps: int) -> Path:
             )
         )
 
-    return build_once(f"run-pre{int(pre_norm)}-tie{int(tie)}-{steps}", build)
+    return build_once(f"run-pre{int(pre_norm)}-tie{int(tie)}-{steps}", build, keep_by=sources)
 
 
 @functools.lru_cache(maxsize=None)

@@ -162,7 +162,8 @@ def _add_engine_flags(p) -> None:
         "--intra-threads",
         type=int,
         default=0,
-        help="onnxruntime threads inside each operator (default 0: onnxruntime's, one per core)",
+        help="onnxruntime threads inside each operator (default 0: OMP_NUM_THREADS where set, else "
+        "onnxruntime's, one per core)",
     )
     p.add_argument(
         "--device",

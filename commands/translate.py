@@ -134,7 +134,7 @@ def _add_session_flags(p) -> None:
         type=int,
         default=0,
         help=f"onnxruntime intra-op threads, at most this machine's {os.cpu_count()} cores "
-        "(default 0: all cores)",
+        "(default 0: OMP_NUM_THREADS where set, else all cores)",
     )
     p.add_argument(
         "--cache-dir",

@@ -97,8 +97,20 @@ def _version(text: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2) or 0)) if m else (0, 0)
 
 
+def default_intra_threads() -> int:
+    """The threads that intra_threads=0 stands for: OMP_NUM_THREADS where it is a positive int (as torch and
+    OpenMP read it; at most the cores), so that a process told to use one thread per operator does here too
+    (tiny models on a busy machine, several processes on its cores); else 0, onnxruntime's own default, one
+    per core. A value that is not a positive int is ignored, as OpenMP ignores it."""
+    text = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        return 0
+    return min(int(text), os.cpu_count() or 1)
+
+
 def check_intra_threads(value) -> int:
-    """Checks intra_threads: an int in [0, os.cpu_count()]; 0 is onnxruntime's default (the core count).
+    """Checks intra_threads: an int in [0, os.cpu_count()]; 0 is default_intra_threads() (OMP_NUM_THREADS
+    where set, else the core count).
 
     A larger number only adds threads that wait for a core (and memory for each thread's stack).
 
@@ -119,6 +131,6 @@ def check_intra_threads(value) -> int:
             limit=f"an int in [0, {cores}]",
             shown=_describe(value),
             says=f": this machine has {cores} cores (os.cpu_count()); ",
-            hint=f"give an int from 0 (onnxruntime's default: one per core) to {cores}",
+            hint=f"give an int from 0 (OMP_NUM_THREADS where set, else one per core) to {cores}",
         )
     return int(value)

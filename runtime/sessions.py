@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from .bundle import DECODER_LABELS, STANDARD, Bundle, BundleError
 from .decoders import pick_decoder
 from .devices import ort, pick_device, providers_for
-from .session_tuning import SessionTuning, spin_settings
+from .session_tuning import SessionTuning, default_intra_threads, spin_settings
 from .session_cache import SessionCache, entry_key
 from .u8s8_probe import precision_entries
 
@@ -37,7 +37,7 @@ def session_options(
 
     Args:
         tuning: the optimisation level and thread spinning (SessionTuning's defaults are the runtime's).
-        intra_threads: threads inside each operator (0: onnxruntime's default).
+        intra_threads: threads inside each operator (0: default_intra_threads()).
         graph: "encoder" or "decoder" (they spin differently; runtime/session_tuning.py says why).
         device: "cpu" or "cuda", where the session runs.
         quantized: the graph is an int8 bundle's (bundle.json's `quantization`).
@@ -48,7 +48,7 @@ def session_options(
     """
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[tuning.optimization])
-    options.intra_op_num_threads = intra_threads
+    options.intra_op_num_threads = intra_threads or default_intra_threads()
     if device == "cpu" and not quantized:
         options.enable_mem_pattern = False
     for key, value in session_entries(tuning, graph).items():
@@ -144,7 +144,7 @@ def open_sessions(
         bundle: the read bundle, with its files' bytes (read_bundle).
         device: "auto", "cuda" or "cpu" (pick_device).
         tuning: optimisation level, spinning and which decoder (SessionTuning).
-        intra_threads: threads inside each operator (0: onnxruntime's default).
+        intra_threads: threads inside each operator (0: default_intra_threads()).
         release_bytes: the caller owns `bundle` and needs no graph's bytes after this: on the CPU each
             graph's bytes leave bundle.data as soon as its session is made, so that the load's peak
             memory holds the graphs not yet loaded rather than all of them (on CUDA they stay: a provider
@@ -317,7 +317,7 @@ def _session_loader(
     Args:
         bundle: the read bundle, with its files' bytes.
         tuning: the session options' settings.
-        intra_threads: threads inside each operator (0: onnxruntime's default).
+        intra_threads: threads inside each operator (0: default_intra_threads()).
         picked: "cuda" or "cpu".
         release_bytes: on the CPU, drop each graph's bytes from bundle.data once its session is made.
         cache: where sessions' optimized graphs are kept (open_sessions), or None.

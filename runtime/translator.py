@@ -43,8 +43,8 @@ class Translator:
         bundle_dir: the bundle directory (bundle.json, encoder.onnx, decoder.onnx, tokenizers), or a
             Bundle that read_bundle returned (it keeps its files' bytes: `seq2onnx web` copies those).
         device: "auto" (CUDA where onnxruntime can run it, else the CPU), "cuda" or "cpu".
-        intra_threads: threads inside each operator, 0 (onnxruntime's default, one per core) to
-            os.cpu_count().
+        intra_threads: threads inside each operator, 0 (OMP_NUM_THREADS where set, as torch reads it; else
+            onnxruntime's default, one per core) to os.cpu_count().
         check_hashes: verify every file's sha256 against bundle.json before loading.
         cache_dir: where, on the CPU, onnxruntime's optimized graphs are kept with their weights packed for
             this machine, so that later loads skip optimizing and packing (runtime/session_cache.py; ~2.8x

@@ -22,8 +22,11 @@ except ImportError:
     torch = None
 else:  # tiny models run fastest on one thread; on a shared 2-core machine more threads thrash
     torch.set_num_threads(1)
-# The same for every child process a test starts (the `seq2onnx` command, a verify, a server), unless the test
-# sets it: torch and CTranslate2 otherwise start a thread per core in each child (helpers.ENV sets it too).
+# The same for the runtime's sessions here (intra_threads 0 reads it: runtime/session_tuning.py) and for every
+# child process a test starts (the `seq2onnx` command, a verify, a server), unless the test sets it: torch,
+# CTranslate2 and onnxruntime otherwise start a thread per core in each, and on a machine the workers keep busy
+# an onnxruntime pool thread spinning beside a tiny model's step costs as much CPU as the step (helpers.ENV
+# sets it too).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The runtime's test files: they import neither torch nor the training side at the top, and need

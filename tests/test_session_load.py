@@ -115,3 +115,20 @@ def test_the_tokenizers_load_while_the_sessions_are_made(monkeypatch):
     translator = Translator(bundle, device="cpu")
     assert seen == [True]
     assert translator.translate("a black dog ate five brave cats")
+
+
+def test_intra_threads_zero_follows_omp_num_threads_where_it_is_a_positive_int(monkeypatch):
+    import os
+
+    from seq2onnx.runtime.session_tuning import SessionTuning
+
+    def threads(intra: int) -> int:
+        return sessions_module.session_options(SessionTuning(), intra, "decoder").intra_op_num_threads
+
+    cores = os.cpu_count() or 1
+    cases = {"1": 1, " 1 ": 1, "999": cores, "0": 0, "-2": 0, "two": 0, "4,2": 0, "": 0}
+    for value, want in cases.items():
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        assert (threads(0), threads(cores)) == (want, cores), value  # an explicit count wins
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert threads(0) == 0  # onnxruntime's own default: one per core

@@ -412,11 +412,13 @@ def graph_session(bundle: Bundle, label: str, providers: list[str], entries: dic
         bundle: the bundle read (its graph's bytes kept).
         label: the graph's file key.
         providers: onnxruntime's providers.
-        entries: session config entries (onnxruntime's defaults otherwise).
+        entries: session config entries (onnxruntime's defaults otherwise; the threads are
+            default_intra_threads()).
     """
 
     def create(configure=None):
         options = ort.SessionOptions()
+        options.intra_op_num_threads = default_intra_threads()
         for key, value in (entries or {}).items():
             options.add_session_config_entry(key, value)
         if configure is not None:

@@ -132,3 +132,9 @@ def test_intra_threads_zero_follows_omp_num_threads_where_it_is_a_positive_int(m
         assert (threads(0), threads(cores)) == (want, cores), value  # an explicit count wins
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert threads(0) == 0  # onnxruntime's own default: one per core
+    # the sessions `seq2onnx verify` makes for itself too (their pool threads spun at ~half a core each)
+    from seq2onnx.runtime.bundle import read_bundle
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    session = sessions_module.graph_session(read_bundle(tiny_bundle()), "encoder", ["CPUExecutionProvider"])
+    assert session.get_session_options().intra_op_num_threads == 1

@@ -120,12 +120,18 @@ def perturbed_bundle(key: str = "decoder") -> Path:
     return out
 
 
+# What a perturbed graph or a moved bound needs to show (the verdict, not a measurement over the split): every
+# sentence's log-probabilities move with the noise, so a few sentences show it as the split's fifty would.
+FEW = dict(sentences=20, tensor_sentences=4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("broken, intact", [("standard", "fused"), ("fused", "standard")])
 def test_verify_fails_when_either_decoder_does_not_match(broken, intact):
     report = verify(
         tiny_run(False, True) / "last",
         perturbed_bundle("decoder_fused") if broken == "fused" else perturbed_bundle(),
+        **FEW,
     )
     text = format_report(report)
     assert report["passed"] is False, text
@@ -142,7 +148,7 @@ def test_verify_fails_when_either_decoder_does_not_match(broken, intact):
 
 @pytest.mark.slow
 def test_verify_fails_on_a_bundle_that_does_not_match():
-    report = verify(tiny_run(False, True) / "last", perturbed_bundle())
+    report = verify(tiny_run(False, True) / "last", perturbed_bundle(), **FEW)
     text = format_report(report)
     assert report["passed"] is False, text
     decoder = [
@@ -228,15 +234,11 @@ def test_int8_verdict_moves_with_its_bounds_and_names_the_failing_check():
     run = tiny_run(False, True) / "last"
     # An agreement of at least 0% and any BLEU drop pass, however far the tensors are off (atol 0).
     lax = verify(
-        run,
-        _with_tolerances("lax", min_greedy_agreement=0.0, max_bleu_drop=100.0, tensor_atol=0.0),
-        sentences=20,
+        run, _with_tolerances("lax", min_greedy_agreement=0.0, max_bleu_drop=100.0, tensor_atol=0.0), **FEW
     )
     assert lax["passed"] is True, format_report(lax)
     # No bundle agrees on more than 100% of sentences: the token check fails, and only it.
-    strict = verify(
-        run, _with_tolerances("strict", min_greedy_agreement=1.01, max_bleu_drop=100.0), sentences=20
-    )
+    strict = verify(run, _with_tolerances("strict", min_greedy_agreement=1.01, max_bleu_drop=100.0), **FEW)
     text = format_report(strict)
     assert strict["passed"] is False
     assert [c["name"] for c in strict["checks"] if c["judged"] and not c["passed"]] == [
@@ -313,7 +315,8 @@ def test_format_report_lists_only_deciding_checks_with_bounds():
 
 
 def cli_verify(bundle: Path, json_out: Path) -> subprocess.CompletedProcess:
-    return cli_here("verify", tiny_run(False, True), bundle, "--json", json_out)
+    few = ("--sentences", FEW["sentences"], "--tensor-sentences", FEW["tensor_sentences"])
+    return cli_here("verify", tiny_run(False, True), bundle, "--json", json_out, *few)
 
 
 @pytest.mark.slow

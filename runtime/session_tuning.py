@@ -98,14 +98,13 @@ def _version(text: str) -> tuple[int, int]:
 
 
 def default_intra_threads() -> int:
-    """The threads that intra_threads=0 stands for: OMP_NUM_THREADS where it is a positive int (as torch and
-    OpenMP read it; at most the cores), so that a process told to use one thread per operator does here too
-    (tiny models on a busy machine, several processes on its cores); else 0, onnxruntime's own default, one
-    per core. A value that is not a positive int is ignored, as OpenMP ignores it."""
-    text = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+    """What intra_threads=0 stands for: OMP_NUM_THREADS where it is a positive int, as torch reads it (at most
+    the cores), else 0, onnxruntime's own default (one per core)."""
+    try:
+        threads = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:  # unset, or not an int ("4,2"): ignored, as OpenMP ignores it
         return 0
-    return min(int(text), os.cpu_count() or 1)
+    return min(threads, os.cpu_count() or 1) if threads > 0 else 0
 
 
 def check_intra_threads(value) -> int:

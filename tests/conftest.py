@@ -16,18 +16,21 @@ import os
 
 import pytest
 
+# One thread for the runtime's sessions here (intra_threads 0 reads it: runtime/session_tuning.py) and for every
+# child process a test starts (the `seq2onnx` command, a verify, a server), unless the test sets it: torch,
+# CTranslate2 and onnxruntime otherwise start a thread per core in each, and on a machine the workers keep busy
+# an onnxruntime pool thread spinning beside a tiny model's step costs as much CPU as the step (helpers.ENV
+# sets it too). Where a test asks for more threads (bench's sweep), OpenMP's idle threads sleep rather than
+# spin: torch and CTranslate2 both use libgomp, which reads this when it loads, so before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 try:  # absent in the runtime-only run
     import torch
 except ImportError:
     torch = None
 else:  # tiny models run fastest on one thread; on a shared 2-core machine more threads thrash
     torch.set_num_threads(1)
-# The same for the runtime's sessions here (intra_threads 0 reads it: runtime/session_tuning.py) and for every
-# child process a test starts (the `seq2onnx` command, a verify, a server), unless the test sets it: torch,
-# CTranslate2 and onnxruntime otherwise start a thread per core in each, and on a machine the workers keep busy
-# an onnxruntime pool thread spinning beside a tiny model's step costs as much CPU as the step (helpers.ENV
-# sets it too).
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The runtime's test files: they import neither torch nor the training side at the top, and need
 # only tiny_bundle()'s prebuilt bundles (fp32 and int8). Keep a new runtime test file in this list.

@@ -249,7 +249,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--address",
         default=None,
-        help="a running cluster (auto, HOST:6379); default a fresh local Ray on this machine",
+        help="a running cluster (auto, HOST:6379); default a fresh local Ray on this machine (no dashboard)",
     )
     p.add_argument("--max-queue", type=int, default=256, help="requests admitted per replica (then 503)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (then 504)")
@@ -292,8 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    # "local" starts a fresh instance even where RAY_ADDRESS or an earlier `ray start` names a cluster.
-    ray.init(address=args.address or "local", logging_level=logging.WARNING)
+    # "local" starts a fresh instance even where RAY_ADDRESS or an earlier `ray start` names a cluster, and
+    # without Ray's dashboard, which Serve does not need: its forkserver is killed with it at the end and
+    # leaves a pymp-* folder in TMPDIR per run (a cluster you start yourself keeps its dashboard).
+    local = {"include_dashboard": False} if not args.address else {}
+    ray.init(address=args.address or "local", logging_level=logging.WARNING, **local)
     # After ray.init (which sets its own SIGTERM handler), before the app can answer: a signal from
     # then on stops the app cleanly, even one that comes while serve.run still waits for replicas.
     stop = threading.Event()

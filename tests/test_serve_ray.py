@@ -34,6 +34,7 @@ import httpx
 import pytest
 
 from build_cache import exclusive
+from tiny import scratch
 from seq2onnx.model.corpus import generate_pairs
 
 TEXTS = [s for s, _ in generate_pairs(40, seed=5)]
@@ -145,6 +146,10 @@ def served(bundle, tmp_path_factory):
     port = _free_port()
     stderr = tmp_path_factory.mktemp("ray") / "stderr.txt"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, never a cluster
+    # A temporary folder of its own, to see what the command leaves there; Ray's session stays where it was
+    # (its sockets' paths must stay short).
+    tmp = scratch("ray-tmpdir")
+    env.update(TMPDIR=str(tmp), RAY_TMPDIR=os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp")
     command = [sys.executable, "-m", "seq2onnx.serve.ray_deploy", str(bundle), "--replicas", "2"]
     with open(stderr, "w") as err:
         proc = subprocess.Popen(
@@ -173,7 +178,14 @@ def served(bundle, tmp_path_factory):
                 f"no answer within {START_S:.0f} s ({answer and answer.status_code}); exit {proc.poll()}: "
                 + stderr.read_text()[-2000:]
             )
-            yield {"proc": proc, "port": port, "stderr": stderr, "client": client, "expected": expected}
+            yield {
+                "proc": proc,
+                "port": port,
+                "stderr": stderr,
+                "client": client,
+                "expected": expected,
+                "tmp": tmp,
+            }
     finally:
         if proc.poll() is None:  # a test failed before the SIGINT: end the command and its Ray
             os.killpg(proc.pid, signal.SIGKILL)
@@ -355,3 +367,6 @@ def test_sigint_stops_the_command_with_status_0(served):
     assert proc.wait(timeout=WAIT_S) == 0, served["stderr"].read_text()[-3000:]
     stderr = served["stderr"].read_text()
     assert f"2 replica(s) (continuous batching) on http://127.0.0.1:{port}/" in stderr, stderr[-2000:]
+    # no folder of multiprocessing's left in TMPDIR (Ray's dashboard, killed at the end, left its forkserver's)
+    left = sorted(p.name for p in served["tmp"].glob("pymp-*"))
+    assert left == [], f"left in TMPDIR: {left}"

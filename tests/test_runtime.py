@@ -160,6 +160,7 @@ def test_beam_parity_n_best(any_translator, beam_reference, max_batch_size):
             assert np.allclose(r.scores, [h.score for h in ref], rtol=0, atol=1e-4), (k, alpha, i)
 
 
+@pytest.mark.slow  # it guards the slow parity test above, and its reference searches take ~5 s
 def test_beam_reference_is_not_trivial(beam_reference):
     """The parity above means something: beams differ from greedy and the penalty reorders n-best."""
     _, want = beam_reference

@@ -129,6 +129,20 @@ def trim() -> bool:
     return True
 
 
+def release_memory(shrink: Callable[[], None] | None = None) -> None:
+    """Gives memory back after a burst, for both engines (the scheduler's loop, IdleRelease): collects the
+    searches' reference cycles (programs, their steps and members), runs `shrink` twice (an arena's one-row
+    run under shrinkage; twice, since the first run's tensors may pin a chunk) and trims the C heap. Without
+    `shrink`, the late trim. A failing shrink is logged, never raised: a server serves on."""
+    gc.collect()
+    try:
+        for _ in range(2 if shrink else 0):
+            shrink()
+    except Exception as e:
+        log.warning("could not shrink the sessions' memory arenas: %s: %s", type(e).__name__, e)
+    trim()
+
+
 class IdleRelease:
     """Gives memory back once an engine has stayed idle IDLE_S after a burst: `--batching request`'s part of
     item 8 (serve/engine.py RequestEngine; the continuous scheduler does the same in its own loop). After at
@@ -180,14 +194,8 @@ class IdleRelease:
                     self._release(due)  # still idle, nothing started or ended meanwhile
 
     def _release(self, due: bool) -> None:
-        gc.collect()  # the searches sit in reference cycles (programs, their steps)
+        release_memory(self._give_back if due else None)  # under the lock: started() waits for it
         if due:
             self._rows, self._late, self.releases = 0, True, self.releases + 1
-            try:
-                for _ in range(2):
-                    self._give_back()
-            except Exception as e:  # giving memory back must never fail a server: say so, serve on
-                log.warning("could not shrink the sessions' memory arenas: %s: %s", type(e).__name__, e)
         else:
             self._late = False
-        trim()

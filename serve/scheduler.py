@@ -9,9 +9,7 @@ serve/batcher.py's ContinuousEngine hands searches to schedulers (its lanes) and
 from __future__ import annotations
 
 import concurrent.futures
-import gc
 import itertools
-import logging
 import threading
 
 import numpy as np
@@ -20,12 +18,10 @@ from seq2onnx.runtime.beam import BeamProgram, advance_together
 from seq2onnx.runtime.plan import SearchJob
 
 from .engine import Cancelled, Job
-from .memory import IDLE_S, LATE_TRIM_S, TRIM_AFTER_ROUNDS, trim
+from .memory import IDLE_S, LATE_TRIM_S, TRIM_AFTER_ROUNDS, release_memory
 from .round_profile import round_profile
 
 __all__ = ["Member", "RoundFailed", "Scheduler", "member_of"]
-
-log = logging.getLogger("seq2onnx.serve")
 
 
 class RoundFailed(RuntimeError):
@@ -179,8 +175,7 @@ class Scheduler:
                 if self._late_trim_due:  # after a release: what the requests' threads let go of since
                     if not self._cond.wait(timeout=LATE_TRIM_S):
                         self._late_trim_due = False
-                        gc.collect()
-                        trim()
+                        release_memory()
                     continue
                 self._cond.wait()
             new, self._incoming = self._incoming, []
@@ -262,13 +257,7 @@ class Scheduler:
     def _release(self) -> None:
         """The arena's chunks and the heaps' free pages back to the system (under the lock: a few ms)."""
         self._release_due, self._trimmed_at, self._late_trim_due = False, self.rounds, True
-        gc.collect()  # the burst's searches sit in reference cycles (programs, their steps and members)
-        try:
-            for _ in range(2 if self.runner.shrink.enabled else 0):  # twice: the first run's tensors may pin
-                self.runner.shrink_arena()
-        except Exception as e:  # giving memory back must never fail a server: say so, serve on
-            log.warning("could not shrink the decoder's memory arena: %s: %s", type(e).__name__, e)
-        trim()
+        release_memory(self.runner.shrink_arena if self.runner.shrink.enabled else None)
 
     def _advance_round(self, answers: dict) -> None:
         """Sends every active program its rows of the round's output: the beam programs answered by their

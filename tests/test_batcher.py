@@ -175,7 +175,9 @@ def test_after_a_burst_the_idle_scheduler_trims_once_more_late(bundle, monkeypat
 
     trims = []  # (thread, time): another test's engine still alive in this worker trims through the patch too
     monkeypatch.setattr(
-        scheduler, "trim", lambda: trims.append((threading.current_thread(), time.monotonic()))
+        scheduler,
+        "release_memory",
+        lambda shrink=None: trims.append((threading.current_thread(), time.monotonic())),
     )
     monkeypatch.setattr(scheduler, "TRIM_AFTER_ROUNDS", 1)  # any request is a burst here
     monkeypatch.setattr(scheduler, "IDLE_S", 0.05)

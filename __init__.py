@@ -7,7 +7,15 @@ This file is the repository root's: pyproject.toml maps the package `seq2onnx` o
 subpackages onto the folders model/, export/ and runtime/.
 """
 
+import os as _os
+
 __version__ = "0.2.0"
+
+# onnxruntime's official Linux and macOS builds report usage to Microsoft by default (1DS: a device id in
+# TMPDIR/.ses, events uploaded from a thread); ORT_DISABLE_TELEMETRY=1, set before onnxruntime loads, turns
+# that off. An app that embeds the runtime should not start reporting because of it: off unless the app set
+# the variable itself (or loaded onnxruntime first). The JavaScript host does the same (js/src/quiet-ort.js).
+_os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 __all__ = ["Translator", "TranslationResult", "BundleError", "OptionError", "__version__"]
 

@@ -7,6 +7,7 @@ Needs Node.js and `npm ci --prefix js`; without them every test here skips with 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -65,6 +66,23 @@ def node_json(*args: str, lines: list[str]) -> list[dict]:
     out = node(*args, stdin="".join(line + "\n" for line in lines)).stdout.splitlines()
     assert len(out) == len(lines)
     return [json.loads(line) for line in out]
+
+
+def test_node_host_leaves_onnxruntime_s_telemetry_off(bundle, tmp_path):
+    """onnxruntime-node's official build reports usage by default and leaves TMPDIR/.ses and a
+    mat-debug-PID.log per process: the host turns that off before it loads (js/src/quiet-ort.js)."""
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}  # pytest's import set it
+    proc = subprocess.run(
+        [NODE, str(CLI), "translate", str(bundle)],
+        input="a small bird sleeps\n",
+        capture_output=True,
+        text=True,
+        cwd=JS,
+        timeout=300,
+        env={**env, "TMPDIR": str(tmp_path)},
+    )
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
+    assert sorted(os.listdir(tmp_path)) == []
 
 
 @pytest.fixture(scope="module")

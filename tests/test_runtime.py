@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -103,6 +104,38 @@ def test_runtime_is_torch_free(bundle, mode):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["loaded"] == []
     assert out["hyps"][0] and out["hyps"][1] == "" and out["hyps"][2] and out["stream"]
+
+
+_QUIET = """
+import os, sys
+from seq2onnx import Translator
+Translator(sys.argv[1], device="cpu").translate("a small bird sleeps")
+print(os.environ["ORT_DISABLE_TELEMETRY"])
+"""
+
+
+@pytest.mark.parametrize("asked", [None, "0"])
+def test_onnxruntime_s_telemetry_is_off_unless_the_app_asks(bundle, tmp_path, asked):
+    """onnxruntime's official builds report usage by default (a device id in TMPDIR/.ses, an upload thread): the
+    package turns that off before onnxruntime loads, and keeps an app's own setting."""
+    env = {
+        k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"
+    }  # this process's import set it
+    env["TMPDIR"] = str(tmp_path)
+    if asked is not None:
+        env["ORT_DISABLE_TELEMETRY"] = asked
+    proc = subprocess.run(
+        [sys.executable, "-c", _QUIET, str(bundle)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1] == (asked or "1")
+    if asked is None:
+        assert sorted(os.listdir(tmp_path)) == []  # nothing written to TMPDIR by a translation
 
 
 # -- parity with the PyTorch reference -------------------------------------------------------------

@@ -6,6 +6,7 @@ import { mkdir, mkdtemp, open, realpath, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import zlib from "node:zlib";
+import "./quiet-ort.js"; // before onnxruntime-node: its telemetry stays off
 import * as ort from "onnxruntime-node";
 
 /** This machine's cores, as onnxruntime counts them for its default thread pool (at least 1). */

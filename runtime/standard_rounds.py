@@ -89,6 +89,8 @@ class StandardRounds:
         the last burst (a burst whose rows never fell, its sentences ending together, was never shrunk), then
         the encoder's (shrink_encoder). Its outputs are written into arrays of ours: one left in the arena
         would pin the chunk it was cut from."""
+        if not self.shrink.enabled:
+            return
         g = self.graph
         cross = self._to(np.zeros((1, g.n_heads, 8, g.head_dim), dtype=g.cache_dtype))
         mask = np.zeros((1, 8), dtype=bool)

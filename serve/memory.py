@@ -195,7 +195,6 @@ class IdleRelease:
 
     def _release(self, due: bool) -> None:
         release_memory(self._give_back if due else None)  # under the lock: started() waits for it
+        self._late = due  # a late trim after a release, none after the late trim
         if due:
-            self._rows, self._late, self.releases = 0, True, self.releases + 1
-        else:
-            self._late = False
+            self._rows, self.releases = 0, self.releases + 1

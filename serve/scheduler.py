@@ -257,7 +257,7 @@ class Scheduler:
     def _release(self) -> None:
         """The arena's chunks and the heaps' free pages back to the system (under the lock: a few ms)."""
         self._release_due, self._trimmed_at, self._late_trim_due = False, self.rounds, True
-        release_memory(self.runner.shrink_arena if self.runner.shrink.enabled else None)
+        release_memory(self.runner.shrink_arena)
 
     def _advance_round(self, answers: dict) -> None:
         """Sends every active program its rows of the round's output: the beam programs answered by their

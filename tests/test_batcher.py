@@ -57,6 +57,20 @@ def engine(bundle, request):
     e.close()
 
 
+@pytest.mark.parametrize("decoder", ["standard", "fused"])
+def test_rounds_shrink_nothing_once_a_session_refused_the_shrinkage(bundle, decoder):
+    """A session without an arena refuses the shrink option (ArenaShrink.enabled goes False): the rounds'
+    shrink_arena then runs neither the decoder's one-row round nor the encoder's shrink."""
+    runner = rounds_runner(Translator(bundle, device="cpu", _tuning=SessionTuning(decoder=decoder)))
+    calls = []
+    runner.shrink_encoder = lambda: calls.append("encoder")
+    runner.shrink_arena()
+    assert calls == ["encoder"]  # enabled: the round, then the encoder's shrink
+    runner.shrink.enabled = False
+    runner.shrink_arena()
+    assert calls == ["encoder"]
+
+
 def _alone(translator: Translator, texts, options):
     return translator.translate_batch(texts, **options)
 

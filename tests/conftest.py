@@ -25,12 +25,9 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-try:  # absent in the runtime-only run
-    import torch
-except ImportError:
-    torch = None
-else:  # tiny models run fastest on one thread; on a shared 2-core machine more threads thrash
-    torch.set_num_threads(1)
+# torch is absent in the runtime-only run. pytest-xdist's controller runs no test, so it does not import it
+# (~2.5 s before it starts the workers): pytest_configure does, in the processes that run tests.
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 # The runtime's test files: they import neither torch nor the training side at the top, and need
 # only tiny_bundle()'s prebuilt bundles (fp32 and int8). Keep a new runtime test file in this list.
@@ -66,18 +63,23 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if HAVE_TORCH and not controller:  # tiny models run fastest on one thread; on 2 shared cores more thrash
+        import torch
+
+        torch.set_num_threads(1)
     # pytest-xdist's controller: fix the run's id now, so that it knows the directory its workers share
     # (build_cache.py) and removes it when the run ends.
-    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+    if controller:
         import uuid
 
         config.option.testrunuid = config.option.testrunuid or uuid.uuid4().hex
-        if not config.getoption("--runtime-only") and torch is not None and _whole_suite(config):
+        if not config.getoption("--runtime-only") and HAVE_TORCH and _whole_suite(config):
             _prebuild(config)
     if not config.getoption("--runtime-only"):
         return
     # Without these the run would prove nothing, or would fail on every test with a less clear error.
-    if importlib.util.find_spec("torch") is not None:
+    if HAVE_TORCH:
         raise pytest.UsageError(
             "--runtime-only: torch is installed here, so the run cannot show that "
             "the runtime needs none; run it in a venv with only seq2onnx[cpu] (.ci/run)"
@@ -179,6 +181,8 @@ def _tiny_model(seed: int = 0, **overrides):
         max_positions=64,
     )
     fields.update(overrides)
+    import torch
+
     torch.manual_seed(seed)
     return Transformer(ModelConfig(**fields)).eval()
 

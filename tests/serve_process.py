@@ -35,6 +35,24 @@ def server_env() -> dict:
     }
 
 
+def wanted_servers(request, by_fixture: dict) -> set:
+    """The servers of a module that this run's selected tests use, so that the module starts those and no
+    other (`-m "not slow"` leaves several unused).
+
+    Args:
+        request: the module-scoped fixture's request.
+        by_fixture: fixture name -> the server's name it hands out; None for a parametrized fixture, whose
+            parameter is the server's name.
+    """
+    names = set()
+    for item in request.session.items:
+        if item.module is request.module:
+            for fixture in item.fixturenames:
+                if fixture in by_fixture:
+                    names.add(by_fixture[fixture] or item.callspec.params[fixture])
+    return names
+
+
 START_TIMEOUT_S = 60  # importing FastAPI and onnxruntime and loading the bundle, on a busy 2-core machine
 
 

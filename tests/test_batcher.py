@@ -94,6 +94,7 @@ def test_concurrent_requests_equal_each_request_alone(engine):
     assert engine.load()["active_requests"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoder", ["fused", "standard"])
 def test_two_lanes_share_the_requests_and_each_equals_its_request_alone(bundle, decoder):
     t = Translator(bundle, device="cpu", intra_threads=1, _tuning=SessionTuning(decoder=decoder))
@@ -121,6 +122,7 @@ def test_lanes_out_of_range_are_named(translator, lanes):
         ContinuousEngine(translator, lanes=lanes)
 
 
+@pytest.mark.slow
 def test_fused_rounds_that_move_positions_and_grow_give_each_request_alone(bundle):
     """The fused rounds' buffers under every change they make (runtime/fused_rounds.py): positions no live row
     reads dropped, positions and rows grown, the source width widened, beams and greedy rows in one group,
@@ -145,6 +147,7 @@ def test_fused_rounds_that_move_positions_and_grow_give_each_request_alone(bundl
         e.close()
 
 
+@pytest.mark.slow
 def test_fused_rounds_keep_their_buffers_between_requests_and_drop_them_when_idle(bundle, monkeypatch):
     """A lone client's requests, one after another: the next one finds the fused rounds' buffers and binding as
     the last one left them (rows it takes masked from what they held) and gets translate_batch's result
@@ -182,6 +185,7 @@ def test_fused_rounds_keep_their_buffers_between_requests_and_drop_them_when_idl
         e.close()
 
 
+@pytest.mark.slow
 def test_after_a_burst_the_idle_scheduler_trims_once_more_late(bundle, monkeypatch):
     """The memory is given back when the scheduler falls idle, and the heaps are trimmed once more LATE_TRIM_S
     later (what a request's thread freed after the first trim), then not again."""

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from seq2onnx.model import checkpoint
+from seq2onnx.model.adam import Adam
 from seq2onnx.model.checkpoint import CheckpointError
 from seq2onnx.model.config import EOS_ID, ModelConfig
 from seq2onnx.model.corpus import generate_pairs
@@ -120,14 +121,14 @@ def test_last_and_best_links(tmp_path, tokenizers):
 def test_training_state_and_optimizer_round_trip(tmp_path, tokenizers):
     tok = tokenizers[False]
     model = _model(tok, seed=4)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = Adam(model.parameters(), lr=1e-3)
     model(
         torch.tensor([[5, 6, EOS_ID]]), torch.ones(1, 3, dtype=torch.bool), torch.tensor([[2, 5]])
     ).sum().backward()
     opt.step()
     path = checkpoint.save(tmp_path, model, tok, {"step": 4, "history": [{"step": 4}]}, opt)
     model2 = _model(tok, seed=4)
-    opt2 = torch.optim.Adam(model2.parameters(), lr=5.0)
+    opt2 = Adam(model2.parameters(), lr=5.0)
     state = checkpoint.load_training_state(path, opt2)
     assert state["step"] == 4 and state["history"] == [{"step": 4}] and "optimizer" not in state
     sd, sd2 = opt.state_dict(), opt2.state_dict()
@@ -292,7 +293,7 @@ def test_weights_are_safetensors(tmp_path, tokenizers):
 def test_load_never_unpickles(tmp_path, tokenizers, monkeypatch):
     tok = tokenizers[False]
     model = _model(tok, seed=7, tie_embeddings=False)
-    opt = torch.optim.Adam(model.parameters())
+    opt = Adam(model.parameters())
     path = checkpoint.save(tmp_path, model, tok, {"step": 1}, opt)
 
     def forbidden(*args, **kwargs):
@@ -304,7 +305,7 @@ def test_load_never_unpickles(tmp_path, tokenizers, monkeypatch):
     monkeypatch.setattr(torch, "load", forbidden)
     monkeypatch.setattr(torch.serialization, "load", forbidden)
     loaded, _, _ = checkpoint.load(path)
-    checkpoint.load_training_state(path, torch.optim.Adam(loaded.parameters()))
+    checkpoint.load_training_state(path, Adam(loaded.parameters()))
     assert torch.equal(_logits(loaded, tok), _logits(model, tok))
 
 

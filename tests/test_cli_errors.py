@@ -50,6 +50,7 @@ def cases():
     return _cases()
 
 
+@pytest.mark.slow
 def test_each_command_error_is_one_line_without_traceback(cases, capsys):
     # In this process (main() is what the console script and `python -m` call; test_debug_* start the
     # real command): thirteen interpreters that import torch would cost a minute on two cores.
@@ -69,6 +70,7 @@ def test_each_command_error_is_one_line_without_traceback(cases, capsys):
     assert seen == {"train", "export", "verify", "translate", "demo", "serve"}
 
 
+@pytest.mark.slow
 def test_debug_shows_the_traceback(tmp_path):
     result = run("--debug", "translate", str(tmp_path / "nobundle"))
     assert result.returncode != 0 and "Traceback" in result.stderr

@@ -28,6 +28,7 @@ def test_prefix_property_of_n():
     assert generate_pairs(1000, seed=3)[:100] == generate_pairs(100, seed=3)
 
 
+@pytest.mark.slow
 def test_pairs_distinct_and_well_formed():
     pairs = generate_pairs(DEFAULT_PAIRS, seed=0)
     assert len(pairs) == DEFAULT_PAIRS

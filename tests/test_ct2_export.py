@@ -165,6 +165,7 @@ print(json.dumps({"ids": ids, "heavy": heavy}))
 """
 
 
+@pytest.mark.slow
 def test_a_fresh_translator_with_only_sentencepiece_gives_pytorch_greedy_ids():
     texts, want = reference(beam_size=1)
     # -I: no script directory, PYTHONPATH or user site on the path; the repo is not the cwd either

@@ -150,6 +150,7 @@ def test_every_graph_has_opset_17s_ir_version(quantize):
     assert versions and set(versions.values()) == {IR_VERSION} == {8}, versions
 
 
+@pytest.mark.slow
 def test_decoder_standard_writes_no_fused_graph_and_a_bad_choice_is_named():
     out = export_bundle(run_dir() / "last", scratch("standard-only") / "bundle", decoder="standard")
     meta = fmt.read_bundle(out).meta
@@ -539,6 +540,7 @@ def test_cli_export_decoder_choice():
 # -- int8 and fp16 --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_int8_export_is_quantized():
     bundle = tiny_bundle(False, True, "int8")
     meta = fmt.read_bundle(bundle).meta
@@ -590,6 +592,7 @@ def float32_inputs(p: onnx.ModelProto, ops: tuple[str, ...]) -> dict[str, list[s
     return found
 
 
+@pytest.mark.slow
 def test_fp16_export_keeps_norms_and_softmax_in_float32(fp16_bundle):
     meta = fmt.read_bundle(fp16_bundle).meta
     assert meta["dtype"] == "float16" and meta["variant"] == "float16" and meta["quantization"] is None
@@ -625,6 +628,7 @@ def test_fp16_export_keeps_norms_and_softmax_in_float32(fp16_bundle):
         assert all_ops(p.graph)["Cast"] > 0
 
 
+@pytest.mark.slow
 def test_fp16_decoder_runs_on_cpu_and_agrees_with_fp32_torch(fp16_bundle):
     model, tok, ckpt = load_model()
     srcs = [tok.encode_source(s) for s, _ in split_sentences(ckpt, 20)]

@@ -25,6 +25,7 @@ from tiny import tiny_bundle, tiny_run  # noqa: E402
 TEXTS = ["the small teacher found 15 sad children", "a black dog ate five brave cats"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["marian", "m2m100"])
 def test_the_import_runs_no_output_projection(kind, monkeypatch):
     # n rows of logits over the whole vocabulary were the OPUS-MT-size import's peak (240 MB)
@@ -89,6 +90,7 @@ def test_the_bundles_check_makes_unpacked_sessions(tmp_path, monkeypatch):
     assert {t.decoder for t in tunings} == {"standard", "fused"}
 
 
+@pytest.mark.slow
 def test_unpacked_sessions_translate_as_packed_ones():
     packed = Translator(tiny_bundle(), device="cpu")
     unpacked = Translator(tiny_bundle(), device="cpu", _tuning=SessionTuning(prepack=False))

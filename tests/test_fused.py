@@ -130,6 +130,7 @@ def _top_ids(log_probs: np.ndarray, k: int) -> np.ndarray:
     return np.stack([np.lexsort((np.arange(row.size), -row))[:k] for row in log_probs])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab", [30, 8200])  # 8,200: the two-stage top k of export/top_k.py
 def test_greedy_steps_match_the_standard_decoder_graph(make_model, tmp_path, vocab):
     """The same steps through decoder.onnx (standard opset, growing cache) and the fused graph; each graph's

@@ -141,6 +141,7 @@ def _drive(runner, plan: dict, rounds: int, seen=None) -> tuple[dict[str, list],
     return got, members
 
 
+@pytest.mark.slow
 def test_beams_share_their_sentence_cross_entry_and_the_layout_follows_the_widths(translator):
     """While every search in flight has beams of the round's group, a sentence's beams share one cross entry
     (the arrays hold capacity / group entries); a greedy search joining makes it one per row, and its leaving

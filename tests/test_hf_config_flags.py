@@ -86,6 +86,7 @@ def _untie(model) -> None:
         model.lm_head.weight.copy_(shared + 0.05 * torch.randn_like(shared))
 
 
+@pytest.mark.slow
 def test_weights_missing_for_the_config_are_refused(tmp_path):
     """A checkpoint saved tied, whose config.json then says tie_word_embeddings false: transformers 5
     unties the encoder's and decoder's tables too and fills them at random at each load; refused,
@@ -164,6 +165,7 @@ def test_honoured_against_generate(tmp_path, sentences_file, case):
     assert greedy["value"] == 1.0
 
 
+@pytest.mark.slow
 def test_flip_changes_the_output(tmp_path):
     """The honoured cases could fail: the same weights with scale_embedding flipped give other
     log-probabilities."""

@@ -48,6 +48,7 @@ def t5(tmp_path_factory):
     return model_dir, bundle
 
 
+@pytest.mark.slow
 def test_a_metaspace_tokenizer_s_texts_are_the_hosts_texts(t5):
     model_dir, bundle = t5
     tokenizer = load_tokenizer(model_dir)
@@ -61,6 +62,7 @@ def test_a_metaspace_tokenizer_s_texts_are_the_hosts_texts(t5):
     assert sum(w != w.strip() for w in want) > 30  # the cases where a strip would differ were drawn
 
 
+@pytest.mark.slow
 def test_the_node_host_decodes_a_metaspace_bundle_as_python(t5):
     reason = skip_reason("the Node host's texts")
     if reason:

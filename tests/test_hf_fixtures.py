@@ -105,6 +105,7 @@ def test_marian_directory_is_what_transformers_writes_and_loads(shared_vocab):
         assert tokenizer.decode(encoded["input_ids"], skip_special_tokens=True) == source
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shared_vocab", [True, False])
 def test_marian_ids_are_not_sentencepiece_ids(shared_vocab):
     path = hf.random_model("marian", shared_vocab=shared_vocab)
@@ -119,6 +120,7 @@ def test_marian_ids_are_not_sentencepiece_ids(shared_vocab):
     assert sum(a == b for a, b in zip(marian_ids, spm_ids)) <= len(spm_ids) // 4
 
 
+@pytest.mark.slow
 def test_m2m100_directory_is_what_transformers_writes_and_loads():
     path = hf.random_model("m2m100")
     assert {p.name for p in path.iterdir()} == {
@@ -194,6 +196,7 @@ def test_cached_model_fills_in_defaults_and_builds_once():
         hf.cached_model("m2m100", shared_vocab=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["marian", "m2m100"])
 def test_damage_breaks_each_thing_it_names(kind, tmp_path):
     for how in hf.DAMAGES:

@@ -347,6 +347,7 @@ def test_header_reader_agrees_with_safetensors():
     assert {name: shape for name, (_, shape) in ours.items()} == theirs and len(theirs) > 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["marian", "m2m100"])
 def test_memory_estimate_against_the_limit(model):
     from transformers import AutoModelForSeq2SeqLM

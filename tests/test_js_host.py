@@ -68,6 +68,7 @@ def node_json(*args: str, lines: list[str]) -> list[dict]:
     return [json.loads(line) for line in out]
 
 
+@pytest.mark.slow
 def test_node_host_leaves_onnxruntime_s_telemetry_off(bundle, tmp_path):
     """onnxruntime-node's official build reports usage by default and leaves TMPDIR/.ses and a
     mat-debug-PID.log per process: the host turns that off before it loads (js/src/quiet-ort.js)."""
@@ -169,6 +170,7 @@ def test_node_equals_python_on_token_ids_with_options(bundle, translator, senten
     assert all(3 <= len(h) <= 12 for g in got for h in g["token_ids"])  # the options were applied
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side", ["source", "target"])
 def test_tokenizer_ids_and_texts_identical(bundle, translator, sentences, side):
     tokenizer = translator.source_tokenizer if side == "source" else translator.target_tokenizer
@@ -181,6 +183,7 @@ def test_tokenizer_ids_and_texts_identical(bundle, translator, sentences, side):
     assert any(1 in g["ids"] for g in got)  # unknown pieces were exercised
 
 
+@pytest.mark.slow
 def test_odd_and_empty_texts_translate_alike(bundle, translator):
     texts = ODD_TEXTS + ["", "   ", "\t"]
     got = node_json("translate", str(bundle), "--json", "--beam", "2", "--threads", str(THREADS), lines=texts)
@@ -200,6 +203,7 @@ def _flipped_copy(bundle: Path, name: str, file: str, at: int) -> Path:
     return damaged
 
 
+@pytest.mark.slow
 def test_node_refuses_a_damaged_bundle(bundle):
     damaged = _flipped_copy(bundle, "js-damaged", "decoder.onnx", 2)
     proc = node("translate", str(damaged), stdin="the cat\n", check=False)
@@ -212,6 +216,7 @@ def test_node_refuses_a_damaged_bundle(bundle):
     assert proc.returncode == 1 and "format_version 2, this host reads version 1" in proc.stderr
 
 
+@pytest.mark.slow
 def test_node_refuses_a_damaged_weights_file_by_its_sha256(bundle):
     damaged = _flipped_copy(bundle, "js-damaged-weights", "weights.bin", 3)
     proc = node("translate", str(damaged), stdin="the cat\n", check=False)
@@ -278,6 +283,7 @@ def fmt_sha256(path: Path) -> str:
     return sha256(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nested", [False, True], ids=["linked-beside-another", "nested-path"])
 def test_node_runs_the_weights_file_it_checked_as_python_does(bundle, translator, nested):
     path = _relinked(bundle, "js-relinked", nested)
@@ -288,6 +294,7 @@ def test_node_runs_the_weights_file_it_checked_as_python_does(bundle, translator
     assert proc.stdout.splitlines() == expected, proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags, words",
     [

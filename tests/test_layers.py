@@ -10,6 +10,7 @@ on top, which nothing imports. Every import counts, at the top of a module or in
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -45,11 +46,17 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+@functools.lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once per process: four tests here read every file of the package."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The package's modules that `name` imports (resolved to modules, not names in them)."""
     is_package = path.name == "__init__.py"
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -77,6 +84,7 @@ def _layer(module: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else "root"
 
 
+@functools.lru_cache(maxsize=None)
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {name: _imports(name, path, modules) for name, path in modules.items()}
@@ -161,7 +169,7 @@ def _long_functions(path: Path, root: Path = ROOT) -> list[tuple[str, int, str, 
     """(file, line, name, length) of each function or method in `path` over MAX_FUNCTION_LINES."""
     where = path.relative_to(root).as_posix()
     out = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             length = node.end_lineno - node.lineno + 1
             if length > MAX_FUNCTION_LINES:

@@ -131,6 +131,7 @@ _BLOCK_TRAINING_SIDE = """
     """
 
 
+@pytest.mark.slow
 def test_translate_cli_runs_without_the_training_side():
     source = scratch("cli-no-torch") / "in.txt"
     source.write_text("a small bird sleeps\nthe cat dances in the box\n")

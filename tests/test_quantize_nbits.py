@@ -93,6 +93,7 @@ def test_a_layer_becomes_one_matmulnbits_close_to_fp32(bits, bound):
     assert err > 1e-5  # quantized, not fp32 passed through
 
 
+@pytest.mark.slow
 def test_int4_bundle_records_its_scheme_and_is_small(int4):
     bundle = fmt.read_bundle(int4, check_hashes=True)
     scheme = bundle.meta["quantization_scheme"]

@@ -272,6 +272,7 @@ def _sources(seed: int, n: int, vocab: int) -> list[list[int]]:
 MODELS = [(False, 4), (True, 7)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pre_norm, seed", MODELS)
 def test_beam_one_equals_greedy_on_tiny_transformer(pre_norm, seed):
     model = _random_model(seed, pre_norm)
@@ -298,6 +299,7 @@ def test_beam_one_equals_greedy_on_tiny_transformer(pre_norm, seed):
     assert any(len(h[0].tokens) > 2 for h, e in zip(greedy, ends) if e)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pre_norm, seed", MODELS)
 def test_greedy_batched_equals_one_at_a_time(pre_norm, seed):
     model = _random_model(seed, pre_norm)

@@ -91,6 +91,7 @@ print(json.dumps({"hyps": [x.hypotheses[0] for x in r], "stream": g, "loaded": l
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["plain", "block"])
 def test_runtime_is_torch_free(bundle, mode):
     proc = subprocess.run(
@@ -114,6 +115,7 @@ print(os.environ["ORT_DISABLE_TELEMETRY"])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("asked", [None, "0"])
 def test_onnxruntime_s_telemetry_is_off_unless_the_app_asks(bundle, tmp_path, asked):
     """onnxruntime's official builds report usage by default (a device id in TMPDIR/.ses, an upload thread): the
@@ -269,6 +271,7 @@ def test_device_auto_and_cuda_without_gpu(bundle):
     assert why in str(e.value)
 
 
+@pytest.mark.slow
 def test_spinning_is_bounded_by_default_and_changes_no_output(bundle, translator, reference):
     sentences = reference[2][:8]
     # onnxruntime reads session.intra_op.spin_duration_us from 1.26 on (written out, not the runtime's constant)
@@ -297,6 +300,7 @@ def test_spinning_is_bounded_by_default_and_changes_no_output(bundle, translator
     assert want == [r.hypotheses for r in unbounded.translate_batch(sentences, beam_size=2)]
 
 
+@pytest.mark.slow
 def test_float_cpu_sessions_plan_no_memory_patterns(translator):
     # a decoder's shapes change at every step: patterns cost the OPUS-MT-size peak 61 MB (optimisation row 41)
     sessions = translator.graphs._sessions

@@ -230,6 +230,7 @@ def _oracle(fn, batch, *, k, alpha, min_length, max_lengths):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2, 4])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("ties", [False, True])

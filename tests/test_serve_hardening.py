@@ -23,7 +23,7 @@ from extras import require
 require("fastapi", "serve")
 import httpx  # noqa: E402
 
-from serve_process import ServeProcess  # noqa: E402
+from serve_process import ServeProcess, wanted_servers  # noqa: E402
 from helpers import until  # noqa: E402
 
 TRANSLATE, STREAM = "/v1/translate", "/v1/translate/stream"
@@ -59,14 +59,19 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def servers(bundle):
-    """Every process of the module, started at once (their startups overlap); all killed at the end."""
-    race_port = _free_port()
+def servers(request, bundle):
+    """The processes this run's tests of the module use, started at once (their startups overlap); all killed
+    at the end."""
+    wanted = wanted_servers(request, {"hard": "hard", "drain": "drain", "race": "race"})
     running = {}
     try:
-        running["hard"] = ServeProcess(bundle, *HARD)
-        running["drain"] = ServeProcess(bundle, "--drain-seconds", "0.5", "--max-chars", "20000")
-        running["race"] = [_on_port(bundle, race_port) for _ in range(2)]
+        if "hard" in wanted:
+            running["hard"] = ServeProcess(bundle, *HARD)
+        if "drain" in wanted:
+            running["drain"] = ServeProcess(bundle, "--drain-seconds", "0.5", "--max-chars", "20000")
+        if "race" in wanted:
+            race_port = _free_port()
+            running["race"] = [_on_port(bundle, race_port) for _ in range(2)]
         yield running
     finally:
         for name, process in running.items():
@@ -100,6 +105,17 @@ def _kill(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def hard(servers) -> ServeProcess:
     return servers["hard"].listening()
+
+
+@pytest.fixture(scope="module")
+def drain(servers) -> ServeProcess:
+    return servers["drain"].listening()
+
+
+@pytest.fixture(scope="module")
+def race(servers) -> list:
+    """Two `serve` processes started at once on one port (not awaited: one of them exits)."""
+    return servers["race"]
 
 
 def _port(server: ServeProcess) -> int:
@@ -139,8 +155,8 @@ def _status_kb(pid: int, key: str) -> int:
 
 
 @pytest.mark.slow
-def test_two_servers_started_at_once_on_one_port_one_listens_and_the_other_says_why(servers):
-    procs = servers["race"]
+def test_two_servers_started_at_once_on_one_port_one_listens_and_the_other_says_why(race):
+    procs = race
     deadline = time.monotonic() + 90
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         # the listening one prints its line and stays; the other exits
@@ -194,6 +210,7 @@ def test_headers_over_the_limit_get_431_and_the_connection_closes(hard, head):
     assert f"exceed {MAX_HEADER_BYTES} bytes" in body["error"] and "--max-header-bytes" in body["error"]
 
 
+@pytest.mark.slow
 def test_a_huge_header_neither_grows_the_server_nor_stalls_others(hard):
     peak_before = _status_kb(hard.proc.pid, "VmHWM")
     stop, took = threading.Event(), []
@@ -403,8 +420,9 @@ def test_defaults_given_explicitly_contradict_nothing_and_the_schema_states_the_
 # -- item 4: the drain limit -------------------------------------------------------------------------
 
 
-def test_requests_cut_by_the_drain_limit_get_json_503_and_no_traceback(servers):
-    server = servers["drain"].listening()
+@pytest.mark.slow
+def test_requests_cut_by_the_drain_limit_get_json_503_and_no_traceback(drain):
+    server = drain
     answers = []
 
     def post():
@@ -519,6 +537,7 @@ def test_the_encoders_arena_is_given_back_after_a_burst_of_long_sources(translat
     assert graphs.encode(np.full((1, 3), 5, np.int64), np.full(1, 3, np.int64))[0].shape() == [1, 3]
 
 
+@pytest.mark.slow
 def test_idle_release_waits_for_a_burst_and_for_idleness_then_gives_back_once():
     from seq2onnx.serve.memory import IDLE_S, IdleRelease
 
@@ -544,6 +563,7 @@ def test_idle_release_waits_for_a_burst_and_for_idleness_then_gives_back_once():
         release.close()
 
 
+@pytest.mark.slow
 def test_a_failing_give_back_is_logged_and_the_release_serves_on(caplog):
     from seq2onnx.serve.memory import IdleRelease
 

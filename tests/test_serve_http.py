@@ -24,7 +24,7 @@ from extras import require
 require("fastapi", "serve")
 import httpx  # noqa: E402
 
-from serve_process import ServeProcess  # noqa: E402
+from serve_process import ServeProcess, wanted_servers  # noqa: E402
 
 BATCHINGS = ["request"] + (["continuous"] if importlib.util.find_spec("seq2onnx.serve.batcher") else [])
 FRONT = BATCHINGS[-1]  # the default engine where it exists: the front end's own cases run on it
@@ -55,12 +55,17 @@ CONFIGS = {
 
 
 @pytest.fixture(scope="module")
-def servers(bundle):
-    """Every configuration's process, started at once (their startups overlap); all killed at the end."""
+def servers(request, bundle):
+    """The configurations this run's tests of the module use, each a process started at once (their startups
+    overlap); all killed at the end."""
+    wanted = wanted_servers(
+        request, {"server": None, "front": FRONT, "timeout_server": "timeout", "drain_server": "drain"}
+    )
     running = {}
     try:
         for name, options in CONFIGS.items():
-            running[name] = ServeProcess(bundle, *options)
+            if name in wanted:
+                running[name] = ServeProcess(bundle, *options)
         yield {name: process for name, process in running.items()}
     finally:
         for process in running.values():
@@ -75,6 +80,16 @@ def server(request, servers) -> ServeProcess:
 @pytest.fixture(scope="module")
 def front(servers) -> ServeProcess:
     return servers[FRONT].listening()
+
+
+@pytest.fixture(scope="module")
+def timeout_server(servers) -> ServeProcess:
+    return servers["timeout"].listening()
+
+
+@pytest.fixture(scope="module")
+def drain_server(servers) -> ServeProcess:
+    return servers["drain"].listening()
 
 
 def _ok(server: ServeProcess) -> None:
@@ -368,6 +383,7 @@ def test_thousands_of_empty_texts_translate_to_empty_strings(front):
 # -- leaving, timing out, a full queue, draining ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_client_that_leaves_has_its_job_cancelled(server):
     cancelled = server.metric("seq2onnx_cancelled_jobs_total", reason="disconnect")
     left = server.metric("seq2onnx_requests_total", endpoint=TRANSLATE, status="499")
@@ -381,8 +397,8 @@ def test_a_client_that_leaves_has_its_job_cancelled(server):
     _ok(server)
 
 
-def test_a_request_past_the_timeout_gets_504_and_its_job_is_cancelled(servers):
-    server = servers["timeout"].listening()
+def test_a_request_past_the_timeout_gets_504_and_its_job_is_cancelled(timeout_server):
+    server = timeout_server
     started = time.monotonic()
     r = server.client.post(TRANSLATE, json=SLOW)
     assert r.status_code == 504, r.text
@@ -401,8 +417,8 @@ def test_a_request_past_the_timeout_gets_504_and_its_job_is_cancelled(servers):
 
 
 @pytest.mark.slow
-def test_a_full_queue_answers_503_and_sigterm_drains_the_requests_in_flight(servers):
-    server = servers["drain"].listening()
+def test_a_full_queue_answers_503_and_sigterm_drains_the_requests_in_flight(drain_server):
+    server = drain_server
     slow = {**SLOW, "texts": [LONG] * 32, "beam_size": 8}  # about 1 s each; --workers 1 decodes one at a time
     answers, finished = {}, {}
 

@@ -112,6 +112,7 @@ def _established(pid: int, port: int, peers: set[int]) -> int:
     return held
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT spreads connections on Linux")
 def test_the_kernel_spreads_connections_over_the_processes_whichever_is_awake(two):
     port = int(two.url.rsplit(":", 1)[1])
@@ -352,6 +353,7 @@ def test_a_killed_parents_metrics_folder_is_removed_and_no_folder_still_owned(tm
     )
 
 
+@pytest.mark.slow
 def test_a_group_holds_its_metrics_folders_lock_and_removes_an_abandoned_one_at_start(tmp_path, monkeypatch):
     from seq2onnx.serve import processes
 

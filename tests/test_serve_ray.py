@@ -91,6 +91,7 @@ def _replica_pids(root: int) -> set[int]:
     return {pid for pid, cmd in _descendants(root).items() if cmd.startswith("ray::ServeReplica")}
 
 
+@pytest.mark.slow
 def test_build_refuses_a_wrong_bundle_or_limit_before_any_replica_starts(bundle, tmp_path):
     _ray_serve()
     from seq2onnx.serve.ray_deploy import build, main

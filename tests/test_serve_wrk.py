@@ -147,6 +147,7 @@ def test_echo_engine_answers_through_the_real_front_end(stub):
     assert wrk_bench.generated_tokens(stub.url) >= 2 * len(tr.prepare_source("a cat")[0][:-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_WRK, reason=NO_WRK)
 def test_lua_script_posts_random_sentences(stub):
     words, _ = wrk_bench.source_words(tiny_bundle())

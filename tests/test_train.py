@@ -112,6 +112,7 @@ def test_resume_of_a_finished_run_trains_no_further(tmp_path):
     assert _same_weights(_weights(run), before)
 
 
+@pytest.mark.slow
 def test_refuses_to_overwrite_without_force(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

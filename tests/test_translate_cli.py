@@ -49,6 +49,7 @@ def _ok(proc: subprocess.CompletedProcess) -> list[str]:
     return proc.stdout.split("\n")[:-1]
 
 
+@pytest.mark.slow
 def test_translate_stdin_one_line_per_input_line(bundle, translator):
     out = _ok(translate(str(bundle), "--device", "cpu", input="\n".join(LINES) + "\n"))
     assert len(out) == len(LINES)
@@ -59,11 +60,13 @@ def test_translate_stdin_one_line_per_input_line(bundle, translator):
     assert small == out
 
 
+@pytest.mark.slow
 def test_translate_beam_one(bundle, translator):
     out = _ok(translate(str(bundle), "--beam", "1", input="\n".join(LINES) + "\n"))
     assert out == [r.hypotheses[0] for r in translator.translate_batch(LINES, beam_size=1)]
 
 
+@pytest.mark.slow
 def test_translate_scores(bundle, translator):
     out = _ok(
         translate(
@@ -80,6 +83,7 @@ def test_translate_scores(bundle, translator):
     assert any(float(line.split("\t")[0]) < 0 for line in out)
 
 
+@pytest.mark.slow
 def test_translate_n_best(bundle, translator):
     out = _ok(translate(str(bundle), "--n-best", "2", input="\n".join(LINES) + "\n"))
     want = translator.translate_batch(LINES, num_hypotheses=2, return_scores=True)
@@ -137,6 +141,7 @@ def test_help():
     assert "--beam" in proc.stdout and "--n-best" in proc.stdout and "--scores" in proc.stdout
 
 
+@pytest.mark.slow
 def test_unicode_line_separators_do_not_split_lines(bundle):
     lines = ["the cat\x0cdances in the box", "a small\u2028bird sleeps", "the farmer liked 12 green cows"]
     out = _ok(translate(str(bundle), "--beam", "1", input="\n".join(lines) + "\n"))
@@ -161,6 +166,7 @@ def test_help_explains_the_filter_options():
 # -- a Unix filter ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_streaming_answers_each_line_before_stdin_closes(bundle, translator):
     """A co-process: each line's translation comes back while stdin is still open."""
     proc = subprocess.Popen(

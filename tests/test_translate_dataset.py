@@ -190,6 +190,7 @@ def test_missing_ray_names_the_extra(monkeypatch):
         dataset.import_ray()
 
 
+@pytest.mark.slow
 def test_input_errors_name_the_column(tmp_path):
     pq.write_table(pa.table({"a": ["x"], "b": [1]}), tmp_path / "t.parquet")
     with pytest.raises(CommandError, match=r"columns are \['a', 'b'\]"):

@@ -129,6 +129,7 @@ def test_tensors_are_matched_by_every_byte_and_their_type(tmp_path):
     assert (tmp_path / "staging").stat().st_size == offsets[3] + a.nbytes  # three tensors written
 
 
+@pytest.mark.slow
 def test_stored_weights_compute_what_the_graphs_did(tmp_path):
     """Moving the tensors into the file changes no value: each graph's initializers, read back through its
     references, are the model's own tensors (the fused Q, K, V are the three standard weights stacked)."""

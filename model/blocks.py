@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .layers import LayerNorm, RMSNorm, gelu_tanh, wide
+from .layers import Dropout, LayerNorm, RMSNorm, gelu_tanh, wide
 
 KV = tuple[Tensor, Tensor]
 
@@ -34,7 +34,7 @@ class MultiHeadAttention(nn.Module):
         self.w_k = nn.Linear(cfg.d_model, inner, bias=bias)
         self.w_v = nn.Linear(cfg.d_model, inner, bias=bias)
         self.w_o = nn.Linear(inner, cfg.d_model, bias=bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.scaled = cfg.attention_scale  # T5 adds its relative bias to unscaled scores
 
     def split_heads(self, x: Tensor) -> Tensor:
@@ -153,7 +153,7 @@ class FeedForward(nn.Module):
         # gated (T5 v1.1, mT5): the linear half, multiplied into the activated one (transformers' wi_1)
         self.w_3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.linear_bias) if cfg.gated else None
         self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.linear_bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         # exact gelu (erf), as transformers' "gelu"; swish = SiLU; gelu_tanh as transformers' "gelu_new"
         functions = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu, "gelu_tanh": gelu_tanh}
         self.activation = functions[cfg.activation]
@@ -183,7 +183,7 @@ class Sublayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.norm = make_norm(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.pre_norm = cfg.pre_norm
 
     def forward(self, x: Tensor, f) -> Tensor:

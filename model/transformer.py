@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from .blocks import KV, DecoderLayer, EncoderLayer, make_norm
 from .config import ModelConfig
 from .layers import (  # noqa: F401 (sinusoid_table: API)
+    Dropout,
     LayerNorm,
     bucket_table,
     causal_bias,
@@ -65,7 +66,7 @@ class Transformer(nn.Module):
             )
         if cfg.separate_positions:  # mBART learns a table per stack: the decoder's, beside the encoder's
             self.register_buffer("tgt_positions", sinusoid_table(cfg.max_positions, d))
-        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.embed_dropout = Dropout(cfg.dropout)
         # mBART normalises embeddings + positions before the first layer, each stack with its own norm.
         eps = cfg.layer_norm_eps
         self.encoder_embed_norm = LayerNorm(d, eps=eps) if cfg.embedding_norm else nn.Identity()

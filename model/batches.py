@@ -28,15 +28,13 @@ def make_batch(examples, indices, cfg: ModelConfig, device):
         cfg: the model's config (pad, start and end ids).
         device (torch.device): where the tensors go.
     """
-    src_len = max(len(examples[i][0]) for i in indices)
-    tgt_len = max(len(examples[i][1]) for i in indices) + 1
-    src = torch.full((len(indices), src_len), cfg.pad_id, dtype=torch.long)
-    tgt_in = torch.full((len(indices), tgt_len), cfg.pad_id, dtype=torch.long)
-    tgt_out = torch.full((len(indices), tgt_len), cfg.pad_id, dtype=torch.long)
-    for row, i in enumerate(indices):
-        s, t = examples[i]
-        src[row, : len(s)] = torch.tensor(s)
-        tgt_in[row, : len(t) + 1] = torch.tensor([cfg.decoder_start_id] + t)
-        tgt_out[row, : len(t) + 1] = torch.tensor(t + [cfg.eos_id])
+    rows = [examples[i] for i in indices]
+    src_len = max(len(s) for s, _ in rows)
+    tgt_len = max(len(t) for _, t in rows) + 1
+    pad, start, end = cfg.pad_id, cfg.decoder_start_id, cfg.eos_id
+    # padded as lists, one tensor each: a tensor and a copy per row cost more than the rest of the batch
+    src = torch.tensor([s + [pad] * (src_len - len(s)) for s, _ in rows], dtype=torch.long)
+    tgt_in = torch.tensor([[start, *t] + [pad] * (tgt_len - 1 - len(t)) for _, t in rows], dtype=torch.long)
+    tgt_out = torch.tensor([[*t, end] + [pad] * (tgt_len - 1 - len(t)) for _, t in rows], dtype=torch.long)
     src, tgt_in, tgt_out = src.to(device), tgt_in.to(device), tgt_out.to(device)
     return src, src != cfg.pad_id, tgt_in, tgt_out

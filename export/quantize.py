@@ -20,8 +20,9 @@ product's, to the bit, while uint8 x int8 is onnxruntime's fast integer product:
 (vpdpbusd) or on ARM it accumulates in 32 bits, exactly, ~2x its u8 x u8 kernel at 32-128 rows
 (docs/optimisation-notes.md, row 27). On x86 CPUs without VNNI its kernel adds pairs of products in
 signed 16 bits (vpmaddubsw) and saturates (255 x 128 x 2 > 32,767; onnxruntime documents this as
-the u8s8 saturation issue): there the runtime turns on onnxruntime's `session.x64quantprecision`,
-which rewrites int8 weights as uint8 (w + 128, zero point + 128) for its exact u8 x u8 kernel
+the u8s8 saturation issue): there the runtime reads the int8 weights as uint8 (w + 128, zero point
++ 128: one bit flipped, runtime/exact_int8.py) for onnxruntime's exact u8 x u8 kernel, and turns on
+its `session.x64quantprecision`, which does the same rewrite, for a weight it cannot flip
 (runtime/u8s8_probe.py asks onnxruntime which case a CPU is). Measured alternatives (row 27):
 symmetric int8 weights (max|w| / 127), and 7-bit activations (which never saturate) change
 agreement with PyTorch by -3 to +1 points on 500 sentences; 7-bit weights (`reduce_range`) lose

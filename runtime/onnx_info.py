@@ -70,12 +70,15 @@ class ExternalTensor:
         data_type: its ONNX element type (TensorProto.DataType).
         dims: its shape.
         entries: its external_data entries (location, offset, length, ...), as written.
+        type_at: where in the file its data_type's value lies (a one-byte varint for every type the runtime
+            reads; runtime/exact_int8.py rewrites it in place), -1 where the field is absent.
     """
 
     name: str
     data_type: int
     dims: tuple[int, ...]
     entries: dict
+    type_at: int = -1
 
 
 def _external(buf, span, name: str, dims: list) -> ExternalTensor | None:
@@ -88,7 +91,43 @@ def _external(buf, span, name: str, dims: list) -> ExternalTensor | None:
         elif number == 13 and wire == 2:
             pair = {n: _text(buf, v) for n, w, v in _fields(buf, *value) if w == 2}
             entries[pair.get(1, "")] = pair.get(2, "")
-    return ExternalTensor(name, data_type, tuple(dims), entries) if location == 1 or entries else None
+    if location != 1 and not entries:
+        return None
+    return ExternalTensor(name, data_type, tuple(dims), entries, _varint_at(buf, span, 2))
+
+
+def _inline_int8(buf, span) -> tuple[int, tuple[int, int]] | None:
+    """(where its data_type's value lies, its raw_data's span) of an int8 tensor kept inside the graph with
+    raw_data; None for any other tensor."""
+    type_at, raw = -1, None
+    for number, wire, value in _fields(buf, *span):
+        if number == 2 and wire == 0 and value != 3:
+            return None
+        if number == 9 and wire == 2:
+            raw = value
+    if raw is not None:
+        type_at = _varint_at(buf, span, 2)
+    return (type_at, raw) if raw is not None and type_at >= 0 else None
+
+
+def _varint_at(buf, span, wanted: int) -> int:
+    """Where the value of varint field `wanted` of one message starts in buf (-1: absent)."""
+    pos, end = span
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0 and number == wanted:
+            return pos
+        if wire == 0:
+            pos = _varint(buf, pos)[1]
+        elif wire == 2:
+            n, pos = _varint(buf, pos)
+            pos += n
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:
+            return -1
+    return -1
 
 
 def _tensor(buf, span) -> tuple[str, tuple[int, ...]]:
@@ -167,11 +206,14 @@ class GraphInfo:
         shapes: constant tensors (initializers and Constant nodes' values): name -> shape.
         nodes: every node as (op_type, inputs, outputs).
         external: the initializers whose bytes are external data, with their references.
+        inline_int8: the int8 initializers kept inside the graph (raw_data): name -> (where the value of
+            its data_type lies, its raw_data's (start, end)), for runtime/exact_int8.py.
     """
 
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     nodes: list[tuple[str, list[str], list[str]]] = field(default_factory=list)  # (op_type, inputs, outputs)
     external: list[ExternalTensor] = field(default_factory=list)  # initializers kept in a weights file
+    inline_int8: dict[str, tuple[int, tuple[int, int]]] = field(default_factory=dict)
     inputs: list["ValueInfo"] = field(default_factory=list)
     outputs: list["ValueInfo"] = field(default_factory=list)
 
@@ -265,6 +307,8 @@ def _read_info(buf) -> GraphInfo:
                 found = _external(buf, value, name, list(dims))
                 if found is not None:
                     info.external.append(found)
+                elif (inline := _inline_int8(buf, value)) is not None:
+                    info.inline_int8[name] = inline
             elif number == 1:
                 _read_node(buf, value, info)
     except IndexError as e:

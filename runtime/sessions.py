@@ -13,6 +13,7 @@ from .decoders import pick_decoder
 from .devices import ort, pick_device, providers_for
 from .session_tuning import SessionTuning, default_intra_threads, spin_settings
 from .session_cache import SessionCache, entry_key
+from . import exact_int8
 from .u8s8_probe import precision_entries
 
 _LEVELS = {
@@ -24,7 +25,12 @@ _LEVELS = {
 
 
 def session_options(
-    tuning: SessionTuning, intra_threads: int, graph: str, device: str = "cpu", quantized: bool = False
+    tuning: SessionTuning,
+    intra_threads: int,
+    graph: str,
+    device: str = "cpu",
+    quantized: bool = False,
+    entries: dict[str, str] | None = None,
 ) -> ort.SessionOptions:
     """Makes the session options of one graph (warnings kept off stderr).
 
@@ -41,6 +47,7 @@ def session_options(
         graph: "encoder" or "decoder" (they spin differently; runtime/session_tuning.py says why).
         device: "cpu" or "cuda", where the session runs.
         quantized: the graph is an int8 bundle's (bundle.json's `quantization`).
+        entries: the config entries (None: session_entries').
 
     Returns:
         Options for ort.InferenceSession; where this CPU's u8 x s8 kernel saturates, also
@@ -51,7 +58,7 @@ def session_options(
     options.intra_op_num_threads = intra_threads or default_intra_threads()
     if device == "cpu" and not quantized:
         options.enable_mem_pattern = False
-    for key, value in session_entries(tuning, graph).items():
+    for key, value in (session_entries(tuning, graph) if entries is None else entries).items():
         options.add_session_config_entry(key, value)
     options.log_severity_level = 3  # no warnings about provider fallbacks on stderr
     return options
@@ -137,6 +144,7 @@ def open_sessions(
     release_bytes: bool = False,
     check_late: Callable[[str, object], None] | None = None,
     cache: SessionCache | None = None,
+    graphs: dict | None = None,
 ) -> Sessions:
     """Loads a bundle's encoder, its standard decoder and the decoder to drive, from the bytes read.
 
@@ -154,6 +162,9 @@ def open_sessions(
         cache: on the CPU, where bundle's hashes were checked, sessions are made from this cache's
             optimized graphs with pre-packed weights, made and saved there where missing
             (runtime/session_cache.py). None: every load optimizes and packs.
+        graphs: every graph of the bundle as read (runtime/checks.py: read_graphs): on the CPU, where the u8 x
+            s8 kernel saturates, the int8 weights they allow are flipped to uint8 in the weights' copy rather
+            than rewritten by onnxruntime (runtime/exact_int8.py). None: onnxruntime rewrites them all.
 
     Returns:
         The sessions. With device "auto", a CUDA provider that did not start falls back to the CPU
@@ -168,7 +179,7 @@ def open_sessions(
     """
     _refuse_inexact_int8(bundle, tuning)
     with bundle.weights.kept_linked() if bundle.weights is not None else contextlib.nullcontext():
-        return _open(bundle, device, tuning, intra_threads, release_bytes, check_late, cache)
+        return _open(bundle, device, tuning, intra_threads, release_bytes, check_late, cache, graphs)
 
 
 def _open(
@@ -179,10 +190,13 @@ def _open(
     release_bytes: bool,
     check_late: Callable[[str, object], None] | None,
     cache: SessionCache | None,
+    graphs: dict | None,
 ) -> Sessions:
     """open_sessions' work, while every session it makes maps one link of the weights file."""
     picked, why = pick_device(device)
-    checked = _session_loader(bundle, tuning, intra_threads, picked, release_bytes=release_bytes, cache=cache)
+    checked = _session_loader(
+        bundle, tuning, intra_threads, picked, release_bytes=release_bytes, cache=cache, graphs=graphs
+    )
     variant, decoder, reason, encoder = _decoder_then_encoder(bundle, picked, tuning, checked)
     if picked == "cuda" and decoder.get_providers()[0] != "CUDAExecutionProvider":
         if device == "cuda":
@@ -191,7 +205,7 @@ def _open(
             )
         picked, why = "cpu", "the CUDA provider did not start; using the CPU"
         checked = _session_loader(
-            bundle, tuning, intra_threads, picked, release_bytes=release_bytes, cache=cache
+            bundle, tuning, intra_threads, picked, release_bytes=release_bytes, cache=cache, graphs=graphs
         )
         variant, decoder, reason = pick_decoder(bundle, picked, tuning.decoder, checked)
         encoder = checked("encoder")
@@ -311,6 +325,7 @@ def _session_loader(
     *,
     release_bytes: bool,
     cache: SessionCache | None = None,
+    graphs: dict | None = None,
 ) -> Callable[[str], object]:
     """A function that makes the session of one of the bundle's graphs on the picked device.
 
@@ -321,6 +336,7 @@ def _session_loader(
         picked: "cuda" or "cpu".
         release_bytes: on the CPU, drop each graph's bytes from bundle.data once its session is made.
         cache: where sessions' optimized graphs are kept (open_sessions), or None.
+        graphs: the bundle's graphs as read, for flipping int8 weights (open_sessions), or None.
 
     Returns:
         checked(label) -> session, which raises BundleError (naming the file) where onnxruntime
@@ -332,14 +348,18 @@ def _session_loader(
     # a cache entry is keyed by the weights' checked hash: none where hashes were not checked
     if picked != "cpu" or (weights is not None and weights.sha256 is None):
         cache = None
+    if graphs and weights is not None and picked == "cpu" and quantized and precision_entries(ort):
+        flips = exact_int8.plan(graphs)
+        if flips is not None:
+            weights.flip(flips)  # before any session of this load (or of another on this bundle) reads it
 
     def load(label: str):
-        data = bundle.bytes(label)
         graph = "encoder" if label == "encoder" else "decoder"
+        data, entries = _as_flipped(bundle, label, session_entries(tuning, graph))
 
         # one SessionOptions per session: the weights file's option is per session
         def create(*configures):
-            options = session_options(tuning, intra_threads, graph, picked, quantized)
+            options = session_options(tuning, intra_threads, graph, picked, quantized, entries)
             for configure in configures:
                 configure(options)
             return ort.InferenceSession(data, options, providers=providers)
@@ -352,7 +372,9 @@ def _session_loader(
         if cache is None:
             session = make()
         else:
-            session = _from_cache(cache, data, make, tuning, intra_threads, graph, weights, quantized)
+            session = _from_cache(
+                cache, data, make, tuning, intra_threads, graph, weights, quantized, entries
+            )
         if picked == "cpu":
             _drop_model_copy(session)
             if release_bytes:
@@ -377,22 +399,29 @@ def _named(bundle: Bundle, label: str, load):
         ) from e
 
 
-def _from_cache(cache, data, make, tuning, intra_threads, graph, weights, quantized):
+def _as_flipped(bundle: Bundle, label: str, entries: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+    """A graph's bytes and session entries as its session is made: where the bundle's weights were flipped
+    (runtime/exact_int8.py), the graph's flipped tensors typed uint8 and, where none is left int8, no
+    precision option."""
+    flips = None if bundle.weights is None else bundle.weights.flips
+    data = bundle.bytes(label)
+    if flips is None:
+        return data, entries
+    return flips.graph(label, data), flips.entries(label, entries)
+
+
+def _from_cache(cache, data, make, tuning, intra_threads, graph, weights, quantized, entries):
     """The session of one graph from the cache's entry, or made (and the entry saved) where it has none.
 
     The entry is saved only once the weights file's deferred hash has passed: an entry made from a
     damaged file would otherwise outlive it under the good file's key.
     """
     key = entry_key(
-        data,
-        None if weights is None else weights.sha256,
-        ort.__version__,
-        tuning.optimization,
-        session_entries(tuning, graph),
+        data, None if weights is None else weights.sha256, ort.__version__, tuning.optimization, entries
     )
     path = cache.model(key)
     if path is not None:
-        options = session_options(tuning, intra_threads, graph, "cpu", quantized)
+        options = session_options(tuning, intra_threads, graph, "cpu", quantized, entries)
         # the entry is the optimized graph: optimizing it again would only cost time
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
@@ -416,13 +445,15 @@ def graph_session(bundle: Bundle, label: str, providers: list[str], entries: dic
             default_intra_threads()).
     """
 
+    data, entries = _as_flipped(bundle, label, entries or {})
+
     def create(configure=None):
         options = ort.SessionOptions()
         options.intra_op_num_threads = default_intra_threads()
-        for key, value in (entries or {}).items():
+        for key, value in entries.items():
             options.add_session_config_entry(key, value)
         if configure is not None:
             configure(options)
-        return ort.InferenceSession(bundle.bytes(label), options, providers=providers)
+        return ort.InferenceSession(data, options, providers=providers)
 
     return create() if bundle.weights is None else bundle.weights.open_session(create)

@@ -133,6 +133,7 @@ class Translator:
                 release_bytes=not isinstance(bundle_dir, Bundle),
                 check_late=lambda label, session: check_graphs(bundle, {label: session}, graphs),
                 cache=cache,
+                graphs=graphs,
             )
         finally:
             tokenizers.wait()  # nothing goes on being made after a failed load returns

@@ -8,7 +8,8 @@ in signed 16 bits (vpmaddubsw), which saturate for large codes: the product is t
 them: the same products) so that the exact u8 x u8 kernel runs -- but it does so on every x86 CPU,
 VNNI included, where the u8 x s8 kernel is exact already and about 2x faster (docs/optimisation-notes.md,
 row 27). So the runtime asks once per process: it multiplies 255 x 127 over 64 terms with the
-default kernel, and sets the option only where the answer is wrong.
+default kernel, and only where the answer is wrong does the same rewrite itself, where it can, by flipping
+one bit of each weight in place (runtime/exact_int8.py), and sets the option for what is left.
 
 onnxruntime applies that rewrite among its 'extended' graph optimisations: with 'basic' or none the
 option does nothing, so the runtime refuses an int8 bundle at those levels where the probe says the

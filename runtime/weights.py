@@ -80,6 +80,8 @@ class WeightsFile:
         self._file_fd = file_fd  # the private copy: held while a session may still be made
         self._kept: list | None = None  # in kept_linked(): [its link, None until the first session]
         self._kept_lock = threading.Lock()
+        self.flips = None  # what flip() changed in the copy (runtime/exact_int8.py), once it has
+        self._flip_lock = threading.Lock()  # a flip, and each read of the file as checked
         weakref.finalize(self, os.close, file_fd)
 
     def _start_copy(self, source: int, expected: str | None) -> None:
@@ -97,7 +99,7 @@ class WeightsFile:
                 copied.set()
             try:
                 if "copy_error" not in outcome and expected is not None:
-                    outcome["same"] = _checksum(fd, "sha256") == expected
+                    outcome["same"] = _checksum(fd, "sha256", self._read_as_checked) == expected
             except OSError as e:
                 outcome["error"] = e
             finally:
@@ -118,6 +120,35 @@ class WeightsFile:
             copied.wait()
             if "copy_error" in self._outcome:
                 raise self._outcome["copy_error"]
+
+    def flip(self, flips) -> None:
+        """Flips the top bit of the bytes of `flips.ranges` in the copy, once (runtime/exact_int8.py): the
+        sessions made after it read those int8 weights as uint8, their graphs typed so by flips.graph.
+
+        Raises:
+            BundleError: the copy could not be mapped to be rewritten.
+        """
+        self._wait_copy()
+        with self._flip_lock:
+            if self.flips is not None:
+                return
+            try:  # in place, through a mapping: no copy of the bytes in this process
+                with mmap.mmap(self._file_fd, self.size) as mapped:
+                    flips.apply(memoryview(mapped))
+            except (OSError, ValueError) as e:  # nothing was written: a mapping that fails fails before
+                raise BundleError(
+                    f"{self.path}: its private copy could not be rewritten ({e.strerror or e}); free "
+                    f"space in its directory, or point {COPY_DIR_VARIABLE} at one with room"
+                ) from e
+            self.flips = flips
+
+    def _read_as_checked(self, fd: int, buffer: bytearray, offset: int) -> int:
+        """Reads the copy into `buffer` from `offset` as it was checked: what a flip changed, changed back."""
+        with self._flip_lock:
+            n = os.preadv(fd, [buffer], offset)
+            if self.flips is not None:
+                self.flips.apply(memoryview(buffer)[:n], offset)
+        return n
 
     def verify(self) -> None:
         """Waits for a deferred copy and hash (read_weights' `defer`); nothing to do where it was checked
@@ -237,13 +268,13 @@ class WeightsFile:
             BundleError: the file changed since it was checked (naming it and the fix).
         """
         self._wait_copy()
-        h = hashlib.sha256()
+        h, buffer, offset = hashlib.sha256(), bytearray(8 << 20), 0
         with open(dest, "wb") as out:
-            offset = 0
-            while block := os.pread(self._file_fd, 8 << 20, offset):
+            while n := self._read_as_checked(self._file_fd, buffer, offset):
+                block = memoryview(buffer)[:n]
                 h.update(block)
                 out.write(block)
-                offset += len(block)
+                offset += n
         if self.sha256 is not None and h.hexdigest() != self.sha256:
             raise BundleError(
                 f"{self.path}: changed since it was read (sha256 differs from bundle.json); re-export "
@@ -334,15 +365,16 @@ def _differs(kind: str) -> str:
     )
 
 
-def _checksum(fd: int, kind: str) -> str:
+def _checksum(fd: int, kind: str, read=None) -> str:
     """The checksum of an open file as bundle.json writes it ("crc32": 8 lowercase hex digits, zlib's CRC-32;
     "sha256": its hex digest), read with os.preadv (the descriptor's offset stays) into one reused 1 MiB
     buffer: a fresh block per read was fresh pages for the kernel to fault in, 8% of the hash's time (0.173
-    against 0.160 s for OPUS-MT's 297 MB)."""
+    against 0.160 s for OPUS-MT's 297 MB). read(fd, buffer, offset) -> bytes read, where given, reads instead
+    (WeightsFile._read_as_checked)."""
     h, crc, offset = hashlib.sha256() if kind == "sha256" else None, 0, 0
     buffer = bytearray(1 << 20)
     view = memoryview(buffer)
-    while n := os.preadv(fd, [buffer], offset):
+    while n := (read(fd, buffer, offset) if read else os.preadv(fd, [buffer], offset)):
         if h is None:
             crc = zlib.crc32(view[:n], crc)
         else:

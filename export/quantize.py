@@ -95,7 +95,7 @@ TABLES = {  # what bundle.json's quantization_scheme.tables records where the em
     "zero_point": 0,
     "range": [-127, 127],
     "scale": "per row: max|e| / 127",
-    "lookup": "Gather of the codes and of the row scales, Cast, Mul",
+    "lookup": "Gather of the codes and of the row scales, DequantizeLinear (scale 1, zero point 0), Mul",
     "tied_projection": "the same codes, transposed (a Transpose node onnxruntime folds at load), against "
     "per-row activation codes as every linear layer",
 }

@@ -1,12 +1,12 @@
 """The int8 embedding tables of an int8 bundle (export/quantize.py): each table quantized per row, symmetric,
 as CTranslate2 quantizes its embeddings, and each lookup rewritten as a lookup of the codes and their row
-scales."""
+scales, the codes dequantized around a zero point (0) as the products read them."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 from .graph_layers import attrs, id_tables
 
@@ -53,10 +53,15 @@ def quantize_tables(
         codes, scale, _ = tables[name]
         tag, kept = node.name or node.output[0], attrs(node)
         t = f"{tag}/lookup8"
+        # the codes read around a zero point of their own (0), not cast as they are: a runtime that reads the
+        # table as uint8 (runtime/exact_int8.py) moves the zero point with it, and the lookup is unchanged
+        one, zero = const(f"{name}/rowq8/one", np.float32(1.0)), const(f"{name}/rowq8/zero", np.int8(0))
         rewritten[id(node)] = [
             helper.make_node(node.op_type, [codes, node.input[1]], [f"{t}/codes"], name=f"{t}/codes", **kept),
             helper.make_node(node.op_type, [scale, node.input[1]], [f"{t}/scale"], name=f"{t}/scale", **kept),
-            helper.make_node("Cast", [f"{t}/codes"], [f"{t}/float"], name=f"{t}/cast", to=TensorProto.FLOAT),
+            helper.make_node(
+                "DequantizeLinear", [f"{t}/codes", one, zero], [f"{t}/float"], name=f"{t}/dequantize"
+            ),
             helper.make_node("Mul", [f"{t}/float", f"{t}/scale"], [node.output[0]], name=f"{t}/mul"),
         ]
     nodes = [n for node in graph.node for n in rewritten.get(id(node), [node])]

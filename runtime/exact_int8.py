@@ -9,10 +9,13 @@ So the runtime flips that bit in its private copy of the weights file (runtime/w
 and sets the tensor's type byte in the graph from INT8 (3) to UINT8 (2), before onnxruntime reads either:
 the products are the rewrite's to the bit ((w + 128) - (z + 128) = w - z), and the session needs no option.
 
-A tensor is flipped only where every use of its bytes, in every graph of the bundle, is the weight or the
-weight's zero point of an integer product (MatMulInteger, MatMulIntegerToFloat) whose partner is flipped
-too. A table also read by a lookup is not (an embedding tied to the output projection: its lookup casts the
-codes themselves); a graph that keeps such a product keeps the option, and onnxruntime rewrites that one.
+A tensor is flipped only where every read of its bytes, in every graph of the bundle, subtracts a zero point
+that is flipped with it: the weight or the zero point of an integer product (MatMulInteger,
+MatMulIntegerToFloat), or of a DequantizeLinear, directly or after moves that do not change values (Gather,
+GatherND, Transpose). So an embedding table tied to the output projection flips with the lookups that
+dequantize it (export/quantize_tables.py); one whose lookups cast the codes as they are (bundles exported
+before) does not, and its graph keeps the option: onnxruntime rewrites that product. A table that no product
+reads is left as it is: nothing would gain from the flip.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ from .onnx_info import GraphInfo
 from .u8s8_probe import PRECISION_KEY
 
 INT8, UINT8 = 3, 2  # TensorProto.DataType
-# operator -> (the weight's input, the weight's zero point's input)
-PRODUCTS = {"MatMulInteger": (1, 3), "MatMulIntegerToFloat": (1, 5)}
+# operator -> (the input of codes it reads relative to a zero point, that zero point's input)
+ZERO_POINTED = {"MatMulInteger": (1, 3), "MatMulIntegerToFloat": (1, 5), "DequantizeLinear": (0, 2)}
+PRODUCTS = ("MatMulInteger", "MatMulIntegerToFloat")
+MOVES = ("Gather", "GatherND", "Transpose")  # input 0's values moved about, not changed
+DEPTH = 3  # moves followed from an initializer at most (a lookup or a transposition is one)
 
 
 @dataclass(frozen=True)
@@ -89,74 +95,131 @@ def plan(graphs: dict[str, GraphInfo]) -> Flips | None:
     Returns:
         The flips, or None where there is none to make.
     """
-    uses = {label: _uses(info) for label, info in graphs.items()}
-    flippable = {label: _candidates(info, uses[label][0]) for label, info in graphs.items()}
-    while True:  # until a range is flipped in every graph that reads it, or in none
-        safe: dict[tuple[int, int], bool] = {}
-        for label, info in graphs.items():
-            for t in info.external:
-                safe[_range(t)] = safe.get(_range(t), True) and t.name in flippable[label]
-        spans = sorted(safe)
-        cluster, end = [], -1
-        for a, n in spans + [(1 << 62, 0)]:  # tensors whose bytes overlap unalike: none of them
-            if a >= end:
-                if len(cluster) > 1:
-                    safe.update(dict.fromkeys(cluster, False))
-                cluster, end = [], a
-            cluster.append((a, n))
-            end = max(end, a + n)
+    read = {label: _Reads(info) for label, info in graphs.items()}
+    flippable = {label: r.candidates() for label, r in read.items()}
+    # flippable only shrinks: until each range is flipped in every graph that reads it, or in none
+    while True:
+        safe = _safe_ranges(graphs, flippable)
+        # bytes a product reads somewhere (only those are worth flipping; a table they share is flipped
+        # wherever it is read)
+        needed = {
+            _range(t)
+            for label, info in graphs.items()
+            for t in info.external
+            if t.name in flippable[label] and t.name in read[label].products
+        }
         changed = False
         for label, info in graphs.items():
-            keep = {t.name for t in info.external if not safe[_range(t)]}
-            kept = _paired(flippable[label] - keep, uses[label][1])
+            ranges = {t.name: _range(t) for t in info.external}
+            kept = set()
+            for group in read[label].groups():
+                outside = [ranges[n] for n in group if n in ranges]
+                if (
+                    group <= flippable[label]
+                    and all(safe[r] for r in outside)
+                    and (group & read[label].products or any(r in needed for r in outside))
+                ):
+                    kept |= group
             changed |= kept != flippable[label]
             flippable[label] = kept
         if not changed:
             break
     type_bytes, inline, complete = {}, {}, {}
     for label, info in graphs.items():
-        names, pairs = flippable[label], uses[label][1]
+        names = flippable[label]
         type_bytes[label] = tuple(sorted(t.type_at for t in info.external if t.name in names))
         type_bytes[label] += tuple(sorted(at for name, (at, _) in info.inline_int8.items() if name in names))
         inline[label] = tuple(sorted(raw for name, (_, raw) in info.inline_int8.items() if name in names))
-        complete[label] = all(w in names for w, _ in pairs)
+        complete[label] = all(w in names for w in read[label].weights)
     if not any(type_bytes.values()):
         return None
-    return Flips(tuple(r for r in spans if safe[r] and r[1]), type_bytes, inline, complete)
+    flipped = {
+        _range(t) for label, info in graphs.items() for t in info.external if t.name in flippable[label]
+    }
+    return Flips(tuple(sorted(r for r in flipped if r[1])), type_bytes, inline, complete)
 
 
-def _uses(info: GraphInfo) -> tuple[dict, list[tuple[str, str]]]:
-    """(name -> its uses as (operator, input index); each integer product's (weight, zero point) names)."""
-    uses = defaultdict(set)
-    pairs = []
-    for op, inputs, _ in info.nodes:
-        for i, name in enumerate(inputs):
-            uses[name].add((op, i))
-        if op in PRODUCTS:
-            w, z = PRODUCTS[op]
-            pairs.append((inputs[w] if len(inputs) > w else "", inputs[z] if len(inputs) > z else ""))
-    return uses, pairs
+def _safe_ranges(graphs: dict[str, GraphInfo], flippable: dict[str, set[str]]) -> dict[tuple[int, int], bool]:
+    """Each range of the weights file that graphs read -> whether every tensor over it is flippable, in every
+    graph (and no other tensor's bytes overlap it unalike)."""
+    safe: dict[tuple[int, int], bool] = {}
+    for label, info in graphs.items():
+        for t in info.external:
+            safe[_range(t)] = safe.get(_range(t), True) and t.name in flippable[label]
+    cluster, end = [], -1
+    for a, n in sorted(safe) + [(1 << 62, 0)]:  # tensors whose bytes overlap unalike: none of them
+        if a >= end:
+            if len(cluster) > 1:
+                safe.update(dict.fromkeys(cluster, False))
+            cluster, end = [], a
+        cluster.append((a, n))
+        end = max(end, a + n)
+    return safe
 
 
-def _candidates(info: GraphInfo, uses: dict) -> set[str]:
-    """The graph's int8 initializers that it uses only as integer products' weights and zero points."""
-    int8 = [t.name for t in info.external if t.data_type == INT8 and t.type_at >= 0] + list(info.inline_int8)
-    return {name for name in int8 if all(i in PRODUCTS.get(op, ()) for op, i in uses[name])}
+class _Reads:
+    """How one graph reads its int8 initializers: which read them only relative to a zero point, and which
+    go together (a weight and its zero point; a table, its lookups' zero point and its projection's)."""
 
+    def __init__(self, info: GraphInfo):
+        self.info = info
+        self.uses = defaultdict(list)  # name -> [(operator, input index, outputs)]
+        made_by = {}  # a moved value -> what it was moved from
+        for op, inputs, outputs in info.nodes:
+            for i, name in enumerate(inputs):
+                self.uses[name].append((op, i, outputs))
+            if op in MOVES and inputs:
+                made_by.update(dict.fromkeys(outputs, inputs[0]))
+        self.graph_outputs = {v.name for v in info.outputs}
+        self.pairs = []  # (the codes' initializer, their zero point) of each op reading codes around one
+        self.weights, self.products = [], set()  # integer products' weights; what products read
+        for op, inputs, _ in info.nodes:
+            if op in ZERO_POINTED:
+                c, z = ZERO_POINTED[op]
+                codes = inputs[c] if len(inputs) > c else ""
+                for _ in range(DEPTH):  # back through the moves, to the initializer
+                    codes = made_by.get(codes, codes)
+                pair = (codes, inputs[z] if len(inputs) > z else "")
+                self.pairs.append(pair)
+                if op in PRODUCTS:
+                    self.weights.append(pair[0])
+                    self.products.update(pair)
 
-def _paired(names: set[str], pairs: list[tuple[str, str]]) -> set[str]:
-    """`names` less every weight whose zero point is not among them, and every zero point whose weight is
-    not (one flipped without the other would shift its products)."""
-    names = set(names)
-    changed = True
-    while changed:
-        changed = False
-        for w, z in pairs:
-            if (w in names) != (z in names):
-                names.discard(w)
-                names.discard(z)
-                changed = True
-    return names
+    def _reads(self, name: str, depth: int = DEPTH) -> list[tuple[str, int]]:
+        """(operator, input index) of each read of `name`, through the moves ("", 0: it leaves the graph)."""
+        found = [("", 0)] if name in self.graph_outputs else []
+        for op, i, outputs in self.uses[name]:
+            if op in MOVES and i == 0 and depth:
+                found += [r for out in outputs for r in self._reads(out, depth - 1)] or [(op, i)]
+            else:
+                found.append((op, i))
+        return found
+
+    def candidates(self) -> set[str]:
+        """The int8 initializers read only as codes or zero points of ops that subtract the one from the
+        other (ZERO_POINTED)."""
+        int8 = [t.name for t in self.info.external if t.data_type == INT8 and t.type_at >= 0]
+        return {
+            name
+            for name in int8 + list(self.info.inline_int8)
+            if all(i in ZERO_POINTED.get(op, ()) for op, i in self._reads(name))
+        }
+
+    def groups(self) -> list[set[str]]:
+        """The initializers that must flip together: connected by the pairs."""
+        parent: dict[str, str] = {}
+
+        def root(n: str) -> str:
+            while parent.setdefault(n, n) != n:
+                n = parent[n]
+            return n
+
+        for a, b in self.pairs:
+            parent[root(a)] = root(b)
+        groups = defaultdict(set)
+        for n in parent:
+            groups[root(n)].add(n)
+        return list(groups.values())
 
 
 def _range(t) -> tuple[int, int]:

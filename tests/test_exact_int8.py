@@ -50,9 +50,10 @@ def test_flipped_weights_give_onnxruntimes_rewrite_to_the_bit(monkeypatch, beam)
         except Exception:  # onnxruntime's own type: an entry never set
             return None
 
-    # the encoder has no int8 product left to rewrite; the tied decoder keeps its projection's
-    assert (precision(flipped.encoder), precision(flipped.decoder)) == (None, "1")
-    assert precision(rewritten.encoder) == "1"
+    # no int8 product is left to rewrite, the tied projection's included (its table's lookups dequantize
+    # around a zero point, which flips with the codes)
+    assert (precision(flipped.encoder), precision(flipped.decoder)) == (None, None)
+    assert (precision(rewritten.encoder), precision(rewritten.decoder)) == ("1", "1")
 
 
 def test_a_flipped_copy_still_hashes_as_checked_and_the_bundle_is_untouched(monkeypatch, tmp_path):
@@ -129,6 +130,42 @@ def test_a_weight_and_its_zero_point_are_flipped_together_and_the_graph_is_then_
 )
 def test_nothing_is_flipped_where_a_use_would_read_it_otherwise(graphs):
     assert exact_int8.plan(graphs) is None
+
+
+def _tied(lookup_reads):
+    """A table looked up (then read by `lookup_reads`) and, transposed, a product's weights."""
+    nodes = [
+        ("GatherND", ["table", "ids"], ["codes"]),
+        *lookup_reads,
+        ("Transpose", ["table"], ["table_t"]),
+        ("MatMulIntegerToFloat", ["x", "table_t", "s", "ts", "xz", "tz"], ["logits"]),
+    ]
+    return _graph(nodes, [_tensor("table", 0, 64), _tensor("tz", 64, 4)], inline=["lz"])
+
+
+def test_a_tied_table_flips_where_its_lookups_read_it_around_a_zero_point():
+    flips = exact_int8.plan({"d": _tied([("DequantizeLinear", ["codes", "one", "lz"], ["e"])])})
+    assert flips.ranges == ((0, 64), (64, 4)) and flips.complete == {"d": True}
+    assert flips.inline == {"d": ((20, 24),)}  # the lookup's zero point with it
+    # a lookup that casts the codes as they are (bundles exported before): nothing flips
+    assert exact_int8.plan({"d": _tied([("Cast", ["codes"], ["e"])])}) is None
+    # the moved codes leaving the graph as an output: nothing flips
+    leaving = _tied([("DequantizeLinear", ["codes", "one", "lz"], ["e"])])
+    leaving.outputs.append(type("Out", (), {"name": "codes"})())
+    assert exact_int8.plan({"d": leaving}) is None
+
+
+def test_a_table_only_looked_up_is_left_as_it_is_unless_a_product_elsewhere_reads_its_bytes():
+    encoder = _graph(
+        [("Gather", ["src", "ids"], ["codes"]), ("DequantizeLinear", ["codes", "one", "lz"], ["e"])],
+        [_tensor("src", 0, 64)],
+        inline=["lz"],
+    )
+    assert exact_int8.plan({"encoder": encoder}) is None  # nothing would gain from it
+    decoder = _tied([("DequantizeLinear", ["codes", "one", "lz"], ["e"])])
+    flips = exact_int8.plan({"encoder": encoder, "decoder": decoder})  # the bytes are the decoder's table too
+    assert flips.ranges == ((0, 64), (64, 4)) and flips.complete == {"encoder": True, "decoder": True}
+    assert len(flips.type_bytes["encoder"]) == 2  # the table and its lookup's zero point
 
 
 def test_a_flip_leaves_a_pair_whose_partner_cannot_be_flipped():

@@ -48,7 +48,7 @@ def int8_products(meta: dict) -> str | None:
     if meta.get("quantization") != "int8":
         return None
     if precision_entries(ort):
-        return "u8 x u8 (session.x64quantprecision: this CPU's u8 x s8 kernel saturates)"
+        return "u8 x u8 (this CPU's u8 x s8 kernel saturates: the int8 weights read as uint8)"
     return "u8 x s8 (exact on this CPU)"
 
 

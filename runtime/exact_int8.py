@@ -86,6 +86,21 @@ class Flips:
                 codes[lo - offset : hi - offset] ^= 0x80
 
 
+def flip(weights, graphs: dict[str, GraphInfo] | None) -> None:
+    """Flips, in a bundle's weights (runtime/weights.py's WeightsFile, or None), what plan(graphs) allows."""
+    if weights is not None and graphs and (flips := plan(graphs)) is not None:
+        weights.flip(flips)
+
+
+def as_flipped(weights, label: str, data: bytes, entries: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+    """A graph's bytes and session entries as its session is made: where `weights` were flipped, the graph's
+    flipped tensors typed uint8, and no precision option where none is left int8."""
+    flips = None if weights is None else weights.flips
+    if flips is None:
+        return data, entries
+    return flips.graph(label, data), flips.entries(label, entries)
+
+
 def plan(graphs: dict[str, GraphInfo]) -> Flips | None:
     """Which int8 tensors a load can flip, over every graph of a bundle (their weights file is shared).
 

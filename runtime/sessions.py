@@ -339,23 +339,20 @@ def _session_loader(
         graphs: the bundle's graphs as read, for flipping int8 weights (open_sessions), or None.
 
     Returns:
-        checked(label) -> session, which raises BundleError (naming the file) where onnxruntime
-        cannot load the graph.
+        checked(label) -> session (BundleError, naming the file, where onnxruntime cannot load the graph).
     """
-    providers = providers_for(picked, tuning.tf32)
-    weights = bundle.weights
+    providers, weights = providers_for(picked, tuning.tf32), bundle.weights
     quantized = bool(bundle.meta.get("quantization"))
     # a cache entry is keyed by the weights' checked hash: none where hashes were not checked
     if picked != "cpu" or (weights is not None and weights.sha256 is None):
         cache = None
-    if graphs and weights is not None and picked == "cpu" and quantized and precision_entries(ort):
-        flips = exact_int8.plan(graphs)
-        if flips is not None:
-            weights.flip(flips)  # before any session of this load (or of another on this bundle) reads it
+    if picked == "cpu" and quantized and precision_entries(ort):
+        exact_int8.flip(weights, graphs)  # before any session of this load (or of another on this bundle)
 
     def load(label: str):
         graph = "encoder" if label == "encoder" else "decoder"
-        data, entries = _as_flipped(bundle, label, session_entries(tuning, graph))
+        entries = session_entries(tuning, graph)
+        data, entries = exact_int8.as_flipped(weights, label, bundle.bytes(label), entries)
 
         # one SessionOptions per session: the weights file's option is per session
         def create(*configures):
@@ -369,12 +366,8 @@ def _session_loader(
                 return create(*configures)
             return weights.open_session(lambda configure: create(configure, *configures))
 
-        if cache is None:
-            session = make()
-        else:
-            session = _from_cache(
-                cache, data, make, tuning, intra_threads, graph, weights, quantized, entries
-            )
+        args = (tuning, intra_threads, graph, weights, quantized, entries)
+        session = make() if cache is None else _from_cache(cache, data, make, *args)
         if picked == "cpu":
             _drop_model_copy(session)
             if release_bytes:
@@ -397,17 +390,6 @@ def _named(bundle: Bundle, label: str, load):
             f"{bundle.file(label)}: onnxruntime cannot load this graph ({first[:300]}); "
             f"re-export the bundle (files.{label})"
         ) from e
-
-
-def _as_flipped(bundle: Bundle, label: str, entries: dict[str, str]) -> tuple[bytes, dict[str, str]]:
-    """A graph's bytes and session entries as its session is made: where the bundle's weights were flipped
-    (runtime/exact_int8.py), the graph's flipped tensors typed uint8 and, where none is left int8, no
-    precision option."""
-    flips = None if bundle.weights is None else bundle.weights.flips
-    data = bundle.bytes(label)
-    if flips is None:
-        return data, entries
-    return flips.graph(label, data), flips.entries(label, entries)
 
 
 def _from_cache(cache, data, make, tuning, intra_threads, graph, weights, quantized, entries):
@@ -445,7 +427,7 @@ def graph_session(bundle: Bundle, label: str, providers: list[str], entries: dic
             default_intra_threads()).
     """
 
-    data, entries = _as_flipped(bundle, label, entries or {})
+    data, entries = exact_int8.as_flipped(bundle.weights, label, bundle.bytes(label), entries or {})
 
     def create(configure=None):
         options = ort.SessionOptions()

@@ -60,10 +60,21 @@ def pytest_addoption(parser):
         "seq2onnx[cpu] and no torch; the tiny bundles come from SEQ2ONNX_TEST_BUNDLES "
         "(see .ci/run)",
     )
+    parser.addoption(
+        "--cpu-report",
+        action="store_true",
+        help="after the run, the CPU of every kind of process below it (the workers, each seq2onnx command, "
+        "node, Chromium, Ray's workers), sampled from /proc: where the suite's time goes on a "
+        "CPU-bound machine (tests/cpu_report.py)",
+    )
 
 
 def pytest_configure(config):
     controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if config.getoption("--cpu-report") and not hasattr(config, "workerinput"):
+        from cpu_report import CpuReport
+
+        config._seq2onnx_cpu = CpuReport()
     if HAVE_TORCH and not controller:  # tiny models run fastest on one thread; on 2 shared cores more thrash
         import torch
 
@@ -122,6 +133,15 @@ def _prebuild(config) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    report = getattr(config, "_seq2onnx_cpu", None)
+    if report is not None:
+        report.stop()
+        terminalreporter.section("CPU by kind of process (--cpu-report)")
+        for line in report.lines():
+            terminalreporter.write_line(line)
 
 
 def pytest_unconfigure(config):

@@ -1,0 +1,61 @@
+"""tests/cpu_report.py (`pytest --cpu-report`): each kind of process named as the summary lists it, and a busy
+child below the sampler found with its CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cpu_report import kind, sample
+
+
+@pytest.mark.parametrize(
+    "comm, argv, expected",
+    [
+        (
+            "python",
+            ["/v/bin/python", "-u", "-c", "import sys;exec(eval(sys.stdin.readline()))"],
+            "pytest worker (xdist)",
+        ),
+        ("python", ["/v/bin/python", "-m", "seq2onnx.commands", "translate", "B"], "seq2onnx translate"),
+        (
+            "python3.11",
+            ["python3", "-W", "ignore", "-m", "seq2onnx.bench.engines", "x"],
+            "python -m seq2onnx.bench.engines",
+        ),
+        ("python", ["/v/bin/python", "-B", "-c", "print(1)"], "python -c"),
+        (
+            "python",
+            ["python", "-c", "\nimport sys\nfrom seq2onnx.model.train import train"],
+            "python -c (seq2onnx.model.train)",
+        ),
+        ("python", ["/v/bin/python", "scripts/hf_sizes_jobs.py", "spec.json"], "python hf_sizes_jobs.py"),
+        ("node", ["node", "/r/js/bin/seq2onnx-js.mjs", "translate"], "node seq2onnx-js.mjs"),
+        ("chromium", ["/usr/lib/chromium/chromium", "--type=renderer"], "chromium"),
+        ("ray::IDLE", ["ray::IDLE"], "ray IDLE"),
+        ("ray::MapWorke", ["ray::MapWorker(MapBatches(TranslateBatches))"], "ray MapWorker"),
+    ],
+)
+def test_each_kind_is_named(comm, argv, expected):
+    assert kind(comm, argv) == expected
+
+
+def test_a_busy_child_is_found_with_its_cpu():
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"]
+    )
+    seen: dict = {}
+    try:
+        deadline = time.monotonic() + 10
+        while child.poll() is None and time.monotonic() < deadline:
+            sample(os.getpid(), seen)
+            time.sleep(0.1)
+    finally:
+        child.kill()
+        child.wait()
+    kinds = {name: cpu for name, cpu in seen.values()}
+    assert kinds.get("python -c (time)", 0) >= 0.2, seen

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import statistics
 
-import numpy as np
-
 from seq2onnx.bench.engines import ENGINES
 from seq2onnx.bench.settings import Setting
 
@@ -45,6 +43,9 @@ def percentile(values: list[float] | None, q: float) -> float | None:
         values: the measurements, or None.
         q: the percentile, 0 to 100.
     """
+    import numpy as np  # here, not at the top: `seq2onnx`'s parser imports this module, and the runtime's
+    # commands then load numpy only when they use it
+
     return float(np.percentile(values, q)) if values else None
 
 
@@ -170,9 +171,7 @@ def _ratio(r: dict, base: dict) -> float | None:
         return None
     a, b = r["pass_seconds"], base["pass_seconds"]
     if len(a) == len(b) > 1 and all(x > 0 for x in a + b):
-        return float(
-            np.median([(r["target_tokens"] / x) / (base["target_tokens"] / y) for x, y in zip(a, b)])
-        )
+        return statistics.median((r["target_tokens"] / x) / (base["target_tokens"] / y) for x, y in zip(a, b))
     return r["tokens_per_s"] / base["tokens_per_s"]
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy only for the annotation: `seq2onnx translate`'s parser loads this module
+    import numpy as np
 
 MAX_PICTURES = 100  # a page of thousands of tables helps nobody; the JSON lines have them all
 DIGITS = 4  # weights rounded in the JSON: 1e-4 is below what a heatmap shows, and keeps lines short
@@ -55,7 +57,7 @@ def record(line: int, source_pieces: list[str], target_pieces: list[str], weight
         "line": line,
         "source_pieces": source_pieces,
         "target_pieces": target_pieces,
-        "attention": np.round(weights.astype(np.float64), DIGITS).tolist(),
+        "attention": weights.astype("float64").round(DIGITS).tolist(),
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from seq2onnx.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_USAGE, CommandError
@@ -92,6 +93,11 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         parser.print_help()
         return EXIT_USAGE
     debug = getattr(args, "debug", False)
+    if args.command not in TRAINING_COMMANDS:
+        # numpy's OpenBLAS starts a thread per core when numpy loads, each spinning ~0.1 s of CPU before it
+        # sleeps (docs/optimisation-notes.md row 83). The runtime's commands never call numpy's BLAS (their
+        # products are onnxruntime's), so they load it with one thread, unless the user chose a number.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         return args.func(args)
     except KeyboardInterrupt:

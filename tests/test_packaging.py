@@ -154,6 +154,35 @@ def test_translate_cli_runs_without_the_training_side():
     assert len(lines) == 3 and all(lines[:2])
 
 
+def test_the_parser_loads_no_numpy_and_the_runtime_commands_give_openblas_one_thread():
+    """numpy's OpenBLAS spins a thread per core for ~0.1 s of CPU when it loads (optimisation-notes row 83):
+    `seq2onnx --help` does not load numpy, and a runtime command loads it with one thread unless the user
+    chose a number; a training command leaves the variable alone (torch may read it for its own BLAS)."""
+    proc = _python(
+        """
+        import os, sys
+        os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        from seq2onnx.commands.main import build_parser, run_command
+        parser = build_parser()
+        print("numpy loaded:", "numpy" in sys.modules)
+        run_command(parser, ["evaluate", "/nonexistent/run"])
+        print("evaluate:", os.environ.get("OPENBLAS_NUM_THREADS"))
+        run_command(parser, ["translate", "/nonexistent/bundle"])
+        print("translate:", os.environ.get("OPENBLAS_NUM_THREADS"))
+        os.environ["OPENBLAS_NUM_THREADS"] = "3"
+        run_command(parser, ["translate", "/nonexistent/bundle"])
+        print("chosen:", os.environ.get("OPENBLAS_NUM_THREADS"))
+        """,
+        scratch("cwd"),
+    )
+    assert proc.stdout.splitlines() == [
+        "numpy loaded: False",
+        "evaluate: None",
+        "translate: 1",
+        "chosen: 3",
+    ], proc.stdout + proc.stderr
+
+
 def test_training_command_without_torch_names_the_extra():
     # A runtime-only install has seq2onnx.export (same distribution) but no torch.
     block_torch = _BLOCK_TRAINING_SIDE.replace(

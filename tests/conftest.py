@@ -69,8 +69,13 @@ def pytest_addoption(parser):
     )
 
 
+_NOTE_FILES = False  # whether this process names each test file it runs for --cpu-report
+
+
 def pytest_configure(config):
+    global _NOTE_FILES
     controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    _NOTE_FILES = bool(config.getoption("--cpu-report") and not controller)
     if config.getoption("--cpu-report") and not hasattr(config, "workerinput"):
         from cpu_report import CpuReport
 
@@ -133,6 +138,13 @@ def _prebuild(config) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _NOTE_FILES:  # --cpu-report in a worker, or in a -n0 run
+        from cpu_report import note_file
+
+        note_file(nodeid)
 
 
 def pytest_terminal_summary(terminalreporter, config):

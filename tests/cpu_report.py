@@ -8,20 +8,30 @@ that CPU is. With --cpu-report the process that runs the session (xdist's contro
 pytest workers, the `seq2onnx COMMAND` children, `python -m MODULE`, node, Chromium, Ray's workers by the title
 Ray gives them. A process that lives less than 0.3 s is missed, and one that left the tree (daemonized) counts
 what it had used when last seen: the summary gives the CPU of the run and every process it reaped beside the
-sum sampled.
+sum sampled. It then lists the test files that cost most: each worker writes the file it is running to
+CURRENT_DIR/PID, and each CPU delta sampled goes to the file its worker was on (its children's included).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
+import tempfile
 import sys
 import threading
 import time
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
+CURRENT_DIR = "SEQ2ONNX_CPU_REPORT_DIR"  # environment: where each worker names the test file it is running
+
+
+def note_file(nodeid: str) -> None:
+    """In a worker (or a -n0 run), names the test file it now runs, for the controller's attribution."""
+    with open(os.path.join(os.environ[CURRENT_DIR], str(os.getpid())), "w") as f:
+        f.write(nodeid.split("::")[0])
 
 
 def kind(comm: str, argv: list[str]) -> str:
@@ -47,8 +57,12 @@ def kind(comm: str, argv: list[str]) -> str:
     return f"python {Path(rest[0]).name}" if rest else "python"
 
 
-def sample(root: int, seen: dict) -> None:
-    """Adds or updates every process below `root` in `seen`: (pid, start) -> [kind, cpu seconds]."""
+def sample(root: int, seen: dict, files: collections.Counter | None = None) -> None:
+    """Adds or updates every process below `root` in `seen`: (pid, start) -> [kind, cpu seconds].
+
+    With `files`, each process's CPU since the last sample is added to the test file that the nearest of
+    it and its ancestors names in CURRENT_DIR ("(no file)" before a worker's first test).
+    """
     table = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -67,11 +81,30 @@ def sample(root: int, seen: dict) -> None:
         new = {pid for pid, row in table.items() if row[0] in below and pid not in below}
         below |= new
         grew = bool(new)
+    current = _current_files() if files is not None else {}
     for pid in below - {root}:
         ppid, start, comm, argv, cpu = table[pid]
         known = seen.get((pid, start))
         # a process that has ended (a zombie) has no arguments left: it keeps the kind it was seen as
         seen[(pid, start)] = [known[0] if known and argv == [""] else kind(comm, argv), cpu]
+        if files is not None:
+            owner = pid
+            while owner not in current and owner in table and owner != root:
+                owner = table[owner][0]
+            files[current.get(owner, "(no file)")] += cpu - (known[1] if known else 0)
+    if files is not None and root in table:  # in a -n0 run the tests run in the root itself
+        if root in current:
+            files[current[root]] += table[root][4] - files.get(None, table[root][4])
+        files[None] = table[root][4]  # the root's CPU when last sampled
+
+
+def _current_files() -> dict[int, str]:
+    folder = os.environ.get(CURRENT_DIR)
+    current = {}
+    for name in os.listdir(folder) if folder and os.path.isdir(folder) else ():
+        with contextlib.suppress(OSError):
+            current[int(name)] = Path(folder, name).read_text()
+    return current
 
 
 class CpuReport:
@@ -81,6 +114,9 @@ class CpuReport:
 
     def __init__(self):
         self.seen: dict = {}
+        self.files: collections.Counter = collections.Counter()
+        self._folder = tempfile.TemporaryDirectory(prefix="cpu-report-")
+        os.environ[CURRENT_DIR] = self._folder.name  # before xdist starts the workers, which inherit it
         self._stop = threading.Event()
         self._wall = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="cpu-report", daemon=True)
@@ -88,12 +124,13 @@ class CpuReport:
 
     def _run(self) -> None:
         while not self._stop.wait(self.INTERVAL_S):
-            sample(os.getpid(), self.seen)
+            sample(os.getpid(), self.seen, self.files)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
         self._wall = time.perf_counter() - self._wall
+        self._folder.cleanup()
 
     def lines(self, top: int = 30) -> list[str]:
         """The summary: wall, this process's CPU and its reaped children's, then the kinds, costliest first."""
@@ -108,4 +145,10 @@ class CpuReport:
             f"{sum(totals.values()):.0f} s in {len(self.seen)} processes",
             f"{'CPU s':>8}  {'processes':>9}  kind",
         ]
-        return lines + [f"{cpu:8.1f}  {counts[name]:9d}  {name}" for name, cpu in totals.most_common(top)]
+        lines += [f"{cpu:8.1f}  {counts[name]:9d}  {name}" for name, cpu in totals.most_common(top)]
+        files = [(name, cpu) for name, cpu in self.files.most_common() if name is not None][:top]
+        return (
+            lines
+            + ["", f"{'CPU s':>8}  test file (its worker's CPU and its children's)"]
+            + [f"{cpu:8.1f}  {name}" for name, cpu in files]
+        )

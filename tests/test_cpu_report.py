@@ -3,6 +3,7 @@ child below the sampler found with its CPU."""
 
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from cpu_report import kind, sample
+from cpu_report import CURRENT_DIR, note_file, kind, sample
 
 
 @pytest.mark.parametrize(
@@ -44,18 +45,28 @@ def test_each_kind_is_named(comm, argv, expected):
     assert kind(comm, argv) == expected
 
 
-def test_a_busy_child_is_found_with_its_cpu():
+def test_a_busy_child_is_found_with_its_cpu_and_charged_to_the_test_file(tmp_path, monkeypatch):
+    # 0.6 s of the child's own CPU (not of wall time, which a loaded machine stretches), then it waits, so
+    # that the sample after its line sees all of it
     child = subprocess.Popen(
-        [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"]
+        [
+            sys.executable,
+            "-c",
+            "import time\nwhile time.process_time() < 0.6: pass\nprint(1, flush=True)\ntime.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    seen: dict = {}
+    monkeypatch.setenv(CURRENT_DIR, str(tmp_path))
+    note_file("tests/test_x.py::test_y")  # this process runs tests/test_x.py, the child is below it
+    seen, files = {}, collections.Counter()
     try:
-        deadline = time.monotonic() + 10
-        while child.poll() is None and time.monotonic() < deadline:
-            sample(os.getpid(), seen)
-            time.sleep(0.1)
+        sample(os.getpid(), seen, files)  # before the child's work: the file gets what comes after
+        assert child.stdout.readline() == "1\n"
+        sample(os.getpid(), seen, files)
     finally:
         child.kill()
         child.wait()
     kinds = {name: cpu for name, cpu in seen.values()}
-    assert kinds.get("python -c (time)", 0) >= 0.2, seen
+    assert kinds.get("python -c (time)", 0) >= 0.5, seen
+    assert 0.5 <= files["tests/test_x.py"] and set(files) == {"tests/test_x.py", None}, files

@@ -137,8 +137,11 @@ def test_int4_decodes_alike_in_a_batch_and_alone_and_near_fp32(int4):
     assert [r.token_ids for r in alone] == [r.token_ids for r in together]
     fp32 = Translator(tiny_bundle(), device="cpu", intra_threads=1).translate_batch(TEXTS, beam_size=1)
     same = sum(a.token_ids == b.token_ids for a, b in zip(together, fp32))
-    # the tiny model (d_model 32, one block per row) is int4's worst case; measured 20/48
-    assert 12 <= same < len(TEXTS), same
+    first = sum(a.token_ids[0][:1] == b.token_ids[0][:1] for a, b in zip(together, fp32))
+    # The tiny model (d_model 32, one block per row) is int4's worst case, and it repeats itself, so one token
+    # flipped late changes the rest: whole outputs alike depend on the CPU's int8 kernel (20/48 on an AVX2
+    # EPYC, 6/48 on an AVX-512 VNNI Xeon), the first token does not (46/48 on the Xeon).
+    assert first >= 0.75 * len(TEXTS) and same < len(TEXTS), (first, same)
     assert len({tuple(r.token_ids[0]) for r in together}) > len(TEXTS) // 4  # not one output for all
 
 

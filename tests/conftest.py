@@ -189,12 +189,34 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if not config.getoption("--runtime-only"):
-        return
-    kept = [item for item in items if not item.nodeid.split("[")[0].endswith(NEEDS_TRAIN)]
-    if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
-        items[:] = kept
+    if config.getoption("--runtime-only"):
+        kept = [item for item in items if not item.nodeid.split("[")[0].endswith(NEEDS_TRAIN)]
+        if len(kept) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+            items[:] = kept
+    items[:] = _longest_first(items)
+
+
+def _longest_first(items: list) -> list:
+    """The files in the order xdist hands them out (--no-loadscope-reorder): the longest first, so that the
+    run does not end on one worker with a long file while the others wait.
+
+    A file's length is guessed from its marks: files with `slow` tests first, and of those the ones with the
+    fewest tests first (a few slow tests in a file are one long scenario each: the GPU scripts' CPU mode,
+    the hosts' fuzzing, the wheel's install, kill and resume), then the other files, the largest first.
+    xdist's own order (the most tests first) put those scenarios last: the run ended with one worker busy
+    and two idle for ~25 s (docs/benchmarks.md, "The order of the files"). The tests of a file keep their
+    order.
+    """
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def length(tests: list) -> tuple:
+        slow = sum(1 for t in tests if t.get_closest_marker("slow"))
+        return (0, len(tests)) if slow else (1, -len(tests))
+
+    return [item for tests in sorted(files.values(), key=length) for item in tests]
 
 
 def _tiny_model(seed: int = 0, **overrides):

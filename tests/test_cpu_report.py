@@ -7,7 +7,6 @@ import collections
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 

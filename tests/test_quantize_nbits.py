@@ -8,6 +8,7 @@ a scheme they cannot run are checked by name.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -138,10 +139,13 @@ def test_int4_decodes_alike_in_a_batch_and_alone_and_near_fp32(int4):
     fp32 = Translator(tiny_bundle(), device="cpu", intra_threads=1).translate_batch(TEXTS, beam_size=1)
     same = sum(a.token_ids == b.token_ids for a, b in zip(together, fp32))
     first = sum(a.token_ids[0][:1] == b.token_ids[0][:1] for a, b in zip(together, fp32))
+    pairs = [(a.token_ids[0], b.token_ids[0]) for a, b in zip(together, fp32)]
+    prefix = sum(len(os.path.commonprefix(pair)) for pair in pairs) / sum(len(b) for _, b in pairs)
     # The tiny model (d_model 32, one block per row) is int4's worst case, and it repeats itself, so one token
     # flipped late changes the rest: whole outputs alike depend on the CPU's int8 kernel (20/48 on an AVX2
-    # EPYC, 6/48 on an AVX-512 VNNI Xeon), the first token does not (46/48 on the Xeon).
-    assert first >= 0.75 * len(TEXTS) and same < len(TEXTS), (first, same)
+    # EPYC, 6/48 on an AVX-512 VNNI Xeon). On the Xeon: first tokens 46/48, the common prefix 49% of fp32's
+    # tokens; with the linear layers' scales planted 1.3x too large, 42/48 and 20%.
+    assert first >= 0.75 * len(TEXTS) and prefix >= 0.35 and same < len(TEXTS), (first, prefix, same)
     assert len({tuple(r.token_ids[0]) for r in together}) > len(TEXTS) // 4  # not one output for all
 
 

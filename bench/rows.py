@@ -43,8 +43,7 @@ def percentile(values: list[float] | None, q: float) -> float | None:
         values: the measurements, or None.
         q: the percentile, 0 to 100.
     """
-    import numpy as np  # here, not at the top: `seq2onnx`'s parser imports this module, and the runtime's
-    # commands then load numpy only when they use it
+    import numpy as np  # here, not at the top: `seq2onnx`'s parser imports this module (row 83)
 
     return float(np.percentile(values, q)) if values else None
 

@@ -57,7 +57,16 @@ def kind(comm: str, argv: list[str]) -> str:
     return f"python {Path(rest[0]).name}" if rest else "python"
 
 
-def sample(root: int, seen: dict, files: collections.Counter | None = None) -> None:
+class FileCpu(collections.Counter):
+    """CPU seconds by test file; the folder where the workers name their files (CURRENT_DIR); the sampling
+    process's own CPU when last sampled (a -n0 run's tests run in it, so its growth is theirs)."""
+
+    def __init__(self, folder: str):
+        super().__init__()
+        self.folder, self.root_cpu = folder, None
+
+
+def sample(root: int, seen: dict, files: FileCpu | None = None) -> None:
     """Adds or updates every process below `root` in `seen`: (pid, start) -> [kind, cpu seconds].
 
     With `files`, each process's CPU since the last sample is added to the test file that the nearest of
@@ -81,7 +90,7 @@ def sample(root: int, seen: dict, files: collections.Counter | None = None) -> N
         new = {pid for pid, row in table.items() if row[0] in below and pid not in below}
         below |= new
         grew = bool(new)
-    current = _current_files() if files is not None else {}
+    current = _current_files(files.folder) if files is not None else {}
     for pid in below - {root}:
         ppid, start, comm, argv, cpu = table[pid]
         known = seen.get((pid, start))
@@ -94,16 +103,17 @@ def sample(root: int, seen: dict, files: collections.Counter | None = None) -> N
             files[current.get(owner, "(no file)")] += cpu - (known[1] if known else 0)
     if files is not None and root in table:  # in a -n0 run the tests run in the root itself
         if root in current:
-            files[current[root]] += table[root][4] - files.get(None, table[root][4])
-        files[None] = table[root][4]  # the root's CPU when last sampled
+            files[current[root]] += table[root][4] - (files.root_cpu or table[root][4])
+        files.root_cpu = table[root][4]
 
 
-def _current_files() -> dict[int, str]:
-    folder = os.environ.get(CURRENT_DIR)
+def _current_files(folder: str) -> dict[int, str]:
     current = {}
-    for name in os.listdir(folder) if folder and os.path.isdir(folder) else ():
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
         with contextlib.suppress(OSError):
-            current[int(name)] = Path(folder, name).read_text()
+            text = Path(folder, name).read_text()
+            if text:  # empty while note_file rewrites it: the ancestors', or "(no file)", for this sample
+                current[int(name)] = text
     return current
 
 
@@ -114,8 +124,8 @@ class CpuReport:
 
     def __init__(self):
         self.seen: dict = {}
-        self.files: collections.Counter = collections.Counter()
         self._folder = tempfile.TemporaryDirectory(prefix="cpu-report-")
+        self.files = FileCpu(self._folder.name)
         os.environ[CURRENT_DIR] = self._folder.name  # before xdist starts the workers, which inherit it
         self._stop = threading.Event()
         self._wall = time.perf_counter()
@@ -146,9 +156,5 @@ class CpuReport:
             f"{'CPU s':>8}  {'processes':>9}  kind",
         ]
         lines += [f"{cpu:8.1f}  {counts[name]:9d}  {name}" for name, cpu in totals.most_common(top)]
-        files = [(name, cpu) for name, cpu in self.files.most_common() if name is not None][:top]
-        return (
-            lines
-            + ["", f"{'CPU s':>8}  test file (its worker's CPU and its children's)"]
-            + [f"{cpu:8.1f}  {name}" for name, cpu in files]
-        )
+        lines += ["", f"{'CPU s':>8}  test file (its worker's CPU and its children's)"]
+        return lines + [f"{cpu:8.1f}  {name}" for name, cpu in self.files.most_common(top)]

@@ -3,14 +3,13 @@ child below the sampler found with its CPU."""
 
 from __future__ import annotations
 
-import collections
 import os
 import subprocess
 import sys
 
 import pytest
 
-from cpu_report import CURRENT_DIR, note_file, kind, sample
+from cpu_report import CURRENT_DIR, FileCpu, note_file, kind, sample
 
 
 @pytest.mark.parametrize(
@@ -58,7 +57,7 @@ def test_a_busy_child_is_found_with_its_cpu_and_charged_to_the_test_file(tmp_pat
     )
     monkeypatch.setenv(CURRENT_DIR, str(tmp_path))
     note_file("tests/test_x.py::test_y")  # this process runs tests/test_x.py, the child is below it
-    seen, files = {}, collections.Counter()
+    seen, files = {}, FileCpu(str(tmp_path))
     try:
         sample(os.getpid(), seen, files)  # before the child's work: the file gets what comes after
         assert child.stdout.readline() == "1\n"
@@ -68,4 +67,4 @@ def test_a_busy_child_is_found_with_its_cpu_and_charged_to_the_test_file(tmp_pat
         child.wait()
     kinds = {name: cpu for name, cpu in seen.values()}
     assert kinds.get("python -c (time)", 0) >= 0.5, seen
-    assert 0.5 <= files["tests/test_x.py"] and set(files) == {"tests/test_x.py", None}, files
+    assert 0.5 <= files["tests/test_x.py"] and set(files) == {"tests/test_x.py"}, files

@@ -55,8 +55,8 @@ class Graph:
 class StepBuilder:
     """Adds the fused step's nodes to one Graph, sublayer by sublayer, in the graph's order.
 
-    Post-LN: x <- LN(x + f(x)). Pre-LN: h <- h + f(y), y = LN_next(h); SkipLayerNormalization gives
-    both LN_next(h) and (output 3) the sum h, so each residual is one node either way. Each sublayer
+    Post-LN: x <- LN(x + f(x)). Pre-LN: h <- h + f(y), y = LN_next(h). Each residual is an Add and a
+    LayerNormalization (residual() says why), the sublayer's bias inside its Gemm. Each sublayer
     method takes and returns (x, h): the next sublayer's input and the residual stream.
     """
 
@@ -197,31 +197,26 @@ class StepBuilder:
         return y
 
     def residual(
-        self, i: int, out: str, bias: str, skip: str, label: str, next_norm: tuple[int, str]
+        self, i: int, out: str, skip: str, label: str, next_norm: tuple[int, str]
     ) -> tuple[str, str]:
-        """One SkipLayerNormalization (T5: SkipSimplifiedLayerNormalization): the sublayer's output plus
-        its bias ("" for none) and the skip, normed."""
-        g, eps = self.g, self.eps
-        op = "SkipSimplifiedLayerNormalization" if self.cfg.norm == "rms" else "SkipLayerNormalization"
-        extra = [bias] if bias else []
-        if self.cfg.pre_norm:
-            y, _, _, h = g.node(
-                op,
-                [out, skip, *self.norm_args(*next_norm), *extra],
-                4,
-                name=f"l{i}_{label}_sln",
-                ms=True,
-                epsilon=eps,
-            )
-            return y, h
-        (y,) = g.node(
-            op, [out, skip, *self.norm_args(i, label), *extra], name=f"l{i}_{label}_sln", ms=True, epsilon=eps
-        )
-        return y, y
+        """The residual and its norm: h = skip + out (the sublayer's output, its bias included), y = LN(h).
 
-    def bias(self, name: str, linear) -> str:
-        """A linear layer's bias as an initializer, or "" where it has none (T5)."""
-        return "" if linear.bias is None else self.g.const(name, linear.bias)
+        Add and LayerNormalization, not com.microsoft's SkipLayerNormalization: onnxruntime 1.32's CPU kernel
+        of that one took 3.5-5.7x their time from 32 rows on (docs/optimisation-notes.md row 87). T5's RMS
+        norm keeps SkipSimplifiedLayerNormalization: the ONNX domain has no RMS norm at opset 17.
+        """
+        g, eps = self.g, self.eps
+        norm = self.norm_args(*next_norm) if self.cfg.pre_norm else self.norm_args(i, label)
+        if self.cfg.norm == "rms":
+            op, name = "SkipSimplifiedLayerNormalization", f"l{i}_{label}_sln"
+            if self.cfg.pre_norm:  # output 3 is the sum: the residual stream
+                y, _, _, h = g.node(op, [out, skip, *norm], 4, name=name, ms=True, epsilon=eps)
+                return y, h
+            (y,) = g.node(op, [out, skip, *norm], name=name, ms=True, epsilon=eps)
+            return y, y
+        (h,) = g.node("Add", [skip, out], name=f"l{i}_{label}_residual")
+        (y,) = g.node("LayerNormalization", [h, *norm], name=f"l{i}_{label}_norm", axis=-1, epsilon=eps)
+        return (y, h) if self.cfg.pre_norm else (y, y)
 
     def biases(self, name: str, linear) -> list[str]:
         """A Gemm's optional C: [the bias], or [] where the layer has none."""
@@ -265,8 +260,10 @@ class StepBuilder:
         )  # (R, 1, D)
         (ctx2,) = g.node("Reshape", [ctx, self.rows_d], name=f"l{i}_self_ctx_2d")
         wo = g.const(f"l{i}_self_wo", sa.w_o.weight)
-        (o,) = g.node("Gemm", [ctx2, wo], name=f"l{i}_self_out", transB=1)
-        return self.residual(i, o, self.bias(f"l{i}_self_bo", sa.w_o), h, "sub_self", (i, "sub_cross"))
+        (o,) = g.node(
+            "Gemm", [ctx2, wo, *self.biases(f"l{i}_self_bo", sa.w_o)], name=f"l{i}_self_out", transB=1
+        )
+        return self.residual(i, o, h, "sub_self", (i, "sub_cross"))
 
     def cross_attention(self, i: int, x: str, h: str) -> tuple[str, str]:
         """2. layer i's cross-attention: q (R, D) -> (B, W, D); keys/values (B, H, S, Dh) as the
@@ -289,11 +286,12 @@ class StepBuilder:
         )  # (B, W, D)
         (cctx2,) = g.node("Reshape", [cctx, self.rows_d], name=f"l{i}_cross_ctx_2d")
         wo = g.const(f"l{i}_cross_wo", ca.w_o.weight)
-        (o,) = g.node("Gemm", [cctx2, wo], name=f"l{i}_cross_out", transB=1)
-        return self.residual(i, o, self.bias(f"l{i}_cross_bo", ca.w_o), h, "sub_cross", (i, "sub_ff"))
+        bo = self.biases(f"l{i}_cross_bo", ca.w_o)
+        (o,) = g.node("Gemm", [cctx2, wo, *bo], name=f"l{i}_cross_out", transB=1)
+        return self.residual(i, o, h, "sub_cross", (i, "sub_ff"))
 
     def feed_forward(self, i: int, x: str, h: str) -> tuple[str, str]:
-        """3. layer i's feed-forward: act(x W1 + b1), then W2 with b2 in the norm.
+        """3. layer i's feed-forward: act(x W1 + b1) W2 + b2.
 
         Relu fuses into the Gemm; swish is QuickGelu with alpha 1 (x * sigmoid(x)), gelu the
         contrib Gelu (erf).
@@ -314,10 +312,11 @@ class StepBuilder:
             w3 = [g.const(f"l{i}_ff_w3", ff.w_3.weight), *self.biases(f"l{i}_ff_b3", ff.w_3)]
             (lin,) = g.node("Gemm", [x, *w3], name=f"l{i}_ff_3", transB=1)
             (f1,) = g.node("Mul", [f1, lin], name=f"l{i}_ff_gate")
-        (o,) = g.node("Gemm", [f1, g.const(f"l{i}_ff_w2", ff.w_2.weight)], name=f"l{i}_ff_2", transB=1)
+        w2 = [g.const(f"l{i}_ff_w2", ff.w_2.weight), *self.biases(f"l{i}_ff_b2", ff.w_2)]
+        (o,) = g.node("Gemm", [f1, *w2], name=f"l{i}_ff_2", transB=1)
         n = cfg.n_decoder_layers
         nxt = (i + 1, "sub_self") if i + 1 < n else (n, "final")
-        return self.residual(i, o, self.bias(f"l{i}_ff_b2", ff.w_2), h, "sub_ff", nxt)
+        return self.residual(i, o, h, "sub_ff", nxt)
 
     def generator(self, x: str) -> None:
         """4. generator, log-softmax over the target vocabulary, top-k (ties: lower id first)."""

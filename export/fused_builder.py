@@ -207,16 +207,13 @@ class StepBuilder:
         """
         g, eps = self.g, self.eps
         norm = self.norm_args(*next_norm) if self.cfg.pre_norm else self.norm_args(i, label)
-        if self.cfg.norm == "rms":
-            op, name = "SkipSimplifiedLayerNormalization", f"l{i}_{label}_sln"
-            if self.cfg.pre_norm:  # output 3 is the sum: the residual stream
-                y, _, _, h = g.node(op, [out, skip, *norm], 4, name=name, ms=True, epsilon=eps)
-                return y, h
-            (y,) = g.node(op, [out, skip, *norm], name=name, ms=True, epsilon=eps)
-            return y, y
+        if self.cfg.norm == "rms":  # pre-LN: output 3, the sum, is the residual stream
+            op, n_out = "SkipSimplifiedLayerNormalization", 4 if self.cfg.pre_norm else 1
+            outs = g.node(op, [out, skip, *norm], n_out, name=f"l{i}_{label}_sln", ms=True, epsilon=eps)
+            return outs[0], outs[-1]
         (h,) = g.node("Add", [skip, out], name=f"l{i}_{label}_residual")
         (y,) = g.node("LayerNormalization", [h, *norm], name=f"l{i}_{label}_norm", axis=-1, epsilon=eps)
-        return (y, h) if self.cfg.pre_norm else (y, y)
+        return y, h if self.cfg.pre_norm else y
 
     def biases(self, name: str, linear) -> list[str]:
         """A Gemm's optional C: [the bias], or [] where the layer has none."""

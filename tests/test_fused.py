@@ -275,7 +275,8 @@ def test_graph_is_fused(make_model):
     ops = Counter(n.op_type for n in graph.node)
     assert ops["DecoderMaskedMultiHeadAttention"] == 3 and ops["MultiHeadAttention"] == 3
     assert ops["LayerNormalization"] == 9 and ops["SkipLayerNormalization"] == 0 and ops["FusedGemm"] == 3
-    assert all(len(n.input) == 3 for n in graph.node if n.op_type == "Gemm" and "_out" in n.name)  # biased
+    out_gemms = [n for n in graph.node if n.op_type == "Gemm" and n.name.endswith(("_out", "_ff_2"))]
+    assert len(out_gemms) == 9 and all(len(n.input) == 3 for n in out_gemms)  # each bias in its Gemm
     assert ops["Softmax"] == ops["Transpose"] == 0 and ops["Concat"] == 1  # the one cross-query shape
     # 17 nodes once (embedding 5: the model's own table, scaled by a Mul, each row's position; the rows' own
     # past mask 6; cross-query shape 2, mask cast, generator, log-softmax, top-k) and 19 per layer, 4 of them

@@ -15,6 +15,7 @@ from .attention import check_attention_output, forced_attention
 from .arena import ArenaShrink
 from .binding import bind_encoder
 from .fused_graph import FusedGraph
+from .length_groups import CALL_POSITIONS, length_groups
 from .model_spec import ModelSpec
 from .search import Step
 from .devices import ort
@@ -29,6 +30,7 @@ class Graphs:
         spec: the model's sizes and special ids (runtime/model_spec.py).
         cache_dtype: the numpy dtype of the cache and cross keys/values (the bundle's dtype).
         bundle_path: the bundle's directory, for messages.
+        threads: the sessions' intra-op threads (an encoder call's cost in positions grows with them).
     Attributes:
         encoder, decoder: the encoder's session and the driven decoder's.
         variant, reason: "fused" or "standard", the decoder driven, and why.
@@ -38,8 +40,9 @@ class Graphs:
             stay.
     """
 
-    def __init__(self, sessions, spec: ModelSpec, cache_dtype, bundle_path):
+    def __init__(self, sessions, spec: ModelSpec, cache_dtype, bundle_path, threads: int = 1):
         self.encoder, self.decoder, self._sessions = sessions.encoder, sessions.decoder, sessions
+        self._call_positions = CALL_POSITIONS * threads
         self.variant, self.reason = sessions.variant, sessions.reason
         self.device = sessions.device
         self.ort_device = "cuda" if self.device == "cuda" else "cpu"
@@ -61,7 +64,31 @@ class Graphs:
 
     def encode(self, src: np.ndarray, lengths: np.ndarray) -> tuple:
         """Runs the encoder over padded sources (Sources.pad): (src_mask, cross keys/values), OrtValues on
-        ort_device, bound by the decoders as they are (no copy through numpy)."""
+        ort_device, bound by the decoders as they are (no copy through numpy).
+
+        On the CPU a batch of unlike lengths is encoded in groups of like lengths (runtime/length_groups.py),
+        each padded to its own longest, and put together: the same values at real positions, fewer padded
+        ones computed."""
+        groups = length_groups(lengths, self._call_positions) if self.ort_device == "cpu" else ()
+        if len(groups) < 2:
+            return self._encode_padded(src, lengths)
+        batch, width = src.shape
+        whole = None
+        for rows in groups:
+            longest = int(lengths[rows].max())
+            src_mask, cross = self._encode_padded(np.ascontiguousarray(src[rows, :longest]), lengths[rows])
+            parts = [value.numpy() for value in (src_mask, *cross)]
+            if whole is None:  # the (B, S) mask, (B, H, S, Dh) keys and values: zeros where nothing attends
+                whole = [np.zeros((batch, width), parts[0].dtype)]
+                whole += [np.zeros((batch, p.shape[1], width, p.shape[3]), p.dtype) for p in parts[1:]]
+            whole[0][rows, :longest] = parts[0]
+            for into, part in zip(whole[1:], parts[1:]):
+                into[rows, :, :longest] = part
+        src_mask, *cross = (ort.OrtValue.ortvalue_from_numpy(a, "cpu", 0) for a in whole)
+        return src_mask, cross
+
+    def _encode_padded(self, src: np.ndarray, lengths: np.ndarray) -> tuple:
+        """encode() in one call over the batch as padded."""
         binding = bind_encoder(
             self.encoder, src=src, lengths=lengths, n_layers=self.spec.n_layers, device=self.ort_device
         )

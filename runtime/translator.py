@@ -5,6 +5,7 @@ searches runtime/search.py's and runtime/beam.py's; the device comes from runtim
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -19,7 +20,7 @@ from .option_spec import takes_options
 from .options import OptionError, SearchOptions, resolve_search_options, unknown_options
 from .plan import Plan, SearchJob, stream_job
 from .search import SearchResult, Step, run, stream_greedy
-from .session_tuning import SessionTuning, check_intra_threads
+from .session_tuning import SessionTuning, check_intra_threads, default_intra_threads
 from .session_cache import SessionCache
 from .devices import DEVICES
 from .sessions import Beside, open_sessions
@@ -143,7 +144,10 @@ class Translator:
         self.decoder_variant, self.decoder_reason = s.variant, s.reason
         # every graph checked now; the standard decoder, not loaded yet, from its file (runtime/onnx_info.py)
         check_graphs(bundle, {**graphs, **s.by_label()}, graphs)
-        self.graphs = Graphs(s, self.spec, self.cache_dtype, bundle.path)
+        threads = (
+            intra_threads or default_intra_threads() or os.cpu_count() or 1
+        )  # onnxruntime's default: cores
+        self.graphs = Graphs(s, self.spec, self.cache_dtype, bundle.path, threads)
         self.ort_device = self.graphs.ort_device
 
     def _load_tokenizers(self, bundle: Bundle) -> None:

@@ -69,7 +69,8 @@ class Graphs:
         On the CPU a batch of unlike lengths is encoded in groups of like lengths (runtime/length_groups.py),
         each padded to its own longest, and put together: the same values at real positions, fewer padded
         ones computed."""
-        groups = length_groups(lengths, self._call_positions) if self.ort_device == "cpu" else ()
+        cut = self.ort_device == "cpu" and len(lengths) > 1
+        groups = length_groups(lengths, self._call_positions) if cut else ()
         if len(groups) < 2:
             return self._encode_padded(src, lengths)
         batch, width = src.shape

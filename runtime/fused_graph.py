@@ -163,7 +163,14 @@ class FusedGraph:
         return binding, outputs
 
     def step(
-        self, encoded: tuple, *, rows: int, top_k: int | None, max_length: int, beam_width: int = 1
+        self,
+        encoded: tuple,
+        *,
+        rows: int,
+        top_k: int | None,
+        max_length: int,
+        beam_width: int = 1,
+        writable: bool = False,
     ) -> FusedStep:
         """translate_batch's step over encoded sources (runtime/graphs.py's Graphs.step), on spare buffers
         where the pool has some that fit."""
@@ -178,6 +185,7 @@ class FusedGraph:
             max_length=max_length,
             top_k=top_k,
             buffers=self.pool.take(rows * width, max_length),
+            writable=writable,
         )
 
     def recycle(self, step) -> None:

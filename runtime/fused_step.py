@@ -37,18 +37,22 @@ class FusedStep:
         graph: the FusedGraph (runtime/fused_graph.py) of the decoder_fused.onnx session (CPU).
         src_mask: (B, S) bool, the encoder's output.
         cross: per layer key then value, (B, H, S, Dh) float32: the encoder's outputs. Both are
-            numpy arrays or the encoder's OrtValues (CPU), bound as they are (copied only before the
-            first compaction, which writes in place, so that the caller's arrays stay the encoder's).
+            numpy arrays or the encoder's OrtValues (CPU), bound as they are; the first compaction
+            writes in place, into a copy unless `writable`.
         beam_width: W, the beams per sentence after the first step (1 for greedy and sampling).
         max_length: the cache's positions: at least the batch's longest decoding (BufferPool.positions).
         top_k: candidates per row to return as TopK; None returns the full log-probabilities.
         buffers: a FusedBuffers left by an earlier batch (BufferPool.take), used if it fits.
+        writable: nothing reads src_mask and cross after the search, so compaction may move their rows in
+            place (a batch of 32 OPUS-MT-size sentences of 30 tokens: ~24 MB not copied); False when the
+            caller reads them after the search (the attention pass).
 
     Attributes:
         buffers: this batch's FusedBuffers, for the caller to offer to the next batch.
     """
 
-    _owned = False  # are _mask and _cross our copies (else the encoder's arrays)?
+    _compacted = False  # rows moved: bound from _mask and _cross, no longer the encoder's OrtValues
+    _writable = False  # compaction may move the encoder's rows in place (else it copies them first)
 
     def __init__(
         self,
@@ -60,8 +64,10 @@ class FusedStep:
         max_length: int,
         top_k: int | None,
         buffers=None,
+        writable: bool = False,
     ):
         values = [src_mask, *cross]
+        self._writable = writable
         # the encoder's OrtValues, bound as they are until the first compaction (wrapping costs ~5 us each)
         self._values = None if any(isinstance(v, np.ndarray) for v in values) else values
         self._mask = np.ascontiguousarray(_host(src_mask), dtype=bool)
@@ -90,7 +96,7 @@ class FusedStep:
         """The binding of a run over the first sentences x width rows (FusedGraph.bind: made once per shape,
         the encoder's outputs rebound when they changed), and its outputs by name. The encoder's outputs are
         its own OrtValues while the batch is whole, else our arrays' first rows."""
-        if self._values is not None and not self._owned:
+        if self._values is not None and not self._compacted:
             encoded = self._values
         else:
             encoded = [a[:sentences] for a in [self._mask, *self._cross]]
@@ -132,9 +138,9 @@ class FusedStep:
         never moves. Less is copied than by a gather of every kept row; numpy buffers a run only
         where its source and destination overlap."""
         w = self.width
-        if not self._owned:  # the encoder's arrays: the caller may still read them (attention pass)
+        if not (self._compacted or self._writable):  # the caller reads them after the search (attention)
             self._mask, self._cross = self._mask.copy(), [c.copy() for c in self._cross]
-            self._owned = True
+        self._compacted = True
         for src, dst, n in _runs(keep):
             if src == dst:
                 continue

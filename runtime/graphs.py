@@ -116,7 +116,14 @@ class Graphs:
         shrink.run(self.encoder, b, shrink=True)
 
     def step(
-        self, encoded: tuple, *, rows: int, top_k: int | None, max_length: int, beam_width: int = 1
+        self,
+        encoded: tuple,
+        *,
+        rows: int,
+        top_k: int | None,
+        max_length: int,
+        beam_width: int = 1,
+        writable: bool = False,
     ) -> Step:
         """Returns the search's step (runtime/search.py) over the decoder driven, for sources encoded already.
 
@@ -127,11 +134,12 @@ class Graphs:
                 log-probability, [rows, vocab].
             max_length: the longest decoding (the fused step's buffers; BufferPool may round it up).
             beam_width: rows per sentence after the first step (the fused step's buffers).
+            writable: nothing reads `encoded` after the search: the step may write into it (compaction).
         Returns:
             A FusedStep or a StandardStep; give it to recycle() once its search ended normally.
         """
         return self.decoder_graph.step(
-            encoded, rows=rows, top_k=top_k, max_length=max_length, beam_width=beam_width
+            encoded, rows=rows, top_k=top_k, max_length=max_length, beam_width=beam_width, writable=writable
         )
 
     def recycle(self, step) -> None:

@@ -53,6 +53,8 @@ class SearchJob:
         prefixes: the forced target ids of each sentence of the step ([] for none).
         end: force_prefix's end-token options (the bundle's forced_eos), or {}.
         sampled: the job samples (its encoded rows repeat sources: no source encoding for attention).
+        keeps_encoding: the attention pass reads `encoded` after the search (return_attention), so the step
+            must not move its rows in place (runtime/fused_step.py's compaction).
     """
 
     indices: list[int]
@@ -67,6 +69,7 @@ class SearchJob:
     prefixes: list[list[int]]
     end: dict = field(default_factory=dict)
     sampled: bool = False
+    keeps_encoding: bool = False
 
     @property
     def max_length(self) -> int:
@@ -75,8 +78,9 @@ class SearchJob:
 
     @property
     def source_encoding(self) -> tuple | None:
-        """(src_mask, cross) of `sources` themselves, for the attention pass to reuse; None after sampling."""
-        return None if self.sampled else self.encoded
+        """(src_mask, cross) of `sources` themselves, for the attention pass to reuse; None after sampling,
+        or where the job was not made to keep it (the step may have moved its rows)."""
+        return self.encoded if self.keeps_encoding and not self.sampled else None
 
     def force(self, step: Step) -> Step:
         """Returns `step` under the job's forced prefixes and end token (itself when nothing is forced)."""
@@ -130,6 +134,7 @@ def search_job(
         program=program,
         prefixes=list(prefixes),
         end=t.spec.forced_end(max_lengths),
+        keeps_encoding=options.return_attention,
     )
 
 

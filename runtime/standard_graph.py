@@ -106,10 +106,18 @@ class StandardGraph:
         return out[: len(past)], got
 
     def step(
-        self, encoded: tuple, *, rows: int, top_k: int | None, max_length: int = 0, beam_width: int = 1
+        self,
+        encoded: tuple,
+        *,
+        rows: int,
+        top_k: int | None,
+        max_length: int = 0,
+        beam_width: int = 1,
+        writable: bool = False,
     ) -> StandardStep:
         """translate_batch's step over encoded sources (runtime/graphs.py's Graphs.step); max_length and
-        beam_width size nothing here (the cache grows by one position a step), as FusedGraph.step's do."""
+        beam_width size nothing here (the cache grows by one position a step), as FusedGraph.step's do, and
+        the encoder's outputs are only read (`writable` is FusedGraph.step's)."""
         src_mask, cross = encoded
         return StandardStep(self, rows=rows, src_mask=src_mask, cross=cross, top_k=top_k)
 

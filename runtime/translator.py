@@ -317,7 +317,12 @@ class Translator:
                 prefixes go over it.
         """
         step = self.graphs.step(
-            job.encoded, rows=job.rows, top_k=job.top_k, max_length=job.max_length, beam_width=job.beam_width
+            job.encoded,
+            rows=job.rows,
+            top_k=job.top_k,
+            max_length=job.max_length,
+            beam_width=job.beam_width,
+            writable=not job.keeps_encoding,
         )
         found = run(job.program, job.force(step if wrap is None else wrap(step)))
         self.graphs.recycle(step)

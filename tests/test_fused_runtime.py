@@ -224,6 +224,32 @@ def test_compaction_refuses_keep_that_is_not_ascending_sentences(keep):
         step(np.zeros((len(keep), 1), np.int64), np.arange(len(keep)), 3, np.array(keep, dtype=np.int64))
 
 
+@pytest.mark.parametrize("writable", [False, True])
+def test_compaction_writes_into_the_encoders_arrays_only_where_allowed(bundle, writable):
+    """A writable step moves the encoder's rows in place (no copy of the cross keys and values); otherwise the
+    encoder's arrays are left as they were (the attention pass reads them after the search). Both give the
+    same n-best, scores included."""
+    t = Translator(bundle, device="cpu")
+    ids = [t.prepare_source(s)[0] for s in TEXTS]
+    limits = t.spec.max_lengths(ids, t.search_options(beam_size=4))
+    encoded = t.graphs.encode(*t.sources.pad(ids))
+    hosts = [v if isinstance(v, np.ndarray) else v.numpy() for v in (encoded[0], *encoded[1])]
+    before = [a.copy() for a in hosts]
+    step = t.graphs.step(
+        encoded, rows=len(ids), top_k=8, max_length=int(limits.max()), beam_width=4, writable=writable
+    )
+    options = dict(beam_size=4, start_id=t.start_id, eos_id=t.eos_id, max_lengths=limits, num_hypotheses=2)
+    got = beam_search(step, len(ids), **options)
+    assert step._compacted and step.batch < len(ids)  # sentences left: rows were moved
+    assert np.shares_memory(step._cross[0], hosts[1]) == writable
+    assert all(np.array_equal(a, b) for a, b in zip(hosts, before)) != writable
+    want = t.translate_batch(ids, beam_size=4, num_hypotheses=2, return_scores=True)
+    assert [[h[:-1] if h[-1:] == [t.eos_id] else h for h in r.hypotheses] for r in got] == [
+        w.token_ids for w in want
+    ]
+    assert [r.scores for r in got] == [w.scores for w in want]
+
+
 def test_step_buffers_are_reused_across_batches_with_the_standard_results(bundle, standard, monkeypatch):
     """Batches of a shape seen before take its spare FusedBuffers and their bindings (no reset between them:
     stale cache positions, indirection entries and encoder bindings must never be read), interleaved with

@@ -10,6 +10,7 @@ import pytest
 
 from seq2onnx.runtime.bundle import MAX_JSON_BYTES, BundleError, sha256
 from seq2onnx.runtime.checks import tokenizer_fingerprint
+from seq2onnx.runtime.onnx_info import GraphInfo
 from seq2onnx.runtime.translator import Translator
 from tiny import copy_bundle as _copy, edit_bundle_json as _edit, tiny_bundle
 
@@ -214,6 +215,26 @@ def test_variants_pass_the_checks(bundle):
         assert t.decoder_variant == decoder and t.translate(TEXT)
     for path in (bundle, tiny_bundle(quantize="int8")):
         assert Translator(path, device="cpu").translate(TEXT)
+
+
+def test_a_tables_shape_is_found_through_casts_and_dequantization_only():
+    """The checks find an embedding's rows behind the nodes an int8 or float16 table passes through (up to
+    `depth` of them), and never through arithmetic."""
+    info = GraphInfo(
+        shapes={"codes": (30, 8), "s": (30, 1)},
+        nodes=[
+            ("Mul", ["codes", "s"], ["scaled"]),
+            ("DequantizeLinear", ["codes", "s"], ["deq"]),
+            ("Cast", ["deq"], ["table"]),
+            ("Gather", ["table", "ids"], ["emb"]),
+            ("Gather", ["scaled", "ids"], ["x"]),
+            ("Identity", ["table"], ["again"]),
+        ],
+    )
+    assert info.table_shape("table") == (30, 8) and info.table_shape("again") == (30, 8)
+    assert info.table_shape("scaled") is None  # a Mul is not followed
+    assert info.table_shape("table", depth=1) is None and info.table_shape("again", depth=2) is None
+    assert info.gather_tables() == [("ids", (30, 8))]
 
 
 # -- malformed bundle.json --------------------------------------------------------------------------

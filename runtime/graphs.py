@@ -115,32 +115,21 @@ class Graphs:
         b = bind_encoder(self.encoder, src=src, lengths=lengths, n_layers=n_layers, device="cpu", into=ours)
         shrink.run(self.encoder, b, shrink=True)
 
-    def step(
-        self,
-        encoded: tuple,
-        *,
-        rows: int,
-        top_k: int | None,
-        max_length: int,
-        beam_width: int = 1,
-        writable: bool = False,
-    ) -> Step:
+    def step(self, encoded: tuple, **shape) -> Step:
         """Returns the search's step (runtime/search.py) over the decoder driven, for sources encoded already.
 
         Args:
             encoded: encode()'s (src_mask, cross) of the sources.
-            rows: the sources (sentences at the first step).
-            top_k: the step returns a TopK of [rows, top_k] (ModelSpec.step_top_k); None: every
-                log-probability, [rows, vocab].
-            max_length: the longest decoding (the fused step's buffers; BufferPool may round it up).
-            beam_width: rows per sentence after the first step (the fused step's buffers).
-            writable: nothing reads `encoded` after the search: the step may write into it (compaction).
+            **shape: the decoder graph's step() keywords (runtime/fused_graph.py's FusedGraph.step, which
+                StandardGraph.step mirrors): rows, the sources (sentences at the first step); top_k, the step
+                returns a TopK of [rows, top_k] (ModelSpec.step_top_k), None every log-probability [rows,
+                vocab]; max_length, the longest decoding (the fused step's buffers; BufferPool may round it
+                up); beam_width, rows per sentence after the first step; writable, nothing reads `encoded`
+                after the search, so the step may write into it (compaction).
         Returns:
             A FusedStep or a StandardStep; give it to recycle() once its search ended normally.
         """
-        return self.decoder_graph.step(
-            encoded, rows=rows, top_k=top_k, max_length=max_length, beam_width=beam_width, writable=writable
-        )
+        return self.decoder_graph.step(encoded, **shape)
 
     def recycle(self, step) -> None:
         """Offers a step's buffers to the next batch (a standard step has none). Call it only after a search

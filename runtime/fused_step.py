@@ -40,7 +40,10 @@ class FusedStep:
             numpy arrays or the encoder's OrtValues (CPU), bound as they are; the first compaction
             writes in place, into a copy unless `writable`.
         beam_width: W, the beams per sentence after the first step (1 for greedy and sampling).
-        max_length: the cache's positions: at least the batch's longest decoding (BufferPool.positions).
+        max_length: the most positions the cache may need: at least the batch's longest decoding.
+        positions: the positions to allocate first (BufferPool.positions; None: max_length). Where a step
+            would write past them, the buffers grow by half (at most to max_length), over the rows still in
+            use (_grow).
         top_k: candidates per row to return as TopK; None returns the full log-probabilities.
         buffers: a FusedBuffers left by an earlier batch (BufferPool.take), used if it fits.
         writable: nothing reads src_mask and cross after the search, so compaction may move their rows in
@@ -65,6 +68,7 @@ class FusedStep:
         top_k: int | None,
         buffers=None,
         writable: bool = False,
+        positions: int | None = None,
     ):
         values = [src_mask, *cross]
         self._writable = writable
@@ -74,8 +78,10 @@ class FusedStep:
         self._cross = [np.ascontiguousarray(_host(c), dtype=np.float32) for c in cross]
         batch, width = self._mask.shape[0], beam_width
         rows = batch * width
-        if buffers is None or buffers.capacity != rows or buffers.positions < max_length:
-            buffers = graph.buffers(rows, max_length)
+        first = max_length if positions is None else positions
+        if buffers is None or buffers.capacity != rows or buffers.positions < first:
+            buffers = graph.buffers(rows, first)
+        self._limit = max(max_length, buffers.positions)
         buffers.indirection[:rows] = 0  # a width of 1 reads none of it, but the kernel wants zeros
         self.graph, self.buffers, self.width, self.top_k = graph, buffers, width, top_k
         self.batch = batch  # sentences in the buffers now
@@ -153,6 +159,17 @@ class FusedStep:
         self.batch = keep.size
         self._bind()
 
+    def _grow(self, t: int) -> None:
+        """Makes room for position t (written by step t): every buffer again, with half as many positions more
+        (at most the limit), over the rows still in use only (FusedBuffers.regrow). A batch's cache then holds
+        what its longest live sentence reached, for the sentences still decoding, not every row's limit."""
+        positions = max(t + 1, min(self._limit, self.buffers.positions * 3 // 2))
+        self._binding = self._out = None  # they point at the arrays that go
+        self.buffers.regrow(self.batch * self.width, positions, t)
+        self._tokens = self.buffers.tokens
+        self._indirection = self.buffers.indirection.reshape(self.batch, self.width, positions)
+        self._bind()
+
     def _reorder(self, parents: np.ndarray, t: int) -> None:
         """Beam w of sentence b continues beam parents[b, w], whose position t-1 is in its own row."""
         ind = self._indirection[: self.batch]
@@ -199,6 +216,8 @@ class FusedStep:
             self._compact(keep, t)
         if t > 0 and w > 1:
             self._reorder(parents, t)
+        if t >= self.buffers.positions:
+            self._grow(t)
         rows = self.batch * w
         first = t == 0 and w > 1  # one row per sentence given, w rows in the buffers
         given = tokens.shape[0]

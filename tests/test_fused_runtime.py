@@ -296,6 +296,34 @@ def test_step_buffers_are_reused_across_batches_with_the_standard_results(bundle
     assert all(not set(held) & encoded for b in pool._spares for _, held, _ in b.bindings.values())
 
 
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_large_batchs_cache_grows_as_its_steps_need_with_the_same_results(bundle, beam, monkeypatch):
+    """A batch too large to keep its buffers starts with few positions and grows them, over the rows still in
+    use, as its longest live sentence needs: the same n-best and scores, to the bit, as buffers of every
+    position from the start."""
+    t = Translator(bundle, device="cpu")
+    options = dict(beam_size=beam, num_hypotheses=min(beam, 2), return_scores=True)
+    want = t.translate_batch(TEXTS, **options)
+    pool = t.graphs.decoder_graph.pool
+    monkeypatch.setattr(pool, "max_bytes", 0)  # every batch is large
+    monkeypatch.setattr(pool, "grow_from", 2)
+    pool._spares.clear()  # the first call's buffers, of every position
+    grown, real = [], fused_step.FusedStep._grow
+
+    def grow(self, step):
+        before = (self.buffers.capacity, self.buffers.positions)
+        real(self, step)
+        grown.append((step, before, (self.buffers.capacity, self.buffers.positions)))
+
+    monkeypatch.setattr(fused_step.FusedStep, "_grow", grow)
+    got = t.translate_batch(TEXTS, **options)
+    assert [r.token_ids for r in got] == [w.token_ids for w in want]
+    assert [r.scores for r in got] == [w.scores for w in want]
+    assert len(grown) >= 3 and grown[0][1][1] == 2  # 2 -> 3 -> 4 -> 6 ...
+    assert all(after[1] > step >= before[1] for step, before, after in grown)
+    assert any(after[0] < before[0] for _, before, after in grown)  # grown after sentences had left
+
+
 def test_buffer_pool_keeps_small_buffers_only_and_after_a_normal_end(bundle, monkeypatch):
     t = Translator(bundle, device="cpu")
     pool = t.graphs.decoder_graph.pool
@@ -316,11 +344,12 @@ def test_buffer_pool_keeps_small_buffers_only_and_after_a_normal_end(bundle, mon
     streamed = "".join(t.generate_tokens(TEXTS[0]))
     assert len(pool._spares) == 1
     assert streamed == t.translate(TEXTS[0], beam_size=1)
-    # buffers over max_bytes are not kept, and their positions are not rounded up
+    # buffers over max_bytes are not kept, and they start at grow_from positions at most, not rounded up
     pool._spares.clear()
     monkeypatch.setattr(pool, "max_bytes", 1000)
     t.translate_batch(TEXTS, beam_size=2, max_batch_size=3)
-    assert pool._spares == [] and pool.positions(6, 17, 4) == 17
+    assert pool._spares == [] and pool.positions(6, 17, 4) == pool.grow_from == 16
+    assert pool.positions(6, 9, 4) == 9
     # a search that raises gives nothing back (its buffers may be half bound)
     monkeypatch.setattr(pool, "max_bytes", 4 << 20)
 

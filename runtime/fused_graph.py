@@ -80,10 +80,13 @@ class FusedBuffers:
 
     max_bindings = 16  # a batch whose sentences finish one by one binds once per row count
 
-    def __init__(self, graph: FusedGraph, capacity: int, positions: int):
+    def __init__(self, graph: FusedGraph, capacity: int, positions: int, mapped: bool = False):
         self.capacity, self.positions, self._vocab = capacity, positions, graph.vocab
         shape = (capacity, graph.n_heads, positions, graph.head_dim)
-        self.cache = [mapped_zeros(shape, np.float32) for _ in range(2 * graph.n_layers)]
+        # translate_batch's cache: maps of its own, every page used (it grows as needed: FusedStep); the
+        # rounds' (rows and positions rounded up to powers of two) stay numpy's: untouched pages cost nothing
+        zeros = mapped_zeros if mapped else np.zeros
+        self.cache = [zeros(shape, np.float32) for _ in range(2 * graph.n_layers)]
         self.indirection = np.zeros((capacity, positions), np.int32)
         self.tokens = np.zeros((capacity, 1), np.int64)
         self.step = np.zeros(1, np.int32)
@@ -154,9 +157,10 @@ class FusedGraph:
         self.encoded_names = [names.SRC_MASK, *names.cross_names(n_layers)]
         self.pool = BufferPool(self)
 
-    def buffers(self, capacity: int, positions: int) -> FusedBuffers:
-        """New buffers of `capacity` rows and `positions` cache positions (zeros), not pooled."""
-        return FusedBuffers(self, capacity, positions)
+    def buffers(self, capacity: int, positions: int, mapped: bool = False) -> FusedBuffers:
+        """New buffers of `capacity` rows and `positions` cache positions (zeros), not pooled; `mapped`: the
+        cache in maps of its own (mapped_zeros: translate_batch's, which grow)."""
+        return FusedBuffers(self, capacity, positions, mapped)
 
     def bind(
         self, buffers: FusedBuffers, *, rows: int, width: int, top_k: int, wanted: list[str], encoded: dict

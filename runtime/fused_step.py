@@ -80,7 +80,7 @@ class FusedStep:
         rows = batch * width
         first = max_length if positions is None else positions
         if buffers is None or buffers.capacity != rows or buffers.positions < first:
-            buffers = graph.buffers(rows, first)
+            buffers = graph.buffers(rows, first, mapped=True)
         self._limit = max(max_length, buffers.positions)
         buffers.indirection[:rows] = 0  # a width of 1 reads none of it, but the kernel wants zeros
         self.graph, self.buffers, self.width, self.top_k = graph, buffers, width, top_k

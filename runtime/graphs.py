@@ -14,7 +14,7 @@ from . import bundle as names
 from .attention import check_attention_output, forced_attention
 from .arena import ArenaShrink
 from .binding import bind_encoder
-from .fused_graph import FusedGraph
+from .fused_graph import FusedGraph, mapped_zeros
 from .length_groups import CALL_POSITIONS, length_groups
 from .model_spec import ModelSpec
 from .search import Step
@@ -81,7 +81,7 @@ class Graphs:
             parts = [value.numpy() for value in (src_mask, *cross)]
             if whole is None:  # the (B, S) mask, (B, H, S, Dh) keys and values: zeros where nothing attends
                 whole = [np.zeros((batch, width), parts[0].dtype)]
-                whole += [np.zeros((batch, p.shape[1], width, p.shape[3]), p.dtype) for p in parts[1:]]
+                whole += [mapped_zeros((batch, p.shape[1], width, p.shape[3]), p.dtype) for p in parts[1:]]
             whole[0][rows, :longest] = parts[0]
             for into, part in zip(whole[1:], parts[1:]):
                 into[rows, :, :longest] = part

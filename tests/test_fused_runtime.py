@@ -260,9 +260,9 @@ def test_step_buffers_are_reused_across_batches_with_the_standard_results(bundle
     made, bound = [], []
     real_init, real_binding = fused_graph.FusedBuffers.__init__, fused_graph.fused_binding
 
-    def init(self, graph, capacity, positions):
+    def init(self, graph, capacity, positions, mapped=False):
         made.append((capacity, positions))
-        real_init(self, graph, capacity, positions)
+        real_init(self, graph, capacity, positions, mapped)
 
     def binding(*a, **kw):
         bound.append(1)

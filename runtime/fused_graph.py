@@ -106,7 +106,7 @@ class FusedBuffers:
         """Makes the arrays again for their first `rows` rows and `positions` positions (FusedStep's growth),
         keeping the cache's and the indirection's positions < written. The bindings go (they point at the old
         arrays); each cache array is replaced before the next is made, so that one old array at most is alive
-        beside the new ones."""
+        beside the new ones. Tokens and row starts keep their first rows; each run writes its outputs anew."""
         self.bindings.clear()
         for i in range(len(self.cache)):
             old = self.cache[i]
@@ -115,9 +115,8 @@ class FusedBuffers:
             del old, new
         indirection = np.zeros((rows, positions), np.int32)
         indirection[:, :written] = self.indirection[:rows, :written]
-        self.indirection, self.tokens = indirection, self.tokens[:rows].copy()
-        self.row_start = None if self.row_start is None else self.row_start[:rows].copy()
-        self._outputs = {key: out[:rows].copy() for key, out in self._outputs.items()}
+        self.indirection, self.tokens, self._outputs = indirection, self.tokens[:rows], {}
+        self.row_start = None if self.row_start is None else self.row_start[:rows]
         self.capacity, self.positions = rows, positions
 
     @property
@@ -224,7 +223,7 @@ class FusedGraph:
             src_mask=src_mask,
             cross=cross,
             beam_width=width,
-            max_length=max(max_length, first),
+            max_length=max_length,
             positions=first,
             top_k=top_k,
             buffers=self.pool.take(rows * width, first),

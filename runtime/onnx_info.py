@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 
@@ -216,8 +217,6 @@ class GraphInfo:
     inline_int8: dict[str, tuple[int, tuple[int, int]]] = field(default_factory=dict)
     inputs: list["ValueInfo"] = field(default_factory=list)
     outputs: list["ValueInfo"] = field(default_factory=list)
-    # output -> first input of the Cast, DequantizeLinear or Identity node that makes it (table_shape's)
-    _passes: dict[str, str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def get_inputs(self) -> list["ValueInfo"]:
         """The graph's inputs, as an onnxruntime session lists them (name, type, shape)."""
@@ -239,15 +238,16 @@ class GraphInfo:
         """
         if name in self.shapes:
             return self.shapes[name]
-        if self._passes is None:  # made once: an int8 graph's ~100 Gathers each scanned every node (17 ms)
-            self._passes = {}
-            for op, inputs, outputs in self.nodes:
-                if op in ("Cast", "DequantizeLinear", "Identity") and inputs:
-                    for out in outputs:
-                        self._passes.setdefault(out, inputs[0])
         if depth and name in self._passes:
             return self.table_shape(self._passes[name], depth - 1)
         return None
+
+    @cached_property
+    def _passes(self) -> dict[str, str]:
+        """Output -> first input of the Cast, DequantizeLinear or Identity node that makes it: made once (an
+        int8 graph's ~100 Gathers each scanned every node)."""
+        passes = ("Cast", "DequantizeLinear", "Identity")
+        return {out: ins[0] for op, ins, outs in self.nodes if op in passes and ins for out in outs}
 
     def gather_tables(self, packed: tuple[str, int] | None = None) -> list[tuple[str, tuple[int, ...]]]:
         """Lists every Gather whose table is a constant.

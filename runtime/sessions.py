@@ -58,16 +58,19 @@ def session_options(
     options.intra_op_num_threads = intra_threads or default_intra_threads()
     if device == "cpu" and not quantized:
         options.enable_mem_pattern = False
-    for key, value in (session_entries(tuning, graph) if entries is None else entries).items():
+    for key, value in (session_entries(tuning, graph, quantized) if entries is None else entries).items():
         options.add_session_config_entry(key, value)
     options.log_severity_level = 3  # no warnings about provider fallbacks on stderr
     return options
 
 
-def session_entries(tuning: SessionTuning, graph: str) -> dict[str, str]:
-    """The config entries session_options sets: thread spinning, on x86 without VNNI the exact u8 x u8
-    products of int8 graphs (runtime/u8s8_probe.py), and no packing where tuning.prepack is off."""
-    entries = {**spin_settings(tuning.thread_spinning, graph, ort.__version__), **precision_entries(ort)}
+def session_entries(tuning: SessionTuning, graph: str, quantized: bool = False) -> dict[str, str]:
+    """The config entries session_options sets: thread spinning, for an int8 graph (`quantized`) on x86
+    without VNNI the exact u8 x u8 products (runtime/u8s8_probe.py), and no packing where tuning.prepack
+    is off. A float graph has no integer product to make exact: its load runs no probe (5-14 ms and ~1 MB
+    of a small bundle's resident memory, docs/optimisation-notes.md row 92)."""
+    precision = precision_entries(ort) if quantized else {}
+    entries = {**spin_settings(tuning.thread_spinning, graph, ort.__version__), **precision}
     if not tuning.prepack:
         entries["session.disable_prepacking"] = "1"
     return entries
@@ -351,7 +354,7 @@ def _session_loader(
 
     def load(label: str):
         graph = "encoder" if label == "encoder" else "decoder"
-        entries = session_entries(tuning, graph)
+        entries = session_entries(tuning, graph, quantized)
         data, entries = exact_int8.as_flipped(weights, label, bundle.bytes(label), entries)
 
         # one SessionOptions per session: the weights file's option is per session

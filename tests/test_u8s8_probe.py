@@ -52,12 +52,31 @@ def test_the_runtime_sets_the_precision_option_exactly_where_the_kernel_saturate
     monkeypatch.setattr(
         sessions, "precision_entries", lambda _: {u8s8_probe.PRECISION_KEY: "1"} if saturates else {}
     )
-    options = sessions.session_options(SessionTuning(), 1, "decoder")
+    options = sessions.session_options(SessionTuning(), 1, "decoder", quantized=True)
     if saturates:
         assert options.get_session_config_entry(u8s8_probe.PRECISION_KEY) == "1"
     else:
         with pytest.raises(Exception, match=u8s8_probe.PRECISION_KEY):  # onnxruntime: an entry never set
             options.get_session_config_entry(u8s8_probe.PRECISION_KEY)
+
+
+def test_a_float_bundle_runs_no_probe_and_its_sessions_carry_no_precision_entry(monkeypatch):
+    """Only int8 graphs have integer products to make exact: a float32 load never asks (nor pays for the
+    probe's session), an int8 load does."""
+    asked = []
+
+    def saturates(ort_module):
+        asked.append(ort_module)
+        return {u8s8_probe.PRECISION_KEY: "1"}
+
+    monkeypatch.setattr(sessions, "precision_entries", saturates)
+    fp32 = Translator(tiny_bundle(), device="cpu")
+    assert asked == []
+    for session in (fp32.encoder, fp32.decoder):
+        with pytest.raises(Exception, match=u8s8_probe.PRECISION_KEY):  # onnxruntime: an entry never set
+            session.get_session_options().get_session_config_entry(u8s8_probe.PRECISION_KEY)
+    assert Translator(tiny_bundle(quantize="int8"), device="cpu").translate(TEXTS[0])
+    assert asked  # (the answer then flips the int8 weights: runtime/exact_int8.py)
 
 
 @pytest.mark.parametrize("beam", [1, 4])

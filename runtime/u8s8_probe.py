@@ -7,9 +7,10 @@ in signed 16 bits (vpmaddubsw), which saturate for large codes: the product is t
 `session.x64quantprecision = 1` rewrites int8 weights as uint8 (w + 128, the zero point moved with
 them: the same products) so that the exact u8 x u8 kernel runs -- but it does so on every x86 CPU,
 VNNI included, where the u8 x s8 kernel is exact already and about 2x faster (docs/optimisation-notes.md,
-row 27). So the runtime asks once per process: it multiplies 255 x 127 over 64 terms with the
-default kernel, and only where the answer is wrong does the same rewrite itself, where it can, by flipping
-one bit of each weight in place (runtime/exact_int8.py), and sets the option for what is left.
+row 27). So the runtime asks once per process, at the first load of an int8 bundle: it multiplies
+255 x 127 over 64 terms with the default kernel, and only where the answer is wrong does the same rewrite
+itself, where it can, by flipping one bit of each weight in place (runtime/exact_int8.py), and sets the
+option for what is left.
 
 onnxruntime applies that rewrite among its 'extended' graph optimisations: with 'basic' or none the
 option does nothing, so the runtime refuses an int8 bundle at those levels where the probe says the

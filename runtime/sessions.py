@@ -65,12 +65,11 @@ def session_options(
 
 
 def session_entries(tuning: SessionTuning, graph: str, quantized: bool = False) -> dict[str, str]:
-    """The config entries session_options sets: thread spinning, for an int8 graph (`quantized`) on x86
-    without VNNI the exact u8 x u8 products (runtime/u8s8_probe.py), and no packing where tuning.prepack
-    is off. A float graph has no integer product to make exact: its load runs no probe (5-14 ms and ~1 MB
-    of a small bundle's resident memory, docs/optimisation-notes.md row 92)."""
-    precision = precision_entries(ort) if quantized else {}
-    entries = {**spin_settings(tuning.thread_spinning, graph, ort.__version__), **precision}
+    """The config entries session_options sets: thread spinning, for an int8 graph (`quantized`; a float
+    one runs no probe: optimisation-notes row 92) on x86 without VNNI the exact u8 x u8 products
+    (runtime/u8s8_probe.py), and no packing where tuning.prepack is off."""
+    entries = spin_settings(tuning.thread_spinning, graph, ort.__version__)
+    entries |= precision_entries(ort) if quantized else {}
     if not tuning.prepack:
         entries["session.disable_prepacking"] = "1"
     return entries
